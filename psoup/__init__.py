@@ -1,0 +1,25 @@
+"""psoup: streaming queries over streaming data, after PSoup (Chandrasekaran & Franklin,
+VLDB Journal 2003).
+
+Queries and data are two streams that the engine joins: a new query is applied to the
+data already stored, a new tuple to every query already stored, and the matches are kept
+so that invoking a query's handle is a lookup over its window.
+
+Example:
+    >>> import psoup
+    >>> eng = psoup.Engine()
+    >>> eng.execute("CREATE STREAM R (a INT, name TEXT)")
+    >>> h = eng.register("SELECT name FROM R WHERE a > 1")
+    >>> _ = eng.insert("R", [(1, "x"), (3, "y")], ts=[100.0, 101.0])
+    >>> eng.invoke(h, now=102.0).rows
+    [('y',)]
+"""
+
+from psoup.engine import MODES, Engine
+from psoup.errors import PSoupError, QueryError, SchemaError, UnknownHandle
+from psoup.results.result import Result
+
+__version__ = "0.1.0"
+
+__all__ = ["Engine", "MODES", "Result", "PSoupError", "QueryError", "SchemaError",
+           "UnknownHandle", "__version__"]

@@ -1,0 +1,46 @@
+"""Every error psoup raises on purpose.
+
+A failed call changes nothing (ARCHITECTURE.md, invariant 5), so each error is raised
+before any structure is touched, and its message names the problem and where it is.
+"""
+
+from __future__ import annotations
+
+
+class PSoupError(Exception):
+    """Base class of psoup's errors."""
+
+    code = "error"
+
+
+class QueryError(PSoupError, ValueError):
+    """A statement was rejected: bad syntax, unknown stream or column, type mismatch.
+
+    Attributes:
+        line: 1-based line of the offending token, when known.
+        column: 1-based column of the offending token, when known.
+    """
+
+    code = "query"
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+        self.line = line
+        self.column = column
+        if line is not None and column is not None:
+            message = f"line {line}, column {column}: {message}"
+        super().__init__(message)
+
+
+class SchemaError(PSoupError, ValueError):
+    """A batch of tuples was rejected: wrong arity or type, missing column, decreasing ts."""
+
+    code = "schema"
+
+
+class UnknownHandle(PSoupError, KeyError):
+    """A handle that this engine did not issue, or that was unregistered."""
+
+    code = "unknown_handle"
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "unknown handle"

@@ -1,0 +1,189 @@
+"""The checked, normalized form of a statement: what the language hands the engine.
+
+The pipeline (tokens -> syntax tree -> checked query -> normalized factors) ends here.
+Everything the engine needs about a query is in these frozen dataclasses; the engine never
+sees SQL text or syntax trees. PSoup paper Sect. 3.2 splits a query specification into the
+standing query clause (SELECT-FROM-WHERE: `Source` predicates and `SelectItem` s) and the
+BEGIN-END clause (`Window`), which the engine keeps in its WindowsTable.
+
+Values are Python scalars of the column's type: `int` for INT (and BOOL as 0/1 is NOT
+used: BOOL values are `bool`), `float` for FLOAT, `str` for TEXT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+Value = Union[int, float, str, bool]
+
+#: The column types of the language, by their lowercase names.
+TYPES = ("int", "float", "text", "bool")
+
+#: Columns every stream has besides its declared ones (LANGUAGE.md, "Streams").
+TS = "ts"
+TUPLE_ID = "tupleID"
+IMPLICIT_COLUMNS = {TS: "float", TUPLE_ID: "int"}
+
+
+@dataclass(frozen=True)
+class StreamSchema:
+    """A stream declared by CREATE STREAM.
+
+    Attributes:
+        name: the stream's name.
+        columns: (column name, type) pairs in declaration order; excludes ts and tupleID.
+        retain_seconds: RETAIN n <time unit>, in seconds; None when not given.
+        retain_rows: RETAIN n ROWS; None when not given. At most one of the two is set.
+    """
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    retain_seconds: float | None = None
+    retain_rows: int | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c for c, _ in self.columns)
+
+    def type_of(self, column: str) -> str:
+        """The type of a declared or implicit column (KeyError when unknown)."""
+        for c, t in self.columns:
+            if c == column:
+                return t
+        return IMPLICIT_COLUMNS[column]
+
+
+@dataclass(frozen=True)
+class TimeExpr:
+    """A window edge: `NOW + offset` when `relative`, else the absolute epoch second `value`."""
+
+    relative: bool
+    value: float
+
+    def resolve(self, now: float) -> float:
+        return now + self.value if self.relative else self.value
+
+
+@dataclass(frozen=True)
+class Window:
+    """The input window of one FROM item, resolved against NOW only at invocation.
+
+    kinds:
+        "all":       everything retained (no BEGIN/END, or [RANGE UNBOUNDED]).
+        "range":     tuples with begin.resolve(now) <= ts <= end.resolve(now); [NOW] is a
+                     range whose both edges are NOW + 0; [RANGE 10 MINUTES] is NOW-600..NOW.
+        "rows":      the `rows` most recent tuples of the stream ([ROWS n], or
+                     BEGIN (NOW - n ROWS) END NOW).
+        "partition": the `rows` most recent tuples of each distinct value of the
+                     `partition_by` columns ([PARTITION BY a, b ROWS n]).
+    The window is taken first and WHERE filters inside it (LANGUAGE.md, "Windows").
+    """
+
+    kind: str = "all"
+    begin: TimeExpr | None = None
+    end: TimeExpr | None = None
+    rows: int | None = None
+    partition_by: tuple[str, ...] = ()
+
+    @property
+    def is_constant(self) -> bool:
+        """True when the window does not depend on NOW (a snapshot window)."""
+        return (
+            self.kind == "range"
+            and not self.begin.relative  # type: ignore[union-attr]
+            and not self.end.relative  # type: ignore[union-attr]
+        )
+
+
+@dataclass(frozen=True)
+class AttrPredicate:
+    """All single-attribute factors of one query on one column, folded into one set.
+
+    The set of values v it accepts is:
+        if `eq` is not None:  v in eq                       (= and IN; already filtered
+                                                              by the bounds and `ne`)
+        else:                 lo <(=) v <(=) hi and v not in ne
+    where a bound of None is unbounded and `lo_open`/`hi_open` make it strict. The checker
+    folds INT columns compared with FLOAT constants to integer bounds (a > 2.5 is a >= 3,
+    a = 2.5 is `empty`). `empty` marks a contradiction on this column (a > 5 AND a < 3):
+    legal, matches nothing.
+
+    Attributes:
+        column: the column's name (may be "ts" or "tupleID").
+        ctype: the column's type, one of TYPES.
+    """
+
+    column: str
+    ctype: str
+    lo: Value | None = None
+    lo_open: bool = False
+    hi: Value | None = None
+    hi_open: bool = False
+    eq: frozenset | None = None
+    ne: frozenset = field(default_factory=frozenset)
+    empty: bool = False
+
+
+@dataclass(frozen=True)
+class ColumnFactor:
+    """A multi-attribute factor on one stream, `left op right + offset` (PSoup's
+    predicateList). `op` is one of = != < <= > >= (<> is folded to !=); `offset` is 0 for
+    TEXT and BOOL columns (arithmetic on them is rejected by the checker)."""
+
+    left: str
+    op: str
+    right: str
+    offset: int | float = 0
+
+
+@dataclass(frozen=True)
+class Source:
+    """One item of the FROM list with the factors local to it.
+
+    Attributes:
+        stream: the stream's name.
+        alias: the name the query uses for it (the stream's name when no alias).
+        window: its input window (BEGIN/END applies the same window to every source).
+        predicates: one AttrPredicate per column with single-attribute factors, sorted
+            by column name.
+        column_factors: the multi-attribute factors over this stream's columns.
+    """
+
+    stream: str
+    alias: str
+    window: Window
+    predicates: tuple[AttrPredicate, ...] = ()
+    column_factors: tuple[ColumnFactor, ...] = ()
+
+
+@dataclass(frozen=True)
+class SelectItem:
+    """One output column: `source` indexes Query.sources; `column` may be ts or tupleID."""
+
+    source: int
+    column: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Query:
+    """A checked, normalized standing query.
+
+    Attributes:
+        sql: the statement as the user wrote it.
+        sources: the FROM list (one source for a selection query).
+        select: the output columns, in order (`*` already expanded to declared columns).
+        distinct: SELECT DISTINCT.
+        contradiction: True when some factor can never hold; the query matches nothing.
+    """
+
+    sql: str
+    sources: tuple[Source, ...]
+    select: tuple[SelectItem, ...]
+    distinct: bool = False
+    contradiction: bool = False
+
+    @property
+    def columns(self) -> list[str]:
+        return [s.name for s in self.select]

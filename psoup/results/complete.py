@@ -1,0 +1,81 @@
+"""PSoup-C's Results Structure: each query's own ordered list of results (Sect. 4.3, 5).
+
+PSoup-C maintains results eagerly per query, as the linked lists of the paper: every
+batch's matches are appended to the list of every query they satisfy, so an invocation
+is two binary searches and a slice, independent of the window's size, while ingest pays
+for the per-query maintenance (Fig. 9). The list holds the query's results over the whole
+retention, not only its window at the last invocation, so that invoking at any `now`,
+including one in the past, stays exact; positions below the retention horizon are
+trimmed the next time the list is read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from psoup.query.model import Source
+from psoup.results.base import ResultsStructure, Span
+from psoup.stems.data_stem import DataSteM
+
+
+class CompleteResults(ResultsStructure):
+    """Per-query sorted position lists.
+
+    Example:
+        >>> rs = CompleteResults()
+        >>> rs.on_insert("R", 10, np.array([[1], [2], [3]], dtype="<u8"))
+        >>> rs.positions(1, "R").tolist()
+        [11, 12]
+    """
+
+    def __init__(self):
+        self._lists: dict[int, list[np.ndarray]] = {}
+        self._horizons: dict[str, int] = {}
+
+    def on_insert(self, stream: str, p0: int, bits: np.ndarray) -> None:
+        """Append each row's position to the lists of the slots it matched.
+        O(n * words + matches + slots matched)."""
+        live = np.flatnonzero(bits.any(axis=0))
+        if len(live) == 0:
+            return
+        flags = np.unpackbits(np.ascontiguousarray(bits[:, live]).view(np.uint8),
+                              axis=1, bitorder="little")
+        cols, rows = np.nonzero(flags.T)
+        if len(cols) == 0:
+            return
+        starts = np.flatnonzero(np.r_[True, cols[1:] != cols[:-1]])
+        slot_of_col = (live[:, None] * 64 + np.arange(64)).ravel()
+        for start, end in zip(starts, np.r_[starts[1:], len(cols)]):
+            slot = int(slot_of_col[cols[start]])
+            self._lists.setdefault(slot, []).append(rows[start:end].astype(np.int64) + p0)
+
+    def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
+        self._lists[slot] = [positions.astype(np.int64, copy=False)]
+
+    def on_unregister(self, slot: int, stream: str) -> None:
+        self._lists.pop(slot, None)
+
+    def expire(self, stream: str, horizon: int) -> None:
+        self._horizons[stream] = horizon
+
+    def positions(self, slot: int, stream: str) -> np.ndarray:
+        """The query's retained results, consolidated into one sorted array."""
+        pieces = self._lists.get(slot)
+        if not pieces:
+            return np.empty(0, np.int64)
+        arr = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        horizon = self._horizons.get(stream, 0)
+        if len(arr) and arr[0] < horizon:
+            arr = arr[np.searchsorted(arr, horizon):]
+        self._lists[slot] = [arr]
+        return arr
+
+    def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
+        arr = self.positions(slot, source.stream)
+        if isinstance(span, tuple):
+            a, b = np.searchsorted(arr, span)
+            return arr[a:b]
+        return arr[np.isin(arr, span, assume_unique=True)]
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes for pieces in self._lists.values() for p in pieces)

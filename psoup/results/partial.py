@@ -1,0 +1,117 @@
+"""PSoup-P's Results Structure: one two-dimensional bitmap per FROM list (Sect. 4.3).
+
+Rows are a stream's tuples in physicalID order (their positions), columns are query
+slots, 64 to a little-endian uint64 word. The bitmap is kept in chunks of the Data SteM's
+chunk size, so expiry drops whole chunks in step with the Data SteM and a missing chunk
+reads as all zeros (no query matched there). A batch's Query SteM probe is copied in as a
+block of rows; a new query's Data SteM probe sets bits in one column. Windows are applied
+only at invocation, by scanning the query's column over the window's rows: the cost the
+paper measures in Fig. 7 grows with the window, not with the number of results.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from psoup.query.model import Source
+from psoup.results.base import ResultsStructure, Span
+from psoup.stems.data_stem import DataSteM
+
+
+class PartialResults(ResultsStructure):
+    """Bitmaps per stream (selection queries have one-stream FROM lists).
+
+    Example:
+        >>> rs = PartialResults(chunk_rows=4)
+        >>> rs.on_insert("R", 0, np.array([[1], [0], [1]], dtype="<u8"))
+        >>> rs.column("R", 0, (0, 3)).tolist()
+        [0, 2]
+    """
+
+    def __init__(self, chunk_rows: int = 8192):
+        self.chunk_rows = chunk_rows
+        self._bitmaps: dict[str, dict[int, np.ndarray]] = {}
+
+    def _chunk(self, chunks: dict[int, np.ndarray], k: int, words: int) -> np.ndarray:
+        chunk = chunks.get(k)
+        if chunk is None:
+            chunk = chunks[k] = np.zeros((self.chunk_rows, words), dtype="<u8")
+        elif chunk.shape[1] < words:
+            chunk = chunks[k] = np.pad(chunk, ((0, 0), (0, words - chunk.shape[1])))
+        return chunk
+
+    def on_insert(self, stream: str, p0: int, bits: np.ndarray) -> None:
+        """Copy n probe rows in. O(n * words)."""
+        chunks = self._bitmaps.setdefault(stream, {})
+        n, words = bits.shape
+        cap = self.chunk_rows
+        done = 0
+        while done < n:
+            k, r = divmod(p0 + done, cap)
+            take = min(cap - r, n - done)
+            block = bits[done:done + take]
+            if k in chunks or block.any():
+                self._chunk(chunks, k, words)[r:r + take, :words] = block
+            done += take
+
+    def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
+        """Set the new query's column at `positions`. O(len(positions))."""
+        chunks = self._bitmaps.setdefault(stream, {})
+        word, bit = divmod(slot, 64)
+        mask = np.uint64(1) << np.uint64(bit)
+        words = 1 << max(0, word).bit_length()
+        for k, rows in _by_chunk(positions, self.chunk_rows):
+            self._chunk(chunks, k, words)[rows, word] |= mask
+
+    def on_unregister(self, slot: int, stream: str) -> None:
+        """Clear the slot's column in every chunk. O(retained rows)."""
+        word, bit = divmod(slot, 64)
+        keep = ~(np.uint64(1) << np.uint64(bit))
+        for chunk in self._bitmaps.get(stream, {}).values():
+            if chunk.shape[1] > word:
+                chunk[:, word] &= keep
+
+    def expire(self, stream: str, horizon: int) -> None:
+        chunks = self._bitmaps.get(stream, {})
+        for k in [k for k in chunks if (k + 1) * self.chunk_rows <= horizon]:
+            del chunks[k]
+
+    def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
+        return self.column(source.stream, slot, span)
+
+    def column(self, stream: str, slot: int, span: Span) -> np.ndarray:
+        """Positions in `span` whose bit `slot` is set. O(rows in span)."""
+        chunks = self._bitmaps.get(stream, {})
+        word, bit = divmod(slot, 64)
+        mask = np.uint64(1) << np.uint64(bit)
+        cap = self.chunk_rows
+        parts = []
+        if isinstance(span, tuple):
+            p0, p1 = span
+            for k in range(p0 // cap, (p1 - 1) // cap + 1) if p1 > p0 else ():
+                chunk = chunks.get(k)
+                if chunk is None or chunk.shape[1] <= word:
+                    continue
+                r0, r1 = max(p0 - k * cap, 0), min(p1 - k * cap, cap)
+                parts.append(np.flatnonzero(chunk[r0:r1, word] & mask) + (k * cap + r0))
+        else:
+            for k, rows in _by_chunk(span, cap):
+                chunk = chunks.get(k)
+                if chunk is None or chunk.shape[1] <= word:
+                    continue
+                parts.append(rows[(chunk[rows, word] & mask) != 0] + k * cap)
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes for chunks in self._bitmaps.values() for c in chunks.values())
+
+
+def _by_chunk(positions: np.ndarray, cap: int):
+    """(chunk number, rows within it) for sorted positions."""
+    if len(positions) == 0:
+        return
+    ks = positions // cap
+    cuts = np.flatnonzero(np.diff(ks)) + 1
+    for part in np.split(positions, cuts):
+        k = int(part[0]) // cap
+        yield k, part - k * cap

@@ -1,0 +1,321 @@
+"""The Data SteM: one per stream, storing and indexing its tuples (PSoup Sect. 4.2.1).
+
+Storage is columnar and chunked in the manner of the Streaming Tables paper's block lists:
+each chunk holds `chunk_rows` consecutive tuples as one numpy array per column plus `ts`
+(the physicalID) and `tupleID`. Every tuple has a *position*, its arrival rank within the
+stream; positions are what the Results Structure indexes, so a window becomes a range of
+positions. Because timestamps never decrease within a stream, the ts column is already
+sorted: the time index is a binary search over chunk heads and then within one chunk.
+
+Retention (PSoup's maximum window, footnote 3): the *horizon* is the first retained
+position. It moves as data arrives (RETAIN n ROWS keeps the last n tuples; RETAIN t keeps
+the tuples with ts >= latest ts - t, in the stream's own time, so replayed history is not
+dropped on arrival). Memory is released only in whole chunks (Golab Ch. 3); a tuple below
+the horizon in a chunk not yet dropped is invisible to every read.
+
+Value indices: a sealed (full) chunk lazily gets, per column, the permutation that sorts
+it, so a selective new query (or a NoMat invocation) finds its candidates with binary
+searches instead of a scan, as the paper's per-attribute trees do.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from psoup.query.model import TS, TUPLE_ID, AttrPredicate, Source
+from psoup.stems.batch import DTYPES, Batch
+from psoup.stems.predicates import attr_mask, source_mask
+
+#: Below this fraction of the rows in range, a value index beats a scan.
+INDEX_SELECTIVITY = 0.125
+
+
+class _Chunk:
+    __slots__ = ("cols", "n", "index")
+
+    def __init__(self, dtypes: dict[str, np.dtype], cap: int):
+        self.cols = {name: np.empty(cap, dtype=dt) for name, dt in dtypes.items()}
+        self.n = 0
+        self.index: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def sorted_view(self, column: str) -> tuple[np.ndarray, np.ndarray]:
+        """(permutation, sorted values) of a sealed chunk's column, built on first use."""
+        got = self.index.get(column)
+        if got is None:
+            values = self.cols[column]
+            order = np.argsort(values, kind="stable").astype(np.int32)
+            got = self.index[column] = (order, values[order])
+        return got
+
+
+class DataSteM:
+    """Columnar, chunked, time-indexed storage of one stream's retained tuples.
+
+    Example:
+        >>> from psoup.query.model import StreamSchema
+        >>> from psoup.stems.batch import make_batch
+        >>> stem = DataSteM(StreamSchema("R", (("a", "int"),)), chunk_rows=4)
+        >>> b = make_batch(stem.schema, [(1,), (2,), (3,)], [10.0, 11.0, 12.0], 0, stem.last_ts)
+        >>> stem.append(b, np.array([7, 8, 9]))
+        0
+        >>> stem.time_range(11.0, 12.0)
+        (1, 3)
+    """
+
+    def __init__(self, schema, chunk_rows: int = 8192):
+        self.schema = schema
+        self.chunk_rows = chunk_rows
+        self._dtypes = {name: DTYPES[t] for name, t in schema.columns}
+        self._dtypes[TS] = np.dtype(np.float64)
+        self._dtypes[TUPLE_ID] = np.dtype(np.int64)
+        self._chunks: list[_Chunk] = []
+        self._heads: list[float] = []     # first ts of each chunk, for the time index
+        self._tid_heads: list[int] = []   # first tupleID of each chunk, for lookups
+        self._chunk0 = 0                  # chunk number of self._chunks[0]
+        self.n = 0                        # positions handed out so far
+        self.horizon = 0                  # first retained position
+        self.last_ts = float("-inf")
+        self.rows_total = 0
+
+    # ----------------------------------------------------------------- insert, expire
+
+    def append(self, batch: Batch, tuple_ids: np.ndarray) -> int:
+        """Store a checked batch; returns the position of its first tuple. O(n) copying.
+
+        Moves the horizon and drops chunks that fell wholly below it.
+        """
+        p0 = self.n
+        cap = self.chunk_rows
+        done = 0
+        while done < batch.n:
+            if not self._chunks or self._chunks[-1].n == cap:
+                self._chunks.append(_Chunk(self._dtypes, cap))
+                self._heads.append(float(batch.ts[done]))
+                self._tid_heads.append(int(tuple_ids[done]))
+            chunk = self._chunks[-1]
+            take = min(cap - chunk.n, batch.n - done)
+            for name, values in batch.columns.items():
+                chunk.cols[name][chunk.n:chunk.n + take] = values[done:done + take]
+            chunk.cols[TS][chunk.n:chunk.n + take] = batch.ts[done:done + take]
+            chunk.cols[TUPLE_ID][chunk.n:chunk.n + take] = tuple_ids[done:done + take]
+            chunk.n += take
+            done += take
+        self.n += batch.n
+        self.rows_total += batch.n
+        if batch.n:
+            self.last_ts = float(batch.ts[-1])
+        self._retain()
+        return p0
+
+    def _retain(self) -> None:
+        schema = self.schema
+        if schema.retain_rows is not None:
+            self.horizon = max(self.horizon, self.n - schema.retain_rows)
+        elif schema.retain_seconds is not None and self.n:
+            self.horizon = self.ts_search(self.last_ts - schema.retain_seconds, "left")
+        cap = self.chunk_rows
+        drop = 0
+        while drop < len(self._chunks) - 1 and (self._chunk0 + drop + 1) * cap <= self.horizon:
+            drop += 1
+        if drop:
+            del self._chunks[:drop]
+            del self._heads[:drop]
+            del self._tid_heads[:drop]
+            self._chunk0 += drop
+
+    # ------------------------------------------------------------------ time index
+
+    def ts_search(self, t: float, side: str = "left") -> int:
+        """First position whose ts is >= t ('left') or > t ('right'), within
+        [horizon, n]. O(log n).
+        """
+        heads = self._heads
+        if not heads:
+            return self.n
+        k = (bisect_left if side == "left" else bisect_right)(heads, t) - 1
+        if k < 0:
+            return self.horizon
+        chunk = self._chunks[k]
+        i = int(np.searchsorted(chunk.cols[TS][:chunk.n], t, side=side))
+        return max(self.horizon, (self._chunk0 + k) * self.chunk_rows + i)
+
+    def time_range(self, begin: float, end: float) -> tuple[int, int]:
+        """Positions [p0, p1) of the retained tuples with begin <= ts <= end."""
+        p0 = self.ts_search(begin, "left")
+        p1 = self.ts_search(end, "right")
+        return p0, max(p0, p1)
+
+    def last_rows(self, k: int) -> tuple[int, int]:
+        """Positions [p0, p1) of the k most recent retained tuples."""
+        return max(self.horizon, self.n - k), self.n
+
+    @property
+    def retained(self) -> int:
+        return self.n - self.horizon
+
+    # ------------------------------------------------------------------ reads
+
+    def _pieces(self, p0: int, p1: int) -> Iterator[tuple[_Chunk, int, int, int]]:
+        """(chunk, first row, end row, position of row 0) for each chunk meeting [p0, p1)."""
+        cap = self.chunk_rows
+        p0 = max(p0, self.horizon)
+        if p1 <= p0:
+            return
+        for k in range(p0 // cap, (p1 - 1) // cap + 1):
+            chunk = self._chunks[k - self._chunk0]
+            base = k * cap
+            yield chunk, max(p0, base) - base, min(p1, base + chunk.n) - base, base
+
+    def slice(self, column: str, p0: int, p1: int) -> np.ndarray:
+        """One column's values at positions [p0, p1), as one array."""
+        parts = [c.cols[column][r0:r1] for c, r0, r1, _ in self._pieces(p0, p1)]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty(0, self._dtypes[column])
+
+    def take(self, column: str, positions: np.ndarray) -> np.ndarray:
+        """One column's values at sorted retained `positions`. O(len(positions))."""
+        if len(positions) == 0:
+            return np.empty(0, self._dtypes[column])
+        cap = self.chunk_rows
+        ks = positions // cap
+        k_first, k_last = int(ks[0]), int(ks[-1])
+        if k_first == k_last:
+            return self._chunks[k_first - self._chunk0].cols[column][positions - k_first * cap]
+        out = np.empty(len(positions), self._dtypes[column])
+        bounds = np.searchsorted(ks, np.arange(k_first, k_last + 2))
+        for j, k in enumerate(range(k_first, k_last + 1)):
+            a, b = bounds[j], bounds[j + 1]
+            if a < b:
+                out[a:b] = self._chunks[k - self._chunk0].cols[column][positions[a:b] - k * cap]
+        return out
+
+    def lookup(self, tuple_id: int) -> int | None:
+        """The position of a retained tuple by its tupleID, or None. O(log n).
+
+        tupleIDs increase with position, so this is the time index's twin.
+        """
+        k = bisect_right(self._tid_heads, tuple_id) - 1
+        if k < 0:
+            return None
+        chunk = self._chunks[k]
+        ids = chunk.cols[TUPLE_ID][:chunk.n]
+        i = int(np.searchsorted(ids, tuple_id))
+        p = (self._chunk0 + k) * self.chunk_rows + i
+        return p if i < chunk.n and ids[i] == tuple_id and p >= self.horizon else None
+
+    # ------------------------------------------------------------------ probes
+
+    def probe(self, source: Source, p0: int, p1: int) -> np.ndarray:
+        """Positions in [p0, p1) of the tuples that satisfy `source`'s factors
+        (PSoup Fig. 2c: a query probing the Data SteM).
+
+        Uses a value index when some predicate is estimated to keep under
+        INDEX_SELECTIVITY of the range, else scans chunk by chunk.
+        """
+        p0 = max(p0, self.horizon)
+        p1 = min(p1, self.n)
+        if p1 <= p0:
+            return np.empty(0, np.int64)
+        if not source.predicates and not source.column_factors:
+            return np.arange(p0, p1, dtype=np.int64)
+        best = self._most_selective(source.predicates, p0, p1)
+        if best is not None:
+            candidates = self._index_positions(best, p0, p1)
+            return self.filter(source, candidates)
+        parts = []
+        names = _columns_used(source)
+        for chunk, r0, r1, base in self._pieces(p0, p1):
+            cols = {name: chunk.cols[name][r0:r1] for name in names}
+            parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def filter(self, source: Source, positions: np.ndarray) -> np.ndarray:
+        """The subset of sorted `positions` whose tuples satisfy `source`'s factors."""
+        if len(positions) == 0 or (not source.predicates and not source.column_factors):
+            return positions
+        cols = {name: self.take(name, positions) for name in _columns_used(source)}
+        return positions[source_mask(source, cols, len(positions))]
+
+    def _most_selective(self, preds: Sequence[AttrPredicate], p0: int, p1: int):
+        if not preds or p1 - p0 < 2 * self.chunk_rows:
+            return None
+        limit = INDEX_SELECTIVITY * (p1 - p0)
+        best, best_count = None, limit
+        for pred in preds:
+            count = sum(_count(chunk.sorted_view(pred.column)[1], pred)
+                        for chunk, _, _, _ in self._pieces(p0, p1) if chunk.n == self.chunk_rows)
+            if count < best_count:
+                best, best_count = pred, count
+        return best
+
+    def _index_positions(self, pred: AttrPredicate, p0: int, p1: int) -> np.ndarray:
+        parts = []
+        for chunk, r0, r1, base in self._pieces(p0, p1):
+            if chunk.n == self.chunk_rows:
+                order, values = chunk.sorted_view(pred.column)
+                rows = np.sort(np.concatenate(
+                    [order[a:b] for a, b in _ranges(values, pred)] or [np.empty(0, np.int32)]))
+                rows = rows[(rows >= r0) & (rows < r1)]
+            else:
+                rows = np.flatnonzero(attr_mask(pred, chunk.cols[pred.column][r0:r1])) + r0
+            parts.append(rows.astype(np.int64) + base)
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def partition_window(self, columns: Sequence[str], k: int) -> np.ndarray:
+        """Sorted positions of the k most recent retained tuples of each distinct value of
+        `columns` (CQL's [PARTITION BY columns ROWS k]). O(n log n) over the retained rows.
+        """
+        p0, p1 = self.horizon, self.n
+        if p1 <= p0:
+            return np.empty(0, np.int64)
+        code = np.zeros(p1 - p0, dtype=np.int64)
+        for name in columns:
+            uniq, inverse = np.unique(self.slice(name, p0, p1), return_inverse=True)
+            code = code * len(uniq) + inverse
+        code = code[::-1]
+        order = np.argsort(code, kind="stable")
+        sorted_code = code[order]
+        starts = np.flatnonzero(np.r_[True, sorted_code[1:] != sorted_code[:-1]])
+        rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+        newest_first = order[rank < k]
+        return np.sort(p1 - 1 - newest_first).astype(np.int64)
+
+    def nbytes(self) -> int:
+        total = 0
+        for chunk in self._chunks:
+            for name, arr in chunk.cols.items():
+                total += arr.nbytes if arr.dtype != object else arr.nbytes + 50 * chunk.n
+            for order, values in chunk.index.values():
+                total += order.nbytes + values.nbytes
+        return total
+
+
+def _columns_used(source: Source) -> list[str]:
+    names = {p.column for p in source.predicates}
+    for f in source.column_factors:
+        names.update((f.left, f.right))
+    return sorted(names)
+
+
+def _ranges(sorted_values: np.ndarray, pred: AttrPredicate) -> list[tuple[int, int]]:
+    """Index ranges of `sorted_values` that may satisfy `pred` (ne is applied later)."""
+    if pred.empty or (pred.eq is not None and not pred.eq):
+        return []
+    if pred.eq is not None:
+        keys = sorted(pred.eq)
+        lo = np.searchsorted(sorted_values, keys, side="left")
+        hi = np.searchsorted(sorted_values, keys, side="right")
+        return [(int(a), int(b)) for a, b in zip(lo, hi) if a < b]
+    a = 0 if pred.lo is None else int(np.searchsorted(
+        sorted_values, pred.lo, side="right" if pred.lo_open else "left"))
+    b = len(sorted_values) if pred.hi is None else int(np.searchsorted(
+        sorted_values, pred.hi, side="left" if pred.hi_open else "right"))
+    return [(a, b)] if a < b else []
+
+
+def _count(sorted_values: np.ndarray, pred: AttrPredicate) -> int:
+    return sum(b - a for a, b in _ranges(sorted_values, pred))

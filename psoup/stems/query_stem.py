@@ -1,0 +1,182 @@
+"""The Query SteM: every standing query, indexed for shared probing (PSoup Sect. 4.2.2).
+
+One Query SteM serves the whole engine. Each query gets a *slot*, its column in the
+Results Structure; freed slots are reused, lowest first, so the bit rows stay narrow.
+A query's factors are filed per stream it reads:
+
+* single-attribute factors, already folded into one `AttrPredicate` per column by the
+  language, go to that (stream, column)'s `AttributeIndex`;
+* multi-attribute factors go to the stream's predicateList, kept as distinct factors
+  each with the slots that use it, so a factor shared by many queries is evaluated once
+  per batch.
+
+Probing with a batch of a stream's tuples yields one Results Structure row per tuple:
+the interested slots, minus those some attribute index rejects, minus those whose
+predicateList factors fail. This replaces the paper's per-query countdown array
+(Sect. 4.2.2) with bitwise operations over 64 queries per machine word.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Mapping
+
+import numpy as np
+
+from psoup.query.model import ColumnFactor, Query
+from psoup.stems.predicate_index import AttributeIndex
+from psoup.stems.predicates import factor_mask
+
+
+#: Rows per probe block: about this many bytes of bit rows at a time.
+PROBE_BLOCK_BYTES = 1 << 20
+
+
+class _StreamQueries:
+    """The queries over one stream: their interest, attribute indices and predicateList."""
+
+    def __init__(self):
+        self.slots: set[int] = set()
+        self.attrs: dict[str, AttributeIndex] = {}
+        self.factors: dict[ColumnFactor, set[int]] = {}
+        self._rows: dict[object, np.ndarray] = {}
+
+    def row(self, slots, words: int) -> np.ndarray:
+        """A bit row with `slots` set (cached per set of slots and width)."""
+        key = (frozenset(slots), words)
+        got = self._rows.get(key)
+        if got is None:
+            got = bit_row(slots, words)
+            if len(self._rows) > 4 * (len(self.factors) + 1):
+                self._rows.clear()
+            self._rows[key] = got
+        return got
+
+
+class QuerySteM:
+    """All standing queries, indexed per stream and attribute.
+
+    Example:
+        >>> from psoup.query.model import Source, Window, AttrPredicate
+        >>> q = Query("...", (Source("R", "R", Window(), (AttrPredicate("a", "int", lo=5),)),), ())
+        >>> stem = QuerySteM()
+        >>> stem.insert(q)
+        0
+        >>> stem.probe("R", {"a": np.array([4, 9])}, 2)[:, 0].tolist()
+        [0, 1]
+    """
+
+    def __init__(self):
+        self.queries: dict[int, Query] = {}
+        self._free: list[int] = []
+        self._next = 0
+        self.words = 1
+        self._streams: dict[str, _StreamQueries] = {}
+
+    @property
+    def capacity(self) -> int:
+        """Slots addressable by the current bit-row width."""
+        return self.words * 64
+
+    def allocate(self) -> int:
+        """Reserve the lowest free slot, widening the bit rows when all are taken."""
+        slot = heapq.heappop(self._free) if self._free else self._next
+        if slot == self._next:
+            self._next += 1
+        while slot >= self.capacity:
+            self.words *= 2
+        return slot
+
+    def insert(self, query: Query, slot: int | None = None) -> int:
+        """File `query`'s factors in `slot` (allocated if None) and return the slot.
+        O(factors * log constants)."""
+        if slot is None:
+            slot = self.allocate()
+        self.queries[slot] = query
+        if query.contradiction:
+            return slot
+        for source in query.sources:
+            sq = self._streams.setdefault(source.stream, _StreamQueries())
+            sq.slots.add(slot)
+            for pred in source.predicates:
+                index = sq.attrs.get(pred.column)
+                if index is None:
+                    index = sq.attrs[pred.column] = AttributeIndex(pred.ctype)
+                index.add(slot, pred)
+            for factor in source.column_factors:
+                sq.factors.setdefault(factor, set()).add(slot)
+        return slot
+
+    def remove(self, slot: int) -> Query:
+        """Forget the query in `slot`; the slot is reused by a later insert."""
+        query = self.queries.pop(slot)
+        heapq.heappush(self._free, slot)
+        if not query.contradiction:
+            for source in query.sources:
+                sq = self._streams[source.stream]
+                sq.slots.discard(slot)
+                for pred in source.predicates:
+                    sq.attrs[pred.column].remove(slot)
+                for factor in source.column_factors:
+                    users = sq.factors[factor]
+                    users.discard(slot)
+                    if not users:
+                        del sq.factors[factor]
+        return query
+
+    def interested(self, stream: str) -> bool:
+        sq = self._streams.get(stream)
+        return bool(sq and sq.slots)
+
+    def probe(self, stream: str, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+        """Results Structure rows for n tuples of `stream` (PSoup Fig. 3: new data probing
+        the Query SteM): bit q of row i is set when tuple i satisfies query slot q.
+
+        Returns an (n, words) little-endian uint64 array. O(n * (attrs + factors) * words).
+        """
+        words = self.words
+        sq = self._streams.get(stream)
+        if sq is None or not sq.slots:
+            return np.zeros((n, words), dtype="<u8")
+        interest = sq.row(sq.slots, words)
+        out = np.empty((n, words), dtype="<u8")
+        # table() first: it rebuilds the cells' keys when queries changed.
+        indices = [(index.table(words), index.cells(columns[c]))
+                   for c, index in sq.attrs.items() if len(index)]
+        if not indices:
+            out[:] = interest
+        else:
+            # Blocks of rows keep the gathered rows in cache between the OR passes.
+            block = max(1, PROBE_BLOCK_BYTES // (8 * words))
+            spare = np.empty((min(block, n), words), dtype="<u8")
+            for s in range(0, n, block):
+                e = min(s + block, n)
+                rows = out[s:e]
+                table, cells = indices[0]
+                np.take(table, cells[s:e], axis=0, out=rows)
+                for table, cells in indices[1:]:
+                    np.take(table, cells[s:e], axis=0, out=spare[:e - s])
+                    rows |= spare[:e - s]
+                np.invert(rows, out=rows)
+                rows &= interest
+        for factor, users in sq.factors.items():
+            fails = ~factor_mask(factor, columns[factor.left], columns[factor.right])
+            if fails.any():
+                out[fails] &= ~sq.row(users, words)
+        return out
+
+    def nbytes(self) -> int:
+        return sum(index.nbytes() for sq in self._streams.values()
+                   for index in sq.attrs.values())
+
+
+def bit_row(slots, words: int) -> np.ndarray:
+    """One little-endian uint64 bit row of `words` words with `slots` set.
+
+    Example:
+        >>> bit_row([0, 65], 2).tolist()
+        [1, 2]
+    """
+    flags = np.zeros(words * 64, dtype=bool)
+    flags[list(slots)] = True
+    return np.packbits(flags, bitorder="little").view("<u8")
