@@ -48,6 +48,9 @@ class Engine:
         clock: seconds since the epoch; used for `ts` when a producer gives none and for
             NOW when an invocation gives none.
         chunk_rows: tuples per storage chunk (the unit of expiry).
+        shared_index: False evaluates every query on its own for each batch instead of
+            probing the shared predicate index (the paper's "Unshrd" variant, for
+            benchmarks; answers are identical).
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -59,7 +62,8 @@ class Engine:
     """
 
     def __init__(self, path: str | None = None, mode: str = "partial",
-                 clock: Callable[[], float] = time.time, chunk_rows: int = 8192):
+                 clock: Callable[[], float] = time.time, chunk_rows: int = 8192,
+                 shared_index: bool = True):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if path is not None:
@@ -72,7 +76,7 @@ class Engine:
         self._chunk_rows = chunk_rows
         self._lock = threading.RLock()
         self._stems: dict[str, DataSteM] = {}
-        self._query_stem = QuerySteM()
+        self._query_stem = QuerySteM(shared=shared_index)
         if mode == "partial":
             self._results = PartialResults(chunk_rows)
         elif mode == "complete":

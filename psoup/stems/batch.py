@@ -171,14 +171,14 @@ def _check_ts(stream: str, ts: Any, n: int, clock_now: float, last_ts: float) ->
         return stamps
     bad = np.flatnonzero(~np.isfinite(stamps))
     if len(bad):
-        raise SchemaError(f"stream '{stream}', row {bad[0]}: ts {stamps[bad[0]]} is not a "
+        raise SchemaError(f"stream '{stream}', row {bad[0]}: ts {float(stamps[bad[0]])} is not a "
                           "finite number of seconds")
     if stamps[0] < last_ts:
-        raise SchemaError(f"stream '{stream}', row 0: ts {stamps[0]!r} is older than the "
+        raise SchemaError(f"stream '{stream}', row 0: ts {float(stamps[0])!r} is older than the "
                           f"stream's latest ts {last_ts!r}; timestamps may not decrease")
     down = np.flatnonzero(np.diff(stamps) < 0)
     if len(down):
         i = down[0] + 1
-        raise SchemaError(f"stream '{stream}', row {i}: ts {stamps[i]!r} is older than row "
-                          f"{i - 1}'s ts {stamps[i - 1]!r}; timestamps may not decrease")
+        raise SchemaError(f"stream '{stream}', row {i}: ts {float(stamps[i])!r} is older than row "
+                          f"{i - 1}'s ts {float(stamps[i - 1])!r}; timestamps may not decrease")
     return stamps

@@ -25,7 +25,7 @@ import numpy as np
 
 from psoup.query.model import ColumnFactor, Query
 from psoup.stems.predicate_index import AttributeIndex
-from psoup.stems.predicates import factor_mask
+from psoup.stems.predicates import factor_mask, source_mask
 
 
 #: Rows per probe block: about this many bytes of bit rows at a time.
@@ -66,7 +66,8 @@ class QuerySteM:
         [0, 1]
     """
 
-    def __init__(self):
+    def __init__(self, shared: bool = True):
+        self.shared = shared
         self.queries: dict[int, Query] = {}
         self._free: list[int] = []
         self._next = 0
@@ -138,6 +139,8 @@ class QuerySteM:
         sq = self._streams.get(stream)
         if sq is None or not sq.slots:
             return np.zeros((n, words), dtype="<u8")
+        if not self.shared:
+            return self._probe_unshared(stream, sq, columns, n)
         interest = sq.row(sq.slots, words)
         out = np.empty((n, words), dtype="<u8")
         # table() first: it rebuilds the cells' keys when queries changed.
@@ -164,6 +167,17 @@ class QuerySteM:
             if fails.any():
                 out[fails] &= ~sq.row(users, words)
         return out
+
+    def _probe_unshared(self, stream: str, sq: _StreamQueries,
+                        columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+        """The paper's Unshrd variant (Sect. 5.2.4): each query evaluated on its own,
+        O(n * queries * factors); kept to measure what the shared index saves."""
+        flags = np.zeros((self.capacity, n), dtype=bool)     # one contiguous row per query
+        for slot in sq.slots:
+            source = next(s for s in self.queries[slot].sources if s.stream == stream)
+            flags[slot] = source_mask(source, columns, n)
+        packed = np.packbits(flags, axis=0, bitorder="little").T
+        return np.ascontiguousarray(packed).view("<u8")
 
     def nbytes(self) -> int:
         return sum(index.nbytes() for sq in self._streams.values()

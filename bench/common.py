@@ -1,0 +1,220 @@
+"""Shared pieces of the psoup benchmarks: the PSoup paper's synthetic workload
+(Sect. 5.2.1), a timer, machine information and the table/JSON/PNG report.
+
+Every script in bench/ imports this module by name (bench/ is on sys.path when a script
+runs), builds its rows with these generators, and ends with one `report` call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: One seed for every benchmark, so two runs see the same tuples and queries.
+SEED = 20030609
+
+#: The paper's stream: four integer attributes, values uniform in [0, 255].
+STREAM_COLUMNS = ("a", "b", "c", "d")
+DOMAIN = 256
+CREATE_R = "CREATE STREAM R (a INT, b INT, c INT, d INT)"
+
+_INEQUALITIES = ("<", "<=", ">", ">=")
+
+
+def rng(offset: int = 0) -> np.random.Generator:
+    """The benchmarks' random generator; `offset` separates independent streams of draws."""
+    return np.random.default_rng(SEED + offset)
+
+
+def data_columns(gen: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """n tuples of R as column arrays (int64, uniform in [0, 255])."""
+    return {col: gen.integers(0, DOMAIN, n, dtype=np.int64) for col in STREAM_COLUMNS}
+
+
+def constant(gen: np.random.Generator) -> int:
+    """A factor's constant: a uniform multiple of 32 with probability 0.2, else uniform
+    in [0, 255] (Sect. 5.2.1: the multiples make some constants shared by many queries)."""
+    if gen.random() < 0.2:
+        return 32 * int(gen.integers(0, DOMAIN // 32))
+    return int(gen.integers(0, DOMAIN))
+
+
+def _factor(gen: np.random.Generator, kind: str, col: str) -> str:
+    if kind == "inequality":
+        return f"{col} {_INEQUALITIES[gen.integers(len(_INEQUALITIES))]} {constant(gen)}"
+    if kind == "equality":
+        return f"{col} = {constant(gen)}"
+    if kind == "interval":
+        size = int(gen.integers(0, DOMAIN))
+        lo = int(gen.integers(0, DOMAIN - size))
+        return f"{col} BETWEEN {lo} AND {lo + size}"
+    raise ValueError(f"unknown factor kind {kind!r} (inequality, equality, interval)")
+
+
+def where_clause(gen: np.random.Generator, kind: str) -> str:
+    """1-4 factors of `kind` on distinct attributes, joined by AND; also valid DuckDB SQL.
+
+    Args:
+        kind: "inequality" (`a >= 37`, Fig. 9), "equality" (`a = 37`, Fig. 7a) or
+            "interval" (`a BETWEEN 12 AND 140`, interval size uniform in [0, 255], Fig. 7b).
+    """
+    k = int(gen.integers(1, len(STREAM_COLUMNS) + 1))
+    cols = gen.choice(STREAM_COLUMNS, size=k, replace=False)
+    return " AND ".join(_factor(gen, kind, str(col)) for col in cols)
+
+
+def selection_queries(gen: np.random.Generator, n: int, kind: str) -> list[str]:
+    """n selection queries over R, e.g. "SELECT * FROM R WHERE a >= 37 AND c < 128".
+
+    Args:
+        gen: the random generator.
+        n: how many queries.
+        kind: "inequality" (Fig. 9), "equality" (Fig. 7a) or "interval" (Fig. 7b).
+    """
+    return [f"SELECT * FROM R WHERE {where_clause(gen, kind)}" for _ in range(n)]
+
+
+@dataclass
+class Timing:
+    """Seconds taken by each call of a timed function."""
+
+    times: list[float]
+
+    @property
+    def calls(self) -> int:
+        return len(self.times)
+
+    @property
+    def total(self) -> float:
+        return sum(self.times)
+
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def mean(self) -> float:
+        return self.total / len(self.times)
+
+
+def timed(fn: Callable[[], Any], repeat: int = 5, min_time: float = 0.0,
+          max_time: float = float("inf")) -> Timing:
+    """Call `fn` at least `repeat` times and until `min_time` seconds have been spent in
+    it, but stop once `max_time` seconds have been spent (after at least one call).
+
+    Example:
+        >>> timed(lambda: None, repeat=3).calls
+        3
+    """
+    times: list[float] = []
+    spent = 0.0
+    clock = time.perf_counter
+    while (len(times) < repeat or spent < min_time) and (not times or spent < max_time):
+        t0 = clock()
+        fn()
+        dt = clock() - t0
+        times.append(dt)
+        spent += dt
+    return Timing(times)
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the numbers were measured."""
+    import matplotlib
+    info = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "matplotlib": matplotlib.__version__,
+    }
+    try:
+        import duckdb
+        info["duckdb"] = duckdb.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return format(value, fmt)
+
+
+def report(name: str, rows: Sequence[dict[str, Any]],
+           columns: Sequence[tuple[str, str, str]],
+           plot_fn: Callable[[Any, Sequence[dict[str, Any]]], None],
+           notes: Sequence[str] = (), params: dict[str, Any] | None = None) -> None:
+    """Print `rows` as an aligned table, then write bench/results/<name>.json and .png.
+
+    Args:
+        name: the benchmark's name, used for the output files.
+        rows: one dict per table row.
+        columns: (key, header, format spec) per printed column; None prints as "-".
+        plot_fn: draws on a matplotlib Axes, called as plot_fn(ax, rows).
+        notes: lines printed under the table and stored in the JSON (verdicts, caveats).
+        params: the benchmark's parameters, stored in the JSON.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [[header for _, header, _ in columns]]
+    cells += [[_cell(row.get(key), fmt) for key, _, fmt in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    print("\n".join(lines))
+    for note in notes:
+        print(note)
+
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "name": name,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "params": params or {},
+        "rows": list(rows),
+        "notes": list(notes),
+    }
+    json_path = RESULTS_DIR / f"{name}.json"
+    json_path.write_text(json.dumps(doc, indent=2, default=_jsonable) + "\n")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    plot_fn(ax, rows)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    png_path = RESULTS_DIR / f"{name}.png"
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {json_path.relative_to(ROOT)} and {png_path.relative_to(ROOT)}")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

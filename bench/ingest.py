@@ -1,0 +1,138 @@
+"""Ingest throughput with many standing queries (PSoup Sect. 5.2.4, Fig. 9).
+
+Tuples per second through `Engine.insert`, in batches of column arrays, with 128, 1,024
+and 4,096 inequality queries registered first, for the shared predicate index (PSoup-P
+and PSoup-C) and for the unshared baseline that evaluates each query on its own (Unshrd).
+
+Usage: python bench/ingest.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402  (bench/ is put on sys.path just above)
+import psoup  # noqa: E402
+
+#: (label, Engine mode, shared_index) per measured engine.
+VARIANTS = (("PSoup-P", "partial", True), ("PSoup-C", "complete", True),
+            ("Unshrd", "partial", False))
+RETAIN_ROWS = 200_000
+
+#: The targets of the ingest issue: (query count, what is checked).
+SPEEDUP_TARGET = (4096, 20.0)        # PSoup-P >= 20x Unshrd at 4,096 queries
+RATE_TARGET = (1024, 500_000.0)      # PSoup-P >= 500,000 tuples/s at 1,024 queries
+
+
+def _settings(quick: bool) -> dict:
+    if quick:
+        return {"counts": [16, 64], "batch": 2_000, "pool": 4, "min_time": 0.05,
+                "cap_shared": 0.2, "cap_unshared": 0.2}
+    return {"counts": [128, 1024, 4096], "batch": 10_000, "pool": 32, "min_time": 2.0,
+            "cap_shared": 4.0, "cap_unshared": 4.0}
+
+
+class _Feeder:
+    """Inserts the next batch of a fixed pool of batches, with ever-increasing ts."""
+
+    def __init__(self, engine: psoup.Engine, pool: list[dict], batch: int):
+        self.engine, self.pool, self.batch = engine, pool, batch
+        self.offsets = np.arange(batch, dtype=np.float64)
+        self.sent = 0
+
+    def __call__(self) -> None:
+        columns = self.pool[(self.sent // self.batch) % len(self.pool)]
+        self.engine.insert("R", columns, ts=self.offsets + self.sent)
+        self.sent += self.batch
+
+
+def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
+            s: dict) -> dict:
+    """Register `queries`, warm up with one batch, then time batches."""
+    eng = psoup.Engine(mode=mode, shared_index=shared)
+    eng.execute(f"{common.CREATE_R} RETAIN {RETAIN_ROWS} ROWS")
+    t0 = time.perf_counter()
+    for sql in queries:
+        eng.register(sql)
+    register_s = time.perf_counter() - t0
+    feed = _Feeder(eng, pool, s["batch"])
+    feed()
+    cap = s["cap_shared"] if shared else s["cap_unshared"]
+    timing = common.timed(feed, repeat=3, min_time=s["min_time"], max_time=cap)
+    return {"rate": timing.calls * s["batch"] / timing.total, "batches": timing.calls,
+            "median_batch_ms": 1e3 * timing.median, "register_s": register_s}
+
+
+def _verdicts(rows: list[dict]) -> list[str]:
+    by_count = {row["queries"]: row for row in rows}
+    notes = []
+    n, target = SPEEDUP_TARGET
+    row = by_count.get(n)
+    got = f"{row['P/Unshrd']:.1f}x" if row else "not measured (quick run)"
+    verdict = ("PASS" if row["P/Unshrd"] >= target else "MISS") if row else "n/a"
+    notes.append(f"target: PSoup-P >= {target:.0f}x Unshrd at {n:,} queries: {got} -> {verdict}")
+    n, target = RATE_TARGET
+    row = by_count.get(n)
+    got = f"{row['PSoup-P']:,.0f} tuples/s" if row else "not measured (quick run)"
+    verdict = ("PASS" if row["PSoup-P"] >= target else "MISS") if row else "n/a"
+    notes.append(f"target: PSoup-P >= {target:,.0f} tuples/s at {n:,} queries: {got} -> {verdict}")
+    return notes
+
+
+def _plot(ax, rows: list[dict]) -> None:
+    counts = [row["queries"] for row in rows]
+    for label, _, _ in VARIANTS:
+        ax.plot(counts, [row[label] for row in rows], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(counts, [f"{c:,}" for c in counts])
+    ax.set_xlabel("standing queries")
+    ax.set_ylabel("tuples / s ingested")
+    ax.set_title("Ingest throughput (PSoup Fig. 9)")
+    ax.legend()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
+    args = parser.parse_args(argv)
+    s = _settings(args.quick)
+
+    data_gen = common.rng(1)
+    pool = [common.data_columns(data_gen, s["batch"]) for _ in range(s["pool"])]
+    all_queries = common.selection_queries(common.rng(2), max(s["counts"]), "inequality")
+
+    rows = []
+    for count in s["counts"]:
+        row = {"queries": count}
+        for label, mode, shared in VARIANTS:
+            got = measure(mode, shared, all_queries[:count], pool, s)
+            row[label] = got["rate"]
+            row[f"{label} batches"] = got["batches"]
+            row[f"{label} median batch ms"] = got["median_batch_ms"]
+            row[f"{label} register s"] = got["register_s"]
+        row["P/Unshrd"] = row["PSoup-P"] / row["Unshrd"]
+        row["C/Unshrd"] = row["PSoup-C"] / row["Unshrd"]
+        rows.append(row)
+
+    columns = [("queries", "queries", ",d")]
+    columns += [(label, f"{label} tuples/s", ",.0f") for label, _, _ in VARIANTS]
+    columns += [("P/Unshrd", "P/Unshrd", ".1f"), ("C/Unshrd", "C/Unshrd", ".1f")]
+    columns += [(f"{label} register s", f"{label} reg s", ".2f") for label, _, _ in VARIANTS]
+    params = {"batch_rows": s["batch"], "retain_rows": RETAIN_ROWS,
+              "query_kind": "inequality", "min_time_s": s["min_time"],
+              "cap_shared_s": s["cap_shared"], "cap_unshared_s": s["cap_unshared"],
+              "seed": common.SEED, "quick": args.quick}
+    name = "ingest_quick" if args.quick else "ingest"
+    common.report(name, rows, columns, _plot, notes=_verdicts(rows), params=params)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The `psoup` command line (click): thin commands over the library."""

@@ -1,0 +1,62 @@
+"""The psoup query language: SQL text -> the checked, normalized `model` the engine runs.
+
+The pipeline (sqlglot-style, one pure stage per module):
+    tokens.tokenize -> parser.parse -> checker.check -> normalize.normalize_factors
+ending in `model.StreamSchema` (CREATE STREAM) or `model.Query` (SELECT). The language
+is specified in LANGUAGE.md; errors are `psoup.errors.QueryError` with a line and column.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Union
+
+from psoup.query.checker import check, check_retain, parse_type
+from psoup.query.model import Query, StreamSchema
+from psoup.query.parser import parse, parse_retention
+
+__all__ = ["compile_statement", "parse_retain", "parse_type"]
+
+
+def compile_statement(sql: str, schemas: Mapping[str, StreamSchema]) -> Union[StreamSchema, Query]:
+    """Compile one statement against the existing streams.
+
+    Args:
+        sql: one CREATE STREAM or SELECT statement, optionally ending with `;`.
+        schemas: the existing streams by name.
+
+    Returns:
+        The new stream's schema for CREATE STREAM; the checked, normalized query for
+        SELECT (its `sql` is `sql` unchanged).
+
+    Raises:
+        QueryError: anything wrong with the statement; nothing is registered.
+
+    Example:
+        >>> r = compile_statement("CREATE STREAM R (a INT, name TEXT) RETAIN 1 HOUR", {})
+        >>> r.columns, r.retain_seconds
+        ((('a', 'int'), ('name', 'text')), 3600.0)
+        >>> q = compile_statement("SELECT name FROM R WHERE a BETWEEN 1 AND 4", {"R": r})
+        >>> q.columns, (q.sources[0].predicates[0].lo, q.sources[0].predicates[0].hi)
+        (['name'], (1, 4))
+    """
+    return check(parse(sql), schemas, sql)
+
+
+def parse_retain(text: str) -> tuple[float | None, int | None]:
+    """Parse a retention such as "1 hour", "90 seconds", "100000 rows" or "2 DAYS".
+
+    Args:
+        text: a positive number and a unit: SECOND(S), MINUTE(S), HOUR(S), DAY(S) or
+            ROW(S), in any case.
+
+    Returns:
+        (retain_seconds, None) for a duration, (None, retain_rows) for a row count.
+
+    Raises:
+        QueryError: anything else.
+
+    Example:
+        >>> parse_retain("2 DAYS"), parse_retain("100000 rows")
+        ((172800.0, None), (None, 100000))
+    """
+    return check_retain(parse_retention(text))

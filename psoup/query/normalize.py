@@ -1,0 +1,210 @@
+"""Normalization: a source's checked factors -> one AttrPredicate per column (last stage).
+
+PSoup Sect. 4.2.2 indexes each query's single-attribute factors on an attribute as one
+set of accepted values, and keeps the multi-attribute factors of one stream in a
+predicateList (Sect. 3.2). This module folds every `column op constant` factor of a
+column into that one set, an `AttrPredicate`, in a canonical form:
+
+* bounds are intersected (the tighter bound wins; at an equal value the open one);
+* `=` and IN become an `eq` set (sets are intersected); the set is then filtered by the
+  bounds and the `!=` values, and the bounds and `!=` values are dropped;
+* otherwise `!=` values outside the bounds are dropped, and bounds that admit nothing
+  give `AttrPredicate(column, ctype, empty=True)` with no other fields set;
+* INT columns (tupleID too) are compared in the integers: `a > 2.5` is `a >= 3`, every
+  strict bound becomes a closed one (`a < 5` is `a <= 4`), `a = 2.5` contributes an empty
+  `eq` set, `a != 2.5` always holds, and constants outside the 64-bit range are dropped
+  (so every constant of an INT predicate fits an int64);
+* FLOAT columns (ts too) take int constants as `float(c)`, which rounds integers beyond
+  2**53 to the nearest float (the comparison is then with that float);
+* BOOL columns (FALSE < TRUE, as in SQL) always come out as an `eq` subset of
+  {False, True};
+* a column whose factors restrict nothing (`a != 2.5` on an INT column) gets no predicate.
+
+An empty `eq` set and `empty=True` are the two forms of a contradiction on a column; the
+query then matches nothing (`is_contradiction`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Sequence, Union
+
+from psoup.query.model import AttrPredicate, ColumnFactor, Value
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_BOOLS = frozenset({False, True})
+
+
+@dataclass(frozen=True)
+class AttrFactor:
+    """A checked single-attribute factor `column op value`, the column on the left.
+
+    Attributes:
+        column: the column's name.
+        ctype: the column's type, one of model.TYPES; `value`'s type agrees with it (a
+            number for INT and FLOAT, str for TEXT, bool for BOOL).
+        op: one of = != <> < <= > >=, or "in" when `value` is the tuple of an IN list.
+        value: the constant, or the constants of an IN list.
+    """
+
+    column: str
+    ctype: str
+    op: str
+    value: Union[Value, tuple[Value, ...]]
+
+
+def normalize_factors(
+    factors: Sequence[Union[AttrFactor, ColumnFactor]],
+) -> tuple[tuple[AttrPredicate, ...], tuple[ColumnFactor, ...]]:
+    """Fold the factors of one source into its predicates and its column factors.
+
+    Runs in O(f + v log v) for f factors with v constants.
+
+    Args:
+        factors: the source's checked factors, in WHERE order.
+
+    Returns:
+        The AttrPredicates, one per column that has a restricting single-attribute
+        factor, sorted by column; and the ColumnFactors in WHERE order, with `<>` written
+        as `!=` and exact repeats removed.
+
+    Example:
+        >>> preds, cfs = normalize_factors([
+        ...     AttrFactor("a", "int", ">", 2.5), AttrFactor("a", "int", "<", 9),
+        ...     ColumnFactor("a", "<>", "b")])
+        >>> preds, cfs
+        ((AttrPredicate(column='a', ctype='int', lo=3, lo_open=False, hi=8, hi_open=False, eq=None, ne=frozenset(), empty=False),), (ColumnFactor(left='a', op='!=', right='b', offset=0),))
+    """
+    by_column: dict[str, list[AttrFactor]] = {}
+    column_factors: list[ColumnFactor] = []
+    for factor in factors:
+        if isinstance(factor, AttrFactor):
+            by_column.setdefault(factor.column, []).append(factor)
+        else:
+            factor = replace(factor, op=_canonical_op(factor.op))
+            if factor not in column_factors:
+                column_factors.append(factor)
+    folded = (fold_column(by_column[column]) for column in sorted(by_column))
+    return tuple(p for p in folded if p is not None), tuple(column_factors)
+
+
+def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
+    """Fold the single-attribute factors of one column into one AttrPredicate.
+
+    Args:
+        factors: at least one factor, all on the same column.
+
+    Returns:
+        The canonical predicate (see the module docstring), or None when the factors
+        accept every value of the column's type.
+
+    Example:
+        >>> fold_column([AttrFactor("a", "int", "in", (1, 2.0, 2.5)), AttrFactor("a", "int", "!=", 1)])
+        AttrPredicate(column='a', ctype='int', lo=None, lo_open=False, hi=None, hi_open=False, eq=frozenset({2}), ne=frozenset(), empty=False)
+    """
+    column, ctype = factors[0].column, factors[0].ctype
+    lo: Any = None  # Any: the bounds are of the column's type, compared with each other
+    hi: Any = None
+    lo_open = hi_open = False
+    eq: set | None = None
+    ne: set = set()
+    for factor in factors:
+        op = _canonical_op(factor.op)
+        if op in ("=", "in"):
+            values = factor.value if op == "in" else (factor.value,)
+            members = {m for m in (_member(ctype, v) for v in values) if m is not None}
+            eq = members if eq is None else eq & members
+        elif op == "!=":
+            member = _member(ctype, factor.value)
+            if member is not None:
+                ne.add(member)
+        else:
+            value, is_open = _bound(ctype, op, factor.value)
+            if op in (">", ">="):
+                if lo is None or value > lo or (value == lo and is_open):
+                    lo, lo_open = value, is_open
+            elif hi is None or value < hi or (value == hi and is_open):
+                hi, hi_open = value, is_open
+
+    def admits(v: Value) -> bool:
+        above = lo is None or v > lo or (v == lo and not lo_open)
+        below = hi is None or v < hi or (v == hi and not hi_open)
+        return above and below
+
+    if ctype == "bool":  # a two-value domain: always written as the set of admitted values
+        eq = _BOOLS if eq is None else eq
+    if eq is not None:
+        allowed = frozenset(v for v in eq if admits(v) and v not in ne)
+        if ctype == "bool" and allowed == _BOOLS:  # ({0, 1} == _BOOLS too, hence the type)
+            return None
+        return AttrPredicate(column, ctype, eq=allowed)
+    ne = {v for v in ne if admits(v)}
+    if _admits_nothing(ctype, lo, lo_open, hi, hi_open, ne):
+        return AttrPredicate(column, ctype, empty=True)
+    if ctype == "int":
+        lo = None if lo is not None and lo <= INT64_MIN else lo
+        hi = None if hi is not None and hi >= INT64_MAX else hi
+    if lo is None and hi is None and not ne:
+        return None
+    return AttrPredicate(column, ctype, lo, lo_open, hi, hi_open, ne=frozenset(ne))
+
+
+def is_contradiction(predicates: Sequence[AttrPredicate]) -> bool:
+    """True when some predicate accepts no value (`empty`, or an empty `eq` set).
+
+    Example:
+        >>> is_contradiction([AttrPredicate("a", "int", eq=frozenset())])
+        True
+    """
+    return any(p.empty or (p.eq is not None and not p.eq) for p in predicates)
+
+
+def _canonical_op(op: str) -> str:
+    return "!=" if op == "<>" else op
+
+
+def _member(ctype: str, value: Any) -> Value | None:
+    """`value` as a value of the column's type, or None when no value of it equals `value`."""
+    if ctype == "int":
+        if isinstance(value, float):
+            if not value.is_integer():
+                return None
+            value = int(value)
+        return value if INT64_MIN <= value <= INT64_MAX else None
+    if ctype == "float":
+        return float(value)
+    return value
+
+
+def _bound(ctype: str, op: str, value: Any) -> tuple[Value, bool]:
+    """The bound (value, open) that `column op value` puts on the column (op: < <= > >=)."""
+    if ctype == "int":
+        # The integers above 2.5 are those >= 3: every INT bound comes out closed.
+        if op == ">":
+            return math.floor(value) + 1, False
+        if op == ">=":
+            return math.ceil(value), False
+        if op == "<":
+            return math.ceil(value) - 1, False
+        return math.floor(value), False
+    if ctype == "float":
+        value = float(value)
+    return value, op in ("<", ">")
+
+
+def _admits_nothing(ctype: str, lo: Any, lo_open: bool, hi: Any, hi_open: bool, ne: set) -> bool:
+    """Whether no value lies within the bounds and outside `ne` (exact for INT; for the
+    other types, lo > hi or a single value that is excluded)."""
+    if ctype == "int":
+        first = INT64_MIN if lo is None else lo
+        last = INT64_MAX if hi is None else hi
+        return first > last or (
+            last - first < len(ne) and all(v in ne for v in range(first, last + 1))
+        )
+    if lo is None or hi is None:
+        return False
+    if lo == hi:
+        return lo_open or hi_open or lo in ne
+    return lo > hi

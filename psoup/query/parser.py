@@ -1,0 +1,436 @@
+"""The parser: tokens -> syntax tree, by hand-written recursive descent.
+
+The second stage of the language pipeline. The grammar is LANGUAGE.md's; each rule is
+one method, and every failure names what was expected, the token it came after and the
+token found, at that token's line and column. SQL features the language does not have
+(OR, NOT, GROUP BY, aggregates, subqueries, ...) are recognized and rejected by name
+rather than reported as plain syntax errors.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from psoup.errors import QueryError
+from psoup.query.syntax import (
+    BeginEnd,
+    Between,
+    ColumnDef,
+    ColumnRef,
+    Comparison,
+    CreateStream,
+    Factor,
+    FromItem,
+    InList,
+    Literal,
+    NowTime,
+    NowWindow,
+    Operand,
+    RangeWindow,
+    Retain,
+    RowsWindow,
+    Select,
+    SelectColumn,
+    SelectEntry,
+    Shifted,
+    Star,
+    Statement,
+    StreamWindow,
+    TimeConstant,
+    TimeSpec,
+)
+from psoup.query.timeparse import unit_name
+from psoup.query.tokens import (
+    EOF,
+    KEYWORD,
+    NAME,
+    NUMBER,
+    STRING,
+    UNSUPPORTED_KEYWORDS,
+    Pos,
+    Token,
+    tokenize,
+)
+
+COMPARISON_OPS = ("=", "!=", "<>", "<", "<=", ">", ">=")
+AGGREGATES = frozenset({"COUNT", "SUM", "AVG", "MIN", "MAX"})
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_TIME_UNITS = "a unit (SECONDS, MINUTES, HOURS or DAYS)"
+_ANY_UNITS = "a unit (SECONDS, MINUTES, HOURS, DAYS or ROWS)"
+
+
+def parse(sql: str) -> Statement:
+    """Parse one statement, CREATE STREAM or SELECT, with an optional trailing `;`.
+
+    Args:
+        sql: the statement text.
+
+    Returns:
+        A `CreateStream` or `Select` syntax tree.
+
+    Raises:
+        QueryError: the text is empty, is not one statement of the grammar, or uses an
+            unsupported SQL feature.
+
+    Example:
+        >>> stmt = parse("SELECT a FROM R WHERE a > 1")
+        >>> stmt.items[0].column.name, stmt.where[0].op, stmt.where[0].right.value
+        ('a', '>', 1)
+    """
+    return _Parser(tokenize(sql)).statement()
+
+
+def parse_retention(text: str) -> Retain:
+    """Parse a retention on its own, `n unit` as after RETAIN (e.g. "1 hour", "100 ROWS").
+
+    Args:
+        text: the retention text.
+
+    Returns:
+        A `Retain` node.
+
+    Raises:
+        QueryError: `text` is not a number followed by a unit.
+
+    Example:
+        >>> r = parse_retention("90 seconds")
+        >>> r.amount.value, r.unit
+        (90, 'SECOND')
+    """
+    parser = _Parser(tokenize(text))
+    retain = parser.retain_amount()
+    parser.end("the end of the retention")
+    return retain
+
+
+class _Parser:
+    """Recursive descent over a token list; `_tok` is the next unconsumed token."""
+
+    def __init__(self, tokens: list[Token]):
+        self._tokens = tokens
+        self._i = 0
+        self._after: str | None = None  # the last consumed thing, quoted for messages
+
+    @property
+    def _tok(self) -> Token:
+        return self._tokens[self._i]
+
+    def _peek(self, k: int) -> Token:
+        return self._tokens[min(self._i + k, len(self._tokens) - 1)]
+
+    def _advance(self) -> Token:
+        tok = self._tok
+        if tok.kind != EOF:
+            self._i += 1
+        self._after = tok.text if tok.kind == STRING else f"'{tok.text}'"
+        return tok
+
+    def _accept_word(self, word: str) -> Token | None:
+        return self._advance() if self._tok.is_word(word) else None
+
+    def _accept_symbol(self, symbol: str) -> Token | None:
+        return self._advance() if self._tok.is_symbol(symbol) else None
+
+    def _expect_word(self, word: str, expected: str | None = None) -> Token:
+        return self._accept_word(word) or self._fail(expected or word)
+
+    def _expect_symbol(self, symbol: str, expected: str | None = None) -> Token:
+        return self._accept_symbol(symbol) or self._fail(expected or f"'{symbol}'")
+
+    def _fail(self, expected: str) -> NoReturn:
+        tok = self._tok
+        if tok.kind == KEYWORD and tok.value in UNSUPPORTED_KEYWORDS:
+            raise QueryError(UNSUPPORTED_KEYWORDS[tok.value], *tok.pos)
+        after = "" if self._after is None else f" after {self._after}"
+        raise QueryError(f"expected {expected}{after}, found {tok.describe()}", *tok.pos)
+
+    def _reject_subquery(self) -> None:
+        if self._tok.is_symbol("(") and self._peek(1).is_word("SELECT"):
+            raise QueryError("subqueries are not supported", *self._peek(1).pos)
+
+    def end(self, expected: str) -> None:
+        """Consume an optional `;` and require the end of the input."""
+        if self._accept_symbol(";"):
+            expected = "the end of the statement (one statement at a time)"
+        if self._tok.kind != EOF:
+            self._fail(expected)
+
+    # statements
+
+    def statement(self) -> Statement:
+        tok = self._tok
+        if tok.kind == EOF or (tok.is_symbol(";") and self._peek(1).kind == EOF):
+            raise QueryError("empty statement")
+        if tok.is_word("CREATE"):
+            return self._create()
+        if tok.is_word("SELECT"):
+            return self._select()
+        self._fail("SELECT or CREATE STREAM")
+
+    def _create(self) -> CreateStream:
+        start = self._advance()
+        self._expect_word("STREAM")
+        name, name_pos = self._name("a stream name")
+        self._expect_symbol("(")
+        columns = [self._column_def()]
+        while self._accept_symbol(","):
+            columns.append(self._column_def())
+        self._expect_symbol(")", "',' or ')'")
+        retain = None
+        if self._accept_word("RETAIN"):
+            retain = self.retain_amount()
+            self.end("the end of the statement")
+        else:
+            self.end("RETAIN or the end of the statement")
+        return CreateStream(start.pos, name, name_pos, tuple(columns), retain)
+
+    def _column_def(self) -> ColumnDef:
+        name, pos = self._name("a column name")
+        type_tok = self._tok
+        if type_tok.kind != NAME:
+            self._fail("a type (INT, FLOAT, TEXT or BOOL)")
+        self._advance()
+        return ColumnDef(pos, name, type_tok.text, type_tok.pos)
+
+    def retain_amount(self) -> Retain:
+        """`n unit` (the unit is required: a bare number could mean seconds or rows)."""
+        amount = self._number("a number")
+        return Retain(amount.pos, amount, self._unit(_ANY_UNITS, default=None))
+
+    def _select(self) -> Select:
+        start = self._advance()
+        distinct = self._accept_word("DISTINCT") is not None
+        items = [self._select_entry()]
+        while self._accept_symbol(","):
+            items.append(self._select_entry())
+        last = items[-1]
+        bare = isinstance(last, SelectColumn) and last.alias is None
+        self._expect_word("FROM", "',', AS or FROM" if bare else "',' or FROM")
+        sources = [self._from_item()]
+        while self._accept_symbol(","):
+            sources.append(self._from_item())
+        where: tuple[Factor, ...] = ()
+        if self._accept_word("WHERE"):
+            where = tuple(self._conjunction())
+        begin_end = self._begin_end() if self._tok.is_word("BEGIN") else None
+        if begin_end is not None:
+            self.end("the end of the statement")
+        elif where:
+            self.end("AND, BEGIN or the end of the statement")
+        else:
+            self.end("WHERE, BEGIN or the end of the statement")
+        return Select(start.pos, distinct, tuple(items), tuple(sources), where, begin_end)
+
+    # names and constants
+
+    def _name(self, what: str) -> tuple[str, Pos]:
+        tok = self._tok
+        if tok.kind == KEYWORD:
+            after = "" if self._after is None else f" after {self._after}"
+            raise QueryError(
+                f"expected {what}{after}, found the reserved word '{tok.text}'", *tok.pos
+            )
+        if tok.kind != NAME:
+            self._fail(what)
+        self._advance()
+        return tok.text, tok.pos
+
+    def _column_ref(self) -> ColumnRef:
+        tok = self._tok
+        name, pos = self._name("a column")
+        if self._tok.is_symbol("("):
+            if name.upper() in AGGREGATES:
+                raise QueryError(f"aggregates are not supported yet ({name})", *tok.pos)
+            raise QueryError(f"functions are not supported ({name})", *tok.pos)
+        ref = ColumnRef(tok.pos, None, name, pos)
+        if self._accept_symbol("."):
+            ref = ColumnRef(tok.pos, name, *self._name("a column name"))
+        self._after = f"'{ref.display}'"
+        return ref
+
+    def _number(self, expected: str, signed: bool = False) -> Literal:
+        tok = self._tok
+        if signed and tok.is_symbol("-") and self._peek(1).kind == NUMBER:
+            self._advance()
+            digits = self._advance()
+            lit = Literal(tok.pos, -digits.value, "-" + digits.text)  # type: ignore[operator]
+        elif tok.kind == NUMBER:
+            self._advance()
+            lit = Literal(tok.pos, tok.value, tok.text)
+        else:
+            self._fail(expected)
+        if isinstance(lit.value, int) and not INT64_MIN <= lit.value <= INT64_MAX:
+            raise QueryError(f"integer {lit.text} is out of the 64-bit range", *lit.pos)
+        return lit
+
+    def _constant(self, expected: str) -> Literal:
+        tok = self._tok
+        if tok.kind == STRING:
+            self._advance()
+            return Literal(tok.pos, tok.value, tok.text)
+        if tok.is_word("TRUE", "FALSE"):
+            self._advance()
+            return Literal(tok.pos, tok.value == "TRUE", tok.text)
+        return self._number(expected, signed=True)
+
+    def _unit(self, expected: str, default: str | None) -> str:
+        tok = self._tok
+        unit = unit_name(tok.text) if tok.kind == NAME else None
+        if unit is not None:
+            self._advance()
+            return unit
+        if default is None or tok.kind == NAME:
+            self._fail(expected)
+        return default
+
+    # SELECT list and FROM list
+
+    def _select_entry(self) -> SelectEntry:
+        tok = self._tok
+        if self._accept_symbol("*"):
+            return Star(tok.pos, None)
+        if tok.kind == NAME and self._peek(1).is_symbol(".") and self._peek(2).is_symbol("*"):
+            self._advance(), self._advance(), self._advance()
+            return Star(tok.pos, tok.text)
+        if tok.kind not in (NAME, KEYWORD):
+            self._fail("a column or '*'")
+        column = self._column_ref()
+        alias = self._name("a name after AS")[0] if self._accept_word("AS") else None
+        return SelectColumn(tok.pos, column, alias)
+
+    def _from_item(self) -> FromItem:
+        self._reject_subquery()
+        stream, pos = self._name("a stream name")
+        alias = None
+        if self._accept_word("AS"):
+            alias = self._name("an alias")[0]
+        elif self._tok.kind == NAME:
+            alias = self._advance().text
+        window = self._stream_window() if self._tok.is_symbol("[") else None
+        return FromItem(pos, stream, alias, window)
+
+    def _stream_window(self) -> StreamWindow:
+        pos = self._advance().pos
+        window: StreamWindow
+        if self._accept_word("RANGE"):
+            if self._accept_word("UNBOUNDED"):
+                window = RangeWindow(pos, None, "SECOND")
+            else:
+                amount = self._number("a number or UNBOUNDED")
+                window = RangeWindow(pos, amount, self._unit(_TIME_UNITS, default="SECOND"))
+        elif self._accept_word("ROWS"):
+            window = RowsWindow(pos, self._number("a number of rows"), ())
+        elif self._accept_word("PARTITION"):
+            self._expect_word("BY")
+            columns = [self._column_ref()]
+            while self._accept_symbol(","):
+                columns.append(self._column_ref())
+            self._expect_word("ROWS", "',' or ROWS")
+            window = RowsWindow(pos, self._number("a number of rows"), tuple(columns))
+        elif self._accept_word("NOW"):
+            window = NowWindow(pos)
+        else:
+            self._fail("RANGE, ROWS, PARTITION BY or NOW")
+        self._expect_symbol("]")
+        return window
+
+    # WHERE
+
+    def _conjunction(self) -> list[Factor]:
+        factors = self._term()
+        while self._accept_word("AND"):
+            factors.extend(self._term())
+        return factors
+
+    def _term(self) -> list[Factor]:
+        self._reject_subquery()
+        if self._accept_symbol("("):
+            factors = self._conjunction()
+            self._expect_symbol(")", "AND or ')'")
+            return factors
+        return [self._factor()]
+
+    def _factor(self) -> Factor:
+        left = self._operand()
+        if isinstance(left, Shifted):
+            raise _arithmetic_error(left)
+        tok = self._tok
+        if tok.is_word("BETWEEN", "IN"):
+            if not isinstance(left, ColumnRef):
+                raise QueryError(f"{tok.value} needs a column on its left", *tok.pos)
+            self._advance()
+            if tok.value == "BETWEEN":
+                low = self._constant("a constant")
+                self._expect_word("AND")
+                return Between(left.pos, left, low, self._constant("a constant"))
+            return InList(left.pos, left, self._in_values())
+        if not tok.is_symbol(*COMPARISON_OPS):
+            self._fail("a comparison operator")
+        self._advance()
+        right = self._operand()
+        if isinstance(right, Shifted) and isinstance(left, Literal):
+            raise _arithmetic_error(right)
+        return Comparison(left.pos, left, tok.text, right)
+
+    def _operand(self) -> Operand:
+        tok = self._tok
+        if tok.kind == NAME:
+            column = self._column_ref()
+            sign = self._tok
+            if not sign.is_symbol("+", "-"):
+                return column
+            self._advance()
+            return Shifted(sign.pos, column, sign.text, self._number("a number", signed=True))
+        if tok.is_word("NOW"):
+            raise QueryError("NOW is only allowed in BEGIN and END, not in WHERE", *tok.pos)
+        return self._constant("a column or a constant")
+
+    def _in_values(self) -> tuple[Literal, ...]:
+        self._reject_subquery()
+        self._expect_symbol("(")
+        values = [self._constant("a constant")]
+        while self._accept_symbol(","):
+            values.append(self._constant("a constant"))
+        self._expect_symbol(")", "',' or ')'")
+        return tuple(values)
+
+    # BEGIN ... END
+
+    def _begin_end(self) -> BeginEnd:
+        pos = self._advance().pos
+        begin = self._time()
+        self._expect_word("END")
+        return BeginEnd(pos, begin, self._time())
+
+    def _time(self) -> TimeSpec:
+        if self._accept_symbol("("):
+            spec = self._time()
+            self._expect_symbol(")")
+            return spec
+        start = self._i
+        tok = self._tok
+        if self._accept_word("NOW"):
+            if not self._tok.is_symbol("+", "-"):
+                return NowTime(tok.pos, self._text_since(start), None, None, "SECOND")
+            sign = self._advance().text
+            amount = self._number("a number")
+            unit = self._unit(_ANY_UNITS, default="SECOND")
+            return NowTime(tok.pos, self._text_since(start), sign, amount, unit)
+        if tok.kind == STRING:
+            self._advance()
+            return TimeConstant(tok.pos, tok.text, Literal(tok.pos, tok.value, tok.text))
+        value = self._number("a time (NOW, NOW - n [unit], epoch seconds or a quoted timestamp)",
+                             signed=True)  # fmt: skip
+        return TimeConstant(tok.pos, self._text_since(start), value)
+
+    def _text_since(self, start: int) -> str:
+        return " ".join(t.text for t in self._tokens[start : self._i])
+
+
+def _arithmetic_error(shifted: Shifted) -> QueryError:
+    return QueryError(
+        "arithmetic is only supported on the right-hand column of a comparison between "
+        "two columns (a op b + c)",
+        *shifted.pos,
+    )

@@ -1,0 +1,225 @@
+"""The syntax tree: a statement as written, before any stream schema is consulted.
+
+The parser builds these nodes; the checker reads them. Nodes keep the position of the
+token they start at (`pos`) so that checking errors can point into the statement, and
+keep constants as written (`Literal.text`) so that messages can quote them. Nothing here
+is resolved: names may be unknown, types may not match, windows may be inverted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from psoup.query.tokens import Pos
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A constant: int or float (NUMBER, sign applied), str (string) or bool (TRUE/FALSE)."""
+
+    pos: Pos
+    value: int | float | str | bool
+    text: str
+
+
+@dataclass(frozen=True)
+class ColumnRef:
+    """A column reference, `name` or `qualifier.name` (qualifier: a stream or an alias).
+
+    Attributes:
+        pos: where the reference starts; `name_pos`: where its column name starts.
+    """
+
+    pos: Pos
+    qualifier: str | None
+    name: str
+    name_pos: Pos
+
+    @property
+    def display(self) -> str:
+        return self.name if self.qualifier is None else f"{self.qualifier}.{self.name}"
+
+
+@dataclass(frozen=True)
+class Shifted:
+    """`column + amount` or `column - amount`, the right side of a multi-attribute factor."""
+
+    pos: Pos
+    column: ColumnRef
+    sign: str
+    amount: Literal
+
+
+Operand = Union[ColumnRef, Literal, Shifted]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A factor `left op right`; op as written (one of = != <> < <= > >=)."""
+
+    pos: Pos
+    left: Operand
+    op: str
+    right: Operand
+
+
+@dataclass(frozen=True)
+class Between:
+    """`column BETWEEN low AND high`."""
+
+    pos: Pos
+    column: ColumnRef
+    low: Literal
+    high: Literal
+
+
+@dataclass(frozen=True)
+class InList:
+    """`column IN (v1, v2, ...)`."""
+
+    pos: Pos
+    column: ColumnRef
+    values: tuple[Literal, ...]
+
+
+Factor = Union[Comparison, Between, InList]
+
+
+@dataclass(frozen=True)
+class ColumnDef:
+    """`name TYPE` in CREATE STREAM."""
+
+    pos: Pos
+    name: str
+    type_name: str
+    type_pos: Pos
+
+
+@dataclass(frozen=True)
+class Retain:
+    """`RETAIN amount unit`; unit is SECOND, MINUTE, HOUR, DAY or ROW."""
+
+    pos: Pos
+    amount: Literal
+    unit: str
+
+
+@dataclass(frozen=True)
+class CreateStream:
+    """CREATE STREAM name (columns) [RETAIN ...]."""
+
+    pos: Pos
+    name: str
+    name_pos: Pos
+    columns: tuple[ColumnDef, ...]
+    retain: Retain | None
+
+
+@dataclass(frozen=True)
+class Star:
+    """`*` or `qualifier.*` in a select list."""
+
+    pos: Pos
+    qualifier: str | None
+
+
+@dataclass(frozen=True)
+class SelectColumn:
+    """`column [AS alias]` in a select list."""
+
+    pos: Pos
+    column: ColumnRef
+    alias: str | None
+
+
+SelectEntry = Union[Star, SelectColumn]
+
+
+@dataclass(frozen=True)
+class RangeWindow:
+    """`[RANGE amount [unit]]`, or `[RANGE UNBOUNDED]` when amount is None."""
+
+    pos: Pos
+    amount: Literal | None
+    unit: str
+
+
+@dataclass(frozen=True)
+class RowsWindow:
+    """`[ROWS count]`, or `[PARTITION BY columns ROWS count]` when partition_by is set."""
+
+    pos: Pos
+    count: Literal
+    partition_by: tuple[ColumnRef, ...]
+
+
+@dataclass(frozen=True)
+class NowWindow:
+    """`[NOW]`."""
+
+    pos: Pos
+
+
+StreamWindow = Union[RangeWindow, RowsWindow, NowWindow]
+
+
+@dataclass(frozen=True)
+class FromItem:
+    """`stream [alias] [window]` in a FROM list."""
+
+    pos: Pos
+    stream: str
+    alias: str | None
+    window: StreamWindow | None
+
+
+@dataclass(frozen=True)
+class NowTime:
+    """`NOW`, or `NOW sign amount [unit]`; unit is SECOND, MINUTE, HOUR, DAY or ROW.
+
+    Attributes:
+        text: the time expression as written, for error messages.
+    """
+
+    pos: Pos
+    text: str
+    sign: str | None
+    amount: Literal | None
+    unit: str
+
+
+@dataclass(frozen=True)
+class TimeConstant:
+    """A fixed time: epoch seconds (int or float Literal) or a quoted ISO-8601 string."""
+
+    pos: Pos
+    text: str
+    value: Literal
+
+
+TimeSpec = Union[NowTime, TimeConstant]
+
+
+@dataclass(frozen=True)
+class BeginEnd:
+    """`BEGIN begin END end`."""
+
+    pos: Pos
+    begin: TimeSpec
+    end: TimeSpec
+
+
+@dataclass(frozen=True)
+class Select:
+    """SELECT [DISTINCT] items FROM sources [WHERE factors] [BEGIN ... END ...]."""
+
+    pos: Pos
+    distinct: bool
+    items: tuple[SelectEntry, ...]
+    sources: tuple[FromItem, ...]
+    where: tuple[Factor, ...]
+    begin_end: BeginEnd | None
+
+
+Statement = Union[CreateStream, Select]

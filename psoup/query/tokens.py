@@ -1,0 +1,196 @@
+"""Tokens: the first stage of the language pipeline (SQL text -> tokens).
+
+The tokenizer splits a statement into names, reserved keywords, numbers, strings and
+symbols, each carrying the 1-based line and column where it starts, so that every later
+stage can say where an error is (LANGUAGE.md, "Errors"). Keywords are case-insensitive;
+names keep their case, since identifiers are case-sensitive.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from psoup.errors import QueryError
+
+NAME = "name"
+KEYWORD = "keyword"
+NUMBER = "number"
+STRING = "string"
+SYMBOL = "symbol"
+EOF = "eof"
+
+#: Statement structure and constants; none of these can name a stream, alias or column.
+STRUCTURE_KEYWORDS = frozenset(
+    {
+        "SELECT", "FROM", "WHERE", "AND", "BEGIN", "END", "AS", "DISTINCT",
+        "BETWEEN", "IN", "CREATE", "NOW", "TRUE", "FALSE",
+    }
+)  # fmt: skip
+
+#: Keywords of SQL features the language rejects, with the message they are rejected with.
+UNSUPPORTED_KEYWORDS = {
+    "OR": "OR is not supported (a WHERE clause is a conjunction of factors joined by AND)",
+    "NOT": "NOT is not supported (a WHERE clause is a conjunction of factors joined by AND)",
+    "GROUP": "GROUP BY is not supported yet",
+    "HAVING": "HAVING is not supported yet (it needs aggregates)",
+    "ORDER": "ORDER BY is not supported (results are ordered by ts, then tupleID)",
+    "LIMIT": "LIMIT is not supported",
+    "UNION": "UNION is not supported",
+    "INTERSECT": "INTERSECT is not supported",
+    "EXCEPT": "EXCEPT is not supported",
+    "JOIN": "joins are not supported yet",
+    "EXISTS": "subqueries are not supported",
+    "IS": "IS is not supported (there are no NULLs: every tuple gives every column)",
+    "NULL": "NULL is not supported (there are no NULLs: every tuple gives every column)",
+    "LIKE": "LIKE is not supported",
+    "CASE": "CASE is not supported",
+    "WITH": "WITH is not supported",
+}
+
+RESERVED = STRUCTURE_KEYWORDS | frozenset(UNSUPPORTED_KEYWORDS)
+
+#: Longest first, so that '<=' is one token rather than '<' and '='.
+_SYMBOLS = ("<=", ">=", "<>", "!=", "=", "<", ">", "(", ")", ",", ".", ";", "[", "]", "*", "+", "-")
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NUMBER = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_NUMBER_TAIL = re.compile(r"[A-Za-z0-9_.]")
+
+
+class Pos(NamedTuple):
+    """Where a token starts: 1-based line and column."""
+
+    line: int
+    column: int
+
+
+@dataclass(frozen=True)
+class Token:
+    """One token.
+
+    Attributes:
+        kind: NAME, KEYWORD, NUMBER, STRING, SYMBOL or EOF.
+        text: the token as written (a string literal keeps its quotes).
+        value: int or float for a NUMBER, the unescaped text of a STRING, the upper-case
+            keyword for a KEYWORD, else the text.
+        pos: where the token starts.
+    """
+
+    kind: str
+    text: str
+    value: int | float | str
+    pos: Pos
+
+    def is_word(self, *words: str) -> bool:
+        """True for a name or keyword equal to one of `words` (upper case), ignoring case."""
+        return self.kind in (NAME, KEYWORD) and self.text.upper() in words
+
+    def is_symbol(self, *symbols: str) -> bool:
+        """True for a symbol among `symbols`."""
+        return self.kind == SYMBOL and self.text in symbols
+
+    def describe(self) -> str:
+        """The token as error messages quote it."""
+        if self.kind == EOF:
+            return "the end of the statement"
+        if self.kind == STRING:
+            return f"string {self.text}"
+        return f"'{self.text}'"
+
+
+def tokenize(sql: str) -> list[Token]:
+    """Split a statement into tokens, ending with one EOF token.
+
+    Whitespace and `--` comments separate tokens and are dropped. Runs in O(len(sql)).
+
+    Args:
+        sql: the statement text.
+
+    Returns:
+        The tokens in order; the last one has kind EOF.
+
+    Raises:
+        QueryError: an unterminated string, a malformed number or an unexpected character.
+
+    Example:
+        >>> [t.text for t in tokenize("SELECT a FROM R WHERE a >= -2.5 -- c")]
+        ['SELECT', 'a', 'FROM', 'R', 'WHERE', 'a', '>=', '-', '2.5', '']
+        >>> tokenize("b\\n  <> 'it''s'")[2].value, tokenize("b\\n  <> 'x'")[1].pos
+        ("it's", Pos(line=2, column=3))
+    """
+    tokens: list[Token] = []
+    i, line, line_start, n = 0, 1, 0, len(sql)
+    while i < n:
+        c = sql[i]
+        pos = Pos(line, i - line_start + 1)
+        if c == "\n":
+            i, line, line_start = i + 1, line + 1, i + 1
+        elif c.isspace():
+            i += 1
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end < 0 else end
+        elif c == "'":
+            value, end = _string(sql, i, pos)
+            text = sql[i:end]
+            line += text.count("\n")
+            if "\n" in text:
+                line_start = i + text.rindex("\n") + 1
+            tokens.append(Token(STRING, text, value, pos))
+            i = end
+        elif c.isdigit() or (c == "." and i + 1 < n and sql[i + 1].isdigit()):
+            m = _NUMBER.match(sql, i)
+            assert m is not None
+            text = m.group()
+            if _NUMBER_TAIL.match(sql, m.end()):
+                bad = re.match(r"[A-Za-z0-9_.]*", sql[i:])
+                raise QueryError(f"malformed number '{bad.group() if bad else text}'", *pos)
+            tokens.append(Token(NUMBER, text, _number_value(text, pos), pos))
+            i = m.end()
+        elif c.isalpha() or c == "_":
+            m = _WORD.match(sql, i)
+            assert m is not None
+            text = m.group()
+            upper = text.upper()
+            if upper in RESERVED:
+                tokens.append(Token(KEYWORD, text, upper, pos))
+            else:
+                tokens.append(Token(NAME, text, text, pos))
+            i = m.end()
+        else:
+            symbol = next((s for s in _SYMBOLS if sql.startswith(s, i)), None)
+            if symbol is None:
+                hint = " (strings are in single quotes)" if c == '"' else ""
+                raise QueryError(f"unexpected character '{c}'{hint}", *pos)
+            tokens.append(Token(SYMBOL, symbol, symbol, pos))
+            i += len(symbol)
+    tokens.append(Token(EOF, "", "", Pos(line, n - line_start + 1)))
+    return tokens
+
+
+def _string(sql: str, start: int, pos: Pos) -> tuple[str, int]:
+    """The value of the string literal opening at `start`, and the index after it."""
+    parts = []
+    i = start + 1
+    while True:
+        end = sql.find("'", i)
+        if end < 0:
+            raise QueryError("unterminated string: no closing single quote", *pos)
+        parts.append(sql[i:end])
+        if sql.startswith("''", end):
+            parts.append("'")
+            i = end + 2
+        else:
+            return "".join(parts), end + 1
+
+
+def _number_value(text: str, pos: Pos) -> int | float:
+    if "." in text or "e" in text or "E" in text:
+        value = float(text)
+        if math.isinf(value):
+            raise QueryError(f"number {text} is out of range", *pos)
+        return value
+    return int(text)

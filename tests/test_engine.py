@@ -1,0 +1,299 @@
+"""The embedded engine's behaviour: windows, retention, the insert forms, handles, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import psoup
+from psoup import QueryError, SchemaError, UnknownHandle
+from tests.conftest import Clock
+
+
+@pytest.fixture(params=psoup.MODES)
+def mode(request):
+    return request.param
+
+
+def make(mode, ddl="CREATE STREAM R (a INT, b FLOAT, name TEXT)", chunk_rows=4):
+    clock = Clock(1000.0)
+    eng = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows)
+    eng.execute(ddl)
+    return eng, clock
+
+
+def fill(eng, n=20, t0=1000.0):
+    """Tuples a = 0..n-1 at ts = t0 + a."""
+    rows = [(i, i / 2, f"n{i % 3}") for i in range(n)]
+    return eng.insert("R", rows, ts=[t0 + i for i in range(n)])
+
+
+# ---------------------------------------------------------------- windows
+
+def test_sliding_window_follows_now(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT a FROM R BEGIN NOW - 3 END NOW")
+    fill(eng)
+    assert [r[0] for r in eng.invoke(h, now=1010.0)] == [7, 8, 9, 10]
+    assert [r[0] for r in eng.invoke(h, now=1015.5)] == [13, 14, 15]
+
+
+def test_landmark_window_grows_from_a_fixed_point(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT a FROM R WHERE a < 100 BEGIN 1016 END NOW")
+    fill(eng)
+    assert [r[0] for r in eng.invoke(h, now=1017.0)] == [16, 17]
+    fill(eng, n=3, t0=1030.0)
+    assert [r[0] for r in eng.invoke(h, now=1040.0)] == [16, 17, 18, 19, 0, 1, 2]
+
+
+def test_snapshot_window_is_fixed(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT a FROM R BEGIN 1002 END 1004")
+    fill(eng)
+    assert eng.invoke(h, now=5000.0).rows == [(2,), (3,), (4,)]
+
+
+def test_iso_timestamp_window(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT a FROM R BEGIN '1970-01-01 00:16:45' END '1970-01-01T00:16:46Z'")
+    fill(eng)
+    assert eng.invoke(h).rows == [(5,), (6,)]
+
+
+def test_rows_window_takes_last_tuples_before_where(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT a FROM R WHERE a < 17 BEGIN (NOW - 5 ROWS) END NOW")
+    fill(eng)
+    assert eng.invoke(h).rows == [(15,), (16,)]
+
+
+def test_cql_windows(mode):
+    eng, _ = make(mode)
+    rng = eng.register("SELECT a FROM R [RANGE 2 SECONDS]")
+    rows = eng.register("SELECT a FROM R [ROWS 2]")
+    now = eng.register("SELECT a FROM R [NOW]")
+    part = eng.register("SELECT name, a FROM R [PARTITION BY name ROWS 1]")
+    fill(eng)
+    assert eng.invoke(rng, now=1005.0).rows == [(3,), (4,), (5,)]
+    assert eng.invoke(rows).rows == [(18,), (19,)]
+    assert eng.invoke(now, now=1007.0).rows == [(7,)]
+    assert eng.invoke(part).rows == [("n2", 17), ("n0", 18), ("n1", 19)]
+
+
+def test_no_window_means_everything_retained(mode):
+    eng, _ = make(mode, "CREATE STREAM R (a INT, b FLOAT, name TEXT) RETAIN 6 ROWS")
+    h = eng.register("SELECT a FROM R WHERE a >= 10")
+    fill(eng)
+    assert [r[0] for r in eng.invoke(h)] == [14, 15, 16, 17, 18, 19]
+
+
+# ---------------------------------------------------------------- retention, expiry
+
+def test_expired_tuples_leave_results(mode):
+    eng, _ = make(mode, "CREATE STREAM R (a INT, b FLOAT, name TEXT) RETAIN 5 SECONDS")
+    h = eng.register("SELECT a FROM R WHERE a >= 0")
+    fill(eng, n=10)
+    assert [r[0] for r in eng.invoke(h)] == [4, 5, 6, 7, 8, 9]
+    eng.insert("R", [(100, 0.0, "x")], ts=1100.0)
+    assert eng.invoke(h).rows == [(100,)]
+    assert eng.stats()["streams"]["R"]["rows"] == 1
+
+
+def test_new_query_sees_only_retained_data(mode):
+    eng, _ = make(mode, "CREATE STREAM R (a INT, b FLOAT, name TEXT) RETAIN 3 ROWS")
+    fill(eng, n=10)
+    h = eng.register("SELECT a FROM R")
+    assert eng.invoke(h).rows == [(7,), (8,), (9,)]
+
+
+# ---------------------------------------------------------------- results
+
+def test_projection_distinct_and_aliases(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT DISTINCT name AS who FROM R WHERE a >= 2")
+    fill(eng, n=6)
+    res = eng.invoke(h)
+    assert res.columns == ["who"]
+    assert res.rows == [("n2",), ("n0",), ("n1",)]
+    assert res.ts.tolist() == [1002.0, 1003.0, 1004.0]
+
+
+def test_ts_and_tuple_id_are_columns(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT tupleID, ts FROM R WHERE ts > 1003 AND tupleID < 6")
+    ids = fill(eng, n=8)
+    assert eng.invoke(h).rows == [(ids[4], 1004.0), (ids[5], 1005.0)]
+
+
+def test_multi_attribute_factor(mode):
+    eng, _ = make(mode, "CREATE STREAM R (a INT, b INT)")
+    h = eng.register("SELECT a, b FROM R WHERE a < b - 1 AND a >= 0")
+    eng.insert("R", [(0, 1), (0, 2), (3, 9), (-1, 5)], ts=1000.0)
+    assert eng.invoke(h).rows == [(0, 2), (3, 9)]
+
+
+def test_results_are_ordered_by_ts_then_tuple_id(mode):
+    eng, _ = make(mode, "CREATE STREAM R (a INT)")
+    h = eng.register("SELECT a FROM R")
+    ids = eng.insert("R", [(3,), (1,), (2,)], ts=[5.0, 5.0, 6.0])
+    res = eng.invoke(h, now=10.0)
+    assert res.tuple_ids.tolist() == ids.tolist()
+    assert res.rows == [(3,), (1,), (2,)]
+    assert res.to_dicts() == [{"a": 3}, {"a": 1}, {"a": 2}]
+
+
+# ---------------------------------------------------------------- insert forms
+
+def test_insert_accepts_tuples_dicts_and_columns(mode):
+    eng, _ = make(mode, "CREATE STREAM R (a INT, name TEXT)")
+    h = eng.register("SELECT a, name FROM R")
+    eng.insert("R", [(1, "x")], ts=1.0)
+    eng.insert("R", [{"name": "y", "a": 2}], ts=2.0)
+    eng.insert("R", {"a": np.array([3, 4]), "name": ["z", "w"]}, ts=[3.0, 4.0])
+    assert eng.invoke(h, now=5.0).rows == [(1, "x"), (2, "y"), (3, "z"), (4, "w")]
+
+
+def test_insert_without_ts_uses_the_engine_clock(mode):
+    eng, clock = make(mode, "CREATE STREAM R (a INT)")
+    clock.now = 1234.5
+    eng.insert("R", [(1,)])
+    h = eng.register("SELECT a FROM R")
+    assert eng.invoke(h).ts.tolist() == [1234.5]
+
+
+def test_tuple_ids_increase_across_streams(mode):
+    eng, _ = make(mode, "CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (a INT)")
+    first = eng.insert("R", [(1,), (2,)], ts=1.0)
+    second = eng.insert("S", [(1,)], ts=1.0)
+    assert first.dtype == np.int64
+    assert first.tolist() + second.tolist() == sorted(set(first.tolist() + second.tolist()))
+
+
+def test_create_stream_from_python_matches_ddl(mode):
+    eng = psoup.Engine(mode=mode, clock=lambda: 0.0)
+    eng.create_stream("S", {"b": "int", "c": "float"}, retain="2 rows")
+    h = eng.register("SELECT b, c FROM S")
+    eng.insert("S", [(1, 1.5), (2, 2.5), (3, 3.5)], ts=0.0)
+    assert eng.invoke(h).rows == [(2, 2.5), (3, 3.5)]
+
+
+# ---------------------------------------------------------------- handles
+
+def test_handles_are_long_and_unguessable(mode):
+    eng, _ = make(mode)
+    handles = {eng.register("SELECT a FROM R") for _ in range(20)}
+    assert len(handles) == 20
+    assert all(len(h) >= 32 for h in handles)       # 24 random bytes, base64url
+
+
+def test_unregistered_handle_stops_working_and_slot_is_reused(mode):
+    eng, _ = make(mode)
+    fill(eng, n=5)
+    old = eng.register("SELECT a FROM R WHERE a > 2")
+    eng.unregister(old)
+    with pytest.raises(UnknownHandle):
+        eng.invoke(old)
+    new = eng.register("SELECT a FROM R WHERE a < 2")
+    assert eng.invoke(new).rows == [(0,), (1,)]
+    fill(eng, n=5, t0=2000.0)
+    assert eng.invoke(new).rows == [(0,), (1,), (0,), (1,)]
+    assert eng.queries() == [(new, "SELECT a FROM R WHERE a < 2")]
+
+
+def test_unknown_handle_is_a_key_error_naming_it(mode):
+    eng, _ = make(mode)
+    with pytest.raises(UnknownHandle, match="unknown handle 'nope'"):
+        eng.invoke("nope")
+    with pytest.raises(KeyError):
+        eng.unregister("nope")
+
+
+def test_contradiction_registers_and_matches_nothing(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT a FROM R WHERE a > 5 AND a < 3")
+    fill(eng)
+    assert eng.invoke(h).rows == []
+
+
+def test_stats_report_streams_queries_and_memory(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT a FROM R WHERE a < 3")
+    fill(eng)
+    stats = eng.stats()
+    assert stats["mode"] == mode
+    assert stats["streams"]["R"]["rows"] == 20
+    assert stats["streams"]["R"]["latest_ts"] == 1019.0
+    assert stats["queries"][h]["results"] == 3
+    assert stats["memory"]["total"] >= stats["memory"]["data"] > 0
+
+
+# ---------------------------------------------------------------- bad input changes nothing
+
+def snapshot(eng, handles):
+    return ([eng.invoke(h, now=2000.0).rows for h in handles], eng.queries(),
+            {k: v["rows"] for k, v in eng.stats()["streams"].items()})
+
+
+@pytest.mark.parametrize("rows, ts, message", [
+    ([(1, 1.0)], 1.0, "row 0: expected 3 values"),
+    ([(1, 1.0, "x"), (2, 2.0)], 1.0, "row 1: expected 3 values"),
+    ([("1", 1.0, "x")], 1.0, "row 0, column 'a': expected INT, got str"),
+    ([(True, 1.0, "x")], 1.0, "row 0, column 'a': expected INT, got bool"),
+    ([(1, 1.0, 5)], 1.0, "column 'name': expected TEXT, got int"),
+    ([(1, float("nan"), "x")], 1.0, "NaN"),
+    ([(2**70, 1.0, "x")], 1.0, "64-bit INT"),
+    ([{"a": 1, "b": 1.0}], 1.0, "missing column 'name'"),
+    ([{"a": 1, "b": 1.0, "name": "x", "zzz": 0}], 1.0, "unknown column 'zzz'"),
+    ({"a": np.array([1.5]), "b": [1.0], "name": ["x"]}, 1.0, "got an array of float64"),
+    ({"a": [1, 2], "b": [1.0], "name": ["x"]}, 1.0, "different lengths"),
+    ([(1, 1.0, "x")] * 2, [1.0], "got 1 timestamps for 2 rows"),
+    ([(1, 1.0, "x")] * 2, [3000.0, 2999.0], "row 1: ts 2999.0 is older than row 0"),
+    ([(1, 1.0, "x")], 999.0, "older than the stream's latest ts 1019.0"),
+    ([(1, 1.0, "x")], float("inf"), "not a finite number"),
+    ("abc", 1.0, "rows must be"),
+])
+def test_bad_batch_is_rejected_whole(mode, rows, ts, message):
+    eng, _ = make(mode)
+    handles = [eng.register("SELECT a FROM R")]
+    fill(eng)
+    before = snapshot(eng, handles)
+    with pytest.raises(SchemaError, match=message):
+        eng.insert("R", rows, ts=ts)
+    assert snapshot(eng, handles) == before
+    eng.insert("R", [(99, 0.0, "ok")], ts=1019.0)           # the stream still accepts data
+    assert eng.invoke(handles[0], now=2000.0).rows[-1] == (99,)
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("SELECT a FROM Q", "unknown stream 'Q'"),
+    ("SELECT speeed FROM R", "unknown column 'speeed'"),
+    ("SELECT a FROM R WHERE name > 3", "TEXT"),
+    ("SELECT a FROM R WHERE a > 1 OR a < 0", "not supported"),
+    ("SELECT COUNT(*) FROM R", "not supported yet"),
+    ("SELECT a FROM R BEGIN 10 END 5", "BEGIN"),
+    ("SELECT a FROM R WHERE", "line 1"),
+    ("CREATE STREAM R (a INT)", "already exists"),
+])
+def test_bad_statement_is_rejected_and_registers_nothing(mode, sql, message):
+    eng, _ = make(mode)
+    handles = [eng.register("SELECT a FROM R")]
+    fill(eng)
+    before = snapshot(eng, handles)
+    with pytest.raises(QueryError, match=message):
+        eng.execute(sql)
+    assert snapshot(eng, handles) == before
+
+
+def test_insert_into_unknown_stream_names_the_known_ones(mode):
+    eng, _ = make(mode)
+    with pytest.raises(QueryError, match=r"unknown stream 'X' \(streams: R\)"):
+        eng.insert("X", [(1,)])
+
+
+def test_bad_mode_and_path_are_rejected():
+    with pytest.raises(ValueError, match="unknown mode"):
+        psoup.Engine(mode="fast")
+    with pytest.raises(psoup.PSoupError, match="not supported yet"):
+        psoup.Engine(path="state/")

@@ -1,0 +1,806 @@
+"""The query language (LANGUAGE.md): SQL text -> StreamSchema / normalized Query."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from psoup.errors import QueryError
+from psoup.query import compile_statement, parse_retain, parse_type
+from psoup.query.model import (
+    AttrPredicate,
+    ColumnFactor,
+    Query,
+    SelectItem,
+    Source,
+    StreamSchema,
+    TimeExpr,
+    Window,
+)
+from psoup.query.tokens import NUMBER, STRING, tokenize
+
+TRAFFIC = StreamSchema(
+    "traffic", (("lane", "int"), ("stationid", "int"), ("speed", "float"), ("road", "text"))
+)
+R = StreamSchema(
+    "R", (("a", "int"), ("b", "int"), ("x", "float"), ("y", "float"), ("name", "text"),
+          ("flag", "bool"))
+)  # fmt: skip
+SCHEMAS = {"traffic": TRAFFIC, "R": R}
+
+
+def query(sql: str) -> Query:
+    q = compile_statement(sql, SCHEMAS)
+    assert isinstance(q, Query)
+    return q
+
+
+def source(sql: str) -> Source:
+    (src,) = query(sql).sources
+    return src
+
+
+def predicates(where: str) -> tuple[AttrPredicate, ...]:
+    return source(f"SELECT * FROM R WHERE {where}").predicates
+
+
+def predicate(where: str) -> AttrPredicate:
+    (pred,) = predicates(where)
+    return pred
+
+
+def window(tail: str) -> Window:
+    return source(f"SELECT * FROM R {tail}").window
+
+
+def error(sql: str, schemas=SCHEMAS) -> QueryError:
+    with pytest.raises(QueryError) as info:
+        compile_statement(sql, schemas)
+    return info.value
+
+
+def relative(seconds: float) -> TimeExpr:
+    return TimeExpr(True, float(seconds))
+
+
+def absolute(seconds: float) -> TimeExpr:
+    return TimeExpr(False, float(seconds))
+
+
+# tokens
+
+
+def test_tokens_carry_line_and_column():
+    tokens = tokenize("SELECT a\n  FROM R")
+    assert [(t.text, t.pos.line, t.pos.column) for t in tokens[:4]] == [
+        ("SELECT", 1, 1), ("a", 1, 8), ("FROM", 2, 3), ("R", 2, 8)
+    ]  # fmt: skip
+
+
+def test_integer_literals_are_int_and_decimals_or_exponents_are_float():
+    values = [t.value for t in tokenize("3 3.0 1e3 .5") if t.kind == NUMBER]
+    assert values == [3, 3.0, 1000.0, 0.5]
+    assert [type(v) for v in values] == [int, float, float, float]
+
+
+def test_string_literal_doubles_a_quote_to_escape_it():
+    (tok,) = [t for t in tokenize("'it''s'") if t.kind == STRING]
+    assert tok.value == "it's"
+
+
+def test_keywords_are_case_insensitive():
+    q = query("select distinct a from R where a = 1 begin now - 5 end now")
+    assert q.distinct and q.columns == ["a"]
+
+
+def test_identifiers_are_case_sensitive():
+    assert "unknown stream 'r'" in str(error("SELECT * FROM r"))
+    assert "unknown column 'A'" in str(error("SELECT A FROM R"))
+
+
+def test_comments_run_to_the_end_of_the_line():
+    q = query("SELECT a -- the lane\nFROM R -- WHERE a = 1\nWHERE b = 2")
+    assert q.sources[0].predicates == (AttrPredicate("b", "int", eq=frozenset({2})),)
+
+
+def test_trailing_semicolon_is_optional():
+    assert query("SELECT a FROM R;").columns == ["a"]
+
+
+def test_query_keeps_the_sql_as_written():
+    sql = "  SELECT a FROM R WHERE a > 1 ;"
+    assert query(sql).sql == sql
+
+
+# CREATE STREAM
+
+
+def test_create_stream_returns_its_schema():
+    schema = compile_statement("CREATE STREAM S (a INT, x FLOAT, t TEXT, f BOOL)", SCHEMAS)
+    assert schema == StreamSchema(
+        "S", (("a", "int"), ("x", "float"), ("t", "text"), ("f", "bool"))
+    )
+
+
+def test_create_stream_accepts_type_synonyms_in_any_case():
+    schema = compile_statement(
+        "create stream S (a integer, b BigInt, c double, d Real, e varchar, f STRING, "
+        "g boolean)",
+        SCHEMAS,
+    )
+    assert [t for _, t in schema.columns] == ["int", "int", "float", "float", "text",
+                                              "text", "bool"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "retain, seconds",
+    [("1 HOUR", 3600.0), ("90 seconds", 90.0), ("1 second", 1.0), ("10 MINUTE", 600.0),
+     ("2 DAYS", 172800.0), ("1.5 hours", 5400.0)],
+)  # fmt: skip
+def test_create_stream_retain_time_is_in_seconds(retain, seconds):
+    schema = compile_statement(f"CREATE STREAM S (a INT) RETAIN {retain}", SCHEMAS)
+    assert (schema.retain_seconds, schema.retain_rows) == (seconds, None)
+    assert isinstance(schema.retain_seconds, float)
+
+
+def test_create_stream_retain_rows():
+    schema = compile_statement("CREATE STREAM S (a INT) RETAIN 100000 ROWS", SCHEMAS)
+    assert (schema.retain_seconds, schema.retain_rows) == (None, 100000)
+
+
+def test_create_stream_without_retain_keeps_everything():
+    schema = compile_statement("CREATE STREAM S (a INT)", SCHEMAS)
+    assert (schema.retain_seconds, schema.retain_rows) == (None, None)
+
+
+def test_create_existing_stream_is_an_error():
+    e = error("CREATE STREAM R (a INT)")
+    assert "stream 'R' already exists" in str(e)
+    assert (e.line, e.column) == (1, 15)
+
+
+@pytest.mark.parametrize("column", ["ts", "tupleID"])
+def test_create_stream_rejects_the_implicit_column_names(column):
+    e = error(f"CREATE STREAM S (a INT, {column} FLOAT)")
+    assert f"'{column}' is reserved" in str(e)
+    assert (e.line, e.column) == (1, 25)
+
+
+def test_create_stream_rejects_duplicate_columns():
+    assert "duplicate column 'a'" in str(error("CREATE STREAM S (a INT, a FLOAT)"))
+
+
+def test_create_stream_unknown_type_lists_the_known_types():
+    message = str(error("CREATE STREAM S (a INTT)"))
+    assert "line 1, column 20: unknown type 'INTT'" in message
+    for known in ("INT", "FLOAT", "TEXT", "BOOL"):
+        assert known in message
+
+
+def test_create_stream_needs_a_column():
+    assert "expected a column name after '('" in str(error("CREATE STREAM S ()"))
+
+
+def test_create_stream_retain_needs_a_unit():
+    assert "expected a unit" in str(error("CREATE STREAM S (a INT) RETAIN 100"))
+
+
+@pytest.mark.parametrize("rows", ["0", "2.5"])
+def test_create_stream_retain_rows_must_be_a_positive_integer(rows):
+    assert "positive whole number" in str(error(f"CREATE STREAM S (a INT) RETAIN {rows} ROWS"))
+
+
+def test_reserved_word_cannot_name_a_column():
+    assert "found the reserved word 'end'" in str(error("CREATE STREAM S (end INT)"))
+
+
+# parse_retain and parse_type
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("1 hour", (3600.0, None)), ("90 seconds", (90.0, None)), ("100000 rows", (None, 100000)),
+     ("2 DAYS", (172800.0, None)), ("1 Row", (None, 1)), (" 3 minutes ", (180.0, None))],
+)  # fmt: skip
+def test_parse_retain(text, expected):
+    assert parse_retain(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["", "hour", "100", "1 week", "0 rows", "1.5 rows", "0 seconds", "-1 hour",
+             "1 hour extra"]
+)  # fmt: skip
+def test_parse_retain_rejects_anything_else(text):
+    with pytest.raises(QueryError):
+        parse_retain(text)
+
+
+@pytest.mark.parametrize(
+    "name, ctype",
+    [("INT", "int"), ("int", "int"), ("INTEGER", "int"), ("BIGINT", "int"),
+     ("FLOAT", "float"), ("double", "float"), ("REAL", "float"), ("TEXT", "text"),
+     ("VARCHAR", "text"), ("string", "text"), ("BOOL", "bool"), ("Boolean", "bool")],
+)  # fmt: skip
+def test_parse_type(name, ctype):
+    assert parse_type(name) == ctype
+
+
+def test_parse_type_unknown_names_the_known_types():
+    with pytest.raises(QueryError, match=r"unknown type 'date' \(known types: INT, .*BOOL"):
+        parse_type("date")
+
+
+# SELECT list and FROM
+
+
+def test_star_expands_to_the_declared_columns():
+    q = query("SELECT * FROM traffic")
+    assert q.select == tuple(
+        SelectItem(0, c, c) for c in ("lane", "stationid", "speed", "road")
+    )
+
+
+def test_select_items_keep_their_order_and_as_names():
+    q = query("SELECT b, a AS first, ts, tupleID AS id FROM R")
+    assert q.select == (SelectItem(0, "b", "b"), SelectItem(0, "a", "first"),
+                        SelectItem(0, "ts", "ts"), SelectItem(0, "tupleID", "id"))  # fmt: skip
+    assert q.columns == ["b", "first", "ts", "id"]
+
+
+def test_columns_may_be_qualified_by_the_stream_or_its_alias():
+    q = query("SELECT t.lane, traffic.speed FROM traffic t WHERE t.lane = 1")
+    assert q.select == (SelectItem(0, "lane", "lane"), SelectItem(0, "speed", "speed"))
+    assert q.sources[0].predicates == (AttrPredicate("lane", "int", eq=frozenset({1})),)
+
+
+def test_qualified_star_expands_like_star():
+    assert query("SELECT t.* FROM traffic t").columns == ["lane", "stationid", "speed", "road"]
+
+
+def test_source_alias_defaults_to_the_stream_name():
+    assert source("SELECT * FROM traffic").alias == "traffic"
+    assert source("SELECT * FROM traffic AS t").alias == "t"
+    assert source("SELECT * FROM traffic t").stream == "traffic"
+
+
+def test_select_distinct():
+    assert query("SELECT DISTINCT lane FROM traffic").distinct
+    assert not query("SELECT lane FROM traffic").distinct
+
+
+def test_duplicate_output_column_is_an_error():
+    e = error("SELECT a, b AS a FROM R")
+    assert "duplicate output column 'a'" in str(e)
+    assert (e.line, e.column) == (1, 11)
+
+
+def test_unknown_stream_lists_the_streams():
+    e = error("SELECT * FROM trafic", {"traffic": TRAFFIC})
+    assert str(e) == "line 1, column 15: unknown stream 'trafic' (streams: traffic)"
+
+
+def test_unknown_column_lists_the_columns():
+    e = error("SELECT * FROM traffic WHERE traffic.speeed > 5")
+    assert str(e) == (
+        "line 1, column 37: unknown column 'speeed' in stream 'traffic' "
+        "(columns: lane, stationid, speed, road)"
+    )
+
+
+def test_unknown_qualifier_is_an_error():
+    assert "unknown stream or alias 'x' in 'x.lane'" in str(error("SELECT x.lane FROM traffic"))
+
+
+def test_qualifier_naming_a_stream_outside_from_says_joins_are_not_supported_yet():
+    assert "not supported yet" in str(error("SELECT a FROM R WHERE R.a < traffic.lane"))
+
+
+# WHERE: single-attribute factors
+
+
+def test_float_greater_than_is_an_open_lower_bound():
+    assert predicate("x > 2.5") == AttrPredicate("x", "float", lo=2.5, lo_open=True)
+
+
+def test_constant_on_the_left_is_flipped():
+    assert predicate("2.5 < x") == AttrPredicate("x", "float", lo=2.5, lo_open=True)
+    assert predicate("2.5 >= x") == AttrPredicate("x", "float", hi=2.5)
+
+
+def test_bounds_on_one_column_intersect_to_the_tighter_ones():
+    assert predicate("x > 1 AND x >= 3 AND x < 10 AND x <= 7") == AttrPredicate(
+        "x", "float", lo=3.0, hi=7.0
+    )
+
+
+def test_at_an_equal_bound_the_open_one_is_tighter():
+    assert predicate("x >= 5 AND x > 5 AND x < 9 AND x <= 9") == AttrPredicate(
+        "x", "float", lo=5.0, lo_open=True, hi=9.0, hi_open=True
+    )
+
+
+def test_int_strict_bounds_become_closed():
+    assert predicate("a > 5 AND a < 9") == AttrPredicate("a", "int", lo=6, hi=8)
+
+
+@pytest.mark.parametrize(
+    "factor, lo, hi",
+    [("a > 2.5", 3, None), ("a >= 2.5", 3, None), ("a < 2.5", None, 2), ("a <= 2.5", None, 2),
+     ("a > 2.0", 3, None), ("a >= 2.0", 2, None), ("a > -2.5", -2, None), ("a < -2.5", None, -3)],
+)  # fmt: skip
+def test_int_column_with_a_float_constant_gets_integer_bounds(factor, lo, hi):
+    pred = predicate(factor)
+    assert pred == AttrPredicate("a", "int", lo=lo, hi=hi)
+    assert all(type(v) is int for v in (pred.lo, pred.hi) if v is not None)
+
+
+def test_int_equal_to_a_fraction_is_an_empty_set_and_a_contradiction():
+    q = query("SELECT * FROM R WHERE a = 2.5")
+    assert q.sources[0].predicates == (AttrPredicate("a", "int", eq=frozenset()),)
+    assert q.contradiction
+
+
+def test_int_not_equal_to_a_fraction_always_holds_and_emits_nothing():
+    assert predicates("a != 2.5") == ()
+
+
+def test_int_in_list_drops_fractions_and_makes_integral_floats_ints():
+    pred = predicate("a IN (1, 2.0, 2.5)")
+    assert pred == AttrPredicate("a", "int", eq=frozenset({1, 2}))
+    assert all(type(v) is int for v in pred.eq)
+
+
+def test_float_column_takes_int_constants_as_floats():
+    pred = predicate("x IN (1, 2.5) AND x != 3")
+    assert pred == AttrPredicate("x", "float", eq=frozenset({1.0, 2.5}))
+    assert all(type(v) is float for v in pred.eq)
+    assert type(predicate("x > 3").lo) is float
+
+
+def test_equality_and_in_sets_intersect():
+    assert predicate("a IN (1, 2, 3) AND a IN (2, 3, 4) AND a = 3") == AttrPredicate(
+        "a", "int", eq=frozenset({3})
+    )
+
+
+def test_eq_set_is_filtered_by_the_bounds_and_not_equals_which_are_then_dropped():
+    assert predicate("a IN (1, 5, 7, 9, 12) AND a > 4 AND a <= 9 AND a != 7") == AttrPredicate(
+        "a", "int", eq=frozenset({5, 9})
+    )
+
+
+def test_not_equal_values_outside_the_bounds_are_dropped():
+    assert predicate("x != 1 AND x != 5 AND x != 20 AND x > 2 AND x < 10") == AttrPredicate(
+        "x", "float", lo=2.0, lo_open=True, hi=10.0, hi_open=True, ne=frozenset({5.0})
+    )
+
+
+def test_diamond_and_bang_equal_are_the_same_operator():
+    assert predicate("a <> 3 AND a != 4") == AttrPredicate("a", "int", ne=frozenset({3, 4}))
+
+
+def test_contradictory_bounds_are_empty_and_make_the_query_a_contradiction():
+    q = query("SELECT * FROM R WHERE a > 5 AND a < 3")
+    assert q.sources[0].predicates == (AttrPredicate("a", "int", empty=True),)
+    assert q.contradiction
+
+
+def test_int_bounds_with_no_integer_between_them_are_empty():
+    assert predicate("a > 3 AND a < 4") == AttrPredicate("a", "int", empty=True)
+
+
+def test_float_equal_bounds_with_an_open_end_are_empty():
+    assert predicate("x > 1 AND x <= 1") == AttrPredicate("x", "float", empty=True)
+
+
+def test_a_single_admitted_value_excluded_by_not_equal_is_empty():
+    assert predicate("x >= 1 AND x <= 1 AND x != 1") == AttrPredicate("x", "float", empty=True)
+    assert predicate("a >= 1 AND a <= 2 AND a != 1 AND a != 2") == AttrPredicate(
+        "a", "int", empty=True
+    )
+
+
+def test_satisfiable_query_is_not_a_contradiction():
+    assert not query("SELECT * FROM R WHERE a > 3 AND a < 5").contradiction
+    assert not query("SELECT * FROM R").contradiction
+
+
+def test_text_compares_with_text():
+    assert predicate("name >= 'b' AND name < 'd'") == AttrPredicate(
+        "name", "text", lo="b", hi="d", hi_open=True
+    )
+    assert predicate("name = 'it''s'") == AttrPredicate("name", "text", eq=frozenset({"it's"}))
+
+
+def test_bool_equality_is_a_set_of_bools():
+    pred = predicate("flag = TRUE")
+    assert pred == AttrPredicate("flag", "bool", eq=frozenset({True}))
+    assert all(type(v) is bool for v in pred.eq)
+
+
+def test_bool_not_equal_becomes_the_other_value():
+    assert predicate("flag != true") == AttrPredicate("flag", "bool", eq=frozenset({False}))
+
+
+def test_bool_excluding_both_values_is_a_contradiction():
+    q = query("SELECT * FROM R WHERE flag != TRUE AND flag <> FALSE")
+    assert q.sources[0].predicates == (AttrPredicate("flag", "bool", eq=frozenset()),)
+    assert q.contradiction
+
+
+def test_bool_in_both_values_restricts_nothing():
+    assert predicates("flag IN (TRUE, FALSE)") == ()
+
+
+def test_int_in_zero_and_one_is_a_restriction_unlike_bool_in_both_values():
+    assert predicate("a IN (0, 1)") == AttrPredicate("a", "int", eq=frozenset({0, 1}))
+
+
+def test_bool_ordering_puts_false_before_true():
+    assert predicate("flag < TRUE") == AttrPredicate("flag", "bool", eq=frozenset({False}))
+    assert predicate("flag BETWEEN TRUE AND TRUE") == AttrPredicate(
+        "flag", "bool", eq=frozenset({True})
+    )
+    assert predicates("flag >= FALSE") == ()
+    assert query("SELECT * FROM R WHERE flag > TRUE").contradiction
+
+
+def test_between_is_an_inclusive_pair_of_bounds():
+    assert predicate("x BETWEEN 1 AND 2.5") == AttrPredicate("x", "float", lo=1.0, hi=2.5)
+
+
+def test_between_reversed_is_a_contradiction():
+    assert query("SELECT * FROM R WHERE a BETWEEN 5 AND 1").contradiction
+
+
+def test_in_list_is_an_equality_set():
+    assert predicate("name IN ('a', 'b', 'a')") == AttrPredicate(
+        "name", "text", eq=frozenset({"a", "b"})
+    )
+
+
+def test_negative_constants():
+    assert predicate("a > -3 AND a < - 1") == AttrPredicate("a", "int", lo=-2, hi=-2)
+
+
+def test_predicates_are_one_per_column_sorted_by_column():
+    assert [p.column for p in predicates("x > 1 AND b = 2 AND a < 3 AND x < 5")] == ["a", "b", "x"]
+
+
+def test_ts_is_a_float_column_and_tupleid_an_int_column():
+    assert predicates("ts >= 1700000000 AND tupleID > 5") == (
+        AttrPredicate("ts", "float", lo=1700000000.0),
+        AttrPredicate("tupleID", "int", lo=6),
+    )
+
+
+def test_int_constants_beyond_64_bits_restrict_nothing_or_everything():
+    assert predicates("a < 1e19 AND a > -1e19") == ()
+    assert predicate("a > 1e19") == AttrPredicate("a", "int", empty=True)
+    assert predicate("a = 1e19") == AttrPredicate("a", "int", eq=frozenset())
+
+
+def test_integer_literal_beyond_64_bits_is_an_error():
+    assert "out of the 64-bit range" in str(error("SELECT * FROM R WHERE a > 9223372036854775808"))
+
+
+def test_parentheses_around_factors_and_the_conjunction_are_accepted():
+    assert predicates("((a > 1) AND (b < 2 AND x = 1))") == (
+        AttrPredicate("a", "int", lo=2),
+        AttrPredicate("b", "int", hi=1),
+        AttrPredicate("x", "float", eq=frozenset({1.0})),
+    )
+
+
+@pytest.mark.parametrize(
+    "factor, message",
+    [("road = 5", "cannot compare TEXT column 'road' with number 5"),
+     ("lane = 'x'", "cannot compare INT column 'lane' with string 'x'"),
+     ("speed > TRUE", "cannot compare FLOAT column 'speed' with TRUE"),
+     ("lane IN (1, 'x')", "cannot compare INT column 'lane' with string 'x'"),
+     ("road BETWEEN 'a' AND 3", "cannot compare TEXT column 'road' with number 3")],
+)  # fmt: skip
+def test_type_mismatch_names_both_types(factor, message):
+    assert message in str(error(f"SELECT * FROM traffic WHERE {factor}"))
+
+
+def test_type_mismatch_points_at_the_constant():
+    e = error("SELECT * FROM traffic WHERE road = 5")
+    assert (e.line, e.column) == (1, 36)
+
+
+def test_comparing_two_constants_is_an_error():
+    assert "compares two constants" in str(error("SELECT * FROM R WHERE 1 = 1"))
+
+
+# WHERE: multi-attribute factors
+
+
+def test_column_comparison_is_a_column_factor():
+    src = source("SELECT * FROM R WHERE a < b")
+    assert src.column_factors == (ColumnFactor("a", "<", "b", 0),)
+    assert src.predicates == ()
+
+
+@pytest.mark.parametrize(
+    "factor, offset",
+    [("a < b + 3", 3), ("a < b - 3", -3), ("a < b - -3", 3), ("a < b + 0.5", 0.5)],
+)
+def test_column_factor_offset_is_on_the_right(factor, offset):
+    (cf,) = source(f"SELECT * FROM R WHERE {factor}").column_factors
+    assert cf == ColumnFactor("a", "<", "b", offset)
+    assert type(cf.offset) is type(offset)
+
+
+def test_column_factor_folds_diamond_to_bang_equal():
+    assert source("SELECT * FROM R WHERE x <> y").column_factors == (ColumnFactor("x", "!=", "y"),)
+
+
+def test_column_factor_may_compare_int_with_float_and_a_column_with_itself():
+    assert source("SELECT * FROM R WHERE a >= x AND a = a").column_factors == (
+        ColumnFactor("a", ">=", "x"), ColumnFactor("a", "=", "a"))  # fmt: skip
+
+
+def test_column_factor_on_bool_columns():
+    schemas = {"P": StreamSchema("P", (("f", "bool"), ("g", "bool")))}
+    q = compile_statement("SELECT * FROM P WHERE f < g", schemas)
+    assert q.sources[0].column_factors == (ColumnFactor("f", "<", "g"),)
+
+
+def test_column_factor_on_text_columns():
+    schemas = {"P": StreamSchema("P", (("s", "text"), ("t", "text")))}
+    q = compile_statement("SELECT * FROM P WHERE s <= t", schemas)
+    assert q.sources[0].column_factors == (ColumnFactor("s", "<=", "t"),)
+
+
+def test_column_factor_type_mismatch_names_both_columns():
+    assert "cannot compare TEXT column 'name' with INT column 'a'" in str(
+        error("SELECT * FROM R WHERE name = a")
+    )
+
+
+def test_arithmetic_on_a_text_column_is_an_error():
+    schemas = {"P": StreamSchema("P", (("s", "text"), ("t", "text")))}
+    assert "cannot add a number to TEXT column 't'" in str(
+        error("SELECT * FROM P WHERE s < t + 1", schemas)
+    )
+
+
+@pytest.mark.parametrize("where", ["a + 1 < b", "a - 1 > 5", "5 < a + 1"])
+def test_arithmetic_is_only_allowed_on_the_right_hand_column(where):
+    assert "arithmetic is only supported" in str(error(f"SELECT * FROM R WHERE {where}"))
+
+
+# unsupported features
+
+
+@pytest.mark.parametrize(
+    "sql, message",
+    [("SELECT * FROM R WHERE a = 1 OR a = 2", "OR is not supported"),
+     ("SELECT * FROM R WHERE NOT a = 1", "NOT is not supported"),
+     ("SELECT * FROM R WHERE a NOT IN (1)", "NOT is not supported"),
+     ("SELECT * FROM R WHERE a NOT BETWEEN 1 AND 2", "NOT is not supported"),
+     ("SELECT * FROM R WHERE a IN (SELECT a FROM R)", "subqueries are not supported"),
+     ("SELECT * FROM R WHERE (SELECT a FROM R) = 1", "subqueries are not supported"),
+     ("SELECT * FROM (SELECT a FROM R)", "subqueries are not supported"),
+     ("SELECT COUNT(*) FROM R", "aggregates are not supported yet"),
+     ("SELECT sum(a) FROM R", "aggregates are not supported yet"),
+     ("SELECT * FROM R WHERE max(a) > 1", "aggregates are not supported yet"),
+     ("SELECT abs(a) FROM R", "functions are not supported"),
+     ("SELECT a FROM R GROUP BY a", "GROUP BY is not supported yet"),
+     ("SELECT a FROM R WHERE a > 1 HAVING a > 2", "HAVING is not supported yet"),
+     ("SELECT a FROM R ORDER BY a", "ORDER BY is not supported"),
+     ("SELECT a FROM R LIMIT 5", "LIMIT is not supported"),
+     ("SELECT a FROM R UNION SELECT a FROM R", "UNION is not supported"),
+     ("SELECT a FROM R JOIN traffic", "not supported yet"),
+     ("SELECT a FROM R, traffic", "not supported yet"),
+     ("SELECT a FROM R WHERE a IS NULL", "not supported"),
+     ("SELECT a FROM R WHERE name LIKE 'x%'", "LIKE is not supported")],
+)  # fmt: skip
+def test_unsupported_features_are_rejected_by_name(sql, message):
+    assert message in str(error(sql))
+
+
+def test_second_from_item_is_rejected_at_its_position():
+    e = error("SELECT a FROM R, traffic")
+    assert (e.line, e.column) == (1, 18)
+
+
+def test_now_in_where_is_rejected():
+    assert "NOW is only allowed in BEGIN and END" in str(error("SELECT * FROM R WHERE ts > NOW"))
+
+
+# windows: BEGIN ... END
+
+
+def test_no_window_means_everything_retained():
+    assert window("") == Window("all")
+
+
+def test_sliding_window_is_a_range_relative_to_now():
+    assert window("BEGIN NOW - 10 END NOW") == Window("range", relative(-10), relative(0))
+
+
+@pytest.mark.parametrize(
+    "edge, seconds",
+    [("NOW - 10 SECONDS", -10), ("NOW - 1 second", -1), ("NOW - 10 MINUTES", -600),
+     ("NOW - 2 HOUR", -7200), ("NOW - 1 DAY", -86400), ("NOW - 1.5 minutes", -90),
+     ("NOW + 5", 5)],
+)  # fmt: skip
+def test_time_units_convert_to_seconds(edge, seconds):
+    assert window(f"BEGIN {edge} END NOW + 10").begin == relative(seconds)
+
+
+def test_time_expressions_may_be_parenthesized():
+    assert window("BEGIN (NOW - 10) END (NOW)") == Window("range", relative(-10), relative(0))
+
+
+def test_landmark_window_begins_at_epoch_seconds():
+    assert window("BEGIN 1700000000 END NOW") == Window("range", absolute(1.7e9), relative(0))
+
+
+@pytest.mark.parametrize(
+    "stamp, seconds",
+    [("2000-01-01 00:00:00", 946684800), ("2000-01-01T00:00:00", 946684800),
+     ("2000-01-01T00:00:00Z", 946684800), ("2000-01-01 00:00:00.25", 946684800.25),
+     ("2000-01-01T01:00:00+01:00", 946684800), ("1999-12-31T23:30:00-00:30", 946684800),
+     ("2000-01-01 05:30:00+0530", 946684800), ("1970-01-02 00:00", 86400)],
+)  # fmt: skip
+def test_iso_timestamps_are_utc_unless_they_carry_an_offset(stamp, seconds):
+    assert window(f"BEGIN '{stamp}' END NOW").begin == absolute(seconds)
+
+
+def test_snapshot_window_has_two_constant_edges():
+    w = window("BEGIN 100 END '1970-01-01 00:02:00'")
+    assert w == Window("range", absolute(100), absolute(120))
+    assert w.is_constant
+
+
+def test_constant_begin_after_constant_end_is_an_error():
+    e = error("SELECT * FROM R BEGIN 200 END 100")
+    assert "BEGIN 200 is after END 100" in str(e)
+    assert (e.line, e.column) == (1, 17)
+
+
+def test_relative_begin_after_relative_end_is_an_error():
+    assert "is after END" in str(error("SELECT * FROM R BEGIN NOW END NOW - 5"))
+
+
+def test_invalid_timestamp_is_an_error():
+    e = error("SELECT * FROM R BEGIN '2000-13-01 00:00:00' END NOW")
+    assert "invalid timestamp '2000-13-01 00:00:00'" in str(e)
+    assert (e.line, e.column) == (1, 23)
+
+
+def test_rows_window_from_begin_end():
+    assert window("BEGIN (NOW - 100 ROWS) END NOW") == Window("rows", rows=100)
+
+
+def test_rows_window_needs_end_now():
+    assert "END must be NOW" in str(error("SELECT * FROM R BEGIN NOW - 100 ROWS END NOW - 1"))
+
+
+@pytest.mark.parametrize("clause", ["BEGIN NOW - 0 ROWS END NOW", "BEGIN NOW - 2.5 ROWS END NOW"])
+def test_rows_window_needs_a_positive_integer(clause):
+    assert "positive whole number" in str(error(f"SELECT * FROM R {clause}"))
+
+
+def test_rows_in_end_is_an_error():
+    assert "ROWS belongs in BEGIN" in str(error("SELECT * FROM R BEGIN NOW END NOW - 5 ROWS"))
+
+
+def test_unknown_time_unit_is_an_error():
+    assert "expected a unit" in str(error("SELECT * FROM R BEGIN NOW - 1 WEEK END NOW"))
+
+
+# windows: per-stream (CQL)
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [("[RANGE 10 MINUTES]", Window("range", relative(-600), relative(0))),
+     ("[RANGE 10]", Window("range", relative(-10), relative(0))),
+     ("[RANGE UNBOUNDED]", Window("all")),
+     ("[ROWS 100]", Window("rows", rows=100)),
+     ("[PARTITION BY lane ROWS 5]", Window("partition", rows=5, partition_by=("lane",))),
+     ("[PARTITION BY road, t.lane ROWS 2]",
+      Window("partition", rows=2, partition_by=("road", "lane"))),
+     ("[NOW]", Window("range", relative(0), relative(0)))],
+)  # fmt: skip
+def test_per_stream_window(spec, expected):
+    assert source(f"SELECT * FROM traffic t {spec}").window == expected
+
+
+def test_partition_column_must_exist():
+    assert "unknown column 'lanes' in stream 'traffic'" in str(
+        error("SELECT * FROM traffic [PARTITION BY lanes ROWS 5]")
+    )
+
+
+@pytest.mark.parametrize("spec", ["[ROWS 0]", "[ROWS 2.5]", "[PARTITION BY lane ROWS 0]"])
+def test_per_stream_rows_must_be_a_positive_integer(spec):
+    assert "positive whole number" in str(error(f"SELECT * FROM traffic {spec}"))
+
+
+def test_per_stream_window_with_begin_end_is_an_error():
+    assert "BEGIN/END cannot be used" in str(
+        error("SELECT * FROM traffic [ROWS 5] BEGIN NOW - 1 END NOW")
+    )
+
+
+def test_range_of_rows_is_an_error():
+    assert "use [ROWS n]" in str(error("SELECT * FROM traffic [RANGE 5 ROWS]"))
+
+
+# syntax errors
+
+
+def test_syntax_error_names_what_was_expected_where():
+    e = error("SELECT * FROM traffic WHERE traffic.speed speeed > 50")
+    assert str(e) == (
+        "line 1, column 43: expected a comparison operator after 'traffic.speed', "
+        "found 'speeed'"
+    )
+
+
+def test_error_position_counts_lines_and_columns():
+    e = error("SELECT a\nFROM R\nWHERE a >< 3")
+    assert (e.line, e.column) == (3, 10)
+    assert str(e).startswith("line 3, column 10: ")
+
+
+def test_query_error_is_a_value_error():
+    assert isinstance(error("SELECT"), ValueError)
+
+
+@pytest.mark.parametrize("sql", ["", "   ", "-- nothing\n", ";"])
+def test_empty_statement_is_an_error(sql):
+    assert "empty statement" in str(error(sql))
+
+
+def test_unknown_statement_is_an_error():
+    assert "expected SELECT or CREATE STREAM, found 'DROP'" in str(error("DROP STREAM R"))
+
+
+def test_missing_from_is_an_error():
+    assert "expected ',', AS or FROM after 'a', found the end" in str(error("SELECT a"))
+
+
+def test_trailing_garbage_is_an_error():
+    e = error("SELECT a FROM R WHERE a = 1 b")
+    assert "found 'b'" in str(e)
+    assert (e.line, e.column) == (1, 29)
+
+
+def test_only_one_statement_at_a_time():
+    assert "one statement at a time" in str(error("SELECT a FROM R; SELECT b FROM R"))
+
+
+def test_unterminated_string_is_an_error_at_its_opening_quote():
+    e = error("SELECT * FROM R WHERE name = 'abc")
+    assert "unterminated string" in str(e)
+    assert (e.line, e.column) == (1, 30)
+
+
+def test_unexpected_character_is_an_error():
+    assert "unexpected character '\"'" in str(error('SELECT * FROM R WHERE name = "x"'))
+
+
+def test_malformed_number_is_an_error():
+    assert "malformed number '12abc'" in str(error("SELECT * FROM R WHERE a = 12abc"))
+
+
+def test_incomplete_where_is_an_error():
+    assert "expected a column or a constant after 'AND'" in str(
+        error("SELECT * FROM R WHERE a = 1 AND")
+    )
+
+
+def test_float_literal_overflow_is_an_error():
+    assert "out of range" in str(error("SELECT * FROM R WHERE x > 1e999"))
+
+
+def test_int_bounds_are_exact_for_large_float_constants():
+    assert predicate("a <= 1e18").hi == 10**18 and predicate("a < 1e18").hi == 10**18 - 1
+    assert math.isclose(predicate("x <= 1e18").hi, 1e18)
