@@ -106,16 +106,8 @@ class Timing:
         return sum(self.times)
 
     @property
-    def best(self) -> float:
-        return min(self.times)
-
-    @property
     def median(self) -> float:
         return statistics.median(self.times)
-
-    @property
-    def mean(self) -> float:
-        return self.total / len(self.times)
 
 
 def timed(fn: Callable[[], Any], repeat: int = 5, min_time: float = 0.0,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+import psoup
 from psoup.cli.demo import run_demo
 from psoup.cli.main import main
 
@@ -24,7 +25,7 @@ def test_demo_shows_every_window_kind():
 
 def test_demo_answers_agree_across_modes():
     sizes = [run_demo(mode=m, rows=3000, echo=lambda _: None)
-             for m in ("partial", "complete", "nomat")]
+             for m in psoup.MODES]
     assert sizes[0] == sizes[1] == sizes[2]
     assert all(n > 0 for n in sizes[0].values())
 

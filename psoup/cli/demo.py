@@ -17,6 +17,7 @@ from psoup.engine import Engine
 
 START = 1_767_225_600.0      # 2026-01-01 00:00:00 UTC
 STEP = 0.05                  # seconds between readings
+DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT) RETAIN 1 HOUR"
 
 
 def traffic(rng: np.random.Generator, n: int, t0: float) -> tuple[dict, np.ndarray]:
@@ -35,10 +36,10 @@ def run_demo(mode: str = "partial", rows: int = 20_000, seed: int = 7,
     rng = np.random.default_rng(seed)
     clock = {"now": START}
     eng = Engine(mode=mode, clock=lambda: clock["now"])
-    eng.execute("CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT) RETAIN 1 HOUR")
+    eng.execute(DDL)
     echo(f"psoup demo  (mode: {mode}; one traffic reading every {STEP * 1000:.0f} ms, "
          "simulated time)\n")
-    echo("CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT) RETAIN 1 HOUR")
+    echo(DDL)
 
     snapshot_end = START + rows * STEP / 2
     specs = {
@@ -92,8 +93,9 @@ def show(eng: Engine, handles: dict[str, str], echo: Callable[[str], None],
         ms = (time.perf_counter() - began) * 1000
         sizes[name] = len(res)
         echo(f"\n  {name}: {len(res)} rows  (invoked at {_hms(now)} in {ms:.2f} ms)")
-        widths = [max(len(c), 9) for c in ["ts"] + res.columns]
-        echo("    " + "  ".join(c.rjust(w) for c, w in zip(["ts"] + res.columns, widths)))
+        header = ["ts"] + res.columns
+        widths = [max(len(c), 9) for c in header]
+        echo("    " + "  ".join(c.rjust(w) for c, w in zip(header, widths)))
         for ts, row in list(zip(res.ts.tolist(), res.rows))[-4:]:
             cells = [_hms(ts)] + [str(v) for v in row]
             echo("    " + "  ".join(c.rjust(w) for c, w in zip(cells, widths)))

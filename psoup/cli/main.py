@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from psoup import __version__
+from psoup import MODES, __version__
 from psoup.cli.demo import run_demo
 
 
@@ -19,7 +19,7 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--mode", type=click.Choice(["partial", "complete", "nomat"]), default="partial",
+@click.option("--mode", type=click.Choice(MODES), default="partial",
               show_default=True, help="Engine mode: PSoup-P, PSoup-C or NoMat.")
 @click.option("--rows", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True,
               help="Traffic readings per phase of the demo.")

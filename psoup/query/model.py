@@ -17,6 +17,9 @@ from typing import Union
 
 Value = Union[int, float, str, bool]
 
+#: The range of an INT value (64-bit, as numpy's int64 stores it).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 #: The column types of the language, by their lowercase names.
 TYPES = ("int", "float", "text", "bool")
 

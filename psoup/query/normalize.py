@@ -30,9 +30,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Sequence, Union
 
-from psoup.query.model import AttrPredicate, ColumnFactor, Value
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+from psoup.query.model import INT64_MAX, INT64_MIN, AttrPredicate, ColumnFactor, Value
 
 _BOOLS = frozenset({False, True})
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from psoup.errors import QueryError
+from psoup.query.model import INT64_MAX, INT64_MIN
 from psoup.query.syntax import (
     BeginEnd,
     Between,
@@ -54,7 +55,6 @@ from psoup.query.tokens import (
 
 COMPARISON_OPS = ("=", "!=", "<>", "<", "<=", ">", ">=")
 AGGREGATES = frozenset({"COUNT", "SUM", "AVG", "MIN", "MAX"})
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 _TIME_UNITS = "a unit (SECONDS, MINUTES, HOURS or DAYS)"
 _ANY_UNITS = "a unit (SECONDS, MINUTES, HOURS, DAYS or ROWS)"

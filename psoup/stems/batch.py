@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from psoup.errors import SchemaError
-from psoup.query.model import StreamSchema
+from psoup.query.model import INT64_MAX, INT64_MIN, StreamSchema
 
 #: numpy storage dtype per column type; TEXT keeps Python str objects, so comparisons are
 #: by code point exactly as LANGUAGE.md requires.
@@ -121,7 +121,7 @@ def _check_column(stream: str, name: str, ctype: str, values: Any, n: int) -> np
         if values.dtype.kind == "O":
             _check_objects(stream, name, ctype, values)
         if ctype == "int" and values.dtype.kind == "u" and len(values) and \
-                values.max() > np.iinfo(np.int64).max:
+                values.max() > INT64_MAX:
             raise SchemaError(f"stream '{stream}', column '{name}': value exceeds 64-bit INT")
         out = values.astype(dtype, copy=True)
     else:
@@ -130,7 +130,7 @@ def _check_column(stream: str, name: str, ctype: str, values: Any, n: int) -> np
         try:
             out = np.array(values, dtype=dtype) if values else np.empty(0, dtype=dtype)
         except OverflowError:
-            big = next(i for i, v in enumerate(values) if not -2**63 <= v < 2**63)
+            big = next(i for i, v in enumerate(values) if not INT64_MIN <= v <= INT64_MAX)
             raise SchemaError(f"stream '{stream}', row {big}, column '{name}': "
                               f"{values[big]} does not fit a 64-bit INT") from None
     if ctype == "float" and len(out):
