@@ -178,9 +178,10 @@ class Engine:
             else:
                 span = self._windows.spans(slot, [stem], now)[0]
                 positions = self._results.matches(slot, source, stem, span)
-            values = [stem.take(item.column, positions) for item in query.select]
-            return Result.build(query.columns, values, stem.take(TS, positions),
-                                stem.take(TUPLE_ID, positions), query.distinct)
+            names = [item.column for item in query.select]
+            got = stem.take_columns(list(dict.fromkeys(names + [TS, TUPLE_ID])), positions)
+            return Result.build(query.columns, [got[name] for name in names], got[TS],
+                                got[TUPLE_ID], query.distinct)
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working and its slot is reused."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from psoup.query.model import Source
 from psoup.results.base import ResultsStructure, Span
-from psoup.stems.data_stem import DataSteM
+from psoup.stems.data_stem import DataSteM, chunk_runs
 
 
 class PartialResults(ResultsStructure):
@@ -60,8 +60,9 @@ class PartialResults(ResultsStructure):
         word, bit = divmod(slot, 64)
         mask = np.uint64(1) << np.uint64(bit)
         words = 1 << max(0, word).bit_length()
-        for k, rows in _by_chunk(positions, self.chunk_rows):
-            self._chunk(chunks, k, words)[rows, word] |= mask
+        cap = self.chunk_rows
+        for k, a, b in chunk_runs(positions, cap):
+            self._chunk(chunks, k, words)[positions[a:b] - k * cap, word] |= mask
 
     def on_unregister(self, slot: int, stream: str) -> None:
         """Clear the slot's column in every chunk. O(retained rows)."""
@@ -95,23 +96,14 @@ class PartialResults(ResultsStructure):
                 r0, r1 = max(p0 - k * cap, 0), min(p1 - k * cap, cap)
                 parts.append(np.flatnonzero(chunk[r0:r1, word] & mask) + (k * cap + r0))
         else:
-            for k, rows in _by_chunk(span, cap):
+            for k, a, b in chunk_runs(span, cap):
                 chunk = chunks.get(k)
                 if chunk is None or chunk.shape[1] <= word:
                     continue
+                rows = span[a:b] - k * cap
                 parts.append(rows[(chunk[rows, word] & mask) != 0] + k * cap)
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def nbytes(self) -> int:
         return sum(c.nbytes for chunks in self._bitmaps.values() for c in chunks.values())
 
-
-def _by_chunk(positions: np.ndarray, cap: int):
-    """(chunk number, rows within it) for sorted positions."""
-    if len(positions) == 0:
-        return
-    ks = positions // cap
-    cuts = np.flatnonzero(np.diff(ks)) + 1
-    for part in np.split(positions, cuts):
-        k = int(part[0]) // cap
-        yield k, part - k * cap

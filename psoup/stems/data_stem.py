@@ -178,19 +178,22 @@ class DataSteM:
 
     def take(self, column: str, positions: np.ndarray) -> np.ndarray:
         """One column's values at sorted retained `positions`. O(len(positions))."""
-        if len(positions) == 0:
-            return np.empty(0, self._dtypes[column])
+        return self.take_columns([column], positions)[column]
+
+    def take_columns(self, columns: Sequence[str], positions: np.ndarray) -> dict[str, np.ndarray]:
+        """Several columns' values at sorted retained `positions`, splitting the positions
+        into chunks once for all of them. O(len(columns) * len(positions))."""
         cap = self.chunk_rows
-        ks = positions // cap
-        k_first, k_last = int(ks[0]), int(ks[-1])
-        if k_first == k_last:
-            return self._chunks[k_first - self._chunk0].cols[column][positions - k_first * cap]
-        out = np.empty(len(positions), self._dtypes[column])
-        bounds = np.searchsorted(ks, np.arange(k_first, k_last + 2))
-        for j, k in enumerate(range(k_first, k_last + 1)):
-            a, b = bounds[j], bounds[j + 1]
-            if a < b:
-                out[a:b] = self._chunks[k - self._chunk0].cols[column][positions[a:b] - k * cap]
+        runs = [(self._chunks[k - self._chunk0].cols, positions[a:b] - k * cap, a, b)
+                for k, a, b in chunk_runs(positions, cap)]
+        if len(runs) == 1:
+            cols, rows = runs[0][:2]
+            return {name: cols[name][rows] for name in columns}
+        out = {}
+        for name in columns:
+            values = out[name] = np.empty(len(positions), self._dtypes[name])
+            for cols, rows, a, b in runs:
+                values[a:b] = cols[name][rows]
         return out
 
     def lookup(self, tuple_id: int) -> int | None:
@@ -237,7 +240,7 @@ class DataSteM:
         """The subset of sorted `positions` whose tuples satisfy `source`'s factors."""
         if len(positions) == 0 or (not source.predicates and not source.column_factors):
             return positions
-        cols = {name: self.take(name, positions) for name in _columns_used(source)}
+        cols = self.take_columns(_columns_used(source), positions)
         return positions[source_mask(source, cols, len(positions))]
 
     def _most_selective(self, preds: Sequence[AttrPredicate], p0: int, p1: int):
@@ -292,6 +295,26 @@ class DataSteM:
             for order, values in chunk.index.values():
                 total += order.nbytes + values.nbytes
         return total
+
+
+def chunk_runs(positions: np.ndarray, cap: int) -> Iterator[tuple[int, int, int]]:
+    """(chunk number k, a, b) for each run positions[a:b] of sorted positions that lies in
+    chunk k (positions k * cap to (k + 1) * cap - 1).
+
+    Example:
+        >>> list(chunk_runs(np.array([1, 2, 5, 9]), 4))
+        [(0, 0, 2), (1, 2, 3), (2, 3, 4)]
+    """
+    if len(positions) == 0:
+        return
+    first = int(positions[0]) // cap
+    if first == int(positions[-1]) // cap:      # the common case, on every invocation
+        yield first, 0, len(positions)
+        return
+    ks = positions // cap
+    cuts = [0, *(np.flatnonzero(np.diff(ks)) + 1).tolist(), len(positions)]
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        yield int(ks[a]), a, b
 
 
 def _columns_used(source: Source) -> list[str]:
