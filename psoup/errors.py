@@ -44,3 +44,10 @@ class UnknownHandle(PSoupError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else "unknown handle"
+
+
+class CursorExpired(PSoupError):
+    """A `since` cursor this engine no longer remembers (too old, or issued before a
+    restart); invoke without `since` to get the whole answer and a fresh cursor."""
+
+    code = "cursor_expired"

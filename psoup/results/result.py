@@ -19,6 +19,8 @@ class Result:
         rows: one tuple per result row, values as Python scalars.
         ts: one timestamp per row (numpy float64).
         tuple_ids: the tupleID of each row (numpy int64).
+        cursor: pass it as `since` to the next invocation to get only what changed
+            (None when the Result was not produced by an invocation).
 
     Example:
         >>> r = Result(["a"], [(1,), (2,)], np.array([5.0, 6.0]), np.array([1, 2]))
@@ -27,11 +29,12 @@ class Result:
     """
 
     def __init__(self, columns: list[str], rows: list[tuple], ts: np.ndarray,
-                 tuple_ids: np.ndarray):
+                 tuple_ids: np.ndarray, cursor: str | None = None):
         self.columns = columns
         self.rows = rows
         self.ts = ts
         self.tuple_ids = tuple_ids
+        self.cursor = cursor
 
     @classmethod
     def build(cls, columns: list[str], values: list[np.ndarray], ts: np.ndarray,
@@ -59,3 +62,33 @@ class Result:
 
     def __repr__(self) -> str:
         return f"Result(columns={self.columns}, rows={len(self.rows)})"
+
+
+class Changes:
+    """What changed in a query's answer between two invocations (`invoke(since=...)`):
+    the STREAM paper's Istream (rows that entered) and Dstream (rows that left).
+
+    Attributes:
+        columns: the output column names.
+        inserted: a Result of the rows now in the answer that were not in it at the cursor.
+        deleted: a Result of the rows that were in the answer at the cursor and are gone.
+        cursor: the cursor of the new answer, for the next poll.
+
+    Example:
+        >>> empty = Result(["a"], [], np.empty(0), np.empty(0, np.int64))
+        >>> c = Changes(["a"], Result(["a"], [(1,)], np.array([5.0]), np.array([3])), empty, "c1")
+        >>> len(c), c.inserted.rows
+        (1, [(1,)])
+    """
+
+    def __init__(self, columns: list[str], inserted: Result, deleted: Result, cursor: str):
+        self.columns = columns
+        self.inserted = inserted
+        self.deleted = deleted
+        self.cursor = cursor
+
+    def __len__(self) -> int:
+        return len(self.inserted) + len(self.deleted)
+
+    def __repr__(self) -> str:
+        return f"Changes(inserted={len(self.inserted)}, deleted={len(self.deleted)})"
