@@ -6,6 +6,10 @@ the Eddy routes both through the SteMs into the Results Structure, and an invoca
 resolves the query's window from the WindowsTable and reads the Results Structure.
 Every public method holds one lock for its whole effect, so each call is atomic with
 respect to the others (stream-prefix consistency across threads as well).
+
+With a `path`, the engine is durable (psoup.archive.journal): each change is logged
+before it is applied and before the call returns, and a new Engine on the same path
+replays the log, so streams, retained tuples, handles and results all come back.
 """
 
 from __future__ import annotations
@@ -14,22 +18,29 @@ import re
 import secrets
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from psoup.archive.wal import SYNC_MODES
 from psoup.eddy.eddy import Eddy
 from psoup.errors import PSoupError, QueryError, UnknownHandle
 from psoup.query import compile_statement, parse_type
 from psoup.query.model import TS, TUPLE_ID, Query, StreamSchema
 from psoup.results.complete import CompleteResults
+from psoup.results.cursors import CursorStore
 from psoup.results.nomat import NoMatResults
 from psoup.results.partial import PartialResults
-from psoup.results.result import Result
+from psoup.results.result import Changes, Result
 from psoup.results.windows_table import WindowsTable
 from psoup.stems.batch import make_batch
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.query_stem import QuerySteM
+
+if TYPE_CHECKING:
+    from psoup.archive.journal import Journal, Record
 
 #: The engine modes of PSoup Sect. 5: PSoup-P (default), PSoup-C and NoMat.
 MODES = ("partial", "complete", "nomat")
@@ -41,8 +52,8 @@ class Engine:
     """An embedded psoup engine: register standing queries, insert data, invoke handles.
 
     Args:
-        path: a directory for durable state; durability arrives with the psoup service,
-            so this must be None for now.
+        path: a directory for durable state (write-ahead log and Parquet archive);
+            None keeps everything in memory only. An existing directory is recovered.
         mode: "partial" (PSoup-P: WHERE materialized as a bitmap, windows at invocation),
             "complete" (PSoup-C: per-query result lists), or "nomat" (run at invocation).
         clock: seconds since the epoch; used for `ts` when a producer gives none and for
@@ -51,6 +62,12 @@ class Engine:
         shared_index: False evaluates every query on its own for each batch instead of
             probing the shared predicate index (the paper's "Unshrd" variant, for
             benchmarks; answers are identical).
+        sync: with a path, when the log is forced to disk: "always" (before each call
+            returns), "group" (at commit(); the server commits once per group of
+            requests before replying to any) or "off" (survives a killed process, not a
+            power loss).
+        checkpoint_bytes: with a path, the log size at which the retained state is
+            written as a fresh log and the old one dropped.
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -63,12 +80,12 @@ class Engine:
 
     def __init__(self, path: str | None = None, mode: str = "partial",
                  clock: Callable[[], float] = time.time, chunk_rows: int = 8192,
-                 shared_index: bool = True):
+                 shared_index: bool = True, sync: str = "always",
+                 checkpoint_bytes: int = 64 << 20):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
-        if path is not None:
-            raise PSoupError("durable state (Engine(path=...)) is not supported yet: it "
-                             "arrives with the psoup service; use Engine() for now")
+        if sync not in SYNC_MODES:
+            raise ValueError(f"unknown sync {sync!r} (choose from {', '.join(SYNC_MODES)})")
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be positive")
         self.mode = mode
@@ -86,8 +103,17 @@ class Engine:
         self._windows = WindowsTable()
         self._eddy = Eddy(self._stems, self._query_stem, self._results)
         self._handles: dict[str, int] = {}     # handle -> slot, in registration order
+        self._ddl: dict[str, str] = {}          # stream -> its CREATE STREAM statement
+        self._cursors = CursorStore()
         self._next_tid = 0
         self._started = clock()
+        self.path = None if path is None else Path(path)
+        self._journal: Journal | None = None
+        self._closed = False
+        if path is not None:
+            from psoup.archive.journal import Journal   # pyarrow loads only when durable
+            self._journal = Journal(path, sync, checkpoint_bytes)
+            self._recover()
 
     # ------------------------------------------------------------------ statements
 
@@ -95,11 +121,14 @@ class Engine:
         """Run one statement: CREATE STREAM returns None, SELECT registers it and returns
         its handle."""
         with self._lock:
+            self._check_open()
             stmt = compile_statement(sql, self._schemas())
             if isinstance(stmt, StreamSchema):
-                self._stems[stmt.name] = DataSteM(stmt, self._chunk_rows)
+                if self._journal is not None:
+                    self._journal.create(sql)
+                self._create(stmt, sql)
                 return None
-            return self._register(stmt)
+            return self._register_new(stmt)
 
     def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
                       retain: str | None = None) -> None:
@@ -124,20 +153,34 @@ class Engine:
         with every later batch (new data over old queries).
         """
         with self._lock:
+            self._check_open()
             stmt = compile_statement(sql, self._schemas())
             if not isinstance(stmt, Query):
                 raise QueryError("register() takes a SELECT statement; use execute() for "
                                  "CREATE STREAM")
-            return self._register(stmt)
+            return self._register_new(stmt)
 
-    def _register(self, query: Query) -> str:
-        slot = self._query_stem.allocate()
+    def _create(self, schema: StreamSchema, sql: str) -> None:
+        stem = DataSteM(schema, self._chunk_rows)
+        if self._journal is not None:
+            stem.on_expire = partial(self._journal.expired, schema.name, schema.columns)
+        self._stems[schema.name] = stem
+        self._ddl[schema.name] = sql
+
+    def _register_new(self, query: Query) -> str:
         handle = secrets.token_urlsafe(24)
+        if self._journal is not None:
+            self._journal.register(handle, query.sql)
+        self._register(query, handle)
+        self._after_write()
+        return handle
+
+    def _register(self, query: Query, handle: str) -> None:
+        slot = self._query_stem.allocate()
         self._windows.add(slot, tuple(s.window for s in query.sources))
         self._eddy.submit_query(slot, query)
         self._eddy.run()
         self._handles[handle] = slot
-        return handle
 
     # ------------------------------------------------------------------ data
 
@@ -152,45 +195,74 @@ class Engine:
         The whole batch is checked first; a bad one raises SchemaError and changes nothing.
         """
         with self._lock:
+            self._check_open()
             stem = self._stem(stream)
             batch = make_batch(stem.schema, rows, ts, self._clock(), stem.last_ts)
             tuple_ids = np.arange(self._next_tid, self._next_tid + batch.n, dtype=np.int64)
             if batch.n == 0:
                 return tuple_ids
-            self._next_tid += batch.n
-            self._eddy.submit_data(stream, batch, tuple_ids)
-            self._eddy.run()
+            if self._journal is not None:
+                self._journal.insert(stream, self._next_tid, batch.ts, batch.columns)
+            self._append(stream, batch, tuple_ids)
+            self._after_write()
             return tuple_ids
+
+    def _append(self, stream: str, batch: Any, tuple_ids: np.ndarray) -> None:
+        self._next_tid = max(self._next_tid, int(tuple_ids[-1]) + 1)
+        self._eddy.submit_data(stream, batch, tuple_ids)
+        self._eddy.run()
 
     # ------------------------------------------------------------------ handles
 
-    def invoke(self, handle: str, now: float | None = None) -> Result:
+    def invoke(self, handle: str, now: float | None = None,
+               since: str | None = None) -> Result | Changes:
         """The query's current answer: its window resolved at `now` (default: the engine
-        clock), applied to the materialized results, projected and de-duplicated."""
+        clock), applied to the materialized results, projected and de-duplicated.
+
+        The answer carries a `cursor`. Given `since=cursor`, the result is instead the
+        Changes from that earlier answer to this one: rows that entered and rows that
+        left (psoup.results.cursors); a forgotten cursor raises CursorExpired.
+        """
         with self._lock:
             slot = self._slot(handle)
-            now = self._now(now)
-            query = self._query_stem.queries[slot]
-            source = query.sources[0]
-            stem = self._stems[source.stream]
-            if query.contradiction:
-                positions = np.empty(0, np.int64)
-            else:
-                span = self._windows.spans(slot, [stem], now)[0]
-                positions = self._results.matches(slot, source, stem, span)
-            names = [item.column for item in query.select]
-            got = stem.take_columns(list(dict.fromkeys(names + [TS, TUPLE_ID])), positions)
-            return Result.build(query.columns, [got[name] for name in names], got[TS],
-                                got[TUPLE_ID], query.distinct)
+            answer = self._answer(slot, self._now(now))
+            if since is None:
+                self._cursors.issue(handle, answer)
+                return answer
+            distinct = self._query_stem.queries[slot].distinct
+            return self._cursors.changes(handle, since, answer, distinct)
+
+    def _answer(self, slot: int, now: float) -> Result:
+        query = self._query_stem.queries[slot]
+        source = query.sources[0]
+        stem = self._stems[source.stream]
+        if query.contradiction:
+            positions = np.empty(0, np.int64)
+        else:
+            span = self._windows.spans(slot, [stem], now)[0]
+            positions = self._results.matches(slot, source, stem, span)
+        names = [item.column for item in query.select]
+        got = stem.take_columns(list(dict.fromkeys(names + [TS, TUPLE_ID])), positions)
+        return Result.build(query.columns, [got[name] for name in names], got[TS],
+                            got[TUPLE_ID], query.distinct)
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working and its slot is reused."""
         with self._lock:
-            slot = self._slot(handle)
-            self._eddy.submit_removal(slot)
-            self._eddy.run()
-            self._windows.remove(slot)
-            del self._handles[handle]
+            self._check_open()
+            self._slot(handle)
+            if self._journal is not None:
+                self._journal.unregister(handle)
+            self._unregister(handle)
+            self._after_write()
+
+    def _unregister(self, handle: str) -> None:
+        slot = self._slot(handle)
+        self._eddy.submit_removal(slot)
+        self._eddy.run()
+        self._windows.remove(slot)
+        self._cursors.forget(handle)
+        del self._handles[handle]
 
     def queries(self) -> list[tuple[str, str]]:
         """[(handle, sql), ...] in registration order."""
@@ -222,8 +294,76 @@ class Engine:
             memory = {"data": data, "results": self._results.nbytes(),
                       "queries": self._query_stem.nbytes()}
             memory["total"] = sum(memory.values())
-            return {"mode": self.mode, "streams": streams, "queries": queries,
-                    "memory": memory}
+            out = {"mode": self.mode, "streams": streams, "queries": queries,
+                   "memory": memory}
+            if self._journal is not None:
+                out["durability"] = {"path": str(self.path), "sync": self._journal.wal.sync,
+                                     "log_bytes": self._journal.wal.size,
+                                     "archive_buffered_rows": self._journal.archive.buffered_rows}
+            return out
+
+    # ------------------------------------------------------------------ durability
+
+    def commit(self) -> None:
+        """Force the log to disk (what sync="group" defers); a no-op in memory."""
+        with self._lock:
+            if self._journal is not None and not self._closed:
+                self._journal.commit()
+
+    def checkpoint(self) -> None:
+        """Write the retained state as a fresh log and drop the old one (done on its own
+        when the log outgrows `checkpoint_bytes`). O(retained tuples)."""
+        with self._lock:
+            self._check_open()
+            if self._journal is None:
+                return
+            from psoup.archive.journal import StreamImage
+            images = {name: StreamImage(self._ddl[name], stem.schema.columns,
+                                        stem.rows(stem.horizon, stem.n),
+                                        stem.rows(0, stem.horizon, expired=True))
+                      for name, stem in self._stems.items()}
+            handles = [(h, self._query_stem.queries[s].sql) for h, s in self._handles.items()]
+            self._journal.checkpoint(images, self._next_tid, handles)
+
+    def close(self) -> None:
+        """Flush the log and the archive; later writes raise PSoupError. Idempotent."""
+        with self._lock:
+            if self._journal is not None and not self._closed:
+                self._journal.close()
+            self._closed = True
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _after_write(self) -> None:
+        if self._journal is not None and self._journal.checkpoint_due:
+            self.checkpoint()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PSoupError("this engine is closed; open a new Engine on its path")
+
+    def _recover(self) -> None:
+        """Rebuild the state the log describes, through the ordinary paths."""
+        for record in self._journal.replay():
+            self._apply(record)
+
+    def _apply(self, record: Record) -> None:
+        if record.op == "create":
+            self._create(compile_statement(record.sql, self._schemas()), record.sql)
+        elif record.op == "insert":
+            stem = self._stem(record.stream)
+            batch = make_batch(stem.schema, record.columns, record.ts, 0.0, stem.last_ts)
+            self._append(record.stream, batch, record.tuple_ids)
+        elif record.op == "register":
+            self._register(compile_statement(record.sql, self._schemas()), record.handle)
+        elif record.op == "unregister":
+            self._unregister(record.handle)
+        elif record.op == "state":
+            self._next_tid = max(self._next_tid, record.next_tid)
 
     # ------------------------------------------------------------------ helpers
 

@@ -292,8 +292,8 @@ def test_insert_into_unknown_stream_names_the_known_ones(mode):
         eng.insert("X", [(1,)])
 
 
-def test_bad_mode_and_path_are_rejected():
+def test_bad_mode_and_sync_are_rejected():
     with pytest.raises(ValueError, match="unknown mode"):
         psoup.Engine(mode="fast")
-    with pytest.raises(psoup.PSoupError, match="not supported yet"):
-        psoup.Engine(path="state/")
+    with pytest.raises(ValueError, match="unknown sync"):
+        psoup.Engine(sync="sometimes")

@@ -21,7 +21,7 @@ searches instead of a scan, as the paper's per-attribute trees do.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -79,6 +79,9 @@ class DataSteM:
         self.horizon = 0                  # first retained position
         self.last_ts = float("-inf")
         self.rows_total = 0
+        #: Called with each chunk's columns ({name: array}, ts and tupleID included) as
+        #: the chunk is dropped, so durable engines can archive what leaves retention.
+        self.on_expire: Callable[[dict[str, np.ndarray]], None] | None = None
 
     # ----------------------------------------------------------------- insert, expire
 
@@ -121,6 +124,9 @@ class DataSteM:
         while drop < len(self._chunks) - 1 and (self._chunk0 + drop + 1) * cap <= self.horizon:
             drop += 1
         if drop:
+            if self.on_expire is not None:
+                for chunk in self._chunks[:drop]:
+                    self.on_expire({name: arr[:chunk.n] for name, arr in chunk.cols.items()})
             del self._chunks[:drop]
             del self._heads[:drop]
             del self._tid_heads[:drop]
@@ -158,10 +164,12 @@ class DataSteM:
 
     # ------------------------------------------------------------------ reads
 
-    def _pieces(self, p0: int, p1: int) -> Iterator[tuple[_Chunk, int, int, int]]:
-        """(chunk, first row, end row, position of row 0) for each chunk meeting [p0, p1)."""
+    def _pieces(self, p0: int, p1: int, lowest: int | None = None
+                ) -> Iterator[tuple[_Chunk, int, int, int]]:
+        """(chunk, first row, end row, position of row 0) for each chunk meeting [p0, p1),
+        reading nothing below `lowest` (default: the horizon)."""
         cap = self.chunk_rows
-        p0 = max(p0, self.horizon)
+        p0 = max(p0, self.horizon if lowest is None else lowest)
         if p1 <= p0:
             return
         for k in range(p0 // cap, (p1 - 1) // cap + 1):
@@ -175,6 +183,19 @@ class DataSteM:
         if len(parts) == 1:
             return parts[0]
         return np.concatenate(parts) if parts else np.empty(0, self._dtypes[column])
+
+    def rows(self, p0: int, p1: int, expired: bool = False) -> dict[str, np.ndarray]:
+        """Every column (ts and tupleID included) at positions [p0, p1) as arrays.
+
+        With `expired`, positions below the horizon that are still held in memory (the
+        part of the oldest chunk that retention has passed) are readable too; durable
+        engines archive them at a checkpoint. O(p1 - p0).
+        """
+        lowest = self._chunk0 * self.chunk_rows if expired else self.horizon
+        pieces = list(self._pieces(p0, p1, lowest))
+        return {name: np.concatenate([c.cols[name][r0:r1] for c, r0, r1, _ in pieces]
+                                     or [np.empty(0, dtype)])
+                for name, dtype in self._dtypes.items()}
 
     def take(self, column: str, positions: np.ndarray) -> np.ndarray:
         """One column's values at sorted retained `positions`. O(len(positions))."""

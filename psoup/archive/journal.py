@@ -1,0 +1,164 @@
+"""The durable side of an engine: what `Engine(path=DIR)` writes and reads back.
+
+Every acknowledged change (create stream, insert batch, register, unregister) becomes one
+write-ahead log record before the call returns (ARCHITECTURE.md, invariant 4); on start
+the log is replayed through the engine's ordinary paths, so the rebuilt Data SteMs,
+Query SteM and Results Structure are the ones the original calls built (duality makes
+the order of queries and data irrelevant to the result bits, but the replay keeps it).
+
+A checkpoint bounds the log: once it outgrows `checkpoint_bytes`, what is retained is
+written as a fresh log segment (stream definitions, retained tuples with their
+tupleIDs, the tupleID counter, handles with their SQL) and the old segment is dropped.
+Tuples that left retention go to the Parquet archive first, so nothing acknowledged
+lives only in the dropped segment.
+
+Layout: DIR/wal/wal-NNNNNNNN.log, DIR/archive/stream=NAME/date=YYYY-MM-DD/*.parquet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from psoup.archive.parquet import Archive
+from psoup.archive.wal import WriteAheadLog
+from psoup.codec import decode_array, decode_columns, encode_array, encode_columns
+from psoup.errors import PSoupError
+
+#: Retained rows per insert record of a checkpoint (bounds one record's size).
+CHECKPOINT_ROWS = 1 << 16
+
+
+@dataclass
+class StreamImage:
+    """What a checkpoint keeps of one stream."""
+
+    ddl: str                           # the CREATE STREAM statement
+    columns: Sequence[tuple[str, str]]  # the schema, for the archive
+    retained: Mapping[str, np.ndarray]  # retained rows: schema columns, ts, tupleID
+    expired: Mapping[str, np.ndarray]   # rows past retention still held in memory
+
+
+@dataclass
+class Record:
+    """One decoded log record. `op` is create, insert, register, unregister or state."""
+
+    op: str
+    sql: str = ""
+    stream: str = ""
+    handle: str = ""
+    tuple_ids: np.ndarray | None = None
+    ts: np.ndarray | None = None
+    columns: dict[str, Any] | None = None
+    next_tid: int = 0
+
+
+class Journal:
+    """Write-ahead log plus archive of one durable engine directory.
+
+    Args:
+        path: the engine's data directory (created if missing).
+        sync: "always", "group" or "off" (see WriteAheadLog).
+        checkpoint_bytes: log size that triggers a checkpoint.
+    """
+
+    def __init__(self, path: str | Path, sync: str = "always",
+                 checkpoint_bytes: int = 64 << 20):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.wal = WriteAheadLog(self.path / "wal", sync)
+        self.archive = Archive(self.path / "archive")
+        self.checkpoint_bytes = checkpoint_bytes
+
+    # ------------------------------------------------------------------ recovery
+
+    def replay(self) -> Iterator[Record]:
+        """The logged changes in order. O(size of the log)."""
+        for raw in self.wal.replay():
+            yield _decode(raw, self.path / "wal")
+
+    # ------------------------------------------------------------------ logging
+
+    def create(self, sql: str) -> None:
+        self.wal.append({"op": "create", "sql": sql})
+
+    def insert(self, stream: str, first_tid: int, ts: np.ndarray,
+               columns: Mapping[str, np.ndarray]) -> None:
+        self.wal.append({"op": "insert", "stream": stream, "tid0": int(first_tid),
+                         "ts": encode_array(ts), "cols": encode_columns(columns)})
+
+    def register(self, handle: str, sql: str) -> None:
+        self.wal.append({"op": "register", "handle": handle, "sql": sql})
+
+    def unregister(self, handle: str) -> None:
+        self.wal.append({"op": "unregister", "handle": handle})
+
+    def expired(self, stream: str, columns: Sequence[tuple[str, str]],
+                data: Mapping[str, np.ndarray]) -> None:
+        """Tuples leaving retention, for the archive (duplicates after a replay are
+        skipped by the archive's high-water mark)."""
+        self.archive.add(stream, columns, data)
+
+    # ------------------------------------------------------------------ checkpoint
+
+    @property
+    def checkpoint_due(self) -> bool:
+        return self.wal.size >= self.checkpoint_bytes
+
+    def checkpoint(self, streams: Mapping[str, StreamImage], next_tid: int,
+                   handles: Iterable[tuple[str, str]]) -> None:
+        """Archive what left retention, then replace the log by the retained state."""
+        for name, image in streams.items():
+            if len(image.expired["ts"]):
+                self.archive.add(name, image.columns, image.expired)
+        self.archive.flush()
+        self.wal.rotate(_image_records(streams, next_tid, handles))
+
+    def commit(self) -> None:
+        self.wal.commit()
+
+    def close(self) -> None:
+        self.archive.flush()
+        self.wal.close()
+
+
+def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
+                   handles: Iterable[tuple[str, str]]) -> Iterator[dict[str, Any]]:
+    for image in streams.values():
+        yield {"op": "create", "sql": image.ddl}
+    for name, image in streams.items():
+        data = image.retained
+        names = [c for c, _ in image.columns]
+        for a in range(0, len(data["ts"]), CHECKPOINT_ROWS):
+            b = a + CHECKPOINT_ROWS
+            yield {"op": "insert", "stream": name, "tids": encode_array(data["tupleID"][a:b]),
+                   "ts": encode_array(data["ts"][a:b]),
+                   "cols": encode_columns({c: data[c][a:b] for c in names})}
+    yield {"op": "state", "next_tid": int(next_tid)}
+    for handle, sql in handles:
+        yield {"op": "register", "handle": handle, "sql": sql}
+
+
+def _decode(raw: Any, where: Path) -> Record:
+    try:
+        op = raw["op"]
+        if op == "create":
+            return Record(op, sql=raw["sql"])
+        if op == "insert":
+            ts = np.asarray(decode_array(raw["ts"]), dtype=np.float64)
+            if "tids" in raw:
+                tids = np.asarray(decode_array(raw["tids"]), dtype=np.int64)
+            else:
+                tids = np.arange(raw["tid0"], raw["tid0"] + len(ts), dtype=np.int64)
+            return Record(op, stream=raw["stream"], tuple_ids=tids, ts=ts,
+                          columns=decode_columns(raw["cols"]))
+        if op in ("register", "unregister"):
+            return Record(op, handle=raw["handle"], sql=raw.get("sql", ""))
+        if op == "state":
+            return Record(op, next_tid=int(raw["next_tid"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PSoupError(f"unreadable record in the write-ahead log in {where}: {exc}") from exc
+    raise PSoupError(f"unknown record {raw.get('op')!r} in the write-ahead log in {where}")

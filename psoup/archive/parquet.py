@@ -1,0 +1,336 @@
+"""The archive: tuples that left a Data SteM's retention, as Parquet by stream and UTC day.
+
+PSoup's Data SteMs keep only a maximum window (PSoup paper, Sect. 4.2, footnote 3);
+"Remembrance of Streams Past" (Sect. 5.1) keeps what falls out of it in an append-only
+store clustered by timestamp, so a history scan from a given time is one seek and a
+sequential read. Here that store is a Hive-partitioned Parquet tree, the contract with the
+Spark job of ARCHITECTURE.md ("Archive and history") and any other Parquet reader::
+
+    root/stream=NAME/date=YYYY-MM-DD/part-{first tupleID:020d}-{last tupleID:020d}.parquet
+
+Each file holds ``ts`` (float64), ``tuple_id`` (int64) and the stream's columns in schema
+order, rows in tupleID order; the psoup schema rides along in the key-value metadata
+(``psoup.stream``, ``psoup.columns``). A stream's ts never decreases, so each UTC day of
+a flush is one contiguous run of tupleIDs and the files of a stream never overlap.
+
+The archive is idempotent under replay: a stream's *high water mark* (the largest archived
+tupleID, read back from the file names on open) lets a restarted engine hand the same
+expired rows again without any being archived twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from psoup.archive.wal import fsync_dir
+from psoup.errors import SchemaError
+from psoup.query.model import TS, TUPLE_ID
+from psoup.stems.batch import DTYPES
+
+#: Arrow type of each psoup column type.
+ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "text": pa.string(),
+               "bool": pa.bool_()}
+
+#: The archive's names for the implicit columns (Parquet readers expect snake_case).
+TS_COLUMN, TUPLE_ID_COLUMN = "ts", "tuple_id"
+
+_PART = re.compile(r"part-(\d{20})-(\d{20})\.parquet\Z")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SECONDS_PER_DAY = 86400.0
+
+
+class _Buffer:
+    """A stream's rows waiting for a flush: Arrow tables of one schema, in tupleID order."""
+
+    __slots__ = ("schema", "parts", "rows", "last_tid")
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
+        self.parts: list[pa.Table] = []
+        self.rows = 0
+        self.last_tid = -1
+
+
+class Archive:
+    """Buffers expired tuples per stream and writes them as day-partitioned Parquet files.
+
+    Not thread-safe: the engine serializes calls under its own lock.
+
+    Args:
+        root: the archive directory; created if missing. Existing part files set the high
+            water marks; leftover ``*.tmp`` files (a flush cut short) are removed.
+        flush_rows: a stream is flushed once this many of its rows are buffered.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     arc = Archive(d)
+        ...     arc.add("R", [("a", "int")], {"ts": np.array([0.0, 1.0]),
+        ...             "tupleID": np.array([0, 1]), "a": np.array([5, 6])})
+        ...     [str(p.relative_to(d)) for p in arc.flush()]
+        ['stream=R/date=1970-01-01/part-00000000000000000000-00000000000000000001.parquet']
+    """
+
+    def __init__(self, root: str | Path, flush_rows: int = 1 << 17):
+        if flush_rows < 1:
+            raise ValueError(f"flush_rows must be at least 1, not {flush_rows}")
+        self.root = Path(root)
+        self.flush_rows = flush_rows
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._high: dict[str, int] = {}
+        self._buffers: dict[str, _Buffer] = {}
+        self._schemas: dict[str, pa.Schema] = {}   # last schema seen, for an empty read()
+        for tmp in self.root.rglob("*.tmp"):
+            tmp.unlink()
+        for stream, _, last, _ in self._part_files():
+            self._high[stream] = max(self._high.get(stream, -1), last)
+
+    # ------------------------------------------------------------------ state
+
+    def high_water(self, stream: str) -> int:
+        """The largest archived (flushed) tupleID of `stream`, -1 if none. O(1).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     Archive(d).high_water("R")
+            -1
+        """
+        return self._high.get(stream, -1)
+
+    @property
+    def buffered_rows(self) -> int:
+        """Rows added but not flushed yet, over all streams. O(streams).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     arc = Archive(d)
+            ...     arc.add("R", [], {"ts": np.array([0.0]), "tupleID": np.array([4])})
+            ...     arc.buffered_rows
+            1
+        """
+        return sum(buf.rows for buf in self._buffers.values())
+
+    def streams(self) -> list[str]:
+        """The streams with archived or buffered rows, sorted. O(streams log streams).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     arc = Archive(d)
+            ...     arc.add("S", [], {"ts": np.array([0.0]), "tupleID": np.array([0])})
+            ...     arc.streams()
+            ['S']
+        """
+        return sorted(self._high.keys() | self._buffers.keys())
+
+    # ------------------------------------------------------------------ write
+
+    def add(self, stream: str, columns: Sequence[tuple[str, str]],
+            data: Mapping[str, Sequence]) -> None:
+        """Buffer the rows of `data` not archived yet; flush the stream when its buffer
+        reaches `flush_rows`. O(rows), copying, so the caller may reuse its arrays.
+
+        Rows whose tupleID is at most the stream's high water mark or the highest
+        buffered tupleID are skipped, so replaying a log after a crash archives nothing
+        twice. A new schema for a stream flushes the rows buffered under the old one.
+
+        Args:
+            stream: the stream's name (an identifier).
+            columns: the stream's schema, (name, type) pairs; types int, float, text, bool.
+            data: "ts", "tupleID" and every schema column, all of one length, tupleIDs
+                increasing. Extra keys are ignored.
+
+        Raises:
+            SchemaError: a bad name, type, missing column, length, non-finite ts or
+                non-increasing tupleIDs (nothing is buffered).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     arc = Archive(d)
+            ...     batch = {"ts": np.array([0.0, 1.0]), "tupleID": np.array([0, 1]),
+            ...              "on": np.array([True, False])}
+            ...     arc.add("R", [("on", "bool")], batch)
+            ...     arc.add("R", [("on", "bool")], batch)   # a replay: skipped
+            ...     arc.buffered_rows
+            2
+        """
+        schema = _arrow_schema(stream, columns)
+        tids, ts, values = _checked(stream, columns, data)
+        self._schemas[stream] = schema
+        buf = self._buffers.get(stream)
+        floor = max(self.high_water(stream), buf.last_tid if buf is not None else -1)
+        start = int(np.searchsorted(tids, floor, side="right"))
+        if start == len(tids):
+            return
+        # pa.array shares numeric numpy buffers, so copy the caller's (possibly a Data
+        # SteM chunk's) memory before holding on to it.
+        arrays = [pa.array(np.array(ts[start:]), pa.float64()),
+                  pa.array(np.array(tids[start:]), pa.int64())]
+        for (name, ctype), column in zip(columns, values):
+            part = column[start:]
+            try:
+                arrays.append(pa.array(part if ctype == "text" else np.array(part),
+                                       ARROW_TYPES[ctype]))
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise SchemaError(f"stream '{stream}', column '{name}': {e}") from None
+        if buf is not None and not buf.schema.equals(schema):
+            # One file holds one schema; a redeclared stream starts new files.
+            self._flush_stream(stream)
+            buf = None
+        if buf is None:
+            buf = self._buffers[stream] = _Buffer(schema)
+        buf.parts.append(pa.Table.from_arrays(arrays, schema=schema))
+        buf.rows += len(tids) - start
+        buf.last_tid = int(tids[-1])
+        if buf.rows >= self.flush_rows:
+            self._flush_stream(stream)
+
+    def flush(self) -> list[Path]:
+        """Write every buffered row: one file per stream and UTC day. O(buffered rows).
+
+        Each file is written to a ``.tmp`` beside its final name, fsynced, renamed into
+        place, and its directories fsynced, so once this returns the rows are durable and
+        the log that held them may be checkpointed away.
+
+        Returns:
+            The paths written, by stream and then day.
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     arc = Archive(d)
+            ...     arc.add("R", [], {"ts": np.array([86399.5, 86400.0]),
+            ...                       "tupleID": np.array([7, 8])})
+            ...     [p.parent.name for p in arc.flush()]
+            ['date=1970-01-01', 'date=1970-01-02']
+        """
+        written: list[Path] = []
+        for stream in sorted(self._buffers):
+            written += self._flush_stream(stream)
+        return written
+
+    def _flush_stream(self, stream: str) -> list[Path]:
+        buf = self._buffers[stream]
+        table = pa.concat_tables(buf.parts)
+        ts = table.column(TS_COLUMN).to_numpy()
+        days = np.floor_divide(ts, _SECONDS_PER_DAY).astype(np.int64)
+        cuts = [0, *(np.flatnonzero(days[1:] != days[:-1]) + 1).tolist(), len(days)]
+        tids = table.column(TUPLE_ID_COLUMN)
+        stream_dir = self.root / f"stream={stream}"
+        written: list[Path] = []
+        done = 0
+        try:
+            for a, b in zip(cuts, cuts[1:]):
+                first, last = tids[a].as_py(), tids[b - 1].as_py()
+                date_dir = stream_dir / f"date={np.datetime64(int(days[a]), 'D')}"
+                date_dir.mkdir(parents=True, exist_ok=True)
+                path = date_dir / f"part-{first:020d}-{last:020d}.parquet"
+                tmp = path.with_name(path.name + ".tmp")
+                with open(tmp, "wb") as f:
+                    pq.write_table(table.slice(a, b - a), f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+                for directory in (date_dir, stream_dir, self.root):
+                    fsync_dir(directory)
+                written.append(path)
+                self._high[stream] = last
+                done = b
+        finally:
+            # After a failure the written days are archived (and past the high water
+            # mark); only the rest stays buffered, so a retry writes no file twice.
+            if done == len(days):
+                del self._buffers[stream]
+            else:
+                buf.parts, buf.rows = [table.slice(done)], len(days) - done
+        return written
+
+    # ------------------------------------------------------------------ read
+
+    def read(self, stream: str) -> pa.Table:
+        """All flushed rows of `stream` in tupleID order (empty if none). O(archived rows).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     arc = Archive(d)
+            ...     arc.add("R", [("name", "text")], {"ts": np.array([0.0]),
+            ...             "tupleID": np.array([3]), "name": ["x"]})
+            ...     _ = arc.flush()
+            ...     arc.read("R").to_pylist()
+            [{'ts': 0.0, 'tuple_id': 3, 'name': 'x'}]
+        """
+        # File names carry the tupleID range and files never overlap, so ordering by
+        # the first tupleID orders the rows.
+        paths = sorted((first, path) for s, first, _, path in self._part_files(stream)
+                       if s == stream)
+        if not paths:
+            return self._schemas.get(stream, _arrow_schema(stream, ())).empty_table()
+        # promote_options: a stream redeclared with other columns reads with nulls.
+        return pa.concat_tables([pq.read_table(path) for _, path in paths],
+                                promote_options="default")
+
+    def _part_files(self, stream: str = "*") -> Iterator[tuple[str, int, int, Path]]:
+        """(stream, first tupleID, last tupleID, path) of every part file."""
+        for path in self.root.glob(f"stream={stream}/date=*/part-*.parquet"):
+            m = _PART.match(path.name)
+            if m:
+                yield (path.parent.parent.name[len("stream="):], int(m.group(1)),
+                       int(m.group(2)), path)
+
+
+def _arrow_schema(stream: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
+    """The Arrow schema of a stream's part files, with the psoup schema as metadata."""
+    if not isinstance(stream, str) or not _IDENTIFIER.match(stream):
+        raise SchemaError(f"{stream!r} is not a valid stream name (letters, digits, _)")
+    fields = [pa.field(TS_COLUMN, pa.float64()), pa.field(TUPLE_ID_COLUMN, pa.int64())]
+    for name, ctype in columns:
+        if ctype not in ARROW_TYPES:
+            raise SchemaError(f"stream '{stream}', column '{name}': unknown type {ctype!r} "
+                              f"(expected one of {', '.join(ARROW_TYPES)})")
+        if name in (TS_COLUMN, TUPLE_ID_COLUMN):
+            raise SchemaError(f"stream '{stream}': column '{name}' collides with the "
+                              f"archive's own '{name}' column")
+        fields.append(pa.field(name, ARROW_TYPES[ctype]))
+    metadata = {b"psoup.stream": stream.encode(),
+                b"psoup.columns": json.dumps([[n, t] for n, t in columns]).encode()}
+    return pa.schema(fields, metadata=metadata)
+
+
+def _checked(stream: str, columns: Sequence[tuple[str, str]],
+             data: Mapping[str, Sequence]) -> tuple[np.ndarray, np.ndarray, list]:
+    """(tupleIDs, ts, schema columns) of `data`, as arrays of the archive's types."""
+    names = (TUPLE_ID, TS, *(c for c, _ in columns))
+    for name in names:
+        if name not in data:
+            raise SchemaError(f"stream '{stream}': the rows to archive lack column '{name}'")
+    arrays = []
+    for name, ctype in zip(names, ("int", "float", *(t for _, t in columns))):
+        try:
+            arrays.append(np.asarray(data[name], dtype=DTYPES[ctype]))
+        except (TypeError, ValueError) as e:
+            raise SchemaError(f"stream '{stream}', column '{name}': not {ctype} values "
+                              f"({e})") from None
+    n = len(arrays[0]) if arrays[0].ndim == 1 else -1
+    for name, column in zip(names, arrays):
+        if column.ndim != 1 or len(column) != n:
+            raise SchemaError(f"stream '{stream}': columns to archive must be 1-d and of "
+                              f"one length; '{name}' has shape {column.shape}")
+    tids, ts, *values = arrays
+    if n > 1 and not (tids[1:] > tids[:-1]).all():
+        raise SchemaError(f"stream '{stream}': tupleIDs to archive must increase")
+    if not np.isfinite(ts).all():
+        raise SchemaError(f"stream '{stream}': ts to archive must be finite")
+    return tids, ts, values
+

@@ -1,0 +1,389 @@
+"""The write-ahead log: what makes an acknowledged insert survive a crash (invariant 4).
+
+PSoup is a main-memory system (PSoup paper, Sect. 4.2, footnote 3); ARCHITECTURE.md puts a
+write-ahead log between the Data SteMs and the archive so that a restarted engine rebuilds
+its SteMs, Query SteM and Results Structure by replaying what it acknowledged.
+
+The log is a directory of segments ``wal-{seq:08d}.log``; only the newest one is live.
+Each record is a frame::
+
+    4 bytes  payload length, big-endian
+    4 bytes  zlib.crc32 of the payload, big-endian
+    n bytes  payload = msgpack.packb(record, use_bin_type=True)
+
+written by a single ``os.write`` to a file opened ``O_APPEND``, so a killed process leaves
+at most one incomplete frame, at the end: a *torn tail*, which replay cuts off. A bad
+frame with good data after it cannot come from a crash, so replay refuses to guess and
+raises instead of dropping acknowledged records.
+
+A checkpoint (`WriteAheadLog.rotate`) writes the engine's state as segment seq+1 beside
+the old one and renames it into place; the rename is the commit point, so a crash leaves
+either the old log or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import msgpack
+
+from psoup.errors import PSoupError
+
+log = logging.getLogger("psoup.archive")
+
+#: The durability modes: fsync per append, fsync per commit(), or never fsync.
+SYNC_MODES = ("always", "group", "off")
+
+_HEADER = struct.Struct(">II")
+_SEGMENT = re.compile(r"wal-(\d{8,})\.log\Z")
+_TMP_SUFFIX = ".tmp"
+_BLOCK = 1 << 20   # replay reads, and rotate writes, this much at a time
+_MAX_PAYLOAD = (1 << 32) - 1
+
+
+def _segment_name(seq: int) -> str:
+    return f"wal-{seq:08d}.log"
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the renames and unlinks in `directory` durable (fsync the directory)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _frame(record: Any) -> bytes:
+    payload = msgpack.packb(record, use_bin_type=True)
+    if len(payload) > _MAX_PAYLOAD:
+        raise ValueError(f"a write-ahead log record is at most {_MAX_PAYLOAD} bytes packed, "
+                         f"not {len(payload)}")
+    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class WriteAheadLog:
+    """An append-only, checksummed log of msgpack records, with checkpoints.
+
+    Not thread-safe: the engine serializes calls under its own lock.
+
+    Args:
+        directory: where the segments live; created if missing.
+        sync: "always" fsyncs before `append` returns; "group" leaves each record with the
+            OS at once (a killed process loses nothing) and fsyncs on `commit`; "off" never
+            fsyncs (survives a process crash, not a power loss).
+
+    Raises:
+        ValueError: an unknown sync mode.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     wal = WriteAheadLog(d)
+        ...     list(wal.replay())
+        ...     wal.append({"op": "insert", "rows": b"\\x01\\x02"})
+        ...     wal.close()
+        ...     again = WriteAheadLog(d)
+        ...     list(again.replay())
+        ...     again.close()
+        []
+        [{'op': 'insert', 'rows': b'\\x01\\x02'}]
+    """
+
+    def __init__(self, directory: str | Path, sync: str = "always"):
+        if sync not in SYNC_MODES:
+            raise ValueError(f"unknown sync mode {sync!r}: expected one of "
+                             f"{', '.join(SYNC_MODES)}")
+        self.directory = Path(directory)
+        self.sync = sync
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = None
+        self._seq = 0
+        self._size = 0
+        self._dirty = False       # bytes written since the last fsync
+        self._closed = False
+
+    # ------------------------------------------------------------------ replay
+
+    def replay(self) -> Iterator[Any]:
+        """The records of the newest segment, in append order; then the log is open.
+
+        Cleans up after a crash first: leftover temp files and segments older than the
+        newest (a checkpoint renamed but not yet pruned) are deleted, and a torn tail is
+        truncated (and a warning logged). Must be exhausted once before `append`.
+        O(size of the log), read in blocks of 1 MiB.
+
+        Raises:
+            RuntimeError: the log was already replayed, or is closed.
+            PSoupError: a bad record with data after it: the log is corrupt. Raised when
+                the iteration reaches it; the file is left as it was and the log is not
+                opened for appending.
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     wal = WriteAheadLog(d, sync="off")
+            ...     _ = list(wal.replay())
+            ...     wal.append([1, "two", {"three": 3.0}])
+            ...     wal.close()
+            ...     wal = WriteAheadLog(d, sync="off")
+            ...     list(wal.replay())
+            ...     wal.close()
+            [[1, 'two', {'three': 3.0}]]
+        """
+        if self._closed:
+            raise RuntimeError("the write-ahead log is closed")
+        if self._fd is not None:
+            raise RuntimeError("the write-ahead log was already replayed")
+        return self._replay()
+
+    def _replay(self) -> Iterator[Any]:
+        directory = self.directory
+        for tmp in directory.glob(f"wal-*.log{_TMP_SUFFIX}"):
+            tmp.unlink()
+        segments = sorted((int(m.group(1)), p) for p in directory.iterdir()
+                          if (m := _SEGMENT.match(p.name)))
+        if segments:
+            self._seq, path = segments[-1]
+            # The newest segment exists only once its checkpoint was complete and renamed
+            # into place, so the older ones are already superseded.
+            for _, older in segments[:-1]:
+                older.unlink()
+            yield from self._read_segment(path)
+        else:
+            self._seq, path = 1, directory / _segment_name(1)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        fsync_dir(directory)
+
+    def _read_segment(self, path: Path) -> Iterator[Any]:
+        file_size = path.stat().st_size
+        offset = 0   # start of the next frame
+        with open(path, "rb", buffering=_BLOCK) as f:
+            while offset < file_size:
+                header = f.read(_HEADER.size)
+                if len(header) < _HEADER.size:
+                    break
+                length, crc = _HEADER.unpack(header)
+                end = offset + _HEADER.size + length
+                if end > file_size:
+                    break
+                payload = f.read(length)
+                if length == 0 or zlib.crc32(payload) != crc:
+                    # A crash tears only the last frame; anything after a bad frame means
+                    # the bytes were damaged some other way, and dropping them would lose
+                    # acknowledged records. Zeros to EOF are a tail the filesystem
+                    # extended before the data reached the disk (power loss), not data.
+                    if end == file_size or _zeros_to_eof(f, payload):
+                        break
+                    raise PSoupError(
+                        f"write-ahead log {path} is corrupt: the record at byte {offset} "
+                        f"fails its checksum and {file_size - end} bytes follow it; "
+                        f"refusing to drop acknowledged data")
+                try:
+                    record = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+                except (ValueError, TypeError, msgpack.UnpackException) as e:
+                    raise PSoupError(f"write-ahead log {path} is corrupt: the record at byte "
+                                     f"{offset} passes its checksum but does not decode "
+                                     f"({e})") from None
+                yield record
+                offset = end
+        if offset < file_size:
+            self._truncate(path, offset, file_size)
+
+    @staticmethod
+    def _truncate(path: Path, offset: int, file_size: int) -> None:
+        log.warning("write-ahead log %s: torn tail at byte %d (%d bytes of an incomplete "
+                    "record), truncated", path, offset, file_size - offset)
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, record: Any) -> None:
+        """Log one record; fsynced before returning when sync is "always". O(record).
+
+        Map keys must stay hashable once unpacked (str, int, bytes), as replay decodes
+        arrays as lists.
+
+        Raises:
+            RuntimeError: the log was not replayed yet, or is closed.
+            TypeError: the record is not msgpack-able (nothing is written).
+            ValueError: the packed record exceeds 4 GiB (nothing is written).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     wal = WriteAheadLog(d)
+            ...     _ = list(wal.replay())
+            ...     wal.append({"op": "insert", "n": 1})
+            ...     wal.size
+            ...     wal.close()
+            22
+        """
+        fd = self._open_fd()
+        frame = _frame(record)
+        try:
+            _write_all(fd, frame)
+        except OSError:
+            # A partial frame (disk full) followed by later appends would read as
+            # corruption in the middle of the log; cut it off while we know where it is.
+            os.ftruncate(fd, self._size)
+            raise
+        self._size += len(frame)
+        self._dirty = True
+        if self.sync == "always":
+            self._fsync()
+
+    def commit(self) -> None:
+        """Fsync what was appended since the last fsync (no-op when sync is "off"). O(1)
+        calls, O(unsynced bytes) disk work.
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     wal = WriteAheadLog(d, sync="group")
+            ...     _ = list(wal.replay())
+            ...     for i in range(3):
+            ...         wal.append(i)
+            ...     wal.commit()
+            ...     wal.close()
+        """
+        if self._dirty and self.sync != "off" and self._fd is not None:
+            self._fsync()
+
+    def _fsync(self) -> None:
+        os.fsync(self._fd)
+        self._dirty = False
+
+    def _open_fd(self) -> int:
+        if self._closed:
+            raise RuntimeError("the write-ahead log is closed")
+        if self._fd is None:
+            raise RuntimeError("replay() the write-ahead log to its end before appending")
+        return self._fd
+
+    @property
+    def size(self) -> int:
+        """Bytes in the current segment. O(1).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     wal = WriteAheadLog(d)
+            ...     _ = list(wal.replay())
+            ...     wal.size
+            ...     wal.close()
+            0
+        """
+        return self._size
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def rotate(self, records: Iterable[Any]) -> None:
+        """Checkpoint: replace the log by a new segment holding exactly `records`.
+
+        The new segment is written to a temp file, fsynced, renamed into place and the
+        directory fsynced; only then are the older segments deleted. A crash at any point
+        leaves replay either the old log or exactly `records`. O(size of `records`).
+
+        Raises:
+            RuntimeError: the log was not replayed yet, or is closed.
+            TypeError: a record is not msgpack-able (the old log stays in use).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     wal = WriteAheadLog(d)
+            ...     _ = list(wal.replay())
+            ...     for i in range(5):
+            ...         wal.append({"op": "insert", "i": i})
+            ...     wal.rotate([{"op": "snapshot", "n": 5}])
+            ...     wal.append({"op": "insert", "i": 5})
+            ...     wal.close()
+            ...     wal = WriteAheadLog(d)
+            ...     list(wal.replay())
+            ...     wal.close()
+            [{'op': 'snapshot', 'n': 5}, {'op': 'insert', 'i': 5}]
+        """
+        old_fd = self._open_fd()
+        directory = self.directory
+        seq = self._seq + 1
+        path = directory / _segment_name(seq)
+        tmp = path.with_name(path.name + _TMP_SUFFIX)
+        size = 0
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            pending: list[bytes] = []
+            pending_bytes = 0
+            for record in records:
+                frame = _frame(record)
+                pending.append(frame)
+                pending_bytes += len(frame)
+                if pending_bytes >= _BLOCK:
+                    _write_all(fd, b"".join(pending))
+                    size += pending_bytes
+                    pending, pending_bytes = [], 0
+            _write_all(fd, b"".join(pending))
+            size += pending_bytes
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink()
+            raise
+        os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(directory)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.close(old_fd)
+        self._seq, self._size, self._dirty = seq, size, False
+        for p in directory.iterdir():
+            m = _SEGMENT.match(p.name)
+            if m and int(m.group(1)) < seq:
+                p.unlink()
+        fsync_dir(directory)
+
+    def close(self) -> None:
+        """Commit and close; calling it again does nothing. O(1).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     wal = WriteAheadLog(d)
+            ...     _ = list(wal.replay())
+            ...     wal.close()
+            ...     wal.close()
+        """
+        if self._closed:
+            return
+        if self._fd is not None:
+            self.commit()
+            os.close(self._fd)
+            self._fd = None
+        self._closed = True
+
+
+def _zeros_to_eof(f, head: bytes) -> bool:
+    """Whether `head` and everything left in the open file `f` are zero bytes."""
+    if head.count(0) != len(head):
+        return False
+    while block := f.read(_BLOCK):
+        if block.count(0) != len(block):
+            return False
+    return True

@@ -1,0 +1,85 @@
+"""`since` cursors: what a disconnected client saw last, so its next poll gets only the
+changes (the STREAM paper's Istream and Dstream of a query's answer).
+
+An invocation's answer is remembered under a fresh random cursor; invoking with
+`since=cursor` compares the new answer with the remembered one. Rows are identified by
+their tupleID, so two equal rows from different tuples are different rows (bag
+semantics); a DISTINCT answer is a set, so its rows are identified by their values and a
+row whose first occurrence expired while a later duplicate remains has not changed.
+
+Cursors live in memory: each handle keeps its `per_handle` most recently used ones, so a
+retried poll (the reply was lost) and a few concurrent pollers of one handle all work.
+A cursor older than that, or issued before a restart, raises CursorExpired.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict
+
+import numpy as np
+
+from psoup.errors import CursorExpired
+from psoup.results.result import Changes, Result
+
+
+class CursorStore:
+    """Remembered answers by (handle, cursor).
+
+    Example:
+        >>> store = CursorStore()
+        >>> old = Result(["a"], [(1,), (2,)], np.array([1.0, 2.0]), np.array([10, 11]))
+        >>> c = store.issue("h", old)
+        >>> new = Result(["a"], [(2,), (3,)], np.array([2.0, 3.0]), np.array([11, 12]))
+        >>> ch = store.changes("h", c, new, distinct=False)
+        >>> ch.inserted.rows, ch.deleted.rows
+        ([(3,)], [(1,)])
+    """
+
+    def __init__(self, per_handle: int = 8):
+        self.per_handle = per_handle
+        self._by_handle: dict[str, OrderedDict[str, Result]] = {}
+
+    def issue(self, handle: str, answer: Result) -> str:
+        """Remember `answer` under a new cursor, set it on the answer and return it. O(1)."""
+        cursor = secrets.token_urlsafe(12)
+        kept = self._by_handle.setdefault(handle, OrderedDict())
+        kept[cursor] = answer
+        while len(kept) > self.per_handle:
+            kept.popitem(last=False)
+        answer.cursor = cursor
+        return cursor
+
+    def changes(self, handle: str, since: str, answer: Result, distinct: bool) -> Changes:
+        """The difference from the answer remembered under `since` to `answer`; `answer`
+        is remembered under a new cursor. O(n log n) in the two answers' sizes.
+
+        Raises:
+            CursorExpired: `since` is unknown for this handle.
+        """
+        kept = self._by_handle.get(handle)
+        old = kept.get(since) if kept is not None and isinstance(since, str) else None
+        if old is None:
+            raise CursorExpired(f"cursor {str(since)[:16]!r} is unknown or expired for this "
+                                "handle (cursors do not survive a restart, and each handle "
+                                f"keeps its last {self.per_handle}); invoke without since "
+                                "to get the whole answer and a new cursor")
+        kept.move_to_end(since)
+        if distinct:
+            old_rows, new_rows = set(old.rows), set(answer.rows)
+            entered = np.array([row not in old_rows for row in answer.rows], dtype=bool)
+            left = np.array([row not in new_rows for row in old.rows], dtype=bool)
+        else:
+            entered = ~np.isin(answer.tuple_ids, old.tuple_ids)
+            left = ~np.isin(old.tuple_ids, answer.tuple_ids)
+        cursor = self.issue(handle, answer)
+        return Changes(answer.columns, _subset(answer, entered), _subset(old, left), cursor)
+
+    def forget(self, handle: str) -> None:
+        """Drop every cursor of an unregistered handle. O(1)."""
+        self._by_handle.pop(handle, None)
+
+
+def _subset(result: Result, keep: np.ndarray) -> Result:
+    rows = [row for row, k in zip(result.rows, keep.tolist()) if k]
+    return Result(result.columns, rows, result.ts[keep], result.tuple_ids[keep])

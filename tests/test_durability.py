@@ -1,0 +1,164 @@
+"""Durable engines (Engine(path=...)): whatever a call acknowledged comes back after a
+restart — streams, retained tuples with their tupleIDs, handles (the same strings) and
+every query's answer — and what left retention is in the Parquet archive."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import psoup
+from psoup.archive.parquet import Archive
+
+from tests.conftest import Clock
+
+QUERIES = [
+    "SELECT * FROM R WHERE a > 3",
+    "SELECT b, name FROM R WHERE b <= 5 BEGIN NOW - 20 END NOW",
+    "SELECT DISTINCT name FROM R WHERE a BETWEEN 2 AND 8",
+    "SELECT a FROM R [ROWS 7] WHERE a = b",
+]
+
+
+def _feed(eng: psoup.Engine, rng: np.random.Generator, batches: int, t0: float) -> float:
+    t = t0
+    for _ in range(batches):
+        n = int(rng.integers(1, 30))
+        ts = t + np.cumsum(rng.random(n))
+        t = float(ts[-1])
+        eng.insert("R", {"a": rng.integers(0, 10, n), "b": rng.integers(0, 10, n),
+                         "name": [f"n{v}" for v in rng.integers(0, 5, n)]}, ts=ts)
+    return t
+
+
+def _answers(eng: psoup.Engine, handles: list[str], now: float) -> list[list[tuple]]:
+    results = [eng.invoke(h, now=now) for h in handles]
+    return [list(zip(r.tuple_ids.tolist(), r.rows)) for r in results]
+
+
+@pytest.mark.parametrize("mode", psoup.MODES)
+@pytest.mark.parametrize("checkpoint_bytes", [64 << 20, 4096])
+def test_restart_restores_streams_tuples_handles_and_answers(tmp_path, mode, checkpoint_bytes):
+    ddl = "CREATE STREAM R (a INT, b INT, name TEXT) RETAIN 60 SECONDS"
+    kw = dict(mode=mode, chunk_rows=16, checkpoint_bytes=checkpoint_bytes)
+    eng = psoup.Engine(path=tmp_path, **kw)
+    twin = psoup.Engine(mode=mode, chunk_rows=16)         # never restarted
+    for e in (eng, twin):
+        e.execute(ddl)
+    handles = [eng.register(q) for q in QUERIES]
+    twin_handles = [twin.register(q) for q in QUERIES]
+    t = _feed(eng, np.random.default_rng(5), 40, 0.0)
+    _feed(twin, np.random.default_rng(5), 40, 0.0)
+    eng.unregister(handles.pop(0))
+    twin.unregister(twin_handles.pop(0))
+    eng.close()
+
+    back = psoup.Engine(path=tmp_path, **kw)
+    assert [h for h, _ in back.queries()] == handles
+    assert _answers(back, handles, t) == _answers(twin, twin_handles, t)
+    later = back.insert("R", [(9, 9, "z")], ts=t + 1)
+    assert later[0] == twin.insert("R", [(9, 9, "z")], ts=t + 1)[0]
+    assert _answers(back, handles, t + 1) == _answers(twin, twin_handles, t + 1)
+
+
+def test_unclosed_engine_is_recovered_from_its_log(tmp_path):
+    eng = psoup.Engine(path=tmp_path, sync="off")
+    eng.execute("CREATE STREAM R (a INT)")
+    h = eng.register("SELECT a FROM R WHERE a >= 2")
+    eng.insert("R", [(1,), (2,), (3,)], ts=[1.0, 2.0, 3.0])
+    # no close(): a crash leaves the log as the last call wrote it
+    back = psoup.Engine(path=tmp_path)
+    assert back.invoke(h, now=3.0).rows == [(2,), (3,)]
+
+
+def test_rejected_calls_are_not_logged(tmp_path):
+    eng = psoup.Engine(path=tmp_path)
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.insert("R", [(1,)], ts=5.0)
+    with pytest.raises(psoup.SchemaError):
+        eng.insert("R", [(2,)], ts=4.0)              # decreasing ts
+    with pytest.raises(psoup.QueryError):
+        eng.register("SELECT nope FROM R")
+    eng.close()
+    back = psoup.Engine(path=tmp_path)
+    assert back.queries() == []
+    assert back.stats()["streams"]["R"]["rows"] == 1
+    assert back.insert("R", [(3,)], ts=6.0).tolist() == [1]
+
+
+def test_engine_clock_timestamps_are_logged_not_reread(tmp_path):
+    clock = Clock(100.0)
+    eng = psoup.Engine(path=tmp_path, clock=clock)
+    eng.execute("CREATE STREAM R (a INT)")
+    h = eng.register("SELECT a FROM R BEGIN NOW - 5 END NOW")
+    eng.insert("R", [(1,)])
+    eng.close()
+    back = psoup.Engine(path=tmp_path, clock=Clock(500.0))
+    assert back.invoke(h, now=102.0).ts.tolist() == [100.0]
+
+
+def test_expired_tuples_are_archived_once(tmp_path):
+    eng = psoup.Engine(path=tmp_path, chunk_rows=4, checkpoint_bytes=2048)
+    eng.execute("CREATE STREAM R (a INT, name TEXT) RETAIN 10 ROWS")
+    for i in range(10):
+        eng.insert("R", [(i * 5 + k, f"x{k}") for k in range(5)],
+                   ts=[86400.0 * (i // 5) + i * 5 + k for k in range(5)])
+    eng.close()
+    psoup.Engine(path=tmp_path).close()              # a recovery must not archive again
+    table = Archive(tmp_path / "archive").read("R")
+    ids = table.column("tuple_id").to_pylist()
+    assert ids == sorted(set(ids))
+    assert ids == list(range(len(ids)))              # a gap-free prefix of the stream
+    assert len(ids) >= 50 - 10 - 4                   # all but the retained and one chunk
+    assert table.column("a").to_pylist() == ids
+    assert table.column("name").to_pylist()[:3] == ["x0", "x1", "x2"]
+    days = sorted(p.parent.name for p in (tmp_path / "archive").rglob("*.parquet"))
+    assert days[0] == "date=1970-01-01" and days[-1] == "date=1970-01-02"
+
+
+def test_closed_engine_refuses_writes(tmp_path):
+    eng = psoup.Engine(path=tmp_path)
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.close()
+    with pytest.raises(psoup.PSoupError, match="closed"):
+        eng.insert("R", [(1,)])
+
+
+def test_cursor_changes_compose_to_the_difference_of_answers():
+    clock = Clock(0.0)
+    eng = psoup.Engine(clock=clock, chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b INT) RETAIN 40 ROWS")
+    plain = eng.register("SELECT a FROM R WHERE b > 2 BEGIN NOW - 15 END NOW")
+    distinct = eng.register("SELECT DISTINCT a FROM R WHERE b > 2 BEGIN NOW - 15 END NOW")
+    rng = np.random.default_rng(11)
+    for h, key in ((plain, "ids"), (distinct, "rows")):
+        first = eng.invoke(h, now=clock.now)
+        seen = _keyed(first, key)
+        cursor = first.cursor
+        for _ in range(25):
+            n = int(rng.integers(0, 6))
+            if n:
+                clock.now += 1.0
+                eng.insert("R", {"a": rng.integers(0, 4, n), "b": rng.integers(0, 6, n)})
+            clock.now += float(rng.integers(0, 3))
+            changes = eng.invoke(h, since=cursor)
+            full = eng.invoke(h)
+            assert not (_keyed(changes.inserted, key) & seen)
+            assert _keyed(changes.deleted, key) <= seen
+            seen = (seen - _keyed(changes.deleted, key)) | _keyed(changes.inserted, key)
+            assert seen == _keyed(full, key)
+            cursor = changes.cursor
+
+
+def _keyed(result, key):
+    if key == "ids":
+        return set(zip(result.tuple_ids.tolist(), result.rows))
+    return set(result.rows)
+
+
+def test_unknown_cursor_is_refused():
+    eng = psoup.Engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    h = eng.register("SELECT a FROM R")
+    with pytest.raises(psoup.errors.CursorExpired, match="invoke without since"):
+        eng.invoke(h, since="made-up")
