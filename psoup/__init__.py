@@ -15,11 +15,12 @@ Example:
     [('y',)]
 """
 
+from psoup.client import Client
 from psoup.engine import MODES, Engine
 from psoup.errors import PSoupError, QueryError, SchemaError, UnknownHandle
 from psoup.results.result import Result
 
 __version__ = "0.1.0"
 
-__all__ = ["Engine", "MODES", "Result", "PSoupError", "QueryError", "SchemaError",
+__all__ = ["Engine", "Client", "MODES", "Result", "PSoupError", "QueryError", "SchemaError",
            "UnknownHandle", "__version__"]

@@ -1,21 +1,186 @@
 """The `psoup` command: thin click commands that call the library (STYLE.md, "click").
 
-Only `demo` exists so far; the service issue adds serve, register, invoke, watch and the
-rest of API.md's commands.
+PSoup's clients register a standing query, disconnect, and invoke its handle later
+(Sect. 1); these commands are that client on a shell. `serve` runs the service;
+`stream create`, `ingest`, `register`, `invoke`, `watch`, `unregister`, `queries` and
+`stats` talk to it through `psoup.client.Client`; `demo` runs the embedded engine.
+Names given to handles and each handle's last cursor live in the handle store
+(`psoup.cli.handles`), so `psoup invoke slow-lane3 --changes` works from a new shell.
+
+Exit codes: 0 success, 1 an error the server reported or a failed connection (one line
+on stderr, no traceback), 2 a usage error (click's own).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
 import click
+import numpy as np
+from click.core import ParameterSource
 
 from psoup import MODES, __version__
+from psoup.cli import ingest as ingesting
 from psoup.cli.demo import run_demo
+from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
+from psoup.cli.output import (FORMATS, render_changes, render_poll, render_result,
+                              render_stats, table, to_json)
+from psoup.client import Client, ConnectionFailed, OutcomeUnknown
+from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address, token_path
+from psoup.engine import SYNC_MODES
+from psoup.errors import CursorExpired, PSoupError, UnknownHandle
+from psoup.query.timeparse import timestamp_seconds
+from psoup.results.result import Changes, Result
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
+_HANDLE_LIKE = re.compile(r"-[A-Za-z0-9_-]{15,}\Z")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Failure(click.ClickException):
+    """An expected error: printed as one line, "error: ...", on stderr; exit code 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+@dataclass
+class Settings:
+    """The group's options: where the server is and how to authenticate."""
+
+    server: str
+    token: str | None
+
+
+@dataclass
+class Target:
+    """What HANDLE|NAME on the command line refers to."""
+
+    server: str
+    handle: str
+    name: str | None
+
+
+class Interval(click.ParamType):
+    """A duration: "500ms", "30s", "2m", "1h", "1d", or a bare number of seconds."""
+
+    name = "interval"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, (int, float)):
+            seconds = float(value)
+        else:
+            match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*", str(value))
+            if match is None:
+                self.fail(f"{value!r} is not a duration such as 30s, 2m, 1h or 500ms",
+                          param, ctx)
+            seconds = float(match[1]) * _UNITS[match[2] or "s"]
+        if seconds <= 0:
+            self.fail(f"{value!r} must be longer than zero", param, ctx)
+        return seconds
+
+
+class Instant(click.ParamType):
+    """A point in time: seconds since the epoch, or an ISO 8601 date-time (UTC unless it
+    carries an offset)."""
+
+    name = "time"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            return timestamp_seconds(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is neither seconds since the epoch nor an ISO 8601 "
+                      "date-time", param, ctx)
+
+
+class _Group(click.Group):
+    """A group whose commands' expected errors (psoup's own, and the operating system's:
+    a full disk, a missing permission) end as one line on stderr and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PSoupError as exc:
+            raise Failure(str(exc)) from None
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise Failure(f"{exc.strerror or exc}{where}") from None
+
+
+class _RefCommand(click.Command):
+    """A command taking HANDLE|NAME, where a handle may begin with "-" (it is random
+    URL-safe base64): a long handle-like word that is no option of the command counts as
+    the argument, as if it came after "--"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = [p for p in self.get_params(ctx) if isinstance(p, click.Option)]
+        known = {o for p in options for o in p.opts + p.secondary_opts}
+        takes_value = {o for p in options if not p.is_flag for o in p.opts}
+        kept: list[str] = []
+        refs: list[str] = []
+        value_next = False
+        for i, arg in enumerate(args):
+            if arg == "--":
+                kept += args[i:]
+                break
+            if not value_next and _HANDLE_LIKE.match(arg) and arg.split("=")[0] not in known:
+                refs.append(arg)
+                continue
+            kept.append(arg)
+            value_next = not value_next and arg in takes_value
+        if refs:
+            kept += refs if "--" in kept else ["--", *refs]
+        return super().parse_args(ctx, kept)
+
+
+def _address(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        host, port = parse_address(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return f"{host}:{port}"
+
+
+# ---------------------------------------------------------------------- the group
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="psoup")
-def main() -> None:
-    """psoup: register standing queries over streams, disconnect, and invoke them later."""
+@click.option("--server", metavar="HOST:PORT", envvar="PSOUP_SERVER",
+              default=f"{DEFAULT_HOST}:{DEFAULT_PORT}", show_default=True, callback=_address,
+              help="The psoup server to talk to (or set PSOUP_SERVER).")
+@click.option("--token", envvar="PSOUP_TOKEN", default=None,
+              help="The server's access token (or set PSOUP_TOKEN); by default the token "
+                   "file a server on this machine writes.")
+@click.pass_context
+def main(ctx: click.Context, server: str, token: str | None) -> None:
+    """psoup: register standing queries over streams, disconnect, and invoke them later.
+
+    \b
+    psoup serve --data-dir state/
+    psoup stream create traffic "lane INT, stationid INT, speed FLOAT" --retain "1 hour"
+    psoup ingest traffic readings.csv
+    psoup register "SELECT stationid, speed FROM traffic WHERE lane = 3 AND speed < 20
+                    BEGIN NOW - 10 MINUTES END NOW" --name slow-lane3
+    psoup invoke slow-lane3 --changes        # days later, from a new shell
+    """
+    ctx.obj = Settings(server, token)
 
 
 @main.command()
@@ -31,6 +196,336 @@ def demo(mode: str, rows: int, seed: int) -> None:
     while more data arrives, then invokes every handle and prints the answers.
     """
     run_demo(mode=mode, rows=rows, seed=seed, echo=click.echo)
+
+
+# ---------------------------------------------------------------------- the service
+
+@main.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep durable state (write-ahead log, Parquet archive) here; without "
+                   "it the server holds everything in memory only.")
+@click.option("--host", default=DEFAULT_HOST, show_default=True,
+              help="The address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
+              show_default=True, help="The port to listen on (0 picks a free one).")
+@click.option("--mode", type=click.Choice(MODES), default="partial", show_default=True,
+              help="Engine mode: PSoup-P, PSoup-C or NoMat.")
+@click.option("--sync", type=click.Choice(SYNC_MODES), default="group", show_default=True,
+              help="When the log reaches the disk: every write, once per group of "
+                   "writes, or when the OS decides.")
+@click.pass_obj
+def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
+          sync: str) -> None:
+    """Run the psoup service until Ctrl-C or SIGTERM.
+
+    Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
+    readable by you only, where `psoup` commands on this machine find it.
+    """
+    from psoup.server import run_server
+
+    try:
+        run_server(data_dir=data_dir, host=host, port=port, token=settings.token, mode=mode,
+                   sync=sync, echo=click.echo)
+    except OSError as exc:
+        raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+
+
+@main.group()
+def stream() -> None:
+    """Declare the streams that producers ingest into."""
+
+
+@stream.command("create")
+@click.argument("name")
+@click.argument("columns")
+@click.option("--retain", metavar="SPAN", default=None,
+              help='Keep only this much of the stream: "1 hour", "7 days", "100000 rows". '
+                   "Without it everything is kept.")
+@click.pass_obj
+def stream_create(settings: Settings, name: str, columns: str, retain: str | None) -> None:
+    """Create stream NAME with COLUMNS, e.g. "lane INT, stationid INT, speed FLOAT".
+
+    Column types are INT, FLOAT, TEXT and BOOL; every tuple also gets a timestamp.
+    """
+    sql = f"CREATE STREAM {name} ({columns})" + (f" RETAIN {retain}" if retain else "")
+    with _connected(settings.server, settings.token) as client:
+        client.execute(sql)
+    click.echo(f"created stream {name} ({columns})" + (f", retaining {retain}" if retain else ""))
+
+
+@main.command(short_help="Append the rows of a file to a stream.")
+@click.argument("stream_name", metavar="STREAM")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.option("--format", "fmt", type=click.Choice(ingesting.FORMATS), default=None,
+              help="The input format; by default guessed from FILE's extension (stdin: csv).")
+@click.option("--batch-rows", type=click.IntRange(1, 1_000_000), default=50_000,
+              show_default=True, help="Rows per insert; each batch is applied whole or not "
+                                      "at all.")
+@click.option("--ts-column", default="ts", show_default=True,
+              help="The column holding each row's timestamp (seconds or ISO 8601); when "
+                   "the file has none, the server's clock stamps each batch.")
+@click.pass_context
+def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, batch_rows: int,
+           ts_column: str) -> None:
+    """Append the rows of FILE (CSV with a header, JSON lines, Parquet; - is stdin) to
+    STREAM.
+
+    Shows progress on a terminal and ends with one line: rows ingested and the rate. If
+    the server rejects a batch, nothing of that batch is applied, the rows before it stay,
+    and the error says how many went in and which rows the failed batch held.
+    """
+    settings: Settings = ctx.obj
+    try:
+        fmt = fmt or ingesting.guess_format(file)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="FILE") from None
+    source = click.open_file("-", "rb") if file == "-" else file
+    ts_required = ctx.get_parameter_source("ts_column") is not ParameterSource.DEFAULT
+    progress = _progress if sys.stderr.isatty() else None
+    with _connected(settings.server, settings.token, batch_rows=batch_rows) as client:
+        report = ingesting.ingest(client, stream_name,
+                                  ingesting.read_batches(source, fmt, batch_rows),
+                                  ts_column=ts_column, ts_required=ts_required,
+                                  progress=progress)
+    if progress is not None:
+        click.echo("\r\033[K", nl=False, err=True)
+    click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream_name} "
+               f"({report.rate:,.0f} rows/s)")
+
+
+def _progress(rows: int, seconds: float) -> None:
+    click.echo(f"\r{rows:,} rows  {rows / max(seconds, 1e-9):,.0f} rows/s", nl=False, err=True)
+
+
+# ---------------------------------------------------------------------- handles
+
+@main.command()
+@click.argument("sql")
+@click.option("--name", default=None,
+              help="Remember the handle under this name (in your config directory), so "
+                   "later commands can use the name instead of the handle.")
+@click.option("--replace", is_flag=True, help="Let --name take over a name already in use.")
+@click.pass_obj
+def register(settings: Settings, sql: str, name: str | None, replace: bool) -> None:
+    """Register a standing query and print its handle.
+
+    \b
+    psoup register "SELECT stationid, speed FROM traffic WHERE lane = 3 AND speed < 20
+                    BEGIN NOW - 10 MINUTES END NOW" --name slow-lane3
+    """
+    if name is not None and not _NAME.match(name):
+        raise click.BadParameter(f"{name!r}: a name is letters, digits and _ . : - (starting "
+                                 "with a letter or digit)", param_hint="--name")
+    store = HandleStore()
+    old = store.lookup(name) if name is not None else None
+    if old is not None and not replace:
+        raise name_taken(name, old)
+    with _connected(settings.server, settings.token) as client:
+        handle = client.register(sql)
+        if name is not None:
+            try:
+                store.remember(name, settings.server, handle, sql, replace=replace)
+            except HandleStoreError:
+                client.unregister(handle)  # lost a race for the name: leave nothing behind
+                raise
+    if old is not None:
+        click.echo(f"note: '{name}' now names the new handle; the old one ({old['handle']}) "
+                   "is still registered", err=True)
+    click.echo(handle)
+
+
+@main.command(cls=_RefCommand, short_help="Print a standing query's current answer.")
+@click.argument("ref", metavar="HANDLE|NAME")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table for people; csv and json (one document) for scripts.")
+@click.option("--changes", is_flag=True,
+              help="Print only the rows that entered (+) and left (-) the answer since "
+                   "your last invocation of this handle.")
+@click.option("--now", type=Instant(), default=None,
+              help="Resolve the window at this time (seconds or ISO 8601) instead of the "
+                   "server's clock.")
+@click.pass_obj
+def invoke(settings: Settings, ref: str, fmt: str, changes: bool, now: float | None) -> None:
+    """Print the current answer of a standing query, by handle or by name.
+
+    With --changes, the first call for a handle prints the whole answer as inserted rows;
+    every call remembers where it left off.
+    """
+    target = _resolve(settings, ref)
+    store = HandleStore()
+    with _connected(target.server, settings.token, target) as client:
+        if changes:
+            answer, reason = _changes_since(client, target.handle,
+                                            store.cursor(target.server, target.handle), now)
+            text = render_changes(answer, fmt, reset=reason is not None)
+        else:
+            answer, reason = client.invoke(target.handle, now=now), None
+            text = render_result(answer, fmt)
+    store.set_cursor(target.server, target.handle, answer.cursor)
+    if reason is not None and fmt == "table":
+        click.echo(f"note: {reason}; showing the whole answer as inserted rows", err=True)
+    click.echo(text)
+
+
+@main.command(cls=_RefCommand, short_help="Poll a standing query and print what changes.")
+@click.argument("ref", metavar="HANDLE|NAME")
+@click.option("--every", type=Interval(), required=True,
+              help="Time between polls: 30s, 2m, 1h, 500ms, or a number of seconds.")
+@click.option("--count", type=click.IntRange(1), default=None,
+              help="Stop after this many polls (the first, whole answer included).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table; csv (columns polled and change first); json (one document per "
+                   "line).")
+@click.pass_obj
+def watch(settings: Settings, ref: str, every: float, count: int | None, fmt: str) -> None:
+    """Poll a standing query: print the whole answer, then at every interval what changed.
+
+    Each poll is stamped with its time; Ctrl-C stops.
+    """
+    target = _resolve(settings, ref)
+    store = HandleStore()
+    polls = 0
+    try:
+        with _connected(target.server, settings.token, target) as client:
+            answer: Result | Changes = client.invoke(target.handle)
+            while True:
+                store.set_cursor(target.server, target.handle, answer.cursor)
+                click.echo(render_poll(answer, fmt, time.time(), first=polls == 0))
+                polls += 1
+                if count is not None and polls >= count:
+                    return
+                time.sleep(every)
+                answer, reason = _changes_since(client, target.handle, answer.cursor, None)
+                if reason is not None and fmt == "table":
+                    click.echo(f"note: {reason}; the next rows are the whole answer", err=True)
+    except KeyboardInterrupt:
+        return
+
+
+@main.command(cls=_RefCommand)
+@click.argument("ref", metavar="HANDLE|NAME")
+@click.pass_obj
+def unregister(settings: Settings, ref: str) -> None:
+    """Drop a standing query; a name given to it is forgotten too."""
+    target = _resolve(settings, ref)
+    store = HandleStore()
+    with _connected(target.server, settings.token, target) as client:
+        try:
+            client.unregister(target.handle)
+        except UnknownHandle:
+            if target.name is None:
+                raise
+            click.echo(f"note: the server no longer knew the handle of '{target.name}'",
+                       err=True)
+    store.forget_handle(target.server, target.handle)
+    click.echo(f"unregistered {target.name or target.handle}")
+
+
+@main.command(short_help="List the standing queries.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table for people; csv and json for scripts.")
+@click.pass_obj
+def queries(settings: Settings, fmt: str) -> None:
+    """List the server's standing queries: name (if you gave one), handle, SQL."""
+    names = _names_on(settings.server)
+    with _connected(settings.server, settings.token) as client:
+        rows = [(names.get(handle, ""), handle, sql) for handle, sql in client.queries()]
+    if fmt == "json":
+        click.echo(to_json({"queries": [dict(zip(("name", "handle", "sql"), r)) for r in rows]}))
+    elif fmt == "csv":
+        click.echo(render_result(Result(["name", "handle", "sql"], rows, np.empty(0),
+                                        np.empty(0, np.int64)), "csv"))
+    else:
+        click.echo(table(["name", "handle", "sql"], rows) + f"\n({len(rows)} standing "
+                   f"quer{'y' if len(rows) == 1 else 'ies'})")
+
+
+@main.command(short_help="Show streams, queries and memory of the server.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help="table for people; json: the server's raw statistics.")
+@click.pass_obj
+def stats(settings: Settings, fmt: str) -> None:
+    """Show the server's streams (rows, size, rate), standing queries and memory."""
+    with _connected(settings.server, settings.token) as client:
+        numbers = client.stats()
+    if fmt == "json":
+        click.echo(to_json(numbers))
+    else:
+        click.echo(render_stats(numbers, _names_on(settings.server)))
+
+
+# ---------------------------------------------------------------------- helpers
+
+@contextmanager
+def _connected(server: str, token: str | None, target: Target | None = None,
+               **options: Any) -> Iterator[Client]:
+    """A client of `server`, with the failures of connecting explained; `target` names
+    what an UnknownHandle inside refers to."""
+    try:
+        client = Client(server, token=token, **options)
+    except ConnectionFailed as exc:
+        cause = exc.__cause__
+        why = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
+        raise Failure(f"cannot reach psoup server at {server}: {why} (is `psoup serve` "
+                      "running?)") from None
+    except PSoupError as exc:
+        if exc.code != "auth":
+            raise
+        given = "the token given" if token or os.environ.get("PSOUP_TOKEN") else \
+            (f"no token: pass --token, set PSOUP_TOKEN, or run the server on this machine "
+             f"(it leaves its token in {token_path(*parse_address(server))})")
+        raise Failure(f"the server at {server} refused the connection ({given})") from None
+    try:
+        with client:
+            yield client
+    except UnknownHandle as exc:
+        raise Failure(_unknown(target, exc)) from None
+    except ConnectionFailed as exc:
+        if isinstance(exc, OutcomeUnknown):
+            raise
+        raise Failure(f"lost the connection to {server}: {exc}") from None
+
+
+def _unknown(target: Target | None, exc: UnknownHandle) -> str:
+    if target is None:
+        return str(exc)
+    if target.name is not None:
+        return (f"the name '{target.name}' refers to handle {target.handle[:12]}..., which "
+                f"the server at {target.server} no longer knows (`psoup unregister "
+                f"{target.name}` forgets the name)")
+    return (f"'{target.handle}' is neither a name in {HandleStore().path} nor a handle the "
+            f"server at {target.server} knows")
+
+
+def _resolve(settings: Settings, ref: str) -> Target:
+    """A name from the handle store (with the server it was registered on), else a handle
+    on the --server."""
+    entry = HandleStore().lookup(ref)
+    if entry is not None:
+        return Target(entry["server"], entry["handle"], ref)
+    return Target(settings.server, ref, None)
+
+
+def _names_on(server: str) -> dict[str, str]:
+    """handle -> name for the handles named on `server`."""
+    return {e["handle"]: name for name, e in HandleStore().names().items()
+            if e["server"] == server}
+
+
+def _changes_since(client: Client, handle: str, cursor: str | None,
+                   now: float | None) -> tuple[Changes, str | None]:
+    """The changes since `cursor`; without a usable cursor, the whole answer as inserted
+    rows and the reason why (for a note to the user)."""
+    if cursor is None:
+        reason = "no earlier invocation of this handle is remembered here"
+    else:
+        try:
+            return client.invoke(handle, now=now, since=cursor), None
+        except CursorExpired:
+            reason = "the server no longer knows where the last invocation left off"
+    whole = client.invoke(handle, now=now)
+    empty = Result(whole.columns, [], np.empty(0), np.empty(0, np.int64))
+    return Changes(whole.columns, whole, empty, whole.cursor), reason
 
 
 if __name__ == "__main__":

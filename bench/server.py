@@ -1,0 +1,268 @@
+"""The service under load: polling clients against a live ingest, and ingest through the
+protocol, each against the embedded engine in the same run (the issue's targets:
+report the protocol overhead; server ingest >= 50% of embedded ingest).
+
+Workload: the traffic stream of the paper's Sect. 5.5 (Table 3: lane 1-8, stationid
+1-9, speed 0-100 with extremes rare) and standing queries of the shape
+`lane = c1 AND stationid = c2 AND speed > c3` over the last minute.
+
+- poll: the server (its own process, in memory) holds the queries over a prefilled
+  stream; `clients` threads each invoke random handles in a loop while one producer
+  thread inserts batches of 1,000 readings as fast as the server takes them. Reported:
+  invocations per second, p50/p99 latency, and the ratio of p50 latency to the embedded
+  engine's invoke cost on the same data and queries (protocol overhead).
+- ingest: batches of 10,000 readings as numpy columns through `Client.insert`, with the
+  same queries registered, against `Engine.insert` of the same batches; the server in
+  memory and with a data directory (sync="group": fsynced before each reply).
+
+Usage: python bench/server.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402  (bench/ is put on sys.path just above)
+import psoup  # noqa: E402
+from psoup.client import Client  # noqa: E402
+
+DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT) RETAIN 200000 ROWS"
+TOKEN = "bench-token"
+INGEST_TARGET = 0.5      # server ingest >= 50% of embedded ingest
+SERVE = ("import sys; from psoup.server.server import run_server; "
+         "d = sys.argv[1] or None; "
+         "run_server(d, port=int(sys.argv[2]), token=sys.argv[3], sync='group', "
+         "echo=lambda s: None)")
+
+
+def _settings(quick: bool) -> dict:
+    if quick:
+        return {"queries": 20, "prefill": 5_000, "clients": 8, "seconds": 1.0,
+                "ingest_batches": 5, "ingest_batch": 2_000}
+    return {"queries": 200, "prefill": 100_000, "clients": 100, "seconds": 10.0,
+            "ingest_batches": 40, "ingest_batch": 10_000}
+
+
+def readings(gen: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """n traffic readings: lanes and stations uniform, speed normal around 60, clipped."""
+    return {"lane": gen.integers(1, 9, n), "stationid": gen.integers(1, 10, n),
+            "speed": np.clip(gen.normal(60.0, 15.0, n), 0.0, 100.0).round(1)}
+
+
+def traffic_queries(gen: np.random.Generator, n: int) -> list[str]:
+    return [f"SELECT stationid, speed FROM traffic WHERE lane = {gen.integers(1, 9)} AND "
+            f"stationid = {gen.integers(1, 10)} AND speed > {gen.integers(40, 90)} "
+            "BEGIN NOW - 60 END NOW" for _ in range(n)]
+
+
+class _ServerProcess:
+    """`run_server` in a child process (its own interpreter, so its own GIL)."""
+
+    def __init__(self, data_dir: str = ""):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = dict(os.environ, PYTHONPATH=str(common.ROOT),
+                   PSOUP_CONFIG_DIR=tempfile.mkdtemp(prefix="psoup-bench-config-"))
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVE, data_dir, str(self.port),
+                                      TOKEN], env=env)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                Client(self.address, token=TOKEN, timeout=5).close()
+                return
+            except psoup.PSoupError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the benchmark server did not start")
+                time.sleep(0.1)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def client(self) -> Client:
+        return Client(self.address, token=TOKEN, timeout=60)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+
+
+def _setup(target, sql: list[str], prefill: dict, ts: np.ndarray) -> list[str]:
+    target.execute(DDL)
+    handles = [target.register(q) for q in sql]
+    target.insert("traffic", prefill, ts=ts)
+    return handles
+
+
+def bench_poll(s: dict) -> list[dict]:
+    gen = common.rng(1)
+    sql = traffic_queries(gen, s["queries"])
+    prefill = readings(gen, s["prefill"])
+    now = time.time()
+    ts = np.linspace(now - 60.0, now, s["prefill"])
+
+    embedded = psoup.Engine()
+    handles = _setup(embedded, sql, prefill, ts)
+    per_call = common.timed(lambda: [embedded.invoke(h) for h in handles], repeat=5,
+                            min_time=1.0).median / len(handles)
+    rows = []
+    for scenario, clients, producing in (("1 client, no ingest", 1, False),
+                                         (f"{s['clients']} clients + producer",
+                                          s["clients"], True)):
+        server = _ServerProcess()
+        try:
+            with server.client() as setup:
+                remote = _setup(setup, sql, prefill, ts)
+            row = _poll(server, remote, clients, producing, s["seconds"])
+        finally:
+            server.stop()
+        row.update(scenario=scenario, queries=s["queries"], embedded_ms=per_call * 1e3,
+                   overhead=row["p50_ms"] / (per_call * 1e3),
+                   capacity=row["invokes_per_s"] * per_call)
+        rows.append(row)
+    return rows
+
+
+def _poll(server: _ServerProcess, handles: list[str], clients: int, producing: bool,
+          seconds: float) -> dict:
+    """Closed-loop pollers (each invokes random handles back to back) for `seconds`,
+    with or without a producer inserting batches of 1,000 readings meanwhile."""
+    stop = threading.Event()
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    ingested = [0]
+
+    def poll(k: int) -> None:
+        pick = np.random.default_rng(k)
+        with server.client() as client:
+            clock, out = time.perf_counter, latencies[k]
+            while not stop.is_set():
+                h = handles[int(pick.integers(len(handles)))]
+                t0 = clock()
+                client.invoke(h)
+                out.append(clock() - t0)
+
+    def produce() -> None:
+        feed = np.random.default_rng(99)
+        with server.client() as client:
+            while not stop.is_set():
+                client.insert("traffic", readings(feed, 1_000))
+                ingested[0] += 1_000
+
+    threads = [threading.Thread(target=poll, args=(k,)) for k in range(clients)]
+    if producing:
+        threads.append(threading.Thread(target=produce))
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    lat = np.concatenate([np.asarray(x) for x in latencies])
+    p50, p99 = np.percentile(lat, [50, 99])
+    return {"clients": clients, "invokes_per_s": len(lat) / elapsed, "p50_ms": p50 * 1e3,
+            "p99_ms": p99 * 1e3, "ingest_rows_per_s": ingested[0] / elapsed}
+
+
+def bench_ingest(s: dict) -> list[dict]:
+    gen = common.rng(2)
+    sql = traffic_queries(gen, s["queries"])
+    n, k = s["ingest_batch"], s["ingest_batches"]
+    batches = [readings(gen, n) for _ in range(k)]
+    stamps = [1e9 + i + np.arange(n) / n for i in range(k)]
+
+    def run(target) -> float:
+        target.execute(DDL)
+        for q in sql:
+            target.register(q)
+        t0 = time.perf_counter()
+        for cols, ts in zip(batches, stamps):
+            target.insert("traffic", cols, ts=ts)
+        return n * k / (time.perf_counter() - t0)
+
+    rows = [{"engine": "embedded", "rows_per_s": run(psoup.Engine())}]
+    with tempfile.TemporaryDirectory(prefix="psoup-bench-") as tmp:
+        rows.append({"engine": "embedded, durable (sync=always)",
+                     "rows_per_s": run(psoup.Engine(path=os.path.join(tmp, "e")))})
+        for label, data_dir in (("server", ""), ("server, durable (group fsync)",
+                                                 os.path.join(tmp, "s"))):
+            server = _ServerProcess(data_dir)
+            try:
+                with server.client() as client:
+                    rows.append({"engine": label, "rows_per_s": run(client)})
+            finally:
+                server.stop()
+    base = rows[0]["rows_per_s"]
+    for row in rows:
+        row["vs_embedded"] = row["rows_per_s"] / base
+    return rows
+
+
+def _plot_poll(ax, rows) -> None:
+    labels = ["embedded invoke"]
+    values = [rows[0]["embedded_ms"]]
+    for row in rows:
+        labels += [f"{row['scenario']}\np50", "p99"]
+        values += [row["p50_ms"], row["p99_ms"]]
+    ax.bar(range(len(values)), values, color=["tab:gray"] + ["tab:blue", "tab:orange"] * len(rows))
+    ax.set_xticks(range(len(values)), labels, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("milliseconds per invocation")
+    ax.set_title(f"invoke latency through the server, {rows[0]['queries']} standing queries")
+
+
+def _plot_ingest(ax, rows) -> None:
+    ax.barh([r["engine"] for r in rows], [r["rows_per_s"] for r in rows], color="tab:blue")
+    ax.set_xlabel("tuples per second")
+    ax.set_title("ingest: embedded engine vs through the server")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
+    quick = parser.parse_args().quick
+    s = _settings(quick)
+    suffix = "_quick" if quick else ""
+
+    poll = bench_poll(s)
+    common.report(f"server_poll{suffix}", poll, [
+        ("scenario", "scenario", "s"), ("invokes_per_s", "invokes/s", ",.0f"),
+        ("p50_ms", "p50 ms", ".3f"), ("p99_ms", "p99 ms", ".3f"),
+        ("embedded_ms", "embedded ms", ".3f"), ("overhead", "p50/embedded", ".2f"),
+        ("capacity", "capacity", ".2f"), ("ingest_rows_per_s", "producer rows/s", ",.0f"),
+    ], _plot_poll, notes=[
+        "p50/embedded: server round trip / the embedded engine's invoke cost on the same "
+        "data and queries (protocol overhead; with one client it is the whole story)",
+        "capacity: invokes/s x embedded cost = the share of one core's worth of embedded "
+        "invocations the server delivered; closed-loop clients queue behind each other, "
+        "so their latency is clients / throughput (Little's law), not protocol cost"],
+        params=s)
+
+    ingest = bench_ingest(s)
+    server_ratio = next(r["vs_embedded"] for r in ingest if r["engine"] == "server")
+    verdict = "met" if server_ratio >= INGEST_TARGET else "NOT met"
+    common.report(f"server_ingest{suffix}", ingest, [
+        ("engine", "engine", "s"), ("rows_per_s", "rows/s", ",.0f"),
+        ("vs_embedded", "vs embedded", ".2f"),
+    ], _plot_ingest, notes=[
+        f"server ingest / embedded ingest = {server_ratio:.2f} "
+        f"(target >= {INGEST_TARGET}: {verdict})"], params=s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""`psoup ingest`: files of tuples (CSV, JSON lines, Parquet) as column batches for a stream.
+
+A producer's file becomes a sequence of batches of at most `batch_rows` rows, each a dict
+of column -> numpy array (numbers, booleans) or list of str (text), the fast path of
+`insert` (API.md). The server applies each batch whole or not at all, so a bad batch
+stops the ingest with an exact account: how many rows went in before it, and which rows
+it held.
+
+Types: Parquet columns keep their types. JSON values keep theirs (a column of integers
+and floats becomes FLOAT). CSV cells are text; each column of each batch becomes INT if
+every cell parses as an integer, else FLOAT if every cell parses as a number, else BOOL
+if every cell is true or false (any case), else TEXT. The stream's schema decides what
+is accepted: the server rejects a batch whose column does not fit and names the row.
+
+The timestamp column (`ts` unless told otherwise), when the file has one, becomes the
+tuples' ts: seconds since the epoch, or ISO 8601 date-times (UTC unless they carry an
+offset). Without it the server's clock stamps each batch.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import json
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Callable, ContextManager, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from psoup.errors import PSoupError
+
+#: The input formats, and the file extensions that imply them.
+FORMATS = ("csv", "jsonl", "parquet")
+EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+              ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+
+_OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open}
+_CSV_BLOCK = 1 << 20          # bytes per CSV read; batches are cut from blocks by row count
+_BOOLS = pa.array(["true", "false"])
+
+
+class IngestError(PSoupError):
+    """An ingest stopped: the input could not be read, or the server rejected a batch.
+
+    Attributes:
+        rows_done: rows applied before the failure (all of them stay in the stream).
+    """
+
+    code = "ingest"
+
+    def __init__(self, message: str, rows_done: int):
+        super().__init__(message)
+        self.rows_done = rows_done
+
+
+@dataclass
+class IngestReport:
+    """What an ingest did: rows applied, batches sent, wall seconds."""
+
+    rows: int
+    batches: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.rows / max(self.seconds, 1e-9)
+
+
+def guess_format(name: str) -> str:
+    """The format implied by a file name ("-" for stdin is CSV).
+
+    Raises:
+        ValueError: an extension no format claims.
+
+    Example:
+        >>> guess_format("traffic.csv.gz"), guess_format("x.jsonl"), guess_format("-")
+        ('csv', 'jsonl', 'csv')
+    """
+    if name == "-":
+        return "csv"
+    path = Path(name)
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in _OPENERS:
+        suffixes.pop()
+    fmt = EXTENSIONS.get(suffixes[-1]) if suffixes else None
+    if fmt is None:
+        raise ValueError(f"cannot tell the format of {name!r} from its extension; pass "
+                         f"--format ({', '.join(FORMATS)})")
+    return fmt
+
+
+def read_batches(source: str | IO[bytes], fmt: str, batch_rows: int) -> Iterator[dict[str, Any]]:
+    """Batches of at most `batch_rows` rows from a file name or binary stream.
+
+    Each batch maps column name -> numpy array or list; every column has the same length.
+    Errors in the input raise IngestError (rows_done 0: the caller knows the real count).
+    """
+    readers = {"csv": _csv_batches, "jsonl": _jsonl_batches, "parquet": _parquet_batches}
+    try:
+        yield from readers[fmt](source, batch_rows)
+    except (pa.ArrowException, ValueError, UnicodeDecodeError) as exc:
+        raise IngestError(f"bad {fmt} input: {exc}", 0) from None
+
+
+def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
+           ts_column: str = "ts", ts_required: bool = False,
+           progress: Callable[[int, float], None] | None = None) -> IngestReport:
+    """Send `batches` to `stream` one insert each; the ts column, if present, becomes ts.
+
+    Args:
+        client: a `psoup.client.Client` (anything with insert(stream, columns, ts)).
+        stream: the stream's name.
+        batches: from `read_batches`.
+        ts_column: the column holding timestamps; when the input has none, the server's
+            clock stamps each batch.
+        ts_required: the input must have `ts_column` (the user named it).
+        progress: called after each batch with (rows so far, seconds so far).
+
+    Raises:
+        IngestError: a batch was rejected or the input broke off; the message says how many
+            rows were ingested before and which rows of the input the failed batch held.
+    """
+    began = time.perf_counter()
+    rows = count = 0
+    while True:
+        try:
+            batch = next(batches, None)
+        except IngestError as exc:
+            raise IngestError(f"{exc} (somewhere after input row {rows:,}; {rows:,} rows "
+                              "ingested before it)", rows) from None
+        if batch is None:
+            break
+        n = len(next(iter(batch.values()))) if batch else 0
+        if n == 0:
+            continue
+        if ts_required and ts_column not in batch:
+            raise IngestError(f"the input has no timestamp column '{ts_column}' (columns: "
+                              f"{', '.join(batch)})", rows)
+        try:
+            ts = timestamps(batch.pop(ts_column)) if ts_column in batch else None
+            client.insert(stream, batch, ts=ts)
+        except PSoupError as exc:
+            raise IngestError(
+                f"batch {count + 1} (input rows {rows + 1:,}-{rows + n:,}) was rejected, "
+                f"none of it applied; {rows:,} rows ingested before it: {exc}"
+                f"{_text_hint(batch, str(exc), rows)}", rows) from None
+        rows += n
+        count += 1
+        if progress is not None:
+            progress(rows, time.perf_counter() - began)
+    return IngestReport(rows, count, time.perf_counter() - began)
+
+
+def _text_hint(batch: dict[str, Any], message: str, before: int) -> str:
+    """Where a CSV column that went as TEXT stops looking numeric, when the server's
+    `message` is about that column: the server names the first str it met, which is
+    usually a good cell; the user needs the bad one."""
+    for name, values in batch.items():
+        if not (isinstance(values, list) and f"column '{name}'" in message):
+            continue
+        numeric = [_is_number(v) for v in values]
+        if any(numeric) and not all(numeric):
+            bad = numeric.index(False)
+            return (f" (column '{name}' was read as text: input row {before + bad + 1:,} "
+                    f"holds {values[bad]!r})")
+    return ""
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def timestamps(values: Any) -> np.ndarray:
+    """A timestamp column as float seconds since the epoch.
+
+    Accepts numbers, or ISO 8601 strings all without an offset (read as UTC) or all with
+    one.
+
+    Raises:
+        IngestError: values that are neither.
+
+    Example:
+        >>> timestamps(["2026-01-01T00:00:01.5", "2026-01-01 00:00:02"]).tolist()
+        [1767225601.5, 1767225602.0]
+        >>> timestamps(["2026-01-01T01:00:00+01:00"]).tolist()
+        [1767225600.0]
+        >>> timestamps(np.array([5, 6])).tolist()
+        [5.0, 6.0]
+    """
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+        return values.astype(np.float64)
+    if all(isinstance(v, str) for v in values):
+        arr = pa.array(values, type=pa.string())
+        for target in (pa.timestamp("us"), pa.timestamp("us", tz="UTC")):
+            try:
+                return _epoch_seconds(pc.cast(arr, target))
+            except pa.ArrowInvalid:
+                pass
+    sample = next((v for v in values if not isinstance(v, (int, float))), values[0])
+    raise IngestError(f"timestamps must be numbers of seconds or ISO 8601 date-times "
+                      f"(all with a UTC offset or all without); got {sample!r}", 0)
+
+
+def _epoch_seconds(arr: pa.Array) -> np.ndarray:
+    micros = pc.cast(pc.cast(arr, pa.timestamp("us", tz=arr.type.tz)), pa.int64())
+    return micros.to_numpy(zero_copy_only=False) / 1e6
+
+
+# ---------------------------------------------------------------------- readers
+
+def _open(source: str | IO[bytes]) -> ContextManager[IO[bytes]]:
+    """A file name opened (and decompressed by suffix), or a caller's stream left open."""
+    if not isinstance(source, str):
+        return nullcontext(source)
+    return _OPENERS.get(Path(source).suffix.lower(), open)(source, "rb")
+
+
+def _csv_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[str, Any]]:
+    import pyarrow.csv as pcsv
+
+    with _open(source) as stream:
+        header = stream.readline()
+        if not header.strip():
+            return
+        names = next(csv.reader([header.decode("utf-8-sig")]))
+        if len(set(names)) != len(names) or not all(names):
+            raise ValueError(f"the CSV header needs distinct, non-empty column names; "
+                             f"got {names}")
+        # Every column is read as text and typed per batch (module docstring): Arrow's own
+        # inference looks at the first block only and fails on a later "62.5" in an INT guess.
+        reader = pcsv.open_csv(
+            stream, read_options=pcsv.ReadOptions(column_names=names, block_size=_CSV_BLOCK),
+            convert_options=pcsv.ConvertOptions(column_types={n: pa.string() for n in names}))
+        pending: list[pa.RecordBatch] = []
+        held = 0
+        for block in reader:
+            pending.append(block)
+            held += block.num_rows
+            while held >= batch_rows:
+                table = pa.Table.from_batches(pending)
+                yield _typed_csv(table.slice(0, batch_rows))
+                rest = table.slice(batch_rows)
+                pending, held = rest.to_batches(), rest.num_rows
+        if held:
+            yield _typed_csv(pa.Table.from_batches(pending))
+
+
+def _typed_csv(table: pa.Table) -> dict[str, Any]:
+    return {name: _typed_text(table.column(name).combine_chunks())
+            for name in table.column_names}
+
+
+def _typed_text(arr: pa.Array) -> Any:
+    for target in (pa.int64(), pa.float64()):
+        try:
+            return pc.cast(arr, target).to_numpy()
+        except pa.ArrowInvalid:
+            pass
+    lowered = pc.utf8_lower(arr)
+    if len(arr) and pc.all(pc.is_in(lowered, value_set=_BOOLS)).as_py():
+        return pc.equal(lowered, "true").to_numpy(zero_copy_only=False)
+    return arr.to_pylist()
+
+
+def _jsonl_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[str, Any]]:
+    rows: list[dict] = []
+    with _open(source) as stream:
+        for number, raw in enumerate(stream, 1):
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"line {number}: not JSON ({exc.msg}, column {exc.colno})") \
+                    from None
+            if not isinstance(row, dict):
+                raise ValueError(f"line {number}: expected a JSON object per line, got "
+                                 f"{type(row).__name__}")
+            if rows and row.keys() != rows[0].keys():
+                differ = sorted(set(rows[0]) ^ set(row))
+                raise ValueError(f"line {number}: its keys differ from those of the lines "
+                                 f"before it (not in both: {', '.join(differ)})")
+            rows.append(row)
+            if len(rows) == batch_rows:
+                yield _json_columns(rows)
+                rows = []
+    if rows:
+        yield _json_columns(rows)
+
+
+def _json_columns(rows: list[dict]) -> dict[str, Any]:
+    return {name: _typed_values([r[name] for r in rows]) for name in rows[0]}
+
+
+def _typed_values(values: list) -> Any:
+    types = set(map(type, values))
+    if types == {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            return values
+    if types <= {int, float}:
+        return np.array(values, dtype=np.float64)
+    if types == {bool}:
+        return np.array(values, dtype=bool)
+    return values
+
+
+def _parquet_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    if not isinstance(source, str):
+        source = pa.BufferReader(source.read())      # Parquet needs to seek: its footer
+    for batch in pq.ParquetFile(source).iter_batches(batch_size=batch_rows):
+        yield {name: _typed_arrow(batch.column(i)) for i, name in enumerate(batch.schema.names)}
+
+
+def _typed_arrow(arr: pa.Array) -> Any:
+    kind = arr.type
+    if arr.null_count:
+        return arr.to_pylist()         # None is no psoup value: the server names the row
+    if pa.types.is_timestamp(kind):
+        return _epoch_seconds(arr)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return arr.to_numpy(zero_copy_only=False)
+    if pa.types.is_dictionary(kind):
+        return arr.dictionary_decode().to_pylist()
+    return arr.to_pylist()

@@ -1,0 +1,269 @@
+"""How the `psoup` command prints answers: an aligned table for people, CSV and JSON for
+scripts.
+
+An answer is a `Result` (the whole answer of an invocation) or a `Changes` (what entered
+and left the answer since a cursor, the STREAM paper's Istream and Dstream). Values are
+the Python scalars the engine returns; text is printed verbatim, floats compactly in a
+table and exactly in CSV and JSON. JSON output is one document per answer with a fixed
+set of keys, so scripts can rely on it (API.md, "Command line").
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from psoup.results.result import Changes, Result
+
+#: The output formats of `psoup invoke`, `watch` and `queries`.
+FORMATS = ("table", "csv", "json")
+
+
+def render_result(result: Result, fmt: str) -> str:
+    """The whole answer of one invocation in `fmt` ("table", "csv" or "json").
+
+    JSON is ``{"columns": [...], "rows": [[...], ...], "ts": [...], "cursor": "..."}``.
+
+    Example:
+        >>> import numpy as np
+        >>> r = Result(["a", "name"], [(1, "x")], np.array([5.0]), np.array([1]), "c1")
+        >>> print(render_result(r, "table"))
+        a  name
+        -  ----
+        1  x
+        (1 row)
+        >>> render_result(r, "json")
+        '{"columns": ["a", "name"], "rows": [[1, "x"]], "ts": [5.0], "cursor": "c1"}'
+    """
+    if fmt == "json":
+        return to_json(_result_doc(result))
+    if fmt == "csv":
+        return _csv(list(result.columns), result.rows)
+    n = len(result.rows)
+    return table(result.columns, result.rows) + f"\n({n} row{'' if n == 1 else 's'})"
+
+
+def render_changes(changes: Changes, fmt: str, reset: bool = False) -> str:
+    """What changed since a cursor: inserted rows marked "+", deleted rows "-".
+
+    Args:
+        changes: the invocation's changes.
+        fmt: "table" (a first column of + and -), "csv" (a first column "change") or
+            "json" (``{"columns", "inserted", "deleted", "cursor", "reset"}``).
+        reset: True when `changes.inserted` is the whole answer (there was no usable
+            cursor), so a script must replace what it holds instead of applying a delta.
+
+    Example:
+        >>> import numpy as np
+        >>> one = Result(["a"], [(7,)], np.array([5.0]), np.array([1]))
+        >>> none = Result(["a"], [], np.empty(0), np.empty(0, np.int64))
+        >>> print(render_changes(Changes(["a"], one, none, "c2"), "table"))
+           a
+           -
+        +  7
+        (1 inserted, 0 deleted)
+    """
+    if fmt == "json":
+        return to_json(_changes_doc(changes, reset))
+    marked = _marked(changes)
+    if fmt == "csv":
+        return _csv(["change"] + list(changes.columns), marked)
+    return (table([""] + list(changes.columns), marked) +
+            f"\n({len(changes.inserted)} inserted, {len(changes.deleted)} deleted)")
+
+
+def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool) -> str:
+    """One poll of `psoup watch`: the whole answer (the first poll) or what changed.
+
+    Table: a line ``[local time] N rows`` or ``[local time] +I -D`` and the rows, marked
+    + and - for changes. CSV: one document across polls, columns "polled" (epoch seconds)
+    and "change", then the query's; the first answer's rows count as inserted, and the
+    header comes with the first poll only. JSON: one document per line, the document of
+    `render_result` or `render_changes` plus "polled".
+
+    Example:
+        >>> import numpy as np
+        >>> r = Result(["a"], [(1,)], np.array([5.0]), np.array([1]), "c1")
+        >>> render_poll(r, "csv", 100.0, first=True)
+        'polled,change,a\\n100.0,+,1'
+    """
+    if isinstance(answer, Result):
+        empty = Result(answer.columns, [], np.empty(0), np.empty(0, np.int64))
+        changes = Changes(answer.columns, answer, empty, answer.cursor)
+    else:
+        changes = answer
+    if fmt == "json":
+        doc = _result_doc(answer) if isinstance(answer, Result) else _changes_doc(answer, False)
+        return to_json({"polled": polled, **doc})
+    if fmt == "csv":
+        text = _csv(["polled", "change"] + list(changes.columns),
+                    [(polled,) + row for row in _marked(changes)])
+        return text if first else text.partition("\n")[2]
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(polled))
+    if isinstance(answer, Result):
+        n = len(answer)
+        return f"[{stamp}] {n} row{'' if n == 1 else 's'}\n" + table(answer.columns, answer.rows)
+    if not len(changes):
+        return f"[{stamp}] no changes"
+    return (f"[{stamp}] +{len(changes.inserted)} -{len(changes.deleted)}\n" +
+            table([""] + list(changes.columns), _marked(changes)))
+
+
+def render_stats(stats: dict[str, Any], names: dict[str, str]) -> str:
+    """`psoup stats` for people: the engine mode and memory, a table of streams and one of
+    standing queries (with the names the user gave them); other sections as key: value.
+
+    Args:
+        stats: the server's stats() dict.
+        names: handle -> name, from the handle store.
+    """
+    lines = {key: _flat(value) for key, value in stats.items()
+             if key not in ("streams", "queries", "memory")}
+    memory = stats.get("memory")
+    if memory:
+        parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in memory.items() if k != "total")
+        lines["memory"] = f"{human_bytes(memory.get('total', 0))} ({parts})"
+    width = max(map(len, lines), default=0)
+    out = [f"{key:<{width}}  {text}" for key, text in lines.items()]
+    streams = stats.get("streams", {})
+    if streams:
+        rows = [(name, s.get("rows", 0), s.get("rows_total", 0), human_bytes(s.get("bytes", 0)),
+                 round(s.get("rows_per_s", 0.0), 1), _utc(s.get("latest_ts")))
+                for name, s in streams.items()]
+        out += ["", table(["stream", "rows", "rows total", "size", "rows/s", "latest ts"], rows)]
+    queries = stats.get("queries", {})
+    out += ["", f"{len(queries)} standing quer{'y' if len(queries) == 1 else 'ies'}"]
+    if queries:
+        rows = [(names.get(h, ""), h[:12] + "...", q.get("results", ""), q.get("sql", ""))
+                for h, q in queries.items()]
+        out.append(table(["name", "handle", "results", "sql"], rows))
+    return "\n".join(out)
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """An aligned text table: a header, a rule of dashes under named columns, one line
+    per row. Numbers are right-aligned, everything else left-aligned; no trailing blanks.
+
+    Example:
+        >>> print(table(["lane", "speed"], [(3, 12.5), (10, 7.25)]))
+        lane  speed
+        ----  -----
+           3   12.5
+          10   7.25
+    """
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    numeric = [bool(rows) and all(_is_number(r[i]) for r in rows) for i in range(len(columns))]
+
+    def line(values: Sequence[str], right: Sequence[bool]) -> str:
+        return "  ".join(v.rjust(w) if r else v.ljust(w)
+                         for v, w, r in zip(values, widths, right)).rstrip()
+
+    out = [line(columns, numeric)]
+    if any(columns):
+        out.append(line(["-" * len(c) for c in columns], numeric))
+    out.extend(line(r, numeric) for r in cells)
+    return "\n".join(out)
+
+
+def cell(value: Any) -> str:
+    """One value as table text: floats in at most 12 significant digits (and always with
+    a point or an exponent, so they read as floats), the rest as str.
+
+    Example:
+        >>> cell(62.0), cell(0.1 + 0.2), cell(1767225600.05), cell(1e20), cell("a b")
+        ('62.0', '0.3', '1767225600.05', '1e+20', 'a b')
+    """
+    if isinstance(value, float):
+        text = format(value, ".12g")
+        return text + ".0" if text.lstrip("-").isdigit() else text
+    return str(value)
+
+
+def human_bytes(n: float) -> str:
+    """A byte count for people.
+
+    Example:
+        >>> human_bytes(512), human_bytes(3_400_000)
+        ('512 B', '3.4 MB')
+    """
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _result_doc(result: Result) -> dict[str, Any]:
+    return {"columns": list(result.columns), "rows": [list(r) for r in result.rows],
+            "ts": result.ts.tolist(), "cursor": result.cursor}
+
+
+def _changes_doc(changes: Changes, reset: bool) -> dict[str, Any]:
+    return {"columns": list(changes.columns), "inserted": [list(r) for r in changes.inserted.rows],
+            "deleted": [list(r) for r in changes.deleted.rows], "cursor": changes.cursor,
+            "reset": reset}
+
+
+def _marked(changes: Changes) -> list[tuple]:
+    return [("+",) + tuple(r) for r in changes.inserted.rows] + \
+           [("-",) + tuple(r) for r in changes.deleted.rows]
+
+
+def _flat(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_flat(v)}" for k, v in value.items())
+    return cell(value)
+
+
+def _utc(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + " UTC"
+
+
+def to_json(document: Any) -> str:
+    """`document` as one line of JSON with NaN-free values (non-finite floats become null).
+
+    Example:
+        >>> to_json({"x": [1.5, float("inf")]})
+        '{"x": [1.5, null]}'
+    """
+    return json.dumps(_finite(document), allow_nan=False, default=_jsonable)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    # numpy scalars and bytes from a server reply; anything else is a bug worth a TypeError.
+    if hasattr(value, "item"):
+        return _finite(value.item())
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def _csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    return buf.getvalue().rstrip("\n")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,371 @@
+"""A blocking client of the psoup service: the Engine API, over the network.
+
+`Client` mirrors `psoup.Engine` (execute, create_stream, insert, register, invoke,
+unregister, queries, stats) and returns the same types, so code written against an
+embedded engine runs against a server by changing one line. The protocol is in
+docs/protocol.md.
+
+Disconnection is normal for PSoup clients, so a broken connection is repaired on the next
+call: the client reconnects (and says hello again) and retries once when that cannot
+apply a change twice, i.e. for reads, or when the request cannot have reached the server.
+Otherwise it raises `OutcomeUnknown` rather than guess.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from psoup.codec import encode_array
+from psoup.config import parse_address, token_path
+from psoup.errors import PSoupError, SchemaError
+from psoup.results.result import Changes, Result
+from psoup.server.protocol import (HEADER, ProtocolError, decode_answer, error_of,
+                                   pack_frame, unpack_payload)
+
+
+class ConnectionFailed(PSoupError, ConnectionError):
+    """The server could not be reached, or the connection broke before the request could
+    have been received: nothing was applied."""
+
+    code = "connection"
+
+
+class OutcomeUnknown(ConnectionFailed):
+    """The connection broke after a change was sent and before its reply arrived: the
+    change may or may not have been applied. Check (queries(), an invocation) before
+    sending it again."""
+
+    code = "outcome_unknown"
+
+
+class _Broken(Exception):
+    """The connection ended (EOF or a socket error) while a reply was awaited."""
+
+
+class Client:
+    """A connection to a psoup server, with the Engine's methods.
+
+    Args:
+        address: "host:port", "host" or ":port" (defaults 127.0.0.1 and 7070).
+        token: the access token; else the PSOUP_TOKEN environment variable; else the
+            token file a server on this machine wrote (psoup.config.token_path).
+        timeout: seconds to wait for a connection or a reply.
+        batch_rows: inserts larger than this (or than the server's max_batch_rows) are
+            sent as several batches; each batch is atomic, the insert as a whole is not.
+
+    Raises:
+        ConnectionFailed: no server answers at `address`.
+        PSoupError: code "auth" when the server refuses the token.
+
+    Example:
+        >>> from psoup import Engine
+        >>> from psoup.server import Server
+        >>> server = Server(Engine(), port=0, token="t")
+        >>> host, port = server.start_in_thread()
+        >>> with Client(f"{host}:{port}", token="t") as client:
+        ...     client.execute("CREATE STREAM R (a INT)")
+        ...     h = client.register("SELECT a FROM R WHERE a > 1")
+        ...     client.insert("R", [(1,), (2,)], ts=10.0).tolist()
+        ...     client.invoke(h, now=11.0).rows
+        [0, 1]
+        [(2,)]
+        >>> server.stop()
+    """
+
+    def __init__(self, address: str = "127.0.0.1:7070", token: str | None = None,
+                 timeout: float = 30.0, batch_rows: int = 100_000):
+        if batch_rows < 1:
+            raise ValueError("batch_rows must be positive")
+        self.host, self.port = parse_address(address)
+        self.timeout = timeout
+        self.batch_rows = batch_rows
+        self.server: dict[str, Any] = {}
+        self._token = token if token is not None else _find_token(self.host, self.port)
+        self._sock: socket.socket | None = None
+        self._next_id = 0
+        self._lock = threading.RLock()
+        self._closed = False
+        with self._lock:
+            self._connect()
+
+    # ------------------------------------------------------------------ the Engine API
+
+    def execute(self, sql: str) -> str | None:
+        """Run one statement: CREATE STREAM returns None, SELECT returns its handle."""
+        return self._request("execute", {"sql": sql}, idempotent=False)
+
+    def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
+                      retain: str | None = None) -> None:
+        """Declare a stream: column name -> type, in order; the same as CREATE STREAM."""
+        wire = dict(columns) if isinstance(columns, Mapping) else [list(c) for c in columns]
+        self._request("create_stream", {"name": name, "columns": wire, "retain": retain},
+                      idempotent=False)
+
+    def register(self, sql: str) -> str:
+        """Register a standing query; returns its handle."""
+        return self._request("register", {"sql": sql}, idempotent=False)
+
+    def insert(self, stream: str, rows: Any, ts: Any = None) -> np.ndarray:
+        """Insert rows into `stream`; returns their tupleIDs (numpy int64).
+
+        Args:
+            rows: a list of tuples in schema order, a list of dicts, or a dict of column
+                -> sequence or numpy array (sent as raw column bytes: the fast path).
+            ts: None (the server's clock), one number for all rows, or one per row.
+
+        Each batch of at most `batch_rows` rows is atomic; when a later batch fails, the
+        error says which rows were stored.
+        """
+        if isinstance(rows, Mapping):
+            lengths = {len(values) for values in rows.values()}
+            n = lengths.pop() if len(lengths) == 1 else None
+        elif isinstance(rows, Sequence) and not isinstance(rows, (str, bytes)):
+            n = len(rows)
+        else:
+            raise SchemaError(f"stream '{stream}': rows must be a list of tuples, a list of "
+                              f"dicts, or a dict of columns, not {type(rows).__name__}")
+        per_row = ts is not None and not isinstance(ts, (int, float, np.number))
+        if n is None or (per_row and len(ts) != n):
+            return self._insert_rows(stream, rows, ts, 0, None, n)  # malformed: one request
+        size = min(self.batch_rows, self.server["limits"]["max_batch_rows"])
+        return np.concatenate([self._insert_rows(stream, rows, ts, start, min(start + size, n), n)
+                               for start in range(0, max(n, 1), size)])
+
+    def invoke(self, handle: str, now: float | None = None,
+               since: str | None = None) -> Result | Changes:
+        """The query's answer at `now` (default: the server's clock); with `since=cursor`
+        (a previous answer's `.cursor`), only the Changes since that answer."""
+        args: dict[str, Any] = {"handle": handle}
+        if now is not None:
+            args["now"] = now
+        if since is not None:
+            args["since"] = since
+        return decode_answer(self._request("invoke", args, idempotent=True))
+
+    def unregister(self, handle: str) -> None:
+        """Remove a standing query; its handle stops working."""
+        self._request("unregister", {"handle": handle}, idempotent=False)
+
+    def queries(self) -> list[tuple[str, str]]:
+        """[(handle, sql), ...] in registration order."""
+        return [tuple(pair) for pair in self._request("queries", {}, idempotent=True)]
+
+    def stats(self) -> dict[str, Any]:
+        """The server engine's statistics (Engine.stats)."""
+        return self._request("stats", {}, idempotent=True)
+
+    def ping(self) -> str:
+        """'pong', from a live, authenticated connection."""
+        return self._request("ping", {}, idempotent=True)
+
+    def close(self) -> None:
+        """Close the connection; the client cannot be used afterwards. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._drop()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"Client({self.host}:{self.port}, {state})"
+
+    # ------------------------------------------------------------------ inserts
+
+    def _insert_rows(self, stream: str, rows: Any, ts: Any, start: int, stop: int | None,
+                     total: int | None) -> np.ndarray:
+        """Send rows[start:stop] (all of them when stop is None) as one batch, halving it
+        while its frame is larger than the server accepts."""
+        part = dict(_slice_rows(rows, ts, start, stop), stream=stream)
+        try:
+            reply = self._request("insert", part, idempotent=False)
+        except ProtocolError as exc:
+            if exc.code == "frame_too_large" and stop is not None and stop - start > 1:
+                mid = (start + stop) // 2
+                return np.concatenate([self._insert_rows(stream, rows, ts, start, mid, total),
+                                       self._insert_rows(stream, rows, ts, mid, stop, total)])
+            raise _in_batch(exc, start, stop, total) from None
+        except PSoupError as exc:
+            raise _in_batch(exc, start, stop, total) from None
+        if reply["first"] is None:
+            return np.empty(0, np.int64)
+        return np.arange(reply["first"], reply["first"] + reply["n"], dtype=np.int64)
+
+    # ------------------------------------------------------------------ the connection
+
+    def _request(self, op: str, args: dict[str, Any], idempotent: bool) -> Any:
+        with self._lock:
+            if self._closed:
+                raise PSoupError("this client is closed; open a new Client")
+            self._next_id += 1
+            request_id = self._next_id
+            try:
+                frame = pack_frame({"id": request_id, "op": op, "args": args})
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise ProtocolError("bad_args", f"{op}: cannot encode the arguments: "
+                                                f"{exc}") from None
+            for attempt in (1, 2):
+                sock = self._live_socket()
+                limit = self.server["limits"]["max_frame_bytes"]
+                if len(frame) - HEADER.size > limit:
+                    raise ProtocolError("frame_too_large",
+                                        f"a {op} request of {len(frame) - HEADER.size} bytes "
+                                        f"exceeds the server's limit of {limit} bytes")
+                try:
+                    sock.sendall(frame)
+                except OSError as exc:
+                    # sendall failed, so the server never got the whole frame, and it
+                    # applies only whole frames: safe to resend any request once.
+                    self._drop()
+                    if attempt == 1:
+                        continue
+                    raise ConnectionFailed(f"{op}: cannot send to {self._where}: {exc}") from exc
+                try:
+                    return self._result(self._receive(sock), request_id)
+                except socket.timeout:
+                    self._drop()
+                    if idempotent:
+                        raise ConnectionFailed(f"{op}: no reply from {self._where} within "
+                                               f"{self.timeout:g}s") from None
+                    raise OutcomeUnknown(f"{op}: no reply from {self._where} within "
+                                         f"{self.timeout:g}s; the change may or may not have "
+                                         "been applied") from None
+                except _Broken as exc:
+                    self._drop()
+                    if idempotent and attempt == 1:
+                        continue
+                    if idempotent:
+                        raise ConnectionFailed(f"{op}: {exc}") from None
+                    raise OutcomeUnknown(f"{op}: {exc} after the request was sent; the change "
+                                         "may or may not have been applied") from None
+            raise AssertionError("unreachable")
+
+    @property
+    def _where(self) -> str:
+        return f"the psoup server at {self.host}:{self.port}"
+
+    def _live_socket(self) -> socket.socket:
+        """The connection, reconnected if the server has closed it since the last call."""
+        if self._sock is not None and _closed_by_peer(self._sock):
+            self._drop()
+        if self._sock is None:
+            self._connect()
+        assert self._sock is not None
+        return self._sock
+
+    def _connect(self) -> None:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        except OSError as exc:
+            raise ConnectionFailed(f"cannot reach {self._where}: {exc}") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._next_id += 1
+        try:
+            sock.sendall(pack_frame({"id": self._next_id, "op": "hello",
+                                     "args": {"token": self._token}}))
+            self.server = self._result(self._receive(sock), self._next_id)
+        except (OSError, _Broken) as exc:
+            sock.close()
+            raise ConnectionFailed(f"{self._where} closed the connection during hello: "
+                                   f"{exc}") from None
+        except PSoupError:
+            sock.close()
+            raise
+        self._sock = sock
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _receive(self, sock: socket.socket) -> Any:
+        (size,) = HEADER.unpack(_read_exactly(sock, HEADER.size))
+        return unpack_payload(_read_exactly(sock, size))
+
+    def _result(self, reply: Any, request_id: int) -> Any:
+        if not isinstance(reply, Mapping) or reply.get("id") not in (request_id, None):
+            self._drop()
+            raise ConnectionFailed(f"{self._where} sent a reply out of step with the "
+                                   f"requests: {str(reply)[:80]}")
+        if reply.get("ok"):
+            return reply.get("result")
+        if reply.get("id") is None:
+            self._drop()  # a frame-level error: the server closes the connection
+        raise error_of(reply.get("error"))
+
+
+def _find_token(host: str, port: int) -> str | None:
+    env = os.environ.get("PSOUP_TOKEN")
+    if env:
+        return env
+    path = token_path(host, port)
+    return path.read_text().strip() if path.is_file() else None
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    # The server never speaks unasked, so a readable idle socket means EOF, a reset, or
+    # the one error frame it sends before closing.
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:])
+        except socket.timeout:
+            raise
+        except OSError as exc:
+            raise _Broken(f"the connection broke ({exc})") from None
+        if k == 0:
+            raise _Broken("the server closed the connection")
+        got += k
+    return bytes(buf)
+
+
+def _slice_rows(rows: Any, ts: Any, start: int, stop: int | None) -> dict[str, Any]:
+    """The insert arguments for rows[start:stop]: raw columns for a dict, rows otherwise."""
+    cut = slice(start, stop)
+    if isinstance(rows, Mapping):
+        part: dict[str, Any] = {"columns": {name: _column(values[cut])
+                                            for name, values in rows.items()}}
+    else:
+        part = {"rows": list(rows[cut])}
+    if ts is None or isinstance(ts, (int, float, np.number)):
+        part["ts"] = ts
+    else:
+        part["ts"] = encode_array(np.asarray(ts[cut])) if isinstance(ts, np.ndarray) \
+            else list(ts[cut])
+    return part
+
+
+def _column(values: Any) -> Any:
+    if isinstance(values, np.ndarray) and values.dtype.kind == "u" and values.itemsize == 8:
+        return values.tolist()  # encode_array would wrap values >= 2**63 into negatives
+    return encode_array(values)
+
+
+def _in_batch(exc: PSoupError, start: int, stop: int | None, total: int | None) -> PSoupError:
+    """`exc` with the rows of the failed batch named, when an insert took several."""
+    if stop is None or (start == 0 and stop == total):
+        return exc
+    stored = f"rows 0..{start - 1} were stored" if start else "nothing was stored"
+    message = f"{exc} (in rows {start}..{stop - 1} of an insert of {total}; {stored})"
+    if isinstance(exc, ProtocolError):
+        return ProtocolError(exc.code, message)
+    return type(exc)(message)

@@ -1,0 +1,179 @@
+"""The psoup wire protocol (docs/protocol.md): length-prefixed msgpack frames, and the
+translation between engine values (Result, Changes, errors) and msgpack values.
+
+Shared by the server and `psoup.client`, so that both sides agree on one encoding. A
+frame is a 4-byte big-endian payload length followed by the msgpack payload; numeric
+columns travel as raw little-endian bytes (`psoup.codec`), so an answer of a million rows
+costs one memcpy per column, not a million msgpack objects.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Mapping
+
+import msgpack
+import numpy as np
+
+from psoup.codec import decode_array, encode_array
+from psoup.errors import CursorExpired, PSoupError, QueryError, SchemaError, UnknownHandle
+from psoup.results.result import Changes, Result
+
+#: The frame header: the payload length, unsigned 32-bit big-endian.
+HEADER = struct.Struct(">I")
+
+#: Engine errors by wire code; any other code is a plain PSoupError carrying that code.
+ERRORS: dict[str, type[PSoupError]] = {
+    cls.code: cls for cls in (QueryError, SchemaError, UnknownHandle, CursorExpired)
+}
+
+
+class ProtocolError(PSoupError):
+    """A request the protocol rejects before the engine sees it (bad frame, unknown op,
+    bad arguments, a limit, authentication), or an error reply with a code that names no
+    engine error.
+
+    Attributes:
+        code: the wire code, e.g. "bad_args", "limit", "auth".
+
+    Example:
+        >>> e = ProtocolError("limit", "batch of 5 rows exceeds the limit of 4")
+        >>> e.code, str(e)
+        ('limit', 'batch of 5 rows exceeds the limit of 4')
+    """
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _default(value: Any) -> Any:
+    # numpy scalars and arrays can reach the packer through stats() or a client's rows.
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot send a value of type {type(value).__name__}")
+
+
+def pack_frame(message: Any) -> bytes:
+    """One message as a frame: header + msgpack payload.
+
+    Raises:
+        TypeError: a value msgpack cannot represent.
+
+    Example:
+        >>> frame = pack_frame({"id": 1, "op": "ping", "args": {}})
+        >>> HEADER.unpack(frame[:4])[0] == len(frame) - 4
+        True
+    """
+    payload = msgpack.packb(message, use_bin_type=True, default=_default)
+    return HEADER.pack(len(payload)) + payload
+
+
+def unpack_payload(payload: bytes) -> Any:
+    """A frame's payload as a Python value.
+
+    Raises:
+        ProtocolError: "bad_frame" when the bytes are not exactly one msgpack value.
+
+    Example:
+        >>> unpack_payload(pack_frame([1, "x"])[4:])
+        [1, 'x']
+    """
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError("bad_frame", f"undecodable msgpack payload of {len(payload)} "
+                                         f"bytes ({type(exc).__name__}: {exc})") from None
+
+
+def request(payload: bytes) -> tuple[Any, str, Mapping[str, Any]]:
+    """A request payload as (id, op, args); `args` defaults to an empty map.
+
+    Raises:
+        ProtocolError: "bad_frame" when it is not a map with an id and an op.
+
+    Example:
+        >>> request(pack_frame({"id": 7, "op": "ping"})[4:])
+        (7, 'ping', {})
+    """
+    message = unpack_payload(payload)
+    if not isinstance(message, Mapping):
+        raise ProtocolError("bad_frame", f"a request must be a map, not "
+                                         f"{type(message).__name__}")
+    missing = [key for key in ("id", "op") if key not in message]
+    if missing:
+        raise ProtocolError("bad_frame", f"a request needs an id and an op (missing: "
+                                         f"{', '.join(missing)})")
+    return message["id"], message["op"], message.get("args") or {}
+
+
+def ok_reply(request_id: Any, result: Any) -> dict[str, Any]:
+    return {"id": request_id, "ok": True, "result": result}
+
+
+def error_reply(request_id: Any, code: str, message: str) -> dict[str, Any]:
+    return {"id": request_id, "ok": False, "error": {"code": code, "message": message}}
+
+
+def error_of(error: Any) -> PSoupError:
+    """The exception a client raises for an error reply's `error` map.
+
+    Example:
+        >>> type(error_of({"code": "schema", "message": "row 0: bad"})).__name__
+        'SchemaError'
+        >>> error_of({"code": "limit", "message": "too many"}).code
+        'limit'
+    """
+    if not isinstance(error, Mapping):
+        return ProtocolError("internal", f"malformed error reply: {error!r}")
+    code, message = str(error.get("code", "error")), str(error.get("message", ""))
+    cls = ERRORS.get(code)
+    return cls(message) if cls is not None else ProtocolError(code, message)
+
+
+# ---------------------------------------------------------------------- answers
+
+def _rows_part(result: Result) -> dict[str, Any]:
+    return {"rows": result.rows, "ts": encode_array(np.asarray(result.ts, np.float64)),
+            "tuple_ids": encode_array(np.asarray(result.tuple_ids, np.int64))}
+
+
+def encode_answer(answer: Result | Changes) -> dict[str, Any]:
+    """An invocation's Result or Changes as the `invoke` reply's result.
+
+    Example:
+        >>> r = Result(["a"], [(1,)], np.array([5.0]), np.array([3]), cursor="c")
+        >>> wire = encode_answer(r)
+        >>> wire["kind"], wire["rows"], wire["cursor"]
+        ('answer', [(1,)], 'c')
+    """
+    if isinstance(answer, Changes):
+        return {"kind": "changes", "columns": answer.columns,
+                "inserted": _rows_part(answer.inserted), "deleted": _rows_part(answer.deleted),
+                "cursor": answer.cursor}
+    return {"kind": "answer", "columns": answer.columns, **_rows_part(answer),
+            "cursor": answer.cursor}
+
+
+def _result_of(columns: list[str], part: Mapping[str, Any], cursor: str | None) -> Result:
+    ts = np.array(decode_array(part["ts"]), dtype=np.float64)
+    tuple_ids = np.array(decode_array(part["tuple_ids"]), dtype=np.int64)
+    return Result(columns, [tuple(row) for row in part["rows"]], ts, tuple_ids, cursor)
+
+
+def decode_answer(wire: Mapping[str, Any]) -> Result | Changes:
+    """The inverse of `encode_answer`: the same classes the engine returns.
+
+    Example:
+        >>> r = Result(["a"], [(1,)], np.array([5.0]), np.array([3]), cursor="c")
+        >>> back = decode_answer(unpack_payload(pack_frame(encode_answer(r))[4:]))
+        >>> back.rows, back.ts.tolist(), back.tuple_ids.tolist(), back.cursor
+        ([(1,)], [5.0], [3], 'c')
+    """
+    columns = list(wire["columns"])
+    if wire["kind"] == "changes":
+        return Changes(columns, _result_of(columns, wire["inserted"], None),
+                       _result_of(columns, wire["deleted"], None), wire["cursor"])
+    return _result_of(columns, wire, wire["cursor"])

@@ -1,0 +1,560 @@
+"""The psoup service: one Engine behind the TCP protocol of docs/protocol.md.
+
+Disconnected clients are the point of PSoup (Sect. 1): a client registers a query, goes
+away, and invokes the handle later from another connection. The server only translates
+between frames and the Engine API (ARCHITECTURE.md: it never reaches into the SteMs).
+
+Concurrency: one asyncio loop owns the sockets. Every mutating request (create_stream,
+execute, insert, register, unregister) goes through one queue to one writer thread, which
+applies a group of queued writes one by one and then calls `Engine.commit()` once before
+replying to any of them (group commit: one fsync per group, and no reply before its
+change is on disk). Reads (invoke, queries, stats, ping) run on a small thread pool, so
+an invocation waits for at most the one engine call that holds the engine lock; the
+lock makes each call atomic, so an invocation never sees half of a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+import psoup
+from psoup.codec import decode_array, decode_columns
+from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
+from psoup.engine import Engine
+from psoup.errors import PSoupError
+from psoup.query.parser import parse
+from psoup.query.syntax import Select
+from psoup.server.protocol import (HEADER, ProtocolError, encode_answer, error_reply,
+                                   ok_reply, pack_frame, request)
+
+log = logging.getLogger("psoup.server")
+
+#: How long a refused connection's input is read and dropped before the socket closes.
+_LINGER_SECONDS = 1.0
+
+#: Addresses that listen on every interface; local clients reach them as 127.0.0.1.
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request or connection may cost the server; beyond it, an error reply.
+
+    Attributes:
+        max_frame_bytes: the largest frame payload; a larger announced length gets a
+            "frame_too_large" reply and the connection is closed without reading it.
+        max_batch_rows: the most rows one insert may carry ("limit").
+        max_query_chars: the longest SQL text ("limit").
+        max_factors: the most AND-ed factors in a WHERE clause ("limit"); each factor is
+            a row of the predicate index, so this bounds what one query costs every
+            later batch.
+        read_timeout: seconds a started frame may take to arrive in full, and a new
+            connection to start its hello; otherwise the connection is closed.
+        max_connections: open connections; one more gets a "limit" reply and is closed.
+        max_group_writes: the most writes applied between two commits.
+    """
+
+    max_frame_bytes: int = 64 << 20
+    max_batch_rows: int = 1_000_000
+    max_query_chars: int = 64 << 10
+    max_factors: int = 256
+    read_timeout: float = 30.0
+    max_connections: int = 1024
+    max_group_writes: int = 256
+
+
+def _arg(args: Mapping[str, Any], name: str, types: type | tuple[type, ...], what: str,
+         required: bool = True) -> Any:
+    value = args.get(name)
+    if value is None:
+        if required:
+            raise ProtocolError("bad_args", f"missing argument '{name}' ({what})")
+        return None
+    allowed = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise ProtocolError("bad_args", f"argument '{name}' must be {what}, not "
+                                        f"{type(value).__name__}")
+    return value
+
+
+class Server:
+    """Serve one Engine over TCP.
+
+    Args:
+        engine: the engine to serve; the server does not close it.
+        host: the address to listen on.
+        port: the port; 0 picks a free one (see `address` once started).
+        token: the access token every connection's hello must carry.
+        limits: request and connection limits.
+
+    Example:
+        >>> from psoup.client import Client
+        >>> server = Server(Engine(), port=0, token="secret")
+        >>> host, port = server.start_in_thread()
+        >>> with Client(f"{host}:{port}", token="secret") as client:
+        ...     client.ping()
+        'pong'
+        >>> server.stop()
+    """
+
+    def __init__(self, engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
+                 token: str, limits: Limits | None = None):
+        if not isinstance(token, str) or not token:
+            raise ValueError("the server needs a non-empty access token")
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.limits = limits or Limits()
+        self.server_id = secrets.token_hex(8)
+        self.address: tuple[str, int] | None = None
+        self._token = token.encode()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[asyncio.Task] = set()
+        self._writes: asyncio.Queue | None = None
+        self._read_pool: ThreadPoolExecutor | None = None
+        self._write_pool: ThreadPoolExecutor | None = None
+        self._ops: dict[str, Callable[[Mapping[str, Any]], tuple[bool, Callable[[], Any]]]] = {
+            "ping": self._ping, "create_stream": self._create_stream, "execute": self._execute,
+            "insert": self._insert, "register": self._register, "invoke": self._invoke,
+            "unregister": self._unregister, "queries": self._queries, "stats": self._stats,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def serve_forever(self) -> None:
+        """Listen and serve on the running loop until `stop()` (or cancellation)."""
+        await self._serve(lambda: None)
+
+    def start_in_thread(self) -> tuple[str, int]:
+        """Serve on a new event loop in a daemon thread; returns the bound (host, port)
+        once the socket listens. Raises what binding raised (e.g. OSError: in use)."""
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                asyncio.run(self._serve(started.set))
+            except BaseException as exc:  # reported to the starter, or logged if later
+                if started.is_set():
+                    log.exception("psoup server stopped on an error")
+                failure.append(exc)
+                started.set()
+
+        thread = threading.Thread(target=run, name="psoup-server", daemon=True)
+        thread.start()
+        started.wait()
+        if failure:
+            thread.join()
+            raise failure[0]
+        self._thread = thread
+        assert self.address is not None
+        return self.address
+
+    def stop(self) -> None:
+        """Stop listening, close every connection, and wait until no engine call of this
+        server is running. Idempotent; callable from any thread."""
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None:
+            try:
+                loop.call_soon_threadsafe(stopping.set)
+            except RuntimeError:  # the loop already closed
+                pass
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+            self._thread = None
+
+    async def _serve(self, on_start: Callable[[], None]) -> None:
+        if self._loop is not None:
+            raise RuntimeError("this server is already serving")
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._writes = asyncio.Queue()
+        self._read_pool = ThreadPoolExecutor(2, thread_name_prefix="psoup-read")
+        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="psoup-write")
+        listener = writer_task = None
+        try:
+            listener = await asyncio.start_server(self._connection, self.host, self.port)
+            self.address = tuple(listener.sockets[0].getsockname()[:2])
+            writer_task = asyncio.create_task(self._write_loop())
+            on_start()
+            await self._stopping.wait()
+        finally:
+            if listener is not None:
+                listener.close()
+            tasks = list(self._connections) + ([writer_task] if writer_task else [])
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if listener is not None:
+                await listener.wait_closed()
+            # wait=True: no engine call of this server outlives stop(), so the caller
+            # may close the engine right after.
+            self._read_pool.shutdown(wait=True, cancel_futures=True)
+            self._write_pool.shutdown(wait=True, cancel_futures=True)
+            self._loop = None
+
+    # ------------------------------------------------------------------ connections
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        task = asyncio.current_task()
+        try:
+            if len(self._connections) >= self.limits.max_connections:
+                await self._refuse(reader, writer, peer, None, "limit",
+                                   f"the server has {self.limits.max_connections} connections "
+                                   "open, its limit; try again later")
+                return
+            self._connections.add(task)
+            await self._converse(reader, writer, peer)
+        except (ConnectionError, OSError) as exc:
+            log.info("%s: connection lost (%s)", peer, exc)
+        except asyncio.CancelledError:
+            # stop() cancels; ending normally keeps asyncio's stream callback (which
+            # asks the task for its exception) from reporting the cancellation as an error.
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        peer: Any) -> None:
+        authenticated = False
+        while True:
+            payload = await self._read_frame(reader, writer, peer, idle=authenticated)
+            if payload is None:
+                return
+            try:
+                request_id, op, args = request(payload)
+            except ProtocolError as exc:
+                await self._refuse(reader, writer, peer, None, exc.code, str(exc))
+                return
+            if op == "hello" or not authenticated:
+                if not self._hello_ok(op, args):
+                    await self._refuse(
+                        reader, writer, peer, request_id, "auth",
+                        "wrong access token" if op == "hello" else
+                        f"the first request must be hello with the access token, not {op!r}")
+                    return
+                authenticated = True
+                await self._send(writer, ok_reply(request_id, self._hello()))
+                continue
+            await self._send_frame(writer, await self._dispatch(request_id, op, args))
+
+    async def _read_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                          peer: Any, idle: bool) -> bytes | None:
+        """The next payload, or None when the connection is to be closed."""
+        timeout = self.limits.read_timeout
+        head = b""
+        try:
+            # An authenticated client may stay quiet between requests for as long as it
+            # likes; a started frame, or a connection that has not said hello, may not.
+            if idle:
+                head = await reader.readexactly(1)
+            head += await asyncio.wait_for(reader.readexactly(4 - len(head)), timeout)
+            (size,) = HEADER.unpack(head)
+            if size > self.limits.max_frame_bytes:
+                await self._refuse(reader, writer, peer, None, "frame_too_large",
+                                   f"a frame of {size} bytes exceeds the limit of "
+                                   f"{self.limits.max_frame_bytes} bytes")
+                return None
+            return await asyncio.wait_for(reader.readexactly(size), timeout)
+        except asyncio.IncompleteReadError as exc:
+            if head or exc.partial:
+                log.info("%s: closed in the middle of a frame", peer)
+            return None
+        except asyncio.TimeoutError:
+            log.warning("%s: no complete frame within %gs; closing", peer, timeout)
+            return None
+
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      peer: Any, request_id: Any, code: str, message: str) -> None:
+        """Send one error reply before the connection is closed, then discard what the
+        peer still sends for a moment: closing a socket with unread input resets the
+        connection, and the reset could destroy the reply before the peer reads it."""
+        log.warning("%s: %s: %s; closing", peer, code, message)
+        await self._send(writer, error_reply(request_id, code, message))
+        if writer.can_write_eof():
+            writer.write_eof()
+        try:
+            await asyncio.wait_for(_discard(reader), _LINGER_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _send(self, writer: asyncio.StreamWriter, message: Any) -> None:
+        await self._send_frame(writer, pack_frame(message))
+
+    @staticmethod
+    async def _send_frame(writer: asyncio.StreamWriter, frame: bytes) -> None:
+        writer.write(frame)
+        await writer.drain()
+
+    def _hello_ok(self, op: Any, args: Any) -> bool:
+        token = args.get("token") if op == "hello" and isinstance(args, Mapping) else None
+        return isinstance(token, str) and hmac.compare_digest(token.encode(), self._token)
+
+    def _hello(self) -> dict[str, Any]:
+        limits = asdict(self.limits)
+        return {"server": "psoup", "version": psoup.__version__, "server_id": self.server_id,
+                "limits": {k: limits[k] for k in
+                           ("max_frame_bytes", "max_batch_rows", "max_query_chars",
+                            "max_factors")}}
+
+    # ------------------------------------------------------------------ requests
+
+    async def _dispatch(self, request_id: Any, op: Any, args: Any) -> bytes:
+        """The reply frame of one authenticated request."""
+        try:
+            handler = self._ops.get(op) if isinstance(op, str) else None
+            if handler is None:
+                raise ProtocolError("unknown_op", f"unknown op {op!r} (ops: hello, "
+                                                  f"{', '.join(self._ops)})")
+            if not isinstance(args, Mapping):
+                raise ProtocolError("bad_args", f"args must be a map, not {type(args).__name__}")
+            write, apply = handler(args)
+        except ProtocolError as exc:
+            return pack_frame(error_reply(request_id, exc.code, str(exc)))
+        loop = asyncio.get_running_loop()
+        if not write:
+            return await loop.run_in_executor(self._read_pool, self._reply, request_id,
+                                              lambda: (True, apply()))
+        done = loop.create_future()
+        await self._writes.put((apply, done))
+        outcome = await done
+        return self._reply(request_id, lambda: outcome)
+
+    @staticmethod
+    def _reply(request_id: Any, run: Callable[[], tuple[bool, Any]]) -> bytes:
+        try:
+            ok, value = run()
+            if ok:
+                return pack_frame(ok_reply(request_id, value))
+            raise value
+        except PSoupError as exc:
+            return pack_frame(error_reply(request_id, exc.code, str(exc)))
+        except Exception as exc:
+            log.exception("request %r failed", request_id)
+            return pack_frame(error_reply(request_id, "internal",
+                                          f"internal error: {type(exc).__name__}: {exc}"))
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            group = [await self._writes.get()]
+            while len(group) < self.limits.max_group_writes and not self._writes.empty():
+                group.append(self._writes.get_nowait())
+            outcomes = await loop.run_in_executor(self._write_pool, self._apply_group,
+                                                  [apply for apply, _ in group])
+            for (_, done), outcome in zip(group, outcomes):
+                if not done.done():
+                    done.set_result(outcome)
+
+    def _apply_group(self, applies: list[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+        """Apply writes one by one, then commit once; runs on the writer thread."""
+        outcomes: list[tuple[bool, Any]] = []
+        for apply in applies:
+            try:
+                outcomes.append((True, apply()))
+            except Exception as exc:
+                outcomes.append((False, exc))
+        if any(ok for ok, _ in outcomes):
+            try:
+                self.engine.commit()
+            except Exception as exc:
+                log.exception("commit failed")
+                failed = ProtocolError("internal", f"the change was applied but could not be "
+                                                   f"made durable: {type(exc).__name__}: {exc}")
+                outcomes = [(False, failed) if ok else (ok, v) for ok, v in outcomes]
+        return outcomes
+
+    # ------------------------------------------------------------------ operations
+    # Each returns (is_write, apply): arguments are checked here, on the loop (cheap
+    # type checks and zero-copy column decoding); `apply` runs on a worker thread.
+
+    def _ping(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        return False, lambda: "pong"
+
+    def _create_stream(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        name = _arg(args, "name", str, "a stream name")
+        columns = _arg(args, "columns", (list, Mapping),
+                       "a list of [name, type] pairs or a map of name -> type")
+        pairs = list(columns.items()) if isinstance(columns, Mapping) else columns
+        if not all(isinstance(p, (list, tuple)) and len(p) == 2 and
+                   all(isinstance(x, str) for x in p) for p in pairs):
+            raise ProtocolError("bad_args", "argument 'columns' must hold [name, type] pairs "
+                                            "of strings")
+        retain = _arg(args, "retain", str, 'a retention such as "1 hour"', required=False)
+        return True, lambda: self.engine.create_stream(name, [tuple(p) for p in pairs], retain)
+
+    def _execute(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        sql = self._sql(args)
+        return True, lambda: self.engine.execute(self._checked(sql))
+
+    def _register(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        sql = self._sql(args)
+        return True, lambda: self.engine.register(self._checked(sql))
+
+    def _insert(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        stream = _arg(args, "stream", str, "a stream name")
+        if (args.get("rows") is None) == (args.get("columns") is None):
+            raise ProtocolError("bad_args", "insert takes exactly one of 'rows' (a list of "
+                                            "rows) and 'columns' (a map of encoded columns)")
+        try:
+            if args.get("rows") is not None:
+                rows: Any = _arg(args, "rows", list, "a list of rows")
+                n = len(rows)
+            else:
+                rows = decode_columns(args["columns"])
+                n = max((len(values) for values in rows.values()), default=0)
+            ts = args.get("ts")
+            if isinstance(ts, (list, Mapping)):
+                ts = decode_array(ts)
+            elif ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
+                raise ValueError(f"ts must be null, a number, a list or an encoded float64 "
+                                 f"array, not {type(ts).__name__}")
+        except ValueError as exc:
+            raise ProtocolError("bad_args", str(exc)) from None
+        if n > self.limits.max_batch_rows:
+            raise ProtocolError("limit", f"a batch of {n} rows exceeds the limit of "
+                                         f"{self.limits.max_batch_rows}; split it")
+
+        def apply() -> dict[str, Any]:
+            ids = self.engine.insert(stream, rows, ts)
+            return {"first": int(ids[0]) if len(ids) else None, "n": len(ids)}
+        return True, apply
+
+    def _invoke(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        handle = _arg(args, "handle", str, "a handle")
+        now = _arg(args, "now", (int, float), "a number of seconds", required=False)
+        since = _arg(args, "since", str, "a cursor", required=False)
+        return False, lambda: encode_answer(self.engine.invoke(handle, now=now, since=since))
+
+    def _unregister(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        handle = _arg(args, "handle", str, "a handle")
+        return True, lambda: self.engine.unregister(handle)
+
+    def _queries(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        return False, self.engine.queries
+
+    def _stats(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        return False, lambda: _plain(self.engine.stats())
+
+    def _sql(self, args: Mapping[str, Any]) -> str:
+        sql = _arg(args, "sql", str, "a SQL statement")
+        if len(sql) > self.limits.max_query_chars:
+            raise ProtocolError("limit", f"a statement of {len(sql)} characters exceeds the "
+                                         f"limit of {self.limits.max_query_chars}")
+        return sql
+
+    def _checked(self, sql: str) -> str:
+        """`sql` unchanged, unless its WHERE clause has more factors than the limit. A
+        syntax error surfaces here exactly as the engine would report it."""
+        stmt = parse(sql)
+        if isinstance(stmt, Select) and len(stmt.where) > self.limits.max_factors:
+            raise ProtocolError("limit", f"a WHERE clause of {len(stmt.where)} factors "
+                                         f"exceeds the limit of {self.limits.max_factors}")
+        return sql
+
+
+def _plain(value: Any) -> Any:
+    """`value` with only msgpack types: numpy values become Python ones, and anything
+    else a stats dict might grow (paths, sets) becomes its str."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (np.generic, np.ndarray)):
+        return _plain(value.tolist())
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    return str(value)
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    while await reader.read(1 << 16):
+        pass
+
+
+def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
+               port: int = DEFAULT_PORT, token: str | None = None, mode: str = "partial",
+               sync: str = "group", limits: Limits | None = None,
+               echo: Callable[[str], Any] = print) -> None:
+    """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
+
+    Args:
+        data_dir: the durable state's directory; None serves from memory only.
+        host, port: where to listen (port 0 picks a free one).
+        token: the access token; None reuses `data_dir/token` if it exists, else
+            generates one and writes it, owner-readable only, to `data_dir/token` (when
+            there is a data dir) and to `psoup.config.token_path(host, port)`, where
+            local clients look for it. The token itself is never printed.
+        mode: the engine mode (psoup.MODES).
+        sync: when the log reaches the disk (psoup.engine.SYNC_MODES); "group" commits
+            once per group of writes, before any of them is acknowledged.
+        limits: request and connection limits.
+        echo: where the one startup line goes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("run_server stops on SIGINT/SIGTERM, so it must run in the main "
+                           "thread; elsewhere use Server(...).start_in_thread()")
+    stop = threading.Event()
+    # Handlers first: a signal that arrives while the log is replayed must stop, not kill.
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    written: list[Path] = []
+    try:
+        engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync)
+        try:
+            generated = token is None
+            if generated:
+                token = _stored_or_new_token(data_dir)
+            server = Server(engine, host, port, token=token, limits=limits)
+            bound_host, bound_port = server.start_in_thread()
+            try:
+                if generated:
+                    # local clients of a server on every interface connect to 127.0.0.1
+                    path = token_path("127.0.0.1" if host in _WILDCARDS else host, bound_port)
+                    write_private(path, token)
+                    written.append(path)
+                where = ("in memory only (not durable)" if data_dir is None
+                         else f"data in {data_dir}")
+                secret = f"token in {written[0]}" if written else "token as given"
+                echo(f"psoup {psoup.__version__} serving on {bound_host}:{bound_port}, "
+                     f"{where}, mode {mode}, {secret}; Ctrl-C stops")
+                while not stop.wait(0.5):
+                    pass
+            finally:
+                server.stop()
+        finally:
+            engine.close()
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stored_or_new_token(data_dir: str | Path | None) -> str:
+    """The data dir's token if it has one (remote clients keep working across restarts),
+    else a new one, saved owner-readable only in the data dir when there is one."""
+    stored = None if data_dir is None else Path(data_dir) / "token"
+    if stored is not None and stored.is_file():
+        return stored.read_text().strip()
+    token = secrets.token_urlsafe(32)
+    if stored is not None:
+        write_private(stored, token)
+    return token

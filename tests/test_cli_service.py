@@ -1,0 +1,409 @@
+"""The `psoup` command against a running server: streams, ingest, named handles, invoke,
+--changes, watch, errors and the handle store, as a disconnected user would use them."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from psoup import Engine
+from psoup.cli.handles import HandleStore
+from psoup.cli.main import main
+from psoup.server import Server
+
+TOKEN = "cli-test-token"
+T0 = 1_767_225_600.0
+DDL_COLUMNS = "lane INT, stationid INT, speed FLOAT, note TEXT"
+SLOW = ("SELECT stationid, speed, note FROM traffic WHERE lane = 3 AND speed < 30 "
+        "BEGIN NOW - 100 END NOW")
+
+
+class Clock:
+    """The server engine's clock: fixed at `now`, or advancing `tick` seconds per reading."""
+
+    def __init__(self, now: float):
+        self.now = now
+        self.tick = 0.0
+
+    def __call__(self) -> float:
+        value = self.now
+        self.now += self.tick
+        return value
+
+
+def readings(n: int, t0: float = T0 - 100, start: int = 0) -> list[dict]:
+    """n traffic readings, one per second from t0; about a third are slow lane-3 ones."""
+    out = []
+    for i in range(start, start + n):
+        out.append({"lane": 3 if i % 3 == 0 else 1 + i % 8, "stationid": i % 9 + 1,
+                    "speed": round(5.5 + (i * 7.3) % 60, 1),
+                    "note": ["ok", "jam", "wet road"][i % 3], "ts": t0 + (i - start)})
+    return out
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    """rows as a file whose format the extension names."""
+    if path.suffix == ".csv":
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def config_dir(tmp_path, monkeypatch):
+    path = tmp_path / "config"
+    monkeypatch.setenv("PSOUP_CONFIG_DIR", str(path))
+    monkeypatch.delenv("PSOUP_SERVER", raising=False)
+    monkeypatch.delenv("PSOUP_TOKEN", raising=False)
+    return path
+
+
+@pytest.fixture
+def clock():
+    return Clock(T0)
+
+
+@pytest.fixture
+def server(clock):
+    srv = Server(Engine(clock=clock), port=0, token=TOKEN)
+    host, port = srv.start_in_thread()
+    yield f"{host}:{port}"
+    srv.stop()
+
+
+@pytest.fixture
+def psoup(server):
+    """Run one `psoup` command against the test server; returns click's Result."""
+
+    def run(*args: str, input: bytes | str | None = None, runner: CliRunner | None = None):
+        return (runner or CliRunner()).invoke(
+            main, ["--server", server, "--token", TOKEN, *args], input=input)
+    return run
+
+
+@pytest.fixture
+def traffic(psoup):
+    done = psoup("stream", "create", "traffic", DDL_COLUMNS, "--retain", "1 hour")
+    assert done.exit_code == 0, done.output
+    return "traffic"
+
+
+def ok(result) -> str:
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return result.stdout
+
+
+def embedded_answer(rows: list[dict], sql: str, now: float):
+    eng = Engine(clock=lambda: now)
+    eng.execute(f"CREATE STREAM traffic ({DDL_COLUMNS}) RETAIN 1 HOUR")
+    eng.insert("traffic", [{k: v for k, v in r.items() if k != "ts"} for r in rows],
+               ts=[r["ts"] for r in rows])
+    return eng.invoke(eng.register(sql))
+
+
+# ---------------------------------------------------------------------- ingest
+
+@pytest.mark.parametrize("name", ["readings.csv", "readings.jsonl", "readings.parquet"])
+def test_ingested_file_answers_like_the_embedded_engine(psoup, traffic, tmp_path, name):
+    rows = readings(90)
+    path = write(tmp_path / name, rows)
+    assert ok(psoup("ingest", "traffic", str(path), "--batch-rows", "40")).startswith(
+        "90 rows into traffic")
+    handle = ok(psoup("register", SLOW)).strip()
+    got = json.loads(ok(psoup("invoke", handle, "--format", "json")))
+    want = embedded_answer(rows, SLOW, T0)
+    assert len(want) > 10
+    assert got["rows"] == [list(r) for r in want.rows]
+    assert got["ts"] == want.ts.tolist()
+
+
+def test_ingest_reads_csv_from_stdin(psoup, traffic, tmp_path):
+    rows = readings(30)
+    data = write(tmp_path / "r.csv", rows).read_bytes()
+    assert ok(psoup("ingest", "traffic", "-", input=data)).startswith("30 rows into traffic")
+    handle = ok(psoup("register", SLOW)).strip()
+    got = json.loads(ok(psoup("invoke", handle, "--format", "json")))
+    assert got["rows"] == [list(r) for r in embedded_answer(rows, SLOW, T0).rows]
+
+
+def test_ingest_without_ts_column_uses_the_server_clock(psoup, traffic, tmp_path):
+    path = tmp_path / "no_ts.jsonl"
+    path.write_text('{"lane": 3, "stationid": 1, "speed": 2.5, "note": "x"}\n')
+    ok(psoup("ingest", "traffic", str(path)))
+    handle = ok(psoup("register", SLOW)).strip()
+    assert json.loads(ok(psoup("invoke", handle, "--format", "json")))["ts"] == [T0]
+
+
+def test_ingest_stops_at_a_bad_batch_and_says_what_went_in(psoup, traffic, tmp_path):
+    path = write(tmp_path / "bad.csv", readings(10))
+    lines = path.read_text().splitlines()
+    lines[8] = "abc" + lines[8][lines[8].index(","):]          # input row 8: lane = abc
+    path.write_text("\n".join(lines) + "\n")
+    done = psoup("ingest", "traffic", str(path), "--batch-rows", "3")
+    assert done.exit_code == 1
+    assert "6 rows ingested before it" in done.stderr and "(input rows 7-9)" in done.stderr
+    assert "input row 8 holds 'abc'" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    stats = json.loads(ok(psoup("stats", "--format", "json")))
+    assert stats["streams"]["traffic"]["rows"] == 6
+
+
+def test_ingest_of_an_unknown_extension_is_a_usage_error(psoup, traffic, tmp_path):
+    path = tmp_path / "readings.xlsx"
+    path.write_text("x")
+    done = psoup("ingest", "traffic", str(path))
+    assert done.exit_code == 2 and "--format" in done.stderr
+
+
+# ---------------------------------------------------------------------- named handles
+
+def test_named_handle_works_from_a_new_shell(psoup, traffic, tmp_path, server):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "r.csv", readings(30)))))
+    handle = ok(psoup("register", SLOW, "--name", "slow-lane3", runner=CliRunner())).strip()
+    # A new shell: a new runner and no --server; the name remembers where its query lives.
+    later = CliRunner().invoke(main, ["--token", TOKEN, "invoke", "slow-lane3", "--format",
+                                      "json"])
+    assert json.loads(ok(later))["rows"] == \
+        [list(r) for r in embedded_answer(readings(30), SLOW, T0).rows]
+    assert HandleStore().lookup("slow-lane3") | {"created": 0} == \
+        {"server": server, "handle": handle, "sql": SLOW, "created": 0}
+
+
+def test_a_taken_name_needs_replace(psoup, traffic):
+    first = ok(psoup("register", SLOW, "--name", "slow")).strip()
+    taken = psoup("register", SLOW, "--name", "slow")
+    assert taken.exit_code == 1 and "--replace" in taken.stderr
+    assert len(json.loads(ok(psoup("queries", "--format", "json")))["queries"]) == 1
+    second = ok(psoup("register", SLOW, "--name", "slow", "--replace")).strip()
+    assert HandleStore().lookup("slow")["handle"] == second != first
+
+
+def test_unknown_name_exits_1(psoup, traffic):
+    done = psoup("invoke", "no-such-name")
+    assert done.exit_code == 1
+    assert done.stderr.startswith("error: 'no-such-name' is neither a name")
+
+
+def test_a_handle_may_begin_with_a_dash(psoup, traffic):
+    handle = "-" + "x" * 31                     # handles are random URL-safe base64
+    done = psoup("invoke", handle, "--format", "json")
+    assert done.exit_code == 1 and f"'{handle}' is neither a name" in done.stderr
+
+
+def test_unregister_forgets_the_name(psoup, traffic):
+    ok(psoup("register", SLOW, "--name", "slow"))
+    assert ok(psoup("unregister", "slow")).strip() == "unregistered slow"
+    assert HandleStore().lookup("slow") is None
+    assert json.loads(ok(psoup("queries", "--format", "json"))) == {"queries": []}
+    assert psoup("invoke", "slow").exit_code == 1
+
+
+def test_queries_lists_names_handles_and_sql(psoup, traffic):
+    handle = ok(psoup("register", SLOW, "--name", "slow")).strip()
+    listing = ok(psoup("queries")).splitlines()
+    assert listing[0].split() == ["name", "handle", "sql"]
+    assert listing[2].split()[:2] == ["slow", handle] and listing[2].endswith(SLOW)
+
+
+# ---------------------------------------------------------------------- invoke
+
+def test_changes_show_each_change_exactly_once(psoup, traffic, tmp_path, clock):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(30)))))
+    ok(psoup("register", SLOW, "--name", "slow"))
+    first = psoup("invoke", "slow", "--changes", "--format", "json")
+    whole = json.loads(ok(first))
+    assert whole["reset"] and len(whole["inserted"]) > 3 and whole["deleted"] == []
+    assert json.loads(ok(psoup("invoke", "slow", "--changes", "--format", "json"))) | \
+        {"cursor": None} == {"columns": whole["columns"], "inserted": [], "deleted": [],
+                             "cursor": None, "reset": False}
+    # 30 s later: readings 30-59 arrive, and the first 30 s of readings leave the window.
+    clock.now = T0 + 30
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "b.csv", readings(30, T0 - 70, 30)))))
+    step = json.loads(ok(psoup("invoke", "slow", "--changes", "--format", "json")))
+    before = embedded_answer(readings(30), SLOW, T0).rows
+    after = embedded_answer(readings(60), SLOW, T0 + 30).rows
+    assert sorted(map(tuple, step["inserted"])) == sorted(set(after) - set(before))
+    assert sorted(map(tuple, step["deleted"])) == sorted(set(before) - set(after))
+    assert step["inserted"] and step["deleted"]
+    again = json.loads(ok(psoup("invoke", "slow", "--changes", "--format", "json")))
+    assert again["inserted"] == again["deleted"] == []
+
+
+def test_changes_table_marks_rows_and_notes_a_first_call(psoup, traffic, tmp_path):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(9)))))
+    ok(psoup("register", SLOW, "--name", "slow"))
+    done = psoup("invoke", "slow", "--changes")
+    lines = ok(done).splitlines()
+    assert "whole answer as inserted rows" in done.stderr
+    assert [line.split()[0] for line in lines[2:-1]] == ["+"] * 3
+    assert lines[-1] == "(3 inserted, 0 deleted)"
+    csv_out = ok(psoup("invoke", "slow", "--changes", "--format", "csv"))
+    assert csv_out.strip() == "change,stationid,speed,note"
+
+
+def test_an_expired_cursor_gives_the_whole_answer(psoup, traffic, tmp_path, server):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(9)))))
+    handle = ok(psoup("register", SLOW)).strip()
+    HandleStore().set_cursor(server, handle, "forgotten-by-the-server")
+    got = json.loads(ok(psoup("invoke", handle, "--changes", "--format", "json")))
+    assert got["reset"] and len(got["inserted"]) == 3
+
+
+def test_json_answer_is_one_stable_document(psoup, traffic, tmp_path):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(9)))))
+    handle = ok(psoup("register", SLOW)).strip()
+    out = [ok(psoup("invoke", handle, "--format", "json")) for _ in range(2)]
+    docs = [json.loads(o) for o in out]          # one document each: json.loads accepts no more
+    assert [list(d) for d in docs] == [["columns", "rows", "ts", "cursor"]] * 2
+    assert docs[0]["columns"] == ["stationid", "speed", "note"]
+    assert docs[0] | {"cursor": None} == docs[1] | {"cursor": None}
+    assert docs[0]["cursor"] != docs[1]["cursor"]
+
+
+def test_invoke_now_resolves_the_window_then(psoup, traffic, tmp_path):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(30)))))
+    handle = ok(psoup("register", SLOW)).strip()
+    got = json.loads(ok(psoup("invoke", handle, "--format", "json", "--now",
+                              "2026-01-01T00:01:00Z")))
+    assert got["rows"] == [list(r) for r in embedded_answer(readings(30), SLOW, T0 + 60).rows]
+
+
+def test_watch_prints_the_answer_then_changes(psoup, traffic, tmp_path, clock):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(200)))))
+    ok(psoup("register", SLOW, "--name", "slow"))
+    clock.tick = 30.0               # each invocation sees the window 30 s further on
+    out = ok(psoup("watch", "slow", "--every", "0.1s", "--count", "3", "--format", "json"))
+    polls = [json.loads(line) for line in out.splitlines()]
+    assert len(polls) == 3 and "rows" in polls[0]
+    assert all(p["inserted"] and p["deleted"] for p in polls[1:])
+    assert all(p["polled"] > time.time() - 60 for p in polls)
+
+
+def test_watch_table_stamps_each_poll(psoup, traffic, tmp_path):
+    ok(psoup("register", SLOW, "--name", "slow"))
+    lines = ok(psoup("watch", "slow", "--every", "50ms", "--count", "2")).splitlines()
+    assert lines[0].endswith("] 0 rows") and lines[-1].endswith("] no changes")
+
+
+def test_watch_rejects_a_bad_interval(psoup, traffic):
+    done = psoup("watch", "slow", "--every", "soon")
+    assert done.exit_code == 2 and "30s" in done.stderr
+
+
+# ---------------------------------------------------------------------- errors
+
+def test_bad_sql_is_one_line_on_stderr(psoup, traffic):
+    done = psoup("register", "SELECT x FROM traffic")
+    assert done.exit_code == 1 and done.stdout == ""
+    assert done.stderr.startswith("error: line 1, column 8: unknown column 'x'")
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_unreachable_server_exits_1_with_a_hint():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]          # free once closed: nothing listens there
+    done = CliRunner().invoke(main, ["--server", f"127.0.0.1:{port}", "queries"])
+    assert done.exit_code == 1
+    assert done.stderr.startswith(f"error: cannot reach psoup server at 127.0.0.1:{port}")
+    assert "is `psoup serve` running?" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_wrong_token_is_explained(server):
+    done = CliRunner().invoke(main, ["--server", server, "--token", "nope", "queries"])
+    assert done.exit_code == 1 and "refused the connection" in done.stderr
+
+
+def test_bad_server_address_is_a_usage_error():
+    done = CliRunner().invoke(main, ["--server", "localhost:http", "queries"])
+    assert done.exit_code == 2 and "port must be a number" in done.stderr
+
+
+# ---------------------------------------------------------------------- the handle store
+
+def test_handle_store_is_owner_only(psoup, traffic, config_dir):
+    ok(psoup("register", SLOW, "--name", "slow"))
+    assert stat.S_IMODE((config_dir / "handles.json").stat().st_mode) == 0o600
+
+
+def test_corrupt_handle_store_is_reported_and_kept(psoup, traffic, config_dir):
+    config_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / "handles.json").write_text('{"names": {"slow": ')
+    done = psoup("register", SLOW, "--name", "other")
+    assert done.exit_code == 1 and "corrupt" in done.stderr and "Traceback" not in done.stderr
+    assert (config_dir / "handles.json").read_text() == '{"names": {"slow": '
+
+
+def test_concurrent_writers_lose_no_names(config_dir):
+    def name(i: int) -> None:
+        HandleStore().remember(f"q{i}", "127.0.0.1:7070", f"h{i}", "SELECT a FROM R")
+
+    threads = [threading.Thread(target=name, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(HandleStore().names()) == sorted(f"q{i}" for i in range(16))
+
+
+# ---------------------------------------------------------------------- the real command
+
+def test_console_script_serves_ingests_and_invokes(tmp_path, config_dir):
+    script = Path(sys.executable).with_name("psoup")
+    psoup = [str(script)] if script.exists() else [sys.executable, "-m", "psoup.cli.main"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PSOUP_CONFIG_DIR=str(config_dir), PSOUP_SERVER=f"127.0.0.1:{port}")
+    serve = subprocess.Popen(psoup + ["serve", "--port", str(port), "--data-dir",
+                                      str(tmp_path / "state")],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert serve.poll() is None, serve.communicate()
+                assert time.monotonic() < deadline, "psoup serve did not start listening"
+                time.sleep(0.05)
+
+        def cli(*args: str) -> str:       # no --token: the server left it for local clients
+            done = subprocess.run(psoup + list(args), env=env, capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        cli("stream", "create", "traffic", DDL_COLUMNS)
+        rows = readings(30, t0=time.time() - 50)
+        cli("ingest", "traffic", str(write(tmp_path / "r.parquet", rows)))
+        cli("register", SLOW, "--name", "slow-lane3")
+        got = json.loads(cli("invoke", "slow-lane3", "--format", "json"))
+        assert got["rows"] == [[r["stationid"], r["speed"], r["note"]] for r in rows
+                               if r["lane"] == 3 and r["speed"] < 30]
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        out, err = serve.communicate(timeout=15)
+    assert serve.returncode == 0, err
+    assert f"serving on 127.0.0.1:{port}" in out

@@ -1,0 +1,718 @@
+"""The psoup service end to end: a real Server on loopback, real Clients, raw sockets for
+what a well-behaved client never sends (docs/protocol.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+
+from psoup import Client, Engine
+from psoup.client import OutcomeUnknown
+from psoup.config import token_path
+from psoup.errors import CursorExpired, PSoupError, QueryError, SchemaError, UnknownHandle
+from psoup.results.result import Changes, Result
+from psoup.server import Limits, Server
+from psoup.server.protocol import HEADER, pack_frame, unpack_payload
+
+from .conftest import Clock
+
+TOKEN = "test-token"
+LIMITS = Limits(max_frame_bytes=1 << 20, max_batch_rows=5_000, max_query_chars=2_000,
+                max_factors=8, read_timeout=0.5)
+QUERY = "SELECT a, name FROM R WHERE a > 2 AND b <= 40 BEGIN NOW - 50 END NOW"
+
+
+@pytest.fixture
+def engine():
+    return Engine(clock=Clock(1000.0))
+
+
+@pytest.fixture
+def server(engine):
+    srv = Server(engine, port=0, token=TOKEN, limits=LIMITS)
+    srv.start_in_thread()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def address(server):
+    host, port = server.address
+    return f"{host}:{port}"
+
+
+@pytest.fixture
+def connect(address):
+    clients = []
+
+    def make(**kwargs):
+        client = Client(address, token=TOKEN, timeout=5.0, **kwargs)
+        clients.append(client)
+        return client
+    yield make
+    for client in clients:
+        client.close()
+
+
+def _rows(start, n):
+    """n rows of R (a INT, b INT, name TEXT), with one timestamp each."""
+    a = [(start + i) % 7 for i in range(n)]
+    b = [(start + i) * 3 % 50 for i in range(n)]
+    names = [f"n{start + i}" for i in range(n)]
+    ts = [100.0 + start + i for i in range(n)]
+    return list(zip(a, b, names)), ts
+
+
+def _setup(target):
+    """The same stream and query on an Engine or a Client; returns the handle."""
+    target.execute("CREATE STREAM R (a INT, b INT, name TEXT)")
+    return target.register(QUERY)
+
+
+def client_address(client):
+    return f"{client.host}:{client.port}"
+
+
+def _same(got, want):
+    assert type(got) is type(want)
+    assert got.columns == want.columns
+    assert got.rows == want.rows
+    assert got.ts.tolist() == want.ts.tolist()
+    assert got.tuple_ids.tolist() == want.tuple_ids.tolist()
+
+
+class Raw:
+    """A socket that speaks the frame format and nothing else."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def request(self, op, args=None, request_id=1):
+        self.send(pack_frame({"id": request_id, "op": op, "args": args or {}}))
+        return self.reply()
+
+    def hello(self):
+        reply = self.request("hello", {"token": TOKEN}, request_id=0)
+        assert reply["ok"], reply
+        return reply["result"]
+
+    def reply(self):
+        head = self._read(HEADER.size)
+        if head is None:
+            return None
+        return unpack_payload(self._read(HEADER.unpack(head)[0]))
+
+    def at_eof(self) -> bool:
+        return self.sock.recv(1) == b""
+
+    def _read(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def open_raw(address):
+    """Open raw connections to the server; closed after the test."""
+    opened = []
+
+    def open_raw():
+        host, port = address.rsplit(":", 1)
+        opened.append(Raw(socket.create_connection((host, int(port)), timeout=5.0)))
+        return opened[-1]
+    yield open_raw
+    for conn in opened:
+        conn.close()
+
+
+@pytest.fixture
+def populated(connect):
+    """A server holding R, QUERY and 30 rows; returns (handle, snapshot())."""
+    client = connect()
+    handle = _setup(client)
+    rows, ts = _rows(0, 30)
+    client.insert("R", rows, ts=ts)
+
+    def snapshot():
+        with Client(client_address(client), token=TOKEN) as fresh:
+            answer = fresh.invoke(handle, now=140.0)
+            return fresh.queries(), answer.rows, answer.tuple_ids.tolist()
+    return handle, snapshot
+
+
+# ---------------------------------------------------------------------- hello
+
+def test_wrong_token_is_refused(address):
+    with pytest.raises(PSoupError) as err:
+        Client(address, token="not-the-token")
+    assert err.value.code == "auth"
+
+
+def test_no_op_is_served_before_hello(open_raw):
+    raw = open_raw()
+    reply = raw.request("queries")
+    assert reply["ok"] is False and reply["error"]["code"] == "auth"
+    assert raw.at_eof()
+
+
+def test_hello_names_the_server_and_its_limits(open_raw):
+    import psoup
+    info = open_raw().hello()
+    assert info["server"] == "psoup" and info["version"] == psoup.__version__
+    assert isinstance(info["server_id"], str) and info["server_id"]
+    assert info["limits"]["max_batch_rows"] == LIMITS.max_batch_rows
+
+
+def test_token_comes_from_the_environment(address, monkeypatch):
+    monkeypatch.setenv("PSOUP_TOKEN", TOKEN)
+    with Client(address) as client:
+        assert client.ping() == "pong"
+
+
+# ---------------------------------------------------------------------- answers
+
+def test_disconnected_client_gets_the_embedded_answer(connect):
+    embedded = Engine(clock=Clock(1000.0))
+    handle_here = _setup(embedded)
+    registrar = connect()
+    handle = _setup(registrar)
+    registrar.close()                     # the registering client goes away
+    producer = connect()
+    for start in (0, 40, 80):
+        rows, ts = _rows(start, 40)
+        producer.insert("R", rows, ts=ts)
+        embedded.insert("R", rows, ts=ts)
+    producer.close()
+    later = connect()                     # and comes back on a new connection
+    for now in (130.0, 160.0, 250.0):
+        _same(later.invoke(handle, now=now), embedded.invoke(handle_here, now=now))
+    assert len(later.invoke(handle, now=160.0)) > 0
+
+
+def test_columns_fast_path_and_rows_give_the_same_answer(connect):
+    client = connect()
+    client.execute("CREATE STREAM P (a INT, x FLOAT, ok BOOL, name TEXT)")
+    client.execute("CREATE STREAM Q (a INT, x FLOAT, ok BOOL, name TEXT)")
+    hp = client.register("SELECT a, x, ok, name FROM P WHERE x < 0.5 AND a >= 2")
+    hq = client.register("SELECT a, x, ok, name FROM Q WHERE x < 0.5 AND a >= 2")
+    rng = np.random.default_rng(3)
+    cols = {"a": rng.integers(0, 5, 500), "x": rng.random(500), "ok": rng.random(500) < 0.5,
+            "name": np.array([f"s{i}" for i in range(500)], dtype=object)}
+    ts = np.arange(500, dtype=np.float64)
+    client.insert("P", cols, ts=ts)
+    client.insert("Q", [tuple(v[i].item() if hasattr(v[i], "item") else v[i]
+                              for v in cols.values()) for i in range(500)], ts=ts.tolist())
+    p, q = client.invoke(hp, now=600.0), client.invoke(hq, now=600.0)
+    assert len(p) > 50
+    assert p.rows == q.rows and p.ts.tolist() == q.ts.tolist()
+
+
+def test_insert_returns_the_tuple_ids(connect):
+    client = connect()
+    _setup(client)
+    first = client.insert("R", *_rows(0, 3))
+    second = client.insert("R", {"a": np.array([1]), "b": np.array([2]),
+                                 "name": ["z"]}, ts=200.0)
+    assert first.dtype == np.int64 and first.tolist() == [0, 1, 2]
+    assert second.tolist() == [3]
+
+
+def test_insert_beyond_the_server_batch_limit_is_split(connect):
+    client = connect()
+    client.execute("CREATE STREAM S (a INT)")
+    handle = client.register("SELECT a FROM S WHERE a >= 0")
+    n = 2 * LIMITS.max_batch_rows + 123
+    ids = client.insert("S", {"a": np.arange(n)}, ts=np.arange(n, dtype=np.float64))
+    assert ids.tolist() == list(range(n))
+    assert client.invoke(handle, now=float(n)).tuple_ids.tolist() == list(range(n))
+
+
+def test_failure_in_a_later_batch_names_the_stored_rows(connect):
+    client = connect(batch_rows=10)
+    client.execute("CREATE STREAM S (a INT)")
+    with pytest.raises(SchemaError, match=r"rows 10\.\.19 of an insert of 25; rows 0\.\.9 "
+                                          r"were stored"):
+        client.insert("S", [(1,)] * 15 + [("x",)] + [(1,)] * 9, ts=1.0)
+    assert client.stats()["streams"]["S"]["rows"] == 10
+
+
+def test_queries_and_stats_over_the_wire_equal_the_engines(engine, connect, populated):
+    client = connect()
+    assert client.queries() == engine.queries()
+    assert client.stats() == engine.stats()
+    assert client.stats()["streams"]["R"]["rows"] == 30
+
+
+# ---------------------------------------------------------------------- bad frames
+
+@pytest.mark.parametrize("frame, code", [
+    (HEADER.pack(1) + b"\xc1", "bad_frame"),                         # not msgpack
+    (pack_frame([1, 2, 3]), "bad_frame"),                            # not a map
+    (pack_frame({"id": 5, "args": {}}), "bad_frame"),                # no op
+    (HEADER.pack(LIMITS.max_frame_bytes + 1), "frame_too_large"),    # announced, not sent
+])
+def test_bad_frame_gets_one_error_then_the_connection_closes(open_raw, populated, frame, code):
+    _, snapshot = populated
+    before = snapshot()
+    raw = open_raw()
+    raw.hello()
+    raw.send(frame)
+    reply = raw.reply()
+    assert reply["ok"] is False and reply["id"] is None and reply["error"]["code"] == code
+    assert raw.at_eof()
+    assert snapshot() == before
+
+
+def test_garbage_before_hello_is_refused(open_raw, populated):
+    _, snapshot = populated
+    before = snapshot()
+    raw = open_raw()
+    raw.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")   # 'GET ' reads as a 1.2 GB length
+    assert raw.reply()["error"]["code"] == "frame_too_large"
+    assert raw.at_eof()
+    assert snapshot() == before
+
+
+def test_truncated_frame_then_eof_changes_nothing(open_raw, populated):
+    handle, snapshot = populated
+    before = snapshot()
+    raw = open_raw()
+    raw.hello()
+    frame = pack_frame({"id": 1, "op": "unregister", "args": {"handle": handle}})
+    raw.send(frame[: len(frame) // 2])
+    raw.close()
+    assert snapshot() == before
+
+
+def test_half_frame_times_out_and_closes(open_raw):
+    raw = open_raw()
+    raw.hello()
+    raw.send(HEADER.pack(100) + b"x" * 10)
+    started = time.monotonic()
+    assert raw.at_eof()
+    assert time.monotonic() - started < LIMITS.read_timeout + 2
+
+
+def test_unknown_op_is_an_error_and_the_connection_stays(open_raw, populated):
+    _, snapshot = populated
+    before = snapshot()
+    raw = open_raw()
+    raw.hello()
+    reply = raw.request("drop_everything", {}, request_id=9)
+    assert reply == {"id": 9, "ok": False, "error": reply["error"]}
+    assert reply["error"]["code"] == "unknown_op"
+    assert raw.request("ping", request_id=10) == {"id": 10, "ok": True, "result": "pong"}
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("op, args", [
+    ("insert", {"stream": "R", "rows": "abc"}),
+    ("insert", {"stream": "R", "rows": [[1, 2, "x"]], "columns": {"a": [1]}}),
+    ("insert", {"stream": "R", "columns": {"a": {"dtype": "<i8", "data": b"123"}}}),
+    ("invoke", {"handle": 7}),
+    ("create_stream", {"name": "T", "columns": [["a"]]}),
+    ("register", {}),
+])
+def test_bad_arguments_are_an_error_and_the_connection_stays(open_raw, populated, op, args):
+    _, snapshot = populated
+    before = snapshot()
+    raw = open_raw()
+    raw.hello()
+    reply = raw.request(op, args)
+    assert reply["ok"] is False and reply["error"]["code"] == "bad_args"
+    assert raw.request("ping")["ok"]
+    assert snapshot() == before
+
+
+def test_limits_refuse_long_sql_too_many_factors_and_big_batches(open_raw, connect, populated):
+    _, snapshot = populated
+    before = snapshot()
+    client = connect()
+    long_sql = "SELECT a FROM R WHERE a > 1" + " " * LIMITS.max_query_chars
+    many = "SELECT a FROM R WHERE " + " AND ".join(["a > 1"] * (LIMITS.max_factors + 1))
+    raw = open_raw()
+    raw.hello()
+    big = raw.request("insert", {"stream": "R", "rows": [[1, 1, "x"]] *
+                                 (LIMITS.max_batch_rows + 1), "ts": 500.0})
+    codes = []
+    for sql in (long_sql, many):
+        with pytest.raises(PSoupError) as err:
+            client.register(sql)
+        codes.append(err.value.code)
+    assert codes == ["limit", "limit"] and big["error"]["code"] == "limit"
+    assert snapshot() == before
+
+
+def test_connections_beyond_the_limit_are_refused(engine):
+    srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_connections=1))
+    host, port = srv.start_in_thread()
+    try:
+        with Client(f"{host}:{port}", token=TOKEN) as first:
+            with pytest.raises(PSoupError) as err:
+                Client(f"{host}:{port}", token=TOKEN)
+            assert err.value.code == "limit"
+            assert first.ping() == "pong"
+    finally:
+        srv.stop()
+
+
+# ---------------------------------------------------------------------- engine errors
+
+def test_bad_sql_raises_the_engines_query_error(connect, populated):
+    _, snapshot = populated
+    before = snapshot()
+    client = connect()
+    bad = "SELECT nope FROM R WHERE a > 1"
+    with pytest.raises(QueryError) as over_wire:
+        client.register(bad)
+    embedded = Engine()
+    embedded.execute("CREATE STREAM R (a INT, b INT, name TEXT)")
+    with pytest.raises(QueryError) as here:
+        embedded.register(bad)
+    assert str(over_wire.value) == str(here.value)
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("rows, ts", [
+    ([(1, 2)], 500.0),                    # wrong arity
+    ([(1, 2, "x")], 50.0),                # ts below the stream's latest
+    ({"a": [1], "b": ["no"], "name": ["x"]}, 500.0),
+])
+def test_bad_tuples_raise_the_engines_schema_error(connect, populated, rows, ts):
+    _, snapshot = populated
+    before = snapshot()
+    with pytest.raises(SchemaError) as over_wire:
+        connect().insert("R", rows, ts=ts)
+    embedded = Engine()
+    _setup(embedded)
+    embedded.insert("R", *_rows(0, 30))
+    with pytest.raises(SchemaError) as here:
+        embedded.insert("R", rows, ts=ts)
+    assert str(over_wire.value) == str(here.value)
+    assert snapshot() == before
+
+
+def test_unknown_handle_raises_unknown_handle(connect, populated):
+    _, snapshot = populated
+    before = snapshot()
+    client = connect()
+    with pytest.raises(UnknownHandle, match="unknown handle"):
+        client.invoke("not-a-handle")
+    with pytest.raises(UnknownHandle):
+        client.unregister("not-a-handle")
+    assert snapshot() == before
+
+
+def test_unregistered_handle_stops_working(connect, populated):
+    handle, _ = populated
+    client = connect()
+    client.unregister(handle)
+    assert client.queries() == []
+    with pytest.raises(UnknownHandle):
+        client.invoke(handle)
+
+
+# ---------------------------------------------------------------------- cursors
+
+def test_changes_since_a_cursor_compose_to_the_new_answer(connect):
+    client = connect()
+    handle = _setup(client)
+    answer = client.invoke(handle, now=100.0)
+    assert isinstance(answer, Result) and answer.cursor
+    seen = dict(zip(answer.tuple_ids.tolist(), answer.rows))
+    cursor = answer.cursor
+    for start in (0, 40, 80, 120):
+        client.insert("R", *_rows(start, 40))
+        now = 140.0 + start
+        changes = client.invoke(handle, now=now, since=cursor)
+        assert isinstance(changes, Changes)
+        for tid in changes.deleted.tuple_ids.tolist():
+            del seen[tid]
+        seen.update(zip(changes.inserted.tuple_ids.tolist(), changes.inserted.rows))
+        full = client.invoke(handle, now=now)
+        assert sorted(seen.items()) == sorted(zip(full.tuple_ids.tolist(), full.rows))
+        assert len(changes.inserted) > 0
+        cursor = changes.cursor
+    assert len(changes.deleted) > 0
+
+
+def test_unknown_cursor_raises_cursor_expired(connect, populated):
+    handle, _ = populated
+    with pytest.raises(CursorExpired):
+        connect().invoke(handle, now=140.0, since="no-such-cursor")
+
+
+# ---------------------------------------------------------------------- reconnection
+
+@pytest.fixture
+def restart(engine, server):
+    """Stop the server (closing every connection) and serve the same engine again on the
+    same port."""
+    servers = []
+
+    def again():
+        host, port = server.address
+        server.stop()
+        servers.append(Server(engine, host, port, token=TOKEN, limits=LIMITS))
+        servers[-1].start_in_thread()
+    yield again
+    for srv in servers:
+        srv.stop()
+
+
+def test_client_reconnects_for_a_read_after_the_server_drops_it(connect, restart):
+    client = connect()
+    handle = _setup(client)
+    client.insert("R", *_rows(0, 20))
+    before = client.invoke(handle, now=130.0)
+    restart()
+    _same(client.invoke(handle, now=130.0), before)
+
+
+def test_client_reconnects_for_a_write_after_the_server_drops_it(connect, restart):
+    client = connect()
+    _setup(client)
+    client.insert("R", *_rows(0, 20))
+    restart()
+    time.sleep(0.05)                      # let the server's close reach the client
+    assert client.insert("R", *_rows(20, 5)).tolist() == [20, 21, 22, 23, 24]
+
+
+class LosingServer:
+    """Answers hello, then loses the connection after reading the first request; later
+    connections are answered normally. Records every request it read."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.requests = []
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._talk, args=(conn, self.connections), daemon=True).start()
+
+    def _talk(self, conn, number):
+        raw = Raw(conn)
+        with conn:
+            while True:
+                message = raw.reply()
+                if message is None:
+                    return
+                if message["op"] == "hello":
+                    result = {"server": "psoup", "server_id": "x",
+                              "limits": {"max_frame_bytes": 1 << 20, "max_batch_rows": 1000}}
+                else:
+                    self.requests.append(message["op"])
+                    if number == 1:
+                        return                          # the reply is lost
+                    result = {"first": 0, "n": 1} if message["op"] == "insert" else "pong"
+                conn.sendall(pack_frame({"id": message["id"], "ok": True, "result": result}))
+
+    def close(self):
+        self.listener.close()
+
+
+def test_read_whose_reply_is_lost_is_retried_once():
+    fake = LosingServer()
+    try:
+        with Client(fake.address, token="t") as client:
+            assert client.ping() == "pong"
+        assert fake.requests == ["ping", "ping"] and fake.connections == 2
+    finally:
+        fake.close()
+
+
+def test_write_whose_reply_is_lost_has_an_unknown_outcome():
+    fake = LosingServer()
+    try:
+        with Client(fake.address, token="t") as client:
+            with pytest.raises(OutcomeUnknown, match="may or may not"):
+                client.insert("R", [(1,)])
+            assert isinstance(OutcomeUnknown("x"), ConnectionError)
+        assert fake.requests == ["insert"]
+    finally:
+        fake.close()
+
+
+def test_server_unreachable_is_a_connection_error():
+    port = socket.create_server(("127.0.0.1", 0))
+    address = "127.0.0.1:%d" % port.getsockname()[1]
+    port.close()
+    with pytest.raises(ConnectionError):
+        Client(address, token=TOKEN)
+
+
+# ---------------------------------------------------------------------- concurrency
+
+def test_concurrent_invocations_never_see_half_a_batch(connect):
+    producer = connect()
+    producer.execute("CREATE STREAM S (a INT)")
+    handle = producer.register("SELECT a FROM S WHERE a >= 0")
+    batches, size = 40, 100
+    failures, sizes = [], []
+    done = threading.Event()
+    polling = threading.Barrier(4)
+
+    def poll():
+        with Client(client_address(producer), token=TOKEN) as reader:
+            last, first = 0, True
+            while True:
+                finished = done.is_set()
+                n = len(reader.invoke(handle, now=1e9))
+                if n % size or n < last:
+                    failures.append(n)
+                last = n
+                sizes.append(n)
+                if first:
+                    polling.wait()
+                    first = False
+                if finished:
+                    return
+
+    readers = [threading.Thread(target=poll) for _ in range(3)]
+    for t in readers:
+        t.start()
+    polling.wait()                        # every reader has seen the empty answer
+    for i in range(batches):
+        producer.insert("S", {"a": np.arange(size)}, ts=float(i))
+    done.set()
+    for t in readers:
+        t.join()
+    assert failures == []
+    assert 0 in sizes and batches * size in sizes
+
+
+class CommitCountingEngine(Engine):
+    """An Engine whose commits take a while and are counted, with the writes they cover."""
+
+    def __init__(self):
+        super().__init__(clock=Clock(1000.0))
+        self.events = []
+
+    def insert(self, *args, **kwargs):
+        ids = super().insert(*args, **kwargs)
+        self.events.append("insert")
+        return ids
+
+    def commit(self):
+        time.sleep(0.02)
+        self.events.append("commit")
+
+
+def test_writes_are_committed_in_groups_before_they_are_acknowledged():
+    engine = CommitCountingEngine()
+    engine.execute("CREATE STREAM S (a INT)")
+    srv = Server(engine, port=0, token=TOKEN)
+    host, port = srv.start_in_thread()
+    acknowledged = []
+
+    def produce():
+        with Client(f"{host}:{port}", token=TOKEN) as client:
+            for _ in range(5):
+                client.insert("S", [(1,)], ts=1.0)
+                acknowledged.append(engine.events.count("commit"))
+
+    try:
+        threads = [threading.Thread(target=produce) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        srv.stop()
+    assert engine.events.count("insert") == 40
+    assert engine.events[-1] == "commit"
+    assert engine.events.count("commit") < 40            # groups formed
+    assert min(acknowledged) >= 1                       # no reply before a commit
+
+
+# ---------------------------------------------------------------------- psoup serve
+
+def _start_service(tmp_path, *args):
+    env = dict(os.environ, PSOUP_CONFIG_DIR=str(tmp_path / "config"))
+    env.pop("PSOUP_TOKEN", None)
+    code = ("import sys; from psoup.server import run_server; "
+            "run_server(*sys.argv[1:2] or [None], port=0, echo=lambda s: print(s, flush=True))")
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    match = re.search(r"serving on ([\d.]+):(\d+)", line)
+    assert match, line
+    return proc, match.group(1), int(match.group(2)), line
+
+
+def _stop_service(proc):
+    proc.send_signal(signal.SIGTERM)
+    proc.stdout.close()
+    assert proc.wait(timeout=10) == 0
+
+
+def test_serve_writes_a_private_token_file_and_removes_it_on_sigterm(tmp_path, monkeypatch):
+    monkeypatch.setenv("PSOUP_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.delenv("PSOUP_TOKEN", raising=False)
+    proc, host, port, line = _start_service(tmp_path)
+    try:
+        path = token_path(host, port)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert path.read_text() not in line                # the token is never printed
+        with Client(f"{host}:{port}") as client:           # finds the token file
+            assert client.ping() == "pong"
+    finally:
+        _stop_service(proc)
+    assert not path.exists()
+
+
+def test_serve_with_a_data_dir_keeps_handles_and_token_across_restarts(tmp_path):
+    data = tmp_path / "data"
+    proc, host, port, _ = _start_service(tmp_path, str(data))
+    try:
+        token = (data / "token").read_text()
+        with Client(f"{host}:{port}", token=token) as client:
+            handle = _setup(client)
+            client.insert("R", *_rows(0, 30))
+            answer = client.invoke(handle, now=140.0)
+    finally:
+        _stop_service(proc)
+    proc, host, port, _ = _start_service(tmp_path, str(data))
+    try:
+        assert (data / "token").read_text() == token
+        with Client(f"{host}:{port}", token=token) as client:
+            assert [h for h, _ in client.queries()] == [handle]
+            _same(client.invoke(handle, now=140.0), Result(
+                answer.columns, answer.rows, answer.ts, answer.tuple_ids))
+    finally:
+        _stop_service(proc)
+
+
+def test_frames_are_msgpack_with_a_big_endian_length():
+    frame = pack_frame({"id": 1, "op": "ping", "args": {}})
+    assert frame[:4] == len(frame[4:]).to_bytes(4, "big")
+    assert msgpack.unpackb(frame[4:], raw=False) == {"id": 1, "op": "ping", "args": {}}
