@@ -168,7 +168,7 @@ class Engine:
         self._ddl[schema.name] = sql
 
     def _register_new(self, query: Query) -> str:
-        handle = secrets.token_urlsafe(24)
+        handle = secrets.token_hex(20)      # 160 bits; hex never looks like an option
         if self._journal is not None:
             self._journal.register(handle, query.sql)
         self._register(query, handle)
@@ -276,6 +276,7 @@ class Engine:
             streams = {}
             for name, stem in self._stems.items():
                 streams[name] = {
+                    "columns": dict(stem.schema.columns),
                     "rows": stem.retained,
                     "rows_total": stem.rows_total,
                     "bytes": stem.nbytes(),

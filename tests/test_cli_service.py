@@ -137,6 +137,16 @@ def test_ingested_file_answers_like_the_embedded_engine(psoup, traffic, tmp_path
     assert got["ts"] == want.ts.tolist()
 
 
+def test_csv_column_declared_text_stays_text_even_when_it_looks_numeric(psoup, tmp_path):
+    ok(psoup("stream", "create", "stations", "id INT, zip TEXT"))
+    path = tmp_path / "stations.csv"
+    path.write_text("id,zip,ts\n1,02134,10\n2,10001,11\n")
+    ok(psoup("ingest", "stations", str(path)))
+    handle = ok(psoup("register", "SELECT zip FROM stations WHERE id >= 1")).strip()
+    got = json.loads(ok(psoup("invoke", handle, "--format", "json", "--now", "12")))
+    assert got["rows"] == [["02134"], ["10001"]]
+
+
 def test_ingest_reads_csv_from_stdin(psoup, traffic, tmp_path):
     rows = readings(30)
     data = write(tmp_path / "r.csv", rows).read_bytes()

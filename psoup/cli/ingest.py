@@ -7,10 +7,11 @@ stops the ingest with an exact account: how many rows went in before it, and whi
 it held.
 
 Types: Parquet columns keep their types. JSON values keep theirs (a column of integers
-and floats becomes FLOAT). CSV cells are text; each column of each batch becomes INT if
-every cell parses as an integer, else FLOAT if every cell parses as a number, else BOOL
-if every cell is true or false (any case), else TEXT. The stream's schema decides what
-is accepted: the server rejects a batch whose column does not fit and names the row.
+and floats becomes FLOAT). CSV cells are text: a column the stream declares TEXT stays
+text (zip codes stay "02134"); any other column of each batch becomes INT if every cell
+parses as an integer, else FLOAT if every cell parses as a number, else BOOL if every
+cell is true or false (any case), else TEXT. The stream's schema decides what is
+accepted: the server rejects a batch whose column does not fit and names the row.
 
 The timestamp column (`ts` unless told otherwise), when the file has one, becomes the
 tuples' ts: seconds since the epoch, or ISO 8601 date-times (UTC unless they carry an
@@ -26,6 +27,7 @@ import json
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, Callable, ContextManager, Iterator
 
@@ -95,13 +97,19 @@ def guess_format(name: str) -> str:
     return fmt
 
 
-def read_batches(source: str | IO[bytes], fmt: str, batch_rows: int) -> Iterator[dict[str, Any]]:
+def read_batches(source: str | IO[bytes], fmt: str, batch_rows: int,
+                 declared: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     """Batches of at most `batch_rows` rows from a file name or binary stream.
+
+    `declared` (column -> psoup type, from the server's stats) keeps CSV columns the
+    stream declares TEXT as text.
 
     Each batch maps column name -> numpy array or list; every column has the same length.
     Errors in the input raise IngestError (rows_done 0: the caller knows the real count).
     """
-    readers = {"csv": _csv_batches, "jsonl": _jsonl_batches, "parquet": _parquet_batches}
+    readers = {"csv": partial(_csv_batches, text={c for c, t in (declared or {}).items()
+                                                   if t == "text"}),
+               "jsonl": _jsonl_batches, "parquet": _parquet_batches}
     try:
         yield from readers[fmt](source, batch_rows)
     except (pa.ArrowException, ValueError, UnicodeDecodeError) as exc:
@@ -225,7 +233,8 @@ def _open(source: str | IO[bytes]) -> ContextManager[IO[bytes]]:
     return _OPENERS.get(Path(source).suffix.lower(), open)(source, "rb")
 
 
-def _csv_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[str, Any]]:
+def _csv_batches(source: str | IO[bytes], batch_rows: int,
+                 text: set[str] = frozenset()) -> Iterator[dict[str, Any]]:
     import pyarrow.csv as pcsv
 
     with _open(source) as stream:
@@ -248,15 +257,16 @@ def _csv_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[str,
             held += block.num_rows
             while held >= batch_rows:
                 table = pa.Table.from_batches(pending)
-                yield _typed_csv(table.slice(0, batch_rows))
+                yield _typed_csv(table.slice(0, batch_rows), text)
                 rest = table.slice(batch_rows)
                 pending, held = rest.to_batches(), rest.num_rows
         if held:
-            yield _typed_csv(pa.Table.from_batches(pending))
+            yield _typed_csv(pa.Table.from_batches(pending), text)
 
 
-def _typed_csv(table: pa.Table) -> dict[str, Any]:
-    return {name: _typed_text(table.column(name).combine_chunks())
+def _typed_csv(table: pa.Table, text: set[str]) -> dict[str, Any]:
+    return {name: (table.column(name).to_pylist() if name in text
+                   else _typed_text(table.column(name).combine_chunks()))
             for name in table.column_names}
 
 

@@ -283,8 +283,9 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
     ts_required = ctx.get_parameter_source("ts_column") is not ParameterSource.DEFAULT
     progress = _progress if sys.stderr.isatty() else None
     with _connected(settings.server, settings.token, batch_rows=batch_rows) as client:
+        declared = client.stats()["streams"].get(stream_name, {}).get("columns")
         report = ingesting.ingest(client, stream_name,
-                                  ingesting.read_batches(source, fmt, batch_rows),
+                                  ingesting.read_batches(source, fmt, batch_rows, declared),
                                   ts_column=ts_column, ts_required=ts_required,
                                   progress=progress)
     if progress is not None:
