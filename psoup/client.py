@@ -17,6 +17,7 @@ import os
 import select
 import socket
 import threading
+from collections import deque
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -27,6 +28,9 @@ from psoup.errors import PSoupError, SchemaError
 from psoup.results.result import Changes, Result
 from psoup.server.protocol import (HEADER, ProtocolError, decode_answer, error_of,
                                    pack_frame, unpack_payload)
+
+#: Batches of one insert that may be in flight at once (sent, reply not yet read).
+PIPELINE = 4
 
 
 class ConnectionFailed(PSoupError, ConnectionError):
@@ -119,7 +123,9 @@ class Client:
                 -> sequence or numpy array (sent as raw column bytes: the fast path).
             ts: None (the server's clock), one number for all rows, or one per row.
 
-        Each batch of at most `batch_rows` rows is atomic; when a later batch fails, the
+        Each batch of at most `batch_rows` rows is atomic. A larger insert is sent as a
+        pipeline of batches (the next one travels while the server applies the one
+        before); when a batch is rejected, the batches after it are not applied, and the
         error says which rows were stored.
         """
         if isinstance(rows, Mapping):
@@ -134,8 +140,9 @@ class Client:
         if n is None or (per_row and len(ts) != n):
             return self._insert_rows(stream, rows, ts, 0, None, n)  # malformed: one request
         size = min(self.batch_rows, self.server["limits"]["max_batch_rows"])
-        return np.concatenate([self._insert_rows(stream, rows, ts, start, min(start + size, n), n)
-                               for start in range(0, max(n, 1), size)])
+        if n <= size:
+            return self._insert_rows(stream, rows, ts, 0, n, n)
+        return self._insert_pipelined(stream, rows, ts, n, size)
 
     def invoke(self, handle: str, now: float | None = None,
                since: str | None = None) -> Result | Changes:
@@ -200,6 +207,71 @@ class Client:
         if reply["first"] is None:
             return np.empty(0, np.int64)
         return np.arange(reply["first"], reply["first"] + reply["n"], dtype=np.int64)
+
+    def _insert_pipelined(self, stream: str, rows: Any, ts: Any, n: int,
+                          size: int) -> np.ndarray:
+        """rows[0:n] as batches of `size`, up to PIPELINE of them in flight. Every batch
+        after the first is sent with "chain", so the server skips it if an earlier one
+        was rejected: the stored rows are always a prefix of the insert."""
+        with self._lock:
+            sock = self._live_socket()
+            limit = self.server["limits"]["max_frame_bytes"]
+            in_flight: deque[tuple[int, int, int]] = deque()
+            ids: list[np.ndarray] = []
+            failure: tuple[PSoupError, int, int] | None = None
+            stored = 0
+
+            def collect() -> None:
+                nonlocal failure, stored
+                request_id, start, stop = in_flight.popleft()
+                try:
+                    reply = self._result(self._receive(sock), request_id)
+                except PSoupError as exc:
+                    if failure is None:
+                        failure = (exc, start, stop)
+                    return
+                except (_Broken, socket.timeout) as exc:
+                    self._drop()
+                    raise OutcomeUnknown(
+                        f"insert: {exc} after sending rows {start}..{n - 1}; rows "
+                        f"0..{stored - 1} were stored, the rest may or may not have "
+                        "been") from None
+                stored = stop
+                ids.append(np.arange(reply["first"], reply["first"] + reply["n"],
+                                     dtype=np.int64))
+
+            spans = [(a, min(a + size, n)) for a in range(0, n, size)][::-1]
+            while spans and failure is None:
+                start, stop = spans.pop()
+                args = dict(_slice_rows(rows, ts, start, stop), stream=stream,
+                            chain=start > 0)
+                self._next_id += 1
+                frame = pack_frame({"id": self._next_id, "op": "insert", "args": args})
+                if len(frame) - HEADER.size > limit:
+                    if stop - start == 1:
+                        failure = (ProtocolError("frame_too_large", f"row {start} alone "
+                                                 f"exceeds the server's frame limit of "
+                                                 f"{limit} bytes"), start, stop)
+                        break
+                    mid = (start + stop) // 2
+                    spans += [(mid, stop), (start, mid)]
+                    continue
+                try:
+                    sock.sendall(frame)
+                except OSError as exc:
+                    self._drop()
+                    raise OutcomeUnknown(f"insert: cannot send to {self._where}: {exc}; "
+                                         f"rows 0..{stored - 1} were stored, rows up to "
+                                         f"{start - 1} may have been") from None
+                in_flight.append((self._next_id, start, stop))
+                if len(in_flight) >= PIPELINE:
+                    collect()
+            while in_flight:
+                collect()
+            if failure is not None:
+                exc, start, stop = failure
+                raise _in_batch(exc, start, stop, n) from None
+            return np.concatenate(ids)
 
     # ------------------------------------------------------------------ the connection
 

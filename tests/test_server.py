@@ -257,6 +257,41 @@ def test_failure_in_a_later_batch_names_the_stored_rows(connect):
     assert client.stats()["streams"]["S"]["rows"] == 10
 
 
+def test_pipelined_requests_are_answered_in_order_and_reads_see_earlier_writes(open_raw,
+                                                                                 populated):
+    handle, _ = populated
+    raw = open_raw()
+    raw.hello()
+    frames = [pack_frame({"id": 10, "op": "insert",
+                          "args": {"stream": "R", "rows": [[5, 1, "late"]], "ts": 139.0}}),
+              pack_frame({"id": 11, "op": "invoke", "args": {"handle": handle, "now": 140.0}}),
+              pack_frame({"id": 12, "op": "ping", "args": {}})]
+    raw.send(b"".join(frames))                  # all three before reading any reply
+    replies = [raw.reply() for _ in frames]
+    assert [r["id"] for r in replies] == [10, 11, 12]
+    assert all(r["ok"] for r in replies), replies
+    assert ["5", "late"] not in replies[1]["result"]["rows"]
+    assert [5, "late"] in replies[1]["result"]["rows"]
+
+
+def test_chained_batch_after_a_rejected_one_is_skipped(open_raw, populated):
+    _, snapshot = populated
+    before = snapshot()
+    raw = open_raw()
+    raw.hello()
+    bad = {"stream": "R", "rows": [["not an int", 1, "x"]], "ts": 150.0}
+    good = {"stream": "R", "rows": [[6, 1, "y"]], "ts": 151.0}
+    raw.send(pack_frame({"id": 1, "op": "insert", "args": bad}) +
+             pack_frame({"id": 2, "op": "insert", "args": dict(good, chain=True)}))
+    first, second = raw.reply(), raw.reply()
+    assert first["error"]["code"] == "schema"
+    assert second["error"]["code"] == "skipped"
+    assert snapshot() == before
+    assert raw.request("insert", dict(good, chain=True), request_id=3)["error"]["code"] == \
+        "skipped"
+    assert raw.request("insert", good, request_id=4)["ok"]     # an unchained write resets
+
+
 def test_queries_and_stats_over_the_wire_equal_the_engines(engine, connect, populated):
     client = connect()
     assert client.queries() == engine.queries()

@@ -23,6 +23,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -63,6 +64,8 @@ class Limits:
             connection to start its hello; otherwise the connection is closed.
         max_connections: open connections; one more gets a "limit" reply and is closed.
         max_group_writes: the most writes applied between two commits.
+        max_in_flight: requests one connection may have sent and not yet had answered
+            (pipelining); the server stops reading that connection beyond it.
     """
 
     max_frame_bytes: int = 64 << 20
@@ -72,6 +75,33 @@ class Limits:
     read_timeout: float = 30.0
     max_connections: int = 1024
     max_group_writes: int = 256
+    max_in_flight: int = 16
+
+
+class _Conversation:
+    """One connection's pipeline: replies leave in request order; `chain_ok` (touched
+    only by the writer thread) says whether this connection's last write succeeded, so
+    the later batches of a rejected multi-batch insert are skipped, not applied."""
+
+    def __init__(self, limit: int):
+        self.replies: asyncio.Queue = asyncio.Queue(limit)
+        self.sender: asyncio.Task | None = None
+        self.last_write: asyncio.Future | None = None
+        self.chain_ok = True
+
+    async def finish(self, timeout: float) -> None:
+        """Send every reply still owed, then stop the sender; give up after `timeout`
+        seconds (a peer that pipelines requests and never reads the replies)."""
+        if self.sender is None or self.sender.done():
+            return
+        try:
+            await asyncio.wait_for(self._last(), timeout)
+        except (ConnectionError, OSError, asyncio.TimeoutError):
+            self.sender.cancel()
+
+    async def _last(self) -> None:
+        await self.replies.put(None)
+        await self.sender
 
 
 def _arg(args: Mapping[str, Any], name: str, types: type | tuple[type, ...], what: str,
@@ -233,30 +263,56 @@ class Server:
 
     async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                         peer: Any) -> None:
+        # Requests are read while earlier ones are still being applied (a client may
+        # pipeline them): the next batch's bytes arrive and decode while the writer
+        # thread applies the previous one. Replies go out in request order.
+        conv = _Conversation(self.limits.max_in_flight)
+        conv.sender = asyncio.create_task(self._send_replies(writer, conv.replies))
         authenticated = False
-        while True:
-            payload = await self._read_frame(reader, writer, peer, idle=authenticated)
-            if payload is None:
-                return
-            try:
-                request_id, op, args = request(payload)
-            except ProtocolError as exc:
-                await self._refuse(reader, writer, peer, None, exc.code, str(exc))
-                return
-            if op == "hello" or not authenticated:
-                if not self._hello_ok(op, args):
-                    await self._refuse(
-                        reader, writer, peer, request_id, "auth",
-                        "wrong access token" if op == "hello" else
-                        f"the first request must be hello with the access token, not {op!r}")
+        cancelled = False
+        try:
+            while not conv.sender.done():
+                payload = await self._read_frame(reader, writer, peer, authenticated, conv)
+                if payload is None:
                     return
-                authenticated = True
-                await self._send(writer, ok_reply(request_id, self._hello()))
-                continue
-            await self._send_frame(writer, await self._dispatch(request_id, op, args))
+                try:
+                    request_id, op, args = request(payload)
+                except ProtocolError as exc:
+                    await self._refuse(reader, writer, peer, None, exc.code, str(exc), conv)
+                    return
+                if op == "hello" or not authenticated:
+                    if not self._hello_ok(op, args):
+                        await self._refuse(
+                            reader, writer, peer, request_id, "auth",
+                            "wrong access token" if op == "hello" else
+                            f"the first request must be hello with the access token, not "
+                            f"{op!r}", conv)
+                        return
+                    authenticated = True
+                    hello = asyncio.get_running_loop().create_future()
+                    hello.set_result(pack_frame(ok_reply(request_id, self._hello())))
+                    await conv.replies.put(hello)
+                    continue
+                await conv.replies.put(asyncio.ensure_future(
+                    self._dispatch(request_id, op, args, conv)))
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            if cancelled or conv.sender.done():
+                conv.sender.cancel()
+            else:
+                await conv.finish(self.limits.read_timeout)
+
+    async def _send_replies(self, writer: asyncio.StreamWriter, replies: asyncio.Queue) -> None:
+        while True:
+            pending = await replies.get()
+            if pending is None:
+                return
+            await self._send_frame(writer, await pending)
 
     async def _read_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                          peer: Any, idle: bool) -> bytes | None:
+                          peer: Any, idle: bool, conv: _Conversation) -> bytes | None:
         """The next payload, or None when the connection is to be closed."""
         timeout = self.limits.read_timeout
         head = b""
@@ -270,7 +326,7 @@ class Server:
             if size > self.limits.max_frame_bytes:
                 await self._refuse(reader, writer, peer, None, "frame_too_large",
                                    f"a frame of {size} bytes exceeds the limit of "
-                                   f"{self.limits.max_frame_bytes} bytes")
+                                   f"{self.limits.max_frame_bytes} bytes", conv)
                 return None
             return await asyncio.wait_for(reader.readexactly(size), timeout)
         except asyncio.IncompleteReadError as exc:
@@ -282,11 +338,15 @@ class Server:
             return None
 
     async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      peer: Any, request_id: Any, code: str, message: str) -> None:
-        """Send one error reply before the connection is closed, then discard what the
-        peer still sends for a moment: closing a socket with unread input resets the
-        connection, and the reset could destroy the reply before the peer reads it."""
+                      peer: Any, request_id: Any, code: str, message: str,
+                      conv: _Conversation | None = None) -> None:
+        """Send the replies still owed and one error reply before the connection is
+        closed, then discard what the peer still sends for a moment: closing a socket
+        with unread input resets the connection, and the reset could destroy the reply
+        before the peer reads it."""
         log.warning("%s: %s: %s; closing", peer, code, message)
+        if conv is not None:
+            await conv.finish(self.limits.read_timeout)
         await self._send(writer, error_reply(request_id, code, message))
         if writer.can_write_eof():
             writer.write_eof()
@@ -316,8 +376,10 @@ class Server:
 
     # ------------------------------------------------------------------ requests
 
-    async def _dispatch(self, request_id: Any, op: Any, args: Any) -> bytes:
-        """The reply frame of one authenticated request."""
+    async def _dispatch(self, request_id: Any, op: Any, args: Any,
+                        conv: _Conversation) -> bytes:
+        """The reply frame of one authenticated request. A read waits for the writes
+        its connection sent before it (a client reads its own writes)."""
         try:
             handler = self._ops.get(op) if isinstance(op, str) else None
             if handler is None:
@@ -330,10 +392,13 @@ class Server:
             return pack_frame(error_reply(request_id, exc.code, str(exc)))
         loop = asyncio.get_running_loop()
         if not write:
+            if conv.last_write is not None:
+                await asyncio.wait([conv.last_write])
             return await loop.run_in_executor(self._read_pool, self._reply, request_id,
                                               lambda: (True, apply()))
-        done = loop.create_future()
-        await self._writes.put((apply, done))
+        done = conv.last_write = loop.create_future()
+        chained = op == "insert" and bool(args.get("chain"))
+        await self._writes.put((partial(_in_chain, conv, chained, apply), done))
         outcome = await done
         return self._reply(request_id, lambda: outcome)
 
@@ -468,6 +533,18 @@ class Server:
             raise ProtocolError("limit", f"a WHERE clause of {len(stmt.where)} factors "
                                          f"exceeds the limit of {self.limits.max_factors}")
         return sql
+
+
+def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> Any:
+    """Apply one write on the writer thread, unless it continues an insert whose earlier
+    batch was rejected (insert's "chain" argument)."""
+    if chained and not conv.chain_ok:
+        raise ProtocolError("skipped", "not applied: an earlier batch of the same insert "
+                                       "was rejected")
+    conv.chain_ok = False
+    result = apply()
+    conv.chain_ok = True
+    return result
 
 
 def _plain(value: Any) -> Any:
