@@ -72,11 +72,16 @@ def run_demo(mode: str = "partial", rows: int = 20_000, seed: int = 7,
 
     echo("\nphase 1: the client is connected")
     ingest(rows)
-    show(eng, handles, echo, clock["now"])
+    cursors = show(eng, handles, echo, clock["now"])[1]
     echo("\nthe client disconnects; data keeps arriving ...")
     ingest(rows)
     echo("\nphase 2: the client comes back and invokes its handles")
-    sizes = show(eng, handles, echo, clock["now"])
+    sizes = show(eng, handles, echo, clock["now"])[0]
+    echo("\n  what changed while the client was away (invoke with since=cursor):")
+    for name, handle in handles.items():
+        changes = eng.invoke(handle, since=cursors[name])
+        echo(f"    {name}: +{len(changes.inserted)} rows entered, "
+             f"-{len(changes.deleted)} rows left")
     stats = eng.stats()
     echo(f"\nstats: {stats['streams']['traffic']['rows']:,} readings retained, memory "
          f"{stats['memory']['total'] / 1e6:.1f} MB (data {stats['memory']['data'] / 1e6:.1f}, "
@@ -85,13 +90,14 @@ def run_demo(mode: str = "partial", rows: int = 20_000, seed: int = 7,
 
 
 def show(eng: Engine, handles: dict[str, str], echo: Callable[[str], None],
-         now: float) -> dict[str, int]:
-    sizes = {}
+         now: float) -> tuple[dict[str, int], dict[str, str]]:
+    """Invoke and print every handle; returns each answer's size and cursor."""
+    sizes, cursors = {}, {}
     for name, handle in handles.items():
         began = time.perf_counter()
         res = eng.invoke(handle)
         ms = (time.perf_counter() - began) * 1000
-        sizes[name] = len(res)
+        sizes[name], cursors[name] = len(res), res.cursor
         echo(f"\n  {name}: {len(res)} rows  (invoked at {_hms(now)} in {ms:.2f} ms)")
         header = ["ts"] + res.columns
         widths = [max(len(c), 9) for c in header]
@@ -101,7 +107,7 @@ def show(eng: Engine, handles: dict[str, str], echo: Callable[[str], None],
             echo("    " + "  ".join(c.rjust(w) for c, w in zip(cells, widths)))
         if len(res) > 4:
             echo(f"    ... ({len(res) - 4} earlier rows)")
-    return sizes
+    return sizes, cursors
 
 
 def _hms(ts: float) -> str:
