@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 from psoup.archive.wal import SYNC_MODES
 from psoup.eddy.eddy import Eddy
 from psoup.errors import PSoupError, QueryError, UnknownHandle
+from psoup.locks import FairLock
 from psoup.query import compile_statement, parse_type
 from psoup.query.model import TS, TUPLE_ID, Query, StreamSchema
 from psoup.results.complete import CompleteResults
@@ -91,7 +91,7 @@ class Engine:
         self.mode = mode
         self._clock = clock
         self._chunk_rows = chunk_rows
-        self._lock = threading.RLock()
+        self._lock = FairLock()
         self._stems: dict[str, DataSteM] = {}
         self._query_stem = QuerySteM(shared=shared_index)
         if mode == "partial":

@@ -1,0 +1,59 @@
+"""The engine's lock is granted in arrival order, so a reader waiting behind a stream of
+writes gets in after the write in progress, not after all of them."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from psoup.locks import FairLock
+
+
+def _wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def _queue_up(lock: FairLock, order: list[str], name: str) -> threading.Thread:
+    """Start a thread that takes the lock and records its name; return once it waits."""
+    tickets = lock._next_ticket
+    thread = threading.Thread(target=lambda: _record(lock, order, name))
+    thread.start()
+    _wait_for(lambda: lock._next_ticket == tickets + 1)
+    return thread
+
+
+def _record(lock: FairLock, order: list[str], name: str) -> None:
+    with lock:
+        order.append(name)
+
+
+def test_waiters_get_the_lock_in_arrival_order():
+    lock, order = FairLock(), []
+    with lock:
+        threads = [_queue_up(lock, order, name) for name in "abcde"]
+    for thread in threads:
+        thread.join(5)
+    assert order == list("abcde")
+
+
+def test_a_releasing_thread_that_asks_again_goes_behind_the_waiters():
+    lock, order = FairLock(), []
+    with lock:
+        reader = _queue_up(lock, order, "reader")
+    with lock:                   # the writer's next batch
+        order.append("writer")
+    reader.join(5)
+    assert order == ["reader", "writer"]
+
+
+def test_the_lock_is_reentrant_and_released_only_by_the_outermost_exit():
+    lock, order = FairLock(), []
+    with lock:
+        with lock:
+            other = _queue_up(lock, order, "other")
+        assert lock.held() and order == []
+    other.join(5)
+    assert order == ["other"] and not lock.held()
