@@ -40,7 +40,6 @@ from psoup.query.timeparse import timestamp_seconds
 from psoup.results.result import Changes, Result
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
-_HANDLE_LIKE = re.compile(r"-[A-Za-z0-9_-]{15,}\Z")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -122,32 +121,6 @@ class _Group(click.Group):
         except OSError as exc:
             where = f" ({exc.filename})" if exc.filename else ""
             raise Failure(f"{exc.strerror or exc}{where}") from None
-
-
-class _RefCommand(click.Command):
-    """A command taking HANDLE|NAME, where a handle may begin with "-" (it is random
-    URL-safe base64): a long handle-like word that is no option of the command counts as
-    the argument, as if it came after "--"."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        options = [p for p in self.get_params(ctx) if isinstance(p, click.Option)]
-        known = {o for p in options for o in p.opts + p.secondary_opts}
-        takes_value = {o for p in options if not p.is_flag for o in p.opts}
-        kept: list[str] = []
-        refs: list[str] = []
-        value_next = False
-        for i, arg in enumerate(args):
-            if arg == "--":
-                kept += args[i:]
-                break
-            if not value_next and _HANDLE_LIKE.match(arg) and arg.split("=")[0] not in known:
-                refs.append(arg)
-                continue
-            kept.append(arg)
-            value_next = not value_next and arg in takes_value
-        if refs:
-            kept += refs if "--" in kept else ["--", *refs]
-        return super().parse_args(ctx, kept)
 
 
 def _address(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -335,7 +308,7 @@ def register(settings: Settings, sql: str, name: str | None, replace: bool) -> N
     click.echo(handle)
 
 
-@main.command(cls=_RefCommand, short_help="Print a standing query's current answer.")
+@main.command(short_help="Print a standing query's current answer.")
 @click.argument("ref", metavar="HANDLE|NAME")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table for people; csv and json (one document) for scripts.")
@@ -368,7 +341,7 @@ def invoke(settings: Settings, ref: str, fmt: str, changes: bool, now: float | N
     click.echo(text)
 
 
-@main.command(cls=_RefCommand, short_help="Poll a standing query and print what changes.")
+@main.command(short_help="Poll a standing query and print what changes.")
 @click.argument("ref", metavar="HANDLE|NAME")
 @click.option("--every", type=Interval(), required=True,
               help="Time between polls: 30s, 2m, 1h, 500ms, or a number of seconds.")
@@ -403,7 +376,7 @@ def watch(settings: Settings, ref: str, every: float, count: int | None, fmt: st
         return
 
 
-@main.command(cls=_RefCommand)
+@main.command()
 @click.argument("ref", metavar="HANDLE|NAME")
 @click.pass_obj
 def unregister(settings: Settings, ref: str) -> None:
