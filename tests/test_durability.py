@@ -4,6 +4,10 @@ every query's answer — and what left retention is in the Parquet archive."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -61,14 +65,18 @@ def test_restart_restores_streams_tuples_handles_and_answers(tmp_path, mode, che
     assert _answers(back, handles, t + 1) == _answers(twin, twin_handles, t + 1)
 
 
-def test_unclosed_engine_is_recovered_from_its_log(tmp_path):
-    eng = psoup.Engine(path=tmp_path, sync="off")
-    eng.execute("CREATE STREAM R (a INT)")
-    h = eng.register("SELECT a FROM R WHERE a >= 2")
-    eng.insert("R", [(1,), (2,), (3,)], ts=[1.0, 2.0, 3.0])
-    # no close(): a crash leaves the log as the last call wrote it
+def test_engine_of_a_process_that_died_without_close_is_recovered(tmp_path):
+    script = ("import os, sys, psoup\n"
+              "eng = psoup.Engine(path=sys.argv[1], sync='off')\n"
+              "eng.execute('CREATE STREAM R (a INT)')\n"
+              "print(eng.register('SELECT a FROM R WHERE a >= 2'), flush=True)\n"
+              "eng.insert('R', [(1,), (2,), (3,)], ts=[1.0, 2.0, 3.0])\n"
+              "os._exit(0)\n")                      # no close(), no flush, no atexit
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
     back = psoup.Engine(path=tmp_path)
-    assert back.invoke(h, now=3.0).rows == [(2,), (3,)]
+    assert back.invoke(done.stdout.strip(), now=3.0).rows == [(2,), (3,)]
 
 
 def test_rejected_calls_are_not_logged(tmp_path):
@@ -162,3 +170,11 @@ def test_unknown_cursor_is_refused():
     h = eng.register("SELECT a FROM R")
     with pytest.raises(psoup.errors.CursorExpired, match="invoke without since"):
         eng.invoke(h, since="made-up")
+
+
+def test_a_data_directory_is_open_in_one_engine_at_a_time(tmp_path):
+    first = psoup.Engine(path=tmp_path)
+    with pytest.raises(psoup.PSoupError, match="in use by another psoup engine"):
+        psoup.Engine(path=tmp_path)
+    first.close()
+    psoup.Engine(path=tmp_path).close()          # free again once closed

@@ -12,11 +12,15 @@ tupleIDs, the tupleID counter, handles with their SQL) and the old segment is dr
 Tuples that left retention go to the Parquet archive first, so nothing acknowledged
 lives only in the dropped segment.
 
-Layout: DIR/wal/wal-NNNNNNNN.log, DIR/archive/stream=NAME/date=YYYY-MM-DD/*.parquet.
+Layout: DIR/wal/wal-NNNNNNNN.log, DIR/archive/stream=NAME/date=YYYY-MM-DD/*.parquet,
+and DIR/lock, held (flock) by the one process that has the directory open: two engines
+appending to one log would corrupt it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -69,6 +73,7 @@ class Journal:
                  checkpoint_bytes: int = 64 << 20):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock(self.path / "lock")
         self.wal = WriteAheadLog(self.path / "wal", sync)
         self.archive = Archive(self.path / "archive")
         self.checkpoint_bytes = checkpoint_bytes
@@ -121,8 +126,27 @@ class Journal:
         self.wal.commit()
 
     def close(self) -> None:
-        self.archive.flush()
-        self.wal.close()
+        try:
+            self.archive.flush()
+            self.wal.close()
+        finally:
+            os.close(self._lock_fd)     # releases the flock
+
+
+def _lock(path: Path) -> int:
+    """Hold an exclusive lock on `path` for this process, or say who holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise PSoupError(f"the data directory {path.parent} is in use by another psoup "
+                         f"engine (pid {holder}); stop it first, or use another directory") \
+            from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
