@@ -72,7 +72,7 @@ class Journal:
     def __init__(self, path: str | Path, sync: str = "always",
                  checkpoint_bytes: int = 64 << 20):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)   # tuples are private
         self._lock_fd = _lock(self.path / "lock")
         self.wal = WriteAheadLog(self.path / "wal", sync)
         self.archive = Archive(self.path / "archive")
