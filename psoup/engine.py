@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from psoup.archive.wal import SYNC_MODES
-from psoup.eddy.eddy import Eddy
+from psoup.eddy.eddy import Eddy, JoinPlan
+from psoup.eddy.routing import POLICIES
 from psoup.errors import PSoupError, QueryError, UnknownHandle
 from psoup.locks import FairLock
 from psoup.query import compile_statement, parse_type
-from psoup.query.model import TS, TUPLE_ID, Query, StreamSchema
+from psoup.query.model import TS, TUPLE_ID, Query, Source, StreamSchema, Window
 from psoup.results.complete import CompleteResults
 from psoup.results.cursors import CursorStore
+from psoup.results.joins import JoinResults
 from psoup.results.nomat import NoMatResults
 from psoup.results.partial import PartialResults
 from psoup.results.result import Changes, Result
@@ -68,6 +70,8 @@ class Engine:
             power loss).
         checkpoint_bytes: with a path, the log size at which the retained state is
             written as a fresh log and the old one dropped.
+        routing: the order of a join's probes: "adaptive" (learned from the observed
+            fan-out of each step) or "fixed" (FROM order).
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -81,13 +85,15 @@ class Engine:
     def __init__(self, path: str | None = None, mode: str = "partial",
                  clock: Callable[[], float] = time.time, chunk_rows: int = 8192,
                  shared_index: bool = True, sync: str = "always",
-                 checkpoint_bytes: int = 64 << 20):
+                 checkpoint_bytes: int = 64 << 20, routing: str = "adaptive"):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
             raise ValueError(f"unknown sync {sync!r} (choose from {', '.join(SYNC_MODES)})")
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be positive")
+        if routing not in POLICIES:
+            raise ValueError(f"unknown routing {routing!r} (choose from {', '.join(POLICIES)})")
         self.mode = mode
         self._clock = clock
         self._chunk_rows = chunk_rows
@@ -101,8 +107,11 @@ class Engine:
         else:
             self._results = NoMatResults()
         self._windows = WindowsTable()
-        self._eddy = Eddy(self._stems, self._query_stem, self._results)
-        self._handles: dict[str, int] = {}     # handle -> slot, in registration order
+        self._eddy = Eddy(self._stems, self._query_stem, self._results,
+                          JoinResults(eager=mode == "complete"), POLICIES[routing]())
+        # handle -> the slot of a selection query, or the plan of a join query, in
+        # registration order
+        self._handles: dict[str, int | JoinPlan] = {}
         self._ddl: dict[str, str] = {}          # stream -> its CREATE STREAM statement
         self._cursors = CursorStore()
         self._next_tid = 0
@@ -176,11 +185,29 @@ class Engine:
         return handle
 
     def _register(self, query: Query, handle: str) -> None:
+        if len(query.sources) > 1:
+            self._handles[handle] = self._register_join(query)
+            return
         slot = self._query_stem.allocate()
         self._windows.add(slot, tuple(s.window for s in query.sources))
         self._eddy.submit_query(slot, query)
         self._eddy.run()
         self._handles[handle] = slot
+
+    def _register_join(self, query: Query) -> JoinPlan:
+        """A join query takes one Query SteM slot per FROM item, for that item's local
+        factors; its first slot doubles as its id."""
+        slots = tuple(self._query_stem.allocate() for _ in query.sources)
+        locals_ = tuple(
+            Query(f"{query.sql} [local to {source.alias}]",
+                  (Source(source.stream, source.alias, Window(), source.predicates,
+                          source.column_factors),), (), contradiction=query.contradiction)
+            for source in query.sources)
+        plan = JoinPlan(slots[0], query, slots, locals_)
+        self._windows.add(plan.jid, tuple(s.window for s in query.sources))
+        self._eddy.submit_join(plan)
+        self._eddy.run()
+        return plan
 
     # ------------------------------------------------------------------ data
 
@@ -224,13 +251,29 @@ class Engine:
         left (psoup.results.cursors); a forgotten cursor raises CursorExpired.
         """
         with self._lock:
-            slot = self._slot(handle)
-            answer = self._answer(slot, self._now(now))
+            registered = self._slot(handle)
+            now = self._now(now)
+            if isinstance(registered, JoinPlan):
+                answer = self._join_answer(registered, now)
+            else:
+                answer = self._answer(registered, now)
             if since is None:
                 self._cursors.issue(handle, answer)
                 return answer
-            distinct = self._query_stem.queries[slot].distinct
+            distinct = self._query(registered).distinct
             return self._cursors.changes(handle, since, answer, distinct)
+
+    def _join_answer(self, plan: JoinPlan, now: float) -> Result:
+        query = plan.query
+        stems = self._eddy.stems_of(query)
+        entries = self._eddy.join_matches(plan, self._windows.spans(plan.jid, stems, now))
+        got = [stem.gather_columns(
+                   list(dict.fromkeys([it.column for it in query.select if it.source == i]
+                                      + [TUPLE_ID])), entries.positions[:, i])
+               for i, stem in enumerate(stems)]
+        values = [got[item.source][item.column] for item in query.select]
+        tuple_ids = np.column_stack([g[TUPLE_ID] for g in got])
+        return Result.build(query.columns, values, entries.earliest, tuple_ids, query.distinct)
 
     def _answer(self, slot: int, now: float) -> Result:
         query = self._query_stem.queries[slot]
@@ -257,17 +300,26 @@ class Engine:
             self._after_write()
 
     def _unregister(self, handle: str) -> None:
-        slot = self._slot(handle)
-        self._eddy.submit_removal(slot)
+        registered = self._slot(handle)
+        if isinstance(registered, JoinPlan):
+            self._eddy.submit_join_removal(registered)
+            self._windows.remove(registered.jid)
+        else:
+            self._eddy.submit_removal(registered)
+            self._windows.remove(registered)
         self._eddy.run()
-        self._windows.remove(slot)
         self._cursors.forget(handle)
         del self._handles[handle]
 
     def queries(self) -> list[tuple[str, str]]:
         """[(handle, sql), ...] in registration order."""
         with self._lock:
-            return [(h, self._query_stem.queries[s].sql) for h, s in self._handles.items()]
+            return [(h, self._query(r).sql) for h, r in self._handles.items()]
+
+    def _query(self, registered: int | JoinPlan) -> Query:
+        if isinstance(registered, JoinPlan):
+            return registered.query
+        return self._query_stem.queries[registered]
 
     def stats(self) -> dict[str, Any]:
         """Per stream rows, bytes and rates; per query result counts; memory use."""
@@ -284,15 +336,22 @@ class Engine:
                     "rows_per_s": stem.rows_total / elapsed,
                 }
             queries = {}
-            for handle, slot in self._handles.items():
-                query = self._query_stem.queries[slot]
-                source = query.sources[0]
-                stem = self._stems[source.stream]
-                count = 0 if query.contradiction else len(
-                    self._results.matches(slot, source, stem, (stem.horizon, stem.n)))
+            for handle, registered in self._handles.items():
+                query = self._query(registered)
+                if isinstance(registered, JoinPlan):
+                    stems = self._eddy.stems_of(query)
+                    count = len(self._eddy.join_matches(
+                        registered, [(stem.horizon, stem.n) for stem in stems]))
+                    slot = registered.jid
+                else:
+                    source, slot = query.sources[0], registered
+                    stem = self._stems[source.stream]
+                    count = 0 if query.contradiction else len(
+                        self._results.matches(slot, source, stem, (stem.horizon, stem.n)))
                 queries[handle] = {"sql": query.sql, "slot": slot, "results": count}
             data = sum(s["bytes"] for s in streams.values())
-            memory = {"data": data, "results": self._results.nbytes(),
+            memory = {"data": data,
+                      "results": self._results.nbytes() + self._eddy.join_results.nbytes(),
                       "queries": self._query_stem.nbytes()}
             memory["total"] = sum(memory.values())
             out = {"mode": self.mode, "streams": streams, "queries": queries,
@@ -323,7 +382,7 @@ class Engine:
                                         stem.rows(stem.horizon, stem.n),
                                         stem.rows(0, stem.horizon, expired=True))
                       for name, stem in self._stems.items()}
-            handles = [(h, self._query_stem.queries[s].sql) for h, s in self._handles.items()]
+            handles = [(h, self._query(r).sql) for h, r in self._handles.items()]
             self._journal.checkpoint(images, self._next_tid, handles)
 
     def close(self) -> None:
@@ -378,7 +437,7 @@ class Engine:
             raise QueryError(f"unknown stream '{stream}' (streams: {known})")
         return stem
 
-    def _slot(self, handle: str) -> int:
+    def _slot(self, handle: str) -> int | JoinPlan:
         slot = self._handles.get(handle) if isinstance(handle, str) else None
         if slot is None:
             raise UnknownHandle(f"unknown handle {str(handle)[:12]!r}: not issued by this "

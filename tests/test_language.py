@@ -292,8 +292,17 @@ def test_unknown_qualifier_is_an_error():
     assert "unknown stream or alias 'x' in 'x.lane'" in str(error("SELECT x.lane FROM traffic"))
 
 
-def test_qualifier_naming_a_stream_outside_from_says_joins_are_not_supported_yet():
-    assert "not supported yet" in str(error("SELECT a FROM R WHERE R.a < traffic.lane"))
+def test_qualifier_naming_a_stream_outside_from_is_an_error():
+    e = error("SELECT a FROM R WHERE R.a < traffic.lane")
+    assert str(e) == (
+        "line 1, column 29: stream 'traffic' in 'traffic.lane' is not in FROM (FROM: R)"
+    )
+
+
+def test_one_stream_query_does_not_qualify_clashing_names():
+    e = error("SELECT a, R.a FROM R")
+    assert "duplicate output column 'a'" in str(e)
+    assert (e.line, e.column) == (1, 11)
 
 
 # WHERE: single-attribute factors
@@ -593,8 +602,7 @@ def test_arithmetic_is_only_allowed_on_the_right_hand_column(where):
      ("SELECT a FROM R ORDER BY a", "ORDER BY is not supported"),
      ("SELECT a FROM R LIMIT 5", "LIMIT is not supported"),
      ("SELECT a FROM R UNION SELECT a FROM R", "UNION is not supported"),
-     ("SELECT a FROM R JOIN traffic", "not supported yet"),
-     ("SELECT a FROM R, traffic", "not supported yet"),
+     ("SELECT a FROM R JOIN traffic", "JOIN is not supported: list the streams in FROM"),
      ("SELECT a FROM R WHERE a IS NULL", "not supported"),
      ("SELECT a FROM R WHERE name LIKE 'x%'", "LIKE is not supported")],
 )  # fmt: skip
@@ -602,9 +610,10 @@ def test_unsupported_features_are_rejected_by_name(sql, message):
     assert message in str(error(sql))
 
 
-def test_second_from_item_is_rejected_at_its_position():
-    e = error("SELECT a FROM R, traffic")
-    assert (e.line, e.column) == (1, 18)
+def test_second_from_item_makes_a_join():
+    q = query("SELECT a FROM R, traffic")
+    assert [(s.stream, s.alias) for s in q.sources] == [("R", "R"), ("traffic", "traffic")]
+    assert q.select == (SelectItem(0, "a", "a"),)
 
 
 def test_now_in_where_is_rejected():

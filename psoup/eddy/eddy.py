@@ -12,7 +12,15 @@ entries, never sees half a batch or half a registration.
 For selection queries the routes are short: a data batch is inserted into its Data SteM,
 then probes the Query SteM; a new query is inserted into the Query SteM, then probes its
 stream's Data SteM (PSoup Figs. 3 and 2). When results are not materialized (NoMat) the
-probes are skipped. The joins issue extends the routes and the policy.
+probes are skipped.
+
+A join query is filed in the Query SteM as one *local* query per FROM item (the factors
+on that item alone), so a batch's single Query SteM probe also tells, for every join
+query, which new tuples pass their item's local factors. The matching tuples then travel
+as hybrid structs (psoup.eddy.hybrid) through the other items' Data SteMs, in the order
+the routing policy picks (psoup.eddy.routing), and the complete combinations land in the
+join Results Structure (Figs. 4 and 5). The join work of an entry is a TTP entry queued
+behind its selection matches, so it too completes before the next NTP entry.
 """
 
 from __future__ import annotations
@@ -23,8 +31,11 @@ from typing import Callable
 
 import numpy as np
 
-from psoup.query.model import Query
-from psoup.results.base import ResultsStructure
+from psoup.eddy.hybrid import Step, join
+from psoup.eddy.routing import AdaptiveOrder, FixedOrder
+from psoup.query.model import Query, Source
+from psoup.results.base import ResultsStructure, Span
+from psoup.results.joins import Combinations, JoinResults, in_windows, ordered, stamped
 from psoup.stems.batch import Batch
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.query_stem import QuerySteM
@@ -62,6 +73,28 @@ class RemovalEntry:
 
 
 @dataclass
+class JoinPlan:
+    """A registered join query: its id, and the Query SteM slot and local query of each
+    FROM item (`locals[i]` holds the factors on item i alone)."""
+
+    jid: int
+    query: Query
+    slots: tuple[int, ...]
+    locals: tuple[Query, ...]
+
+
+@dataclass
+class JoinEntry:
+    plan: JoinPlan
+    interest: InterestList
+
+
+@dataclass
+class JoinRemovalEntry:
+    plan: JoinPlan
+
+
+@dataclass
 class Matches:
     """A probe's output bound for the Results Structure (a TTP entry)."""
 
@@ -79,10 +112,14 @@ class Eddy:
     """
 
     def __init__(self, data_stems: dict[str, DataSteM], query_stem: QuerySteM,
-                 results: ResultsStructure):
+                 results: ResultsStructure, join_results: JoinResults | None = None,
+                 policy: FixedOrder | None = None):
         self.data_stems = data_stems
         self.query_stem = query_stem
         self.results = results
+        self.join_results = join_results if join_results is not None else JoinResults()
+        self.policy = policy if policy is not None else AdaptiveOrder()
+        self.joins: dict[int, JoinPlan] = {}
         self.ntp: deque = deque()
         self.ttp: deque = deque()
 
@@ -106,6 +143,18 @@ class Eddy:
         self.ntp.append(entry)
         return entry
 
+    def submit_join(self, plan: JoinPlan) -> JoinEntry:
+        probes = ([s.stream for s in plan.query.sources]
+                  if self.results.materializes and not plan.query.contradiction else [])
+        entry = JoinEntry(plan, InterestList(QUERY_STEM, probes))
+        self.ntp.append(entry)
+        return entry
+
+    def submit_join_removal(self, plan: JoinPlan) -> JoinRemovalEntry:
+        entry = JoinRemovalEntry(plan)
+        self.ntp.append(entry)
+        return entry
+
     # -------------------------------------------------------------- routing
 
     def run(self) -> int:
@@ -117,6 +166,10 @@ class Eddy:
                 self._route_data(entry)
             elif isinstance(entry, QueryEntry):
                 self._route_query(entry)
+            elif isinstance(entry, JoinEntry):
+                self._route_join(entry)
+            elif isinstance(entry, JoinRemovalEntry):
+                self._remove_join(entry)
             else:
                 self._remove(entry)
             while self.ttp:
@@ -136,6 +189,11 @@ class Eddy:
                 bits = self.query_stem.probe(entry.stream, columns, entry.batch.n)
                 self.ttp.append(Matches(
                     lambda b=bits: self.results.on_insert(entry.stream, entry.position, b)))
+                for plan in self.joins.values():
+                    if not plan.query.contradiction and any(
+                            s.stream == entry.stream for s in plan.query.sources):
+                        self.ttp.append(Matches(
+                            lambda p=plan, b=bits: self._join_new_data(p, entry, b)))
 
     def _route_query(self, entry: QueryEntry) -> None:
         self.query_stem.insert(entry.query, entry.slot)
@@ -144,6 +202,97 @@ class Eddy:
             positions = stem.probe(source, stem.horizon, stem.n)
             self.ttp.append(Matches(
                 lambda p=positions, s=source.stream: self.results.on_register(entry.slot, s, p)))
+
+    def _route_join(self, entry: JoinEntry) -> None:
+        """A new join query (Fig. 4): file each item's local query, probe each item's
+        Data SteM with it, then send the survivors through the other SteMs as hybrid
+        structs."""
+        plan = entry.plan
+        for slot, local in zip(plan.slots, plan.locals):
+            self.query_stem.insert(local, slot)
+        self.joins[plan.jid] = plan
+        if not entry.interest.probes:
+            return
+        stems = self.stems_of(plan.query)
+        candidates = {}
+        for i, (slot, local) in enumerate(zip(plan.slots, plan.locals)):
+            stem = stems[i]
+            candidates[i] = stem.probe(local.sources[0], stem.horizon, stem.n)
+            self.ttp.append(Matches(
+                lambda s=slot, p=candidates[i], st=local.sources[0].stream:
+                    self.results.on_register(s, st, p)))
+        combos = self._join(plan, stems, candidates, None)
+        self.ttp.append(Matches(lambda: self.join_results.set(plan.jid, stamped(combos, stems))))
+
+    def _join_new_data(self, plan: JoinPlan, entry: DataEntry, bits: np.ndarray) -> None:
+        """New tuples of one stream joined with the stored data (Fig. 5). For a stream
+        that several FROM items read (a self-join), each combination with at least one
+        new tuple is produced once: when item i takes a new tuple, the items before it
+        on the same stream take only old ones."""
+        stems = self.stems_of(plan.query)
+        p0, p1 = entry.position, entry.position + entry.batch.n
+        found = []
+        for i, source in enumerate(plan.query.sources):
+            if source.stream != entry.stream:
+                continue
+            word, bit = divmod(plan.slots[i], 64)
+            new = p0 + np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
+            if len(new) == 0:
+                continue
+            candidates = {i: new}
+            for j, other in enumerate(plan.query.sources):
+                if j == i:
+                    continue
+                stem = stems[j]
+                end = p0 if (other.stream == entry.stream and j < i) else stem.n
+                candidates[j] = self.results.matches(plan.slots[j], plan.locals[j].sources[0],
+                                                     stem, (stem.horizon, end))
+            found.append(self._join(plan, stems, candidates, i))
+        if found:
+            combos = np.concatenate(found) if len(found) > 1 else found[0]
+            self.join_results.add(plan.jid, stamped(combos, stems), stems)
+
+    def evaluate_join(self, plan: JoinPlan, spans: list[Span]) -> Combinations:
+        """NoMat: the join over the windows, computed at invocation."""
+        stems = self.stems_of(plan.query)
+        candidates = {}
+        for i, (span, local) in enumerate(zip(spans, plan.locals)):
+            source = local.sources[0]
+            candidates[i] = (stems[i].probe(source, *span) if isinstance(span, tuple)
+                             else stems[i].filter(source, span))
+        return ordered(stamped(self._join(plan, stems, candidates, None), stems), stems)
+
+    def join_matches(self, plan: JoinPlan, spans: list[Span]) -> Combinations:
+        """The query's combinations whose every tuple lies in its item's span."""
+        if plan.query.contradiction:
+            return Combinations.empty(len(spans))
+        if not self.results.materializes:
+            return self.evaluate_join(plan, spans)
+        stems = self.stems_of(plan.query)
+        return in_windows(self.join_results.entries(plan.jid, stems), spans)
+
+    def _join(self, plan: JoinPlan, stems: list[DataSteM], candidates: dict[int, np.ndarray],
+              first: int | None) -> np.ndarray:
+        sizes = {i: len(c) for i, c in candidates.items()}
+        if first is None:
+            first = self.policy.start(plan.jid, plan.query, sizes)
+        steps: list[Step] = []
+        combos = join(plan.query, stems, candidates,
+                      self.policy.order(plan.jid, plan.query, first, sizes), steps)
+        self.policy.observe(plan.jid, steps)
+        return combos
+
+    def _remove_join(self, entry: JoinRemovalEntry) -> None:
+        plan = entry.plan
+        for slot, local in zip(plan.slots, plan.locals):
+            self.query_stem.remove(slot)
+            self.results.on_unregister(slot, local.sources[0].stream)
+        self.joins.pop(plan.jid, None)
+        self.join_results.drop(plan.jid)
+        self.policy.forget(plan.jid)
+
+    def stems_of(self, query: Query) -> list[DataSteM]:
+        return [self.data_stems[s.stream] for s in query.sources]
 
     def _remove(self, entry: RemovalEntry) -> None:
         query = self.query_stem.remove(entry.slot)

@@ -3,18 +3,20 @@
 Resolves stream and column names (aliases, `stream.col`, `*`), checks every comparison's
 types (LANGUAGE.md: numbers with numbers, TEXT with TEXT, BOOL with TRUE/FALSE), turns
 windows into `model.Window` (PSoup Sect. 3.2's BEGIN-END clause, or the per-stream CQL
-windows of the STREAM paper Sect. 2), and hands the factors to `normalize`. Features of
-the language that come in later issues (joins) are rejected with "not supported yet".
+windows of the STREAM paper Sect. 2), splits WHERE into each FROM item's local factors
+and the join factors between items (PSoup Sect. 3.2.2), and hands them to `normalize`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Mapping, Sequence, Union
 
 from psoup.errors import QueryError
 from psoup.query.model import (
     IMPLICIT_COLUMNS,
     ColumnFactor,
+    JoinFactor,
     Query,
     SelectItem,
     Source,
@@ -22,7 +24,13 @@ from psoup.query.model import (
     TimeExpr,
     Window,
 )
-from psoup.query.normalize import AttrFactor, is_contradiction, normalize_factors
+from psoup.query.normalize import (
+    FLIPPED,
+    AttrFactor,
+    is_contradiction,
+    normalize_factors,
+    normalize_joins,
+)
 from psoup.query.syntax import (
     BeginEnd,
     Between,
@@ -55,8 +63,6 @@ TYPE_NAMES = {
     "TEXT": "text", "VARCHAR": "text", "STRING": "text",
     "BOOL": "bool", "BOOLEAN": "bool",
 }  # fmt: skip
-
-_FLIPPED = {"=": "=", "!=": "!=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
 def parse_type(name: str) -> str:
@@ -122,6 +128,9 @@ def check(
         >>> q = check(parse("SELECT * FROM R WHERE a < 3"), schemas, "...")
         >>> q.sources[0].predicates[0].hi, q.columns
         (2, ['a'])
+        >>> j = check(parse("SELECT * FROM R r1, R r2 WHERE r2.a > r1.a + 1"), schemas, "...")
+        >>> j.joins, j.columns
+        ((JoinFactor(left=0, left_column='a', op='<', right=1, right_column='a', offset=-1),), ['r1.a', 'r2.a'])
     """
     if isinstance(statement, CreateStream):
         return _check_create(statement, schemas)
@@ -146,80 +155,150 @@ def _check_create(stmt: CreateStream, schemas: Mapping[str, StreamSchema]) -> St
 
 
 def _check_select(stmt: Select, schemas: Mapping[str, StreamSchema], sql: str) -> Query:
-    if len(stmt.sources) > 1:
-        raise QueryError(
-            "joins (more than one stream in FROM) are not supported yet", *stmt.sources[1].pos
-        )
-    scope = _Scope(stmt.sources[0], schemas)
-    window = _window(stmt, scope)
+    scope = _Scope(stmt.sources, schemas)
+    windows = _windows(stmt, scope)
     select = _select_list(stmt.items, scope)
-    predicates, column_factors = normalize_factors(_factors(stmt.where, scope))
-    source = Source(scope.schema.name, scope.alias, window, predicates, column_factors)
-    return Query(sql, (source,), select, stmt.distinct, is_contradiction(predicates))
+    local, joins = _factors(stmt.where, scope)
+    sources = []
+    for schema, name, window, factors in zip(scope.schemas, scope.names, windows, local):
+        predicates, column_factors = normalize_factors(factors)
+        sources.append(Source(schema.name, name, window, predicates, column_factors))
+    contradiction = any(is_contradiction(s.predicates) for s in sources)
+    return Query(
+        sql, tuple(sources), select, stmt.distinct, contradiction, normalize_joins(joins)
+    )
 
 
 class _Scope:
-    """The stream of the FROM item, and how the query may name it and its columns."""
+    """The FROM list: each item's stream and name, and how the query may name their columns.
 
-    def __init__(self, item: FromItem, schemas: Mapping[str, StreamSchema]):
-        schema = schemas.get(item.stream)
-        if schema is None:
-            known = ", ".join(sorted(schemas))
-            listing = f"streams: {known}" if known else "no streams exist yet"
-            raise QueryError(f"unknown stream '{item.stream}' ({listing})", *item.pos)
-        self.schema = schema
-        self.alias = item.alias or item.stream
-        self.item = item
-        self._schemas = schemas
+    An item's name is its alias, or its stream's name when it has none; names are unique.
+    A qualifier names the item of that name, else the one item of that stream; a bare
+    column names the one item whose stream has it (ts and tupleID are in every stream).
+    """
 
-    def check_qualifier(self, qualifier: str | None, display: str, pos: Pos) -> None:
-        """Reject a qualifier that names neither the FROM item's alias nor its stream."""
-        if qualifier is None or qualifier in (self.alias, self.schema.name):
-            return
-        if qualifier in self._schemas:
+    def __init__(self, items: Sequence[FromItem], schemas: Mapping[str, StreamSchema]):
+        self.schemas: list[StreamSchema] = []
+        self.names: list[str] = []
+        for item in items:
+            schema = schemas.get(item.stream)
+            if schema is None:
+                known = ", ".join(sorted(schemas))
+                listing = f"streams: {known}" if known else "no streams exist yet"
+                raise QueryError(f"unknown stream '{item.stream}' ({listing})", *item.pos)
+            name = item.alias or item.stream
+            if name in self.names:
+                if item.alias is None:
+                    initial = item.stream[0].lower()
+                    raise QueryError(
+                        f"duplicate name '{name}' in FROM: give each item its own alias "
+                        f"(FROM {item.stream} {initial}1, {item.stream} {initial}2)",
+                        *item.pos,
+                    )
+                raise QueryError(f"duplicate alias '{name}' in FROM", *item.alias_pos)
+            self.schemas.append(schema)
+            self.names.append(name)
+        self._all_schemas = schemas
+
+    @property
+    def joined(self) -> bool:
+        """True for a join (more than one item in FROM)."""
+        return len(self.names) > 1
+
+    def source_of(self, qualifier: str, display: str, pos: Pos) -> int:
+        """The index of the FROM item `qualifier` names (in `display`, at `pos`)."""
+        if qualifier in self.names:
+            return self.names.index(qualifier)
+        same = [i for i, schema in enumerate(self.schemas) if schema.name == qualifier]
+        if len(same) == 1:
+            return same[0]
+        if same:
             raise QueryError(
-                f"stream '{qualifier}' in '{display}' is not in FROM "
-                "(joins are not supported yet)",
+                f"stream '{qualifier}' appears more than once in FROM (as "
+                f"{', '.join(self.names[i] for i in same)}): qualify '{display}' with one "
+                "of its aliases",
                 *pos,
             )
-        named = self.alias
-        if self.alias != self.schema.name:
-            named += f" ({self.schema.name})"
-        raise QueryError(
-            f"unknown stream or alias '{qualifier}' in '{display}' (FROM: {named})", *pos
-        )
+        listing = f"(FROM: {self._listing()})"
+        if qualifier in self._all_schemas:
+            raise QueryError(f"stream '{qualifier}' in '{display}' is not in FROM {listing}", *pos)
+        raise QueryError(f"unknown stream or alias '{qualifier}' in '{display}' {listing}", *pos)
 
-    def resolve(self, ref: ColumnRef) -> str:
-        """The type of the column `ref` names (declared, ts or tupleID)."""
-        self.check_qualifier(ref.qualifier, ref.display, ref.pos)
+    def resolve(self, ref: ColumnRef, within: int | None = None) -> tuple[int, str]:
+        """The FROM item whose column `ref` names, and the column's type.
+
+        Args:
+            ref: a column reference; the column may be declared, ts or tupleID.
+            within: when given, `ref` must name a column of this item (a window's
+                PARTITION BY partitions its own stream).
+        """
+        if ref.qualifier is not None:
+            index = self.source_of(ref.qualifier, ref.display, ref.pos)
+            if within is not None and index != within:
+                raise QueryError(
+                    f"'{ref.display}' is not a column of '{self.names[within]}': a window "
+                    "partitions its own stream",
+                    *ref.pos,
+                )
+        elif within is not None or not self.joined:
+            index = 0 if within is None else within
+        else:
+            index = self._owner(ref)
+        schema = self.schemas[index]
         try:
-            return self.schema.type_of(ref.name)
+            return index, schema.type_of(ref.name)
         except KeyError:
             raise QueryError(
-                f"unknown column '{ref.name}' in stream '{self.schema.name}' "
-                f"(columns: {', '.join(self.schema.names)})",
+                f"unknown column '{ref.name}' in stream '{schema.name}' "
+                f"(columns: {', '.join(schema.names)})",
                 *ref.name_pos,
             ) from None
+
+    def _owner(self, ref: ColumnRef) -> int:
+        """The one item that has the bare column `ref`."""
+        owners = [
+            i for i, schema in enumerate(self.schemas)
+            if ref.name in schema.names or ref.name in IMPLICIT_COLUMNS
+        ]  # fmt: skip
+        if len(owners) > 1:
+            raise QueryError(
+                f"ambiguous column '{ref.name}' (in {', '.join(self.names[i] for i in owners)})"
+                ": qualify it",
+                *ref.pos,
+            )
+        if not owners:
+            streams = {schema.name: schema for schema in self.schemas}.values()
+            columns = "; ".join(f"{s.name}: {', '.join(s.names)}" for s in streams)
+            raise QueryError(f"unknown column '{ref.name}' in FROM ({columns})", *ref.name_pos)
+        return owners[0]
+
+    def _listing(self) -> str:
+        return ", ".join(
+            name if name == schema.name else f"{name} ({schema.name})"
+            for name, schema in zip(self.names, self.schemas)
+        )
 
 
 # windows
 
 
-def _window(stmt: Select, scope: _Scope) -> Window:
-    own = scope.item.window
-    if own is not None and stmt.begin_end is not None:
+def _windows(stmt: Select, scope: _Scope) -> list[Window]:
+    """One window per FROM item: BEGIN/END's for all, or each item's own [...]."""
+    owned = any(item.window is not None for item in stmt.sources)
+    if owned and stmt.begin_end is not None:
         raise QueryError(
             "BEGIN/END cannot be used when a stream in FROM has its own window [...]",
             *stmt.begin_end.pos,
         )
-    if own is not None:
-        return _stream_window(own, scope)
     if stmt.begin_end is not None:
-        return _begin_end(stmt.begin_end)
-    return Window()
+        return [_begin_end(stmt.begin_end)] * len(stmt.sources)
+    return [
+        Window() if item.window is None else _stream_window(item.window, scope, index)
+        for index, item in enumerate(stmt.sources)
+    ]
 
 
-def _stream_window(window: StreamWindow, scope: _Scope) -> Window:
+def _stream_window(window: StreamWindow, scope: _Scope, index: int) -> Window:
     if isinstance(window, NowWindow):
         return Window("range", TimeExpr(True, 0.0), TimeExpr(True, 0.0))
     if isinstance(window, RangeWindow):
@@ -236,7 +315,7 @@ def _stream_window(window: StreamWindow, scope: _Scope) -> Window:
         return Window("rows", rows=rows)
     columns: list[str] = []
     for ref in window.partition_by:
-        scope.resolve(ref)
+        scope.resolve(ref, within=index)
         if ref.name in columns:
             raise QueryError(f"column '{ref.name}' appears twice in PARTITION BY", *ref.name_pos)
         columns.append(ref.name)
@@ -299,45 +378,68 @@ def _row_count(amount: Literal, what: str) -> int:
 
 
 def _select_list(entries: Sequence[SelectEntry], scope: _Scope) -> tuple[SelectItem, ...]:
-    items: list[SelectItem] = []
+    """The output columns. In a join, `*` and `r.*` name theirs "r.column"; a plain item is
+    named by its column, or "r.column" when another output has that name too."""
+    chosen: list[tuple[int, str, str | None, Pos]] = []  # source, column, fixed name, pos
     for entry in entries:
         if isinstance(entry, Star):
-            display = "*" if entry.qualifier is None else f"{entry.qualifier}.*"
-            scope.check_qualifier(entry.qualifier, display, entry.pos)
-            new = [(column, column) for column in scope.schema.names]
-        else:
-            scope.resolve(entry.column)
-            new = [(entry.column.name, entry.alias or entry.column.name)]
-        for column, name in new:
-            if any(item.name == name for item in items):
-                raise QueryError(
-                    f"duplicate output column '{name}' (rename one with AS)", *entry.pos
+            if entry.qualifier is None:
+                indexes: Sequence[int] = range(len(scope.names))
+            else:
+                indexes = [scope.source_of(entry.qualifier, f"{entry.qualifier}.*", entry.pos)]
+            for index in indexes:
+                prefix = f"{scope.names[index]}." if scope.joined else ""
+                chosen.extend(
+                    (index, column, prefix + column, entry.pos)
+                    for column in scope.schemas[index].names
                 )
-            items.append(SelectItem(0, column, name))
+        else:
+            index, _ = scope.resolve(entry.column)
+            chosen.append((index, entry.column.name, entry.alias, entry.pos))
+    taken = Counter(column if name is None else name for _, column, name, _ in chosen)
+    items: list[SelectItem] = []
+    for index, column, name, pos in chosen:
+        if name is None:
+            clash = scope.joined and taken[column] > 1
+            name = f"{scope.names[index]}.{column}" if clash else column
+        if any(item.name == name for item in items):
+            raise QueryError(f"duplicate output column '{name}' (rename one with AS)", *pos)
+        items.append(SelectItem(index, column, name))
     return tuple(items)
 
 
 # WHERE
 
+_Local = Union[AttrFactor, ColumnFactor]
 
-def _factors(factors: Sequence[Factor], scope: _Scope) -> list[Union[AttrFactor, ColumnFactor]]:
-    out: list[Union[AttrFactor, ColumnFactor]] = []
+
+def _factors(
+    factors: Sequence[Factor], scope: _Scope
+) -> tuple[list[list[_Local]], list[JoinFactor]]:
+    """Each FROM item's local factors, and the join factors between items (as written)."""
+    local: list[list[_Local]] = [[] for _ in scope.names]
+    joins: list[JoinFactor] = []
     for factor in factors:
         if isinstance(factor, Between):
-            ctype = _constant_factor(scope, factor.column, [factor.low, factor.high])
+            index, ctype = _constant_factor(scope, factor.column, [factor.low, factor.high])
             name = factor.column.name
-            out.append(AttrFactor(name, ctype, ">=", factor.low.value))
-            out.append(AttrFactor(name, ctype, "<=", factor.high.value))
+            local[index].append(AttrFactor(name, ctype, ">=", factor.low.value))
+            local[index].append(AttrFactor(name, ctype, "<=", factor.high.value))
         elif isinstance(factor, InList):
-            ctype = _constant_factor(scope, factor.column, factor.values)
+            index, ctype = _constant_factor(scope, factor.column, factor.values)
             values = tuple(v.value for v in factor.values)
-            out.append(AttrFactor(factor.column.name, ctype, "in", values))
+            local[index].append(AttrFactor(factor.column.name, ctype, "in", values))
         else:
-            out.append(_comparison(factor, scope))
-    return out
+            checked = _comparison(factor, scope)
+            if isinstance(checked, JoinFactor):
+                joins.append(checked)
+            else:
+                local[checked[0]].append(checked[1])
+    return local, joins
 
 
-def _comparison(factor: Comparison, scope: _Scope) -> Union[AttrFactor, ColumnFactor]:
+def _comparison(factor: Comparison, scope: _Scope) -> Union[tuple[int, _Local], JoinFactor]:
+    """A local factor with its FROM item's index, or a join factor between two items."""
     left, op, right = factor.left, factor.op, factor.right
     if isinstance(left, Literal) and isinstance(right, Literal):
         raise QueryError(
@@ -346,13 +448,13 @@ def _comparison(factor: Comparison, scope: _Scope) -> Union[AttrFactor, ColumnFa
             *factor.pos,
         )
     if isinstance(left, Literal):
-        left, op, right = right, _FLIPPED[op], left
+        left, op, right = right, FLIPPED[op], left
     assert isinstance(left, ColumnRef)  # the parser puts arithmetic on the right only
     if isinstance(right, Literal):
-        ctype = _constant_factor(scope, left, [right])
-        return AttrFactor(left.name, ctype, op, right.value)
+        index, ctype = _constant_factor(scope, left, [right])
+        return index, AttrFactor(left.name, ctype, op, right.value)
     ref = right.column if isinstance(right, Shifted) else right
-    left_type, right_type = scope.resolve(left), scope.resolve(ref)
+    (left_index, left_type), (right_index, right_type) = scope.resolve(left), scope.resolve(ref)
     if _kind(left_type) != _kind(right_type):
         raise QueryError(
             f"cannot compare {left_type.upper()} column '{left.display}' with "
@@ -368,12 +470,16 @@ def _comparison(factor: Comparison, scope: _Scope) -> Union[AttrFactor, ColumnFa
             )
         amount = right.amount.value
         offset = amount if right.sign == "+" else -amount  # type: ignore[assignment,operator]
-    return ColumnFactor(left.name, op, ref.name, offset)
+    if left_index == right_index:
+        return left_index, ColumnFactor(left.name, op, ref.name, offset)
+    return JoinFactor(left_index, left.name, op, right_index, ref.name, offset)
 
 
-def _constant_factor(scope: _Scope, ref: ColumnRef, constants: Sequence[Literal]) -> str:
-    """Check `ref op c` for each constant c and return the column's type."""
-    ctype = scope.resolve(ref)
+def _constant_factor(
+    scope: _Scope, ref: ColumnRef, constants: Sequence[Literal]
+) -> tuple[int, str]:
+    """Check `ref op c` for each constant c; return the column's FROM item and type."""
+    index, ctype = scope.resolve(ref)
     for constant in constants:
         if _kind(ctype) != _literal_kind(constant):
             raise QueryError(
@@ -381,7 +487,7 @@ def _constant_factor(scope: _Scope, ref: ColumnRef, constants: Sequence[Literal]
                 f"{_describe(constant)}",
                 *constant.pos,
             )
-    return ctype
+    return index, ctype
 
 
 def _kind(ctype: str) -> str:

@@ -141,6 +141,24 @@ class ColumnFactor:
 
 
 @dataclass(frozen=True)
+class JoinFactor:
+    """A join factor between two FROM items (PSoup Sect. 3.2.2):
+    `sources[left].left_column op sources[right].right_column + offset`.
+
+    Normalized so that `left < right` (`S.b > R.a + 2` with R first in FROM becomes
+    `R.a < S.b - 2`); `op` is one of = != < <= > >=; `offset` is 0 for TEXT and BOOL.
+    A self-join's two sources name the same stream under different aliases.
+    """
+
+    left: int
+    left_column: str
+    op: str
+    right: int
+    right_column: str
+    offset: int | float = 0
+
+
+@dataclass(frozen=True)
 class Source:
     """One item of the FROM list with the factors local to it.
 
@@ -179,6 +197,7 @@ class Query:
         select: the output columns, in order (`*` already expanded to declared columns).
         distinct: SELECT DISTINCT.
         contradiction: True when some factor can never hold; the query matches nothing.
+        joins: the join factors between sources (empty for a selection query).
     """
 
     sql: str
@@ -186,6 +205,7 @@ class Query:
     select: tuple[SelectItem, ...]
     distinct: bool = False
     contradiction: bool = False
+    joins: tuple[JoinFactor, ...] = ()
 
     @property
     def columns(self) -> list[str]:

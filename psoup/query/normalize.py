@@ -1,4 +1,4 @@
-"""Normalization: a source's checked factors -> one AttrPredicate per column (last stage).
+"""Normalization: checked factors -> per-source AttrPredicates and oriented join factors.
 
 PSoup Sect. 4.2.2 indexes each query's single-attribute factors on an attribute as one
 set of accepted values, and keeps the multi-attribute factors of one stream in a
@@ -22,6 +22,9 @@ column into that one set, an `AttrPredicate`, in a canonical form:
 
 An empty `eq` set and `empty=True` are the two forms of a contradiction on a column; the
 query then matches nothing (`is_contradiction`).
+
+The join factors between FROM items (PSoup Sect. 3.2.2) are oriented so that the earlier
+item is on the left (`normalize_joins`): `S.b > R.a + 2`, R first in FROM, is `R.a < S.b - 2`.
 """
 
 from __future__ import annotations
@@ -30,9 +33,19 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Sequence, Union
 
-from psoup.query.model import INT64_MAX, INT64_MIN, AttrPredicate, ColumnFactor, Value
+from psoup.query.model import (
+    INT64_MAX,
+    INT64_MIN,
+    AttrPredicate,
+    ColumnFactor,
+    JoinFactor,
+    Value,
+)
 
 _BOOLS = frozenset({False, True})
+
+#: The operator that keeps a comparison true when its two sides swap (`a < b` is `b > a`).
+FLIPPED = {"=": "=", "!=": "!=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,39 @@ def normalize_factors(
                 column_factors.append(factor)
     folded = (fold_column(by_column[column]) for column in sorted(by_column))
     return tuple(p for p in folded if p is not None), tuple(column_factors)
+
+
+def normalize_joins(factors: Sequence[JoinFactor]) -> tuple[JoinFactor, ...]:
+    """Orient the join factors of a query so that `left < right`.
+
+    A factor whose left source comes later in FROM swaps its sides: the operator flips and
+    the offset changes sign (`s.b > r.a + 2` is `r.a < s.b - 2`). Runs in O(f^2) for f
+    factors (f is the handful a WHERE clause holds).
+
+    Args:
+        factors: the query's checked join factors as written, in WHERE order; in each,
+            `left != right`.
+
+    Returns:
+        The factors in WHERE order, each with `left < right`, `<>` written as `!=`, and
+        exact repeats (after orientation) removed.
+
+    Example:
+        >>> normalize_joins([JoinFactor(1, "b", ">", 0, "a", 2), JoinFactor(0, "a", "<>", 1, "b")])
+        (JoinFactor(left=0, left_column='a', op='<', right=1, right_column='b', offset=-2), JoinFactor(left=0, left_column='a', op='!=', right=1, right_column='b', offset=0))
+    """
+    oriented: list[JoinFactor] = []
+    for factor in factors:
+        op = _canonical_op(factor.op)
+        if factor.left > factor.right:
+            # 0 - offset, not -offset: a float offset of 0.0 stays 0.0 rather than -0.0.
+            factor = JoinFactor(factor.right, factor.right_column, FLIPPED[op], factor.left,
+                                factor.left_column, 0 - factor.offset)  # fmt: skip
+        else:
+            factor = replace(factor, op=op)
+        if factor not in oriented:
+            oriented.append(factor)
+    return tuple(oriented)
 
 
 def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:

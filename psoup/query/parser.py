@@ -302,13 +302,16 @@ class _Parser:
     def _from_item(self) -> FromItem:
         self._reject_subquery()
         stream, pos = self._name("a stream name")
-        alias = None
-        if self._accept_word("AS"):
-            alias = self._name("an alias")[0]
-        elif self._tok.kind == NAME:
-            alias = self._advance().text
+        alias, alias_pos = None, None
+        if self._accept_word("AS") or self._tok.kind == NAME:
+            alias, alias_pos = self._name("an alias")
         window = self._stream_window() if self._tok.is_symbol("[") else None
-        return FromItem(pos, stream, alias, window)
+        misplaced_alias = self._tok.kind == NAME or self._tok.is_word("AS")
+        if window is not None and alias is None and misplaced_alias:
+            raise QueryError(
+                f"the alias goes before the window: FROM {stream} alias [...]", *self._tok.pos
+            )
+        return FromItem(pos, stream, alias, alias_pos, window)
 
     def _stream_window(self) -> StreamWindow:
         pos = self._advance().pos

@@ -166,11 +166,12 @@ StreamWindow = Union[RangeWindow, RowsWindow, NowWindow]
 
 @dataclass(frozen=True)
 class FromItem:
-    """`stream [alias] [window]` in a FROM list."""
+    """`stream [alias] [window]` in a FROM list; `alias_pos` is where the alias starts."""
 
     pos: Pos
     stream: str
     alias: str | None
+    alias_pos: Pos | None
     window: StreamWindow | None
 
 

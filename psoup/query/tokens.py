@@ -41,7 +41,8 @@ UNSUPPORTED_KEYWORDS = {
     "UNION": "UNION is not supported",
     "INTERSECT": "INTERSECT is not supported",
     "EXCEPT": "EXCEPT is not supported",
-    "JOIN": "joins are not supported yet",
+    "JOIN": "JOIN is not supported: list the streams in FROM and compare their columns in "
+            "WHERE (FROM R, S WHERE R.a = S.b)",
     "EXISTS": "subqueries are not supported",
     "IS": "IS is not supported (there are no NULLs: every tuple gives every column)",
     "NULL": "NULL is not supported (there are no NULLs: every tuple gives every column)",

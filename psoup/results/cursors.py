@@ -3,8 +3,8 @@ changes (the STREAM paper's Istream and Dstream of a query's answer).
 
 An invocation's answer is remembered under a fresh random cursor; invoking with
 `since=cursor` compares the new answer with the remembered one. Rows are identified by
-their tupleID, so two equal rows from different tuples are different rows (bag
-semantics); a DISTINCT answer is a set, so its rows are identified by their values and a
+their tupleID (a join's by the tupleIDs of its tuples), so two equal rows from
+different tuples are different rows (bag semantics); a DISTINCT answer is a set, so its rows are identified by their values and a
 row whose first occurrence expired while a later duplicate remains has not changed.
 
 Cursors live in memory: each handle keeps its `per_handle` most recently used ones, so a
@@ -66,9 +66,10 @@ class CursorStore:
                                 "to get the whole answer and a new cursor")
         kept.move_to_end(since)
         if distinct:
-            old_rows, new_rows = set(old.rows), set(answer.rows)
-            entered = np.array([row not in old_rows for row in answer.rows], dtype=bool)
-            left = np.array([row not in new_rows for row in old.rows], dtype=bool)
+            entered, left = _differ(answer.rows, old.rows)
+        elif answer.tuple_ids.ndim == 2:         # a join: one tupleID per FROM item
+            entered, left = _differ(list(map(tuple, answer.tuple_ids.tolist())),
+                                    list(map(tuple, old.tuple_ids.tolist())))
         else:
             entered = ~np.isin(answer.tuple_ids, old.tuple_ids)
             left = ~np.isin(old.tuple_ids, answer.tuple_ids)
@@ -78,6 +79,13 @@ class CursorStore:
     def forget(self, handle: str) -> None:
         """Drop every cursor of an unregistered handle. O(1)."""
         self._by_handle.pop(handle, None)
+
+
+def _differ(new: list, old: list) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the keys in `new` that are not in `old`, and of those in `old` not in `new`."""
+    old_keys, new_keys = set(old), set(new)
+    return (np.array([key not in old_keys for key in new], dtype=bool),
+            np.array([key not in new_keys for key in old], dtype=bool))
 
 
 def _subset(result: Result, keep: np.ndarray) -> Result:

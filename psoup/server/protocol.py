@@ -136,8 +136,12 @@ def error_of(error: Any) -> PSoupError:
 # ---------------------------------------------------------------------- answers
 
 def _rows_part(result: Result) -> dict[str, Any]:
-    return {"rows": result.rows, "ts": encode_array(np.asarray(result.ts, np.float64)),
-            "tuple_ids": encode_array(np.asarray(result.tuple_ids, np.int64))}
+    tuple_ids = np.asarray(result.tuple_ids, np.int64)
+    part = {"rows": result.rows, "ts": encode_array(np.asarray(result.ts, np.float64)),
+            "tuple_ids": encode_array(tuple_ids.ravel())}
+    if tuple_ids.ndim == 2:                  # a join: one tupleID per FROM item, row-major
+        part["tuple_ids_per_row"] = tuple_ids.shape[1]
+    return part
 
 
 def encode_answer(answer: Result | Changes) -> dict[str, Any]:
@@ -160,6 +164,9 @@ def encode_answer(answer: Result | Changes) -> dict[str, Any]:
 def _result_of(columns: list[str], part: Mapping[str, Any], cursor: str | None) -> Result:
     ts = np.array(decode_array(part["ts"]), dtype=np.float64)
     tuple_ids = np.array(decode_array(part["tuple_ids"]), dtype=np.int64)
+    width = part.get("tuple_ids_per_row")
+    if width:
+        tuple_ids = tuple_ids.reshape(-1, int(width))
     return Result(columns, [tuple(row) for row in part["rows"]], ts, tuple_ids, cursor)
 
 

@@ -197,6 +197,36 @@ class DataSteM:
                                      or [np.empty(0, dtype)])
                 for name, dtype in self._dtypes.items()}
 
+    def gather(self, column: str, positions: np.ndarray) -> np.ndarray:
+        """One column's values at retained positions in any order, repeats allowed (a
+        join's combinations)."""
+        return self.gather_columns([column], positions)[column]
+
+    def gather_columns(self, columns: Sequence[str], positions: np.ndarray
+                       ) -> dict[str, np.ndarray]:
+        """Several columns' values at retained positions in any order, repeats allowed.
+        O(n) when the positions lie in a few chunks (a join's window usually does),
+        O(n log n) otherwise."""
+        cap = self.chunk_rows
+        if len(positions) == 0:
+            return {name: np.empty(0, self._dtypes[name]) for name in columns}
+        ks = positions // cap
+        first, last = int(ks.min()), int(ks.max())
+        if last - first > 3:
+            uniq, inverse = np.unique(positions, return_inverse=True)
+            got = self.take_columns(columns, uniq)
+            return {name: values[inverse] for name, values in got.items()}
+        if first == last:
+            cols, rows = self._chunks[first - self._chunk0].cols, positions - first * cap
+            return {name: cols[name][rows] for name in columns}
+        out = {name: np.empty(len(positions), self._dtypes[name]) for name in columns}
+        for k in range(first, last + 1):
+            here = ks == k
+            cols, rows = self._chunks[k - self._chunk0].cols, positions[here] - k * cap
+            for name in columns:
+                out[name][here] = cols[name][rows]
+        return out
+
     def take(self, column: str, positions: np.ndarray) -> np.ndarray:
         """One column's values at sorted retained `positions`. O(len(positions))."""
         return self.take_columns([column], positions)[column]

@@ -1,0 +1,195 @@
+"""Hybrid structs: joining a query's FROM items through the Data SteMs (PSoup Sect.
+3.2.2-3.2.3, Figs. 4 and 5; composite tuples, Sect. 5.4).
+
+A hybrid struct is a partial combination (one tuple from each FROM item joined so far)
+together with what is left of the query once those tuples' values are substituted into
+the join factors. Here the structs of one step travel together, as arrays: a
+*composite* in the paper's sense. The factors local to each FROM item (evaluated once, by
+the Query SteM or the Data SteM probe) give each item's candidate positions; the
+partial combinations then probe the next item's candidates in one step:
+
+* an equality factor drives a sort-merge join: the candidates are sorted by the join
+  column once, and each struct finds its matches by binary search (Fig. 11's sort-merge
+  of predicates with data);
+* an inequality factor drives an index nested-loops join over the same sorted column:
+  each struct's matches are one contiguous range;
+* the other factors between the new item and those already joined filter the expanded
+  structs, vectorized.
+
+No intermediate table is stored: a step's output is the next step's input, and the last
+step's output is a set of complete combinations for the Results Structure.
+
+`separate_probe` is the paper's baseline without composite tuples: every hybrid struct
+probes the next Data SteM on its own (Fig. 11, "Separate").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from psoup.query.model import JoinFactor, Query, Source
+from psoup.stems.data_stem import DataSteM
+from psoup.stems.predicates import COMPARE
+
+#: What `y rel t` must hold for the candidate value y when the join factor is seen from
+#: its right side (x op y + c  <=>  y flip(op) x - c).
+_FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+@dataclass
+class Step:
+    """What one join step saw, for the routing policy: structs in, combinations out."""
+
+    source: int
+    structs_in: int
+    candidates: int
+    structs_out: int
+
+
+def oriented(factor: JoinFactor, new: int) -> tuple[int, str, str, str, int | float]:
+    """The factor as a condition on source `new`'s column y given the other side's x:
+    (other source, other column, new column, relation, shift) meaning
+    `y relation x + shift`."""
+    if factor.left == new:       # y op x + c
+        return factor.right, factor.right_column, factor.left_column, factor.op, factor.offset
+    return (factor.left, factor.left_column, factor.right_column, _FLIP[factor.op],
+            -factor.offset)
+
+
+def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.ndarray],
+         order: Sequence[int], steps: list[Step] | None = None) -> np.ndarray:
+    """Every combination of candidate positions (one per FROM item) that satisfies the
+    query's join factors, as an (m, k) int64 array in FROM order.
+
+    Args:
+        query: the join query.
+        stems: the Data SteM of each FROM item, in FROM order.
+        candidates: per FROM item, the sorted positions satisfying its local factors.
+        order: the order in which items are joined (the routing policy's choice); the
+            first item's candidates are the initial structs.
+        steps: when given, one Step per join step is appended (for the policy).
+
+    Example:
+        >>> from psoup.query.model import StreamSchema, Window
+        >>> from psoup.stems.batch import make_batch
+        >>> r = DataSteM(StreamSchema("R", (("a", "int"),)))
+        >>> _ = r.append(make_batch(r.schema, [(1,), (5,)], 1.0, 0, r.last_ts), np.arange(2))
+        >>> s = DataSteM(StreamSchema("S", (("b", "int"),)))
+        >>> _ = s.append(make_batch(s.schema, [(3,), (0,)], 1.0, 0, s.last_ts), np.arange(2, 4))
+        >>> q = Query("", (Source("R", "R", Window()), Source("S", "S", Window())), (),
+        ...           joins=(JoinFactor(0, "a", ">", 1, "b"),))
+        >>> sorted(map(tuple, join(q, [r, s], {0: np.array([0, 1]), 1: np.array([0, 1])},
+        ...                        [0, 1]).tolist()))
+        [(0, 1), (1, 0), (1, 1)]
+    """
+    k = len(query.sources)
+    first = order[0]
+    combo: dict[int, np.ndarray] = {first: np.asarray(candidates[first], dtype=np.int64)}
+    values: dict[tuple[int, str], np.ndarray] = {}   # (source, column) -> aligned values
+
+    def aligned(source: int, column: str) -> np.ndarray:
+        got = values.get((source, column))
+        if got is None:
+            got = values[(source, column)] = stems[source].gather(column, combo[source])
+        return got
+
+    for new in order[1:]:
+        structs = len(next(iter(combo.values())))
+        cand = np.asarray(candidates[new], dtype=np.int64)
+        if structs == 0 or len(cand) == 0:
+            return np.empty((0, k), dtype=np.int64)
+        links = [oriented(f, new) for f in query.joins
+                 if (f.left == new and f.right in combo) or (f.right == new and f.left in combo)]
+        driver = _driver(links)
+        if driver is None:                       # no factor links them: a cross product
+            left = np.repeat(np.arange(structs), len(cand))
+            right = np.tile(cand, structs)
+        else:
+            other, other_col, col, rel, shift = links.pop(driver)
+            y = stems[new].take(col, cand)
+            by = np.argsort(y, kind="stable")
+            y_sorted, cand_sorted = y[by], cand[by]
+            target = aligned(other, other_col)
+            if shift:
+                target = target + shift
+            lo, hi = _ranges(y_sorted, target, rel)
+            counts = np.maximum(hi - lo, 0)
+            left = np.repeat(np.arange(structs), counts)
+            starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
+            right = cand_sorted[starts + np.arange(len(left))]
+            values[(new, col)] = y_sorted[starts + np.arange(len(left))]
+        for key in list(values):
+            if key[0] != new:
+                values[key] = values[key][left]
+        for source in combo:
+            combo[source] = combo[source][left]
+        combo[new] = right
+        for other, other_col, col, rel, shift in links:
+            y = aligned(new, col)
+            x = aligned(other, other_col)
+            keep = np.asarray(COMPARE[rel](y, x + shift if shift else x), dtype=bool)
+            for key in values:
+                values[key] = values[key][keep]
+            for source in combo:
+                combo[source] = combo[source][keep]
+        if steps is not None:
+            steps.append(Step(new, structs, len(cand), len(combo[new])))
+    return np.column_stack([combo[s] for s in range(k)]) if k else np.empty((0, 0), np.int64)
+
+
+def separate_probe(query: Query, stems: Sequence[DataSteM], outer: int,
+                   outer_positions: np.ndarray, inner: int, inner_source: Source) -> np.ndarray:
+    """Fig. 11's "Separate" baseline for a two-way join: each hybrid struct (one outer
+    tuple with its values substituted into the join factors) probes the inner Data SteM
+    on its own, with the inner item's local factors and its own join factors. Returns
+    the (m, 2) combinations, like `join`. O(structs * probe)."""
+    links = [oriented(f, inner) for f in query.joins]
+    outer_values = {col: stems[outer].take(col, outer_positions) for _, col, *_ in links}
+    stem = stems[inner]
+    out = []
+    for i, p in enumerate(outer_positions.tolist()):
+        mask_positions = stem.probe(inner_source, stem.horizon, stem.n)
+        if len(mask_positions) == 0:
+            continue
+        keep = np.ones(len(mask_positions), dtype=bool)
+        for _, other_col, col, rel, shift in links:
+            y = stem.take(col, mask_positions)
+            keep &= np.asarray(COMPARE[rel](y, outer_values[other_col][i] + shift), dtype=bool)
+        for q in mask_positions[keep].tolist():
+            out.append((p, q) if outer < inner else (q, p))
+    return np.array(out, dtype=np.int64).reshape(-1, 2)
+
+
+def _driver(links: list[tuple]) -> int | None:
+    """The factor to drive the next step: an equality if there is one (most selective
+    on uniform data, and a sort-merge), else an inequality (a range per struct)."""
+    best = None
+    for i, link in enumerate(links):
+        rel = link[3]
+        if rel == "=":
+            return i
+        if rel != "!=" and best is None:
+            best = i
+    return best
+
+
+def _ranges(y_sorted: np.ndarray, target: np.ndarray, rel: str) -> tuple[np.ndarray, np.ndarray]:
+    """For each target t, the index range of sorted y with `y rel t`."""
+    n = len(y_sorted)
+    if rel == "=":
+        return (np.searchsorted(y_sorted, target, "left"),
+                np.searchsorted(y_sorted, target, "right"))
+    zeros = np.zeros(len(target), dtype=np.int64)
+    full = np.full(len(target), n, dtype=np.int64)
+    if rel == "<":
+        return zeros, np.searchsorted(y_sorted, target, "left")
+    if rel == "<=":
+        return zeros, np.searchsorted(y_sorted, target, "right")
+    if rel == ">":
+        return np.searchsorted(y_sorted, target, "right"), full
+    if rel == ">=":
+        return np.searchsorted(y_sorted, target, "left"), full
+    raise ValueError(f"{rel!r} cannot drive a join step")
