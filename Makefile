@@ -23,6 +23,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/invoke.py
 	$(BIN)/python bench/server.py
+	$(BIN)/python bench/joins.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/results/*.json bench/results/*.png

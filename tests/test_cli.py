@@ -38,7 +38,8 @@ def test_bad_option_is_a_usage_error():
 
 def test_benchmarks_run_and_write_their_reports(tmp_path):
     reports = {"ingest.py": ["ingest"], "invoke.py": ["invoke"],
-               "server.py": ["server_poll", "server_ingest"]}
+               "server.py": ["server_poll", "server_ingest"],
+               "joins.py": ["joins_fig8", "joins_fig11", "joins_routing"]}
     for script, names in reports.items():
         done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)

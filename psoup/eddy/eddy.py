@@ -269,7 +269,7 @@ class Eddy:
         if not self.results.materializes:
             return self.evaluate_join(plan, spans)
         stems = self.stems_of(plan.query)
-        return in_windows(self.join_results.entries(plan.jid, stems), spans)
+        return in_windows(self.join_results.entries(plan.jid, stems), spans, stems)
 
     def _join(self, plan: JoinPlan, stems: list[DataSteM], candidates: dict[int, np.ndarray],
               first: int | None) -> np.ndarray:
