@@ -237,6 +237,7 @@ class Eddy:
                 continue
             word, bit = divmod(plan.slots[i], 64)
             new = p0 + np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
+            new = new[new >= stems[i].horizon]    # a batch longer than retention
             if len(new) == 0:
                 continue
             candidates = {i: new}

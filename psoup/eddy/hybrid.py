@@ -32,7 +32,7 @@ import numpy as np
 
 from psoup.query.model import JoinFactor, Query, Source
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.predicates import COMPARE
+from psoup.stems.predicates import HOLDS_BEYOND, compare_shifted, shifted
 
 #: What `y rel t` must hold for the candidate value y when the join factor is seen from
 #: its right side (x op y + c  <=>  y flip(op) x - c).
@@ -112,10 +112,12 @@ def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.nd
             y = stems[new].take(col, cand)
             by = np.argsort(y, kind="stable")
             y_sorted, cand_sorted = y[by], cand[by]
-            target = aligned(other, other_col)
-            if shift:
-                target = target + shift
+            target, above, below = shifted(aligned(other, other_col), shift)
             lo, hi = _ranges(y_sorted, target, rel)
+            for beyond, holds in ((above, HOLDS_BEYOND[rel][0]), (below, HOLDS_BEYOND[rel][1])):
+                if beyond is not None and beyond.any():     # x + shift left int64
+                    lo[beyond] = 0
+                    hi[beyond] = len(y_sorted) if holds else 0
             counts = np.maximum(hi - lo, 0)
             left = np.repeat(np.arange(structs), counts)
             starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
@@ -130,7 +132,7 @@ def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.nd
         for other, other_col, col, rel, shift in links:
             y = aligned(new, col)
             x = aligned(other, other_col)
-            keep = np.asarray(COMPARE[rel](y, x + shift if shift else x), dtype=bool)
+            keep = compare_shifted(rel, y, x, shift)
             for key in values:
                 values[key] = values[key][keep]
             for source in combo:
@@ -157,7 +159,8 @@ def separate_probe(query: Query, stems: Sequence[DataSteM], outer: int,
         keep = np.ones(len(mask_positions), dtype=bool)
         for _, other_col, col, rel, shift in links:
             y = stem.take(col, mask_positions)
-            keep &= np.asarray(COMPARE[rel](y, outer_values[other_col][i] + shift), dtype=bool)
+            x = np.full(len(y), outer_values[other_col][i])
+            keep &= compare_shifted(rel, y, x, shift)
         for q in mask_positions[keep].tolist():
             out.append((p, q) if outer < inner else (q, p))
     return np.array(out, dtype=np.int64).reshape(-1, 2)

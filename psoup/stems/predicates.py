@@ -57,8 +57,53 @@ def factor_mask(factor: ColumnFactor, left: np.ndarray, right: np.ndarray) -> np
         >>> factor_mask(f, np.array([1, 9]), np.array([0, 5])).tolist()
         [True, False]
     """
-    rhs = right + factor.offset if factor.offset else right
-    return np.asarray(COMPARE[factor.op](left, rhs), dtype=bool)
+    return compare_shifted(factor.op, left, right, factor.offset)
+
+
+#: Per operator, whether `left op right + offset` holds when the exact right-hand side
+#: lies above (True key) or below (False key) the int64 range.
+HOLDS_BEYOND = {"=": (False, False), "!=": (True, True), "<": (True, False),
+           "<=": (True, False), ">": (False, True), ">=": (False, True)}
+
+
+def shifted(values: np.ndarray, offset: int | float) -> tuple[np.ndarray, np.ndarray | None,
+                                                                np.ndarray | None]:
+    """`values + offset`, and for int64 values with an int offset the rows whose exact
+    sum lies above / below the int64 range (there the array holds a wrapped value).
+
+    Example:
+        >>> big = np.array([2**63 - 1, 5])
+        >>> shifted(big, 1)[1].tolist()
+        [True, False]
+    """
+    if not offset:
+        return values, None, None
+    if values.dtype.kind == "i" and isinstance(offset, (int, np.integer)):
+        limits = np.iinfo(np.int64)
+        with np.errstate(over="ignore"):
+            out = values + np.int64(offset)
+        if offset > 0:
+            return out, values > limits.max - offset, None
+        return out, None, values < limits.min - offset
+    return values + offset, None, None
+
+
+def compare_shifted(op: str, left: np.ndarray, right: np.ndarray,
+                    offset: int | float) -> np.ndarray:
+    """`left op right + offset` per row, exact for int64 even where the sum leaves the
+    int64 range (it never wraps around).
+
+    Example:
+        >>> compare_shifted("<", np.array([0]), np.array([2**63 - 1]), 1).tolist()
+        [True]
+    """
+    rhs, above, below = shifted(right, offset)
+    out = np.asarray(COMPARE[op](left, rhs), dtype=bool)
+    if above is not None and above.any():
+        out[above] = HOLDS_BEYOND[op][0]
+    if below is not None and below.any():
+        out[below] = HOLDS_BEYOND[op][1]
+    return out
 
 
 def source_mask(source: Source, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
