@@ -178,3 +178,20 @@ def test_a_data_directory_is_open_in_one_engine_at_a_time(tmp_path):
         psoup.Engine(path=tmp_path)
     first.close()
     psoup.Engine(path=tmp_path).close()          # free again once closed
+
+
+def test_join_queries_survive_a_restart(tmp_path):
+    eng = psoup.Engine(path=tmp_path, checkpoint_bytes=2048)
+    eng.execute("CREATE STREAM R (a INT, b INT)")
+    eng.execute("CREATE STREAM S (b INT, c INT)")
+    h = eng.register("SELECT R.a, S.c FROM R, S WHERE R.b = S.b AND R.a < 5")
+    for i in range(20):
+        eng.insert("R", [(i % 7, i % 3)], ts=float(2 * i))
+        eng.insert("S", [(i % 3, i)], ts=float(2 * i + 1))
+    before = eng.invoke(h, now=100.0)
+    eng.close()
+    back = psoup.Engine(path=tmp_path)
+    after = back.invoke(h, now=100.0)
+    assert len(before) > 20
+    assert after.rows == before.rows
+    assert after.tuple_ids.tolist() == before.tuple_ids.tolist()

@@ -751,3 +751,19 @@ def test_frames_are_msgpack_with_a_big_endian_length():
     frame = pack_frame({"id": 1, "op": "ping", "args": {}})
     assert frame[:4] == len(frame[4:]).to_bytes(4, "big")
     assert msgpack.unpackb(frame[4:], raw=False) == {"id": 1, "op": "ping", "args": {}}
+
+
+def test_join_answers_and_changes_cross_the_wire_with_a_tupleid_per_item(connect):
+    client = connect()
+    client.execute("CREATE STREAM R (a INT)")
+    client.execute("CREATE STREAM S (b INT)")
+    handle = client.register("SELECT * FROM R, S WHERE R.a = S.b")
+    client.insert("R", [(1,), (2,)], ts=1.0)
+    client.insert("S", [(2,), (1,)], ts=2.0)
+    answer = client.invoke(handle, now=3.0)
+    assert answer.columns == ["R.a", "S.b"]
+    assert answer.rows == [(1, 1), (2, 2)]
+    assert answer.tuple_ids.tolist() == [[0, 3], [1, 2]]
+    client.insert("S", [(1,)], ts=4.0)
+    changes = client.invoke(handle, now=5.0, since=answer.cursor)
+    assert changes.inserted.tuple_ids.tolist() == [[0, 4]] and len(changes.deleted) == 0
