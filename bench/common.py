@@ -131,6 +131,16 @@ def timed(fn: Callable[[], Any], repeat: int = 5, min_time: float = 0.0,
     return Timing(times)
 
 
+def quick_flag(doc: str) -> tuple[bool, str]:
+    """Parse a benchmark's command line (`--quick` only): (quick, report-name suffix)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
+    quick = parser.parse_args().quick
+    return quick, "_quick" if quick else ""
+
+
 def machine_info() -> dict[str, Any]:
     """Where the numbers were measured."""
     import matplotlib

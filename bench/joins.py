@@ -20,7 +20,6 @@ Usage: python bench/joins.py [--quick]
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -275,11 +274,8 @@ def _plot_routing(ax, rows) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
-    quick = parser.parse_args().quick
+    quick, suffix = common.quick_flag(__doc__)
     s = _settings(quick)
-    suffix = "_quick" if quick else ""
 
     fig8 = bench_fig8(s)
     window, target = FIG8_TARGET

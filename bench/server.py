@@ -22,7 +22,6 @@ Usage: python bench/server.py [--quick]
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -243,11 +242,8 @@ def _plot_ingest(ax, rows) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
-    quick = parser.parse_args().quick
+    quick, suffix = common.quick_flag(__doc__)
     s = _settings(quick)
-    suffix = "_quick" if quick else ""
 
     poll = bench_poll(s)
     common.report(f"server_poll{suffix}", poll, [

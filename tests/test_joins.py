@@ -1,0 +1,1210 @@
+"""Join queries: the PSoup walkthroughs (Sect. 3.2.2, Figs. 4 and 5), duality, self-joins,
+N-way joins, join factors, windows over joins, `since` cursors, and a differential test
+of every engine mode and routing policy against DuckDB.
+
+Join answer semantics (LANGUAGE.md, docs/semantics.md): the rows are every combination
+of tuples, one per FROM item, that satisfies the WHERE clause, with every component
+inside its item's window at invocation time and still retained; ordered by the earliest
+component ts, then by the component tupleIDs in FROM order. `Result.ts` is that earliest
+ts and `Result.tuple_ids` an (n, k) int64 array, one tupleID per FROM item.
+
+Expected answers in the unit tests are literals worked out by hand from the data (the
+comments show the reasoning), never copied from psoup's output.
+"""
+
+from __future__ import annotations
+
+import random
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import event, given, settings
+
+import psoup
+from tests.conftest import Clock
+from tests.test_differential import OPS, Oracle, create, queries, sql_literal
+
+ROUTINGS = ("adaptive", "fixed")
+ENGINE_KINDS = [(m, r) for m in psoup.MODES for r in ROUTINGS]
+
+
+@pytest.fixture(params=ENGINE_KINDS, ids=[f"{m}-{r}" for m, r in ENGINE_KINDS])
+def make_engine(request):
+    """A factory of engines of one (mode, routing); chunk_rows=2 so that joins read
+    across several storage chunks."""
+    mode, routing = request.param
+
+    def make(clock=None, chunk_rows=2):
+        return psoup.Engine(mode=mode, routing=routing, clock=clock or Clock(100.0),
+                            chunk_rows=chunk_rows)
+    return make
+
+
+def pairs(result, paper_id):
+    """The answer's tupleID combinations, translated to the test's own tuple names."""
+    assert result.tuple_ids.dtype == np.int64
+    assert result.tuple_ids.ndim == 2 and result.tuple_ids.shape[0] == len(result.rows)
+    return [tuple(paper_id[t] for t in row) for row in result.tuple_ids.tolist()]
+
+
+def insert(eng, stream, named_rows, ts, names):
+    """Insert rows and remember engine tupleID -> the test's name for each row."""
+    ids = eng.insert(stream, list(named_rows.values()), ts=ts).tolist()
+    names.update(zip(ids, named_rows))
+    return ids
+
+
+# ----------------------------------------------------------------------------------
+# PSoup Figs. 4 and 5: query 23 = R.a < 5 AND R.a > S.b AND S.b > 1
+#
+# The SteMs hold R and S tuples with tupleIDs up to 54 and queries up to 22. Tuple
+# names below are the paper-style IDs; each tuple's ts equals its ID.
+
+FIG4_R = {48: (4,), 49: (5,), 50: (3,), 51: (2,)}          # R(a)
+FIG4_S = {52: (2,), 53: (1,), 54: (3,)}                    # S(b)
+FIG4_QUERIES = {
+    20: "SELECT * FROM R, S WHERE R.a = S.b",
+    21: "SELECT * FROM R, S WHERE R.a > S.b + 1",
+    22: "SELECT * FROM R WHERE R.a < 5",                  # a selection query, same SteMs
+}
+QUERY_23 = "SELECT * FROM R, S WHERE R.a < 5 AND R.a > S.b AND S.b > 1"
+
+
+@pytest.fixture
+def fig4(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    handles = {qid: eng.register(sql) for qid, sql in FIG4_QUERIES.items()}
+    names: dict[int, int] = {}
+    insert(eng, "R", FIG4_R, [float(t) for t in FIG4_R], names)
+    insert(eng, "S", FIG4_S, [float(t) for t in FIG4_S], names)
+    return eng, handles, names
+
+
+def test_fig4_standing_join_queries_hold_their_pairs(fig4):
+    eng, handles, names = fig4
+    # 20, R.a = S.b: 50 (a=3) with 54 (b=3); 51 (a=2) with 52 (b=2). Earliest ts 50, 51.
+    assert pairs(eng.invoke(handles[20]), names) == [(50, 54), (51, 52)]
+    # 21, R.a > S.b + 1: 48 (4 > 3, 4 > 2, not 4 > 4) -> 52, 53; 49 (5 > 3, 2, 4) -> all;
+    # 50 (3 > 3 no, 3 > 2 yes, 3 > 4 no) -> 53; 51 (2 > 3, 2 > 2, 2 > 4) -> none.
+    assert pairs(eng.invoke(handles[21]), names) == [
+        (48, 52), (48, 53), (49, 52), (49, 53), (49, 54), (50, 53)]
+    assert [names[t] for t in eng.invoke(handles[22]).tuple_ids.tolist()] == [48, 50, 51]
+
+
+def test_fig4_new_join_query_over_stored_data(fig4):
+    eng, _, names = fig4
+    h23 = eng.register(QUERY_23)
+    got = eng.invoke(h23)
+    # R.a < 5 keeps 48 (4), 50 (3), 51 (2) (not 49: a=5); S.b > 1 keeps 52 (2), 54 (3)
+    # (not 53: b=1). R.a > S.b: 48 -> 52 (4>2), 54 (4>3); 50 -> 52 (3>2), not 54 (3>3);
+    # 51 -> neither (2>2, 2>3 fail).
+    assert pairs(got, names) == [(48, 52), (48, 54), (50, 52)]
+    assert got.columns == ["R.a", "S.b"]
+    assert got.rows == [(4, 2), (4, 3), (3, 2)]
+    assert got.ts.tolist() == [48.0, 48.0, 50.0]          # the earliest component ts
+
+
+def test_fig5_new_r_tuple_joins_stored_s_tuples(fig4):
+    eng, _, names = fig4
+    h23 = eng.register(QUERY_23)
+    insert(eng, "R", {55: (4,)}, 55.0, names)
+    got = eng.invoke(h23)
+    # 55 (a=4 < 5) joins the S tuples with 1 < b < 4: 52 (b=2), 54 (b=3). Their earliest
+    # ts is the S tuple's (52, 54), so they come after the old pairs (earliest 48, 50).
+    assert pairs(got, names) == [(48, 52), (48, 54), (50, 52), (55, 52), (55, 54)]
+    assert got.ts.tolist() == [48.0, 48.0, 50.0, 52.0, 54.0]
+    assert got.rows[-2:] == [(4, 2), (4, 3)]
+
+
+def test_fig5_new_r_tuple_failing_its_local_factor_adds_nothing(fig4):
+    eng, _, names = fig4
+    h23 = eng.register(QUERY_23)
+    insert(eng, "R", {55: (5,)}, 55.0, names)     # R.a < 5 fails: no hybrid struct
+    assert pairs(eng.invoke(h23), names) == [(48, 52), (48, 54), (50, 52)]
+
+
+def test_fig5_new_s_tuple_joins_stored_r_tuples(fig4):
+    eng, _, names = fig4
+    h23 = eng.register(QUERY_23)
+    insert(eng, "S", {55: (2,)}, 55.0, names)
+    # 55 (b=2 > 1) joins the R tuples with 2 < a < 5: 48 (a=4), 50 (a=3). Earliest ts is
+    # the R tuple's, so (48, 55) sorts after (48, 54) by S tupleID and before 50's pairs.
+    got = eng.invoke(h23)
+    assert pairs(got, names) == [(48, 52), (48, 54), (48, 55), (50, 52), (50, 55)]
+    assert got.ts.tolist() == [48.0, 48.0, 48.0, 50.0, 50.0]
+
+
+def test_fig5_new_tuple_updates_every_standing_join_query(fig4):
+    eng, handles, names = fig4
+    handles[23] = eng.register(QUERY_23)
+    insert(eng, "R", {55: (4,)}, 55.0, names)
+    # 20 (R.a = S.b): no S tuple has b=4 -> unchanged.
+    assert pairs(eng.invoke(handles[20]), names) == [(50, 54), (51, 52)]
+    # 21 (R.a > S.b + 1): 4 > 3 (52), 4 > 2 (53), not 4 > 4 (54).
+    assert pairs(eng.invoke(handles[21]), names) == [
+        (48, 52), (48, 53), (49, 52), (49, 53), (49, 54), (50, 53), (55, 52), (55, 53)]
+    # 22 (selection R.a < 5) gets the tuple itself.
+    assert [names[t] for t in eng.invoke(handles[22]).tuple_ids.tolist()] == [48, 50, 51, 55]
+    assert pairs(eng.invoke(handles[23]), names)[-2:] == [(55, 52), (55, 54)]
+
+
+# ----------------------------------------------------------------------------------
+# Duality (ARCHITECTURE.md invariant 2) for joins
+
+DUALITY_QUERIES = [
+    "SELECT * FROM R, S WHERE R.a = S.b AND R.c > 0",
+    "SELECT * FROM R, S WHERE R.a < S.b - 1 AND S.d != 2",
+    "SELECT r1.a, r2.c FROM R r1, R r2 WHERE r1.a = r2.c",
+    "SELECT * FROM R, S, T WHERE R.a = S.b AND S.d <= T.e + 1 AND T.e > 0",
+    "SELECT DISTINCT R.a FROM R, S WHERE R.c >= S.d",
+    "SELECT * FROM R, S WHERE R.ts <= S.ts + 1 AND R.a = S.b",
+    "SELECT * FROM R [ROWS 4], S [RANGE 3 SECONDS] WHERE R.a = S.b",
+    "SELECT * FROM R, S WHERE R.a = S.b BEGIN NOW - 4 END NOW",
+]
+
+
+def duality_batches(seed: int):
+    """Twelve batches of 1-4 rows, to R, S, T in turn, timestamps rising 0-0.5 s a row."""
+    rng = random.Random(seed)
+    out, ts = [], 10.0
+    for i in range(12):
+        stream = "RST"[i % 3]
+        rows = [(rng.randint(0, 3), rng.randint(0, 3)) for _ in range(rng.randint(1, 4))]
+        stamps = []
+        for _ in rows:
+            ts += rng.choice([0.0, 0.5])
+            stamps.append(ts)
+        out.append((stream, rows, stamps))
+    return out
+
+
+@pytest.mark.parametrize("sql", DUALITY_QUERIES)
+@pytest.mark.parametrize("seed", [1, 3])
+def test_join_query_before_or_after_the_data_gives_the_same_answer(make_engine, sql, seed):
+    batches = duality_batches(seed)
+    answers = []
+    for register_at in (0, len(batches) // 2, len(batches)):   # first, midway, last
+        eng = make_engine(clock=Clock(20.0))
+        eng.execute("CREATE STREAM R (a INT, c INT)")
+        eng.execute("CREATE STREAM S (b INT, d INT)")
+        eng.execute("CREATE STREAM T (e INT, g INT)")
+        handle = None
+        for i, (stream, rows, stamps) in enumerate(batches):
+            if i == register_at:
+                handle = eng.register(sql)
+            eng.insert(stream, rows, ts=stamps)
+        handle = handle or eng.register(sql)
+        got = eng.invoke(handle, now=max(t for *_, stamps in batches for t in stamps))
+        answers.append((got.rows, got.ts.tolist(), got.tuple_ids.tolist()))
+    assert answers[0] == answers[1] == answers[2]
+    assert answers[0][0], "the data should give this query some rows"
+
+
+# ----------------------------------------------------------------------------------
+# Self-joins
+
+SELF_JOIN = "SELECT r1.tupleID, r2.tupleID FROM R r1, R r2 WHERE r1.a = r2.b"
+#     name: (a, b)
+SELF_ROWS = {"t0": (1, 1), "t1": (2, 1), "t2": (1, 2)}
+# r1.a = r2.b: t0 (a=1) -> r2 with b=1: t0 itself and t1; t1 (a=2) -> t2 (b=2);
+# t2 (a=1) -> t0, t1.
+SELF_PAIRS = {("t0", "t0"), ("t0", "t1"), ("t1", "t2"), ("t2", "t0"), ("t2", "t1")}
+
+
+@pytest.mark.parametrize("query_first", [True, False])
+def test_self_join_within_one_batch_includes_a_tuple_with_itself(make_engine, query_first):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT, b INT)")
+    h = eng.register(SELF_JOIN) if query_first else None
+    names: dict[int, str] = {}
+    insert(eng, "R", SELF_ROWS, 5.0, names)              # one batch, one ts
+    h = h or eng.register(SELF_JOIN)
+    got = eng.invoke(h)
+    # Equal ts everywhere: the order is by r1's tupleID, then r2's.
+    assert pairs(got, names) == [("t0", "t0"), ("t0", "t1"), ("t1", "t2"), ("t2", "t0"),
+                                 ("t2", "t1")]
+    assert set(pairs(got, names)) == SELF_PAIRS
+    assert got.columns == ["r1.tupleID", "r2.tupleID"]
+    assert got.rows == [tuple(r) for r in got.tuple_ids.tolist()]
+
+
+@pytest.mark.parametrize("register_at", [0, 1, 2])
+def test_self_join_across_batches_finds_every_pair_once(make_engine, register_at):
+    """t0 arrives first (ts 1), then t1 and t2 together (ts 2); the query is registered
+    before, between or after the batches. A pair of a new and an old tuple must appear
+    once whichever of r1/r2 the new tuple plays, and new-new pairs once too."""
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT, b INT)")
+    names: dict[int, str] = {}
+    h = eng.register(SELF_JOIN) if register_at == 0 else None
+    insert(eng, "R", {"t0": SELF_ROWS["t0"]}, 1.0, names)
+    h = h or (eng.register(SELF_JOIN) if register_at == 1 else None)
+    insert(eng, "R", {"t1": SELF_ROWS["t1"], "t2": SELF_ROWS["t2"]}, 2.0, names)
+    h = h or eng.register(SELF_JOIN)
+    got = eng.invoke(h)
+    # earliest ts 1: every pair with t0: (t0,t0), (t0,t1), (t2,t0), by r1 then r2 tupleID;
+    # earliest ts 2: (t1,t2), (t2,t1).
+    assert pairs(got, names) == [("t0", "t0"), ("t0", "t1"), ("t2", "t0"), ("t1", "t2"),
+                                 ("t2", "t1")]
+    assert got.ts.tolist() == [1.0, 1.0, 1.0, 2.0, 2.0]
+
+
+def test_self_join_strict_inequality_excludes_the_tuple_with_itself(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    strict = eng.register("SELECT * FROM R r1, R r2 WHERE r1.a < r2.a")
+    loose = eng.register("SELECT * FROM R r1, R r2 WHERE r1.a <= r2.a")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"x": (1,)}, 1.0, names)
+    assert pairs(eng.invoke(strict), names) == []           # 1 < 1 is false
+    assert pairs(eng.invoke(loose), names) == [("x", "x")]  # 1 <= 1
+    insert(eng, "R", {"y": (2,)}, 2.0, names)
+    # strict: only (x, y) (1 < 2). loose: (x,x), (x,y) at earliest 1; (y,y) at 2.
+    assert pairs(eng.invoke(strict), names) == [("x", "y")]
+    assert pairs(eng.invoke(loose), names) == [("x", "x"), ("x", "y"), ("y", "y")]
+
+
+def test_self_join_items_have_their_own_local_factors(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT, kind TEXT)")
+    h = eng.register("SELECT r1.a, r2.a FROM R r1, R r2 "
+                     "WHERE r1.kind = 'buy' AND r2.kind = 'sell' AND r1.a = r2.a")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"b1": (1, "buy"), "s1": (1, "sell"), "b2": (2, "buy")}, 1.0, names)
+    insert(eng, "R", {"s2": (2, "sell"), "s1b": (1, "sell")}, 2.0, names)
+    got = eng.invoke(h)
+    # buys b1 (1), b2 (2); sells s1 (1), s2 (2), s1b (1). Equal a: (b1,s1) ts 1,
+    # (b1,s1b) earliest 1, (b2,s2) earliest 1 (b2's ts).
+    assert pairs(got, names) == [("b1", "s1"), ("b1", "s1b"), ("b2", "s2")]
+    assert got.columns == ["r1.a", "r2.a"]
+    assert got.rows == [(1, 1), (1, 1), (2, 2)]
+
+
+def test_self_join_with_one_unaliased_item(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT, b INT)")
+    h = eng.register("SELECT * FROM R, R r2 WHERE R.a = r2.b")
+    names: dict[int, str] = {}
+    insert(eng, "R", SELF_ROWS, 5.0, names)
+    got = eng.invoke(h)
+    assert got.columns == ["R.a", "R.b", "r2.a", "r2.b"]
+    assert set(pairs(got, names)) == SELF_PAIRS
+
+
+# ----------------------------------------------------------------------------------
+# N-way joins
+
+@pytest.fixture
+def rst(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    eng.execute("CREATE STREAM T (c INT)")
+    return eng
+
+
+def test_three_way_chain_join(rst):
+    eng = rst
+    h = eng.register("SELECT * FROM R, S, T WHERE R.a = S.b AND S.b < T.c")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r0": (1,), "r1": (2,)}, 1.0, names)
+    insert(eng, "S", {"s0": (1,), "s1": (2,), "s2": (3,)}, 2.0, names)
+    insert(eng, "T", {"t0": (2,), "t1": (3,)}, 3.0, names)
+    got = eng.invoke(h)
+    # R.a = S.b: (r0,s0), (r1,s1); S.b < T.c: s0 (1) -> t0, t1; s1 (2) -> t1.
+    assert pairs(got, names) == [("r0", "s0", "t0"), ("r0", "s0", "t1"), ("r1", "s1", "t1")]
+    assert got.columns == ["R.a", "S.b", "T.c"]
+    assert got.rows == [(1, 1, 2), (1, 1, 3), (2, 2, 3)]
+    assert got.tuple_ids.shape == (3, 3)
+
+
+def test_three_way_join_new_tuple_in_the_middle_item(rst):
+    eng = rst
+    h = eng.register("SELECT * FROM R, S, T WHERE R.a = S.b AND S.b < T.c")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r0": (1,), "r1": (2,)}, 1.0, names)
+    insert(eng, "T", {"t0": (2,), "t1": (3,)}, 1.0, names)
+    assert pairs(eng.invoke(h), names) == []
+    insert(eng, "S", {"s1": (2,)}, 2.0, names)
+    # s1 (b=2) joins r1 (a=2) and t1 (3 > 2); not t0 (2 < 2 fails).
+    assert pairs(eng.invoke(h), names) == [("r1", "s1", "t1")]
+    insert(eng, "S", {"s0": (1,)}, 3.0, names)
+    # s0 (b=1) joins r0 and both t0, t1; r0's ts 1 ties with r1's, then r tupleID.
+    assert pairs(eng.invoke(h), names) == [("r0", "s0", "t0"), ("r0", "s0", "t1"),
+                                           ("r1", "s1", "t1")]
+
+
+def test_three_way_self_join(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    h = eng.register("SELECT x.a, y.a, z.a FROM R x, R y, R z WHERE x.a < y.a AND y.a < z.a")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"p": (1,), "q": (2,)}, 1.0, names)
+    insert(eng, "R", {"u": (3,), "v": (2,)}, 2.0, names)
+    got = eng.invoke(h)
+    # increasing triples of a: 1 < 2 < 3 with the 2 being q or v: (p, q, u), (p, v, u).
+    assert pairs(got, names) == [("p", "q", "u"), ("p", "v", "u")]
+    assert got.columns == ["x.a", "y.a", "z.a"]
+
+
+def test_four_way_join(make_engine):
+    eng = make_engine()
+    for s in "RSTU":
+        eng.execute(f"CREATE STREAM {s} (k INT)")
+    h = eng.register("SELECT * FROM R, S, T, U WHERE R.k = S.k AND S.k = T.k AND T.k != U.k")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r1": (1,), "r2": (2,)}, 1.0, names)
+    insert(eng, "S", {"s1": (1,), "s2": (2,)}, 1.0, names)
+    insert(eng, "T", {"t2": (2,)}, 1.0, names)
+    insert(eng, "U", {"u1": (1,), "u2": (2,)}, 1.0, names)
+    # R=S=T only on k=2 (T has only 2); T.k != U.k keeps u1.
+    assert pairs(eng.invoke(h), names) == [("r2", "s2", "t2", "u1")]
+
+
+# ----------------------------------------------------------------------------------
+# Join factors: offsets, inequalities, !=, TEXT, ts, cross products
+
+@pytest.fixture
+def rs(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT, f FLOAT, t TEXT)")
+    eng.execute("CREATE STREAM S (b INT, g FLOAT, t TEXT)")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r1": (1, 0.5, "x"), "r2": (3, 2.0, "é"), "r3": (4, 1.5, "y")},
+           [1.0, 2.0, 3.0], names)
+    insert(eng, "S", {"s1": (2, 1.0, "x"), "s2": (1, 2.5, "X"), "s3": (4, 0.0, "é")},
+           [1.0, 2.0, 3.0], names)
+    return eng, names
+
+
+def by_earliest(combos, ts):
+    """Reference order: earliest component ts, then tupleIDs in FROM order (the names
+    r1 < r2 < r3 and s1 < s2 < s3 follow insertion order, so tupleID order)."""
+    return sorted(combos, key=lambda c: (min(ts[n] for n in c), c))
+
+
+RS_TS = {"r1": 1.0, "r2": 2.0, "r3": 3.0, "s1": 1.0, "s2": 2.0, "s3": 3.0}
+RS_A = {"r1": 1, "r2": 3, "r3": 4}
+RS_B = {"s1": 2, "s2": 1, "s3": 4}
+
+
+@pytest.mark.parametrize(
+    "where, expected",
+    [
+        # R.a = S.b + 1: a in {1,3,4}, b+1 in {3,2,5}: r2 (3) = s1 (2)+1.
+        ("R.a = S.b + 1", [("r2", "s1")]),
+        # R.a <= S.b - 2: b-2 in {0,-1,2}: only s3 (2) with r1 (1).
+        ("R.a <= S.b - 2", [("r1", "s3")]),
+        # the same factor written from S's side: S.b >= R.a + 2.
+        ("S.b >= R.a + 2", [("r1", "s3")]),
+        # R.a > S.b: r1 (1) > none; r2 (3) > s1 (2), s2 (1); r3 (4) > s1, s2.
+        ("R.a > S.b", [("r2", "s1"), ("r2", "s2"), ("r3", "s1"), ("r3", "s2")]),
+        # R.a >= S.b: adds the equal pairs r1 (1) >= s2 (1) and r3 (4) >= s3 (4).
+        ("R.a >= S.b", [("r1", "s2"), ("r2", "s1"), ("r2", "s2"), ("r3", "s1"),
+                        ("r3", "s2"), ("r3", "s3")]),
+        # R.a < S.b: r1 (1) < s1 (2), s3 (4); r2 (3) < s3.
+        ("R.a < S.b", [("r1", "s1"), ("r1", "s3"), ("r2", "s3")]),
+        # R.a != S.b: all but (r1,s2) (1=1) and (r3,s3) (4=4).
+        ("R.a != S.b", [(r, s) for r in ("r1", "r2", "r3") for s in ("s1", "s2", "s3")
+                        if RS_A[r] != RS_B[s]]),
+        ("R.a <> S.b", [(r, s) for r in ("r1", "r2", "r3") for s in ("s1", "s2", "s3")
+                        if RS_A[r] != RS_B[s]]),
+        # float offset: R.f < S.g + 0.5; g+0.5 in {1.5, 3.0, 0.5}; f in {0.5, 2.0, 1.5}:
+        # r1 (0.5) < 1.5, 3.0; r2 (2.0) < 3.0; r3 (1.5) < 3.0 (not < 1.5).
+        ("R.f < S.g + 0.5", [("r1", "s1"), ("r1", "s2"), ("r2", "s2"), ("r3", "s2")]),
+        # INT = FLOAT - 0.5: g-0.5 in {0.5, 2.0, -0.5}; a is an integer: none equal ...
+        ("R.a = S.g - 0.5", []),
+        # ... while FLOAT = FLOAT - 0.5: f in {0.5, 2.0, 1.5}: r1 = s1 (0.5), r2 = s2 (2.0).
+        ("R.f = S.g - 0.5", [("r1", "s1"), ("r2", "s2")]),
+        # INT vs FLOAT with a float offset: a <= g + 1.5 (g+1.5 in {2.5, 4.0, 1.5}):
+        # r1 (1) <= all; r2 (3) <= s2 (4.0); r3 (4) <= s2 (4.0).
+        ("R.a <= S.g + 1.5", [("r1", "s1"), ("r1", "s2"), ("r1", "s3"), ("r2", "s2"),
+                              ("r3", "s2")]),
+        # TEXT equality is exact and by code point: 'x' = 'x', 'é' = 'é', not 'X'.
+        ("R.t = S.t", [("r1", "s1"), ("r2", "s3")]),
+        # TEXT order by code point: 'X' (88) < 'x' (120) < 'y' (121) < 'é' (233).
+        ("R.t < S.t", [("r1", "s3"), ("r3", "s3")]),
+        # two join factors on one pair: b - 2 < a < b + 2 -> |a - b| <= 1 (ints):
+        # r1 (1) with s1 (2), s2 (1); r2 (3) with s1 (2), s3 (4); r3 (4) with s3 (4).
+        ("R.a > S.b - 2 AND R.a < S.b + 2",
+         [("r1", "s1"), ("r1", "s2"), ("r2", "s1"), ("r2", "s3"), ("r3", "s3")]),
+        # join and local factors together: a > 1 and a = b: r3 (4) = s3 (4).
+        ("R.a > 1 AND R.a = S.b AND S.g < 1", [("r3", "s3")]),
+    ],
+)  # fmt: skip
+def test_join_factor(rs, where, expected):
+    eng, names = rs
+    got = eng.invoke(eng.register(f"SELECT * FROM R, S WHERE {where}"))
+    assert pairs(got, names) == by_earliest(expected, RS_TS)
+    assert got.ts.tolist() == [min(RS_TS[n] for n in c) for c in by_earliest(expected, RS_TS)]
+
+
+def test_cross_product_without_join_factor(rs):
+    eng, names = rs
+    got = eng.invoke(eng.register("SELECT R.a, S.b FROM R, S"))
+    # 3 x 3 combinations. Earliest ts: 1 for every pair with r1 or s1 (5 pairs), ordered
+    # by R tupleID then S tupleID; then 2 for (r2,s2), (r2,s3), (r3,s2); then 3 (r3,s3).
+    assert pairs(got, names) == [
+        ("r1", "s1"), ("r1", "s2"), ("r1", "s3"), ("r2", "s1"), ("r3", "s1"),
+        ("r2", "s2"), ("r2", "s3"), ("r3", "s2"), ("r3", "s3")]
+    assert got.ts.tolist() == [1.0] * 5 + [2.0] * 3 + [3.0]
+    assert got.columns == ["a", "b"]
+    assert got.rows[:3] == [(1, 2), (1, 1), (1, 4)]
+
+
+def test_cross_product_with_local_factors_only(rs):
+    eng, names = rs
+    got = eng.invoke(eng.register("SELECT * FROM R, S WHERE R.a >= 3 AND S.g > 0.5"))
+    # R: r2 (3), r3 (4); S: s1 (1.0), s2 (2.5). Earliest: (r2,s1) 1, (r3,s1) 1, (r2,s2) 2,
+    # (r3,s2) 2.
+    assert pairs(got, names) == [("r2", "s1"), ("r3", "s1"), ("r2", "s2"), ("r3", "s2")]
+
+
+def test_ts_in_a_join_factor(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    h = eng.register("SELECT r.tupleID, s.tupleID FROM R r, S s WHERE r.ts <= s.ts + 2")
+    names: dict[int, str] = {}
+    insert(eng, "S", {"s9": (0,), "s11": (0,), "s12": (0,)}, [9.0, 11.0, 12.0], names)
+    insert(eng, "R", {"r10": (0,), "r13": (0,)}, [10.0, 13.0], names)
+    got = eng.invoke(h)
+    # r10: 10 <= 11, 13, 14 -> all S; r13: 13 <= 11 no, 13 <= 13, 13 <= 14 -> s11, s12.
+    # earliest ts: (r10,s9) 9, (r10,s11) 10, (r10,s12) 10, (r13,s11) 11, (r13,s12) 12.
+    assert pairs(got, names) == [("r10", "s9"), ("r10", "s11"), ("r10", "s12"),
+                                 ("r13", "s11"), ("r13", "s12")]
+    assert got.ts.tolist() == [9.0, 10.0, 10.0, 11.0, 12.0]
+
+
+def test_tuple_id_in_a_join_factor(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    h = eng.register("SELECT * FROM R r1, R r2 WHERE r1.tupleID < r2.tupleID AND r1.a = r2.a")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"p": (1,), "q": (1,), "u": (2,), "v": (1,)}, 1.0, names)
+    # ordered pairs of distinct tuples with equal a, first one older: (p,q), (p,v), (q,v).
+    assert pairs(eng.invoke(h), names) == [("p", "q"), ("p", "v"), ("q", "v")]
+
+
+def test_bool_join_factor(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (x BOOL)")
+    eng.execute("CREATE STREAM S (y BOOL)")
+    eq = eng.register("SELECT * FROM R, S WHERE R.x = S.y")
+    lt = eng.register("SELECT * FROM R, S WHERE R.x < S.y")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"rt": (True,), "rf": (False,)}, 1.0, names)
+    insert(eng, "S", {"sf": (False,), "st": (True,)}, 1.0, names)
+    assert pairs(eng.invoke(eq), names) == [("rt", "st"), ("rf", "sf")]
+    assert pairs(eng.invoke(lt), names) == [("rf", "st")]              # FALSE < TRUE
+
+
+INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
+
+
+@pytest.mark.parametrize(
+    "where, expected",
+    [
+        # a = b + 1 holds for no pair of {MIN, MAX} (MAX + 1 = 2**63 is no INT64 value;
+        # int64 wrap-around would make it MIN and match (rmin, smax)) ...
+        ("R.a = S.b + 1", []),
+        # ... a < b + 1 means a <= b: (rmin, smax), (rmin, smin), (rmax, smax); with
+        # wrap-around, MAX + 1 = MIN would drop (rmin, smax) and (rmax, smax).
+        ("R.a < S.b + 1", [("rmin", "smax"), ("rmin", "smin"), ("rmax", "smax")]),
+        # a > b - 1 means a >= b: (rmin, smin), (rmax, smax), (rmax, smin).
+        ("R.a > S.b - 1", [("rmin", "smin"), ("rmax", "smax"), ("rmax", "smin")]),
+        ("R.a = S.b - 1", []),
+    ],
+)  # fmt: skip
+def test_join_factor_offset_does_not_wrap_around_int64(make_engine, where, expected):
+    """`R.a op S.b + c` compares numbers (LANGUAGE.md), so S.b + c must not overflow:
+    psoup adds the offset to the int64 column in numpy (psoup/eddy/hybrid.py, `target =
+    target + shift` and `x + shift`), which wraps INT64_MAX + 1 to INT64_MIN."""
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    h = eng.register(f"SELECT * FROM R, S WHERE {where}")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"rmin": (INT64_MIN,), "rmax": (INT64_MAX,)}, 1.0, names)
+    insert(eng, "S", {"smax": (INT64_MAX,), "smin": (INT64_MIN,)}, 1.0, names)
+    assert pairs(eng.invoke(h), names) == expected
+
+
+# ----------------------------------------------------------------------------------
+# Projection, DISTINCT and windows over joins
+
+def test_distinct_keeps_the_first_combination(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    h = eng.register("SELECT DISTINCT R.a FROM R, S WHERE R.a <= S.b")
+    names: dict[int, str] = {}
+    insert(eng, "S", {"s1": (5,)}, 1.0, names)
+    insert(eng, "R", {"r1": (2,), "r2": (2,), "r3": (7,)}, [2.0, 3.0, 4.0], names)
+    insert(eng, "S", {"s2": (9,)}, 5.0, names)
+    got = eng.invoke(h)
+    # combos: (r1,s1) ts 1, (r2,s1) 1, (r1,s2) 2, (r2,s2) 3, (r3,s2) 4. The rows a=2 first
+    # appear as (r1,s1) (ts 1), a=7 as (r3,s2) (ts 4).
+    assert got.rows == [(2,), (7,)]
+    assert got.ts.tolist() == [1.0, 4.0]
+    assert pairs(got, names) == [("r1", "s1"), ("r3", "s2")]
+
+
+def test_sliding_window_requires_every_component_inside(make_engine):
+    eng = make_engine(clock=Clock(10.0))
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    h = eng.register("SELECT * FROM R, S WHERE R.a = S.b BEGIN NOW - 3 END NOW")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r1": (1,), "r5": (1,)}, [1.0, 5.0], names)
+    insert(eng, "S", {"s2": (1,), "s6": (1,)}, [2.0, 6.0], names)
+    # window [b, e] at now: every component's ts must be in it.
+    assert pairs(eng.invoke(h, now=6.0), names) == [("r5", "s6")]               # [3, 6]
+    assert pairs(eng.invoke(h, now=5.0), names) == [("r5", "s2")]               # [2, 5]
+    assert pairs(eng.invoke(h, now=4.0), names) == [("r1", "s2")]               # [1, 4]
+    assert pairs(eng.invoke(h, now=100.0), names) == []
+    assert pairs(eng.invoke(h, now=8.0), names) == [("r5", "s6")]               # [5, 8]
+    # [1, 6] holds all four; earliest ts 1, 1, 2, 5.
+    wide = eng.register("SELECT * FROM R, S WHERE R.a = S.b BEGIN NOW - 5 END NOW")
+    assert pairs(eng.invoke(wide, now=6.0), names) == [
+        ("r1", "s2"), ("r1", "s6"), ("r5", "s2"), ("r5", "s6")]
+
+
+def test_snapshot_window_over_a_join(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    h = eng.register("SELECT * FROM R, S WHERE R.a = S.b BEGIN 2 END 5")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r1": (1,), "r3": (1,), "r6": (1,)}, [1.0, 3.0, 6.0], names)
+    insert(eng, "S", {"s2": (1,), "s5": (1,)}, [2.0, 5.0], names)
+    # in [2, 5]: r3, s2, s5.
+    assert pairs(eng.invoke(h, now=50.0), names) == [("r3", "s2"), ("r3", "s5")]
+
+
+def test_rows_window_applies_to_each_stream(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    both = eng.register("SELECT * FROM R, S BEGIN (NOW - 1 ROWS) END NOW")
+    selfj = eng.register("SELECT * FROM R r1, R r2 BEGIN (NOW - 1 ROWS) END NOW")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r1": (1,), "r2": (2,)}, [1.0, 2.0], names)
+    insert(eng, "S", {"s1": (1,), "s2": (2,)}, [1.0, 2.0], names)
+    # the last tuple of each stream: r2 and s2; the self-join pairs r2 with itself.
+    assert pairs(eng.invoke(both), names) == [("r2", "s2")]
+    assert pairs(eng.invoke(selfj), names) == [("r2", "r2")]
+
+
+def test_per_item_windows(make_engine):
+    eng = make_engine(clock=Clock(10.0))
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r1": (1,), "r2": (1,), "r3": (2,)}, [1.0, 2.0, 3.0], names)
+    insert(eng, "S", {"s1": (1,), "s4": (1,), "s8": (2,)}, [1.0, 4.0, 8.0], names)
+    rows1 = eng.register("SELECT * FROM R [ROWS 2], S WHERE R.a = S.b")
+    # R's last 2: r2 (1), r3 (2); S everything: r2 -> s1, s4; r3 -> s8.
+    # earliest: (r2,s1) 1, (r2,s4) 2, (r3,s8) 3.
+    assert pairs(eng.invoke(rows1, now=10.0), names) == [("r2", "s1"), ("r2", "s4"),
+                                                         ("r3", "s8")]
+    ranged = eng.register("SELECT * FROM R, S [RANGE 6 SECONDS] WHERE R.a = S.b")
+    # S in [now-6, now] = [4, 10]: s4, s8; R everything: (r1,s4), (r2,s4), (r3,s8).
+    assert pairs(eng.invoke(ranged, now=10.0), names) == [("r1", "s4"), ("r2", "s4"),
+                                                          ("r3", "s8")]
+    part = eng.register("SELECT * FROM R [PARTITION BY a ROWS 1], S [NOW] WHERE R.a = S.b")
+    # R's newest per a: r2 (a=1), r3 (a=2); S with ts = now = 8: s8 (b=2) -> (r3, s8).
+    assert pairs(eng.invoke(part, now=8.0), names) == [("r3", "s8")]
+    # at now = 4, S [NOW] holds s4 (b=1), which joins r2 (the newest a=1; r1 is not in
+    # R's window).
+    assert pairs(eng.invoke(part, now=4.0), names) == [("r2", "s4")]
+
+
+def test_retention_drops_combinations_with_an_expired_component(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT) RETAIN 2 ROWS")
+    eng.execute("CREATE STREAM S (b INT)")
+    h = eng.register("SELECT * FROM R, S WHERE R.a = S.b")
+    names: dict[int, str] = {}
+    insert(eng, "S", {"s1": (1,)}, 1.0, names)
+    insert(eng, "R", {"r1": (1,), "r2": (1,)}, 2.0, names)
+    assert pairs(eng.invoke(h), names) == [("r1", "s1"), ("r2", "s1")]
+    insert(eng, "R", {"r3": (1,)}, 3.0, names)         # r1 leaves retention (last 2 rows)
+    assert pairs(eng.invoke(h), names) == [("r2", "s1"), ("r3", "s1")]
+    insert(eng, "R", {"r4": (5,), "r5": (6,)}, 4.0, names)   # r2, r3 leave
+    assert pairs(eng.invoke(h), names) == []
+    late = eng.register("SELECT * FROM R, S WHERE R.a = S.b")
+    assert pairs(eng.invoke(late), names) == []
+
+
+@pytest.mark.parametrize("retain", ["RETAIN 1 ROWS", "RETAIN 3 SECONDS"])
+def test_batch_that_expires_its_own_first_tuples_joins_only_the_retained_ones(make_engine,
+                                                                              retain):
+    """A batch longer than S's retention pushes its own first tuples below the horizon
+    (and, with chunk_rows=2, drops their chunks) before the join query sees it. The join
+    must use the retained ones only; found by the differential test below, where the
+    insert raised IndexError in psoup.stems.data_stem.DataSteM.gather_columns, called
+    from Eddy._join_new_data -> stamped() with the batch's expired positions."""
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (k INT)")
+    eng.execute(f"CREATE STREAM S (k INT) {retain}")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r": (0,)}, 1.0, names)
+    h = eng.register("SELECT * FROM R, S")
+    # RETAIN 1 ROWS keeps s5 only; RETAIN 3 SECONDS keeps ts >= 9 - 3 = 6: s5 only.
+    insert(eng, "S", {f"s{i}": (0,) for i in range(1, 6)}, [2.0, 2.0, 2.0, 2.0, 9.0], names)
+    assert pairs(eng.invoke(h), names) == [("r", "s5")]
+
+
+def test_unregistered_join_handle_stops_working_and_slots_are_reused(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    old = eng.register("SELECT * FROM R, S WHERE R.a = S.b AND R.a > 0 AND S.b > 0")
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r0": (0,), "r1": (1,)}, 1.0, names)
+    insert(eng, "S", {"s0": (0,), "s1": (1,)}, 1.0, names)
+    eng.unregister(old)
+    with pytest.raises(psoup.UnknownHandle):
+        eng.invoke(old)
+    # the new queries take the freed slots: nothing of the old query's bits may leak.
+    new = eng.register("SELECT * FROM R, S WHERE R.a = S.b AND R.a < 1")
+    sel = eng.register("SELECT * FROM S WHERE b < 1")
+    insert(eng, "R", {"r2": (0,)}, 2.0, names)
+    assert pairs(eng.invoke(new), names) == [("r0", "s0"), ("r2", "s0")]
+    assert [names[t] for t in eng.invoke(sel).tuple_ids.tolist()] == ["s0"]
+
+
+def test_contradictory_join_queries_match_nothing(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.execute("CREATE STREAM S (b INT)")
+    local = eng.register("SELECT * FROM R, S WHERE R.a > 5 AND R.a < 3 AND R.a = S.b")
+    joins = eng.register("SELECT * FROM R, S WHERE R.a < S.b AND R.a > S.b")
+    fine = eng.register("SELECT * FROM R, S WHERE R.a <= S.b AND R.a >= S.b")   # R.a = S.b
+    names: dict[int, str] = {}
+    insert(eng, "R", {"r4": (4,), "r6": (6,)}, 1.0, names)
+    insert(eng, "S", {"s4": (4,), "s6": (6,)}, 1.0, names)
+    assert pairs(eng.invoke(local), names) == []
+    assert pairs(eng.invoke(joins), names) == []
+    assert pairs(eng.invoke(fine), names) == [("r4", "s4"), ("r6", "s6")]
+    assert eng.invoke(local).tuple_ids.shape == (0, 2)
+
+
+# ----------------------------------------------------------------------------------
+# invoke(since=cursor) on a join query
+
+def keyed(result, distinct):
+    keys = result.rows if distinct else [tuple(r) for r in result.tuple_ids.tolist()]
+    return list(zip(keys, result.rows, result.ts.tolist(),
+                    [tuple(r) for r in result.tuple_ids.tolist()]))
+
+
+@pytest.mark.parametrize("distinct", [False, True])
+def test_since_cursor_changes_compose_to_the_answers(make_engine, distinct):
+    clock = Clock(10.0)
+    eng = make_engine(clock=clock)
+    eng.execute("CREATE STREAM R (a INT) RETAIN 4 ROWS")
+    eng.execute("CREATE STREAM S (b INT)")
+    sql = (f"SELECT {'DISTINCT ' if distinct else ''}R.a, S.b FROM R, S "
+           "WHERE R.a <= S.b BEGIN NOW - 5 END NOW")
+    h = eng.register(sql)
+    first = eng.invoke(h, now=10.0)
+    assert first.rows == [] and first.cursor
+    cursor, previous = first.cursor, first
+    script = [
+        ("R", [(1,), (2,)], 10.0, 10.0),
+        ("S", [(2,), (1,)], 11.0, 11.0),     # 4 pairs enter
+        (None, None, None, 12.0),             # nothing changes
+        ("R", [(3,), (1,)], 13.0, 13.0),
+        ("S", [(3,)], 14.0, 15.5),            # the ts-10 tuples slide out at NOW = 15.5
+        ("R", [(0,), (0,), (0,)], 16.0, 16.0),  # retention drops R tuples
+        (None, None, None, 40.0),             # everything slides out
+    ]
+    polls = 0
+    for stream, rows, ts, now in script:
+        if stream:
+            eng.insert(stream, rows, ts=ts)
+        clock.now = now
+        changes = eng.invoke(h, now=now, since=cursor)
+        full = eng.invoke(h, now=now)
+        old, new = keyed(previous, distinct), keyed(full, distinct)
+        old_keys, new_keys = {k for k, *_ in old}, {k for k, *_ in new}
+        # what entered, in answer order; what left, in the old answer's order
+        assert keyed(changes.inserted, distinct) == [e for e in new if e[0] not in old_keys]
+        assert keyed(changes.deleted, distinct) == [e for e in old if e[0] not in new_keys]
+        # composing: old - deleted + inserted is the new answer (as a set of keys)
+        composed = (old_keys - {k for k, *_ in keyed(changes.deleted, distinct)}) | \
+            {k for k, *_ in keyed(changes.inserted, distinct)}
+        assert composed == new_keys
+        assert changes.columns == full.columns == ["a", "b"]
+        polls += len(changes)
+        cursor, previous = changes.cursor, full
+    assert polls > 0
+    assert previous.rows == []
+
+
+def test_since_cursor_on_a_self_join_counts_each_pair(make_engine):
+    eng = make_engine()
+    eng.execute("CREATE STREAM R (a INT, b INT)")
+    h = eng.register(SELF_JOIN)
+    names: dict[int, str] = {}
+    cursor = eng.invoke(h).cursor
+    insert(eng, "R", {"t0": SELF_ROWS["t0"]}, 1.0, names)
+    ch = eng.invoke(h, since=cursor)
+    assert pairs(ch.inserted, names) == [("t0", "t0")] and len(ch.deleted) == 0
+    insert(eng, "R", {"t1": SELF_ROWS["t1"], "t2": SELF_ROWS["t2"]}, 2.0, names)
+    ch2 = eng.invoke(h, since=ch.cursor)
+    assert pairs(ch2.inserted, names) == [("t0", "t1"), ("t2", "t0"), ("t1", "t2"),
+                                          ("t2", "t1")]
+    assert len(ch2.deleted) == 0
+
+
+# ----------------------------------------------------------------------------------
+# Differential: every mode and routing policy against DuckDB
+
+JINTS = st.integers(0, 4)
+JFLOATS = st.sampled_from([0.0, 0.5, 1.0, 2.0, 2.5, 3.0])
+JTEXTS = st.sampled_from(["", "a", "b", "é"])
+JVALUES = {"int": JINTS, "float": JFLOATS, "text": JTEXTS, "bool": st.booleans()}
+STREAMS = ("R", "S", "T")
+
+
+def family(ctype: str) -> str:
+    return "num" if ctype in ("int", "float") else ctype
+
+
+@st.composite
+def join_schemas(draw, stream):
+    """Column 0 is always `k INT` (a join key every stream shares); the others are
+    sometimes a shared name `v`, else a name of this stream only."""
+    extra = draw(st.lists(st.sampled_from(["int", "int", "float", "text", "bool"]),
+                          max_size=2))
+    columns = [("k", "int")]
+    for i, t in enumerate(extra):
+        name = "v" if i == 0 and draw(st.booleans()) else f"{stream.lower()}c{i}"
+        columns.append((name, t))
+    retain = draw(st.sampled_from([None, None, ("rows", 4), ("rows", 12), ("secs", 3.0),
+                                   ("secs", 10.0)]))
+    return columns, retain
+
+
+def all_columns(columns):
+    return list(columns) + [("ts", "float"), ("tupleID", "int")]
+
+
+def constant(draw, name, ctype):
+    if name == "ts":
+        return draw(st.floats(995, 1040).map(lambda v: round(v * 2) / 2))
+    if name == "tupleID":
+        return draw(st.integers(-1, 60))
+    if ctype == "int" and draw(st.booleans()):
+        return draw(JFLOATS)
+    return draw(JVALUES[ctype])
+
+
+def scale(name: str, ctype: str) -> str:
+    """Columns worth comparing with each other: ts with ts (seconds near 1000),
+    tupleID with tupleID, declared numbers with numbers, TEXT with TEXT, BOOL with BOOL."""
+    return name if name in ("ts", "tupleID") else family(ctype)
+
+
+def pick_column(draw, columns):
+    """A declared column three times in four, else ts or tupleID."""
+    if draw(st.integers(0, 3)):
+        return draw(st.sampled_from(list(columns)))
+    return draw(st.sampled_from([("ts", "float"), ("tupleID", "int")]))
+
+
+def partner(draw, name, ctype, cols):
+    """A column of `cols` to compare with (name, ctype): mostly one of the same scale,
+    sometimes any of the same family (k with ts: always or never true)."""
+    same = [c for c in cols if scale(*c) == scale(name, ctype)]
+    if not same or draw(st.integers(0, 9)) == 0:
+        same = [c for c in cols if family(c[1]) == family(ctype)]
+    equal = [c for c in same if c[0] == name]
+    if equal and draw(st.booleans()):
+        return equal[0]
+    return draw(st.sampled_from(same))
+
+
+def offset_text(draw, ctype):
+    if family(ctype) == "num" and draw(st.booleans()):
+        return f" {draw(st.sampled_from(['+', '-']))} {draw(st.sampled_from([1, 1, 2, 0.5]))}"
+    return ""
+
+
+@st.composite
+def local_factor(draw, item, columns, ref):
+    """(psoup SQL, DuckDB SQL) of a factor on FROM item `item` alone."""
+    cols = all_columns(columns)
+    name, ctype = pick_column(draw, columns)
+    duck = f'x{item}."{name}"'
+    kind = draw(st.sampled_from(["cmp", "cmp", "between", "in", "colcmp"]))
+    if name in ("ts", "tupleID") and kind != "colcmp":     # ts = c would rarely hold
+        op, c = draw(st.sampled_from(["<", "<=", ">", ">="])), constant(draw, name, ctype)
+        return f"{ref(item, name)} {op} {sql_literal(c)}", f"{duck} {op} {sql_literal(c)}"
+    if kind == "cmp" or (kind == "between" and ctype == "bool"):
+        op, c = draw(st.sampled_from(OPS)), constant(draw, name, ctype)
+        return f"{ref(item, name)} {op} {sql_literal(c)}", f"{duck} {op} {sql_literal(c)}"
+    if kind == "between":
+        a, b = constant(draw, name, ctype), constant(draw, name, ctype)
+        text = f"BETWEEN {sql_literal(a)} AND {sql_literal(b)}"
+        return f"{ref(item, name)} {text}", f"{duck} {text}"
+    if kind == "in":
+        vals = [constant(draw, name, ctype) for _ in range(draw(st.integers(1, 3)))]
+        text = "IN (" + ", ".join(sql_literal(v) for v in vals) + ")"
+        return f"{ref(item, name)} {text}", f"{duck} {text}"
+    others = [c for c in cols if c[0] != name and family(c[1]) == family(ctype)]
+    other, _ = partner(draw, name, ctype, others) if others else (name, ctype)
+    op = draw(st.sampled_from(OPS))
+    offset = offset_text(draw, ctype)
+    return (f"{ref(item, name)} {op} {ref(item, other)}{offset}",
+            f'{duck} {op} x{item}."{other}"{offset}')
+
+
+@st.composite
+def join_factor(draw, items, schemas, ref):
+    """(psoup SQL, DuckDB SQL) of a factor between two FROM items (either side first)."""
+    i, j = draw(st.permutations(range(len(items))))[:2]
+    # half of the factors compare the join keys (k with k), so that joins match often
+    if draw(st.booleans()):
+        lname, ltype = "k", "int"
+    else:
+        lname, ltype = pick_column(draw, schemas[items[i]])
+    right_cols = [c for c in all_columns(schemas[items[j]]) if family(c[1]) == family(ltype)]
+    if not right_cols:
+        lname, ltype = "k", "int"
+        right_cols = [c for c in all_columns(schemas[items[j]]) if family(c[1]) == "num"]
+    rname, _ = partner(draw, lname, ltype, right_cols)
+    op = draw(st.sampled_from(OPS + ["=", "=", "<=", ">="]))
+    offset = offset_text(draw, ltype)
+    return (f"{ref(i, lname)} {op} {ref(j, rname)}{offset}",
+            f'x{i}."{lname}" {op} x{j}."{rname}"{offset}')
+
+
+@st.composite
+def join_windows(draw, items, schemas):
+    """(per-item FROM suffixes, BEGIN/END clause, per-item window specs) in the format
+    of tests/test_differential.py's `windows`."""
+    k = draw(st.integers(0, 12))
+    a, b = draw(st.integers(995, 1030)), draw(st.integers(995, 1035))
+    scope = draw(st.sampled_from(["none", "none", "global", "global", "items", "items"]))
+    n = len(items)
+    if scope == "none":
+        return [""] * n, "", [("all",)] * n
+    if scope == "global":
+        kind = draw(st.sampled_from(["sliding", "lagged", "landmark", "snapshot", "rows"]))
+        if kind == "sliding":
+            clause, spec = f"BEGIN NOW - {k} END NOW", ("range", ("now", -k), ("now", 0))
+        elif kind == "lagged":
+            clause, spec = (f"BEGIN (NOW - {k + 2}) END (NOW - 1)",
+                            ("range", ("now", -k - 2), ("now", -1)))
+        elif kind == "landmark":
+            clause, spec = f"BEGIN {a} END NOW", ("range", ("abs", a), ("now", 0))
+        elif kind == "snapshot":
+            lo, hi = min(a, b), max(a, b)
+            clause, spec = f"BEGIN {lo} END {hi}", ("range", ("abs", lo), ("abs", hi))
+        else:
+            clause, spec = f"BEGIN (NOW - {k % 6 + 1} ROWS) END NOW", ("rows", k % 6 + 1)
+        return [""] * n, clause, [spec] * n
+    suffixes, specs = [], []
+    for stream in items:
+        kind = draw(st.sampled_from(["none", "none", "cql_range", "cql_range", "cql_rows",
+                                     "partition", "unbounded", "cql_now"]))
+        k = draw(st.integers(0, 8))
+        if kind == "cql_range":
+            suffixes.append(f" [RANGE {k} SECONDS]")
+            specs.append(("range", ("now", -k), ("now", 0)))
+        elif kind == "cql_rows":
+            suffixes.append(f" [ROWS {k + 1}]")
+            specs.append(("rows", k + 1))
+        elif kind == "partition":
+            col = draw(st.sampled_from([c for c, _ in schemas[stream][0]]))
+            suffixes.append(f" [PARTITION BY {col} ROWS {k % 3 + 1}]")
+            specs.append(("partition", col, k % 3 + 1))
+        elif kind == "unbounded":
+            suffixes.append(" [RANGE UNBOUNDED]")
+            specs.append(("all",))
+        elif kind == "cql_now":
+            suffixes.append(" [NOW]")
+            specs.append(("range", ("now", 0), ("now", 0)))
+        else:
+            suffixes.append("")
+            specs.append(("all",))
+    return suffixes, "", specs
+
+
+@st.composite
+def join_queries(draw, streams):
+    """A 2- or 3-way join as (psoup SQL, oracle spec)."""
+    names = sorted(streams)
+    schemas = {s: streams[s][0] for s in names}
+    n = draw(st.sampled_from([2, 2, 3]))
+    if len(names) >= n and draw(st.booleans()):       # distinct streams
+        items = draw(st.permutations(names))[:n]
+    else:                                              # any, so often a self-join
+        items = draw(st.lists(st.sampled_from(names), min_size=n, max_size=n))
+    aliases = []
+    for i, s in enumerate(items):
+        repeated = items.count(s) > 1
+        first = items.index(s) == i
+        if repeated and not (first and draw(st.booleans())):
+            aliases.append(f"{s.lower()}{i}")
+        elif not repeated and draw(st.booleans()):
+            aliases.append(f"{s.lower()}{i}")
+        else:
+            aliases.append(None)
+    item_names = [a or s for s, a in zip(items, aliases)]
+    qualifier_choice = [draw(st.booleans()) for _ in items]
+
+    def ref(i, column):
+        """How the query names item i's column: qualified by its item name, by its
+        stream's name when unambiguous, or bare when only one item has the column."""
+        stream = items[i]
+        holders = [j for j, s in enumerate(items) if column in dict(schemas[s])]
+        if column not in ("ts", "tupleID") and holders == [i] and qualifier_choice[i]:
+            return column
+        if aliases[i] and items.count(stream) == 1 and qualifier_choice[i]:
+            return f"{stream}.{column}"
+        return f"{item_names[i]}.{column}"
+
+    suffixes, clause, windows = draw(join_windows(items, streams))
+    where = []
+    for i, s in enumerate(items):
+        if draw(st.integers(0, 2)) == 0:      # a third of the items have local factors
+            where += draw(st.lists(local_factor(i, schemas[s], ref), min_size=1, max_size=2))
+    njoin = draw(st.sampled_from([1, 1, 2, 0] if n == 2 else [2, 2, 3, 1]))
+    where += draw(st.lists(join_factor(items, schemas, ref), min_size=njoin,
+                           max_size=njoin))
+    where = draw(st.permutations(where))
+    # the select list: *, one item's *, or columns (some renamed with AS)
+    shape = draw(st.sampled_from(["star", "star", "item_star", "columns", "columns"]))
+    if shape == "star":
+        select = "*"
+        outputs = [(i, c) for i, s in enumerate(items) for c, _ in schemas[s]]
+        out_names = [f"{item_names[i]}.{c}" for i, c in outputs]
+    elif shape == "item_star":
+        i = draw(st.integers(0, n - 1))
+        select = f"{item_names[i]}.*"
+        outputs = [(i, c) for c, _ in schemas[items[i]]]
+        out_names = [f"{item_names[i]}.{c}" for _, c in outputs]
+    else:
+        pool = [(i, c) for i, s in enumerate(items) for c, _ in all_columns(schemas[s])]
+        outputs = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4, unique=True))
+        renamed = [draw(st.booleans()) and draw(st.booleans()) for _ in outputs]
+        bare = [c for (i, c), r in zip(outputs, renamed) if not r]
+        out_names, parts = [], []
+        for pos, ((i, c), r) in enumerate(zip(outputs, renamed)):
+            if r:
+                out_names.append(f"o{pos}")
+                parts.append(f"{ref(i, c)} AS o{pos}")
+            else:
+                out_names.append(c if bare.count(c) == 1 else f"{item_names[i]}.{c}")
+                parts.append(ref(i, c))
+        select = ", ".join(parts)
+    distinct = draw(st.booleans()) and draw(st.booleans())
+    sql = (f"SELECT {'DISTINCT ' if distinct else ''}{select} FROM "
+           + ", ".join(f"{s}{' ' + a if a else ''}{suffix}"
+                       for s, a, suffix in zip(items, aliases, suffixes)))
+    if where:
+        sql += " WHERE " + " AND ".join(p for p, _ in where)
+    if clause:
+        sql += " " + clause
+    return sql, {"items": items, "windows": windows, "where": [d for _, d in where],
+                 "outputs": outputs, "names": out_names, "distinct": distinct}
+
+
+class JoinOracle(Oracle):
+    """DuckDB holding every tuple ever inserted (tests/test_differential.py's Oracle);
+    each FROM item's retained, windowed tuples are a subquery, and DuckDB joins them."""
+
+    def windowed(self, stream, window, now):
+        retained = f"SELECT * FROM {stream}"
+        retain = self.retain[stream]
+        if retain and retain[0] == "rows":
+            retained += f' ORDER BY "tupleID" DESC LIMIT {retain[1]}'
+        elif retain:
+            retained += f" WHERE ts >= (SELECT max(ts) FROM {stream}) - {retain[1]}"
+        source = f"({retained}) AS kept"
+        if window[0] == "range":
+            edge = [now + v if kind == "now" else v for kind, v in window[1:]]
+            return f"SELECT * FROM {source} WHERE ts BETWEEN {edge[0]!r} AND {edge[1]!r}"
+        if window[0] == "rows":
+            return f'SELECT * FROM {source} ORDER BY "tupleID" DESC LIMIT {window[1]}'
+        if window[0] == "partition":
+            return (f'SELECT * EXCLUDE (rn) FROM (SELECT *, row_number() OVER (PARTITION BY '
+                    f'"{window[1]}" ORDER BY "tupleID" DESC) AS rn FROM {source}) '
+                    f"WHERE rn <= {window[2]}")
+        return f"SELECT * FROM {source}"
+
+    def join_answer(self, spec, now):
+        """(rows, earliest ts, tupleID tuples) in answer order, DISTINCT applied."""
+        items = spec["items"]
+        n = len(items)
+        sources = ", ".join(f"({self.windowed(s, w, now)}) AS x{i}"
+                            for i, (s, w) in enumerate(zip(items, spec["windows"])))
+        outs = [f'x{i}."{c}"' for i, c in spec["outputs"]]
+        earliest = "least(" + ", ".join(f"x{i}.ts" for i in range(n)) + ")"
+        tids = [f'x{i}."tupleID"' for i in range(n)]
+        where = " AND ".join(spec["where"]) or "TRUE"
+        sql = (f"SELECT {', '.join(outs + [earliest] + tids)} FROM {sources} WHERE {where} "
+               f"ORDER BY {', '.join([earliest] + tids)}")
+        rows, ts, ids = [], [], []
+        seen = set()
+        m = len(outs)
+        for r in self.db.execute(sql).fetchall():
+            row = tuple(r[:m])
+            if spec["distinct"]:
+                if row in seen:
+                    continue
+                seen.add(row)
+            rows.append(row)
+            ts.append(r[m])
+            ids.append(tuple(r[m + 1:]))
+        return rows, ts, ids
+
+
+def batch_rows(columns, max_size=4):
+    return st.lists(st.tuples(*(JVALUES[t] for _, t in columns)), min_size=1,
+                    max_size=max_size)
+
+
+@st.composite
+def join_scenarios(draw):
+    nstreams = draw(st.integers(2, 3))
+    streams = {s: draw(join_schemas(s)) for s in STREAMS[:nstreams]}
+    ops = []
+    if draw(st.booleans()):                # some data before anything else
+        for stream in sorted(streams):
+            rows = draw(batch_rows(streams[stream][0]))
+            ops.append(("insert", stream, rows, [0.0] * len(rows), True))
+    for _ in range(draw(st.integers(1, 16))):
+        kind = draw(st.sampled_from(["insert", "insert", "insert", "insert", "register",
+                                     "register", "select", "invoke", "invoke",
+                                     "unregister"]))
+        if kind == "insert":
+            stream = draw(st.sampled_from(sorted(streams)))
+            columns = streams[stream][0]
+            n = draw(st.integers(1, 6))
+            rows = [tuple(draw(JVALUES[t]) for _, t in columns) for _ in range(n)]
+            steps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.5, 1.0, 3.0]), min_size=n,
+                                  max_size=n))
+            # most producers stamp with the engine's clock; some lag behind the others
+            ops.append(("insert", stream, rows, steps, draw(st.integers(0, 3)) > 0))
+        elif kind == "register":
+            ops.append(("register", draw(join_queries(streams))))
+        elif kind == "select":            # selection queries share the Query SteM slots
+            stream = draw(st.sampled_from(sorted(streams)))
+            ops.append(("select", draw(queries(stream, streams[stream][0]))))
+        elif kind == "invoke":
+            ops.append(("invoke", draw(st.integers(0, 20)), draw(st.integers(-8, 6)),
+                        draw(st.booleans())))
+        else:
+            ops.append(("unregister", draw(st.integers(0, 20))))
+    if not any(op[0] == "register" for op in ops):    # every scenario has a join query
+        ops.insert(draw(st.integers(0, len(ops))), ("register", draw(join_queries(streams))))
+    for stream in sorted(streams):       # top up every stream, so the last checks see data
+        rows = draw(batch_rows(streams[stream][0]))
+        ops.append(("insert", stream, rows, [draw(st.sampled_from([0.0, 0.5]))] * len(rows),
+                    True))
+    ops.append(("invoke_all", draw(st.integers(-3, 3))))
+    ops.append(("invoke_all", draw(st.integers(-3, 3))))
+    return streams, ops
+
+
+def expected_changes(old, new, distinct):
+    """Istream/Dstream of two (rows, ts, ids) answers, keyed like psoup's cursors."""
+    def entries(answer):
+        rows, ts, ids = answer
+        keys = rows if distinct else ids
+        return list(zip(keys, rows, ts, ids))
+    old_e, new_e = entries(old), entries(new)
+    old_k, new_k = {e[0] for e in old_e}, {e[0] for e in new_e}
+    return [e[1:] for e in new_e if e[0] not in old_k], [e[1:] for e in old_e
+                                                         if e[0] not in new_k]
+
+
+def as_triples(result):
+    return list(zip(result.rows, result.ts.tolist(),
+                    [tuple(r) for r in result.tuple_ids.tolist()]))
+
+
+#: A join scenario runs six engines (3 modes x 2 routings) and checks since-cursors too;
+#: a third of the profile's examples (PSOUP_EXAMPLES scales both this test and
+#: test_differential.py) keeps it to about 25 s in the ci profile.
+JOIN_EXAMPLES = max(10, settings.default.max_examples // 3)
+
+
+@settings(max_examples=JOIN_EXAMPLES)
+@given(join_scenarios(), st.sampled_from([2, 3, 8, 8192]))
+def test_joins_agree_with_duckdb_in_every_mode_and_routing(scenario, chunk_rows):
+    streams, ops = scenario
+    clock = Clock(1000.0)
+    engines = {(m, r): psoup.Engine(mode=m, routing=r, clock=clock, chunk_rows=chunk_rows)
+               for m, r in ENGINE_KINDS}
+    for eng in engines.values():
+        create(eng, streams)
+    oracle = JoinOracle(streams)
+    last_ts = {name: 1000.0 for name in streams}
+    # live entries: [kind, handles per engine, spec, sql, cursors per engine, last answer]
+    live: list[list] = []
+
+    def check(entry, now, use_since):
+        kind, handles, spec, sql = entry[:4]
+        if kind == "select":
+            want = oracle.answer(spec, now)
+            for key, eng in engines.items():
+                assert eng.invoke(handles[key], now=now).rows == want, (key, sql, now)
+            return
+        want = oracle.join_answer(spec, now)
+        k = len(spec["items"])
+        event(f"{k}-way{' self-join' if len(set(spec['items'])) < k else ''}: "
+              f"{'no rows' if not want[0] else '1-9 rows' if len(want[0]) < 10 else '10+ rows'}")
+        for key, eng in engines.items():
+            if use_since and key in entry[4]:
+                changes = eng.invoke(handles[key], now=now, since=entry[4][key])
+                ins, dels = expected_changes(entry[5], want, spec["distinct"])
+                assert as_triples(changes.inserted) == ins, ("inserted", key, sql, now)
+                assert as_triples(changes.deleted) == dels, ("deleted", key, sql, now)
+            got = eng.invoke(handles[key], now=now)
+            assert got.columns == spec["names"], (key, sql)
+            assert got.rows == want[0], (key, sql, now)
+            assert got.ts.tolist() == want[1], (key, sql, now)
+            assert got.tuple_ids.dtype == np.int64, (key, sql)
+            assert got.tuple_ids.shape == (len(want[2]), k), (key, sql, now)
+            assert [tuple(r) for r in got.tuple_ids.tolist()] == want[2], (key, sql, now)
+            entry[4][key] = got.cursor
+        entry[5] = want
+
+    for op in ops:
+        if op[0] == "insert":
+            _, stream, rows, steps, synced = op
+            ts, t = [], max(last_ts[stream], clock.now) if synced else last_ts[stream]
+            for step in steps:
+                t += step
+                ts.append(t)
+            last_ts[stream] = t
+            clock.now = max(clock.now, t)
+            tids = None
+            for eng in engines.values():
+                got = eng.insert(stream, rows, ts=ts).tolist()
+                assert tids is None or got == tids
+                tids = got
+            oracle.insert(stream, rows, ts, tids)
+        elif op[0] in ("register", "select"):
+            sql, spec = op[1]
+            handles = {key: eng.register(sql) for key, eng in engines.items()}
+            live.append([op[0], handles, spec, sql, {}, None])
+        elif op[0] == "invoke" and live:
+            check(live[op[1] % len(live)], clock.now + op[2], op[3])
+        elif op[0] == "unregister" and live:
+            entry = live.pop(op[1] % len(live))
+            for key, eng in engines.items():
+                eng.unregister(entry[1][key])
+        elif op[0] == "invoke_all":
+            for entry in live:
+                check(entry, clock.now + op[1], True)
