@@ -68,8 +68,7 @@ def in_windows(entries: Combinations, spans: Sequence[Span],
                   else (int(span[0]) if len(span) else None) for span in spans]
         if any(p is None or p >= stem.n for p, stem in zip(starts, stems)):
             return entries.take(np.zeros(len(entries), dtype=bool))
-        oldest = min(float(stem.gather("ts", np.array([max(p, stem.horizon)]))[0])
-                     for p, stem in zip(starts, stems))
+        oldest = min(stem.ts_at(max(p, stem.horizon)) for p, stem in zip(starts, stems))
         cut = int(np.searchsorted(entries.earliest, oldest, "left"))
         if cut:
             entries = entries.take(slice(cut, None))
@@ -109,10 +108,12 @@ class JoinResults:
     def __init__(self, eager: bool = False):
         self.eager = eager
         self._blocks: dict[int, list[Combinations]] = {}
+        self._checked: dict[int, tuple[int, ...]] = {}   # horizons at the last read
 
     def set(self, jid: int, entries: Combinations) -> None:
         """A new query's entries over the retained data (Fig. 4, step 6)."""
         self._blocks[jid] = [entries]
+        self._checked.pop(jid, None)
 
     def add(self, jid: int, entries: Combinations, stems: Sequence[DataSteM] = ()) -> None:
         """Entries a new batch produced (Fig. 5). PSoup-C merges them into order now."""
@@ -120,11 +121,13 @@ class JoinResults:
             return
         blocks = self._blocks.setdefault(jid, [])
         blocks.append(entries)
+        self._checked.pop(jid, None)
         if self.eager and stems:
             self._blocks[jid] = [ordered(_concat(blocks), stems)]
 
     def drop(self, jid: int) -> None:
         self._blocks.pop(jid, None)
+        self._checked.pop(jid, None)
 
     def entries(self, jid: int, stems: Sequence[DataSteM]) -> Combinations:
         """The query's live entries in answer order (expired ones dropped). O(m log m)
@@ -132,13 +135,16 @@ class JoinResults:
         blocks = self._blocks.get(jid)
         if not blocks:
             return Combinations.empty(len(stems))
+        horizons = tuple(stem.horizon for stem in stems)
+        if len(blocks) == 1 and self._checked.get(jid) == horizons:
+            return blocks[0]                     # nothing arrived or expired since
         entries = blocks[0] if len(blocks) == 1 else _concat(blocks)
         if stems:
-            horizons = np.array([stem.horizon for stem in stems])
-            live = (entries.positions >= horizons).all(axis=1)
+            live = (entries.positions >= np.array(horizons)).all(axis=1)
             if not live.all():
                 entries = entries.take(live)
             entries = ordered(entries, stems)
+            self._checked[jid] = horizons
         self._blocks[jid] = [entries]
         return entries
 

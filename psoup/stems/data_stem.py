@@ -197,6 +197,11 @@ class DataSteM:
                                      or [np.empty(0, dtype)])
                 for name, dtype in self._dtypes.items()}
 
+    def ts_at(self, position: int) -> float:
+        """The ts of one retained position. O(1)."""
+        k, row = divmod(position, self.chunk_rows)
+        return float(self._chunks[k - self._chunk0].cols[TS][row])
+
     def gather(self, column: str, positions: np.ndarray) -> np.ndarray:
         """One column's values at retained positions in any order, repeats allowed (a
         join's combinations)."""
