@@ -214,6 +214,17 @@ def scenarios(draw):
     return streams, ops
 
 
+def insert_everywhere(engines, oracle, stream, rows, ts):
+    """Insert one batch into every engine, which must hand out the same tupleIDs, and
+    into the oracle."""
+    tids = None
+    for eng in engines.values():
+        got = eng.insert(stream, rows, ts=ts).tolist()
+        assert tids is None or got == tids
+        tids = got
+    oracle.insert(stream, rows, ts, tids)
+
+
 def create(engine, streams):
     for name, (columns, retain) in streams.items():
         cols = ", ".join(f"{c} {t.upper()}" for c, t in columns)
@@ -252,12 +263,7 @@ def test_every_mode_agrees_with_duckdb(scenario, chunk_rows):
                 ts.append(t)
             last_ts[stream] = t
             clock.now = max(clock.now, t)
-            tids = None
-            for eng in engines.values():
-                got = eng.insert(stream, rows, ts=ts).tolist()
-                assert tids is None or got == tids
-                tids = got
-            oracle.insert(stream, rows, ts, tids)
+            insert_everywhere(engines, oracle, stream, rows, ts)
         elif op[0] == "register":
             sql, spec = op[1]
             live.append(({m: eng.register(sql) for m, eng in engines.items()}, spec))

@@ -23,7 +23,8 @@ from hypothesis import event, given, settings
 
 import psoup
 from tests.conftest import Clock
-from tests.test_differential import OPS, Oracle, create, queries, sql_literal
+from tests.test_differential import (OPS, Oracle, create, insert_everywhere, queries,
+                                     sql_literal)
 
 ROUTINGS = ("adaptive", "fixed")
 ENGINE_KINDS = [(m, r) for m in psoup.MODES for r in ROUTINGS]
@@ -1189,12 +1190,7 @@ def test_joins_agree_with_duckdb_in_every_mode_and_routing(scenario, chunk_rows)
                 ts.append(t)
             last_ts[stream] = t
             clock.now = max(clock.now, t)
-            tids = None
-            for eng in engines.values():
-                got = eng.insert(stream, rows, ts=ts).tolist()
-                assert tids is None or got == tids
-                tids = got
-            oracle.insert(stream, rows, ts, tids)
+            insert_everywhere(engines, oracle, stream, rows, ts)
         elif op[0] in ("register", "select"):
             sql, spec = op[1]
             handles = {key: eng.register(sql) for key, eng in engines.items()}

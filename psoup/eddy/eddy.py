@@ -33,7 +33,7 @@ import numpy as np
 
 from psoup.eddy.hybrid import Step, join
 from psoup.eddy.routing import AdaptiveOrder, FixedOrder
-from psoup.query.model import Query, Source
+from psoup.query.model import Query
 from psoup.results.base import ResultsStructure, Span
 from psoup.results.joins import Combinations, JoinResults, in_windows, ordered, stamped
 from psoup.stems.batch import Batch
@@ -230,7 +230,7 @@ class Eddy:
         new tuple is produced once: when item i takes a new tuple, the items before it
         on the same stream take only old ones."""
         stems = self.stems_of(plan.query)
-        p0, p1 = entry.position, entry.position + entry.batch.n
+        p0 = entry.position
         found = []
         for i, source in enumerate(plan.query.sources):
             if source.stream != entry.stream:

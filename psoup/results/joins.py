@@ -67,7 +67,7 @@ def in_windows(entries: Combinations, spans: Sequence[Span],
         starts = [(span[0] if span[0] < span[1] else None) if isinstance(span, tuple)
                   else (int(span[0]) if len(span) else None) for span in spans]
         if any(p is None or p >= stem.n for p, stem in zip(starts, stems)):
-            return entries.take(np.zeros(len(entries), dtype=bool))
+            return Combinations.empty(len(spans))
         oldest = min(stem.ts_at(max(p, stem.horizon)) for p, stem in zip(starts, stems))
         cut = int(np.searchsorted(entries.earliest, oldest, "left"))
         if cut:
