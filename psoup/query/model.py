@@ -178,13 +178,22 @@ class Source:
     column_factors: tuple[ColumnFactor, ...] = ()
 
 
+#: The aggregate functions of the select list, by their lowercase names.
+AGGREGATES = ("count", "sum", "avg", "min", "max")
+
+
 @dataclass(frozen=True)
 class SelectItem:
-    """One output column: `source` indexes Query.sources; `column` may be ts or tupleID."""
+    """One output column: `source` indexes Query.sources; `column` may be ts or tupleID.
+
+    `agg` is None for a plain column, else one of AGGREGATES applied to the column;
+    COUNT(*) has `column == "*"` (and `source == 0`).
+    """
 
     source: int
     column: str
     name: str
+    agg: str | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,7 @@ class Query:
         distinct: SELECT DISTINCT.
         contradiction: True when some factor can never hold; the query matches nothing.
         joins: the join factors between sources (empty for a selection query).
+        group_by: the GROUP BY columns as (source, column) pairs, in the order written.
     """
 
     sql: str
@@ -206,7 +216,13 @@ class Query:
     distinct: bool = False
     contradiction: bool = False
     joins: tuple[JoinFactor, ...] = ()
+    group_by: tuple[tuple[int, str], ...] = ()
 
     @property
     def columns(self) -> list[str]:
         return [s.name for s in self.select]
+
+    @property
+    def aggregated(self) -> bool:
+        """True when the answer is one row per group (aggregates or GROUP BY)."""
+        return bool(self.group_by) or any(item.agg for item in self.select)
