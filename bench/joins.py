@@ -11,6 +11,11 @@ adaptive vs fixed routing, each against a peer or a baseline in the same run.
   queries `R.a RELOP1 c1 AND R.a RELOP2 S.b AND S.b RELOP3 c2`: composite (the shared
   S factor applied once, then a sort-merge or range join of all structs) vs separate
   (each struct probes S on its own), for Eq/Ineq, Ineq/Eq and Ineq/Ineq (RELOP3/RELOP2).
+- sharing: ingest with many join queries over one FROM list (`R.a = S.a` plus local
+  factors of each query's own), the new batch joined once for the whole group
+  (composite tuples across queries, Sect. 5.4) vs once per query; "overlapping" local
+  factors are thresholds (an alert per user), "disjoint" ones are equalities on distinct
+  constants (no combination serves two queries: the worst case for sharing).
 - routing: new R tuples joining S and T (`R.a = S.a AND R.b = T.b`) while the data's
   selectivities swap halfway (S becomes the unselective link): ingest time per phase
   with the adaptive policy and with the fixed FROM order.
@@ -45,10 +50,73 @@ def _settings(quick: bool) -> dict:
     if quick:
         return {"windows": [64, 128], "queries": 4, "repeat": 2, "fig11_rows": 2_000,
                 "fig11_queries": 3, "routing_batches": 6, "routing_batch": 200,
-                "routing_retain": 2_000}
+                "routing_retain": 2_000, "sharing_counts": [1, 8], "sharing_retain": 500,
+                "sharing_batches": 4, "sharing_batch": 100}
     return {"windows": [64, 128, 256, 576, 1024], "queries": 16, "repeat": 10,
             "fig11_rows": 20_000, "fig11_queries": 8, "routing_batches": 40,
-            "routing_batch": 1_000, "routing_retain": 20_000}
+            "routing_batch": 1_000, "routing_retain": 20_000,
+            "sharing_counts": [1, 16, 64, 256], "sharing_retain": 2_000,
+            "sharing_batches": 20, "sharing_batch": 200}
+
+
+# ---------------------------------------------------------------------- sharing
+
+def _sharing_queries(gen: np.random.Generator, workload: str, n: int) -> list[str]:
+    head = "SELECT R.c, S.c FROM R, S WHERE R.a = S.a AND "
+    if workload == "overlapping":
+        return [head + f"R.b > {gen.integers(0, 200)} AND S.b < {gen.integers(56, 256)}"
+                for _ in range(n)]
+    return [head + f"R.b = {i % common.DOMAIN} AND S.b = {i % common.DOMAIN}" for i in range(n)]
+
+
+def bench_sharing(s: dict) -> list[dict]:
+    rows = []
+    retain, size = s["sharing_retain"], s["sharing_batch"]
+    for workload in ("overlapping", "disjoint"):
+        for n in s["sharing_counts"]:
+            answers = {}
+            row = {"workload": workload, "queries": n}
+            for shared in (True, False):
+                gen = common.rng(41)
+                eng = psoup.Engine(shared_joins=shared)
+                for name in "RS":
+                    eng.execute(CREATE[name] + f" RETAIN {retain} ROWS")
+                handles = [eng.register(q) for q in _sharing_queries(common.rng(43), workload, n)]
+                t = 0.0
+                for _ in range(retain // size):
+                    for name in "RS":
+                        eng.insert(name, common.data_columns(gen, size), ts=t)
+                        t += 1
+                began = time.perf_counter()
+                for i in range(s["sharing_batches"]):
+                    eng.insert("RS"[i % 2], common.data_columns(gen, size), ts=t)
+                    t += 1
+                elapsed = time.perf_counter() - began
+                row["shared tuples/s" if shared else "unshared tuples/s"] = (
+                    s["sharing_batches"] * size / elapsed)
+                answers[shared] = [eng.invoke(h, now=t).rows for h in handles]
+                row["rows"] = sum(map(len, answers[shared])) / n
+            if answers[True] != answers[False]:
+                raise AssertionError(f"shared and unshared answers differ ({workload}, {n})")
+            row["speedup"] = row["shared tuples/s"] / row["unshared tuples/s"]
+            rows.append(row)
+    return rows
+
+
+def _plot_sharing(ax, rows) -> None:
+    for workload, marker in (("overlapping", "o"), ("disjoint", "s")):
+        mine = [r for r in rows if r["workload"] == workload]
+        n = [r["queries"] for r in mine]
+        ax.plot(n, [r["shared tuples/s"] for r in mine], marker=marker,
+                label=f"{workload}: shared (one join per group)")
+        ax.plot(n, [r["unshared tuples/s"] for r in mine], marker=marker, linestyle="--",
+                label=f"{workload}: unshared (one join per query)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("join queries over R, S")
+    ax.set_ylabel("tuples ingested per second")
+    ax.set_title("Composite tuples across queries (Sect. 5.4)")
+    ax.legend(fontsize="small")
 
 
 # ---------------------------------------------------------------------- fig8
@@ -303,6 +371,20 @@ def main() -> None:
     ], _plot_fig11, notes=[
         f"composite speed-up on {label}: {eq['speedup']:.1f}x (target >= {target}x: "
         f"{'met' if eq['speedup'] >= target else 'NOT met'})"], params=s)
+
+    sharing = bench_sharing(s)
+    top = max(s["sharing_counts"])
+    over, disj = (next(r for r in sharing if r["workload"] == w and r["queries"] == top)
+                  for w in ("overlapping", "disjoint"))
+    common.report(f"joins_sharing{suffix}", sharing, [
+        ("workload", "workload", "s"), ("queries", "queries", "d"),
+        ("rows", "rows/answer", ",.0f"), ("shared tuples/s", "shared tuples/s", ",.0f"),
+        ("unshared tuples/s", "unshared tuples/s", ",.0f"),
+        ("speedup", "shared/unshared", ".2f"),
+    ], _plot_sharing, notes=[
+        "every query's answer from the shared engine equals the unshared engine's",
+        f"at {top} queries: shared/unshared {over['speedup']:.1f}x with overlapping local "
+        f"factors, {disj['speedup']:.1f}x with disjoint ones"], params=s)
 
     routing = bench_routing(s)
     common.report(f"joins_routing{suffix}", routing, [

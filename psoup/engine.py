@@ -72,6 +72,9 @@ class Engine:
             written as a fresh log and the old one dropped.
         routing: the order of a join's probes: "adaptive" (learned from the observed
             fan-out of each step) or "fixed" (FROM order).
+        shared_joins: False joins each new batch once per join query instead of once
+            per group of join queries sharing streams and join factors (composite
+            tuples across queries, Sect. 5.4); for benchmarks, answers are identical.
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -85,7 +88,8 @@ class Engine:
     def __init__(self, path: str | None = None, mode: str = "partial",
                  clock: Callable[[], float] = time.time, chunk_rows: int = 8192,
                  shared_index: bool = True, sync: str = "always",
-                 checkpoint_bytes: int = 64 << 20, routing: str = "adaptive"):
+                 checkpoint_bytes: int = 64 << 20, routing: str = "adaptive",
+                 shared_joins: bool = True):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
@@ -108,7 +112,8 @@ class Engine:
             self._results = NoMatResults()
         self._windows = WindowsTable()
         self._eddy = Eddy(self._stems, self._query_stem, self._results,
-                          JoinResults(eager=mode == "complete"), POLICIES[routing]())
+                          JoinResults(eager=mode == "complete"), POLICIES[routing](),
+                          shared_joins=shared_joins)
         # handle -> the slot of a selection query, or the plan of a join query, in
         # registration order
         self._handles: dict[str, int | JoinPlan] = {}
@@ -351,7 +356,7 @@ class Engine:
                 queries[handle] = {"sql": query.sql, "slot": slot, "results": count}
             data = sum(s["bytes"] for s in streams.values())
             memory = {"data": data,
-                      "results": self._results.nbytes() + self._eddy.join_results.nbytes(),
+                      "results": self._results.nbytes() + self._eddy.join_nbytes(),
                       "queries": self._query_stem.nbytes()}
             memory["total"] = sum(memory.values())
             out = {"mode": self.mode, "streams": streams, "queries": queries,

@@ -940,27 +940,33 @@ def join_windows(draw, items, schemas):
 
 
 @st.composite
-def join_queries(draw, streams):
-    """A 2- or 3-way join as (psoup SQL, oracle spec)."""
+def join_queries(draw, streams, base=None):
+    """A 2- or 3-way join as (psoup SQL, oracle spec). Given the spec of an earlier
+    one as `base`, a sibling: the same FROM list and join factors (so the engine puts
+    both in one group) with other local factors, windows and outputs."""
     names = sorted(streams)
     schemas = {s: streams[s][0] for s in names}
-    n = draw(st.sampled_from([2, 2, 3]))
-    if len(names) >= n and draw(st.booleans()):       # distinct streams
-        items = draw(st.permutations(names))[:n]
-    else:                                              # any, so often a self-join
-        items = draw(st.lists(st.sampled_from(names), min_size=n, max_size=n))
-    aliases = []
-    for i, s in enumerate(items):
-        repeated = items.count(s) > 1
-        first = items.index(s) == i
-        if repeated and not (first and draw(st.booleans())):
-            aliases.append(f"{s.lower()}{i}")
-        elif not repeated and draw(st.booleans()):
-            aliases.append(f"{s.lower()}{i}")
-        else:
-            aliases.append(None)
+    if base is not None:
+        items, aliases, qualifier_choice = base["items"], base["aliases"], base["qualify"]
+        n = len(items)
+    else:
+        n = draw(st.sampled_from([2, 2, 3]))
+        if len(names) >= n and draw(st.booleans()):       # distinct streams
+            items = draw(st.permutations(names))[:n]
+        else:                                              # any, so often a self-join
+            items = draw(st.lists(st.sampled_from(names), min_size=n, max_size=n))
+        aliases = []
+        for i, s in enumerate(items):
+            repeated = items.count(s) > 1
+            first = items.index(s) == i
+            if repeated and not (first and draw(st.booleans())):
+                aliases.append(f"{s.lower()}{i}")
+            elif not repeated and draw(st.booleans()):
+                aliases.append(f"{s.lower()}{i}")
+            else:
+                aliases.append(None)
+        qualifier_choice = [draw(st.booleans()) for _ in items]
     item_names = [a or s for s, a in zip(items, aliases)]
-    qualifier_choice = [draw(st.booleans()) for _ in items]
 
     def ref(i, column):
         """How the query names item i's column: qualified by its item name, by its
@@ -978,9 +984,13 @@ def join_queries(draw, streams):
     for i, s in enumerate(items):
         if draw(st.integers(0, 2)) == 0:      # a third of the items have local factors
             where += draw(st.lists(local_factor(i, schemas[s], ref), min_size=1, max_size=2))
-    njoin = draw(st.sampled_from([1, 1, 2, 0] if n == 2 else [2, 2, 3, 1]))
-    where += draw(st.lists(join_factor(items, schemas, ref), min_size=njoin,
-                           max_size=njoin))
+    if base is not None:
+        joins = base["joins"]
+    else:
+        njoin = draw(st.sampled_from([1, 1, 2, 0] if n == 2 else [2, 2, 3, 1]))
+        joins = draw(st.lists(join_factor(items, schemas, ref), min_size=njoin,
+                              max_size=njoin))
+    where += joins
     where = draw(st.permutations(where))
     # the select list: *, one item's *, or columns (some renamed with AS)
     shape = draw(st.sampled_from(["star", "star", "item_star", "columns", "columns"]))
@@ -1016,7 +1026,8 @@ def join_queries(draw, streams):
     if clause:
         sql += " " + clause
     return sql, {"items": items, "windows": windows, "where": [d for _, d in where],
-                 "outputs": outputs, "names": out_names, "distinct": distinct}
+                 "outputs": outputs, "names": out_names, "distinct": distinct,
+                 "aliases": aliases, "qualify": qualifier_choice, "joins": joins}
 
 
 class JoinOracle(Oracle):
@@ -1097,7 +1108,12 @@ def join_scenarios(draw):
             # most producers stamp with the engine's clock; some lag behind the others
             ops.append(("insert", stream, rows, steps, draw(st.integers(0, 3)) > 0))
         elif kind == "register":
-            ops.append(("register", draw(join_queries(streams))))
+            earlier = [op[1][1] for op in ops if op[0] == "register"]
+            if earlier and draw(st.booleans()):     # a sibling: same FROM list and joins
+                base = draw(st.sampled_from(earlier))
+                ops.append(("register", draw(join_queries(streams, base))))
+            else:
+                ops.append(("register", draw(join_queries(streams))))
         elif kind == "select":            # selection queries share the Query SteM slots
             stream = draw(st.sampled_from(sorted(streams)))
             ops.append(("select", draw(queries(stream, streams[stream][0]))))
@@ -1145,7 +1161,9 @@ JOIN_EXAMPLES = max(10, settings.default.max_examples // 3)
 def test_joins_agree_with_duckdb_in_every_mode_and_routing(scenario, chunk_rows):
     streams, ops = scenario
     clock = Clock(1000.0)
-    engines = {(m, r): psoup.Engine(mode=m, routing=r, clock=clock, chunk_rows=chunk_rows)
+    # the fixed-routing engines also join each query on its own (no groups)
+    engines = {(m, r): psoup.Engine(mode=m, routing=r, clock=clock, chunk_rows=chunk_rows,
+                                    shared_joins=r == "adaptive")
                for m, r in ENGINE_KINDS}
     for eng in engines.values():
         create(eng, streams)

@@ -19,8 +19,11 @@ on that item alone), so a batch's single Query SteM probe also tells, for every 
 query, which new tuples pass their item's local factors. The matching tuples then travel
 as hybrid structs (psoup.eddy.hybrid) through the other items' Data SteMs, in the order
 the routing policy picks (psoup.eddy.routing), and the complete combinations land in the
-join Results Structure (Figs. 4 and 5). The join work of an entry is a TTP entry queued
-behind its selection matches, so it too completes before the next NTP entry.
+join Results Structure (Figs. 4 and 5). Join queries that share their streams and join
+factors form a group (psoup.eddy.groups): a new batch is joined once per group, not once
+per query, and the group's combinations carry a bit per member. The join work of an
+entry is a TTP entry queued behind its selection matches, so it too completes before the
+next NTP entry.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Callable
 
 import numpy as np
 
+from psoup.eddy.groups import JoinGroup, group_key
 from psoup.eddy.hybrid import Step, join
 from psoup.eddy.routing import AdaptiveOrder, FixedOrder
 from psoup.query.model import Query
@@ -113,13 +117,18 @@ class Eddy:
 
     def __init__(self, data_stems: dict[str, DataSteM], query_stem: QuerySteM,
                  results: ResultsStructure, join_results: JoinResults | None = None,
-                 policy: FixedOrder | None = None):
+                 policy: FixedOrder | None = None, shared_joins: bool = True):
         self.data_stems = data_stems
         self.query_stem = query_stem
         self.results = results
         self.join_results = join_results if join_results is not None else JoinResults()
         self.policy = policy if policy is not None else AdaptiveOrder()
+        self.shared_joins = shared_joins
         self.joins: dict[int, JoinPlan] = {}
+        self.groups: dict[object, JoinGroup] = {}      # group_key -> group
+        self.group_of: dict[int, JoinGroup] = {}       # jid -> its group
+        self._next_gid = 0
+        self._local_mask = np.zeros(0, dtype="<u8")     # the join queries' local slots
         self.ntp: deque = deque()
         self.ttp: deque = deque()
 
@@ -188,12 +197,33 @@ class Eddy:
                 columns["tupleID"] = entry.tuple_ids
                 bits = self.query_stem.probe(entry.stream, columns, entry.batch.n)
                 self.ttp.append(Matches(
-                    lambda b=bits: self.results.on_insert(entry.stream, entry.position, b)))
-                for plan in self.joins.values():
-                    if not plan.query.contradiction and any(
-                            s.stream == entry.stream for s in plan.query.sources):
+                    lambda b=self._selections(bits):
+                        self.results.on_insert(entry.stream, entry.position, b)))
+                for group in self.groups.values():
+                    if any(s.stream == entry.stream for s in group.query.sources):
                         self.ttp.append(Matches(
-                            lambda p=plan, b=bits: self._join_new_data(p, entry, b)))
+                            lambda g=group, b=bits: self._join_new_data(g, entry, b)))
+
+    def _selections(self, bits: np.ndarray) -> np.ndarray:
+        """A probe's bits without the join queries' local slots: the Results Structure
+        keeps selection matches only (joins keep theirs in their groups)."""
+        mask = self._local_mask
+        if not mask.any():
+            return bits
+        words = min(len(mask), bits.shape[1])
+        out = bits.copy()
+        out[:, :words] &= ~mask[:words]
+        return out
+
+    def _mark_local(self, slots: tuple[int, ...], on: bool) -> None:
+        for slot in slots:
+            word, bit = divmod(slot, 64)
+            if word >= len(self._local_mask):
+                self._local_mask = np.pad(self._local_mask, (0, word + 1 - len(self._local_mask)))
+            if on:
+                self._local_mask[word] |= np.uint64(1) << np.uint64(bit)
+            else:
+                self._local_mask[word] &= ~(np.uint64(1) << np.uint64(bit))
 
     def _route_query(self, entry: QueryEntry) -> None:
         self.query_stem.insert(entry.query, entry.slot)
@@ -206,52 +236,80 @@ class Eddy:
     def _route_join(self, entry: JoinEntry) -> None:
         """A new join query (Fig. 4): file each item's local query, probe each item's
         Data SteM with it, then send the survivors through the other SteMs as hybrid
-        structs."""
+        structs. The query joins its group, whose candidates learn its local matches."""
         plan = entry.plan
         for slot, local in zip(plan.slots, plan.locals):
             self.query_stem.insert(local, slot)
         self.joins[plan.jid] = plan
         if not entry.interest.probes:
             return
+        self._mark_local(plan.slots, True)
+        key = group_key(plan.query) if self.shared_joins else plan.jid
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = JoinGroup(self._next_gid, plan.query)
+            self._next_gid += 1
+        index = group.join(plan.jid, plan.slots)
+        self.group_of[plan.jid] = group
         stems = self.stems_of(plan.query)
         candidates = {}
-        for i, (slot, local) in enumerate(zip(plan.slots, plan.locals)):
+        for i, local in enumerate(plan.locals):
             stem = stems[i]
             candidates[i] = stem.probe(local.sources[0], stem.horizon, stem.n)
-            self.ttp.append(Matches(
-                lambda s=slot, p=candidates[i], st=local.sources[0].stream:
-                    self.results.on_register(s, st, p)))
-        combos = self._join(plan, stems, candidates, None)
-        self.ttp.append(Matches(lambda: self.join_results.set(plan.jid, stamped(combos, stems))))
+            group.candidates[i].expire(stem.horizon)
+            group.candidates[i].merge(candidates[i], index)
+        combos = stamped(self._join(plan.jid, plan.query, stems, candidates, None), stems)
+        word, bit = divmod(index, 64)
+        combos.bits = np.zeros((len(combos), word + 1), dtype="<u8")
+        combos.bits[:, word] = np.uint64(1) << np.uint64(bit)
+        self.ttp.append(Matches(lambda: self.join_results.add(group.gid, combos, stems)))
 
-    def _join_new_data(self, plan: JoinPlan, entry: DataEntry, bits: np.ndarray) -> None:
-        """New tuples of one stream joined with the stored data (Fig. 5). For a stream
-        that several FROM items read (a self-join), each combination with at least one
-        new tuple is produced once: when item i takes a new tuple, the items before it
-        on the same stream take only old ones."""
-        stems = self.stems_of(plan.query)
+    def _join_new_data(self, group: JoinGroup, entry: DataEntry, bits: np.ndarray) -> None:
+        """New tuples of one stream joined with the stored data (Fig. 5), once for every
+        member of the group: the new tuples that pass some member's local factors probe
+        the other items' candidates together, and each combination keeps the members
+        all its tuples pass. For a stream that several FROM items read (a self-join),
+        each combination with at least one new tuple is produced once: when item i
+        takes a new tuple, the items before it on the same stream take only old ones."""
+        stems = self.stems_of(group.query)
+        sources = group.query.sources
         p0 = entry.position
-        found = []
-        for i, source in enumerate(plan.query.sources):
+        new = {}
+        for i, source in enumerate(sources):
             if source.stream != entry.stream:
                 continue
-            word, bit = divmod(plan.slots[i], 64)
-            new = p0 + np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
-            new = new[new >= stems[i].horizon]    # a batch longer than retention
-            if len(new) == 0:
+            item_bits = group.item_bits(bits, i)
+            rows = np.flatnonzero(item_bits.any(axis=1))
+            positions = p0 + rows
+            keep = positions >= stems[i].horizon       # a batch longer than retention
+            new[i] = (positions[keep], item_bits[rows[keep]])
+            group.candidates[i].expire(stems[i].horizon)
+            group.candidates[i].append(*new[i])
+        found, found_bits = [], []
+        for i, (positions, item_bits) in new.items():
+            if not len(positions):
                 continue
-            candidates = {i: new}
-            for j, other in enumerate(plan.query.sources):
-                if j == i:
-                    continue
-                stem = stems[j]
-                end = p0 if (other.stream == entry.stream and j < i) else stem.n
-                candidates[j] = self.results.matches(plan.slots[j], plan.locals[j].sources[0],
-                                                     stem, (stem.horizon, end))
-            found.append(self._join(plan, stems, candidates, i))
+            candidates, members = {i: positions}, {i: item_bits}
+            for j, other in enumerate(sources):
+                if j != i:
+                    end = p0 if (other.stream == entry.stream and j < i) else stems[j].n
+                    candidates[j], members[j] = group.candidates[j].between(
+                        stems[j].horizon, end)
+            combos = self._join(("group", group.gid), group.query, stems, candidates, i)
+            if not len(combos):
+                continue
+            words = min(b.shape[1] for b in members.values())
+            wanted = np.full((len(combos), words), ~np.uint64(0), dtype="<u8")
+            for j, cands in candidates.items():
+                wanted &= members[j][np.searchsorted(cands, combos[:, j]), :words]
+            keep = wanted.any(axis=1)
+            found.append(combos[keep])
+            found_bits.append(wanted[keep])
         if found:
-            combos = np.concatenate(found) if len(found) > 1 else found[0]
-            self.join_results.add(plan.jid, stamped(combos, stems), stems)
+            entries = stamped(np.concatenate(found), stems)
+            if len(entries):
+                entries.bits = np.concatenate(found_bits)
+                self.join_results.add(group.gid, entries, stems)
 
     def evaluate_join(self, plan: JoinPlan, spans: list[Span]) -> Combinations:
         """NoMat: the join over the windows, computed at invocation."""
@@ -261,7 +319,8 @@ class Eddy:
             source = local.sources[0]
             candidates[i] = (stems[i].probe(source, *span) if isinstance(span, tuple)
                              else stems[i].filter(source, span))
-        return ordered(stamped(self._join(plan, stems, candidates, None), stems), stems)
+        return ordered(stamped(self._join(plan.jid, plan.query, stems, candidates, None),
+                               stems))
 
     def join_matches(self, plan: JoinPlan, spans: list[Span]) -> Combinations:
         """The query's combinations whose every tuple lies in its item's span."""
@@ -270,27 +329,44 @@ class Eddy:
         if not self.results.materializes:
             return self.evaluate_join(plan, spans)
         stems = self.stems_of(plan.query)
-        return in_windows(self.join_results.entries(plan.jid, stems), spans, stems)
+        group = self.group_of[plan.jid]
+        entries = self.join_results.member(group.gid, group.members[plan.jid], stems)
+        return in_windows(entries, spans, stems)
 
-    def _join(self, plan: JoinPlan, stems: list[DataSteM], candidates: dict[int, np.ndarray],
-              first: int | None) -> np.ndarray:
+    def _join(self, key: object, query: Query, stems: list[DataSteM],
+              candidates: dict[int, np.ndarray], first: int | None) -> np.ndarray:
+        """Join candidates through hybrid structs in the policy's order; `key` names
+        whose fan-outs the policy learns (a query's, or a group's)."""
         sizes = {i: len(c) for i, c in candidates.items()}
         if first is None:
-            first = self.policy.start(plan.jid, plan.query, sizes)
+            first = self.policy.start(key, query, sizes)
         steps: list[Step] = []
-        combos = join(plan.query, stems, candidates,
-                      self.policy.order(plan.jid, plan.query, first, sizes), steps)
-        self.policy.observe(plan.jid, steps)
+        combos = join(query, stems, candidates, self.policy.order(key, query, first, sizes),
+                      steps)
+        self.policy.observe(key, steps)
         return combos
 
     def _remove_join(self, entry: JoinRemovalEntry) -> None:
         plan = entry.plan
-        for slot, local in zip(plan.slots, plan.locals):
+        for slot in plan.slots:
             self.query_stem.remove(slot)
-            self.results.on_unregister(slot, local.sources[0].stream)
+        self._mark_local(plan.slots, False)
         self.joins.pop(plan.jid, None)
-        self.join_results.drop(plan.jid)
         self.policy.forget(plan.jid)
+        group = self.group_of.pop(plan.jid, None)
+        if group is None:
+            return
+        index = group.leave(plan.jid)
+        if group.members:
+            self.join_results.clear(group.gid, index)
+        else:
+            del self.groups[group_key(group.query) if self.shared_joins else plan.jid]
+            self.join_results.drop(group.gid)
+            self.policy.forget(("group", group.gid))
+
+    def join_nbytes(self) -> int:
+        """Memory of the join Results Structures and the groups' candidates."""
+        return self.join_results.nbytes() + sum(g.nbytes() for g in self.groups.values())
 
     def stems_of(self, query: Query) -> list[DataSteM]:
         return [self.data_stems[s.stream] for s in query.sources]

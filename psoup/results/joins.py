@@ -6,11 +6,17 @@ are ordered by the earliest, which is the one a window's lower edge tests (the p
 argument: END is usually NOW and filters nothing). An invocation keeps the entries whose
 every tuple lies in its item's window.
 
-Each join query has its own entries. Expiry is lazy: an entry whose tuple of some stream
-fell below that stream's retention horizon is dropped the next time the query's entries
-are read. Materializing modes differ in when entries are ordered: `eager=True` (PSoup-C)
-merges new entries into order as they arrive, `eager=False` (PSoup-P) appends them and
-orders them at the next invocation.
+As in the paper, there is one structure per FROM list, not per query: join queries over
+the same streams with the same join factors form a *group* (psoup.eddy.groups), and an
+entry carries a bitmap row with a bit per member query (those whose local factors all
+its tuples satisfy). A combination is stored once however many members it satisfies;
+a query's view is the entries with its bit set, cached until the structure changes.
+
+Expiry is lazy: an entry whose tuple of some stream fell below that stream's retention
+horizon is dropped the next time the group's entries are read. Materializing modes
+differ in when entries are ordered: `eager=True` (PSoup-C) merges new entries into
+order as they arrive, `eager=False` (PSoup-P) appends them and orders them at the next
+invocation.
 """
 
 from __future__ import annotations
@@ -24,16 +30,18 @@ from psoup.stems.data_stem import DataSteM
 
 
 class Combinations:
-    """Entries of one join query: positions (m, k) with earliest and latest ts."""
+    """Join entries: positions (m, k) with earliest and latest ts, and optionally the
+    members' bits (m, words) of a group's structure."""
 
-    __slots__ = ("positions", "earliest", "latest", "ordered")
+    __slots__ = ("positions", "earliest", "latest", "ordered", "bits")
 
     def __init__(self, positions: np.ndarray, earliest: np.ndarray, latest: np.ndarray,
-                 ordered: bool = False):
+                 ordered: bool = False, bits: np.ndarray | None = None):
         self.positions = positions
         self.earliest = earliest
         self.latest = latest
         self.ordered = ordered
+        self.bits = bits
 
     def __len__(self) -> int:
         return len(self.earliest)
@@ -44,7 +52,7 @@ class Combinations:
 
     def take(self, keep: np.ndarray) -> "Combinations":
         return Combinations(self.positions[keep], self.earliest[keep], self.latest[keep],
-                            self.ordered)
+                            self.ordered, None if self.bits is None else self.bits[keep])
 
 
 def stamped(positions: np.ndarray, stems: Sequence[DataSteM]) -> Combinations:
@@ -82,9 +90,10 @@ def in_windows(entries: Combinations, spans: Sequence[Span],
     return entries.take(keep)
 
 
-def ordered(entries: Combinations, stems: Sequence[DataSteM]) -> Combinations:
+def ordered(entries: Combinations) -> Combinations:
     """The entries sorted by earliest ts, then by the tuples' positions in FROM order
-    (tupleIDs grow with positions), which is the order of a join's answer."""
+    (tupleIDs grow with positions), which is the order of a join's answer. Entries with
+    bits that name the same combination are merged into one, their bits OR-ed."""
     if entries.ordered or len(entries) < 2:
         entries.ordered = True
         return entries
@@ -92,71 +101,112 @@ def ordered(entries: Combinations, stems: Sequence[DataSteM]) -> Combinations:
     by = np.lexsort(keys + [entries.earliest])
     out = entries.take(by)
     out.ordered = True
+    if out.bits is not None:
+        same = (out.positions[1:] == out.positions[:-1]).all(axis=1)
+        if same.any():
+            starts = np.flatnonzero(np.r_[True, ~same])
+            out = Combinations(out.positions[starts], out.earliest[starts],
+                               out.latest[starts], True,
+                               np.bitwise_or.reduceat(out.bits, starts, axis=0))
     return out
 
 
 class JoinResults:
-    """Materialized entries per join query (PSoup-P and PSoup-C).
+    """Materialized entries per group of join queries (PSoup-P and PSoup-C).
 
     Example:
         >>> jr = JoinResults()
-        >>> jr.add(7, Combinations(np.array([[0, 1]]), np.array([1.0]), np.array([2.0])))
-        >>> len(jr.entries(7, []))
-        1
+        >>> bits = np.array([[0b11], [0b10]], dtype="<u8")
+        >>> jr.add(7, Combinations(np.array([[0, 1], [0, 2]]), np.array([1.0, 1.0]),
+        ...                        np.array([2.0, 3.0]), bits=bits))
+        >>> len(jr.entries(7, [])), len(jr.member(7, 0, [])), len(jr.member(7, 1, []))
+        (2, 1, 2)
     """
 
     def __init__(self, eager: bool = False):
         self.eager = eager
         self._blocks: dict[int, list[Combinations]] = {}
         self._checked: dict[int, tuple[int, ...]] = {}   # horizons at the last read
+        self._views: dict[int, dict[int, Combinations]] = {}
 
-    def set(self, jid: int, entries: Combinations) -> None:
-        """A new query's entries over the retained data (Fig. 4, step 6)."""
-        self._blocks[jid] = [entries]
-        self._checked.pop(jid, None)
-
-    def add(self, jid: int, entries: Combinations, stems: Sequence[DataSteM] = ()) -> None:
-        """Entries a new batch produced (Fig. 5). PSoup-C merges them into order now."""
+    def add(self, gid: int, entries: Combinations, stems: Sequence[DataSteM] = ()) -> None:
+        """Entries with their members' bits: a new batch's (Fig. 5) or a new member's
+        over the retained data (Fig. 4). PSoup-C merges them into order now."""
         if not len(entries):
             return
-        blocks = self._blocks.setdefault(jid, [])
+        blocks = self._blocks.setdefault(gid, [])
         blocks.append(entries)
-        self._checked.pop(jid, None)
+        self._changed(gid)
         if self.eager and stems:
-            self._blocks[jid] = [ordered(_concat(blocks), stems)]
+            self._blocks[gid] = [ordered(_concat(blocks))]
 
-    def drop(self, jid: int) -> None:
-        self._blocks.pop(jid, None)
-        self._checked.pop(jid, None)
+    def clear(self, gid: int, index: int) -> None:
+        """A member left: clear its bit everywhere, so its index can be reused."""
+        word, bit = divmod(index, 64)
+        keep = ~(np.uint64(1) << np.uint64(bit))
+        for block in self._blocks.get(gid, ()):
+            if block.bits.shape[1] > word:
+                block.bits[:, word] &= keep
+        self._changed(gid)
 
-    def entries(self, jid: int, stems: Sequence[DataSteM]) -> Combinations:
-        """The query's live entries in answer order (expired ones dropped). O(m log m)
-        when entries arrived since the last read, O(m) otherwise."""
-        blocks = self._blocks.get(jid)
+    def drop(self, gid: int) -> None:
+        self._blocks.pop(gid, None)
+        self._changed(gid)
+
+    def _changed(self, gid: int) -> None:
+        self._checked.pop(gid, None)
+        self._views.pop(gid, None)
+
+    def entries(self, gid: int, stems: Sequence[DataSteM]) -> Combinations:
+        """The group's live entries in answer order (expired ones and ones no member
+        wants dropped). O(m log m) when entries arrived since the last read, O(k) when
+        nothing arrived or expired."""
+        blocks = self._blocks.get(gid)
         if not blocks:
             return Combinations.empty(len(stems))
         horizons = tuple(stem.horizon for stem in stems)
-        if len(blocks) == 1 and self._checked.get(jid) == horizons:
+        if len(blocks) == 1 and self._checked.get(gid) == horizons:
             return blocks[0]                     # nothing arrived or expired since
         entries = blocks[0] if len(blocks) == 1 else _concat(blocks)
+        live = entries.bits.any(axis=1)
         if stems:
-            live = (entries.positions >= np.array(horizons)).all(axis=1)
-            if not live.all():
-                entries = entries.take(live)
-            entries = ordered(entries, stems)
-            self._checked[jid] = horizons
-        self._blocks[jid] = [entries]
+            live &= (entries.positions >= np.array(horizons)).all(axis=1)
+        if not live.all():
+            entries = entries.take(live)
+        entries = ordered(entries)
+        self._checked[gid] = horizons
+        self._views.pop(gid, None)
+        self._blocks[gid] = [entries]
         return entries
 
-    def count(self, jid: int) -> int:
-        return sum(len(b) for b in self._blocks.get(jid, ()))
+    def member(self, gid: int, index: int, stems: Sequence[DataSteM]) -> Combinations:
+        """The entries of one member query, in answer order."""
+        entries = self.entries(gid, stems)
+        views = self._views.setdefault(gid, {})
+        view = views.get(index)
+        if view is None:
+            word, bit = divmod(index, 64)
+            if entries.bits is None or word >= entries.bits.shape[1]:
+                view = Combinations.empty(entries.positions.shape[1])
+            else:
+                mask = np.uint64(1) << np.uint64(bit)
+                mine = (entries.bits[:, word] & mask) != 0
+                view = entries if mine.all() else entries.take(mine)
+            views[index] = view
+        return view
+
+    def count(self, gid: int) -> int:
+        return sum(len(b) for b in self._blocks.get(gid, ()))
 
     def nbytes(self) -> int:
-        return sum(b.positions.nbytes + b.earliest.nbytes + b.latest.nbytes
+        return sum(b.positions.nbytes + b.earliest.nbytes + b.latest.nbytes + b.bits.nbytes
                    for blocks in self._blocks.values() for b in blocks)
 
 
 def _concat(blocks: list[Combinations]) -> Combinations:
+    words = max(b.bits.shape[1] for b in blocks)
+    bits = [b.bits if b.bits.shape[1] == words
+            else np.pad(b.bits, ((0, 0), (0, words - b.bits.shape[1]))) for b in blocks]
     return Combinations(np.concatenate([b.positions for b in blocks]),
                         np.concatenate([b.earliest for b in blocks]),
-                        np.concatenate([b.latest for b in blocks]))
+                        np.concatenate([b.latest for b in blocks]), bits=np.concatenate(bits))
