@@ -765,6 +765,116 @@ def test_since_cursor_on_a_self_join_counts_each_pair(make_engine):
 
 
 # ----------------------------------------------------------------------------------
+# Groups: join queries sharing streams and join factors share one structure (Sect. 5.4)
+
+def _group_engine(mode, shared=True):
+    eng = psoup.Engine(mode=mode, clock=Clock(100.0), chunk_rows=4, shared_joins=shared)
+    eng.execute("CREATE STREAM R (a INT, x INT)")
+    eng.execute("CREATE STREAM S (b INT, y INT)")
+    return eng
+
+
+def _brute(r_rows, s_rows, rx, sy):
+    """Every (R index, S index) with R.a = S.b AND R.x > rx AND S.y < sy."""
+    return [(i, j) for i, (a, x) in enumerate(r_rows) for j, (b, y) in enumerate(s_rows)
+            if a == b and x > rx and y < sy]
+
+
+@pytest.mark.parametrize("mode", ["partial", "complete"])
+def test_siblings_share_one_group_and_each_gets_its_own_answer(mode):
+    eng = _group_engine(mode)
+    r_rows = [(1, 5), (2, 9), (1, 1), (3, 7)]
+    s_rows = [(1, 0), (1, 8), (2, 3), (3, 9)]
+    rid = eng.insert("R", r_rows[:2], ts=1.0).tolist()
+    sid = eng.insert("S", s_rows[:2], ts=1.0).tolist()
+    sql = "SELECT R.a, S.y FROM R, S WHERE R.a = S.b AND R.x > {} AND S.y < {}"
+    bounds = [(0, 10), (4, 5), (6, 10)]
+    h0 = eng.register(sql.format(*bounds[0]))          # before the rest of the data
+    rid += eng.insert("R", r_rows[2:], ts=2.0).tolist()
+    h1 = eng.register(sql.format(*bounds[1]))          # in between: old and new data
+    h2 = eng.register("SELECT R.a, S.y FROM R, S WHERE S.y < 10 AND R.x > 6 AND "
+                      "S.b = R.a")                      # the factors in another order
+    sid += eng.insert("S", s_rows[2:], ts=3.0).tolist()
+    eddy = eng._eddy
+    assert len(eddy.groups) == 1                         # one structure for all three
+    for h, (rx, sy) in zip((h0, h1, h2), bounds):
+        want = _brute(r_rows, s_rows, rx, sy)
+        got = eng.invoke(h, now=10.0).tuple_ids.tolist()
+        assert sorted(map(tuple, got)) == sorted((rid[i], sid[j]) for i, j in want)
+    # every combination is stored once: (R0, S0) serves h0 and h1 (found for h0 by a
+    # batch and for h1 over old data), and the count is the union of the answers
+    group = next(iter(eddy.groups.values()))
+    union = set()
+    for rx, sy in bounds:
+        union |= set(_brute(r_rows, s_rows, rx, sy))
+    assert len(eddy.join_results.entries(group.gid, eddy.stems_of(group.query))) == len(union)
+
+
+@pytest.mark.parametrize("mode", ["partial", "complete"])
+def test_a_member_leaving_clears_its_bits_and_its_index_is_reused_clean(mode):
+    eng = _group_engine(mode)
+    sql = "SELECT R.a FROM R, S WHERE R.a = S.b AND R.x > {} AND S.y < 100"
+    wide = eng.register(sql.format(0))
+    narrow = eng.register(sql.format(50))
+    eng.insert("R", [(1, 60), (1, 10)], ts=1.0)
+    eng.insert("S", [(1, 0)], ts=1.0)
+    assert len(eng.invoke(narrow, now=5.0)) == 1 and len(eng.invoke(wide, now=5.0)) == 2
+    eng.unregister(narrow)
+    group = next(iter(eng._eddy.groups.values()))
+    assert list(group.members.values()) == [0]
+    # the newcomer takes index 1; it must not inherit the old member's combination
+    none = eng.register(sql.format(1000))
+    assert group.members[eng._handles[none].jid] == 1
+    assert len(eng.invoke(none, now=5.0)) == 0
+    assert len(eng.invoke(wide, now=5.0)) == 2
+    eng.insert("R", [(1, 2000)], ts=2.0)
+    assert len(eng.invoke(none, now=5.0)) == 1 and len(eng.invoke(wide, now=5.0)) == 3
+    eng.unregister(wide)
+    eng.unregister(none)
+    assert eng._eddy.groups == {} and eng._eddy.join_nbytes() == 0
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_groups_of_more_than_64_members_match_each_query_alone(shared):
+    """Member bits span several words, and a batch regroups them from many slots."""
+    rnd = random.Random(7)
+    eng = _group_engine("partial", shared)
+    eng.execute("CREATE STREAM T (c INT)")        # a selection query's slot in between
+    sel = eng.register("SELECT c FROM T WHERE c > 1")
+    bounds = [(rnd.randrange(10), rnd.randrange(10)) for _ in range(70)]
+    sql = "SELECT R.a FROM R, S WHERE R.a = S.b AND R.x > {} AND S.y < {}"
+    handles = [eng.register(sql.format(*b)) for b in bounds[:35]]
+    r_rows = [(rnd.randrange(3), rnd.randrange(10)) for _ in range(12)]
+    s_rows = [(rnd.randrange(3), rnd.randrange(10)) for _ in range(12)]
+    rid = eng.insert("R", r_rows[:6], ts=1.0).tolist()
+    sid = eng.insert("S", s_rows[:6], ts=1.0).tolist()
+    handles += [eng.register(sql.format(*b)) for b in bounds[35:]]
+    rid += eng.insert("R", r_rows[6:], ts=2.0).tolist()
+    sid += eng.insert("S", s_rows[6:], ts=2.0).tolist()
+    eng.insert("T", [(5,), (0,)], ts=2.0)
+    assert len(eng._eddy.groups) == (1 if shared else 70)
+    for h, (rx, sy) in zip(handles, bounds):
+        want = sorted((rid[i], sid[j]) for i, j in _brute(r_rows, s_rows, rx, sy))
+        assert sorted(map(tuple, eng.invoke(h, now=5.0).tuple_ids.tolist())) == want
+    assert eng.invoke(sel, now=5.0).rows == [(5,)]
+
+
+def test_member_bits_regroups_slots_the_same_way_for_few_and_many_members():
+    from psoup.eddy.groups import member_bits
+    rng = np.random.default_rng(3)
+    probe = rng.integers(0, 2**63, size=(9, 3), dtype=np.int64).astype("<u8")
+    slots = [int(v) for v in rng.choice(192, size=40, replace=False)]
+    many = member_bits(probe, slots, 1)
+    few = np.concatenate([member_bits(probe, slots[i:i + 8], 1) for i in range(0, 40, 8)])
+    for g, slot in enumerate(slots):
+        want = (probe[:, slot // 64] >> np.uint64(slot % 64)) & np.uint64(1)
+        assert ((many[:, 0] >> np.uint64(g)) & np.uint64(1)).tolist() == want.tolist()
+        chunk, k = divmod(g, 8)
+        got = (few[chunk * 9:(chunk + 1) * 9, 0] >> np.uint64(k)) & np.uint64(1)
+        assert got.tolist() == want.tolist()
+
+
+# ----------------------------------------------------------------------------------
 # Differential: every mode and routing policy against DuckDB
 
 JINTS = st.integers(0, 4)
