@@ -159,6 +159,18 @@ class Oracle:
                             [(t, i, *r) for t, i, r in zip(ts, tids, rows)])
 
     def answer(self, spec, now):
+        source = self.source(spec, now)
+        where = " AND ".join(spec["where"]) or "TRUE"
+        outs = ", ".join(f'"{c}"' for c in spec["outputs"])
+        if spec["distinct"]:
+            sql = (f'SELECT {outs} FROM {source} WHERE {where} GROUP BY {outs} '
+                   f'ORDER BY min("tupleID")')
+        else:
+            sql = f'SELECT {outs} FROM {source} WHERE {where} ORDER BY ts, "tupleID"'
+        return [tuple(r) for r in self.db.execute(sql).fetchall()]
+
+    def source(self, spec, now):
+        """The query's stream as DuckDB FROM text: retained, then windowed at `now`."""
         stream = spec["stream"]
         retained = f"SELECT * FROM {stream}"
         retain = self.retain[stream]
@@ -176,14 +188,7 @@ class Oracle:
         elif window[0] == "partition":
             source = (f'(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY "{window[1]}" '
                       f'ORDER BY "tupleID" DESC) AS rn FROM {source}) WHERE rn <= {window[2]}) AS w')
-        where = " AND ".join(spec["where"]) or "TRUE"
-        outs = ", ".join(f'"{c}"' for c in spec["outputs"])
-        if spec["distinct"]:
-            sql = (f'SELECT {outs} FROM {source} WHERE {where} GROUP BY {outs} '
-                   f'ORDER BY min("tupleID")')
-        else:
-            sql = f'SELECT {outs} FROM {source} WHERE {where} ORDER BY ts, "tupleID"'
-        return [tuple(r) for r in self.db.execute(sql).fetchall()]
+        return source
 
 
 @st.composite

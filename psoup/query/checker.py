@@ -5,6 +5,7 @@ types (LANGUAGE.md: numbers with numbers, TEXT with TEXT, BOOL with TRUE/FALSE),
 windows into `model.Window` (PSoup Sect. 3.2's BEGIN-END clause, or the per-stream CQL
 windows of the STREAM paper Sect. 2), splits WHERE into each FROM item's local factors
 and the join factors between items (PSoup Sect. 3.2.2), and hands them to `normalize`.
+Aggregates and GROUP BY are checked here too (docs/semantics.md, "Aggregates").
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from psoup.query.syntax import (
     RangeWindow,
     Retain,
     Select,
+    SelectAggregate,
+    SelectColumn,
     SelectEntry,
     Shifted,
     Star,
@@ -158,6 +161,9 @@ def _check_select(stmt: Select, schemas: Mapping[str, StreamSchema], sql: str) -
     scope = _Scope(stmt.sources, schemas)
     windows = _windows(stmt, scope)
     select = _select_list(stmt.items, scope)
+    group_by = _group_by(stmt.group_by, scope)
+    if group_by or any(item.agg for item in select):
+        _check_grouping(stmt.items, select, group_by)
     local, joins = _factors(stmt.where, scope)
     sources = []
     for schema, name, window, factors in zip(scope.schemas, scope.names, windows, local):
@@ -165,7 +171,8 @@ def _check_select(stmt: Select, schemas: Mapping[str, StreamSchema], sql: str) -
         sources.append(Source(schema.name, name, window, predicates, column_factors))
     contradiction = any(is_contradiction(s.predicates) for s in sources)
     return Query(
-        sql, tuple(sources), select, stmt.distinct, contradiction, normalize_joins(joins)
+        sql, tuple(sources), select, stmt.distinct, contradiction, normalize_joins(joins),
+        group_by,
     )
 
 
@@ -379,9 +386,14 @@ def _row_count(amount: Literal, what: str) -> int:
 
 def _select_list(entries: Sequence[SelectEntry], scope: _Scope) -> tuple[SelectItem, ...]:
     """The output columns. In a join, `*` and `r.*` name theirs "r.column"; a plain item is
-    named by its column, or "r.column" when another output has that name too."""
-    chosen: list[tuple[int, str, str | None, Pos]] = []  # source, column, fixed name, pos
+    named by its column, or "r.column" when another output has that name too. An aggregate
+    is named "function(column)" ("function(r.column)" in a join), COUNT(*) "count(*)"."""
+    # source, column, fixed name, pos, aggregate
+    chosen: list[tuple[int, str, str | None, Pos, str | None]] = []
     for entry in entries:
+        if isinstance(entry, SelectAggregate):
+            chosen.append((*_aggregate(entry, scope), entry.pos, entry.function))
+            continue
         if isinstance(entry, Star):
             if entry.qualifier is None:
                 indexes: Sequence[int] = range(len(scope.names))
@@ -390,22 +402,75 @@ def _select_list(entries: Sequence[SelectEntry], scope: _Scope) -> tuple[SelectI
             for index in indexes:
                 prefix = f"{scope.names[index]}." if scope.joined else ""
                 chosen.extend(
-                    (index, column, prefix + column, entry.pos)
+                    (index, column, prefix + column, entry.pos, None)
                     for column in scope.schemas[index].names
                 )
         else:
             index, _ = scope.resolve(entry.column)
-            chosen.append((index, entry.column.name, entry.alias, entry.pos))
-    taken = Counter(column if name is None else name for _, column, name, _ in chosen)
+            chosen.append((index, entry.column.name, entry.alias, entry.pos, None))
+    taken = Counter(column if name is None else name for _, column, name, _, _ in chosen)
     items: list[SelectItem] = []
-    for index, column, name, pos in chosen:
+    for index, column, name, pos, agg in chosen:
         if name is None:
             clash = scope.joined and taken[column] > 1
             name = f"{scope.names[index]}.{column}" if clash else column
         if any(item.name == name for item in items):
             raise QueryError(f"duplicate output column '{name}' (rename one with AS)", *pos)
-        items.append(SelectItem(index, column, name))
+        items.append(SelectItem(index, column, name, agg))
     return tuple(items)
+
+
+def _aggregate(entry: SelectAggregate, scope: _Scope) -> tuple[int, str, str]:
+    """An aggregate's FROM item, column and output name; SUM, AVG, MIN and MAX take
+    numbers only."""
+    ref = entry.argument
+    if ref is None:
+        return 0, "*", entry.alias or "count(*)"
+    index, ctype = scope.resolve(ref)
+    if entry.function != "count" and _kind(ctype) != "number":
+        raise QueryError(
+            f"{entry.function.upper()} over {ctype.upper()} column '{ref.display}' is not "
+            "supported (INT or FLOAT columns only)",
+            *ref.pos,
+        )
+    argument = f"{scope.names[index]}.{ref.name}" if scope.joined else ref.name
+    return index, ref.name, entry.alias or f"{entry.function}({argument})"
+
+
+# GROUP BY
+
+
+def _group_by(refs: Sequence[ColumnRef], scope: _Scope) -> tuple[tuple[int, str], ...]:
+    """The GROUP BY columns as (FROM item, column), in written order without repeats."""
+    columns: list[tuple[int, str]] = []
+    for ref in refs:
+        column = (scope.resolve(ref)[0], ref.name)
+        if column not in columns:
+            columns.append(column)
+    return tuple(columns)
+
+
+def _check_grouping(
+    entries: Sequence[SelectEntry],
+    select: Sequence[SelectItem],
+    group_by: Sequence[tuple[int, str]],
+) -> None:
+    """In an aggregated query, `*` is rejected and every plain column must be grouped."""
+    for entry in entries:
+        if isinstance(entry, Star):
+            star = "*" if entry.qualifier is None else f"{entry.qualifier}.*"
+            raise QueryError(
+                f"SELECT {star} cannot be used with aggregates or GROUP BY: list the GROUP BY "
+                "columns instead",
+                *entry.pos,
+            )
+    for entry, item in zip(entries, select):  # no `*`: one item per entry
+        if isinstance(entry, SelectColumn) and (item.source, item.column) not in group_by:
+            raise QueryError(
+                f"column '{entry.column.display}' must appear in GROUP BY or be inside an "
+                "aggregate",
+                *entry.pos,
+            )
 
 
 # WHERE

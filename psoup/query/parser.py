@@ -3,8 +3,8 @@
 The second stage of the language pipeline. The grammar is LANGUAGE.md's; each rule is
 one method, and every failure names what was expected, the token it came after and the
 token found, at that token's line and column. SQL features the language does not have
-(OR, NOT, GROUP BY, aggregates, subqueries, ...) are recognized and rejected by name
-rather than reported as plain syntax errors.
+(OR, NOT, HAVING, aggregates outside the select list, subqueries, ...) are recognized and
+rejected by name rather than reported as plain syntax errors.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from psoup.query.syntax import (
     Retain,
     RowsWindow,
     Select,
+    SelectAggregate,
     SelectColumn,
     SelectEntry,
     Shifted,
@@ -55,6 +56,8 @@ from psoup.query.tokens import (
 
 COMPARISON_OPS = ("=", "!=", "<>", "<", "<=", ">", ">=")
 AGGREGATES = frozenset({"COUNT", "SUM", "AVG", "MIN", "MAX"})
+_ARITHMETIC = ("+", "-", "*")
+_AGGREGATE_HERE = "aggregates are not supported here ({name})"
 
 _TIME_UNITS = "a unit (SECONDS, MINUTES, HOURS or DAYS)"
 _ANY_UNITS = "a unit (SECONDS, MINUTES, HOURS, DAYS or ROWS)"
@@ -205,7 +208,7 @@ class _Parser:
         while self._accept_symbol(","):
             items.append(self._select_entry())
         last = items[-1]
-        bare = isinstance(last, SelectColumn) and last.alias is None
+        bare = isinstance(last, (SelectColumn, SelectAggregate)) and last.alias is None
         self._expect_word("FROM", "',', AS or FROM" if bare else "',' or FROM")
         sources = [self._from_item()]
         while self._accept_symbol(","):
@@ -213,14 +216,29 @@ class _Parser:
         where: tuple[Factor, ...] = ()
         if self._accept_word("WHERE"):
             where = tuple(self._conjunction())
+        group_by = self._group_by() if self._tok.is_word("GROUP") else ()
         begin_end = self._begin_end() if self._tok.is_word("BEGIN") else None
-        if begin_end is not None:
-            self.end("the end of the statement")
+        late_group_by = begin_end is not None and not group_by and self._tok.is_word("GROUP")
+        if late_group_by:
+            group_by = self._group_by()
+        if group_by and self._tok.is_word("GROUP"):
+            raise QueryError("GROUP BY appears twice", *self._tok.pos)
+        if group_by and self._tok.is_word("WHERE"):
+            raise QueryError("WHERE goes before GROUP BY", *self._tok.pos)
+        if late_group_by:
+            self.end("',' or the end of the statement")
+        elif begin_end is not None:
+            self.end("the end of the statement" if group_by else
+                     "GROUP BY or the end of the statement")  # fmt: skip
+        elif group_by:
+            self.end("',', BEGIN or the end of the statement")
         elif where:
-            self.end("AND, BEGIN or the end of the statement")
+            self.end("AND, GROUP BY, BEGIN or the end of the statement")
         else:
-            self.end("WHERE, BEGIN or the end of the statement")
-        return Select(start.pos, distinct, tuple(items), tuple(sources), where, begin_end)
+            self.end("WHERE, GROUP BY, BEGIN or the end of the statement")
+        return Select(
+            start.pos, distinct, tuple(items), tuple(sources), where, begin_end, group_by
+        )
 
     # names and constants
 
@@ -236,12 +254,14 @@ class _Parser:
         self._advance()
         return tok.text, tok.pos
 
-    def _column_ref(self) -> ColumnRef:
+    def _column_ref(self, aggregate_error: str = _AGGREGATE_HERE) -> ColumnRef:
+        """`name` or `qualifier.name`. A call `f(...)` is rejected; a call of an aggregate
+        with `aggregate_error`, formatted with the aggregate's name as written."""
         tok = self._tok
         name, pos = self._name("a column")
         if self._tok.is_symbol("("):
             if name.upper() in AGGREGATES:
-                raise QueryError(f"aggregates are not supported yet ({name})", *tok.pos)
+                raise QueryError(aggregate_error.format(name=name), *tok.pos)
             raise QueryError(f"functions are not supported ({name})", *tok.pos)
         ref = ColumnRef(tok.pos, None, name, pos)
         if self._accept_symbol("."):
@@ -295,9 +315,41 @@ class _Parser:
             return Star(tok.pos, tok.text)
         if tok.kind not in (NAME, KEYWORD):
             self._fail("a column or '*'")
+        if tok.kind == NAME and tok.text.upper() in AGGREGATES and self._peek(1).is_symbol("("):
+            function, argument, text = self._aggregate()
+            alias = self._name("a name after AS")[0] if self._accept_word("AS") else None
+            return SelectAggregate(tok.pos, function, argument, alias, text)
         column = self._column_ref()
         alias = self._name("a name after AS")[0] if self._accept_word("AS") else None
         return SelectColumn(tok.pos, column, alias)
+
+    def _aggregate(self) -> tuple[str, ColumnRef | None, str]:
+        """`COUNT(*)` or `function(column)`: (lowercase function, column or None, text)."""
+        name = self._advance().text
+        function = name.upper()
+        self._advance()  # (
+        tok = self._tok
+        argument = None
+        if tok.is_word("DISTINCT"):
+            raise QueryError(f"{function}(DISTINCT ...) is not supported", *tok.pos)
+        if tok.is_symbol("*"):
+            if function != "COUNT":
+                raise QueryError(f"{function}(*) is not supported: only COUNT takes *", *tok.pos)
+            self._advance()
+        elif tok.kind in (NAME, KEYWORD):
+            argument = self._column_ref(
+                f"nested aggregates are not supported ({{name}} inside {name})"
+            )
+            if self._tok.is_symbol(*_ARITHMETIC, *COMPARISON_OPS):
+                raise _expression_error(function, self._tok.pos)
+        elif tok.kind in (NUMBER, STRING) or tok.is_symbol("(", *_ARITHMETIC):
+            raise _expression_error(function, tok.pos)
+        else:
+            self._fail("a column or '*'" if function == "COUNT" else "a column")
+        self._expect_symbol(")")
+        text = f"{name}({'*' if argument is None else argument.display})"
+        self._after = f"'{text}'"
+        return function.lower(), argument, text
 
     def _from_item(self) -> FromItem:
         self._reject_subquery()
@@ -326,9 +378,10 @@ class _Parser:
             window = RowsWindow(pos, self._number("a number of rows"), ())
         elif self._accept_word("PARTITION"):
             self._expect_word("BY")
-            columns = [self._column_ref()]
+            in_partition = "aggregates are not supported in PARTITION BY ({name})"
+            columns = [self._column_ref(in_partition)]
             while self._accept_symbol(","):
-                columns.append(self._column_ref())
+                columns.append(self._column_ref(in_partition))
             self._expect_word("ROWS", "',' or ROWS")
             window = RowsWindow(pos, self._number("a number of rows"), tuple(columns))
         elif self._accept_word("NOW"):
@@ -379,7 +432,7 @@ class _Parser:
     def _operand(self) -> Operand:
         tok = self._tok
         if tok.kind == NAME:
-            column = self._column_ref()
+            column = self._column_ref("aggregates are not supported in WHERE ({name})")
             sign = self._tok
             if not sign.is_symbol("+", "-"):
                 return column
@@ -397,6 +450,17 @@ class _Parser:
             values.append(self._constant("a constant"))
         self._expect_symbol(")", "',' or ')'")
         return tuple(values)
+
+    # GROUP BY
+
+    def _group_by(self) -> tuple[ColumnRef, ...]:
+        self._advance()
+        self._expect_word("BY")
+        in_group_by = "aggregates are not supported in GROUP BY ({name})"
+        columns = [self._column_ref(in_group_by)]
+        while self._accept_symbol(","):
+            columns.append(self._column_ref(in_group_by))
+        return tuple(columns)
 
     # BEGIN ... END
 
@@ -429,6 +493,15 @@ class _Parser:
 
     def _text_since(self, start: int) -> str:
         return " ".join(t.text for t in self._tokens[start : self._i])
+
+
+def _expression_error(function: str, pos: Pos) -> QueryError:
+    argument = "a column or *" if function == "COUNT" else "a column"
+    return QueryError(
+        f"aggregates of expressions are not supported: the argument of {function} must be "
+        f"{argument}",
+        *pos,
+    )
 
 
 def _arithmetic_error(shifted: Shifted) -> QueryError:

@@ -133,7 +133,24 @@ class SelectColumn:
     alias: str | None
 
 
-SelectEntry = Union[Star, SelectColumn]
+@dataclass(frozen=True)
+class SelectAggregate:
+    """`function(column) [AS alias]` or `COUNT(*) [AS alias]` in a select list.
+
+    Attributes:
+        function: the aggregate's lowercase name, one of model.AGGREGATES.
+        argument: the column aggregated; None for COUNT(*).
+        text: the aggregate as written, for error messages (e.g. "Sum(R.a)").
+    """
+
+    pos: Pos
+    function: str
+    argument: ColumnRef | None
+    alias: str | None
+    text: str
+
+
+SelectEntry = Union[Star, SelectColumn, SelectAggregate]
 
 
 @dataclass(frozen=True)
@@ -213,7 +230,9 @@ class BeginEnd:
 
 @dataclass(frozen=True)
 class Select:
-    """SELECT [DISTINCT] items FROM sources [WHERE factors] [BEGIN ... END ...]."""
+    """SELECT [DISTINCT] items FROM sources [WHERE factors] [GROUP BY columns]
+    [BEGIN ... END ...] (GROUP BY may also follow BEGIN/END); `group_by` as written,
+    repeats included."""
 
     pos: Pos
     distinct: bool
@@ -221,6 +240,7 @@ class Select:
     sources: tuple[FromItem, ...]
     where: tuple[Factor, ...]
     begin_end: BeginEnd | None
+    group_by: tuple[ColumnRef, ...] = ()
 
 
 Statement = Union[CreateStream, Select]

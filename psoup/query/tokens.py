@@ -26,7 +26,7 @@ EOF = "eof"
 STRUCTURE_KEYWORDS = frozenset(
     {
         "SELECT", "FROM", "WHERE", "AND", "BEGIN", "END", "AS", "DISTINCT",
-        "BETWEEN", "IN", "CREATE", "NOW", "TRUE", "FALSE",
+        "BETWEEN", "IN", "CREATE", "NOW", "TRUE", "FALSE", "GROUP",
     }
 )  # fmt: skip
 
@@ -34,8 +34,8 @@ STRUCTURE_KEYWORDS = frozenset(
 UNSUPPORTED_KEYWORDS = {
     "OR": "OR is not supported (a WHERE clause is a conjunction of factors joined by AND)",
     "NOT": "NOT is not supported (a WHERE clause is a conjunction of factors joined by AND)",
-    "GROUP": "GROUP BY is not supported yet",
-    "HAVING": "HAVING is not supported yet (it needs aggregates)",
+    "HAVING": "HAVING is not supported yet (WHERE filters the tuples before grouping; "
+              "groups cannot be filtered)",
     "ORDER": "ORDER BY is not supported (results are ordered by ts, then tupleID)",
     "LIMIT": "LIMIT is not supported",
     "UNION": "UNION is not supported",
