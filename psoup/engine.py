@@ -30,6 +30,7 @@ from psoup.errors import PSoupError, QueryError, UnknownHandle
 from psoup.locks import FairLock
 from psoup.query import compile_statement, parse_type
 from psoup.query.model import TS, TUPLE_ID, Query, Source, StreamSchema, Window
+from psoup.results.aggregates import AggregateIndex, Aggregator
 from psoup.results.complete import CompleteResults
 from psoup.results.cursors import CursorStore
 from psoup.results.joins import JoinResults
@@ -195,6 +196,10 @@ class Engine:
             return
         slot = self._query_stem.allocate()
         self._windows.add(slot, tuple(s.window for s in query.sources))
+        if query.aggregated and self._results.materializes and not query.contradiction:
+            aggregator = Aggregator(query)
+            self._eddy.aggregates[slot] = (query.sources[0].stream, AggregateIndex(aggregator),
+                                           [column for _, column in aggregator.needed])
         self._eddy.submit_query(slot, query)
         self._eddy.run()
         self._handles[handle] = slot
@@ -262,16 +267,24 @@ class Engine:
                 answer = self._join_answer(registered, now)
             else:
                 answer = self._answer(registered, now)
+            query = self._query(registered)
+            if query.aggregated and query.distinct:
+                answer = answer.distinct()
             if since is None:
                 self._cursors.issue(handle, answer)
                 return answer
-            distinct = self._query(registered).distinct
-            return self._cursors.changes(handle, since, answer, distinct)
+            by_values = query.distinct or query.aggregated    # a group is its row
+            return self._cursors.changes(handle, since, answer, by_values)
 
     def _join_answer(self, plan: JoinPlan, now: float) -> Result:
         query = plan.query
         stems = self._eddy.stems_of(query)
         entries = self._eddy.join_matches(plan, self._windows.spans(plan.jid, stems, now))
+        if query.aggregated:
+            aggregator = Aggregator(query)
+            values = {(i, column): stems[i].gather(column, entries.positions[:, i])
+                      for i, column in aggregator.needed}
+            return aggregator.compute(values, entries.earliest)
         got = [stem.gather_columns(
                    list(dict.fromkeys([it.column for it in query.select if it.source == i]
                                       + [TUPLE_ID])), entries.positions[:, i])
@@ -288,7 +301,14 @@ class Engine:
             positions = np.empty(0, np.int64)
         else:
             span = self._windows.spans(slot, [stem], now)[0]
+            kept = self._eddy.aggregates.get(slot)
+            if kept is not None and isinstance(span, tuple):
+                return kept[1].answer(*span)          # Sect. 6: no scan of the window
             positions = self._results.matches(slot, source, stem, span)
+        if query.aggregated:
+            aggregator = Aggregator(query)
+            got = stem.take_columns([c for _, c in aggregator.needed] + [TS], positions)
+            return aggregator.compute({(0, c): got[c] for _, c in aggregator.needed}, got[TS])
         names = [item.column for item in query.select]
         got = stem.take_columns(list(dict.fromkeys(names + [TS, TUPLE_ID])), positions)
         return Result.build(query.columns, [got[name] for name in names], got[TS],

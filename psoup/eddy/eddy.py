@@ -37,7 +37,8 @@ import numpy as np
 from psoup.eddy.groups import JoinGroup, group_key
 from psoup.eddy.hybrid import Step, join
 from psoup.eddy.routing import AdaptiveOrder, FixedOrder
-from psoup.query.model import Query
+from psoup.query.model import TS, TUPLE_ID, Query
+from psoup.results.aggregates import AggregateIndex
 from psoup.results.base import ResultsStructure, Span
 from psoup.results.joins import Combinations, JoinResults, in_windows, ordered, stamped
 from psoup.stems.batch import Batch
@@ -129,6 +130,9 @@ class Eddy:
         self.group_of: dict[int, JoinGroup] = {}       # jid -> its group
         self._next_gid = 0
         self._local_mask = np.zeros(0, dtype="<u8")     # the join queries' local slots
+        # selection slot -> (its stream, the aggregate structure kept over its results,
+        # the columns that structure reads)
+        self.aggregates: dict[int, tuple[str, AggregateIndex, list[str]]] = {}
         self.ntp: deque = deque()
         self.ttp: deque = deque()
 
@@ -199,10 +203,37 @@ class Eddy:
                 self.ttp.append(Matches(
                     lambda b=self._selections(bits):
                         self.results.on_insert(entry.stream, entry.position, b)))
+                if self.aggregates:
+                    self.ttp.append(Matches(lambda b=bits: self._aggregate_new(entry, b)))
                 for group in self.groups.values():
                     if any(s.stream == entry.stream for s in group.query.sources):
                         self.ttp.append(Matches(
                             lambda g=group, b=bits: self._join_new_data(g, entry, b)))
+
+    def _aggregate_new(self, entry: DataEntry, bits: np.ndarray) -> None:
+        """Append a batch's matches to the aggregate structure of each aggregate query
+        on its stream (Sect. 6: kept as results arrive, read at invocation)."""
+        stem = self.data_stems[entry.stream]
+        for slot, (stream, index, columns) in self.aggregates.items():
+            if stream != entry.stream:
+                continue
+            word, bit = divmod(slot, 64)
+            rows = np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
+            positions = entry.position + rows
+            keep = positions >= stem.horizon           # a batch longer than retention
+            rows, positions = rows[keep], positions[keep]
+            values = {column: (entry.batch.ts if column == TS else entry.tuple_ids
+                               if column == TUPLE_ID else entry.batch.columns[column])[rows]
+                      for column in columns}
+            index.expire(stem.horizon)
+            index.append(positions, values, entry.batch.ts[rows])
+
+    def _register_aggregate(self, slot: int, stream: str, positions: np.ndarray) -> None:
+        entry = self.aggregates.get(slot)
+        if entry is not None:
+            _, index, columns = entry
+            values = self.data_stems[stream].take_columns(columns + [TS], positions)
+            index.append(positions, {c: values[c] for c in columns}, values[TS])
 
     def _selections(self, bits: np.ndarray) -> np.ndarray:
         """A probe's bits without the join queries' local slots: the Results Structure
@@ -232,6 +263,8 @@ class Eddy:
             positions = stem.probe(source, stem.horizon, stem.n)
             self.ttp.append(Matches(
                 lambda p=positions, s=source.stream: self.results.on_register(entry.slot, s, p)))
+            self.ttp.append(Matches(
+                lambda p=positions, s=source.stream: self._register_aggregate(entry.slot, s, p)))
 
     def _route_join(self, entry: JoinEntry) -> None:
         """A new join query (Fig. 4): file each item's local query, probe each item's
@@ -372,6 +405,7 @@ class Eddy:
         return [self.data_stems[s.stream] for s in query.sources]
 
     def _remove(self, entry: RemovalEntry) -> None:
+        self.aggregates.pop(entry.slot, None)
         query = self.query_stem.remove(entry.slot)
         for source in query.sources:
             self.results.on_unregister(entry.slot, source.stream)

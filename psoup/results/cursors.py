@@ -1,7 +1,8 @@
 """`since` cursors: what a disconnected client saw last, so its next poll gets only the
 changes (the STREAM paper's Istream and Dstream of a query's answer).
 
-An invocation's answer is remembered under a fresh random cursor; invoking with
+An invocation's answer is remembered under a fresh cursor (a random prefix drawn once
+per store, so cursors from before a restart never match, and a counter); invoking with
 `since=cursor` compares the new answer with the remembered one. Rows are identified by
 their tupleID (a join's by the tupleIDs of its tuples), so two equal rows from
 different tuples are different rows (bag semantics); a DISTINCT answer is a set, so its rows are identified by their values and a
@@ -39,10 +40,13 @@ class CursorStore:
     def __init__(self, per_handle: int = 8):
         self.per_handle = per_handle
         self._by_handle: dict[str, OrderedDict[str, Result]] = {}
+        self._prefix = secrets.token_urlsafe(9)
+        self._issued = 0
 
     def issue(self, handle: str, answer: Result) -> str:
         """Remember `answer` under a new cursor, set it on the answer and return it. O(1)."""
-        cursor = secrets.token_urlsafe(12)
+        self._issued += 1
+        cursor = f"{self._prefix}{self._issued:x}"
         kept = self._by_handle.setdefault(handle, OrderedDict())
         kept[cursor] = answer
         while len(kept) > self.per_handle:

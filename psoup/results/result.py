@@ -42,14 +42,19 @@ class Result:
         """Assemble rows from projected column arrays; DISTINCT keeps each row's first
         occurrence (and its ts)."""
         rows = list(zip(*(v.tolist() for v in values))) if values else []
-        if distinct and rows:
-            seen: dict[tuple, int] = {}
-            for i, row in enumerate(rows):
-                seen.setdefault(row, i)
-            keep = np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
-            rows = list(seen.keys())
-            ts, tuple_ids = ts[keep], tuple_ids[keep]
-        return cls(columns, rows, ts, tuple_ids)
+        result = cls(columns, rows, ts, tuple_ids)
+        return result.distinct() if distinct else result
+
+    def distinct(self) -> "Result":
+        """The rows with duplicates dropped, each kept where it first occurs."""
+        seen: dict[tuple, int] = {}
+        for i, row in enumerate(self.rows):
+            seen.setdefault(row, i)
+        if len(seen) == len(self.rows):
+            return self
+        keep = np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
+        return Result(self.columns, list(seen), self.ts[keep], self.tuple_ids[keep],
+                      self.cursor)
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -1,0 +1,612 @@
+"""Aggregates over a standing query's results, kept as they arrive (PSoup Sect. 6, Fig. 14).
+
+An aggregated query (COUNT, SUM, AVG, MIN, MAX, GROUP BY) answers one row per group over
+the results of its SELECT-FROM-WHERE clause that fall in the invocation's window. A
+single-stream window is a range of positions [p0, p1), so PSoup-P and PSoup-C keep, per
+query, an `AggregateIndex` that answers the aggregates of *any* position range without
+scanning it:
+
+* COUNT is two binary searches on the group's sorted positions; SUM and AVG are
+  differences of prefix sums (`PrefixSums`), O(log n) per group in all.
+* MIN and MAX come from Fig. 14's ranked n-ary tree (`RankedTree`): the leaves are the
+  results in insertion order and every node is annotated with the MIN and MAX of its
+  subtree. The tree is stored as B-ary levels of numpy arrays (level L+1 entry k reduces
+  level L entries [kB, (k+1)B)); a range reads the partial children at both ends and the
+  annotations of the whole children between them, level by level up to the common
+  ancestor -- the thick edges of Fig. 14 -- so fewer than 2B entries per level,
+  O(B log_B n), each level one vectorized slice.
+* GROUP BY keeps one such structure per group (`_Group`), in key order.
+
+Results arrive in increasing position order and leave from the left when they fall below
+the retention horizon. Every array grows at the right and is consumed from the left
+(`_Buffer`): an offset marks the first live entry, and the storage is compacted once the
+dead prefix outnumbers the live entries (a group's tree is rebuilt and its prefix sums
+re-summed then), so expiry is amortized O(1) per result and memory stays proportional to
+what is live. Groups whose latest result expired are dropped at once; a live group trims
+its dead prefix when next touched.
+
+Sharing (Sect. 6): the leaves are the results of one SELECT-FROM-WHERE clause, so a
+structure serves exactly one query -- the paper's query B, with another WHERE clause,
+cannot use query A's tree -- but it serves *all* invocations of that query, over every
+window, sliding or landmark, at any NOW: the structure is maintained once per result, not
+once per invocation or per window.
+
+Exactness. COUNT, MIN, MAX and SUM over INT are exact. An INT is summed as its two 32-bit
+halves (v >> 32 and v & (2**32 - 1)), each with an int64 prefix sum: the difference of two
+prefixes is exact modulo 2**64 even after wraparound, and each half's true range sum fits
+int64 for any range of fewer than 2**31 rows, so SUM is an exact Python int, which may
+exceed the int64 range (DuckDB returns a HUGEINT there). AVG over INT is that exact sum
+divided by COUNT, rounded once to float.
+
+Float tolerance. SUM over FLOAT is a difference of prefixes too, but compensated: each
+prefix is the pair of the running sum as float64 rounds it and the running sum of every
+step's exact rounding error (Knuth's TwoSum), so a range does not inherit the rounding of
+the values before it -- an expired 1e17 does not blur a window of small values. The error
+of a range's SUM is a few units in the last place of the sum plus about
+n**2 * 2**-106 * sum(|x|) over the n rows the group's structure stores: its live rows and
+at most as many expired ones before them, since compaction (once the dead prefix outnumbers
+the live rows) re-sums the prefix from zero over the live rows. The tests accept
+|got - math.fsum(range)| <= 1e-12 * |fsum| + 1e-15 * sum(|x|) over those stored rows (for
+AVG, the same divided by COUNT), well inside the 1e-9 relative tolerance used against
+DuckDB. `Aggregator.compute` sums its groups the same way, from one prefix over the rows
+sorted by group. An infinite value, or a prefix that overflows, makes the affected range
+be summed directly, O(range).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import numpy as np
+from sortedcontainers import SortedDict
+
+from psoup.query.model import Query
+from psoup.results.result import Result
+
+#: The ranked tree's fan-out: a range reads fewer than 2B entries per level and an append
+#: rewrites at most one block per level besides the new entries.
+BRANCHING = 32
+
+_UFUNCS = {"min": np.minimum, "max": np.maximum}
+_MIN_CAPACITY = 4
+#: An INT is summed as (v >> _LOW) and (v & _LOW_MASK), see the module docstring.
+_LOW = 32
+_LOW_MASK = (1 << _LOW) - 1
+
+Column = tuple[int, str]        # (source, column), as Query.group_by and SelectItem name it
+
+
+class _Buffer:
+    """A numpy array that grows at the right and is consumed from the left.
+
+    `data[start:stop]` is live. Growth doubles the capacity; `drop` advances `start` and
+    compacts into a fresh array once the dead prefix outnumbers the live entries, so both
+    are amortized O(1) per entry and the storage stays within a constant factor of the
+    live entries. Both report whether the storage moved, for structures indexed by it.
+    """
+
+    __slots__ = ("data", "start", "stop")
+
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...] = ()):
+        self.data = np.empty((_MIN_CAPACITY, *shape), dtype)
+        self.start = self.stop = 0
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def live(self) -> np.ndarray:
+        return self.data[self.start:self.stop]
+
+    def append(self, values: np.ndarray) -> bool:
+        k = len(values)
+        moved = self.stop + k > len(self.data)
+        if moved:
+            self._reallocate(2 * (len(self) + k))
+        self.data[self.stop:self.stop + k] = values
+        self.stop += k
+        return moved
+
+    def drop(self, k: int) -> bool:
+        self.start += k
+        moved = self.start > len(self)
+        if moved:
+            self._reallocate(2 * len(self))
+        return moved
+
+    def _reallocate(self, capacity: int) -> None:
+        data = np.empty((max(capacity, _MIN_CAPACITY), *self.data.shape[1:]), self.data.dtype)
+        n = len(self)
+        data[:n] = self.live
+        self.data, self.start, self.stop = data, 0, n
+
+
+class PrefixSums:
+    """Range sums of one column as differences of prefix sums (SUM and AVG).
+
+    Each prefix is a pair: for INT the running sums of the high and low 32-bit halves
+    (exact), for FLOAT the rounded running sum and the running sum of its rounding errors
+    (compensated). Indices are relative to the oldest live row.
+
+    Example:
+        >>> s = PrefixSums(np.dtype(np.int64))
+        >>> s.append(np.array([2**62, 2**62, 2**62, 5]))
+        >>> s.range_sum(0, 3), s.range_sum(1, 4)
+        (13835058055282163712, 9223372036854775813)
+        >>> s.drop(2); s.range_sum(0, 2)
+        4611686018427387909
+        >>> f = PrefixSums(np.dtype(np.float64))
+        >>> f.append(np.array([1e17, 1.0, 1.0, 1.0]))
+        >>> f.range_sum(1, 4)
+        3.0
+    """
+
+    def __init__(self, dtype: np.dtype):
+        exact = dtype.kind in "iu"
+        # FLOAT keeps its values, to re-sum the prefix at compaction and to sum a range
+        # directly when the prefix is not finite; INT needs neither.
+        self._values = None if exact else _Buffer(np.dtype(np.float64))
+        self._prefix = _Buffer(np.dtype(np.int64 if exact else np.float64), (2,))
+        self._prefix.append(np.zeros((1, 2), self._prefix.data.dtype))
+
+    def __len__(self) -> int:
+        return len(self._prefix) - 1
+
+    def append(self, values: np.ndarray) -> None:
+        """Add values at the right. Amortized O(k) for k values."""
+        if self._values is not None and self._values.append(values):
+            self._rebase()
+        else:
+            self._prefix.append(_extend_prefix(self._prefix.live[-1], values))
+
+    def drop(self, k: int) -> None:
+        """Forget the k oldest values. Amortized O(k)."""
+        if self._values is not None and self._values.drop(k):
+            self._rebase()
+        else:
+            self._prefix.drop(k)
+
+    def range_sum(self, i: int, j: int) -> int | float:
+        """The sum of live values [i, j): a Python int for INT, a float for FLOAT. O(1)."""
+        prefix = self._prefix.live
+        values = None if self._values is None else self._values.live
+        return _range_sum(prefix[j].tolist(), prefix[i].tolist(), values, i, j)
+
+    def nbytes(self) -> int:
+        return self._prefix.data.nbytes + (0 if self._values is None else self._values.data.nbytes)
+
+    def _rebase(self) -> None:
+        """Re-sum the prefix from zero over the live values, so that its rounding is that
+        of live data only."""
+        self._prefix = _Buffer(np.dtype(np.float64), (2,))
+        self._prefix.append(_prefix_of(self._values.live))
+
+
+class RankedTree:
+    """Fig. 14's ranked n-ary tree: values in insertion order, each node annotated with the
+    MIN and MAX of its subtree, as B-ary levels of numpy arrays.
+
+    Indices are relative to the oldest live leaf. `ops` chooses which annotations to keep.
+
+    Example (the leaves t1..t6 of a binary tree):
+        >>> t = RankedTree(np.dtype(np.int64), branching=2)
+        >>> t.append(np.array([5, 1, 4, 9, 2, 7]))
+        >>> t.range_max(1, 4), t.range_min(2, 6)
+        (9, 2)
+        >>> t.drop(3); len(t), t.range_max(1, 3)
+        (3, 7)
+    """
+
+    def __init__(self, dtype: np.dtype, ops: tuple[str, ...] = ("min", "max"),
+                 branching: int = BRANCHING):
+        if branching < 2:
+            raise ValueError(f"a ranked tree needs a fan-out of at least 2, not {branching}")
+        self._b = branching
+        self._leaves = _Buffer(dtype)
+        self._ufuncs = {op: _UFUNCS[op] for op in ops}
+        self._levels: dict[str, list[np.ndarray]] = {}
+        self._rebuild()
+
+    def __len__(self) -> int:
+        return len(self._leaves)
+
+    def append(self, values: np.ndarray) -> None:
+        """Add leaves at the right and update the annotations above them: O(k + B log_B n)
+        for k values, vectorized per level (amortized: growth rebuilds, O(n))."""
+        if not len(values):
+            return
+        first = self._leaves.stop
+        if self._leaves.append(values):
+            self._rebuild()
+        else:
+            self._update(first)
+
+    def drop(self, k: int) -> None:
+        """Expire the k oldest leaves: amortized O(k) (compaction rebuilds, O(n))."""
+        if k and self._leaves.drop(k):
+            self._rebuild()
+
+    def reduce(self, op: str, i: int, j: int) -> int | float:
+        """The `op` ("min" or "max") of live leaves [i, j), as a Python scalar.
+        O(B log_B n): the partial blocks at both ends of each level, then up one level."""
+        if not 0 <= i < j <= len(self):
+            raise IndexError(f"range [{i}, {j}) is empty or outside the {len(self)} leaves")
+        b, start = self._b, self._leaves.start
+        lo, hi, below = start + i, start + j, self._leaves.data
+        parts = []
+        levels = iter(self._levels[op])
+        while hi - lo > 2 * b:
+            whole_lo, whole_hi = -(-lo // b), hi // b      # the parents wholly inside
+            parts += (below[lo:whole_lo * b], below[whole_hi * b:hi])
+            lo, hi, below = whole_lo, whole_hi, next(levels)
+        parts.append(below[lo:hi])
+        return self._ufuncs[op].reduce(np.concatenate(parts) if len(parts) > 1 else parts[0]).item()
+
+    def range_min(self, i: int, j: int) -> int | float:
+        return self.reduce("min", i, j)
+
+    def range_max(self, i: int, j: int) -> int | float:
+        return self.reduce("max", i, j)
+
+    def nbytes(self) -> int:
+        return self._leaves.data.nbytes + sum(
+            level.nbytes for levels in self._levels.values() for level in levels)
+
+    def _rebuild(self) -> None:
+        """Allocate levels for the leaves' capacity, up to one of at most 2B entries, and
+        annotate every stored leaf."""
+        data, b = self._leaves.data, self._b
+        for op in self._ufuncs:
+            levels, size = [], len(data)
+            while size > 2 * b:
+                size = -(-size // b)
+                levels.append(np.empty(size, data.dtype))
+            self._levels[op] = levels
+        if self._leaves.stop:
+            self._update(0)
+
+    def _update(self, first: int) -> None:
+        """Recompute the annotations above stored leaves [first, stop)."""
+        b = self._b
+        for op, ufunc in self._ufuncs.items():
+            below, lo, hi = self._leaves.data, first, self._leaves.stop
+            for level in self._levels[op]:
+                base = lo // b * b
+                level[lo // b:-(-hi // b)] = ufunc.reduceat(below[base:hi],
+                                                           np.arange(0, hi - base, b))
+                below, lo, hi = level, lo // b, -(-hi // b)
+
+
+class Aggregator:
+    """An aggregated Query compiled into what to fetch and how to fold it into rows.
+
+    Attributes:
+        query: the query (query.aggregated is True).
+        group_by: its GROUP BY columns.
+        sums: the distinct arguments of SUM and AVG (each gets one PrefixSums per group).
+        extremes: the arguments of MIN and MAX, with the annotations each needs ("min",
+            "max"; each gets one RankedTree per group).
+        needed: the distinct columns whose values are needed, the GROUP BY columns then
+            the SUM, AVG, MIN and MAX arguments, in first-use order (COUNT needs none:
+            psoup has no NULLs).
+
+    Example:
+        >>> from psoup.query.model import SelectItem, Source, Window
+        >>> q = Query("", (Source("R", "R", Window()),),
+        ...           (SelectItem(0, "g", "g"), SelectItem(0, "*", "count(*)", "count"),
+        ...            SelectItem(0, "a", "max(a)", "max")), group_by=((0, "g"),))
+        >>> agg = Aggregator(q)
+        >>> agg.needed
+        [(0, 'g'), (0, 'a')]
+        >>> agg.compute({(0, "g"): np.array(["y", "x", "y"], dtype=object),
+        ...              (0, "a"): np.array([4, 7, 9])}, np.array([1.0, 2.0, 3.0])).rows
+        [('x', 1, 7), ('y', 2, 9)]
+    """
+
+    def __init__(self, query: Query):
+        self.query = query
+        self.group_by: list[Column] = list(query.group_by)
+        self.sums: list[Column] = []
+        self.extremes: dict[Column, tuple[str, ...]] = {}
+        # per output column: ("key", index in group_by), ("count", None), or (agg, column)
+        self._outputs: list[tuple[str, int | Column | None]] = []
+        for item in query.select:
+            column = (item.source, item.column)
+            if item.agg is None:
+                self._outputs.append(("key", self.group_by.index(column)))
+            elif item.agg == "count":
+                self._outputs.append(("count", None))
+            else:
+                self._outputs.append((item.agg, column))
+                if item.agg in ("sum", "avg") and column not in self.sums:
+                    self.sums.append(column)
+                elif item.agg in _UFUNCS and item.agg not in self.extremes.get(column, ()):
+                    self.extremes[column] = self.extremes.get(column, ()) + (item.agg,)
+        aggregated = [column for kind, column in self._outputs if kind not in ("key", "count")]
+        self.needed: list[Column] = list(dict.fromkeys(self.group_by + aggregated))
+
+    def compute(self, values: Mapping[Column, np.ndarray], ts: np.ndarray) -> Result:
+        """The answer over the given rows, evaluated directly (NoMat, joins, PARTITION BY
+        windows). `values[column]` are aligned arrays for every column of `needed`; `ts`
+        the rows' timestamps (a group's row gets the latest). O(n log n)."""
+        ts = np.asarray(ts, dtype=np.float64)
+        n = len(ts)
+        if n == 0:
+            return self._result([], [], {}, {}, ts)
+        columns = {c: _numeric(values[c]) for c in self.needed}
+        codes, keys = _group_codes([columns[c] for c in self.group_by], n)
+        order = np.argsort(codes, kind="stable")
+        counts = np.bincount(codes, minlength=len(keys))
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        sums = {}
+        for c in self.sums:
+            ordered = columns[c][order]
+            prefix = _prefix_of(ordered)
+            sums[c] = [_range_sum(later, earlier, ordered, i, j) for later, earlier, i, j in zip(
+                prefix[ends].tolist(), prefix[starts].tolist(), starts.tolist(), ends.tolist())]
+        extremes = {(c, op): _UFUNCS[op].reduceat(columns[c][order], starts).tolist()
+                    for c, ops in self.extremes.items() for op in ops}
+        return self._result(keys, counts.tolist(), sums, extremes,
+                            np.maximum.reduceat(ts[order], starts))
+
+    def _result(self, keys: list[tuple], counts: list[int],
+                sums: dict[Column, list], extremes: dict[tuple[Column, str], list],
+                ts: np.ndarray) -> Result:
+        """Rows from per-group columns (groups in key order). Without GROUP BY and without
+        rows, SQL's single row: COUNT 0, the other aggregates None."""
+        if not keys:
+            if self.group_by:
+                return Result(self.query.columns, [], np.empty(0), np.empty(0, np.int64))
+            keys, counts, ts = [()], [0], np.array([np.nan])
+            sums = {c: [None] for c in self.sums}
+            extremes = {(c, op): [None] for c, ops in self.extremes.items() for op in ops}
+        columns = []
+        for kind, arg in self._outputs:
+            if kind == "key":
+                columns.append([key[arg] for key in keys])
+            elif kind == "count":
+                columns.append(counts)
+            elif kind == "sum":
+                columns.append(sums[arg])
+            elif kind == "avg":
+                columns.append([s / c if c else None for s, c in zip(sums[arg], counts)])
+            else:
+                columns.append(extremes[(arg, kind)])
+        rows = list(zip(*columns))
+        no_ids = np.empty(len(rows), np.int64)
+        no_ids.fill(-1)
+        return Result(self.query.columns, rows, np.asarray(ts, dtype=np.float64), no_ids)
+
+
+class _Group:
+    """One group's results: positions and ts, a PrefixSums per SUM/AVG column and a
+    RankedTree per MIN/MAX column, all indexed alike (relative to the oldest live row)."""
+
+    def __init__(self, aggregator: Aggregator, values: Mapping[Column, np.ndarray]):
+        self.last = -1                      # the position of the group's latest result
+        self.horizon = 0                    # the horizon it was last trimmed to
+        self.positions = _Buffer(np.dtype(np.int64))
+        self.ts = _Buffer(np.dtype(np.float64))
+        self.sums = {c: PrefixSums(values[c].dtype) for c in aggregator.sums}
+        self.trees = {c: RankedTree(values[c].dtype, ops)
+                      for c, ops in aggregator.extremes.items()}
+
+    def append(self, positions: np.ndarray, ts: np.ndarray,
+               values: Mapping[Column, np.ndarray]) -> None:
+        self.last = int(positions[-1])
+        self.positions.append(positions)
+        self.ts.append(ts)
+        for c, sums in self.sums.items():
+            sums.append(values[c])
+        for c, tree in self.trees.items():
+            tree.append(values[c])
+
+    def expire(self, horizon: int) -> None:
+        """Drop the results below `horizon`: O(log n), plus amortized O(1) per result."""
+        if horizon <= self.horizon:
+            return
+        self.horizon = horizon
+        k = int(np.searchsorted(self.positions.live, horizon))
+        if k:
+            self.positions.drop(k)
+            self.ts.drop(k)
+            for part in (*self.sums.values(), *self.trees.values()):
+                part.drop(k)
+
+    def nbytes(self) -> int:
+        return (self.positions.data.nbytes + self.ts.data.nbytes
+                + sum(part.nbytes() for part in (*self.sums.values(), *self.trees.values())))
+
+
+class AggregateIndex:
+    """The aggregate structure of one single-source aggregated query (Sect. 6): its
+    results, grouped, with prefix sums and ranked trees, answering any position range.
+
+    Example:
+        >>> from psoup.query.model import SelectItem, Source, Window
+        >>> q = Query("", (Source("R", "R", Window()),),
+        ...           (SelectItem(0, "*", "count(*)", "count"),
+        ...            SelectItem(0, "a", "sum(a)", "sum"), SelectItem(0, "a", "max(a)", "max")))
+        >>> index = AggregateIndex(Aggregator(q))
+        >>> index.append(np.array([3, 5, 8]), {"a": np.array([10, 30, 20])},
+        ...              np.array([1.0, 2.0, 3.0]))
+        >>> index.answer(4, 9).rows, index.answer(0, 4).rows
+        ([(2, 50, 30)], [(1, 10, 10)])
+        >>> index.expire(6); index.answer(0, 9).rows, index.answer(0, 6).rows
+        ([(1, 20, 20)], [(0, None, None)])
+    """
+
+    def __init__(self, aggregator: Aggregator):
+        self.aggregator = aggregator
+        self._groups: SortedDict = SortedDict()         # key tuple -> _Group
+        # the keys by increasing position of their group's latest result, for expiry
+        self._recent: OrderedDict = OrderedDict()
+        self._horizon = 0
+
+    def append(self, positions: np.ndarray, values: Mapping[str, np.ndarray],
+               ts: np.ndarray) -> None:
+        """Add results. `positions` are increasing and above every earlier one; `values`
+        holds the needed columns by name, aligned with them. O(k log k) to group k
+        results, then amortized O(k + G' B log_B n) for the G' groups they touch."""
+        k = len(positions)
+        if k == 0:
+            return
+        agg = self.aggregator
+        positions = np.asarray(positions, dtype=np.int64)
+        ts = np.asarray(ts, dtype=np.float64)
+        columns = {c: _numeric(values[c[1]]) for c in agg.needed}
+        codes, keys = _group_codes([columns[c] for c in agg.group_by], k)
+        bounds = [0, k]
+        if len(keys) > 1:
+            order = np.argsort(codes, kind="stable")
+            positions, ts = positions[order], ts[order]
+            columns = {c: v[order] for c, v in columns.items()}
+            bounds = np.r_[0, np.cumsum(np.bincount(codes))].tolist()
+        groups = self._groups
+        for g, key in enumerate(keys):
+            a, b = bounds[g], bounds[g + 1]
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = _Group(agg, columns)
+            else:
+                group.expire(self._horizon)
+            group.append(positions[a:b], ts[a:b], {c: v[a:b] for c, v in columns.items()})
+        for g in np.argsort(positions[np.asarray(bounds[1:]) - 1]).tolist():
+            self._recent[keys[g]] = None
+            self._recent.move_to_end(keys[g])
+
+    def expire(self, horizon: int) -> None:
+        """Drop the results below `horizon`: groups left empty go now, O(log G) each; the
+        others trim when next touched, amortized O(1) per result."""
+        if horizon <= self._horizon:
+            return
+        self._horizon = horizon
+        recent, groups = self._recent, self._groups
+        while recent:
+            key = next(iter(recent))
+            if groups[key].last >= horizon:
+                break
+            del recent[key], groups[key]
+
+    def answer(self, p0: int, p1: int) -> Result:
+        """The aggregates over the results with p0 <= position < p1, one row per group in
+        key order. O(G (log n + B log_B n)) for G groups, independent of the range's size."""
+        agg = self.aggregator
+        keys, counts, last = [], [], []
+        sums: dict[Column, list] = {c: [] for c in agg.sums}
+        extremes: dict[tuple[Column, str], list] = {
+            (c, op): [] for c, ops in agg.extremes.items() for op in ops}
+        if agg.group_by:
+            groups = self._groups.items()
+        else:                               # one group at most: skip the sorted walk
+            only = self._groups.get(())
+            groups = () if only is None else (((), only),)
+        for key, group in groups:
+            group.expire(self._horizon)
+            live = group.positions.live
+            i, j = int(live.searchsorted(p0)), int(live.searchsorted(p1))
+            if i >= j:
+                continue
+            keys.append(key)
+            counts.append(j - i)
+            last.append(group.ts.data[group.ts.start + j - 1])
+            for c, prefix in group.sums.items():
+                sums[c].append(prefix.range_sum(i, j))
+            for c, tree in group.trees.items():
+                for op in agg.extremes[c]:
+                    extremes[(c, op)].append(tree.reduce(op, i, j))
+        return agg._result(keys, counts, sums, extremes, np.array(last, dtype=np.float64))
+
+    def nbytes(self) -> int:
+        return sum(group.nbytes() for group in self._groups.values())
+
+    def __len__(self) -> int:
+        """The live results stored (trims every group: O(G log n))."""
+        for group in self._groups.values():
+            group.expire(self._horizon)
+        return sum(len(group.positions) for group in self._groups.values())
+
+
+def _numeric(values: np.ndarray) -> np.ndarray:
+    """INT columns as int64 and FLOAT as float64 (prefix sums and trees rely on them)."""
+    values = np.asarray(values)
+    kind = values.dtype.kind
+    if kind in "iu":
+        return values.astype(np.int64, copy=False)
+    if kind == "f":
+        return values.astype(np.float64, copy=False)
+    return values
+
+
+def _prefix_of(values: np.ndarray) -> np.ndarray:
+    """The len(values) + 1 prefix rows of `values`, from a zero row (see _extend_prefix)."""
+    zero = np.zeros((1, 2), np.int64 if values.dtype.kind in "iu" else np.float64)
+    return np.vstack((zero, _extend_prefix(zero[0], values)))
+
+
+def _extend_prefix(last: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The prefix rows that follow the row `last` over `values`, one per value.
+
+    INT: (sum of v >> 32, sum of v & (2**32 - 1)), in int64; wraparound is harmless since
+    only differences are read (see _range_sum). FLOAT: (s, e) where s is the running sum
+    as np.cumsum rounds it, sequentially, and e the running sum of each step's exact
+    rounding error (Knuth's TwoSum), so s + e carries the prefix to about 2**-106.
+    """
+    steps = np.empty((len(values), 2), last.dtype)
+    if last.dtype.kind == "i":
+        values = values.astype(np.int64, copy=False)
+        np.right_shift(values, _LOW, out=steps[:, 0])
+        np.bitwise_and(values, _LOW_MASK, out=steps[:, 1])
+        steps[:1] += last
+        return np.cumsum(steps, axis=0, out=steps)
+    values = values.astype(np.float64, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):     # inf: see _range_sum
+        running = np.cumsum(np.concatenate((last[:1], values)))
+        before, after = running[:-1], running[1:]
+        part = after - before
+        errors = (before - (after - part)) + (values - part)
+        errors[:1] += last[1]
+        steps[:, 0] = after
+        np.cumsum(errors, out=steps[:, 1])
+    return steps
+
+
+def _range_sum(later: list, earlier: list, values: np.ndarray | None, i: int,
+               j: int) -> int | float:
+    """The sum of rows [i, j) from their prefix rows j (`later`) and i (`earlier`), as
+    Python lists: an exact int for an INT prefix, the difference of two compensated pairs
+    for a FLOAT one, summed directly over values[i:j] when that is not finite (an infinite
+    value, or a prefix that overflowed)."""
+    (high, low), (high0, low0) = later, earlier
+    if isinstance(high, int):
+        # each half's true sum fits int64 for fewer than 2**31 rows, so the difference of
+        # the wrapped prefixes, wrapped again, is that sum
+        return (_int64(high - high0) << _LOW) + _int64(low - low0)
+    total = (high - high0) + (low - low0)
+    if math.isfinite(total):
+        return total
+    with np.errstate(invalid="ignore"):
+        return float(np.sum(values[i:j]))
+
+
+def _int64(value: int) -> int:
+    """`value` wrapped into the int64 range, as numpy's arithmetic would."""
+    return (value + 2**63) % 2**64 - 2**63
+
+
+def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tuple]]:
+    """Number n rows' key tuples 0..G-1 in ascending key order; return each row's number
+    and the G keys as tuples of Python scalars. O(n log n)."""
+    if not columns:
+        return np.zeros(n, np.int64), [()]
+    codes = np.zeros(n, np.int64)
+    for column in columns:
+        uniques, inverse = np.unique(column, return_inverse=True)
+        # re-rank after each column so the combined codes stay below n * n
+        _, codes = np.unique(codes * len(uniques) + inverse.reshape(-1), return_inverse=True)
+    codes = codes.reshape(-1)
+    first = np.unique(codes, return_index=True)[1]
+    return codes, list(zip(*(column[first].tolist() for column in columns)))
