@@ -52,7 +52,8 @@ def bench(s: dict) -> list[dict]:
     for (kind, w), row in rows.items():
         sql = f"SELECT {KINDS[kind]} FROM R WHERE tid >= {n - w} AND {WHERE}"
         want[(kind, w)] = con.execute(sql).fetchall()
-        t = common.timed(lambda sql=sql: con.execute(sql).fetchall(), repeat=s["repeat"])
+        with common.settled():
+            t = common.timed(lambda sql=sql: con.execute(sql).fetchall(), repeat=s["repeat"])
         row["duckdb ms"] = t.median * 1e3
     for mode in MODES:
         eng = psoup.Engine(mode=mode)
@@ -66,7 +67,8 @@ def bench(s: dict) -> list[dict]:
             got = [tuple(r) for r in eng.invoke(h, now=now).rows]
             if got != want[key]:
                 raise AssertionError(f"{LABELS[mode]} {key}: {got} != DuckDB {want[key]}")
-            t = common.timed(lambda h=h: eng.invoke(h, now=now), repeat=s["repeat"])
+            with common.settled():
+                t = common.timed(lambda h=h: eng.invoke(h, now=now), repeat=s["repeat"])
             rows[key][f"{mode} ms"] = t.median * 1e3
         eng.close()
     for row in rows.values():

@@ -7,6 +7,7 @@ runs), builds its rows with these generators, and ends with one `report` call.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -16,7 +17,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -108,6 +110,21 @@ class Timing:
     @property
     def median(self) -> float:
         return statistics.median(self.times)
+
+
+@contextmanager
+def settled() -> Iterator[None]:
+    """Collect garbage, then freeze every object alive so far (the data, the engines,
+    the expected answers) out of the collector's reach until the block ends. Time inside
+    it: otherwise each full collection triggered by the timed calls' allocations rescans
+    the whole setup, a cost that depends on how much setup happens to be alive rather
+    than on the engine measured. Peers are timed the same way."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def timed(fn: Callable[[], Any], repeat: int = 5, min_time: float = 0.0,

@@ -74,7 +74,8 @@ def _time_all(calls, repeat: int, expected: list[list[tuple]] | None) -> tuple[f
         answers.append(rows)
         if expected is not None and rows != expected[i]:
             raise AssertionError(f"query {i}: {len(rows)} rows, expected {len(expected[i])}")
-        total += common.timed(call, repeat=repeat).total
+        with common.settled():
+            total += common.timed(call, repeat=repeat).total
     return total / (len(calls) * repeat), answers
 
 

@@ -188,7 +188,8 @@ def _fig8_row(con, data: dict, n: int, wheres: list[str], workload: str, window:
     calls = [lambda q=q: con.execute(q).fetchall() for q in sqls]
     expected = [call() for call in calls]
     row["rows"] = sum(map(len, expected)) / len(expected)
-    row["duckdb ms"] = _mean_ms(calls, repeat)
+    with common.settled():
+        row["duckdb ms"] = _mean_ms(calls, repeat)
     for mode in MODES:
         eng, handles = _fig8_engine(mode, wheres, window, data)
         now = 2.0 * n
@@ -197,7 +198,8 @@ def _fig8_row(con, data: dict, n: int, wheres: list[str], workload: str, window:
             if call() != expected[i]:
                 raise AssertionError(f"{mode}, W={window}, query {i} ({wheres[i]}): "
                                      "answer differs from DuckDB's")
-        row[f"{mode} ms"] = _mean_ms(calls, repeat)
+        with common.settled():
+            row[f"{mode} ms"] = _mean_ms(calls, repeat)
     row["duckdb/P"] = row["duckdb ms"] / row["partial ms"]
     row["nomat/P"] = row["nomat ms"] / row["partial ms"]
     return row

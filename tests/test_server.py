@@ -23,7 +23,7 @@ from psoup.config import token_path
 from psoup.errors import CursorExpired, PSoupError, QueryError, SchemaError, UnknownHandle
 from psoup.results.result import Changes, Result
 from psoup.server import Limits, Server
-from psoup.server.protocol import HEADER, pack_frame, unpack_payload
+from psoup.server.protocol import HEADER, ProtocolError, pack_frame, unpack_payload
 
 from .conftest import Clock
 
@@ -767,3 +767,21 @@ def test_join_answers_and_changes_cross_the_wire_with_a_tupleid_per_item(connect
     client.insert("S", [(1,)], ts=4.0)
     changes = client.invoke(handle, now=5.0, since=answer.cursor)
     assert changes.inserted.tuple_ids.tolist() == [[0, 4]] and len(changes.deleted) == 0
+
+
+def test_aggregates_travel_with_nulls_and_big_sums_and_too_big_ones_fail_alone(connect):
+    client = connect()
+    client.execute("CREATE STREAM G (k INT, v INT, f FLOAT)")
+    grouped = client.register("SELECT k, COUNT(*), SUM(v), AVG(f) FROM G GROUP BY k")
+    empty = client.register("SELECT COUNT(*), MAX(f) FROM G BEGIN NOW - 1 END NOW")
+    client.insert("G", [(1, 2**62, 0.5), (1, 2**62, 1.5), (2, -3, 2.0)], ts=1000.0)
+    got = client.invoke(grouped, now=1000.0)
+    # group 1: 2**63 exceeds INT but fits the wire's unsigned 64 bits
+    assert got.columns == ["k", "count(*)", "sum(v)", "avg(f)"]
+    assert got.rows == [(1, 2, 2**63, 1.0), (2, 1, -3, 2.0)]
+    assert got.tuple_ids.tolist() == [-1, -1]
+    assert client.invoke(empty, now=5000.0).rows == [(0, None)]
+    client.insert("G", [(1, 2**63 - 1, 0.0)] * 2, ts=1001.0)       # now beyond 2**64
+    with pytest.raises(ProtocolError, match="does not fit the protocol's 64-bit integers"):
+        client.invoke(grouped, now=1001.0)
+    assert client.invoke(empty, now=1001.0).rows == [(5, 2.0)]     # the connection lives

@@ -53,6 +53,10 @@ def _default(value: Any) -> Any:
         return value.item()
     if isinstance(value, np.ndarray):
         return value.tolist()
+    if isinstance(value, int):          # msgpack's integers stop at 64 bits
+        raise ProtocolError("value_range", f"the integer {value} does not fit the protocol's "
+                            "64-bit integers (a SUM over INT beyond 2**64?); invoke the "
+                            "query embedded, or sum a FLOAT column")
     raise TypeError(f"cannot send a value of type {type(value).__name__}")
 
 
