@@ -20,10 +20,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python bench/ingest.py
-	$(BIN)/python bench/invoke.py
-	$(BIN)/python bench/server.py
-	$(BIN)/python bench/joins.py
+	$(BIN)/psoup bench all
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis bench/results/*.json bench/results/*.png

@@ -1,18 +1,22 @@
-"""Invocation latency against the window size (PSoup Sect. 5.2.2, Fig. 7), with DuckDB.
+"""Invocation latency against the window size (PSoup Sect. 5.2.2, Fig. 7, and Table 2),
+with DuckDB.
 
-For each window of W = 2^10 ... 2^16 tuples and each engine mode (PSoup-P "partial",
-PSoup-C "complete", "nomat"), 64 selection queries with the window
-BEGIN (NOW - W ROWS) END NOW are registered, the stream is filled past 2^16 tuples, and
-each query is invoked several times. Two workloads: equality factors (Fig. 7a) and
-interval factors (Fig. 7b). DuckDB runs the same WHERE clauses over the same tuples,
-restricted to the last W rows by `tid >= n - W`, and returns Python tuples as psoup does.
+- fig7: for windows W = 2^7 ... 2^16 tuples and each engine mode (PSoup-P "partial",
+  PSoup-C "complete", "nomat"), 64 selection queries per window with
+  BEGIN (NOW - W ROWS) END NOW are registered (all windows in one engine per mode), the
+  stream is filled past 2^16 tuples, and each query is invoked several times. Two
+  workloads: equality factors (Fig. 7a) and interval factors (Fig. 7b).
+- table2: W = 2^15, queries with 1, 2 or 4 interval factors, one per attribute (Table 2).
+
+DuckDB runs the same WHERE clauses over the same tuples, restricted to the last W rows
+by `tid >= n - W`, and returns Python tuples as psoup does. Every answer is checked
+against DuckDB's.
 
 Usage: python bench/invoke.py [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -27,14 +31,17 @@ import psoup  # noqa: E402
 MODES = ("partial", "complete", "nomat")
 WORKLOADS = ("equality", "interval")
 LABELS = {"partial": "PSoup-P", "complete": "PSoup-C", "nomat": "NoMat", "duckdb": "DuckDB"}
+TABLE2_WINDOW = 1 << 15
+TABLE2_FACTORS = (1, 2, 4)
 
 
 def _settings(quick: bool) -> dict:
     if quick:
         return {"windows": [1 << 6, 1 << 8], "extra": 64, "queries": 8, "repeat": 2,
-                "batch": 100}
-    return {"windows": [1 << 10, 1 << 12, 1 << 14, 1 << 16], "extra": 1 << 13,
-            "queries": 64, "repeat": 10, "batch": 10_000}
+                "batch": 100, "table2_window": 1 << 7}
+    return {"windows": [1 << 7, 1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 15, 1 << 16],
+            "extra": 1 << 13, "queries": 64, "repeat": 10, "batch": 10_000,
+            "table2_window": TABLE2_WINDOW}
 
 
 def _duckdb(columns: dict[str, np.ndarray]):
@@ -51,13 +58,14 @@ def _duckdb(columns: dict[str, np.ndarray]):
     return con
 
 
-def _psoup(mode: str, wheres: list[str], window: int, columns: dict[str, np.ndarray],
+def _psoup(mode: str, queries: list[tuple[str, int]], columns: dict[str, np.ndarray],
            batch: int) -> tuple[psoup.Engine, list[str]]:
-    """An engine of `mode` with the queries registered, then all tuples inserted."""
+    """An engine of `mode` with the (WHERE clause, window) queries registered, then all
+    tuples inserted."""
     eng = psoup.Engine(mode=mode)
     eng.execute(common.CREATE_R)
     handles = [eng.register(f"SELECT * FROM R WHERE {w} BEGIN (NOW - {window} ROWS) END NOW")
-               for w in wheres]
+               for w, window in queries]
     n = len(columns["a"])
     for s in range(0, n, batch):
         eng.insert("R", {c: v[s:s + batch] for c, v in columns.items()},
@@ -96,55 +104,98 @@ def _plot(ax, rows: list[dict]) -> None:
     ax.legend(fontsize=7, ncol=2)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
-    args = parser.parse_args(argv)
-    s = _settings(args.quick)
+def _measure(con, columns: dict[str, np.ndarray], groups: dict, s: dict) -> list[dict]:
+    """groups: row label -> (WHERE clauses, window). One engine per mode holds every
+    group's queries; each row gets the mean ms per invocation of its group per engine."""
+    n = len(columns["a"])
+    rows = {label: {"window": window} for label, (_, window) in groups.items()}
+    expected = {}
+    for label, (wheres, window) in groups.items():
+        sqls = [f"SELECT a, b, c, d FROM R WHERE tid >= {n - window} AND ({w})" for w in wheres]
+        duck = [lambda q=q: con.execute(q).fetchall() for q in sqls]
+        rows[label]["duckdb ms"], expected[label] = _time_all(duck, s["repeat"], None)
+        rows[label]["mean rows"] = sum(map(len, expected[label])) / len(wheres)
+    for mode in MODES:
+        queries = [(w, window) for wheres, window in groups.values() for w in wheres]
+        t0 = time.perf_counter()
+        eng, handles = _psoup(mode, queries, columns, s["batch"])
+        load = time.perf_counter() - t0
+        start = 0
+        for label, (wheres, _) in groups.items():
+            mine = handles[start:start + len(wheres)]
+            start += len(wheres)
+            calls = [lambda h=h: eng.invoke(h, now=float(n)).rows for h in mine]
+            rows[label][f"{mode} ms"], _ = _time_all(calls, s["repeat"], expected[label])
+            rows[label][f"{mode} load s"] = load
+        eng.close()
+    for row in rows.values():
+        for key in MODES + ("duckdb",):
+            row[f"{key} ms"] *= 1e3
+        row["nomat/P"] = row["nomat ms"] / row["partial ms"]
+        row["P/C"] = row["partial ms"] / row["complete ms"]
+        row["duckdb/P"] = row["duckdb ms"] / row["partial ms"]
+        row["duckdb/C"] = row["duckdb ms"] / row["complete ms"]
+    return [dict(row, label=label) for label, row in rows.items()]
 
-    n = max(s["windows"]) + s["extra"]
+
+def _interval_where(gen: np.random.Generator, k: int) -> str:
+    cols = gen.choice(common.STREAM_COLUMNS, size=k, replace=False)
+    return " AND ".join(common._factor(gen, "interval", str(c)) for c in cols)
+
+
+def _plot_table2(ax, rows: list[dict]) -> None:
+    ks = [row["factors"] for row in rows]
+    for i, key in enumerate(MODES + ("duckdb",)):
+        ax.bar(np.arange(len(ks)) + (i - 1.5) * 0.2, [row[f"{key} ms"] for row in rows], 0.2,
+               label=LABELS[key])
+    ax.set_xticks(np.arange(len(ks)), [f"{k} interval factor{'s' if k > 1 else ''}"
+                                       for k in ks])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per invocation")
+    ax.set_title(f"Response time vs interval factors, W = {rows[0]['window']:,} (Table 2)")
+    ax.legend()
+
+
+def main() -> None:
+    quick, suffix = common.quick_flag(__doc__)
+    s = _settings(quick)
+
+    n = max(s["windows"] + [s["table2_window"]]) + s["extra"]
     columns = common.data_columns(common.rng(3), n)
     con = _duckdb(columns)
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+    notes = ["answers of every mode matched DuckDB's row for row",
+             f"DuckDB: {threads} threads, WHERE tid >= n - W AND (...), fetchall()"]
+    params = {"queries_per_row": s["queries"], "tuples": n, "repeat": s["repeat"],
+              "insert_batch": s["batch"], "duckdb_threads": threads, "seed": common.SEED,
+              "method": "per query: one untimed invocation (answer checked against "
+                        "DuckDB), then `repeat` timed ones; ms = mean over all"}
 
     rows = []
     for offset, workload in enumerate(WORKLOADS):
         gen = common.rng(4 + offset)
         wheres = [common.where_clause(gen, workload) for _ in range(s["queries"])]
-        for window in s["windows"]:
-            row = {"workload": workload, "window": window}
-            sqls = [f"SELECT a, b, c, d FROM R WHERE tid >= {n - window} AND ({w})"
-                    for w in wheres]
-            duck = [lambda q=q: con.execute(q).fetchall() for q in sqls]
-            row["duckdb ms"], expected = _time_all(duck, s["repeat"], None)
-            row["mean rows"] = sum(map(len, expected)) / len(expected)
-            for mode in MODES:
-                t0 = time.perf_counter()
-                eng, handles = _psoup(mode, wheres, window, columns, s["batch"])
-                row[f"{mode} load s"] = time.perf_counter() - t0
-                calls = [lambda h=h: eng.invoke(h, now=float(n)).rows for h in handles]
-                row[f"{mode} ms"], _ = _time_all(calls, s["repeat"], expected)
-            for key in MODES + ("duckdb",):
-                row[f"{key} ms"] *= 1e3
-            row["nomat/P"] = row["nomat ms"] / row["partial ms"]
-            row["P/C"] = row["partial ms"] / row["complete ms"]
-            row["duckdb/P"] = row["duckdb ms"] / row["partial ms"]
-            rows.append(row)
-
+        got = _measure(con, columns, {w: (wheres, w) for w in s["windows"]}, s)
+        rows += [dict(row, workload=workload) for row in got]
     columns_out = [("workload", "workload", "s"), ("window", "window", ",d"),
                    ("mean rows", "rows", ",.0f")]
     columns_out += [(f"{key} ms", f"{LABELS[key]} ms", ".3f") for key in MODES + ("duckdb",)]
     columns_out += [("nomat/P", "NoMat/P", ".2f"), ("P/C", "P/C", ".2f"),
                     ("duckdb/P", "DuckDB/P", ".2f")]
-    params = {"queries_per_engine": s["queries"], "tuples": n, "repeat": s["repeat"],
-              "insert_batch": s["batch"], "duckdb_threads": threads,
-              "seed": common.SEED, "quick": args.quick,
-              "method": "per query: one untimed invocation (answer checked against "
-                        "DuckDB), then `repeat` timed ones; ms = mean over all"}
-    notes = ["answers of every mode matched DuckDB's row for row",
-             f"DuckDB: {threads} threads, WHERE tid >= n - W AND (...), fetchall()"]
-    name = "invoke_quick" if args.quick else "invoke"
-    common.report(name, rows, columns_out, _plot, notes=notes, params=params)
+    common.report(f"invoke{suffix}", rows, columns_out, _plot, notes=notes, params=params)
+
+    gen = common.rng(7)
+    groups = {k: ([_interval_where(gen, k) for _ in range(s["queries"])], s["table2_window"])
+              for k in TABLE2_FACTORS}
+    table2 = [dict(row, factors=row["label"]) for row in _measure(con, columns, groups, s)]
+    columns_out = [("factors", "interval factors", "d"), ("window", "window", ",d"),
+                   ("mean rows", "rows", ",.0f")]
+    columns_out += [(f"{key} ms", f"{LABELS[key]} ms", ".4f") for key in MODES + ("duckdb",)]
+    columns_out += [("nomat/P", "NoMat/P", ".1f"), ("duckdb/P", "DuckDB/P", ".1f"),
+                    ("duckdb/C", "DuckDB/C", ".1f")]
+    common.report(f"invoke_table2{suffix}", table2, columns_out, _plot_table2, notes=notes + [
+        "the paper's Table 2 (ms, NoMat/P/C): 1 factor 0.394/0.047/0.057, 2 factors "
+        "0.491/0.024/0.021, 4 factors 0.826/0.013/0.004"], params=params)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -36,15 +38,30 @@ def test_bad_option_is_a_usage_error():
     assert "fast" in result.output
 
 
-def test_benchmarks_run_and_write_their_reports(tmp_path):
-    reports = {"ingest.py": ["ingest"], "invoke.py": ["invoke"],
-               "server.py": ["server_poll", "server_ingest"],
-               "joins.py": ["joins_fig8", "joins_fig11", "joins_routing"]}
-    for script, names in reports.items():
-        done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
+def test_bench_command_runs_every_suite_and_each_writes_its_reports():
+    reports = {"ingest": ["ingest"], "invoke": ["invoke", "invoke_table2"],
+               "joins": ["joins_fig8", "joins_fig11", "joins_sharing", "joins_routing"],
+               "aggregates": ["aggregates"], "traffic": ["traffic_response", "traffic_arrival"],
+               "manyq": ["manyq"], "server": ["server_poll", "server_ingest"],
+               "replay": ["replay"]}
+    began = time.time()
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "bench", "--quick"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = done.stdout[done.stdout.rindex("suite"):]
+    for suite, names in reports.items():
+        assert re.search(rf"^{suite}\s+\d+\s+ok$", summary, re.M), summary
         for name in names:
-            report = json.loads((ROOT / "bench" / "results" / f"{name}_quick.json").read_text())
-            assert report["rows"]
+            path = ROOT / "bench" / "results" / f"{name}_quick.json"
+            assert path.stat().st_mtime >= began - 1, f"{name} was not rewritten"
+            assert json.loads(path.read_text())["rows"]
             assert (ROOT / "bench" / "results" / f"{name}_quick.png").stat().st_size > 0
+
+
+def test_bench_command_rejects_an_unknown_suite_and_lists_the_known_ones():
+    result = CliRunner().invoke(main, ["bench", "fig99"])
+    assert result.exit_code == 2
+    assert "unknown benchmark suite 'fig99'" in result.output and "table2" in result.output
+    listed = CliRunner().invoke(main, ["bench", "--list"])
+    assert listed.exit_code == 0
+    assert re.search(r"^invoke\s+Fig. 7a/7b and Table 2.*table2", listed.output, re.M)

@@ -502,5 +502,37 @@ def _changes_since(client: Client, handle: str, cursor: str | None,
     return Changes(whole.columns, whole, empty, whole.cursor), reason
 
 
+@main.command(short_help="Run the benchmark suite (or some of its suites).")
+@click.argument("suites", nargs=-1, metavar="[SUITE]...")
+@click.option("--quick", is_flag=True, help="Tiny runs, to check that every suite works.")
+@click.option("--list", "list_", is_flag=True, help="List the suites and exit.")
+def bench(suites: tuple[str, ...], quick: bool, list_: bool) -> None:
+    """Run the benchmarks: all of them, or the SUITEs named (ingest, invoke, joins,
+    aggregates, traffic, manyq, server, replay; the paper's fig7, table2, fig8, fig9,
+    fig11, sect5.5 name the suite that reproduces them). Each prints its tables and
+    writes bench/results/NAME.json and NAME.png."""
+    from psoup.cli import bench as benching
+    if list_:
+        aliases: dict[str, list[str]] = {}
+        for alias, suite in benching.ALIASES.items():
+            aliases.setdefault(suite, []).append(alias)
+        click.echo(table(["suite", "measures", "aliases"],
+                         [[name, what, ", ".join(aliases.get(name, []))]
+                          for name, (_, what) in benching.SUITES.items()]))
+        return
+    try:
+        chosen = benching.resolve(suites)
+        done = benching.run(chosen, quick, click.echo)
+    except benching.BenchError as exc:
+        raise click.UsageError(str(exc)) from None
+    total = sum(d["seconds"] for d in done)
+    click.echo(table(["suite", "seconds", "result"],
+                     [[d["suite"], f"{d['seconds']:.0f}",
+                       {True: "ok", False: "FAILED", None: "skipped"}[d["ok"]]] for d in done]))
+    click.echo(f"total {total / 60:.1f} min")
+    if any(d["ok"] is False for d in done):
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,84 @@
+"""`psoup bench [SUITE...]`: run the benchmark scripts of the repository's bench/ folder.
+
+Each suite is one script (bench/README.md describes them); the paper's figure and table
+names are aliases of the script that reproduces them. Scripts run one after another in
+their own Python process (so one suite's memory and threads do not disturb the next),
+with the repository root as the working directory; each prints its tables and writes
+bench/results/<name>.json and .png.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import psoup
+
+#: suite -> (script, what it measures), in the order `all` runs them.
+SUITES = {
+    "ingest": ("ingest.py", "Fig. 9: arrival rate vs queries, P/C shared and unshared"),
+    "invoke": ("invoke.py", "Fig. 7a/7b and Table 2: response time vs window, vs factors"),
+    "joins": ("joins.py", "Fig. 8, Fig. 11, join groups, adaptive routing"),
+    "aggregates": ("aggregates.py", "Sect. 6: COUNT/SUM/MAX vs window, 2^10 .. 2^20"),
+    "traffic": ("traffic.py", "Sect. 5.5: the traffic trace, Figs. 12 and 13"),
+    "manyq": ("manyq.py", "10^4 and 10^5 standing queries vs per-query numpy"),
+    "server": ("server.py", "the service: polling clients and ingest through the wire"),
+    "replay": ("replay.py", "Spark replay rate vs Spark's own read rate"),
+}
+
+#: The paper's names for the experiments, and other aliases.
+ALIASES = {"fig7": "invoke", "fig7a": "invoke", "fig7b": "invoke", "table2": "invoke",
+           "fig8": "joins", "fig9": "ingest", "fig11": "joins", "fig12": "traffic",
+           "fig13": "traffic", "sect5.5": "traffic", "sect6": "aggregates"}
+
+
+class BenchError(Exception):
+    """A suite that cannot run (unknown name, scripts not found)."""
+
+
+def bench_dir() -> Path:
+    """The repository's bench/ folder (present in a checkout, not in a wheel)."""
+    here = Path(psoup.__file__).resolve().parent.parent / "bench"
+    if not (here / "common.py").is_file():
+        raise BenchError(f"the benchmark scripts are not at {here}: they live in the "
+                         "repository's bench/ folder; run `psoup bench` from a checkout "
+                         "installed with `pip install -e .` (or `make bench`)")
+    return here
+
+
+def resolve(names: Sequence[str]) -> list[str]:
+    """Suite names (aliases resolved, duplicates dropped, `all` expanded) in run order."""
+    wanted = []
+    for name in names or ["all"]:
+        key = name.lower()
+        if key == "all":
+            wanted += list(SUITES)
+            continue
+        key = ALIASES.get(key, key)
+        if key not in SUITES:
+            known = ", ".join(["all", *SUITES, *ALIASES])
+            raise BenchError(f"unknown benchmark suite {name!r} (choose from {known})")
+        wanted.append(key)
+    return [s for s in SUITES if s in wanted]
+
+
+def run(suites: Sequence[str], quick: bool, echo: Callable[[str], None]) -> list[dict]:
+    """Run each suite's script; returns one {suite, seconds, ok} per suite."""
+    folder = bench_dir()
+    done = []
+    for suite in suites:
+        script, what = SUITES[suite]
+        path = folder / script
+        if not path.is_file():
+            echo(f"== {suite}: skipped ({script} is not in {folder})")
+            done.append({"suite": suite, "seconds": 0.0, "ok": None})
+            continue
+        echo(f"== {suite}: {what}")
+        began = time.perf_counter()
+        code = subprocess.call([sys.executable, str(path)] + (["--quick"] if quick else []),
+                               cwd=folder.parent)
+        done.append({"suite": suite, "seconds": time.perf_counter() - began, "ok": code == 0})
+    return done
