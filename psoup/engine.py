@@ -33,6 +33,7 @@ from psoup.query.model import TS, TUPLE_ID, Query, Source, StreamSchema, Window
 from psoup.results.aggregates import AggregateIndex, Aggregator
 from psoup.results.complete import CompleteResults
 from psoup.results.cursors import CursorStore
+from psoup.results.history import Tier
 from psoup.results.joins import JoinResults
 from psoup.results.nomat import NoMatResults
 from psoup.results.partial import PartialResults
@@ -120,6 +121,7 @@ class Engine:
         self._handles: dict[str, int | JoinPlan] = {}
         self._ddl: dict[str, str] = {}          # stream -> its CREATE STREAM statement
         self._cursors = CursorStore()
+        self._tiers: dict[int, Tier] = {}       # slot -> its archive tier (history)
         self._next_tid = 0
         self._started = clock()
         self.path = None if path is None else Path(path)
@@ -297,22 +299,127 @@ class Engine:
         query = self._query_stem.queries[slot]
         source = query.sources[0]
         stem = self._stems[source.stream]
+        archived = self._archived(slot, source.window, now)
         if query.contradiction:
             positions = np.empty(0, np.int64)
         else:
             span = self._windows.spans(slot, [stem], now)[0]
             kept = self._eddy.aggregates.get(slot)
-            if kept is not None and isinstance(span, tuple):
+            if kept is not None and isinstance(span, tuple) and not archived:
                 return kept[1].answer(*span)          # Sect. 6: no scan of the window
             positions = self._results.matches(slot, source, stem, span)
         if query.aggregated:
             aggregator = Aggregator(query)
-            got = stem.take_columns([c for _, c in aggregator.needed] + [TS], positions)
+            got = self._fetch(stem, [c for _, c in aggregator.needed] + [TS], positions, archived)
             return aggregator.compute({(0, c): got[c] for _, c in aggregator.needed}, got[TS])
         names = [item.column for item in query.select]
-        got = stem.take_columns(list(dict.fromkeys(names + [TS, TUPLE_ID])), positions)
+        got = self._fetch(stem, list(dict.fromkeys(names + [TS, TUPLE_ID])), positions, archived)
         return Result.build(query.columns, [got[name] for name in names], got[TS],
                             got[TUPLE_ID], query.distinct)
+
+    @staticmethod
+    def _fetch(stem: DataSteM, names: list[str], positions: np.ndarray,
+               archived: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """Columns of the matches at `positions`, after the archived matches (older)."""
+        got = stem.take_columns(names, positions)
+        if archived:
+            got = {name: np.concatenate([archived[name], got[name]]) for name in names}
+        return got
+
+    def _archived(self, slot: int, window: Window, now: float) -> dict[str, np.ndarray] | None:
+        """The query's archived matches in its window, when it has history: all of them
+        for an unbounded window, a ts range for a time window; ROWS and PARTITION BY
+        windows count the tuples in memory only (docs/history.md)."""
+        tier = self._tiers.get(slot)
+        if tier is None or not len(tier):
+            return None
+        if window.kind == "all":
+            got = tier.columns
+        elif window.kind == "range":
+            got = tier.between(window.begin.resolve(now), window.end.resolve(now))
+        else:
+            return None
+        return got if got and len(got[TUPLE_ID]) else None
+
+    # ------------------------------------------------------------------ history
+
+    def evaluate_history(self, handles: Sequence[str] | None = None,
+                         master: str | None = None,
+                         progress: Callable[[str], None] | None = None) -> dict[str, int]:
+        """Evaluate standing queries over the archive, so that their windows reach back
+        past memory (hybrid queries): one Spark pass per stream for all the queries,
+        run with psoup's Query SteM inside the executors (psoup.spark.history). From
+        then on each query's archive tier grows as tuples leave retention, so its
+        answers join archive and memory exactly. Returns handle -> archived matches.
+
+        Args:
+            handles: the selection queries to evaluate (default: every selection query
+                without history yet).
+            master: the Spark master (default local[*]).
+
+        Raises:
+            PSoupError: the engine keeps no archive (it has no path), or a handle names
+                a join query (joins are not evaluated over the archive).
+
+        Ingest and invocations wait while it runs (it holds the engine's lock).
+        """
+        with self._lock:
+            self._check_open()
+            if self._journal is None:
+                raise PSoupError("history needs a durable engine: Engine(path=DIR) archives "
+                                 "what leaves memory under DIR/archive")
+            chosen = list(handles) if handles is not None else [
+                h for h, r in self._handles.items()
+                if not isinstance(r, JoinPlan) and r not in self._tiers]
+            plan: dict[str, list[tuple[str, int]]] = {}
+            for handle in chosen:
+                registered = self._slot(handle)
+                if isinstance(registered, JoinPlan):
+                    raise QueryError("history is evaluated for selection queries only; "
+                                     f"{handle[:12]}... is a join")
+                query = self._query_stem.queries[registered]
+                if registered not in self._tiers:
+                    plan.setdefault(query.sources[0].stream, []).append((handle, registered))
+            if not plan:
+                return {h: len(self._tiers.get(self._slot(h), ())) for h in chosen}
+            from psoup.results.history import Tier
+            from psoup.spark import history
+            from psoup.spark.session import spark_session
+            self._journal.archive.flush()
+            spark = spark_session(master)
+            for stream, members in plan.items():
+                stem = self._stems[stream]
+                held = stem.rows(stem.oldest, stem.horizon, expired=True)
+                below = int(stem.rows(stem.oldest, stem.oldest + 1, expired=True)[TUPLE_ID][0]) \
+                    if stem.oldest < stem.n else self._next_tid
+                queries = [(slot, self._query_stem.queries[slot].sql) for _, slot in members]
+                matches = history.evaluate(spark, self._journal.archive.root, self._ddl[stream],
+                                           stem.schema, queries, below, progress)
+                tiers = _split_matches(matches, stem.schema, [slot for _, slot in members])
+                for _, slot in members:
+                    self._tiers[slot] = Tier()
+                    self._tiers[slot].append(tiers[slot])
+                self._tier_held(stream, held, [slot for _, slot in members])
+                stem.on_horizon = partial(self._horizon_moved, stream)
+            return {h: len(self._tiers.get(self._slot(h), ())) for h in chosen}
+
+    def _horizon_moved(self, stream: str, old: int, new: int) -> None:
+        """Retention passed [old, new): the matches there move to the archive tiers."""
+        slots = [slot for slot in self._tiers
+                 if self._query_stem.queries[slot].sources[0].stream == stream]
+        if slots:
+            self._tier_held(stream, self._stems[stream].rows(old, new, expired=True), slots)
+
+    def _tier_held(self, stream: str, rows: dict[str, np.ndarray], slots: list[int]) -> None:
+        """Probe tuples still held in memory but past retention for the tiers' queries."""
+        n = len(rows[TS])
+        if not n:
+            return
+        bits = self._query_stem.probe(stream, rows, n)
+        for slot in slots:
+            word, bit = divmod(slot, 64)
+            hit = np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
+            self._tiers[slot].append({name: values[hit] for name, values in rows.items()})
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working and its slot is reused."""
@@ -326,6 +433,11 @@ class Engine:
 
     def _unregister(self, handle: str) -> None:
         registered = self._slot(handle)
+        if self._tiers.pop(registered, None) is not None:       # type: ignore[arg-type]
+            stream = self._query_stem.queries[registered].sources[0].stream
+            if not any(self._query_stem.queries[s].sources[0].stream == stream
+                       for s in self._tiers):
+                self._stems[stream].on_horizon = None
         if isinstance(registered, JoinPlan):
             self._eddy.submit_join_removal(registered)
             self._windows.remove(registered.jid)
@@ -377,6 +489,7 @@ class Engine:
             data = sum(s["bytes"] for s in streams.values())
             memory = {"data": data,
                       "results": self._results.nbytes() + self._eddy.join_nbytes(),
+                      "history": sum(t.nbytes() for t in self._tiers.values()),
                       "queries": self._query_stem.nbytes()}
             memory["total"] = sum(memory.values())
             out = {"mode": self.mode, "streams": streams, "queries": queries,
@@ -479,3 +592,25 @@ class Engine:
         if not np.isfinite(value):
             raise QueryError(f"now must be finite, got {now!r}")
         return value
+
+
+def _split_matches(matches: Any, schema: StreamSchema, slots: list[int]
+                   ) -> dict[int, dict[str, np.ndarray]]:
+    """Spark's match table (slot, tuple_id, ts, columns; sorted by slot, tupleID) as
+    psoup columns per slot."""
+    from psoup.archive.parquet import TS_COLUMN, TUPLE_ID_COLUMN
+    from psoup.stems.batch import DTYPES
+    slot_of = matches.column("slot").to_numpy()
+    names = {TS: TS_COLUMN, TUPLE_ID: TUPLE_ID_COLUMN, **{c: c for c, _ in schema.columns}}
+    types = {TS: np.dtype(np.float64), TUPLE_ID: np.dtype(np.int64),
+             **{c: DTYPES[t] for c, t in schema.columns}}
+    columns = {}
+    for name, source in names.items():
+        column = matches.column(source)
+        columns[name] = (np.array(column.to_pylist(), dtype=object) if types[name] == object
+                         else column.to_numpy().astype(types[name], copy=False))
+    out = {}
+    for slot in slots:
+        a, b = np.searchsorted(slot_of, [slot, slot + 1])
+        out[slot] = {name: values[a:b] for name, values in columns.items()}
+    return out

@@ -82,6 +82,10 @@ class DataSteM:
         #: Called with each chunk's columns ({name: array}, ts and tupleID included) as
         #: the chunk is dropped, so durable engines can archive what leaves retention.
         self.on_expire: Callable[[dict[str, np.ndarray]], None] | None = None
+        #: Called with (old, new) horizon when retention passes positions [old, new),
+        #: while they are still readable (`rows(old, new, expired=True)`): the archive
+        #: tier of queries with history takes their matches from them.
+        self.on_horizon: Callable[[int, int], None] | None = None
 
     # ----------------------------------------------------------------- insert, expire
 
@@ -115,10 +119,13 @@ class DataSteM:
 
     def _retain(self) -> None:
         schema = self.schema
+        old = self.horizon
         if schema.retain_rows is not None:
             self.horizon = max(self.horizon, self.n - schema.retain_rows)
         elif schema.retain_seconds is not None and self.n:
             self.horizon = self.ts_search(self.last_ts - schema.retain_seconds, "left")
+        if self.on_horizon is not None and self.horizon > old:
+            self.on_horizon(old, self.horizon)
         cap = self.chunk_rows
         drop = 0
         while drop < len(self._chunks) - 1 and (self._chunk0 + drop + 1) * cap <= self.horizon:
@@ -196,6 +203,11 @@ class DataSteM:
         return {name: np.concatenate([c.cols[name][r0:r1] for c, r0, r1, _ in pieces]
                                      or [np.empty(0, dtype)])
                 for name, dtype in self._dtypes.items()}
+
+    @property
+    def oldest(self) -> int:
+        """The first position still held in memory (at or below the horizon)."""
+        return self._chunk0 * self.chunk_rows
 
     def ts_at(self, position: int) -> float:
         """The ts of one retained position. O(1)."""

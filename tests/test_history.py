@@ -1,0 +1,175 @@
+"""Historical evaluation and hybrid queries (issue 6): standing queries evaluated over the
+archive by one Spark pass, then answered over archive + memory with an exact boundary.
+
+The oracle is DuckDB over the archive's Parquet files plus the tuples still in memory
+(docs/history.md): every tuple inserted is in exactly one of the two, so the hybrid
+answer must equal the query run over their union. ROWS windows count the tuples in
+memory only, as documented.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.dataset  # noqa: F401  (pa.dataset)
+import pytest
+
+import psoup
+from psoup.errors import PSoupError, QueryError
+from tests.conftest import Clock
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+QUERIES = {
+    "all": "SELECT a, t FROM R WHERE a > 5",
+    "archive only": "SELECT a, b FROM R WHERE a >= 3 BEGIN 20 END 90",
+    "across": "SELECT t FROM R WHERE a < 4 BEGIN 150 END 260",
+    "memory only": "SELECT a FROM R WHERE a != 2 BEGIN NOW - 15 END NOW",
+    "landmark": "SELECT DISTINCT t FROM R WHERE b < 0.5 BEGIN 100 END NOW",
+    "grouped": "SELECT t, COUNT(*), SUM(a), MIN(b), MAX(a) FROM R WHERE a > 1 GROUP BY t",
+    "rows": "SELECT a FROM R WHERE a > 0 BEGIN (NOW - 12 ROWS) END NOW",
+}
+DUCK = {
+    "all": "SELECT a, t FROM src WHERE a > 5 ORDER BY ts, tid",
+    "archive only": "SELECT a, b FROM src WHERE a >= 3 AND ts BETWEEN 20 AND 90 ORDER BY ts, tid",
+    "across": "SELECT t FROM src WHERE a < 4 AND ts BETWEEN 150 AND 260 ORDER BY ts, tid",
+    "memory only": "SELECT a FROM src WHERE a != 2 AND ts BETWEEN {now} - 15 AND {now} "
+                   "ORDER BY ts, tid",
+    "landmark": "SELECT t FROM src WHERE b < 0.5 AND ts BETWEEN 100 AND {now} "
+                "GROUP BY t ORDER BY min(tid)",
+    "grouped": "SELECT t, COUNT(*), SUM(a), MIN(b), MAX(a) FROM src WHERE a > 1 GROUP BY t "
+               "ORDER BY t",
+}
+
+
+def _fill(eng, gen, start, batches, rows):
+    for i in range(batches):
+        ts = start + i * 10 + np.arange(10, dtype=float)
+        eng.insert("R", {"a": gen.integers(0, 10, 10), "b": np.round(gen.random(10), 3),
+                         "t": np.array([f"k{v}" for v in gen.integers(0, 4, 10)], dtype=object)},
+                   ts=ts)
+        rows.extend(ts.tolist())
+
+
+def _oracle(parts):
+    """DuckDB with `src` = the union of the parts (archive files, memory)."""
+    con = duckdb.connect()
+    tables = [part.select(["ts", "tuple_id", "a", "b", "t"]).rename_columns(
+        ["ts", "tid", "a", "b", "t"]) for part in parts]
+    con.register("src", pa.concat_tables(tables))
+    return con
+
+
+def _memory_table(eng):
+    stem = eng._stems["R"]
+    held = stem.rows(stem.oldest, stem.n, expired=True)
+    return pa.table({"ts": held["ts"], "tuple_id": held["tupleID"], "a": held["a"],
+                     "b": held["b"], "t": held["t"].tolist()})
+
+
+def _check(eng, handles, con, now):
+    for name, sql in DUCK.items():
+        want = [tuple(r) for r in con.execute(sql.format(now=now)).fetchall()]
+        got = eng.invoke(handles[name], now=now).rows
+        if name == "grouped":
+            assert [g[:3] + g[4:] for g in got] == [w[:3] + w[4:] for w in want], name
+            assert [g[3] for g in got] == pytest.approx([w[3] for w in want]), name
+        else:
+            assert got == want, name
+
+
+@pytest.mark.parametrize("mode", psoup.MODES)
+def test_hybrid_answers_equal_duckdb_over_archive_files_plus_memory(tmp_path, mode):
+    gen = np.random.default_rng(5)
+    clock = Clock(0.0)
+    eng = psoup.Engine(path=tmp_path / "state", mode=mode, clock=clock, chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
+    handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
+    inserted: list[float] = []
+    _fill(eng, gen, 0, 30, inserted)               # ts 0 .. 299; memory keeps ~35
+    memory_before = eng.invoke(handles["all"], now=300.0).rows
+    counts = eng.evaluate_history()
+    assert set(counts) == set(handles.values())
+    assert counts[handles["rows"]] > 0              # a tier is kept, though ROWS ignores it
+    archive = pa.dataset.dataset(str(tmp_path / "state" / "archive" / "stream=R"),
+                                 format="parquet").to_table()
+    assert archive.num_rows + len(_memory_table(eng)) >= len(inserted)
+    stem = eng._stems["R"]
+    oldest_tid = int(stem.rows(stem.oldest, stem.oldest + 1, expired=True)["tupleID"][0])
+    archive = archive.filter(pa.compute.less(archive["tuple_id"], oldest_tid))
+    con = _oracle([archive, _memory_table(eng)])
+    assert con.execute("SELECT count(*) FROM src").fetchone()[0] == len(inserted)
+    _check(eng, handles, con, 300.0)
+    # the tier really answers: memory alone had far fewer rows
+    assert len(eng.invoke(handles["all"], now=300.0).rows) > 3 * len(memory_before)
+    # ROWS windows count the tuples in memory only
+    assert eng.invoke(handles["rows"], now=300.0).tuple_ids.min() >= oldest_tid
+
+    # more data: tuples leave memory after the evaluation, and the tier follows them
+    _fill(eng, gen, 300, 12, inserted)
+    eng.commit()
+    stem = eng._stems["R"]
+    oldest_tid = int(stem.rows(stem.oldest, stem.oldest + 1, expired=True)["tupleID"][0])
+    eng._journal.archive.flush()
+    archive = pa.dataset.dataset(str(tmp_path / "state" / "archive" / "stream=R"),
+                                 format="parquet").to_table()
+    archive = archive.filter(pa.compute.less(archive["tuple_id"], oldest_tid))
+    con = _oracle([archive, _memory_table(eng)])
+    assert con.execute("SELECT count(*) FROM src").fetchone()[0] == len(inserted)
+    _check(eng, handles, con, 420.0)
+    eng.close()
+
+
+def test_one_spark_pass_per_stream_evaluates_every_query(tmp_path, monkeypatch):
+    from psoup.spark import history
+    calls = []
+    real = history.evaluate
+    monkeypatch.setattr(history, "evaluate",
+                        lambda *a, **k: calls.append(len(a[4])) or real(*a, **k))
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+    handles = [eng.register(f"SELECT a FROM R WHERE a > {k}") for k in range(40)]
+    _fill(eng, np.random.default_rng(1), 0, 8, [])
+    counts = eng.evaluate_history()
+    assert calls == [40]
+    # a > k matches fewer tuples as k grows; all 80 tuples are reachable again
+    got = [counts[h] for h in handles]
+    assert got == sorted(got, reverse=True) and got[-1] == 0
+    assert len(eng.invoke(handles[0], now=100.0).rows) == counts[handles[0]] + sum(
+        1 for row in eng._stems["R"].rows(eng._stems["R"].horizon, eng._stems["R"].n)["a"]
+        if row > 0)
+    assert eng.evaluate_history() == {} and calls == [40]     # nothing left to evaluate
+    assert eng.evaluate_history(handles[:2]) == {h: counts[h] for h in handles[:2]}
+    assert calls == [40]                                         # already evaluated
+    eng.close()
+
+
+def test_history_needs_a_durable_engine_and_a_selection_query(tmp_path):
+    eng = psoup.Engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    with pytest.raises(PSoupError, match="history needs a durable engine"):
+        eng.evaluate_history()
+    durable = psoup.Engine(path=tmp_path / "d")
+    durable.execute("CREATE STREAM R (a INT)")
+    durable.execute("CREATE STREAM S (a INT)")
+    join = durable.register("SELECT R.a FROM R, S WHERE R.a = S.a")
+    with pytest.raises(QueryError, match="selection queries only"):
+        durable.evaluate_history([join])
+    durable.close()
+
+
+def test_tiers_do_not_survive_a_restart_and_evaluating_again_restores_the_answer(tmp_path):
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+    h = eng.register("SELECT a, t FROM R WHERE a > 3")
+    _fill(eng, np.random.default_rng(2), 0, 6, [])
+    eng.evaluate_history()
+    whole = eng.invoke(h, now=100.0).rows
+    eng.close()
+    again = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    assert len(again.invoke(h, now=100.0).rows) < len(whole)     # memory only
+    again.evaluate_history()
+    assert again.invoke(h, now=100.0).rows == whole
+    again.close()
