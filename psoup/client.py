@@ -159,6 +159,13 @@ class Client:
         """Remove a standing query; its handle stops working."""
         self._request("unregister", {"handle": handle}, idempotent=False)
 
+    def evaluate_history(self, handles: list[str] | None = None, master: str | None = None,
+                         wait: float = 3600.0) -> dict[str, int]:
+        """Engine.evaluate_history on the server (a Spark job there; waits up to `wait`
+        seconds for it)."""
+        return self._request("history", {"handles": handles, "master": master},
+                             idempotent=True, wait=wait)
+
     def queries(self) -> list[tuple[str, str]]:
         """[(handle, sql), ...] in registration order."""
         return [tuple(pair) for pair in self._request("queries", {}, idempotent=True)]
@@ -275,7 +282,8 @@ class Client:
 
     # ------------------------------------------------------------------ the connection
 
-    def _request(self, op: str, args: dict[str, Any], idempotent: bool) -> Any:
+    def _request(self, op: str, args: dict[str, Any], idempotent: bool,
+                 wait: float | None = None) -> Any:
         with self._lock:
             if self._closed:
                 raise PSoupError("this client is closed; open a new Client")
@@ -303,7 +311,13 @@ class Client:
                         continue
                     raise ConnectionFailed(f"{op}: cannot send to {self._where}: {exc}") from exc
                 try:
-                    return self._result(self._receive(sock), request_id)
+                    if wait is not None:             # a long request: wait longer
+                        sock.settimeout(wait)
+                    try:
+                        return self._result(self._receive(sock), request_id)
+                    finally:
+                        if wait is not None and self._sock is sock:
+                            sock.settimeout(self.timeout)
                 except socket.timeout:
                     self._drop()
                     if idempotent:

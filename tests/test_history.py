@@ -173,3 +173,33 @@ def test_tiers_do_not_survive_a_restart_and_evaluating_again_restores_the_answer
     again.evaluate_history()
     assert again.invoke(h, now=100.0).rows == whole
     again.close()
+
+
+def test_history_through_the_server_and_the_command_line(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from psoup.cli.main import main
+    from psoup.server import Server
+
+    monkeypatch.setenv("PSOUP_CONFIG_DIR", str(tmp_path / "config"))
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    srv = Server(eng, port=0, token="tok")
+    host, port = srv.start_in_thread()
+    try:
+        client = psoup.Client(f"{host}:{port}", token="tok")
+        client.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+        wide = client.register("SELECT a FROM R WHERE a >= 0")
+        narrow = client.register("SELECT a FROM R WHERE a > 100")
+        client.insert("R", [(i % 7, 0.5, "x") for i in range(60)], ts=[float(i) for i in range(60)])
+        assert len(client.invoke(wide, now=60.0)) == 10
+        done = CliRunner().invoke(main, ["--server", f"{host}:{port}", "--token", "tok",
+                                         "history", wide])
+        assert done.exit_code == 0, done.output
+        assert f"{wide}  " in done.output and "50" in done.output    # 50 tuples left memory
+        assert len(client.invoke(wide, now=60.0)) == 60
+        assert len(client.invoke(narrow, now=60.0)) == 0
+        assert client.evaluate_history() == {narrow: 0}               # the rest, by default
+        client.close()
+    finally:
+        srv.stop()
+        eng.close()

@@ -27,6 +27,7 @@ SUITES = {
     "manyq": ("manyq.py", "10^4 and 10^5 standing queries vs per-query numpy"),
     "server": ("server.py", "the service: polling clients and ingest through the wire"),
     "replay": ("replay.py", "Spark replay rate vs Spark's own read rate"),
+    "history": ("history.py", "1,024 queries over 10^7 archived tuples: one pass vs per query"),
 }
 
 #: The paper's names for the experiments, and other aliases.

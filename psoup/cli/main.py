@@ -395,6 +395,25 @@ def unregister(settings: Settings, ref: str) -> None:
     click.echo(f"unregistered {target.name or target.handle}")
 
 
+@main.command(short_help="Evaluate standing queries over the server's archive.")
+@click.argument("refs", nargs=-1, metavar="[HANDLE|NAME]...")
+@click.option("--master", default=None, metavar="URL",
+              help="Spark master for the job on the server (default local[*]).")
+@click.pass_obj
+def history(settings: Settings, refs: tuple[str, ...], master: str | None) -> None:
+    """Run the standing queries (all selection queries without history yet, or the ones
+    named) over the archive of a durable server, in one Spark pass, so that their
+    windows reach back past what memory holds (docs/history.md)."""
+    targets = [_resolve(settings, ref) for ref in refs]
+    server = targets[0].server if targets else settings.server
+    with _connected(server, settings.token) as client:
+        click.echo("evaluating over the archive (a Spark job on the server)...", err=True)
+        counts = client.evaluate_history([t.handle for t in targets] or None, master)
+    names = _names_on(server)
+    click.echo(table(["query", "archived matches"],
+                     [[names.get(h, h), n] for h, n in counts.items()]))
+
+
 @main.command(short_help="List the standing queries.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table for people; csv and json for scripts.")
@@ -508,7 +527,7 @@ def _changes_since(client: Client, handle: str, cursor: str | None,
 @click.option("--list", "list_", is_flag=True, help="List the suites and exit.")
 def bench(suites: tuple[str, ...], quick: bool, list_: bool) -> None:
     """Run the benchmarks: all of them, or the SUITEs named (ingest, invoke, joins,
-    aggregates, traffic, manyq, server, replay; the paper's fig7, table2, fig8, fig9,
+    aggregates, traffic, manyq, server, replay, history; the paper's fig7, table2, fig8, fig9,
     fig11, sect5.5 name the suite that reproduces them). Each prints its tables and
     writes bench/results/NAME.json and NAME.png."""
     from psoup.cli import bench as benching

@@ -160,6 +160,7 @@ class Server:
             "ping": self._ping, "create_stream": self._create_stream, "execute": self._execute,
             "insert": self._insert, "register": self._register, "invoke": self._invoke,
             "unregister": self._unregister, "queries": self._queries, "stats": self._stats,
+            "history": self._history,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -511,6 +512,13 @@ class Server:
     def _unregister(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
         handle = _arg(args, "handle", str, "a handle")
         return True, lambda: self.engine.unregister(handle)
+
+    def _history(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
+        handles = _arg(args, "handles", list, "a list of handles", required=False)
+        if handles is not None and not all(isinstance(h, str) for h in handles):
+            raise ProtocolError("bad_args", "argument 'handles' must be a list of handles")
+        master = _arg(args, "master", str, "a Spark master URL", required=False)
+        return True, lambda: self.engine.evaluate_history(handles, master)
 
     def _queries(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
         return False, self.engine.queries

@@ -56,8 +56,10 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
     for slot, sql in queries:
         query = compile_statement(sql, {schema.name: schema})
         assert isinstance(query, Query)
+        stem.reserve(slot)
         stem.insert(query, slot)
     target = out_schema(schema)
+    wanted = np.array(sorted(slot for slot, _ in queries), dtype=np.int64)
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -65,17 +67,15 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         columns["ts"] = batch.column(TS_COLUMN).to_numpy()
         columns["tupleID"] = batch.column(TUPLE_ID_COLUMN).to_numpy()
         bits = stem.probe(schema.name, columns, batch.num_rows)
-        slots, rows = [], []
-        for slot, _ in queries:
-            word, bit = divmod(slot, 64)
-            hit = np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
-            if len(hit):
-                slots.append(np.full(len(hit), slot, np.int64))
-                rows.append(hit)
-        if not rows:
+        live = np.flatnonzero(bits.any(axis=1))
+        if not len(live):
             continue
-        take = pa.array(np.concatenate(rows))
-        arrays = [pa.array(np.concatenate(slots)), batch.column(TUPLE_ID_COLUMN).take(take),
+        # every (row, slot) match at once: a bool per slot for the rows matching any
+        flags = np.unpackbits(np.ascontiguousarray(bits[live]).view(np.uint8), axis=1,
+                              bitorder="little")[:, wanted]
+        hit_rows, hit_slots = np.nonzero(flags)
+        take = pa.array(live[hit_rows])
+        arrays = [pa.array(wanted[hit_slots]), batch.column(TUPLE_ID_COLUMN).take(take),
                   batch.column(TS_COLUMN).take(take)]
         arrays += [batch.column(name).take(take).cast(ARROW_TYPES[ctype])
                    for name, ctype in schema.columns]

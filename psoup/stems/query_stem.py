@@ -88,6 +88,13 @@ class QuerySteM:
             self.words *= 2
         return slot
 
+    def reserve(self, slot: int) -> None:
+        """Make `slot` addressable, for a Query SteM that mirrors another's slots (the
+        Spark tasks of psoup.spark.history)."""
+        while slot >= self.capacity:
+            self.words *= 2
+        self._next = max(self._next, slot + 1)
+
     def insert(self, query: Query, slot: int | None = None) -> int:
         """File `query`'s factors in `slot` (allocated if None) and return the slot.
         O(factors * log constants)."""
