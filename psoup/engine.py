@@ -387,19 +387,22 @@ class Engine:
             from psoup.spark.session import spark_session
             self._journal.archive.flush()
             spark = spark_session(master)
+            found = {}      # every stream's matches first: a failure installs nothing
             for stream, members in plan.items():
                 stem = self._stems[stream]
-                held = stem.rows(stem.oldest, stem.horizon, expired=True)
                 below = int(stem.rows(stem.oldest, stem.oldest + 1, expired=True)[TUPLE_ID][0]) \
                     if stem.oldest < stem.n else self._next_tid
                 queries = [(slot, self._query_stem.queries[slot].sql) for _, slot in members]
                 matches = history.evaluate(spark, self._journal.archive.root, self._ddl[stream],
                                            stem.schema, queries, below, progress)
-                tiers = _split_matches(matches, stem.schema, [slot for _, slot in members])
-                for _, slot in members:
+                found[stream] = _split_matches(matches, stem.schema, [s for _, s in members])
+            for stream, tiers in found.items():
+                stem = self._stems[stream]
+                for slot, columns in tiers.items():
                     self._tiers[slot] = Tier()
-                    self._tiers[slot].append(tiers[slot])
-                self._tier_held(stream, held, [slot for _, slot in members])
+                    self._tiers[slot].append(columns)
+                self._tier_held(stream, stem.rows(stem.oldest, stem.horizon, expired=True),
+                                list(tiers))
                 stem.on_horizon = partial(self._horizon_moved, stream)
             return {h: len(self._tiers.get(self._slot(h), ())) for h in chosen}
 

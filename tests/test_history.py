@@ -203,3 +203,58 @@ def test_history_through_the_server_and_the_command_line(tmp_path, monkeypatch):
     finally:
         srv.stop()
         eng.close()
+
+
+def test_a_corrupt_archive_file_is_named_and_nothing_is_applied(tmp_path):
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+    eng.execute("CREATE STREAM Q (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+    hq = eng.register("SELECT a FROM Q WHERE a >= 0")
+    hr = eng.register("SELECT a FROM R WHERE a >= 0")
+    gen = np.random.default_rng(3)
+    _fill(eng, gen, 0, 6, [])
+    for i in range(6):
+        eng.insert("Q", {"a": np.arange(10), "b": np.zeros(10), "t": np.array(["q"] * 10,
+                                                                              dtype=object)},
+                   ts=np.arange(10.0) + 10 * i)
+    eng._journal.archive.flush()
+    victim = sorted((tmp_path / "s" / "archive" / "stream=R").rglob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:40])                 # a torn file
+    before = (eng.invoke(hq, now=100.0).rows, eng.invoke(hr, now=100.0).rows)
+    with pytest.raises(PSoupError, match=r"history of stream R: \S+stream=R\S+/part-\d+-\d+"
+                                         r"\.parquet is not a readable Parquet file"):
+        eng.evaluate_history()
+    assert eng._tiers == {}                                      # not even Q's
+    assert (eng.invoke(hq, now=100.0).rows, eng.invoke(hr, now=100.0).rows) == before
+    assert eng.evaluate_history([hq]) == {hq: 50}                # Q's archive is fine
+    eng.close()
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("missing", r"has no column 'b'"),
+    ("type", r"column 'a' is string, not INT"),
+    ("unsorted", r"ts decreases within \S+part-00000000000000000001-00000000000000000003"
+                 r"\.parquet \(from 9001\.0 to 9000\.0\)"),
+])
+def test_a_bad_archive_file_is_named_and_nothing_is_applied(tmp_path, damage, message):
+    import pyarrow.parquet as pq
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+    h = eng.register("SELECT a FROM R WHERE a >= 0")
+    _fill(eng, np.random.default_rng(4), 0, 4, [])
+    eng._journal.archive.flush()
+    columns = {"ts": [9001.0, 9000.0, 9002.0] if damage == "unsorted" else [1.0, 2.0, 3.0],
+               "tuple_id": [1, 2, 3], "a": [1, 2, 3], "b": [0.5] * 3, "t": ["x"] * 3}
+    if damage == "missing":
+        del columns["b"]
+    if damage == "type":
+        columns["a"] = ["1", "2", "3"]
+    folder = tmp_path / "s" / "archive" / "stream=R" / "date=1970-01-02"
+    folder.mkdir()
+    pq.write_table(pa.table(columns), folder / "part-00000000000000000001-00000000000000000003"
+                                                ".parquet")
+    before = eng.invoke(h, now=100.0).rows
+    with pytest.raises(PSoupError, match=message):
+        eng.evaluate_history()
+    assert eng._tiers == {} and eng.invoke(h, now=100.0).rows == before
+    eng.close()

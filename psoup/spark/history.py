@@ -16,6 +16,7 @@ Spark is imported here only, and this runs only when the user asks for history
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -23,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from psoup.archive.parquet import ARROW_TYPES, TS_COLUMN, TUPLE_ID_COLUMN
+from psoup.errors import PSoupError
 from psoup.query.model import StreamSchema
 
 SLOT = "slot"
@@ -66,6 +68,8 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         columns = {name: _numpy(batch.column(name), ctype) for name, ctype in schema.columns}
         columns["ts"] = batch.column(TS_COLUMN).to_numpy()
         columns["tupleID"] = batch.column(TUPLE_ID_COLUMN).to_numpy()
+        if FILE in batch.schema.names:
+            _check_order(columns["ts"], batch.column(FILE).to_numpy(zero_copy_only=False))
         bits = stem.probe(schema.name, columns, batch.num_rows)
         live = np.flatnonzero(bits.any(axis=1))
         if not len(live):
@@ -80,6 +84,17 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         arrays += [batch.column(name).take(take).cast(ARROW_TYPES[ctype])
                    for name, ctype in schema.columns]
         yield pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+def _check_order(ts: np.ndarray, files: np.ndarray) -> None:
+    """A file's rows are in tupleID order, so their ts must not decrease (the archive's
+    invariant); names the first file where it does."""
+    down = np.flatnonzero((np.diff(ts) < 0) & (files[1:] == files[:-1]))
+    if len(down):
+        i = int(down[0])
+        name = str(files[i]).removeprefix("file://")
+        raise ValueError(f"ts decreases within {name} (from {float(ts[i])} to "
+                         f"{float(ts[i + 1])})")
 
 
 def _numpy(column: pa.Array, ctype: str) -> np.ndarray:
@@ -98,11 +113,19 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
 
     folder = Path(root) / f"stream={schema.name}"
     target = out_schema(schema)
-    if not queries or not any(folder.rglob("*.parquet")):
+    files = sorted(folder.rglob("*.parquet"))
+    if not queries or not files:
         return target.empty_table()
-    frame = (spark.read.parquet(str(folder))
-             .select(TS_COLUMN, TUPLE_ID_COLUMN, *[name for name, _ in schema.columns])
-             .where(F.col(TUPLE_ID_COLUMN) < below))
+    for path in files:
+        check_file(path, schema)
+    try:
+        frame = (spark.read.parquet(str(folder))
+                 .select(TS_COLUMN, TUPLE_ID_COLUMN, *[name for name, _ in schema.columns],
+                         F.input_file_name().alias(FILE))
+                 .where(F.col(TUPLE_ID_COLUMN) < below))
+    except Exception as exc:        # a schema that does not merge across the files
+        raise PSoupError(f"history of stream {schema.name}: the archive under {folder} "
+                         f"does not match the stream: {_first_line(exc)}") from None
     queries = list(queries)
 
     def run(batches):
@@ -112,11 +135,50 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
         progress(f"evaluating {len(queries)} queries over the archive of {schema.name}")
     spark_schema = ", ".join(f"`{field.name}` {_SPARK_TYPES[str(field.type)]}"
                              for field in target)
-    matches = frame.mapInArrow(run, spark_schema).toArrow()
+    try:
+        matches = frame.mapInArrow(run, spark_schema).toArrow()
+    except Exception as exc:        # a page that does not decode, ts out of order
+        named = _UNSORTED.search(str(exc))
+        raise PSoupError(f"history of stream {schema.name}: "
+                         + (named.group(1) if named else f"the archive under {folder} cannot "
+                            f"be read: {_first_line(exc)}")) from None
     if matches.num_rows == 0:
         return target.empty_table()
     matches = matches.cast(target)
     return matches.sort_by([(SLOT, "ascending"), (TUPLE_ID_COLUMN, "ascending")])
+
+
+def check_file(path: Path, schema: StreamSchema) -> None:
+    """A part file's footer: readable, with ts, tuple_id and the stream's columns in
+    types that convert to psoup's (PSoupError naming the file otherwise). O(footer)."""
+    import pyarrow.parquet as pq
+    try:
+        found = pq.ParquetFile(path).schema_arrow
+    except Exception as exc:
+        raise PSoupError(f"history of stream {schema.name}: {path} is not a readable "
+                         f"Parquet file ({_first_line(exc)})") from None
+    wanted = [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *schema.columns]
+    for name, ctype in wanted:
+        if name not in found.names:
+            raise PSoupError(f"history of stream {schema.name}: {path} has no column "
+                             f"'{name}' (it has {', '.join(found.names)})")
+        kind = found.field(name).type
+        if not _FITS[ctype](kind):
+            raise PSoupError(f"history of stream {schema.name}: {path}, column '{name}' is "
+                             f"{kind}, not {ctype.upper()}")
+
+
+_FITS = {"int": pa.types.is_integer, "float": lambda t: pa.types.is_floating(t)
+         or pa.types.is_integer(t), "text": lambda t: pa.types.is_string(t)
+         or pa.types.is_large_string(t), "bool": pa.types.is_boolean}
+_UNSORTED = re.compile(r"ValueError: (ts decreases within \S+ \(from [^)]*\))")
+FILE = "_psoup_file"
+
+
+def _first_line(exc: Exception) -> str:
+    """The gist of a Spark error (its message's first meaningful line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:500] if lines else type(exc).__name__
 
 
 _SPARK_TYPES = {"int64": "BIGINT", "double": "DOUBLE", "string": "STRING", "bool": "BOOLEAN"}
