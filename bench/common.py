@@ -217,6 +217,7 @@ def report(name: str, rows: Sequence[dict[str, Any]],
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
         "params": params or {},
+        "columns": [list(column) for column in columns],
         "rows": list(rows),
         "notes": list(notes),
     }

@@ -4,7 +4,8 @@ Each suite is one script (bench/README.md describes them); the paper's figure an
 names are aliases of the script that reproduces them. Scripts run one after another in
 their own Python process (so one suite's memory and threads do not disturb the next),
 with the repository root as the working directory; each prints its tables and writes
-bench/results/<name>.json and .png.
+bench/results/<name>.json and .png. A full (not --quick) run ends with bench/summary.py,
+which writes the latest tables and plots into bench/README.md.
 """
 
 from __future__ import annotations
@@ -82,4 +83,6 @@ def run(suites: Sequence[str], quick: bool, echo: Callable[[str], None]) -> list
         code = subprocess.call([sys.executable, str(path)] + (["--quick"] if quick else []),
                                cwd=folder.parent)
         done.append({"suite": suite, "seconds": time.perf_counter() - began, "ok": code == 0})
+    if not quick and (folder / "summary.py").is_file():      # the README's latest results
+        subprocess.call([sys.executable, str(folder / "summary.py")], cwd=folder.parent)
     return done

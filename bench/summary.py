@@ -1,0 +1,89 @@
+"""Write the latest results into bench/README.md: one table per report in bench/results/
+(the same columns the script printed), its verdicts, and its plot, between the README's
+`<!-- results -->` markers. `psoup bench` runs it after a full run; by hand:
+
+    python bench/summary.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402  (bench/ is put on sys.path just above)
+
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+#: Reports in the order the README shows them, with a title each.
+ORDER = [
+    ("ingest", "Fig. 9: arrival rate vs standing queries"),
+    ("invoke", "Fig. 7a/7b: response time vs window"),
+    ("invoke_table2", "Table 2: response time vs interval factors (W = 2^15)"),
+    ("joins_fig8", "Fig. 8: join response time vs window per stream"),
+    ("joins_fig11", "Fig. 11: composite tuples"),
+    ("joins_sharing", "Sect. 5.4: one join per group of queries (single data, multiple queries)"),
+    ("joins_routing", "Adaptive vs fixed routing"),
+    ("aggregates", "Sect. 6: aggregates vs window"),
+    ("traffic_response", "Sect. 5.5, Fig. 12: traffic trace, response time vs window"),
+    ("traffic_arrival", "Sect. 5.5, Fig. 13: traffic trace, arrival rate vs queries"),
+    ("manyq", "10^4 and 10^5 standing queries vs per-query numpy"),
+    ("server_poll", "The service: polling clients"),
+    ("server_ingest", "The service: ingest through the wire"),
+    ("replay", "Spark replay vs Spark's own read rate"),
+    ("history", "Historical evaluation: one pass vs one Spark job per query"),
+]
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None:
+        return "-"
+    try:
+        return format(value, fmt)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def section(name: str, title: str) -> str | None:
+    path = common.RESULTS_DIR / f"{name}.json"
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    columns = doc.get("columns")
+    if not columns:
+        return None
+    lines = [f"### {title}", "",
+             "| " + " | ".join(header for _, header, _ in columns) + " |",
+             "|" + "---|" * len(columns)]
+    for row in doc["rows"]:
+        lines.append("| " + " | ".join(_cell(row.get(key), fmt) for key, _, fmt in columns)
+                     + " |")
+    lines.append("")
+    lines += [f"- {note}" for note in doc.get("notes", [])]
+    lines += ["", f"![{name}](results/{name}.png)", "",
+              f"<sub>{path.name}, {doc['timestamp']}</sub>", ""]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    info = common.machine_info()
+    return (f"Measured on: {info['platform']}, {info['cpu_count']} cores, Python "
+            f"{info['python']}, numpy {info['numpy']}, DuckDB {info.get('duckdb', '-')}.")
+
+
+def main() -> None:
+    readme = common.BENCH_DIR / "README.md"
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
+    parts = [machine(), ""] + [s for s in (section(n, t) for n, t in ORDER) if s]
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(head + BEGIN + "\n" + "\n".join(parts) + "\n" + END + tail)
+    print(f"wrote the results of {len(parts) - 2} reports into {readme.relative_to(common.ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
