@@ -51,3 +51,27 @@ class CursorExpired(PSoupError):
     restart); invoke without `since` to get the whole answer and a fresh cursor."""
 
     code = "cursor_expired"
+
+
+class ArchiveError(PSoupError):
+    """An archive or an input file that cannot be imported or replayed: unreadable or cut
+    short, a missing or mistyped column, a NULL or NaN, timestamps out of tupleID order.
+    The message names the file (and the column or tupleID) at fault."""
+
+    code = "archive"
+
+
+class ReplayError(PSoupError):
+    """A replay refused before delivering anything (it would not append: see
+    docs/durability.md, "Replay"), or stopped part way because the target rejected
+    a batch or Spark failed.
+
+    Attributes:
+        rows_done: rows delivered before the failure (they stay in the target).
+    """
+
+    code = "replay"
+
+    def __init__(self, message: str, rows_done: int = 0):
+        super().__init__(message)
+        self.rows_done = rows_done

@@ -1,9 +1,10 @@
-"""Shared test settings: hypothesis profiles and small helpers."""
+"""Shared test settings: hypothesis profiles, small helpers, and one Spark session."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -24,3 +25,14 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for the whole test run (it takes seconds to start),
+    shared with psoup.spark's own jobs and stopped at the end."""
+    pytest.importorskip("pyspark")
+    from psoup.spark.session import spark_session, stop_session
+
+    yield spark_session("local[2]")
+    stop_session()

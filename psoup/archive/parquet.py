@@ -42,9 +42,11 @@ ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "text": pa.string(),
 #: The archive's names for the implicit columns (Parquet readers expect snake_case).
 TS_COLUMN, TUPLE_ID_COLUMN = "ts", "tuple_id"
 
-_PART = re.compile(r"part-(\d{20})-(\d{20})\.parquet\Z")
+#: A part file's name: the first and the last tupleID it holds.
+PART_NAME = re.compile(r"part-(\d{20})-(\d{20})\.parquet\Z")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_SECONDS_PER_DAY = 86400.0
+#: A date partition holds one UTC day of a stream.
+SECONDS_PER_DAY = 86400.0
 
 
 class _Buffer:
@@ -106,6 +108,41 @@ class Archive:
         """
         return self._high.get(stream, -1)
 
+    def latest_ts(self, stream: str) -> float | None:
+        """The ts of the last archived (flushed) row of `stream`, None if none. O(rows of
+        its last part file): only that file's ts column is read.
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     arc = Archive(d)
+            ...     arc.add("R", [], {"ts": np.array([5.0, 7.5]), "tupleID": np.array([0, 1])})
+            ...     _ = arc.flush()
+            ...     arc.latest_ts("R")
+            7.5
+        """
+        path = self.last_part(stream)
+        if path is None:
+            return None
+        return float(pq.read_table(path, columns=[TS_COLUMN]).column(0)[-1].as_py())
+
+    def last_part(self, stream: str) -> Path | None:
+        """The part file holding the largest archived tupleID of `stream`, None if none.
+        O(part files of the stream).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     arc = Archive(d)
+            ...     arc.add("R", [], {"ts": np.array([5.0]), "tupleID": np.array([3])})
+            ...     _ = arc.flush()
+            ...     arc.last_part("R").name
+            'part-00000000000000000003-00000000000000000003.parquet'
+        """
+        last = max(((tid, path) for s, _, tid, path in self._part_files(stream)
+                    if s == stream), default=None)
+        return None if last is None else last[1]
+
     @property
     def buffered_rows(self) -> int:
         """Rows added but not flushed yet, over all streams. O(streams).
@@ -165,7 +202,7 @@ class Archive:
             ...     arc.buffered_rows
             2
         """
-        schema = _arrow_schema(stream, columns)
+        schema = arrow_schema(stream, columns)
         tids, ts, values = _checked(stream, columns, data)
         self._schemas[stream] = schema
         buf = self._buffers.get(stream)
@@ -224,7 +261,7 @@ class Archive:
         buf = self._buffers[stream]
         table = pa.concat_tables(buf.parts)
         ts = table.column(TS_COLUMN).to_numpy()
-        days = np.floor_divide(ts, _SECONDS_PER_DAY).astype(np.int64)
+        days = np.floor_divide(ts, SECONDS_PER_DAY).astype(np.int64)
         cuts = [0, *(np.flatnonzero(days[1:] != days[:-1]) + 1).tolist(), len(days)]
         tids = table.column(TUPLE_ID_COLUMN)
         stream_dir = self.root / f"stream={stream}"
@@ -233,9 +270,9 @@ class Archive:
         try:
             for a, b in zip(cuts, cuts[1:]):
                 first, last = tids[a].as_py(), tids[b - 1].as_py()
-                date_dir = stream_dir / f"date={np.datetime64(int(days[a]), 'D')}"
+                path = part_path(self.root, stream, float(ts[a]), first, last)
+                date_dir = path.parent
                 date_dir.mkdir(parents=True, exist_ok=True)
-                path = date_dir / f"part-{first:020d}-{last:020d}.parquet"
                 tmp = path.with_name(path.name + ".tmp")
                 with open(tmp, "wb") as f:
                     pq.write_table(table.slice(a, b - a), f)
@@ -276,7 +313,7 @@ class Archive:
         paths = sorted((first, path) for s, first, _, path in self._part_files(stream)
                        if s == stream)
         if not paths:
-            return self._schemas.get(stream, _arrow_schema(stream, ())).empty_table()
+            return self._schemas.get(stream, arrow_schema(stream, ())).empty_table()
         # promote_options: a stream redeclared with other columns reads with nulls.
         return pa.concat_tables([pq.read_table(path) for _, path in paths],
                                 promote_options="default")
@@ -284,14 +321,44 @@ class Archive:
     def _part_files(self, stream: str = "*") -> Iterator[tuple[str, int, int, Path]]:
         """(stream, first tupleID, last tupleID, path) of every part file."""
         for path in self.root.glob(f"stream={stream}/date=*/part-*.parquet"):
-            m = _PART.match(path.name)
+            m = PART_NAME.match(path.name)
             if m:
                 yield (path.parent.parent.name[len("stream="):], int(m.group(1)),
                        int(m.group(2)), path)
 
 
-def _arrow_schema(stream: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
-    """The Arrow schema of a stream's part files, with the psoup schema as metadata."""
+def part_path(root: str | Path, stream: str, ts: float, first: int, last: int) -> Path:
+    """Where the part file of `stream` holding tupleIDs `first`..`last`, the first of them
+    stamped `ts`, lives under `root` (the module docstring's layout). O(1).
+
+    Example:
+        >>> part_path("arc", "R", 86400.5, 3, 9).as_posix()
+        'arc/stream=R/date=1970-01-02/part-00000000000000000003-00000000000000000009.parquet'
+    """
+    day = np.datetime64(int(np.floor_divide(ts, SECONDS_PER_DAY)), "D")
+    name = f"part-{first:020d}-{last:020d}.parquet"
+    return Path(root) / f"stream={stream}" / f"date={day}" / name
+
+
+def stream_columns(schema: pa.Schema) -> list[tuple[str, str]] | None:
+    """The psoup schema a part file carries in its metadata, None if it has none.
+
+    Example:
+        >>> stream_columns(arrow_schema("R", [("a", "int"), ("s", "text")]))
+        [('a', 'int'), ('s', 'text')]
+    """
+    raw = (schema.metadata or {}).get(b"psoup.columns")
+    if raw is None:
+        return None
+    return [(str(name), str(ctype)) for name, ctype in json.loads(raw)]
+
+
+def arrow_schema(stream: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
+    """The Arrow schema of a stream's part files, with the psoup schema as metadata.
+
+    Raises:
+        SchemaError: a bad stream name, an unknown type, or a column named ts or tuple_id.
+    """
     if not isinstance(stream, str) or not _IDENTIFIER.match(stream):
         raise SchemaError(f"{stream!r} is not a valid stream name (letters, digits, _)")
     fields = [pa.field(TS_COLUMN, pa.float64()), pa.field(TUPLE_ID_COLUMN, pa.int64())]

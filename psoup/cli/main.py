@@ -38,6 +38,8 @@ from psoup.engine import SYNC_MODES
 from psoup.errors import CursorExpired, PSoupError, UnknownHandle
 from psoup.query.timeparse import timestamp_seconds
 from psoup.results.result import Changes, Result
+from psoup.spark import importer as importing
+from psoup.spark import replay as replaying
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -267,8 +269,10 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
                f"({report.rate:,.0f} rows/s)")
 
 
-def _progress(rows: int, seconds: float) -> None:
-    click.echo(f"\r{rows:,} rows  {rows / max(seconds, 1e-9):,.0f} rows/s", nl=False, err=True)
+def _progress(rows: int, seconds: float, total: int | None = None) -> None:
+    of = "" if total is None else f" of {total:,}"
+    click.echo(f"\r{rows:,}{of} rows  {rows / max(seconds, 1e-9):,.0f} rows/s", nl=False,
+               err=True)
 
 
 # ---------------------------------------------------------------------- handles
@@ -445,6 +449,120 @@ def stats(settings: Settings, fmt: str) -> None:
         click.echo(to_json(numbers))
     else:
         click.echo(render_stats(numbers, _names_on(settings.server)))
+
+
+# ---------------------------------------------------------------------- archive and replay
+
+@main.group()
+def archive() -> None:
+    """Build archives (Parquet by stream and UTC day) for `psoup replay`."""
+
+
+@archive.command("import", short_help="Write files of tuples as a stream of an archive.")
+@click.argument("files", metavar="FILE...", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--stream", "stream_name", required=True, metavar="NAME",
+              help="The stream the rows belong to.")
+@click.option("--columns", required=True,
+              help='The stream\'s columns, e.g. "lane INT, speed FLOAT, road TEXT".')
+@click.option("--ts-column", default="ts", show_default=True,
+              help="The column holding each row's timestamp: seconds since the epoch or "
+                   "ISO 8601 (UTC unless it carries an offset).")
+@click.option("--format", "fmt", type=click.Choice(importing.FORMATS), default=None,
+              help="The input format (json: one object per line); by default guessed "
+                   "from each file's name.")
+@click.option("--into", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The archive directory; created if missing.")
+@click.option("--master", default=None, metavar="URL",
+              help="The Spark master (default local[*]).")
+def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_column: str,
+                   fmt: str | None, into: Path, master: str | None) -> None:
+    """Sort the rows of FILE... by timestamp and write them into the archive as stream
+    NAME, with tupleIDs after the ones the archive already holds (a Spark job).
+
+    Every file is checked first: each declared column present and of a type that fits,
+    no missing values, no NaN, a timestamp on every row. An error names the file and the
+    column, and then nothing is written. The rows may be in any order, but may not begin
+    before the archive's latest timestamp for NAME.
+    """
+    declared = importing.parse_columns(stream_name, columns)
+    report = importing.import_files(files, stream_name, declared, into, ts_column=ts_column,
+                                    fmt=fmt, master=master)
+    ids = "" if not report.rows else f", tupleIDs {report.first_tid}..{report.last_tid}"
+    click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} of {stream_name} "
+               f"into {into} ({len(report.files)} file{'' if len(report.files) == 1 else 's'}"
+               f"{ids}; {report.rate:,.0f} rows/s)")
+
+
+@main.command(short_help="Replay archived tuples into the streams, in timestamp order.")
+@click.argument("archives", metavar="ARCHIVE...", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--from", "start", type=Instant(), default=None,
+              help="Replay the rows with ts at or after this time (seconds or ISO 8601).")
+@click.option("--to", "end", type=Instant(), default=None,
+              help="Replay the rows with ts at or before this time.")
+@click.option("--streams", default=None, metavar="NAME,...",
+              help="Replay only these streams (default: every stream in the archives).")
+@click.option("--master", default=None, metavar="URL",
+              help="The Spark master (default local[*]).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Replay into an embedded engine on this state directory (one no server "
+                   "has open) instead of a server.")
+@click.option("--server", "server_option", metavar="HOST:PORT", default=None,
+              callback=lambda ctx, param, value: value and _address(ctx, param, value),
+              help="The server to replay into (default: psoup --server, PSOUP_SERVER, "
+                   f"or {DEFAULT_HOST}:{DEFAULT_PORT}).")
+@click.option("--token", "token_option", default=None,
+              help="The server's access token (default: psoup --token, PSOUP_TOKEN, or "
+                   "the token file a server on this machine writes).")
+@click.option("--slice-rows", type=click.IntRange(1_000), default=replaying.SLICE_ROWS,
+              show_default=True, help="About the most rows held in memory at once.")
+@click.pass_obj
+def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
+           end: float | None, streams: str | None, master: str | None, data_dir: Path | None,
+           server_option: str | None, token_option: str | None, slice_rows: int) -> None:
+    """Replay the archived rows of ARCHIVE... into the streams of a server (or of the
+    engine in --data-dir), in timestamp order, through every standing query as if they
+    arrived live (a Spark job reads the archive).
+
+    \b
+    Replay only appends. A stream that holds data up to ts L takes rows with
+    ts >= L (equal is allowed). If --from (or, without it, the archive's first
+    row) lies before L, nothing is replayed and the error names L: pass it as
+    --from. Older rows are for `psoup history`.
+
+    The archive is checked before anything is delivered (schemas against the target's
+    streams, readable files, no NULL or NaN, ts non-decreasing in tupleID order); an
+    error names the file. Rows get fresh tupleIDs; a stream the target lacks is created
+    with the archive's columns. Shows progress on a terminal.
+    """
+    if data_dir is not None and server_option is not None:
+        raise click.UsageError("pass --data-dir or --server, not both")
+    if start is not None and end is not None and start > end:
+        raise click.BadParameter(f"--from {start!r} is after --to {end!r}",
+                                 param_hint="--from")
+    names = None if streams is None else [n.strip() for n in streams.split(",") if n.strip()]
+    progress = None
+    if sys.stderr.isatty():
+        def progress(done: int, total: int, seconds: float) -> None:
+            _progress(done, seconds, total)
+    run = dict(streams=names, start=start, end=end, master=master, slice_rows=slice_rows,
+               progress=progress)
+    if data_dir is not None:
+        from psoup.engine import Engine
+
+        with Engine(path=data_dir) as engine:
+            report = replaying.replay(archives, engine, **run)
+        where = str(data_dir)
+    else:
+        where = server_option or settings.server
+        with _connected(where, token_option or settings.token) as client:
+            report = replaying.replay(archives, client, **run)
+    if progress is not None:
+        click.echo("\r\033[K", nl=False, err=True)
+    into = ", ".join(f"{name} {rows:,}" for name, rows in report.streams.items()) or "none"
+    click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} replayed into {where} "
+               f"({into}; {report.rate:,.0f} rows/s)")
 
 
 # ---------------------------------------------------------------------- helpers

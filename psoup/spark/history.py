@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from psoup.archive.parquet import ARROW_TYPES, TS_COLUMN, TUPLE_ID_COLUMN
 from psoup.errors import PSoupError
+from psoup.spark.session import spark_error
 from psoup.query.model import StreamSchema
 
 SLOT = "slot"
@@ -125,7 +126,7 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
                  .where(F.col(TUPLE_ID_COLUMN) < below))
     except Exception as exc:        # a schema that does not merge across the files
         raise PSoupError(f"history of stream {schema.name}: the archive under {folder} "
-                         f"does not match the stream: {_first_line(exc)}") from None
+                         f"does not match the stream: {spark_error(exc)}") from None
     queries = list(queries)
 
     def run(batches):
@@ -141,7 +142,7 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
         named = _UNSORTED.search(str(exc))
         raise PSoupError(f"history of stream {schema.name}: "
                          + (named.group(1) if named else f"the archive under {folder} cannot "
-                            f"be read: {_first_line(exc)}")) from None
+                            f"be read: {spark_error(exc)}")) from None
     if matches.num_rows == 0:
         return target.empty_table()
     matches = matches.cast(target)
@@ -156,7 +157,7 @@ def check_file(path: Path, schema: StreamSchema) -> None:
         found = pq.ParquetFile(path).schema_arrow
     except Exception as exc:
         raise PSoupError(f"history of stream {schema.name}: {path} is not a readable "
-                         f"Parquet file ({_first_line(exc)})") from None
+                         f"Parquet file ({spark_error(exc)})") from None
     wanted = [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *schema.columns]
     for name, ctype in wanted:
         if name not in found.names:
@@ -173,12 +174,6 @@ _FITS = {"int": pa.types.is_integer, "float": lambda t: pa.types.is_floating(t)
          or pa.types.is_large_string(t), "bool": pa.types.is_boolean}
 _UNSORTED = re.compile(r"ValueError: (ts decreases within \S+ \(from [^)]*\))")
 FILE = "_psoup_file"
-
-
-def _first_line(exc: Exception) -> str:
-    """The gist of a Spark error (its message's first meaningful line)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0][:500] if lines else type(exc).__name__
 
 
 _SPARK_TYPES = {"int64": "BIGINT", "double": "DOUBLE", "string": "STRING", "bool": "BOOLEAN"}

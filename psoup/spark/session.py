@@ -9,13 +9,36 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 from psoup.errors import PSoupError
 
 _lock = threading.Lock()
 _session: Any = None
+
+# The driver JVM logs errors only: a command's stderr is for psoup's own messages.
+# Naming PythonGatewayServer's logger also keeps Spark from announcing its shell log
+# level ("Setting default log level to WARN"), as it does for pyspark by default. A
+# failed task is not logged at all (with local masters the executors run in the driver):
+# the job's error reaches psoup, which reports it in one line naming the file.
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = off
+logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasks.level = off
+"""
 
 
 def spark_session(master: str | None = None) -> Any:
@@ -42,8 +65,51 @@ def spark_session(master: str | None = None) -> Any:
                         .config("spark.ui.showConsoleProgress", "false")
                         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                         .config("spark.sql.session.timeZone", "UTC")
+                        .config("spark.driver.extraJavaOptions",
+                                f"-Dlog4j2.configurationFile={_log_config()}")
                         .getOrCreate())
         except Exception as exc:     # Java missing, bad master URL, ...
             raise PSoupError(f"Spark did not start ({master or 'local[*]'}): {exc}") from exc
         _session.sparkContext.setLogLevel("ERROR")
         return _session
+
+
+def _log_config() -> Path:
+    """The log4j2 configuration above, as a file the driver JVM can read (one per user,
+    rewritten atomically when it differs)."""
+    path = Path(tempfile.gettempdir()) / f"psoup-log4j2-{os.getuid()}.properties"
+    if not path.is_file() or path.read_text() != _LOG4J2:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(_LOG4J2)
+        os.replace(tmp, path)
+    return path
+
+
+def stop_session() -> None:
+    """Stop the process's SparkSession, if one runs; the next `spark_session` starts a
+    new one. For tests and for programs that are done with Spark."""
+    global _session
+    with _lock:
+        if _session is not None:
+            _session.stop()
+            _session = None
+
+
+def spark_error(exc: BaseException) -> str:
+    """The gist of a Spark failure in one line: py4j's "An error occurred while calling
+    o37.json" wrapper and the Java exception class dropped.
+
+    Example:
+        >>> spark_error(RuntimeError("An error occurred while calling o37.json.\\n"
+        ...     ": org.apache.spark.SparkException: [MALFORMED] Malformed records\\n\\tat x"))
+        '[MALFORMED] Malformed records'
+    """
+    for line in str(exc).splitlines():
+        line = line.strip().lstrip(":").strip()
+        if not line or line.startswith("An error occurred while calling"):
+            continue
+        head, sep, rest = line.partition(": ")
+        if sep and " " not in head and "." in head:      # a Java class name
+            return rest
+        return line
+    return type(exc).__name__

@@ -1,0 +1,440 @@
+"""Import and replay (issue 6, part A): files become an archive through Spark, and an
+archive goes back through Spark into live engines, in timestamp order, with the answers
+the same tuples give when they arrive live (docs/durability.md, "Import and replay")."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import psoup
+from psoup.archive.parquet import Archive, part_path
+from psoup.cli.main import main
+from psoup.errors import ArchiveError, ReplayError
+from psoup.server import Server
+from psoup.spark import importer
+from psoup.spark.importer import import_files, parse_columns
+from psoup.spark.replay import plan_replay, replay
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")   # pyspark on pandas 3
+
+T0 = 1_767_225_600.0          # 2026-01-01T00:00:00Z
+R_COLUMNS = [("a", "int"), ("b", "int"), ("x", "float"), ("name", "text")]
+S_COLUMNS = [("b", "int"), ("c", "int"), ("ok", "bool")]
+QUERIES = [
+    "SELECT a, name FROM R WHERE a > 3 AND x < 50.0",
+    "SELECT * FROM R WHERE b = 2 BEGIN NOW - 600 END NOW",
+    "SELECT c, ok FROM S WHERE ok = TRUE AND c <= 5",
+    "SELECT R.a, S.c FROM R, S WHERE R.b = S.b AND R.a < 3 BEGIN NOW - 300 END NOW",
+    "SELECT b, COUNT(*) FROM R WHERE a >= 5 GROUP BY b",
+    "SELECT name FROM R WHERE x BETWEEN 20.0 AND 30.0 BEGIN (NOW - 50 ROWS) END NOW",
+]
+
+
+def arrivals(n: int, seed: int = 1, t0: float = T0 - 3600) -> list[tuple[str, tuple, float]]:
+    """n tuples of R and S in arrival order: ts never decreases over both (ties
+    included), and the trace crosses midnight, so each stream spans two date partitions."""
+    gen = np.random.default_rng(seed)
+    ts = t0 + np.cumsum(gen.choice([0.0, 0.5, 9.0], n))
+    out = []
+    for i in range(n):
+        if gen.random() < 0.6:
+            row = (int(gen.integers(0, 8)), int(gen.integers(0, 4)),
+                   round(float(gen.uniform(0, 100)), 2), f"n{i % 13}")
+            out.append(("R", row, float(ts[i])))
+        else:
+            out.append(("S", (int(gen.integers(0, 4)), int(gen.integers(0, 10)),
+                              bool(gen.random() < 0.5)), float(ts[i])))
+    return out
+
+
+def write_archive(root: Path, events, flush_rows: int = 300, first_tid: int = 0) -> Path:
+    """events as an engine would archive them: global tupleIDs in arrival order, files of
+    at most `flush_rows` rows per stream and day."""
+    arc = Archive(root, flush_rows=flush_rows)
+    for stream, columns in (("R", R_COLUMNS), ("S", S_COLUMNS)):
+        mine = [(first_tid + i, row, ts) for i, (s, row, ts) in enumerate(events) if s == stream]
+        if not mine:
+            continue
+        data = {"tupleID": np.array([m[0] for m in mine]), "ts": np.array([m[2] for m in mine])}
+        for j, (name, _) in enumerate(columns):
+            data[name] = [m[1][j] for m in mine]
+        arc.add(stream, columns, data)
+    arc.flush()
+    return root
+
+
+def new_engine(mode: str = "partial", **kwargs) -> tuple[psoup.Engine, list[str]]:
+    eng = psoup.Engine(mode=mode, clock=lambda: T0 + 10_000, **kwargs)
+    for name, columns in (("R", R_COLUMNS), ("S", S_COLUMNS)):
+        eng.create_stream(name, columns)
+    return eng, [eng.register(sql) for sql in QUERIES]
+
+
+def feed(target, events) -> None:
+    """Insert events live, one insert per run of one stream."""
+    start = 0
+    for i in range(1, len(events) + 1):
+        if i == len(events) or events[i][0] != events[start][0]:
+            run = events[start:i]
+            target.insert(run[0][0], [row for _, row, _ in run], ts=[ts for _, _, ts in run])
+            start = i
+
+
+def answers(target, handles, nows) -> list:
+    out = []
+    for h in handles:
+        for now in nows:
+            res = target.invoke(h, now=now)
+            out.append((res.columns, res.rows, res.ts.tolist(), res.tuple_ids.tolist()))
+    return out
+
+
+def row_counts(target) -> dict[str, int]:
+    return {name: s["rows_total"] for name, s in target.stats()["streams"].items()}
+
+
+# ---------------------------------------------------------------------- replay
+
+@pytest.mark.parametrize("mode", psoup.MODES)
+def test_replay_answers_exactly_like_live_arrival(spark, tmp_path, mode):
+    events = arrivals(1500)
+    archive = write_archive(tmp_path / "arc", events)
+    live, live_handles = new_engine(mode)
+    feed(live, events)
+    replayed, handles = new_engine(mode)
+    report = replay([archive], replayed, slice_rows=400, batch_rows=128)
+    assert report.rows == len(events)
+    assert report.streams == {"R": sum(e[0] == "R" for e in events),
+                              "S": sum(e[0] == "S" for e in events)}
+    nows = [events[700][2], events[-1][2], events[-1][2] + 200]
+    want = answers(live, live_handles, nows)
+    assert answers(replayed, handles, nows) == want
+    assert sum(len(rows) for _, rows, _, _ in want) > 500
+    assert row_counts(replayed) == row_counts(live)
+
+
+def test_replay_keeps_both_bounds_of_the_range_inclusive(spark, tmp_path):
+    stamps = [T0 + t for t in (1, 2, 2, 3, 3, 3, 4, 4, 5)]
+    events = [("R", (i, 0, 1.0, "n"), ts) for i, ts in enumerate(stamps)]
+    archive = write_archive(tmp_path / "arc", events)
+    eng, _ = new_engine()
+    h = eng.register("SELECT a FROM R")
+    replay([archive], eng, start=T0 + 2, end=T0 + 4)
+    got = eng.invoke(h, now=T0 + 9)
+    assert got.ts.tolist() == [T0 + t for t in (2, 2, 3, 3, 3, 4, 4)]
+    assert [r[0] for r in got.rows] == [1, 2, 3, 4, 5, 6, 7]
+    assert row_counts(eng) == {"R": 7, "S": 0}
+
+
+def test_replay_into_a_running_server_answers_like_live(spark, tmp_path):
+    events = arrivals(600, seed=4)
+    archive = write_archive(tmp_path / "arc", events)
+    live, live_handles = new_engine()
+    feed(live, events)
+    engine, handles = new_engine()
+    server = Server(engine, port=0, token="t")
+    host, port = server.start_in_thread()
+    try:
+        with psoup.Client(f"{host}:{port}", token="t") as client:
+            report = replay([archive], client, streams=["R", "S"])
+            assert report.rows == len(events)
+            nows = [events[-1][2]]
+            assert answers(client, handles, nows) == answers(live, live_handles, nows)
+    finally:
+        server.stop()
+
+
+def test_replay_may_start_at_the_latest_ts_and_creates_missing_streams(spark, tmp_path):
+    events = [("R", (i, i % 3, 2.5, "n"), T0 + i // 2) for i in range(10)]
+    archive = write_archive(tmp_path / "arc", events)
+    eng = psoup.Engine()
+    eng.create_stream("R", R_COLUMNS)
+    eng.insert("R", [(99, 0, 1.0, "live")], ts=T0 + 3)
+    report = replay([archive], eng, start=T0 + 3)      # rows at exactly the latest ts too
+    assert report.rows == 4
+    assert eng.stats()["streams"]["R"]["latest_ts"] == T0 + 4
+
+    fresh = psoup.Engine()
+    replay([archive], fresh, streams=["R"], end=T0)
+    assert fresh.stats()["streams"]["R"]["columns"] == dict(R_COLUMNS)
+    assert row_counts(fresh) == {"R": 2}
+
+
+def test_several_archives_replay_as_one(spark, tmp_path):
+    events = arrivals(400, seed=6)
+    first = write_archive(tmp_path / "one", events[:250])
+    second = write_archive(tmp_path / "two", events[250:], first_tid=250)
+    whole, handles = new_engine()
+    replay([second, first], whole, slice_rows=100)
+    live, live_handles = new_engine()
+    feed(live, events)
+    nows = [events[-1][2]]
+    assert answers(whole, handles, nows) == answers(live, live_handles, nows)
+
+
+# ---------------------------------------------------------------------- the ordering rule
+
+@pytest.mark.parametrize("start", [None, T0 + 2.5])
+def test_replay_that_would_not_append_is_refused_before_anything(tmp_path, start):
+    events = [("R", (i, 0, 1.0, "n"), T0 + i) for i in range(10)]
+    archive = write_archive(tmp_path / "arc", events)
+    eng = psoup.Engine()
+    eng.create_stream("R", R_COLUMNS)
+    eng.insert("R", [(1, 0, 1.0, "live")], ts=T0 + 5.5)
+    with pytest.raises(ReplayError) as err:
+        replay([archive], eng, start=start)
+    message = str(err.value)
+    assert "stream 'R' holds data up to ts 1767225605.5" in message
+    assert "--from 1767225605.5" in message
+    assert row_counts(eng) == {"R": 1}
+
+
+# ---------------------------------------------------------------------- bad archives
+
+def _part(root: Path, stream: str, table: pa.Table, first: int, last: int) -> Path:
+    path = part_path(root, stream, float(table.column("ts")[0].as_py()), first, last)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def _r_table(ts, tids, **override) -> pa.Table:
+    n = len(ts)
+    cols = {"ts": pa.array(ts, pa.float64()), "tuple_id": pa.array(tids, pa.int64()),
+            "a": pa.array(range(n), pa.int64()), "b": pa.array([1] * n, pa.int64()),
+            "x": pa.array([0.5] * n, pa.float64()), "name": pa.array(["n"] * n, pa.string())}
+    cols.update(override)
+    return pa.table({k: v for k, v in cols.items() if v is not None})
+
+
+@pytest.mark.parametrize("damage, complaint", [
+    (lambda root: _part(root, "R", _r_table([T0, T0 + 1], [5, 6], x=None), 5, 6),
+     "no column 'x' (stream 'R' has a INT, b INT, x FLOAT, name TEXT)"),
+    (lambda root: _part(root, "R", _r_table([T0, T0 + 1], [5, 6],
+                                            a=pa.array([1.0, 2.0])), 5, 6),
+     "column 'a' holds double, but stream 'R' declares it INT"),
+    (lambda root: _part(root, "R", _r_table([T0, T0 + 1], [5, 6],
+                                            extra=pa.array([1, 2])), 5, 6),
+     "column 'extra' is not a column of stream 'R'"),
+    (lambda root: _part(root, "R", _r_table([T0 + 1, T0], [5, 6]), 5, 6),
+     "ts 1767225600.0 at tuple_id 6 is older than ts 1767225601.0 at tuple_id 5"),
+    (lambda root: _part(root, "R", _r_table([T0 - 5, T0 - 4], [900, 901]), 900, 901),
+     "is older than ts"),
+    (lambda root: _part(root, "R", _r_table([T0, T0 + 1], [5, 6],
+                                            x=pa.array([1.0, float("nan")])), 5, 6),
+     "column 'x' is NaN at tuple_id 6"),
+    (lambda root: _part(root, "R", _r_table([T0, T0 + 1], [5, 6],
+                                            name=pa.array(["n", None])), 5, 6),
+     "column 'name' is NULL at tuple_id 6"),
+    (lambda root: _part(root, "R", _r_table([T0, T0 + 1], [5, 6]), 5, 5),
+     "holds tuple_id 6, outside the range 5..5 its name gives"),
+])
+def test_bad_archive_is_reported_by_file_and_nothing_is_delivered(tmp_path, damage,
+                                                                   complaint):
+    events = [("R", (i, 0, 1.0, "n"), T0 + 10 + i) for i in range(5)]
+    archive = write_archive(tmp_path / "arc", events, first_tid=100)
+    bad = damage(archive)
+    eng, _ = new_engine()
+    with pytest.raises(ArchiveError) as err:
+        replay([archive], eng)
+    assert str(err.value).startswith(f"{bad}: ")
+    assert complaint in str(err.value)
+    assert row_counts(eng) == {"R": 0, "S": 0}
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[:-40]
+
+
+def _scribble(data: bytes) -> bytes:
+    middle = len(data) // 3
+    return data[:middle] + bytes(range(7, 247)) + data[middle + 240:]
+
+
+@pytest.mark.parametrize("damage", [_truncate, _scribble])
+def test_damaged_parquet_file_is_reported_by_name(tmp_path, damage):
+    archive = write_archive(tmp_path / "arc", arrivals(2000), flush_rows=500)
+    victim = sorted(archive.rglob("*.parquet"))[1]
+    victim.write_bytes(damage(victim.read_bytes()))
+    eng, _ = new_engine()
+    with pytest.raises(ArchiveError, match=f"^{re.escape(str(victim))}: "):
+        replay([archive], eng)
+    assert row_counts(eng) == {"R": 0, "S": 0}
+
+
+def test_overlapping_tuple_ids_across_archives_are_refused(tmp_path):
+    events = arrivals(50)
+    one = write_archive(tmp_path / "one", events)
+    two = write_archive(tmp_path / "two", events)
+    with pytest.raises(ArchiveError, match="overlap"):
+        plan_replay([one, two], {})
+
+
+def test_unknown_stream_is_named(tmp_path):
+    archive = write_archive(tmp_path / "arc", arrivals(20))
+    with pytest.raises(ArchiveError, match="no stream 'Q' in .* \\(streams there: R, S\\)"):
+        plan_replay([archive], {}, streams=["Q"])
+
+
+def test_slices_hold_about_slice_rows_and_never_split_a_timestamp(tmp_path):
+    events = arrivals(3000, seed=9)
+    archive = write_archive(tmp_path / "arc", events)
+    plan = plan_replay([archive], {}, slice_rows=500)
+    stamps = np.array([ts for _, _, ts in events])
+    sizes = [int(((stamps >= lo) & ((stamps <= hi) if closed else (stamps < hi))).sum())
+             for lo, hi, closed in plan.slices]
+    assert sum(sizes) == len(events) == plan.rows
+    assert max(sizes) <= 500 + 2 * 500 // 16 + 2      # sampling slack per stream, ties
+    assert len(plan.slices) >= 6
+
+
+# ---------------------------------------------------------------------- import
+
+def _traffic_rows(n: int, start: int = 0, t0: float = T0) -> list[dict]:
+    """Readings in no particular ts order, with ties, spanning two days."""
+    return [{"lane": i % 5, "speed": round(10 + (i * 7.3) % 80, 1), "road": f"r{i % 7}",
+             "ts": t0 - 500 + ((i * 37) % 1000)} for i in range(start, start + n)]
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    if path.suffix == ".csv":
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+TRAFFIC = "lane INT, speed FLOAT, road TEXT"
+
+
+@pytest.mark.parametrize("file_rows", [1 << 20, 97])     # 97: many sorted partitions
+def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
+        spark, tmp_path, monkeypatch, file_rows):
+    monkeypatch.setattr(importer, "_FILE_ROWS", file_rows)
+    root = tmp_path / "arc"
+    old = Archive(root)
+    old.add("traffic", parse_columns("traffic", TRAFFIC),
+            {"ts": np.array([T0 - 900.0, T0 - 800.0]), "tupleID": np.array([40, 41]),
+             "lane": np.array([1, 2]), "speed": np.array([5.0, 6.0]), "road": ["a", "b"]})
+    old.flush()
+    parts = [_traffic_rows(300), _traffic_rows(200, 300), _traffic_rows(100, 500)]
+    files = [_write(tmp_path / "a.csv", parts[0]), _write(tmp_path / "b.jsonl", parts[1]),
+             _write(tmp_path / "c.parquet", parts[2])]
+    report = import_files(files, "traffic", parse_columns("traffic", TRAFFIC), root)
+    assert (report.rows, report.first_tid, report.last_tid) == (600, 42, 641)
+
+    rows = [r for part in parts for r in part]
+    order = sorted(range(len(rows)), key=lambda i: (rows[i]["ts"], i))   # stable: input order
+    got = Archive(root).read("traffic").to_pylist()
+    assert [r["tuple_id"] for r in got] == [40, 41, *range(42, 642)]
+    assert got[2:] == [{"ts": rows[i]["ts"], "tuple_id": 42 + k, "lane": rows[i]["lane"],
+                        "speed": rows[i]["speed"], "road": rows[i]["road"]}
+                       for k, i in enumerate(order)]
+    assert {p.parent.name for p in report.files} == {"date=2025-12-31", "date=2026-01-01"}
+    if file_rows > report.rows:
+        assert len(report.files) == 2                   # one per day
+    else:
+        assert len(report.files) > 2                    # one per day of each partition
+    seen = duckdb.sql(f"SELECT count(*), min(tuple_id), max(tuple_id), count(DISTINCT date) "
+                      f"FROM read_parquet('{root}/*/*/*.parquet', hive_partitioning=true) "
+                      f"WHERE stream = 'traffic'").fetchall()
+    assert seen == [(602, 40, 641, 2)]
+    plan_replay([root], {})                 # and replay's checks accept it
+
+
+@pytest.mark.parametrize("name, text, complaint", [
+    ("no_speed.csv", "lane,road,ts\n1,x,5\n", "no column 'speed' (its columns: lane, road, ts)"),
+    ("bad_int.csv", "lane,speed,road,ts\n1,2.5,x,5\n2.5,3,y,6\n",
+     "column 'lane' holds '2.5', which is not INT (1 row like it)"),
+    ("nan.csv", "lane,speed,road,ts\n1,NaN,x,5\n", "column 'speed' holds NaN"),
+    ("missing.jsonl", '{"lane": 1, "speed": 2.0, "road": "x", "ts": 5}\n'
+                      '{"lane": 1, "road": "x", "ts": 6}\n',
+     "column 'speed' has a missing value (psoup has no NULLs)"),
+    ("typed.jsonl", '{"lane": 1, "speed": 2.0, "road": 7, "ts": 5}\n',
+     "column 'road' holds bigint, which does not cast to TEXT"),
+    ("bad_ts.csv", "lane,speed,road,ts\n1,2,x,yesterday\n",
+     "timestamp column 'ts' holds 'yesterday'"),
+    ("broken.jsonl", '{"lane": 1, "speed": 2.0, "road": "x", "ts": 5}\n{"lane": 1,\n',
+     "Spark cannot read it as json ([MALFORMED_RECORD_IN_PARSING"),
+])
+def test_import_error_names_file_and_column_and_writes_nothing(spark, tmp_path, name, text,
+                                                                complaint):
+    path = tmp_path / name
+    path.write_text(text)
+    root = tmp_path / "arc"
+    with pytest.raises(ArchiveError) as err:
+        import_files([path], "traffic", parse_columns("traffic", TRAFFIC), root)
+    assert str(err.value).startswith(f"{path}: ")
+    assert complaint in str(err.value)
+    assert not list(root.rglob("*.parquet"))
+
+
+def test_import_older_than_the_archive_is_refused(spark, tmp_path):
+    root = tmp_path / "arc"
+    columns = parse_columns("traffic", TRAFFIC)
+    import_files([_write(tmp_path / "new.csv", _traffic_rows(20, t0=T0 + 5000))], "traffic",
+                 columns, root)
+    before = sorted(root.rglob("*.parquet"))
+    with pytest.raises(ArchiveError, match="grows forward in time"):
+        import_files([_write(tmp_path / "old.csv", _traffic_rows(20))], "traffic", columns, root)
+    with pytest.raises(ArchiveError, match="holds stream 'traffic' with columns lane INT"):
+        import_files([tmp_path / "new.csv"], "traffic", parse_columns("traffic", "lane INT"),
+                     root)
+    assert sorted(root.rglob("*.parquet")) == before
+
+
+# ---------------------------------------------------------------------- the command line
+
+def test_cli_imports_then_replays_into_a_data_dir(spark, tmp_path):
+    runner = CliRunner()
+    data = _write(tmp_path / "readings.csv", _traffic_rows(120))
+    archive = tmp_path / "arc"
+    done = runner.invoke(main, ["archive", "import", str(data), "--stream", "traffic",
+                                "--columns", TRAFFIC, "--into", str(archive)])
+    assert done.exit_code == 0, (done.output, done.exception)
+    assert done.stdout.startswith(f"120 rows of traffic into {archive} (2 files, tupleIDs 0..119")
+
+    state = tmp_path / "state"
+    with psoup.Engine(path=state) as eng:
+        eng.execute(f"CREATE STREAM traffic ({TRAFFIC})")
+        eng.insert("traffic", [(9, 9.0, "live")], ts=T0 + 100)
+        h = eng.register("SELECT road FROM traffic WHERE lane = 3")
+    refused = runner.invoke(main, ["replay", str(archive), "--data-dir", str(state)])
+    assert refused.exit_code == 1
+    assert "--from 1767225700.0" in refused.stderr
+
+    done = runner.invoke(main, ["replay", str(archive), "--data-dir", str(state),
+                                "--from", "1767225700.0", "--to", "2026-01-01T00:08:00"])
+    assert done.exit_code == 0, (done.output, done.exception)
+    want = [r for r in _traffic_rows(120) if T0 + 100 <= r["ts"] <= T0 + 480]
+    assert done.stdout.startswith(f"{len(want)} rows replayed into {state} (traffic "
+                                  f"{len(want)};")
+    with psoup.Engine(path=state) as eng:       # durable: the log holds the replay
+        got = eng.invoke(h, now=T0 + 500)
+        assert len(got) == sum(r["lane"] == 3 for r in want)
+        assert eng.stats()["streams"]["traffic"]["rows_total"] == 1 + len(want)
+
+
+@pytest.mark.parametrize("args, complaint", [
+    (["--data-dir", "state", "--server", "127.0.0.1:9"], "pass --data-dir or --server, not both"),
+    (["--from", "10", "--to", "5"], "--from 10.0 is after --to 5.0"),
+])
+def test_cli_replay_usage_errors(tmp_path, args, complaint):
+    done = CliRunner().invoke(main, ["replay", str(tmp_path), *args])
+    assert done.exit_code == 2
+    assert complaint in done.stderr
