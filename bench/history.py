@@ -36,7 +36,7 @@ DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT)"
 def _settings(quick: bool) -> dict:
     if quick:
         return {"rows": 200_000, "queries": 64, "sample": 4, "file_rows": 100_000}
-    return {"rows": 10_000_000, "queries": 1024, "sample": 24, "file_rows": 1_000_000}
+    return {"rows": 10_000_000, "queries": 1024, "sample": 12, "file_rows": 1_000_000}
 
 
 def write_archive(root: Path, n: int, file_rows: int) -> None:

@@ -36,8 +36,8 @@ def _settings(quick: bool) -> dict:
     if quick:
         return {"counts": [16, 64], "batch": 2_000, "pool": 4, "min_time": 0.05,
                 "cap_shared": 0.2, "cap_unshared": 0.2}
-    return {"counts": [128, 256, 512, 1024, 2048, 4096], "batch": 10_000, "pool": 32,
-            "min_time": 1.0, "cap_shared": 2.0, "cap_unshared": 2.0}
+    return {"counts": [128, 512, 1024, 4096], "batch": 10_000, "pool": 32,
+            "min_time": 0.6, "cap_shared": 1.2, "cap_unshared": 1.2}
 
 
 class _Feeder:

@@ -40,7 +40,7 @@ def _settings(quick: bool) -> dict:
         return {"windows": [1 << 6, 1 << 8], "extra": 64, "queries": 8, "repeat": 2,
                 "batch": 100, "table2_window": 1 << 7}
     return {"windows": [1 << 7, 1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 15, 1 << 16],
-            "extra": 1 << 13, "queries": 64, "repeat": 10, "batch": 10_000,
+            "extra": 1 << 13, "queries": 64, "repeat": 5, "batch": 10_000,
             "table2_window": TABLE2_WINDOW}
 
 

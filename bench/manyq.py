@@ -32,7 +32,7 @@ OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 def _settings(quick: bool) -> dict:
     if quick:
         return {"counts": [1_000, 4_000], "batch": 1_000, "min_time": 0.1, "cap": 0.5}
-    return {"counts": [10_000, 100_000], "batch": 4_000, "min_time": 2.0, "cap": 6.0}
+    return {"counts": [10_000, 100_000], "batch": 4_000, "min_time": 1.0, "cap": 3.0}
 
 
 def workload(gen: np.random.Generator, n: int) -> list[list[tuple[str, str, int]]]:

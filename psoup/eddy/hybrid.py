@@ -161,9 +161,10 @@ def separate_probe(query: Query, stems: Sequence[DataSteM], outer: int,
             y = stem.take(col, mask_positions)
             x = np.full(len(y), outer_values[other_col][i])
             keep &= compare_shifted(rel, y, x, shift)
-        for q in mask_positions[keep].tolist():
-            out.append((p, q) if outer < inner else (q, p))
-    return np.array(out, dtype=np.int64).reshape(-1, 2)
+        matched = mask_positions[keep]
+        mine = np.full(len(matched), p, dtype=np.int64)
+        out.append(np.column_stack((mine, matched) if outer < inner else (matched, mine)))
+    return np.concatenate(out) if out else np.empty((0, 2), dtype=np.int64)
 
 
 def _driver(links: list[tuple]) -> int | None:
