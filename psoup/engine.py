@@ -14,6 +14,7 @@ replays the log, so streams, retained tuples, handles and results all come back.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import time
@@ -592,7 +593,7 @@ class Engine:
             value = float(now)
         except (TypeError, ValueError):
             raise QueryError(f"now must be a number of seconds, got {now!r}") from None
-        if not np.isfinite(value):
+        if not math.isfinite(value):
             raise QueryError(f"now must be finite, got {now!r}")
         return value
 

@@ -33,6 +33,7 @@ class FairLock:
         self._depth = 0
         self._next_ticket = 0
         self._serving = 0
+        self._waiting = 0
 
     def __enter__(self) -> "FairLock":
         me = threading.get_ident()
@@ -42,8 +43,11 @@ class FairLock:
                 return self
             ticket = self._next_ticket
             self._next_ticket += 1
-            while self._serving != ticket:
-                self._cond.wait()
+            if self._serving != ticket:
+                self._waiting += 1
+                while self._serving != ticket:
+                    self._cond.wait()
+                self._waiting -= 1
             self._owner, self._depth = me, 1
         return self
 
@@ -53,7 +57,8 @@ class FairLock:
             if self._depth == 0:
                 self._owner = None
                 self._serving += 1
-                self._cond.notify_all()
+                if self._waiting:          # an uncontended release wakes no one
+                    self._cond.notify_all()
 
     def held(self) -> bool:
         """Whether the calling thread holds the lock."""

@@ -382,3 +382,26 @@ def test_a_sliding_window_keeps_memory_proportional_to_the_window():
         sizes.append(index.nbytes())
     assert max(sizes[20:]) < 4 * min(sizes[20:])
     assert index.answer(0, 10**9).rows == [(5000, 199_999)]
+
+
+@settings(max_examples=max(20, settings.default.max_examples // 5), deadline=None)
+@given(st.sampled_from(["min", "max"]), st.sampled_from([np.int64, np.float64]),
+       st.lists(st.tuples(st.lists(st.integers(-2**63, 2**63 - 1) | st.integers(-3, 3),
+                                   max_size=12), st.integers(0, 6)), min_size=1, max_size=8),
+       st.data())
+def test_suffix_extremes_answer_every_suffix_like_brute_force(op, dtype, steps, data):
+    """Windows ending at the newest result: SuffixExtremes against min/max of the slice,
+    through appends (ties, int64 limits) and expiries."""
+    from psoup.results.aggregates import SuffixExtremes
+    s = SuffixExtremes(np.dtype(dtype), op)
+    live: list = []
+    for batch, drop in steps:
+        values = np.array(batch, dtype=dtype)
+        s.append(values)
+        live += values.tolist()
+        drop = min(drop, len(live))
+        s.drop(drop)
+        live = live[drop:]
+        if live:
+            i = data.draw(st.integers(0, len(live) - 1))
+            assert s.reduce(i) == (max if op == "max" else min)(live[i:])

@@ -13,6 +13,7 @@ used: BOOL values are `bool`), `float` for FLOAT, `str` for TEXT.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Union
 
 Value = Union[int, float, str, bool]
@@ -222,7 +223,7 @@ class Query:
     def columns(self) -> list[str]:
         return [s.name for s in self.select]
 
-    @property
+    @cached_property
     def aggregated(self) -> bool:
         """True when the answer is one row per group (aggregates or GROUP BY)."""
         return bool(self.group_by) or any(item.agg for item in self.select)

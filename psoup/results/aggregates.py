@@ -279,6 +279,71 @@ class RankedTree:
                 below, lo, hi = level, lo // b, -(-hi // b)
 
 
+class SuffixExtremes:
+    """MIN or MAX of every suffix [i, end) of a column, from the values that no later
+    value beats: for MAX, a value with a larger (or equal) one after it can never be the
+    answer of a window that ends at the newest result (Golab, Sect. 2.3). Those left form
+    a strictly decreasing run (increasing for MIN); the answer for [i, end) is the first
+    of them at or after i, found by one binary search. Windows ending at NOW, the usual
+    case, are answered this way; others use the RankedTree. Appends are amortized O(1)
+    per value (vectorized per batch); expiry drops a prefix.
+
+    Example:
+        >>> s = SuffixExtremes(np.dtype(np.int64), "max")
+        >>> s.append(np.array([5, 1, 4, 9, 2, 7, 3]))
+        >>> [s.reduce(i) for i in range(7)]
+        [9, 9, 9, 9, 7, 7, 3]
+        >>> s.drop(4); s.reduce(0), s.reduce(2)
+        (7, 3)
+    """
+
+    def __init__(self, dtype: np.dtype, op: str):
+        self._op = op
+        self._values = _Buffer(dtype)
+        self._where = _Buffer(np.dtype(np.int64))      # their indices, counted from 0
+        self._seen = 0                                  # values appended so far
+        self._gone = 0                                  # values dropped so far
+
+    def append(self, values: np.ndarray) -> None:
+        """Add values at the right. O(k + values it outlives) for k values."""
+        k = len(values)
+        if not k:
+            return
+        better = np.greater if self._op == "max" else np.less
+        ufunc = _UFUNCS[self._op]
+        after = ufunc.accumulate(values[::-1])[::-1]            # extreme of v[t:]
+        keep = np.ones(k, dtype=bool)
+        keep[:-1] = better(values[:-1], after[1:])              # beats all after it
+        best = after[0]
+        kept = self._values.live
+        # the stored ones stay only while they beat the whole batch (a prefix)
+        if self._op == "max":      # strictly decreasing: those above `best` lead
+            stay = len(kept) - int(np.searchsorted(kept[::-1], best, "right"))
+        else:                      # strictly increasing: those below `best` lead
+            stay = int(np.searchsorted(kept, best, "left"))
+        self._values.stop = self._values.start + stay
+        self._where.stop = self._where.start + stay
+        self._values.append(values[keep])
+        self._where.append(np.flatnonzero(keep) + self._seen)
+        self._seen += k
+
+    def drop(self, k: int) -> None:
+        """Forget the k oldest values."""
+        self._gone += k
+        cut = int(np.searchsorted(self._where.live, self._gone))
+        if cut:
+            self._values.drop(cut)
+            self._where.drop(cut)
+
+    def reduce(self, i: int) -> int | float:
+        """The extreme of the live values [i, end). O(log n)."""
+        at = int(self._where.live.searchsorted(i + self._gone))
+        return self._values.data[self._values.start + at].item()
+
+    def nbytes(self) -> int:
+        return self._values.data.nbytes + self._where.data.nbytes
+
+
 class Aggregator:
     """An aggregated Query compiled into what to fetch and how to fold it into rows.
 
@@ -393,6 +458,8 @@ class _Group:
         self.sums = {c: PrefixSums(values[c].dtype) for c in aggregator.sums}
         self.trees = {c: RankedTree(values[c].dtype, ops)
                       for c, ops in aggregator.extremes.items()}
+        self.suffixes = {(c, op): SuffixExtremes(values[c].dtype, op)
+                         for c, ops in aggregator.extremes.items() for op in ops}
 
     def append(self, positions: np.ndarray, ts: np.ndarray,
                values: Mapping[Column, np.ndarray]) -> None:
@@ -403,6 +470,14 @@ class _Group:
             sums.append(values[c])
         for c, tree in self.trees.items():
             tree.append(values[c])
+        for (c, _), suffix in self.suffixes.items():
+            suffix.append(values[c])
+
+    def extreme(self, column: Column, op: str, i: int, j: int) -> int | float:
+        """MIN or MAX of results [i, j): from the suffix run when j is the newest."""
+        if j == len(self.positions):
+            return self.suffixes[(column, op)].reduce(i)
+        return self.trees[column].reduce(op, i, j)
 
     def expire(self, horizon: int) -> None:
         """Drop the results below `horizon`: O(log n), plus amortized O(1) per result."""
@@ -413,12 +488,13 @@ class _Group:
         if k:
             self.positions.drop(k)
             self.ts.drop(k)
-            for part in (*self.sums.values(), *self.trees.values()):
+            for part in (*self.sums.values(), *self.trees.values(), *self.suffixes.values()):
                 part.drop(k)
 
     def nbytes(self) -> int:
+        parts = (*self.sums.values(), *self.trees.values(), *self.suffixes.values())
         return (self.positions.data.nbytes + self.ts.data.nbytes
-                + sum(part.nbytes() for part in (*self.sums.values(), *self.trees.values())))
+                + sum(part.nbytes() for part in parts))
 
 
 class AggregateIndex:
@@ -495,16 +571,13 @@ class AggregateIndex:
         """The aggregates over the results with p0 <= position < p1, one row per group in
         key order. O(G (log n + B log_B n)) for G groups, independent of the range's size."""
         agg = self.aggregator
+        if not agg.group_by:
+            return self._single(p0, p1)
         keys, counts, last = [], [], []
         sums: dict[Column, list] = {c: [] for c in agg.sums}
         extremes: dict[tuple[Column, str], list] = {
             (c, op): [] for c, ops in agg.extremes.items() for op in ops}
-        if agg.group_by:
-            groups = self._groups.items()
-        else:                               # one group at most: skip the sorted walk
-            only = self._groups.get(())
-            groups = () if only is None else (((), only),)
-        for key, group in groups:
+        for key, group in self._groups.items():
             group.expire(self._horizon)
             live = group.positions.live
             i, j = int(live.searchsorted(p0)), int(live.searchsorted(p1))
@@ -515,10 +588,33 @@ class AggregateIndex:
             last.append(group.ts.data[group.ts.start + j - 1])
             for c, prefix in group.sums.items():
                 sums[c].append(prefix.range_sum(i, j))
-            for c, tree in group.trees.items():
+            for c in group.trees:
                 for op in agg.extremes[c]:
-                    extremes[(c, op)].append(tree.reduce(op, i, j))
+                    extremes[(c, op)].append(group.extreme(c, op, i, j))
         return agg._result(keys, counts, sums, extremes, np.array(last, dtype=np.float64))
+
+    def _single(self, p0: int, p1: int) -> Result:
+        """`answer` without GROUP BY: one row, built straight from the one group."""
+        agg = self.aggregator
+        group = self._groups.get(())
+        if group is not None:
+            group.expire(self._horizon)
+            live = group.positions.live
+            i, j = int(live.searchsorted(p0)), int(live.searchsorted(p1))
+        if group is None or i >= j:
+            return agg._result([], [], {}, {}, np.empty(0))
+        row = []
+        for kind, arg in agg._outputs:
+            if kind == "count":
+                row.append(j - i)
+            elif kind == "sum":
+                row.append(group.sums[arg].range_sum(i, j))
+            elif kind == "avg":
+                row.append(group.sums[arg].range_sum(i, j) / (j - i))
+            else:
+                row.append(group.extreme(arg, kind, i, j))
+        return Result(agg.query.columns, [tuple(row)],
+                      np.array([group.ts.data[group.ts.start + j - 1]]), np.array([-1]))
 
     def nbytes(self) -> int:
         return sum(group.nbytes() for group in self._groups.values())
