@@ -28,7 +28,7 @@ import psoup
 from tests.conftest import Clock
 from tests.test_differential import (VALUES, Oracle, create, factors, insert_everywhere,
                                      schemas, windows)
-from tests.test_joins import JoinOracle, join_queries, join_scenarios
+from tests.test_joins import JoinOracle, join_scenarios
 
 TRAFFIC = [  # (lane, speed, road) at ts 1 .. 8
     (1, 50.0, "a"), (2, 30.0, "b"), (1, 70.0, "a"), (3, 20.0, "a"),

@@ -542,12 +542,10 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
         raise click.BadParameter(f"--from {start!r} is after --to {end!r}",
                                  param_hint="--from")
     names = None if streams is None else [n.strip() for n in streams.split(",") if n.strip()]
-    progress = None
-    if sys.stderr.isatty():
-        def progress(done: int, total: int, seconds: float) -> None:
-            _progress(done, seconds, total)
+    def progress(done: int, total: int, seconds: float) -> None:
+        _progress(done, seconds, total)
     run = dict(streams=names, start=start, end=end, master=master, slice_rows=slice_rows,
-               progress=progress)
+               progress=progress if sys.stderr.isatty() else None)
     if data_dir is not None:
         from psoup.engine import Engine
 
