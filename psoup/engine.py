@@ -437,7 +437,7 @@ class Engine:
 
     def _unregister(self, handle: str) -> None:
         registered = self._slot(handle)
-        if self._tiers.pop(registered, None) is not None:       # type: ignore[arg-type]
+        if not isinstance(registered, JoinPlan) and self._tiers.pop(registered, None):
             stream = self._query_stem.queries[registered].sources[0].stream
             if not any(self._query_stem.queries[s].sources[0].stream == stream
                        for s in self._tiers):

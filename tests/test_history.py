@@ -258,3 +258,21 @@ def test_a_bad_archive_file_is_named_and_nothing_is_applied(tmp_path, damage, me
         eng.evaluate_history()
     assert eng._tiers == {} and eng.invoke(h, now=100.0).rows == before
     eng.close()
+
+
+def test_unregistering_with_history_around(tmp_path):
+    """A join and a query with history unregistered while tiers exist; the stream's
+    horizon hook goes with the last tier on it."""
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+    eng.execute("CREATE STREAM S (a INT)")
+    h = eng.register("SELECT a FROM R WHERE a > 3")
+    join = eng.register("SELECT R.a FROM R, S WHERE R.a = S.a")
+    _fill(eng, np.random.default_rng(6), 0, 4, [])
+    eng.evaluate_history([h])
+    eng.unregister(join)
+    assert eng._stems["R"].on_horizon is not None
+    eng.unregister(h)
+    assert eng._tiers == {} and eng._stems["R"].on_horizon is None
+    _fill(eng, np.random.default_rng(7), 100, 2, [])        # no hook, no tier: fine
+    eng.close()
