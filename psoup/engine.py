@@ -42,7 +42,7 @@ from psoup.results.result import Changes, Result
 from psoup.results.windows_table import WindowsTable
 from psoup.stems.batch import make_batch
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.query_stem import QuerySteM
+from psoup.stems.query_stem import QuerySteM, slot_rows
 
 if TYPE_CHECKING:
     from psoup.archive.journal import Journal, Record
@@ -421,8 +421,7 @@ class Engine:
             return
         bits = self._query_stem.probe(stream, rows, n)
         for slot in slots:
-            word, bit = divmod(slot, 64)
-            hit = np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
+            hit = slot_rows(bits, slot)
             self._tiers[slot].append({name: values[hit] for name, values in rows.items()})
 
     def unregister(self, handle: str) -> None:

@@ -43,7 +43,7 @@ from psoup.results.base import ResultsStructure, Span
 from psoup.results.joins import Combinations, JoinResults, in_windows, ordered, stamped
 from psoup.stems.batch import Batch
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.query_stem import QuerySteM
+from psoup.stems.query_stem import QuerySteM, slot_rows
 
 QUERY_STEM = "query"
 
@@ -217,8 +217,7 @@ class Eddy:
         for slot, (stream, index, columns) in self.aggregates.items():
             if stream != entry.stream:
                 continue
-            word, bit = divmod(slot, 64)
-            rows = np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
+            rows = slot_rows(bits, slot)
             positions = entry.position + rows
             keep = positions >= stem.horizon           # a batch longer than retention
             rows, positions = rows[keep], positions[keep]

@@ -191,6 +191,19 @@ class QuerySteM:
                    for index in sq.attrs.values())
 
 
+def slot_rows(bits: np.ndarray, slot: int) -> np.ndarray:
+    """The rows of a probe's bitmap (n, words) whose bit `slot` is set.
+
+    Example:
+        >>> slot_rows(np.array([[1], [2], [3]], dtype="<u8"), 1).tolist()
+        [1, 2]
+    """
+    word, bit = divmod(slot, 64)
+    if word >= bits.shape[1]:
+        return np.empty(0, np.int64)
+    return np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
+
+
 def bit_row(slots, words: int) -> np.ndarray:
     """One little-endian uint64 bit row of `words` words with `slots` set.
 
