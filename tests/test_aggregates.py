@@ -26,7 +26,7 @@ from hypothesis import event, given, settings
 
 import psoup
 from tests.conftest import Clock
-from tests.test_differential import (VALUES, Oracle, create, factors, insert_everywhere,
+from tests.test_differential import (VALUES, Oracle, create, factors, insert_stepped,
                                      schemas, windows)
 from tests.test_joins import JoinOracle, join_scenarios
 
@@ -316,7 +316,7 @@ def test_aggregates_agree_with_duckdb_in_every_mode(scenario, chunk_rows):
     for eng in engines.values():
         create(eng, streams)
     oracle = Oracle(streams)
-    last_ts = 1000.0
+    last_ts = {"R": 1000.0}
     live = []        # (handles per mode, spec, sql, cursors per mode, last answer)
 
     def check(entry, now):
@@ -339,12 +339,7 @@ def test_aggregates_agree_with_duckdb_in_every_mode(scenario, chunk_rows):
     for op in ops:
         if op[0] == "insert":
             _, rows, steps = op
-            ts = []
-            for step in steps:
-                last_ts += step
-                ts.append(last_ts)
-            clock.now = max(clock.now, last_ts)
-            insert_everywhere(engines, oracle, "R", rows, ts)
+            insert_stepped(engines, oracle, clock, last_ts, "R", rows, steps)
         elif op[0] == "register":
             sql, spec = op[1]
             live.append([{m: eng.register(sql) for m, eng in engines.items()}, spec, sql,
@@ -416,13 +411,7 @@ def test_join_aggregates_agree_with_duckdb_in_every_mode(scenario):
     for op in ops:
         if op[0] == "insert":
             _, stream, rows, steps, synced = op
-            ts, t = [], max(last_ts[stream], clock.now) if synced else last_ts[stream]
-            for step in steps:
-                t += step
-                ts.append(t)
-            last_ts[stream] = t
-            clock.now = max(clock.now, t)
-            insert_everywhere(engines, oracle, stream, rows, ts)
+            insert_stepped(engines, oracle, clock, last_ts, stream, rows, steps, synced)
         elif op[0] == "register":
             sql, spec = op[1]
             live.append(({m: eng.register(sql) for m, eng in engines.items()}, spec, sql))

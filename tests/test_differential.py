@@ -230,6 +230,18 @@ def insert_everywhere(engines, oracle, stream, rows, ts):
     oracle.insert(stream, rows, ts, tids)
 
 
+def insert_stepped(engines, oracle, clock, last_ts, stream, rows, steps, synced=False):
+    """Insert one batch everywhere, its ts advancing by `steps` from the stream's last ts
+    (from the clock's NOW too, when `synced`); moves `last_ts` and the clock along."""
+    ts, t = [], max(last_ts[stream], clock.now) if synced else last_ts[stream]
+    for step in steps:
+        t += step
+        ts.append(t)
+    last_ts[stream] = t
+    clock.now = max(clock.now, t)
+    insert_everywhere(engines, oracle, stream, rows, ts)
+
+
 def create(engine, streams):
     for name, (columns, retain) in streams.items():
         cols = ", ".join(f"{c} {t.upper()}" for c, t in columns)
@@ -262,13 +274,7 @@ def test_every_mode_agrees_with_duckdb(scenario, chunk_rows):
     for op in ops:
         if op[0] == "insert":
             _, stream, rows, steps = op
-            ts, t = [], last_ts[stream]
-            for step in steps:
-                t += step
-                ts.append(t)
-            last_ts[stream] = t
-            clock.now = max(clock.now, t)
-            insert_everywhere(engines, oracle, stream, rows, ts)
+            insert_stepped(engines, oracle, clock, last_ts, stream, rows, steps)
         elif op[0] == "register":
             sql, spec = op[1]
             live.append(({m: eng.register(sql) for m, eng in engines.items()}, spec))

@@ -23,8 +23,7 @@ from hypothesis import event, given, settings
 
 import psoup
 from tests.conftest import Clock
-from tests.test_differential import (OPS, Oracle, create, insert_everywhere, queries,
-                                     sql_literal)
+from tests.test_differential import OPS, Oracle, create, insert_stepped, queries, sql_literal
 
 ROUTINGS = ("adaptive", "fixed")
 ENGINE_KINDS = [(m, r) for m in psoup.MODES for r in ROUTINGS]
@@ -1312,13 +1311,7 @@ def test_joins_agree_with_duckdb_in_every_mode_and_routing(scenario, chunk_rows)
     for op in ops:
         if op[0] == "insert":
             _, stream, rows, steps, synced = op
-            ts, t = [], max(last_ts[stream], clock.now) if synced else last_ts[stream]
-            for step in steps:
-                t += step
-                ts.append(t)
-            last_ts[stream] = t
-            clock.now = max(clock.now, t)
-            insert_everywhere(engines, oracle, stream, rows, ts)
+            insert_stepped(engines, oracle, clock, last_ts, stream, rows, steps, synced)
         elif op[0] in ("register", "select"):
             sql, spec = op[1]
             handles = {key: eng.register(sql) for key, eng in engines.items()}

@@ -4,8 +4,6 @@ the same tuples give when they arrive live (docs/durability.md, "Import and repl
 
 from __future__ import annotations
 
-import csv
-import json
 import re
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from psoup.server import Server
 from psoup.spark import importer
 from psoup.spark.importer import import_files, parse_columns
 from psoup.spark.replay import plan_replay, replay
+from tests.test_cli_service import write
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")   # pyspark on pandas 3
 
@@ -306,19 +305,6 @@ def _traffic_rows(n: int, start: int = 0, t0: float = T0) -> list[dict]:
              "ts": t0 - 500 + ((i * 37) % 1000)} for i in range(start, start + n)]
 
 
-def _write(path: Path, rows: list[dict]) -> Path:
-    if path.suffix == ".csv":
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    elif path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    else:
-        pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
-
-
 TRAFFIC = "lane INT, speed FLOAT, road TEXT"
 
 
@@ -333,8 +319,8 @@ def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
              "lane": np.array([1, 2]), "speed": np.array([5.0, 6.0]), "road": ["a", "b"]})
     old.flush()
     parts = [_traffic_rows(300), _traffic_rows(200, 300), _traffic_rows(100, 500)]
-    files = [_write(tmp_path / "a.csv", parts[0]), _write(tmp_path / "b.jsonl", parts[1]),
-             _write(tmp_path / "c.parquet", parts[2])]
+    files = [write(tmp_path / "a.csv", parts[0]), write(tmp_path / "b.jsonl", parts[1]),
+             write(tmp_path / "c.parquet", parts[2])]
     report = import_files(files, "traffic", parse_columns("traffic", TRAFFIC), root)
     assert (report.rows, report.first_tid, report.last_tid) == (600, 42, 641)
 
@@ -387,11 +373,11 @@ def test_import_error_names_file_and_column_and_writes_nothing(spark, tmp_path, 
 def test_import_older_than_the_archive_is_refused(spark, tmp_path):
     root = tmp_path / "arc"
     columns = parse_columns("traffic", TRAFFIC)
-    import_files([_write(tmp_path / "new.csv", _traffic_rows(20, t0=T0 + 5000))], "traffic",
+    import_files([write(tmp_path / "new.csv", _traffic_rows(20, t0=T0 + 5000))], "traffic",
                  columns, root)
     before = sorted(root.rglob("*.parquet"))
     with pytest.raises(ArchiveError, match="grows forward in time"):
-        import_files([_write(tmp_path / "old.csv", _traffic_rows(20))], "traffic", columns, root)
+        import_files([write(tmp_path / "old.csv", _traffic_rows(20))], "traffic", columns, root)
     with pytest.raises(ArchiveError, match="holds stream 'traffic' with columns lane INT"):
         import_files([tmp_path / "new.csv"], "traffic", parse_columns("traffic", "lane INT"),
                      root)
@@ -402,7 +388,7 @@ def test_import_older_than_the_archive_is_refused(spark, tmp_path):
 
 def test_cli_imports_then_replays_into_a_data_dir(spark, tmp_path):
     runner = CliRunner()
-    data = _write(tmp_path / "readings.csv", _traffic_rows(120))
+    data = write(tmp_path / "readings.csv", _traffic_rows(120))
     archive = tmp_path / "arc"
     done = runner.invoke(main, ["archive", "import", str(data), "--stream", "traffic",
                                 "--columns", TRAFFIC, "--into", str(archive)])
