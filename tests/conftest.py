@@ -1,4 +1,4 @@
-"""Shared test settings: hypothesis profiles, small helpers, and one Spark session."""
+"""Shared test settings: hypothesis profiles, a clock fixture, and one Spark session."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.support import Clock
 
 settings.register_profile(
     "ci", max_examples=int(os.environ.get("PSOUP_EXAMPLES", "500")), deadline=None,
@@ -17,14 +19,10 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-class Clock:
-    """A settable clock for engines under test."""
-
-    def __init__(self, now: float = 1000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def clock():
+    """A settable clock at 1000.0 (tests.support.Clock) for an engine under test."""
+    return Clock(1000.0)
 
 
 @pytest.fixture(scope="session")

@@ -18,17 +18,15 @@ Expected answers in the unit tests are worked out by hand from the data in comme
 
 from __future__ import annotations
 
-import math
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import event, given, settings
 
 import psoup
-from tests.conftest import Clock
-from tests.test_differential import (VALUES, Oracle, create, factors, insert_stepped,
-                                     schemas, windows)
-from tests.test_joins import JoinOracle, join_scenarios
+from tests.oracles import JoinOracle, Oracle, answer_aggregate, rows_match
+from tests.strategies import aggregate_scenarios, join_aggregate_scenarios
+from tests.support import Clock, create, insert_stepped
 
 TRAFFIC = [  # (lane, speed, road) at ts 1 .. 8
     (1, 50.0, "a"), (2, 30.0, "b"), (1, 70.0, "a"), (3, 20.0, "a"),
@@ -195,119 +193,6 @@ def test_aggregate_handles_survive_a_restart(tmp_path):
 # ----------------------------------------------------------------------------------
 # Differential: every mode against DuckDB
 
-FUNCTIONS = ("COUNT", "SUM", "AVG", "MIN", "MAX")
-
-
-def agg_value_ok(got, want) -> bool:
-    if want is None or got is None:
-        return got is None and want is None
-    if isinstance(want, float) or isinstance(got, float):
-        return (isinstance(got, float) and isinstance(want, float)
-                and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-6))
-    return type(got) is type(want) and got == want
-
-
-def rows_match(got, want) -> bool:
-    return len(got) == len(want) and all(
-        len(g) == len(w) and all(agg_value_ok(a, b) for a, b in zip(g, w))
-        for g, w in zip(got, want))
-
-
-@st.composite
-def aggregate_select(draw, columns, ref, duck, pick, alias_keys=False):
-    """(psoup select list, GROUP BY clause, DuckDB select list, DuckDB GROUP BY keys,
-    output names) for columns [(owner, name, type)]; `ref`/`duck` spell a column in
-    psoup/DuckDB, `pick` names an aggregate's default output; with `alias_keys` the
-    group columns shown are renamed with AS."""
-    numeric = [c for c in columns if c[2] in ("int", "float")]
-    keys = draw(st.lists(st.sampled_from(columns), max_size=2, unique=True))
-    shown = [k for k in keys if draw(st.booleans())]
-    items, ducks, names = [], [], []        # items: (psoup expression, its alias)
-    for pos, k in enumerate(shown):
-        items.append((ref(k), f"k{pos}" if alias_keys else None))
-        ducks.append(duck(k))
-        names.append(f"k{pos}" if alias_keys else pick(k, None))
-    for pos in range(draw(st.integers(0 if keys else 1, 3))):
-        fn = draw(st.sampled_from(FUNCTIONS if numeric else ("COUNT",)))
-        if fn == "COUNT" and draw(st.booleans()):
-            arg, darg, name = "*", "*", "count(*)"
-        else:
-            col = draw(st.sampled_from(numeric if fn != "COUNT" else columns))
-            arg, darg, name = ref(col), duck(col), pick(col, fn)
-        alias = f"g{pos}" if draw(st.booleans()) else None
-        items.append((f"{fn}({arg})", alias))
-        ducks.append(f"{fn}({darg})")
-        names.append(alias or name)
-    if not items:                          # GROUP BY with no column shown: show a key
-        items.append((ref(keys[0]), "k" if alias_keys else None))
-        ducks.append(duck(keys[0]))
-        names.append("k" if alias_keys else pick(keys[0], None))
-    if len(set(names)) < len(names):       # the same default name twice: rename all
-        items = [(expr, f"o{i}") for i, (expr, _) in enumerate(items)]
-        names = [f"o{i}" for i in range(len(items))]
-    select = ", ".join(expr + (f" AS {alias}" if alias else "") for expr, alias in items)
-    group = (" GROUP BY " + ", ".join(ref(k) for k in keys)) if keys else ""
-    return select, group, ", ".join(ducks), [duck(k) for k in keys], names
-
-
-@st.composite
-def aggregate_queries(draw, stream, columns):
-    """A selection query with aggregates as (psoup SQL, spec for `answer_aggregate`)."""
-    cols = [(0, n, t) for n, t in columns + [("ts", "float"), ("tupleID", "int")]]
-    select, group, dselect, dkeys, names = draw(aggregate_select(
-        cols, lambda c: c[1], lambda c: f'"{c[1]}"',
-        lambda c, fn: c[1] if fn is None else f"{fn.lower()}({c[1]})"))
-    where = draw(st.lists(factors(columns), max_size=3))
-    suffix, clause, window = draw(windows(columns))
-    distinct = draw(st.integers(0, 5)) == 0
-    sql = f"SELECT {'DISTINCT ' if distinct else ''}{select} FROM {stream}{suffix}"
-    if where:
-        sql += " WHERE " + " AND ".join(p for p, _ in where)
-    sql += group
-    if clause:
-        sql += " " + clause
-    return sql, {"stream": stream, "where": [d for _, d in where], "window": window,
-                 "select": dselect, "keys": dkeys, "names": names, "distinct": distinct}
-
-
-def answer_aggregate(db, source, spec):
-    where = " AND ".join(spec["where"]) or "TRUE"
-    sql = f"SELECT {spec['select']} FROM {source} WHERE {where}"
-    if spec["keys"]:
-        keys = ", ".join(spec["keys"])
-        sql += f" GROUP BY {keys} ORDER BY {keys}"
-    rows = [tuple(r) for r in db.execute(sql).fetchall()]
-    if spec["distinct"]:
-        rows = list(dict.fromkeys(rows))
-    return rows
-
-
-@st.composite
-def aggregate_scenarios(draw):
-    streams = {"R": draw(schemas())}
-    ops = []
-    for _ in range(draw(st.integers(1, 14))):
-        kind = draw(st.sampled_from(["insert", "insert", "insert", "register", "register",
-                                     "invoke", "unregister"]))
-        columns = streams["R"][0]
-        if kind == "insert":
-            n = draw(st.integers(1, 12))
-            rows = [tuple(draw(VALUES[t]) for _, t in columns) for _ in range(n)]
-            steps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.5, 1.0, 3.0]), min_size=n,
-                                  max_size=n))
-            ops.append(("insert", rows, steps))
-        elif kind == "register":
-            ops.append(("register", draw(aggregate_queries("R", columns))))
-        elif kind == "invoke":
-            ops.append(("invoke", draw(st.integers(0, 20)), draw(st.integers(-12, 8))))
-        else:
-            ops.append(("unregister", draw(st.integers(0, 20))))
-    ops.append(("register", draw(aggregate_queries("R", streams["R"][0]))))
-    ops.append(("insert", [tuple(draw(VALUES[t]) for _, t in streams["R"][0])], [0.5]))
-    ops.append(("invoke_all", draw(st.integers(-5, 5))))
-    return streams, ops
-
-
 @given(aggregate_scenarios(), st.sampled_from([2, 3, 8, 8192]))
 def test_aggregates_agree_with_duckdb_in_every_mode(scenario, chunk_rows):
     streams, ops = scenario
@@ -353,38 +238,6 @@ def test_aggregates_agree_with_duckdb_in_every_mode(scenario, chunk_rows):
         elif op[0] == "invoke_all":
             for entry in live:
                 check(entry, clock.now + op[1])
-
-
-@st.composite
-def join_aggregate_scenarios(draw):
-    """A join scenario (tests/test_joins.py) whose join queries aggregate instead."""
-    streams, ops = draw(join_scenarios())
-    out = []
-    for op in ops:
-        if op[0] == "register":
-            out.append(("register", draw(as_aggregate(streams, op[1]))))
-        elif op[0] != "select":
-            out.append(op)
-    return streams, out
-
-
-@st.composite
-def as_aggregate(draw, streams, query):
-    """The join query with its select list replaced by aggregates and GROUP BY."""
-    sql, spec = query
-    items, aliases = spec["items"], spec["aliases"]
-    names = [a or s for s, a in zip(items, aliases)]
-    cols = [(i, c, t) for i, s in enumerate(items)
-            for c, t in streams[s][0] + [("ts", "float"), ("tupleID", "int")]]
-    select, group, dselect, dkeys, out = draw(aggregate_select(
-        cols, lambda c: f"{names[c[0]]}.{c[1]}", lambda c: f'x{c[0]}."{c[1]}"',
-        lambda c, fn: f"{fn.lower()}({names[c[0]]}.{c[1]})", alias_keys=True))
-    rest = sql[sql.index(" FROM "):]
-    clause = ""
-    if " BEGIN " in rest:
-        rest, clause = rest[:rest.index(" BEGIN ")], rest[rest.index(" BEGIN "):]
-    new = f"SELECT {select}{rest}{group}{clause}"
-    return new, dict(spec, select=dselect, keys=dkeys, names=out, distinct=False)
 
 
 @settings(max_examples=max(10, settings.default.max_examples // 5))

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -15,8 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -24,25 +21,13 @@ from psoup import Engine
 from psoup.cli.handles import HandleStore
 from psoup.cli.main import main
 from psoup.server import Server
+from tests.support import Clock, write
 
 TOKEN = "cli-test-token"
 T0 = 1_767_225_600.0
 DDL_COLUMNS = "lane INT, stationid INT, speed FLOAT, note TEXT"
 SLOW = ("SELECT stationid, speed, note FROM traffic WHERE lane = 3 AND speed < 30 "
         "BEGIN NOW - 100 END NOW")
-
-
-class Clock:
-    """The server engine's clock: fixed at `now`, or advancing `tick` seconds per reading."""
-
-    def __init__(self, now: float):
-        self.now = now
-        self.tick = 0.0
-
-    def __call__(self) -> float:
-        value = self.now
-        self.now += self.tick
-        return value
 
 
 def readings(n: int, t0: float = T0 - 100, start: int = 0) -> list[dict]:
@@ -53,20 +38,6 @@ def readings(n: int, t0: float = T0 - 100, start: int = 0) -> list[dict]:
                     "speed": round(5.5 + (i * 7.3) % 60, 1),
                     "note": ["ok", "jam", "wet road"][i % 3], "ts": t0 + (i - start)})
     return out
-
-
-def write(path: Path, rows: list[dict]) -> Path:
-    """rows as a file whose format the extension names."""
-    if path.suffix == ".csv":
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    elif path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    else:
-        pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import pytest
 import psoup
 from psoup.archive.parquet import Archive
 
-from tests.conftest import Clock
+from tests.support import Clock
 
 QUERIES = [
     "SELECT * FROM R WHERE a > 3",

@@ -7,7 +7,7 @@ import pytest
 
 import psoup
 from psoup import QueryError, SchemaError, UnknownHandle
-from tests.conftest import Clock
+from tests.support import Clock
 
 
 @pytest.fixture(params=psoup.MODES)

@@ -18,7 +18,7 @@ import pytest
 
 import psoup
 from psoup.errors import PSoupError, QueryError
-from tests.conftest import Clock
+from tests.support import Clock
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 

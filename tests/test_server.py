@@ -25,7 +25,7 @@ from psoup.results.result import Changes, Result
 from psoup.server import Limits, Server
 from psoup.server.protocol import HEADER, ProtocolError, pack_frame, unpack_payload
 
-from .conftest import Clock
+from tests.support import Clock
 
 TOKEN = "test-token"
 LIMITS = Limits(max_frame_bytes=1 << 20, max_batch_rows=5_000, max_query_chars=2_000,

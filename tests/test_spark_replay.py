@@ -22,7 +22,7 @@ from psoup.server import Server
 from psoup.spark import importer
 from psoup.spark.importer import import_files, parse_columns
 from psoup.spark.replay import plan_replay, replay
-from tests.test_cli_service import write
+from tests.support import write
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")   # pyspark on pandas 3
 

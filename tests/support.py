@@ -1,0 +1,82 @@
+"""Small helpers shared by test modules: a settable clock, SQL literals, creating the
+scenario's streams in an engine, inserting one batch everywhere, and writing input files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+
+class Clock:
+    """A settable clock for engines under test: fixed at `now`, or advancing `tick`
+    seconds per reading."""
+
+    def __init__(self, now: float = 1000.0, tick: float = 0.0):
+        self.now = now
+        self.tick = tick
+
+    def __call__(self) -> float:
+        value = self.now
+        self.now += self.tick
+        return value
+
+
+def sql_literal(value) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+def insert_everywhere(engines, oracle, stream, rows, ts):
+    """Insert one batch into every engine, which must hand out the same tupleIDs, and
+    into the oracle."""
+    tids = None
+    for eng in engines.values():
+        got = eng.insert(stream, rows, ts=ts).tolist()
+        assert tids is None or got == tids
+        tids = got
+    oracle.insert(stream, rows, ts, tids)
+
+
+def insert_stepped(engines, oracle, clock, last_ts, stream, rows, steps, synced=False):
+    """Insert one batch everywhere, its ts advancing by `steps` from the stream's last ts
+    (from the clock's NOW too, when `synced`); moves `last_ts` and the clock along."""
+    ts, t = [], max(last_ts[stream], clock.now) if synced else last_ts[stream]
+    for step in steps:
+        t += step
+        ts.append(t)
+    last_ts[stream] = t
+    clock.now = max(clock.now, t)
+    insert_everywhere(engines, oracle, stream, rows, ts)
+
+
+def create(engine, streams):
+    for name, (columns, retain) in streams.items():
+        cols = ", ".join(f"{c} {t.upper()}" for c, t in columns)
+        clause = ""
+        if retain:
+            clause = f" RETAIN {retain[1]} ROWS" if retain[0] == "rows" else \
+                f" RETAIN {retain[1]} SECONDS"
+        engine.execute(f"CREATE STREAM {name} ({cols}){clause}")
+
+
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    """rows as a file whose format the extension names (.csv, .jsonl, else Parquet)."""
+    if path.suffix == ".csv":
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
