@@ -276,8 +276,7 @@ class Engine:
             if since is None:
                 self._cursors.issue(handle, answer)
                 return answer
-            by_values = query.distinct or query.aggregated    # a group is its row
-            return self._cursors.changes(handle, since, answer, by_values)
+            return self._cursors.changes(handle, since, answer, query.distinct)
 
     def _join_answer(self, plan: JoinPlan, now: float) -> Result:
         query = plan.query

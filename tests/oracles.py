@@ -6,6 +6,7 @@ and the comparisons (float tolerance for aggregates, Istream/Dstream of two answ
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import duckdb
 
@@ -155,3 +156,14 @@ def as_triples(result):
 
 
 #: A join scenario runs six engines (3 modes x 2 routings) and checks since-cursors too;
+
+
+def assert_changes_compose(before: list, changes, after: list, context) -> None:
+    """The `since` contract: applying a poll's `deleted` rows and then its `inserted`
+    rows to the previous answer, as multisets, gives the new answer."""
+    bag = Counter(before)
+    for row in changes.deleted.rows:
+        assert bag[row] > 0, ("deleted a row the previous answer did not have", row, context)
+        bag[row] -= 1
+    bag.update(changes.inserted.rows)
+    assert +bag == Counter(after), ("changes do not compose", context)

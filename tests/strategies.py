@@ -12,8 +12,15 @@ import hypothesis.strategies as st
 
 from tests.support import sql_literal
 
-INTS = st.integers(-4, 12)
-FLOATS = st.sampled_from([-2.5, -1.0, 0.0, 0.5, 1.0, 2.0, 2.5, 3.0, 7.25, 10.0])
+#: INT values beyond 2**53 (not exact as doubles) and at the ends of the int64 range,
+#: where a column plus an offset leaves it.
+BIG_INTS = st.sampled_from([2**53 + 1, 2**62, 2**62 + 1, 2**63 - 1, -2**63, -(2**53) - 1])
+INTS = st.integers(-4, 12) | st.integers(-4, 12) | st.integers(-4, 12) | BIG_INTS
+#: FLOAT values whose sums round (0.1 + 0.2 > 0.3; 1.575 + 1 is not 2.575 - 1 + 1).
+FLOATS = st.sampled_from([-2.5, -1.0, 0.0, 0.5, 1.0, 2.0, 2.5, 3.0, 7.25, 10.0, 0.1, 0.2, 0.3,
+                          1.575, 2.575])
+#: Offsets of `column op column + offset`, some of which round in double arithmetic.
+OFFSETS = [1, 2, 3, 0.5, 0.1, 0.2, 2.5, 1.575]
 TEXTS = st.sampled_from(["", "a", "ab", "b", "ba", "B", "é", "zz"])
 BOOLS = st.booleans()
 VALUES = {"int": INTS, "float": FLOATS, "text": TEXTS, "bool": BOOLS}
@@ -65,10 +72,25 @@ def factors(draw, columns):
             if family(t) == family(ctype)]
     other, otype = draw(st.sampled_from(same))
     op = draw(st.sampled_from(OPS))
-    offset = ""
+    offset = offset_text(draw, ctype)
+    duck_other = duck_shifted(f'"{other}"', otype, offset)
+    return f"{name} {op} {other}{offset}", f"{quoted} {op} {duck_other}"
+
+
+def offset_text(draw, ctype):
+    """` + c` or ` - c` after a numeric column, half of the time."""
     if family(ctype) == "num" and draw(st.booleans()):
-        offset = f" {draw(st.sampled_from(['+', '-']))} {draw(st.sampled_from([1, 2, 0.5, 3]))}"
-    return f"{name} {op} {other}{offset}", f'{quoted} {op} "{other}"{offset}'
+        return f" {draw(st.sampled_from(['+', '-']))} {draw(st.sampled_from(OFFSETS))}"
+    return ""
+
+
+def duck_shifted(quoted: str, ctype: str, offset: str) -> str:
+    """DuckDB SQL of the quoted column followed by `offset`, with psoup's exact INT
+    arithmetic: DuckDB adds an integer to a BIGINT in 64 bits (and fails on overflow), so
+    the column becomes a HUGEINT first; a fractional offset is a DECIMAL there, exact too."""
+    if ctype == "int" and offset:
+        return f"CAST({quoted} AS HUGEINT){offset}"
+    return f"{quoted}{offset}"
 
 
 @st.composite
@@ -158,8 +180,8 @@ def scenarios(draw):
 
 # joins
 
-JINTS = st.integers(0, 4)
-JFLOATS = st.sampled_from([0.0, 0.5, 1.0, 2.0, 2.5, 3.0])
+JINTS = st.integers(0, 4) | st.integers(0, 4) | st.integers(0, 4) | BIG_INTS
+JFLOATS = st.sampled_from([0.0, 0.5, 1.0, 2.0, 2.5, 3.0, 0.1, 0.2, 0.3, 1.575, 2.575])
 JTEXTS = st.sampled_from(["", "a", "b", "é"])
 JVALUES = {"int": JINTS, "float": JFLOATS, "text": JTEXTS, "bool": st.booleans()}
 STREAMS = ("R", "S", "T")
@@ -219,12 +241,6 @@ def partner(draw, name, ctype, cols):
     return draw(st.sampled_from(same))
 
 
-def offset_text(draw, ctype):
-    if family(ctype) == "num" and draw(st.booleans()):
-        return f" {draw(st.sampled_from(['+', '-']))} {draw(st.sampled_from([1, 1, 2, 0.5]))}"
-    return ""
-
-
 @st.composite
 def local_factor(draw, item, columns, ref):
     """(psoup SQL, DuckDB SQL) of a factor on FROM item `item` alone."""
@@ -247,11 +263,11 @@ def local_factor(draw, item, columns, ref):
         text = "IN (" + ", ".join(sql_literal(v) for v in vals) + ")"
         return f"{ref(item, name)} {text}", f"{duck} {text}"
     others = [c for c in cols if c[0] != name and family(c[1]) == family(ctype)]
-    other, _ = partner(draw, name, ctype, others) if others else (name, ctype)
+    other, otype = partner(draw, name, ctype, others) if others else (name, ctype)
     op = draw(st.sampled_from(OPS))
     offset = offset_text(draw, ctype)
     return (f"{ref(item, name)} {op} {ref(item, other)}{offset}",
-            f'{duck} {op} x{item}."{other}"{offset}')
+            f"{duck} {op} " + duck_shifted(f'x{item}."{other}"', otype, offset))
 
 
 @st.composite
@@ -267,11 +283,11 @@ def join_factor(draw, items, schemas, ref):
     if not right_cols:
         lname, ltype = "k", "int"
         right_cols = [c for c in all_columns(schemas[items[j]]) if family(c[1]) == "num"]
-    rname, _ = partner(draw, lname, ltype, right_cols)
+    rname, rtype = partner(draw, lname, ltype, right_cols)
     op = draw(st.sampled_from(OPS + ["=", "=", "<=", ">="]))
     offset = offset_text(draw, ltype)
     return (f"{ref(i, lname)} {op} {ref(j, rname)}{offset}",
-            f'x{i}."{lname}" {op} x{j}."{rname}"{offset}')
+            f'x{i}."{lname}" {op} ' + duck_shifted(f'x{j}."{rname}"', rtype, offset))
 
 
 @st.composite

@@ -4,8 +4,10 @@ Hypothesis draws a schema, a retention, and an interleaving of inserts, registra
 invocations at random NOW (earlier or later than the data), and unregistrations. Every
 invocation is answered by all three engine modes and compared with DuckDB over a table
 holding every tuple ever inserted, where the retention and the window are spelled out
-in SQL. Registering before or after the data (PSoup's duality, ARCHITECTURE.md invariant
-2) happens in both orders by construction.
+in SQL. Registering before or after the data (PSoup's duality) happens in both orders by
+construction. Each query is also polled with `since` cursors, each poll from the last
+one's cursor, and the changes must compose: the previous answer minus `deleted` plus
+`inserted` (as multisets) is the new answer.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import hypothesis.strategies as st
 from hypothesis import given
 
 import psoup
-from tests.oracles import Oracle
+from tests.oracles import Oracle, assert_changes_compose
 from tests.strategies import scenarios
 from tests.support import Clock, create, insert_stepped
 
@@ -28,15 +30,21 @@ def test_every_mode_agrees_with_duckdb(scenario, chunk_rows):
         create(eng, streams)
     oracle = Oracle(streams)
     last_ts = {name: 1000.0 for name in streams}
-    live: list[tuple[dict, dict]] = []    # (handles per mode, oracle spec)
+    live: list[tuple[dict, dict, dict]] = []    # (handles, oracle spec, (cursor, rows))
 
     def check(entry, now):
-        handles, spec = entry
+        handles, spec, polled = entry
         want = oracle.answer(spec, now)
         for mode, eng in engines.items():
+            if mode in polled:      # a chain of since polls, each from the last one's cursor
+                cursor, before = polled[mode]
+                changes = eng.invoke(handles[mode], now=now, since=cursor)
+                assert_changes_compose(before, changes, want, (mode, spec, now))
+                polled[mode] = changes.cursor, want
             got = eng.invoke(handles[mode], now=now)
             assert got.rows == want, (mode, spec, now)
             assert got.columns == spec["outputs"]
+            polled.setdefault(mode, (got.cursor, want))
 
     for op in ops:
         if op[0] == "insert":
@@ -44,11 +52,11 @@ def test_every_mode_agrees_with_duckdb(scenario, chunk_rows):
             insert_stepped(engines, oracle, clock, last_ts, stream, rows, steps)
         elif op[0] == "register":
             sql, spec = op[1]
-            live.append(({m: eng.register(sql) for m, eng in engines.items()}, spec))
+            live.append(({m: eng.register(sql) for m, eng in engines.items()}, spec, {}))
         elif op[0] == "invoke" and live:
             check(live[op[1] % len(live)], clock.now + op[2])
         elif op[0] == "unregister" and live:
-            handles, _ = live.pop(op[1] % len(live))
+            handles = live.pop(op[1] % len(live))[0]
             for mode, eng in engines.items():
                 eng.unregister(handles[mode])
         elif op[0] == "invoke_all":

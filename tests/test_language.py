@@ -534,12 +534,37 @@ def test_column_comparison_is_a_column_factor():
 
 @pytest.mark.parametrize(
     "factor, offset",
-    [("a < b + 3", 3), ("a < b - 3", -3), ("a < b - -3", 3), ("a < b + 0.5", 0.5)],
+    [("a < b + 3", 3), ("a < b - 3", -3), ("a < b - -3", 3), ("x < y + 0.5", 0.5),
+     ("a < x + 3", 3), ("x < a - 0.5", -0.5)],
 )
 def test_column_factor_offset_is_on_the_right(factor, offset):
     (cf,) = source(f"SELECT * FROM R WHERE {factor}").column_factors
-    assert cf == ColumnFactor("a", "<", "b", offset)
+    assert cf == ColumnFactor(factor[0], "<", factor[4], offset)
     assert type(cf.offset) is type(offset)
+
+
+@pytest.mark.parametrize(
+    "factor, folded",
+    [("a < b + 0.5", ColumnFactor("a", "<=", "b", 0)),       # a - b < 0.5: a - b <= 0
+     ("a <= b - 0.5", ColumnFactor("a", "<=", "b", -1)),     # a - b <= -0.5: <= -1
+     ("a > b + 2.5", ColumnFactor("a", ">", "b", 2)),        # a - b > 2.5: >= 3
+     ("a >= b - 2.5", ColumnFactor("a", ">", "b", -3)),      # a - b >= -2.5: >= -2
+     ("a = b + 2.0", ColumnFactor("a", "=", "b", 2))],
+)
+def test_fractional_offset_between_int_columns_is_an_integer_one(factor, folded):
+    (cf,) = source(f"SELECT * FROM R WHERE {factor}").column_factors
+    assert cf == folded
+    assert type(cf.offset) is int
+
+
+def test_int_column_factor_no_integers_satisfy_is_a_contradiction():
+    q = compile_statement("SELECT * FROM R WHERE a = b + 0.5", SCHEMAS)
+    assert q.contradiction
+
+
+def test_int_column_factor_every_integer_satisfies_is_dropped():
+    q = compile_statement("SELECT * FROM R WHERE a <> b - 0.5 AND a > 1", SCHEMAS)
+    assert not q.contradiction and q.sources[0].column_factors == ()
 
 
 def test_column_factor_folds_diamond_to_bang_equal():

@@ -211,37 +211,62 @@ def test_diamond_becomes_bang_equal_in_a_join_factor():
     "where, expected",
     [("R.a < S.a + 3", JoinFactor(0, "a", "<", 1, "a", 3)),
      ("R.a < S.a - 3", JoinFactor(0, "a", "<", 1, "a", -3)),
-     ("S.a < R.a + 3", JoinFactor(0, "a", ">", 1, "a", -3)),
-     ("S.a < R.a - 3", JoinFactor(0, "a", ">", 1, "a", 3)),
-     ("S.a >= R.b - -2", JoinFactor(0, "b", "<=", 1, "a", -2))],
+     ("S.a < R.a + 3", JoinFactor(0, "a", ">", 1, "a", 0, 3)),
+     ("S.a < R.a - 3", JoinFactor(0, "a", ">", 1, "a", 0, -3)),
+     ("S.a >= R.b - -2", JoinFactor(0, "b", "<=", 1, "a", 0, 2))],
 )  # fmt: skip
-def test_join_factor_offset_is_negated_when_the_sides_swap(where, expected):
+def test_join_factor_offset_stays_with_its_column_when_the_sides_swap(where, expected):
     (factor,) = joins(where)
     assert factor == expected
-    assert type(factor.offset) is int
+    assert type(factor.offset) is int and type(factor.left_offset) is int
 
 
 @pytest.mark.parametrize(
     "where, expected",
     [("R.x = S.c + 0.5", JoinFactor(0, "x", "=", 1, "c", 0.5)),
-     ("S.c >= R.x + 0.5", JoinFactor(0, "x", "<=", 1, "c", -0.5)),
-     ("S.a > R.a - 2.5", JoinFactor(0, "a", "<", 1, "a", 2.5))],
+     ("S.c >= R.x + 0.5", JoinFactor(0, "x", "<=", 1, "c", 0, 0.5)),
+     ("S.c > R.a - 2.5", JoinFactor(0, "a", "<", 1, "c", 0, -2.5))],
 )  # fmt: skip
-def test_float_offsets_stay_floats(where, expected):
+def test_float_offsets_stay_floats_when_a_float_is_compared(where, expected):
     (factor,) = joins(where)
     assert factor == expected
-    assert type(factor.offset) is float
+    assert type(factor.offset + factor.left_offset) is float
+
+
+@pytest.mark.parametrize(
+    "where, expected",
+    [("R.a = S.a + 2.0", JoinFactor(0, "a", "=", 1, "a", 2)),
+     ("S.a > R.a - 2.5", JoinFactor(0, "a", "<", 1, "a", 0, -3)),   # S.a - R.a > -2.5
+     ("R.b < S.a + 0.5", JoinFactor(0, "b", "<=", 1, "a", 0)),      # R.b - S.a <= 0
+     ("R.b >= S.a - 0.5", JoinFactor(0, "b", ">", 1, "a", -1))],    # R.b - S.a >= 0
+)  # fmt: skip
+def test_fractional_offsets_between_int_columns_become_integer_ones(where, expected):
+    (factor,) = joins(where)
+    assert factor == expected
+    assert type(factor.offset) is int and type(factor.left_offset) is int
+
+
+@pytest.mark.parametrize("where", ["R.a = S.a + 0.5", "S.a = R.b - 2.25"])
+def test_an_int_join_factor_that_no_integers_satisfy_makes_a_contradiction(where):
+    q = query(f"SELECT * FROM R, S WHERE {where}")
+    assert q.contradiction and q.joins == ()
+
+
+@pytest.mark.parametrize("where", ["R.a != S.a + 0.5", "S.a <> R.b - 2.25"])
+def test_an_int_join_factor_that_every_pair_satisfies_is_dropped(where):
+    q = query(f"SELECT * FROM R, S WHERE {where}")
+    assert not q.contradiction and q.joins == ()
 
 
 def test_swapped_zero_float_offset_is_positive_zero():
     (factor,) = joins("S.c < R.x + 0.0")
-    assert factor == JoinFactor(0, "x", ">", 1, "c", 0.0)
-    assert math.copysign(1.0, factor.offset) == 1.0
+    assert factor == JoinFactor(0, "x", ">", 1, "c", 0, 0.0)
+    assert math.copysign(1.0, factor.left_offset) == 1.0
 
 
 def test_ts_and_tupleid_in_join_factors():
     assert joins("r2.ts > r1.ts + 10 AND r1.tupleID < r2.tupleID", "R r1, R r2") == (
-        JoinFactor(0, "ts", "<", 1, "ts", -10),
+        JoinFactor(0, "ts", "<", 1, "ts", 0, 10),
         JoinFactor(0, "tupleID", "<", 1, "tupleID"),
     )
 

@@ -492,6 +492,19 @@ def test_changes_since_a_cursor_compose_to_the_new_answer(connect):
     assert len(changes.deleted) > 0
 
 
+def test_aggregate_changes_over_the_wire_count_equal_rows_of_two_groups(connect):
+    client = connect()
+    client.execute("CREATE STREAM G (g INT, x INT)")
+    handle = client.register("SELECT COUNT(*) FROM G GROUP BY g BEGIN NOW - 50 END NOW")
+    client.insert("G", [(1, 0)], ts=1.0)
+    first = client.invoke(handle, now=10.0)
+    client.insert("G", [(2, 0)], ts=2.0)
+    changes = client.invoke(handle, now=10.0, since=first.cursor)
+    assert (changes.inserted.rows, changes.deleted.rows) == ([(1,)], [])
+    gone = client.invoke(handle, now=60.0, since=changes.cursor)
+    assert (gone.inserted.rows, gone.deleted.rows) == ([], [(1,), (1,)])
+
+
 def test_unknown_cursor_raises_cursor_expired(connect, populated):
     handle, _ = populated
     with pytest.raises(CursorExpired):

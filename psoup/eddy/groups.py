@@ -32,7 +32,8 @@ def group_key(query: Query) -> Hashable:
     """What members of one group share: the streams in FROM order and the set of join
     factors (in whatever order the WHERE clause lists them)."""
     factors = sorted(set(query.joins), key=lambda f: (f.left, f.right, f.left_column,
-                                                      f.right_column, f.op, f.offset))
+                                                      f.right_column, f.op, f.offset,
+                                                      f.left_offset))
     return tuple(s.stream for s in query.sources), tuple(factors)
 
 

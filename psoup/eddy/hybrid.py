@@ -32,7 +32,7 @@ import numpy as np
 
 from psoup.query.model import JoinFactor, Query, Source
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.predicates import HOLDS_BEYOND, compare_shifted, shifted
+from psoup.stems.predicates import HOLDS_BEYOND, as_double, compare, shifted
 
 #: What `y rel t` must hold for the candidate value y when the join factor is seen from
 #: its right side (x op y + c  <=>  y flip(op) x - c).
@@ -49,14 +49,46 @@ class Step:
     structs_out: int
 
 
-def oriented(factor: JoinFactor, new: int) -> tuple[int, str, str, str, int | float]:
-    """The factor as a condition on source `new`'s column y given the other side's x:
-    (other source, other column, new column, relation, shift) meaning
-    `y relation x + shift`."""
-    if factor.left == new:       # y op x + c
-        return factor.right, factor.right_column, factor.left_column, factor.op, factor.offset
-    return (factor.left, factor.left_column, factor.right_column, _FLIP[factor.op],
-            -factor.offset)
+@dataclass(frozen=True)
+class Link:
+    """A join factor seen from source `new`'s side: `y + y_offset rel x + x_offset`, y
+    the new source's `column`, x the other source's `other_column` (the comparison as
+    written, mirrored when the new source is on its right)."""
+
+    other: int
+    other_column: str
+    column: str
+    rel: str
+    x_offset: int | float
+    y_offset: int | float
+
+    def holds(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Which aligned pairs satisfy the factor (exactly: predicates.compare)."""
+        return compare(self.rel, y, x, self.x_offset, self.y_offset)
+
+    def keys(self, y_sorted: np.ndarray, x: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(ykeys, targets, above, below) such that `y rel x` for the pair (y_sorted[i],
+        x[j]) is `ykeys[i] rel targets[j]`, with ykeys still sorted, except where
+        `above`/`below` mark an x whose exact target left the int64 range (INT only).
+        Between INT columns the offsets fold into the target exactly; with a FLOAT
+        involved both sides are doubles as written, and y + c stays sorted because
+        rounding is monotone."""
+        if y_sorted.dtype.kind == "i" and x.dtype.kind == "i":
+            target, above, below = shifted(x, int(self.x_offset) - int(self.y_offset))
+            return y_sorted, target, above, below
+        if "f" in y_sorted.dtype.kind + x.dtype.kind:
+            return as_double(y_sorted, self.y_offset), as_double(x, self.x_offset), None, None
+        return y_sorted, x, None, None
+
+
+def oriented(factor: JoinFactor, new: int) -> Link:
+    """The factor as a condition on source `new`'s column given the other source's."""
+    if factor.left == new:       # y + c1 op x + c2
+        return Link(factor.right, factor.right_column, factor.left_column, factor.op,
+                    factor.offset, factor.left_offset)
+    return Link(factor.left, factor.left_column, factor.right_column, _FLIP[factor.op],
+                factor.left_offset, factor.offset)
 
 
 def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.ndarray],
@@ -108,31 +140,31 @@ def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.nd
             left = np.repeat(np.arange(structs), len(cand))
             right = np.tile(cand, structs)
         else:
-            other, other_col, col, rel, shift = links.pop(driver)
-            y = stems[new].take(col, cand)
+            link = links.pop(driver)
+            y = stems[new].take(link.column, cand)
             by = np.argsort(y, kind="stable")
             y_sorted, cand_sorted = y[by], cand[by]
-            target, above, below = shifted(aligned(other, other_col), shift)
-            lo, hi = _ranges(y_sorted, target, rel)
-            for beyond, holds in ((above, HOLDS_BEYOND[rel][0]), (below, HOLDS_BEYOND[rel][1])):
-                if beyond is not None and beyond.any():     # x + shift left int64
+            ykeys, target, above, below = link.keys(y_sorted,
+                                                    aligned(link.other, link.other_column))
+            lo, hi = _ranges(ykeys, target, link.rel)
+            for beyond, holds in ((above, HOLDS_BEYOND[link.rel][0]),
+                                  (below, HOLDS_BEYOND[link.rel][1])):
+                if beyond is not None and beyond.any():     # x's target left int64
                     lo[beyond] = 0
                     hi[beyond] = len(y_sorted) if holds else 0
             counts = np.maximum(hi - lo, 0)
             left = np.repeat(np.arange(structs), counts)
             starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
             right = cand_sorted[starts + np.arange(len(left))]
-            values[(new, col)] = y_sorted[starts + np.arange(len(left))]
+            values[(new, link.column)] = y_sorted[starts + np.arange(len(left))]
         for key in list(values):
             if key[0] != new:
                 values[key] = values[key][left]
         for source in combo:
             combo[source] = combo[source][left]
         combo[new] = right
-        for other, other_col, col, rel, shift in links:
-            y = aligned(new, col)
-            x = aligned(other, other_col)
-            keep = compare_shifted(rel, y, x, shift)
+        for link in links:
+            keep = link.holds(aligned(new, link.column), aligned(link.other, link.other_column))
             for key in values:
                 values[key] = values[key][keep]
             for source in combo:
@@ -149,7 +181,8 @@ def separate_probe(query: Query, stems: Sequence[DataSteM], outer: int,
     on its own, with the inner item's local factors and its own join factors. Returns
     the (m, 2) combinations, like `join`. O(structs * probe)."""
     links = [oriented(f, inner) for f in query.joins]
-    outer_values = {col: stems[outer].take(col, outer_positions) for _, col, *_ in links}
+    outer_values = {link.other_column: stems[outer].take(link.other_column, outer_positions)
+                    for link in links}
     stem = stems[inner]
     out = []
     for i, p in enumerate(outer_positions.tolist()):
@@ -157,22 +190,22 @@ def separate_probe(query: Query, stems: Sequence[DataSteM], outer: int,
         if len(mask_positions) == 0:
             continue
         keep = np.ones(len(mask_positions), dtype=bool)
-        for _, other_col, col, rel, shift in links:
-            y = stem.take(col, mask_positions)
-            x = np.full(len(y), outer_values[other_col][i])
-            keep &= compare_shifted(rel, y, x, shift)
+        for link in links:
+            y = stem.take(link.column, mask_positions)
+            x = np.full(len(y), outer_values[link.other_column][i])
+            keep &= link.holds(y, x)
         matched = mask_positions[keep]
         mine = np.full(len(matched), p, dtype=np.int64)
         out.append(np.column_stack((mine, matched) if outer < inner else (matched, mine)))
     return np.concatenate(out) if out else np.empty((0, 2), dtype=np.int64)
 
 
-def _driver(links: list[tuple]) -> int | None:
+def _driver(links: list[Link]) -> int | None:
     """The factor to drive the next step: an equality if there is one (most selective
     on uniform data, and a sort-merge), else an inequality (a range per struct)."""
     best = None
     for i, link in enumerate(links):
-        rel = link[3]
+        rel = link.rel
         if rel == "=":
             return i
         if rel != "!=" and best is None:

@@ -28,6 +28,7 @@ from psoup.query.model import (
 from psoup.query.normalize import (
     FLIPPED,
     AttrFactor,
+    integer_offset,
     is_contradiction,
     normalize_factors,
     normalize_joins,
@@ -133,7 +134,7 @@ def check(
         (2, ['a'])
         >>> j = check(parse("SELECT * FROM R r1, R r2 WHERE r2.a > r1.a + 1"), schemas, "...")
         >>> j.joins, j.columns
-        ((JoinFactor(left=0, left_column='a', op='<', right=1, right_column='a', offset=-1),), ['r1.a', 'r2.a'])
+        ((JoinFactor(left=0, left_column='a', op='<', right=1, right_column='a', offset=0, left_offset=1),), ['r1.a', 'r2.a'])
     """
     if isinstance(statement, CreateStream):
         return _check_create(statement, schemas)
@@ -164,12 +165,12 @@ def _check_select(stmt: Select, schemas: Mapping[str, StreamSchema], sql: str) -
     group_by = _group_by(stmt.group_by, scope)
     if group_by or any(item.agg for item in select):
         _check_grouping(stmt.items, select, group_by)
-    local, joins = _factors(stmt.where, scope)
+    local, joins, never = _factors(stmt.where, scope)
     sources = []
     for schema, name, window, factors in zip(scope.schemas, scope.names, windows, local):
         predicates, column_factors = normalize_factors(factors)
         sources.append(Source(schema.name, name, window, predicates, column_factors))
-    contradiction = any(is_contradiction(s.predicates) for s in sources)
+    contradiction = never or any(is_contradiction(s.predicates) for s in sources)
     return Query(
         sql, tuple(sources), select, stmt.distinct, contradiction, normalize_joins(joins),
         group_by,
@@ -480,10 +481,12 @@ _Local = Union[AttrFactor, ColumnFactor]
 
 def _factors(
     factors: Sequence[Factor], scope: _Scope
-) -> tuple[list[list[_Local]], list[JoinFactor]]:
-    """Each FROM item's local factors, and the join factors between items (as written)."""
+) -> tuple[list[list[_Local]], list[JoinFactor], bool]:
+    """Each FROM item's local factors, the join factors between items (as written), and
+    whether some factor can never hold (`a = b + 0.5` between INT columns)."""
     local: list[list[_Local]] = [[] for _ in scope.names]
     joins: list[JoinFactor] = []
+    never = False
     for factor in factors:
         if isinstance(factor, Between):
             index, ctype = _constant_factor(scope, factor.column, [factor.low, factor.high])
@@ -496,15 +499,20 @@ def _factors(
             local[index].append(AttrFactor(factor.column.name, ctype, "in", values))
         else:
             checked = _comparison(factor, scope)
-            if isinstance(checked, JoinFactor):
+            if isinstance(checked, bool):
+                never = never or not checked
+            elif isinstance(checked, JoinFactor):
                 joins.append(checked)
             else:
                 local[checked[0]].append(checked[1])
-    return local, joins
+    return local, joins, never
 
 
-def _comparison(factor: Comparison, scope: _Scope) -> Union[tuple[int, _Local], JoinFactor]:
-    """A local factor with its FROM item's index, or a join factor between two items."""
+def _comparison(
+    factor: Comparison, scope: _Scope
+) -> Union[tuple[int, _Local], JoinFactor, bool]:
+    """A local factor with its FROM item's index, a join factor between two items, or
+    True / False for a comparison of INT columns that always / never holds."""
     left, op, right = factor.left, factor.op, factor.right
     if isinstance(left, Literal) and isinstance(right, Literal):
         raise QueryError(
@@ -535,6 +543,11 @@ def _comparison(factor: Comparison, scope: _Scope) -> Union[tuple[int, _Local], 
             )
         amount = right.amount.value
         offset = amount if right.sign == "+" else -amount  # type: ignore[assignment,operator]
+        if left_type == right_type == "int":
+            exact = integer_offset(op, offset)
+            if isinstance(exact, bool):
+                return exact
+            op, offset = exact
     if left_index == right_index:
         return left_index, ColumnFactor(left.name, op, ref.name, offset)
     return JoinFactor(left_index, left.name, op, right_index, ref.name, offset)

@@ -131,9 +131,10 @@ class AttrPredicate:
 
 @dataclass(frozen=True)
 class ColumnFactor:
-    """A multi-attribute factor on one stream, `left op right + offset` (PSoup's
-    predicateList). `op` is one of = != < <= > >= (<> is folded to !=); `offset` is 0 for
-    TEXT and BOOL columns (arithmetic on them is rejected by the checker)."""
+    """A multi-attribute factor on one stream, `left op right + offset`, as written
+    (PSoup's predicateList). `op` is one of = != < <= > >= (<> is folded to !=); `offset`
+    is 0 for TEXT and BOOL columns (arithmetic on them is rejected by the checker), and
+    an integer when both columns are INT (`integer_offset`)."""
 
     left: str
     op: str
@@ -144,11 +145,13 @@ class ColumnFactor:
 @dataclass(frozen=True)
 class JoinFactor:
     """A join factor between two FROM items (PSoup Sect. 3.2.2):
-    `sources[left].left_column op sources[right].right_column + offset`.
+    `sources[left].left_column + left_offset op sources[right].right_column + offset`.
 
-    Normalized so that `left < right` (`S.b > R.a + 2` with R first in FROM becomes
-    `R.a < S.b - 2`); `op` is one of = != < <= > >=; `offset` is 0 for TEXT and BOOL.
-    A self-join's two sources name the same stream under different aliases.
+    Normalized so that `left < right`, by mirroring the comparison as written: `S.b >
+    R.a + 2` with R first in FROM becomes `R.a + 2 < S.b` (left_offset 2), never `R.a <
+    S.b - 2`, which is not the same comparison in floating point. At most one of the
+    offsets is nonzero; both are 0 for TEXT and BOOL, and integers when both columns
+    are INT. A self-join's two sources name the same stream under different aliases.
     """
 
     left: int
@@ -157,6 +160,7 @@ class JoinFactor:
     right: int
     right_column: str
     offset: int | float = 0
+    left_offset: int | float = 0
 
 
 @dataclass(frozen=True)

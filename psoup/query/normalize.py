@@ -24,7 +24,12 @@ An empty `eq` set and `empty=True` are the two forms of a contradiction on a col
 query then matches nothing (`is_contradiction`).
 
 The join factors between FROM items (PSoup Sect. 3.2.2) are oriented so that the earlier
-item is on the left (`normalize_joins`): `S.b > R.a + 2`, R first in FROM, is `R.a < S.b - 2`.
+item is on the left (`normalize_joins`): `S.b > R.a + 2`, R first in FROM, is `R.a + 2 < S.b`
+(the comparison as written, mirrored).
+
+A factor between two INT columns with a fractional offset is one between integers
+(`integer_offset`): `a < b + 0.5` is `a <= b`, `a = b + 0.5` never holds and `a != b + 0.5`
+always does.
 """
 
 from __future__ import annotations
@@ -104,9 +109,9 @@ def normalize_factors(
 def normalize_joins(factors: Sequence[JoinFactor]) -> tuple[JoinFactor, ...]:
     """Orient the join factors of a query so that `left < right`.
 
-    A factor whose left source comes later in FROM swaps its sides: the operator flips and
-    the offset changes sign (`s.b > r.a + 2` is `r.a < s.b - 2`). Runs in O(f^2) for f
-    factors (f is the handful a WHERE clause holds).
+    A factor whose left source comes later in FROM swaps its sides: the operator flips
+    and each offset stays with its column (`s.b > r.a + 2` is `r.a + 2 < s.b`). Runs in
+    O(f^2) for f factors (f is the handful a WHERE clause holds).
 
     Args:
         factors: the query's checked join factors as written, in WHERE order; in each,
@@ -118,15 +123,16 @@ def normalize_joins(factors: Sequence[JoinFactor]) -> tuple[JoinFactor, ...]:
 
     Example:
         >>> normalize_joins([JoinFactor(1, "b", ">", 0, "a", 2), JoinFactor(0, "a", "<>", 1, "b")])
-        (JoinFactor(left=0, left_column='a', op='<', right=1, right_column='b', offset=-2), JoinFactor(left=0, left_column='a', op='!=', right=1, right_column='b', offset=0))
+        (JoinFactor(left=0, left_column='a', op='<', right=1, right_column='b', offset=0, left_offset=2), JoinFactor(left=0, left_column='a', op='!=', right=1, right_column='b', offset=0, left_offset=0))
     """
     oriented: list[JoinFactor] = []
     for factor in factors:
         op = _canonical_op(factor.op)
         if factor.left > factor.right:
-            # 0 - offset, not -offset: a float offset of 0.0 stays 0.0 rather than -0.0.
+            # mirrored, each offset staying with its column: moving an offset across
+            # (b > a + c as a < b - c) would round differently in floating point
             factor = JoinFactor(factor.right, factor.right_column, FLIPPED[op], factor.left,
-                                factor.left_column, 0 - factor.offset)  # fmt: skip
+                                factor.left_column, factor.left_offset, factor.offset)
         else:
             factor = replace(factor, op=op)
         if factor not in oriented:
@@ -193,6 +199,33 @@ def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
     if lo is None and hi is None and not ne:
         return None
     return AttrPredicate(column, ctype, lo, lo_open, hi, hi_open, ne=frozenset(ne))
+
+
+def integer_offset(op: str, offset: int | float) -> tuple[str, int] | bool:
+    """`x op y + offset` between INT values x and y, as a comparison with an integer
+    offset, or True / False when it holds for every / no pair of integers.
+
+    x - y is an integer d, so `d < 2.5` is `d <= 2`, `d > 2.5` is `d > 2`, `d = 2.5` never
+    holds and `d != 2.5` always does; an infinite offset decides every pair.
+
+    Example:
+        >>> integer_offset("<", 0.5), integer_offset(">=", -0.5), integer_offset("=", 0.5)
+        (('<=', 0), ('>', -1), False)
+        >>> integer_offset("<", 2.0), integer_offset("!=", 1.5)
+        (('<', 2), True)
+    """
+    op = _canonical_op(op)
+    if isinstance(offset, int):
+        return op, offset
+    if math.isinf(offset):
+        return {"=": False, "!=": True, "<": offset > 0, "<=": offset > 0, ">": offset < 0,
+                ">=": offset < 0}[op]
+    if offset.is_integer():
+        return op, int(offset)
+    if op in ("=", "!="):
+        return op == "!="
+    floor = math.floor(offset)
+    return ("<=", floor) if op in ("<", "<=") else (">", floor)
 
 
 def is_contradiction(predicates: Sequence[AttrPredicate]) -> bool:

@@ -424,7 +424,8 @@ class Aggregator:
         rows, SQL's single row: COUNT 0, the other aggregates None."""
         if not keys:
             if self.group_by:
-                return Result(self.query.columns, [], np.empty(0), np.empty(0, np.int64))
+                return Result(self.query.columns, [], np.empty(0), np.empty(0, np.int64),
+                              keys=[])
             keys, counts, ts = [()], [0], np.array([np.nan])
             sums = {c: [None] for c in self.sums}
             extremes = {(c, op): [None] for c, ops in self.extremes.items() for op in ops}
@@ -443,7 +444,8 @@ class Aggregator:
         rows = list(zip(*columns))
         no_ids = np.empty(len(rows), np.int64)
         no_ids.fill(-1)
-        return Result(self.query.columns, rows, np.asarray(ts, dtype=np.float64), no_ids)
+        return Result(self.query.columns, rows, np.asarray(ts, dtype=np.float64), no_ids,
+                      keys=keys)
 
 
 class _Group:
@@ -614,7 +616,8 @@ class AggregateIndex:
             else:
                 row.append(group.extreme(arg, kind, i, j))
         return Result(agg.query.columns, [tuple(row)],
-                      np.array([group.ts.data[group.ts.start + j - 1]]), np.array([-1]))
+                      np.array([group.ts.data[group.ts.start + j - 1]]), np.array([-1]),
+                      keys=[()])
 
     def nbytes(self) -> int:
         return sum(group.nbytes() for group in self._groups.values())

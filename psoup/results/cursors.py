@@ -3,10 +3,19 @@ changes (the STREAM paper's Istream and Dstream of a query's answer).
 
 An invocation's answer is remembered under a fresh cursor (a random prefix drawn once
 per store, so cursors from before a restart never match, and a counter); invoking with
-`since=cursor` compares the new answer with the remembered one. Rows are identified by
-their tupleID (a join's by the tupleIDs of its tuples), so two equal rows from
-different tuples are different rows (bag semantics); a DISTINCT answer is a set, so its rows are identified by their values and a
-row whose first occurrence expired while a later duplicate remains has not changed.
+`since=cursor` compares the new answer with the remembered one. Each row has an
+identity, and the changes are the multiset difference of the two answers' identities:
+
+* a selection row is its tupleID, a join row the tupleIDs of its tuples, so two equal
+  rows from different tuples are different rows (bag semantics);
+* an aggregated row is its group key (`Result.keys`) with its values, so a group whose
+  values changed is deleted (old row) and inserted (new row), and two groups showing
+  equal rows (GROUP BY columns not selected) stay two rows;
+* a DISTINCT answer is a set, so its rows are their values, and a row whose first
+  occurrence expired while a later duplicate remains has not changed.
+
+Applying a poll's `deleted` and then its `inserted` rows to the previous answer, as
+multisets, gives the new answer.
 
 Cursors live in memory: each handle keeps its `per_handle` most recently used ones, so a
 retried poll (the reply was lost) and a few concurrent pollers of one handle all work.
@@ -16,7 +25,7 @@ A cursor older than that, or issued before a restart, raises CursorExpired.
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import numpy as np
 
@@ -71,10 +80,13 @@ class CursorStore:
         kept.move_to_end(since)
         if distinct:
             entered, left = _differ(answer.rows, old.rows)
+        elif answer.keys is not None:            # an aggregated answer: by group and row
+            entered, left = _differ(list(zip(answer.keys, answer.rows)),
+                                    list(zip(old.keys or [], old.rows)))
         elif answer.tuple_ids.ndim == 2:         # a join: one tupleID per FROM item
             entered, left = _differ(list(map(tuple, answer.tuple_ids.tolist())),
                                     list(map(tuple, old.tuple_ids.tolist())))
-        else:
+        else:                                    # tupleIDs are unique in an answer
             entered = ~np.isin(answer.tuple_ids, old.tuple_ids)
             left = ~np.isin(old.tuple_ids, answer.tuple_ids)
         cursor = self.issue(handle, answer)
@@ -86,12 +98,26 @@ class CursorStore:
 
 
 def _differ(new: list, old: list) -> tuple[np.ndarray, np.ndarray]:
-    """Masks of the keys in `new` that are not in `old`, and of those in `old` not in `new`."""
-    old_keys, new_keys = set(old), set(new)
-    return (np.array([key not in old_keys for key in new], dtype=bool),
-            np.array([key not in new_keys for key in old], dtype=bool))
+    """The multiset difference of two lists of row identities, as masks: of the rows of
+    `new` beyond their identity's count in `old` (the last ones of each identity), and of
+    the rows of `old` beyond its count in `new`. O(n + m).
+
+    Example:
+        >>> [m.tolist() for m in _differ(["a", "b", "a"], ["a", "c"])]
+        [[False, True, True], [False, True]]
+    """
+    def beyond(rows: list, other: list) -> np.ndarray:
+        budget = Counter(other)
+        mask = np.empty(len(rows), dtype=bool)
+        for i, key in enumerate(rows):
+            left = budget[key]
+            mask[i] = not left
+            budget[key] = left - 1 if left else 0
+        return mask
+    return beyond(new, old), beyond(old, new)
 
 
 def _subset(result: Result, keep: np.ndarray) -> Result:
     rows = [row for row, k in zip(result.rows, keep.tolist()) if k]
-    return Result(result.columns, rows, result.ts[keep], result.tuple_ids[keep])
+    keys = None if result.keys is None else [k for k, on in zip(result.keys, keep.tolist()) if on]
+    return Result(result.columns, rows, result.ts[keep], result.tuple_ids[keep], keys=keys)

@@ -21,6 +21,9 @@ class Result:
         tuple_ids: the tupleID of each row (numpy int64).
         cursor: pass it as `since` to the next invocation to get only what changed
             (None when the Result was not produced by an invocation).
+        keys: for an aggregated answer, each row's group key (the values of its GROUP BY
+            columns, `()` without GROUP BY): what identifies a row from one answer to the
+            next, since two groups may show equal rows; None otherwise.
 
     Example:
         >>> r = Result(["a"], [(1,), (2,)], np.array([5.0, 6.0]), np.array([1, 2]))
@@ -29,12 +32,14 @@ class Result:
     """
 
     def __init__(self, columns: list[str], rows: list[tuple], ts: np.ndarray,
-                 tuple_ids: np.ndarray, cursor: str | None = None):
+                 tuple_ids: np.ndarray, cursor: str | None = None,
+                 keys: list[tuple] | None = None):
         self.columns = columns
         self.rows = rows
         self.ts = ts
         self.tuple_ids = tuple_ids
         self.cursor = cursor
+        self.keys = keys
 
     @classmethod
     def build(cls, columns: list[str], values: list[np.ndarray], ts: np.ndarray,
@@ -46,12 +51,13 @@ class Result:
         return result.distinct() if distinct else result
 
     def distinct(self) -> "Result":
-        """The rows with duplicates dropped, each kept where it first occurs."""
+        """The rows with duplicates dropped, each kept where it first occurs (a set of
+        rows: the group keys of an aggregated answer no longer identify them)."""
         seen: dict[tuple, int] = {}
         for i, row in enumerate(self.rows):
             seen.setdefault(row, i)
         if len(seen) == len(self.rows):
-            return self
+            return Result(self.columns, self.rows, self.ts, self.tuple_ids, self.cursor)
         keep = np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
         return Result(self.columns, list(seen), self.ts[keep], self.tuple_ids[keep],
                       self.cursor)

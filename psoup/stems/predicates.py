@@ -8,12 +8,14 @@ predicateList of the Query SteM (multi-attribute factors). The shared predicate 
 
 from __future__ import annotations
 
+import math
 import operator
+from fractions import Fraction
 from typing import Callable, Mapping
 
 import numpy as np
 
-from psoup.query.model import AttrPredicate, ColumnFactor, Source
+from psoup.query.model import INT64_MAX, INT64_MIN, AttrPredicate, ColumnFactor, Source
 
 COMPARE: dict[str, Callable] = {
     "=": operator.eq,
@@ -57,53 +59,111 @@ def factor_mask(factor: ColumnFactor, left: np.ndarray, right: np.ndarray) -> np
         >>> factor_mask(f, np.array([1, 9]), np.array([0, 5])).tolist()
         [True, False]
     """
-    return compare_shifted(factor.op, left, right, factor.offset)
+    return compare(factor.op, left, right, factor.offset)
 
 
 #: Per operator, whether `left op right + offset` holds when the exact right-hand side
 #: lies above (True key) or below (False key) the int64 range.
 HOLDS_BEYOND = {"=": (False, False), "!=": (True, True), "<": (True, False),
-           "<=": (True, False), ">": (False, True), ">=": (False, True)}
+                "<=": (True, False), ">": (False, True), ">=": (False, True)}
+
+#: Integers up to this magnitude convert to a double exactly.
+_EXACT_IN_DOUBLE = 2**53
 
 
 def shifted(values: np.ndarray, offset: int | float) -> tuple[np.ndarray, np.ndarray | None,
                                                                 np.ndarray | None]:
-    """`values + offset`, and for int64 values with an int offset the rows whose exact
-    sum lies above / below the int64 range (there the array holds a wrapped value).
+    """`values + offset`, and for int64 values with an int offset (of any size) the rows
+    whose exact sum lies above / below the int64 range (there the array holds a wrapped
+    value); the other rows hold the exact sum.
 
     Example:
         >>> big = np.array([2**63 - 1, 5])
         >>> shifted(big, 1)[1].tolist()
         [True, False]
+        >>> shifted(np.array([-2**63]), 2**64 - 1)[0].tolist()
+        [9223372036854775807]
     """
     if not offset:
         return values, None, None
     if values.dtype.kind == "i" and isinstance(offset, (int, np.integer)):
-        limits = np.iinfo(np.int64)
+        offset = int(offset)
         with np.errstate(over="ignore"):
-            out = values + np.int64(offset)
+            # modulo 2**64 the wrapped sum is the exact one wherever that fits int64
+            out = (values.view(np.uint64) + np.uint64(offset % 2**64)).view(np.int64)
         if offset > 0:
-            return out, values > limits.max - offset, None
-        return out, None, values < limits.min - offset
+            return out, values > INT64_MAX - offset, None
+        return out, None, values < INT64_MIN - offset
     return values + offset, None, None
 
 
-def compare_shifted(op: str, left: np.ndarray, right: np.ndarray,
-                    offset: int | float) -> np.ndarray:
-    """`left op right + offset` per row, exact for int64 even where the sum leaves the
-    int64 range (it never wraps around).
+def as_double(values: np.ndarray, offset: int | float = 0) -> np.ndarray:
+    """`values + offset` as doubles, the way a comparison with a FLOAT sees it: a FLOAT
+    column plus the offset in double arithmetic; an INT column plus the offset exactly,
+    then rounded once to the nearest double (so `a + 0.5` is not `float(a) + 0.5` when
+    `a` is beyond 2**53).
 
     Example:
-        >>> compare_shifted("<", np.array([0]), np.array([2**63 - 1]), 1).tolist()
-        [True]
+        >>> as_double(np.array([2**53 + 1]), 0.5).tolist() == [float(2**53 + 2)]
+        True
+        >>> as_double(np.array([1.5]), 1).tolist()
+        [2.5]
     """
-    rhs, above, below = shifted(right, offset)
-    out = np.asarray(COMPARE[op](left, rhs), dtype=bool)
-    if above is not None and above.any():
-        out[above] = HOLDS_BEYOND[op][0]
-    if below is not None and below.any():
-        out[below] = HOLDS_BEYOND[op][1]
+    if values.dtype.kind != "i":
+        return values.astype(np.float64) + float(offset) if offset else \
+            values.astype(np.float64, copy=False)
+    if not offset:
+        return values.astype(np.float64)
+    if isinstance(offset, float) and offset.is_integer():
+        offset = int(offset)
+    if isinstance(offset, (int, np.integer)):
+        exact, above, below = shifted(values, int(offset))
+        out = exact.astype(np.float64)
+        beyond = [m for m in (above, below) if m is not None and m.any()]
+        for mask in beyond:         # the exact sum left int64: Python ints round it once
+            out[mask] = [float(v + int(offset)) for v in values[mask].tolist()]
+        return out
+    if not math.isfinite(offset):
+        return np.full(len(values), offset)
+    out = values.astype(np.float64) + offset     # one rounding while values are exact
+    big = (values > _EXACT_IN_DOUBLE) | (values < -_EXACT_IN_DOUBLE)
+    if big.any():
+        c = Fraction(offset)
+        out[big] = [float(v + c) for v in values[big].tolist()]
     return out
+
+
+def compare(op: str, left: np.ndarray, right: np.ndarray, offset: int | float = 0,
+            left_offset: int | float = 0) -> np.ndarray:
+    """`left + left_offset op right + offset` per row, as written (docs/semantics.md,
+    "Values and comparisons"):
+
+    * INT with INT is exact, whatever the sizes: the offsets are folded into one integer
+      and the sum never wraps around int64 (the language turns a fractional offset
+      between two INT columns into an integer one first);
+    * when a FLOAT is involved, both sides are doubles (`as_double`): a FLOAT side plus
+      its offset in double arithmetic, an INT side plus its offset exactly and then
+      rounded once;
+    * TEXT and BOOL compare as they are (no offsets).
+
+    Example:
+        >>> compare("<", np.array([0]), np.array([2**63 - 1]), 1).tolist()
+        [True]
+        >>> compare(">", np.array([2.575]), np.array([1.575]), 1).tolist()
+        [False]
+    """
+    kinds = left.dtype.kind + right.dtype.kind
+    if kinds == "ii":
+        rhs, above, below = shifted(right, int(offset) - int(left_offset))
+        out = np.asarray(COMPARE[op](left, rhs), dtype=bool)
+        if above is not None and above.any():
+            out[above] = HOLDS_BEYOND[op][0]
+        if below is not None and below.any():
+            out[below] = HOLDS_BEYOND[op][1]
+        return out
+    if "f" in kinds:
+        left, right = as_double(left, left_offset), as_double(right, offset)
+    return np.asarray(COMPARE[op](left, right), dtype=bool)
 
 
 def source_mask(source: Source, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
