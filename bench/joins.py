@@ -37,6 +37,8 @@ import common  # noqa: E402  (bench/ is put on sys.path just above)
 import psoup  # noqa: E402
 from psoup.eddy.hybrid import join, separate_probe  # noqa: E402
 from psoup.query import compile_statement  # noqa: E402
+from psoup.stems.batch import make_batch  # noqa: E402
+from psoup.stems.data_stem import DataSteM  # noqa: E402
 
 MODES = ("partial", "complete", "nomat")
 LABELS = {"partial": "PSoup-P", "complete": "PSoup-C", "nomat": "NoMat", "duckdb": "DuckDB"}
@@ -232,12 +234,14 @@ WORKLOADS = {"Eq/Ineq": ("=", "ineq"), "Ineq/Eq": ("ineq", "="), "Ineq/Ineq": ("
 def bench_fig11(s: dict) -> list[dict]:
     n = s["fig11_rows"]
     gen = common.rng(21)
-    eng = psoup.Engine()
-    for name in "RS":
-        eng.execute(CREATE[name])
-        eng.insert(name, common.data_columns(gen, n), ts=np.arange(n, dtype=np.float64))
-    stems = [eng._stems["R"], eng._stems["S"]]
-    schemas = {name: stem.schema for name, stem in eng._stems.items()}
+    stems = []                  # the two Data SteMs alone: Fig. 11 measures the join step
+    for i, name in enumerate("RS"):
+        stem = DataSteM(compile_statement(CREATE[name], {}))
+        batch = make_batch(stem.schema, common.data_columns(gen, n),
+                           np.arange(n, dtype=np.float64), 0.0, stem.last_ts)
+        stem.append(batch, np.arange(i * n, (i + 1) * n))
+        stems.append(stem)
+    schemas = {stem.schema.name: stem.schema for stem in stems}
     rows = []
     for label, (relop3, relop2) in WORKLOADS.items():
         composite = separate = 0.0
@@ -249,11 +253,11 @@ def bench_fig11(s: dict) -> list[dict]:
                    f"{common.constant(gen)} AND R.a {op2} S.b AND S.b {op3} "
                    f"{common.constant(gen)}")
             query = compile_statement(sql, schemas)
-            outer = stems[0].probe(query.sources[0], 0, n)       # steps 1-3 of Fig. 4
+            outer = stems[0].probe(query.sources[0])       # steps 1-3 of Fig. 4
             structs += len(outer)
 
             def run_composite():
-                inner = stems[1].probe(query.sources[1], 0, n)
+                inner = stems[1].probe(query.sources[1])
                 return join(query, stems, {0: outer, 1: inner}, [0, 1])
 
             def run_separate():

@@ -26,6 +26,7 @@ from psoup.codec import encode_array
 from psoup.config import parse_address, token_path
 from psoup.errors import PSoupError, SchemaError
 from psoup.results.result import Changes, Result
+from psoup.server.ops import OPS
 from psoup.server.protocol import (HEADER, ProtocolError, decode_answer, error_of,
                                    pack_frame, unpack_payload)
 
@@ -102,18 +103,17 @@ class Client:
 
     def execute(self, sql: str) -> str | None:
         """Run one statement: CREATE STREAM returns None, SELECT returns its handle."""
-        return self._request("execute", {"sql": sql}, idempotent=False)
+        return self._request("execute", {"sql": sql})
 
     def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
                       retain: str | None = None) -> None:
         """Declare a stream: column name -> type, in order; the same as CREATE STREAM."""
         wire = dict(columns) if isinstance(columns, Mapping) else [list(c) for c in columns]
-        self._request("create_stream", {"name": name, "columns": wire, "retain": retain},
-                      idempotent=False)
+        self._request("create_stream", {"name": name, "columns": wire, "retain": retain})
 
     def register(self, sql: str) -> str:
         """Register a standing query; returns its handle."""
-        return self._request("register", {"sql": sql}, idempotent=False)
+        return self._request("register", {"sql": sql})
 
     def insert(self, stream: str, rows: Any, ts: Any = None) -> np.ndarray:
         """Insert rows into `stream`; returns their tupleIDs (numpy int64).
@@ -153,30 +153,29 @@ class Client:
             args["now"] = now
         if since is not None:
             args["since"] = since
-        return decode_answer(self._request("invoke", args, idempotent=True))
+        return decode_answer(self._request("invoke", args))
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working."""
-        self._request("unregister", {"handle": handle}, idempotent=False)
+        self._request("unregister", {"handle": handle})
 
     def evaluate_history(self, handles: list[str] | None = None, master: str | None = None,
                          wait: float = 3600.0) -> dict[str, int]:
         """Engine.evaluate_history on the server (a Spark job there; waits up to `wait`
         seconds for it)."""
-        return self._request("history", {"handles": handles, "master": master},
-                             idempotent=True, wait=wait)
+        return self._request("history", {"handles": handles, "master": master}, wait=wait)
 
     def queries(self) -> list[tuple[str, str]]:
         """[(handle, sql), ...] in registration order."""
-        return [tuple(pair) for pair in self._request("queries", {}, idempotent=True)]
+        return [tuple(pair) for pair in self._request("queries", {})]
 
     def stats(self) -> dict[str, Any]:
         """The server engine's statistics (Engine.stats)."""
-        return self._request("stats", {}, idempotent=True)
+        return self._request("stats", {})
 
     def ping(self) -> str:
         """'pong', from a live, authenticated connection."""
-        return self._request("ping", {}, idempotent=True)
+        return self._request("ping", {})
 
     def close(self) -> None:
         """Close the connection; the client cannot be used afterwards. Idempotent."""
@@ -202,7 +201,7 @@ class Client:
         while its frame is larger than the server accepts."""
         part = dict(_slice_rows(rows, ts, start, stop), stream=stream)
         try:
-            reply = self._request("insert", part, idempotent=False)
+            reply = self._request("insert", part)
         except ProtocolError as exc:
             if exc.code == "frame_too_large" and stop is not None and stop - start > 1:
                 mid = (start + stop) // 2
@@ -282,8 +281,11 @@ class Client:
 
     # ------------------------------------------------------------------ the connection
 
-    def _request(self, op: str, args: dict[str, Any], idempotent: bool,
-                 wait: float | None = None) -> Any:
+    def _request(self, op: str, args: dict[str, Any], wait: float | None = None) -> Any:
+        """Send one request and return its result; a broken connection is repaired and
+        the request sent again when that cannot apply it twice (psoup.server.ops says
+        which operations are idempotent)."""
+        idempotent = OPS[op].idempotent
         with self._lock:
             if self._closed:
                 raise PSoupError("this client is closed; open a new Client")

@@ -1,13 +1,20 @@
-"""The public, in-process psoup API (API.md, "Python, embedded").
+"""The public, in-process psoup API (docs/api.md, "Python, embedded").
 
-`Engine` wires the pieces of ARCHITECTURE.md together and adds no logic of its own:
-statements are compiled by `psoup.query`, tuples are checked by `psoup.stems.batch`,
-the Eddy routes both through the SteMs into the Results Structure, and an invocation
-resolves the query's window from the WindowsTable and reads the Results Structure.
+`Engine` is a facade: every method checks its input and delegates.
+
+* Statements are compiled by `psoup.query`; tuples are checked by `psoup.stems.batch`.
+* A registration gets its Query SteM slots (`psoup.stems.query_stem`), its windows in
+  the WindowsTable, and the sinks that will keep its matches (`psoup.results
+  .materialized`); the Eddy (`psoup.eddy`) then routes the query through the SteMs.
+* A batch is routed by the Eddy into its Data SteM and through the Query SteM.
+* An invocation is answered by `psoup.results.answers` from what the mode keeps; `since`
+  cursors by `psoup.results.cursors`; archive tiers (history) by `psoup.results.tiers`
+  with a Spark pass from `psoup.spark.history`.
+
 Every public method holds one lock for its whole effect, so each call is atomic with
 respect to the others (stream-prefix consistency across threads as well).
 
-With a `path`, the engine is durable (psoup.archive.journal): each change is logged
+With a `path`, the engine is durable (psoup.journal.journal): each change is logged
 before it is applied and before the call returns, and a new Engine on the same path
 replays the log, so streams, retained tuples, handles and results all come back.
 """
@@ -24,31 +31,31 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from psoup.archive.wal import SYNC_MODES
-from psoup.eddy.eddy import Eddy, JoinPlan
+from psoup.journal.wal import SYNC_MODES
+from psoup.eddy.eddy import Eddy
 from psoup.eddy.routing import POLICIES
 from psoup.errors import PSoupError, QueryError, UnknownHandle
 from psoup.locks import FairLock
 from psoup.query import compile_statement, parse_type
-from psoup.query.model import TS, TUPLE_ID, Query, Source, StreamSchema, Window
-from psoup.results.aggregates import AggregateIndex, Aggregator
-from psoup.results.complete import CompleteResults
+from psoup.query.model import Query, StreamSchema
+from psoup.results.answers import Answers
+from psoup.results.base import SinkTable
 from psoup.results.cursors import CursorStore
-from psoup.results.history import Tier
-from psoup.results.joins import JoinResults
-from psoup.results.nomat import NoMatResults
-from psoup.results.partial import PartialResults
+from psoup.results.materialized import Materialized
+from psoup.results.modes import MODES as MODE_TABLE
 from psoup.results.result import Changes, Result
+from psoup.results.tiers import ArchiveTiers
 from psoup.results.windows_table import WindowsTable
 from psoup.stems.batch import make_batch
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.query_stem import QuerySteM, slot_rows
+from psoup.stems.query_stem import JoinPlan, Plan, QuerySteM, SelectionPlan
+from psoup.stems.span import Span
 
 if TYPE_CHECKING:
-    from psoup.archive.journal import Journal, Record
+    from psoup.journal.journal import Journal, Record
 
 #: The engine modes of PSoup Sect. 5: PSoup-P (default), PSoup-C and NoMat.
-MODES = ("partial", "complete", "nomat")
+MODES = tuple(MODE_TABLE)
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -78,6 +85,9 @@ class Engine:
         shared_joins: False joins each new batch once per join query instead of once
             per group of join queries sharing streams and join factors (composite
             tuples across queries, Sect. 5.4); for benchmarks, answers are identical.
+        max_factors: the most AND-ed factors a WHERE clause may have (None: no limit);
+            each is a row of the predicate index, so this bounds what one query costs
+            every later batch.
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -92,8 +102,8 @@ class Engine:
                  clock: Callable[[], float] = time.time, chunk_rows: int = 8192,
                  shared_index: bool = True, sync: str = "always",
                  checkpoint_bytes: int = 64 << 20, routing: str = "adaptive",
-                 shared_joins: bool = True):
-        if mode not in MODES:
+                 shared_joins: bool = True, max_factors: int | None = None):
+        if mode not in MODE_TABLE:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
             raise ValueError(f"unknown sync {sync!r} (choose from {', '.join(SYNC_MODES)})")
@@ -102,36 +112,33 @@ class Engine:
         if routing not in POLICIES:
             raise ValueError(f"unknown routing {routing!r} (choose from {', '.join(POLICIES)})")
         self.mode = mode
+        self.max_factors = max_factors
         self._clock = clock
         self._chunk_rows = chunk_rows
         self._lock = FairLock()
         self._stems: dict[str, DataSteM] = {}
         self._query_stem = QuerySteM(shared=shared_index)
-        if mode == "partial":
-            self._results = PartialResults(chunk_rows)
-        elif mode == "complete":
-            self._results = CompleteResults()
-        else:
-            self._results = NoMatResults()
+        sinks = SinkTable()
+        self._eddy = Eddy(self._stems, self._query_stem, sinks,
+                          MODE_TABLE[mode].materializes, POLICIES[routing]())
+        self._kept = Materialized(MODE_TABLE[mode], self._stems, sinks, self._eddy,
+                                  chunk_rows, shared_joins)
         self._windows = WindowsTable()
-        self._eddy = Eddy(self._stems, self._query_stem, self._results,
-                          JoinResults(eager=mode == "complete"), POLICIES[routing](),
-                          shared_joins=shared_joins)
-        # handle -> the slot of a selection query, or the plan of a join query, in
-        # registration order
-        self._handles: dict[str, int | JoinPlan] = {}
+        self._tiers = ArchiveTiers(self._stems, self._query_stem.probe)
+        self._answers = Answers(self._stems, self._windows, self._kept, self._tiers)
+        self._handles: dict[str, Plan] = {}     # in registration order
         self._ddl: dict[str, str] = {}          # stream -> its CREATE STREAM statement
         self._cursors = CursorStore()
-        self._tiers: dict[int, Tier] = {}       # slot -> its archive tier (history)
         self._next_tid = 0
         self._started = clock()
         self.path = None if path is None else Path(path)
         self._journal: Journal | None = None
         self._closed = False
         if path is not None:
-            from psoup.archive.journal import Journal   # pyarrow loads only when durable
+            from psoup.journal.journal import Journal   # pyarrow loads only when durable
             self._journal = Journal(path, sync, checkpoint_bytes)
-            self._recover()
+            for record in self._journal.replay():
+                self._apply(record)
 
     # ------------------------------------------------------------------ statements
 
@@ -140,7 +147,7 @@ class Engine:
         its handle."""
         with self._lock:
             self._check_open()
-            stmt = compile_statement(sql, self._schemas())
+            stmt = self._compile(sql)
             if isinstance(stmt, StreamSchema):
                 if self._journal is not None:
                     self._journal.create(sql)
@@ -172,11 +179,14 @@ class Engine:
         """
         with self._lock:
             self._check_open()
-            stmt = compile_statement(sql, self._schemas())
+            stmt = self._compile(sql)
             if not isinstance(stmt, Query):
                 raise QueryError("register() takes a SELECT statement; use execute() for "
                                  "CREATE STREAM")
             return self._register_new(stmt)
+
+    def _compile(self, sql: str) -> StreamSchema | Query:
+        return compile_statement(sql, self._schemas(), max_factors=self.max_factors)
 
     def _create(self, schema: StreamSchema, sql: str) -> None:
         stem = DataSteM(schema, self._chunk_rows)
@@ -194,33 +204,19 @@ class Engine:
         return handle
 
     def _register(self, query: Query, handle: str) -> None:
+        allocate = self._query_stem.allocate
+        plan: Plan
         if len(query.sources) > 1:
-            self._handles[handle] = self._register_join(query)
-            return
-        slot = self._query_stem.allocate()
-        self._windows.add(slot, tuple(s.window for s in query.sources))
-        if query.aggregated and self._results.materializes and not query.contradiction:
-            aggregator = Aggregator(query)
-            self._eddy.aggregates[slot] = (query.sources[0].stream, AggregateIndex(aggregator),
-                                           [column for _, column in aggregator.needed])
-        self._eddy.submit_query(slot, query)
+            slots = tuple(allocate() for _ in query.sources)
+            plan = JoinPlan(slots[0], query, slots,
+                            tuple(query.local(i) for i in range(len(query.sources))))
+        else:
+            plan = SelectionPlan(allocate(), query)
+        self._windows.add(plan.id, tuple(s.window for s in query.sources))
+        self._kept.add(plan)
+        self._eddy.submit_query(plan)
         self._eddy.run()
-        self._handles[handle] = slot
-
-    def _register_join(self, query: Query) -> JoinPlan:
-        """A join query takes one Query SteM slot per FROM item, for that item's local
-        factors; its first slot doubles as its id."""
-        slots = tuple(self._query_stem.allocate() for _ in query.sources)
-        locals_ = tuple(
-            Query(f"{query.sql} [local to {source.alias}]",
-                  (Source(source.stream, source.alias, Window(), source.predicates,
-                          source.column_factors),), (), contradiction=query.contradiction)
-            for source in query.sources)
-        plan = JoinPlan(slots[0], query, slots, locals_)
-        self._windows.add(plan.jid, tuple(s.window for s in query.sources))
-        self._eddy.submit_join(plan)
-        self._eddy.run()
-        return plan
+        self._handles[handle] = plan
 
     # ------------------------------------------------------------------ data
 
@@ -264,82 +260,36 @@ class Engine:
         left (psoup.results.cursors); a forgotten cursor raises CursorExpired.
         """
         with self._lock:
-            registered = self._slot(handle)
-            now = self._now(now)
-            if isinstance(registered, JoinPlan):
-                answer = self._join_answer(registered, now)
-            else:
-                answer = self._answer(registered, now)
-            query = self._query(registered)
-            if query.aggregated and query.distinct:
-                answer = answer.distinct()
+            plan = self._plan(handle)
+            answer = self._answers.answer(plan, self._now(now))
             if since is None:
                 self._cursors.issue(handle, answer)
                 return answer
-            return self._cursors.changes(handle, since, answer, query.distinct)
+            return self._cursors.changes(handle, since, answer, plan.query.distinct)
 
-    def _join_answer(self, plan: JoinPlan, now: float) -> Result:
-        query = plan.query
-        stems = self._eddy.stems_of(query)
-        entries = self._eddy.join_matches(plan, self._windows.spans(plan.jid, stems, now))
-        if query.aggregated:
-            aggregator = Aggregator(query)
-            values = {(i, column): stems[i].gather(column, entries.positions[:, i])
-                      for i, column in aggregator.needed}
-            return aggregator.compute(values, entries.earliest)
-        got = [stem.gather_columns(
-                   list(dict.fromkeys([it.column for it in query.select if it.source == i]
-                                      + [TUPLE_ID])), entries.positions[:, i])
-               for i, stem in enumerate(stems)]
-        values = [got[item.source][item.column] for item in query.select]
-        tuple_ids = np.column_stack([g[TUPLE_ID] for g in got])
-        return Result.build(query.columns, values, entries.earliest, tuple_ids, query.distinct)
+    def unregister(self, handle: str) -> None:
+        """Remove a standing query; its handle stops working and its slot is reused."""
+        with self._lock:
+            self._check_open()
+            self._plan(handle)
+            if self._journal is not None:
+                self._journal.unregister(handle)
+            self._unregister(handle)
+            self._after_write()
 
-    def _answer(self, slot: int, now: float) -> Result:
-        query = self._query_stem.queries[slot]
-        source = query.sources[0]
-        stem = self._stems[source.stream]
-        archived = self._archived(slot, source.window, now)
-        if query.contradiction:
-            positions = np.empty(0, np.int64)
-        else:
-            span = self._windows.spans(slot, [stem], now)[0]
-            kept = self._eddy.aggregates.get(slot)
-            if kept is not None and isinstance(span, tuple) and not archived:
-                return kept[1].answer(*span)          # Sect. 6: no scan of the window
-            positions = self._results.matches(slot, source, stem, span)
-        if query.aggregated:
-            aggregator = Aggregator(query)
-            got = self._fetch(stem, [c for _, c in aggregator.needed] + [TS], positions, archived)
-            return aggregator.compute({(0, c): got[c] for _, c in aggregator.needed}, got[TS])
-        names = [item.column for item in query.select]
-        got = self._fetch(stem, list(dict.fromkeys(names + [TS, TUPLE_ID])), positions, archived)
-        return Result.build(query.columns, [got[name] for name in names], got[TS],
-                            got[TUPLE_ID], query.distinct)
+    def _unregister(self, handle: str) -> None:
+        plan = self._handles.pop(handle)
+        self._tiers.forget(plan.id)
+        self._eddy.submit_removal(plan)
+        self._eddy.run()
+        self._kept.forget(plan)
+        self._windows.remove(plan.id)
+        self._cursors.forget(handle)
 
-    @staticmethod
-    def _fetch(stem: DataSteM, names: list[str], positions: np.ndarray,
-               archived: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-        """Columns of the matches at `positions`, after the archived matches (older)."""
-        got = stem.take_columns(names, positions)
-        if archived:
-            got = {name: np.concatenate([archived[name], got[name]]) for name in names}
-        return got
-
-    def _archived(self, slot: int, window: Window, now: float) -> dict[str, np.ndarray] | None:
-        """The query's archived matches in its window, when it has history: all of them
-        for an unbounded window, a ts range for a time window; ROWS and PARTITION BY
-        windows count the tuples in memory only (docs/history.md)."""
-        tier = self._tiers.get(slot)
-        if tier is None or not len(tier):
-            return None
-        if window.kind == "all":
-            got = tier.columns
-        elif window.kind == "range":
-            got = tier.between(window.begin.resolve(now), window.end.resolve(now))
-        else:
-            return None
-        return got if got and len(got[TUPLE_ID]) else None
+    def queries(self) -> list[tuple[str, str]]:
+        """[(handle, sql), ...] in registration order."""
+        with self._lock:
+            return [(h, plan.query.sql) for h, plan in self._handles.items()]
 
     # ------------------------------------------------------------------ history
 
@@ -369,138 +319,82 @@ class Engine:
                 raise PSoupError("history needs a durable engine: Engine(path=DIR) archives "
                                  "what leaves memory under DIR/archive")
             chosen = list(handles) if handles is not None else [
-                h for h, r in self._handles.items()
-                if not isinstance(r, JoinPlan) and r not in self._tiers]
-            plan: dict[str, list[tuple[str, int]]] = {}
+                h for h, p in self._handles.items()
+                if isinstance(p, SelectionPlan) and p.slot not in self._tiers]
+            jobs: dict[str, list[SelectionPlan]] = {}
             for handle in chosen:
-                registered = self._slot(handle)
-                if isinstance(registered, JoinPlan):
+                plan = self._plan(handle)
+                if isinstance(plan, JoinPlan):
                     raise QueryError("history is evaluated for selection queries only; "
                                      f"{handle[:12]}... is a join")
-                query = self._query_stem.queries[registered]
-                if registered not in self._tiers:
-                    plan.setdefault(query.sources[0].stream, []).append((handle, registered))
-            if not plan:
-                return {h: len(self._tiers.get(self._slot(h), ())) for h in chosen}
-            from psoup.results.history import Tier
-            from psoup.spark import history
-            from psoup.spark.session import spark_session
-            self._journal.archive.flush()
-            spark = spark_session(master)
-            found = {}      # every stream's matches first: a failure installs nothing
-            for stream, members in plan.items():
-                stem = self._stems[stream]
-                below = int(stem.rows(stem.oldest, stem.oldest + 1, expired=True)[TUPLE_ID][0]) \
-                    if stem.oldest < stem.n else self._next_tid
-                queries = [(slot, self._query_stem.queries[slot].sql) for _, slot in members]
-                matches = history.evaluate(spark, self._journal.archive.root, self._ddl[stream],
-                                           stem.schema, queries, below, progress)
-                found[stream] = _split_matches(matches, stem.schema, [s for _, s in members])
-            for stream, tiers in found.items():
-                stem = self._stems[stream]
-                for slot, columns in tiers.items():
-                    self._tiers[slot] = Tier()
-                    self._tiers[slot].append(columns)
-                self._tier_held(stream, stem.rows(stem.oldest, stem.horizon, expired=True),
-                                list(tiers))
-                stem.on_horizon = partial(self._horizon_moved, stream)
-            return {h: len(self._tiers.get(self._slot(h), ())) for h in chosen}
+                if plan.slot not in self._tiers:
+                    jobs.setdefault(plan.query.sources[0].stream, []).append(plan)
+            if jobs:
+                from psoup.spark.history import Job, evaluate_jobs
+                found = evaluate_jobs(self._journal.archive, [
+                    Job(self._ddl[stream], self._stems[stream].schema,
+                        [(p.slot, p.query.sql) for p in plans],
+                        self._stems[stream].oldest_tuple_id(self._next_tid))
+                    for stream, plans in jobs.items()], master, progress)
+                for stream, tiers in found.items():
+                    self._tiers.install(stream, tiers)
+            return {h: self._tiers.count(self._plan(h).id) for h in chosen}
 
-    def _horizon_moved(self, stream: str, old: int, new: int) -> None:
-        """Retention passed [old, new): the matches there move to the archive tiers."""
-        slots = [slot for slot in self._tiers
-                 if self._query_stem.queries[slot].sources[0].stream == stream]
-        if slots:
-            self._tier_held(stream, self._stems[stream].rows(old, new, expired=True), slots)
-
-    def _tier_held(self, stream: str, rows: dict[str, np.ndarray], slots: list[int]) -> None:
-        """Probe tuples still held in memory but past retention for the tiers' queries."""
-        n = len(rows[TS])
-        if not n:
-            return
-        bits = self._query_stem.probe(stream, rows, n)
-        for slot in slots:
-            hit = slot_rows(bits, slot)
-            self._tiers[slot].append({name: values[hit] for name, values in rows.items()})
-
-    def unregister(self, handle: str) -> None:
-        """Remove a standing query; its handle stops working and its slot is reused."""
-        with self._lock:
-            self._check_open()
-            self._slot(handle)
-            if self._journal is not None:
-                self._journal.unregister(handle)
-            self._unregister(handle)
-            self._after_write()
-
-    def _unregister(self, handle: str) -> None:
-        registered = self._slot(handle)
-        if not isinstance(registered, JoinPlan) and self._tiers.pop(registered, None):
-            stream = self._query_stem.queries[registered].sources[0].stream
-            if not any(self._query_stem.queries[s].sources[0].stream == stream
-                       for s in self._tiers):
-                self._stems[stream].on_horizon = None
-        if isinstance(registered, JoinPlan):
-            self._eddy.submit_join_removal(registered)
-            self._windows.remove(registered.jid)
-        else:
-            self._eddy.submit_removal(registered)
-            self._windows.remove(registered)
-        self._eddy.run()
-        self._cursors.forget(handle)
-        del self._handles[handle]
-
-    def queries(self) -> list[tuple[str, str]]:
-        """[(handle, sql), ...] in registration order."""
-        with self._lock:
-            return [(h, self._query(r).sql) for h, r in self._handles.items()]
-
-    def _query(self, registered: int | JoinPlan) -> Query:
-        if isinstance(registered, JoinPlan):
-            return registered.query
-        return self._query_stem.queries[registered]
+    # ------------------------------------------------------------------ introspection
 
     def stats(self) -> dict[str, Any]:
         """Per stream rows, bytes and rates; per query result counts; memory use."""
         with self._lock:
             elapsed = max(self._clock() - self._started, 1e-9)
-            streams = {}
-            for name, stem in self._stems.items():
-                streams[name] = {
-                    "columns": dict(stem.schema.columns),
-                    "rows": stem.retained,
-                    "rows_total": stem.rows_total,
-                    "bytes": stem.nbytes(),
-                    "latest_ts": stem.last_ts if stem.n else None,
-                    "rows_per_s": stem.rows_total / elapsed,
-                }
-            queries = {}
-            for handle, registered in self._handles.items():
-                query = self._query(registered)
-                if isinstance(registered, JoinPlan):
-                    stems = self._eddy.stems_of(query)
-                    count = len(self._eddy.join_matches(
-                        registered, [(stem.horizon, stem.n) for stem in stems]))
-                    slot = registered.jid
-                else:
-                    source, slot = query.sources[0], registered
-                    stem = self._stems[source.stream]
-                    count = 0 if query.contradiction else len(
-                        self._results.matches(slot, source, stem, (stem.horizon, stem.n)))
-                queries[handle] = {"sql": query.sql, "slot": slot, "results": count}
-            data = sum(s["bytes"] for s in streams.values())
-            memory = {"data": data,
-                      "results": self._results.nbytes() + self._eddy.join_nbytes(),
-                      "history": sum(t.nbytes() for t in self._tiers.values()),
+            streams = {name: {"columns": dict(stem.schema.columns), "rows": stem.retained,
+                              "rows_total": stem.rows_total, "bytes": stem.nbytes(),
+                              "latest_ts": stem.last_ts if stem.n else None,
+                              "rows_per_s": stem.rows_total / elapsed}
+                       for name, stem in self._stems.items()}
+            queries = {handle: {"sql": plan.query.sql, "slot": plan.id,
+                                "results": self._retained_matches(plan),
+                                "history": plan.id in self._tiers,
+                                "archived": self._tiers.count(plan.id)}
+                       for handle, plan in self._handles.items()}
+            groups = self._kept.groups
+            for handle, plan in self._handles.items():
+                if isinstance(plan, JoinPlan) and plan.jid in groups:
+                    group = groups.of(plan.jid)
+                    queries[handle].update(group=group.gid, member=group.members[plan.jid])
+            memory = {"data": sum(s["bytes"] for s in streams.values()),
+                      "results": self._kept.nbytes(), "history": self._tiers.nbytes(),
                       "queries": self._query_stem.nbytes()}
             memory["total"] = sum(memory.values())
             out = {"mode": self.mode, "streams": streams, "queries": queries,
+                   "join_groups": {group.gid: group.stats() for group in groups},
                    "memory": memory}
             if self._journal is not None:
                 out["durability"] = {"path": str(self.path), "sync": self._journal.wal.sync,
                                      "log_bytes": self._journal.wal.size,
                                      "archive_buffered_rows": self._journal.archive.buffered_rows}
             return out
+
+    def _check(self) -> None:
+        """Assert the invariants of every structure and between them (for tests)."""
+        with self._lock:
+            plans = list(self._handles.values())
+            for stem in self._stems.values():
+                stem._check()
+            self._query_stem._check()
+            slots = [slot for p in plans for slot in
+                     ((p.slot,) if isinstance(p, SelectionPlan) else p.slots)]
+            assert len(slots) == len(set(slots)) and set(slots) == set(
+                self._query_stem.queries), "the handles' slots are the Query SteM's"
+            self._kept._check(plans)
+            self._tiers._check([p.slot for p in plans if isinstance(p, SelectionPlan)])
+
+    def _retained_matches(self, plan: Plan) -> int:
+        """How many retained tuples (or combinations) match the query's WHERE clause."""
+        stems = self._kept.stems_of(plan)
+        spans = [Span.range(stem.horizon, stem.n) for stem in stems]
+        if isinstance(plan, JoinPlan):
+            return len(self._kept.join(plan, spans))
+        return len(self._kept.selection(plan, spans[0]))
 
     # ------------------------------------------------------------------ durability
 
@@ -517,12 +411,12 @@ class Engine:
             self._check_open()
             if self._journal is None:
                 return
-            from psoup.archive.journal import StreamImage
+            from psoup.journal.journal import StreamImage
             images = {name: StreamImage(self._ddl[name], stem.schema.columns,
                                         stem.rows(stem.horizon, stem.n),
                                         stem.rows(0, stem.horizon, expired=True))
                       for name, stem in self._stems.items()}
-            handles = [(h, self._query(r).sql) for h, r in self._handles.items()]
+            handles = [(h, plan.query.sql) for h, plan in self._handles.items()]
             self._journal.checkpoint(images, self._next_tid, handles)
 
     def close(self) -> None:
@@ -546,20 +440,20 @@ class Engine:
         if self._closed:
             raise PSoupError("this engine is closed; open a new Engine on its path")
 
-    def _recover(self) -> None:
-        """Rebuild the state the log describes, through the ordinary paths."""
-        for record in self._journal.replay():
-            self._apply(record)
-
     def _apply(self, record: Record) -> None:
+        """Redo one log record through the ordinary paths (recovery)."""
         if record.op == "create":
-            self._create(compile_statement(record.sql, self._schemas()), record.sql)
+            stmt = compile_statement(record.sql, self._schemas())
+            assert isinstance(stmt, StreamSchema)
+            self._create(stmt, record.sql)
         elif record.op == "insert":
             stem = self._stem(record.stream)
             batch = make_batch(stem.schema, record.columns, record.ts, 0.0, stem.last_ts)
             self._append(record.stream, batch, record.tuple_ids)
         elif record.op == "register":
-            self._register(compile_statement(record.sql, self._schemas()), record.handle)
+            query = compile_statement(record.sql, self._schemas())
+            assert isinstance(query, Query)
+            self._register(query, record.handle)
         elif record.op == "unregister":
             self._unregister(record.handle)
         elif record.op == "state":
@@ -577,12 +471,12 @@ class Engine:
             raise QueryError(f"unknown stream '{stream}' (streams: {known})")
         return stem
 
-    def _slot(self, handle: str) -> int | JoinPlan:
-        slot = self._handles.get(handle) if isinstance(handle, str) else None
-        if slot is None:
+    def _plan(self, handle: str) -> Plan:
+        plan = self._handles.get(handle) if isinstance(handle, str) else None
+        if plan is None:
             raise UnknownHandle(f"unknown handle {str(handle)[:12]!r}: not issued by this "
                                 "engine, or unregistered")
-        return slot
+        return plan
 
     def _now(self, now: float | None) -> float:
         if now is None:
@@ -594,25 +488,3 @@ class Engine:
         if not math.isfinite(value):
             raise QueryError(f"now must be finite, got {now!r}")
         return value
-
-
-def _split_matches(matches: Any, schema: StreamSchema, slots: list[int]
-                   ) -> dict[int, dict[str, np.ndarray]]:
-    """Spark's match table (slot, tuple_id, ts, columns; sorted by slot, tupleID) as
-    psoup columns per slot."""
-    from psoup.archive.parquet import TS_COLUMN, TUPLE_ID_COLUMN
-    from psoup.stems.batch import DTYPES
-    slot_of = matches.column("slot").to_numpy()
-    names = {TS: TS_COLUMN, TUPLE_ID: TUPLE_ID_COLUMN, **{c: c for c, _ in schema.columns}}
-    types = {TS: np.dtype(np.float64), TUPLE_ID: np.dtype(np.int64),
-             **{c: DTYPES[t] for c, t in schema.columns}}
-    columns = {}
-    for name, source in names.items():
-        column = matches.column(source)
-        columns[name] = (np.array(column.to_pylist(), dtype=object) if types[name] == object
-                         else column.to_numpy().astype(types[name], copy=False))
-    out = {}
-    for slot in slots:
-        a, b = np.searchsorted(slot_of, [slot, slot + 1])
-        out[slot] = {name: values[a:b] for name, values in columns.items()}
-    return out

@@ -37,6 +37,13 @@ class SchemaError(PSoupError, ValueError):
     code = "schema"
 
 
+class LimitError(PSoupError, ValueError):
+    """A request beyond a configured limit (a WHERE clause of too many factors, a batch
+    of too many rows); the message names the limit. Nothing was applied."""
+
+    code = "limit"
+
+
 class UnknownHandle(PSoupError, KeyError):
     """A handle that this engine did not issue, or that was unregistered."""
 

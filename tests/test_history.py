@@ -1,10 +1,9 @@
 """Historical evaluation and hybrid queries (issue 6): standing queries evaluated over the
 archive by one Spark pass, then answered over archive + memory with an exact boundary.
 
-The oracle is DuckDB over the archive's Parquet files plus the tuples still in memory
-(docs/history.md): every tuple inserted is in exactly one of the two, so the hybrid
-answer must equal the query run over their union. ROWS windows count the tuples in
-memory only, as documented.
+The oracle is DuckDB over every tuple inserted: each is either in the archive or still
+in memory, so the hybrid answer must equal the query run over all of them. ROWS windows
+count the tuples in memory only, as documented.
 """
 
 from __future__ import annotations
@@ -45,28 +44,22 @@ DUCK = {
 
 
 def _fill(eng, gen, start, batches, rows):
+    """Insert `batches` batches of 10 rows, ts from `start`; record them in `rows`
+    (column -> list: ts, tid, a, b, t)."""
     for i in range(batches):
         ts = start + i * 10 + np.arange(10, dtype=float)
-        eng.insert("R", {"a": gen.integers(0, 10, 10), "b": np.round(gen.random(10), 3),
-                         "t": np.array([f"k{v}" for v in gen.integers(0, 4, 10)], dtype=object)},
-                   ts=ts)
-        rows.extend(ts.tolist())
+        batch = {"a": gen.integers(0, 10, 10), "b": np.round(gen.random(10), 3),
+                 "t": np.array([f"k{v}" for v in gen.integers(0, 4, 10)], dtype=object)}
+        tids = eng.insert("R", batch, ts=ts)
+        for name, values in (("ts", ts), ("tid", tids), *batch.items()):
+            rows.setdefault(name, []).extend(values.tolist())
 
 
-def _oracle(parts):
-    """DuckDB with `src` = the union of the parts (archive files, memory)."""
+def _oracle(rows):
+    """DuckDB with `src` = every tuple inserted (ts, tid, a, b, t)."""
     con = duckdb.connect()
-    tables = [part.select(["ts", "tuple_id", "a", "b", "t"]).rename_columns(
-        ["ts", "tid", "a", "b", "t"]) for part in parts]
-    con.register("src", pa.concat_tables(tables))
+    con.register("src", pa.table(rows))
     return con
-
-
-def _memory_table(eng):
-    stem = eng._stems["R"]
-    held = stem.rows(stem.oldest, stem.n, expired=True)
-    return pa.table({"ts": held["ts"], "tuple_id": held["tupleID"], "a": held["a"],
-                     "b": held["b"], "t": held["t"].tolist()})
 
 
 def _check(eng, handles, con, now):
@@ -87,7 +80,7 @@ def test_hybrid_answers_equal_duckdb_over_archive_files_plus_memory(tmp_path, mo
     eng = psoup.Engine(path=tmp_path / "state", mode=mode, clock=clock, chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
     handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
-    inserted: list[float] = []
+    inserted: dict[str, list] = {}
     _fill(eng, gen, 0, 30, inserted)               # ts 0 .. 299; memory keeps ~35
     memory_before = eng.invoke(handles["all"], now=300.0).rows
     counts = eng.evaluate_history()
@@ -95,30 +88,19 @@ def test_hybrid_answers_equal_duckdb_over_archive_files_plus_memory(tmp_path, mo
     assert counts[handles["rows"]] > 0              # a tier is kept, though ROWS ignores it
     archive = pa.dataset.dataset(str(tmp_path / "state" / "archive" / "stream=R"),
                                  format="parquet").to_table()
-    assert archive.num_rows + len(_memory_table(eng)) >= len(inserted)
-    stem = eng._stems["R"]
-    oldest_tid = int(stem.rows(stem.oldest, stem.oldest + 1, expired=True)["tupleID"][0])
-    archive = archive.filter(pa.compute.less(archive["tuple_id"], oldest_tid))
-    con = _oracle([archive, _memory_table(eng)])
-    assert con.execute("SELECT count(*) FROM src").fetchone()[0] == len(inserted)
-    _check(eng, handles, con, 300.0)
+    assert archive.num_rows >= 300 - 35 - 8        # all but memory (35 + a part chunk)
+    _check(eng, handles, _oracle(inserted), 300.0)
     # the tier really answers: memory alone had far fewer rows
     assert len(eng.invoke(handles["all"], now=300.0).rows) > 3 * len(memory_before)
-    # ROWS windows count the tuples in memory only
-    assert eng.invoke(handles["rows"], now=300.0).tuple_ids.min() >= oldest_tid
+    # ROWS windows count the tuples in memory only: the 12 newest
+    assert eng.invoke(handles["rows"], now=300.0).tuple_ids.min() >= 300 - 12
+    eng._check()
 
     # more data: tuples leave memory after the evaluation, and the tier follows them
     _fill(eng, gen, 300, 12, inserted)
     eng.commit()
-    stem = eng._stems["R"]
-    oldest_tid = int(stem.rows(stem.oldest, stem.oldest + 1, expired=True)["tupleID"][0])
-    eng._journal.archive.flush()
-    archive = pa.dataset.dataset(str(tmp_path / "state" / "archive" / "stream=R"),
-                                 format="parquet").to_table()
-    archive = archive.filter(pa.compute.less(archive["tuple_id"], oldest_tid))
-    con = _oracle([archive, _memory_table(eng)])
-    assert con.execute("SELECT count(*) FROM src").fetchone()[0] == len(inserted)
-    _check(eng, handles, con, 420.0)
+    _check(eng, handles, _oracle(inserted), 420.0)
+    eng._check()
     eng.close()
 
 
@@ -131,15 +113,16 @@ def test_one_spark_pass_per_stream_evaluates_every_query(tmp_path, monkeypatch):
     eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     handles = [eng.register(f"SELECT a FROM R WHERE a > {k}") for k in range(40)]
-    _fill(eng, np.random.default_rng(1), 0, 8, [])
+    inserted: dict[str, list] = {}
+    _fill(eng, np.random.default_rng(1), 0, 8, inserted)
     counts = eng.evaluate_history()
     assert calls == [40]
     # a > k matches fewer tuples as k grows; all 80 tuples are reachable again
     got = [counts[h] for h in handles]
     assert got == sorted(got, reverse=True) and got[-1] == 0
+    retained = inserted["a"][-10:]                              # RETAIN 10 ROWS
     assert len(eng.invoke(handles[0], now=100.0).rows) == counts[handles[0]] + sum(
-        1 for row in eng._stems["R"].rows(eng._stems["R"].horizon, eng._stems["R"].n)["a"]
-        if row > 0)
+        1 for a in retained if a > 0)
     assert eng.evaluate_history() == {} and calls == [40]     # nothing left to evaluate
     assert eng.evaluate_history(handles[:2]) == {h: counts[h] for h in handles[:2]}
     assert calls == [40]                                         # already evaluated
@@ -164,7 +147,7 @@ def test_tiers_do_not_survive_a_restart_and_evaluating_again_restores_the_answer
     eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a, t FROM R WHERE a > 3")
-    _fill(eng, np.random.default_rng(2), 0, 6, [])
+    _fill(eng, np.random.default_rng(2), 0, 6, {})
     eng.evaluate_history()
     whole = eng.invoke(h, now=100.0).rows
     eng.close()
@@ -212,7 +195,7 @@ def test_a_corrupt_archive_file_is_named_and_nothing_is_applied(tmp_path):
     hq = eng.register("SELECT a FROM Q WHERE a >= 0")
     hr = eng.register("SELECT a FROM R WHERE a >= 0")
     gen = np.random.default_rng(3)
-    _fill(eng, gen, 0, 6, [])
+    _fill(eng, gen, 0, 6, {})
     for i in range(6):
         eng.insert("Q", {"a": np.arange(10), "b": np.zeros(10), "t": np.array(["q"] * 10,
                                                                               dtype=object)},
@@ -224,15 +207,15 @@ def test_a_corrupt_archive_file_is_named_and_nothing_is_applied(tmp_path):
     with pytest.raises(PSoupError, match=r"history of stream R: \S+stream=R\S+/part-\d+-\d+"
                                          r"\.parquet is not a readable Parquet file"):
         eng.evaluate_history()
-    assert eng._tiers == {}                                      # not even Q's
+    assert not any(q["history"] for q in eng.stats()["queries"].values())   # not even Q's
     assert (eng.invoke(hq, now=100.0).rows, eng.invoke(hr, now=100.0).rows) == before
     assert eng.evaluate_history([hq]) == {hq: 50}                # Q's archive is fine
     eng.close()
 
 
 @pytest.mark.parametrize("damage, message", [
-    ("missing", r"has no column 'b'"),
-    ("type", r"column 'a' is string, not INT"),
+    ("missing", r"history of stream R: \S+\.parquet: no column 'b'"),
+    ("type", r"column 'a' holds string, but stream 'R' declares it INT"),
     ("unsorted", r"ts decreases within \S+part-00000000000000000001-00000000000000000003"
                  r"\.parquet \(from 9001\.0 to 9000\.0\)"),
 ])
@@ -241,7 +224,7 @@ def test_a_bad_archive_file_is_named_and_nothing_is_applied(tmp_path, damage, me
     eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a FROM R WHERE a >= 0")
-    _fill(eng, np.random.default_rng(4), 0, 4, [])
+    _fill(eng, np.random.default_rng(4), 0, 4, {})
     eng._journal.archive.flush()
     columns = {"ts": [9001.0, 9000.0, 9002.0] if damage == "unsorted" else [1.0, 2.0, 3.0],
                "tuple_id": [1, 2, 3], "a": [1, 2, 3], "b": [0.5] * 3, "t": ["x"] * 3}
@@ -256,7 +239,8 @@ def test_a_bad_archive_file_is_named_and_nothing_is_applied(tmp_path, damage, me
     before = eng.invoke(h, now=100.0).rows
     with pytest.raises(PSoupError, match=message):
         eng.evaluate_history()
-    assert eng._tiers == {} and eng.invoke(h, now=100.0).rows == before
+    assert not eng.stats()["queries"][h]["history"]
+    assert eng.invoke(h, now=100.0).rows == before
     eng.close()
 
 
@@ -268,11 +252,13 @@ def test_unregistering_with_history_around(tmp_path):
     eng.execute("CREATE STREAM S (a INT)")
     h = eng.register("SELECT a FROM R WHERE a > 3")
     join = eng.register("SELECT R.a FROM R, S WHERE R.a = S.a")
-    _fill(eng, np.random.default_rng(6), 0, 4, [])
+    _fill(eng, np.random.default_rng(6), 0, 4, {})
     eng.evaluate_history([h])
     eng.unregister(join)
-    assert eng._stems["R"].on_horizon is not None
+    assert eng.stats()["queries"][h]["history"]
+    eng._check()                        # the hook stays while a tier is on the stream
     eng.unregister(h)
-    assert eng._tiers == {} and eng._stems["R"].on_horizon is None
-    _fill(eng, np.random.default_rng(7), 100, 2, [])        # no hook, no tier: fine
+    assert eng.stats()["memory"]["history"] == 0
+    eng._check()                        # ... and goes with the last one
+    _fill(eng, np.random.default_rng(7), 100, 2, {})        # no hook, no tier: fine
     eng.close()

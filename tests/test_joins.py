@@ -795,19 +795,20 @@ def test_siblings_share_one_group_and_each_gets_its_own_answer(mode):
     h2 = eng.register("SELECT R.a, S.y FROM R, S WHERE S.y < 10 AND R.x > 6 AND "
                       "S.b = R.a")                      # the factors in another order
     sid += eng.insert("S", s_rows[2:], ts=3.0).tolist()
-    eddy = eng._eddy
-    assert len(eddy.groups) == 1                         # one structure for all three
+    groups = eng.stats()["join_groups"]
+    assert len(groups) == 1                              # one structure for all three
     for h, (rx, sy) in zip((h0, h1, h2), bounds):
         want = _brute(r_rows, s_rows, rx, sy)
         got = eng.invoke(h, now=10.0).tuple_ids.tolist()
         assert sorted(map(tuple, got)) == sorted((rid[i], sid[j]) for i, j in want)
     # every combination is stored once: (R0, S0) serves h0 and h1 (found for h0 by a
     # batch and for h1 over old data), and the count is the union of the answers
-    group = next(iter(eddy.groups.values()))
     union = set()
     for rx, sy in bounds:
         union |= set(_brute(r_rows, s_rows, rx, sy))
-    assert len(eddy.join_results.entries(group.gid, eddy.stems_of(group.query))) == len(union)
+    (group,) = groups.values()
+    assert group["members"] == 3 and group["entries"] == len(union)
+    eng._check()
 
 
 @pytest.mark.parametrize("mode", ["partial", "complete"])
@@ -820,18 +821,20 @@ def test_a_member_leaving_clears_its_bits_and_its_index_is_reused_clean(mode):
     eng.insert("S", [(1, 0)], ts=1.0)
     assert len(eng.invoke(narrow, now=5.0)) == 1 and len(eng.invoke(wide, now=5.0)) == 2
     eng.unregister(narrow)
-    group = next(iter(eng._eddy.groups.values()))
-    assert list(group.members.values()) == [0]
+    assert eng.stats()["queries"][wide]["member"] == 0
     # the newcomer takes index 1; it must not inherit the old member's combination
     none = eng.register(sql.format(1000))
-    assert group.members[eng._handles[none].jid] == 1
+    assert eng.stats()["queries"][none]["member"] == 1
+    eng._check()
     assert len(eng.invoke(none, now=5.0)) == 0
     assert len(eng.invoke(wide, now=5.0)) == 2
     eng.insert("R", [(1, 2000)], ts=2.0)
     assert len(eng.invoke(none, now=5.0)) == 1 and len(eng.invoke(wide, now=5.0)) == 3
     eng.unregister(wide)
     eng.unregister(none)
-    assert eng._eddy.groups == {} and eng._eddy.join_nbytes() == 0
+    stats = eng.stats()
+    assert stats["join_groups"] == {} and stats["memory"]["results"] == 0
+    eng._check()
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -852,26 +855,12 @@ def test_groups_of_more_than_64_members_match_each_query_alone(shared):
     rid += eng.insert("R", r_rows[6:], ts=2.0).tolist()
     sid += eng.insert("S", s_rows[6:], ts=2.0).tolist()
     eng.insert("T", [(5,), (0,)], ts=2.0)
-    assert len(eng._eddy.groups) == (1 if shared else 70)
+    assert len(eng.stats()["join_groups"]) == (1 if shared else 70)
+    eng._check()
     for h, (rx, sy) in zip(handles, bounds):
         want = sorted((rid[i], sid[j]) for i, j in _brute(r_rows, s_rows, rx, sy))
         assert sorted(map(tuple, eng.invoke(h, now=5.0).tuple_ids.tolist())) == want
     assert eng.invoke(sel, now=5.0).rows == [(5,)]
-
-
-def test_member_bits_regroups_slots_the_same_way_for_few_and_many_members():
-    from psoup.eddy.groups import member_bits
-    rng = np.random.default_rng(3)
-    probe = rng.integers(0, 2**63, size=(9, 3), dtype=np.int64).astype("<u8")
-    slots = [int(v) for v in rng.choice(192, size=40, replace=False)]
-    many = member_bits(probe, slots, 1)
-    few = np.concatenate([member_bits(probe, slots[i:i + 8], 1) for i in range(0, 40, 8)])
-    for g, slot in enumerate(slots):
-        want = (probe[:, slot // 64] >> np.uint64(slot % 64)) & np.uint64(1)
-        assert ((many[:, 0] >> np.uint64(g)) & np.uint64(1)).tolist() == want.tolist()
-        chunk, k = divmod(g, 8)
-        got = (few[chunk * 9:(chunk + 1) * 9, 0] >> np.uint64(k)) & np.uint64(1)
-        assert got.tolist() == want.tolist()
 
 
 # ----------------------------------------------------------------------------------

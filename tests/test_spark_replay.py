@@ -356,7 +356,7 @@ def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
     ("bad_ts.csv", "lane,speed,road,ts\n1,2,x,yesterday\n",
      "timestamp column 'ts' holds 'yesterday'"),
     ("broken.jsonl", '{"lane": 1, "speed": 2.0, "road": "x", "ts": 5}\n{"lane": 1,\n',
-     "Spark cannot read it as json ([MALFORMED_RECORD_IN_PARSING"),
+     "Spark cannot read it as jsonl ([MALFORMED_RECORD_IN_PARSING"),
 ])
 def test_import_error_names_file_and_column_and_writes_nothing(spark, tmp_path, name, text,
                                                                 complaint):

@@ -17,7 +17,7 @@ import msgpack
 import pytest
 
 import psoup
-from psoup.archive.wal import WriteAheadLog
+from psoup.journal.wal import WriteAheadLog
 from psoup.errors import PSoupError
 
 RECORDS = [
@@ -364,7 +364,7 @@ def test_leftover_older_segment_is_removed(tmp_path):
 
 CHILD = textwrap.dedent("""
     import sys
-    from psoup.archive.wal import WriteAheadLog
+    from psoup.journal.wal import WriteAheadLog
     wal = WriteAheadLog(sys.argv[1], sync="off")
     for _ in wal.replay():
         pass

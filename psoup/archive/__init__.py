@@ -1,12 +1,10 @@
-"""Durability: the write-ahead log and the Parquet archive of expired data.
+"""The archive: tuples that left a Data SteM's retention, as Parquet by stream and day.
 
 PSoup keeps only a maximum window in its Data SteMs and leaves disk-resident streams to
 future work (PSoup paper, Sect. 4.2, footnote 3); "Remembrance of Streams Past" (Sect. 5.1)
-archives a stream as an append-only store clustered by timestamp. psoup splits that job in
-two (ARCHITECTURE.md, "Archive and history"):
+archives a stream as an append-only store clustered by timestamp:
 
-- `psoup.archive.wal.WriteAheadLog`: every acknowledged insert or registration, framed and
-  checksummed, so a restarted engine replays exactly what it acknowledged (invariant 4);
-- `psoup.archive.parquet.Archive`: tuples that left retention, as Parquet files partitioned
-  by stream and UTC day, for the Spark job and any Parquet reader.
+- `psoup.archive.layout`: the part files' layout, names, types and checks;
+- `psoup.archive.parquet.Archive`: writes expired tuples as part files, for the Spark jobs
+  (psoup.spark) and any Parquet reader.
 """

@@ -20,9 +20,7 @@ expired rows again without any being archived twice.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
@@ -30,23 +28,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from psoup.archive.wal import fsync_dir
+from psoup.journal.wal import fsync_dir
+from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN,
+                                  arrow_schema, part_path)
 from psoup.errors import SchemaError
 from psoup.query.model import TS, TUPLE_ID
 from psoup.stems.batch import DTYPES
-
-#: Arrow type of each psoup column type.
-ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "text": pa.string(),
-               "bool": pa.bool_()}
-
-#: The archive's names for the implicit columns (Parquet readers expect snake_case).
-TS_COLUMN, TUPLE_ID_COLUMN = "ts", "tuple_id"
-
-#: A part file's name: the first and the last tupleID it holds.
-PART_NAME = re.compile(r"part-(\d{20})-(\d{20})\.parquet\Z")
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-#: A date partition holds one UTC day of a stream.
-SECONDS_PER_DAY = 86400.0
 
 
 class _Buffer:
@@ -325,54 +312,6 @@ class Archive:
             if m:
                 yield (path.parent.parent.name[len("stream="):], int(m.group(1)),
                        int(m.group(2)), path)
-
-
-def part_path(root: str | Path, stream: str, ts: float, first: int, last: int) -> Path:
-    """Where the part file of `stream` holding tupleIDs `first`..`last`, the first of them
-    stamped `ts`, lives under `root` (the module docstring's layout). O(1).
-
-    Example:
-        >>> part_path("arc", "R", 86400.5, 3, 9).as_posix()
-        'arc/stream=R/date=1970-01-02/part-00000000000000000003-00000000000000000009.parquet'
-    """
-    day = np.datetime64(int(np.floor_divide(ts, SECONDS_PER_DAY)), "D")
-    name = f"part-{first:020d}-{last:020d}.parquet"
-    return Path(root) / f"stream={stream}" / f"date={day}" / name
-
-
-def stream_columns(schema: pa.Schema) -> list[tuple[str, str]] | None:
-    """The psoup schema a part file carries in its metadata, None if it has none.
-
-    Example:
-        >>> stream_columns(arrow_schema("R", [("a", "int"), ("s", "text")]))
-        [('a', 'int'), ('s', 'text')]
-    """
-    raw = (schema.metadata or {}).get(b"psoup.columns")
-    if raw is None:
-        return None
-    return [(str(name), str(ctype)) for name, ctype in json.loads(raw)]
-
-
-def arrow_schema(stream: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
-    """The Arrow schema of a stream's part files, with the psoup schema as metadata.
-
-    Raises:
-        SchemaError: a bad stream name, an unknown type, or a column named ts or tuple_id.
-    """
-    if not isinstance(stream, str) or not _IDENTIFIER.match(stream):
-        raise SchemaError(f"{stream!r} is not a valid stream name (letters, digits, _)")
-    fields = [pa.field(TS_COLUMN, pa.float64()), pa.field(TUPLE_ID_COLUMN, pa.int64())]
-    for name, ctype in columns:
-        if ctype not in ARROW_TYPES:
-            raise SchemaError(f"stream '{stream}', column '{name}': unknown type {ctype!r} "
-                              f"(expected one of {', '.join(ARROW_TYPES)})")
-        if name in (TS_COLUMN, TUPLE_ID_COLUMN):
-            raise SchemaError(f"stream '{stream}': column '{name}' collides with the "
-                              f"archive's own '{name}' column")
-        fields.append(pa.field(name, ARROW_TYPES[ctype]))
-    metadata = {b"psoup.stream": stream.encode(),
-                b"psoup.columns": json.dumps([[n, t] for n, t in columns]).encode()}
-    return pa.schema(fields, metadata=metadata)
 
 
 def _checked(stream: str, columns: Sequence[tuple[str, str]],

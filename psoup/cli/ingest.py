@@ -37,11 +37,6 @@ import pyarrow.compute as pc
 
 from psoup.errors import PSoupError
 
-#: The input formats, and the file extensions that imply them.
-FORMATS = ("csv", "jsonl", "parquet")
-EXTENSIONS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
-              ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
-
 _OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open}
 _CSV_BLOCK = 1 << 20          # bytes per CSV read; batches are cut from blocks by row count
 _BOOLS = pa.array(["true", "false"])
@@ -72,29 +67,6 @@ class IngestReport:
     @property
     def rate(self) -> float:
         return self.rows / max(self.seconds, 1e-9)
-
-
-def guess_format(name: str) -> str:
-    """The format implied by a file name ("-" for stdin is CSV).
-
-    Raises:
-        ValueError: an extension no format claims.
-
-    Example:
-        >>> guess_format("traffic.csv.gz"), guess_format("x.jsonl"), guess_format("-")
-        ('csv', 'jsonl', 'csv')
-    """
-    if name == "-":
-        return "csv"
-    path = Path(name)
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] in _OPENERS:
-        suffixes.pop()
-    fmt = EXTENSIONS.get(suffixes[-1]) if suffixes else None
-    if fmt is None:
-        raise ValueError(f"cannot tell the format of {name!r} from its extension; pass "
-                         f"--format ({', '.join(FORMATS)})")
-    return fmt
 
 
 def read_batches(source: str | IO[bytes], fmt: str, batch_rows: int,

@@ -36,6 +36,8 @@ from psoup.client import Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address, token_path
 from psoup.engine import SYNC_MODES
 from psoup.errors import CursorExpired, PSoupError, UnknownHandle
+from psoup.formats import ALIASES, canonical, guess_format
+from psoup.formats import FORMATS as INPUT_FORMATS
 from psoup.query.timeparse import timestamp_seconds
 from psoup.results.result import Changes, Result
 from psoup.spark import importer as importing
@@ -231,7 +233,8 @@ def stream_create(settings: Settings, name: str, columns: str, retain: str | Non
 @main.command(short_help="Append the rows of a file to a stream.")
 @click.argument("stream_name", metavar="STREAM")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
-@click.option("--format", "fmt", type=click.Choice(ingesting.FORMATS), default=None,
+@click.option("--format", "fmt", type=click.Choice(INPUT_FORMATS + tuple(ALIASES)),
+              default=None,
               help="The input format; by default guessed from FILE's extension (stdin: csv).")
 @click.option("--batch-rows", type=click.IntRange(1, 1_000_000), default=50_000,
               show_default=True, help="Rows per insert; each batch is applied whole or not "
@@ -251,7 +254,7 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
     """
     settings: Settings = ctx.obj
     try:
-        fmt = fmt or ingesting.guess_format(file)
+        fmt = canonical(fmt) if fmt else guess_format(file)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="FILE") from None
     source = click.open_file("-", "rb") if file == "-" else file
@@ -468,8 +471,9 @@ def archive() -> None:
 @click.option("--ts-column", default="ts", show_default=True,
               help="The column holding each row's timestamp: seconds since the epoch or "
                    "ISO 8601 (UTC unless it carries an offset).")
-@click.option("--format", "fmt", type=click.Choice(importing.FORMATS), default=None,
-              help="The input format (json: one object per line); by default guessed "
+@click.option("--format", "fmt", type=click.Choice(INPUT_FORMATS + tuple(ALIASES)),
+              default=None,
+              help="The input format (jsonl, or json: one object per line); by default guessed "
                    "from each file's name.")
 @click.option("--into", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="The archive directory; created if missing.")

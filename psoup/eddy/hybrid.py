@@ -125,7 +125,8 @@ def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.nd
     def aligned(source: int, column: str) -> np.ndarray:
         got = values.get((source, column))
         if got is None:
-            got = values[(source, column)] = stems[source].gather(column, combo[source])
+            got = values[(source, column)] = stems[source].column(column, combo[source],
+                                                                    any_order=True)
         return got
 
     for new in order[1:]:
@@ -141,7 +142,7 @@ def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.nd
             right = np.tile(cand, structs)
         else:
             link = links.pop(driver)
-            y = stems[new].take(link.column, cand)
+            y = stems[new].column(link.column, cand)
             by = np.argsort(y, kind="stable")
             y_sorted, cand_sorted = y[by], cand[by]
             ykeys, target, above, below = link.keys(y_sorted,
@@ -181,17 +182,18 @@ def separate_probe(query: Query, stems: Sequence[DataSteM], outer: int,
     on its own, with the inner item's local factors and its own join factors. Returns
     the (m, 2) combinations, like `join`. O(structs * probe)."""
     links = [oriented(f, inner) for f in query.joins]
-    outer_values = {link.other_column: stems[outer].take(link.other_column, outer_positions)
+    outer_values = {link.other_column: stems[outer].column(link.other_column,
+                                                              outer_positions)
                     for link in links}
     stem = stems[inner]
     out = []
     for i, p in enumerate(outer_positions.tolist()):
-        mask_positions = stem.probe(inner_source, stem.horizon, stem.n)
+        mask_positions = stem.probe(inner_source)
         if len(mask_positions) == 0:
             continue
         keep = np.ones(len(mask_positions), dtype=bool)
         for link in links:
-            y = stem.take(link.column, mask_positions)
+            y = stem.column(link.column, mask_positions)
             x = np.full(len(y), outer_values[link.other_column][i])
             keep &= link.holds(y, x)
         matched = mask_positions[keep]

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 from typing import Mapping, Union
 
+from psoup.errors import LimitError
 from psoup.query.checker import check, check_retain, parse_type
 from psoup.query.model import Query, StreamSchema
 from psoup.query.parser import parse, parse_retention
+from psoup.query.syntax import Select
 
 __all__ = ["compile_statement", "parse_retain", "parse_type"]
 
 
-def compile_statement(sql: str, schemas: Mapping[str, StreamSchema]) -> Union[StreamSchema, Query]:
+def compile_statement(sql: str, schemas: Mapping[str, StreamSchema],
+                      max_factors: int | None = None) -> Union[StreamSchema, Query]:
     """Compile one statement against the existing streams.
 
     Args:
         sql: one CREATE STREAM or SELECT statement, optionally ending with `;`.
         schemas: the existing streams by name.
+        max_factors: the most AND-ed factors a WHERE clause may have (None: any).
 
     Returns:
         The new stream's schema for CREATE STREAM; the checked, normalized query for
@@ -30,6 +34,7 @@ def compile_statement(sql: str, schemas: Mapping[str, StreamSchema]) -> Union[St
 
     Raises:
         QueryError: anything wrong with the statement; nothing is registered.
+        LimitError: a WHERE clause of more than `max_factors` factors.
 
     Example:
         >>> r = compile_statement("CREATE STREAM R (a INT, name TEXT) RETAIN 1 HOUR", {})
@@ -39,7 +44,12 @@ def compile_statement(sql: str, schemas: Mapping[str, StreamSchema]) -> Union[St
         >>> q.columns, (q.sources[0].predicates[0].lo, q.sources[0].predicates[0].hi)
         (['name'], (1, 4))
     """
-    return check(parse(sql), schemas, sql)
+    statement = parse(sql)
+    if max_factors is not None and isinstance(statement, Select) and \
+            len(statement.where) > max_factors:
+        raise LimitError(f"a WHERE clause of {len(statement.where)} factors exceeds the "
+                         f"limit of {max_factors}")
+    return check(statement, schemas, sql)
 
 
 def parse_retain(text: str) -> tuple[float | None, int | None]:

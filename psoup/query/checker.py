@@ -15,6 +15,7 @@ from typing import Mapping, Sequence, Union
 
 from psoup.errors import QueryError
 from psoup.query.model import (
+    AGGREGATES,
     IMPLICIT_COLUMNS,
     ColumnFactor,
     JoinFactor,
@@ -428,7 +429,7 @@ def _aggregate(entry: SelectAggregate, scope: _Scope) -> tuple[int, str, str]:
     if ref is None:
         return 0, "*", entry.alias or "count(*)"
     index, ctype = scope.resolve(ref)
-    if entry.function != "count" and _kind(ctype) != "number":
+    if AGGREGATES[entry.function].numbers_only and _kind(ctype) != "number":
         raise QueryError(
             f"{entry.function.upper()} over {ctype.upper()} column '{ref.display}' is not "
             "supported (INT or FLOAT columns only)",

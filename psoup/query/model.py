@@ -12,9 +12,9 @@ used: BOOL values are `bool`), `float` for FLOAT, `str` for TEXT.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Union
+from typing import Any, Callable, Union
 
 Value = Union[int, float, str, bool]
 
@@ -90,14 +90,6 @@ class Window:
     rows: int | None = None
     partition_by: tuple[str, ...] = ()
 
-    @property
-    def is_constant(self) -> bool:
-        """True when the window does not depend on NOW (a snapshot window)."""
-        return (
-            self.kind == "range"
-            and not self.begin.relative  # type: ignore[union-attr]
-            and not self.end.relative  # type: ignore[union-attr]
-        )
 
 
 @dataclass(frozen=True)
@@ -183,8 +175,39 @@ class Source:
     column_factors: tuple[ColumnFactor, ...] = ()
 
 
-#: The aggregate functions of the select list, by their lowercase names.
-AGGREGATES = ("count", "sum", "avg", "min", "max")
+@dataclass(frozen=True)
+class AggregateFunction:
+    """One aggregate function of the select list (PSoup Sect. 6), everything each layer
+    needs to know of it in one row of `AGGREGATES`:
+
+    Attributes:
+        name: its lowercase name.
+        numbers_only: its argument must be INT or FLOAT (else any type).
+        star: it also takes `*` (COUNT(*)).
+        keeps: what a group must keep for it besides its row count, by the structures
+            of psoup.results.aggregates: None (the count is enough), "sum" (prefix
+            sums), or "min" / "max" (an annotation of the ranked tree).
+        fold: the answer from a group's row count and what it keeps (None for an empty
+            group's statistic): SQL's values, NULL (None) where it has none.
+    """
+
+    name: str
+    numbers_only: bool
+    star: bool
+    keeps: str | None
+    fold: Callable[[int, Any], Any]
+
+
+#: The aggregate functions by lowercase name; the parser, the checker and the
+#: structures all read this table (a new function is a new row here, and a structure
+#: in psoup.results.aggregates if it keeps something new).
+AGGREGATES: dict[str, AggregateFunction] = {f.name: f for f in (
+    AggregateFunction("count", False, True, None, lambda n, _: n),
+    AggregateFunction("sum", True, False, "sum", lambda n, s: s if n else None),
+    AggregateFunction("avg", True, False, "sum", lambda n, s: s / n if n else None),
+    AggregateFunction("min", True, False, "min", lambda n, m: m if n else None),
+    AggregateFunction("max", True, False, "max", lambda n, m: m if n else None),
+)}
 
 
 @dataclass(frozen=True)
@@ -231,3 +254,18 @@ class Query:
     def aggregated(self) -> bool:
         """True when the answer is one row per group (aggregates or GROUP BY)."""
         return bool(self.group_by) or any(item.agg for item in self.select)
+
+    def local(self, item: int) -> Query:
+        """The factors on FROM item `item` alone, as a one-stream query over everything
+        retained: what a join files in the Query SteM for that item, so that the one
+        probe of a batch serves selections and joins alike (PSoup Sect. 3.2.2).
+
+        Example:
+            >>> q = Query("SELECT ...", (Source("R", "r", Window("rows", rows=5)),
+            ...                          Source("S", "S", Window())), ())
+            >>> q.local(0).sql, q.local(0).sources[0].window
+            ('SELECT ... [local to r]', Window(kind='all', begin=None, end=None, rows=None, partition_by=()))
+        """
+        source = replace(self.sources[item], window=Window())
+        return Query(f"{self.sql} [local to {source.alias}]", (source,), (),
+                     contradiction=self.contradiction)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from psoup.errors import QueryError
-from psoup.query.model import INT64_MAX, INT64_MIN
+from psoup.query.model import AGGREGATES, INT64_MAX, INT64_MIN
 from psoup.query.syntax import (
     BeginEnd,
     Between,
@@ -55,7 +55,7 @@ from psoup.query.tokens import (
 )
 
 COMPARISON_OPS = ("=", "!=", "<>", "<", "<=", ">", ">=")
-AGGREGATES = frozenset({"COUNT", "SUM", "AVG", "MIN", "MAX"})
+_AGGREGATE_NAMES = frozenset(name.upper() for name in AGGREGATES)
 _ARITHMETIC = ("+", "-", "*")
 _AGGREGATE_HERE = "aggregates are not supported here ({name})"
 
@@ -260,7 +260,7 @@ class _Parser:
         tok = self._tok
         name, pos = self._name("a column")
         if self._tok.is_symbol("("):
-            if name.upper() in AGGREGATES:
+            if name.upper() in _AGGREGATE_NAMES:
                 raise QueryError(aggregate_error.format(name=name), *tok.pos)
             raise QueryError(f"functions are not supported ({name})", *tok.pos)
         ref = ColumnRef(tok.pos, None, name, pos)
@@ -315,7 +315,7 @@ class _Parser:
             return Star(tok.pos, tok.text)
         if tok.kind not in (NAME, KEYWORD):
             self._fail("a column or '*'")
-        if tok.kind == NAME and tok.text.upper() in AGGREGATES and self._peek(1).is_symbol("("):
+        if tok.kind == NAME and tok.text.upper() in _AGGREGATE_NAMES and self._peek(1).is_symbol("("):
             function, argument, text = self._aggregate()
             alias = self._name("a name after AS")[0] if self._accept_word("AS") else None
             return SelectAggregate(tok.pos, function, argument, alias, text)
@@ -333,7 +333,7 @@ class _Parser:
         if tok.is_word("DISTINCT"):
             raise QueryError(f"{function}(DISTINCT ...) is not supported", *tok.pos)
         if tok.is_symbol("*"):
-            if function != "COUNT":
+            if not AGGREGATES[function.lower()].star:
                 raise QueryError(f"{function}(*) is not supported: only COUNT takes *", *tok.pos)
             self._advance()
         elif tok.kind in (NAME, KEYWORD):

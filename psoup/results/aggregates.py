@@ -58,12 +58,16 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from sortedcontainers import SortedDict
 
-from psoup.query.model import Query
+from psoup.bits import slot_rows
+from psoup.query.model import AGGREGATES, TS, AggregateFunction, Query
+from psoup.results.base import Sink
 from psoup.results.result import Result
+from psoup.stems.data_stem import DataSteM
 
 #: The ranked tree's fan-out: a range reads fewer than 2B entries per level and an append
 #: rewrites at most one block per level besides the new entries.
@@ -375,22 +379,31 @@ class Aggregator:
         self.group_by: list[Column] = list(query.group_by)
         self.sums: list[Column] = []
         self.extremes: dict[Column, tuple[str, ...]] = {}
-        # per output column: ("key", index in group_by), ("count", None), or (agg, column)
-        self._outputs: list[tuple[str, int | Column | None]] = []
+        # per output column: ("key", index in group_by) or (function, column)
+        self._outputs: list[tuple[str | AggregateFunction, Any]] = []
         for item in query.select:
             column = (item.source, item.column)
             if item.agg is None:
                 self._outputs.append(("key", self.group_by.index(column)))
-            elif item.agg == "count":
-                self._outputs.append(("count", None))
-            else:
-                self._outputs.append((item.agg, column))
-                if item.agg in ("sum", "avg") and column not in self.sums:
-                    self.sums.append(column)
-                elif item.agg in _UFUNCS and item.agg not in self.extremes.get(column, ()):
-                    self.extremes[column] = self.extremes.get(column, ()) + (item.agg,)
-        aggregated = [column for kind, column in self._outputs if kind not in ("key", "count")]
+                continue
+            function = AGGREGATES[item.agg]
+            self._outputs.append((function, column))
+            if function.keeps == "sum" and column not in self.sums:
+                self.sums.append(column)
+            elif function.keeps in _UFUNCS and function.keeps not in self.extremes.get(column, ()):
+                self.extremes[column] = self.extremes.get(column, ()) + (function.keeps,)
+        aggregated = [column for kind, column in self._outputs
+                      if kind != "key" and kind.keeps is not None]
         self.needed: list[Column] = list(dict.fromkeys(self.group_by + aggregated))
+
+    def kept(self, function: AggregateFunction, column: Column, group: int,
+             sums: Mapping[Column, list], extremes: Mapping[tuple[Column, str], list]) -> Any:
+        """What `function` of `column` keeps for group number `group` (None if nothing)."""
+        if function.keeps is None:
+            return None
+        if function.keeps == "sum":
+            return sums[column][group]
+        return extremes[(column, function.keeps)][group]
 
     def compute(self, values: Mapping[Column, np.ndarray], ts: np.ndarray) -> Result:
         """The answer over the given rows, evaluated directly (NoMat, joins, PARTITION BY
@@ -433,14 +446,9 @@ class Aggregator:
         for kind, arg in self._outputs:
             if kind == "key":
                 columns.append([key[arg] for key in keys])
-            elif kind == "count":
-                columns.append(counts)
-            elif kind == "sum":
-                columns.append(sums[arg])
-            elif kind == "avg":
-                columns.append([s / c if c else None for s, c in zip(sums[arg], counts)])
             else:
-                columns.append(extremes[(arg, kind)])
+                columns.append([kind.fold(n, self.kept(kind, arg, g, sums, extremes))
+                                for g, n in enumerate(counts)])
         rows = list(zip(*columns))
         no_ids = np.empty(len(rows), np.int64)
         no_ids.fill(-1)
@@ -606,15 +614,14 @@ class AggregateIndex:
         if group is None or i >= j:
             return agg._result([], [], {}, {}, np.empty(0))
         row = []
-        for kind, arg in agg._outputs:
-            if kind == "count":
-                row.append(j - i)
-            elif kind == "sum":
-                row.append(group.sums[arg].range_sum(i, j))
-            elif kind == "avg":
-                row.append(group.sums[arg].range_sum(i, j) / (j - i))
+        for function, arg in agg._outputs:
+            if function.keeps is None:
+                kept = None
+            elif function.keeps == "sum":
+                kept = group.sums[arg].range_sum(i, j)
             else:
-                row.append(group.extreme(arg, kind, i, j))
+                kept = group.extreme(arg, function.keeps, i, j)
+            row.append(function.fold(j - i, kept))
         return Result(agg.query.columns, [tuple(row)],
                       np.array([group.ts.data[group.ts.start + j - 1]]), np.array([-1]),
                       keys=[()])
@@ -709,3 +716,46 @@ def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tu
     codes = codes.reshape(-1)
     first = np.unique(codes, return_index=True)[1]
     return codes, list(zip(*(column[first].tolist() for column in columns)))
+
+
+class AggregateSink(Sink):
+    """The Sink of one aggregated selection query: its matches, as the eddy finds them,
+    appended to its AggregateIndex with the columns the index reads (Sect. 6: kept as
+    results arrive, read at invocation). O(matches + groups touched) per event.
+
+    Example:
+        >>> from psoup.query.model import SelectItem, Source, StreamSchema, Window
+        >>> from psoup.stems.data_stem import DataSteM
+        >>> q = Query("", (Source("R", "R", Window()),), (SelectItem(0, "a", "sum(a)", "sum"),))
+        >>> sink = AggregateSink(q, 0, DataSteM(StreamSchema("R", (("a", "int"),))))
+        >>> batch = {"a": np.array([4, 5]), "ts": np.array([1.0, 2.0])}
+        >>> sink.on_insert("R", 0, np.array([[1], [1]], dtype="<u8"), batch)
+        >>> sink.index.answer(0, 2).rows
+        [(9,)]
+    """
+
+    def __init__(self, query: Query, slot: int, stem: DataSteM):
+        self.index = AggregateIndex(Aggregator(query))
+        self.slot = slot
+        self.stem = stem
+        self.columns = [column for _, column in self.index.aggregator.needed]
+
+    def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
+        values = self.stem.take(self.columns + [TS], positions)
+        self.index.append(positions, {c: values[c] for c in self.columns}, values[TS])
+
+    def on_insert(self, stream: str, p0: int, bits: np.ndarray,
+                  batch: Mapping[str, np.ndarray]) -> None:
+        rows = slot_rows(bits, self.slot)
+        positions = p0 + rows
+        keep = positions >= self.stem.horizon           # a batch longer than retention
+        rows, positions = rows[keep], positions[keep]
+        self.index.expire(self.stem.horizon)
+        self.index.append(positions, {c: batch[c][rows] for c in self.columns},
+                          batch[TS][rows])
+
+    def on_expire(self, stream: str, horizon: int) -> None:
+        self.index.expire(horizon)
+
+    def nbytes(self) -> int:
+        return self.index.nbytes()

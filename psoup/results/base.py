@@ -1,56 +1,143 @@
-"""What every Results Structure implementation offers the eddy and the engine.
+"""Sinks: where the eddy delivers a query's matches (PSoup Sect. 3.3, 4.3).
 
-PSoup materializes the query-data join so that an invocation is a lookup (Sect. 3.3).
-The three engine modes differ only in what they keep here (Sect. 5):
+PSoup materializes the query-data join so that an invocation is a lookup. Every
+structure that keeps matches -- PSoup-P's bitmap, PSoup-C's lists, an aggregated query's
+prefix sums and ranked trees (Sect. 6), a join group's combinations (Sect. 5.4) -- is a
+`Sink` with the same four events:
 
-* PSoup-P (`partial.py`): a bitmap per FROM list, rows by physicalID, columns by query;
-* PSoup-C (`complete.py`): each query's own ordered list of the tuples that satisfied it;
-* NoMat (`nomat.py`): nothing; the query runs over the Data SteM at invocation.
+* `on_register(slot, stream, positions)`: a new query's Data SteM probe (Fig. 2: new
+  query over old data), the retained positions matching the slot;
+* `on_insert(stream, p0, bits, batch)`: a new batch's Query SteM probe (Fig. 3: new data
+  over old queries), bit q of bits[i] set when tuple p0 + i matches slot q;
+* `on_expire(stream, horizon)`: positions below `horizon` left retention;
+* `on_unregister(slot)`: forget the slot, which may be reused.
 
-A *span* is what a resolved window selects in one stream: either a position range
-`(p0, p1)` or a sorted array of positions (PARTITION BY windows).
+A sink is attached to the slots whose matches it keeps (`SinkTable`); the eddy hands each
+event to the sinks of its slot or stream and knows nothing of what they store. A batch
+is delivered once per sink however many of its slots the sink keeps; a sink that keeps
+bit rows whole (`keeps_rows`) gets them with the bits of other sinks' slots cleared.
+
+The three engine modes differ in the selection structure (Sect. 5): PSoup-P
+(`partial.py`), PSoup-C (`complete.py`), NoMat (`nomat.py`, which keeps nothing).
 """
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Mapping
 
 import numpy as np
 
+from psoup.bits import bit_row, words_for
 from psoup.query.model import Source
 from psoup.stems.data_stem import DataSteM
+from psoup.stems.span import Span
 
-Span = Union[tuple, np.ndarray]
 
+class Sink:
+    """The four events; the defaults ignore them."""
 
-class ResultsStructure:
-    """The interface; the default methods are those of a structure that keeps nothing."""
-
-    #: Whether the eddy must join new data with the queries and new queries with the data.
-    materializes = True
-
-    def on_insert(self, stream: str, p0: int, bits: np.ndarray) -> None:
-        """Record a batch's Query SteM probe: bit q of bits[i] set = tuple p0+i matches q."""
+    #: Whether the sink stores probe rows whole, and so must not see other sinks' bits.
+    keeps_rows = False
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
-        """Record a new query's Data SteM probe: the retained positions it matches."""
+        """A new query's matches among the retained tuples of `stream` (sorted)."""
 
-    def on_unregister(self, slot: int, stream: str) -> None:
+    def on_insert(self, stream: str, p0: int, bits: np.ndarray,
+                  batch: Mapping[str, np.ndarray]) -> None:
+        """A batch's probe: bit q of bits[i] set = tuple p0 + i matches slot q. `batch`
+        holds the batch's columns, ts and tupleID included."""
+
+    def on_expire(self, stream: str, horizon: int) -> None:
+        """Positions of `stream` below `horizon` left retention."""
+
+    def on_unregister(self, slot: int) -> None:
         """Forget everything about `slot`; the slot may be reused."""
-
-    def expire(self, stream: str, horizon: int) -> None:
-        """Positions below `horizon` left retention (whole chunks may be released)."""
-
-    def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
-        """Sorted positions within `span` of the tuples that satisfy query `slot`."""
-        raise NotImplementedError
 
     def nbytes(self) -> int:
         return 0
 
 
-def span_bounds(span: Span) -> tuple[int, int]:
-    """The smallest position range covering `span`."""
-    if isinstance(span, tuple):
-        return span
-    return (int(span[0]), int(span[-1]) + 1) if len(span) else (0, 0)
+class ResultsStructure(Sink):
+    """A selection structure: the matches of every selection slot of one engine."""
+
+    keeps_rows = True
+
+    def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
+        """Sorted positions within `span` of the tuples that satisfy query `slot`."""
+        raise NotImplementedError
+
+
+class SinkTable:
+    """Which sinks keep which slots, per stream. O(1) per attach and detach; `deliver`
+    lists a stream's sinks in attachment order.
+
+    Example:
+        >>> table, sink = SinkTable(), Sink()
+        >>> table.attach(3, "R", sink); table.attach(4, "R", sink)
+        >>> [s is sink for s in table.of_stream("R")], table.slots_of(sink, "R")
+        ([True], [3, 4])
+        >>> table.detach(3) == [sink], table.slots_of(sink, "R")
+        (True, [4])
+    """
+
+    def __init__(self) -> None:
+        # stream -> sink id -> (sink, its slots on the stream, in attach order)
+        self._streams: dict[str, dict[int, tuple[Sink, dict[int, None]]]] = {}
+        self._slots: dict[int, list[tuple[str, Sink]]] = {}
+        self._masks: dict[tuple[str, int, int], np.ndarray | None] = {}
+
+    def attach(self, slot: int, stream: str, sink: Sink) -> None:
+        """Deliver `slot`'s events on `stream` to `sink`."""
+        entry = self._streams.setdefault(stream, {}).setdefault(id(sink), (sink, {}))
+        entry[1][slot] = None
+        self._slots.setdefault(slot, []).append((stream, sink))
+        self._masks.clear()
+
+    def detach(self, slot: int) -> list[Sink]:
+        """Stop delivering `slot`'s events; returns the sinks it had (each once)."""
+        had: list[Sink] = []
+        for stream, sink in self._slots.pop(slot, []):
+            sinks = self._streams[stream]
+            _, slots = sinks[id(sink)]
+            slots.pop(slot, None)
+            if not slots:
+                del sinks[id(sink)]
+            if all(s is not sink for s in had):
+                had.append(sink)
+        self._masks.clear()
+        return had
+
+    def of_slot(self, slot: int) -> list[Sink]:
+        """The sinks of `slot`, each once."""
+        out: list[Sink] = []
+        for _, sink in self._slots.get(slot, []):
+            if all(s is not sink for s in out):
+                out.append(sink)
+        return out
+
+    def of_stream(self, stream: str) -> list[Sink]:
+        """The sinks of some slot on `stream`, in attachment order."""
+        return [sink for sink, _ in self._streams.get(stream, {}).values()]
+
+    def attached(self) -> set[int]:
+        """Every slot some sink keeps."""
+        return set(self._slots)
+
+    def slots_of(self, sink: Sink, stream: str) -> list[int]:
+        entry = self._streams.get(stream, {}).get(id(sink))
+        return list(entry[1]) if entry else []
+
+    def rows_for(self, sink: Sink, stream: str, bits: np.ndarray) -> np.ndarray:
+        """`bits` as `sink` should see them: for a sink that keeps rows whole, with the
+        bits of other sinks' slots on `stream` cleared (a copy only when there are any)."""
+        if not sink.keeps_rows:
+            return bits
+        key = (stream, id(sink), bits.shape[1])
+        if key not in self._masks:
+            sinks = self._streams.get(stream, {})
+            others = {slot for sid, (_, slots) in sinks.items() if sid != id(sink)
+                      for slot in slots} - set(sinks.get(id(sink), (None, {}))[1])
+            words = max(bits.shape[1], words_for(max(others, default=0) + 1))
+            self._masks[key] = ~bit_row(others, words)[:bits.shape[1]] if others else None
+        mask = self._masks[key]
+        return bits if mask is None else bits & mask

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from typing import Mapping
+
 from psoup.query.model import Source
-from psoup.results.base import ResultsStructure, Span
+from psoup.results.base import ResultsStructure
 from psoup.stems.data_stem import DataSteM
+from psoup.stems.span import Span
 
 
 class CompleteResults(ResultsStructure):
@@ -23,7 +26,7 @@ class CompleteResults(ResultsStructure):
 
     Example:
         >>> rs = CompleteResults()
-        >>> rs.on_insert("R", 10, np.array([[1], [2], [3]], dtype="<u8"))
+        >>> rs.on_insert("R", 10, np.array([[1], [2], [3]], dtype="<u8"), {})
         >>> rs.positions(1, "R").tolist()
         [11, 12]
     """
@@ -32,7 +35,8 @@ class CompleteResults(ResultsStructure):
         self._lists: dict[int, list[np.ndarray]] = {}
         self._horizons: dict[str, int] = {}
 
-    def on_insert(self, stream: str, p0: int, bits: np.ndarray) -> None:
+    def on_insert(self, stream: str, p0: int, bits: np.ndarray,
+                  batch: Mapping[str, np.ndarray]) -> None:
         """Append each row's position to the lists of the slots it matched.
         O(n * words + matches + slots matched)."""
         live = np.flatnonzero(bits.any(axis=0))
@@ -52,10 +56,10 @@ class CompleteResults(ResultsStructure):
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         self._lists[slot] = [positions.astype(np.int64, copy=False)]
 
-    def on_unregister(self, slot: int, stream: str) -> None:
+    def on_unregister(self, slot: int) -> None:
         self._lists.pop(slot, None)
 
-    def expire(self, stream: str, horizon: int) -> None:
+    def on_expire(self, stream: str, horizon: int) -> None:
         self._horizons[stream] = horizon
 
     def positions(self, slot: int, stream: str) -> np.ndarray:
@@ -71,11 +75,13 @@ class CompleteResults(ResultsStructure):
         return arr
 
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
-        arr = self.positions(slot, source.stream)
-        if isinstance(span, tuple):
-            a, b = np.searchsorted(arr, span)
-            return arr[a:b]
-        return arr[np.isin(arr, span, assume_unique=True)]
+        return span.pick(self.positions(slot, source.stream))
 
     def nbytes(self) -> int:
         return sum(p.nbytes for pieces in self._lists.values() for p in pieces)
+
+    def _check(self) -> None:
+        """Assert the structure's invariants (for tests): each list is increasing."""
+        for pieces in self._lists.values():
+            arr = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+            assert (np.diff(arr) > 0).all(), "a query's results are in position order"

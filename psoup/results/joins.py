@@ -7,9 +7,9 @@ argument: END is usually NOW and filters nothing). An invocation keeps the entri
 every tuple lies in its item's window.
 
 As in the paper, there is one structure per FROM list, not per query: join queries over
-the same streams with the same join factors form a *group* (psoup.eddy.groups), and an
-entry carries a bitmap row with a bit per member query (those whose local factors all
-its tuples satisfy). A combination is stored once however many members it satisfies;
+the same streams with the same join factors form a *group* (psoup.results.join_groups),
+and an entry carries a bitmap row with a bit per member query (those whose local factors
+all its tuples satisfy). A combination is stored once however many members it satisfies;
 a query's view is the entries with its bit set, cached until the structure changes.
 
 Expiry is lazy: an entry whose tuple of some stream fell below that stream's retention
@@ -25,8 +25,9 @@ from typing import Sequence
 
 import numpy as np
 
-from psoup.results.base import Span
+from psoup.bits import bit_of, set_bit, widened
 from psoup.stems.data_stem import DataSteM
+from psoup.stems.span import Span
 
 
 class Combinations:
@@ -59,7 +60,8 @@ def stamped(positions: np.ndarray, stems: Sequence[DataSteM]) -> Combinations:
     """Entries for combinations, with their earliest and latest ts looked up."""
     if positions.shape[0] == 0:
         return Combinations.empty(len(stems))
-    ts = np.column_stack([stem.gather("ts", positions[:, i]) for i, stem in enumerate(stems)])
+    ts = np.column_stack([stem.column("ts", positions[:, i], any_order=True)
+                          for i, stem in enumerate(stems)])
     return Combinations(positions, ts.min(axis=1), ts.max(axis=1))
 
 
@@ -72,8 +74,7 @@ def in_windows(entries: Combinations, spans: Sequence[Span],
     after the oldest ts any window starts at (Sect. 4.3's reason to order by it).
     """
     if stems and entries.ordered and len(entries):
-        starts = [(span[0] if span[0] < span[1] else None) if isinstance(span, tuple)
-                  else (int(span[0]) if len(span) else None) for span in spans]
+        starts = [span.first() for span in spans]
         if any(p is None or p >= stem.n for p, stem in zip(starts, stems)):
             return Combinations.empty(len(spans))
         oldest = min(stem.ts_at(max(p, stem.horizon)) for p, stem in zip(starts, stems))
@@ -82,11 +83,7 @@ def in_windows(entries: Combinations, spans: Sequence[Span],
             entries = entries.take(slice(cut, None))
     keep = np.ones(len(entries), dtype=bool)
     for i, span in enumerate(spans):
-        column = entries.positions[:, i]
-        if isinstance(span, tuple):
-            keep &= (column >= span[0]) & (column < span[1])
-        else:
-            keep &= np.isin(column, span)
+        keep &= span.contains(entries.positions[:, i])
     return entries.take(keep)
 
 
@@ -111,102 +108,93 @@ def ordered(entries: Combinations) -> Combinations:
     return out
 
 
-class JoinResults:
-    """Materialized entries per group of join queries (PSoup-P and PSoup-C).
+class JoinEntries:
+    """One group's materialized entries (PSoup-P and PSoup-C): blocks of combinations as
+    they arrive, consolidated, ordered and trimmed at the next read.
 
     Example:
-        >>> jr = JoinResults()
+        >>> je = JoinEntries()
         >>> bits = np.array([[0b11], [0b10]], dtype="<u8")
-        >>> jr.add(7, Combinations(np.array([[0, 1], [0, 2]]), np.array([1.0, 1.0]),
-        ...                        np.array([2.0, 3.0]), bits=bits))
-        >>> len(jr.entries(7, [])), len(jr.member(7, 0, [])), len(jr.member(7, 1, []))
+        >>> je.add(Combinations(np.array([[0, 1], [0, 2]]), np.array([1.0, 1.0]),
+        ...                     np.array([2.0, 3.0]), bits=bits))
+        >>> len(je.entries([])), len(je.member(0, [])), len(je.member(1, []))
         (2, 1, 2)
     """
 
     def __init__(self, eager: bool = False):
         self.eager = eager
-        self._blocks: dict[int, list[Combinations]] = {}
-        self._checked: dict[int, tuple[int, ...]] = {}   # horizons at the last read
-        self._views: dict[int, dict[int, Combinations]] = {}
+        self._blocks: list[Combinations] = []
+        self._checked: tuple[int, ...] | None = None    # horizons at the last read
+        self._views: dict[int, Combinations] = {}
 
-    def add(self, gid: int, entries: Combinations, stems: Sequence[DataSteM] = ()) -> None:
+    def add(self, entries: Combinations, stems: Sequence[DataSteM] = ()) -> None:
         """Entries with their members' bits: a new batch's (Fig. 5) or a new member's
         over the retained data (Fig. 4). PSoup-C merges them into order now."""
         if not len(entries):
             return
-        blocks = self._blocks.setdefault(gid, [])
-        blocks.append(entries)
-        self._changed(gid)
+        self._blocks.append(entries)
+        self._changed()
         if self.eager and stems:
-            self._blocks[gid] = [ordered(_concat(blocks))]
+            self._blocks = [ordered(_concat(self._blocks))]
 
-    def clear(self, gid: int, index: int) -> None:
+    def clear(self, index: int) -> None:
         """A member left: clear its bit everywhere, so its index can be reused."""
-        word, bit = divmod(index, 64)
-        keep = ~(np.uint64(1) << np.uint64(bit))
-        for block in self._blocks.get(gid, ()):
-            if block.bits.shape[1] > word:
-                block.bits[:, word] &= keep
-        self._changed(gid)
+        word, _ = bit_of(index)
+        for block in self._blocks:
+            if block.bits is not None and block.bits.shape[1] > word:
+                set_bit(block.bits, index, False)
+        self._changed()
 
-    def drop(self, gid: int) -> None:
-        self._blocks.pop(gid, None)
-        self._changed(gid)
+    def _changed(self) -> None:
+        self._checked = None
+        self._views = {}
 
-    def _changed(self, gid: int) -> None:
-        self._checked.pop(gid, None)
-        self._views.pop(gid, None)
-
-    def entries(self, gid: int, stems: Sequence[DataSteM]) -> Combinations:
-        """The group's live entries in answer order (expired ones and ones no member
-        wants dropped). O(m log m) when entries arrived since the last read, O(k) when
-        nothing arrived or expired."""
-        blocks = self._blocks.get(gid)
-        if not blocks:
+    def entries(self, stems: Sequence[DataSteM]) -> Combinations:
+        """The live entries in answer order (expired ones and ones no member wants
+        dropped). O(m log m) when entries arrived since the last read, O(k) when nothing
+        arrived or expired."""
+        if not self._blocks:
             return Combinations.empty(len(stems))
         horizons = tuple(stem.horizon for stem in stems)
-        if len(blocks) == 1 and self._checked.get(gid) == horizons:
-            return blocks[0]                     # nothing arrived or expired since
-        entries = blocks[0] if len(blocks) == 1 else _concat(blocks)
+        if len(self._blocks) == 1 and self._checked == horizons:
+            return self._blocks[0]                     # nothing arrived or expired since
+        entries = self._blocks[0] if len(self._blocks) == 1 else _concat(self._blocks)
         live = entries.bits.any(axis=1)
         if stems:
             live &= (entries.positions >= np.array(horizons)).all(axis=1)
         if not live.all():
             entries = entries.take(live)
         entries = ordered(entries)
-        self._checked[gid] = horizons
-        self._views.pop(gid, None)
-        self._blocks[gid] = [entries]
+        self._checked = horizons
+        self._views = {}
+        self._blocks = [entries]
         return entries
 
-    def member(self, gid: int, index: int, stems: Sequence[DataSteM]) -> Combinations:
+    def member(self, index: int, stems: Sequence[DataSteM]) -> Combinations:
         """The entries of one member query, in answer order."""
-        entries = self.entries(gid, stems)
-        views = self._views.setdefault(gid, {})
-        view = views.get(index)
+        entries = self.entries(stems)
+        view = self._views.get(index)
         if view is None:
-            word, bit = divmod(index, 64)
+            word, mask = bit_of(index)
             if entries.bits is None or word >= entries.bits.shape[1]:
                 view = Combinations.empty(entries.positions.shape[1])
             else:
-                mask = np.uint64(1) << np.uint64(bit)
                 mine = (entries.bits[:, word] & mask) != 0
                 view = entries if mine.all() else entries.take(mine)
-            views[index] = view
+            self._views[index] = view
         return view
 
-    def count(self, gid: int) -> int:
-        return sum(len(b) for b in self._blocks.get(gid, ()))
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._blocks)
 
     def nbytes(self) -> int:
         return sum(b.positions.nbytes + b.earliest.nbytes + b.latest.nbytes + b.bits.nbytes
-                   for blocks in self._blocks.values() for b in blocks)
+                   for b in self._blocks)
 
 
 def _concat(blocks: list[Combinations]) -> Combinations:
     words = max(b.bits.shape[1] for b in blocks)
-    bits = [b.bits if b.bits.shape[1] == words
-            else np.pad(b.bits, ((0, 0), (0, words - b.bits.shape[1]))) for b in blocks]
+    bits = [widened(b.bits, words) for b in blocks]
     return Combinations(np.concatenate([b.positions for b in blocks]),
                         np.concatenate([b.earliest for b in blocks]),
                         np.concatenate([b.latest for b in blocks]), bits=np.concatenate(bits))

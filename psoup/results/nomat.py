@@ -10,21 +10,20 @@ from __future__ import annotations
 import numpy as np
 
 from psoup.query.model import Source
-from psoup.results.base import ResultsStructure, Span
+from psoup.results.base import ResultsStructure
 from psoup.stems.data_stem import DataSteM
+from psoup.stems.span import Span
 
 
 class NoMatResults(ResultsStructure):
     """Keeps nothing; `matches` evaluates the query over the window.
 
     Example:
-        >>> NoMatResults().materializes
-        False
+        >>> from psoup.query.model import StreamSchema, Window
+        >>> stem = DataSteM(StreamSchema("R", (("a", "int"),)))
+        >>> NoMatResults().matches(0, Source("R", "R", Window()), stem, Span.range(0, 0))
+        array([], dtype=int64)
     """
 
-    materializes = False
-
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
-        if isinstance(span, tuple):
-            return stem.probe(source, *span)
-        return stem.filter(source, span)
+        return stem.probe(source, span)

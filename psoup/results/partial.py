@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from typing import Mapping
+
+from psoup.bits import bit_of
 from psoup.query.model import Source
-from psoup.results.base import ResultsStructure, Span
+from psoup.results.base import ResultsStructure
 from psoup.stems.data_stem import DataSteM, chunk_runs
+from psoup.stems.span import Span
 
 
 class PartialResults(ResultsStructure):
@@ -23,8 +27,8 @@ class PartialResults(ResultsStructure):
 
     Example:
         >>> rs = PartialResults(chunk_rows=4)
-        >>> rs.on_insert("R", 0, np.array([[1], [0], [1]], dtype="<u8"))
-        >>> rs.column("R", 0, (0, 3)).tolist()
+        >>> rs.on_insert("R", 0, np.array([[1], [0], [1]], dtype="<u8"), {})
+        >>> rs.column("R", 0, Span.range(0, 3)).tolist()
         [0, 2]
     """
 
@@ -40,7 +44,8 @@ class PartialResults(ResultsStructure):
             chunk = chunks[k] = np.pad(chunk, ((0, 0), (0, words - chunk.shape[1])))
         return chunk
 
-    def on_insert(self, stream: str, p0: int, bits: np.ndarray) -> None:
+    def on_insert(self, stream: str, p0: int, bits: np.ndarray,
+                  batch: Mapping[str, np.ndarray]) -> None:
         """Copy n probe rows in. O(n * words)."""
         chunks = self._bitmaps.setdefault(stream, {})
         n, words = bits.shape
@@ -57,22 +62,21 @@ class PartialResults(ResultsStructure):
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         """Set the new query's column at `positions`. O(len(positions))."""
         chunks = self._bitmaps.setdefault(stream, {})
-        word, bit = divmod(slot, 64)
-        mask = np.uint64(1) << np.uint64(bit)
+        word, mask = bit_of(slot)
         words = 1 << max(0, word).bit_length()
         cap = self.chunk_rows
         for k, a, b in chunk_runs(positions, cap):
             self._chunk(chunks, k, words)[positions[a:b] - k * cap, word] |= mask
 
-    def on_unregister(self, slot: int, stream: str) -> None:
+    def on_unregister(self, slot: int) -> None:
         """Clear the slot's column in every chunk. O(retained rows)."""
-        word, bit = divmod(slot, 64)
-        keep = ~(np.uint64(1) << np.uint64(bit))
-        for chunk in self._bitmaps.get(stream, {}).values():
-            if chunk.shape[1] > word:
-                chunk[:, word] &= keep
+        word, mask = bit_of(slot)
+        for chunks in self._bitmaps.values():
+            for chunk in chunks.values():
+                if chunk.shape[1] > word:
+                    chunk[:, word] &= ~mask
 
-    def expire(self, stream: str, horizon: int) -> None:
+    def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
         for k in [k for k in chunks if (k + 1) * self.chunk_rows <= horizon]:
             del chunks[k]
@@ -83,12 +87,11 @@ class PartialResults(ResultsStructure):
     def column(self, stream: str, slot: int, span: Span) -> np.ndarray:
         """Positions in `span` whose bit `slot` is set. O(rows in span)."""
         chunks = self._bitmaps.get(stream, {})
-        word, bit = divmod(slot, 64)
-        mask = np.uint64(1) << np.uint64(bit)
+        word, mask = bit_of(slot)
         cap = self.chunk_rows
         parts = []
-        if isinstance(span, tuple):
-            p0, p1 = span
+        if span.is_range:
+            p0, p1 = span.bounds()
             for k in range(p0 // cap, (p1 - 1) // cap + 1) if p1 > p0 else ():
                 chunk = chunks.get(k)
                 if chunk is None or chunk.shape[1] <= word:
@@ -96,14 +99,21 @@ class PartialResults(ResultsStructure):
                 r0, r1 = max(p0 - k * cap, 0), min(p1 - k * cap, cap)
                 parts.append(np.flatnonzero(chunk[r0:r1, word] & mask) + (k * cap + r0))
         else:
-            for k, a, b in chunk_runs(span, cap):
+            positions = span.array()
+            for k, a, b in chunk_runs(positions, cap):
                 chunk = chunks.get(k)
                 if chunk is None or chunk.shape[1] <= word:
                     continue
-                rows = span[a:b] - k * cap
+                rows = positions[a:b] - k * cap
                 parts.append(rows[(chunk[rows, word] & mask) != 0] + k * cap)
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def nbytes(self) -> int:
         return sum(c.nbytes for chunks in self._bitmaps.values() for c in chunks.values())
+
+    def _check(self) -> None:
+        """Assert the structure's invariants (for tests): whole chunks of chunk_rows rows."""
+        for chunks in self._bitmaps.values():
+            for chunk in chunks.values():
+                assert chunk.shape[0] == self.chunk_rows and chunk.dtype == np.dtype("<u8")
 

@@ -6,6 +6,7 @@ what `psoup serve` runs; `protocol` holds the framing and encodings shared with
 `psoup.client`.
 """
 
-from psoup.server.server import Limits, Server, run_server
+from psoup.server.ops import Limits
+from psoup.server.server import Server, run_server
 
 __all__ = ["Limits", "Server", "run_server"]

@@ -16,7 +16,8 @@ import msgpack
 import numpy as np
 
 from psoup.codec import decode_array, encode_array
-from psoup.errors import CursorExpired, PSoupError, QueryError, SchemaError, UnknownHandle
+from psoup.errors import (CursorExpired, LimitError, PSoupError, QueryError, SchemaError,
+                          UnknownHandle)
 from psoup.results.result import Changes, Result
 
 #: The frame header: the payload length, unsigned 32-bit big-endian.
@@ -24,7 +25,7 @@ HEADER = struct.Struct(">I")
 
 #: Engine errors by wire code; any other code is a plain PSoupError carrying that code.
 ERRORS: dict[str, type[PSoupError]] = {
-    cls.code: cls for cls in (QueryError, SchemaError, UnknownHandle, CursorExpired)
+    cls.code: cls for cls in (QueryError, SchemaError, UnknownHandle, CursorExpired, LimitError)
 }
 
 

@@ -1,4 +1,4 @@
-"""The psoup service: one Engine behind the TCP protocol of docs/protocol.md.
+"""The psoup service's transport: one Engine behind the TCP protocol of docs/protocol.md.
 
 Disconnected clients are the point of PSoup (Sect. 1): a client registers a query, goes
 away, and invokes the handle later from another connection. The server only translates
@@ -11,6 +11,9 @@ replying to any of them (group commit: one fsync per group, and no reply before 
 change is on disk). Reads (invoke, queries, stats, ping) run on a small thread pool, so
 an invocation waits for at most the one engine call that holds the engine lock; the
 lock makes each call atomic, so an invocation never sees half of a batch.
+
+What each operation takes and does is in psoup.server.ops; this module moves frames,
+authenticates, pipelines, and groups commits.
 """
 
 from __future__ import annotations
@@ -22,22 +25,18 @@ import secrets
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import numpy as np
 
 import psoup
-from psoup.codec import decode_array, decode_columns
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
 from psoup.engine import Engine
 from psoup.errors import PSoupError
-from psoup.query.parser import parse
-from psoup.query.syntax import Select
-from psoup.server.protocol import (HEADER, ProtocolError, encode_answer, error_reply,
-                                   ok_reply, pack_frame, request)
+from psoup.server.ops import OPS, Limits
+from psoup.server.protocol import HEADER, ProtocolError, error_reply, ok_reply, pack_frame, request
 
 log = logging.getLogger("psoup.server")
 
@@ -46,36 +45,6 @@ _LINGER_SECONDS = 1.0
 
 #: Addresses that listen on every interface; local clients reach them as 127.0.0.1.
 _WILDCARDS = ("", "0.0.0.0", "::")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request or connection may cost the server; beyond it, an error reply.
-
-    Attributes:
-        max_frame_bytes: the largest frame payload; a larger announced length gets a
-            "frame_too_large" reply and the connection is closed without reading it.
-        max_batch_rows: the most rows one insert may carry ("limit").
-        max_query_chars: the longest SQL text ("limit").
-        max_factors: the most AND-ed factors in a WHERE clause ("limit"); each factor is
-            a row of the predicate index, so this bounds what one query costs every
-            later batch.
-        read_timeout: seconds a started frame may take to arrive in full, and a new
-            connection to start its hello; otherwise the connection is closed.
-        max_connections: open connections; one more gets a "limit" reply and is closed.
-        max_group_writes: the most writes applied between two commits.
-        max_in_flight: requests one connection may have sent and not yet had answered
-            (pipelining); the server stops reading that connection beyond it.
-    """
-
-    max_frame_bytes: int = 64 << 20
-    max_batch_rows: int = 1_000_000
-    max_query_chars: int = 64 << 10
-    max_factors: int = 256
-    read_timeout: float = 30.0
-    max_connections: int = 1024
-    max_group_writes: int = 256
-    max_in_flight: int = 16
 
 
 class _Conversation:
@@ -102,20 +71,6 @@ class _Conversation:
     async def _last(self) -> None:
         await self.replies.put(None)
         await self.sender
-
-
-def _arg(args: Mapping[str, Any], name: str, types: type | tuple[type, ...], what: str,
-         required: bool = True) -> Any:
-    value = args.get(name)
-    if value is None:
-        if required:
-            raise ProtocolError("bad_args", f"missing argument '{name}' ({what})")
-        return None
-    allowed = types if isinstance(types, tuple) else (types,)
-    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-        raise ProtocolError("bad_args", f"argument '{name}' must be {what}, not "
-                                        f"{type(value).__name__}")
-    return value
 
 
 class Server:
@@ -156,12 +111,9 @@ class Server:
         self._writes: asyncio.Queue | None = None
         self._read_pool: ThreadPoolExecutor | None = None
         self._write_pool: ThreadPoolExecutor | None = None
-        self._ops: dict[str, Callable[[Mapping[str, Any]], tuple[bool, Callable[[], Any]]]] = {
-            "ping": self._ping, "create_stream": self._create_stream, "execute": self._execute,
-            "insert": self._insert, "register": self._register, "invoke": self._invoke,
-            "unregister": self._unregister, "queries": self._queries, "stats": self._stats,
-            "history": self._history,
-        }
+        # the factor limit is the compiler's: the engine refuses longer WHERE clauses
+        if engine.max_factors is None or engine.max_factors > self.limits.max_factors:
+            engine.max_factors = self.limits.max_factors
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -382,15 +334,17 @@ class Server:
         """The reply frame of one authenticated request. A read waits for the writes
         its connection sent before it (a client reads its own writes)."""
         try:
-            handler = self._ops.get(op) if isinstance(op, str) else None
-            if handler is None:
+            spec = OPS.get(op) if isinstance(op, str) else None
+            if spec is None:
                 raise ProtocolError("unknown_op", f"unknown op {op!r} (ops: hello, "
-                                                  f"{', '.join(self._ops)})")
+                                                  f"{', '.join(OPS)})")
             if not isinstance(args, Mapping):
                 raise ProtocolError("bad_args", f"args must be a map, not {type(args).__name__}")
-            write, apply = handler(args)
+            parsed = spec.parse(args, self.limits)
         except ProtocolError as exc:
             return pack_frame(error_reply(request_id, exc.code, str(exc)))
+        write = spec.write
+        apply = partial(spec.run, self.engine, parsed)
         loop = asyncio.get_running_loop()
         if not write:
             if conv.last_write is not None:
@@ -447,102 +401,6 @@ class Server:
                 outcomes = [(False, failed) if ok else (ok, v) for ok, v in outcomes]
         return outcomes
 
-    # ------------------------------------------------------------------ operations
-    # Each returns (is_write, apply): arguments are checked here, on the loop (cheap
-    # type checks and zero-copy column decoding); `apply` runs on a worker thread.
-
-    def _ping(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        return False, lambda: "pong"
-
-    def _create_stream(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        name = _arg(args, "name", str, "a stream name")
-        columns = _arg(args, "columns", (list, Mapping),
-                       "a list of [name, type] pairs or a map of name -> type")
-        pairs = list(columns.items()) if isinstance(columns, Mapping) else columns
-        if not all(isinstance(p, (list, tuple)) and len(p) == 2 and
-                   all(isinstance(x, str) for x in p) for p in pairs):
-            raise ProtocolError("bad_args", "argument 'columns' must hold [name, type] pairs "
-                                            "of strings")
-        retain = _arg(args, "retain", str, 'a retention such as "1 hour"', required=False)
-        return True, lambda: self.engine.create_stream(name, [tuple(p) for p in pairs], retain)
-
-    def _execute(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        sql = self._sql(args)
-        return True, lambda: self.engine.execute(self._checked(sql))
-
-    def _register(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        sql = self._sql(args)
-        return True, lambda: self.engine.register(self._checked(sql))
-
-    def _insert(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        stream = _arg(args, "stream", str, "a stream name")
-        if (args.get("rows") is None) == (args.get("columns") is None):
-            raise ProtocolError("bad_args", "insert takes exactly one of 'rows' (a list of "
-                                            "rows) and 'columns' (a map of encoded columns)")
-        try:
-            if args.get("rows") is not None:
-                rows: Any = _arg(args, "rows", list, "a list of rows")
-                n = len(rows)
-            else:
-                rows = decode_columns(args["columns"])
-                n = max((len(values) for values in rows.values()), default=0)
-            ts = args.get("ts")
-            if isinstance(ts, (list, Mapping)):
-                ts = decode_array(ts)
-            elif ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
-                raise ValueError(f"ts must be null, a number, a list or an encoded float64 "
-                                 f"array, not {type(ts).__name__}")
-        except ValueError as exc:
-            raise ProtocolError("bad_args", str(exc)) from None
-        if n > self.limits.max_batch_rows:
-            raise ProtocolError("limit", f"a batch of {n} rows exceeds the limit of "
-                                         f"{self.limits.max_batch_rows}; split it")
-
-        def apply() -> dict[str, Any]:
-            ids = self.engine.insert(stream, rows, ts)
-            return {"first": int(ids[0]) if len(ids) else None, "n": len(ids)}
-        return True, apply
-
-    def _invoke(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        handle = _arg(args, "handle", str, "a handle")
-        now = _arg(args, "now", (int, float), "a number of seconds", required=False)
-        since = _arg(args, "since", str, "a cursor", required=False)
-        return False, lambda: encode_answer(self.engine.invoke(handle, now=now, since=since))
-
-    def _unregister(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        handle = _arg(args, "handle", str, "a handle")
-        return True, lambda: self.engine.unregister(handle)
-
-    def _history(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        handles = _arg(args, "handles", list, "a list of handles", required=False)
-        if handles is not None and not all(isinstance(h, str) for h in handles):
-            raise ProtocolError("bad_args", "argument 'handles' must be a list of handles")
-        master = _arg(args, "master", str, "a Spark master URL", required=False)
-        return True, lambda: self.engine.evaluate_history(handles, master)
-
-    def _queries(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        return False, self.engine.queries
-
-    def _stats(self, args: Mapping[str, Any]) -> tuple[bool, Callable[[], Any]]:
-        return False, lambda: _plain(self.engine.stats())
-
-    def _sql(self, args: Mapping[str, Any]) -> str:
-        sql = _arg(args, "sql", str, "a SQL statement")
-        if len(sql) > self.limits.max_query_chars:
-            raise ProtocolError("limit", f"a statement of {len(sql)} characters exceeds the "
-                                         f"limit of {self.limits.max_query_chars}")
-        return sql
-
-    def _checked(self, sql: str) -> str:
-        """`sql` unchanged, unless its WHERE clause has more factors than the limit. A
-        syntax error surfaces here exactly as the engine would report it."""
-        stmt = parse(sql)
-        if isinstance(stmt, Select) and len(stmt.where) > self.limits.max_factors:
-            raise ProtocolError("limit", f"a WHERE clause of {len(stmt.where)} factors "
-                                         f"exceeds the limit of {self.limits.max_factors}")
-        return sql
-
-
 def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> Any:
     """Apply one write on the writer thread, unless it continues an insert whose earlier
     batch was rejected (insert's "chain" argument)."""
@@ -553,20 +411,6 @@ def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> A
     result = apply()
     conv.chain_ok = True
     return result
-
-
-def _plain(value: Any) -> Any:
-    """`value` with only msgpack types: numpy values become Python ones, and anything
-    else a stats dict might grow (paths, sets) becomes its str."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_plain(v) for v in value]
-    if isinstance(value, (np.generic, np.ndarray)):
-        return _plain(value.tolist())
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return value
-    return str(value)
 
 
 async def _discard(reader: asyncio.StreamReader) -> None:

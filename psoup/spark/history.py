@@ -7,8 +7,8 @@ probes each Arrow batch with psoup's own Query SteM holding *all* the queries to
 evaluate (`mapInArrow`; the queries travel as SQL text and are compiled once per task),
 so a thousand queries cost one pass over the data, not a thousand. Each match comes back
 as one row: the query's slot, and the tuple's tupleID, ts and columns. The driver
-groups them by slot for the archive tier of the Results Structure
-(psoup.results.history).
+decodes them into psoup's column arrays per slot, for the archive tiers of the Results
+Structure (psoup.results.tiers).
 
 Spark is imported here only, and this runs only when the user asks for history
 (`Engine.evaluate_history`), never on an invocation.
@@ -17,18 +17,65 @@ Spark is imported here only, and this runs only when the user asks for history
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from psoup.archive.parquet import ARROW_TYPES, TS_COLUMN, TUPLE_ID_COLUMN
-from psoup.errors import PSoupError
+from psoup.archive.layout import (ARROW_TYPES, SPARK_TYPES, TS_COLUMN, TUPLE_ID_COLUMN,
+                                  check_part, to_numpy)
+from psoup.errors import ArchiveError, PSoupError
 from psoup.spark.session import spark_error
 from psoup.query.model import StreamSchema
 
 SLOT = "slot"
+
+
+@dataclass
+class Job:
+    """One stream's history job: its DDL and schema, the queries to evaluate as (slot,
+    SQL), and the first tupleID still held in memory (the archive holds those below)."""
+
+    ddl: str
+    schema: StreamSchema
+    queries: list[tuple[int, str]]
+    below: int
+
+
+def evaluate_jobs(archive: Any, jobs: Sequence[Job], master: str | None = None,
+                  progress: Callable[[str], None] | None = None
+                  ) -> dict[str, dict[int, dict[str, np.ndarray]]]:
+    """Every job's matches as psoup columns (ts and tupleID included) per stream and
+    slot, in tupleID order. All jobs run before anything is returned, so a failure in
+    one leaves the caller with nothing to install."""
+    from psoup.spark.session import spark_session
+    archive.flush()
+    spark = spark_session(master)
+    found = {}
+    for job in jobs:
+        matches = evaluate(spark, archive.root, job.ddl, job.schema, job.queries, job.below,
+                           progress)
+        found[job.schema.name] = split_matches(matches, job.schema,
+                                               [slot for slot, _ in job.queries])
+    return found
+
+
+def split_matches(matches: pa.Table, schema: StreamSchema, slots: Sequence[int]
+                  ) -> dict[int, dict[str, np.ndarray]]:
+    """The match table (slot, tuple_id, ts, columns; sorted by slot, then tupleID) as
+    psoup column arrays per slot."""
+    slot_of = matches.column(SLOT).to_numpy()
+    names = {"ts": ("float", TS_COLUMN), "tupleID": ("int", TUPLE_ID_COLUMN),
+             **{c: (t, c) for c, t in schema.columns}}
+    columns = {name: to_numpy(matches.column(source), ctype)
+               for name, (ctype, source) in names.items()}
+    out = {}
+    for slot in slots:
+        a, b = np.searchsorted(slot_of, [slot, slot + 1])
+        out[slot] = {name: values[a:b] for name, values in columns.items()}
+    return out
 
 
 def out_schema(schema: StreamSchema) -> pa.Schema:
@@ -66,7 +113,7 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        columns = {name: _numpy(batch.column(name), ctype) for name, ctype in schema.columns}
+        columns = {name: to_numpy(batch.column(name), ctype) for name, ctype in schema.columns}
         columns["ts"] = batch.column(TS_COLUMN).to_numpy()
         columns["tupleID"] = batch.column(TUPLE_ID_COLUMN).to_numpy()
         if FILE in batch.schema.names:
@@ -96,12 +143,6 @@ def _check_order(ts: np.ndarray, files: np.ndarray) -> None:
         name = str(files[i]).removeprefix("file://")
         raise ValueError(f"ts decreases within {name} (from {float(ts[i])} to "
                          f"{float(ts[i + 1])})")
-
-
-def _numpy(column: pa.Array, ctype: str) -> np.ndarray:
-    if ctype == "text":
-        return np.array(column.to_pylist(), dtype=object)
-    return column.to_numpy(zero_copy_only=False)
 
 
 def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
@@ -134,8 +175,9 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
 
     if progress is not None:
         progress(f"evaluating {len(queries)} queries over the archive of {schema.name}")
-    spark_schema = ", ".join(f"`{field.name}` {_SPARK_TYPES[str(field.type)]}"
-                             for field in target)
+    spark_schema = ", ".join(f"`{name}` {SPARK_TYPES[ctype]}" for name, ctype in
+                             [(SLOT, "int"), (TUPLE_ID_COLUMN, "int"), (TS_COLUMN, "float"),
+                              *schema.columns])
     try:
         matches = frame.mapInArrow(run, spark_schema).toArrow()
     except Exception as exc:        # a page that does not decode, ts out of order
@@ -150,30 +192,20 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
 
 
 def check_file(path: Path, schema: StreamSchema) -> None:
-    """A part file's footer: readable, with ts, tuple_id and the stream's columns in
-    types that convert to psoup's (PSoupError naming the file otherwise). O(footer)."""
+    """A part file's footer: readable, with exactly the stream's columns in its types
+    (PSoupError naming the file otherwise). O(footer)."""
     import pyarrow.parquet as pq
     try:
         found = pq.ParquetFile(path).schema_arrow
     except Exception as exc:
         raise PSoupError(f"history of stream {schema.name}: {path} is not a readable "
                          f"Parquet file ({spark_error(exc)})") from None
-    wanted = [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *schema.columns]
-    for name, ctype in wanted:
-        if name not in found.names:
-            raise PSoupError(f"history of stream {schema.name}: {path} has no column "
-                             f"'{name}' (it has {', '.join(found.names)})")
-        kind = found.field(name).type
-        if not _FITS[ctype](kind):
-            raise PSoupError(f"history of stream {schema.name}: {path}, column '{name}' is "
-                             f"{kind}, not {ctype.upper()}")
+    try:
+        check_part(found, path, schema.name, schema.columns)
+    except ArchiveError as exc:
+        raise PSoupError(f"history of stream {schema.name}: {exc}") from None
 
 
-_FITS = {"int": pa.types.is_integer, "float": lambda t: pa.types.is_floating(t)
-         or pa.types.is_integer(t), "text": lambda t: pa.types.is_string(t)
-         or pa.types.is_large_string(t), "bool": pa.types.is_boolean}
 _UNSORTED = re.compile(r"ValueError: (ts decreases within \S+ \(from [^)]*\))")
 FILE = "_psoup_file"
 
-
-_SPARK_TYPES = {"int64": "BIGINT", "double": "DOUBLE", "string": "STRING", "bool": "BOOLEAN"}

@@ -33,17 +33,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from psoup.archive.parquet import (SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN, Archive,
-                                   arrow_schema, part_path, stream_columns)
-from psoup.archive.wal import fsync_dir
+from psoup.archive.layout import (SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN, arrow_schema,
+                                  part_path, stream_columns)
+from psoup.archive.parquet import Archive
+from psoup.journal.wal import fsync_dir
 from psoup.errors import ArchiveError
+from psoup.formats import canonical, guess_format
 from psoup.spark.session import spark_error
 
 #: The input formats, and the file name endings that imply them.
-FORMATS = ("csv", "json", "parquet")
-_ENDINGS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
-            ".parquet": "parquet", ".pq": "parquet"}
-_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4", ".snappy", ".deflate")
 _FILE, _ROW, _PID, _MID = "_psoup_file", "_psoup_row", "_psoup_pid", "_psoup_mid"
 _ROW_GROUP = 1 << 16          # rows per Parquet row group written
 _FILE_ROWS = 1 << 20          # about the rows per sorted partition (and at most per file)
@@ -82,26 +80,6 @@ def parse_columns(stream: str, text: str) -> list[tuple[str, str]]:
     return [(name, ctype) for name, ctype in schema.columns]
 
 
-def guess_format(path: str | Path) -> str:
-    """The format a file name implies (a compression suffix is looked through).
-
-    Raises:
-        ArchiveError: no known ending.
-
-    Example:
-        >>> guess_format("day1.csv.gz"), guess_format("x.jsonl"), guess_format("y.parquet")
-        ('csv', 'json', 'parquet')
-    """
-    suffixes = [s.lower() for s in Path(path).suffixes]
-    if suffixes and suffixes[-1] in _COMPRESSED:
-        suffixes.pop()
-    fmt = _ENDINGS.get(suffixes[-1]) if suffixes else None
-    if fmt is None:
-        raise ArchiveError(f"{path}: cannot tell its format from its name; pass --format "
-                           f"({', '.join(FORMATS)})")
-    return fmt
-
-
 def import_files(files: Sequence[str | Path], stream: str,
                  columns: Sequence[tuple[str, str]], into: str | Path,
                  ts_column: str = "ts", fmt: str | None = None,
@@ -114,7 +92,8 @@ def import_files(files: Sequence[str | Path], stream: str,
         columns: its schema, (name, type) pairs; `parse_columns` reads the CLI's form.
         into: the archive root; created if missing.
         ts_column: the input column holding each row's timestamp.
-        fmt: csv, json (JSON lines) or parquet; None guesses from each file's name.
+        fmt: csv, jsonl (JSON lines; "json" is accepted too) or parquet; None guesses from
+            each file's name.
         master: the Spark master URL (None: local[*], or the session already running).
 
     Raises:
@@ -131,9 +110,10 @@ def import_files(files: Sequence[str | Path], stream: str,
     if ts_column in dict(columns):
         raise ArchiveError(f"'{ts_column}' cannot be both the timestamp column and a "
                            f"column of stream '{stream}'")
-    if fmt is not None and fmt not in FORMATS:
-        raise ArchiveError(f"unknown format {fmt!r} (formats: {', '.join(FORMATS)})")
-    formats = [fmt or guess_format(f) for f in files]
+    try:
+        formats = [canonical(fmt) if fmt else guess_format(f) for f in files]
+    except ValueError as exc:
+        raise ArchiveError(str(exc)) from None
     archive = Archive(into)
     _check_archived_schema(archive, stream, columns)
     high, latest = archive.high_water(stream), archive.latest_ts(stream)
@@ -182,7 +162,7 @@ def _typed(spark: Any, path: Path, index: int, fmt: str, columns: Sequence[tuple
         if fmt == "csv":
             # Every cell as text, typed below; a quoted "" stays an empty TEXT.
             raw = spark.read.options(header=True, nullValue="\u0000").csv(str(path))
-        elif fmt == "json":
+        elif fmt == "jsonl":
             raw = spark.read.options(mode="FAILFAST").json(str(path))
         else:
             raw = spark.read.parquet(str(path))

@@ -44,8 +44,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from psoup.archive.parquet import (ARROW_TYPES, PART_NAME, TS_COLUMN, TUPLE_ID_COLUMN,
-                                   stream_columns)
+from psoup.archive.layout import (PART_NAME, SPARK_TYPES, TS_COLUMN, TUPLE_ID_COLUMN,
+                                  check_part, stream_columns)
 from psoup.errors import ArchiveError, PSoupError, ReplayError
 from psoup.spark.session import spark_error
 
@@ -57,7 +57,6 @@ BATCH_ROWS = 1 << 16
 #: slice_rows / _SAMPLES per stream.
 _SAMPLES = 16
 _SCAN_ROWS = 1 << 16
-_SPARK_TYPES = {"int": "BIGINT", "float": "DOUBLE", "text": "STRING", "bool": "BOOLEAN"}
 
 
 @dataclass
@@ -203,11 +202,10 @@ def _scan_stream(name: str, paths: list[Path], target: Mapping[str, Any] | None,
                                f"psoup.columns); create stream '{name}' on the target first")
     plan = StreamPlan(name, columns, target is None,
                       None if target is None else target.get("latest_ts"))
-    want = _wanted_types(columns)
     scan = _Scan(name, columns, lo, hi, every, plan)
     for part in parts:
         with _open(part.path) as pf:
-            _check_schema(pf.schema_arrow, part.path, name, want)
+            check_part(pf.schema_arrow, part.path, name, columns)
             span = _ts_span(pf)
             if span is not None and (span[1] < lo or span[0] > hi):
                 scan.skip(part, span)          # no row in range: its footer is enough
@@ -227,36 +225,6 @@ def _open(path: Path) -> pq.ParquetFile:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
         raise ArchiveError(f"{path}: not a readable Parquet file ({exc})") from None
-
-
-def _wanted_types(columns: Sequence[tuple[str, str]]) -> dict[str, tuple[str, pa.DataType]]:
-    want = {TS_COLUMN: ("FLOAT", pa.float64()), TUPLE_ID_COLUMN: ("INT", pa.int64())}
-    for column, ctype in columns:
-        want[column] = (ctype.upper(), ARROW_TYPES[ctype])
-    return want
-
-
-def _describe(columns: Sequence[tuple[str, str]]) -> str:
-    return ", ".join(f"{c} {t.upper()}" for c, t in columns)
-
-
-def _check_schema(schema: pa.Schema, path: Path, stream: str,
-                  want: Mapping[str, tuple[str, pa.DataType]]) -> None:
-    have = {f.name: f.type for f in schema}
-    declared = _describe([(c, t) for c, (t, _) in want.items()
-                          if c not in (TS_COLUMN, TUPLE_ID_COLUMN)])
-    for column, (ctype, arrow) in want.items():
-        got = have.get(column)
-        if got is None:
-            raise ArchiveError(f"{path}: no column '{column}' (stream '{stream}' has "
-                               f"{declared})")
-        if got != arrow and not (arrow == pa.string() and got == pa.large_string()):
-            raise ArchiveError(f"{path}: column '{column}' holds {got}, but stream "
-                               f"'{stream}' declares it {ctype} ({arrow})")
-    extra = [c for c in have if c not in want]
-    if extra:
-        raise ArchiveError(f"{path}: column '{extra[0]}' is not a column of stream "
-                           f"'{stream}' ({declared})")
 
 
 def _ts_span(pf: pq.ParquetFile) -> tuple[float, float] | None:
@@ -416,7 +384,7 @@ def _collect(spark: Any, stream: StreamPlan, paths: Sequence[Path], lo: float, h
     if hi < math.inf:
         keep = keep & (ts <= hi if closed else ts < hi)
     names = [TS_COLUMN, TUPLE_ID_COLUMN, *(c for c, _ in stream.columns)]
-    ddl = ", ".join(f"`{c}` {_SPARK_TYPES[t]}" for c, t in
+    ddl = ", ".join(f"`{c}` {SPARK_TYPES[t]}" for c, t in
                     [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *stream.columns])
     try:
         frame = (spark.read.schema(ddl).parquet(*map(str, paths)).where(keep)

@@ -28,6 +28,7 @@ import numpy as np
 from psoup.query.model import TS, TUPLE_ID, AttrPredicate, Source
 from psoup.stems.batch import DTYPES, Batch
 from psoup.stems.predicates import attr_mask, source_mask
+from psoup.stems.span import Span
 
 #: Below this fraction of the rows in range, a value index beats a scan.
 INDEX_SELECTIVITY = 0.125
@@ -209,56 +210,56 @@ class DataSteM:
         """The first position still held in memory (at or below the horizon)."""
         return self._chunk0 * self.chunk_rows
 
+    def oldest_tuple_id(self, default: int) -> int:
+        """The tupleID of the oldest tuple still held in memory (retained or not), or
+        `default` when the stream holds none: every tuple before it is archived."""
+        if self.oldest >= self.n:
+            return default
+        return int(self._chunks[0].cols[TUPLE_ID][0])
+
     def ts_at(self, position: int) -> float:
         """The ts of one retained position. O(1)."""
         k, row = divmod(position, self.chunk_rows)
         return float(self._chunks[k - self._chunk0].cols[TS][row])
 
-    def gather(self, column: str, positions: np.ndarray) -> np.ndarray:
-        """One column's values at retained positions in any order, repeats allowed (a
-        join's combinations)."""
-        return self.gather_columns([column], positions)[column]
+    def column(self, name: str, positions: np.ndarray, any_order: bool = False) -> np.ndarray:
+        """One column's values at retained positions (see `take`)."""
+        return self.take([name], positions, any_order)[name]
 
-    def gather_columns(self, columns: Sequence[str], positions: np.ndarray
-                       ) -> dict[str, np.ndarray]:
-        """Several columns' values at retained positions in any order, repeats allowed.
-        O(n) when the positions lie in a few chunks (a join's window usually does),
-        O(n log n) otherwise."""
+    def take(self, names: Sequence[str], positions: np.ndarray, any_order: bool = False
+             ) -> dict[str, np.ndarray]:
+        """Several columns' values at retained `positions`, split into chunks once for all
+        of them. Positions are sorted unless `any_order` (a join's combinations: any
+        order, repeats allowed).
+
+        O(len(names) * n) for sorted positions; in any order O(n) when they lie in a few
+        chunks (a join's window usually does), O(n log n) otherwise.
+        """
         cap = self.chunk_rows
         if len(positions) == 0:
-            return {name: np.empty(0, self._dtypes[name]) for name in columns}
-        ks = positions // cap
-        first, last = int(ks.min()), int(ks.max())
-        if last - first > 3:
-            uniq, inverse = np.unique(positions, return_inverse=True)
-            got = self.take_columns(columns, uniq)
-            return {name: values[inverse] for name, values in got.items()}
-        if first == last:
-            cols, rows = self._chunks[first - self._chunk0].cols, positions - first * cap
-            return {name: cols[name][rows] for name in columns}
-        out = {name: np.empty(len(positions), self._dtypes[name]) for name in columns}
-        for k in range(first, last + 1):
-            here = ks == k
-            cols, rows = self._chunks[k - self._chunk0].cols, positions[here] - k * cap
-            for name in columns:
-                out[name][here] = cols[name][rows]
-        return out
-
-    def take(self, column: str, positions: np.ndarray) -> np.ndarray:
-        """One column's values at sorted retained `positions`. O(len(positions))."""
-        return self.take_columns([column], positions)[column]
-
-    def take_columns(self, columns: Sequence[str], positions: np.ndarray) -> dict[str, np.ndarray]:
-        """Several columns' values at sorted retained `positions`, splitting the positions
-        into chunks once for all of them. O(len(columns) * len(positions))."""
-        cap = self.chunk_rows
+            return {name: np.empty(0, self._dtypes[name]) for name in names}
+        if any_order:
+            ks = positions // cap
+            first, last = int(ks.min()), int(ks.max())
+            if last - first > 3:
+                uniq, inverse = np.unique(positions, return_inverse=True)
+                got = self.take(names, uniq)
+                return {name: values[inverse] for name, values in got.items()}
+            if first != last:
+                out = {name: np.empty(len(positions), self._dtypes[name]) for name in names}
+                for k in range(first, last + 1):
+                    here = ks == k
+                    cols, rows = self._chunks[k - self._chunk0].cols, positions[here] - k * cap
+                    for name in names:
+                        out[name][here] = cols[name][rows]
+                return out
         runs = [(self._chunks[k - self._chunk0].cols, positions[a:b] - k * cap, a, b)
                 for k, a, b in chunk_runs(positions, cap)]
         if len(runs) == 1:
             cols, rows = runs[0][:2]
-            return {name: cols[name][rows] for name in columns}
+            return {name: cols[name][rows] for name in names}
         out = {}
-        for name in columns:
+        for name in names:
             values = out[name] = np.empty(len(positions), self._dtypes[name])
             for cols, rows, a, b in runs:
                 values[a:b] = cols[name][rows]
@@ -280,13 +281,17 @@ class DataSteM:
 
     # ------------------------------------------------------------------ probes
 
-    def probe(self, source: Source, p0: int, p1: int) -> np.ndarray:
-        """Positions in [p0, p1) of the tuples that satisfy `source`'s factors
-        (PSoup Fig. 2c: a query probing the Data SteM).
+    def probe(self, source: Source, span: Span | None = None) -> np.ndarray:
+        """Sorted positions in `span` (default: everything retained) of the tuples that
+        satisfy `source`'s factors (PSoup Fig. 2c: a query probing the Data SteM).
 
-        Uses a value index when some predicate is estimated to keep under
-        INDEX_SELECTIVITY of the range, else scans chunk by chunk.
+        Over a range, uses a value index when some predicate is estimated to keep under
+        INDEX_SELECTIVITY of it, else scans chunk by chunk; over an array of positions,
+        evaluates the factors on those tuples only.
         """
+        if span is not None and not span.is_range:
+            return self._filter(source, span.positions[span.positions >= self.horizon])
+        p0, p1 = (self.horizon, self.n) if span is None else span.bounds()
         p0 = max(p0, self.horizon)
         p1 = min(p1, self.n)
         if p1 <= p0:
@@ -296,7 +301,7 @@ class DataSteM:
         best = self._most_selective(source.predicates, p0, p1)
         if best is not None:
             candidates = self._index_positions(best, p0, p1)
-            return self.filter(source, candidates)
+            return self._filter(source, candidates)
         parts = []
         names = _columns_used(source)
         for chunk, r0, r1, base in self._pieces(p0, p1):
@@ -304,11 +309,11 @@ class DataSteM:
             parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
-    def filter(self, source: Source, positions: np.ndarray) -> np.ndarray:
+    def _filter(self, source: Source, positions: np.ndarray) -> np.ndarray:
         """The subset of sorted `positions` whose tuples satisfy `source`'s factors."""
         if len(positions) == 0 or (not source.predicates and not source.column_factors):
             return positions
-        cols = self.take_columns(_columns_used(source), positions)
+        cols = self.take(_columns_used(source), positions)
         return positions[source_mask(source, cols, len(positions))]
 
     def _most_selective(self, preds: Sequence[AttrPredicate], p0: int, p1: int):
@@ -354,6 +359,31 @@ class DataSteM:
         rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
         newest_first = order[rank < k]
         return np.sort(p1 - 1 - newest_first).astype(np.int64)
+
+    def _check(self) -> None:
+        """Assert the structure's invariants (for tests). O(retained)."""
+        cap = self.chunk_rows
+        assert 0 <= self.horizon <= self.n, (self.horizon, self.n)
+        assert self.oldest <= self.horizon or not self._chunks
+        assert len(self._chunks) == len(self._heads) == len(self._tid_heads)
+        held = sum(chunk.n for chunk in self._chunks)
+        assert self.oldest + held == self.n, "chunks hold every position from oldest to n"
+        for i, chunk in enumerate(self._chunks):
+            assert chunk.n == cap or i == len(self._chunks) - 1, "only the last chunk fills"
+            assert chunk.n > 0
+            assert self._heads[i] == chunk.cols[TS][0] and \
+                self._tid_heads[i] == chunk.cols[TUPLE_ID][0], "chunk heads index the chunk"
+        if self._chunks:
+            assert (self._chunk0 + 1) * cap > self.horizon or len(self._chunks) == 1, \
+                "a chunk wholly below the horizon is dropped"
+            ts = self.rows(self.oldest, self.n, expired=True)[TS]
+            ids = self.rows(self.oldest, self.n, expired=True)[TUPLE_ID]
+            assert (np.diff(ts) >= 0).all(), "ts never decreases"
+            assert (np.diff(ids) > 0).all(), "tupleIDs increase"
+            assert ts[-1] == self.last_ts
+        for chunk in self._chunks:
+            for column, (order, values) in chunk.index.items():
+                assert chunk.n == cap and (values == chunk.cols[column][order]).all()
 
     def nbytes(self) -> int:
         total = 0

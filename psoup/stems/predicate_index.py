@@ -142,6 +142,28 @@ class AttributeIndex:
         self._table_words = words
         self._direct = None
 
+    def slots(self) -> list[int]:
+        """The query slots with a factor on this attribute."""
+        return list(self._preds)
+
+    def _check(self) -> None:
+        """Assert the structure's invariants (for tests): the constants are exactly
+        those of the filed predicates, counted once per use, and a built table rejects
+        exactly what each predicate rejects at every constant."""
+        uses: dict = {}
+        for pred in self._preds.values():
+            for c in _constants(pred):
+                uses[c] = uses.get(c, 0) + 1
+        assert uses == dict(self._constants), "constants are reference-counted"
+        if self._table is not None and len(self._keys):
+            from psoup.bits import bit_of
+            from psoup.stems.predicates import attr_mask
+            rejects = self._table[self._search(self._keys, self._keys)]
+            for slot, pred in self._preds.items():
+                word, mask = bit_of(slot)
+                got = (rejects[:, word] & mask) != 0
+                assert (got == ~attr_mask(pred, self._keys)).all(), slot
+
     def nbytes(self) -> int:
         return 0 if self._table is None else self._table.nbytes + self._keys.nbytes
 

@@ -19,10 +19,12 @@ predicateList factors fail. This replaces the paper's per-query countdown array
 from __future__ import annotations
 
 import heapq
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Mapping, Union
 
 import numpy as np
 
+from psoup.bits import bit_row
 from psoup.query.model import ColumnFactor, Query
 from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import factor_mask, source_mask
@@ -30,6 +32,39 @@ from psoup.stems.predicates import factor_mask, source_mask
 
 #: Rows per probe block: about this many bytes of bit rows at a time.
 PROBE_BLOCK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, eq=False)
+class SelectionPlan:
+    """A registered selection query and its slot (its column in the Results Structure)."""
+
+    slot: int
+    query: Query
+
+    @property
+    def id(self) -> int:
+        """The query's id in the WindowsTable and the Results Structure: its slot."""
+        return self.slot
+
+
+@dataclass(frozen=True, eq=False)
+class JoinPlan:
+    """A registered join query: its id, and the Query SteM slot and local query of each
+    FROM item (`locals[i]` = `query.local(i)`, the factors on item i alone)."""
+
+    jid: int
+    query: Query
+    slots: tuple[int, ...]
+    locals: tuple[Query, ...]
+
+    @property
+    def id(self) -> int:
+        """The query's id in the WindowsTable: its first slot."""
+        return self.jid
+
+
+#: What a handle names: a selection or a join query with its slots.
+Plan = Union[SelectionPlan, JoinPlan]
 
 
 class _StreamQueries:
@@ -186,31 +221,24 @@ class QuerySteM:
         packed = np.packbits(flags, axis=0, bitorder="little").T
         return np.ascontiguousarray(packed).view("<u8")
 
+    def _check(self) -> None:
+        """Assert the structure's invariants (for tests)."""
+        assert not set(self._free) & set(self.queries), "a free slot holds no query"
+        assert set(self._free) | set(self.queries) == set(range(self._next)), \
+            "every slot below the next fresh one is free or taken"
+        assert self._next <= self.capacity
+        for stream, sq in self._streams.items():
+            filed = {slot for slot, q in self.queries.items() if not q.contradiction
+                     and any(source.stream == stream for source in q.sources)}
+            assert sq.slots == filed, (stream, "interest is exactly the queries filed")
+            for column, index in sq.attrs.items():
+                index._check()
+                assert set(index.slots()) <= sq.slots, (stream, column)
+            for users in sq.factors.values():
+                assert users and users <= sq.slots
+
     def nbytes(self) -> int:
         return sum(index.nbytes() for sq in self._streams.values()
                    for index in sq.attrs.values())
 
 
-def slot_rows(bits: np.ndarray, slot: int) -> np.ndarray:
-    """The rows of a probe's bitmap (n, words) whose bit `slot` is set.
-
-    Example:
-        >>> slot_rows(np.array([[1], [2], [3]], dtype="<u8"), 1).tolist()
-        [1, 2]
-    """
-    word, bit = divmod(slot, 64)
-    if word >= bits.shape[1]:
-        return np.empty(0, np.int64)
-    return np.flatnonzero((bits[:, word] >> np.uint64(bit)) & np.uint64(1))
-
-
-def bit_row(slots, words: int) -> np.ndarray:
-    """One little-endian uint64 bit row of `words` words with `slots` set.
-
-    Example:
-        >>> bit_row([0, 65], 2).tolist()
-        [1, 2]
-    """
-    flags = np.zeros(words * 64, dtype=bool)
-    flags[list(slots)] = True
-    return np.packbits(flags, bitorder="little").view("<u8")

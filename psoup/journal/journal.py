@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from psoup.archive.parquet import Archive
-from psoup.archive.wal import WriteAheadLog
+from psoup.journal.wal import WriteAheadLog
 from psoup.codec import decode_array, decode_columns, encode_array, encode_columns
 from psoup.errors import PSoupError
 

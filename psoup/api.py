@@ -1,0 +1,40 @@
+"""`EngineAPI`: what an embedded `psoup.Engine` and a networked `psoup.Client` both offer.
+
+Code written against this protocol runs embedded or against a server by changing the
+one line that makes the object (docs/api.md). The server's operation table
+(psoup.server.ops) calls exactly these methods.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from psoup.results.result import Changes, Result
+
+
+class EngineAPI(Protocol):
+    """The engine's public methods (psoup.engine.Engine documents each)."""
+
+    def execute(self, sql: str) -> str | None: ...
+
+    def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
+                      retain: str | None = None) -> None: ...
+
+    def insert(self, stream: str, rows: Any, ts: Any = None) -> np.ndarray: ...
+
+    def register(self, sql: str) -> str: ...
+
+    def invoke(self, handle: str, now: float | None = None,
+               since: str | None = None) -> Result | Changes: ...
+
+    def unregister(self, handle: str) -> None: ...
+
+    def queries(self) -> list[tuple[str, str]]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def evaluate_history(self, handles: Sequence[str] | None = None,
+                         master: str | None = None) -> dict[str, int]: ...

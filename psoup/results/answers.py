@@ -1,0 +1,103 @@
+"""Invocation: a query's answer from the materialized results (PSoup Sect. 3.3).
+
+When a handle is invoked, its window is resolved against NOW (the WindowsTable), the
+matches inside it are read from what its mode keeps, and only then are the selected
+columns fetched from the Data SteMs, projected, de-duplicated or aggregated:
+
+* a selection query reads its slot's matches in its span, after its archive tier's part
+  of the window when it has history; an aggregated one is answered from its aggregate
+  structure without a scan whenever the window is a position range (Sect. 6);
+* a join query reads its group's combinations whose every tuple lies in its item's span
+  (or, in NoMat, joins the spans now).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from psoup.query.model import TS, TUPLE_ID
+from psoup.results.aggregates import Aggregator
+from psoup.results.materialized import Materialized
+from psoup.results.result import Result
+from psoup.results.tiers import ArchiveTiers
+from psoup.results.windows_table import WindowsTable
+from psoup.stems.data_stem import DataSteM
+from psoup.stems.query_stem import JoinPlan, Plan, SelectionPlan
+
+
+class Answers:
+    """Answers invocations of one engine's queries. Cost: O(window) to find a PSoup-P
+    query's matches (O(log n) for PSoup-C, O(groups) for an aggregate structure), plus
+    O(answer) to fetch and project them.
+
+    Args:
+        stems: the Data SteMs by stream.
+        windows: each query's windows, by query id.
+        kept: what the engine mode keeps.
+        tiers: the archive tiers of queries with history.
+    """
+
+    def __init__(self, stems: Mapping[str, DataSteM], windows: WindowsTable,
+                 kept: Materialized, tiers: ArchiveTiers):
+        self.stems = stems
+        self.windows = windows
+        self.kept = kept
+        self.tiers = tiers
+
+    def answer(self, plan: Plan, now: float) -> Result:
+        """The query's current answer at `now`."""
+        if isinstance(plan, JoinPlan):
+            answer = self._join(plan, now)
+        else:
+            answer = self._selection(plan, now)
+        if plan.query.aggregated and plan.query.distinct:
+            answer = answer.distinct()
+        return answer
+
+    def _selection(self, plan: SelectionPlan, now: float) -> Result:
+        query = plan.query
+        source = query.sources[0]
+        stem = self.stems[source.stream]
+        archived = self.tiers.part(plan.slot, source.window, now)
+        span = self.windows.spans(plan.slot, [stem], now)[0]
+        kept = self.kept.aggregates.get(plan.slot)
+        if kept is not None and span.is_range and not archived:
+            return kept.index.answer(*span.bounds())          # Sect. 6: no scan
+        positions = self.kept.selection(plan, span)
+        if query.aggregated:
+            aggregator = Aggregator(query)
+            got = _fetch(stem, [c for _, c in aggregator.needed] + [TS], positions, archived)
+            return aggregator.compute({(0, c): got[c] for _, c in aggregator.needed}, got[TS])
+        names = [item.column for item in query.select]
+        got = _fetch(stem, list(dict.fromkeys(names + [TS, TUPLE_ID])), positions, archived)
+        return Result.build(query.columns, [got[name] for name in names], got[TS],
+                            got[TUPLE_ID], query.distinct)
+
+    def _join(self, plan: JoinPlan, now: float) -> Result:
+        query = plan.query
+        stems = self.kept.stems_of(plan)
+        entries = self.kept.join(plan, self.windows.spans(plan.jid, stems, now))
+        if query.aggregated:
+            aggregator = Aggregator(query)
+            values = {(i, column): stems[i].column(column, entries.positions[:, i],
+                                                   any_order=True)
+                      for i, column in aggregator.needed}
+            return aggregator.compute(values, entries.earliest)
+        got = [stem.take(list(dict.fromkeys([it.column for it in query.select
+                                             if it.source == i] + [TUPLE_ID])),
+                         entries.positions[:, i], any_order=True)
+               for i, stem in enumerate(stems)]
+        values = [got[item.source][item.column] for item in query.select]
+        tuple_ids = np.column_stack([g[TUPLE_ID] for g in got])
+        return Result.build(query.columns, values, entries.earliest, tuple_ids, query.distinct)
+
+
+def _fetch(stem: DataSteM, names: list[str], positions: np.ndarray,
+           archived: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """Columns of the matches at `positions`, after the archived matches (older)."""
+    got = stem.take(names, positions)
+    if archived:
+        got = {name: np.concatenate([archived[name], got[name]]) for name in names}
+    return got

@@ -1,0 +1,136 @@
+"""What one engine keeps of the query-data join, per slot (PSoup Sect. 4.3, 5.4, 6).
+
+`Materialized` decides which sinks (psoup.results.base) keep a registered query's
+matches, attaches them to the query's slots in the `SinkTable` the eddy delivers to,
+and reads them back at invocation:
+
+* a selection query's slot: the mode's selection structure (PSoup-P's bitmap, PSoup-C's
+  lists, or NoMat's nothing), and for an aggregated query also its `AggregateSink`;
+* a join query's local slots: its join group (psoup.results.join_groups), shared with
+  the join queries over the same FROM list and join factors.
+
+In NoMat nothing is attached: invocations evaluate the query over the window, joins
+through the same hybrid structs the eddy uses.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from psoup.results.aggregates import AggregateSink
+from psoup.results.base import SinkTable
+from psoup.results.join_groups import JoinGroups, Joiner
+from psoup.results.joins import Combinations, ordered, stamped
+from psoup.results.modes import Mode
+from psoup.stems.data_stem import DataSteM
+from psoup.stems.query_stem import JoinPlan, Plan, SelectionPlan
+from psoup.stems.span import Span
+
+
+class Materialized:
+    """The sinks of one engine.
+
+    Args:
+        mode: the engine mode.
+        stems: the Data SteMs by stream.
+        sinks: the table the eddy delivers events through.
+        joiner: the router's join (hybrid structs in its routing order).
+        chunk_rows: the Data SteMs' chunk size (PSoup-P's bitmap chunks follow it).
+        shared_joins: False gives every join query its own group.
+    """
+
+    def __init__(self, mode: Mode, stems: Mapping[str, DataSteM], sinks: SinkTable,
+                 joiner: Joiner, chunk_rows: int, shared_joins: bool = True):
+        self.mode = mode
+        self.stems = stems
+        self.sinks = sinks
+        self.joiner = joiner
+        self.selections = mode.selections(chunk_rows)
+        self.groups = JoinGroups(joiner, shared_joins, mode.eager_joins)
+        self.aggregates: dict[int, AggregateSink] = {}
+
+    @property
+    def materializes(self) -> bool:
+        """Whether matches are kept (the eddy probes only then)."""
+        return self.mode.materializes
+
+    def add(self, plan: Plan) -> None:
+        """Attach the sinks of a new query's slots (before the eddy routes it)."""
+        query = plan.query
+        if not self.materializes or query.contradiction:
+            return
+        if isinstance(plan, SelectionPlan):
+            stream = query.sources[0].stream
+            self.sinks.attach(plan.slot, stream, self.selections)
+            if query.aggregated:
+                sink = self.aggregates[plan.slot] = AggregateSink(query, plan.slot,
+                                                                  self.stems[stream])
+                self.sinks.attach(plan.slot, stream, sink)
+            return
+        group = self.groups.add(plan, self.stems_of(plan))
+        for slot, source in zip(plan.slots, query.sources):
+            self.sinks.attach(slot, source.stream, group)
+
+    def forget(self, plan: Plan) -> None:
+        """Drop what is kept for a query whose slots the eddy has detached."""
+        if isinstance(plan, SelectionPlan):
+            self.aggregates.pop(plan.slot, None)
+        else:
+            self.groups.remove(plan.jid)
+
+    def stems_of(self, plan: Plan) -> list[DataSteM]:
+        return [self.stems[source.stream] for source in plan.query.sources]
+
+    # ------------------------------------------------------------------ reads
+
+    def selection(self, plan: SelectionPlan, span: Span) -> np.ndarray:
+        """Sorted positions in `span` of the query's matches."""
+        source = plan.query.sources[0]
+        if plan.query.contradiction:
+            return np.empty(0, np.int64)
+        return self.selections.matches(plan.slot, source, self.stems[source.stream], span)
+
+    def join(self, plan: JoinPlan, spans: Sequence[Span]) -> Combinations:
+        """The query's combinations whose every tuple lies in its item's span, in answer
+        order: from its group, or (NoMat) joined now over the spans."""
+        if plan.query.contradiction:
+            return Combinations.empty(len(spans))
+        if self.materializes:
+            return self.groups.of(plan.jid).matches(plan.jid, spans)
+        stems = self.stems_of(plan)
+        candidates = {i: stems[i].probe(local.sources[0], span)
+                      for i, (span, local) in enumerate(zip(spans, plan.locals))}
+        return ordered(stamped(self.joiner.join(plan.jid, plan.query, stems, candidates,
+                                                None), stems))
+
+    def nbytes(self) -> int:
+        return (self.selections.nbytes() + self.groups.nbytes()
+                + sum(sink.nbytes() for sink in self.aggregates.values()))
+
+    def _check(self, plans: Sequence[Plan]) -> None:
+        """Assert the invariants (for tests): sinks are kept for the live `plans` only,
+        each attached to exactly its slots."""
+        live = {p.id: p for p in plans}
+        assert set(self.aggregates) == {p.slot for p in plans if isinstance(p, SelectionPlan)
+                                        and p.query.aggregated and self.materializes
+                                        and not p.query.contradiction}, "aggregate sinks"
+        joins = [p for p in plans if isinstance(p, JoinPlan) and self.materializes
+                 and not p.query.contradiction]
+        assert len(self.groups) == len({id(self.groups.of(p.jid)) for p in joins}), "groups"
+        slots = {slot for p in live.values() for slot, _ in _filed(p)}
+        assert self.sinks.attached() <= slots, "no sink keeps a slot no query has"
+        for p in joins:
+            group = self.groups.of(p.jid)
+            group._check()
+            assert p.jid in group.members
+        check = getattr(self.selections, "_check", None)
+        if check is not None:
+            check()
+
+
+def _filed(plan: Plan) -> list[tuple[int, object]]:
+    if isinstance(plan, SelectionPlan):
+        return [(plan.slot, plan.query)]
+    return list(zip(plan.slots, plan.locals))

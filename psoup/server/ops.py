@@ -1,0 +1,203 @@
+"""The operations of the psoup protocol, in one table both sides read (docs/protocol.md).
+
+Each `Op` says what the server and the client must agree on:
+
+* `write`: the server applies it on its one writer thread and commits the log before
+  replying (group commit); reads run on a small pool;
+* `idempotent`: a client may send it again when the connection broke before the reply
+  (reads, and history, which evaluates only what has no tier yet); a non-idempotent
+  write whose reply was lost has an unknown outcome;
+* `parse`: the arguments checked on the event loop, cheap (types, limits, zero-copy
+  column decoding), returned as what `run` takes; a bad one is a `bad_args` reply;
+* `run`: the call on an `EngineAPI` (the engine), on a worker thread; its value is the
+  reply's result.
+
+A new operation is one `Op` here, the method it calls on `Engine` and `Client`, and its
+section in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from psoup.api import EngineAPI
+from psoup.codec import decode_array, decode_columns
+from psoup.server.protocol import ProtocolError, encode_answer
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request or connection may cost the server; beyond it, an error reply.
+
+    Attributes:
+        max_frame_bytes: the largest frame payload; a larger announced length gets a
+            "frame_too_large" reply and the connection is closed without reading it.
+        max_batch_rows: the most rows one insert may carry ("limit").
+        max_query_chars: the longest SQL text ("limit").
+        max_factors: the most AND-ed factors in a WHERE clause ("limit"); each factor is
+            a row of the predicate index, so this bounds what one query costs every
+            later batch. The server's engine compiles with it.
+        read_timeout: seconds a started frame may take to arrive in full, and a new
+            connection to start its hello; otherwise the connection is closed.
+        max_connections: open connections; one more gets a "limit" reply and is closed.
+        max_group_writes: the most writes applied between two commits.
+        max_in_flight: requests one connection may have sent and not yet had answered
+            (pipelining); the server stops reading that connection beyond it.
+    """
+
+    max_frame_bytes: int = 64 << 20
+    max_batch_rows: int = 1_000_000
+    max_query_chars: int = 64 << 10
+    max_factors: int = 256
+    read_timeout: float = 30.0
+    max_connections: int = 1024
+    max_group_writes: int = 256
+    max_in_flight: int = 16
+
+
+@dataclass(frozen=True)
+class Op:
+    """One protocol operation (see the module docstring)."""
+
+    name: str
+    write: bool
+    idempotent: bool
+    parse: Callable[[Mapping[str, Any], Limits], dict[str, Any]]
+    run: Callable[[EngineAPI, dict[str, Any]], Any]
+
+
+def arg(args: Mapping[str, Any], name: str, types: type | tuple[type, ...], what: str,
+        required: bool = True) -> Any:
+    """Argument `name` of `args`, of one of `types` (bool is not a number here).
+
+    Raises:
+        ProtocolError: "bad_args", naming the argument and what it must be.
+
+    Example:
+        >>> arg({"n": 3}, "n", int, "a count")
+        3
+    """
+    value = args.get(name)
+    if value is None:
+        if required:
+            raise ProtocolError("bad_args", f"missing argument '{name}' ({what})")
+        return None
+    allowed = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise ProtocolError("bad_args", f"argument '{name}' must be {what}, not "
+                                        f"{type(value).__name__}")
+    return value
+
+
+def _sql(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
+    sql = arg(args, "sql", str, "a SQL statement")
+    if len(sql) > limits.max_query_chars:
+        raise ProtocolError("limit", f"a statement of {len(sql)} characters exceeds the "
+                                     f"limit of {limits.max_query_chars}")
+    return {"sql": sql}
+
+
+def _handle(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
+    return {"handle": arg(args, "handle", str, "a handle")}
+
+
+def _nothing(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
+    return {}
+
+
+def _create_stream(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
+    name = arg(args, "name", str, "a stream name")
+    columns = arg(args, "columns", (list, Mapping),
+                  "a list of [name, type] pairs or a map of name -> type")
+    pairs = list(columns.items()) if isinstance(columns, Mapping) else columns
+    if not all(isinstance(p, (list, tuple)) and len(p) == 2 and
+               all(isinstance(x, str) for x in p) for p in pairs):
+        raise ProtocolError("bad_args", "argument 'columns' must hold [name, type] pairs "
+                                        "of strings")
+    retain = arg(args, "retain", str, 'a retention such as "1 hour"', required=False)
+    return {"name": name, "columns": [tuple(p) for p in pairs], "retain": retain}
+
+
+def _insert(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
+    stream = arg(args, "stream", str, "a stream name")
+    if (args.get("rows") is None) == (args.get("columns") is None):
+        raise ProtocolError("bad_args", "insert takes exactly one of 'rows' (a list of "
+                                        "rows) and 'columns' (a map of encoded columns)")
+    try:
+        if args.get("rows") is not None:
+            rows: Any = arg(args, "rows", list, "a list of rows")
+            n = len(rows)
+        else:
+            rows = decode_columns(args["columns"])
+            n = max((len(values) for values in rows.values()), default=0)
+        ts = args.get("ts")
+        if isinstance(ts, (list, Mapping)):
+            ts = decode_array(ts)
+        elif ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
+            raise ValueError(f"ts must be null, a number, a list or an encoded float64 "
+                             f"array, not {type(ts).__name__}")
+    except ValueError as exc:
+        raise ProtocolError("bad_args", str(exc)) from None
+    if n > limits.max_batch_rows:
+        raise ProtocolError("limit", f"a batch of {n} rows exceeds the limit of "
+                                     f"{limits.max_batch_rows}; split it")
+    return {"stream": stream, "rows": rows, "ts": ts}
+
+
+def _inserted(engine: EngineAPI, a: dict[str, Any]) -> dict[str, Any]:
+    ids = engine.insert(a["stream"], a["rows"], a["ts"])
+    return {"first": int(ids[0]) if len(ids) else None, "n": len(ids)}
+
+
+def _invoke(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
+    return {"handle": arg(args, "handle", str, "a handle"),
+            "now": arg(args, "now", (int, float), "a number of seconds", required=False),
+            "since": arg(args, "since", str, "a cursor", required=False)}
+
+
+def _history(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
+    handles = arg(args, "handles", list, "a list of handles", required=False)
+    if handles is not None and not all(isinstance(h, str) for h in handles):
+        raise ProtocolError("bad_args", "argument 'handles' must be a list of handles")
+    master = arg(args, "master", str, "a Spark master URL", required=False)
+    return {"handles": handles, "master": master}
+
+
+def plain(value: Any) -> Any:
+    """`value` with only msgpack types: numpy values become Python ones, and anything
+    else a stats dict might grow (paths, sets) becomes its str.
+
+    Example:
+        >>> plain({"n": np.int64(3), "s": {1}})
+        {'n': 3, 's': [1]}
+    """
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    if isinstance(value, (np.generic, np.ndarray)):
+        return plain(value.tolist())
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    return str(value)
+
+
+#: Every operation but `hello` (the first request of a connection, see docs/protocol.md).
+OPS: dict[str, Op] = {op.name: op for op in (
+    Op("ping", False, True, _nothing, lambda e, a: "pong"),
+    Op("create_stream", True, False, _create_stream,
+       lambda e, a: e.create_stream(a["name"], a["columns"], a["retain"])),
+    Op("execute", True, False, _sql, lambda e, a: e.execute(a["sql"])),
+    Op("insert", True, False, _insert, _inserted),
+    Op("register", True, False, _sql, lambda e, a: e.register(a["sql"])),
+    Op("invoke", False, True, _invoke,
+       lambda e, a: encode_answer(e.invoke(a["handle"], now=a["now"], since=a["since"]))),
+    Op("unregister", True, False, _handle, lambda e, a: e.unregister(a["handle"])),
+    Op("queries", False, True, _nothing, lambda e, a: e.queries()),
+    Op("stats", False, True, _nothing, lambda e, a: plain(e.stats())),
+    Op("history", True, True, _history,
+       lambda e, a: e.evaluate_history(a["handles"], a["master"])),
+)}
