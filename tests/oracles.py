@@ -57,7 +57,8 @@ class Oracle:
             source = f'(SELECT * FROM {source} ORDER BY "tupleID" DESC LIMIT {window[1]}) AS w'
         elif window[0] == "partition":
             source = (f'(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY "{window[1]}" '
-                      f'ORDER BY "tupleID" DESC) AS rn FROM {source}) WHERE rn <= {window[2]}) AS w')
+                      f'ORDER BY "tupleID" DESC) AS rn FROM {source}) WHERE rn <= {window[2]})'
+                      " AS w")
         return source
 
 

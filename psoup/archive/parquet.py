@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from psoup.journal.wal import fsync_dir
-from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN,
+from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
+                                  TUPLE_ID_COLUMN,
                                   arrow_schema, part_path)
 from psoup.errors import SchemaError
 from psoup.query.model import TS, TUPLE_ID

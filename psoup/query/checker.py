@@ -134,8 +134,9 @@ def check(
         >>> q.sources[0].predicates[0].hi, q.columns
         (2, ['a'])
         >>> j = check(parse("SELECT * FROM R r1, R r2 WHERE r2.a > r1.a + 1"), schemas, "...")
-        >>> j.joins, j.columns
-        ((JoinFactor(left=0, left_column='a', op='<', right=1, right_column='a', offset=0, left_offset=1),), ['r1.a', 'r2.a'])
+        >>> j.joins, j.columns  # doctest: +NORMALIZE_WHITESPACE
+        ((JoinFactor(left=0, left_column='a', op='<', right=1, right_column='a', offset=0,
+                     left_offset=1),), ['r1.a', 'r2.a'])
     """
     if isinstance(statement, CreateStream):
         return _check_create(statement, schemas)

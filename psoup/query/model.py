@@ -263,8 +263,8 @@ class Query:
         Example:
             >>> q = Query("SELECT ...", (Source("R", "r", Window("rows", rows=5)),
             ...                          Source("S", "S", Window())), ())
-            >>> q.local(0).sql, q.local(0).sources[0].window
-            ('SELECT ... [local to r]', Window(kind='all', begin=None, end=None, rows=None, partition_by=()))
+            >>> q.local(0).sql, q.local(0).sources[0].window.kind
+            ('SELECT ... [local to r]', 'all')
         """
         source = replace(self.sources[item], window=Window())
         return Query(f"{self.sql} [local to {source.alias}]", (source,), (),

@@ -90,8 +90,10 @@ def normalize_factors(
         >>> preds, cfs = normalize_factors([
         ...     AttrFactor("a", "int", ">", 2.5), AttrFactor("a", "int", "<", 9),
         ...     ColumnFactor("a", "<>", "b")])
-        >>> preds, cfs
-        ((AttrPredicate(column='a', ctype='int', lo=3, lo_open=False, hi=8, hi_open=False, eq=None, ne=frozenset(), empty=False),), (ColumnFactor(left='a', op='!=', right='b', offset=0),))
+        >>> preds, cfs  # doctest: +NORMALIZE_WHITESPACE
+        ((AttrPredicate(column='a', ctype='int', lo=3, lo_open=False, hi=8, hi_open=False,
+                        eq=None, ne=frozenset(), empty=False),),
+         (ColumnFactor(left='a', op='!=', right='b', offset=0),))
     """
     by_column: dict[str, list[AttrFactor]] = {}
     column_factors: list[ColumnFactor] = []
@@ -122,8 +124,12 @@ def normalize_joins(factors: Sequence[JoinFactor]) -> tuple[JoinFactor, ...]:
         exact repeats (after orientation) removed.
 
     Example:
-        >>> normalize_joins([JoinFactor(1, "b", ">", 0, "a", 2), JoinFactor(0, "a", "<>", 1, "b")])
-        (JoinFactor(left=0, left_column='a', op='<', right=1, right_column='b', offset=0, left_offset=2), JoinFactor(left=0, left_column='a', op='!=', right=1, right_column='b', offset=0, left_offset=0))
+        >>> normalize_joins([JoinFactor(1, "b", ">", 0, "a", 2),
+        ...                  JoinFactor(0, "a", "<>", 1, "b")])  # doctest: +NORMALIZE_WHITESPACE
+        (JoinFactor(left=0, left_column='a', op='<', right=1, right_column='b', offset=0,
+                    left_offset=2),
+         JoinFactor(left=0, left_column='a', op='!=', right=1, right_column='b', offset=0,
+                    left_offset=0))
     """
     oriented: list[JoinFactor] = []
     for factor in factors:
@@ -151,8 +157,10 @@ def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
         accept every value of the column's type.
 
     Example:
-        >>> fold_column([AttrFactor("a", "int", "in", (1, 2.0, 2.5)), AttrFactor("a", "int", "!=", 1)])
-        AttrPredicate(column='a', ctype='int', lo=None, lo_open=False, hi=None, hi_open=False, eq=frozenset({2}), ne=frozenset(), empty=False)
+        >>> fold_column([AttrFactor("a", "int", "in", (1, 2.0, 2.5)),
+        ...              AttrFactor("a", "int", "!=", 1)])  # doctest: +NORMALIZE_WHITESPACE
+        AttrPredicate(column='a', ctype='int', lo=None, lo_open=False, hi=None, hi_open=False,
+                      eq=frozenset({2}), ne=frozenset(), empty=False)
     """
     column, ctype = factors[0].column, factors[0].ctype
     lo: Any = None  # Any: the bounds are of the column's type, compared with each other

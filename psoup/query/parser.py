@@ -315,7 +315,8 @@ class _Parser:
             return Star(tok.pos, tok.text)
         if tok.kind not in (NAME, KEYWORD):
             self._fail("a column or '*'")
-        if tok.kind == NAME and tok.text.upper() in _AGGREGATE_NAMES and self._peek(1).is_symbol("("):
+        if (tok.kind == NAME and tok.text.upper() in _AGGREGATE_NAMES
+                and self._peek(1).is_symbol("(")):
             function, argument, text = self._aggregate()
             alias = self._name("a name after AS")[0] if self._accept_word("AS") else None
             return SelectAggregate(tok.pos, function, argument, alias, text)

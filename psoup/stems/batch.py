@@ -157,7 +157,8 @@ def _check_objects(stream: str, name: str, ctype: str, values: Sequence) -> None
 def _check_ts(stream: str, ts: Any, n: int, clock_now: float, last_ts: float) -> np.ndarray:
     if ts is None:
         ts = clock_now
-    if isinstance(ts, (int, float, np.integer, np.floating)) and not isinstance(ts, (bool, np.bool_)):
+    if isinstance(ts, (int, float, np.integer, np.floating)) and \
+            not isinstance(ts, (bool, np.bool_)):
         stamps = np.full(n, float(ts))
     else:
         try:

@@ -124,8 +124,8 @@ class AttributeIndex:
                 for c in pred.eq:
                     points.append((_cell_of(keys, c), slot, 1))
                 continue
-            first = 0 if pred.lo is None else _cell_of(keys, pred.lo) + (1 if pred.lo_open else 0)
-            last = ncells - 1 if pred.hi is None else _cell_of(keys, pred.hi) - (1 if pred.hi_open else 0)
+            first = 0 if pred.lo is None else _cell_of(keys, pred.lo) + int(pred.lo_open)
+            last = ncells - 1 if pred.hi is None else _cell_of(keys, pred.hi) - int(pred.hi_open)
             if first > last:
                 continue
             delta[first, slot] += 1

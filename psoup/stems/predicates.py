@@ -181,4 +181,4 @@ def source_mask(source: Source, columns: Mapping[str, np.ndarray], n: int) -> np
 
 
 def _as_array(values: frozenset, dtype: np.dtype) -> np.ndarray:
-    return np.array(sorted(values), dtype=dtype if dtype != object else object)
+    return np.array(sorted(values), dtype=dtype)

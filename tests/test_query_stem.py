@@ -1,0 +1,146 @@
+"""The Query SteM and its predicate index alone (PSoup Sect. 4.2.2): registering and
+removing queries in any order, probing batches, and checking every structure's
+invariants (`_check`) after each step.
+
+The oracle is each query's factors evaluated on their own (psoup.stems.predicates,
+itself checked against DuckDB by the differential tests): the shared index must give
+exactly the same bits, whatever has been registered and removed before.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import numpy as np
+from hypothesis import given
+
+from psoup.bits import slot_rows
+from psoup.query import compile_statement
+from psoup.query.model import AttrPredicate, StreamSchema
+from psoup.stems.batch import make_batch
+from psoup.stems.predicate_index import AttributeIndex
+from psoup.stems.predicates import attr_mask, source_mask
+from psoup.stems.query_stem import QuerySteM
+from tests.strategies import VALUES, factors, schemas
+
+SCHEMA_STREAM = "R"
+
+
+def _probe_columns(schema: StreamSchema, rows, first_tid: int) -> dict[str, np.ndarray]:
+    batch = make_batch(schema, rows, [1000.0 + i for i in range(len(rows))], 0.0,
+                       float("-inf"))
+    columns = dict(batch.columns)
+    columns["ts"] = batch.ts
+    columns["tupleID"] = np.arange(first_tid, first_tid + batch.n)
+    return columns
+
+
+@st.composite
+def stem_scenarios(draw):
+    columns, _ = draw(schemas())
+    steps = []
+    for _ in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["register", "register", "register", "remove",
+                                     "probe"]))
+        if kind == "register":
+            where = draw(st.lists(factors(columns), min_size=0, max_size=3))
+            steps.append(("register", " AND ".join(p for p, _ in where)))
+        elif kind == "remove":
+            steps.append(("remove", draw(st.integers(0, 100))))
+        else:
+            rows = draw(st.lists(st.tuples(*(VALUES[t] for _, t in columns)), min_size=1,
+                                 max_size=80))
+            steps.append(("probe", rows))
+    return columns, steps
+
+
+@given(stem_scenarios(), st.booleans())
+def test_probe_bits_equal_each_query_on_its_own(scenario, shared):
+    columns, steps = scenario
+    ddl = "CREATE STREAM R (" + ", ".join(f"{c} {t.upper()}" for c, t in columns) + ")"
+    schema = compile_statement(ddl, {})
+    stem = QuerySteM(shared=shared)
+    live: dict[int, object] = {}
+    tid = 0
+    for kind, arg in steps:
+        if kind == "register":
+            sql = "SELECT * FROM R" + (f" WHERE {arg}" if arg else "")
+            query = compile_statement(sql, {"R": schema})
+            slot = stem.insert(query)
+            assert slot not in live
+            assert slot == min(set(range(len(live) + 1)) - set(live)), "lowest free slot"
+            live[slot] = query
+        elif kind == "remove" and live:
+            slot = sorted(live)[arg % len(live)]
+            assert stem.remove(slot) is live.pop(slot)
+        elif kind == "probe":
+            cols = _probe_columns(schema, arg, tid)
+            tid += len(arg)
+            bits = stem.probe("R", cols, len(arg))
+            assert bits.shape == (len(arg), stem.words)
+            for slot, query in live.items():
+                want = (np.zeros(len(arg), bool) if query.contradiction
+                        else source_mask(query.sources[0], cols, len(arg)))
+                assert slot_rows(bits, slot).tolist() == np.flatnonzero(want).tolist(), \
+                    (slot, query.sql)
+            freed = set(range(stem.words * 64)) - set(live)
+            assert all(len(slot_rows(bits, s)) == 0 for s in freed), "free slots match nothing"
+        stem._check()
+
+
+def test_a_stream_nobody_queries_probes_to_zero_rows():
+    stem = QuerySteM()
+    assert stem.probe("S", {}, 3).tolist() == [[0], [0], [0]]
+    assert not stem.interested("S")
+
+
+def test_slots_widen_the_bit_rows_by_whole_words_and_are_reused_lowest_first():
+    schema = compile_statement("CREATE STREAM R (a INT)", {})
+    query = compile_statement("SELECT a FROM R WHERE a > 1", {"R": schema})
+    stem = QuerySteM()
+    slots = [stem.insert(query) for _ in range(65)]
+    assert slots == list(range(65)) and stem.words == 2
+    stem.remove(3)
+    stem.remove(1)
+    assert stem.insert(query) == 1 and stem.insert(query) == 3 and stem.insert(query) == 65
+    stem._check()
+
+
+@given(st.lists(st.tuples(st.sampled_from(["<", "<=", ">", ">=", "=", "!=", "in"]),
+                          st.lists(st.integers(-5, 5), min_size=1, max_size=3)),
+                min_size=1, max_size=12),
+       st.lists(st.integers(0, 11), max_size=6),
+       st.lists(st.integers(-8, 8), min_size=1, max_size=100))
+def test_attribute_index_rejects_exactly_what_each_predicate_rejects(preds, removals, values):
+    from psoup.query.normalize import AttrFactor, fold_column
+    index = AttributeIndex("int")
+    live = {}
+    for slot, (op, constants) in enumerate(preds):
+        value = tuple(constants) if op == "in" else constants[0]
+        pred = fold_column([AttrFactor("a", "int", op, value)])
+        if pred is None:
+            continue
+        index.add(slot, pred)
+        live[slot] = pred
+        index._check()
+    for r in removals:
+        if live:
+            slot = sorted(live)[r % len(live)]
+            index.remove(slot)
+            del live[slot]
+            index._check()
+    arr = np.array(values, dtype=np.int64)
+    rejects = index.probe(arr, 1)
+    index._check()
+    for slot, pred in live.items():
+        assert slot_rows(rejects, slot).tolist() == np.flatnonzero(~attr_mask(pred, arr)).tolist()
+
+
+def test_attribute_index_over_text_values_compares_by_code_point():
+    index = AttributeIndex("text")
+    index.add(0, AttrPredicate("t", "text", lo="b"))
+    index.add(1, AttrPredicate("t", "text", eq=frozenset({"é"})))
+    values = np.array(["a", "b", "z", "é"], dtype=object)
+    rejects = index.probe(values, 1)
+    assert slot_rows(rejects, 0).tolist() == [0]          # "a" < "b"; "é" > "z" > "b"
+    assert slot_rows(rejects, 1).tolist() == [0, 1, 2]
+    index._check()
