@@ -1,6 +1,6 @@
 """Every error psoup raises on purpose.
 
-A failed call changes nothing (ARCHITECTURE.md, invariant 5), so each error is raised
+A failed call changes nothing (docs/design.md, "Invariants"), so each error is raised
 before any structure is touched, and its message names the problem and where it is.
 """
 

@@ -4,7 +4,7 @@ PSoup's Data SteMs keep only a maximum window (PSoup paper, Sect. 4.2, footnote 
 "Remembrance of Streams Past" (Sect. 5.1) keeps what falls out of it in an append-only
 store clustered by timestamp, so a history scan from a given time is one seek and a
 sequential read. Here that store is a Hive-partitioned Parquet tree, the contract with the
-Spark job of ARCHITECTURE.md ("Archive and history") and any other Parquet reader::
+Spark jobs (docs/design.md, "History") and any other Parquet reader::
 
     root/stream=NAME/date=YYYY-MM-DD/part-{first tupleID:020d}-{last tupleID:020d}.parquet
 

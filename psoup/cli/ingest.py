@@ -2,7 +2,7 @@
 
 A producer's file becomes a sequence of batches of at most `batch_rows` rows, each a dict
 of column -> numpy array (numbers, booleans) or list of str (text), the fast path of
-`insert` (API.md). The server applies each batch whole or not at all, so a bad batch
+`insert` (docs/api.md). The server applies each batch whole or not at all, so a bad batch
 stops the ingest with an exact account: how many rows went in before it, and which rows
 it held.
 

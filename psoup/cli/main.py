@@ -1,4 +1,4 @@
-"""The `psoup` command: thin click commands that call the library (STYLE.md, "click").
+"""The `psoup` command: thin click commands that call the library.
 
 PSoup's clients register a standing query, disconnect, and invoke its handle later
 (Sect. 1); these commands are that client on a shell. `serve` runs the service;
@@ -410,7 +410,7 @@ def unregister(settings: Settings, ref: str) -> None:
 def history(settings: Settings, refs: tuple[str, ...], master: str | None) -> None:
     """Run the standing queries (all selection queries without history yet, or the ones
     named) over the archive of a durable server, in one Spark pass, so that their
-    windows reach back past what memory holds (docs/history.md)."""
+    windows reach back past what memory holds (docs/semantics.md, "History")."""
     targets = [_resolve(settings, ref) for ref in refs]
     server = targets[0].server if targets else settings.server
     with _connected(server, settings.token) as client:

@@ -5,7 +5,7 @@ An answer is a `Result` (the whole answer of an invocation) or a `Changes` (what
 and left the answer since a cursor, the STREAM paper's Istream and Dstream). Values are
 the Python scalars the engine returns; text is printed verbatim, floats compactly in a
 table and exactly in CSV and JSON. JSON output is one document per answer with a fixed
-set of keys, so scripts can rely on it (API.md, "Command line").
+set of keys, so scripts can rely on it (docs/cli.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The durable side of an engine: what `Engine(path=DIR)` writes and reads back.
 
 Every acknowledged change (create stream, insert batch, register, unregister) becomes one
-write-ahead log record before the call returns (ARCHITECTURE.md, invariant 4); on start
+write-ahead log record before the call returns (nothing acknowledged is lost); on start
 the log is replayed through the engine's ordinary paths, so the rebuilt Data SteMs,
 Query SteM and Results Structure are the ones the original calls built (duality makes
 the order of queries and data irrelevant to the result bits, but the replay keeps it).

@@ -1,6 +1,6 @@
-"""The write-ahead log: what makes an acknowledged insert survive a crash (invariant 4).
+"""The write-ahead log: what makes an acknowledged insert survive a crash.
 
-PSoup is a main-memory system (PSoup paper, Sect. 4.2, footnote 3); ARCHITECTURE.md puts a
+PSoup is a main-memory system (PSoup paper, Sect. 4.2, footnote 3); psoup puts a
 write-ahead log between the Data SteMs and the archive so that a restarted engine rebuilds
 its SteMs, Query SteM and Results Structure by replaying what it acknowledged.
 

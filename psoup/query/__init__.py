@@ -3,7 +3,7 @@
 The pipeline (sqlglot-style, one pure stage per module):
     tokens.tokenize -> parser.parse -> checker.check -> normalize.normalize_factors
 ending in `model.StreamSchema` (CREATE STREAM) or `model.Query` (SELECT). The language
-is specified in LANGUAGE.md; errors are `psoup.errors.QueryError` with a line and column.
+is specified in docs/language.md; errors are `psoup.errors.QueryError` with a line and column.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The checker: syntax tree + stream schemas -> the engine's model (third stage).
 
 Resolves stream and column names (aliases, `stream.col`, `*`), checks every comparison's
-types (LANGUAGE.md: numbers with numbers, TEXT with TEXT, BOOL with TRUE/FALSE), turns
+types (docs/language.md: numbers with numbers, TEXT with TEXT, BOOL with TRUE/FALSE), turns
 windows into `model.Window` (PSoup Sect. 3.2's BEGIN-END clause, or the per-stream CQL
 windows of the STREAM paper Sect. 2), splits WHERE into each FROM item's local factors
 and the join factors between items (PSoup Sect. 3.2.2), and hands them to `normalize`.

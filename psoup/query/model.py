@@ -24,7 +24,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: The column types of the language, by their lowercase names.
 TYPES = ("int", "float", "text", "bool")
 
-#: Columns every stream has besides its declared ones (LANGUAGE.md, "Streams").
+#: Columns every stream has besides its declared ones (docs/language.md, "Streams").
 TS = "ts"
 TUPLE_ID = "tupleID"
 IMPLICIT_COLUMNS = {TS: "float", TUPLE_ID: "int"}
@@ -81,7 +81,7 @@ class Window:
                      BEGIN (NOW - n ROWS) END NOW).
         "partition": the `rows` most recent tuples of each distinct value of the
                      `partition_by` columns ([PARTITION BY a, b ROWS n]).
-    The window is taken first and WHERE filters inside it (LANGUAGE.md, "Windows").
+    The window is taken first and WHERE filters inside it (docs/language.md, "Windows").
     """
 
     kind: str = "all"

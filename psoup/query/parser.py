@@ -1,6 +1,6 @@
 """The parser: tokens -> syntax tree, by hand-written recursive descent.
 
-The second stage of the language pipeline. The grammar is LANGUAGE.md's; each rule is
+The second stage of the language pipeline. The grammar is docs/language.md's; each rule is
 one method, and every failure names what was expected, the token it came after and the
 token found, at that token's line and column. SQL features the language does not have
 (OR, NOT, HAVING, aggregates outside the select list, subqueries, ...) are recognized and

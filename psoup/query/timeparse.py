@@ -1,4 +1,4 @@
-"""Time units and timestamps of window edges and retention (LANGUAGE.md, "Windows").
+"""Time units and timestamps of window edges and retention (docs/language.md, "Windows").
 
 A window edge is NOW plus or minus a duration, epoch seconds, or a quoted ISO-8601
 timestamp; PSoup Sect. 3.2 keeps them as written and resolves NOW at invocation, so this

@@ -2,7 +2,7 @@
 
 The tokenizer splits a statement into names, reserved keywords, numbers, strings and
 symbols, each carrying the 1-based line and column where it starts, so that every later
-stage can say where an error is (LANGUAGE.md, "Errors"). Keywords are case-insensitive;
+stage can say where an error is (docs/language.md, "Errors"). Keywords are case-insensitive;
 names keep their case, since identifiers are case-sensitive.
 """
 

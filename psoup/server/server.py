@@ -2,7 +2,7 @@
 
 Disconnected clients are the point of PSoup (Sect. 1): a client registers a query, goes
 away, and invokes the handle later from another connection. The server only translates
-between frames and the Engine API (ARCHITECTURE.md: it never reaches into the SteMs).
+between frames and the Engine API (it never reaches into the SteMs).
 
 Concurrency: one asyncio loop owns the sockets. Every mutating request (create_stream,
 execute, insert, register, unregister) goes through one queue to one writer thread, which

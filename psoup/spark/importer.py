@@ -7,7 +7,7 @@ went through an engine can be replayed (psoup.spark.replay) like any other:
 1. each file is read by Spark and checked on its own, so an error names the file: every
    declared column present, of a type that casts to the column's (INT from integers or
    integer text, FLOAT from numbers or numeric text, TEXT from text, BOOL from booleans
-   or true/false text), no missing value, no NaN (psoup has no NULLs, LANGUAGE.md), and a
+   or true/false text), no missing value, no NaN (psoup has no NULLs, docs/language.md), and a
    timestamp per row (seconds since the epoch, or ISO 8601, UTC unless it says otherwise);
 2. the rows of all files are sorted by (ts, file, row in file) and given tupleIDs in that
    order, continuing after the archive's high water mark for the stream; a stream's

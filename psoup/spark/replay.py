@@ -4,7 +4,7 @@
 operators that process it live. Here those operators are psoup's own: a Spark job reads
 the archive (psoup.archive.parquet's layout), keeps a time range, and hands the rows, in
 (ts, archived tupleID) order, to `insert` of an `Engine` or a `Client`, so every
-standing query sees them through the same eddy path as live data (ARCHITECTURE.md,
+standing query sees them through the same eddy path as live data (docs/design.md,
 "Archive and history", route (a)). The target stamps fresh tupleIDs; archived ones only
 order ties.
 

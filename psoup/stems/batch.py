@@ -1,9 +1,9 @@
 """Turning what a producer hands `Engine.insert` into one checked column batch.
 
-This is the edge where Python objects per tuple are allowed (STYLE.md): rows as tuples,
+This is the edge where Python objects per tuple are allowed: rows as tuples,
 rows as dicts, or columns as sequences or numpy arrays (the fast path) become one numpy
-array per column, and every rule of LANGUAGE.md "Streams" is checked before anything is
-stored, so a rejected batch changes nothing (ARCHITECTURE.md, invariant 5).
+array per column, and every rule of docs/language.md "Streams" is checked before anything is
+stored, so a rejected batch changes nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from psoup.errors import SchemaError
 from psoup.query.model import INT64_MAX, INT64_MIN, StreamSchema
 
 #: numpy storage dtype per column type; TEXT keeps Python str objects, so comparisons are
-#: by code point exactly as LANGUAGE.md requires.
+#: by code point exactly as docs/language.md requires.
 DTYPES = {"int": np.dtype(np.int64), "float": np.dtype(np.float64),
           "text": np.dtype(object), "bool": np.dtype(bool)}
 
