@@ -17,6 +17,8 @@ demo: $(STAMP)
 	$(BIN)/psoup demo
 
 test: $(STAMP)
+	$(BIN)/ruff check psoup tests bench
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -87,6 +87,10 @@ def _time_all(calls, repeat: int, expected: list[list[tuple]] | None) -> tuple[f
     return total / (len(calls) * repeat), answers
 
 
+def _rows_of(columns: dict[str, np.ndarray]) -> list[tuple]:
+    return list(zip(*(v.tolist() for v in columns.values())))
+
+
 def _plot(ax, rows: list[dict]) -> None:
     styles = {"equality": "-", "interval": "--"}
     colors = {key: f"C{i}" for i, key in enumerate(MODES + ("duckdb",))}
@@ -115,6 +119,8 @@ def _measure(con, columns: dict[str, np.ndarray], groups: dict, s: dict) -> list
         duck = [lambda q=q: con.execute(q).fetchall() for q in sqls]
         rows[label]["duckdb ms"], expected[label] = _time_all(duck, s["repeat"], None)
         rows[label]["mean rows"] = sum(map(len, expected[label])) / len(wheres)
+        duck_np = [lambda q=q: con.execute(q).fetchnumpy() for q in sqls]
+        rows[label]["duckdb np ms"], _ = _time_all(duck_np, s["repeat"], None)
     for mode in MODES:
         queries = [(w, window) for wheres, window in groups.values() for w in wheres]
         t0 = time.perf_counter()
@@ -127,10 +133,18 @@ def _measure(con, columns: dict[str, np.ndarray], groups: dict, s: dict) -> list
             calls = [lambda h=h: eng.invoke(h, now=float(n)).rows for h in mine]
             rows[label][f"{mode} ms"], _ = _time_all(calls, s["repeat"], expected[label])
             rows[label][f"{mode} load s"] = load
+            if mode == "partial":
+                for h, want in zip(mine, expected[label]):      # the columns are right
+                    got = _rows_of(eng.invoke(h, now=float(n)).to_numpy())
+                    assert got == want, f"{label}: columns differ from DuckDB's rows"
+                columns_only = [lambda h=h: eng.invoke(h, now=float(n)).to_numpy()
+                                for h in mine]
+                rows[label]["partial np ms"], _ = _time_all(columns_only, s["repeat"], None)
         eng.close()
     for row in rows.values():
-        for key in MODES + ("duckdb",):
+        for key in MODES + ("duckdb", "duckdb np", "partial np"):
             row[f"{key} ms"] *= 1e3
+        row["duckdb np/P np"] = row["duckdb np ms"] / row["partial np ms"]
         row["nomat/P"] = row["nomat ms"] / row["partial ms"]
         row["P/C"] = row["partial ms"] / row["complete ms"]
         row["duckdb/P"] = row["duckdb ms"] / row["partial ms"]
@@ -164,8 +178,9 @@ def main() -> None:
     columns = common.data_columns(common.rng(3), n)
     con = _duckdb(columns)
     threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
-    notes = ["answers of every mode matched DuckDB's row for row",
-             f"DuckDB: {threads} threads, WHERE tid >= n - W AND (...), fetchall()"]
+    notes = ["answers of every mode matched DuckDB's row for row (PSoup-P's columns too)",
+             f"DuckDB: {threads} threads, WHERE tid >= n - W AND (...), fetchall() as rows; "
+             "fetchnumpy() against PSoup-P's Result.to_numpy() as columns"]
     params = {"queries_per_row": s["queries"], "tuples": n, "repeat": s["repeat"],
               "insert_batch": s["batch"], "duckdb_threads": threads, "seed": common.SEED,
               "method": "per query: one untimed invocation (answer checked against "
@@ -181,7 +196,9 @@ def main() -> None:
                    ("mean rows", "rows", ",.0f")]
     columns_out += [(f"{key} ms", f"{LABELS[key]} ms", ".3f") for key in MODES + ("duckdb",)]
     columns_out += [("nomat/P", "NoMat/P", ".2f"), ("P/C", "P/C", ".2f"),
-                    ("duckdb/P", "DuckDB/P", ".2f")]
+                    ("duckdb/P", "DuckDB/P", ".2f"), ("partial np ms", "P numpy ms", ".3f"),
+                    ("duckdb np ms", "DuckDB numpy ms", ".3f"),
+                    ("duckdb np/P np", "DuckDB/P numpy", ".2f")]
     common.report(f"invoke{suffix}", rows, columns_out, _plot, notes=notes, params=params)
 
     gen = common.rng(7)
@@ -192,7 +209,9 @@ def main() -> None:
                    ("mean rows", "rows", ",.0f")]
     columns_out += [(f"{key} ms", f"{LABELS[key]} ms", ".4f") for key in MODES + ("duckdb",)]
     columns_out += [("nomat/P", "NoMat/P", ".1f"), ("duckdb/P", "DuckDB/P", ".1f"),
-                    ("duckdb/C", "DuckDB/C", ".1f")]
+                    ("duckdb/C", "DuckDB/C", ".1f"), ("partial np ms", "P numpy ms", ".4f"),
+                    ("duckdb np ms", "DuckDB numpy ms", ".4f"),
+                    ("duckdb np/P np", "DuckDB/P numpy", ".1f")]
     common.report(f"invoke_table2{suffix}", table2, columns_out, _plot_table2, notes=notes + [
         "the paper's Table 2 (ms, NoMat/P/C): 1 factor 0.394/0.047/0.057, 2 factors "
         "0.491/0.024/0.021, 4 factors 0.826/0.013/0.004"], params=params)

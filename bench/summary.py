@@ -20,6 +20,7 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 #: Reports in the order the README shows them, with a title each.
 ORDER = [
     ("ingest", "Fig. 9: arrival rate vs standing queries"),
+    ("register", "The query stream: registrations interleaved with data"),
     ("invoke", "Fig. 7a/7b: response time vs window"),
     ("invoke_table2", "Table 2: response time vs interval factors (W = 2^15)"),
     ("joins_fig8", "Fig. 8: join response time vs window per stream"),

@@ -7,7 +7,7 @@ one line that makes the object (docs/api.md). The server's operation table
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, overload
 
 import numpy as np
 
@@ -27,6 +27,13 @@ class EngineAPI(Protocol):
 
     def register(self, sql: str) -> str: ...
 
+    @overload
+    def invoke(self, handle: str, now: float | None = None, since: None = None) -> Result: ...
+
+    @overload
+    def invoke(self, handle: str, now: float | None = None, *, since: str) -> Changes: ...
+
+    @overload
     def invoke(self, handle: str, now: float | None = None,
                since: str | None = None) -> Result | Changes: ...
 

@@ -18,7 +18,7 @@ import select
 import socket
 import threading
 from collections import deque
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, overload
 
 import numpy as np
 
@@ -143,6 +143,16 @@ class Client:
         if n <= size:
             return self._insert_rows(stream, rows, ts, 0, n, n)
         return self._insert_pipelined(stream, rows, ts, n, size)
+
+    @overload
+    def invoke(self, handle: str, now: float | None = None, since: None = None) -> Result: ...
+
+    @overload
+    def invoke(self, handle: str, now: float | None = None, *, since: str) -> Changes: ...
+
+    @overload
+    def invoke(self, handle: str, now: float | None = None,
+               since: str | None = None) -> Result | Changes: ...
 
     def invoke(self, handle: str, now: float | None = None,
                since: str | None = None) -> Result | Changes:
@@ -275,8 +285,8 @@ class Client:
             while in_flight:
                 collect()
             if failure is not None:
-                exc, start, stop = failure
-                raise _in_batch(exc, start, stop, n) from None
+                error, start, stop = failure
+                raise _in_batch(error, start, stop, n) from None
             return np.concatenate(ids)
 
     # ------------------------------------------------------------------ the connection

@@ -27,6 +27,7 @@ def encode_array(values: Any) -> Any:
         ['x']
     """
     if isinstance(values, np.ndarray):
+        dtype: np.dtype[Any]
         if values.dtype.kind in "iub":
             dtype = np.dtype("|b1") if values.dtype.kind == "b" else np.dtype("<i8")
         elif values.dtype.kind == "f":
@@ -48,7 +49,8 @@ def decode_array(value: Any) -> Any:
         [1.5, 2.0]
     """
     if isinstance(value, Mapping):
-        dtype = RAW_DTYPES.get(value.get("dtype"))
+        name = value.get("dtype")
+        dtype = RAW_DTYPES.get(name) if name is not None else None
         data = value.get("data")
         if dtype is None or not isinstance(data, (bytes, bytearray)):
             raise ValueError(f"bad column encoding: dtype {value.get('dtype')!r} "

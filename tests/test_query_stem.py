@@ -144,3 +144,42 @@ def test_attribute_index_over_text_values_compares_by_code_point():
     assert slot_rows(rejects, 0).tolist() == [0]          # "a" < "b"; "é" > "z" > "b"
     assert slot_rows(rejects, 1).tolist() == [0, 1, 2]
     index._check()
+
+
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.sampled_from(["<", "<=", ">", ">=", "=", "!=", "in"]),
+              st.lists(st.integers(-6, 40), min_size=1, max_size=3)),
+    st.tuples(st.just("remove"), st.integers(0, 200)),
+    st.tuples(st.just("probe"), st.lists(st.integers(-9, 45), min_size=1, max_size=150))),
+    min_size=1, max_size=40)
+
+
+@given(_OPS, st.sampled_from(["int", "float"]))
+def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(ops, ctype):
+    """The query stream is a stream: constants split and merge cells between probes
+    (over 64 integers a probe also builds and patches the direct value map)."""
+    from psoup.query.normalize import AttrFactor, fold_column
+    index = AttributeIndex(ctype)
+    live: dict[int, AttrPredicate] = {}
+    kind = np.int64 if ctype == "int" else np.float64
+    for op in ops:
+        if op[0] == "add":
+            value = tuple(op[2]) if op[1] == "in" else op[2][0]
+            pred = fold_column([AttrFactor("a", ctype, op[1], value)])
+            if pred is None:
+                continue
+            slot = min(set(range(len(live) + 1)) - set(live))
+            index.add(slot, pred)
+            live[slot] = pred
+        elif op[0] == "remove" and live:
+            slot = sorted(live)[op[1] % len(live)]
+            index.remove(slot)
+            del live[slot]
+        elif op[0] == "probe":
+            arr = np.array(op[1], dtype=kind) / (1 if ctype == "int" else 2)
+            arr = arr.astype(kind)
+            rejects = index.probe(arr, max(live, default=0) // 64 + 1)
+            for slot, pred in live.items():
+                want = np.flatnonzero(~attr_mask(pred, arr)).tolist()
+                assert slot_rows(rejects, slot).tolist() == want, (slot, pred)
+        index._check()

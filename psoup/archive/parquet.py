@@ -26,6 +26,7 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import ArrayLike
 import pyarrow.parquet as pq
 
 from psoup.journal.wal import fsync_dir
@@ -161,7 +162,7 @@ class Archive:
     # ------------------------------------------------------------------ write
 
     def add(self, stream: str, columns: Sequence[tuple[str, str]],
-            data: Mapping[str, Sequence]) -> None:
+            data: Mapping[str, ArrayLike]) -> None:
         """Buffer the rows of `data` not archived yet; flush the stream when its buffer
         reaches `flush_rows`. O(rows), copying, so the caller may reuse its arrays.
 
@@ -316,7 +317,7 @@ class Archive:
 
 
 def _checked(stream: str, columns: Sequence[tuple[str, str]],
-             data: Mapping[str, Sequence]) -> tuple[np.ndarray, np.ndarray, list]:
+             data: Mapping[str, ArrayLike]) -> tuple[np.ndarray, np.ndarray, list]:
     """(tupleIDs, ts, schema columns) of `data`, as arrays of the archive's types."""
     names = (TUPLE_ID, TS, *(c for c, _ in columns))
     for name in names:

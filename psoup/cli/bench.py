@@ -21,6 +21,7 @@ import psoup
 #: suite -> (script, what it measures), in the order `all` runs them.
 SUITES = {
     "ingest": ("ingest.py", "Fig. 9: arrival rate vs queries, P/C shared and unshared"),
+    "register": ("register.py", "the query stream: registrations interleaved with data"),
     "invoke": ("invoke.py", "Fig. 7a/7b and Table 2: response time vs window, vs factors"),
     "joins": ("joins.py", "Fig. 8, Fig. 11, join groups, adaptive routing"),
     "aggregates": ("aggregates.py", "Sect. 6: COUNT/SUM/MAX vs window, 2^10 .. 2^20"),

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from psoup.engine import Engine
+from psoup.results.result import Changes, Result
 
 START = 1_767_225_600.0      # 2026-01-01 00:00:00 UTC
 STEP = 0.05                  # seconds between readings
@@ -80,6 +81,7 @@ def run_demo(mode: str = "partial", rows: int = 20_000, seed: int = 7,
     echo("\n  what changed while the client was away (invoke with since=cursor):")
     for name, handle in handles.items():
         changes = eng.invoke(handle, since=cursors[name])
+        assert isinstance(changes, Changes), "invoke with since= answers with the Changes"
         echo(f"    {name}: +{len(changes.inserted)} rows entered, "
              f"-{len(changes.deleted)} rows left")
     stats = eng.stats()
@@ -92,10 +94,13 @@ def run_demo(mode: str = "partial", rows: int = 20_000, seed: int = 7,
 def show(eng: Engine, handles: dict[str, str], echo: Callable[[str], None],
          now: float) -> tuple[dict[str, int], dict[str, str]]:
     """Invoke and print every handle; returns each answer's size and cursor."""
-    sizes, cursors = {}, {}
+    sizes: dict[str, int] = {}
+    cursors: dict[str, str] = {}
     for name, handle in handles.items():
         began = time.perf_counter()
         res = eng.invoke(handle)
+        # without since=, invoke answers with the whole Result, which carries its cursor
+        assert isinstance(res, Result) and res.cursor is not None
         ms = (time.perf_counter() - began) * 1000
         sizes[name], cursors[name] = len(res), res.cursor
         echo(f"\n  {name}: {len(res)} rows  (invoked at {_hms(now)} in {ms:.2f} ms)")

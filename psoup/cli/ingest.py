@@ -29,7 +29,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, Callable, ContextManager, Iterator
+from typing import IO, AbstractSet, Any, Callable, ContextManager, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -79,6 +79,7 @@ def read_batches(source: str | IO[bytes], fmt: str, batch_rows: int,
     Each batch maps column name -> numpy array or list; every column has the same length.
     Errors in the input raise IngestError (rows_done 0: the caller knows the real count).
     """
+    readers: dict[str, Callable[[str | IO[bytes], int], Iterator[dict[str, Any]]]]
     readers = {"csv": partial(_csv_batches, text={c for c, t in (declared or {}).items()
                                                    if t == "text"}),
                "jsonl": _jsonl_batches, "parquet": _parquet_batches}
@@ -206,7 +207,7 @@ def _open(source: str | IO[bytes]) -> ContextManager[IO[bytes]]:
 
 
 def _csv_batches(source: str | IO[bytes], batch_rows: int,
-                 text: set[str] = frozenset()) -> Iterator[dict[str, Any]]:
+                 text: AbstractSet[str] = frozenset()) -> Iterator[dict[str, Any]]:
     import pyarrow.csv as pcsv
 
     with _open(source) as stream:
@@ -236,7 +237,7 @@ def _csv_batches(source: str | IO[bytes], batch_rows: int,
             yield _typed_csv(pa.Table.from_batches(pending), text)
 
 
-def _typed_csv(table: pa.Table, text: set[str]) -> dict[str, Any]:
+def _typed_csv(table: pa.Table, text: AbstractSet[str]) -> dict[str, Any]:
     return {name: (table.column(name).to_pylist() if name in text
                    else _typed_text(table.column(name).combine_chunks()))
             for name in table.column_names}

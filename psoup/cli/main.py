@@ -19,6 +19,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -299,7 +300,7 @@ def register(settings: Settings, sql: str, name: str | None, replace: bool) -> N
                                  "with a letter or digit)", param_hint="--name")
     store = HandleStore()
     old = store.lookup(name) if name is not None else None
-    if old is not None and not replace:
+    if name is not None and old is not None and not replace:   # (old is None without name)
         raise name_taken(name, old)
     with _connected(settings.server, settings.token) as client:
         handle = client.register(sql)
@@ -334,6 +335,7 @@ def invoke(settings: Settings, ref: str, fmt: str, changes: bool, now: float | N
     """
     target = _resolve(settings, ref)
     store = HandleStore()
+    answer: Result | Changes
     with _connected(target.server, settings.token, target) as client:
         if changes:
             answer, reason = _changes_since(client, target.handle,
@@ -548,18 +550,18 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     names = None if streams is None else [n.strip() for n in streams.split(",") if n.strip()]
     def progress(done: int, total: int, seconds: float) -> None:
         _progress(done, seconds, total)
-    run = dict(streams=names, start=start, end=end, master=master, slice_rows=slice_rows,
-               progress=progress if sys.stderr.isatty() else None)
+    run = partial(replaying.replay, streams=names, start=start, end=end, master=master,
+                  slice_rows=slice_rows, progress=progress if sys.stderr.isatty() else None)
     if data_dir is not None:
         from psoup.engine import Engine
 
-        with Engine(path=data_dir) as engine:
-            report = replaying.replay(archives, engine, **run)
+        with Engine(path=str(data_dir)) as engine:
+            report = run(archives, engine)
         where = str(data_dir)
     else:
         where = server_option or settings.server
         with _connected(where, token_option or settings.token) as client:
-            report = replaying.replay(archives, client, **run)
+            report = run(archives, client)
     if progress is not None:
         click.echo("\r\033[K", nl=False, err=True)
     into = ", ".join(f"{name} {rows:,}" for name, rows in report.streams.items()) or "none"
@@ -638,6 +640,7 @@ def _changes_since(client: Client, handle: str, cursor: str | None,
             reason = "the server no longer knows where the last invocation left off"
     whole = client.invoke(handle, now=now)
     empty = Result(whole.columns, [], np.empty(0), np.empty(0, np.int64))
+    assert whole.cursor is not None, "an invocation's answer carries its cursor"
     return Changes(whole.columns, whole, empty, whole.cursor), reason
 
 
@@ -646,7 +649,7 @@ def _changes_since(client: Client, handle: str, cursor: str | None,
 @click.option("--quick", is_flag=True, help="Tiny runs, to check that every suite works.")
 @click.option("--list", "list_", is_flag=True, help="List the suites and exit.")
 def bench(suites: tuple[str, ...], quick: bool, list_: bool) -> None:
-    """Run the benchmarks: all of them, or the SUITEs named (ingest, invoke, joins,
+    """Run the benchmarks: all of them, or the SUITEs named (ingest, register, invoke, joins,
     aggregates, traffic, manyq, server, replay, history; the paper's fig7, table2, fig8, fig9,
     fig11, sect5.5 name the suite that reproduces them). Each prints its tables and
     writes bench/results/NAME.json and NAME.png."""

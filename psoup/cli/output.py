@@ -95,6 +95,7 @@ def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool) 
     """
     if isinstance(answer, Result):
         empty = Result(answer.columns, [], np.empty(0), np.empty(0, np.int64))
+        assert answer.cursor is not None, "a polled answer comes from an invocation"
         changes = Changes(answer.columns, answer, empty, answer.cursor)
     else:
         changes = answer
@@ -140,9 +141,9 @@ def render_stats(stats: dict[str, Any], names: dict[str, str]) -> str:
     queries = stats.get("queries", {})
     out += ["", f"{len(queries)} standing quer{'y' if len(queries) == 1 else 'ies'}"]
     if queries:
-        rows = [(names.get(h, ""), h[:12] + "...", q.get("results", ""), q.get("sql", ""))
-                for h, q in queries.items()]
-        out.append(table(["name", "handle", "results", "sql"], rows))
+        query_rows = [(names.get(h, ""), h[:12] + "...", q.get("results", ""), q.get("sql", ""))
+                      for h, q in queries.items()]
+        out.append(table(["name", "handle", "results", "sql"], query_rows))
     return "\n".join(out)
 
 

@@ -102,6 +102,7 @@ class Eddy:
         self.sinks = sinks
         self.materializes = materializes
         self.policy = policy if policy is not None else AdaptiveOrder()
+        self._buffer: np.ndarray | None = None
         self.ntp: deque = deque()
         self.ttp: deque[Callable[[], None]] = deque()
         self._routes: dict[type, Callable] = {DataEntry: self._route_data,
@@ -157,10 +158,22 @@ class Eddy:
         columns = dict(entry.batch.columns)
         columns[TS] = entry.batch.ts
         columns[TUPLE_ID] = entry.tuple_ids
-        bits = self.query_stem.probe(stream, columns, entry.batch.n)
+        bits = self.query_stem.probe(stream, columns, entry.batch.n,
+                                     self._scratch(entry.batch.n, self.query_stem.words))
         for sink in sinks:
             self.ttp.append(partial(sink.on_insert, stream, position,
                                     self.sinks.rows_for(sink, stream, bits), columns))
+
+    def _scratch(self, n: int, words: int) -> np.ndarray:
+        """The probe's output buffer, reused from batch to batch (fresh memory costs a
+        page fault per 4 KiB on first write, as much as the probe itself). Its rows are
+        valid until the next batch is routed: every sink copies what it keeps, and the
+        TTP is drained before the next batch."""
+        buf = self._buffer
+        if buf is None or buf.shape[1] != words or buf.shape[0] < n:
+            rows = n if buf is None or buf.shape[1] != words else max(n, buf.shape[0])
+            buf = self._buffer = np.empty((rows, words), dtype="<u8")
+        return buf[:n]
 
     def _route_query(self, entry: QueryEntry) -> None:
         """Fig. 2: file the query, then probe each of its streams' Data SteMs."""

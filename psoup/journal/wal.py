@@ -269,6 +269,7 @@ class WriteAheadLog:
             self._fsync()
 
     def _fsync(self) -> None:
+        assert self._fd is not None, "callers fsync only an open log"
         os.fsync(self._fd)
         self._dirty = False
 

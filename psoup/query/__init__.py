@@ -8,15 +8,18 @@ is specified in docs/language.md; errors are `psoup.errors.QueryError` with a li
 
 from __future__ import annotations
 
-from typing import Mapping, Union
+import re
+from typing import Mapping, Sequence, Union
 
-from psoup.errors import LimitError
+from psoup.errors import LimitError, QueryError
 from psoup.query.checker import check, check_retain, parse_type
 from psoup.query.model import Query, StreamSchema
 from psoup.query.parser import parse, parse_retention
 from psoup.query.syntax import Select
 
-__all__ = ["compile_statement", "parse_retain", "parse_type"]
+__all__ = ["compile_statement", "create_stream_sql", "parse_retain", "parse_type"]
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def compile_statement(sql: str, schemas: Mapping[str, StreamSchema],
@@ -70,3 +73,22 @@ def parse_retain(text: str) -> tuple[float | None, int | None]:
         ((172800.0, None), (None, 100000))
     """
     return check_retain(parse_retention(text))
+
+
+def create_stream_sql(name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
+                      retain: str | None = None) -> str:
+    """The CREATE STREAM statement of a stream declared from Python values.
+
+    Raises:
+        QueryError: a name that is not an identifier, or an unknown type name.
+
+    Example:
+        >>> create_stream_sql("R", {"a": "int", "b": "double"}, "1 hour")
+        'CREATE STREAM R (a INT, b FLOAT) RETAIN 1 hour'
+    """
+    pairs = list(columns.items()) if isinstance(columns, Mapping) else list(columns)
+    for ident in [name] + [c for c, _ in pairs]:
+        if not isinstance(ident, str) or not _IDENTIFIER.match(ident):
+            raise QueryError(f"{ident!r} is not a valid name (letters, digits, _)")
+    cols = ", ".join(f"{c} {parse_type(t).upper()}" for c, t in pairs)
+    return f"CREATE STREAM {name} ({cols})" + (f" RETAIN {retain}" if retain else "")

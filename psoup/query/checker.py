@@ -105,6 +105,7 @@ def check_retain(retain: Retain) -> tuple[float | None, int | None]:
     amount = retain.amount
     if retain.unit == ROW:
         return None, _row_count(amount, "RETAIN ... ROWS")
+    assert not isinstance(amount.value, str), "the parser reads a RETAIN amount as a number"
     if amount.value <= 0:
         raise QueryError(f"RETAIN needs a positive duration, found {amount.text}", *amount.pos)
     return _seconds(amount, retain.unit), None
@@ -205,6 +206,7 @@ class _Scope:
                         f"(FROM {item.stream} {initial}1, {item.stream} {initial}2)",
                         *item.pos,
                     )
+                assert item.alias_pos is not None, "an alias always has its position"
                 raise QueryError(f"duplicate alias '{name}' in FROM", *item.alias_pos)
             self.schemas.append(schema)
             self.names.append(name)
@@ -373,7 +375,7 @@ def _time_expr(spec: TimeSpec) -> TimeExpr:
 
 
 def _seconds(amount: Literal, unit: str) -> float:
-    return float(amount.value * UNIT_SECONDS[unit])  # type: ignore[operator]
+    return float(amount.value * UNIT_SECONDS[unit])
 
 
 def _row_count(amount: Literal, what: str) -> int:

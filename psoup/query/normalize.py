@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Sequence, Union
+from typing import AbstractSet, Any, Sequence, Union
 
 from psoup.query.model import (
     INT64_MAX,
@@ -166,12 +166,18 @@ def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
     lo: Any = None  # Any: the bounds are of the column's type, compared with each other
     hi: Any = None
     lo_open = hi_open = False
-    eq: set | None = None
-    ne: set = set()
+    # eq: the admitted values (a frozenset once a BOOL column's two-value domain is used)
+    eq: AbstractSet[Any] | None = None
+    ne: set[Any] = set()
     for factor in factors:
         op = _canonical_op(factor.op)
         if op in ("=", "in"):
-            values = factor.value if op == "in" else (factor.value,)
+            values: tuple[Any, ...]
+            if op == "in":
+                assert isinstance(factor.value, tuple), "an IN factor holds its list's tuple"
+                values = factor.value
+            else:
+                values = (factor.value,)
             members = {m for m in (_member(ctype, v) for v in values) if m is not None}
             eq = members if eq is None else eq & members
         elif op == "!=":

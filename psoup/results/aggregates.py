@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, Protocol, Union
 
 import numpy as np
 from sortedcontainers import SortedDict
@@ -80,6 +80,8 @@ _LOW = 32
 _LOW_MASK = (1 << _LOW) - 1
 
 Column = tuple[int, str]        # (source, column), as Query.group_by and SelectItem name it
+#: An output column of an aggregated query: ("key", index in group_by) or (function, column).
+Output = Union[tuple[Literal["key"], int], tuple[AggregateFunction, Column]]
 
 
 class _Buffer:
@@ -184,6 +186,7 @@ class PrefixSums:
     def _rebase(self) -> None:
         """Re-sum the prefix from zero over the live values, so that its rounding is that
         of live data only."""
+        assert self._values is not None, "only a FLOAT column's sums keep values to rebase"
         self._prefix = _Buffer(np.dtype(np.float64), (2,))
         self._prefix.append(_prefix_of(self._values.live))
 
@@ -239,7 +242,7 @@ class RankedTree:
             raise IndexError(f"range [{i}, {j}) is empty or outside the {len(self)} leaves")
         b, start = self._b, self._leaves.start
         lo, hi, below = start + i, start + j, self._leaves.data
-        parts = []
+        parts: list[np.ndarray] = []
         levels = iter(self._levels[op])
         while hi - lo > 2 * b:
             whole_lo, whole_hi = -(-lo // b), hi // b      # the parents wholly inside
@@ -379,8 +382,7 @@ class Aggregator:
         self.group_by: list[Column] = list(query.group_by)
         self.sums: list[Column] = []
         self.extremes: dict[Column, tuple[str, ...]] = {}
-        # per output column: ("key", index in group_by) or (function, column)
-        self._outputs: list[tuple[str | AggregateFunction, Any]] = []
+        self._outputs: list[Output] = []      # per output column
         for item in query.select:
             column = (item.source, item.column)
             if item.agg is None:
@@ -392,8 +394,8 @@ class Aggregator:
                 self.sums.append(column)
             elif function.keeps in _UFUNCS and function.keeps not in self.extremes.get(column, ()):
                 self.extremes[column] = self.extremes.get(column, ()) + (function.keeps,)
-        aggregated = [column for kind, column in self._outputs
-                      if kind != "key" and kind.keeps is not None]
+        aggregated = [output[1] for output in self._outputs
+                      if output[0] != "key" and output[0].keeps is not None]
         self.needed: list[Column] = list(dict.fromkeys(self.group_by + aggregated))
 
     def kept(self, function: AggregateFunction, column: Column, group: int,
@@ -443,17 +445,27 @@ class Aggregator:
             sums = {c: [None] for c in self.sums}
             extremes = {(c, op): [None] for c, ops in self.extremes.items() for op in ops}
         columns = []
-        for kind, arg in self._outputs:
-            if kind == "key":
-                columns.append([key[arg] for key in keys])
+        for output in self._outputs:
+            if output[0] == "key":
+                columns.append([key[output[1]] for key in keys])
             else:
-                columns.append([kind.fold(n, self.kept(kind, arg, g, sums, extremes))
+                function, arg = output
+                columns.append([function.fold(n, self.kept(function, arg, g, sums, extremes))
                                 for g, n in enumerate(counts)])
         rows = list(zip(*columns))
         no_ids = np.empty(len(rows), np.int64)
         no_ids.fill(-1)
         return Result(self.query.columns, rows, np.asarray(ts, dtype=np.float64), no_ids,
                       keys=keys)
+
+
+class _Part(Protocol):
+    """What a group keeps per column, indexed like its results (PrefixSums, RankedTree,
+    SuffixExtremes)."""
+
+    def drop(self, k: int) -> None: ...
+
+    def nbytes(self) -> int: ...
 
 
 class _Group:
@@ -498,13 +510,16 @@ class _Group:
         if k:
             self.positions.drop(k)
             self.ts.drop(k)
-            for part in (*self.sums.values(), *self.trees.values(), *self.suffixes.values()):
+            for part in self._parts():
                 part.drop(k)
 
     def nbytes(self) -> int:
-        parts = (*self.sums.values(), *self.trees.values(), *self.suffixes.values())
+        parts = self._parts()
         return (self.positions.data.nbytes + self.ts.data.nbytes
                 + sum(part.nbytes() for part in parts))
+
+    def _parts(self) -> tuple[_Part, ...]:
+        return (*self.sums.values(), *self.trees.values(), *self.suffixes.values())
 
 
 class AggregateIndex:
@@ -614,7 +629,10 @@ class AggregateIndex:
         if group is None or i >= j:
             return agg._result([], [], {}, {}, np.empty(0))
         row = []
-        for function, arg in agg._outputs:
+        for output in agg._outputs:
+            # without GROUP BY every output is an aggregate (a bare column must be grouped)
+            assert output[0] != "key", "an output without GROUP BY is an aggregate"
+            function, arg = output
             if function.keeps is None:
                 kept = None
             elif function.keeps == "sum":
@@ -694,6 +712,7 @@ def _range_sum(later: list, earlier: list, values: np.ndarray | None, i: int,
     total = (high - high0) + (low - low0)
     if math.isfinite(total):
         return total
+    assert values is not None, "a FLOAT prefix comes with its values"
     with np.errstate(invalid="ignore"):
         return float(np.sum(values[i:j]))
 

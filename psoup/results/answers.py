@@ -89,9 +89,10 @@ class Answers:
                                              if it.source == i] + [TUPLE_ID])),
                          entries.positions[:, i], any_order=True)
                for i, stem in enumerate(stems)]
-        values = [got[item.source][item.column] for item in query.select]
+        projected = [got[item.source][item.column] for item in query.select]
         tuple_ids = np.column_stack([g[TUPLE_ID] for g in got])
-        return Result.build(query.columns, values, entries.earliest, tuple_ids, query.distinct)
+        return Result.build(query.columns, projected, entries.earliest, tuple_ids,
+                            query.distinct)
 
 
 def _fetch(stem: DataSteM, names: list[str], positions: np.ndarray,

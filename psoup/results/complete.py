@@ -31,7 +31,7 @@ class CompleteResults(ResultsStructure):
         [11, 12]
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lists: dict[int, list[np.ndarray]] = {}
         self._horizons: dict[str, int] = {}
 

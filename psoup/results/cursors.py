@@ -72,7 +72,7 @@ class CursorStore:
         """
         kept = self._by_handle.get(handle)
         old = kept.get(since) if kept is not None and isinstance(since, str) else None
-        if old is None:
+        if kept is None or old is None:
             raise CursorExpired(f"cursor {str(since)[:16]!r} is unknown or expired for this "
                                 "handle (cursors do not survive a restart, and each handle "
                                 f"keeps its last {self.per_handle}); invoke without since "

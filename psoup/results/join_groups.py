@@ -217,9 +217,9 @@ class JoinGroup(Sink):
             wanted = np.full((len(combos), words), ~np.uint64(0), dtype="<u8")
             for j, cands in candidates.items():
                 wanted &= members[j][np.searchsorted(cands, combos[:, j]), :words]
-            keep = wanted.any(axis=1)
-            found.append(combos[keep])
-            found_bits.append(wanted[keep])
+            wanted_by_some = wanted.any(axis=1)
+            found.append(combos[wanted_by_some])
+            found_bits.append(wanted[wanted_by_some])
         if found:
             entries = stamped(np.concatenate(found), stems)
             if len(entries):

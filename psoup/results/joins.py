@@ -21,7 +21,7 @@ invocation.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class Combinations:
     def empty(cls, k: int) -> "Combinations":
         return cls(np.empty((0, k), np.int64), np.empty(0), np.empty(0), True)
 
-    def take(self, keep: np.ndarray) -> "Combinations":
+    def take(self, keep: np.ndarray | slice) -> "Combinations":
         return Combinations(self.positions[keep], self.earliest[keep], self.latest[keep],
                             self.ordered, None if self.bits is None else self.bits[keep])
 
@@ -74,9 +74,12 @@ def in_windows(entries: Combinations, spans: Sequence[Span],
     after the oldest ts any window starts at (Sect. 4.3's reason to order by it).
     """
     if stems and entries.ordered and len(entries):
-        starts = [span.first() for span in spans]
-        if any(p is None or p >= stem.n for p, stem in zip(starts, stems)):
-            return Combinations.empty(len(spans))
+        starts: list[int] = []
+        for span, stem in zip(spans, stems):
+            p = span.first()
+            if p is None or p >= stem.n:
+                return Combinations.empty(len(spans))
+            starts.append(p)
         oldest = min(stem.ts_at(max(p, stem.horizon)) for p, stem in zip(starts, stems))
         cut = int(np.searchsorted(entries.earliest, oldest, "left"))
         if cut:
@@ -159,7 +162,8 @@ class JoinEntries:
         if len(self._blocks) == 1 and self._checked == horizons:
             return self._blocks[0]                     # nothing arrived or expired since
         entries = self._blocks[0] if len(self._blocks) == 1 else _concat(self._blocks)
-        live = entries.bits.any(axis=1)
+        # (numpy's stubs type any(axis=1) as bool | array: of 2-d bits it is an array)
+        live = cast(np.ndarray, _bits(entries).any(axis=1))
         if stems:
             live &= (entries.positions >= np.array(horizons)).all(axis=1)
         if not live.all():
@@ -188,13 +192,19 @@ class JoinEntries:
         return sum(len(b) for b in self._blocks)
 
     def nbytes(self) -> int:
-        return sum(b.positions.nbytes + b.earliest.nbytes + b.latest.nbytes + b.bits.nbytes
+        return sum(b.positions.nbytes + b.earliest.nbytes + b.latest.nbytes + _bits(b).nbytes
                    for b in self._blocks)
 
 
 def _concat(blocks: list[Combinations]) -> Combinations:
-    words = max(b.bits.shape[1] for b in blocks)
-    bits = [widened(b.bits, words) for b in blocks]
+    words = max(_bits(b).shape[1] for b in blocks)
+    bits = [widened(_bits(b), words) for b in blocks]
     return Combinations(np.concatenate([b.positions for b in blocks]),
                         np.concatenate([b.earliest for b in blocks]),
                         np.concatenate([b.latest for b in blocks]), bits=np.concatenate(bits))
+
+
+def _bits(entries: Combinations) -> np.ndarray:
+    """The members' bits of a group's entries (JoinEntries holds only entries with bits)."""
+    assert entries.bits is not None, "a group's entries carry their members' bits"
+    return entries.bits

@@ -35,11 +35,22 @@ class PartialResults(ResultsStructure):
     def __init__(self, chunk_rows: int = 8192):
         self.chunk_rows = chunk_rows
         self._bitmaps: dict[str, dict[int, np.ndarray]] = {}
+        self._spare: list[np.ndarray] = []      # expired chunks, reused (no page faults)
 
-    def _chunk(self, chunks: dict[int, np.ndarray], k: int, words: int) -> np.ndarray:
+    def _chunk(self, chunks: dict[int, np.ndarray], k: int, words: int,
+               written_from: int = -1) -> np.ndarray:
+        """Chunk k, at least `words` wide; a new one is zero except from row
+        `written_from` on (rows the caller writes next, and later batches after it)."""
         chunk = chunks.get(k)
         if chunk is None:
-            chunk = chunks[k] = np.zeros((self.chunk_rows, words), dtype="<u8")
+            spare = self._spare
+            while spare and spare[-1].shape[1] != words:
+                spare.pop()
+            if spare:
+                chunk = chunks[k] = spare.pop()
+                chunk[:written_from if written_from >= 0 else None] = 0
+            else:
+                chunk = chunks[k] = np.zeros((self.chunk_rows, words), dtype="<u8")
         elif chunk.shape[1] < words:
             chunk = chunks[k] = np.pad(chunk, ((0, 0), (0, words - chunk.shape[1])))
         return chunk
@@ -56,14 +67,14 @@ class PartialResults(ResultsStructure):
             take = min(cap - r, n - done)
             block = bits[done:done + take]
             if k in chunks or block.any():
-                self._chunk(chunks, k, words)[r:r + take, :words] = block
+                self._chunk(chunks, k, words, r)[r:r + take, :words] = block
             done += take
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         """Set the new query's column at `positions`. O(len(positions))."""
         chunks = self._bitmaps.setdefault(stream, {})
         word, mask = bit_of(slot)
-        words = 1 << max(0, word).bit_length()
+        words = word + 1
         cap = self.chunk_rows
         for k, a, b in chunk_runs(positions, cap):
             self._chunk(chunks, k, words)[positions[a:b] - k * cap, word] |= mask
@@ -79,6 +90,8 @@ class PartialResults(ResultsStructure):
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
         for k in [k for k in chunks if (k + 1) * self.chunk_rows <= horizon]:
+            if len(self._spare) < 2:
+                self._spare.append(chunks[k])
             del chunks[k]
 
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
@@ -109,7 +122,8 @@ class PartialResults(ResultsStructure):
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def nbytes(self) -> int:
-        return sum(c.nbytes for chunks in self._bitmaps.values() for c in chunks.values())
+        return sum(c.nbytes for chunks in self._bitmaps.values() for c in chunks.values()) + \
+            sum(c.nbytes for c in self._spare)
 
     def _check(self) -> None:
         """Assert the structure's invariants (for tests): whole chunks of chunk_rows rows."""

@@ -2,6 +2,10 @@
 
 Projection and duplicate elimination happen here, just in time, on the tuples fetched
 from the Data SteMs; rows are in physicalID (ts) order, then tupleID.
+
+An answer keeps the numpy columns it was projected from: `to_numpy()`, `to_arrow()` and
+`to_pandas()` hand them over without building a Python object per value, and `rows`
+(tuples of Python scalars) is built on first use, O(rows x columns), then kept.
 """
 
 from __future__ import annotations
@@ -31,11 +35,14 @@ class Result:
         (2, [{'a': 1}, {'a': 2}])
     """
 
-    def __init__(self, columns: list[str], rows: list[tuple], ts: np.ndarray,
+    def __init__(self, columns: list[str], rows: list[tuple] | None, ts: np.ndarray,
                  tuple_ids: np.ndarray, cursor: str | None = None,
-                 keys: list[tuple] | None = None):
+                 keys: list[tuple] | None = None,
+                 values: list[np.ndarray] | None = None):
+        assert rows is not None or values is not None, "rows or column values"
         self.columns = columns
-        self.rows = rows
+        self._rows = rows
+        self._values = values
         self.ts = ts
         self.tuple_ids = tuple_ids
         self.cursor = cursor
@@ -44,11 +51,40 @@ class Result:
     @classmethod
     def build(cls, columns: list[str], values: list[np.ndarray], ts: np.ndarray,
               tuple_ids: np.ndarray, distinct: bool) -> "Result":
-        """Assemble rows from projected column arrays; DISTINCT keeps each row's first
-        occurrence (and its ts)."""
-        rows = list(zip(*(v.tolist() for v in values))) if values else []
-        result = cls(columns, rows, ts, tuple_ids)
+        """An answer over projected column arrays (rows built when first asked for);
+        DISTINCT keeps each row's first occurrence (and its ts)."""
+        result = cls(columns, None, ts, tuple_ids, values=list(values))
         return result.distinct() if distinct else result
+
+    @property
+    def rows(self) -> list[tuple]:
+        """One tuple per row, values as Python scalars (built on first use)."""
+        if self._rows is None:
+            values = self._values or []
+            self._rows = list(zip(*(v.tolist() for v in values))) if values else []
+        return self._rows
+
+    def to_numpy(self) -> dict[str, np.ndarray]:
+        """column name -> numpy array (TEXT as object arrays); no copy when the answer
+        was projected from columns."""
+        if self._values is not None:
+            return dict(zip(self.columns, self._values))
+        rows = self.rows
+        out = {}
+        for i, name in enumerate(self.columns):
+            column = [row[i] for row in rows]
+            out[name] = np.array(column) if column and not any(
+                v is None or isinstance(v, str) for v in column) else np.array(column, object)
+        return out
+
+    def to_arrow(self) -> Any:
+        """The answer as a `pyarrow.Table` (one column per output column)."""
+        import pyarrow as pa
+        return pa.table({name: pa.array(values) for name, values in self.to_numpy().items()})
+
+    def to_pandas(self) -> Any:
+        """The answer as a `pandas.DataFrame` (pandas must be installed)."""
+        return self.to_arrow().to_pandas()
 
     def distinct(self) -> "Result":
         """The rows with duplicates dropped, each kept where it first occurs (a set of
@@ -63,6 +99,8 @@ class Result:
                       self.cursor)
 
     def __len__(self) -> int:
+        if self._rows is None and self._values:
+            return len(self._values[0])
         return len(self.rows)
 
     def __iter__(self) -> Iterator[tuple]:
@@ -72,7 +110,7 @@ class Result:
         return [dict(zip(self.columns, row)) for row in self.rows]
 
     def __repr__(self) -> str:
-        return f"Result(columns={self.columns}, rows={len(self.rows)})"
+        return f"Result(columns={self.columns}, rows={len(self)})"
 
 
 class Changes:

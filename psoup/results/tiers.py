@@ -46,7 +46,7 @@ class Tier:
         ([8], 2)
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._blocks: list[dict[str, np.ndarray]] = []
         self._merged: dict[str, np.ndarray] | None = None
 

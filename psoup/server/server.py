@@ -61,16 +61,17 @@ class _Conversation:
     async def finish(self, timeout: float) -> None:
         """Send every reply still owed, then stop the sender; give up after `timeout`
         seconds (a peer that pipelines requests and never reads the replies)."""
-        if self.sender is None or self.sender.done():
+        sender = self.sender
+        if sender is None or sender.done():
             return
         try:
-            await asyncio.wait_for(self._last(), timeout)
+            await asyncio.wait_for(self._last(sender), timeout)
         except (ConnectionError, OSError, asyncio.TimeoutError):
-            self.sender.cancel()
+            sender.cancel()
 
-    async def _last(self) -> None:
+    async def _last(self, sender: asyncio.Task) -> None:
         await self.replies.put(None)
-        await self.sender
+        await sender
 
 
 class Server:
@@ -196,6 +197,7 @@ class Server:
                           writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         task = asyncio.current_task()
+        assert task is not None, "asyncio runs each connection's callback in its own task"
         try:
             if len(self._connections) >= self.limits.max_connections:
                 await self._refuse(reader, writer, peer, None, "limit",
@@ -353,6 +355,7 @@ class Server:
                                               lambda: (True, apply()))
         done = conv.last_write = loop.create_future()
         chained = op == "insert" and bool(args.get("chain"))
+        assert self._writes is not None, "requests are dispatched only while serving"
         await self._writes.put((partial(_in_chain, conv, chained, apply), done))
         outcome = await done
         return self._reply(request_id, lambda: outcome)
@@ -373,10 +376,12 @@ class Server:
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        writes = self._writes
+        assert writes is not None, "_serve makes the queue before it starts this loop"
         while True:
-            group = [await self._writes.get()]
-            while len(group) < self.limits.max_group_writes and not self._writes.empty():
-                group.append(self._writes.get_nowait())
+            group = [await writes.get()]
+            while len(group) < self.limits.max_group_writes and not writes.empty():
+                group.append(writes.get_nowait())
             outcomes = await loop.run_in_executor(self._write_pool, self._apply_group,
                                                   [apply for apply, _ in group])
             for (_, done), outcome in zip(group, outcomes):
@@ -449,7 +454,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync)
         try:
             generated = token is None
-            if generated:
+            if token is None:
                 token = _stored_or_new_token(data_dir)
             server = Server(engine, host, port, token=token, limits=limits)
             bound_host, bound_port = server.start_in_thread()

@@ -102,6 +102,7 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
     from psoup.stems.query_stem import QuerySteM
 
     schema = compile_statement(ddl, {})
+    assert isinstance(schema, StreamSchema), "the ddl is a CREATE STREAM statement"
     stem = QuerySteM()
     for slot, sql in queries:
         query = compile_statement(sql, {schema.name: schema})

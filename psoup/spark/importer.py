@@ -75,8 +75,10 @@ def parse_columns(stream: str, text: str) -> list[tuple[str, str]]:
         [('lane', 'int'), ('speed', 'float'), ('road', 'text')]
     """
     from psoup.query import compile_statement
+    from psoup.query.model import StreamSchema
 
     schema = compile_statement(f"CREATE STREAM {stream} ({text})", {})
+    assert isinstance(schema, StreamSchema), "CREATE STREAM compiles to a StreamSchema"
     return [(name, ctype) for name, ctype in schema.columns]
 
 
@@ -254,8 +256,8 @@ def _checked(frame: Any, paths: Sequence[Path], columns: Sequence[tuple[str, str
         for i, (name, typed, _) in enumerate(checks):
             count, example = (result[2 + 2 * i], result[3 + 2 * i]) if result else (0, None)
             if count:
-                ctype = dict(columns).get(typed)
-                raise ArchiveError(f"{path}: {_problem(name, ctype, example)} "
+                declared = dict(columns).get(typed)
+                raise ArchiveError(f"{path}: {_problem(name, declared, example)} "
                                    f"({count:,} row{'' if count == 1 else 's'} like it)")
     rows = sum(r[0] for r in results.values())
     return rows, min((r[1] for r in results.values()), default=float("inf"))

@@ -186,12 +186,12 @@ def _parts_by_stream(root: Path) -> dict[str, list[Path]]:
 
 def _scan_stream(name: str, paths: list[Path], target: Mapping[str, Any] | None,
                  lo: float, hi: float, every: int) -> StreamPlan:
-    parts = sorted((Part(p, *map(int, PART_NAME.match(p.name).groups())) for p in paths),
-                   key=lambda part: (part.first, part.last))
+    parts = sorted((_part(p) for p in paths), key=lambda part: (part.first, part.last))
     for a, b in zip(parts, parts[1:]):
         if b.first <= a.last:
             raise ArchiveError(f"{b.path}: its tupleIDs {b.first}..{b.last} overlap those "
                                f"of {a.path} ({a.first}..{a.last})")
+    columns: list[tuple[str, str]] | None
     if target is not None:
         columns = list(target["columns"].items())
     else:
@@ -218,6 +218,12 @@ def _scan_stream(name: str, paths: list[Path], target: Mapping[str, Any] | None,
         if part.rows:
             plan.parts.append(part)
     return plan
+
+
+def _part(path: Path) -> Part:
+    match = PART_NAME.match(path.name)
+    assert match is not None, "_parts_by_stream keeps only the files named as parts"
+    return Part(path, *map(int, match.groups()))
 
 
 def _open(path: Path) -> pq.ParquetFile:
@@ -312,7 +318,9 @@ class _Scan:
     def _decreasing(self, path: Path, ts: float, tid: int | None,
                     before: tuple[float, int] | None = None) -> None:
         at = "" if tid is None else f" at tuple_id {tid}"
-        if before is None and self.last is not None:
+        if before is None:
+            # no row before it in its batch: it is older than the last row read
+            assert self.last is not None, "the first row read is older than nothing"
             prev_ts, prev_tid, prev_path = self.last
             where = "" if prev_path == path else f" in {prev_path}"
             before_text = f"ts {prev_ts!r} at tuple_id {prev_tid}{where}"
@@ -324,18 +332,20 @@ class _Scan:
 
 def _check_appends(plans: Mapping[str, StreamPlan], start: float | None) -> None:
     """The ordering rule (module docstring, stage 2)."""
-    late = []
+    late: list[tuple[StreamPlan, float]] = []     # with the target stream's latest ts
     for plan in plans.values():
         if plan.rows == 0 or plan.latest_ts is None:
             continue
         begin = plan.first_ts if start is None else float(start)
+        assert begin is not None, "a stream with rows in range has parts"
         if begin < plan.latest_ts:
-            late.append(plan)
+            late.append((plan, plan.latest_ts))
     if late:
-        where = "; ".join(f"stream '{p.name}' holds data up to ts {p.latest_ts!r}, the "
+        where = "; ".join(f"stream '{p.name}' holds data up to ts {latest!r}, the "
                           f"replay would start at ts "
-                          f"{p.first_ts if start is None else float(start)!r}" for p in late)
-        resume = max(p.latest_ts for p in late)
+                          f"{p.first_ts if start is None else float(start)!r}"
+                          for p, latest in late)
+        resume = max(latest for _, latest in late)
         raise ReplayError(f"replay only appends: {where}. Start the replay at ts {resume!r} "
                           f"or later (--from {resume!r}; rows at exactly that ts are "
                           "allowed); older rows are for historical evaluation")

@@ -9,7 +9,7 @@ stored, so a rejected batch changes nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -141,7 +141,7 @@ def _check_column(stream: str, name: str, ctype: str, values: Any, n: int) -> np
     return out
 
 
-def _check_objects(stream: str, name: str, ctype: str, values: Sequence) -> None:
+def _check_objects(stream: str, name: str, ctype: str, values: Collection[Any]) -> None:
     allowed = _PY_TYPES[ctype]
     types = set(map(type, values))
     # bool is an int subclass: refuse it for INT and FLOAT unless the column is BOOL.

@@ -21,7 +21,7 @@ searches instead of a scan, as the paper's per-attribute trees do.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -142,7 +142,7 @@ class DataSteM:
 
     # ------------------------------------------------------------------ time index
 
-    def ts_search(self, t: float, side: str = "left") -> int:
+    def ts_search(self, t: float, side: Literal["left", "right"] = "left") -> int:
         """First position whose ts is >= t ('left') or > t ('right'), within
         [horizon, n]. O(log n).
         """
@@ -290,7 +290,8 @@ class DataSteM:
         evaluates the factors on those tuples only.
         """
         if span is not None and not span.is_range:
-            return self._filter(source, span.positions[span.positions >= self.horizon])
+            positions = span.array()   # the span's own array: O(1)
+            return self._filter(source, positions[positions >= self.horizon])
         p0, p1 = (self.horizon, self.n) if span is None else span.bounds()
         p0 = max(p0, self.horizon)
         p1 = min(p1, self.n)

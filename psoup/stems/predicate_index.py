@@ -12,23 +12,37 @@ and probing is done for a whole batch at once:
   cell and one bit per query slot says which queries a value *fails* (the Query SteM
   ORs these rows across attributes and keeps the interested queries that failed none:
   a query without a factor on this attribute has no bit here and is never affected);
-* probing a batch is one `searchsorted` to find each value's cell and one row gather.
+* probing a batch finds each value's cell (one `searchsorted`, or a direct value -> row
+  map for integers in a small range) and gathers its row.
 
-The probe's cost is O(n log k + n * slots / 64) for n tuples: it grows with the number of
-queries only through the width of a bit row, 64 queries to a machine word. The table is
-rebuilt lazily (O(cells * slots)) on the first probe after a registration or removal.
+The index changes as queries come and go, never rebuilt (the query stream is a stream):
+
+* rows of the table have stable ids; `cell -> row` is an indirection (O(k) to edit, one
+  int per cell), so a new constant splits its gap by *copying* the gap's row twice (the
+  existing queries treat the constant and both sides of it alike) and a constant nobody
+  uses any more merges its three cells back into one, freeing two rows;
+* a query's own bits are one column of the table: registering writes it, unregistering
+  clears it, O(cells) strided word writes;
+* the direct map is patched over the values between the changed constant's neighbours.
+
+Costs: add/remove O(k + cells + Q/64) words (plus O(range) for the direct map, bounded
+by DIRECT_MAP_LIMIT); probe O(n log k + n * words) for n tuples. Memory: (2k + 1 rows)
+x words x 8 bytes, rows and words over-allocated at most twofold.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from sortedcontainers import SortedDict
 
+from psoup.bits import DTYPE, WORD, bit_of
 from psoup.query.model import AttrPredicate
 from psoup.stems.batch import DTYPES
 
 #: Integer attributes whose values span fewer than this many values get a direct
-#: value -> cell map instead of a binary search per value (lanes, stations, speeds).
+#: value -> row map instead of a binary search per value (lanes, stations, speeds).
 DIRECT_MAP_LIMIT = 1 << 16
 
 
@@ -45,127 +59,208 @@ class AttributeIndex:
 
     def __init__(self, ctype: str):
         self.dtype = DTYPES[ctype]
-        self._constants: SortedDict = SortedDict()   # constant -> number of uses
+        self._uses: SortedDict = SortedDict()            # constant -> number of uses
         self._preds: dict[int, AttrPredicate] = {}
-        self._keys: np.ndarray | None = None
-        self._table: np.ndarray | None = None
-        self._table_words = 0
-        self._direct: tuple[int, np.ndarray] | None = None   # (first value, cell per value)
+        self._keys = np.empty(0, self.dtype)              # the constants, sorted
+        self._cell_row = np.zeros(1, np.int64)            # cell -> row of the table
+        self._table = np.zeros((4, 1), DTYPE)             # row -> reject bits by slot
+        self._free_rows = list(range(3, 0, -1))           # row 0 is the one cell's
+        self._direct: tuple[int, np.ndarray] | None = None   # (first value, row per value)
 
     def __len__(self) -> int:
         return len(self._preds)
 
+    # ------------------------------------------------------------------ changes
+
     def add(self, slot: int, pred: AttrPredicate) -> None:
-        """Index `pred` for query `slot`. O(log k); the table is rebuilt on next probe."""
-        self._preds[slot] = pred
+        """Index `pred` for query `slot`: split cells for its new constants, then write
+        its column. O(k + cells + Q/64)."""
+        assert slot not in self._preds, f"slot {slot} is filed already"
         for c in _constants(pred):
-            self._constants[c] = self._constants.get(c, 0) + 1
-        self._table = None
+            uses = self._uses.get(c, 0)
+            self._uses[c] = uses + 1
+            if not uses:
+                self._split(c)
+        self._preds[slot] = pred
+        self._write(slot, pred)
 
     def remove(self, slot: int) -> None:
-        """Forget query `slot`'s factors. O(log k)."""
+        """Forget query `slot`'s factors: clear its column, then merge the cells of the
+        constants nobody uses any more. O(k + cells)."""
         pred = self._preds.pop(slot)
+        word, mask = bit_of(slot)
+        if word < self._table.shape[1]:
+            self._table[:, word] &= ~mask
         for c in _constants(pred):
-            left = self._constants[c] - 1
+            left = self._uses[c] - 1
             if left:
-                self._constants[c] = left
+                self._uses[c] = left
             else:
-                del self._constants[c]
-        self._table = None
+                del self._uses[c]
+                self._merge(c)
+
+    def _split(self, c: Any) -> None:
+        """Make c a key: its gap's row is copied to {c} and to the gap above c."""
+        keys = self._keys
+        i = int(np.searchsorted(keys, c))
+        gap = int(self._cell_row[2 * i])
+        at, above = self._new_row(gap), self._new_row(gap)
+        self._keys = np.insert(keys, i, c)
+        self._cell_row = np.insert(self._cell_row, 2 * i + 1, [at, above])
+        self._patch_direct(keys[i - 1] if i else None, keys[i] if i < len(keys) else None)
+
+    def _merge(self, c: Any) -> None:
+        """Drop key c: {c} and the gap above it fold into the gap below (every query
+        left treats them alike, none having c as a constant)."""
+        keys = self._keys
+        i = int(np.searchsorted(keys, c))
+        self._free_rows.extend(int(r) for r in self._cell_row[2 * i + 1:2 * i + 3])
+        self._keys = np.delete(keys, i)
+        self._cell_row = np.delete(self._cell_row, [2 * i + 1, 2 * i + 2])
+        self._patch_direct(keys[i - 1] if i else None,
+                           keys[i + 1] if i + 1 < len(keys) else None)
+
+    def _new_row(self, copy_of: int) -> int:
+        if not self._free_rows:
+            rows, words = self._table.shape
+            table = np.zeros((2 * rows, words), DTYPE)
+            table[:rows] = self._table
+            self._table = table
+            self._free_rows = list(range(2 * rows - 1, rows - 1, -1))
+        row = self._free_rows.pop()
+        self._table[row] = self._table[copy_of]
+        return row
+
+    def _write(self, slot: int, pred: AttrPredicate) -> None:
+        """Set `slot`'s reject bit in every cell `pred` rejects, clear it elsewhere."""
+        word, mask = bit_of(slot)
+        if word >= self._table.shape[1]:
+            rows, words = self._table.shape
+            table = np.zeros((rows, max(word + 1, 2 * words)), DTYPE)
+            table[:, :words] = self._table
+            self._table = table
+        reject = self._cell_row[~self._accepts(pred)]
+        column = self._table[:, word]
+        column &= ~mask
+        column[reject] |= mask
+
+    def _accepts(self, pred: AttrPredicate) -> np.ndarray:
+        """Which cells `pred` accepts (a bool per cell). O(cells)."""
+        keys = self._keys
+        accept = np.zeros(2 * len(keys) + 1, dtype=bool)
+        if pred.empty:
+            return accept
+        if pred.eq is not None:
+            accept[[_cell_of(keys, c) for c in pred.eq]] = True
+            return accept
+        first = 0 if pred.lo is None else _cell_of(keys, pred.lo) + int(pred.lo_open)
+        last = len(accept) - 1 if pred.hi is None else \
+            _cell_of(keys, pred.hi) - int(pred.hi_open)
+        accept[first:last + 1] = True
+        if pred.ne:
+            accept[[_cell_of(keys, c) for c in pred.ne]] = False
+        return accept
+
+    # ------------------------------------------------------------------ probing
 
     def probe(self, values: np.ndarray, words: int) -> np.ndarray:
         """Bit rows (len(values) x words, little-endian uint64) of the queries whose
         factors on this attribute reject each value. O(n log k + n * words).
         """
-        return self.table(words)[self.cells(values)]
+        return self.table(words)[self.rows(values), :words]
 
     def table(self, words: int) -> np.ndarray:
-        """The (cells x words) reject table, rebuilt if the queries changed."""
-        if self._table is None or self._table_words != words:
-            self._build(words)
+        """The C-contiguous reject table, at least `words` words wide (rows by `rows()`;
+        words past the queries' slots are zero)."""
+        if self._table.shape[1] < words:
+            rows, have = self._table.shape
+            table = np.zeros((rows, words), DTYPE)
+            table[:, :have] = self._table
+            self._table = table
         return self._table
 
-    def cells(self, values: np.ndarray) -> np.ndarray:
-        """The cell of each value: O(n log k), or O(n) for integers in a small range."""
-        keys = self._keys
+    def rows(self, values: np.ndarray) -> np.ndarray:
+        """The table row of each value: O(n log k), or O(n) for integers in a small
+        range (a direct value -> row map, built over the values seen)."""
         if values.dtype.kind in "iu" and len(values) >= 64:
-            lo, hi = int(values.min()), int(values.max())
             direct = self._direct
+            if direct is not None and values.dtype == np.int64:
+                from psoup.kernels import direct_rows
+                out = np.empty(len(values), np.int64)
+                if direct_rows(values, direct[0], direct[1], out):
+                    return out
+            lo, hi = int(values.min()), int(values.max())
             if direct is None or lo < direct[0] or hi >= direct[0] + len(direct[1]):
                 if direct is not None:
                     lo = min(lo, direct[0])
                     hi = max(hi, direct[0] + len(direct[1]) - 1)
                 if hi - lo >= DIRECT_MAP_LIMIT:
-                    return self._search(keys, values)
-                self._direct = direct = (lo, self._search(keys, np.arange(lo, hi + 1)))
+                    return self._search(values)
+                self._direct = direct = (lo, self._search(np.arange(lo, hi + 1)))
             return direct[1][values - direct[0]]
-        return self._search(keys, values)
+        return self._search(values)
 
-    @staticmethod
-    def _search(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    def _search(self, values: np.ndarray) -> np.ndarray:
+        keys = self._keys
         cell = np.searchsorted(keys, values, side="left")
         if len(keys):
             hit = keys[np.minimum(cell, len(keys) - 1)] == values
             cell = 2 * cell + hit
-        return cell
+        return self._cell_row[cell]
 
-    def _build(self, words: int) -> None:
-        keys = np.array(list(self._constants.keys()), dtype=self.dtype)
-        ncells = 2 * len(keys) + 1
-        slots = np.array(sorted(self._preds), dtype=np.int64)
-        # Difference array over cells per slot: +1 where an accepted run starts, -1 past it.
-        delta = np.zeros((ncells + 1, words * 64), dtype=np.int8)
-        points: list[tuple[int, int, int]] = []     # (cell, slot, +1 accept / -1 reject)
-        for slot in slots.tolist():
-            pred = self._preds[slot]
-            if pred.empty:
-                continue
-            if pred.eq is not None:
-                for c in pred.eq:
-                    points.append((_cell_of(keys, c), slot, 1))
-                continue
-            first = 0 if pred.lo is None else _cell_of(keys, pred.lo) + int(pred.lo_open)
-            last = ncells - 1 if pred.hi is None else _cell_of(keys, pred.hi) - int(pred.hi_open)
-            if first > last:
-                continue
-            delta[first, slot] += 1
-            delta[last + 1, slot] -= 1
-            for c in pred.ne:
-                points.append((_cell_of(keys, c), slot, -1))
-        accept = np.cumsum(delta[:-1], axis=0, dtype=np.int8) > 0
-        for cell, slot, sign in points:
-            accept[cell, slot] = sign > 0
-        reject = np.zeros_like(accept)
-        reject[:, slots] = ~accept[:, slots]
-        self._table = np.packbits(reject, axis=1, bitorder="little").view("<u8")
-        self._keys = keys
-        self._table_words = words
-        self._direct = None
+    def _patch_direct(self, below: Any, above: Any) -> None:
+        """Re-map the direct map's values from key `below` to key `above` (None: the
+        end of the domain), the only ones whose cell changed."""
+        if self._direct is None:
+            return
+        first, rows = self._direct
+        lo = first if below is None else max(first, int(below))
+        hi = first + len(rows) if above is None else min(first + len(rows), int(above) + 1)
+        if hi > lo:
+            rows[lo - first:hi - first] = self._search(np.arange(lo, hi))
+
+    # ------------------------------------------------------------------ introspection
 
     def slots(self) -> list[int]:
         """The query slots with a factor on this attribute."""
         return list(self._preds)
 
+    def nbytes(self) -> int:
+        direct = 0 if self._direct is None else self._direct[1].nbytes
+        return self._table.nbytes + self._keys.nbytes + self._cell_row.nbytes + direct
+
     def _check(self) -> None:
-        """Assert the structure's invariants (for tests): the constants are exactly
-        those of the filed predicates, counted once per use, and a built table rejects
-        exactly what each predicate rejects at every constant."""
+        """Assert the structure's invariants (for tests): the keys are exactly the filed
+        predicates' constants, sorted and counted once per use; every cell has its own
+        live row; each slot's column rejects exactly what its predicate rejects at every
+        key and between keys; unfiled slots have no bits; the direct map agrees."""
         uses: dict = {}
         for pred in self._preds.values():
             for c in _constants(pred):
                 uses[c] = uses.get(c, 0) + 1
-        assert uses == dict(self._constants), "constants are reference-counted"
-        if self._table is not None and len(self._keys):
-            from psoup.bits import bit_of
-            from psoup.stems.predicates import attr_mask
-            rejects = self._table[self._search(self._keys, self._keys)]
-            for slot, pred in self._preds.items():
-                word, mask = bit_of(slot)
-                got = (rejects[:, word] & mask) != 0
-                assert (got == ~attr_mask(pred, self._keys)).all(), slot
-
-    def nbytes(self) -> int:
-        return 0 if self._table is None else self._table.nbytes + self._keys.nbytes
+        assert uses == dict(self._uses), "constants are reference-counted"
+        keys = self._keys
+        assert keys.tolist() == list(self._uses.keys()), "keys are the sorted constants"
+        cells = self._cell_row
+        assert len(cells) == 2 * len(keys) + 1
+        assert len(set(cells.tolist())) == len(cells), "each cell has its own row"
+        assert not set(cells.tolist()) & set(self._free_rows), "a free row is no cell's"
+        probes = _cell_samples(keys)
+        bits = self._table[self._search(probes)]
+        from psoup.stems.predicates import attr_mask
+        filed = set(self._preds)
+        for slot in range(self._table.shape[1] * WORD):
+            word, mask = bit_of(slot)
+            got = (bits[:, word] & mask) != 0
+            if slot in filed:
+                want = ~attr_mask(self._preds[slot], probes)
+                assert (got == want).all(), ("column", slot)
+            else:
+                assert not (self._table[cells, word] & mask).any(), ("stray bits", slot)
+        if self._direct is not None:
+            first, rows = self._direct
+            values = np.arange(first, first + len(rows))
+            assert (rows == self._search(values)).all(), "the direct map is current"
 
 
 def _constants(pred: AttrPredicate) -> list:
@@ -174,6 +269,22 @@ def _constants(pred: AttrPredicate) -> list:
     return [c for c in (pred.lo, pred.hi) if c is not None] + list(pred.ne)
 
 
-def _cell_of(keys: np.ndarray, constant) -> int:
+def _cell_of(keys: np.ndarray, constant: Any) -> int:
     """The cell {constant}: constants of a registered predicate are always keys."""
     return 2 * int(np.searchsorted(keys, constant, side="left")) + 1
+
+
+def _cell_samples(keys: np.ndarray) -> np.ndarray:
+    """A value in every cell that has one: the keys, and a value inside each gap
+    (numbers only; for other types the keys alone)."""
+    if keys.dtype.kind not in "iuf" or not len(keys):
+        return keys
+    k = keys.astype(np.float64) if keys.dtype.kind == "f" else keys.astype(object)
+    inner = [(a + b) / 2 if keys.dtype.kind == "f" else a + 1
+             for a, b in zip(k[:-1], k[1:]) if (b - a > 1 or keys.dtype.kind == "f")]
+    ends = [k[0] - 1, k[-1] + 1]
+    values = sorted(set(list(k) + inner + ends))
+    try:
+        return np.array(values, dtype=keys.dtype)
+    except OverflowError:
+        return keys

@@ -1,7 +1,8 @@
 """The Query SteM: every standing query, indexed for shared probing (PSoup Sect. 4.2.2).
 
 One Query SteM serves the whole engine. Each query gets a *slot*, its column in the
-Results Structure; freed slots are reused, lowest first, so the bit rows stay narrow.
+Results Structure; freed slots are reused, lowest first, so the bit rows stay narrow:
+they are exactly ceil(slots in use / 64) words wide, never padded to a power of two.
 A query's factors are filed per stream it reads:
 
 * single-attribute factors, already folded into one `AttrPredicate` per column by the
@@ -24,14 +25,10 @@ from typing import Mapping, Union
 
 import numpy as np
 
-from psoup.bits import bit_row
+from psoup.bits import DTYPE, bit_row, set_bit, widened, words_for
 from psoup.query.model import ColumnFactor, Query
 from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import factor_mask, source_mask
-
-
-#: Rows per probe block: about this many bytes of bit rows at a time.
-PROBE_BLOCK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,13 +65,27 @@ Plan = Union[SelectionPlan, JoinPlan]
 
 
 class _StreamQueries:
-    """The queries over one stream: their interest, attribute indices and predicateList."""
+    """The queries over one stream: their interest (a set and its bit row, kept in step),
+    attribute indices and predicateList."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.slots: set[int] = set()
+        self.interest = np.zeros(1, DTYPE)
         self.attrs: dict[str, AttributeIndex] = {}
         self.factors: dict[ColumnFactor, set[int]] = {}
         self._rows: dict[object, np.ndarray] = {}
+
+    def interested(self, slot: int, on: bool) -> None:
+        """Add or drop `slot` from the interest set and row. O(1) (O(words) to widen)."""
+        if on:
+            self.slots.add(slot)
+            self.interest = widened(self.interest, words_for(slot + 1))
+        else:
+            self.slots.discard(slot)
+        set_bit(self.interest, slot, on)
+
+    def interest_row(self, words: int) -> np.ndarray:
+        return widened(self.interest, words)[:words]
 
     def row(self, slots, words: int) -> np.ndarray:
         """A bit row with `slots` set (cached per set of slots and width)."""
@@ -115,19 +126,18 @@ class QuerySteM:
         return self.words * 64
 
     def allocate(self) -> int:
-        """Reserve the lowest free slot, widening the bit rows when all are taken."""
+        """Reserve the lowest free slot, widening the bit rows by a word when all are
+        taken. O(log free slots)."""
         slot = heapq.heappop(self._free) if self._free else self._next
         if slot == self._next:
             self._next += 1
-        while slot >= self.capacity:
-            self.words *= 2
+        self.words = max(self.words, words_for(slot + 1))
         return slot
 
     def reserve(self, slot: int) -> None:
         """Make `slot` addressable, for a Query SteM that mirrors another's slots (the
         Spark tasks of psoup.spark.history)."""
-        while slot >= self.capacity:
-            self.words *= 2
+        self.words = max(self.words, words_for(slot + 1))
         self._next = max(self._next, slot + 1)
 
     def insert(self, query: Query, slot: int | None = None) -> int:
@@ -140,7 +150,7 @@ class QuerySteM:
             return slot
         for source in query.sources:
             sq = self._streams.setdefault(source.stream, _StreamQueries())
-            sq.slots.add(slot)
+            sq.interested(slot, True)
             for pred in source.predicates:
                 index = sq.attrs.get(pred.column)
                 if index is None:
@@ -157,7 +167,7 @@ class QuerySteM:
         if not query.contradiction:
             for source in query.sources:
                 sq = self._streams[source.stream]
-                sq.slots.discard(slot)
+                sq.interested(slot, False)
                 for pred in source.predicates:
                     sq.attrs[pred.column].remove(slot)
                 for factor in source.column_factors:
@@ -171,39 +181,35 @@ class QuerySteM:
         sq = self._streams.get(stream)
         return bool(sq and sq.slots)
 
-    def probe(self, stream: str, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    def probe(self, stream: str, columns: Mapping[str, np.ndarray], n: int,
+              out: np.ndarray | None = None) -> np.ndarray:
         """Results Structure rows for n tuples of `stream` (PSoup Fig. 3: new data probing
         the Query SteM): bit q of row i is set when tuple i satisfies query slot q.
 
-        Returns an (n, words) little-endian uint64 array. O(n * (attrs + factors) * words).
+        Returns an (n, words) little-endian uint64 array: `out` when given (a reused
+        buffer of at least n rows of `words` words, C-contiguous), else a new one.
+        O(n * (attrs + factors) * words), in one compiled pass over the rows.
         """
         words = self.words
+        if out is None:
+            out = np.empty((n, words), dtype=DTYPE)
         sq = self._streams.get(stream)
         if sq is None or not sq.slots:
-            return np.zeros((n, words), dtype="<u8")
+            out[:] = 0
+            return out
         if not self.shared:
-            return self._probe_unshared(stream, sq, columns, n)
-        interest = sq.row(sq.slots, words)
-        out = np.empty((n, words), dtype="<u8")
-        # table() first: it rebuilds the cells' keys when queries changed.
-        indices = [(index.table(words), index.cells(columns[c]))
+            out[:] = self._probe_unshared(stream, sq, columns, n)
+            return out
+        interest = sq.interest_row(words)
+        indexed = [(index.table(words), index.rows(columns[c]))
                    for c, index in sq.attrs.items() if len(index)]
-        if not indices:
-            out[:] = interest
+        if indexed:
+            from psoup.kernels import probe_into
+            probe_into(tuple(t for t, _ in indexed),
+                       tuple(np.ascontiguousarray(r, dtype=np.int64) for _, r in indexed),
+                       interest, out)
         else:
-            # Blocks of rows keep the gathered rows in cache between the OR passes.
-            block = max(1, PROBE_BLOCK_BYTES // (8 * words))
-            spare = np.empty((min(block, n), words), dtype="<u8")
-            for s in range(0, n, block):
-                e = min(s + block, n)
-                rows = out[s:e]
-                table, cells = indices[0]
-                np.take(table, cells[s:e], axis=0, out=rows)
-                for table, cells in indices[1:]:
-                    np.take(table, cells[s:e], axis=0, out=spare[:e - s])
-                    rows |= spare[:e - s]
-                np.invert(rows, out=rows)
-                rows &= interest
+            out[:] = interest
         for factor, users in sq.factors.items():
             fails = ~factor_mask(factor, columns[factor.left], columns[factor.right])
             if fails.any():
@@ -231,6 +237,8 @@ class QuerySteM:
             filed = {slot for slot, q in self.queries.items() if not q.contradiction
                      and any(source.stream == stream for source in q.sources)}
             assert sq.slots == filed, (stream, "interest is exactly the queries filed")
+            assert (sq.interest_row(self.words) == bit_row(filed, self.words)).all(), \
+                (stream, "the interest row is the interest set")
             for column, index in sq.attrs.items():
                 index._check()
                 assert set(index.slots()) <= sq.slots, (stream, column)

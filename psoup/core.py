@@ -1,0 +1,194 @@
+"""The in-memory PSoup engine, wired together: the paper's objects and nothing else.
+
+`Core` owns the Data SteMs, the Query SteM, the Eddy, what the mode materializes, the
+WindowsTable, the archive tiers and the handles. Its methods are the engine's effects
+with no locking, no logging and no input checking beyond what the structures do:
+`psoup.engine.Engine` adds those (a lock per call, the journal before each change,
+cursors for `since`), and recovery replays the journal straight into a Core.
+
+* create: a stream gets its Data SteM.
+* register: a query gets Query SteM slots, its windows, its sinks; the eddy then joins
+  it with the retained data (new query over old data).
+* append: the eddy stores a batch and routes it through the standing queries.
+* answer: psoup.results.answers reads what the mode keeps over the resolved windows.
+* unregister: the reverse of register; the slots are reused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from psoup.eddy.eddy import Eddy
+from psoup.eddy.routing import POLICIES
+from psoup.errors import QueryError, UnknownHandle
+from psoup.query.model import Query, StreamSchema
+from psoup.results.answers import Answers
+from psoup.results.base import SinkTable
+from psoup.results.materialized import Materialized
+from psoup.results.modes import MODES
+from psoup.results.result import Result
+from psoup.results.tiers import ArchiveTiers
+from psoup.results.windows_table import WindowsTable
+from psoup.stems.batch import Batch
+from psoup.stems.data_stem import DataSteM
+from psoup.stems.query_stem import JoinPlan, Plan, QuerySteM, SelectionPlan
+from psoup.stems.span import Span
+
+
+class Core:
+    """The engine's state and its effects (see the module docstring).
+
+    Costs: `register` O(retained tuples) for the query over old data plus the Query SteM
+    insertion; `append` O(batch x factors probed); `answer` O(answer) in PSoup-P and
+    PSoup-C, O(retained) in NoMat; `unregister` O(the query's factors).
+    """
+
+    def __init__(self, mode: str, chunk_rows: int, shared_index: bool, routing: str,
+                 shared_joins: bool):
+        self.mode = mode
+        self.chunk_rows = chunk_rows
+        self.stems: dict[str, DataSteM] = {}
+        self.ddl: dict[str, str] = {}           # stream -> its CREATE STREAM statement
+        self.handles: dict[str, Plan] = {}      # in registration order
+        self.next_tid = 0
+        self.query_stem = QuerySteM(shared=shared_index)
+        sinks = SinkTable()
+        self.eddy = Eddy(self.stems, self.query_stem, sinks, MODES[mode].materializes,
+                         POLICIES[routing]())
+        self.kept = Materialized(MODES[mode], self.stems, sinks, self.eddy, chunk_rows,
+                                 shared_joins)
+        self.windows = WindowsTable()
+        self.tiers = ArchiveTiers(self.stems, self.query_stem.probe)
+        self.answers = Answers(self.stems, self.windows, self.kept, self.tiers)
+
+    # ------------------------------------------------------------------ effects
+
+    def create(self, schema: StreamSchema, sql: str,
+               on_expire: Callable[..., None] | None = None) -> None:
+        stem = DataSteM(schema, self.chunk_rows)
+        if on_expire is not None:
+            stem.on_expire = on_expire
+        self.stems[schema.name] = stem
+        self.ddl[schema.name] = sql
+
+    def register(self, query: Query, handle: str) -> None:
+        allocate = self.query_stem.allocate
+        plan: Plan
+        if len(query.sources) > 1:
+            slots = tuple(allocate() for _ in query.sources)
+            plan = JoinPlan(slots[0], query, slots,
+                            tuple(query.local(i) for i in range(len(query.sources))))
+        else:
+            plan = SelectionPlan(allocate(), query)
+        self.windows.add(plan.id, tuple(s.window for s in query.sources))
+        self.kept.add(plan)
+        self.eddy.submit_query(plan)
+        self.eddy.run()
+        self.handles[handle] = plan
+
+    def append(self, stream: str, batch: Batch, tuple_ids: np.ndarray) -> None:
+        self.next_tid = max(self.next_tid, int(tuple_ids[-1]) + 1)
+        self.eddy.submit_data(stream, batch, tuple_ids)
+        self.eddy.run()
+
+    def unregister(self, handle: str) -> None:
+        plan = self.handles.pop(handle)
+        self.tiers.forget(plan.id)
+        self.eddy.submit_removal(plan)
+        self.eddy.run()
+        self.kept.forget(plan)
+        self.windows.remove(plan.id)
+
+    def answer(self, handle: str, now: float) -> Result:
+        return self.answers.answer(self.plan(handle), now)
+
+    # ------------------------------------------------------------------ lookups
+
+    def schemas(self) -> dict[str, StreamSchema]:
+        return {name: stem.schema for name, stem in self.stems.items()}
+
+    def stem(self, stream: str) -> DataSteM:
+        stem = self.stems.get(stream)
+        if stem is None:
+            known = ", ".join(self.stems) or "none"
+            raise QueryError(f"unknown stream '{stream}' (streams: {known})")
+        return stem
+
+    def plan(self, handle: str) -> Plan:
+        plan = self.handles.get(handle) if isinstance(handle, str) else None
+        if plan is None:
+            raise UnknownHandle(f"unknown handle {str(handle)[:12]!r}: not issued by this "
+                                "engine, or unregistered")
+        return plan
+
+    # ------------------------------------------------------------------ history
+
+    def history_jobs(self, handles: Sequence[str] | None) -> tuple[list[str], list[Any]]:
+        """The handles to evaluate over the archive (default: every selection query
+        without a tier) and one Spark job per stream for those still without one."""
+        from psoup.spark.history import Job
+        chosen = list(handles) if handles is not None else [
+            h for h, p in self.handles.items()
+            if isinstance(p, SelectionPlan) and p.slot not in self.tiers]
+        by_stream: dict[str, list[SelectionPlan]] = {}
+        for handle in chosen:
+            plan = self.plan(handle)
+            if isinstance(plan, JoinPlan):
+                raise QueryError("history is evaluated for selection queries only; "
+                                 f"{handle[:12]}... is a join")
+            if plan.slot not in self.tiers:
+                by_stream.setdefault(plan.query.sources[0].stream, []).append(plan)
+        jobs = [Job(self.ddl[stream], self.stems[stream].schema,
+                    [(p.slot, p.query.sql) for p in plans],
+                    self.stems[stream].oldest_tuple_id(self.next_tid))
+                for stream, plans in by_stream.items()]
+        return chosen, jobs
+
+    # ------------------------------------------------------------------ introspection
+
+    def stats(self, elapsed: float) -> dict[str, Any]:
+        streams: dict[str, dict[str, Any]] = {
+            name: {"columns": dict(stem.schema.columns), "rows": stem.retained,
+                   "rows_total": stem.rows_total, "bytes": stem.nbytes(),
+                   "latest_ts": stem.last_ts if stem.n else None,
+                   "rows_per_s": stem.rows_total / elapsed}
+            for name, stem in self.stems.items()}
+        queries: dict[str, dict[str, Any]] = {
+            handle: {"sql": plan.query.sql, "slot": plan.id,
+                     "results": self._retained_matches(plan),
+                     "history": plan.id in self.tiers, "archived": self.tiers.count(plan.id)}
+            for handle, plan in self.handles.items()}
+        groups = self.kept.groups
+        for handle, plan in self.handles.items():
+            if isinstance(plan, JoinPlan) and plan.jid in groups:
+                group = groups.of(plan.jid)
+                queries[handle].update(group=group.gid, member=group.members[plan.jid])
+        memory = {"data": sum(s["bytes"] for s in streams.values()),
+                  "results": self.kept.nbytes(), "history": self.tiers.nbytes(),
+                  "queries": self.query_stem.nbytes()}
+        memory["total"] = sum(memory.values())
+        return {"mode": self.mode, "streams": streams, "queries": queries,
+                "join_groups": {group.gid: group.stats() for group in groups},
+                "memory": memory}
+
+    def _retained_matches(self, plan: Plan) -> int:
+        """How many retained tuples (or combinations) match the query's WHERE clause."""
+        spans = [Span.range(stem.horizon, stem.n) for stem in self.kept.stems_of(plan)]
+        if isinstance(plan, JoinPlan):
+            return len(self.kept.join(plan, spans))
+        return len(self.kept.selection(plan, spans[0]))
+
+    def _check(self) -> None:
+        """Assert the invariants of every structure and between them (for tests)."""
+        plans = list(self.handles.values())
+        for stem in self.stems.values():
+            stem._check()
+        self.query_stem._check()
+        slots = [slot for p in plans for slot in
+                 ((p.slot,) if isinstance(p, SelectionPlan) else p.slots)]
+        assert len(slots) == len(set(slots)) and set(slots) == set(
+            self.query_stem.queries), "the handles' slots are the Query SteM's"
+        self.kept._check(plans)
+        self.tiers._check([p.slot for p in plans if isinstance(p, SelectionPlan)])

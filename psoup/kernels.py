@@ -1,0 +1,73 @@
+"""Compiled kernels for psoup's hot loops (numba, compiled on first use and cached on
+disk next to this file, or in the user's cache directory when that is read-only).
+
+* `probe_into`: the shared probe of a batch (PSoup Fig. 3, new data over old queries):
+  per tuple, OR the reject rows of its cells in each attribute index, invert, AND the
+  stream's interest row, and store the result row. One pass, no temporary arrays:
+  O(n * attributes * words) word operations, n * words words written.
+* `direct_rows`: the table rows of integer values through a direct value -> row map,
+  with the range check in the same pass.
+
+Importing this module imports numba (about half a second), so the modules that use it
+import it where the kernel is first needed, not at the top.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _probe4(tables, rows, interest, out):  # pragma: no cover - compiled
+    n, words = out.shape
+    groups = len(tables) // 4
+    for i in range(n):
+        o = out[i]
+        a = tables[0][rows[0][i]]
+        b = tables[1][rows[1][i]]
+        c = tables[2][rows[2][i]]
+        d = tables[3][rows[3][i]]
+        if groups == 1:
+            for w in range(words):
+                o[w] = ~(a[w] | b[w] | c[w] | d[w]) & interest[w]
+            continue
+        for w in range(words):
+            o[w] = a[w] | b[w] | c[w] | d[w]
+        for g in range(4, 4 * groups, 4):
+            a = tables[g][rows[g][i]]
+            b = tables[g + 1][rows[g + 1][i]]
+            c = tables[g + 2][rows[g + 2][i]]
+            d = tables[g + 3][rows[g + 3][i]]
+            for w in range(words):
+                o[w] |= a[w] | b[w] | c[w] | d[w]
+        for w in range(words):
+            o[w] = ~o[w] & interest[w]
+
+
+def probe_into(tables, rows, interest, out) -> None:
+    """out[i] = ~(tables[0][rows[0][i]] | tables[1][rows[1][i]] | ...) & interest.
+
+    Args:
+        tables: a tuple of C-contiguous (cells, >= words) uint64 reject tables.
+        rows: a tuple (one per table) of int64 arrays of n table rows.
+        interest: the interest row (>= words uint64).
+        out: an (n, words) C-contiguous uint64 array, overwritten.
+
+    The tables are taken four at a time (padded by repeating the first: OR is
+    idempotent), so one compiled loop serves any number of attributes.
+    """
+    pad = -len(tables) % 4
+    _probe4(tables + tables[:1] * pad, rows + rows[:1] * pad, interest, out)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def direct_rows(values, first, rows_of, out):  # pragma: no cover - compiled
+    """out[i] = rows_of[values[i] - first] for integer values; False (out partly written)
+    as soon as a value falls outside the map. One pass: O(n)."""
+    m = len(rows_of)
+    for i in range(len(values)):
+        v = values[i] - first
+        if v < 0 or v >= m:
+            return False
+        out[i] = rows_of[v]
+    return True

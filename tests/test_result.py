@@ -1,0 +1,62 @@
+"""Answers as columns: to_numpy, to_arrow and to_pandas give what `rows` gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import psoup
+from psoup.results.result import Result
+
+
+@pytest.fixture
+def eng():
+    e = psoup.Engine(clock=lambda: 100.0)
+    e.execute("CREATE STREAM R (a INT, x FLOAT, name TEXT, ok BOOL)")
+    e.insert("R", [(1, 0.5, "p", True), (2, 1.5, "q", False), (1, 0.5, "p", True),
+                   (7, -2.0, "r", True)], ts=[1.0, 2.0, 3.0, 4.0])
+    return e
+
+
+def _as_columns(result):
+    return {name: [row[i] for row in result.rows] for i, name in enumerate(result.columns)}
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT a, x, name, ok FROM R WHERE a < 5",
+    "SELECT DISTINCT a, name FROM R",
+    "SELECT name FROM R WHERE a > 100",
+    "SELECT a, COUNT(*) AS n, SUM(x) AS s FROM R GROUP BY a",
+    "SELECT r1.a, r2.name FROM R r1, R r2 WHERE r1.a = r2.a",
+])
+def test_columns_hold_what_the_rows_hold(eng, sql):
+    answer = eng.invoke(eng.register(sql), now=10.0)
+    want = _as_columns(answer)
+    got = answer.to_numpy()
+    assert list(got) == answer.columns
+    assert {name: values.tolist() for name, values in got.items()} == want
+    table = answer.to_arrow()
+    assert table.column_names == answer.columns and table.num_rows == len(answer)
+    assert table.to_pydict() == want
+    frame = answer.to_pandas()
+    assert list(frame.columns) == answer.columns and len(frame) == len(answer)
+
+
+def test_rows_are_built_only_when_asked_for_and_then_kept(eng):
+    answer = eng.invoke(eng.register("SELECT a FROM R WHERE a < 5"), now=10.0)
+    assert len(answer) == 3 and answer._rows is None     # the count needs no rows
+    assert answer.rows == [(1,), (2,), (1,)]
+    assert answer.rows is answer.rows
+
+
+def test_text_and_bool_columns_keep_their_types(eng):
+    got = eng.invoke(eng.register("SELECT name, ok FROM R"), now=10.0).to_numpy()
+    assert got["name"].dtype == object and got["name"].tolist() == ["p", "q", "p", "r"]
+    assert got["ok"].dtype == np.bool_
+
+
+def test_a_result_made_of_rows_converts_too():
+    r = Result(["a", "t"], [(1, "x"), (None, "y")], np.array([1.0, 2.0]), np.array([0, 1]))
+    got = r.to_numpy()
+    assert got["a"].tolist() == [1, None] and got["t"].tolist() == ["x", "y"]
+    assert r.to_arrow().to_pydict() == {"a": [1, None], "t": ["x", "y"]}
