@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+import floor  # noqa: E402
 import psoup  # noqa: E402
 
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
@@ -104,6 +105,9 @@ def bench(s: dict) -> list[dict]:
             if not np.array_equal(got, baseline.matches[i]):
                 raise AssertionError(f"query {i}: psoup and the baseline disagree")
         row["memory MB"] = eng.stats()["memory"]["total"] / 1e6
+        row["floor tuples/s"] = floor.ingest_floor(count)
+        if row["floor tuples/s"]:
+            row["of floor"] = row["psoup tuples/s"] / row["floor tuples/s"]
         eng.close()
         rows.append(row)
     return rows
@@ -130,11 +134,14 @@ def main() -> None:
         ("queries", "queries", ",d"), ("psoup tuples/s", "psoup tuples/s", ",.0f"),
         ("numpy tuples/s", "per-query numpy tuples/s", ",.0f"), ("speedup", "psoup/numpy", ".1f"),
         ("register s", "register s", ".1f"), ("first batch s", "first batch s", ".2f"),
-        ("memory MB", "memory MB", ",.0f"),
+        ("memory MB", "memory MB", ",.0f"), ("floor tuples/s", "C floor tuples/s", ",.0f"),
+        ("of floor", "psoup/floor", ".2f"),
     ], _plot, notes=[
         "matches agree on the last batch for a sample of 200 queries per count",
         "register s: registering the queries one by one through SQL; first batch s: the "
-        "batch that builds the predicate index"], params=s)
+        "first batch after them",
+        "C floor: bench/floor.c's bare probe loop (4 attributes, reused output) on this "
+        "machine; target psoup/floor >= 0.5"], params=s)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@ disk next to this file, or in the user's cache directory when that is read-only)
 
 * `probe_into`: the shared probe of a batch (PSoup Fig. 3, new data over old queries):
   per tuple, OR the reject rows of its cells in each attribute index, invert, AND the
-  stream's interest row, and store the result row. One pass, no temporary arrays:
-  O(n * attributes * words) word operations, n * words words written.
+  stream's interest row, and store the result word-major (word w of every tuple in a
+  row of its own, so a query's matches are one contiguous run of words). One pass, no
+  temporary arrays: O(n * attributes * words) word operations, n * words words written.
+* `word_positions`: the find of an invocation over a word-major bitmap: the rows of a
+  word run with the query's bit set, branch-free, O(rows).
 * `direct_rows`: the table rows of integer values through a direct value -> row map,
   with the range check in the same pass.
 
@@ -14,44 +17,46 @@ import it where the kernel is first needed, not at the top.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _probe4(tables, rows, interest, out):  # pragma: no cover - compiled
-    n, words = out.shape
+    words, n = out.shape
     groups = len(tables) // 4
+    acc = np.empty(words, np.uint64)
     for i in range(n):
-        o = out[i]
         a = tables[0][rows[0][i]]
         b = tables[1][rows[1][i]]
         c = tables[2][rows[2][i]]
         d = tables[3][rows[3][i]]
         if groups == 1:
             for w in range(words):
-                o[w] = ~(a[w] | b[w] | c[w] | d[w]) & interest[w]
+                out[w, i] = ~(a[w] | b[w] | c[w] | d[w]) & interest[w]
             continue
         for w in range(words):
-            o[w] = a[w] | b[w] | c[w] | d[w]
+            acc[w] = a[w] | b[w] | c[w] | d[w]
         for g in range(4, 4 * groups, 4):
             a = tables[g][rows[g][i]]
             b = tables[g + 1][rows[g + 1][i]]
             c = tables[g + 2][rows[g + 2][i]]
             d = tables[g + 3][rows[g + 3][i]]
             for w in range(words):
-                o[w] |= a[w] | b[w] | c[w] | d[w]
+                acc[w] |= a[w] | b[w] | c[w] | d[w]
         for w in range(words):
-            o[w] = ~o[w] & interest[w]
+            out[w, i] = ~acc[w] & interest[w]
 
 
 def probe_into(tables, rows, interest, out) -> None:
-    """out[i] = ~(tables[0][rows[0][i]] | tables[1][rows[1][i]] | ...) & interest.
+    """out[:, i] = ~(tables[0][rows[0][i]] | tables[1][rows[1][i]] | ...) & interest.
 
     Args:
         tables: a tuple of C-contiguous (cells, >= words) uint64 reject tables.
         rows: a tuple (one per table) of int64 arrays of n table rows.
         interest: the interest row (>= words uint64).
-        out: an (n, words) C-contiguous uint64 array, overwritten.
+        out: a (words, n) uint64 array, word-major (tuple i's word w at out[w, i]; rows
+            of it may be far apart, e.g. a slice of PSoup-P's chunk), overwritten.
 
     The tables are taken four at a time (padded by repeating the first: OR is
     idempotent), so one compiled loop serves any number of attributes.
@@ -71,3 +76,14 @@ def direct_rows(values, first, rows_of, out):  # pragma: no cover - compiled
             return False
         out[i] = rows_of[v]
     return True
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def word_positions(words, mask, r0, r1, base, out):  # pragma: no cover - compiled
+    """Write base + r for every row r0 <= r < r1 with words[r] & mask into out; returns
+    how many. Branch-free: O(r1 - r0)."""
+    k = 0
+    for r in range(r0, r1):
+        out[k] = base + r
+        k += (words[r] & mask) != 0
+    return k

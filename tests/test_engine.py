@@ -297,3 +297,31 @@ def test_bad_mode_and_sync_are_rejected():
         psoup.Engine(mode="fast")
     with pytest.raises(ValueError, match="unknown sync"):
         psoup.Engine(sync="sometimes")
+
+
+@pytest.mark.parametrize("mode", ["partial", "complete"])
+def test_a_slot_a_join_left_reads_only_its_new_querys_matches(mode):
+    """PSoup-P's chunks hold the probe's bits of every slot on the stream (a join's
+    local slots too); a slot reused by a selection must not inherit them."""
+    eng = psoup.Engine(mode=mode, chunk_rows=16)
+    eng.execute("CREATE STREAM R (a INT, b INT)")
+    join = eng.register("SELECT r1.a FROM R r1, R r2 WHERE r1.a = r2.b AND r1.a > 0")
+    eng.insert("R", {"a": np.arange(40), "b": np.arange(40)}, ts=np.arange(40.0))
+    eng.unregister(join)
+    handle = eng.register("SELECT a FROM R WHERE a < 3")      # takes the join's slot
+    eng.insert("R", {"a": np.arange(5), "b": np.zeros(5, np.int64)}, ts=40.0)
+    assert sorted(eng.invoke(handle, now=50).rows) == [(0,), (0,), (1,), (1,), (2,), (2,)]
+    eng._check()
+
+
+def test_many_queries_widen_the_bitmap_by_exact_words():
+    eng = psoup.Engine(chunk_rows=64)
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.insert("R", {"a": np.arange(100)}, ts=np.arange(100.0))
+    handles = [eng.register(f"SELECT a FROM R WHERE a = {i}") for i in range(130)]
+    eng.insert("R", {"a": np.arange(100)}, ts=100.0)
+    # at most 3 words (130 slots) per row in 4 chunks of 64 rows; never 4 (a power of 2)
+    assert 2 * 8 * 64 * 4 < eng.stats()["memory"]["results"] <= 3 * 8 * 64 * 4
+    for i in (0, 64, 99, 129):
+        assert len(eng.invoke(handles[i], now=200).rows) == (2 if i < 100 else 0)
+    eng._check()

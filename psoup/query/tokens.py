@@ -126,15 +126,18 @@ def tokenize(sql: str) -> list[Token]:
     i, line, line_start, n = 0, 1, 0, len(sql)
     while i < n:
         c = sql[i]
-        pos = Pos(line, i - line_start + 1)
         if c == "\n":
             i, line, line_start = i + 1, line + 1, i + 1
-        elif c.isspace():
+            continue
+        if c.isspace():
             i += 1
-        elif sql.startswith("--", i):
+            continue
+        if c == "-" and sql.startswith("--", i):
             end = sql.find("\n", i)
             i = n if end < 0 else end
-        elif c == "'":
+            continue
+        pos = Pos(line, i - line_start + 1)
+        if c == "'":
             value, end = _string(sql, i, pos)
             text = sql[i:end]
             line += text.count("\n")

@@ -27,7 +27,7 @@ from typing import Mapping
 
 import numpy as np
 
-from psoup.bits import bit_row, words_for
+from psoup.bits import DTYPE, bit_row, set_bit, widened, words_for
 from psoup.query.model import Source
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.span import Span
@@ -38,6 +38,16 @@ class Sink:
 
     #: Whether the sink stores probe rows whole, and so must not see other sinks' bits.
     keeps_rows = False
+    #: True for a sink that stores the probe's rows as they are: it gives the Eddy
+    #: `destination(stream, p0, n, words)`, word-major arrays the probe writes into,
+    #: and gets no `on_insert` (PSoup-P's bitmap).
+    takes_probe = False
+
+    def destination(self, stream: str, p0: int, n: int,
+                    words: int) -> list[tuple[int, int, np.ndarray]]:
+        """For a sink that `takes_probe`: (a, b, a (words, b - a) word-major array) per
+        piece of the batch's tuples a..b, for the probe to write into."""
+        raise NotImplementedError(f"{type(self).__name__} does not take the probe")
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         """A new query's matches among the retained tuples of `stream` (sorted)."""
@@ -84,14 +94,24 @@ class SinkTable:
         # stream -> sink id -> (sink, its slots on the stream, in attach order)
         self._streams: dict[str, dict[int, tuple[Sink, dict[int, None]]]] = {}
         self._slots: dict[int, list[tuple[str, Sink]]] = {}
-        self._masks: dict[tuple[str, int, int], np.ndarray | None] = {}
+        # bit rows kept in step with the above: (stream, sink id) -> its slots; stream ->
+        # every attached slot, with (stream, slot) -> how many sinks keep it
+        self._own: dict[tuple[str, int], np.ndarray] = {}
+        self._all: dict[str, np.ndarray] = {}
+        self._uses: dict[tuple[str, int], int] = {}
 
     def attach(self, slot: int, stream: str, sink: Sink) -> None:
-        """Deliver `slot`'s events on `stream` to `sink`."""
+        """Deliver `slot`'s events on `stream` to `sink`. O(1) (O(words) to widen)."""
         entry = self._streams.setdefault(stream, {}).setdefault(id(sink), (sink, {}))
         entry[1][slot] = None
         self._slots.setdefault(slot, []).append((stream, sink))
-        self._masks.clear()
+        words = words_for(slot + 1)
+        own = self._own[stream, id(sink)] = widened(
+            self._own.get((stream, id(sink)), np.zeros(1, DTYPE)), words)
+        set_bit(own, slot)
+        every = self._all[stream] = widened(self._all.get(stream, np.zeros(1, DTYPE)), words)
+        set_bit(every, slot)
+        self._uses[stream, slot] = self._uses.get((stream, slot), 0) + 1
 
     def detach(self, slot: int) -> list[Sink]:
         """Stop delivering `slot`'s events; returns the sinks it had (each once)."""
@@ -100,11 +120,17 @@ class SinkTable:
             sinks = self._streams[stream]
             _, slots = sinks[id(sink)]
             slots.pop(slot, None)
+            set_bit(self._own[stream, id(sink)], slot, False)
             if not slots:
                 del sinks[id(sink)]
+                del self._own[stream, id(sink)]
+            left = self._uses.pop((stream, slot)) - 1
+            if left:
+                self._uses[stream, slot] = left
+            else:
+                set_bit(self._all[stream], slot, False)
             if all(s is not sink for s in had):
                 had.append(sink)
-        self._masks.clear()
         return had
 
     def of_slot(self, slot: int) -> list[Sink]:
@@ -127,17 +153,28 @@ class SinkTable:
         entry = self._streams.get(stream, {}).get(id(sink))
         return list(entry[1]) if entry else []
 
+    def _check(self) -> None:
+        """Assert the invariants (for tests): the bit rows are the slot sets."""
+        for stream, sinks in self._streams.items():
+            every: set[int] = set()
+            for sid, (_, slots) in sinks.items():
+                own = self._own[stream, sid]
+                assert (widened(own, words_for(len(own) * 64)) ==
+                        bit_row(slots, len(own))).all(), (stream, "own row")
+                every |= set(slots)
+            row = self._all.get(stream, np.zeros(1, DTYPE))
+            assert (row == bit_row(every, len(row))).all(), (stream, "every slot's row")
+            assert {s for (st, s) in self._uses if st == stream} == every
+
     def rows_for(self, sink: Sink, stream: str, bits: np.ndarray) -> np.ndarray:
         """`bits` as `sink` should see them: for a sink that keeps rows whole, with the
         bits of other sinks' slots on `stream` cleared (a copy only when there are any)."""
         if not sink.keeps_rows:
             return bits
-        key = (stream, id(sink), bits.shape[1])
-        if key not in self._masks:
-            sinks = self._streams.get(stream, {})
-            others = {slot for sid, (_, slots) in sinks.items() if sid != id(sink)
-                      for slot in slots} - set(sinks.get(id(sink), (None, {}))[1])
-            words = max(bits.shape[1], words_for(max(others, default=0) + 1))
-            self._masks[key] = ~bit_row(others, words)[:bits.shape[1]] if others else None
-        mask = self._masks[key]
-        return bits if mask is None else bits & mask
+        words = bits.shape[1]
+        every = self._all.get(stream)
+        if every is None:
+            return bits
+        own = self._own.get((stream, id(sink)), np.zeros(1, DTYPE))
+        others = widened(every, words)[:words] & ~widened(own, words)[:words]
+        return bits & ~others if others.any() else bits

@@ -112,6 +112,7 @@ class Materialized:
     def _check(self, plans: Sequence[Plan]) -> None:
         """Assert the invariants (for tests): sinks are kept for the live `plans` only,
         each attached to exactly its slots."""
+        self.sinks._check()
         live = {p.id: p for p in plans}
         assert set(self.aggregates) == {p.slot for p in plans if isinstance(p, SelectionPlan)
                                         and p.query.aggregated and self.materializes

@@ -3,19 +3,33 @@
 Rows are a stream's tuples in physicalID order (their positions), columns are query
 slots, 64 to a little-endian uint64 word. The bitmap is kept in chunks of the Data SteM's
 chunk size, so expiry drops whole chunks in step with the Data SteM and a missing chunk
-reads as all zeros (no query matched there). A batch's Query SteM probe is copied in as a
-block of rows; a new query's Data SteM probe sets bits in one column. Windows are applied
-only at invocation, by scanning the query's column over the window's rows: the cost the
-paper measures in Fig. 7 grows with the window, not with the number of results.
+reads as all zeros (no query matched there).
+
+A chunk is stored *word-major*: `chunk[w]` holds word w (slots 64 w .. 64 w + 63) of
+every row of the chunk, contiguously. So an invocation's find reads one contiguous run
+of words, W x 8 bytes for a window of W tuples, whatever the number of queries (a
+row-major bitmap would touch a cache line per tuple); and the Eddy's probe writes a
+batch straight into the chunk (`destination`), with no copy. A new query's Data SteM
+probe sets bits in one word row; windows are applied only at invocation, so the cost
+the paper measures in Fig. 7 grows with the window, not with the number of results.
+
+The chunk holds the probe's bits of every slot on the stream, not only the slots
+attached here (a join's local slots, say): a slot is cleared when it is attached
+(`on_register`) and when it leaves (`on_unregister`), so a slot attached here reads
+exactly its own matches.
+
+Costs: find O(W) words; batch O(n x words) (the probe's own writes); register
+O(retained) to clear the slot's word row plus its matches; unregister O(retained);
+memory exactly ceil(slots / 64) words per retained tuple (chunks widen as slots grow).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from typing import Mapping
 
-from psoup.bits import bit_of
+import numpy as np
+
+from psoup.bits import DTYPE, bit_of
 from psoup.query.model import Source
 from psoup.results.base import ResultsStructure
 from psoup.stems.data_stem import DataSteM, chunk_runs
@@ -32,6 +46,8 @@ class PartialResults(ResultsStructure):
         [0, 2]
     """
 
+    takes_probe = True
+
     def __init__(self, chunk_rows: int = 8192):
         self.chunk_rows = chunk_rows
         self._bitmaps: dict[str, dict[int, np.ndarray]] = {}
@@ -39,53 +55,64 @@ class PartialResults(ResultsStructure):
 
     def _chunk(self, chunks: dict[int, np.ndarray], k: int, words: int,
                written_from: int = -1) -> np.ndarray:
-        """Chunk k, at least `words` wide; a new one is zero except from row
+        """Chunk k, (>= words, chunk_rows); a new one is zero except from row
         `written_from` on (rows the caller writes next, and later batches after it)."""
         chunk = chunks.get(k)
         if chunk is None:
             spare = self._spare
-            while spare and spare[-1].shape[1] != words:
+            while spare and spare[-1].shape[0] != words:
                 spare.pop()
             if spare:
                 chunk = chunks[k] = spare.pop()
-                chunk[:written_from if written_from >= 0 else None] = 0
+                chunk[:, :written_from if written_from >= 0 else None] = 0
             else:
-                chunk = chunks[k] = np.zeros((self.chunk_rows, words), dtype="<u8")
-        elif chunk.shape[1] < words:
-            chunk = chunks[k] = np.pad(chunk, ((0, 0), (0, words - chunk.shape[1])))
+                chunk = chunks[k] = np.zeros((words, self.chunk_rows), dtype=DTYPE)
+        elif chunk.shape[0] < words:
+            chunk = chunks[k] = np.pad(chunk, ((0, words - chunk.shape[0]), (0, 0)))
         return chunk
 
-    def on_insert(self, stream: str, p0: int, bits: np.ndarray,
-                  batch: Mapping[str, np.ndarray]) -> None:
-        """Copy n probe rows in. O(n * words)."""
+    def destination(self, stream: str, p0: int, n: int,
+                    words: int) -> list[tuple[int, int, np.ndarray]]:
+        """Where the probe of n tuples from position p0 goes: (a, b, the (words, b - a)
+        word-major slice of the chunk holding tuples a..b of the batch)."""
         chunks = self._bitmaps.setdefault(stream, {})
-        n, words = bits.shape
         cap = self.chunk_rows
+        pieces = []
         done = 0
         while done < n:
             k, r = divmod(p0 + done, cap)
             take = min(cap - r, n - done)
-            block = bits[done:done + take]
-            if k in chunks or block.any():
-                self._chunk(chunks, k, words, r)[r:r + take, :words] = block
+            chunk = self._chunk(chunks, k, words, r)
+            pieces.append((done, done + take, chunk[:words, r:r + take]))
             done += take
+        return pieces
+
+    def on_insert(self, stream: str, p0: int, bits: np.ndarray,
+                  batch: Mapping[str, np.ndarray]) -> None:
+        """Copy n probe rows in (when the probe was not written in place). O(n * words)."""
+        n, words = bits.shape
+        for a, b, out in self.destination(stream, p0, n, words):
+            out[:] = bits[a:b].T
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
-        """Set the new query's column at `positions`. O(len(positions))."""
+        """Clear the new query's bits (another slot's matches may have been written
+        there), then set them at `positions`. O(retained + len(positions))."""
         chunks = self._bitmaps.setdefault(stream, {})
         word, mask = bit_of(slot)
-        words = word + 1
+        for chunk in chunks.values():
+            if chunk.shape[0] > word:
+                chunk[word] &= ~mask
         cap = self.chunk_rows
         for k, a, b in chunk_runs(positions, cap):
-            self._chunk(chunks, k, words)[positions[a:b] - k * cap, word] |= mask
+            self._chunk(chunks, k, word + 1)[word, positions[a:b] - k * cap] |= mask
 
     def on_unregister(self, slot: int) -> None:
-        """Clear the slot's column in every chunk. O(retained rows)."""
+        """Clear the slot's bits in every chunk. O(retained rows)."""
         word, mask = bit_of(slot)
         for chunks in self._bitmaps.values():
             for chunk in chunks.values():
-                if chunk.shape[1] > word:
-                    chunk[:, word] &= ~mask
+                if chunk.shape[0] > word:
+                    chunk[word] &= ~mask
 
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
@@ -105,20 +132,25 @@ class PartialResults(ResultsStructure):
         parts = []
         if span.is_range:
             p0, p1 = span.bounds()
-            for k in range(p0 // cap, (p1 - 1) // cap + 1) if p1 > p0 else ():
+            if p1 <= p0:
+                return np.empty(0, np.int64)
+            from psoup.kernels import word_positions
+            out = np.empty(p1 - p0, np.int64)
+            found = 0
+            for k in range(p0 // cap, (p1 - 1) // cap + 1):
                 chunk = chunks.get(k)
-                if chunk is None or chunk.shape[1] <= word:
+                if chunk is None or chunk.shape[0] <= word:
                     continue
                 r0, r1 = max(p0 - k * cap, 0), min(p1 - k * cap, cap)
-                parts.append(np.flatnonzero(chunk[r0:r1, word] & mask) + (k * cap + r0))
-        else:
-            positions = span.array()
-            for k, a, b in chunk_runs(positions, cap):
-                chunk = chunks.get(k)
-                if chunk is None or chunk.shape[1] <= word:
-                    continue
-                rows = positions[a:b] - k * cap
-                parts.append(rows[(chunk[rows, word] & mask) != 0] + k * cap)
+                found += word_positions(chunk[word], mask, r0, r1, k * cap, out[found:])
+            return out[:found]
+        positions = span.array()
+        for k, a, b in chunk_runs(positions, cap):
+            chunk = chunks.get(k)
+            if chunk is None or chunk.shape[0] <= word:
+                continue
+            rows = positions[a:b] - k * cap
+            parts.append(rows[(chunk[word, rows] & mask) != 0] + k * cap)
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def nbytes(self) -> int:
@@ -129,5 +161,6 @@ class PartialResults(ResultsStructure):
         """Assert the structure's invariants (for tests): whole chunks of chunk_rows rows."""
         for chunks in self._bitmaps.values():
             for chunk in chunks.values():
-                assert chunk.shape[0] == self.chunk_rows and chunk.dtype == np.dtype("<u8")
+                assert chunk.shape[1] == self.chunk_rows and chunk.dtype == DTYPE
+                assert chunk.flags.c_contiguous, "a chunk's word rows are contiguous"
 

@@ -90,7 +90,7 @@ class AttributeIndex:
         pred = self._preds.pop(slot)
         word, mask = bit_of(slot)
         if word < self._table.shape[1]:
-            self._table[:, word] &= ~mask
+            self._table[self._cell_row, word] &= ~mask     # free rows are never read
         for c in _constants(pred):
             left = self._uses[c] - 1
             if left:
@@ -139,10 +139,10 @@ class AttributeIndex:
             table = np.zeros((rows, max(word + 1, 2 * words)), DTYPE)
             table[:, :words] = self._table
             self._table = table
-        reject = self._cell_row[~self._accepts(pred)]
-        column = self._table[:, word]
-        column &= ~mask
-        column[reject] |= mask
+        cells = self._cell_row
+        column = self._table[cells, word] & ~mask
+        column[~self._accepts(pred)] |= mask
+        self._table[cells, word] = column
 
     def _accepts(self, pred: AttrPredicate) -> np.ndarray:
         """Which cells `pred` accepts (a bool per cell). O(cells)."""

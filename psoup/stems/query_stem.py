@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Mapping, Sequence, Union
 
 import numpy as np
 
@@ -181,40 +181,55 @@ class QuerySteM:
         sq = self._streams.get(stream)
         return bool(sq and sq.slots)
 
-    def probe(self, stream: str, columns: Mapping[str, np.ndarray], n: int,
-              out: np.ndarray | None = None) -> np.ndarray:
+    def probe(self, stream: str, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
         """Results Structure rows for n tuples of `stream` (PSoup Fig. 3: new data probing
         the Query SteM): bit q of row i is set when tuple i satisfies query slot q.
 
-        Returns an (n, words) little-endian uint64 array: `out` when given (a reused
-        buffer of at least n rows of `words` words, C-contiguous), else a new one.
-        O(n * (attrs + factors) * words), in one compiled pass over the rows.
+        Returns an (n, words) little-endian uint64 array (a transposed view of the
+        word-major array `probe_into` fills). O(n * (attrs + factors) * words).
         """
+        out = np.empty((self.words, n), dtype=DTYPE)
+        self.probe_into(stream, columns, [(0, n, out)])
+        return out.T
+
+    def probe_into(self, stream: str, columns: Mapping[str, np.ndarray],
+                   pieces: Sequence[tuple[int, int, np.ndarray]]) -> None:
+        """Write the probe of the batch's tuples a..b into each piece's (words, b - a)
+        word-major array (tuple i's word w at [w, i - a]), e.g. straight into PSoup-P's
+        chunks. One compiled pass over the rows; multi-attribute factors then clear the
+        bits of the queries whose factor a tuple fails."""
         words = self.words
-        if out is None:
-            out = np.empty((n, words), dtype=DTYPE)
         sq = self._streams.get(stream)
         if sq is None or not sq.slots:
-            out[:] = 0
-            return out
+            for _, _, out in pieces:
+                out[:] = 0
+            return
         if not self.shared:
-            out[:] = self._probe_unshared(stream, sq, columns, n)
-            return out
+            n = max(b for _, b, _ in pieces)
+            flags = self._probe_unshared(stream, sq, columns, n)
+            for a, b, out in pieces:
+                out[:] = flags[a:b].T
+            return
         interest = sq.interest_row(words)
-        indexed = [(index.table(words), index.rows(columns[c]))
+        indexed = [(index.table(words), np.ascontiguousarray(index.rows(columns[c]), np.int64))
                    for c, index in sq.attrs.items() if len(index)]
+        tables = tuple(t for t, _ in indexed)
         if indexed:
             from psoup.kernels import probe_into
-            probe_into(tuple(t for t, _ in indexed),
-                       tuple(np.ascontiguousarray(r, dtype=np.int64) for _, r in indexed),
-                       interest, out)
-        else:
-            out[:] = interest
+        for a, b, out in pieces:
+            if indexed:
+                probe_into(tables, tuple(r[a:b] for _, r in indexed), interest, out)
+            else:
+                out[:] = interest[:, None]
         for factor, users in sq.factors.items():
-            fails = ~factor_mask(factor, columns[factor.left], columns[factor.right])
-            if fails.any():
-                out[fails] &= ~sq.row(users, words)
-        return out
+            fails = np.flatnonzero(~factor_mask(factor, columns[factor.left],
+                                                columns[factor.right]))
+            if len(fails):
+                keep = ~sq.row(users, words)[:, None]
+                for a, b, out in pieces:
+                    here = fails[(fails >= a) & (fails < b)] - a
+                    if len(here):
+                        out[:, here] &= keep
 
     def _probe_unshared(self, stream: str, sq: _StreamQueries,
                         columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:

@@ -1,0 +1,48 @@
+/* psoup's hot loops with nothing else around them, to measure what this machine can do.
+ *
+ * reject_or4: the shared probe of a batch over four indexed attributes (Fig. 9): for
+ *   each tuple, the OR of the four reject rows of its cells, inverted, ANDed with the
+ *   interest row, stored as the tuple's result row (words uint64 per row).
+ * column_positions: the positions of the set bits of one query's bit column (one bit per
+ *   tuple, contiguous), the least an invocation's find can do.
+ * strided_positions: the same over a row-major bitmap (one word per tuple at a stride).
+ *
+ * Built by bench/floor.py with the system compiler: cc -O3 -march=native -shared -fPIC. */
+#include <stddef.h>
+#include <stdint.h>
+
+void reject_or4(const uint64_t *ta, const uint64_t *tb, const uint64_t *tc,
+                const uint64_t *td, const int64_t *ra, const int64_t *rb,
+                const int64_t *rc, const int64_t *rd, const uint64_t *interest,
+                uint64_t *out, size_t n, size_t words)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t *a = ta + (size_t)ra[i] * words;
+        const uint64_t *b = tb + (size_t)rb[i] * words;
+        const uint64_t *c = tc + (size_t)rc[i] * words;
+        const uint64_t *d = td + (size_t)rd[i] * words;
+        uint64_t *o = out + i * words;
+        for (size_t w = 0; w < words; w++)
+            o[w] = ~(a[w] | b[w] | c[w] | d[w]) & interest[w];
+    }
+}
+
+size_t column_positions(const uint64_t *column, size_t nwords, int64_t *out)
+{
+    size_t k = 0;
+    for (size_t w = 0; w < nwords; w++) {
+        for (uint64_t bits = column[w]; bits; bits &= bits - 1)
+            out[k++] = (int64_t)(w * 64 + (size_t)__builtin_ctzll(bits));
+    }
+    return k;
+}
+
+size_t strided_positions(const uint64_t *bitmap, size_t rows, size_t words,
+                         size_t word, uint64_t mask, int64_t *out)
+{
+    size_t k = 0;
+    for (size_t r = 0; r < rows; r++)
+        if (bitmap[r * words + word] & mask)
+            out[k++] = (int64_t)r;
+    return k;
+}
