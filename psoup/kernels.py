@@ -21,31 +21,40 @@ import numpy as np
 from numba import njit
 
 
+#: Words of result rows computed row-major before they are written out word-major: a
+#: tile that stays in the L1 cache, so both the computing and the writing are sequential.
+TILE_WORDS = 4096
+
+
 @njit(cache=True, nogil=True, boundscheck=False)
 def _probe4(tables, rows, interest, out):  # pragma: no cover - compiled
     words, n = out.shape
     groups = len(tables) // 4
-    acc = np.empty(words, np.uint64)
-    for i in range(n):
-        a = tables[0][rows[0][i]]
-        b = tables[1][rows[1][i]]
-        c = tables[2][rows[2][i]]
-        d = tables[3][rows[3][i]]
-        if groups == 1:
+    block = max(8, TILE_WORDS // words)
+    tile = np.empty((block, words), np.uint64)
+    for i0 in range(0, n, block):
+        m = min(block, n - i0)
+        for t in range(m):
+            i = i0 + t
+            o = tile[t]
+            a = tables[0][rows[0][i]]
+            b = tables[1][rows[1][i]]
+            c = tables[2][rows[2][i]]
+            d = tables[3][rows[3][i]]
             for w in range(words):
-                out[w, i] = ~(a[w] | b[w] | c[w] | d[w]) & interest[w]
-            continue
+                o[w] = a[w] | b[w] | c[w] | d[w]
+            for g in range(4, 4 * groups, 4):
+                a = tables[g][rows[g][i]]
+                b = tables[g + 1][rows[g + 1][i]]
+                c = tables[g + 2][rows[g + 2][i]]
+                d = tables[g + 3][rows[g + 3][i]]
+                for w in range(words):
+                    o[w] |= a[w] | b[w] | c[w] | d[w]
         for w in range(words):
-            acc[w] = a[w] | b[w] | c[w] | d[w]
-        for g in range(4, 4 * groups, 4):
-            a = tables[g][rows[g][i]]
-            b = tables[g + 1][rows[g + 1][i]]
-            c = tables[g + 2][rows[g + 2][i]]
-            d = tables[g + 3][rows[g + 3][i]]
-            for w in range(words):
-                acc[w] |= a[w] | b[w] | c[w] | d[w]
-        for w in range(words):
-            out[w, i] = ~acc[w] & interest[w]
+            keep = interest[w]
+            row = out[w]
+            for t in range(m):
+                row[i0 + t] = ~tile[t, w] & keep
 
 
 def probe_into(tables, rows, interest, out) -> None:

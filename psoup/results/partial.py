@@ -36,6 +36,10 @@ from psoup.stems.data_stem import DataSteM, chunk_runs
 from psoup.stems.span import Span
 
 
+#: Padding words after each word row of a chunk (see PartialResults._new_chunk).
+ROW_PAD = 8
+
+
 class PartialResults(ResultsStructure):
     """Bitmaps per stream (selection queries have one-stream FROM lists).
 
@@ -66,10 +70,20 @@ class PartialResults(ResultsStructure):
                 chunk = chunks[k] = spare.pop()
                 chunk[:, :written_from if written_from >= 0 else None] = 0
             else:
-                chunk = chunks[k] = np.zeros((words, self.chunk_rows), dtype=DTYPE)
+                chunk = chunks[k] = self._new_chunk(words)
         elif chunk.shape[0] < words:
-            chunk = chunks[k] = np.pad(chunk, ((0, words - chunk.shape[0]), (0, 0)))
+            wider = self._new_chunk(words)
+            wider[:chunk.shape[0]] = chunk
+            chunk = chunks[k] = wider
         return chunk
+
+    def _new_chunk(self, words: int) -> np.ndarray:
+        """A zero (words, chunk_rows) chunk whose word rows lie ROW_PAD words further
+        apart than their length: with chunk_rows a power of two, rows exactly 64 KiB
+        apart would all fall in the same cache sets, and the probe, which writes one
+        word to each row per tuple, would miss on every write."""
+        base = np.zeros((words, self.chunk_rows + ROW_PAD), dtype=DTYPE)
+        return base[:, :self.chunk_rows]
 
     def destination(self, stream: str, p0: int, n: int,
                     words: int) -> list[tuple[int, int, np.ndarray]]:
@@ -154,13 +168,13 @@ class PartialResults(ResultsStructure):
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def nbytes(self) -> int:
-        return sum(c.nbytes for chunks in self._bitmaps.values() for c in chunks.values()) + \
-            sum(c.nbytes for c in self._spare)
+        chunks = [c for by_k in self._bitmaps.values() for c in by_k.values()] + self._spare
+        return sum(c.shape[0] * (self.chunk_rows + ROW_PAD) * 8 for c in chunks)
 
     def _check(self) -> None:
         """Assert the structure's invariants (for tests): whole chunks of chunk_rows rows."""
         for chunks in self._bitmaps.values():
             for chunk in chunks.values():
                 assert chunk.shape[1] == self.chunk_rows and chunk.dtype == DTYPE
-                assert chunk.flags.c_contiguous, "a chunk's word rows are contiguous"
+                assert chunk.strides[1] == 8, "a chunk's word rows are contiguous"
 
