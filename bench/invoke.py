@@ -77,12 +77,13 @@ def _time_all(calls, repeat: int, expected: list[list[tuple]] | None) -> tuple[f
     """Mean seconds per call over all `calls`, each called once untimed (its answer
     checked against `expected`) and then `repeat` times; returns (mean, answers)."""
     answers, total = [], 0.0
-    for i, call in enumerate(calls):
-        rows = call()
-        answers.append(rows)
-        if expected is not None and rows != expected[i]:
-            raise AssertionError(f"query {i}: {len(rows)} rows, expected {len(expected[i])}")
-        with common.settled():
+    with common.settled():      # once per group: a full collection rescans every answer kept
+        for i, call in enumerate(calls):
+            rows = call()
+            answers.append(rows)
+            if expected is not None and rows != expected[i]:
+                raise AssertionError(f"query {i}: {len(rows)} rows, "
+                                     f"expected {len(expected[i])}")
             total += common.timed(call, repeat=repeat).total
     return total / (len(calls) * repeat), answers
 

@@ -168,10 +168,9 @@ class Eddy:
         others = [sink for sink in sinks if sink is not direct]
         if not others:
             return
-        if len(pieces) == 1:
-            bits = pieces[0][2].T
-        else:
-            bits = np.concatenate([out for _, _, out in pieces], axis=1).T
+        bits = np.empty((n, words), dtype="<u8")    # one row per tuple, for the other sinks
+        for a, b, out in pieces:
+            np.copyto(bits[a:b], out.T)
         for sink in others:
             self.ttp.append(partial(sink.on_insert, stream, position,
                                     self.sinks.rows_for(sink, stream, bits), columns))
