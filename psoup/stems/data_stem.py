@@ -406,14 +406,16 @@ def chunk_runs(positions: np.ndarray, cap: int) -> Iterator[tuple[int, int, int]
     """
     if len(positions) == 0:
         return
-    first = int(positions[0]) // cap
-    if first == int(positions[-1]) // cap:      # the common case, on every invocation
+    first, last = int(positions[0]) // cap, int(positions[-1]) // cap
+    if first == last:                           # the common case, on every invocation
         yield first, 0, len(positions)
         return
-    ks = positions // cap
-    cuts = [0, *(np.flatnonzero(np.diff(ks)) + 1).tolist(), len(positions)]
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        yield int(ks[a]), a, b
+    # one binary search per chunk boundary: O(chunks log n), not a pass over positions
+    cuts = [0, *np.searchsorted(positions, np.arange(first + 1, last + 1) * cap).tolist(),
+            len(positions)]
+    for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]), start=first):
+        if b > a:
+            yield k, a, b
 
 
 def _columns_used(source: Source) -> list[str]:
