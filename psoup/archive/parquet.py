@@ -29,7 +29,7 @@ import pyarrow as pa
 from numpy.typing import ArrayLike
 import pyarrow.parquet as pq
 
-from psoup.journal.wal import fsync_dir
+from psoup.fsync import fsync_dir
 from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
                                   TUPLE_ID_COLUMN,
                                   arrow_schema, part_path)

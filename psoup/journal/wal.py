@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator
 import msgpack
 
 from psoup.errors import PSoupError
+from psoup.fsync import fsync_dir
 
 log = logging.getLogger("psoup.archive")
 
@@ -49,15 +50,6 @@ _MAX_PAYLOAD = (1 << 32) - 1
 
 def _segment_name(seq: int) -> str:
     return f"wal-{seq:08d}.log"
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make the renames and unlinks in `directory` durable (fsync the directory)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _frame(record: Any) -> bytes:

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from psoup.archive.layout import (SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN, arrow_schema,
                                   part_path, stream_columns)
 from psoup.archive.parquet import Archive
-from psoup.journal.wal import fsync_dir
+from psoup.fsync import fsync_dir
 from psoup.errors import ArchiveError
 from psoup.formats import canonical, guess_format
 from psoup.spark.session import spark_error
