@@ -160,31 +160,30 @@ class Eddy:
         columns[TUPLE_ID] = entry.tuple_ids
         n, words = entry.batch.n, self.query_stem.words
         direct = next((s for s in sinks if s.takes_probe), None)
+        bits = self._scratch(n, words)      # one row per tuple, for the other sinks
         if direct is not None:          # PSoup-P: the probe is written into its chunks
             pieces = direct.destination(stream, position, n, words)
         else:
-            pieces = [(0, n, self._scratch(n, words))]
+            pieces = [(0, n, bits.T)]
         self.query_stem.probe_into(stream, columns, pieces)
         others = [sink for sink in sinks if sink is not direct]
-        if not others:
-            return
-        bits = np.empty((n, words), dtype="<u8")    # one row per tuple, for the other sinks
-        for a, b, out in pieces:
-            np.copyto(bits[a:b], out.T)
+        if others and direct is not None:
+            for a, b, out in pieces:
+                np.copyto(bits[a:b], out.T)
         for sink in others:
             self.ttp.append(partial(sink.on_insert, stream, position,
                                     self.sinks.rows_for(sink, stream, bits), columns))
 
     def _scratch(self, n: int, words: int) -> np.ndarray:
-        """A (words, n) buffer for the probe when no sink takes it in place, reused from
-        batch to batch (fresh memory costs a page fault per 4 KiB on first write, as much
-        as the probe itself). Valid until the next batch is routed: every sink copies
-        what it keeps, and the TTP is drained before the next batch."""
+        """An (n, words) buffer for a batch's bits, reused from batch to batch (fresh
+        memory costs a page fault per 4 KiB on first write, as much as the probe
+        itself). Valid until the next batch is routed: every sink copies what it keeps,
+        and the TTP is drained before the next batch."""
         buf = self._buffer
-        if buf is None or buf.shape[0] != words or buf.shape[1] < n:
-            cols = n if buf is None or buf.shape[0] != words else max(n, buf.shape[1])
-            buf = self._buffer = np.empty((words, cols), dtype="<u8")
-        return buf[:, :n]
+        if buf is None or buf.shape[1] != words or buf.shape[0] < n:
+            rows = n if buf is None or buf.shape[1] != words else max(n, buf.shape[0])
+            buf = self._buffer = np.empty((rows, words), dtype="<u8")
+        return buf[:n]
 
     def _route_query(self, entry: QueryEntry) -> None:
         """Fig. 2: file the query, then probe each of its streams' Data SteMs."""
