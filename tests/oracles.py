@@ -41,32 +41,10 @@ class Oracle:
 
     def source(self, spec, now):
         """The query's stream as DuckDB FROM text: retained, then windowed at `now`."""
-        stream = spec["stream"]
-        retained = f"SELECT * FROM {stream}"
-        retain = self.retain[stream]
-        if retain and retain[0] == "rows":
-            retained += f' ORDER BY "tupleID" DESC LIMIT {retain[1]}'
-        elif retain:
-            retained += f" WHERE ts >= (SELECT max(ts) FROM {stream}) - {retain[1]}"
-        window = spec["window"]
-        source = f"({retained}) AS kept"
-        if window[0] == "range":
-            edge = [now + v if kind == "now" else v for kind, v in window[1:]]
-            source = f"(SELECT * FROM {source} WHERE ts BETWEEN {edge[0]!r} AND {edge[1]!r}) AS w"
-        elif window[0] == "rows":
-            source = f'(SELECT * FROM {source} ORDER BY "tupleID" DESC LIMIT {window[1]}) AS w'
-        elif window[0] == "partition":
-            source = (f'(SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY "{window[1]}" '
-                      f'ORDER BY "tupleID" DESC) AS rn FROM {source}) WHERE rn <= {window[2]})'
-                      " AS w")
-        return source
-
-
-class JoinOracle(Oracle):
-    """DuckDB holding every tuple ever inserted (tests/test_differential.py's Oracle);
-    each FROM item's retained, windowed tuples are a subquery, and DuckDB joins them."""
+        return f"({self.windowed(spec['stream'], spec['window'], now)}) AS w"
 
     def windowed(self, stream, window, now):
+        """A SELECT of the stream's retained tuples in `window` at `now`."""
         retained = f"SELECT * FROM {stream}"
         retain = self.retain[stream]
         if retain and retain[0] == "rows":
@@ -84,6 +62,11 @@ class JoinOracle(Oracle):
                     f'"{window[1]}" ORDER BY "tupleID" DESC) AS rn FROM {source}) '
                     f"WHERE rn <= {window[2]}")
         return f"SELECT * FROM {source}"
+
+
+class JoinOracle(Oracle):
+    """DuckDB holding every tuple ever inserted (as the selection Oracle); each FROM
+    item's retained, windowed tuples are a subquery, and DuckDB joins them."""
 
     def join_answer(self, spec, now):
         """(rows, earliest ts, tupleID tuples) in answer order, DISTINCT applied."""
