@@ -10,7 +10,6 @@ Usage: python bench/ingest.py [--quick]
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -110,11 +109,9 @@ def _plot(ax, rows: list[dict]) -> None:
     ax.legend()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
-    args = parser.parse_args(argv)
-    s = _settings(args.quick)
+def main() -> None:
+    quick, suffix = common.quick_flag(__doc__)
+    s = _settings(quick)
 
     data_gen = common.rng(1)
     pool = [common.data_columns(data_gen, s["batch"]) for _ in range(s["pool"])]
@@ -145,9 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     params = {"batch_rows": s["batch"], "retain_rows": RETAIN_ROWS,
               "query_kind": "inequality", "min_time_s": s["min_time"],
               "cap_shared_s": s["cap_shared"], "cap_unshared_s": s["cap_unshared"],
-              "seed": common.SEED, "quick": args.quick}
-    name = "ingest_quick" if args.quick else "ingest"
-    common.report(name, rows, columns, _plot, notes=_verdicts(rows), params=params)
+              "seed": common.SEED, "quick": quick}
+    common.report(f"ingest{suffix}", rows, columns, _plot, notes=_verdicts(rows), params=params)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Usage: python bench/register.py [--quick]
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -111,11 +110,9 @@ def _plot(ax, rows: list[dict]) -> None:
     ax.legend()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
-    args = parser.parse_args(argv)
-    s = _settings(args.quick)
+def main() -> None:
+    quick, suffix = common.quick_flag(__doc__)
+    s = _settings(quick)
     pool = [common.data_columns(common.rng(1), BATCH) for _ in range(64)]
     all_queries = common.selection_queries(common.rng(2), max(s["counts"]), "inequality")
     apart(all_queries[:8], pool)          # load the compiled kernels before any timing
@@ -143,9 +140,8 @@ def main(argv: list[str] | None = None) -> None:
                ("after unregister ms", "after unreg ms", ".3f"),
                ("after unregister/steady", "after/steady", ".2f")]
     params = {"batch_rows": BATCH, "retain_rows": RETAIN_ROWS, "query_kind": "inequality",
-              "samples": s["samples"], "seed": common.SEED, "quick": args.quick}
-    name = "register_quick" if args.quick else "register"
-    common.report(name, rows, columns, _plot, notes=notes, params=params)
+              "samples": s["samples"], "seed": common.SEED, "quick": quick}
+    common.report(f"register{suffix}", rows, columns, _plot, notes=notes, params=params)
 
 
 if __name__ == "__main__":
