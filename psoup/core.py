@@ -16,7 +16,7 @@ cursors for `since`), and recovery replays the journal straight into a Core.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from psoup.stems.batch import Batch
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.query_stem import JoinPlan, Plan, QuerySteM, SelectionPlan
 from psoup.stems.span import Span
+
+if TYPE_CHECKING:
+    from psoup.spark.history import Job
 
 
 class Core:
@@ -125,7 +128,7 @@ class Core:
 
     # ------------------------------------------------------------------ history
 
-    def history_jobs(self, handles: Sequence[str] | None) -> tuple[list[str], list[Any]]:
+    def history_jobs(self, handles: Sequence[str] | None) -> tuple[list[str], list[Job]]:
         """The handles to evaluate over the archive (default: every selection query
         without a tier) and one Spark job per stream for those still without one."""
         from psoup.spark.history import Job

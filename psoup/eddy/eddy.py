@@ -160,16 +160,18 @@ class Eddy:
         columns[TUPLE_ID] = entry.tuple_ids
         n, words = entry.batch.n, self.query_stem.words
         direct = next((s for s in sinks if s.takes_probe), None)
-        bits = self._scratch(n, words)      # one row per tuple, for the other sinks
+        others = [sink for sink in sinks if sink is not direct]
         if direct is not None:          # PSoup-P: the probe is written into its chunks
             pieces = direct.destination(stream, position, n, words)
-        else:
-            pieces = [(0, n, bits.T)]
-        self.query_stem.probe_into(stream, columns, pieces)
-        others = [sink for sink in sinks if sink is not direct]
-        if others and direct is not None:
+            self.query_stem.probe_into(stream, columns, pieces)
+            if not others:
+                return
+            bits = self._scratch(n, words)  # one row per tuple, for the other sinks
             for a, b, out in pieces:
                 np.copyto(bits[a:b], out.T)
+        else:
+            bits = self._scratch(n, words)
+            self.query_stem.probe_into(stream, columns, [(0, n, bits.T)])
         for sink in others:
             self.ttp.append(partial(sink.on_insert, stream, position,
                                     self.sinks.rows_for(sink, stream, bits), columns))
