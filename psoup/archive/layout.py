@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from psoup.errors import ArchiveError, SchemaError
 from psoup.query.model import TS, TUPLE_ID
+from psoup.query.tokens import is_identifier
 
 #: Arrow type of each psoup column type.
 ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "text": pa.string(),
@@ -41,7 +42,6 @@ DISK_NAMES = {TS: TS_COLUMN, TUPLE_ID: TUPLE_ID_COLUMN}
 
 #: A part file's name: the first and the last tupleID it holds.
 PART_NAME = re.compile(r"part-(\d{20})-(\d{20})\.parquet\Z")
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: A date partition holds one UTC day of a stream.
 SECONDS_PER_DAY = 86400.0
 
@@ -78,7 +78,7 @@ def arrow_schema(stream: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
     Raises:
         SchemaError: a bad stream name, an unknown type, or a column named ts or tuple_id.
     """
-    if not isinstance(stream, str) or not _IDENTIFIER.match(stream):
+    if not is_identifier(stream):
         raise SchemaError(f"{stream!r} is not a valid stream name (letters, digits, _)")
     fields = [pa.field(TS_COLUMN, pa.float64()), pa.field(TUPLE_ID_COLUMN, pa.int64())]
     for name, ctype in columns:

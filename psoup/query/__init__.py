@@ -8,7 +8,6 @@ is specified in docs/language.md; errors are `psoup.errors.QueryError` with a li
 
 from __future__ import annotations
 
-import re
 from typing import Mapping, Sequence, Union
 
 from psoup.errors import LimitError, QueryError
@@ -16,10 +15,9 @@ from psoup.query.checker import check, check_retain, parse_type
 from psoup.query.model import Query, StreamSchema
 from psoup.query.parser import parse, parse_retention
 from psoup.query.syntax import Select
+from psoup.query.tokens import is_identifier
 
 __all__ = ["compile_statement", "create_stream_sql", "parse_retain", "parse_type"]
-
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def compile_statement(sql: str, schemas: Mapping[str, StreamSchema],
@@ -88,7 +86,7 @@ def create_stream_sql(name: str, columns: Mapping[str, str] | Sequence[tuple[str
     """
     pairs = list(columns.items()) if isinstance(columns, Mapping) else list(columns)
     for ident in [name] + [c for c, _ in pairs]:
-        if not isinstance(ident, str) or not _IDENTIFIER.match(ident):
+        if not is_identifier(ident):
             raise QueryError(f"{ident!r} is not a valid name (letters, digits, _)")
     cols = ", ".join(f"{c} {parse_type(t).upper()}" for c, t in pairs)
     return f"CREATE STREAM {name} ({cols})" + (f" RETAIN {retain}" if retain else "")

@@ -57,6 +57,17 @@ RESERVED = STRUCTURE_KEYWORDS | frozenset(UNSUPPORTED_KEYWORDS)
 _SYMBOLS = ("<=", ">=", "<>", "!=", "=", "<", ">", "(", ")", ",", ".", ";", "[", "]", "*", "+", "-")
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_identifier(text: object) -> bool:
+    """Whether `text` is a string the language reads as one name (letters, digits, _).
+
+    Example:
+        >>> is_identifier("lane_3"), is_identifier("3lane"), is_identifier("a b")
+        (True, False, False)
+    """
+    return isinstance(text, str) and _WORD.fullmatch(text) is not None
+
 _NUMBER = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _NUMBER_TAIL = re.compile(r"[A-Za-z0-9_.]")
 
