@@ -73,7 +73,8 @@ class ResultsStructure(Sink):
     keeps_rows = True
 
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
-        """Sorted positions within `span` of the tuples that satisfy query `slot`."""
+        """Sorted positions within `span` of the tuples that satisfy query `slot` (valid
+        until the structure's next read: a structure may reuse the buffer)."""
         raise NotImplementedError
 
 

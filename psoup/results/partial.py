@@ -56,6 +56,7 @@ class PartialResults(ResultsStructure):
         self.chunk_rows = chunk_rows
         self._bitmaps: dict[str, dict[int, np.ndarray]] = {}
         self._spare: list[np.ndarray] = []      # expired chunks, reused (no page faults)
+        self._found = np.empty(0, np.int64)     # the find's output, reused (see column)
 
     def _chunk(self, chunks: dict[int, np.ndarray], k: int, words: int,
                written_from: int = -1) -> np.ndarray:
@@ -139,7 +140,11 @@ class PartialResults(ResultsStructure):
         return self.column(source.stream, slot, span)
 
     def column(self, stream: str, slot: int, span: Span) -> np.ndarray:
-        """Positions in `span` whose bit `slot` is set. O(rows in span)."""
+        """Positions in `span` whose bit `slot` is set. O(rows in span).
+
+        For a range the positions are a view of a buffer the next call overwrites (an
+        invocation fetches its columns from them at once; a fresh buffer per call would
+        cost a page fault per 512 positions): copy them to keep them."""
         chunks = self._bitmaps.get(stream, {})
         word, mask = bit_of(slot)
         cap = self.chunk_rows
@@ -149,7 +154,9 @@ class PartialResults(ResultsStructure):
             if p1 <= p0:
                 return np.empty(0, np.int64)
             from psoup.kernels import word_positions
-            out = np.empty(p1 - p0, np.int64)
+            if len(self._found) < p1 - p0:
+                self._found = np.empty(p1 - p0, np.int64)
+            out = self._found
             found = 0
             for k in range(p0 // cap, (p1 - 1) // cap + 1):
                 chunk = chunks.get(k)

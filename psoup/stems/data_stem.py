@@ -35,10 +35,16 @@ INDEX_SELECTIVITY = 0.125
 
 
 class _Chunk:
-    __slots__ = ("cols", "n", "index")
+    """`cap` rows of every column. The 8-byte columns (INT, FLOAT, ts, tupleID) are the
+    rows of one (wide columns, cap) uint64 `block`, `cols` holding typed views of them,
+    so a compiled gather reads any subset of them in one call (`DataSteM.take`)."""
 
-    def __init__(self, dtypes: dict[str, np.dtype], cap: int):
-        self.cols = {name: np.empty(cap, dtype=dt) for name, dt in dtypes.items()}
+    __slots__ = ("cols", "block", "n", "index")
+
+    def __init__(self, dtypes: dict[str, np.dtype], wide: dict[str, int], cap: int):
+        self.block = np.empty((len(wide), cap), dtype=np.uint64)
+        self.cols = {name: self.block[wide[name]].view(dt) if name in wide
+                     else np.empty(cap, dtype=dt) for name, dt in dtypes.items()}
         self.n = 0
         self.index: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -72,6 +78,9 @@ class DataSteM:
         self._dtypes = {name: DTYPES[t] for name, t in schema.columns}
         self._dtypes[TS] = np.dtype(np.float64)
         self._dtypes[TUPLE_ID] = np.dtype(np.int64)
+        #: the 8-byte columns, by their row in each chunk's block
+        self._wide = {name: i for i, name in enumerate(
+            n for n, dt in self._dtypes.items() if dt.itemsize == 8 and dt.kind in "if")}
         self._chunks: list[_Chunk] = []
         self._heads: list[float] = []     # first ts of each chunk, for the time index
         self._tid_heads: list[int] = []   # first tupleID of each chunk, for lookups
@@ -100,7 +109,7 @@ class DataSteM:
         done = 0
         while done < batch.n:
             if not self._chunks or self._chunks[-1].n == cap:
-                self._chunks.append(_Chunk(self._dtypes, cap))
+                self._chunks.append(_Chunk(self._dtypes, self._wide, cap))
                 self._heads.append(float(batch.ts[done]))
                 self._tid_heads.append(int(tuple_ids[done]))
             chunk = self._chunks[-1]
@@ -243,8 +252,8 @@ class DataSteM:
             first, last = int(ks.min()), int(ks.max())
             if last - first > 3:
                 uniq, inverse = np.unique(positions, return_inverse=True)
-                got = self.take(names, uniq)
-                return {name: values[inverse] for name, values in got.items()}
+                once = self.take(names, uniq)
+                return {name: values[inverse] for name, values in once.items()}
             if first != last:
                 out = {name: np.empty(len(positions), self._dtypes[name]) for name in names}
                 for k in range(first, last + 1):
@@ -253,17 +262,24 @@ class DataSteM:
                     for name in names:
                         out[name][here] = cols[name][rows]
                 return out
-        runs = [(self._chunks[k - self._chunk0].cols, positions[a:b] - k * cap, a, b)
-                for k, a, b in chunk_runs(positions, cap)]
-        if len(runs) == 1:
-            cols, rows = runs[0][:2]
-            return {name: cols[name][rows] for name in names}
-        out = {}
+        runs = list(chunk_runs(positions, cap))
+        got: dict[str, np.ndarray] = {}
+        wide = [name for name in names if name in self._wide]
+        if wide:                    # one compiled pass per chunk for all 8-byte columns
+            from psoup.kernels import gather_rows
+            rows_of = np.array([self._wide[name] for name in wide], dtype=np.int64)
+            words = np.empty((len(wide), len(positions)), dtype=np.uint64)
+            for k, a, b in runs:
+                gather_rows(self._chunks[k - self._chunk0].block, rows_of, positions[a:b],
+                            k * cap, words, a)
+            got = {name: words[i].view(self._dtypes[name]) for i, name in enumerate(wide)}
         for name in names:
-            values = out[name] = np.empty(len(positions), self._dtypes[name])
-            for cols, rows, a, b in runs:
-                values[a:b] = cols[name][rows]
-        return out
+            if name not in got:                         # TEXT and BOOL columns
+                values = got[name] = np.empty(len(positions), self._dtypes[name])
+                for k, a, b in runs:
+                    values[a:b] = self._chunks[k - self._chunk0].cols[name][
+                        positions[a:b] - k * cap]
+        return {name: got[name] for name in names}
 
     def lookup(self, tuple_id: int) -> int | None:
         """The position of a retained tuple by its tupleID, or None. O(log n).
