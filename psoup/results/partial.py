@@ -56,6 +56,7 @@ class PartialResults(ResultsStructure):
         self.chunk_rows = chunk_rows
         self._bitmaps: dict[str, dict[int, np.ndarray]] = {}
         self._spare: list[np.ndarray] = []      # expired chunks, reused (no page faults)
+        self._spares = 2                        # how many to keep: a batch's chunks
         self._found = np.empty(0, np.int64)     # the find's output, reused (see column)
 
     def _chunk(self, chunks: dict[int, np.ndarray], k: int, words: int,
@@ -92,6 +93,7 @@ class PartialResults(ResultsStructure):
         word-major slice of the chunk holding tuples a..b of the batch)."""
         chunks = self._bitmaps.setdefault(stream, {})
         cap = self.chunk_rows
+        self._spares = max(self._spares, -(-n // cap) + 1)
         pieces = []
         done = 0
         while done < n:
@@ -132,7 +134,7 @@ class PartialResults(ResultsStructure):
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
         for k in [k for k in chunks if (k + 1) * self.chunk_rows <= horizon]:
-            if len(self._spare) < 2:
+            if len(self._spare) < self._spares:
                 self._spare.append(chunks[k])
             del chunks[k]
 

@@ -123,7 +123,7 @@ def _check_column(stream: str, name: str, ctype: str, values: Any, n: int) -> np
         if ctype == "int" and values.dtype.kind == "u" and len(values) and \
                 values.max() > INT64_MAX:
             raise SchemaError(f"stream '{stream}', column '{name}': value exceeds 64-bit INT")
-        out = values.astype(dtype, copy=True)
+        out = np.ascontiguousarray(values, dtype=dtype)  # no copy: nothing keeps it
     else:
         values = list(values)
         _check_objects(stream, name, ctype, values)
