@@ -818,6 +818,12 @@ def test_unexpected_character_is_an_error():
     assert "unexpected character '\"'" in str(error('SELECT * FROM R WHERE name = "x"'))
 
 
+def test_letters_and_digits_outside_ascii_are_refused_by_name():
+    e = error("SELECT * FROM R WHERE caf\u00e9 = 1")
+    assert "unexpected character '\u00e9'" in str(e) and (e.line, e.column) == (1, 26)
+    assert "unexpected character '\u0663'" in str(error("SELECT * FROM R WHERE a = \u0663"))
+
+
 def test_malformed_number_is_an_error():
     assert "malformed number '12abc'" in str(error("SELECT * FROM R WHERE a = 12abc"))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from psoup.errors import QueryError
@@ -68,8 +67,19 @@ def is_identifier(text: object) -> bool:
     """
     return isinstance(text, str) and _WORD.fullmatch(text) is not None
 
-_NUMBER = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_NUMBER_TAIL = re.compile(r"[A-Za-z0-9_.]")
+_NUMBER_TAIL = re.compile(r"[A-Za-z0-9_.]+")
+
+#: One token (or a run of space, a newline, a comment) at a position: one regex match per
+#: token. Digits and letters are ASCII: any other character is refused by name.
+_TOKEN = re.compile("|".join([
+    r"(?P<newline>\n)",
+    r"(?P<space>[^\S\n]+)",
+    r"(?P<comment>--[^\n]*)",
+    r"(?P<string>')",
+    r"(?P<number>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)",
+    r"(?P<word>[A-Za-z_][A-Za-z0-9_]*)",
+    "(?P<symbol>" + "|".join(map(re.escape, _SYMBOLS)) + ")",
+]))
 
 
 class Pos(NamedTuple):
@@ -79,9 +89,8 @@ class Pos(NamedTuple):
     column: int
 
 
-@dataclass(frozen=True)
-class Token:
-    """One token.
+class Token(NamedTuple):
+    """One token (a named tuple: made ~20 times per statement, so made cheaply).
 
     Attributes:
         kind: NAME, KEYWORD, NUMBER, STRING, SYMBOL or EOF.
@@ -134,55 +143,44 @@ def tokenize(sql: str) -> list[Token]:
         ("it's", Pos(line=2, column=3))
     """
     tokens: list[Token] = []
+    append = tokens.append
+    match = _TOKEN.match
     i, line, line_start, n = 0, 1, 0, len(sql)
     while i < n:
-        c = sql[i]
-        if c == "\n":
-            i, line, line_start = i + 1, line + 1, i + 1
+        m = match(sql, i)
+        if m is None:
+            c = sql[i]
+            hint = " (strings are in single quotes)" if c == '"' else ""
+            raise QueryError(f"unexpected character '{c}'{hint}", line, i - line_start + 1)
+        kind, end = m.lastgroup, m.end()
+        if kind == "space" or kind == "comment":
+            i = end
             continue
-        if c.isspace():
-            i += 1
-            continue
-        if c == "-" and sql.startswith("--", i):
-            end = sql.find("\n", i)
-            i = n if end < 0 else end
+        if kind == "newline":
+            i, line, line_start = end, line + 1, end
             continue
         pos = Pos(line, i - line_start + 1)
-        if c == "'":
+        text = m.group()
+        if kind == "word":
+            upper = text.upper()
+            append(Token(KEYWORD, text, upper, pos) if upper in RESERVED
+                   else Token(NAME, text, text, pos))
+        elif kind == "number":
+            if _NUMBER_TAIL.match(sql, end):
+                bad = _NUMBER_TAIL.match(sql, i)
+                raise QueryError(f"malformed number '{bad.group() if bad else text}'", *pos)
+            append(Token(NUMBER, text, _number_value(text, pos), pos))
+        elif kind == "symbol":
+            append(Token(SYMBOL, text, text, pos))
+        else:                                                   # a string literal
             value, end = _string(sql, i, pos)
             text = sql[i:end]
-            line += text.count("\n")
             if "\n" in text:
+                line += text.count("\n")
                 line_start = i + text.rindex("\n") + 1
-            tokens.append(Token(STRING, text, value, pos))
-            i = end
-        elif c.isdigit() or (c == "." and i + 1 < n and sql[i + 1].isdigit()):
-            m = _NUMBER.match(sql, i)
-            assert m is not None
-            text = m.group()
-            if _NUMBER_TAIL.match(sql, m.end()):
-                bad = re.match(r"[A-Za-z0-9_.]*", sql[i:])
-                raise QueryError(f"malformed number '{bad.group() if bad else text}'", *pos)
-            tokens.append(Token(NUMBER, text, _number_value(text, pos), pos))
-            i = m.end()
-        elif c.isalpha() or c == "_":
-            m = _WORD.match(sql, i)
-            assert m is not None
-            text = m.group()
-            upper = text.upper()
-            if upper in RESERVED:
-                tokens.append(Token(KEYWORD, text, upper, pos))
-            else:
-                tokens.append(Token(NAME, text, text, pos))
-            i = m.end()
-        else:
-            symbol = next((s for s in _SYMBOLS if sql.startswith(s, i)), None)
-            if symbol is None:
-                hint = " (strings are in single quotes)" if c == '"' else ""
-                raise QueryError(f"unexpected character '{c}'{hint}", *pos)
-            tokens.append(Token(SYMBOL, symbol, symbol, pos))
-            i += len(symbol)
-    tokens.append(Token(EOF, "", "", Pos(line, n - line_start + 1)))
+            append(Token(STRING, text, value, pos))
+        i = end
+    append(Token(EOF, "", "", Pos(line, n - line_start + 1)))
     return tokens
 
 
