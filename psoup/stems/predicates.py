@@ -41,14 +41,19 @@ def attr_mask(pred: AttrPredicate, values: np.ndarray) -> np.ndarray:
         if not pred.eq:
             return np.zeros(len(values), dtype=bool)
         return np.isin(values, _as_array(pred.eq, values.dtype))
-    mask = np.ones(len(values), dtype=bool)
+    mask = None
     if pred.lo is not None:
-        mask &= (values > pred.lo) if pred.lo_open else (values >= pred.lo)
+        mask = (values > pred.lo) if pred.lo_open else (values >= pred.lo)
     if pred.hi is not None:
-        mask &= (values < pred.hi) if pred.hi_open else (values <= pred.hi)
+        mask = _and(mask, (values < pred.hi) if pred.hi_open else (values <= pred.hi))
     if pred.ne:
-        mask &= ~np.isin(values, _as_array(pred.ne, values.dtype))
-    return mask
+        mask = _and(mask, ~np.isin(values, _as_array(pred.ne, values.dtype)))
+    return np.ones(len(values), dtype=bool) if mask is None else mask
+
+
+def _and(mask: np.ndarray | None, more: np.ndarray) -> np.ndarray:
+    """mask & more, in place in `mask` (a fresh array of ours), or `more` for no mask."""
+    return more if mask is None else np.logical_and(mask, more, out=mask)
 
 
 def factor_mask(factor: ColumnFactor, left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -172,12 +177,12 @@ def source_mask(source: Source, columns: Mapping[str, np.ndarray], n: int) -> np
     The factors are applied in the order given; callers that know selectivities put the
     most selective first (PSoup Sect. 5.2, NoMat) and pass only the rows still alive.
     """
-    mask = np.ones(n, dtype=bool)
+    mask = None
     for pred in source.predicates:
-        mask &= attr_mask(pred, columns[pred.column])
+        mask = _and(mask, attr_mask(pred, columns[pred.column]))
     for factor in source.column_factors:
-        mask &= factor_mask(factor, columns[factor.left], columns[factor.right])
-    return mask
+        mask = _and(mask, factor_mask(factor, columns[factor.left], columns[factor.right]))
+    return np.ones(n, dtype=bool) if mask is None else mask
 
 
 def _as_array(values: frozenset, dtype: np.dtype) -> np.ndarray:
