@@ -56,8 +56,8 @@ _LINGER_SECONDS = 1.0
 #: Addresses that listen on every interface; local clients reach them as 127.0.0.1.
 _WILDCARDS = ("", "0.0.0.0", "::")
 
-#: A read that held the engine lock longer than this runs on the read pool (a thread of
-#: its own) for a second, so that it does not hold up the event loop or a batch.
+#: A read that took more CPU seconds than this runs on the read pool (a thread of its
+#: own) for a second, so that it does not hold up the event loop or a batch of reads.
 INLINE_SECONDS = 0.005
 _POOLED_SECONDS = 1.0
 
@@ -138,8 +138,8 @@ class Server:
         self._writes: asyncio.Queue | None = None
         self._read_pool: ThreadPoolExecutor | None = None
         self._write_pool: ThreadPoolExecutor | None = None
-        # reads that took over INLINE_SECONDS on the loop: (op, handle) -> run them on
-        # the pool until this perf_counter time
+        # reads that took over INLINE_SECONDS: (op, handle) -> run them on the pool
+        # until this perf_counter time
         self._pooled: dict[tuple[str, Any], float] = {}
         # reads waiting for the engine lock, answered together by one read thread (a
         # deque: the loop appends while that thread takes from the front)
