@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, overload
 
 import numpy as np
 
@@ -278,8 +279,34 @@ class Engine:
 
     # ------------------------------------------------------------------ durability
 
+    @contextmanager
+    def locked(self, wait: bool = True) -> Iterator[bool]:
+        """Hold the engine's lock for a block, so that several calls run as one (each
+        takes the lock again at once): yields True. With `wait=False` the lock is taken
+        only if no call holds it or waits for it, and the block gets False otherwise,
+        at once. For a server that runs reads on its own thread when nothing else would
+        wait for them, and the rest together (psoup.server).
+
+        Example:
+            >>> eng = Engine()
+            >>> with eng.locked(wait=False) as held:
+            ...     held
+            True
+        """
+        if wait:
+            self._lock.__enter__()
+        held = wait or self._lock.acquire_if_free()
+        try:
+            yield held
+        finally:
+            if held:
+                self._lock.__exit__()
+
     def commit(self) -> None:
-        """Force the log to disk (what sync="group" defers); a no-op in memory."""
+        """Force the log to disk (what sync="group" defers); a no-op in memory (which
+        takes no lock, so a group of in-memory writes never waits for it)."""
+        if self._journal is None:
+            return
         with self._lock:
             if self._journal is not None and not self._closed:
                 self._journal.commit()

@@ -51,6 +51,29 @@ class FairLock:
             self._owner, self._depth = me, 1
         return self
 
+    def acquire_if_free(self) -> bool:
+        """Take the lock only if no thread holds it or waits for it (so no waiter is
+        overtaken); True when taken, to be released with `__exit__`. Never blocks.
+
+        Example:
+            >>> lock = FairLock()
+            >>> lock.acquire_if_free(), lock.held()
+            (True, True)
+            >>> lock.__exit__()
+        """
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner is not None and self._owner != me:
+                return False
+            if self._owner == me:
+                self._depth += 1
+                return True
+            if self._serving != self._next_ticket:      # a ticket ahead is waiting
+                return False
+            self._next_ticket += 1
+            self._owner, self._depth = me, 1
+        return True
+
     def __exit__(self, *exc: Any) -> None:
         with self._cond:
             self._depth -= 1

@@ -57,3 +57,32 @@ def test_the_lock_is_reentrant_and_released_only_by_the_outermost_exit():
         assert lock.held() and order == []
     other.join(5)
     assert order == ["other"] and not lock.held()
+
+
+def test_acquire_if_free_takes_a_free_lock_and_reenters():
+    lock = FairLock()
+    assert lock.acquire_if_free() and lock.held()
+    assert lock.acquire_if_free()                  # reentrant, like `with lock`
+    lock.__exit__()
+    lock.__exit__()
+    assert not lock.held()
+    assert lock.acquire_if_free()
+    lock.__exit__()
+
+
+def test_acquire_if_free_does_not_wait_for_a_held_lock():
+    lock, got = FairLock(), []
+    with lock:
+        other = threading.Thread(target=lambda: got.append(lock.acquire_if_free()))
+        other.start()
+        other.join(5)
+    assert got == [False] and not other.is_alive()
+
+
+def test_acquire_if_free_does_not_overtake_a_waiting_ticket():
+    lock = FairLock()
+    lock._next_ticket += 1                  # a ticket drawn, its thread not yet served
+    assert not lock.acquire_if_free()
+    lock._serving += 1
+    assert lock.acquire_if_free()
+    lock.__exit__()

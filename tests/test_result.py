@@ -1,12 +1,16 @@
-"""Answers as columns: to_numpy, to_arrow and to_pandas give what `rows` gives."""
+"""Answers as columns: to_numpy, to_arrow and to_pandas give what `rows` gives; DISTINCT
+and `since` over numeric columns keep and report what they do over rows."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
 
 import psoup
+from psoup.results.cursors import CursorStore, _differ, _differ_columns
 from psoup.results.result import Result
+from tests.answer_strategies import numeric_columns, two_answers
 
 
 @pytest.fixture
@@ -60,3 +64,53 @@ def test_a_result_made_of_rows_converts_too():
     got = r.to_numpy()
     assert got["a"].tolist() == [1, None] and got["t"].tolist() == ["x", "y"]
     assert r.to_arrow().to_pydict() == {"a": [1, None], "t": ["x", "y"]}
+
+
+def _exact(rows):
+    """Rows as (type, repr) of each value: NaN equals NaN here, -0.0 is not 0.0."""
+    return [tuple((type(v), repr(v)) for v in row) for row in rows]
+
+
+def _pair(columns):
+    """The same answer twice: held as columns, and as the rows they give."""
+    n = len(columns[0])
+    ts, ids = np.arange(n, dtype=float), np.arange(n) * 3
+    names = [f"c{i}" for i in range(len(columns))]
+    columned = Result(names, None, ts, ids, values=columns)
+    return columned, Result(names, columned.rows, ts, ids)
+
+
+@given(numeric_columns())
+def test_distinct_on_numeric_columns_keeps_what_distinct_on_rows_keeps(columns):
+    columned, rowed = _pair(columns)
+    got, want = columned.distinct(), rowed.distinct()
+    assert got.values is not None                       # it stayed columns
+    assert _exact(got.rows) == _exact(want.rows)
+    assert got.ts.tolist() == want.ts.tolist()
+    assert got.tuple_ids.tolist() == want.tuple_ids.tolist()
+
+
+def test_distinct_over_text_falls_back_to_rows(eng):
+    answer = eng.invoke(eng.register("SELECT DISTINCT a, name FROM R"), now=10.0)
+    assert answer.rows == [(1, "p"), (2, "q"), (7, "r")]
+    assert answer.tuple_ids.tolist() == [0, 1, 3]
+
+
+@given(two_answers())
+def test_changes_between_numeric_distinct_answers_equal_the_row_comparison(answers):
+    store = CursorStore()
+    got, want = [store.changes("h", store.issue("h", a.distinct()), b.distinct(), distinct=True)
+                 for a, b in zip(*map(_pair, answers))]
+    for part in ("inserted", "deleted"):
+        assert getattr(got, part).values is not None
+        assert _exact(getattr(got, part).rows) == _exact(getattr(want, part).rows)
+        assert getattr(got, part).tuple_ids.tolist() == getattr(want, part).tuple_ids.tolist()
+
+
+@given(two_answers())
+def test_multiset_difference_of_numeric_rows_equals_that_of_tuples(answers):
+    old, new = answers
+    rows = [_pair(columns)[1].rows for columns in (new, old)]
+    got = _differ_columns(new, old)
+    assert got is not None
+    assert [m.tolist() for m in got] == [m.tolist() for m in _differ(*rows)]

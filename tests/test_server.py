@@ -23,7 +23,9 @@ from psoup.config import token_path
 from psoup.errors import CursorExpired, PSoupError, QueryError, SchemaError, UnknownHandle
 from psoup.results.result import Changes, Result
 from psoup.server import Limits, Server
-from psoup.server.protocol import HEADER, ProtocolError, pack_frame, unpack_payload
+from psoup.server import server as server_module
+from psoup.server.protocol import (HEADER, ProtocolError, decode_answer, pack_frame,
+                                   unpack_payload)
 
 from tests.support import Clock
 
@@ -270,8 +272,7 @@ def test_pipelined_requests_are_answered_in_order_and_reads_see_earlier_writes(o
     replies = [raw.reply() for _ in frames]
     assert [r["id"] for r in replies] == [10, 11, 12]
     assert all(r["ok"] for r in replies), replies
-    assert ["5", "late"] not in replies[1]["result"]["rows"]
-    assert [5, "late"] in replies[1]["result"]["rows"]
+    assert (5, "late") in decode_answer(replies[1]["result"]).rows
 
 
 def test_chained_batch_after_a_rejected_one_is_skipped(open_raw, populated):
@@ -656,6 +657,41 @@ def test_concurrent_invocations_never_see_half_a_batch(connect):
         t.join()
     assert failures == []
     assert 0 in sizes and batches * size in sizes
+
+
+def test_reads_that_find_the_engine_busy_wait_for_it_and_answer_in_order(engine, open_raw,
+                                                                         populated):
+    handle, _ = populated
+    want = engine.invoke(handle, now=140.0).rows
+    raw = open_raw()
+    raw.hello()
+    with engine.locked():                  # as a long write would: the reads are parked
+        raw.send(b"".join(pack_frame({"id": i, "op": "invoke",
+                                      "args": {"handle": handle, "now": 140.0}})
+                          for i in range(5)) + pack_frame({"id": 5, "op": "ping"}))
+        time.sleep(0.1)
+    replies = [raw.reply() for _ in range(6)]
+    assert [r["id"] for r in replies] == list(range(6)) and all(r["ok"] for r in replies)
+    assert all(decode_answer(r["result"]).rows == want for r in replies[:5])
+
+
+def test_a_slow_read_moves_off_the_event_loop_and_still_answers(connect, populated,
+                                                               monkeypatch):
+    handle, snapshot = populated
+    monkeypatch.setattr(server_module, "INLINE_SECONDS", -1.0)   # every read is "slow"
+    client = connect()
+    first = client.invoke(handle, now=140.0)        # inline, then marked slow
+    again = client.invoke(handle, now=140.0)        # on the read pool
+    _same(again, first)
+    assert first.rows == snapshot()[1]
+
+
+def test_an_in_memory_commit_does_not_wait_for_the_engine_lock(engine):
+    with engine.locked():
+        done = threading.Thread(target=engine.commit)
+        done.start()
+        done.join(5)
+        assert not done.is_alive()
 
 
 class CommitCountingEngine(Engine):

@@ -5,12 +5,13 @@ from the Data SteMs; rows are in physicalID (ts) order, then tupleID.
 
 An answer keeps the numpy columns it was projected from: `to_numpy()`, `to_arrow()` and
 `to_pandas()` hand them over without building a Python object per value, and `rows`
-(tuples of Python scalars) is built on first use, O(rows x columns), then kept.
+(tuples of Python scalars) is built on first use, O(rows x columns), then kept. DISTINCT
+over numeric columns is a sort of the columns (`row_codes`), not a dict of tuples.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -21,6 +22,7 @@ class Result:
     Attributes:
         columns: the output column names.
         rows: one tuple per result row, values as Python scalars.
+        values: the output columns as numpy arrays (None for an answer made of rows).
         ts: one timestamp per row (numpy float64).
         tuple_ids: the tupleID of each row (numpy int64).
         cursor: pass it as `since` to the next invocation to get only what changed
@@ -57,6 +59,12 @@ class Result:
         return result.distinct() if distinct else result
 
     @property
+    def values(self) -> list[np.ndarray] | None:
+        """The output columns as numpy arrays, in output order; None for an answer made
+        of rows (an aggregated one)."""
+        return self._values
+
+    @property
     def rows(self) -> list[tuple]:
         """One tuple per row, values as Python scalars (built on first use)."""
         if self._rows is None:
@@ -88,7 +96,23 @@ class Result:
 
     def distinct(self) -> "Result":
         """The rows with duplicates dropped, each kept where it first occurs (a set of
-        rows: the group keys of an aggregated answer no longer identify them)."""
+        rows: the group keys of an aggregated answer no longer identify them). Numeric
+        columns are compared as columns, O(n log n) in C; other answers build their rows.
+
+        Example:
+            >>> r = Result(["a"], None, np.arange(3.0), np.arange(3), values=[np.array([4, 2, 4])])
+            >>> d = r.distinct()
+            >>> d.rows, d.tuple_ids.tolist()
+            ([(4,), (2,)], [0, 1])
+        """
+        grouped = row_codes(self._values) if self._values is not None else None
+        if grouped is not None:
+            first = np.sort(grouped[0])
+            if len(first) == len(self):
+                return Result(self.columns, self._rows, self.ts, self.tuple_ids, self.cursor,
+                              values=self._values)
+            return Result(self.columns, None, self.ts[first], self.tuple_ids[first],
+                          self.cursor, values=[v[first] for v in self._values or []])
         seen: dict[tuple, int] = {}
         for i, row in enumerate(self.rows):
             seen.setdefault(row, i)
@@ -97,6 +121,25 @@ class Result:
         keep = np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
         return Result(self.columns, list(seen), self.ts[keep], self.tuple_ids[keep],
                       self.cursor)
+
+    def take(self, keep: np.ndarray) -> "Result":
+        """The rows selected by a boolean mask (or positions), with their ts, tupleIDs and
+        group keys; columns stay columns. O(kept rows) (O(rows) to read a mask).
+
+        Example:
+            >>> r = Result(["a"], [(1,), (2,)], np.array([5.0, 6.0]), np.array([1, 2]))
+            >>> r.take(np.array([False, True])).rows
+            [(2,)]
+        """
+        if self._values is not None:
+            return Result(self.columns, None, self.ts[keep], self.tuple_ids[keep],
+                          values=[v[keep] for v in self._values])
+        at = np.flatnonzero(keep) if keep.dtype == np.bool_ else keep
+        rows = self.rows
+        keys = self.keys
+        return Result(self.columns, [rows[i] for i in at.tolist()], self.ts[keep],
+                      self.tuple_ids[keep],
+                      keys=None if keys is None else [keys[i] for i in at.tolist()])
 
     def __len__(self) -> int:
         if self._rows is None and self._values:
@@ -111,6 +154,31 @@ class Result:
 
     def __repr__(self) -> str:
         return f"Result(columns={self.columns}, rows={len(self)})"
+
+
+def row_codes(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Rows of aligned numeric columns as (first, codes): `first[c]` is where the rows of
+    code `c` first occur, `codes[i]` the code of row i; two rows share a code exactly when
+    their tuples of Python values are equal (so NaN equals nothing, and -0.0 equals 0.0).
+    None when there is no column or one is not int, float or bool. O(n log n).
+
+    Example:
+        >>> first, codes = row_codes([np.array([3, 1, 3]), np.array([0.5, 0.5, 0.5])])
+        >>> first.tolist(), codes.tolist()
+        ([1, 0], [1, 0, 1])
+    """
+    if not columns or any(c.dtype.kind not in "biuf" or c.ndim != 1 for c in columns):
+        return None
+    if len(columns) == 1:
+        _, first, codes = np.unique(columns[0], return_index=True, return_inverse=True,
+                                    equal_nan=False)
+        return first, codes
+    # A record per row: the sort compares field by field with each dtype's own equality.
+    rows = np.empty(len(columns[0]), dtype=[(f"f{i}", c.dtype) for i, c in enumerate(columns)])
+    for i, c in enumerate(columns):
+        rows[f"f{i}"] = c
+    _, first, codes = np.unique(rows, return_index=True, return_inverse=True)
+    return first, codes
 
 
 class Changes:

@@ -3,13 +3,14 @@
 Each `Op` says what the server and the client must agree on:
 
 * `write`: the server applies it on its one writer thread and commits the log before
-  replying (group commit); reads run on a small pool;
+  replying (group commit); reads run on the event loop when the engine is idle, else
+  together on a read thread;
 * `idempotent`: a client may send it again when the connection broke before the reply
   (reads, and history, which evaluates only what has no tier yet); a non-idempotent
   write whose reply was lost has an unknown outcome;
 * `parse`: the arguments checked on the event loop, cheap (types, limits, zero-copy
   column decoding), returned as what `run` takes; a bad one is a `bad_args` reply;
-* `run`: the call on an `EngineAPI` (the engine), on a worker thread; its value is the
+* `run`: the call on an `EngineAPI` (the engine), where `write` says; its value is the
   reply's result.
 
 A new operation is one `Op` here, the method it calls on `Engine` and `Client`, and its

@@ -140,23 +140,62 @@ def error_of(error: Any) -> PSoupError:
 
 # ---------------------------------------------------------------------- answers
 
+#: The Python types that travel as raw arrays when a whole column of rows holds one of them.
+_RAW_OF = {int: np.dtype("<i8"), float: np.dtype("<f8"), bool: np.dtype("|b1")}
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _encode_values(column: Any) -> Any:
+    """One output column as an encoded array. A numpy column is sent as is (raw bytes, or
+    a list for TEXT); a column of Python values (an aggregated answer's) as raw bytes
+    when every value has one type that an array holds exactly (ints within int64, floats,
+    bools), else as a list, so ints, floats and None come back as they left."""
+    if isinstance(column, np.ndarray):
+        return encode_array(column)
+    kinds = set(map(type, column))
+    dtype = _RAW_OF.get(kinds.pop()) if len(kinds) == 1 else None
+    if dtype is None or (dtype.kind == "i" and not
+                         _INT64[0] <= min(column) <= max(column) <= _INT64[1]):
+        return list(column)
+    return encode_array(np.array(column, dtype=dtype))
+
+
+def _decode_values(value: Any) -> np.ndarray:
+    """An encoded column as a numpy array: raw bytes as their dtype (read-only, no copy),
+    a list as an object array of its values."""
+    decoded = decode_array(value)
+    if isinstance(decoded, np.ndarray):
+        return decoded
+    column = np.empty(len(decoded), dtype=object)
+    column[:] = decoded
+    return column
+
+
 def _rows_part(result: Result) -> dict[str, Any]:
     tuple_ids = np.asarray(result.tuple_ids, np.int64)
-    part = {"rows": result.rows, "ts": encode_array(np.asarray(result.ts, np.float64)),
+    values: list[Any] | None = result.values
+    if values is None:
+        rows = result.rows
+        values = [[row[i] for row in rows] for i in range(len(result.columns))]
+    part = {"values": [_encode_values(v) for v in values],
+            "ts": encode_array(np.asarray(result.ts, np.float64)),
             "tuple_ids": encode_array(tuple_ids.ravel())}
     if tuple_ids.ndim == 2:                  # a join: one tupleID per FROM item, row-major
         part["tuple_ids_per_row"] = tuple_ids.shape[1]
+    if result.keys is not None:
+        part["keys"] = result.keys
     return part
 
 
 def encode_answer(answer: Result | Changes) -> dict[str, Any]:
-    """An invocation's Result or Changes as the `invoke` reply's result.
+    """An invocation's Result or Changes as the `invoke` reply's result: each output
+    column an encoded array (`psoup.codec`), so numbers cross as raw bytes.
 
     Example:
         >>> r = Result(["a"], [(1,)], np.array([5.0]), np.array([3]), cursor="c")
         >>> wire = encode_answer(r)
-        >>> wire["kind"], wire["rows"], wire["cursor"]
-        ('answer', [(1,)], 'c')
+        >>> wire["kind"], wire["values"][0]["dtype"], wire["cursor"]
+        ('answer', '<i8', 'c')
     """
     if isinstance(answer, Changes):
         return {"kind": "changes", "columns": answer.columns,
@@ -172,11 +211,15 @@ def _result_of(columns: list[str], part: Mapping[str, Any], cursor: str | None) 
     width = part.get("tuple_ids_per_row")
     if width:
         tuple_ids = tuple_ids.reshape(-1, int(width))
-    return Result(columns, [tuple(row) for row in part["rows"]], ts, tuple_ids, cursor)
+    keys = part.get("keys")
+    return Result(columns, None, ts, tuple_ids, cursor,
+                  keys=None if keys is None else [tuple(key) for key in keys],
+                  values=[_decode_values(v) for v in part["values"]])
 
 
 def decode_answer(wire: Mapping[str, Any]) -> Result | Changes:
-    """The inverse of `encode_answer`: the same classes the engine returns.
+    """The inverse of `encode_answer`: the same classes the engine returns, holding the
+    columns (rows are built from them when first used).
 
     Example:
         >>> r = Result(["a"], [(1,)], np.array([5.0]), np.array([3]), cursor="c")
