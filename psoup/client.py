@@ -27,8 +27,8 @@ from psoup.config import parse_address, token_path
 from psoup.errors import PSoupError, SchemaError
 from psoup.results.result import Changes, Result
 from psoup.server.ops import OPS
-from psoup.server.protocol import (HEADER, ProtocolError, decode_answer, error_of,
-                                   pack_frame, unpack_payload)
+from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
+                                   error_of, pack_frame, unpack_payload)
 
 #: Batches of one insert that may be in flight at once (sent, reply not yet read).
 PIPELINE = 4
@@ -370,8 +370,12 @@ class Client:
         self._next_id += 1
         try:
             sock.sendall(pack_frame({"id": self._next_id, "op": "hello",
-                                     "args": {"token": self._token}}))
+                                     "args": {"token": self._token, "protocol": PROTOCOL}}))
             self.server = self._result(self._receive(sock), self._next_id)
+            spoken = self.server.get("protocol", 1) if isinstance(self.server, Mapping) else 1
+            if spoken != PROTOCOL:
+                raise PSoupError(f"{self._where} speaks protocol {spoken}, this client "
+                                 f"{PROTOCOL}: install the same psoup version on both sides")
         except (OSError, _Broken) as exc:
             sock.close()
             raise ConnectionFailed(f"{self._where} closed the connection during hello: "

@@ -55,6 +55,8 @@ def test_an_aggregated_answer_keeps_its_python_values_and_group_keys(columns):
                   np.full(len(rows), -1), "c1", keys=keys)
     got = _across(sent)
     assert _exact(got.rows) == _exact(rows) and got.keys == keys
+    assert [v.dtype for v in got.to_numpy().values()] == \
+        [v.dtype for v in sent.to_numpy().values()]
 
 
 @given(python_columns())

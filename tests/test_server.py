@@ -24,8 +24,8 @@ from psoup.errors import CursorExpired, PSoupError, QueryError, SchemaError, Unk
 from psoup.results.result import Changes, Result
 from psoup.server import Limits, Server
 from psoup.server import server as server_module
-from psoup.server.protocol import (HEADER, ProtocolError, decode_answer, pack_frame,
-                                   unpack_payload)
+from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
+                                   pack_frame, unpack_payload)
 
 from tests.support import Clock
 
@@ -108,7 +108,7 @@ class Raw:
         return self.reply()
 
     def hello(self):
-        reply = self.request("hello", {"token": TOKEN}, request_id=0)
+        reply = self.request("hello", {"token": TOKEN, "protocol": PROTOCOL}, request_id=0)
         assert reply["ok"], reply
         return reply["result"]
 
@@ -184,6 +184,20 @@ def test_hello_names_the_server_and_its_limits(open_raw):
     assert info["server"] == "psoup" and info["version"] == psoup.__version__
     assert isinstance(info["server_id"], str) and info["server_id"]
     assert info["limits"]["max_batch_rows"] == LIMITS.max_batch_rows
+
+
+def test_a_hello_of_another_protocol_version_is_refused_and_closed(open_raw):
+    raw = open_raw()
+    reply = raw.request("hello", {"token": TOKEN}, request_id=0)      # version 1: rows
+    assert reply["ok"] is False and reply["error"]["code"] == "protocol"
+    assert "protocol 1" in reply["error"]["message"] and raw.at_eof()
+
+
+def test_a_client_and_server_of_other_protocol_versions_do_not_talk(monkeypatch, address):
+    import psoup.client
+    monkeypatch.setattr(psoup.client, "PROTOCOL", PROTOCOL + 1)
+    with pytest.raises(PSoupError, match="protocol"):
+        Client(address, token=TOKEN)
 
 
 def test_token_comes_from_the_environment(address, monkeypatch):
@@ -576,7 +590,7 @@ class LosingServer:
                 if message is None:
                     return
                 if message["op"] == "hello":
-                    result = {"server": "psoup", "server_id": "x",
+                    result = {"server": "psoup", "server_id": "x", "protocol": PROTOCOL,
                               "limits": {"max_frame_bytes": 1 << 20, "max_batch_rows": 1000}}
                 else:
                     self.requests.append(message["op"])

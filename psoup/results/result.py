@@ -42,6 +42,9 @@ class Result:
                  keys: list[tuple] | None = None,
                  values: list[np.ndarray] | None = None):
         assert rows is not None or values is not None, "rows or column values"
+        for array in (ts, tuple_ids, *(values or ())):
+            if isinstance(array, np.ndarray):       # the answer may be kept for `since`
+                array.flags.writeable = False
         self.columns = columns
         self._rows = rows
         self._values = values
@@ -74,7 +77,8 @@ class Result:
 
     def to_numpy(self) -> dict[str, np.ndarray]:
         """column name -> numpy array (TEXT as object arrays); no copy when the answer
-        was projected from columns."""
+        was projected from columns, so the arrays are read-only (the engine keeps the
+        answer for `invoke(since=...)`): copy one to change it."""
         if self._values is not None:
             return dict(zip(self.columns, self._values))
         rows = self.rows

@@ -23,6 +23,10 @@ from psoup.results.result import Changes, Result
 #: The frame header: the payload length, unsigned 32-bit big-endian.
 HEADER = struct.Struct(">I")
 
+#: The version of the message encodings, exchanged in `hello`; both sides must speak the
+#: same one. 2: answers travel as encoded columns (1 sent them as lists of rows).
+PROTOCOL = 2
+
 #: Engine errors by wire code; any other code is a plain PSoupError carrying that code.
 ERRORS: dict[str, type[PSoupError]] = {
     cls.code: cls for cls in (QueryError, SchemaError, UnknownHandle, CursorExpired, LimitError)
@@ -160,24 +164,15 @@ def _encode_values(column: Any) -> Any:
     return encode_array(np.array(column, dtype=dtype))
 
 
-def _decode_values(value: Any) -> np.ndarray:
-    """An encoded column as a numpy array: raw bytes as their dtype (read-only, no copy),
-    a list as an object array of its values."""
-    decoded = decode_array(value)
-    if isinstance(decoded, np.ndarray):
-        return decoded
-    column = np.empty(len(decoded), dtype=object)
-    column[:] = decoded
-    return column
-
-
 def _rows_part(result: Result) -> dict[str, Any]:
     tuple_ids = np.asarray(result.tuple_ids, np.int64)
     values: list[Any] | None = result.values
+    part: dict[str, Any] = {}
     if values is None:
         rows = result.rows
         values = [[row[i] for row in rows] for i in range(len(result.columns))]
-    part = {"values": [_encode_values(v) for v in values],
+        part["rows"] = True
+    part |= {"values": [_encode_values(v) for v in values],
             "ts": encode_array(np.asarray(result.ts, np.float64)),
             "tuple_ids": encode_array(tuple_ids.ravel())}
     if tuple_ids.ndim == 2:                  # a join: one tupleID per FROM item, row-major
@@ -212,9 +207,21 @@ def _result_of(columns: list[str], part: Mapping[str, Any], cursor: str | None) 
     if width:
         tuple_ids = tuple_ids.reshape(-1, int(width))
     keys = part.get("keys")
-    return Result(columns, None, ts, tuple_ids, cursor,
-                  keys=None if keys is None else [tuple(key) for key in keys],
-                  values=[_decode_values(v) for v in part["values"]])
+    keys = None if keys is None else [tuple(key) for key in keys]
+    values = [decode_array(v) for v in part["values"]]
+    if part.get("rows"):            # Python values (an aggregated answer's): its rows
+        as_lists = [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
+        return Result(columns, list(zip(*as_lists)) if as_lists else [], ts, tuple_ids,
+                      cursor, keys=keys)
+    return Result(columns, None, ts, tuple_ids, cursor, keys=keys,
+                  values=[v if isinstance(v, np.ndarray) else _objects(v) for v in values])
+
+
+def _objects(values: list) -> np.ndarray:
+    """A list (a TEXT column) as the object array the engine holds."""
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 
 
 def decode_answer(wire: Mapping[str, Any]) -> Result | Changes:

@@ -46,7 +46,8 @@ from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
 from psoup.engine import Engine
 from psoup.errors import PSoupError
 from psoup.server.ops import OPS, Limits, Op
-from psoup.server.protocol import HEADER, ProtocolError, error_reply, ok_reply, pack_frame, request
+from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, error_reply, ok_reply,
+                                   pack_frame, request)
 
 log = logging.getLogger("psoup.server")
 
@@ -277,6 +278,13 @@ class Server:
                             f"the first request must be hello with the access token, not "
                             f"{op!r}", conv)
                         return
+                    spoken = args.get("protocol", 1)
+                    if spoken != PROTOCOL:
+                        await self._refuse(
+                            reader, writer, peer, request_id, "protocol",
+                            f"this client speaks protocol {spoken!r}, the server {PROTOCOL}: "
+                            "install the same psoup version on both sides", conv)
+                        return
                     authenticated = True
                     hello = asyncio.get_running_loop().create_future()
                     hello.set_result(pack_frame(ok_reply(request_id, self._hello())))
@@ -395,7 +403,8 @@ class Server:
 
     def _hello(self) -> dict[str, Any]:
         limits = asdict(self.limits)
-        return {"server": "psoup", "version": psoup.__version__, "server_id": self.server_id,
+        return {"server": "psoup", "version": psoup.__version__, "protocol": PROTOCOL,
+                "server_id": self.server_id,
                 "limits": {k: limits[k] for k in
                            ("max_frame_bytes", "max_batch_rows", "max_query_chars",
                             "max_factors")}}
