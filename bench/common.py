@@ -8,6 +8,7 @@ runs), builds its rows with these generators, and ends with one `report` call.
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import platform
@@ -142,6 +143,24 @@ class UnsharedNumpy:
             out.append(np.flatnonzero(mask))
         self.matches = out
         return out
+
+
+_PREPARED = itertools.count()
+
+
+def prepare(con: Any, sql: str) -> str:
+    """Prepare `sql` once on the DuckDB connection `con` (planned once, as a user serving
+    the same question again and again would); returns the statement that runs it.
+
+    Example:
+        >>> import duckdb
+        >>> con = duckdb.connect()
+        >>> con.execute(prepare(con, "SELECT 42 AS x")).fetchnumpy()["x"].tolist()
+        [42]
+    """
+    name = f"bench_{next(_PREPARED)}"
+    con.execute(f"PREPARE {name} AS {sql}")
+    return f"EXECUTE {name}"
 
 
 @dataclass
