@@ -18,7 +18,9 @@ must equal psoup's.
   query's start (the session already warm) to its end; steady: the micro-batches after
   the first. Beyond a few hundred queries the generated code passes the JVM's 64 KB per
   method and Spark falls back to evaluation without whole-stage code: reported as it is
-  (the "codegen" column, probed on one row with the fallback off).
+  (the "codegen" column, probed on one row with the fallback off). Also measured: all
+  the files in one micro-batch (Spark's best throughput), and the first query alone
+  (what the stream of micro-batches costs Spark before any filter).
 - Pathway (optional: `pip install 'psoup[peers]'`, or an interpreter that has it named
   by PSOUP_PATHWAY_PYTHON): the batches as CSV files read in static mode, in its own
   process (bench/peers_pathway.py); N filters (one filter and count per query), and the
@@ -147,16 +149,18 @@ def spark_codegen(spark, expr: str) -> str:
         spark.conf.set("spark.sql.codegen.fallback", "true")
 
 
-def run_spark(spark, queries: list[str], folder: Path, work: Path) -> dict:
-    """One streaming query over the parquet files in `folder`: seconds end to end and
-    for the micro-batches after the first, and each query's match count."""
+def run_spark(spark, queries: list[str], folder: Path, work: Path,
+              files_per_batch: int = 1) -> dict:
+    """One streaming query over the parquet files in `folder`, `files_per_batch` files
+    per micro-batch: seconds end to end and for the micro-batches after the first, and
+    each query's match count."""
     counts = np.zeros(len(queries), dtype=np.int64)
 
     def count(df, epoch: int) -> None:
         for row in df.groupBy("qid").count().collect():
             counts[row["qid"]] += row["count"]
     stream = (spark.readStream.schema("tid LONG, a LONG, b LONG, c LONG, d LONG")
-              .option("maxFilesPerTrigger", 1).parquet(str(folder)))
+              .option("maxFilesPerTrigger", files_per_batch).parquet(str(folder)))
     began = time.perf_counter()
     query = (stream.selectExpr(tagging(queries)).writeStream.foreachBatch(count)
              .trigger(availableNow=True).option("checkpointLocation", str(work)).start())
@@ -250,6 +254,11 @@ def bench(s: dict, notes: list[str]) -> list[dict]:
                 row["spark tuples/s"] = tuples / ran["total_s"]
                 row["spark steady tuples/s"] = (ran["steady_rows"] / ran["steady_s"]
                                                 if ran["steady_s"] else None)
+                ran = run_spark(spark, queries, folders["parquet"], root / "one", files)
+                _check("Spark, one micro-batch", ran["counts"], want)
+                row["spark one tuples/s"] = tuples / ran["total_s"]
+                ran = run_spark(spark, queries[:1], folders["parquet"], root / "floor")
+                row["spark floor tuples/s"] = tuples / ran["total_s"]
             if python is not None and count <= s["filters_max"]:
                 ran = run_pathway(python, "filters", folders["csv"], queries, root)
                 _check("Pathway filters", ran["counts"], want)
@@ -267,7 +276,7 @@ def bench(s: dict, notes: list[str]) -> list[dict]:
             shutil.rmtree(root, ignore_errors=True)
         psoup_key = {"spark steady": "psoup steady tuples/s",
                      "pathway data": "psoup head tuples/s"}
-        for peer in ("spark", "spark steady", "pathway", "pathway data"):
+        for peer in ("spark", "spark steady", "spark one", "pathway", "pathway data"):
             mine_rate = row.get(psoup_key.get(peer, "psoup tuples/s"))
             if row.get(f"{peer} tuples/s") and mine_rate:
                 row[f"psoup/{peer}"] = mine_rate / row[f"{peer} tuples/s"]
@@ -306,6 +315,9 @@ def main() -> None:
     rows = bench(s, notes)
     notes += [
         "every peer's per-query match counts equal psoup's on the same tuples",
+        "Spark 1 micro-batch: the same query over all the files in one micro-batch (its "
+        "best throughput, no longer a stream of batches); Spark 1 query: the first query "
+        "alone, one file per micro-batch (Spark's cost of the stream itself)",
         "end to end: psoup from an empty engine (registration included) to the last batch "
         "in, median of 3 runs; Spark from the streaming query's start (session warm) to its "
         "end; Pathway from building its graph to the end of the run; steady: the batches "
@@ -326,6 +338,9 @@ def main() -> None:
         ("spark codegen", "Spark codegen", "s"),
         ("psoup/spark", "psoup/Spark", ",.0f"),
         ("psoup/spark steady", "psoup/Spark steady", ",.0f"),
+        ("spark one tuples/s", "Spark 1 micro-batch", ",.0f"),
+        ("psoup/spark one", "psoup/Spark 1 batch", ",.0f"),
+        ("spark floor tuples/s", "Spark 1 query", ",.0f"),
         ("pathway tuples/s", "Pathway filters tuples/s", ",.0f"),
         ("pathway build s", "Pathway build s", ".1f"),
         ("psoup/pathway", "psoup/Pathway", ",.0f"),
