@@ -5,7 +5,11 @@ For windows of W = 2^10 ... 2^20 tuples, three aggregate queries over the last W
 COUNT(*), SUM(b) and MAX(c). PSoup-P and PSoup-C answer them from the structures kept
 per query (prefix sums; the ranked MIN/MAX tree of Fig. 14), NoMat scans the window at
 invocation, and DuckDB runs the same SQL over the same tuples, restricted to the last W
-rows by `tid >= n - W`. Every answer is checked against DuckDB's.
+rows by `tid >= n - W`, as first written (planned at every call, fetchall) and prepared
+once (PREPARE/EXECUTE, fetchone). The plain numpy peer holds the columns as arrays and
+scans the window's slice at each call: the selection into a preallocated mask, then
+count_nonzero, a masked product summed, or the maximum of np.where(mask, c, lowest).
+Every answer is checked against DuckDB's.
 
 Usage: python bench/aggregates.py [--quick]
 """
@@ -23,7 +27,8 @@ import common  # noqa: E402  (bench/ is put on sys.path just above)
 import psoup  # noqa: E402
 
 MODES = ("partial", "complete", "nomat")
-LABELS = {"partial": "PSoup-P", "complete": "PSoup-C", "nomat": "NoMat", "duckdb": "DuckDB"}
+LABELS = {"partial": "PSoup-P", "complete": "PSoup-C", "nomat": "NoMat", "duckdb": "DuckDB",
+          "prepared": "DuckDB prepared", "numpy": "numpy scan"}
 KINDS = {"COUNT": "COUNT(*)", "SUM": "SUM(b)", "MAX": "MAX(c)"}
 WHERE = "a < 128"
 TARGET = (1 << 20, 100.0)        # PSoup-P >= 100x faster than DuckDB at W = 2^20
@@ -55,6 +60,18 @@ def bench(s: dict) -> list[dict]:
         with common.settled():
             t = common.timed(lambda sql=sql: con.execute(sql).fetchall(), repeat=s["repeat"])
         row["duckdb ms"] = t.median * 1e3
+        prepared = common.prepare(con, sql)
+        if con.execute(prepared).fetchall() != want[(kind, w)]:
+            raise AssertionError(f"prepared DuckDB {kind} W={w}: answer differs")
+        with common.settled():
+            t = common.timed(lambda q=prepared: con.execute(q).fetchone(), repeat=s["repeat"])
+        row["prepared ms"] = t.median * 1e3
+        scan = _numpy_scan(columns, kind, w)
+        if [(scan(),)] != want[(kind, w)]:
+            raise AssertionError(f"numpy {kind} W={w}: {scan()} != DuckDB {want[(kind, w)]}")
+        with common.settled():
+            t = common.timed(scan, repeat=s["repeat"])
+        row["numpy ms"] = t.median * 1e3
     for mode in MODES:
         eng = psoup.Engine(mode=mode)
         eng.execute(common.CREATE_R)
@@ -73,8 +90,29 @@ def bench(s: dict) -> list[dict]:
         eng.close()
     for row in rows.values():
         row["duckdb/P"] = row["duckdb ms"] / row["partial ms"]
+        row["prepared/P"] = row["prepared ms"] / row["partial ms"]
+        row["numpy/P"] = row["numpy ms"] / row["partial ms"]
         row["nomat/P"] = row["nomat ms"] / row["partial ms"]
     return list(rows.values())
+
+
+def _numpy_scan(columns: dict[str, np.ndarray], kind: str, window: int):
+    """The plain numpy peer: a function answering `kind` over the last `window` rows."""
+    a, b, c = (columns[k][-window:] for k in "abc")
+    mask, work = np.empty(window, dtype=bool), np.empty(window, dtype=np.int64)
+    lowest = np.iinfo(np.int64).min
+
+    def count() -> int | None:
+        return int(np.count_nonzero(np.less(a, 128, out=mask)))
+
+    def total() -> int | None:
+        np.less(a, 128, out=mask)
+        return int(np.multiply(b, mask, out=work).sum()) if mask.any() else None
+
+    def maximum() -> int | None:
+        np.less(a, 128, out=mask)
+        return int(np.where(mask, c, lowest).max()) if mask.any() else None
+    return {"COUNT": count, "SUM": total, "MAX": maximum}[kind]
 
 
 def _duckdb(columns: dict[str, np.ndarray]):
@@ -91,8 +129,9 @@ def _duckdb(columns: dict[str, np.ndarray]):
 
 def _plot(ax, rows) -> None:
     markers = {"COUNT": "o", "SUM": "s", "MAX": "^"}
-    colors = {"partial": "C0", "complete": "C1", "nomat": "C2", "duckdb": "C3"}
-    for engine in MODES + ("duckdb",):
+    colors = {"partial": "C0", "complete": "C1", "nomat": "C2", "duckdb": "C3",
+              "prepared": "C4", "numpy": "C5"}
+    for engine in MODES + ("duckdb", "prepared", "numpy"):
         for kind, marker in markers.items():
             mine = [r for r in rows if r["kind"] == kind]
             ax.plot([r["window"] for r in mine], [r[f"{engine} ms"] for r in mine],
@@ -123,9 +162,13 @@ def main() -> None:
     common.report(f"aggregates{suffix}", rows, [
         ("kind", "query", "s"), ("window", "W", ",d"),
         *[(f"{k} ms", f"{LABELS[k]} ms", ".4f") for k in MODES + ("duckdb",)],
-        ("duckdb/P", "DuckDB/P", ".0f"), ("nomat/P", "NoMat/P", ".0f"),
+        ("prepared ms", "DuckDB prepared ms", ".4f"), ("numpy ms", "numpy ms", ".4f"),
+        ("duckdb/P", "DuckDB/P", ".0f"), ("prepared/P", "DuckDB prepared/P", ".0f"),
+        ("numpy/P", "numpy/P", ".2f"), ("nomat/P", "NoMat/P", ".0f"),
     ], _plot, notes=[
-        "every answer of every mode matched DuckDB's",
+        "every answer of every mode, of prepared DuckDB and of numpy matched DuckDB's",
+        f"at W={top:,}: DuckDB prepared/P >= {min(r['prepared/P'] for r in at):.0f}x, "
+        f"numpy/P >= {min(r['numpy/P'] for r in at):.1f}x over COUNT, SUM and MAX",
         f"at W={top:,}: DuckDB/P >= {worst:.0f}x over COUNT, SUM and MAX (target >= "
         f"{target:.0f}x at W={window:,}: "
         f"{verdict})",

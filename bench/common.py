@@ -8,6 +8,7 @@ runs), builds its rows with these generators, and ends with one `report` call.
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import platform
@@ -91,6 +92,75 @@ def selection_queries(gen: np.random.Generator, n: int, kind: str) -> list[str]:
         kind: "inequality" (Fig. 9), "equality" (Fig. 7a) or "interval" (Fig. 7b).
     """
     return [f"SELECT * FROM R WHERE {where_clause(gen, kind)}" for _ in range(n)]
+
+
+_UFUNCS = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+           "=": np.equal}
+
+
+def factors(where: str) -> list[tuple[str, str, int]]:
+    """A conjunction of `column op constant` factors as (column, op, constant) triples.
+
+    Example:
+        >>> factors("a >= 37 AND c < 128")
+        [('a', '>=', 37), ('c', '<', 128)]
+    """
+    out = []
+    for factor in where.split(" AND "):
+        col, op, value = factor.split()
+        out.append((col, op, int(value)))
+    return out
+
+
+class UnsharedNumpy:
+    """The unshared baseline as a competent numpy user writes it: each query evaluated on
+    its own over each batch, one comparison per factor into preallocated masks (`out=`),
+    and each query's matches kept as the batch's row numbers (np.flatnonzero), its
+    natural result form, not a bitmap in psoup's layout.
+
+    Example:
+        >>> u = UnsharedNumpy([[("a", ">", 1)], [("a", "<", 3), ("b", "=", 0)]])
+        >>> [m.tolist() for m in u.insert({"a": np.arange(4), "b": np.zeros(4, int)})]
+        [[2, 3], [0, 1, 2]]
+    """
+
+    def __init__(self, queries: Sequence[Sequence[tuple[str, str, int]]]):
+        self.queries = [[(c, _UFUNCS[op], v) for c, op, v in q] for q in queries]
+        self.matches: list[np.ndarray] = []
+        self._mask = self._factor = np.empty(0, dtype=bool)
+
+    def insert(self, columns: dict[str, np.ndarray]) -> list[np.ndarray]:
+        n = len(next(iter(columns.values())))
+        if len(self._mask) != n:
+            self._mask, self._factor = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
+        mask, factor, land, out = self._mask, self._factor, np.logical_and, []
+        for query in self.queries:
+            c, op, v = query[0]
+            op(columns[c], v, out=mask)
+            for c, op, v in query[1:]:
+                op(columns[c], v, out=factor)
+                land(mask, factor, out=mask)
+            out.append(np.flatnonzero(mask))
+        self.matches = out
+        return out
+
+
+_PREPARED = itertools.count()
+
+
+def prepare(con: Any, sql: str) -> str:
+    """Prepare `sql` once on the DuckDB connection `con` (planned once, as a user serving
+    the same question again and again would); returns the statement that runs it.
+
+    Example:
+        >>> import duckdb
+        >>> con = duckdb.connect()
+        >>> con.execute(prepare(con, "SELECT 42 AS x")).fetchnumpy()["x"].tolist()
+        [42]
+    """
+    name = f"bench_{next(_PREPARED)}"
+    con.execute(f"PREPARE {name} AS {sql}")
+    return f"EXECUTE {name}"
 
 
 @dataclass

@@ -6,7 +6,11 @@ adaptive vs fixed routing, each against a peer or a baseline in the same run.
   side, so that answers stay in the hundreds to thousands of rows at W = 576) with
   the window `BEGIN (NOW - W ROWS) END NOW`, W = 64 ... 1,024 tuples per stream, in
   PSoup-P, PSoup-C and NoMat, and DuckDB running the same join over the same last W
-  rows of each table. Every answer is checked against DuckDB's.
+  rows of each table. Every answer is checked against DuckDB's. psoup answers a join in
+  order (earliest ts, then tupleIDs), so DuckDB's query orders the same way; DuckDB is
+  timed as first written (fetchall, against `Result.rows`) and prepared once with
+  fetchnumpy (against PSoup-P's `Result.to_numpy()`), and, to show what the order
+  costs it, prepared without the ORDER BY (its answer compared after sorting).
 - fig11: step 5 of Fig. 4 (a new query's hybrid structs probing the S Data SteM) for
   queries `R.a RELOP1 c1 AND R.a RELOP2 S.b AND S.b RELOP3 c2`: composite (the shared
   S factor applied once, then a sort-merge or range join of all structs) vs separate
@@ -184,14 +188,23 @@ def bench_fig8(s: dict) -> list[dict]:
 def _fig8_row(con, data: dict, n: int, wheres: list[str], workload: str, window: int,
               repeat: int) -> dict:
     row = {"workload": workload, "window": window}
-    sqls = [f"SELECT R.a, R.b, S.c, S.d FROM R, S WHERE R.tid >= {n - window} AND "
-            f"S.tid >= {n - window} AND {w} ORDER BY least(R.ts, S.ts), R.tid, S.tid"
-            for w in wheres]
+    unordered = [f"SELECT R.a, R.b, S.c, S.d FROM R, S WHERE R.tid >= {n - window} AND "
+                 f"S.tid >= {n - window} AND {w}" for w in wheres]
+    sqls = [q + " ORDER BY least(R.ts, S.ts), R.tid, S.tid" for q in unordered]
     calls = [lambda q=q: con.execute(q).fetchall() for q in sqls]
     expected = [call() for call in calls]
     row["rows"] = sum(map(len, expected)) / len(expected)
     with common.settled():
         row["duckdb ms"] = _mean_ms(calls, repeat)
+    for key, queries in (("duckdb prep", sqls), ("duckdb unordered", unordered)):
+        calls = [lambda q=common.prepare(con, q): con.execute(q).fetchnumpy() for q in queries]
+        for i, call in enumerate(calls):
+            got = list(zip(*(v.tolist() for v in call().values())))
+            if (got if key == "duckdb prep" else sorted(got)) != (
+                    expected[i] if key == "duckdb prep" else sorted(expected[i])):
+                raise AssertionError(f"{key}, W={window}, query {i}: answer differs")
+        with common.settled():
+            row[f"{key} ms"] = _mean_ms(calls, repeat)
     for mode in MODES:
         eng, handles = _fig8_engine(mode, wheres, window, data)
         now = 2.0 * n
@@ -202,7 +215,14 @@ def _fig8_row(con, data: dict, n: int, wheres: list[str], workload: str, window:
                                      "answer differs from DuckDB's")
         with common.settled():
             row[f"{mode} ms"] = _mean_ms(calls, repeat)
+        if mode == "partial":
+            calls = [lambda h=h: eng.invoke(h, now=now).to_numpy() for h in handles]
+            with common.settled():
+                row["partial np ms"] = _mean_ms(calls, repeat)
+        eng.close()
     row["duckdb/P"] = row["duckdb ms"] / row["partial ms"]
+    row["duckdb prep/P np"] = row["duckdb prep ms"] / row["partial np ms"]
+    row["duckdb unordered/P np"] = row["duckdb unordered ms"] / row["partial np ms"]
     row["nomat/P"] = row["nomat ms"] / row["partial ms"]
     return row
 
@@ -365,12 +385,23 @@ def main() -> None:
         ("workload", "workload", "s"), ("window", "W", "d"), ("rows", "rows", ",.0f"),
         *[(f"{k} ms", f"{LABELS[k]} ms", ".3f") for k in MODES + ("duckdb",)],
         ("duckdb/P", "DuckDB/P", ".1f"), ("nomat/P", "NoMat/P", ".1f"),
+        ("partial np ms", "P numpy ms", ".3f"), ("duckdb prep ms", "DuckDB prep numpy ms", ".3f"),
+        ("duckdb prep/P np", "DuckDB prep/P numpy", ".1f"),
+        ("duckdb unordered ms", "DuckDB unordered ms", ".3f"),
+        ("duckdb unordered/P np", "unordered/P numpy", ".1f"),
     ], _plot_fig8, notes=[
-        "every answer of every mode matched DuckDB's, row for row and in order",
+        "every answer of every mode matched DuckDB's, row for row and in order (psoup "
+        "orders a join's answer by earliest ts, then tupleIDs; DuckDB's ORDER BY does the "
+        "same)",
         f"DuckDB/P at W={at['window']}, selective queries: {at['duckdb/P']:.1f}x (target >= "
         f"{target}x: {'met' if at['duckdb/P'] >= target else 'NOT met'}); broad queries "
         f"({broad['rows']:,.0f} rows per answer on average): {broad['duckdb/P']:.1f}x; the "
-        "larger the answers, the more building Python rows dominates both sides"], params=s)
+        "larger the answers, the more building Python rows dominates both sides",
+        f"as columns, DuckDB prepared once with fetchnumpy against PSoup-P's to_numpy() at "
+        f"W={at['window']}: selective {at['duckdb prep/P np']:.1f}x, broad "
+        f"{broad['duckdb prep/P np']:.1f}x; without the ORDER BY (answers compared sorted) "
+        f"{at['duckdb unordered/P np']:.1f}x and {broad['duckdb unordered/P np']:.1f}x"],
+        params=s)
 
     fig11 = bench_fig11(s)
     label, target = FIG11_TARGET

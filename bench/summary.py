@@ -31,6 +31,7 @@ ORDER = [
     ("traffic_response", "Sect. 5.5, Fig. 12: traffic trace, response time vs window"),
     ("traffic_arrival", "Sect. 5.5, Fig. 13: traffic trace, arrival rate vs queries"),
     ("manyq", "10^4 and 10^5 standing queries vs per-query numpy"),
+    ("peers", "Peers: Spark Structured Streaming and Pathway on Fig. 9's queries"),
     ("server_poll", "The service: polling clients"),
     ("server_ingest", "The service: ingest through the wire"),
     ("replay", "Spark replay vs Spark's own read rate"),

@@ -27,6 +27,7 @@ SUITES = {
     "aggregates": ("aggregates.py", "Sect. 6: COUNT/SUM/MAX vs window, 2^10 .. 2^20"),
     "traffic": ("traffic.py", "Sect. 5.5: the traffic trace, Figs. 12 and 13"),
     "manyq": ("manyq.py", "10^4 and 10^5 standing queries vs per-query numpy"),
+    "peers": ("peers.py", "Fig. 9's queries: psoup vs Spark Structured Streaming, Pathway"),
     "server": ("server.py", "the service: polling clients and ingest through the wire"),
     "replay": ("replay.py", "Spark replay rate vs Spark's own read rate"),
     "history": ("history.py", "1,024 queries over 10^7 archived tuples: one pass vs per query"),
