@@ -44,7 +44,7 @@ class Result:
         assert rows is not None or values is not None, "rows or column values"
         for array in (ts, tuple_ids, *(values or ())):
             if isinstance(array, np.ndarray):       # the answer may be kept for `since`
-                array.flags.writeable = False
+                array.setflags(write=False)
         self.columns = columns
         self._rows = rows
         self._values = values
