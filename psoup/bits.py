@@ -37,7 +37,11 @@ def bit_of(slot: int) -> tuple[int, np.uint64]:
         (1, np.uint64(2))
     """
     word, bit = divmod(slot, WORD)
-    return word, np.uint64(1) << np.uint64(bit)
+    return word, _MASKS[bit]
+
+
+#: The mask of each bit of a word (made once: a numpy scalar costs a microsecond).
+_MASKS = [np.uint64(1) << np.uint64(bit) for bit in range(WORD)]
 
 
 def slot_rows(bits: np.ndarray, slot: int) -> np.ndarray:

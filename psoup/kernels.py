@@ -14,6 +14,9 @@ disk next to this file, or in the user's cache directory when that is read-only)
   positions, column by column: O(columns x positions), no temporary arrays.
 * `direct_rows`: the table rows of integer values through a direct value -> row map,
   with the range check in the same pass.
+* `or_at`: one bit set in a word row at given positions (a new query's matches).
+* `write_column`: a query's bit column in an attribute's reject table, set in the rows
+  of the cells it rejects and cleared elsewhere, in one pass over the cells.
 
 Importing this module imports numba (about half a second), so the modules that use it
 import it where the kernel is first needed, not at the top.
@@ -187,3 +190,23 @@ def gather_rows(block, rows_of, positions, base, out, at):  # pragma: no cover -
         dst = out[j]
         for i in range(n):
             dst[at + i] = src[positions[i] - base]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def write_column(table, cell_row, word, mask, accepts):  # pragma: no cover - compiled
+    """table[cell_row[c], word] gets bit `mask` set where accepts[c] is False, cleared
+    where it is True: a query's column of reject bits, O(cells)."""
+    keep = ~mask
+    for c in range(len(cell_row)):
+        row = cell_row[c]
+        value = table[row, word] & keep
+        if not accepts[c]:
+            value |= mask
+        table[row, word] = value
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def or_at(row, positions, base, mask):  # pragma: no cover - compiled
+    """row[p - base] |= mask for every p in positions. O(len(positions))."""
+    for i in range(len(positions)):
+        row[positions[i] - base] |= mask

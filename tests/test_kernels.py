@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psoup.kernels import gather_rows, probe_into, word_positions
+from psoup.kernels import gather_rows, or_at, probe_into, word_positions, write_column
 
 WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
 
@@ -59,3 +59,32 @@ def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(data, ta
     for table, r in zip(reject, rows):
         expected |= table[r]
     assert (out.T == (~expected & interest)).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.integers(1, 40), st.integers(1, 3))
+def test_write_column_sets_the_rejected_cells_bit_and_clears_the_others(data, cells, words):
+    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    table = gen.integers(0, 2**63, (cells + 5, words), dtype=np.uint64)
+    cell_row = gen.permutation(cells + 5)[:cells].astype(np.int64)
+    accepts = gen.random(cells) < 0.5
+    word, bit = data.draw(st.integers(0, words - 1)), data.draw(st.integers(0, 63))
+    mask = np.uint64(1) << np.uint64(bit)
+    expected = table.copy()
+    expected[cell_row, word] &= ~mask
+    expected[cell_row[~accepts], word] |= mask
+    write_column(table, cell_row, word, mask, accepts)
+    assert (table == expected).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.integers(1, 100))
+def test_or_at_sets_one_bit_at_the_positions_and_nothing_else(data, n):
+    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    row = gen.integers(0, 2**63, n, dtype=np.uint64)
+    positions = np.sort(gen.choice(n, data.draw(st.integers(0, n)), replace=False)) + 1000
+    mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
+    expected = row.copy()
+    expected[positions - 1000] |= mask
+    or_at(row, positions.astype(np.int64), 1000, mask)
+    assert (row == expected).all()

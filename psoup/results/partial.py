@@ -133,8 +133,9 @@ class PartialResults(ResultsStructure):
             if chunk.shape[0] > word:
                 chunk[word] &= ~mask
         cap = self.chunk_rows
+        from psoup.kernels import or_at
         for k, a, b in chunk_runs(positions, cap):
-            self._chunk(chunks, k, word + 1)[word, positions[a:b] - k * cap] |= mask
+            or_at(self._chunk(chunks, k, word + 1)[word], positions[a:b], k * cap, mask)
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows)."""

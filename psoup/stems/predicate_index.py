@@ -139,10 +139,8 @@ class AttributeIndex:
             table = np.zeros((rows, max(word + 1, 2 * words)), DTYPE)
             table[:, :words] = self._table
             self._table = table
-        cells = self._cell_row
-        column = self._table[cells, word] & ~mask
-        column[~self._accepts(pred)] |= mask
-        self._table[cells, word] = column
+        from psoup.kernels import write_column
+        write_column(self._table, self._cell_row, word, mask, self._accepts(pred))
 
     def _accepts(self, pred: AttrPredicate) -> np.ndarray:
         """Which cells `pred` accepts (a bool per cell). O(cells)."""
