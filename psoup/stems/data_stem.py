@@ -390,6 +390,8 @@ class DataSteM:
             assert chunk.n > 0
             assert self._heads[i] == chunk.cols[TS][0] and \
                 self._tid_heads[i] == chunk.cols[TUPLE_ID][0], "chunk heads index the chunk"
+            assert all(chunk.cols[name].base is chunk.block for name in self._wide), \
+                "the 8-byte columns are rows of the chunk's block"
         if self._chunks:
             assert (self._chunk0 + 1) * cap > self.horizon or len(self._chunks) == 1, \
                 "a chunk wholly below the horizon is dropped"
