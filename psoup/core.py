@@ -113,6 +113,8 @@ class Core:
         return {name: stem.schema for name, stem in self.stems.items()}
 
     def stem(self, stream: str) -> DataSteM:
+        if not isinstance(stream, str):
+            raise QueryError(f"a stream is named by a string, not {type(stream).__name__}")
         stem = self.stems.get(stream)
         if stem is None:
             known = ", ".join(self.stems) or "none"

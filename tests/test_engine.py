@@ -292,6 +292,18 @@ def test_insert_into_unknown_stream_names_the_known_ones(mode):
         eng.insert("X", [(1,)])
 
 
+def test_a_stream_or_statement_that_is_not_a_string_is_a_query_error(mode):
+    eng, _ = make(mode)
+    handles = [eng.register("SELECT * FROM R WHERE a > 1")]
+    eng.insert("R", [(2, 1.0, "x")], ts=1000.0)
+    before = snapshot(eng, handles)
+    for call in (lambda: eng.insert(np.array([1, 2]), [(1,)]), lambda: eng.register(5),
+                 lambda: eng.execute(None), lambda: eng.register(b"SELECT * FROM R")):
+        with pytest.raises(QueryError, match="is a string|by a string"):
+            call()
+    assert snapshot(eng, handles) == before
+
+
 def test_bad_mode_and_sync_are_rejected():
     with pytest.raises(ValueError, match="unknown mode"):
         psoup.Engine(mode="fast")

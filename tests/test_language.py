@@ -841,3 +841,24 @@ def test_float_literal_overflow_is_an_error():
 def test_int_bounds_are_exact_for_large_float_constants():
     assert predicate("a <= 1e18").hi == 10**18 and predicate("a < 1e18").hi == 10**18 - 1
     assert math.isclose(predicate("x <= 1e18").hi, 1e18)
+
+
+def test_parentheses_nest_at_most_64_deep():
+    assert query("SELECT * FROM R WHERE " + "(" * 64 + "a > 1" + ")" * 64).sources
+    e = error("SELECT * FROM R WHERE " + "(" * 5000 + "a > 1" + ")" * 5000)
+    assert "nested more than 64 deep" in str(e) and (e.line, e.column) == (1, 23 + 64)
+    assert "nested more than 64 deep" in str(
+        error("SELECT * FROM R WHERE a > 1 BEGIN " + "(" * 100 + "NOW" + ")" * 100 + " END NOW"))
+
+
+def test_stream_and_column_names_have_at_most_64_characters():
+    assert compile_statement(f"CREATE STREAM {'s' * 64} ({'c' * 64} INT)", {}).name == "s" * 64
+    long_stream = error(f"CREATE STREAM {'s' * 300} (a INT)")
+    assert "300 characters long" in str(long_stream) and "at most 64" in str(long_stream)
+    assert "column name" in str(error(f"CREATE STREAM T ({'c' * 65} INT)"))
+
+
+def test_a_statement_that_is_not_a_string_is_a_query_error():
+    for bad in (5, None, b"SELECT * FROM R"):
+        with pytest.raises(QueryError, match="a statement is a string of SQL"):
+            compile_statement(bad, {})

@@ -45,6 +45,8 @@ def compile_statement(sql: str, schemas: Mapping[str, StreamSchema],
         >>> q.columns, (q.sources[0].predicates[0].lo, q.sources[0].predicates[0].hi)
         (['name'], (1, 4))
     """
+    if not isinstance(sql, str):
+        raise QueryError(f"a statement is a string of SQL, not {type(sql).__name__}")
     statement = parse(sql)
     if max_factors is not None and isinstance(statement, Select) and \
             len(statement.where) > max_factors:

@@ -144,11 +144,24 @@ def check(
     return _check_select(statement, schemas, sql)
 
 
+#: The longest stream or column name, in characters (a stream's name is a directory name
+#: in the data directory and its archive, and must fit every filesystem's limit).
+MAX_NAME = 64
+
+
+def _check_name(kind: str, name: str, pos: Pos) -> None:
+    if len(name) > MAX_NAME:
+        raise QueryError(f"{kind} name '{name[:20]}...' is {len(name)} characters long; "
+                         f"names have at most {MAX_NAME}", *pos)
+
+
 def _check_create(stmt: CreateStream, schemas: Mapping[str, StreamSchema]) -> StreamSchema:
+    _check_name("stream", stmt.name, stmt.name_pos)
     if stmt.name in schemas:
         raise QueryError(f"stream '{stmt.name}' already exists", *stmt.name_pos)
     columns: list[tuple[str, str]] = []
     for col in stmt.columns:
+        _check_name("column", col.name, col.pos)
         if col.name in IMPLICIT_COLUMNS:
             raise QueryError(
                 f"column name '{col.name}' is reserved: every stream has ts and tupleID",

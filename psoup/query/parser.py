@@ -55,6 +55,10 @@ from psoup.query.tokens import (
 )
 
 COMPARISON_OPS = ("=", "!=", "<>", "<", "<=", ">", ">=")
+
+#: The deepest parentheses may nest in a WHERE clause or a time (a bound on the parser's
+#: recursion: deeper nesting is a QueryError, not a RecursionError).
+MAX_NESTING = 64
 _AGGREGATE_NAMES = frozenset(name.upper() for name in AGGREGATES)
 _ARITHMETIC = ("+", "-", "*")
 _AGGREGATE_HERE = "aggregates are not supported here ({name})"
@@ -114,6 +118,7 @@ class _Parser:
         self._tokens = tokens
         self._i = 0
         self._after: str | None = None  # the last consumed thing, quoted for messages
+        self._depth = 0                 # parentheses open around the next token
 
     @property
     def _tok(self) -> Token:
@@ -402,11 +407,26 @@ class _Parser:
 
     def _term(self) -> list[Factor]:
         self._reject_subquery()
-        if self._accept_symbol("("):
+        if self._open():
             factors = self._conjunction()
-            self._expect_symbol(")", "AND or ')'")
+            self._close("AND or ')'")
             return factors
         return [self._factor()]
+
+    def _open(self) -> bool:
+        """Consume a '(' if it is next; each one nests the parser one call deeper, so
+        they are bounded (deep nesting is an error, not a crash)."""
+        tok = self._tok
+        if not self._accept_symbol("("):
+            return False
+        self._depth += 1
+        if self._depth > MAX_NESTING:
+            raise QueryError(f"parentheses nested more than {MAX_NESTING} deep", *tok.pos)
+        return True
+
+    def _close(self, expected: str | None = None) -> None:
+        self._expect_symbol(")", expected)
+        self._depth -= 1
 
     def _factor(self) -> Factor:
         left = self._operand()
@@ -472,9 +492,9 @@ class _Parser:
         return BeginEnd(pos, begin, self._time())
 
     def _time(self) -> TimeSpec:
-        if self._accept_symbol("("):
+        if self._open():
             spec = self._time()
-            self._expect_symbol(")")
+            self._close()
             return spec
         start = self._i
         tok = self._tok
