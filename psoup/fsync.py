@@ -1,5 +1,6 @@
-"""Durable directory operations shared by the write-ahead log, the archive and the
-importer: a rename or unlink is only durable once its directory is fsync'ed."""
+"""File-system operations shared by the write-ahead log, the archive and the importer:
+a rename or unlink is only durable once its directory is fsync'ed, and what lives in a
+data directory (tuples, queries) is readable by its owner only, whatever the umask."""
 
 from __future__ import annotations
 
@@ -14,3 +15,18 @@ def fsync_dir(directory: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_dir(path: str | Path, private: bool = False) -> None:
+    """`mkdir -p path`; a private directory is owner-only (0700), also one that existed
+    (made by an older version). A umask can only remove permissions, so the mode asked
+    for at creation is an upper bound."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700 if private else 0o777)
+    if private:
+        os.chmod(path, 0o700)
+
+
+def file_mode(private: bool) -> int:
+    """The mode to create a file with: owner read/write only when private."""
+    return 0o600 if private else 0o666

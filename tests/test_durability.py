@@ -105,6 +105,27 @@ def test_engine_clock_timestamps_are_logged_not_reread(tmp_path):
     assert back.invoke(h, now=102.0).ts.tolist() == [100.0]
 
 
+def test_everything_in_a_data_directory_is_owner_only_whatever_the_umask(tmp_path):
+    import os
+    import stat
+    data = tmp_path / "data"
+    (data / "wal").mkdir(parents=True, mode=0o755)        # as an older version left it
+    old = os.umask(0o002)                                  # a permissive umask
+    try:
+        eng = psoup.Engine(path=data, chunk_rows=4, checkpoint_bytes=1024)
+        eng.execute("CREATE STREAM R (a INT, name TEXT) RETAIN 8 ROWS")
+        for i in range(12):
+            eng.insert("R", [(i * 4 + k, f"x{k}") for k in range(4)], ts=float(i))
+        eng.close()
+    finally:
+        os.umask(old)
+    paths = [data, *data.rglob("*")]
+    assert any(p.suffix == ".parquet" for p in paths), "something was archived"
+    assert any(p.parent.name == "wal" for p in paths), "something was logged"
+    opened = [p for p in paths if stat.S_IMODE(p.stat().st_mode) & 0o077]
+    assert not opened, [(str(p.relative_to(data)), oct(p.stat().st_mode)) for p in opened]
+
+
 def test_expired_tuples_are_archived_once(tmp_path):
     eng = psoup.Engine(path=tmp_path, chunk_rows=4, checkpoint_bytes=2048)
     eng.execute("CREATE STREAM R (a INT, name TEXT) RETAIN 10 ROWS")

@@ -29,7 +29,7 @@ import pyarrow as pa
 from numpy.typing import ArrayLike
 import pyarrow.parquet as pq
 
-from psoup.fsync import fsync_dir
+from psoup.fsync import file_mode, fsync_dir, make_dir
 from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
                                   TUPLE_ID_COLUMN,
                                   arrow_schema, part_path)
@@ -59,6 +59,7 @@ class Archive:
         root: the archive directory; created if missing. Existing part files set the high
             water marks; leftover ``*.tmp`` files (a flush cut short) are removed.
         flush_rows: a stream is flushed once this many of its rows are buffered.
+        private: directories and files owner-only (an engine's data directory).
 
     Example:
         >>> import tempfile
@@ -70,12 +71,13 @@ class Archive:
         ['stream=R/date=1970-01-01/part-00000000000000000000-00000000000000000001.parquet']
     """
 
-    def __init__(self, root: str | Path, flush_rows: int = 1 << 17):
+    def __init__(self, root: str | Path, flush_rows: int = 1 << 17, private: bool = False):
         if flush_rows < 1:
             raise ValueError(f"flush_rows must be at least 1, not {flush_rows}")
         self.root = Path(root)
         self.flush_rows = flush_rows
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.private = private
+        make_dir(self.root, private)
         self._high: dict[str, int] = {}
         self._buffers: dict[str, _Buffer] = {}
         self._schemas: dict[str, pa.Schema] = {}   # last schema seen, for an empty read()
@@ -261,9 +263,12 @@ class Archive:
                 first, last = tids[a].as_py(), tids[b - 1].as_py()
                 path = part_path(self.root, stream, float(ts[a]), first, last)
                 date_dir = path.parent
-                date_dir.mkdir(parents=True, exist_ok=True)
+                make_dir(stream_dir, self.private)
+                make_dir(date_dir, self.private)
                 tmp = path.with_name(path.name + ".tmp")
-                with open(tmp, "wb") as f:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                             file_mode(self.private))
+                with open(fd, "wb") as f:
                     pq.write_table(table.slice(a, b - a), f)
                     f.flush()
                     os.fsync(f.fileno())

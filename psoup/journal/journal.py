@@ -31,6 +31,7 @@ from psoup.archive.parquet import Archive
 from psoup.journal.wal import WriteAheadLog
 from psoup.codec import decode_array, decode_columns, encode_array, encode_columns
 from psoup.errors import PSoupError
+from psoup.fsync import make_dir
 
 #: Retained rows per insert record of a checkpoint (bounds one record's size).
 CHECKPOINT_ROWS = 1 << 16
@@ -72,10 +73,10 @@ class Journal:
     def __init__(self, path: str | Path, sync: str = "always",
                  checkpoint_bytes: int = 64 << 20):
         self.path = Path(path)
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)   # tuples are private
+        make_dir(self.path, private=True)                           # tuples are private
         self._lock_fd = _lock(self.path / "lock")
         self.wal = WriteAheadLog(self.path / "wal", sync)
-        self.archive = Archive(self.path / "archive")
+        self.archive = Archive(self.path / "archive", private=True)
         self.checkpoint_bytes = checkpoint_bytes
 
     # ------------------------------------------------------------------ recovery

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Iterator
 import msgpack
 
 from psoup.errors import PSoupError
-from psoup.fsync import fsync_dir
+from psoup.fsync import file_mode, fsync_dir, make_dir
 
 log = logging.getLogger("psoup.archive")
 
@@ -100,7 +100,7 @@ class WriteAheadLog:
                              f"{', '.join(SYNC_MODES)}")
         self.directory = Path(directory)
         self.sync = sync
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_dir(self.directory, private=True)
         self._fd: int | None = None
         self._seq = 0
         self._size = 0
@@ -156,7 +156,8 @@ class WriteAheadLog:
             yield from self._read_segment(path)
         else:
             self._seq, path = 1, directory / _segment_name(1)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(True))
+        os.fchmod(self._fd, 0o600)                  # a segment an older version made 0644
         self._size = os.fstat(self._fd).st_size
         fsync_dir(directory)
 
@@ -321,7 +322,7 @@ class WriteAheadLog:
         path = directory / _segment_name(seq)
         tmp = path.with_name(path.name + _TMP_SUFFIX)
         size = 0
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode(True))
         try:
             pending: list[bytes] = []
             pending_bytes = 0
