@@ -427,6 +427,47 @@ def test_connections_beyond_the_limit_are_refused(engine):
         srv.stop()
 
 
+def test_before_hello_a_frame_may_hold_only_a_few_kib(open_raw):
+    raw = open_raw()
+    raw.send(HEADER.pack(60 << 20))            # announces 60 MiB, under max_frame_bytes
+    reply = raw.reply()
+    assert reply["ok"] is False and reply["error"]["code"] == "frame_too_large"
+    assert "before hello" in reply["error"]["message"] and raw.at_eof()
+
+
+def test_a_silent_connection_is_closed_after_the_hello_timeout(engine):
+    srv = Server(engine, port=0, token=TOKEN, limits=Limits(hello_timeout=0.3))
+    host, port = srv.start_in_thread()
+    try:
+        silent = Raw(socket.create_connection((host, port), timeout=5.0))
+        started = time.monotonic()
+        silent.send(b"\x00")                   # a started header, then nothing
+        assert silent.at_eof() and time.monotonic() - started < 3.0
+        silent.close()
+    finally:
+        srv.stop()
+
+
+def test_silent_connections_never_keep_a_client_out(engine):
+    """Sockets that never say hello count apart from authenticated connections, and
+    beyond their own quota the oldest is closed: a client still gets in, and one
+    already in is never disturbed."""
+    srv = Server(engine, port=0, token=TOKEN,
+                 limits=Limits(max_connections=2, max_unauthenticated=3, hello_timeout=30.0))
+    host, port = srv.start_in_thread()
+    try:
+        with Client(f"{host}:{port}", token=TOKEN) as first:
+            silent = [Raw(socket.create_connection((host, port), timeout=5.0))
+                      for _ in range(6)]
+            with Client(f"{host}:{port}", token=TOKEN) as second:
+                assert first.ping() == second.ping() == "pong"
+            assert sum(raw.at_eof() for raw in silent[:3]) == 3   # the oldest made room
+            for raw in silent:
+                raw.close()
+    finally:
+        srv.stop()
+
+
 # ---------------------------------------------------------------------- engine errors
 
 def test_bad_sql_raises_the_engines_query_error(connect, populated):

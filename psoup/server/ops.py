@@ -41,9 +41,19 @@ class Limits:
         max_factors: the most AND-ed factors in a WHERE clause ("limit"); each factor is
             a row of the predicate index, so this bounds what one query costs every
             later batch. The server's engine compiles with it.
-        read_timeout: seconds a started frame may take to arrive in full, and a new
-            connection to start its hello; otherwise the connection is closed.
-        max_connections: open connections; one more gets a "limit" reply and is closed.
+        read_timeout: seconds a started frame may take to arrive in full once a
+            connection is authenticated; otherwise the connection is closed.
+        max_connections: authenticated connections; one more hello gets a "limit" reply
+            and is closed.
+        hello_frame_bytes: the largest frame before a connection's hello succeeded (a
+            larger one gets "frame_too_large" unread): an unauthenticated peer can make
+            the server buffer no more than this.
+        hello_timeout: seconds a new connection has to complete its hello; otherwise it
+            is closed.
+        max_unauthenticated: connections that have not said hello yet, counted apart
+            from max_connections (so they never take an authenticated client's place);
+            one more closes the oldest of them, so silent sockets cannot keep a client
+            out.
         max_group_writes: the most writes applied between two commits.
         max_in_flight: requests one connection may have sent and not yet had answered
             (pipelining); the server stops reading that connection beyond it.
@@ -55,6 +65,9 @@ class Limits:
     max_factors: int = 256
     read_timeout: float = 30.0
     max_connections: int = 1024
+    hello_frame_bytes: int = 4096
+    hello_timeout: float = 5.0
+    max_unauthenticated: int = 64
     max_group_writes: int = 256
     max_in_flight: int = 16
 

@@ -77,6 +77,7 @@ class _Conversation:
         self.sender: asyncio.Task | None = None
         self.last_write: asyncio.Future | None = None
         self.chain_ok = True
+        self.hello_by = 0.0     # time.monotonic() by which the hello must have arrived
         # the sender waits for a reply and holds none: a ready reply may be written at once
         self.idle = False
 
@@ -135,7 +136,9 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
-        self._connections: set[asyncio.Task] = set()
+        self._connections: set[asyncio.Task] = set()    # authenticated
+        # not yet through their hello, oldest first (a dict keeps the order)
+        self._pending: dict[asyncio.Task, None] = {}
         self._writes: asyncio.Queue | None = None
         self._read_pool: ThreadPoolExecutor | None = None
         self._write_pool: ThreadPoolExecutor | None = None
@@ -214,7 +217,8 @@ class Server:
         finally:
             if listener is not None:
                 listener.close()
-            tasks = list(self._connections) + ([writer_task] if writer_task else [])
+            tasks = [*self._connections, *self._pending] + ([writer_task] if writer_task
+                                                             else [])
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -234,12 +238,15 @@ class Server:
         task = asyncio.current_task()
         assert task is not None, "asyncio runs each connection's callback in its own task"
         try:
-            if len(self._connections) >= self.limits.max_connections:
-                await self._refuse(reader, writer, peer, None, "limit",
-                                   f"the server has {self.limits.max_connections} connections "
-                                   "open, its limit; try again later")
-                return
-            self._connections.add(task)
+            if len(self._pending) >= self.limits.max_unauthenticated:
+                # the oldest silent connection makes room: a flood of them cannot keep a
+                # client out, whose hello arrives long before theirs would time out
+                oldest = next(iter(self._pending))
+                del self._pending[oldest]
+                oldest.cancel()
+                log.warning("%s: %d connections waiting for their hello; closed the oldest",
+                            peer, self.limits.max_unauthenticated)
+            self._pending[task] = None
             await self._converse(reader, writer, peer)
         except (ConnectionError, OSError) as exc:
             log.info("%s: connection lost (%s)", peer, exc)
@@ -248,6 +255,7 @@ class Server:
             # asks the task for its exception) from reporting the cancellation as an error.
             pass
         finally:
+            self._pending.pop(task, None)
             self._connections.discard(task)
             writer.close()
 
@@ -257,6 +265,7 @@ class Server:
         # pipeline them): the next batch's bytes arrive and decode while the writer
         # thread applies the previous one. Replies go out in request order.
         conv = _Conversation(self.limits.max_in_flight)
+        conv.hello_by = time.monotonic() + self.limits.hello_timeout
         conv.sender = asyncio.create_task(self._send_replies(writer, conv))
         authenticated = False
         cancelled = False
@@ -278,6 +287,12 @@ class Server:
                             f"the first request must be hello with the access token, not "
                             f"{op!r}", conv)
                         return
+                    if len(self._connections) >= self.limits.max_connections:
+                        await self._refuse(
+                            reader, writer, peer, request_id, "limit",
+                            f"the server has {self.limits.max_connections} connections open, "
+                            "its limit; try again later", conv)
+                        return
                     spoken = args.get("protocol", 1)
                     if spoken != PROTOCOL:
                         await self._refuse(
@@ -286,6 +301,10 @@ class Server:
                             "install the same psoup version on both sides", conv)
                         return
                     authenticated = True
+                    task = asyncio.current_task()
+                    assert task is not None, "a connection runs in its own task"
+                    self._pending.pop(task, None)
+                    self._connections.add(task)
                     hello = asyncio.get_running_loop().create_future()
                     hello.set_result(pack_frame(ok_reply(request_id, self._hello())))
                     await conv.replies.put(hello)
@@ -347,8 +366,11 @@ class Server:
 
     async def _read_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                           peer: Any, idle: bool, conv: _Conversation) -> bytes | None:
-        """The next payload, or None when the connection is to be closed."""
-        timeout = self.limits.read_timeout
+        """The next payload, or None when the connection is to be closed. Before its
+        hello a connection gets hello_timeout in all and frames of hello_frame_bytes."""
+        limits = self.limits
+        timeout = limits.read_timeout if idle else max(0.0, conv.hello_by - time.monotonic())
+        most = limits.max_frame_bytes if idle else limits.hello_frame_bytes
         head = b""
         try:
             # An authenticated client may stay quiet between requests for as long as it
@@ -357,11 +379,13 @@ class Server:
                 head = await reader.readexactly(1)
             head += await _within(reader, 4 - len(head), timeout)
             (size,) = HEADER.unpack(head)
-            if size > self.limits.max_frame_bytes:
+            if size > most:
                 await self._refuse(reader, writer, peer, None, "frame_too_large",
-                                   f"a frame of {size} bytes exceeds the limit of "
-                                   f"{self.limits.max_frame_bytes} bytes", conv)
+                                   f"a frame of {size} bytes exceeds the limit of {most} "
+                                   f"bytes{'' if idle else ' before hello'}", conv)
                 return None
+            if not idle:
+                timeout = max(0.0, conv.hello_by - time.monotonic())
             return await _within(reader, size, timeout)
         except asyncio.IncompleteReadError as exc:
             if head or exc.partial:
