@@ -31,7 +31,7 @@ import numpy as np
 
 from psoup.core import Core
 from psoup.eddy.routing import POLICIES
-from psoup.errors import PSoupError, QueryError
+from psoup.errors import LimitError, PSoupError, QueryError
 from psoup.journal.wal import SYNC_MODES
 from psoup.locks import FairLock
 from psoup.query import compile_statement, create_stream_sql
@@ -76,6 +76,9 @@ class Engine:
         max_factors: the most AND-ed factors a WHERE clause may have (None: no limit);
             each is a row of the predicate index, so this bounds what one query costs
             every later batch.
+        max_queries: the most standing queries at once (None: no limit); one more
+            register raises LimitError and changes nothing. `stats()["limits"]` shows
+            the count against it.
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -90,7 +93,8 @@ class Engine:
                  clock: Callable[[], float] = time.time, chunk_rows: int = 8192,
                  shared_index: bool = True, sync: str = "always",
                  checkpoint_bytes: int = 64 << 20, routing: str = "adaptive",
-                 shared_joins: bool = True, max_factors: int | None = None):
+                 shared_joins: bool = True, max_factors: int | None = None,
+                 max_queries: int | None = None):
         if mode not in MODE_TABLE:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
@@ -99,8 +103,11 @@ class Engine:
             raise ValueError("chunk_rows must be positive")
         if routing not in POLICIES:
             raise ValueError(f"unknown routing {routing!r} (choose from {', '.join(POLICIES)})")
+        if max_queries is not None and max_queries < 1:
+            raise ValueError("max_queries must be positive (or None: no limit)")
         self.mode = mode
         self.max_factors = max_factors
+        self.max_queries = max_queries
         self._clock = clock
         self._lock = FairLock()
         self._core = Core(mode, chunk_rows, shared_index, routing, shared_joins)
@@ -128,6 +135,7 @@ class Engine:
                     self._journal.create(sql)
                 self._create(stmt, sql)
                 return None
+            self._admit()
             return self._register(stmt)
 
     def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
@@ -153,6 +161,7 @@ class Engine:
             if not isinstance(stmt, Query):
                 raise QueryError("register() takes a SELECT statement; use execute() for "
                                  "CREATE STREAM")
+            self._admit()
             return self._register(stmt)
 
     # ------------------------------------------------------------------ data
@@ -266,6 +275,8 @@ class Engine:
         """Per stream rows, bytes and rates; per query result counts; memory use."""
         with self._lock:
             out = self._core.stats(max(self._clock() - self._started, 1e-9))
+            out["limits"] = {"queries": len(self._core.handles),
+                             "max_queries": self.max_queries, "max_factors": self.max_factors}
             if self._journal is not None:
                 out["durability"] = {"path": str(self.path), "sync": self._journal.wal.sync,
                                      "log_bytes": self._journal.wal.size,
@@ -349,6 +360,14 @@ class Engine:
         expired = None if self._journal is None else \
             partial(self._journal.expired, schema.name, schema.columns)
         self._core.create(schema, sql, expired)
+
+    def _admit(self) -> None:
+        """Refuse a new standing query beyond max_queries (before anything is applied;
+        recovery replays what was admitted, whatever the limit is now)."""
+        held = len(self._core.handles)
+        if self.max_queries is not None and held >= self.max_queries:
+            raise LimitError(f"the engine holds {held} standing queries, its limit "
+                             f"(max_queries={self.max_queries}); unregister one first")
 
     def _register(self, query: Query) -> str:
         handle = secrets.token_hex(20)      # 160 bits; hex never looks like an option

@@ -304,6 +304,27 @@ def test_a_stream_or_statement_that_is_not_a_string_is_a_query_error(mode):
     assert snapshot(eng, handles) == before
 
 
+def test_registrations_beyond_max_queries_are_refused_and_change_nothing(mode, tmp_path):
+    eng = psoup.Engine(mode=mode, path=tmp_path, max_queries=2, clock=Clock(1000.0))
+    eng.execute("CREATE STREAM R (a INT)")
+    first = eng.register("SELECT * FROM R WHERE a > 1")
+    eng.execute("SELECT * FROM R WHERE a > 2")
+    for call in (lambda: eng.register("SELECT * FROM R WHERE a > 3"),
+                 lambda: eng.execute("SELECT * FROM R WHERE a > 3")):
+        with pytest.raises(psoup.LimitError, match=r"2 standing queries.*max_queries=2"):
+            call()
+    assert len(eng.queries()) == 2
+    assert eng.stats()["limits"] == {"queries": 2, "max_queries": 2, "max_factors": None}
+    eng.unregister(first)
+    eng.register("SELECT * FROM R WHERE a > 3")       # room again
+    eng.close()
+    reopened = psoup.Engine(mode=mode, path=tmp_path, max_queries=1)   # a lower limit
+    assert len(reopened.queries()) == 2               # recovery keeps what was admitted
+    with pytest.raises(psoup.LimitError):
+        reopened.register("SELECT * FROM R")
+    reopened.close()
+
+
 def test_bad_mode_and_sync_are_rejected():
     with pytest.raises(ValueError, match="unknown mode"):
         psoup.Engine(mode="fast")

@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 import pytest
 
+import psoup
 from psoup import Client, Engine
 from psoup.client import OutcomeUnknown
 from psoup.config import token_path
@@ -412,6 +413,21 @@ def test_limits_refuse_long_sql_too_many_factors_and_big_batches(open_raw, conne
         codes.append(err.value.code)
     assert codes == ["limit", "limit"] and big["error"]["code"] == "limit"
     assert snapshot() == before
+
+
+def test_registrations_beyond_the_servers_max_queries_are_a_limit_error(engine):
+    srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_queries=1))
+    host, port = srv.start_in_thread()
+    try:
+        with Client(f"{host}:{port}", token=TOKEN) as client:
+            client.execute("CREATE STREAM R (a INT)")
+            client.register("SELECT * FROM R WHERE a > 1")
+            with pytest.raises(psoup.LimitError, match="max_queries=1"):
+                client.register("SELECT * FROM R WHERE a > 2")
+            assert len(client.queries()) == 1
+            assert client.stats()["limits"]["max_queries"] == 1
+    finally:
+        srv.stop()
 
 
 def test_connections_beyond_the_limit_are_refused(engine):

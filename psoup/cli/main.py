@@ -191,19 +191,22 @@ def demo(mode: str, rows: int, seed: int) -> None:
 @click.option("--sync", type=click.Choice(SYNC_MODES), default="group", show_default=True,
               help="When the log reaches the disk: every write, once per group of "
                    "writes, or when the OS decides.")
+@click.option("--max-queries", type=click.IntRange(1), default=None,
+              help="Refuse registrations beyond this many standing queries (default: no "
+                   "limit).")
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
-          sync: str) -> None:
+          sync: str, max_queries: int | None) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
     readable by you only, where `psoup` commands on this machine find it.
     """
-    from psoup.server import run_server
+    from psoup.server import Limits, run_server
 
     try:
         run_server(data_dir=data_dir, host=host, port=port, token=settings.token, mode=mode,
-                   sync=sync, echo=click.echo)
+                   sync=sync, limits=Limits(max_queries=max_queries), echo=click.echo)
     except OSError as exc:
         raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 

@@ -43,6 +43,8 @@ class Limits:
             later batch. The server's engine compiles with it.
         read_timeout: seconds a started frame may take to arrive in full once a
             connection is authenticated; otherwise the connection is closed.
+        max_queries: standing queries the server's engine holds at once (None: no
+            limit); one more register gets a "limit" reply.
         max_connections: authenticated connections; one more hello gets a "limit" reply
             and is closed.
         hello_frame_bytes: the largest frame before a connection's hello succeeded (a
@@ -64,6 +66,7 @@ class Limits:
     max_query_chars: int = 64 << 10
     max_factors: int = 256
     read_timeout: float = 30.0
+    max_queries: int | None = None
     max_connections: int = 1024
     hello_frame_bytes: int = 4096
     hello_timeout: float = 5.0
