@@ -19,6 +19,7 @@ replays the log, so streams, retained tuples, handles and results all come back.
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 import time
@@ -43,6 +44,8 @@ from psoup.stems.batch import make_batch
 
 if TYPE_CHECKING:
     from psoup.journal.journal import Journal, Record
+
+log = logging.getLogger("psoup.engine")
 
 #: The engine modes of PSoup Sect. 5: PSoup-P (default), PSoup-C and NoMat.
 MODES = tuple(MODE_TABLE)
@@ -116,6 +119,7 @@ class Engine:
         self.path = None if path is None else Path(path)
         self._journal: Journal | None = None
         self._closed = False
+        self._checkpoint_error: str | None = None   # of the last automatic checkpoint
         if path is not None:
             from psoup.journal.journal import Journal   # pyarrow loads only when durable
             self._journal = Journal(path, sync, checkpoint_bytes)
@@ -280,6 +284,7 @@ class Engine:
             if self._journal is not None:
                 out["durability"] = {"path": str(self.path), "sync": self._journal.wal.sync,
                                      "log_bytes": self._journal.wal.size,
+                                     "checkpoint_error": self._checkpoint_error,
                                      "archive_buffered_rows": self._journal.archive.buffered_rows}
             return out
 
@@ -403,8 +408,21 @@ class Engine:
             core.next_tid = max(core.next_tid, record.next_tid)
 
     def _after_write(self) -> None:
-        if self._journal is not None and self._journal.checkpoint_due:
+        """The automatic checkpoint after a write. The write is applied and in the log
+        by now, so it stands whatever happens here: a failed checkpoint (a full disk,
+        say) is logged and shown in stats()["durability"], never raised as if the write
+        had failed (a caller would retry it and duplicate it); the next write tries
+        again."""
+        if self._journal is None or not self._journal.checkpoint_due:
+            return
+        try:
             self.checkpoint()
+        except Exception as exc:    # the write stands, whatever the cause
+            self._checkpoint_error = f"{type(exc).__name__}: {exc}"
+            log.warning("automatic checkpoint failed (the write before it is applied and "
+                        "logged): %s", self._checkpoint_error)
+        else:
+            self._checkpoint_error = None
 
     def _check_open(self) -> None:
         if self._closed:

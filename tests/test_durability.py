@@ -126,6 +126,30 @@ def test_everything_in_a_data_directory_is_owner_only_whatever_the_umask(tmp_pat
     assert not opened, [(str(p.relative_to(data)), oct(p.stat().st_mode)) for p in opened]
 
 
+def test_a_failed_automatic_checkpoint_never_fails_the_write_before_it(tmp_path, monkeypatch):
+    """The write is applied and logged before its checkpoint runs: a checkpoint that
+    fails (a full disk, say) is reported in stats, and the write stands, durable."""
+    eng = psoup.Engine(path=tmp_path, checkpoint_bytes=512)
+    eng.execute("CREATE STREAM R (a INT)")
+    handle = eng.register("SELECT a FROM R WHERE a > 0")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(eng._journal, "checkpoint", full_disk)
+    ids = eng.insert("R", [(i,) for i in range(1, 60)], ts=1.0)      # due: it fails
+    assert len(ids) == 59
+    assert "No space left" in eng.stats()["durability"]["checkpoint_error"]
+    with pytest.raises(OSError):
+        eng.checkpoint()                          # asked for explicitly, it raises
+    monkeypatch.undo()
+    eng.insert("R", [(100,)], ts=2.0)             # the next write's checkpoint works
+    assert eng.stats()["durability"]["checkpoint_error"] is None
+    eng.close()
+    reopened = psoup.Engine(path=tmp_path)
+    assert len(reopened.invoke(handle, now=3.0)) == 60 # nothing lost, nothing twice
+    reopened.close()
+
+
 def test_expired_tuples_are_archived_once(tmp_path):
     eng = psoup.Engine(path=tmp_path, chunk_rows=4, checkpoint_bytes=2048)
     eng.execute("CREATE STREAM R (a INT, name TEXT) RETAIN 10 ROWS")
