@@ -9,7 +9,8 @@ disk next to this file, or in the user's cache directory when that is read-only)
   with streaming stores (results are read at invocation, not now: not reading each line
   before writing it halves the memory traffic, 1.5x the probe's rate at 1,024 queries).
 * `word_positions`: the find of an invocation over a word-major bitmap: the rows of a
-  word run with the query's bit set, branch-free, O(rows).
+  word run with the query's bit set, 64 rows tested into one match mask at a time, O(rows)
+  tests and O(matches) writes where matches are sparse.
 * `gather_rows`: the values of several 8-byte columns of a Data SteM chunk at sorted
   positions, column by column: O(columns x positions), no temporary arrays.
 * `direct_rows`: the table rows of integer values through a direct value -> row map,

@@ -1,12 +1,17 @@
 """Small helpers shared by test modules: a settable clock, SQL literals, creating the
-scenario's streams in an engine, inserting one batch everywhere, and writing input files.
+scenario's streams in an engine, inserting one batch everywhere, writing input files, and
+reading a reply frame off a raw socket.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import socket
 from pathlib import Path
+from typing import Any
+
+from psoup.server.protocol import HEADER, unpack_payload
 
 
 class Clock:
@@ -80,3 +85,23 @@ def write(path: Path, rows: list[dict]) -> Path:
         import pyarrow.parquet as pq
         pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+def read_reply(sock: socket.socket) -> Any:
+    """The next frame's message off a raw socket, or None when the server closed the
+    connection first (before or in the middle of the frame)."""
+    head = _read_exactly(sock, HEADER.size)
+    if head is None:
+        return None
+    body = _read_exactly(sock, HEADER.unpack(head)[0])
+    return None if body is None else unpack_payload(body)
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from psoup import Client, Engine
 from psoup.server import Limits, Server
 from psoup.server.ops import OPS
-from psoup.server.protocol import HEADER, PROTOCOL, pack_frame, unpack_payload
-from tests.support import Clock
+from psoup.server.protocol import HEADER, PROTOCOL, pack_frame
+from tests.support import Clock, read_reply
 
 TOKEN = "fuzz-token"
 LIMITS = Limits(max_frame_bytes=1 << 16, max_batch_rows=100, max_query_chars=500,
@@ -50,33 +50,17 @@ class _Wire:
             self.sock = socket.create_connection(self.address, timeout=5.0)
             self.sock.sendall(pack_frame({"id": 0, "op": "hello",
                                           "args": {"token": TOKEN, "protocol": PROTOCOL}}))
-            assert self._reply()["ok"]
+            assert read_reply(self.sock)["ok"]
         try:
             payload = msgpack.packb(message, use_bin_type=True)
         except (TypeError, ValueError, OverflowError):
             return None
         self.sock.sendall(HEADER.pack(len(payload)) + payload)
-        reply = self._reply()
+        reply = read_reply(self.sock)
         if reply is None:
             self.sock.close()
             self.sock = None
         return reply
-
-    def _reply(self):
-        head = self._read(HEADER.size)
-        if head is None:
-            return None
-        body = self._read(HEADER.unpack(head)[0])
-        return None if body is None else unpack_payload(body)
-
-    def _read(self, n):
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return buf
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,9 @@ from psoup.results.result import Changes, Result
 from psoup.server import Limits, Server
 from psoup.server import server as server_module
 from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
-                                   pack_frame, unpack_payload)
+                                   pack_frame)
 
-from tests.support import Clock
+from tests.support import Clock, read_reply
 
 TOKEN = "test-token"
 LIMITS = Limits(max_frame_bytes=1 << 20, max_batch_rows=5_000, max_query_chars=2_000,
@@ -114,22 +114,10 @@ class Raw:
         return reply["result"]
 
     def reply(self):
-        head = self._read(HEADER.size)
-        if head is None:
-            return None
-        return unpack_payload(self._read(HEADER.unpack(head)[0]))
+        return read_reply(self.sock)
 
     def at_eof(self) -> bool:
         return self.sock.recv(1) == b""
-
-    def _read(self, n):
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return buf
 
     def close(self):
         self.sock.close()
