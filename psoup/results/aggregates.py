@@ -424,9 +424,17 @@ class Aggregator:
         sums = {}
         for c in self.sums:
             ordered = columns[c][order]
-            prefix = _prefix_of(ordered)
-            sums[c] = [_range_sum(later, earlier, ordered, i, j) for later, earlier, i, j in zip(
-                prefix[ends].tolist(), prefix[starts].tolist(), starts.tolist(), ends.tolist())]
+            if ordered.dtype.kind in "iu":      # exact: differences of one INT prefix
+                prefix = _prefix_of(ordered)
+                sums[c] = [_range_sum(later, earlier, ordered, i, j) for later, earlier, i, j
+                           in zip(prefix[ends].tolist(), prefix[starts].tolist(),
+                                  starts.tolist(), ends.tolist())]
+            else:   # a FLOAT group is summed from zero, rounding only its own values (a
+                # difference of one prefix over all groups carries the rounding of the
+                # groups before it: 4 x 0.5 came out 1.9999999999999998)
+                sums[c] = [_range_sum(*_prefix_of(ordered[i:j])[[-1, 0]].tolist(),
+                                      ordered[i:j], 0, j - i)
+                           for i, j in zip(starts.tolist(), ends.tolist())]
         extremes = {(c, op): _UFUNCS[op].reduceat(columns[c][order], starts).tolist()
                     for c, ops in self.extremes.items() for op in ops}
         return self._result(keys, counts.tolist(), sums, extremes,
