@@ -432,9 +432,8 @@ class Aggregator:
             else:   # a FLOAT group is summed from zero, rounding only its own values (a
                 # difference of one prefix over all groups carries the rounding of the
                 # groups before it: 4 x 0.5 came out 1.9999999999999998)
-                sums[c] = [_range_sum(*_prefix_of(ordered[i:j])[[-1, 0]].tolist(),
-                                      ordered[i:j], 0, j - i)
-                           for i, j in zip(starts.tolist(), ends.tolist())]
+                sums[c] = [_group_sum(ordered[i:j]) for i, j in zip(starts.tolist(),
+                                                                    ends.tolist())]
         extremes = {(c, op): _UFUNCS[op].reduceat(columns[c][order], starts).tolist()
                     for c, ops in self.extremes.items() for op in ops}
         return self._result(keys, counts.tolist(), sums, extremes,
@@ -723,6 +722,12 @@ def _range_sum(later: list, earlier: list, values: np.ndarray | None, i: int,
     assert values is not None, "a FLOAT prefix comes with its values"
     with np.errstate(invalid="ignore"):
         return float(np.sum(values[i:j]))
+
+
+def _group_sum(values: np.ndarray) -> int | float:
+    """The sum of `values` from zero, as a prefix over them alone would give it."""
+    prefix = _prefix_of(values)
+    return _range_sum(prefix[-1].tolist(), prefix[0].tolist(), values, 0, len(values))
 
 
 def _int64(value: int) -> int:
