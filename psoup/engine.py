@@ -32,7 +32,7 @@ import numpy as np
 
 from psoup.core import Core
 from psoup.eddy.routing import POLICIES
-from psoup.errors import LimitError, PSoupError, QueryError
+from psoup.errors import ApplyFailed, LimitError, PSoupError, QueryError
 from psoup.journal.wal import SYNC_MODES
 from psoup.locks import FairLock
 from psoup.query import compile_statement, create_stream_sql
@@ -119,6 +119,7 @@ class Engine:
         self.path = None if path is None else Path(path)
         self._journal: Journal | None = None
         self._closed = False
+        self._failure: str | None = None            # why the engine stopped (ApplyFailed)
         self._checkpoint_error: str | None = None   # of the last automatic checkpoint
         if path is not None:
             from psoup.journal.journal import Journal   # pyarrow loads only when durable
@@ -190,7 +191,8 @@ class Engine:
                 return tuple_ids
             if self._journal is not None:
                 self._journal.insert(stream, first, batch.ts, batch.columns)
-            self._core.append(stream, batch, tuple_ids)
+            self._apply_logged(f"the batch of {batch.n} rows into '{stream}'",
+                               partial(self._core.append, stream, batch, tuple_ids))
             self._after_write()
             return tuple_ids
 
@@ -216,6 +218,8 @@ class Engine:
         left (psoup.results.cursors); a forgotten cursor raises CursorExpired.
         """
         with self._lock:
+            if self._failure is not None:
+                raise ApplyFailed(f"this engine stopped: {self._failure}")
             answer = self._core.answer(handle, self._now(now))
             if since is None:
                 self._cursors.issue(handle, answer)
@@ -230,7 +234,7 @@ class Engine:
             self._core.plan(handle)
             if self._journal is not None:
                 self._journal.unregister(handle)
-            self._unregister(handle)
+            self._apply_logged("the unregistration", partial(self._unregister, handle))
             self._after_write()
 
     def queries(self) -> list[tuple[str, str]]:
@@ -378,7 +382,7 @@ class Engine:
         handle = secrets.token_hex(20)      # 160 bits; hex never looks like an option
         if self._journal is not None:
             self._journal.register(handle, query.sql)
-        self._core.register(query, handle)
+        self._apply_logged("the registration", partial(self._core.register, query, handle))
         self._after_write()
         return handle
 
@@ -424,7 +428,30 @@ class Engine:
         else:
             self._checkpoint_error = None
 
+    def _apply_logged(self, what: str, apply: Callable[[], None]) -> None:
+        """Apply a change that is already in the log (or, in memory, checked). Nothing
+        checkable fails here; if something does all the same, part of the change may be
+        in memory, so the engine stops (ApplyFailed now and on every later call) rather
+        than answer from a state that is neither before nor after: reopened on its
+        path, it applies the logged change whole."""
+        try:
+            apply()
+        except Exception as exc:
+            cause = f"{type(exc).__name__}: {exc}"
+            if self._journal is not None:
+                self._failure = (f"applying {what} failed after it was logged ({cause}); "
+                                 "it is durable and is applied when the engine is "
+                                 "reopened on its path: do not send it again")
+            else:
+                self._failure = (f"applying {what} failed part way ({cause}); the "
+                                 "engine's state is unknown and it keeps no log: start "
+                                 "a new Engine")
+            log.error("engine stopped: %s", self._failure)
+            raise ApplyFailed(self._failure) from exc
+
     def _check_open(self) -> None:
+        if self._failure is not None:
+            raise ApplyFailed(f"this engine stopped: {self._failure}")
         if self._closed:
             raise PSoupError("this engine is closed; open a new Engine on its path")
 

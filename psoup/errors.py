@@ -53,6 +53,15 @@ class UnknownHandle(PSoupError, KeyError):
         return str(self.args[0]) if self.args else "unknown handle"
 
 
+class ApplyFailed(PSoupError):
+    """A change that failed *after* it was logged (a bug, or memory running out while it
+    was applied): with a path it is durable, and the reopened engine applies it, so it
+    must not be sent again. The engine stops (every later call raises this) because its
+    memory may hold part of the change; reopen it on the same path."""
+
+    code = "apply_failed"
+
+
 class CursorExpired(PSoupError):
     """A `since` cursor this engine no longer remembers (too old, or issued before a
     restart); invoke without `since` to get the whole answer and a fresh cursor."""

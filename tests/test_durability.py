@@ -150,6 +150,37 @@ def test_a_failed_automatic_checkpoint_never_fails_the_write_before_it(tmp_path,
     reopened.close()
 
 
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_change_that_fails_after_it_is_logged_stops_the_engine_and_says_so(
+        tmp_path, monkeypatch, durable):
+    """A failure while a logged change is applied (a bug, memory running out) is never
+    reported as a plain failure a caller would retry: the error says the change is
+    durable, the engine refuses every later call, and the reopened engine holds the
+    change exactly once."""
+    eng = psoup.Engine(path=tmp_path if durable else None)
+    eng.execute("CREATE STREAM R (a INT)")
+    handle = eng.register("SELECT a FROM R WHERE a > 0")
+    eng.insert("R", [(1,), (2,)], ts=1.0)
+
+    def broken(*args, **kwargs):
+        raise MemoryError("out of memory")
+    monkeypatch.setattr(eng._core, "append", broken)
+    with pytest.raises(psoup.ApplyFailed, match="do not send it again" if durable
+                       else "state is unknown") as failed:
+        eng.insert("R", [(3,), (4,)], ts=2.0)
+    assert "the batch of 2 rows into 'R'" in str(failed.value)
+    monkeypatch.undo()
+    for call in (lambda: eng.insert("R", [(5,)], ts=3.0), lambda: eng.invoke(handle, now=4.0),
+                 lambda: eng.register("SELECT a FROM R")):
+        with pytest.raises(psoup.ApplyFailed, match="this engine stopped"):
+            call()
+    eng.close()
+    if durable:
+        reopened = psoup.Engine(path=tmp_path)
+        assert sorted(reopened.invoke(handle, now=4.0).rows) == [(1,), (2,), (3,), (4,)]
+        reopened.close()
+
+
 def test_expired_tuples_are_archived_once(tmp_path):
     eng = psoup.Engine(path=tmp_path, chunk_rows=4, checkpoint_bytes=2048)
     eng.execute("CREATE STREAM R (a INT, name TEXT) RETAIN 10 ROWS")
