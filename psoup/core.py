@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from psoup.bits import words_for
 from psoup.eddy.eddy import Eddy
 from psoup.eddy.routing import POLICIES
 from psoup.errors import QueryError, UnknownHandle
@@ -90,6 +91,13 @@ class Core:
         self.eddy.submit_query(plan)
         self.eddy.run()
         self.handles[handle] = plan
+
+    def admission_bytes(self, query: Query) -> int:
+        """The most results memory registering `query` adds at once (see
+        ResultsStructure.admission_bytes). O(chunks)."""
+        slots = self.query_stem.peek(len(query.sources))
+        rows = sum(self.stems[s.stream].retained for s in query.sources)
+        return self.kept.selections.admission_bytes(words_for(max(slots) + 1), rows)
 
     def append(self, stream: str, batch: Batch, tuple_ids: np.ndarray) -> None:
         self.next_tid = max(self.next_tid, int(tuple_ids[-1]) + 1)

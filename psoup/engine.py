@@ -82,6 +82,15 @@ class Engine:
         max_queries: the most standing queries at once (None: no limit); one more
             register raises LimitError and changes nothing. `stats()["limits"]` shows
             the count against it.
+        max_stream_bytes: the most bytes a stream retains (None: no limit), counted as
+            retained tuples x `row_bytes` (8 per INT, FLOAT, ts and tupleID, 1 per BOOL,
+            58 per TEXT); a batch that would pass it, after its RETAIN rule has expired
+            what it expires, raises LimitError and changes nothing.
+        max_results_bytes: the most memory of the results structures (None: no
+            limit; `stats()["memory"]["results"]`); a registration that could take them
+            past it (PSoup-P: the bitmap widened for its slot; PSoup-C: a position per
+            retained tuple) raises LimitError and changes nothing. Inserts are never
+            refused for it: bound the data with RETAIN and max_stream_bytes.
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -97,7 +106,8 @@ class Engine:
                  shared_index: bool = True, sync: str = "always",
                  checkpoint_bytes: int = 64 << 20, routing: str = "adaptive",
                  shared_joins: bool = True, max_factors: int | None = None,
-                 max_queries: int | None = None):
+                 max_queries: int | None = None, max_stream_bytes: int | None = None,
+                 max_results_bytes: int | None = None):
         if mode not in MODE_TABLE:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
@@ -106,11 +116,17 @@ class Engine:
             raise ValueError("chunk_rows must be positive")
         if routing not in POLICIES:
             raise ValueError(f"unknown routing {routing!r} (choose from {', '.join(POLICIES)})")
-        if max_queries is not None and max_queries < 1:
-            raise ValueError("max_queries must be positive (or None: no limit)")
+        for name, limit in (("max_queries", max_queries), ("max_stream_bytes", max_stream_bytes),
+                            ("max_results_bytes", max_results_bytes)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                      or limit < 1):
+                raise ValueError(f"{name} must be a positive integer (or None: no limit), "
+                                 f"got {limit!r}")
         self.mode = mode
         self.max_factors = max_factors
         self.max_queries = max_queries
+        self.max_stream_bytes = max_stream_bytes
+        self.max_results_bytes = max_results_bytes
         self._clock = clock
         self._lock = FairLock()
         self._core = Core(mode, chunk_rows, shared_index, routing, shared_joins)
@@ -140,7 +156,7 @@ class Engine:
                     self._journal.create(sql)
                 self._create(stmt, sql)
                 return None
-            self._admit()
+            self._admit(stmt)
             return self._register(stmt)
 
     def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
@@ -166,7 +182,7 @@ class Engine:
             if not isinstance(stmt, Query):
                 raise QueryError("register() takes a SELECT statement; use execute() for "
                                  "CREATE STREAM")
-            self._admit()
+            self._admit(stmt)
             return self._register(stmt)
 
     # ------------------------------------------------------------------ data
@@ -189,6 +205,7 @@ class Engine:
             tuple_ids = np.arange(first, first + batch.n, dtype=np.int64)
             if batch.n == 0:
                 return tuple_ids
+            self._admit_batch(stem, batch.ts)
             if self._journal is not None:
                 self._journal.insert(stream, first, batch.ts, batch.columns)
             self._apply_logged(f"the batch of {batch.n} rows into '{stream}'",
@@ -283,8 +300,14 @@ class Engine:
         """Per stream rows, bytes and rates; per query result counts; memory use."""
         with self._lock:
             out = self._core.stats(max(self._clock() - self._started, 1e-9))
-            out["limits"] = {"queries": len(self._core.handles),
-                             "max_queries": self.max_queries, "max_factors": self.max_factors}
+            out["limits"] = {
+                "queries": len(self._core.handles), "max_queries": self.max_queries,
+                "max_factors": self.max_factors,
+                "results_bytes": self._core.kept.nbytes(),
+                "max_results_bytes": self.max_results_bytes,
+                "stream_bytes": {name: stem.retained * stem.row_bytes
+                                 for name, stem in self._core.stems.items()},
+                "max_stream_bytes": self.max_stream_bytes}
             if self._journal is not None:
                 out["durability"] = {"path": str(self.path), "sync": self._journal.wal.sync,
                                      "log_bytes": self._journal.wal.size,
@@ -370,13 +393,35 @@ class Engine:
             partial(self._journal.expired, schema.name, schema.columns)
         self._core.create(schema, sql, expired)
 
-    def _admit(self) -> None:
-        """Refuse a new standing query beyond max_queries (before anything is applied;
-        recovery replays what was admitted, whatever the limit is now)."""
+    def _admit(self, query: Query) -> None:
+        """Refuse a new standing query beyond max_queries or max_results_bytes (before
+        anything is applied; recovery replays what was admitted, whatever the limits
+        are now)."""
         held = len(self._core.handles)
         if self.max_queries is not None and held >= self.max_queries:
             raise LimitError(f"the engine holds {held} standing queries, its limit "
                              f"(max_queries={self.max_queries}); unregister one first")
+        if self.max_results_bytes is not None:
+            used = self._core.kept.nbytes()
+            grows = self._core.admission_bytes(query)
+            if used + grows > self.max_results_bytes:
+                raise LimitError(
+                    f"registering this query could take the results memory from {used:,} "
+                    f"to {used + grows:,} bytes, past its limit (max_results_bytes="
+                    f"{self.max_results_bytes:,}); unregister queries, retain less data "
+                    "(RETAIN), or raise the limit")
+
+    def _admit_batch(self, stem: Any, ts: np.ndarray) -> None:
+        """Refuse a batch that would take its stream past max_stream_bytes."""
+        if self.max_stream_bytes is None:
+            return
+        rows = stem.retained_after(ts)
+        if rows * stem.row_bytes > self.max_stream_bytes:
+            raise LimitError(
+                f"stream '{stem.schema.name}': this batch of {len(ts):,} rows would retain "
+                f"{rows:,} rows = {rows * stem.row_bytes:,} bytes ({stem.row_bytes} per row), "
+                f"past its limit (max_stream_bytes={self.max_stream_bytes:,}); nothing was "
+                "stored. Retain less (RETAIN n ROWS or a time), or raise the limit")
 
     def _register(self, query: Query) -> str:
         handle = secrets.token_hex(20)      # 160 bits; hex never looks like an option

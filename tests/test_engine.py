@@ -314,7 +314,8 @@ def test_registrations_beyond_max_queries_are_refused_and_change_nothing(mode, t
         with pytest.raises(psoup.LimitError, match=r"2 standing queries.*max_queries=2"):
             call()
     assert len(eng.queries()) == 2
-    assert eng.stats()["limits"] == {"queries": 2, "max_queries": 2, "max_factors": None}
+    limits = eng.stats()["limits"]
+    assert (limits["queries"], limits["max_queries"], limits["max_factors"]) == (2, 2, None)
     eng.unregister(first)
     eng.register("SELECT * FROM R WHERE a > 3")       # room again
     eng.close()
@@ -323,6 +324,85 @@ def test_registrations_beyond_max_queries_are_refused_and_change_nothing(mode, t
     with pytest.raises(psoup.LimitError):
         reopened.register("SELECT * FROM R")
     reopened.close()
+
+
+@pytest.mark.parametrize("retain", ["", "RETAIN 50 ROWS", "RETAIN 10 SECONDS"])
+def test_a_batch_beyond_max_stream_bytes_is_refused_and_changes_nothing(tmp_path, retain):
+    """The limit counts what the stream retains after the batch, its RETAIN rule applied:
+    a batch that stays within it after expiry is stored, one that would not is refused
+    whole, and recovery replays what was admitted whatever the limit is now."""
+    per_row = 8 + 1 + 58 + 16                     # INT, BOOL, TEXT, ts and tupleID
+    eng = psoup.Engine(path=tmp_path, max_stream_bytes=60 * per_row)
+    eng.execute(f"CREATE STREAM R (a INT, b BOOL, c TEXT) {retain}")
+    handle = eng.register("SELECT a FROM R")
+
+    def rows(n: int, start: int) -> dict:
+        return {"a": np.arange(start, start + n), "b": np.zeros(n, bool), "c": ["x"] * n}
+    eng.insert("R", rows(40, 0), ts=np.linspace(0.0, 5.0, 40))
+    before = eng.stats()
+    assert before["limits"]["stream_bytes"] == {"R": 40 * per_row}
+    big = rows(30, 40)
+    if retain == "":                              # 70 rows retained: refused whole
+        with pytest.raises(psoup.LimitError, match=r"stream 'R'.*70 rows.*max_stream_bytes"):
+            eng.insert("R", big, ts=np.arange(40.0, 70.0))
+        keys = ("rows", "rows_total", "bytes", "latest_ts")
+        assert [eng.stats()["streams"]["R"][k] for k in keys] == \
+            [before["streams"]["R"][k] for k in keys]
+        assert len(eng.invoke(handle, now=100.0)) == 40
+    else:                                         # expiry keeps it within: stored
+        eng.insert("R", big, ts=np.arange(40.0, 70.0))
+        assert eng.stats()["limits"]["stream_bytes"]["R"] <= 60 * per_row
+        eng.insert("R", rows(61, 100), ts=np.arange(100.0, 161.0))    # expiry bounds it
+    if retain == "":
+        with pytest.raises(psoup.LimitError):
+            eng.insert("R", rows(61, 100), ts=np.arange(100.0, 161.0))    # alone too big
+    stored = len(eng.invoke(handle, now=200.0))
+    eng.close()
+    reopened = psoup.Engine(path=tmp_path, max_stream_bytes=per_row)   # a lower limit
+    assert len(reopened.invoke(handle, now=200.0)) == stored   # recovery keeps it all
+    reopened.close()
+
+
+def test_registrations_beyond_max_results_bytes_are_refused_and_change_nothing():
+    """PSoup-P: the 65th query needs a second word in every retained row; the limit
+    refuses it before anything changes, and the bound it checked is what registering
+    it and the next batch really cost."""
+    chunk, retained = 64, 512
+    free = psoup.Engine(chunk_rows=chunk)
+    free.execute("CREATE STREAM R (a INT)")
+    free.insert("R", {"a": np.arange(retained)}, ts=0.0)
+    for i in range(64):
+        free.register(f"SELECT * FROM R WHERE a > {i}")
+    one_word = free.stats()["memory"]["results"]
+    free.register("SELECT * FROM R WHERE a > 64")
+    free.insert("R", {"a": np.arange(1)}, ts=1.0)
+    two_words = free.stats()["memory"]["results"]
+    assert two_words > one_word
+
+    eng = psoup.Engine(chunk_rows=chunk, max_results_bytes=one_word)
+    eng.execute("CREATE STREAM R (a INT)")
+    eng.insert("R", {"a": np.arange(retained)}, ts=0.0)
+    handles = [eng.register(f"SELECT * FROM R WHERE a > {i}") for i in range(64)]
+    before = eng.stats()
+    with pytest.raises(psoup.LimitError, match=r"results memory from .* past its limit"):
+        eng.register("SELECT * FROM R WHERE a > 64")
+    after = eng.stats()
+    assert after["queries"] == before["queries"] and after["memory"] == before["memory"]
+    assert after["limits"]["results_bytes"] == one_word
+    eng.unregister(handles[0])                    # a free slot in the first word: room
+    eng.register("SELECT * FROM R WHERE a > 64")
+    eng._check()
+    roomy = psoup.Engine(chunk_rows=chunk, max_results_bytes=two_words)
+    roomy.execute("CREATE STREAM R (a INT)")
+    roomy.insert("R", {"a": np.arange(retained)}, ts=0.0)
+    for i in range(65):                           # the bound is not above the real cost
+        roomy.register(f"SELECT * FROM R WHERE a > {i}")
+
+
+def test_limits_must_be_positive_integers():
+    for bad in (0, -1, 1.5, True, "10"):
+        with pytest.raises(ValueError, match="max_stream_bytes must be a positive integer"):
+            psoup.Engine(max_stream_bytes=bad)
 
 
 def test_bad_mode_and_sync_are_rejected():

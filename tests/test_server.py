@@ -418,6 +418,22 @@ def test_registrations_beyond_the_servers_max_queries_are_a_limit_error(engine):
         srv.stop()
 
 
+def test_a_batch_beyond_the_servers_max_stream_bytes_is_a_limit_error(engine):
+    srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_stream_bytes=24 * 10))
+    host, port = srv.start_in_thread()
+    try:
+        with Client(f"{host}:{port}", token=TOKEN) as client:
+            client.execute("CREATE STREAM R (a INT)")           # 24 bytes a row
+            client.insert("R", [(i,) for i in range(10)], ts=1.0)
+            with pytest.raises(psoup.LimitError, match="max_stream_bytes=240"):
+                client.insert("R", [(10,)], ts=2.0)
+            stats = client.stats()
+            assert stats["streams"]["R"]["rows"] == 10
+            assert stats["limits"]["stream_bytes"] == {"R": 240}
+    finally:
+        srv.stop()
+
+
 def test_connections_beyond_the_limit_are_refused(engine):
     srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_connections=1))
     host, port = srv.start_in_thread()

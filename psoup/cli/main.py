@@ -60,6 +60,27 @@ class Failure(click.ClickException):
         click.echo(f"error: {self.message}", err=True)
 
 
+class ByteSize(click.ParamType):
+    """A number of bytes: 1000000, 512M, 512MB, 2GiB (K, M, G, T are powers of 1,024).
+
+    Example:
+        >>> ByteSize().convert("2GiB", None, None), ByteSize().convert("1500", None, None)
+        (2147483648, 1500)
+    """
+
+    name = "bytes"
+    _FORM = re.compile(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        match = self._FORM.match(str(value))
+        if not match or int(match[1]) < 1:
+            self.fail(f"{value!r} is not a positive size in bytes (e.g. 1000000, 512M, 2GiB)",
+                      param, ctx)
+        return int(match[1]) << (10 * " KMGT".index(match[2].upper() or " "))
+
+
 @dataclass
 class Settings:
     """The group's options: where the server is and how to authenticate."""
@@ -194,9 +215,16 @@ def demo(mode: str, rows: int, seed: int) -> None:
 @click.option("--max-queries", type=click.IntRange(1), default=None,
               help="Refuse registrations beyond this many standing queries (default: no "
                    "limit).")
+@click.option("--max-stream-bytes", type=ByteSize(), default=None,
+              help="Refuse batches that would make a stream retain more than this, e.g. "
+                   "2GiB (default: no limit).")
+@click.option("--max-results-bytes", type=ByteSize(), default=None,
+              help="Refuse registrations that could take the results memory past this, "
+                   "e.g. 4GiB (default: no limit).")
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
-          sync: str, max_queries: int | None) -> None:
+          sync: str, max_queries: int | None, max_stream_bytes: int | None,
+          max_results_bytes: int | None) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
@@ -206,7 +234,10 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
 
     try:
         run_server(data_dir=data_dir, host=host, port=port, token=settings.token, mode=mode,
-                   sync=sync, limits=Limits(max_queries=max_queries), echo=click.echo)
+                   sync=sync, limits=Limits(max_queries=max_queries,
+                                            max_stream_bytes=max_stream_bytes,
+                                            max_results_bytes=max_results_bytes),
+                   echo=click.echo)
     except OSError as exc:
         raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 

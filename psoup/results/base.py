@@ -72,6 +72,12 @@ class ResultsStructure(Sink):
 
     keeps_rows = True
 
+    def admission_bytes(self, words: int, rows: int) -> int:
+        """The most memory that registering one more query can add here at once: its
+        slot needs `words` words per row, and it may match all `rows` retained tuples of
+        its streams. O(chunks). Nothing kept per query (NoMat): 0."""
+        return 0
+
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
         """Sorted positions within `span` of the tuples that satisfy query `slot` (valid
         until the structure's next read: a structure may reuse the buffer)."""

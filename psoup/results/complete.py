@@ -77,6 +77,10 @@ class CompleteResults(ResultsStructure):
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
         return span.pick(self.positions(slot, source.stream))
 
+    def admission_bytes(self, words: int, rows: int) -> int:
+        """A position (8 bytes) per retained tuple the new query may match."""
+        return 8 * rows
+
     def nbytes(self) -> int:
         return sum(p.nbytes for pieces in self._lists.values() for p in pieces)
 

@@ -190,6 +190,15 @@ class PartialResults(ResultsStructure):
             parts.append(rows[(chunk[word, rows] & mask) != 0] + k * cap)
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
+    def admission_bytes(self, words: int, rows: int) -> int:
+        """The widening a slot needing `words` words brings, once every retained chunk
+        holds it (its own matches widen some at once, later batches the rest); the
+        matches themselves are bits of rows that exist. O(chunks)."""
+        wider = (self.chunk_rows + ROW_PAD) * 8
+        return sum((_rows_for(words) - c.shape[0]) * wider
+                   for by_k in self._bitmaps.values() for c in by_k.values()
+                   if c.shape[0] < words)
+
     def nbytes(self) -> int:
         chunks = [c for by_k in self._bitmaps.values() for c in by_k.values()] + self._spare
         return sum(c.shape[0] * (self.chunk_rows + ROW_PAD) * 8 for c in chunks)

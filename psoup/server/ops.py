@@ -45,6 +45,8 @@ class Limits:
             connection is authenticated; otherwise the connection is closed.
         max_queries: standing queries the server's engine holds at once (None: no
             limit); one more register gets a "limit" reply.
+        max_stream_bytes, max_results_bytes: the engine's memory limits (None: none;
+            see psoup.Engine): a batch or a registration beyond one gets a "limit" reply.
         max_connections: authenticated connections; one more hello gets a "limit" reply
             and is closed.
         hello_frame_bytes: the largest frame before a connection's hello succeeded (a
@@ -67,6 +69,8 @@ class Limits:
     max_factors: int = 256
     read_timeout: float = 30.0
     max_queries: int | None = None
+    max_stream_bytes: int | None = None
+    max_results_bytes: int | None = None
     max_connections: int = 1024
     hello_frame_bytes: int = 4096
     hello_timeout: float = 5.0

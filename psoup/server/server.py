@@ -153,8 +153,9 @@ class Server:
         # the factor limit is the compiler's: the engine refuses longer WHERE clauses
         if engine.max_factors is None or engine.max_factors > self.limits.max_factors:
             engine.max_factors = self.limits.max_factors
-        if self.limits.max_queries is not None:
-            engine.max_queries = self.limits.max_queries
+        for name in ("max_queries", "max_stream_bytes", "max_results_bytes"):
+            if getattr(self.limits, name) is not None:
+                setattr(engine, name, getattr(self.limits, name))
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -179,6 +179,24 @@ class DataSteM:
     def retained(self) -> int:
         return self.n - self.horizon
 
+    @property
+    def row_bytes(self) -> int:
+        """What a retained tuple counts against a stream's byte limit: 8 bytes per INT,
+        FLOAT, ts and tupleID, 1 per BOOL, 58 per TEXT (a reference and a short string)."""
+        return sum(58 if dt.kind == "O" else dt.itemsize for dt in self._dtypes.values())
+
+    def retained_after(self, ts: np.ndarray) -> int:
+        """How many tuples are retained once a batch with these (checked) timestamps is
+        appended, by the stream's RETAIN rule. O(log n)."""
+        n, schema = len(ts), self.schema
+        if schema.retain_rows is not None:
+            return min(schema.retain_rows, self.retained + n)
+        if schema.retain_seconds is not None and n:
+            cutoff = float(ts[-1]) - schema.retain_seconds
+            old = self.n - max(self.horizon, self.ts_search(cutoff, "left"))
+            return old + n - int(np.searchsorted(ts, cutoff, side="left"))
+        return self.retained + n
+
     # ------------------------------------------------------------------ reads
 
     def _pieces(self, p0: int, p1: int, lowest: int | None = None

@@ -134,6 +134,11 @@ class QuerySteM:
         self.words = max(self.words, words_for(slot + 1))
         return slot
 
+    def peek(self, n: int) -> list[int]:
+        """The n slots the next n `allocate` calls would hand out. O(n log free)."""
+        free = heapq.nsmallest(n, self._free)
+        return free + list(range(self._next, self._next + n - len(free)))
+
     def reserve(self, slot: int) -> None:
         """Make `slot` addressable, for a Query SteM that mirrors another's slots (the
         Spark tasks of psoup.spark.history)."""
