@@ -71,6 +71,10 @@ class Engine:
             power loss).
         checkpoint_bytes: with a path, the log size at which the retained state is
             written as a fresh log and the old one dropped.
+        checkpoint_seconds: with a path, the time after which the log is checkpointed
+            too once it has grown by 1 MiB since the last checkpoint (None: by size only).
+        progress: with a path, called as progress(bytes replayed, log bytes) about
+            every half second while the log is replayed at start, and once at its end.
         routing: the order of a join's probes: "adaptive" (learned from the observed
             fan-out of each step) or "fixed" (FROM order).
         shared_joins: False joins each new batch once per join query instead of once
@@ -104,7 +108,9 @@ class Engine:
     def __init__(self, path: str | None = None, mode: str = "partial",
                  clock: Callable[[], float] = time.time, chunk_rows: int = 8192,
                  shared_index: bool = True, sync: str = "always",
-                 checkpoint_bytes: int = 64 << 20, routing: str = "adaptive",
+                 checkpoint_bytes: int = 64 << 20, checkpoint_seconds: float | None = 3600.0,
+                 progress: Callable[[int, int], None] | None = None,
+                 routing: str = "adaptive",
                  shared_joins: bool = True, max_factors: int | None = None,
                  max_queries: int | None = None, max_stream_bytes: int | None = None,
                  max_results_bytes: int | None = None):
@@ -139,9 +145,8 @@ class Engine:
         self._checkpoint_error: str | None = None   # of the last automatic checkpoint
         if path is not None:
             from psoup.journal.journal import Journal   # pyarrow loads only when durable
-            self._journal = Journal(path, sync, checkpoint_bytes)
-            for record in self._journal.replay():
-                self._apply(record)
+            self._journal = Journal(path, sync, checkpoint_bytes, checkpoint_seconds)
+            self._recover(progress)
 
     # ------------------------------------------------------------------ statements
 
@@ -434,6 +439,19 @@ class Engine:
     def _unregister(self, handle: str) -> None:
         self._core.unregister(handle)
         self._cursors.forget(handle)
+
+    def _recover(self, progress: Callable[[int, int], None] | None) -> None:
+        """Replay the log (O(its size): a checkpointed log is the retained state with the
+        queries first, so each batch probes them all at once)."""
+        assert self._journal is not None
+        wal, shown = self._journal.wal, time.monotonic()
+        for record in self._journal.replay():
+            self._apply(record)
+            if progress is not None and time.monotonic() - shown >= 0.5:
+                progress(*wal.replayed)
+                shown = time.monotonic()
+        if progress is not None:
+            progress(wal.size, wal.size)
 
     def _apply(self, record: Record) -> None:
         """Redo one log record through the ordinary paths (recovery)."""

@@ -181,6 +181,42 @@ def test_a_change_that_fails_after_it_is_logged_stops_the_engine_and_says_so(
         reopened.close()
 
 
+def test_a_slowly_growing_log_is_checkpointed_by_time(tmp_path, monkeypatch):
+    """Past checkpoint_seconds, a log that grew by CHECKPOINT_MIN_GROWTH is rewritten
+    as the retained state; with checkpoint_seconds=None only its size counts."""
+    from psoup.journal import journal
+    monkeypatch.setattr(journal, "CHECKPOINT_MIN_GROWTH", 2000)
+    for seconds, rewritten in ((0.0, True), (None, False)):
+        where = tmp_path / str(seconds)
+        eng = psoup.Engine(path=where, checkpoint_seconds=seconds)
+        eng.execute("CREATE STREAM R (a INT) RETAIN 10 ROWS")
+        handle = eng.register("SELECT a FROM R")
+        sizes = []
+        for i in range(40):
+            eng.insert("R", [(j,) for j in range(20)], ts=float(i))
+            sizes.append(eng.stats()["durability"]["log_bytes"])
+        assert (max(sizes) < 3 * 2000) == rewritten
+        eng.close()
+        with psoup.Engine(path=where) as reopened:
+            assert len(reopened.invoke(handle, now=50.0)) == 10
+
+
+def test_recovery_reports_its_progress_through_the_log(tmp_path):
+    eng = psoup.Engine(path=tmp_path)
+    eng.execute("CREATE STREAM R (a INT)")
+    for i in range(50):
+        eng.insert("R", [(j,) for j in range(100)], ts=float(i))
+    eng.close()
+    calls: list[tuple[int, int]] = []
+    reopened = psoup.Engine(path=tmp_path, progress=lambda done, total: calls.append((done,
+                                                                                      total)))
+    size = reopened.stats()["durability"]["log_bytes"]
+    assert calls and calls[-1] == (size, size) and size > 50 * 800
+    assert all(0 <= done <= total for done, total in calls)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+    reopened.close()
+
+
 def test_expired_tuples_are_archived_once(tmp_path):
     eng = psoup.Engine(path=tmp_path, chunk_rows=4, checkpoint_bytes=2048)
     eng.execute("CREATE STREAM R (a INT, name TEXT) RETAIN 10 ROWS")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -35,6 +36,10 @@ from psoup.fsync import make_dir
 
 #: Retained rows per insert record of a checkpoint (bounds one record's size).
 CHECKPOINT_ROWS = 1 << 16
+
+#: A checkpoint by time needs the log to have grown this much since the last one (a
+#: quiet engine is not rewritten for a few records).
+CHECKPOINT_MIN_GROWTH = 1 << 20
 
 
 @dataclass
@@ -68,16 +73,23 @@ class Journal:
         path: the engine's data directory (created if missing).
         sync: "always", "group" or "off" (see WriteAheadLog).
         checkpoint_bytes: log size that triggers a checkpoint.
+        checkpoint_seconds: time after the last checkpoint (or the start) that triggers
+            one, when the log has grown by CHECKPOINT_MIN_GROWTH since (None: by size
+            only): a slowly growing log is compacted too, so a restart replays about the
+            retained state, not days of records.
     """
 
     def __init__(self, path: str | Path, sync: str = "always",
-                 checkpoint_bytes: int = 64 << 20):
+                 checkpoint_bytes: int = 64 << 20, checkpoint_seconds: float | None = 3600.0):
         self.path = Path(path)
         make_dir(self.path, private=True)                           # tuples are private
         self._lock_fd = _lock(self.path / "lock")
         self.wal = WriteAheadLog(self.path / "wal", sync)
         self.archive = Archive(self.path / "archive", private=True)
         self.checkpoint_bytes = checkpoint_bytes
+        self.checkpoint_seconds = checkpoint_seconds
+        self._last_checkpoint = time.monotonic()
+        self._base: int | None = None       # log size after the last checkpoint (or replay)
 
     # ------------------------------------------------------------------ recovery
 
@@ -112,7 +124,14 @@ class Journal:
 
     @property
     def checkpoint_due(self) -> bool:
-        return self.wal.size >= self.checkpoint_bytes
+        size = self.wal.size
+        if size >= self.checkpoint_bytes:
+            return True
+        if self._base is None:
+            self._base = size
+        return (self.checkpoint_seconds is not None
+                and size - self._base >= CHECKPOINT_MIN_GROWTH
+                and time.monotonic() - self._last_checkpoint >= self.checkpoint_seconds)
 
     def checkpoint(self, streams: Mapping[str, StreamImage], next_tid: int,
                    handles: Iterable[tuple[str, str]]) -> None:
@@ -122,6 +141,7 @@ class Journal:
                 self.archive.add(name, image.columns, image.expired)
         self.archive.flush()
         self.wal.rotate(_image_records(streams, next_tid, handles))
+        self._base, self._last_checkpoint = self.wal.size, time.monotonic()
 
     def commit(self) -> None:
         self.wal.commit()
@@ -154,6 +174,12 @@ def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
                    handles: Iterable[tuple[str, str]]) -> Iterator[dict[str, Any]]:
     for image in streams.values():
         yield {"op": "create", "sql": image.ddl}
+    # Queries before data: replayed, each registration meets no tuples (O(cells)), and
+    # each batch then probes all of them at once, O(rows x queries / 64), instead of
+    # each query searching every retained tuple (duality: the same results).
+    yield {"op": "state", "next_tid": int(next_tid)}
+    for handle, sql in handles:
+        yield {"op": "register", "handle": handle, "sql": sql}
     for name, image in streams.items():
         data = image.retained
         names = [c for c, _ in image.columns]
@@ -162,9 +188,6 @@ def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
             yield {"op": "insert", "stream": name, "tids": encode_array(data["tupleID"][a:b]),
                    "ts": encode_array(data["ts"][a:b]),
                    "cols": encode_columns({c: data[c][a:b] for c in names})}
-    yield {"op": "state", "next_tid": int(next_tid)}
-    for handle, sql in handles:
-        yield {"op": "register", "handle": handle, "sql": sql}
 
 
 def _decode(raw: Any, where: Path) -> Record:

@@ -104,6 +104,8 @@ class WriteAheadLog:
         self._fd: int | None = None
         self._seq = 0
         self._size = 0
+        #: (bytes read, bytes in the segment) while replay runs, for progress reports
+        self.replayed = (0, 0)
         self._dirty = False       # bytes written since the last fsync
         self._closed = False
 
@@ -191,6 +193,7 @@ class WriteAheadLog:
                     raise PSoupError(f"write-ahead log {path} is corrupt: the record at byte "
                                      f"{offset} passes its checksum but does not decode "
                                      f"({e})") from None
+                self.replayed = (end, file_size)
                 yield record
                 offset = end
         if offset < file_size:

@@ -645,7 +645,15 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     written: list[Path] = []
     try:
-        engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync)
+        shown: list[int] = []
+
+        def recovering(done: int, total: int) -> None:
+            if done < total or shown:   # silent when the replay took under half a second
+                shown.append(done)
+                echo(f"recovering {data_dir}: {done / max(total, 1):.0%} of "
+                     f"{total / 2**20:.1f} MiB of log")
+        engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync,
+                        progress=recovering)
         try:
             generated = token is None
             if token is None:
