@@ -32,7 +32,7 @@ import numpy as np
 
 from psoup.core import Core
 from psoup.eddy.routing import POLICIES
-from psoup.errors import ApplyFailed, LimitError, PSoupError, QueryError
+from psoup.errors import ApplyFailed, LimitError, PSoupError, QueryError, SchemaError
 from psoup.journal.wal import SYNC_MODES
 from psoup.locks import FairLock
 from psoup.query import compile_statement, create_stream_sql
@@ -49,6 +49,27 @@ log = logging.getLogger("psoup.engine")
 
 #: The engine modes of PSoup Sect. 5: PSoup-P (default), PSoup-C and NoMat.
 MODES = tuple(MODE_TABLE)
+
+#: The latest ts accepted by default: 10^11 seconds is the year 5138, and a clock in
+#: milliseconds (1.8e12 in 2026) passes it by far. Engine(max_ts=None) lifts it.
+MAX_TS = 1e11
+
+
+def _ts_unit_hint(value: float) -> str:
+    """What a ts past MAX_TS probably is, as advice.
+
+    Example:
+        >>> _ts_unit_hint(1795353067184.0)[:62]
+        'it looks like milliseconds since the epoch (2026-11-22): psoup'
+    """
+    for unit, scale in (("milliseconds", 1e3), ("microseconds", 1e6), ("nanoseconds", 1e9)):
+        seconds = value / scale
+        if 0 <= seconds <= MAX_TS and seconds < 4102444800:        # before 2100
+            day = time.strftime("%Y-%m-%d", time.gmtime(seconds))
+            flag = {"milliseconds": "ms", "microseconds": "us", "nanoseconds": "ns"}[unit]
+            return (f"it looks like {unit} since the epoch ({day}): psoup takes seconds, "
+                    f"so divide by {scale:,.0f} (psoup ingest --ts-unit {flag})")
+    return "psoup takes seconds since the epoch (or any clock of seconds)"
 
 
 class Engine:
@@ -90,6 +111,9 @@ class Engine:
             retained tuples x `row_bytes` (8 per INT, FLOAT, ts and tupleID, 1 per BOOL,
             58 per TEXT); a batch that would pass it, after its RETAIN rule has expired
             what it expires, raises LimitError and changes nothing.
+        max_ts: the latest ts a batch may carry (default MAX_TS, the year 5138; None: no
+            limit): a ts in milliseconds would otherwise be taken as seconds thousands
+            of years ahead, and every correct ts after it refused as decreasing.
         max_results_bytes: the most memory of the results structures (None: no
             limit; `stats()["memory"]["results"]`); a registration that could take them
             past it (PSoup-P: the bitmap widened for its slot; PSoup-C: a position per
@@ -113,7 +137,7 @@ class Engine:
                  routing: str = "adaptive",
                  shared_joins: bool = True, max_factors: int | None = None,
                  max_queries: int | None = None, max_stream_bytes: int | None = None,
-                 max_results_bytes: int | None = None):
+                 max_results_bytes: int | None = None, max_ts: float | None = MAX_TS):
         if mode not in MODE_TABLE:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
@@ -133,6 +157,7 @@ class Engine:
         self.max_queries = max_queries
         self.max_stream_bytes = max_stream_bytes
         self.max_results_bytes = max_results_bytes
+        self.max_ts = max_ts
         self._clock = clock
         self._lock = FairLock()
         self._core = Core(mode, chunk_rows, shared_index, routing, shared_joins)
@@ -210,6 +235,7 @@ class Engine:
             tuple_ids = np.arange(first, first + batch.n, dtype=np.int64)
             if batch.n == 0:
                 return tuple_ids
+            self._check_ts(stream, batch.ts)
             self._admit_batch(stem, batch.ts)
             if self._journal is not None:
                 self._journal.insert(stream, first, batch.ts, batch.columns)
@@ -415,6 +441,16 @@ class Engine:
                     f"to {used + grows:,} bytes, past its limit (max_results_bytes="
                     f"{self.max_results_bytes:,}); unregister queries, retain less data "
                     "(RETAIN), or raise the limit")
+
+    def _check_ts(self, stream: str, ts: np.ndarray) -> None:
+        """Refuse a batch with a ts past max_ts (ts never decrease: the last is the
+        largest)."""
+        if self.max_ts is None or not ts[-1] > self.max_ts:
+            return
+        row = int(np.searchsorted(ts, self.max_ts, side="right"))
+        raise SchemaError(f"stream '{stream}', row {row}: ts {float(ts[row])!r} is past "
+                          f"max_ts ({self.max_ts:g} s): "
+                          f"{_ts_unit_hint(float(ts[row]))}; nothing was stored")
 
     def _admit_batch(self, stem: Any, ts: np.ndarray) -> None:
         """Refuse a batch that would take its stream past max_stream_bytes."""

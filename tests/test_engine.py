@@ -399,6 +399,25 @@ def test_registrations_beyond_max_results_bytes_are_refused_and_change_nothing()
         roomy.register(f"SELECT * FROM R WHERE a > {i}")
 
 
+def test_a_timestamp_in_milliseconds_is_refused_with_advice_and_changes_nothing():
+    """A ms clock read as seconds would put the stream thousands of years ahead and
+    refuse every correct ts after it: refused by default, the unit named."""
+    eng = psoup.Engine()
+    eng.execute("CREATE STREAM R (a INT)")
+    handle = eng.register("SELECT a FROM R")
+    eng.insert("R", [(1,)], ts=1_795_353_000.0)
+    stamps = np.array([1_795_353_001.0, 1_795_353_067_184.0])
+    with pytest.raises(SchemaError, match=r"row 1: ts 1795353067184.0 is past max_ts.*"
+                                          r"milliseconds since the epoch \(2026-11-22\).*"
+                                          r"--ts-unit ms"):
+        eng.insert("R", [(2,), (3,)], ts=stamps)
+    eng.insert("R", [(4,)], ts=1_795_353_002.0)              # the stream is unharmed
+    assert [r[0] for r in eng.invoke(handle, now=1_795_353_010.0).rows] == [1, 4]
+    free = psoup.Engine(max_ts=None)                          # asked for: accepted
+    free.execute("CREATE STREAM R (a INT)")
+    free.insert("R", [(1,)], ts=1_795_353_067_184.0)
+
+
 def test_limits_must_be_positive_integers():
     for bad in (0, -1, 1.5, True, "10"):
         with pytest.raises(ValueError, match="max_stream_bytes must be a positive integer"):
