@@ -17,8 +17,8 @@ Example:
 
 from psoup.client import Client
 from psoup.engine import MODES, Engine
-from psoup.errors import (CursorExpired, CursorInvalid, LimitError, PSoupError, QueryError, SchemaError,
-                          UnknownHandle)
+from psoup.errors import (CursorExpired, CursorInvalid, LimitError, PSoupError, QueryError,
+                          SchemaError, UnknownHandle)
 from psoup.results.result import Result
 
 __version__ = "0.1.0"
