@@ -17,11 +17,12 @@ Example:
 
 from psoup.client import Client
 from psoup.engine import MODES, Engine
-from psoup.errors import (ApplyFailed, CursorExpired, LimitError, PSoupError, QueryError,
-                          SchemaError, UnknownHandle)
+from psoup.errors import (ApplyFailed, CursorExpired, CursorInvalid, LimitError, PSoupError,
+                          QueryError, SchemaError, UnknownHandle)
 from psoup.results.result import Result
 
 __version__ = "0.1.0"
 
 __all__ = ["Engine", "Client", "MODES", "Result", "PSoupError", "QueryError", "SchemaError",
-           "LimitError", "UnknownHandle", "CursorExpired", "ApplyFailed", "__version__"]
+           "LimitError", "UnknownHandle", "CursorExpired", "CursorInvalid", "ApplyFailed",
+           "__version__"]

@@ -37,7 +37,7 @@ from psoup.journal.wal import SYNC_MODES
 from psoup.locks import FairLock
 from psoup.query import compile_statement, create_stream_sql
 from psoup.query.model import Query, StreamSchema
-from psoup.results.cursors import CursorStore
+from psoup.results.cursors import CursorStore, cursor_secret
 from psoup.results.modes import MODES as MODE_TABLE
 from psoup.results.result import Changes, Result
 from psoup.stems.batch import make_batch
@@ -161,7 +161,6 @@ class Engine:
         self._clock = clock
         self._lock = FairLock()
         self._core = Core(mode, chunk_rows, shared_index, routing, shared_joins)
-        self._cursors = CursorStore()
         self._started = clock()
         self.path = None if path is None else Path(path)
         self._journal: Journal | None = None
@@ -171,6 +170,9 @@ class Engine:
         if path is not None:
             from psoup.journal.journal import Journal   # pyarrow loads only when durable
             self._journal = Journal(path, sync, checkpoint_bytes, checkpoint_seconds)
+        self._cursors = CursorStore(self._core.answers,
+                                    None if path is None else cursor_secret(path))
+        if self._journal is not None:
             self._recover(progress)
 
     # ------------------------------------------------------------------ statements
@@ -263,17 +265,20 @@ class Engine:
 
         The answer carries a `cursor`. Given `since=cursor`, the result is instead the
         Changes from that earlier answer to this one: rows that entered and rows that
-        left (psoup.results.cursors); a forgotten cursor raises CursorExpired.
+        left (psoup.results.cursors). A cursor survives a restart of a durable engine;
+        one whose answer can no longer be rebuilt raises CursorExpired, and one this
+        engine did not issue for this handle CursorInvalid.
         """
         with self._lock:
             if self._failure is not None:
                 raise ApplyFailed(f"this engine stopped: {self._failure}")
-            answer = self._core.answer(handle, self._now(now))
+            at = self._now(now)
+            answer = self._core.answer(handle, at)
+            plan = self._core.plan(handle)
             if since is None:
-                self._cursors.issue(handle, answer)
+                self._cursors.issue(handle, plan, at, answer)
                 return answer
-            distinct = self._core.plan(handle).query.distinct
-            return self._cursors.changes(handle, since, answer, distinct)
+            return self._cursors.changes(handle, plan, at, since, answer)
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working and its slot is reused."""
@@ -350,6 +355,7 @@ class Engine:
         """Assert the invariants of every structure and between them (for tests)."""
         with self._lock:
             self._core._check()
+            self._cursors._check()
 
     # ------------------------------------------------------------------ durability
 

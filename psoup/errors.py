@@ -63,10 +63,17 @@ class ApplyFailed(PSoupError):
 
 
 class CursorExpired(PSoupError):
-    """A `since` cursor this engine no longer remembers (too old, or issued before a
-    restart); invoke without `since` to get the whole answer and a fresh cursor."""
+    """A `since` cursor whose answer this engine can no longer rebuild (its tuples left
+    memory and its stored copy was dropped, or was lost in a restart); invoke without
+    `since` to get the whole answer and a fresh cursor."""
 
     code = "cursor_expired"
+
+
+class CursorInvalid(CursorExpired):
+    """A `since` string that is no cursor this engine issued for the handle: garbled,
+    forged, or meant for another handle (its integrity check fails). Like an expired
+    cursor (same wire code), the remedy is to invoke without `since`."""
 
 
 class ArchiveError(PSoupError):

@@ -25,6 +25,7 @@ from psoup.results.tiers import ArchiveTiers
 from psoup.results.windows_table import WindowsTable
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.query_stem import JoinPlan, Plan, SelectionPlan
+from psoup.stems.span import Span
 
 
 class Answers:
@@ -55,6 +56,47 @@ class Answers:
         if plan.query.aggregated and plan.query.distinct:
             answer = answer.distinct()
         return answer
+
+    def window_tids(self, plan: Plan, now: float) -> tuple[int, int] | None:
+        """Where the answer at `now` comes from, as a tupleID range [lo, hi) of its
+        stream: for a selection query without aggregates or history whose window is a
+        position range, the answer is its matches in that range, so `recompute` can
+        build it again later (a `since` cursor holds the range instead of the answer).
+        None for every other query. O(log n).
+        """
+        query = plan.query
+        if not isinstance(plan, SelectionPlan) or query.aggregated or plan.slot in self.tiers:
+            return None
+        stem = self.stems[query.sources[0].stream]
+        span = self.windows.spans(plan.slot, [stem], now)[0]
+        if not span.is_range:
+            return None
+        lo, hi = span.bounds()
+        lo = min(max(lo, stem.horizon), stem.n)
+        return stem.tid_bound(lo), stem.tid_bound(max(lo, min(hi, stem.n)))
+
+    def recompute(self, plan: Plan, lo: int, hi: int) -> Result | None:
+        """The answer `window_tids` described by [lo, hi), from the tuples memory still
+        holds (retained or passed by retention but not yet dropped); None when some may
+        have been dropped since. O(hi - lo) for the part retention has passed, plus
+        O(answer).
+        """
+        query = plan.query
+        assert isinstance(plan, SelectionPlan) and not query.aggregated
+        stem = self.stems[query.sources[0].stream]
+        p0, p1 = stem.position_of(lo), stem.position_of(hi)
+        if lo < hi and p0 == stem.oldest > 0 and stem.tid_bound(p0) != lo:
+            return None                 # tuples between lo and the oldest held are gone
+        names = [item.column for item in query.select]
+        wanted = list(dict.fromkeys(names + [TS, TUPLE_ID]))
+        positions = np.empty(0, np.int64)
+        if p0 < p1 and not query.contradiction:
+            passed = stem.probe_held(query.sources[0], p0, min(p1, stem.horizon))
+            kept = self.kept.selection(plan, Span.range(max(p0, stem.horizon), p1))
+            positions = np.concatenate([passed, kept])
+        got = stem.take(wanted, positions)
+        return Result.build(query.columns, [got[name] for name in names], got[TS],
+                            got[TUPLE_ID], query.distinct)
 
     def _selection(self, plan: SelectionPlan, now: float) -> Result:
         query = plan.query

@@ -1,10 +1,28 @@
 """`since` cursors: what a disconnected client saw last, so its next poll gets only the
 changes (the STREAM paper's Istream and Dstream of a query's answer).
 
-An invocation's answer is remembered under a fresh cursor (a random prefix drawn once
-per store, so cursors from before a restart never match, and a counter); invoking with
-`since=cursor` compares the new answer with the remembered one. Each row has an
-identity, and the changes are the multiset difference of the two answers' identities:
+A cursor names an answer without the engine keeping a copy of it per poller. It is a
+short token, `base64url(payload + mac)`:
+
+* payload: a format version, a kind, the answer's 128-bit digest and, for a *range*
+  cursor, the tupleID range [lo, hi) the answer was read from;
+* mac: HMAC-SHA256 of the handle and the payload under the engine's secret, cut to 128
+  bits (`cursor_secret`: a file under a durable engine's data directory, so cursors
+  outlive a restart; random per in-memory engine). A garbled or forged cursor, or one
+  given to another handle, fails the check and raises CursorInvalid, never a wrong
+  answer.
+
+A selection query without aggregates or history, whose window is a position range (a
+time window, ROWS, or everything retained), gets range cursors: its answer is its
+deterministic matches among the stream's tuples in [lo, hi) (`Answers.window_tids`), so
+`since` recomputes the old answer from the tuples memory still holds
+(`Answers.recompute`) and checks it against the digest. Every other answer (aggregates,
+joins, PARTITION BY windows, history), and a range whose tuples memory has dropped since,
+is answered from a stored copy: one per distinct (handle, answer), shared by all the
+pollers that got it, kept most-recently-used first within a byte budget. Only a cursor
+that can be neither recomputed nor found there raises CursorExpired.
+
+The changes are the multiset difference of the two answers' row identities:
 
 * a selection row is its tupleID, a join row the tupleIDs of its tuples, so two equal
   rows from different tuples are different rows (bag semantics);
@@ -20,87 +38,265 @@ multisets, gives the new answer.
 Identities that are numbers (tupleIDs, and the rows of a DISTINCT answer over numeric
 columns) are compared as numpy columns (`row_codes`), so a poll builds no Python tuple
 for them; group keys and text rows are compared as tuples.
-
-Cursors live in memory: each handle keeps its `per_handle` most recently used ones, so a
-retried poll (the reply was lost) and a few concurrent pollers of one handle all work.
-A cursor older than that, or issued before a restart, raises CursorExpired.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
+import os
 import secrets
+import struct
 from collections import Counter, OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from psoup.errors import CursorExpired
+from psoup.errors import CursorExpired, CursorInvalid
+from psoup.fsync import file_mode, fsync_dir
 from psoup.results.result import Changes, Result, row_codes
+
+if TYPE_CHECKING:
+    from psoup.results.answers import Answers
+    from psoup.stems.query_stem import Plan
+
+#: The cursor format: version, kind, answer digest, tupleID range [lo, hi).
+VERSION = 2
+_PAYLOAD = struct.Struct(">BB16sqq")
+_MAC = 16
+STORED, RANGE = 0, 1
+#: The file under a data directory holding the cursors' HMAC key.
+SECRET_FILE = "cursor.key"
 
 
 class CursorStore:
-    """Remembered answers by (handle, cursor).
+    """Issues cursors and answers `since` polls (see the module docstring).
+
+    Costs: `issue` O(answer) (the digest) plus O(log n) to resolve the window; `changes`
+    O(answer) to decode, recompute or look up the old answer, plus O(n log n) for the
+    difference; stored copies take at most `budget` bytes (or one answer, if larger),
+    shared by every poller holding the same answer.
+
+    Args:
+        answers: the engine's Answers (window ranges and recomputation).
+        secret: the HMAC key (`cursor_secret`), or None for a random one.
+        budget: the bytes of stored answers to keep.
 
     Example:
-        >>> store = CursorStore()
-        >>> old = Result(["a"], [(1,), (2,)], np.array([1.0, 2.0]), np.array([10, 11]))
-        >>> c = store.issue("h", old)
-        >>> new = Result(["a"], [(2,), (3,)], np.array([2.0, 3.0]), np.array([11, 12]))
-        >>> ch = store.changes("h", c, new, distinct=False)
+        >>> from psoup.core import Core
+        >>> from psoup.query import compile_statement
+        >>> from psoup.stems.batch import make_batch
+        >>> core = Core("partial", 64, True, "adaptive", True)
+        >>> core.create(compile_statement("CREATE STREAM R (a INT)", {}), "")
+        >>> core.register(compile_statement("SELECT a FROM R", core.schemas()), "h")
+        >>> def put(a):
+        ...     stem = core.stem("R")
+        ...     core.append("R", make_batch(stem.schema, [(a,)], 1.0, 0, stem.last_ts),
+        ...                 np.array([a]))
+        >>> store = CursorStore(core.answers)
+        >>> put(1)
+        >>> c = store.issue("h", core.plan("h"), 0.0, core.answer("h", 0.0))
+        >>> put(2)
+        >>> ch = store.changes("h", core.plan("h"), 0.0, c, core.answer("h", 0.0))
         >>> ch.inserted.rows, ch.deleted.rows
-        ([(3,)], [(1,)])
+        ([(2,)], [])
     """
 
-    def __init__(self, per_handle: int = 8):
-        self.per_handle = per_handle
-        self._by_handle: dict[str, OrderedDict[str, Result]] = {}
-        self._prefix = secrets.token_urlsafe(9)
-        self._issued = 0
+    def __init__(self, answers: Answers, secret: bytes | None = None,
+                 budget: int = 64 << 20):
+        self.answers = answers
+        self.budget = budget
+        self._secret = secrets.token_bytes(32) if secret is None else secret
+        self._kept: OrderedDict[tuple[str, bytes], tuple[Result, int]] = OrderedDict()
+        self._by_handle: dict[str, set[bytes]] = {}
+        self._bytes = 0
 
-    def issue(self, handle: str, answer: Result) -> str:
-        """Remember `answer` under a new cursor, set it on the answer and return it. O(1)."""
-        self._issued += 1
-        cursor = f"{self._prefix}{self._issued:x}"
-        kept = self._by_handle.setdefault(handle, OrderedDict())
-        kept[cursor] = answer
-        while len(kept) > self.per_handle:
-            kept.popitem(last=False)
+    def issue(self, handle: str, plan: Plan, now: float, answer: Result) -> str:
+        """A cursor for `answer` (the handle's answer at `now`), set on the answer too.
+        An answer that cannot be recomputed later is stored (shared with other pollers
+        that got the same one). O(answer)."""
+        digest = answer_digest(answer)
+        window = self.answers.window_tids(plan, now)
+        kind, lo, hi = (STORED, 0, 0) if window is None else (RANGE, *window)
+        self._remember(handle, digest, answer)
+        payload = _PAYLOAD.pack(VERSION, kind, digest, lo, hi)
+        cursor = base64.urlsafe_b64encode(payload + self._mac(handle, payload)).decode()
         answer.cursor = cursor
         return cursor
 
-    def changes(self, handle: str, since: str, answer: Result, distinct: bool) -> Changes:
-        """The difference from the answer remembered under `since` to `answer`; `answer`
-        is remembered under a new cursor. O(n log n) in the two answers' sizes.
+    def changes(self, handle: str, plan: Plan, now: float, since: str,
+                answer: Result) -> Changes:
+        """The difference from the answer `since` stands for to `answer` (the handle's
+        answer at `now`), which gets a new cursor. O(answer) plus O(n log n).
 
         Raises:
-            CursorExpired: `since` is unknown for this handle.
+            CursorInvalid: `since` is not a cursor this engine issued for this handle.
+            CursorExpired: its answer can be neither recomputed nor found.
         """
-        kept = self._by_handle.get(handle)
-        old = kept.get(since) if kept is not None and isinstance(since, str) else None
-        if kept is None or old is None:
-            raise CursorExpired(f"cursor {str(since)[:16]!r} is unknown or expired for this "
-                                "handle (cursors do not survive a restart, and each handle "
-                                f"keeps its last {self.per_handle}); invoke without since "
-                                "to get the whole answer and a new cursor")
-        kept.move_to_end(since)
-        if distinct:
-            entered, left = _differ_columns(answer.values, old.values) or _differ(
-                answer.rows, old.rows)
-        elif answer.keys is not None:            # an aggregated answer: by group and row
-            entered, left = _differ(list(zip(answer.keys, answer.rows)),
-                                    list(zip(old.keys or [], old.rows)))
-        elif answer.tuple_ids.ndim == 2:         # a join: one tupleID per FROM item
-            differed = _differ_columns(list(answer.tuple_ids.T), list(old.tuple_ids.T))
-            assert differed is not None, "tupleIDs are int64 columns"
-            entered, left = differed
-        else:                                    # tupleIDs are unique in an answer
-            entered = ~np.isin(answer.tuple_ids, old.tuple_ids)
-            left = ~np.isin(old.tuple_ids, answer.tuple_ids)
-        cursor = self.issue(handle, answer)
-        return Changes(answer.columns, answer.take(entered), old.take(left), cursor)
+        kind, digest, lo, hi = self._decode(handle, since)
+        old = None
+        if kind == RANGE:
+            old = self.answers.recompute(plan, lo, hi)
+            if old is not None and answer_digest(old) != digest:
+                old = None
+        if old is None:
+            kept = self._kept.get((handle, digest))
+            if kept is None:
+                raise CursorExpired(
+                    f"cursor {since[:16]!r}... stands for an answer whose tuples have left "
+                    "memory and whose stored copy was dropped (the engine keeps "
+                    f"{self.budget >> 20} MiB of answers it cannot recompute, and none "
+                    "across a restart); invoke without since to get the whole answer and "
+                    "a new cursor")
+            old = kept[0]
+        inserted, deleted = difference(old, answer, plan.query.distinct)
+        return Changes(answer.columns, inserted, deleted,
+                       self.issue(handle, plan, now, answer))
 
     def forget(self, handle: str) -> None:
-        """Drop every cursor of an unregistered handle. O(1)."""
-        self._by_handle.pop(handle, None)
+        """Drop the stored answers of an unregistered handle. O(its stored answers)."""
+        for digest in self._by_handle.pop(handle, ()):
+            _, size = self._kept.pop((handle, digest))
+            self._bytes -= size
+
+    def _remember(self, handle: str, digest: bytes, answer: Result) -> None:
+        """Store `answer` (or mark it used), then drop the least recently used answers
+        beyond the budget, always keeping the newest. O(1) amortized."""
+        key = (handle, digest)
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return
+        size = _size(answer)
+        self._kept[key] = (answer, size)
+        self._by_handle.setdefault(handle, set()).add(digest)
+        self._bytes += size
+        while self._bytes > self.budget and len(self._kept) > 1:
+            (old_handle, old_digest), (_, old_size) = self._kept.popitem(last=False)
+            self._bytes -= old_size
+            digests = self._by_handle[old_handle]
+            digests.discard(old_digest)
+            if not digests:
+                del self._by_handle[old_handle]
+
+    def _mac(self, handle: str, payload: bytes) -> bytes:
+        return hmac.new(self._secret, handle.encode() + payload, hashlib.sha256).digest()[:_MAC]
+
+    def _decode(self, handle: str, since: object) -> tuple[int, bytes, int, int]:
+        """(kind, digest, lo, hi) of a cursor issued for `handle`. O(1).
+
+        Raises:
+            CursorInvalid: anything else.
+        """
+        try:
+            raw = base64.urlsafe_b64decode(since.encode("ascii")) if isinstance(
+                since, str) else b""
+        except (binascii.Error, UnicodeEncodeError, ValueError):
+            raw = b""
+        payload, mac = raw[:_PAYLOAD.size], raw[_PAYLOAD.size:]
+        if len(raw) != _PAYLOAD.size + _MAC or not hmac.compare_digest(
+                mac, self._mac(handle, payload)):
+            shown = repr(since[:16]) if isinstance(since, str) else type(since).__name__
+            raise CursorInvalid(
+                f"cursor {shown} was not issued by this engine for this handle: garbled, "
+                "forged, given to another handle, from an older psoup or from an "
+                "in-memory engine before its restart; invoke without since to get the "
+                "whole answer and a new cursor")
+        version, kind, digest, lo, hi = _PAYLOAD.unpack(payload)
+        assert version == VERSION and kind in (STORED, RANGE), "the MAC vouches for it"
+        return kind, digest, lo, hi
+
+    def _check(self) -> None:
+        """Assert the invariants (for tests): the byte count is the sum of the stored
+        answers', within the budget unless one answer alone exceeds it; the per-handle
+        index lists exactly the stored keys; each is stored under its own digest."""
+        assert self._bytes == sum(size for _, size in self._kept.values())
+        assert self._bytes <= self.budget or len(self._kept) == 1
+        assert {(h, d) for h, ds in self._by_handle.items() for d in ds} == set(self._kept)
+        assert all(ds for ds in self._by_handle.values())
+        for (_, digest), (answer, size) in self._kept.items():
+            assert answer_digest(answer) == digest and size == _size(answer)
+
+
+def difference(old: Result, new: Result, distinct: bool) -> tuple[Result, Result]:
+    """(inserted, deleted): the rows of `new` beyond `old` and those of `old` beyond
+    `new`, as multisets of row identities (see the module docstring). O(n log n).
+
+    Example:
+        >>> old = Result(["a"], [(1,), (2,)], np.array([1.0, 2.0]), np.array([10, 11]))
+        >>> new = Result(["a"], [(2,), (3,)], np.array([2.0, 3.0]), np.array([11, 12]))
+        >>> [part.rows for part in difference(old, new, distinct=False)]
+        [[(3,)], [(1,)]]
+    """
+    if distinct:
+        entered, left = _differ_columns(new.values, old.values) or _differ(new.rows, old.rows)
+    elif new.keys is not None:               # an aggregated answer: by group and row
+        entered, left = _differ(list(zip(new.keys, new.rows)),
+                                list(zip(old.keys or [], old.rows)))
+    elif new.tuple_ids.ndim == 2:            # a join: one tupleID per FROM item
+        differed = _differ_columns(list(new.tuple_ids.T), list(old.tuple_ids.T))
+        assert differed is not None, "tupleIDs are int64 columns"
+        entered, left = differed
+    else:                                    # tupleIDs are unique in an answer
+        entered = ~np.isin(new.tuple_ids, old.tuple_ids)
+        left = ~np.isin(old.tuple_ids, new.tuple_ids)
+    return new.take(entered), old.take(left)
+
+
+def answer_digest(answer: Result) -> bytes:
+    """128 bits that tell answers apart: their tupleIDs (which fix a selection's or a
+    join's rows, DISTINCT ones included) and, for answers made of rows (aggregates),
+    their group keys and rows. O(answer).
+
+    Example:
+        >>> a = Result(["a"], [(1,)], np.array([5.0]), np.array([3]))
+        >>> answer_digest(a) == answer_digest(a.take(np.array([True]))), len(answer_digest(a))
+        (True, 16)
+    """
+    h = hashlib.blake2b(digest_size=16)
+    ids = np.ascontiguousarray(answer.tuple_ids, dtype=np.int64)
+    h.update(repr(ids.shape).encode())
+    h.update(ids.tobytes())
+    if answer.values is None:
+        h.update(repr((answer.keys, answer.rows)).encode())
+    return h.digest()
+
+
+def _size(answer: Result) -> int:
+    """The bytes a stored answer holds, roughly: its arrays, and 64 bytes per value of
+    an answer made of rows. O(columns)."""
+    size = answer.ts.nbytes + answer.tuple_ids.nbytes
+    if answer.values is not None:
+        return size + sum(v.nbytes + (56 * len(v) if v.dtype == object else 0)
+                          for v in answer.values)
+    return size + 64 * len(answer) * (len(answer.columns) + 1)
+
+
+def cursor_secret(directory: str | Path) -> bytes:
+    """The HMAC key of the cursors of the engine whose data directory is `directory`:
+    read from its `cursor.key`, made (owner-only, written whole and fsync'ed) when
+    missing or unreadable. O(1).
+    """
+    path = Path(directory) / SECRET_FILE
+    try:
+        secret = path.read_bytes()
+    except FileNotFoundError:
+        secret = b""
+    if len(secret) == 32:
+        return secret
+    secret = secrets.token_bytes(32)
+    tmp = path.with_name(SECRET_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode(True))
+    try:
+        os.write(fd, secret)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return secret
 
 
 def _differ(new: list, old: list) -> tuple[np.ndarray, np.ndarray]:

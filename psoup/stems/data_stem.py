@@ -244,6 +244,41 @@ class DataSteM:
             return default
         return int(self._chunks[0].cols[TUPLE_ID][0])
 
+    def tid_bound(self, position: int) -> int:
+        """A tupleID bound for `position` (held, or n): the tupleID there, or one past the
+        newest tuple's at n. Tuples arrive later with larger tupleIDs, so the held
+        positions [p0, p1) are exactly those with tupleIDs in [tid_bound(p0),
+        tid_bound(p1)), and stay so across a restart (positions restart, tupleIDs do not).
+        O(1).
+        """
+        if position >= self.n:
+            if not self._chunks:
+                return 0
+            last = self._chunks[-1]
+            return int(last.cols[TUPLE_ID][last.n - 1]) + 1
+        k, row = divmod(position, self.chunk_rows)
+        return int(self._chunks[k - self._chunk0].cols[TUPLE_ID][row])
+
+    def position_of(self, tuple_id: int) -> int:
+        """The first held position whose tupleID is >= `tuple_id` (n when none is),
+        `tid_bound`'s inverse. O(log n).
+
+        Example:
+            >>> from psoup.query.model import StreamSchema
+            >>> from psoup.stems.batch import make_batch
+            >>> stem = DataSteM(StreamSchema("R", (("a", "int"),)), chunk_rows=2)
+            >>> b = make_batch(stem.schema, [(1,), (2,), (3,)], 5.0, 0, stem.last_ts)
+            >>> _ = stem.append(b, np.array([4, 6, 8]))
+            >>> stem.position_of(5), stem.position_of(9), stem.tid_bound(3)
+            (1, 3, 9)
+        """
+        k = bisect_right(self._tid_heads, tuple_id) - 1
+        if k < 0:
+            return self.oldest
+        chunk = self._chunks[k]
+        i = int(np.searchsorted(chunk.cols[TUPLE_ID][:chunk.n], tuple_id))
+        return (self._chunk0 + k) * self.chunk_rows + i
+
     def ts_at(self, position: int) -> float:
         """The ts of one retained position. O(1)."""
         k, row = divmod(position, self.chunk_rows)
@@ -340,6 +375,17 @@ class DataSteM:
         parts = []
         names = _columns_used(source)
         for chunk, r0, r1, base in self._pieces(p0, p1):
+            cols = {name: chunk.cols[name][r0:r1] for name in names}
+            parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def probe_held(self, source: Source, p0: int, p1: int) -> np.ndarray:
+        """`probe` over positions [p0, p1) that retention has passed but memory still
+        holds (from `oldest` up): what a window saw before the horizon moved. A scan,
+        O(p1 - p0)."""
+        parts = []
+        names = _columns_used(source)
+        for chunk, r0, r1, base in self._pieces(p0, min(p1, self.n), max(p0, self.oldest)):
             cols = {name: chunk.cols[name][r0:r1] for name in names}
             parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
         return np.concatenate(parts) if parts else np.empty(0, np.int64)

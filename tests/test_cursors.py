@@ -1,0 +1,228 @@
+"""`since` cursors (psoup.results.cursors): a poll's Changes are the difference of the
+two full answers, however many pollers hold however old cursors; cursors of range
+windows are recomputed rather than stored, survive a restart of a durable engine, and a
+garbled or forged cursor is a clear psoup error."""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import psoup
+from psoup.errors import CursorExpired, CursorInvalid
+from psoup.results.cursors import SECRET_FILE
+
+QUERIES = [
+    "SELECT a FROM R WHERE b > 2 BEGIN NOW - 6 END NOW",
+    "SELECT DISTINCT a FROM R WHERE b > 1 BEGIN NOW - 9 END NOW",
+    "SELECT a, b FROM R [ROWS 5] WHERE a < 3",
+    "SELECT b FROM R WHERE a >= 1",
+    "SELECT a, COUNT(*) AS n FROM R BEGIN NOW - 8 END NOW GROUP BY a",
+    "SELECT a, b FROM R [PARTITION BY a ROWS 2]",
+]
+
+
+def _engine(retain: int = 14) -> psoup.Engine:
+    eng = psoup.Engine(clock=lambda: 0.0, chunk_rows=4)
+    eng.execute(f"CREATE STREAM R (a INT, b INT) RETAIN {retain} ROWS")
+    return eng
+
+
+def _identities(result, sql: str) -> Counter:
+    """A row's identity in the answer (what `since` compares): its tupleID, its values
+    in a DISTINCT answer, its group and values in an aggregated one."""
+    if "DISTINCT" in sql:
+        return Counter(result.rows)
+    if "COUNT" in sql:
+        return Counter(zip(result.keys, result.rows))
+    return Counter(zip(result.tuple_ids.tolist(), result.rows))
+
+
+def _assert_difference(changes, old, new, sql: str) -> None:
+    before, after = _identities(old, sql), _identities(new, sql)
+    assert _identities(changes.inserted, sql) == after - before
+    assert _identities(changes.deleted, sql) == before - after
+
+
+_step = st.one_of(
+    st.tuples(st.just("insert"), st.lists(st.tuples(st.integers(0, 4), st.integers(0, 5)),
+                                          min_size=1, max_size=6)),
+    st.tuples(st.just("invoke"), st.integers(0, len(QUERIES) - 1)),
+    st.tuples(st.just("poll"), st.integers(0, len(QUERIES) - 1), st.integers(0, 10 ** 6)),
+    st.tuples(st.just("wait"), st.integers(1, 4)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_step, max_size=40), st.sampled_from([0, 64 << 20]))
+def test_changes_are_the_difference_of_independently_computed_answers(steps, budget):
+    """Random polls from any earlier cursor, between inserts, expiry (RETAIN 14 ROWS in
+    chunks of 4) and invocations at increasing NOW. With the default budget no cursor
+    expires; with none (only the newest answer kept) range windows are still recomputed,
+    and a cursor that expires changes nothing."""
+    eng = _engine()
+    eng._cursors.budget = budget
+    handles = [eng.register(sql) for sql in QUERIES]
+    issued: list[list[tuple[str, object]]] = [[] for _ in QUERIES]   # (cursor, answer)
+    now = 10.0
+    for step in steps:
+        if step[0] == "insert":
+            eng.insert("R", step[1], ts=now)
+        elif step[0] == "wait":
+            now += step[1]
+        elif step[0] == "invoke":
+            answer = eng.invoke(handles[step[1]], now=now)
+            issued[step[1]].append((answer.cursor, answer))
+        elif issued[step[1]]:
+            q = step[1]
+            cursor, old = issued[q][step[2] % len(issued[q])]
+            new = eng.invoke(handles[q], now=now)                # the full answer, by itself
+            try:
+                changes = eng.invoke(handles[q], now=now, since=cursor)
+            except CursorExpired as exc:
+                assert budget == 0 and "invoke without since" in str(exc)
+                continue
+            _assert_difference(changes, old, new, QUERIES[q])
+            issued[q].append((changes.cursor, new))
+        eng._check()
+
+
+@pytest.mark.parametrize("budget, queries, retain", [
+    (64 << 20, QUERIES, 14),     # the default budget: whatever the query
+    (0, QUERIES[:3], 40),        # none: windows inside retention are recomputed
+])
+def test_a_hundred_pollers_never_see_an_expired_cursor(budget, queries, retain):
+    """100 pollers on few handles, each polling from its own last cursor in a random
+    order while data arrives and expires: none gets cursor_expired, and the stored
+    answers are per distinct answer, not per poller (none at all are needed for
+    windows inside retention)."""
+    rng = np.random.default_rng(7)
+    eng = _engine(retain)
+    eng._cursors.budget = budget
+    handles = [eng.register(sql) for sql in queries]
+    now = 10.0
+    pollers = []
+    for i in range(100):
+        q = i % len(handles)
+        answer = eng.invoke(handles[q], now=now)
+        pollers.append([q, answer.cursor, answer])
+    for _ in range(8):
+        eng.insert("R", {"a": rng.integers(0, 5, 2), "b": rng.integers(0, 6, 2)}, ts=now)
+        now += float(rng.integers(1, 3))
+        for i in rng.permutation(len(pollers)):
+            q, cursor, old = pollers[i]
+            new = eng.invoke(handles[q], now=now)
+            changes = eng.invoke(handles[q], now=now, since=cursor)
+            _assert_difference(changes, old, new, queries[q])
+            pollers[i][1:] = [changes.cursor, new]
+        eng._check()
+    assert len(eng._cursors._kept) <= (1 if budget == 0 else 2 * 9 * len(queries))
+
+
+def test_pollers_holding_one_answer_share_its_stored_copy():
+    eng = _engine()
+    h = eng.register(QUERIES[4])                 # an aggregate: answered from a copy
+    eng.insert("R", [(1, 1), (2, 2)], ts=10.0)
+    cursors = {eng.invoke(h, now=10.0).cursor for _ in range(50)}
+    assert len(cursors) == 1 and len(eng._cursors._kept) == 1
+    eng.insert("R", [(1, 3)], ts=11.0)
+    changes = eng.invoke(h, now=11.0, since=cursors.pop())
+    assert changes.inserted.rows == [(1, 2)] and changes.deleted.rows == [(1, 1)]
+    eng._check()
+
+
+def test_stored_answers_stay_within_the_budget():
+    eng = _engine()
+    eng._cursors.budget = 8000
+    h = eng.register(QUERIES[4])
+    for t in range(40):
+        eng.insert("R", [(t, 1)], ts=10.0 + t)
+        eng.invoke(h, now=10.0 + t)
+        eng._check()
+    assert 1 < len(eng._cursors._kept) < 40
+
+
+def test_a_cursor_survives_a_restart(tmp_path):
+    with psoup.Engine(path=tmp_path, chunk_rows=4) as eng:
+        eng.execute("CREATE STREAM R (a INT, b INT) RETAIN 14 ROWS")
+        h = eng.register(QUERIES[0])
+        eng.insert("R", [(1, 3), (2, 4)], ts=10.0)
+        first = eng.invoke(h, now=10.0)
+    assert stat.S_IMODE(os.stat(tmp_path / SECRET_FILE).st_mode) == 0o600
+    with psoup.Engine(path=tmp_path, chunk_rows=4) as eng:
+        eng.insert("R", [(3, 5), (4, 0)], ts=14.0)
+        changes = eng.invoke(h, now=17.0, since=first.cursor)
+        assert changes.inserted.rows == [(3,)] and changes.deleted.rows == [(1,), (2,)]
+        again = eng.invoke(h, now=17.0, since=changes.cursor)
+        assert len(again) == 0
+
+
+def test_a_stored_answer_does_not_survive_a_restart(tmp_path):
+    with psoup.Engine(path=tmp_path) as eng:
+        eng.execute("CREATE STREAM R (a INT, b INT)")
+        h = eng.register(QUERIES[4])
+        cursor = eng.invoke(h, now=10.0).cursor
+    with psoup.Engine(path=tmp_path) as eng:
+        with pytest.raises(CursorExpired, match="invoke without since") as err:
+            eng.invoke(h, now=10.0, since=cursor)
+        assert not isinstance(err.value, CursorInvalid)
+
+
+def _flip(cursor: str, at: int) -> str:
+    raw = bytearray(base64.urlsafe_b64decode(cursor))
+    raw[at % len(raw)] ^= 1
+    return base64.urlsafe_b64encode(bytes(raw)).decode()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.one_of(
+    st.text(max_size=80),
+    st.binary(max_size=60).map(lambda b: base64.urlsafe_b64encode(b).decode()),
+    st.integers(0, 10 ** 4).map(lambda at: ("flip", at)),
+    st.just(("other", 0)),
+))
+def test_a_garbled_or_forged_cursor_is_refused_clearly(bad):
+    eng = _engine()
+    h, other = eng.register(QUERIES[0]), eng.register(QUERIES[3])
+    eng.insert("R", [(1, 3)], ts=10.0)
+    good = eng.invoke(h, now=10.0).cursor
+    if isinstance(bad, tuple):
+        bad = _flip(good, bad[1]) if bad[0] == "flip" else eng.invoke(other, now=10.0).cursor
+    with pytest.raises(CursorInvalid, match="not issued by this engine") as err:
+        eng.invoke(h, now=10.0, since=bad)
+    assert err.value.code == "cursor_expired"
+    eng._check()
+
+
+@pytest.mark.parametrize("bad", [17, None, b"bytes", ["list"]])
+def test_a_cursor_that_is_no_string_is_refused_clearly(bad):
+    eng = _engine()
+    h = eng.register(QUERIES[0])
+    with pytest.raises(CursorInvalid):
+        eng.invoke(h, since=bad) if bad is not None else eng.invoke(h, since="")
+
+
+@pytest.mark.parametrize("budget", [0, 64 << 20])
+def test_a_range_whose_tuples_left_memory_falls_back_to_the_stored_copy(budget):
+    eng = _engine()
+    eng._cursors.budget = budget
+    h = eng.register(QUERIES[3])                # everything retained: 14 rows
+    eng.insert("R", [(1, 0), (2, 1)], ts=10.0)
+    first = eng.invoke(h, now=10.0)
+    eng.invoke(eng.register(QUERIES[0]), now=10.0)      # the newest stored answer
+    eng.insert("R", [(3, v) for v in range(20)], ts=11.0)    # first's chunk is dropped
+    if budget == 0:
+        with pytest.raises(CursorExpired, match="left memory"):
+            eng.invoke(h, now=11.0, since=first.cursor)
+    else:
+        changes = eng.invoke(h, now=11.0, since=first.cursor)
+        _assert_difference(changes, first, eng.invoke(h, now=11.0), QUERIES[3])
+        assert changes.deleted.rows == [(0,), (1,)]
+    eng._check()
