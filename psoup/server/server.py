@@ -619,7 +619,7 @@ async def _discard(reader: asyncio.StreamReader) -> None:
 def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                port: int = DEFAULT_PORT, token: str | None = None, mode: str = "partial",
                sync: str = "group", limits: Limits | None = None,
-               echo: Callable[[str], Any] = print) -> None:
+               spark_master: str | None = None, echo: Callable[[str], Any] = print) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -633,6 +633,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         sync: when the log reaches the disk (psoup.engine.SYNC_MODES); "group" commits
             once per group of writes, before any of them is acknowledged.
         limits: request and connection limits.
+        spark_master: the Spark master of history jobs (default local[*]); a client
+            cannot choose it.
         echo: where the one startup line goes.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -644,7 +646,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     written: list[Path] = []
     try:
-        engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync)
+        engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync,
+                        spark_master=spark_master)
         try:
             generated = token is None
             if token is None:
