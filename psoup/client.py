@@ -17,8 +17,9 @@ import os
 import select
 import socket
 import threading
+import time
 from collections import deque
-from typing import Any, Mapping, Sequence, overload
+from typing import Any, Callable, Mapping, Sequence, overload
 
 import numpy as np
 
@@ -169,11 +170,59 @@ class Client:
         """Remove a standing query; its handle stops working."""
         self._request("unregister", {"handle": handle})
 
-    def evaluate_history(self, handles: list[str] | None = None, master: str | None = None,
-                         wait: float = 3600.0) -> dict[str, int]:
-        """Engine.evaluate_history on the server (a Spark job there; waits up to `wait`
-        seconds for it)."""
-        return self._request("history", {"handles": handles, "master": master}, wait=wait)
+    def history(self, handles: Sequence[str] | None = None, wait: bool = False,
+                poll: float = 0.5) -> str:
+        """Start a history job on the server (Engine.history) and return its id at once,
+        or with `wait=True` once it has ended (as `history_wait`, raising if it failed or
+        was cancelled). The Spark master is the server's (psoup serve --spark-master).
+
+        Raises:
+            PSoupError: the server keeps no archive, a job runs already, or (waiting)
+                the job failed or was cancelled.
+        """
+        args = {} if handles is None else {"handles": list(handles)}
+        job = self._request("history", args)["job"]
+        if wait:
+            self.history_wait(job, poll=poll)
+        return job
+
+    def history_status(self, job: str | None = None) -> dict[str, Any]:
+        """A history job's status (Engine.history_status): state, progress, error,
+        result; default: the server's latest job."""
+        return self._request("history_status", {} if job is None else {"job": job})
+
+    def history_cancel(self, job: str) -> dict[str, Any]:
+        """Cancel a running history job (Engine.history_cancel); returns its status."""
+        return self._request("history_cancel", {"job": job})
+
+    def history_wait(self, job: str, timeout: float | None = None, poll: float = 0.5,
+                     on_status: Callable[[dict[str, Any]], None] | None = None
+                     ) -> dict[str, Any]:
+        """Poll a history job every `poll` seconds until it ends (or `timeout` passes:
+        TimeoutError) and return its final status; `on_status` sees each status.
+
+        Raises:
+            PSoupError: the job failed (its error) or was cancelled.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.history_status(job)
+            if on_status is not None:
+                on_status(status)
+            if status["state"] == "done":
+                return status
+            if status["state"] in ("failed", "cancelled"):
+                raise PSoupError(f"history job {job} {status['state']}"
+                                 + (f": {status['error']}" if status["error"] else
+                                    "; nothing changed"))
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"history job {job} still running after {timeout} s")
+            time.sleep(poll)
+
+    def evaluate_history(self, handles: Sequence[str] | None = None) -> dict[str, int]:
+        """Engine.evaluate_history on the server: start a job, wait for it and return
+        handle -> archived matches."""
+        return self.history_wait(self.history(handles))["result"]
 
     def queries(self) -> list[tuple[str, str]]:
         """[(handle, sql), ...] in registration order."""

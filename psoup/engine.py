@@ -6,11 +6,14 @@ and delegates.
 * Statements are compiled by `psoup.query`; tuples are checked by `psoup.stems.batch`.
 * The effects (a stream, a registration, a batch, an answer, an unregistration) are
   `psoup.core.Core`'s: the SteMs, the Eddy, the Results Structure and the windows.
-* `since` cursors are `psoup.results.cursors`'; history is a Spark pass from
-  `psoup.spark.history` whose matches fill `psoup.results.tiers`.
+* `since` cursors are `psoup.results.cursors`'; history is a background job
+  (`psoup.spark.jobs`) running a Spark pass from `psoup.spark.history` whose matches
+  fill `psoup.results.tiers`.
 
 Every public method holds one lock for its whole effect, so each call is atomic with
-respect to the others (stream-prefix consistency across threads as well).
+respect to the others (stream-prefix consistency across threads as well). A history
+job is the exception: it holds the lock to start and to install its result, never while
+Spark runs.
 
 With a `path`, the engine is durable (psoup.journal.journal): each change is logged
 before it is applied and before the call returns, and a new Engine on the same path
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import threading
 import time
 from contextlib import contextmanager
 from functools import partial
@@ -40,10 +44,12 @@ from psoup.query.model import Query, StreamSchema
 from psoup.results.cursors import CursorStore, cursor_secret
 from psoup.results.modes import MODES as MODE_TABLE
 from psoup.results.result import Changes, Result
+from psoup.spark.jobs import HistoryJob
 from psoup.stems.batch import make_batch
 
 if TYPE_CHECKING:
     from psoup.journal.journal import Journal, Record
+    from psoup.spark.history import Job
 
 log = logging.getLogger("psoup.engine")
 
@@ -119,6 +125,7 @@ class Engine:
             past it (PSoup-P: the bitmap widened for its slot; PSoup-C: a position per
             retained tuple) raises LimitError and changes nothing. Inserts are never
             refused for it: bound the data with RETAIN and max_stream_bytes.
+        spark_master: the Spark master of history jobs (default local[*]).
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -137,7 +144,8 @@ class Engine:
                  routing: str = "adaptive",
                  shared_joins: bool = True, max_factors: int | None = None,
                  max_queries: int | None = None, max_stream_bytes: int | None = None,
-                 max_results_bytes: int | None = None, max_ts: float | None = MAX_TS):
+                 max_results_bytes: int | None = None, max_ts: float | None = MAX_TS,
+                 spark_master: str | None = None):
         if mode not in MODE_TABLE:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
@@ -158,6 +166,7 @@ class Engine:
         self.max_stream_bytes = max_stream_bytes
         self.max_results_bytes = max_results_bytes
         self.max_ts = max_ts
+        self.spark_master = spark_master
         self._clock = clock
         self._lock = FairLock()
         self._core = Core(mode, chunk_rows, shared_index, routing, shared_joins)
@@ -167,6 +176,7 @@ class Engine:
         self._closed = False
         self._failure: str | None = None            # why the engine stopped (ApplyFailed)
         self._checkpoint_error: str | None = None   # of the last automatic checkpoint
+        self._jobs: dict[str, HistoryJob] = {}      # the latest history jobs, by id
         if path is not None:
             from psoup.journal.journal import Journal   # pyarrow loads only when durable
             self._journal = Journal(path, sync, checkpoint_bytes, checkpoint_seconds)
@@ -297,38 +307,95 @@ class Engine:
 
     # ------------------------------------------------------------------ history
 
-    def evaluate_history(self, handles: Sequence[str] | None = None,
-                         master: str | None = None,
-                         progress: Callable[[str], None] | None = None) -> dict[str, int]:
-        """Evaluate standing queries over the archive, so that their windows reach back
-        past memory (hybrid queries): one Spark pass per stream for all the queries,
-        run with psoup's Query SteM inside the executors (psoup.spark.history). From
-        then on each query's archive tier grows as tuples leave retention, so its
-        answers join archive and memory exactly. Returns handle -> archived matches.
+    def history(self, handles: Sequence[str] | None = None,
+                progress: Callable[[str], None] | None = None) -> str:
+        """Start evaluating standing queries over the archive, so that their windows
+        reach back past memory (hybrid queries), and return the job's id at once: one
+        Spark pass per stream for all the queries, run with psoup's Query SteM inside
+        the executors (psoup.spark.history), on a thread of its own. Ingest,
+        invocations and registrations go on meanwhile; when the pass ends, each query
+        gets its archive tier at once, holding its matches among every tuple that left
+        memory, those that left while the job ran included. From then on the tier
+        grows as tuples leave retention, so answers join archive and memory exactly.
+
+        One job runs at a time per engine. A query unregistered meanwhile gets nothing;
+        a failed or cancelled job changes nothing.
 
         Args:
             handles: the selection queries to evaluate (default: every selection query
                 without history yet).
-            master: the Spark master (default local[*]).
+            progress: called with a line of text as the job advances (on its thread).
 
         Raises:
-            PSoupError: the engine keeps no archive (it has no path), or a handle names
-                a join query (joins are not evaluated over the archive).
-
-        Ingest and invocations wait while it runs (it holds the engine's lock).
+            PSoupError: the engine keeps no archive (it has no path), or a job runs.
+            QueryError: a handle names a join query (not evaluated over the archive).
+            UnknownHandle: a handle is not registered.
         """
         with self._lock:
             self._check_open()
             if self._journal is None:
                 raise PSoupError("history needs a durable engine: Engine(path=DIR) archives "
                                  "what leaves memory under DIR/archive")
+            running = [job for job in self._jobs.values() if job.state == "running"]
+            if running:
+                raise PSoupError(f"history job {running[0].id} is still running (one job at "
+                                 "a time per engine): wait for it or cancel it")
             chosen, jobs = self._core.history_jobs(handles)
-            if jobs:
-                from psoup.spark.history import evaluate_jobs
-                found = evaluate_jobs(self._journal.archive, jobs, master, progress)
-                for stream, tiers in found.items():
-                    self._core.tiers.install(stream, tiers)
-            return {h: self._core.tiers.count(self._core.plan(h).id) for h in chosen}
+            self._journal.archive.flush()
+            job = HistoryJob(secrets.token_hex(8), chosen, [j.schema.name for j in jobs],
+                             progress)
+            self._jobs = {k: v for k, v in list(self._jobs.items())[-7:]} | {job.id: job}
+            if not jobs:
+                job.end("done", self._archived(chosen))
+                return job.id
+            try:
+                for j in jobs:
+                    self._core.tiers.begin(j.schema.name, [slot for slot, _ in j.queries])
+                job.thread = threading.Thread(target=self._history_pass, args=(job, jobs),
+                                              name=f"psoup-history-{job.id}", daemon=True)
+                job.thread.start()
+            except BaseException:
+                self._core.tiers.abort()
+                del self._jobs[job.id]
+                raise
+            return job.id
+
+    def history_status(self, job: str | None = None) -> dict[str, Any]:
+        """A history job's state ("running", "done", "failed", "cancelled"), progress,
+        error and result (handle -> archived matches); default: the latest job.
+
+        Raises:
+            PSoupError: no such job (the engine remembers its 8 latest).
+        """
+        return self._job(job).status()
+
+    def history_cancel(self, job: str) -> dict[str, Any]:
+        """Cancel a running history job (its Spark jobs are cancelled; what it found is
+        discarded, nothing changes); nothing for one that has ended. Returns its status,
+        still "running" until its thread has stopped."""
+        found = self._job(job)
+        found.cancel()
+        return found.status()
+
+    def history_wait(self, job: str, timeout: float | None = None) -> dict[str, Any]:
+        """Wait up to `timeout` seconds (None: until it ends) for a history job; returns
+        its status."""
+        found = self._job(job)
+        found.wait(timeout)
+        return found.status()
+
+    def evaluate_history(self, handles: Sequence[str] | None = None,
+                         progress: Callable[[str], None] | None = None) -> dict[str, int]:
+        """`history` and wait for the job: returns handle -> archived matches, or raises
+        what made it fail (PSoupError naming the file, for a bad archive)."""
+        job = self._job(self.history(handles, progress))
+        job.wait()
+        if job.error is not None:
+            raise job.error
+        if job.result is None:
+            from psoup.spark.history import JobCancelled
+            raise JobCancelled(f"history job {job.id} was cancelled; nothing changed")
+        return job.result
 
     # ------------------------------------------------------------------ introspection
 
@@ -408,11 +475,15 @@ class Engine:
             self._journal.checkpoint(images, core.next_tid, handles)
 
     def close(self) -> None:
-        """Flush the log and the archive; later writes raise PSoupError. Idempotent."""
+        """Flush the log and the archive; later writes raise PSoupError. A running
+        history job is cancelled (and waited for, up to a minute). Idempotent."""
         with self._lock:
             if self._journal is not None and not self._closed:
                 self._journal.close()
             self._closed = True
+        for job in list(self._jobs.values()):
+            job.cancel()
+            job.wait(60.0)
 
     def __enter__(self) -> "Engine":
         return self
@@ -553,6 +624,42 @@ class Engine:
                                  "a new Engine")
             log.error("engine stopped: %s", self._failure)
             raise ApplyFailed(self._failure) from exc
+
+    def _history_pass(self, job: HistoryJob, jobs: list[Job]) -> None:
+        """A history job's thread: the Spark pass off the lock, then, under it, its
+        matches installed in front of the pending tiers, or the pending tiers dropped
+        (failed, cancelled, or the engine closed meanwhile)."""
+        from psoup.spark.history import evaluate_jobs
+        assert self._journal is not None, "history runs on durable engines only"
+        found, error = None, None
+        try:
+            found = evaluate_jobs(self._journal.archive.root, jobs, self.spark_master,
+                                  job.note, job.id, job.cancelled)
+        except BaseException as exc:     # anything: the job must end, nothing applied
+            error = exc
+        with self._lock:
+            if found is None or job.cancelled() or self._closed:
+                self._core.tiers.abort()
+                stopped = job.cancelled() or self._closed
+                job.end("cancelled" if stopped else "failed",
+                        error=None if stopped else error)
+            else:
+                self._core.tiers.finish(found)
+                job.end("done", self._archived(job.handles))
+
+    def _archived(self, handles: list[str]) -> dict[str, int]:
+        """handle -> archived matches, for the handles still registered."""
+        core = self._core
+        return {h: core.tiers.count(core.handles[h].id) for h in handles if h in core.handles}
+
+    def _job(self, job: str | None) -> HistoryJob:
+        if job is None and self._jobs:
+            return list(self._jobs.values())[-1]
+        found = self._jobs.get(job) if job is not None else None
+        if found is None:
+            known = ", ".join(self._jobs) or "none yet"
+            raise PSoupError(f"no history job {job!r} on this engine (its latest: {known})")
+        return found
 
     def _check_open(self) -> None:
         if self._failure is not None:

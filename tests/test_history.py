@@ -8,6 +8,9 @@ count the tuples in memory only, as documented.
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
+
 import duckdb
 import numpy as np
 import pyarrow as pa
@@ -262,3 +265,138 @@ def test_unregistering_with_history_around(tmp_path):
     eng._check()                        # ... and goes with the last one
     _fill(eng, np.random.default_rng(7), 100, 2, {})        # no hook, no tier: fine
     eng.close()
+
+
+# ---------------------------------------------------------------- history as a background job
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """Hold every Spark pass of a history job until `gate.go` is set (`gate.started` is
+    set once one waits), so a test acts while the job runs, without timing."""
+    from psoup.spark import history
+    real = history.evaluate
+    started, go = threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):
+        started.set()
+        assert go.wait(120), "the test never let the history job go on"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(history, "evaluate", held)
+    yield SimpleNamespace(started=started, go=go)
+    go.set()
+
+
+def _running(eng, job):
+    return eng.history_status(job)["state"] == "running"
+
+
+def test_writers_and_readers_go_on_while_history_runs_and_the_answer_equals_duckdb(
+        tmp_path, gate):
+    gen = np.random.default_rng(8)
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
+    handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
+    inserted: dict[str, list] = {}
+    _fill(eng, gen, 0, 30, inserted)                     # ts 0 .. 299
+    job = eng.history()
+    assert gate.started.wait(60)
+    for k in range(12):                                  # 120 tuples leave memory meanwhile
+        _fill(eng, gen, 300 + 10 * k, 1, inserted)
+        assert _running(eng, job), "an insert finished while the job ran"
+        eng.invoke(handles["all"], now=400.0)
+    late = eng.register("SELECT a, t FROM R WHERE a > 5")
+    eng.unregister(handles.pop("rows"))
+    eng.commit()
+    assert _running(eng, job) and eng.history_status()["id"] == job
+    gate.go.set()
+    status = eng.history_wait(job, timeout=300)
+    assert status["state"] == "done" and status["error"] is None
+    assert set(status["result"]) == set(handles.values())       # not the unregistered one
+    _check(eng, handles, _oracle(inserted), 420.0)
+    eng._check()
+    assert not eng.stats()["queries"][late]["history"]
+    assert eng.evaluate_history() == {late: status["result"][handles["all"]]}
+    assert eng.invoke(late, now=420.0).rows == eng.invoke(handles["all"], now=420.0).rows
+    _fill(eng, gen, 420, 5, inserted)                    # the tiers keep following memory
+    _check(eng, handles, _oracle(inserted), 470.0)
+    eng._check()
+    eng.close()
+
+
+def test_one_job_at_a_time_and_a_cancelled_job_changes_nothing(tmp_path, gate):
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+    h = eng.register("SELECT a, t FROM R WHERE a > 3")
+    _fill(eng, np.random.default_rng(9), 0, 6, {})
+    before = eng.invoke(h, now=100.0).rows
+    job = eng.history()
+    assert gate.started.wait(60)
+    with pytest.raises(PSoupError, match=f"history job {job} is still running"):
+        eng.history()
+    assert eng.history_cancel(job)["id"] == job
+    gate.go.set()                                        # Spark runs; its result is dropped
+    status = eng.history_wait(job, timeout=300)
+    assert status["state"] == "cancelled" and status["result"] is None
+    assert eng.history_cancel(job)["state"] == "cancelled"        # again: nothing
+    assert not eng.stats()["queries"][h]["history"]
+    assert eng.invoke(h, now=100.0).rows == before
+    eng._check()
+    with pytest.raises(PSoupError, match="no history job 'nope'"):
+        eng.history_status("nope")
+    eng.close()
+
+
+def test_a_failed_job_changes_nothing_and_says_why(tmp_path, monkeypatch):
+    from psoup.spark import history
+
+    def broken(*args, **kwargs):
+        raise PSoupError("history of stream R: the archive is on fire")
+
+    monkeypatch.setattr(history, "evaluate", broken)
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+    h = eng.register("SELECT a FROM R WHERE a >= 0")
+    _fill(eng, np.random.default_rng(10), 0, 4, {})
+    before = eng.invoke(h, now=100.0).rows
+    status = eng.history_wait(eng.history(), timeout=60)
+    assert status["state"] == "failed" and "archive is on fire" in status["error"]
+    assert not eng.stats()["queries"][h]["history"]
+    assert eng.invoke(h, now=100.0).rows == before
+    _fill(eng, np.random.default_rng(11), 40, 2, {})     # no horizon hook left behind
+    eng._check()
+    with pytest.raises(PSoupError, match="archive is on fire"):
+        eng.evaluate_history()                           # a new job may start at once
+    eng.close()
+
+
+def test_history_over_the_wire_answers_at_once_and_runs_off_the_writer(tmp_path, gate):
+    from psoup.server import Server
+
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    srv = Server(eng, port=0, token="tok")
+    host, port = srv.start_in_thread()
+    try:
+        client = psoup.Client(f"{host}:{port}", token="tok")
+        client.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+        h = client.register("SELECT a FROM R WHERE a >= 0")
+        client.insert("R", [(i % 7, 0.5, "x") for i in range(60)],
+                      ts=[float(i) for i in range(60)])
+        with pytest.raises(PSoupError, match="'master' is not accepted.*--spark-master"):
+            client._request("history", {"master": "local[1]"})
+        job = client._request("history", {})["job"]          # {"op": "history"}: no args
+        assert gate.started.wait(60)
+        client.insert("R", [(1, 0.5, "y")], ts=60.0)          # the writer thread is free
+        assert len(client.invoke(h, now=61.0)) == 10
+        status = client.history_status(job)
+        assert status["state"] == "running" and status["handles"] == 1
+        gate.go.set()
+        done = client.history_wait(job, timeout=300, poll=0.1)
+        assert done["result"] == {h: 51}
+        assert len(client.invoke(h, now=61.0)) == 61
+        client.close()
+    finally:
+        gate.go.set()
+        srv.stop()
+        eng.close()

@@ -823,6 +823,8 @@ def _start_service(tmp_path, *args):
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env,
                             stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
+    while line.startswith("recovering "):       # replay progress, on a slow machine
+        line = proc.stdout.readline()
     match = re.search(r"serving on ([\d.]+):(\d+)", line)
     assert match, line
     return proc, match.group(1), int(match.group(2)), line

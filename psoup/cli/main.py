@@ -221,10 +221,13 @@ def demo(mode: str, rows: int, seed: int) -> None:
 @click.option("--max-results-bytes", type=ByteSize(), default=None,
               help="Refuse registrations that could take the results memory past this, "
                    "e.g. 4GiB (default: no limit).")
+@click.option("--spark-master", default=None, metavar="URL",
+              help="The Spark master of history jobs (default local[*]); clients cannot "
+                   "choose it.")
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
           sync: str, max_queries: int | None, max_stream_bytes: int | None,
-          max_results_bytes: int | None) -> None:
+          max_results_bytes: int | None, spark_master: str | None) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
@@ -237,7 +240,7 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
                    sync=sync, limits=Limits(max_queries=max_queries,
                                             max_stream_bytes=max_stream_bytes,
                                             max_results_bytes=max_results_bytes),
-                   echo=click.echo)
+                   spark_master=spark_master, echo=click.echo)
     except OSError as exc:
         raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 
@@ -440,21 +443,45 @@ def unregister(settings: Settings, ref: str) -> None:
 
 @main.command(short_help="Evaluate standing queries over the server's archive.")
 @click.argument("refs", nargs=-1, metavar="[HANDLE|NAME]...")
-@click.option("--master", default=None, metavar="URL",
-              help="Spark master for the job on the server (default local[*]).")
 @click.pass_obj
-def history(settings: Settings, refs: tuple[str, ...], master: str | None) -> None:
+def history(settings: Settings, refs: tuple[str, ...]) -> None:
     """Run the standing queries (all selection queries without history yet, or the ones
     named) over the archive of a durable server, in one Spark pass, so that their
-    windows reach back past what memory holds (docs/semantics.md, "History")."""
+    windows reach back past what memory holds (docs/semantics.md, "History").
+
+    The job runs on the server (its Spark master: psoup serve --spark-master) while
+    ingest and queries go on; this waits for it, showing its progress. Ctrl-C cancels
+    it, and then nothing changes."""
     targets = [_resolve(settings, ref) for ref in refs]
     server = targets[0].server if targets else settings.server
     with _connected(server, settings.token) as client:
-        click.echo("evaluating over the archive (a Spark job on the server)...", err=True)
-        counts = client.evaluate_history([t.handle for t in targets] or None, master)
+        job = client.history([t.handle for t in targets] or None)
+        click.echo(f"history job {job}: evaluating over the archive (a Spark job on the "
+                   "server); Ctrl-C cancels", err=True)
+        try:
+            status = client.history_wait(job, on_status=_job_progress)
+        except KeyboardInterrupt:
+            client.history_cancel(job)
+            raise Failure(f"history job {job} cancelled; nothing changed") from None
+        except PSoupError as exc:
+            raise Failure(str(exc)) from None
     names = _names_on(server)
     click.echo(table(["query", "archived matches"],
-                     [[names.get(h, h), n] for h, n in counts.items()]))
+                     [[names.get(h, h), n] for h, n in status["result"].items()]))
+
+
+def _job_progress(status: dict[str, Any]) -> None:
+    """One progress line of a history job on a terminal's stderr, rewritten in place."""
+    if not sys.stderr.isatty():
+        return
+    if status["state"] != "running":
+        click.echo("", err=True)
+        return
+    progress = status["progress"]
+    tasks = (f", {progress['tasks_done']}/{progress['tasks']} Spark tasks"
+             if progress.get("tasks") else "")
+    click.echo(f"\r{status['seconds']:.0f} s{tasks}: {progress['message'] or 'starting'}"
+               "\x1b[K", nl=False, err=True)
 
 
 @main.command(short_help="List the standing queries.")

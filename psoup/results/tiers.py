@@ -1,14 +1,18 @@
 """The archive tier of the Results Structure: a query's matches among tuples that left
 memory ("Remembrance of Streams Past", hybrid queries over archived and live data).
 
-A query gets a tier when its history is evaluated (`Engine.evaluate_history`): a Spark
-pass over the archive (psoup.spark.history) finds its matches among archived tuples,
-and the tuples between the oldest one still held in memory and the retention horizon
-are probed on the spot. From then on the tier grows with the horizon: the tuples that
-leave retention are probed before they can be dropped, and the query's matches among
-them are appended. So at every moment the tier holds exactly the query's matches with
-tupleID below the stream's horizon, and memory the ones at or above it: an answer that
-joins the two counts no tuple twice and misses none.
+A query gets a tier when its history is evaluated (`Engine.history`), in two halves
+that meet at the oldest tuple held in memory when the job starts. Under the engine's
+lock, a *pending* tier (invisible to answers) takes the query's matches among the tuples
+from that one to the retention horizon, probed on the spot, and from then on grows with
+the horizon: the tuples that leave retention are probed before they can be dropped, and
+the query's matches among them are appended. Off the lock, a Spark pass over the archive
+(psoup.spark.history) finds its matches among the tuples below that oldest one, however
+long it takes and however far the horizon moves meanwhile. When it ends, its matches go
+in front of the pending blocks and the tier becomes visible, at once. So at every moment
+a visible tier holds exactly the query's matches with tupleID below the stream's
+horizon, and memory the ones at or above it: an answer that joins the two counts no
+tuple twice and misses none.
 
 Matches are kept in tupleID (hence ts) order as column arrays, appended in blocks and
 consolidated at the next read; a window selects a ts range of them by binary search
@@ -56,6 +60,11 @@ class Tier:
             self._blocks.append(dict(columns))
             self._merged = None
 
+    def extend(self, later: Tier) -> None:
+        """Append the blocks of `later`, whose tupleIDs are above every stored one."""
+        for block in later._blocks:
+            self.append(block)
+
     @property
     def columns(self) -> dict[str, np.ndarray]:
         if self._merged is None:
@@ -90,21 +99,25 @@ class Tier:
 class ArchiveTiers:
     """The archive tiers of one engine's selection queries, by slot.
 
-    `install` gives queries their tiers (the Spark matches, then the tuples still held
-    in memory below the horizon, probed here); from then on the Data SteM's `on_horizon`
-    hook moves each query's matches among the tuples that leave retention into its
-    tier, before their chunk can be dropped. O(matches) memory; an invocation reads a
-    window's part in O(log n).
+    `begin` gives queries pending tiers (the tuples still held in memory below the
+    horizon, probed here); from then on the Data SteM's `on_horizon` hook moves each
+    query's matches among the tuples that leave retention into its tier, pending or
+    not, before their chunk can be dropped. `finish` puts the Spark matches in front of
+    the pending tiers and makes them visible; `abort` drops them. O(matches) memory; an
+    invocation reads a window's part in O(log n).
 
     Example:
         >>> from psoup.query.model import StreamSchema
         >>> from psoup.stems.batch import make_batch
         >>> stem = DataSteM(StreamSchema("R", (("a", "int"),), retain_rows=1), chunk_rows=4)
         >>> tiers = ArchiveTiers({"R": stem}, lambda s, cols, n: np.ones((n, 1), "<u8"))
-        >>> tiers.install("R", {0: {"ts": np.array([0.5]), "tupleID": np.array([0]),
-        ...                        "a": np.array([9])}})
+        >>> tiers.begin("R", [0])
         >>> _ = stem.append(make_batch(stem.schema, [(1,), (2,)], 1.0, 0, stem.last_ts),
         ...                 np.array([1, 2]))
+        >>> 0 in tiers, tiers.pending
+        (False, [0])
+        >>> tiers.finish({"R": {0: {"ts": np.array([0.5]), "tupleID": np.array([0]),
+        ...                         "a": np.array([9])}}})
         >>> tiers.part(0, Window(), 5.0)["a"].tolist()
         [9, 1]
     """
@@ -113,7 +126,8 @@ class ArchiveTiers:
         self._stems = stems
         self._probe = probe
         self._tiers: dict[int, Tier] = {}
-        self._stream_of: dict[int, str] = {}
+        self._pending: dict[int, Tier] = {}
+        self._stream_of: dict[int, str] = {}      # of visible and pending tiers
 
     def __contains__(self, slot: int) -> bool:
         return slot in self._tiers
@@ -123,24 +137,46 @@ class ArchiveTiers:
         tier = self._tiers.get(slot)
         return 0 if tier is None else len(tier)
 
-    def install(self, stream: str, found: Mapping[int, Mapping[str, np.ndarray]]) -> None:
-        """Give each slot of `found` a tier holding its archived matches (in tupleID
-        order), plus its matches among the tuples held in memory below the horizon."""
+    @property
+    def pending(self) -> list[int]:
+        """The slots whose tiers wait for a history job's Spark matches."""
+        return list(self._pending)
+
+    def begin(self, stream: str, slots: list[int]) -> None:
+        """Give `slots` (selection queries on `stream`) pending tiers holding their
+        matches among the tuples held in memory below the horizon; the Spark pass must
+        bring their matches among the tuples below `stem.oldest`."""
         stem = self._stems[stream]
-        for slot, columns in found.items():
-            self._tiers[slot] = Tier()
-            self._tiers[slot].append(columns)
+        for slot in slots:
+            self._pending[slot] = Tier()
             self._stream_of[slot] = stream
-        self._held(stream, stem.rows(stem.oldest, stem.horizon, expired=True), list(found))
-        stem.on_horizon = partial(self._horizon_moved, stream)
+        self._held(stream, stem.rows(stem.oldest, stem.horizon, expired=True), slots)
+        self._hook(stream)
+
+    def finish(self, found: Mapping[str, Mapping[int, Mapping[str, np.ndarray]]]) -> None:
+        """Make the pending tiers visible, each with `found[stream][slot]` (the Spark
+        matches, in tupleID order) in front; a slot no longer pending (its query was
+        unregistered meanwhile) is skipped, a pending one without matches dropped."""
+        for matches in found.values():
+            for slot, columns in matches.items():
+                held = self._pending.pop(slot, None)
+                if held is not None:
+                    tier = self._tiers[slot] = Tier()
+                    tier.append(columns)
+                    tier.extend(held)
+        self.abort()
+
+    def abort(self) -> None:
+        """Drop every pending tier (a history job failed or was cancelled)."""
+        for slot in list(self._pending):
+            self.forget(slot)
 
     def forget(self, slot: int) -> None:
-        """Drop `slot`'s tier; a stream left without tiers loses its hook."""
-        if self._tiers.pop(slot, None) is None:
+        """Drop `slot`'s tier, visible or pending; a stream left without tiers loses
+        its hook."""
+        if self._tiers.pop(slot, None) is None and self._pending.pop(slot, None) is None:
             return
-        stream = self._stream_of.pop(slot)
-        if stream not in self._stream_of.values():
-            self._stems[stream].on_horizon = None
+        self._hook(self._stream_of.pop(slot))
 
     def part(self, slot: int, window: Window, now: float) -> dict[str, np.ndarray] | None:
         """The slot's archived matches that `window` selects at `now` (all columns, ts
@@ -159,13 +195,20 @@ class ArchiveTiers:
     def _check(self, slots: list[int]) -> None:
         """Assert the invariants (for tests): tiers only for live `slots`, in tupleID
         order, and a stream's horizon hook set exactly while some tier is on it."""
-        assert set(self._tiers) <= set(slots) and set(self._tiers) == set(self._stream_of)
-        for tier in self._tiers.values():
+        tiers = {**self._tiers, **self._pending}
+        assert len(tiers) == len(self._tiers) + len(self._pending), "visible or pending"
+        assert set(tiers) <= set(slots) and set(tiers) == set(self._stream_of)
+        for tier in tiers.values():
             ids = tier.columns.get(TUPLE_ID, np.empty(0, np.int64))
             assert (np.diff(ids) > 0).all(), "a tier is in tupleID order"
         for name, stem in self._stems.items():
             hooked = stem.on_horizon is not None
             assert hooked == (name in self._stream_of.values()), name
+
+    def _hook(self, stream: str) -> None:
+        """The stream's horizon hook, set exactly while some tier is on the stream."""
+        on = stream in self._stream_of.values()
+        self._stems[stream].on_horizon = partial(self._horizon_moved, stream) if on else None
 
     def _horizon_moved(self, stream: str, old: int, new: int) -> None:
         """Retention passed [old, new): the matches there move to the tiers."""
@@ -181,4 +224,5 @@ class ArchiveTiers:
         bits = self._probe(stream, rows, n)
         for slot in slots:
             hit = slot_rows(bits, slot)
-            self._tiers[slot].append({name: values[hit] for name, values in rows.items()})
+            tier = self._tiers[slot] if slot in self._tiers else self._pending[slot]
+            tier.append({name: values[hit] for name, values in rows.items()})

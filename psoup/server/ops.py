@@ -6,8 +6,8 @@ Each `Op` says what the server and the client must agree on:
   replying (group commit); reads run on the event loop when the engine is idle, else
   together on a read thread;
 * `idempotent`: a client may send it again when the connection broke before the reply
-  (reads, and history, which evaluates only what has no tier yet); a non-idempotent
-  write whose reply was lost has an unknown outcome;
+  (reads, and cancelling a history job); a non-idempotent write whose reply was lost
+  has an unknown outcome;
 * `parse`: the arguments checked on the event loop, cheap (types, limits, zero-copy
   column decoding), returned as what `run` takes; a bad one is a `bad_args` reply;
 * `run`: the call on an `EngineAPI` (the engine), where `write` says; its value is the
@@ -183,8 +183,19 @@ def _history(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
     handles = arg(args, "handles", list, "a list of handles", required=False)
     if handles is not None and not all(isinstance(h, str) for h in handles):
         raise ProtocolError("bad_args", "argument 'handles' must be a list of handles")
-    master = arg(args, "master", str, "a Spark master URL", required=False)
-    return {"handles": handles, "master": master}
+    if "master" in args:
+        raise ProtocolError("bad_args", "argument 'master' is not accepted: the Spark master "
+                                        "is the server's configuration (psoup serve "
+                                        "--spark-master)")
+    return {"handles": handles}
+
+
+def _job(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
+    return {"job": arg(args, "job", str, "a history job id", required=False)}
+
+
+def _job_required(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
+    return {"job": arg(args, "job", str, "a history job id")}
 
 
 def plain(value: Any) -> Any:
@@ -219,6 +230,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("unregister", True, False, _handle, lambda e, a: e.unregister(a["handle"])),
     Op("queries", False, True, _nothing, lambda e, a: e.queries()),
     Op("stats", False, True, _nothing, lambda e, a: plain(e.stats())),
-    Op("history", True, True, _history,
-       lambda e, a: e.evaluate_history(a["handles"], a["master"])),
+    # history starts a job and answers at once: Spark runs on the job's thread, holding
+    # neither the writer thread nor the engine's lock (psoup.spark.jobs)
+    Op("history", True, False, _history, lambda e, a: {"job": e.history(a["handles"])}),
+    Op("history_status", False, True, _job, lambda e, a: plain(e.history_status(a["job"]))),
+    Op("history_cancel", False, True, _job_required,
+       lambda e, a: plain(e.history_cancel(a["job"]))),
 )}

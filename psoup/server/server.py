@@ -620,7 +620,7 @@ async def _discard(reader: asyncio.StreamReader) -> None:
 def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                port: int = DEFAULT_PORT, token: str | None = None, mode: str = "partial",
                sync: str = "group", limits: Limits | None = None,
-               echo: Callable[[str], Any] = print) -> None:
+               spark_master: str | None = None, echo: Callable[[str], Any] = print) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -634,6 +634,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         sync: when the log reaches the disk (psoup.engine.SYNC_MODES); "group" commits
             once per group of writes, before any of them is acknowledged.
         limits: request and connection limits.
+        spark_master: the Spark master of history jobs (default local[*]); a client
+            cannot choose it.
         echo: where the one startup line goes.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -646,14 +648,16 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
     written: list[Path] = []
     try:
         shown: list[int] = []
+        began = time.monotonic()
 
         def recovering(done: int, total: int) -> None:
-            if done < total or shown:   # silent when the replay took under half a second
+            # silent unless the replay takes a while (a short one is the usual start)
+            if shown or (done < total and time.monotonic() - began >= 2.0):
                 shown.append(done)
                 echo(f"recovering {data_dir}: {done / max(total, 1):.0%} of "
                      f"{total / 2**20:.1f} MiB of log")
         engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync,
-                        progress=recovering)
+                        progress=recovering, spark_master=spark_master)
         try:
             generated = token is None
             if token is None:

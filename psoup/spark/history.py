@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -44,22 +44,37 @@ class Job:
     below: int
 
 
-def evaluate_jobs(archive: Any, jobs: Sequence[Job], master: str | None = None,
-                  progress: Callable[[str], None] | None = None
+def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
+                  progress: Callable[[str], None] | None = None, group: str | None = None,
+                  cancelled: Callable[[], bool] = lambda: False
                   ) -> dict[str, dict[int, dict[str, np.ndarray]]]:
     """Every job's matches as psoup columns (ts and tupleID included) per stream and
-    slot, in tupleID order. All jobs run before anything is returned, so a failure in
-    one leaves the caller with nothing to install."""
+    slot, in tupleID order, from the archive under `root` (flushed by the caller). All
+    jobs run before anything is returned, so a failure in one leaves the caller with
+    nothing to install.
+
+    Args:
+        group: the Spark job group the jobs run in (psoup.spark.session.cancel_group
+            stops them from another thread).
+        cancelled: checked before each stream; True stops with JobCancelled.
+    """
     from psoup.spark.session import spark_session
-    archive.flush()
     spark = spark_session(master)
+    if group is not None:
+        spark.sparkContext.setJobGroup(group, "psoup history", interruptOnCancel=True)
     found = {}
     for job in jobs:
-        matches = evaluate(spark, archive.root, job.ddl, job.schema, job.queries, job.below,
+        if cancelled():
+            raise JobCancelled("the history job was cancelled")
+        matches = evaluate(spark, root, job.ddl, job.schema, job.queries, job.below,
                            progress)
         found[job.schema.name] = split_matches(matches, job.schema,
                                                [slot for slot, _ in job.queries])
     return found
+
+
+class JobCancelled(PSoupError):
+    """A history job stopped because it was cancelled."""
 
 
 def split_matches(matches: pa.Table, schema: StreamSchema, slots: Sequence[int]

@@ -95,6 +95,36 @@ def stop_session() -> None:
             _session = None
 
 
+def cancel_group(group: str) -> None:
+    """Cancel the Spark jobs of `group` (running ones are interrupted); nothing when no
+    session runs (Spark is never started to cancel). Does not wait for a session
+    being started (the module lock): its jobs have not been submitted yet."""
+    session = _session
+    if session is not None:
+        session.sparkContext.cancelJobGroup(group)
+
+
+def group_progress(group: str) -> tuple[int, int] | None:
+    """(tasks done, tasks) of the Spark jobs of `group` so far, from Spark's status
+    tracker; None when no session runs (or one is starting) or Spark cannot say."""
+    session = _session
+    if session is None:
+        return None
+    try:
+        tracker = session.sparkContext.statusTracker()
+        done = total = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job is not None else ():
+                stage = tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    done += stage.numCompletedTasks
+                    total += stage.numTasks
+        return done, total
+    except Exception:               # the session stopping meanwhile: no progress to say
+        return None
+
+
 def spark_error(exc: BaseException) -> str:
     """The gist of a Spark failure in one line: py4j's "An error occurred while calling
     o37.json" wrapper and the Java exception class dropped.
