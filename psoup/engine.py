@@ -548,7 +548,7 @@ class Engine:
         elif record.op == "state":
             core.next_tid = max(core.next_tid, record.next_tid)
         elif record.op == "producers":
-            self._producers.restore(record.producers)
+            self._producers.restore(record.producers or [])
 
     def _after_write(self) -> None:
         """The automatic checkpoint after a write. The write is applied and in the log
