@@ -168,6 +168,12 @@ class Client:
             return self._insert_rows(stream, rows, ts, 0, n, n)
         return self._insert_pipelined(stream, rows, ts, n, size)
 
+    @property
+    def next_seq(self) -> int | None:
+        """The seq this client's next insert batch takes (None: it will ask the server,
+        for a given producer id or after an outcome that stayed unknown)."""
+        return self._seq
+
     def last_seq(self, producer: str | None = None) -> int:
         """The seq of the last batch the server applied for `producer` (default: this
         client's); -1 if none."""
