@@ -260,9 +260,14 @@ class Client:
                         self._insert_rows(stream, rows, ts, start, mid, total),
                         self._insert_rows(stream, rows, ts, mid, stop, total)])
                 raise _in_batch(exc, start, stop, total) from None
+            except SequenceError as exc:
+                self._seq = None           # out of step with the server: ask it again
+                if own and key > 0 and self._next_seq() == 0:
+                    # The server forgot this idle producer (psoup.producers); the batch
+                    # was refused, so it is in no doubt: send it as the producer's seq 0.
+                    return self._insert_rows(stream, rows, ts, start, stop, total)
+                raise _in_batch(exc, start, stop, total) from None
             except PSoupError as exc:
-                if isinstance(exc, SequenceError):
-                    self._seq = None       # out of step with the server: ask it next time
                 raise _in_batch(exc, start, stop, total) from None
             if own:
                 self._seq = key + 1

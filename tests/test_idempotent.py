@@ -122,3 +122,20 @@ def test_a_checkpoint_keeps_the_producer_table(tmp_path):
         eng.insert("R", [(1,)], ts=1.0, producer="d", seq=0)   # b was idle longest
         assert [eng.last_seq(p) for p in "abcd"] == [1, -1, 0, 0]
         assert _count(eng) == 5
+
+
+def test_a_client_forgotten_by_the_server_starts_again_at_seq_zero():
+    from psoup.client import Client
+    from psoup.server import Server
+
+    server = Server(psoup.Engine(max_producers=1), port=0, token="t")
+    host, port = server.start_in_thread()
+    try:
+        with Client(f"{host}:{port}", token="t") as a, Client(f"{host}:{port}", token="t") as b:
+            a.execute(DDL)
+            a.insert("R", [(1,)], ts=1.0)
+            b.insert("R", [(2,)], ts=1.0)                 # a is forgotten
+            assert a.insert("R", [(3,)], ts=1.0).tolist() == [2]
+            assert a.last_seq() == 0
+    finally:
+        server.stop()
