@@ -56,7 +56,8 @@ def _rows_in(client) -> int:
     return client.stats()["streams"]["R"]["rows_total"]
 
 
-def test_client_insert_loop_survives_five_kills_exactly_once(tmp_path, env):
+@pytest.mark.parametrize("batch_rows", [ROWS, ROWS // 5], ids=["one-batch", "pipelined"])
+def test_client_insert_loop_survives_five_kills_exactly_once(tmp_path, env, batch_rows):
     data_dir, port = tmp_path / "data", free_port()
     proc, client = start_server(data_dir, port, TOKEN, env)
     client.execute(DDL)
@@ -66,7 +67,8 @@ def test_client_insert_loop_survives_five_kills_exactly_once(tmp_path, env):
 
     def produce() -> None:
         try:
-            with Client(f"127.0.0.1:{port}", token=TOKEN, timeout=10, retry=60) as producer:
+            with Client(f"127.0.0.1:{port}", token=TOKEN, timeout=10, retry=60,
+                        batch_rows=batch_rows) as producer:
                 for b in range(batches):
                     returned[b] = producer.insert("R", _batch(b), ts=float(b)).tolist()
         except BaseException as exc:     # reported by the assertion below
