@@ -369,6 +369,8 @@ def test_unknown_op_is_an_error_and_the_connection_stays(open_raw, populated):
     ("insert", {"stream": "R", "rows": "abc"}),
     ("insert", {"stream": "R", "rows": [[1, 2, "x"]], "columns": {"a": [1]}}),
     ("insert", {"stream": "R", "columns": {"a": {"dtype": "<i8", "data": b"123"}}}),
+    ("insert", {"stream": "R", "rows": [[1, 2, "x"]], "producer": "p"}),
+    ("insert", {"stream": "R", "rows": [[1, 2, "x"]], "producer": "p", "seq": "0"}),
     ("invoke", {"handle": 7}),
     ("create_stream", {"name": "T", "columns": [["a"]]}),
     ("register", {}),
