@@ -18,11 +18,11 @@ Example:
 from psoup.client import Client
 from psoup.engine import MODES, Engine
 from psoup.errors import (ApplyFailed, CursorExpired, CursorInvalid, LimitError, PSoupError,
-                          QueryError, SchemaError, UnknownHandle)
+                          QueryError, SchemaError, SequenceError, UnknownHandle)
 from psoup.results.result import Result
 
 __version__ = "0.1.0"
 
 __all__ = ["Engine", "Client", "MODES", "Result", "PSoupError", "QueryError", "SchemaError",
            "LimitError", "UnknownHandle", "CursorExpired", "CursorInvalid", "ApplyFailed",
-           "__version__"]
+           "SequenceError", "__version__"]

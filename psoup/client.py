@@ -8,12 +8,16 @@ docs/protocol.md.
 Disconnection is normal for PSoup clients, so a broken connection is repaired on the next
 call: the client reconnects (and says hello again) and retries once when that cannot
 apply a change twice, i.e. for reads, or when the request cannot have reached the server.
-Otherwise it raises `OutcomeUnknown` rather than guess.
+Inserts carry an idempotency key (the client's producer id and a batch number,
+psoup.producers), so an insert whose reply was lost is sent again, reconnecting for up to
+`retry` seconds (a server restarting), and applied once. Other writes raise
+`OutcomeUnknown` rather than guess.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import socket
 import threading
@@ -25,7 +29,7 @@ import numpy as np
 
 from psoup.codec import encode_array
 from psoup.config import parse_address, token_path
-from psoup.errors import PSoupError, SchemaError
+from psoup.errors import PSoupError, SchemaError, SequenceError
 from psoup.results.result import Changes, Result
 from psoup.server.ops import OPS
 from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
@@ -64,6 +68,11 @@ class Client:
         timeout: seconds to wait for a connection or a reply.
         batch_rows: inserts larger than this (or than the server's max_batch_rows) are
             sent as several batches; each batch is atomic, the insert as a whole is not.
+        producer: the producer id of this client's inserts (default: a random one). A
+            given id continues after that producer's last batch on the server
+            (`last_seq`), so a process resuming a producer's work applies nothing twice.
+        retry: seconds an insert whose reply was lost keeps reconnecting and resending
+            the same batch (same key: applied once) before it raises OutcomeUnknown.
 
     Raises:
         ConnectionFailed: no server answers at `address`.
@@ -85,9 +94,17 @@ class Client:
     """
 
     def __init__(self, address: str = "127.0.0.1:7070", token: str | None = None,
-                 timeout: float = 30.0, batch_rows: int = 100_000):
+                 timeout: float = 30.0, batch_rows: int = 100_000,
+                 producer: str | None = None, retry: float = 60.0):
         if batch_rows < 1:
             raise ValueError("batch_rows must be positive")
+        if producer is not None and not producer:
+            raise ValueError("producer must be a non-empty string")
+        self.producer = producer if producer is not None else secrets.token_hex(16)
+        self.retry = retry
+        # The next batch's seq; None: ask the server (a given producer id, or after an
+        # outcome that stayed unknown).
+        self._seq: int | None = 0 if producer is None else None
         self.host, self.port = parse_address(address)
         self.timeout = timeout
         self.batch_rows = batch_rows
@@ -128,6 +145,12 @@ class Client:
         pipeline of batches (the next one travels while the server applies the one
         before); when a batch is rejected, the batches after it are not applied, and the
         error says which rows were stored.
+
+        Each batch carries the key (producer, seq): when the connection breaks before a
+        reply, the client reconnects and sends the same batches again for up to `retry`
+        seconds, and the server applies each once, so the insert happens exactly once.
+        Only if the server stays unreachable does it raise OutcomeUnknown (`last_seq`
+        then tells whether the batch was applied).
         """
         if isinstance(rows, Mapping):
             lengths = {len(values) for values in rows.values()}
@@ -144,6 +167,17 @@ class Client:
         if n <= size:
             return self._insert_rows(stream, rows, ts, 0, n, n)
         return self._insert_pipelined(stream, rows, ts, n, size)
+
+    @property
+    def next_seq(self) -> int | None:
+        """The seq this client's next insert batch takes (None: it will ask the server,
+        for a given producer id or after an outcome that stayed unknown)."""
+        return self._seq
+
+    def last_seq(self, producer: str | None = None) -> int:
+        """The seq of the last batch the server applied for `producer` (default: this
+        client's); -1 if none."""
+        return self._request("last_seq", {"producer": producer or self.producer})
 
     @overload
     def invoke(self, handle: str, now: float | None = None, since: None = None) -> Result: ...
@@ -255,96 +289,149 @@ class Client:
     # ------------------------------------------------------------------ inserts
 
     def _insert_rows(self, stream: str, rows: Any, ts: Any, start: int, stop: int | None,
-                     total: int | None) -> np.ndarray:
+                     total: int | None, seq: int | None = None) -> np.ndarray:
         """Send rows[start:stop] (all of them when stop is None) as one batch, halving it
-        while its frame is larger than the server accepts."""
-        part = dict(_slice_rows(rows, ts, start, stop), stream=stream)
-        try:
-            reply = self._request("insert", part)
-        except ProtocolError as exc:
-            if exc.code == "frame_too_large" and stop is not None and stop - start > 1:
-                mid = (start + stop) // 2
-                return np.concatenate([self._insert_rows(stream, rows, ts, start, mid, total),
-                                       self._insert_rows(stream, rows, ts, mid, stop, total)])
-            raise _in_batch(exc, start, stop, total) from None
-        except PSoupError as exc:
-            raise _in_batch(exc, start, stop, total) from None
+        while its frame is larger than the server accepts. The batch takes the next seq,
+        or `seq` when it resends a batch sent before."""
+        with self._lock:
+            own = seq is None
+            key = self._next_seq() if seq is None else seq
+            part = dict(_slice_rows(rows, ts, start, stop), stream=stream,
+                        producer=self.producer, seq=key)
+            try:
+                reply = self._resend("insert", part)
+            except ProtocolError as exc:
+                if exc.code == "frame_too_large" and own and stop is not None \
+                        and stop - start > 1:
+                    mid = (start + stop) // 2
+                    return np.concatenate([
+                        self._insert_rows(stream, rows, ts, start, mid, total),
+                        self._insert_rows(stream, rows, ts, mid, stop, total)])
+                raise _in_batch(exc, start, stop, total) from None
+            except SequenceError as exc:
+                self._seq = None           # out of step with the server: ask it again
+                if own and key > 0 and self._next_seq() == 0:
+                    # The server forgot this idle producer (psoup.producers); the batch
+                    # was refused, so it is in no doubt: send it as the producer's seq 0.
+                    return self._insert_rows(stream, rows, ts, start, stop, total)
+                raise _in_batch(exc, start, stop, total) from None
+            except PSoupError as exc:
+                raise _in_batch(exc, start, stop, total) from None
+            if own:
+                self._seq = key + 1
         if reply["first"] is None:
             return np.empty(0, np.int64)
         return np.arange(reply["first"], reply["first"] + reply["n"], dtype=np.int64)
+
+    def _next_seq(self) -> int:
+        if self._seq is None:
+            self._seq = self.last_seq() + 1
+        return self._seq
+
+    def _resend(self, op: str, args: dict[str, Any]) -> Any:
+        """A keyed request, sent again (reconnecting, with back-off) while its outcome is
+        unknown, for up to `retry` seconds: the key makes every resend safe."""
+        deadline = time.monotonic() + self.retry
+        pause = 0.05
+        while True:
+            try:
+                return self._request(op, args, idempotent=True)
+            except ConnectionFailed as exc:
+                if self._closed or time.monotonic() + pause > deadline:
+                    self._seq = None
+                    raise OutcomeUnknown(
+                        f"{exc}; {op} of producer {self.producer!r} seq {args['seq']} was "
+                        f"retried for {self.retry:g}s and may or may not have been applied "
+                        "(last_seq() tells; sending it again with the same key is safe)") \
+                        from None
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     def _insert_pipelined(self, stream: str, rows: Any, ts: Any, n: int,
                           size: int) -> np.ndarray:
         """rows[0:n] as batches of `size`, up to PIPELINE of them in flight. Every batch
         after the first is sent with "chain", so the server skips it if an earlier one
-        was rejected: the stored rows are always a prefix of the insert."""
+        was rejected: the stored rows are always a prefix of the insert. When the
+        connection breaks, the batches in doubt are sent again one by one with their
+        keys (the server remembers more than PIPELINE batches per producer), then the
+        rest."""
         with self._lock:
             sock = self._live_socket()
             limit = self.server["limits"]["max_frame_bytes"]
-            in_flight: deque[tuple[int, int, int]] = deque()
+            in_flight: deque[tuple[int, int, int, int]] = deque()
             ids: list[np.ndarray] = []
-            failure: tuple[PSoupError, int, int] | None = None
-            stored = 0
+            failure: tuple[PSoupError, int, int, int] | None = None
+            broken = False
 
             def collect() -> None:
-                nonlocal failure, stored
-                request_id, start, stop = in_flight.popleft()
+                nonlocal failure, broken
+                request_id, start, stop, key = in_flight[0]
                 try:
                     reply = self._result(self._receive(sock), request_id)
                 except PSoupError as exc:
+                    in_flight.popleft()
                     if failure is None:
-                        failure = (exc, start, stop)
+                        failure = (exc, start, stop, key)
                     return
-                except (_Broken, socket.timeout) as exc:
+                except (_Broken, socket.timeout):
                     self._drop()
-                    raise OutcomeUnknown(
-                        f"insert: {exc} after sending rows {start}..{n - 1}; rows "
-                        f"0..{stored - 1} were stored, the rest may or may not have "
-                        "been") from None
-                stored = stop
+                    broken = True
+                    return
+                in_flight.popleft()
                 ids.append(np.arange(reply["first"], reply["first"] + reply["n"],
                                      dtype=np.int64))
 
             spans = [(a, min(a + size, n)) for a in range(0, n, size)][::-1]
-            while spans and failure is None:
+            while spans and failure is None and not broken:
                 start, stop = spans.pop()
+                key = self._next_seq()
                 args = dict(_slice_rows(rows, ts, start, stop), stream=stream,
-                            chain=start > 0)
+                            chain=start > 0, producer=self.producer, seq=key)
                 self._next_id += 1
                 frame = pack_frame({"id": self._next_id, "op": "insert", "args": args})
                 if len(frame) - HEADER.size > limit:
                     if stop - start == 1:
                         failure = (ProtocolError("frame_too_large", f"row {start} alone "
                                                  f"exceeds the server's frame limit of "
-                                                 f"{limit} bytes"), start, stop)
+                                                 f"{limit} bytes"), start, stop, key)
                         break
                     mid = (start + stop) // 2
                     spans += [(mid, stop), (start, mid)]
                     continue
+                in_flight.append((self._next_id, start, stop, key))
+                self._seq = key + 1
                 try:
                     sock.sendall(frame)
-                except OSError as exc:
+                except OSError:
                     self._drop()
-                    raise OutcomeUnknown(f"insert: cannot send to {self._where}: {exc}; "
-                                         f"rows 0..{stored - 1} were stored, rows up to "
-                                         f"{start - 1} may have been") from None
-                in_flight.append((self._next_id, start, stop))
+                    broken = True
+                    break
                 if len(in_flight) >= PIPELINE:
                     collect()
-            while in_flight:
+            while in_flight and not broken:
                 collect()
             if failure is not None:
-                error, start, stop = failure
+                error, start, stop, key = failure
+                self._seq = key     # it and the chained batches after it were not applied
+                if isinstance(error, SequenceError):
+                    self._seq = None
                 raise _in_batch(error, start, stop, n) from None
+            if broken:
+                for _, start, stop, key in in_flight:
+                    ids.append(self._insert_rows(stream, rows, ts, start, stop, n, seq=key))
+                for start, stop in reversed(spans):
+                    ids.append(self._insert_rows(stream, rows, ts, start, stop, n))
             return np.concatenate(ids)
 
     # ------------------------------------------------------------------ the connection
 
-    def _request(self, op: str, args: dict[str, Any], wait: float | None = None) -> Any:
+    def _request(self, op: str, args: dict[str, Any], wait: float | None = None,
+                 idempotent: bool | None = None) -> Any:
         """Send one request and return its result; a broken connection is repaired and
         the request sent again when that cannot apply it twice (psoup.server.ops says
-        which operations are idempotent)."""
-        idempotent = OPS[op].idempotent
+        which operations are idempotent; `idempotent` overrides it, for a keyed insert)."""
+        if idempotent is None:
+            idempotent = OPS[op].idempotent
         with self._lock:
             if self._closed:
                 raise PSoupError("this client is closed; open a new Client")

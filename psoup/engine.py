@@ -36,9 +36,11 @@ import numpy as np
 
 from psoup.core import Core
 from psoup.eddy.routing import POLICIES
-from psoup.errors import ApplyFailed, LimitError, PSoupError, QueryError, SchemaError
+from psoup.errors import (ApplyFailed, LimitError, PSoupError, QueryError, SchemaError,
+                          SequenceError)
 from psoup.journal.wal import SYNC_MODES
 from psoup.locks import FairLock
+from psoup.producers import ProducerTable
 from psoup.query import compile_statement, create_stream_sql
 from psoup.query.model import Query, StreamSchema
 from psoup.results.cursors import CursorStore, cursor_secret
@@ -126,6 +128,8 @@ class Engine:
             retained tuple) raises LimitError and changes nothing. Inserts are never
             refused for it: bound the data with RETAIN and max_stream_bytes.
         spark_master: the Spark master of history jobs (default local[*]).
+        max_producers: idempotent producers remembered (insert's `producer`); beyond
+            it the one idle longest is forgotten (psoup.producers).
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -145,7 +149,7 @@ class Engine:
                  shared_joins: bool = True, max_factors: int | None = None,
                  max_queries: int | None = None, max_stream_bytes: int | None = None,
                  max_results_bytes: int | None = None, max_ts: float | None = MAX_TS,
-                 spark_master: str | None = None):
+                 spark_master: str | None = None, max_producers: int = 10_000):
         if mode not in MODE_TABLE:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
@@ -170,6 +174,7 @@ class Engine:
         self._clock = clock
         self._lock = FairLock()
         self._core = Core(mode, chunk_rows, shared_index, routing, shared_joins)
+        self._producers = ProducerTable(max_producers)
         self._started = clock()
         self.path = None if path is None else Path(path)
         self._journal: Journal | None = None
@@ -229,32 +234,53 @@ class Engine:
 
     # ------------------------------------------------------------------ data
 
-    def insert(self, stream: str, rows: Any, ts: Any = None) -> np.ndarray:
+    def insert(self, stream: str, rows: Any, ts: Any = None, *, producer: str | None = None,
+               seq: int | None = None) -> np.ndarray:
         """Insert a batch into `stream`; returns the tupleIDs (numpy int64 array).
 
         Args:
             rows: a list of tuples in schema order, a list of dicts, or a dict of
                 column -> sequence or numpy array (the fast path).
             ts: None (the engine clock), one number for all rows, or one per row.
+            producer, seq: the batch's idempotency key, both or neither: a producer id
+                and the batch's number, 0, 1, 2, ... per producer. A batch sent again
+                with the same key is not applied again; it returns the tupleIDs it got
+                the first time (psoup.producers has the rule; SequenceError otherwise).
 
         The whole batch is checked first; a bad one raises SchemaError and changes nothing.
         """
+        keyed = _key(producer, seq)
         with self._lock:
             self._check_open()
+            if keyed:
+                assert producer is not None and seq is not None
+                done = self._producers.check(producer, seq)
+                if done is not None:
+                    return done
             stem = self._core.stem(stream)
             batch = make_batch(stem.schema, rows, ts, self._clock(), stem.last_ts)
             first = self._core.next_tid
             tuple_ids = np.arange(first, first + batch.n, dtype=np.int64)
-            if batch.n == 0:
+            if batch.n == 0 and not keyed:
                 return tuple_ids
-            self._check_ts(stream, batch.ts)
-            self._admit_batch(stem, batch.ts)
+            if batch.n:
+                self._check_ts(stream, batch.ts)
+                self._admit_batch(stem, batch.ts)
             if self._journal is not None:
-                self._journal.insert(stream, first, batch.ts, batch.columns)
-            self._apply_logged(f"the batch of {batch.n} rows into '{stream}'",
-                               partial(self._core.append, stream, batch, tuple_ids))
+                self._journal.insert(stream, first, batch.ts, batch.columns, producer, seq)
+            if batch.n:
+                self._apply_logged(f"the batch of {batch.n} rows into '{stream}'",
+                                   partial(self._core.append, stream, batch, tuple_ids))
+            if keyed:
+                self._producers.record(producer, seq, first, batch.n)   # type: ignore[arg-type]
             self._after_write()
             return tuple_ids
+
+    def last_seq(self, producer: str) -> int:
+        """The seq of `producer`'s last applied batch; -1 if none (or forgotten). A
+        producer resuming after a crash continues at last_seq + 1."""
+        with self._lock:
+            return self._producers.last(producer)
 
     # ------------------------------------------------------------------ handles
 
@@ -472,7 +498,7 @@ class Engine:
                                         stem.rows(0, stem.horizon, expired=True))
                       for name, stem in core.stems.items()}
             handles = [(h, plan.query.sql) for h, plan in core.handles.items()]
-            self._journal.checkpoint(images, core.next_tid, handles)
+            self._journal.checkpoint(images, core.next_tid, handles, self._producers.image())
 
     def close(self) -> None:
         """Flush the log and the archive; later writes raise PSoupError. A running
@@ -576,8 +602,13 @@ class Engine:
         elif record.op == "insert":
             assert record.tuple_ids is not None, "an insert record carries its tupleIDs"
             stem = core.stem(record.stream)
-            batch = make_batch(stem.schema, record.columns, record.ts, 0.0, stem.last_ts)
-            core.append(record.stream, batch, record.tuple_ids)
+            n = len(record.tuple_ids)
+            if n:
+                batch = make_batch(stem.schema, record.columns, record.ts, 0.0, stem.last_ts)
+                core.append(record.stream, batch, record.tuple_ids)
+            if record.producer is not None:
+                first = int(record.tuple_ids[0]) if n else 0
+                self._producers.record(record.producer, record.seq, first, n)
         elif record.op == "register":
             query = compile_statement(record.sql, core.schemas())
             assert isinstance(query, Query)
@@ -586,6 +617,8 @@ class Engine:
             self._unregister(record.handle)
         elif record.op == "state":
             core.next_tid = max(core.next_tid, record.next_tid)
+        elif record.op == "producers":
+            self._producers.restore(record.producers or [])
 
     def _after_write(self) -> None:
         """The automatic checkpoint after a write. The write is applied and in the log
@@ -677,3 +710,15 @@ class Engine:
         if not math.isfinite(value):
             raise QueryError(f"now must be finite, got {now!r}")
         return value
+
+
+def _key(producer: str | None, seq: int | None) -> bool:
+    """Whether an insert carries an idempotency key; raises on half a key or a bad one."""
+    if producer is None and seq is None:
+        return False
+    if not isinstance(producer, str) or not producer:
+        raise SequenceError(f"producer must be a non-empty string, got {producer!r}")
+    if isinstance(seq, bool) or not isinstance(seq, (int, np.integer)) or seq < 0:
+        raise SequenceError(f"producer {producer!r}: seq must be an integer >= 0, "
+                            f"got {seq!r}")
+    return True

@@ -98,3 +98,11 @@ class ReplayError(PSoupError):
     def __init__(self, message: str, rows_done: int = 0):
         super().__init__(message)
         self.rows_done = rows_done
+
+
+class SequenceError(PSoupError, ValueError):
+    """An insert whose (producer, seq) is neither that producer's next batch nor one of
+    its last few batches (psoup.producers says the rule); the message names the
+    producer, the seq expected and the seq received. Nothing was applied."""
+
+    code = "sequence"

@@ -1,6 +1,6 @@
 """Small helpers shared by test modules: a settable clock, SQL literals, creating the
-scenario's streams in an engine, inserting one batch everywhere, writing input files, and
-reading a reply frame off a raw socket.
+scenario's streams in an engine, inserting one batch everywhere, writing input files,
+reading a reply frame off a raw socket, and running a real server process to kill.
 """
 
 from __future__ import annotations
@@ -8,9 +8,13 @@ from __future__ import annotations
 import csv
 import json
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from psoup.errors import PSoupError
 from psoup.server.protocol import HEADER, unpack_payload
 
 
@@ -69,8 +73,6 @@ def create(engine, streams):
         engine.execute(f"CREATE STREAM {name} ({cols}){clause}")
 
 
-
-
 def write(path: Path, rows: list[dict]) -> Path:
     """rows as a file whose format the extension names (.csv, .jsonl, else Parquet)."""
     if path.suffix == ".csv":
@@ -105,3 +107,31 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
             return None
         buf += chunk
     return buf
+
+
+SERVE = ("import sys; from psoup.server.server import run_server; "
+         "run_server(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3], sync='group')")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(data_dir, port, token, env) -> tuple[subprocess.Popen, Any]:
+    """A server process on 127.0.0.1:port over data_dir (sync="group"), and a Client of
+    it once it answers."""
+    from psoup.client import Client
+
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(data_dir), str(port), token],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return proc, Client(f"127.0.0.1:{port}", token=token, timeout=10)
+        except PSoupError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError(f"server did not start: {proc.stderr.read().decode()}")
+            time.sleep(0.1)

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,10 +15,9 @@ import pytest
 
 import psoup
 from psoup.client import Client
+from tests.support import free_port, start_server
 
 TOKEN = "crash-test-token"
-SERVE = ("import sys; from psoup.server.server import run_server; "
-         "run_server(sys.argv[1], port=int(sys.argv[2]), token=sys.argv[3], sync='group')")
 DDL = "CREATE STREAM R (a INT, b FLOAT, tag TEXT) RETAIN 3000 ROWS"
 QUERIES = [
     "SELECT * FROM R",
@@ -38,26 +34,6 @@ def _batch(i: int) -> tuple[dict, np.ndarray]:
     return cols, i + np.arange(ROWS) / ROWS
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(data_dir, port, env) -> tuple[subprocess.Popen, Client]:
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, str(data_dir), str(port), TOKEN],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            return proc, Client(f"127.0.0.1:{port}", token=TOKEN, timeout=10)
-        except psoup.PSoupError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"server did not start: {proc.stderr.read().decode()}")
-            time.sleep(0.1)
-
-
 def _answers(target, handles, now):
     results = [target.invoke(h, now=now) for h in handles]
     return [(r.tuple_ids.tolist(), r.rows) for r in results]
@@ -71,15 +47,15 @@ def env(tmp_path):
 
 
 def test_sigkill_mid_ingest_loses_nothing_acknowledged(tmp_path, env):
-    data_dir, port = tmp_path / "data", _free_port()
-    proc, client = _start(data_dir, port, env)
+    data_dir, port = tmp_path / "data", free_port()
+    proc, client = start_server(data_dir, port, TOKEN, env)
     client.execute(DDL)
     handles = [client.register(q) for q in QUERIES]
 
     acked: list[int] = []
 
     def produce() -> None:
-        producer = Client(f"127.0.0.1:{port}", token=TOKEN, timeout=10)
+        producer = Client(f"127.0.0.1:{port}", token=TOKEN, timeout=10, retry=0)
         for i in range(10_000):
             cols, ts = _batch(i)
             try:
@@ -97,7 +73,7 @@ def test_sigkill_mid_ingest_loses_nothing_acknowledged(tmp_path, env):
     proc.wait(10)
     client.close()
 
-    proc, client = _start(data_dir, port, env)
+    proc, client = start_server(data_dir, port, TOKEN, env)
     try:
         assert [h for h, _ in client.queries()] == handles
         # The tupleID counter says how many tuples the log holds: every acknowledged

@@ -369,6 +369,8 @@ def test_unknown_op_is_an_error_and_the_connection_stays(open_raw, populated):
     ("insert", {"stream": "R", "rows": "abc"}),
     ("insert", {"stream": "R", "rows": [[1, 2, "x"]], "columns": {"a": [1]}}),
     ("insert", {"stream": "R", "columns": {"a": {"dtype": "<i8", "data": b"123"}}}),
+    ("insert", {"stream": "R", "rows": [[1, 2, "x"]], "producer": "p"}),
+    ("insert", {"stream": "R", "rows": [[1, 2, "x"]], "producer": "p", "seq": "0"}),
     ("invoke", {"handle": 7}),
     ("create_stream", {"name": "T", "columns": [["a"]]}),
     ("register", {}),
@@ -631,6 +633,7 @@ class LosingServer:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
         self.requests = []
+        self.args = []
         self.connections = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -655,6 +658,7 @@ class LosingServer:
                               "limits": {"max_frame_bytes": 1 << 20, "max_batch_rows": 1000}}
                 else:
                     self.requests.append(message["op"])
+                    self.args.append(message["args"])
                     if number == 1:
                         return                          # the reply is lost
                     result = {"first": 0, "n": 1} if message["op"] == "insert" else "pong"
@@ -679,9 +683,21 @@ def test_write_whose_reply_is_lost_has_an_unknown_outcome():
     try:
         with Client(fake.address, token="t") as client:
             with pytest.raises(OutcomeUnknown, match="may or may not"):
-                client.insert("R", [(1,)])
+                client.register("SELECT a FROM R")
             assert isinstance(OutcomeUnknown("x"), ConnectionError)
-        assert fake.requests == ["insert"]
+        assert fake.requests == ["register"]
+    finally:
+        fake.close()
+
+
+def test_insert_whose_reply_is_lost_is_resent_with_the_same_key():
+    fake = LosingServer()
+    try:
+        with Client(fake.address, token="t") as client:
+            assert client.insert("R", [(1,)]).tolist() == [0]
+            key = (client.producer, 0)
+        assert fake.requests == ["insert", "insert"]
+        assert [(a["producer"], a["seq"]) for a in fake.args] == [key, key]
     finally:
         fake.close()
 

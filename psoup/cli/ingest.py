@@ -16,6 +16,11 @@ accepted: the server rejects a batch whose column does not fit and names the row
 The timestamp column (`ts` unless told otherwise), when the file has one, becomes the
 tuples' ts: seconds since the epoch, or ISO 8601 date-times (UTC unless they carry an
 offset). Without it the server's clock stamps each batch.
+
+Exactly once: the client keys every batch with its producer id and a batch number
+(psoup.producers), so a batch resent after a lost reply or a server restart is applied
+once. A `ResumeFile` keeps the producer id of an ingest of a named file, so
+`psoup ingest --resume` continues after the last batch the server applied.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from __future__ import annotations
 import bz2
 import csv
 import gzip
+import hashlib
 import json
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -35,6 +42,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from psoup.client import ConnectionFailed, OutcomeUnknown
+from psoup.config import config_dir, write_private
 from psoup.errors import PSoupError
 
 _OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open}
@@ -58,11 +67,13 @@ class IngestError(PSoupError):
 
 @dataclass
 class IngestReport:
-    """What an ingest did: rows applied, batches sent, wall seconds."""
+    """What an ingest did: rows applied, batches sent, wall seconds, and the rows a
+    resumed ingest found already stored (not sent again)."""
 
     rows: int
     batches: int
     seconds: float
+    skipped: int = 0
 
     @property
     def rate(self) -> float:
@@ -91,7 +102,8 @@ def read_batches(source: str | IO[bytes], fmt: str, batch_rows: int,
 
 def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
            ts_column: str = "ts", ts_required: bool = False,
-           progress: Callable[[int, float], None] | None = None) -> IngestReport:
+           progress: Callable[[int, float], None] | None = None, skip: int = 0,
+           applied: Callable[[int, int], None] | None = None) -> IngestReport:
     """Send `batches` to `stream` one insert each; the ts column, if present, becomes ts.
 
     Args:
@@ -102,13 +114,18 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
             clock stamps each batch.
         ts_required: the input must have `ts_column` (the user named it).
         progress: called after each batch with (rows so far, seconds so far).
+        skip: non-empty batches at the start that are already stored (a resumed
+            ingest): read, counted in `skipped`, not sent.
+        applied: called after each stored batch with (batches, rows) of the input so
+            far, the skipped ones included.
 
     Raises:
-        IngestError: a batch was rejected or the input broke off; the message says how many
-            rows were ingested before and which rows of the input the failed batch held.
+        IngestError: a batch was rejected, its outcome stayed unknown, or the input broke
+            off; the message says how many rows were ingested before and which rows of the
+            input the batch held.
     """
     began = time.perf_counter()
-    rows = count = 0
+    rows = count = skipped = 0
     while True:
         try:
             batch = next(batches, None)
@@ -123,19 +140,95 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
         if ts_required and ts_column not in batch:
             raise IngestError(f"the input has no timestamp column '{ts_column}' (columns: "
                               f"{', '.join(batch)})", rows)
+        if count < skip:
+            count += 1
+            rows += n
+            skipped += n
+            continue
+        where = f"batch {count + 1} (input rows {rows + 1:,}-{rows + n:,})"
         try:
             ts = timestamps(batch.pop(ts_column)) if ts_column in batch else None
             client.insert(stream, batch, ts=ts)
+        except OutcomeUnknown as exc:
+            raise IngestError(
+                f"{where}: the server did not answer, so it may or may not have been "
+                f"applied; {rows:,} rows were ingested before it. Run the same command "
+                f"with --resume to continue without duplicating: {exc}", rows) from None
+        except ConnectionFailed as exc:
+            raise IngestError(f"{where} could not be sent, none of it applied; {rows:,} "
+                              f"rows ingested before it: {exc}", rows) from None
         except PSoupError as exc:
             raise IngestError(
-                f"batch {count + 1} (input rows {rows + 1:,}-{rows + n:,}) was rejected, "
-                f"none of it applied; {rows:,} rows ingested before it: {exc}"
-                f"{_text_hint(batch, str(exc), rows)}", rows) from None
+                f"{where} was rejected, none of it applied; {rows:,} rows ingested before "
+                f"it: {exc}{_text_hint(batch, str(exc), rows)}", rows) from None
         rows += n
         count += 1
+        if applied is not None:
+            applied(count, rows)
         if progress is not None:
-            progress(rows, time.perf_counter() - began)
-    return IngestReport(rows, count, time.perf_counter() - began)
+            progress(rows - skipped, time.perf_counter() - began)
+    return IngestReport(rows - skipped, count - skip if count > skip else 0,
+                        time.perf_counter() - began, skipped)
+
+
+class ResumeFile:
+    """Where an ingest of a named file keeps what `--resume` needs: its producer id and
+    how far it got. One file per (stream, file path, file size, batch rows), under the
+    config directory (a file that changed size is a new input); removed when the ingest
+    completes.
+
+    The server's last applied seq of the producer says where to resume; the file's own
+    count (written after each batch) only tells how seqs map to batches when the client
+    had to split one.
+    """
+
+    def __init__(self, stream: str, file: str, batch_rows: int):
+        real = os.path.realpath(file)
+        key = f"{stream}\0{real}\0{os.path.getsize(real)}\0{batch_rows}"
+        self.path = config_dir() / "ingest" / (hashlib.sha256(key.encode()).hexdigest()[:32]
+                                               + ".json")
+        self.describe = f"{file} into {stream} with --batch-rows {batch_rows}"
+
+    def start(self, producer: str) -> None:
+        self.save({"producer": producer, "batches": 0, "next_seq": 0})
+
+    def load(self) -> dict[str, Any]:
+        """The saved state; IngestError when there is nothing to resume."""
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            raise IngestError(f"nothing to resume: no unfinished ingest of {self.describe} "
+                              "(it completed, or never started here)", 0) from None
+        except ValueError as exc:
+            raise IngestError(f"the resume state {self.path} is damaged: {exc}", 0) from None
+
+    def save(self, state: dict[str, Any]) -> None:
+        write_private(self.path, json.dumps(state))
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    @staticmethod
+    def resume_point(state: dict[str, Any], last_seq: int) -> int:
+        """The batches of the input already stored, given the server's last seq of the
+        producer.
+
+        Example:
+            >>> ResumeFile.resume_point({"batches": 3, "next_seq": 3}, 4)
+            5
+        """
+        batches, next_seq = int(state["batches"]), int(state["next_seq"])
+        if last_seq + 1 < next_seq:
+            raise IngestError(f"the server remembers batch {last_seq} as this ingest's last, "
+                              f"but {next_seq} were stored: it forgot the producer (a server "
+                              "without its data directory, or too many producers since); "
+                              "resuming could duplicate rows", 0)
+        if next_seq == batches:          # one seq per batch so far: seq = batch number
+            return last_seq + 1
+        if last_seq + 1 == next_seq:
+            return batches
+        raise IngestError("cannot tell where to resume: a batch was split and the server "
+                          f"applied seq {last_seq} after batch {batches}", 0)
 
 
 def _text_hint(batch: dict[str, Any], message: str, before: int) -> str:

@@ -280,34 +280,57 @@ def stream_create(settings: Settings, name: str, columns: str, retain: str | Non
 @click.option("--ts-column", default="ts", show_default=True,
               help="The column holding each row's timestamp (seconds or ISO 8601); when "
                    "the file has none, the server's clock stamps each batch.")
+@click.option("--resume", is_flag=True,
+              help="Continue an ingest of FILE that stopped (a crash, a lost server): "
+                   "skip the batches the server already applied, send the rest.")
 @click.pass_context
 def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, batch_rows: int,
-           ts_column: str) -> None:
+           ts_column: str, resume: bool) -> None:
     """Append the rows of FILE (CSV with a header, JSON lines, Parquet; - is stdin) to
     STREAM.
 
     Shows progress on a terminal and ends with one line: rows ingested and the rate. If
     the server rejects a batch, nothing of that batch is applied, the rows before it stay,
-    and the error says how many went in and which rows the failed batch held.
+    and the error says how many went in and which rows the failed batch held. A batch
+    whose reply is lost is sent again, and applied once; --resume continues a FILE whose
+    ingest stopped, without duplicating a row.
     """
     settings: Settings = ctx.obj
     try:
         fmt = canonical(fmt) if fmt else guess_format(file)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="FILE") from None
+    if resume and file == "-":
+        raise click.BadParameter("--resume needs a named file, not stdin", param_hint="FILE")
     source = click.open_file("-", "rb") if file == "-" else file
     ts_required = ctx.get_parameter_source("ts_column") is not ParameterSource.DEFAULT
     progress = _progress if sys.stderr.isatty() else None
-    with _connected(settings.server, settings.token, batch_rows=batch_rows) as client:
+    state = None if file == "-" else ingesting.ResumeFile(stream_name, file, batch_rows)
+    saved = state.load() if state is not None and resume else None
+    with _connected(settings.server, settings.token, batch_rows=batch_rows,
+                    producer=saved["producer"] if saved else None) as client:
+        skip = 0 if saved is None else ingesting.ResumeFile.resume_point(saved,
+                                                                         client.last_seq())
+        if state is not None and saved is None:
+            state.start(client.producer)
+
+        def applied(batches: int, rows: int) -> None:
+            if state is not None:
+                state.save({"producer": client.producer, "batches": batches,
+                            "next_seq": client.next_seq})
+
         declared = client.stats()["streams"].get(stream_name, {}).get("columns")
         report = ingesting.ingest(client, stream_name,
                                   ingesting.read_batches(source, fmt, batch_rows, declared),
                                   ts_column=ts_column, ts_required=ts_required,
-                                  progress=progress)
+                                  progress=progress, skip=skip, applied=applied)
+    if state is not None:
+        state.clear()
     if progress is not None:
         click.echo("\r\033[K", nl=False, err=True)
+    resumed = f"; {report.skipped:,} rows were already stored" if resume else ""
     click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream_name} "
-               f"({report.rate:,.0f} rows/s)")
+               f"({report.rate:,.0f} rows/s){resumed}")
 
 
 def _progress(rows: int, seconds: float, total: int | None = None) -> None:

@@ -54,7 +54,8 @@ class StreamImage:
 
 @dataclass
 class Record:
-    """One decoded log record. `op` is create, insert, register, unregister or state."""
+    """One decoded log record. `op` is create, insert, register, unregister, state or
+    producers (an insert's idempotency key is `producer` and `seq`)."""
 
     op: str
     sql: str = ""
@@ -64,6 +65,9 @@ class Record:
     ts: np.ndarray | None = None
     columns: dict[str, Any] | None = None
     next_tid: int = 0
+    producer: str | None = None
+    seq: int = -1
+    producers: list | None = None
 
 
 class Journal:
@@ -104,9 +108,13 @@ class Journal:
         self.wal.append({"op": "create", "sql": sql})
 
     def insert(self, stream: str, first_tid: int, ts: np.ndarray,
-               columns: Mapping[str, np.ndarray]) -> None:
-        self.wal.append({"op": "insert", "stream": stream, "tid0": int(first_tid),
-                         "ts": encode_array(ts), "cols": encode_columns(columns)})
+               columns: Mapping[str, np.ndarray], producer: str | None = None,
+               seq: int | None = None) -> None:
+        record = {"op": "insert", "stream": stream, "tid0": int(first_tid),
+                  "ts": encode_array(ts), "cols": encode_columns(columns)}
+        if producer is not None:
+            record.update(producer=producer, seq=int(seq))   # type: ignore[arg-type]
+        self.wal.append(record)
 
     def register(self, handle: str, sql: str) -> None:
         self.wal.append({"op": "register", "handle": handle, "sql": sql})
@@ -134,13 +142,14 @@ class Journal:
                 and time.monotonic() - self._last_checkpoint >= self.checkpoint_seconds)
 
     def checkpoint(self, streams: Mapping[str, StreamImage], next_tid: int,
-                   handles: Iterable[tuple[str, str]]) -> None:
-        """Archive what left retention, then replace the log by the retained state."""
+                   handles: Iterable[tuple[str, str]], producers: list | None = None) -> None:
+        """Archive what left retention, then replace the log by the retained state
+        (with the idempotent producers' table, psoup.producers)."""
         for name, image in streams.items():
             if len(image.expired["ts"]):
                 self.archive.add(name, image.columns, image.expired)
         self.archive.flush()
-        self.wal.rotate(_image_records(streams, next_tid, handles))
+        self.wal.rotate(_image_records(streams, next_tid, handles, producers or []))
         self._base, self._last_checkpoint = self.wal.size, time.monotonic()
 
     def commit(self) -> None:
@@ -171,13 +180,16 @@ def _lock(path: Path) -> int:
 
 
 def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
-                   handles: Iterable[tuple[str, str]]) -> Iterator[dict[str, Any]]:
+                   handles: Iterable[tuple[str, str]],
+                   producers: list) -> Iterator[dict[str, Any]]:
     for image in streams.values():
         yield {"op": "create", "sql": image.ddl}
     # Queries before data: replayed, each registration meets no tuples (O(cells)), and
     # each batch then probes all of them at once, O(rows x queries / 64), instead of
     # each query searching every retained tuple (duality: the same results).
     yield {"op": "state", "next_tid": int(next_tid)}
+    if producers:
+        yield {"op": "producers", "table": producers}
     for handle, sql in handles:
         yield {"op": "register", "handle": handle, "sql": sql}
     for name, image in streams.items():
@@ -202,11 +214,14 @@ def _decode(raw: Any, where: Path) -> Record:
             else:
                 tids = np.arange(raw["tid0"], raw["tid0"] + len(ts), dtype=np.int64)
             return Record(op, stream=raw["stream"], tuple_ids=tids, ts=ts,
-                          columns=decode_columns(raw["cols"]))
+                          columns=decode_columns(raw["cols"]), producer=raw.get("producer"),
+                          seq=int(raw.get("seq", -1)))
         if op in ("register", "unregister"):
             return Record(op, handle=raw["handle"], sql=raw.get("sql", ""))
         if op == "state":
             return Record(op, next_tid=int(raw["next_tid"]))
+        if op == "producers":
+            return Record(op, producers=list(raw["table"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise PSoupError(f"unreadable record in the write-ahead log in {where}: {exc}") from exc
     raise PSoupError(f"unknown record {raw.get('op')!r} in the write-ahead log in {where}")

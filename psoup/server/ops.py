@@ -165,11 +165,16 @@ def _insert(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
     if n > limits.max_batch_rows:
         raise ProtocolError("limit", f"a batch of {n} rows exceeds the limit of "
                                      f"{limits.max_batch_rows}; split it")
-    return {"stream": stream, "rows": rows, "ts": ts}
+    producer = arg(args, "producer", str, "a producer id", required=False)
+    seq = arg(args, "seq", int, "the batch's sequence number", required=False)
+    if (producer is None) != (seq is None):
+        raise ProtocolError("bad_args", "insert takes both 'producer' and 'seq' (an "
+                                        "idempotency key) or neither")
+    return {"stream": stream, "rows": rows, "ts": ts, "producer": producer, "seq": seq}
 
 
 def _inserted(engine: EngineAPI, a: dict[str, Any]) -> dict[str, Any]:
-    ids = engine.insert(a["stream"], a["rows"], a["ts"])
+    ids = engine.insert(a["stream"], a["rows"], a["ts"], producer=a["producer"], seq=a["seq"])
     return {"first": int(ids[0]) if len(ids) else None, "n": len(ids)}
 
 
@@ -224,6 +229,9 @@ OPS: dict[str, Op] = {op.name: op for op in (
        lambda e, a: e.create_stream(a["name"], a["columns"], a["retain"])),
     Op("execute", True, False, _sql, lambda e, a: e.execute(a["sql"])),
     Op("insert", True, False, _insert, _inserted),
+    Op("last_seq", False, True,
+       lambda args, limits: {"producer": arg(args, "producer", str, "a producer id")},
+       lambda e, a: e.last_seq(a["producer"])),
     Op("register", True, False, _sql, lambda e, a: e.register(a["sql"])),
     Op("invoke", False, True, _invoke,
        lambda e, a: encode_answer(e.invoke(a["handle"], now=a["now"], since=a["since"]))),

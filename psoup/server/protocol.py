@@ -17,7 +17,7 @@ import numpy as np
 
 from psoup.codec import decode_array, encode_array
 from psoup.errors import (CursorExpired, LimitError, PSoupError, QueryError, SchemaError,
-                          UnknownHandle)
+                          SequenceError, UnknownHandle)
 from psoup.results.result import Changes, Result
 
 #: The frame header: the payload length, unsigned 32-bit big-endian.
@@ -29,7 +29,8 @@ PROTOCOL = 2
 
 #: Engine errors by wire code; any other code is a plain PSoupError carrying that code.
 ERRORS: dict[str, type[PSoupError]] = {
-    cls.code: cls for cls in (QueryError, SchemaError, UnknownHandle, CursorExpired, LimitError)
+    cls.code: cls for cls in (QueryError, SchemaError, UnknownHandle, CursorExpired, LimitError,
+                               SequenceError)
 }
 
 
