@@ -29,8 +29,9 @@ import numpy as np
 
 from psoup.codec import encode_array
 from psoup.config import parse_address, token_path
-from psoup.errors import PSoupError, SchemaError, SequenceError
+from psoup.errors import PSoupError, QueryError, SchemaError, SequenceError
 from psoup.results.result import Changes, Result
+from psoup.query.tokens import is_identifier
 from psoup.server.ops import OPS
 from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
                                    error_of, pack_frame, unpack_payload)
@@ -119,9 +120,33 @@ class Client:
 
     # ------------------------------------------------------------------ the Engine API
 
-    def execute(self, sql: str) -> str | None:
-        """Run one statement: CREATE STREAM returns None, SELECT returns its handle."""
-        return self._request("execute", {"sql": sql})
+    def execute(self, sql: str) -> str | Result | None:
+        """Run one statement: CREATE STREAM and DROP STREAM return None, SELECT its
+        handle, SHOW and DESCRIBE a Result."""
+        value = self._request("execute", {"sql": sql})
+        if not isinstance(value, Mapping):
+            return value
+        table = decode_answer(value)
+        assert isinstance(table, Result), "a statement's table is an answer, not changes"
+        return table
+
+    def streams(self) -> list[str]:
+        """The streams' names, in creation order (SHOW STREAMS)."""
+        return [row[0] for row in self._table("SHOW STREAMS").rows]
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """What DESCRIBE shows of stream `name`, as a dict (Engine.describe)."""
+        return self._table(f"DESCRIBE {_name(name)}").to_dicts()[0]
+
+    def drop_stream(self, name: str, cascade: bool = False) -> None:
+        """Drop stream `name` (DROP STREAM; Engine.drop_stream)."""
+        self._request("execute", {"sql": f"DROP STREAM {_name(name)}"
+                                         + (" CASCADE" if cascade else "")})
+
+    def _table(self, sql: str) -> Result:
+        table = self.execute(sql)
+        assert isinstance(table, Result), "SHOW and DESCRIBE answer with a table"
+        return table
 
     def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
                       retain: str | None = None) -> None:
@@ -607,3 +632,11 @@ def _in_batch(exc: PSoupError, start: int, stop: int | None, total: int | None) 
     if isinstance(exc, ProtocolError):
         return ProtocolError(exc.code, message)
     return type(exc)(message)
+
+
+def _name(name: str) -> str:
+    """`name` for a statement, refused unless it is one name (so nothing else is sent
+    as SQL)."""
+    if not is_identifier(name):
+        raise QueryError(f"{name!r} is not a stream name (letters, digits, _)")
+    return name

@@ -12,6 +12,7 @@ cursors for `since`), and recovery replays the journal straight into a Core.
 * append: the eddy stores a batch and routes it through the standing queries.
 * answer: psoup.results.answers reads what the mode keeps over the resolved windows.
 * unregister: the reverse of register; the slots are reused.
+* drop: the reverse of create, once no query reads the stream.
 """
 
 from __future__ import annotations
@@ -112,6 +113,22 @@ class Core:
         self.kept.forget(plan)
         self.windows.remove(plan.id)
 
+    def drop(self, stream: str) -> None:
+        """Forget a stream that no standing query reads (unregister its `users` first):
+        its Data SteM and everything the Query SteM, the sinks and the selection
+        structure keep of it, so that a stream created again under its name starts
+        empty. O(1) beyond the structures freed."""
+        assert not self.users(stream), "the queries reading a stream go before it"
+        del self.stems[stream]
+        del self.ddl[stream]
+        self.query_stem.drop_stream(stream)
+        self.kept.drop_stream(stream)
+
+    def users(self, stream: str) -> list[str]:
+        """The handles of the standing queries reading `stream`, in registration order."""
+        return [h for h, plan in self.handles.items()
+                if any(s.stream == stream for s in plan.query.sources)]
+
     def answer(self, handle: str, now: float) -> Result:
         return self.answers.answer(self.plan(handle), now)
 
@@ -205,3 +222,8 @@ class Core:
             self.query_stem.queries), "the handles' slots are the Query SteM's"
         self.kept._check(plans)
         self.tiers._check([p.slot for p in plans if isinstance(p, SelectionPlan)])
+        streams = set(self.stems)
+        assert set(self.ddl) == streams, "every stream has its CREATE STREAM"
+        assert self.query_stem.streams() <= streams, "no index of a dropped stream"
+        assert self.kept.streams() <= streams, "nothing kept of a dropped stream"
+        assert not self.eddy.ntp and not self.eddy.ttp, "the eddy's pools are drained"

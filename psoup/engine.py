@@ -4,8 +4,9 @@
 and delegates.
 
 * Statements are compiled by `psoup.query`; tuples are checked by `psoup.stems.batch`.
-* The effects (a stream, a registration, a batch, an answer, an unregistration) are
-  `psoup.core.Core`'s: the SteMs, the Eddy, the Results Structure and the windows.
+* The effects (a stream, a registration, a batch, an answer, an unregistration, a
+  dropped stream) are `psoup.core.Core`'s: the SteMs, the Eddy, the Results Structure
+  and the windows.
 * `since` cursors are `psoup.results.cursors`'; history is a background job
   (`psoup.spark.jobs`) running a Spark pass from `psoup.spark.history` whose matches
   fill `psoup.results.tiers`.
@@ -42,7 +43,8 @@ from psoup.journal.wal import SYNC_MODES
 from psoup.locks import FairLock
 from psoup.producers import ProducerTable
 from psoup.query import compile_statement, create_stream_sql
-from psoup.query.model import Query, StreamSchema
+from psoup.query.model import (DESCRIBE, SHOW_QUERIES, SHOW_STREAMS, Catalog, Query,
+                               StreamSchema)
 from psoup.results.cursors import CursorStore, cursor_secret
 from psoup.results.modes import MODES as MODE_TABLE
 from psoup.results.result import Changes, Result
@@ -78,6 +80,40 @@ def _ts_unit_hint(value: float) -> str:
             return (f"it looks like {unit} since the epoch ({day}): psoup takes seconds, "
                     f"so divide by {scale:,.0f} (psoup ingest --ts-unit {flag})")
     return "psoup takes seconds since the epoch (or any clock of seconds)"
+
+
+#: The columns of SHOW STREAMS and DESCRIBE (and the keys of Engine.describe).
+CATALOG_COLUMNS = ["stream", "columns", "retain", "rows", "rows_total", "latest_ts",
+                   "queries"]
+
+_RETAIN_UNITS = (("DAY", 86400.0), ("HOUR", 3600.0), ("MINUTE", 60.0), ("SECOND", 1.0))
+
+
+def _retention(schema: StreamSchema) -> str | None:
+    """A stream's RETAIN clause as CREATE STREAM takes it, in its largest exact unit.
+
+    Example:
+        >>> _retention(StreamSchema("R", (), retain_seconds=7200.0))
+        '2 HOURS'
+        >>> _retention(StreamSchema("R", (), retain_rows=1)), _retention(StreamSchema("R", ()))
+        ('1 ROW', None)
+    """
+    amount: int | float
+    if schema.retain_rows is not None:
+        amount, unit = schema.retain_rows, "ROW"
+    elif schema.retain_seconds is not None:
+        seconds = schema.retain_seconds
+        unit, size = next((u, s) for u, s in _RETAIN_UNITS if (seconds / s).is_integer()
+                          or u == "SECOND")
+        amount = int(seconds // size) if (seconds / size).is_integer() else seconds
+    else:
+        return None
+    return f"{amount} {unit}" + ("" if amount == 1 else "S")
+
+
+def _table(columns: list[str], rows: list[tuple]) -> Result:
+    """A catalog answer: `rows` under `columns`, with no ts or tupleIDs of its own."""
+    return Result(columns, rows, np.full(len(rows), np.nan), np.full(len(rows), -1, np.int64))
 
 
 class Engine:
@@ -192,12 +228,22 @@ class Engine:
 
     # ------------------------------------------------------------------ statements
 
-    def execute(self, sql: str) -> str | None:
-        """Run one statement: CREATE STREAM returns None, SELECT registers it and returns
-        its handle."""
+    def execute(self, sql: str) -> str | Result | None:
+        """Run one statement: CREATE STREAM and DROP STREAM return None, SELECT registers
+        it and returns its handle, SHOW and DESCRIBE return a Result (a table: its
+        `rows`, `to_dicts()`; docs/language.md, "The catalog").
+
+        Example:
+            >>> eng = Engine()
+            >>> eng.execute("CREATE STREAM R (a INT) RETAIN 2 HOURS")
+            >>> eng.execute("SHOW STREAMS").rows
+            [('R', 'a INT', '2 HOURS', 0, 0, None, 0)]
+        """
         with self._lock:
             self._check_open()
             stmt = self._compile(sql)
+            if isinstance(stmt, Catalog):
+                return self._catalog(stmt)
             if isinstance(stmt, StreamSchema):
                 if self._journal is not None:
                     self._journal.create(sql)
@@ -231,6 +277,39 @@ class Engine:
                                  "CREATE STREAM")
             self._admit(stmt)
             return self._register(stmt)
+
+    def streams(self) -> list[str]:
+        """The streams' names, in creation order."""
+        with self._lock:
+            return list(self._core.stems)
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """What DESCRIBE shows of stream `name`, as a dict: `stream`, `columns` (as in
+        CREATE STREAM), `retain` (None: everything is kept), `rows` (retained),
+        `rows_total` (ever inserted), `latest_ts` (None before the first tuple) and
+        `queries` (how many standing queries read it).
+
+        Raises:
+            QueryError: no stream has that name.
+        """
+        with self._lock:
+            self._core.stem(name)
+            return self._describe(name)
+
+    def drop_stream(self, name: str, cascade: bool = False) -> None:
+        """Drop stream `name` and everything kept of it (DROP STREAM): its tuples in
+        memory and in the archive (docs/durability.md). A stream created again under the
+        name starts empty.
+
+        Args:
+            cascade: also unregister the standing queries that read the stream; without
+                it a stream that some query reads is refused (QueryError naming them)
+                and nothing changes.
+        """
+        with self._lock:
+            self._check_open()
+            self._core.stem(name)
+            self._drop(name, cascade)
 
     # ------------------------------------------------------------------ data
 
@@ -519,13 +598,61 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
 
-    def _compile(self, sql: str) -> StreamSchema | Query:
+    def _compile(self, sql: str) -> StreamSchema | Query | Catalog:
         return compile_statement(sql, self._core.schemas(), max_factors=self.max_factors)
 
     def _create(self, schema: StreamSchema, sql: str) -> None:
         expired = None if self._journal is None else \
             partial(self._journal.expired, schema.name, schema.columns)
         self._core.create(schema, sql, expired)
+
+    def _catalog(self, stmt: Catalog) -> Result | None:
+        if stmt.action == SHOW_STREAMS:
+            return _table(CATALOG_COLUMNS, [tuple(self._describe(name).values())
+                                            for name in self._core.stems])
+        if stmt.action == DESCRIBE:
+            assert stmt.stream is not None, "DESCRIBE names a stream"
+            return _table(CATALOG_COLUMNS, [tuple(self._describe(stmt.stream).values())])
+        if stmt.action == SHOW_QUERIES:
+            return _table(["handle", "sql"], [(h, plan.query.sql)
+                                              for h, plan in self._core.handles.items()])
+        assert stmt.stream is not None, "DROP STREAM names a stream"
+        self._drop(stmt.stream, stmt.cascade)
+        return None
+
+    def _describe(self, name: str) -> dict[str, Any]:
+        stem = self._core.stems[name]
+        schema = stem.schema
+        return dict(zip(CATALOG_COLUMNS, (
+            name, ", ".join(f"{c} {t.upper()}" for c, t in schema.columns),
+            _retention(schema), stem.retained, stem.rows_total,
+            stem.last_ts if stem.n else None, len(self._core.users(name)))))
+
+    def _drop(self, name: str, cascade: bool) -> None:
+        """Refuse, or log and apply, the drop of an existing stream."""
+        users = self._core.users(name)
+        if users and not cascade:
+            shown = "; ".join(f"{h} ({self._core.handles[h].query.sql})" for h in users[:5])
+            more = f"; and {len(users) - 5} more" if len(users) > 5 else ""
+            raise QueryError(f"stream '{name}' is read by {len(users)} standing "
+                             f"quer{'y' if len(users) == 1 else 'ies'}: {shown}{more}. "
+                             f"Unregister them first, or DROP STREAM {name} CASCADE to "
+                             "unregister them with it")
+        bound = self._core.next_tid
+        if self._journal is not None:
+            self._journal.drop(name, users, bound)
+        self._apply_logged(f"the drop of stream '{name}'",
+                           partial(self._dropped, name, users, bound))
+        self._after_write()
+
+    def _dropped(self, name: str, handles: Sequence[str], bound: int) -> None:
+        """Unregister `handles`, forget the stream, and remove its archived tuples (those
+        numbered below `bound`: not those of a stream created again under the name)."""
+        for handle in handles:
+            self._unregister(handle)
+        self._core.drop(name)
+        if self._journal is not None:
+            self._journal.archive.drop(name, bound)
 
     def _admit(self, query: Query) -> None:
         """Refuse a new standing query beyond max_queries or max_results_bytes (before
@@ -615,6 +742,8 @@ class Engine:
             core.register(query, record.handle)
         elif record.op == "unregister":
             self._unregister(record.handle)
+        elif record.op == "drop":
+            self._dropped(record.stream, record.handles, record.next_tid)
         elif record.op == "state":
             core.next_tid = max(core.next_tid, record.next_tid)
         elif record.op == "producers":

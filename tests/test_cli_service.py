@@ -387,3 +387,54 @@ def test_console_script_serves_ingests_and_invokes(tmp_path, config_dir):
         out, err = serve.communicate(timeout=15)
     assert serve.returncode == 0, err
     assert f"serving on 127.0.0.1:{port}" in out
+
+
+# ---------------------------------------------------------------------- the catalog
+
+def test_stream_list_shows_every_stream(psoup, traffic):
+    psoup("ingest", "traffic", "-", "--format", "jsonl",
+          input="\n".join(json.dumps(r) for r in readings(3)))
+    out = psoup("stream", "list")
+    assert out.exit_code == 0, out.output
+    assert "traffic" in out.output and "1 HOUR" in out.output and "(1 stream)" in out.output
+    doc = json.loads(psoup("stream", "list", "--format", "json").output)
+    assert doc["streams"][0] | {"latest_ts": None} == {
+        "stream": "traffic", "columns": DDL_COLUMNS, "retain": "1 HOUR", "rows": 3,
+        "rows_total": 3, "latest_ts": None, "queries": 0}
+    assert psoup("stream", "list", "--format", "csv").output.splitlines()[0] == \
+        "stream,columns,retain,rows,rows_total,latest_ts,queries"
+
+
+def test_stream_describe_shows_one_stream(psoup, traffic):
+    out = psoup("stream", "describe", "traffic")
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines()[:3] == ["stream      traffic", f"columns     {DDL_COLUMNS}",
+                                           "retain      1 HOUR"]
+    assert json.loads(psoup("stream", "describe", "traffic", "--format", "json").output)[
+        "rows"] == 0
+    missing = psoup("stream", "describe", "nope")
+    assert missing.exit_code == 1 and "unknown stream 'nope'" in missing.output
+
+
+def test_stream_drop_is_refused_while_a_query_reads_it_unless_cascade(psoup, traffic):
+    handle = psoup("register", SLOW, "--name", "slow").output.strip()
+    refused = psoup("stream", "drop", "traffic")
+    assert refused.exit_code == 1 and handle in refused.output and "CASCADE" in refused.output
+    done = psoup("stream", "drop", "traffic", "--cascade")
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == "dropped stream traffic and 1 standing query"
+    assert HandleStore().lookup("slow") is None
+    assert "(0 streams)" in psoup("stream", "list").output
+
+
+def test_show_prints_a_querys_sql_and_statistics(psoup, traffic):
+    handle = psoup("register", SLOW, "--name", "slow").output.strip()
+    psoup("ingest", "traffic", "-", "--format", "jsonl",
+          input="\n".join(json.dumps(r) for r in readings(30)))
+    doc = json.loads(psoup("show", "slow", "--format", "json").output)
+    assert doc["name"] == "slow" and doc["handle"] == handle and doc["sql"] == SLOW
+    assert doc["results"] == sum(1 for r in readings(30) if r["lane"] == 3 and r["speed"] < 30)
+    table = psoup("show", handle)
+    assert table.exit_code == 0 and f"sql       {SLOW}" in table.output
+    unknown = psoup("show", "0" * 40)
+    assert unknown.exit_code == 1 and "neither a name" in unknown.output

@@ -459,3 +459,87 @@ def test_many_queries_widen_the_bitmap_by_exact_words():
     for i in (0, 64, 99, 129):
         assert len(eng.invoke(handles[i], now=200).rows) == (2 if i < 100 else 0)
     eng._check()
+
+
+# ---------------------------------------------------------------- the catalog
+
+def test_show_streams_lists_every_stream_with_its_counts(mode):
+    eng, _ = make(mode, "CREATE STREAM R (a INT, b FLOAT, name TEXT) RETAIN 2 HOURS")
+    eng.execute("CREATE STREAM S (c BOOL) RETAIN 10 ROWS")
+    eng.register("SELECT a FROM R WHERE a > 3")
+    fill(eng, 5)
+    res = eng.execute("SHOW STREAMS")
+    assert isinstance(res, psoup.Result)
+    assert res.to_dicts() == [
+        {"stream": "R", "columns": "a INT, b FLOAT, name TEXT", "retain": "2 HOURS",
+         "rows": 5, "rows_total": 5, "latest_ts": 1004.0, "queries": 1},
+        {"stream": "S", "columns": "c BOOL", "retain": "10 ROWS", "rows": 0,
+         "rows_total": 0, "latest_ts": None, "queries": 0}]
+    assert eng.streams() == ["R", "S"]
+
+
+def test_describe_is_one_stream_of_show_streams(mode):
+    eng, _ = make(mode)
+    fill(eng, 3)
+    assert eng.execute("DESCRIBE R").to_dicts() == [eng.describe("R")]
+    assert eng.describe("R")["latest_ts"] == 1002.0
+
+
+def test_show_queries_lists_handles_and_sql(mode):
+    eng, _ = make(mode)
+    h = eng.register("SELECT a FROM R WHERE a > 3")
+    assert eng.execute("SHOW QUERIES").rows == [(h, "SELECT a FROM R WHERE a > 3")]
+
+
+def test_drop_stream_refused_while_queries_read_it_changes_nothing(mode):
+    eng, _ = make(mode)
+    eng.execute("CREATE STREAM S (c INT)")
+    h = eng.register("SELECT * FROM R, S WHERE R.a = S.c")
+    fill(eng, 5)
+    with pytest.raises(QueryError) as info:
+        eng.execute("DROP STREAM S")
+    assert h in str(info.value) and "CASCADE" in str(info.value)
+    assert eng.streams() == ["R", "S"] and [q for q, _ in eng.queries()] == [h]
+    assert eng.describe("R")["rows"] == 5
+    eng._check()
+
+
+def test_drop_stream_cascade_unregisters_its_queries_only(mode):
+    eng, _ = make(mode)
+    eng.execute("CREATE STREAM S (c INT)")
+    keep = eng.register("SELECT a FROM R WHERE a > 3")
+    join = eng.register("SELECT * FROM R, S WHERE R.a = S.c")
+    agg = eng.register("SELECT count(*) FROM S")
+    fill(eng)
+    eng.insert("S", [(4,), (5,)], ts=1020.0)
+    assert eng.execute("DROP STREAM S CASCADE") is None
+    assert [q for q, _ in eng.queries()] == [keep] and eng.streams() == ["R"]
+    for gone in (join, agg):
+        with pytest.raises(UnknownHandle):
+            eng.invoke(gone)
+    assert [r[0] for r in eng.invoke(keep)] == list(range(4, 20))
+    eng._check()
+
+
+def test_a_stream_created_after_its_drop_starts_empty(mode):
+    eng, _ = make(mode)
+    eng.register("SELECT a FROM R WHERE a > 3")
+    fill(eng)
+    eng.drop_stream("R", cascade=True)
+    eng._check()
+    eng.execute("CREATE STREAM R (z TEXT)")
+    h = eng.register("SELECT z FROM R")
+    assert eng.invoke(h).rows == [] and eng.describe("R")["rows_total"] == 0
+    eng.insert("R", [("x",)], ts=990.0)         # the old stream's latest ts is forgotten
+    assert eng.invoke(h).rows == [("x",)]
+    eng._check()
+
+
+def test_drop_of_an_unknown_stream_is_an_error(mode):
+    eng, _ = make(mode)
+    with pytest.raises(QueryError, match="unknown stream 'S' \\(streams: R\\)"):
+        eng.execute("DROP STREAM S")
+    with pytest.raises(QueryError, match="unknown stream 'S'"):
+        eng.drop_stream("S")
+    with pytest.raises(QueryError, match="unknown stream 'S'"):
+        eng.describe("S")

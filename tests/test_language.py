@@ -9,7 +9,12 @@ import pytest
 from psoup.errors import QueryError
 from psoup.query import compile_statement, parse_retain, parse_type
 from psoup.query.model import (
+    DESCRIBE,
+    DROP_STREAM,
+    SHOW_QUERIES,
+    SHOW_STREAMS,
     AttrPredicate,
+    Catalog,
     ColumnFactor,
     Query,
     SelectItem,
@@ -791,7 +796,51 @@ def test_empty_statement_is_an_error(sql):
 
 
 def test_unknown_statement_is_an_error():
-    assert "expected SELECT or CREATE STREAM, found 'DROP'" in str(error("DROP STREAM R"))
+    assert ("expected SELECT, CREATE STREAM, SHOW, DESCRIBE or DROP STREAM, found 'ALTER'"
+            in str(error("ALTER STREAM R")))
+
+
+# ---------------------------------------------------------------------- the catalog
+
+
+@pytest.mark.parametrize("sql, expected", [
+    ("SHOW STREAMS", Catalog(SHOW_STREAMS)),
+    ("show queries;", Catalog(SHOW_QUERIES)),
+    ("DESCRIBE traffic", Catalog(DESCRIBE, "traffic")),
+    ("DROP STREAM R", Catalog(DROP_STREAM, "R")),
+    ("drop stream R Cascade ;", Catalog(DROP_STREAM, "R", cascade=True)),
+])
+def test_catalog_statements_compile(sql, expected):
+    assert compile_statement(sql, SCHEMAS) == expected
+
+
+def test_catalog_words_are_not_reserved():
+    schema = compile_statement("CREATE STREAM show (streams INT, cascade INT)", {})
+    assert compile_statement("DROP STREAM show CASCADE", {"show": schema}) == \
+        Catalog(DROP_STREAM, "show", cascade=True)
+
+
+@pytest.mark.parametrize("sql, message, column", [
+    ("SHOW", "expected STREAMS or QUERIES after 'SHOW', found the end of the statement", 5),
+    ("SHOW TABLES", "expected STREAMS or QUERIES after 'SHOW', found 'TABLES'", 6),
+    ("SHOW STREAMS R", "expected the end of the statement after 'STREAMS', found 'R'", 14),
+    ("DESCRIBE", "expected a stream name after 'DESCRIBE', found the end", 9),
+    ("DESCRIBE SELECT", "found the reserved word 'SELECT'", 10),
+    ("DROP R", "expected STREAM after 'DROP', found 'R'", 6),
+    ("DROP STREAM R RESTRICT", "expected CASCADE or the end of the statement after 'R', "
+                               "found 'RESTRICT'", 15),
+    ("DROP STREAM R CASCADE; SHOW STREAMS", "one statement at a time", 24),
+])
+def test_catalog_syntax_errors_say_where(sql, message, column):
+    err = error(sql)
+    assert message in str(err) and (err.line, err.column) == (1, column)
+
+
+@pytest.mark.parametrize("sql", ["DESCRIBE nope", "DROP STREAM nope", "DROP STREAM nope CASCADE"])
+def test_catalog_of_an_unknown_stream_is_an_error(sql):
+    err = error(sql)
+    assert "unknown stream 'nope' (streams: R, traffic)" in str(err)
+    assert err.column == sql.index("nope") + 1
 
 
 def test_missing_from_is_an_error():

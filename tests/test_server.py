@@ -927,3 +927,39 @@ def test_aggregates_travel_with_nulls_and_big_sums_and_too_big_ones_fail_alone(c
     with pytest.raises(ProtocolError, match="does not fit the protocol's 64-bit integers"):
         client.invoke(grouped, now=1001.0)
     assert client.invoke(empty, now=1001.0).rows == [(5, 2.0)]     # the connection lives
+
+
+# ---------------------------------------------------------------------- the catalog
+
+def test_show_and_describe_travel_as_results(connect, engine):
+    client = connect()
+    handle = _setup(client)
+    client.insert("R", *_rows(0, 3))
+    for statement in ("SHOW STREAMS", "DESCRIBE R", "SHOW QUERIES"):
+        got = client.execute(statement)
+        assert isinstance(got, Result)
+        want = engine.execute(statement)
+        assert (got.columns, got.rows) == (want.columns, want.rows)
+    assert client.execute("SHOW QUERIES").rows == [(handle, QUERY)]
+    assert client.streams() == ["R"] and client.describe("R") == engine.describe("R")
+
+
+def test_drop_stream_over_the_protocol(connect, engine):
+    client = connect()
+    handle = _setup(client)
+    with pytest.raises(QueryError, match=handle):
+        client.drop_stream("R")
+    assert client.execute("DROP STREAM R CASCADE") is None
+    assert client.streams() == [] and client.queries() == []
+    client.create_stream("R", {"z": "int"})
+    client.drop_stream("R")
+    assert engine.streams() == []
+    engine._check()
+
+
+def test_client_refuses_a_stream_name_that_is_not_one_name(connect):
+    client = connect()
+    _setup(client)
+    with pytest.raises(QueryError, match="not a stream name"):
+        client.drop_stream("R CASCADE")
+    assert client.streams() == ["R"]

@@ -287,6 +287,43 @@ class Archive:
                 buf.parts, buf.rows = [table.slice(done)], len(days) - done
         return written
 
+    def drop(self, stream: str, below: int) -> None:
+        """Forget a dropped stream: its buffered rows, and its part files of tupleIDs
+        below `below` (the engine's next tupleID when it was dropped), so that replaying
+        the drop leaves the files of a stream created again under the name alone.
+        O(part files of the stream).
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     arc = Archive(d)
+            ...     arc.add("R", [], {"ts": np.array([0.0]), "tupleID": np.array([4])})
+            ...     _ = arc.flush()
+            ...     arc.drop("R", below=5)
+            ...     arc.streams(), arc.read("R").num_rows
+            ([], 0)
+        """
+        self._buffers.pop(stream, None)
+        kept = -1
+        for _, _, last, path in list(self._part_files(stream)):
+            if last < below:
+                path.unlink()
+            else:
+                kept = max(kept, last)
+        stream_dir = self.root / f"stream={stream}"
+        if stream_dir.is_dir():
+            for day in stream_dir.iterdir():
+                if day.is_dir() and not any(day.iterdir()):
+                    day.rmdir()
+            fsync_dir(stream_dir)
+            if not any(stream_dir.iterdir()):
+                stream_dir.rmdir()
+        fsync_dir(self.root)
+        if kept < 0:
+            self._high.pop(stream, None)
+        else:
+            self._high[stream] = kept
+
     # ------------------------------------------------------------------ read
 
     def read(self, stream: str) -> pa.Table:

@@ -2,8 +2,9 @@
 
 PSoup's clients register a standing query, disconnect, and invoke its handle later
 (Sect. 1); these commands are that client on a shell. `serve` runs the service;
-`stream create`, `ingest`, `register`, `invoke`, `watch`, `unregister`, `queries` and
-`stats` talk to it through `psoup.client.Client`; `demo` runs the embedded engine.
+`stream create|list|describe|drop`, `ingest`, `register`, `invoke`, `watch`,
+`unregister`, `queries`, `show` and `stats` talk to it through `psoup.client.Client`;
+`demo` runs the embedded engine.
 Names given to handles and each handle's last cursor live in the handle store
 (`psoup.cli.handles`), so `psoup invoke slow-lane3 --changes` works from a new shell.
 
@@ -31,8 +32,8 @@ from psoup import MODES, __version__
 from psoup.cli import ingest as ingesting
 from psoup.cli.demo import run_demo
 from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
-from psoup.cli.output import (FORMATS, render_changes, render_poll, render_result,
-                              render_stats, table, to_json)
+from psoup.cli.output import (FORMATS, render_changes, render_poll, render_record,
+                              render_records, render_result, render_stats, table, to_json)
 from psoup.client import Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address, token_path
 from psoup.engine import SYNC_MODES
@@ -247,7 +248,7 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
 
 @main.group()
 def stream() -> None:
-    """Declare the streams that producers ingest into."""
+    """Declare, list, describe and drop the streams that producers ingest into."""
 
 
 @stream.command("create")
@@ -266,6 +267,50 @@ def stream_create(settings: Settings, name: str, columns: str, retain: str | Non
     with _connected(settings.server, settings.token) as client:
         client.execute(sql)
     click.echo(f"created stream {name} ({columns})" + (f", retaining {retain}" if retain else ""))
+
+
+@stream.command("list")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table for people; csv and json for scripts.")
+@click.pass_obj
+def stream_list(settings: Settings, fmt: str) -> None:
+    """List the streams: columns, retention, rows retained and ever inserted, latest ts,
+    and how many standing queries read each (SHOW STREAMS)."""
+    with _connected(settings.server, settings.token) as client:
+        streams = client.execute("SHOW STREAMS")
+    assert isinstance(streams, Result), "SHOW STREAMS answers with a table"
+    click.echo(render_records("streams", streams.columns, streams.rows, fmt))
+
+
+@stream.command("describe")
+@click.argument("name")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table for people; csv and json for scripts.")
+@click.pass_obj
+def stream_describe(settings: Settings, name: str, fmt: str) -> None:
+    """Show stream NAME: its columns, retention, rows, latest ts and queries (DESCRIBE)."""
+    with _connected(settings.server, settings.token) as client:
+        click.echo(render_record(client.describe(name), fmt))
+
+
+@stream.command("drop")
+@click.argument("name")
+@click.option("--cascade", is_flag=True,
+              help="Unregister the standing queries that read the stream too; without it a "
+                   "stream some query reads is refused, and the error names the queries.")
+@click.pass_obj
+def stream_drop(settings: Settings, name: str, cascade: bool) -> None:
+    """Drop stream NAME: its tuples, in memory and archived, are gone; a stream created
+    again under the name starts empty (DROP STREAM)."""
+    store = HandleStore()
+    with _connected(settings.server, settings.token) as client:
+        before = {handle for handle, _ in client.queries()}
+        client.drop_stream(name, cascade)
+        gone = before - {handle for handle, _ in client.queries()}
+    for handle in gone:
+        store.forget_handle(settings.server, handle)
+    took = f" and {len(gone)} standing quer{'y' if len(gone) == 1 else 'ies'}" if gone else ""
+    click.echo(f"dropped stream {name}{took}")
 
 
 @main.command(short_help="Append the rows of a file to a stream.")
@@ -524,6 +569,22 @@ def queries(settings: Settings, fmt: str) -> None:
     else:
         click.echo(table(["name", "handle", "sql"], rows) + f"\n({len(rows)} standing "
                    f"quer{'y' if len(rows) == 1 else 'ies'})")
+
+
+@main.command(short_help="Show a standing query: its SQL and statistics.")
+@click.argument("ref", metavar="HANDLE|NAME")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="table for people; csv and json for scripts.")
+@click.pass_obj
+def show(settings: Settings, ref: str, fmt: str) -> None:
+    """Show a standing query, by handle or by name: its SQL, how many retained tuples
+    match it, and its history and join group (from the server's statistics)."""
+    target = _resolve(settings, ref)
+    with _connected(target.server, settings.token, target) as client:
+        numbers = client.stats()["queries"].get(target.handle)
+    if numbers is None:
+        raise Failure(_unknown(target, UnknownHandle(f"unknown handle {target.handle!r}")))
+    click.echo(render_record({"name": target.name, "handle": target.handle, **numbers}, fmt))
 
 
 @main.command(short_help="Show streams, queries and memory of the server.")

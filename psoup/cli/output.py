@@ -116,6 +116,47 @@ def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool) 
             table([""] + list(changes.columns), _marked(changes)))
 
 
+def render_records(key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                   fmt: str) -> str:
+    """Catalog rows (streams, say) in `fmt`: a table with a count, CSV, or JSON as
+    ``{key: [{column: value, ...}, ...]}``.
+
+    Example:
+        >>> print(render_records("streams", ["stream", "retain"], [("R", None)], "table"))
+        stream  retain
+        ------  ------
+        R       -
+        (1 stream)
+        >>> render_records("streams", ["stream", "retain"], [("R", None)], "json")
+        '{"streams": [{"stream": "R", "retain": null}]}'
+    """
+    if fmt == "json":
+        return to_json({key: [dict(zip(columns, row)) for row in rows]})
+    if fmt == "csv":
+        return _csv(columns, rows)
+    n = len(rows)
+    shown = [["-" if v is None else v for v in row] for row in rows]
+    return table(columns, shown) + f"\n({n} {key if n != 1 else key[:-1]})"
+
+
+def render_record(record: dict[str, Any], fmt: str) -> str:
+    """One catalog record (a stream, a query): `field  value` lines, CSV of one row, or a
+    JSON object.
+
+    Example:
+        >>> print(render_record({"stream": "R", "rows": 3}, "table"))
+        stream  R
+        rows    3
+    """
+    if fmt == "json":
+        return to_json(record)
+    if fmt == "csv":
+        return _csv(list(record), [list(record.values())])
+    width = max(map(len, record), default=0)
+    return "\n".join(f"{k.ljust(width)}  {'-' if v is None else _flat(v)}"
+                     for k, v in record.items())
+
+
 def render_stats(stats: dict[str, Any], names: dict[str, str]) -> str:
     """`psoup stats` for people: the engine mode and memory, a table of streams and one of
     standing queries (with the names the user gave them); other sections as key: value.

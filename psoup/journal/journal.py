@@ -1,6 +1,7 @@
 """The durable side of an engine: what `Engine(path=DIR)` writes and reads back.
 
-Every acknowledged change (create stream, insert batch, register, unregister) becomes one
+Every acknowledged change (create stream, insert batch, register, unregister, drop
+stream) becomes one
 write-ahead log record before the call returns (nothing acknowledged is lost); on start
 the log is replayed through the engine's ordinary paths, so the rebuilt Data SteMs,
 Query SteM and Results Structure are the ones the original calls built (duality makes
@@ -54,13 +55,16 @@ class StreamImage:
 
 @dataclass
 class Record:
-    """One decoded log record. `op` is create, insert, register, unregister, state or
-    producers (an insert's idempotency key is `producer` and `seq`)."""
+    """One decoded log record. `op` is create, insert, register, unregister, drop, state
+    or producers. An insert's idempotency key is `producer` and `seq`; a drop names the
+    handles it unregistered with the stream (CASCADE) and the next tupleID when it was
+    dropped (the archive keeps what is numbered from there)."""
 
     op: str
     sql: str = ""
     stream: str = ""
     handle: str = ""
+    handles: tuple[str, ...] = ()
     tuple_ids: np.ndarray | None = None
     ts: np.ndarray | None = None
     columns: dict[str, Any] | None = None
@@ -121,6 +125,12 @@ class Journal:
 
     def unregister(self, handle: str) -> None:
         self.wal.append({"op": "unregister", "handle": handle})
+
+    def drop(self, stream: str, handles: Sequence[str], next_tid: int) -> None:
+        """Log DROP STREAM: one record for the stream and the queries it takes along,
+        so that a crash leaves all of them or none."""
+        self.wal.append({"op": "drop", "stream": stream, "handles": list(handles),
+                         "next_tid": int(next_tid)})
 
     def expired(self, stream: str, columns: Sequence[tuple[str, str]],
                 data: Mapping[str, np.ndarray]) -> None:
@@ -222,6 +232,9 @@ def _decode(raw: Any, where: Path) -> Record:
             return Record(op, next_tid=int(raw["next_tid"]))
         if op == "producers":
             return Record(op, producers=list(raw["table"]))
+        if op == "drop":
+            return Record(op, stream=raw["stream"], handles=tuple(raw["handles"]),
+                          next_tid=int(raw["next_tid"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise PSoupError(f"unreadable record in the write-ahead log in {where}: {exc}") from exc
     raise PSoupError(f"unknown record {raw.get('op')!r} in the write-ahead log in {where}")

@@ -2,8 +2,9 @@
 
 The pipeline (sqlglot-style, one pure stage per module):
     tokens.tokenize -> parser.parse -> checker.check -> normalize.normalize_factors
-ending in `model.StreamSchema` (CREATE STREAM) or `model.Query` (SELECT). The language
-is specified in docs/language.md; errors are `psoup.errors.QueryError` with a line and column.
+ending in `model.StreamSchema` (CREATE STREAM), `model.Query` (SELECT) or
+`model.Catalog` (SHOW, DESCRIBE, DROP STREAM). The language is specified in
+docs/language.md; errors are `psoup.errors.QueryError` with a line and column.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Mapping, Sequence, Union
 
 from psoup.errors import LimitError, QueryError
 from psoup.query.checker import check, check_retain, parse_type
-from psoup.query.model import Query, StreamSchema
+from psoup.query.model import Catalog, Query, StreamSchema
 from psoup.query.parser import parse, parse_retention
 from psoup.query.syntax import Select
 from psoup.query.tokens import is_identifier
@@ -21,17 +22,18 @@ __all__ = ["compile_statement", "create_stream_sql", "parse_retain", "parse_type
 
 
 def compile_statement(sql: str, schemas: Mapping[str, StreamSchema],
-                      max_factors: int | None = None) -> Union[StreamSchema, Query]:
+                      max_factors: int | None = None) -> Union[StreamSchema, Query, Catalog]:
     """Compile one statement against the existing streams.
 
     Args:
-        sql: one CREATE STREAM or SELECT statement, optionally ending with `;`.
+        sql: one CREATE STREAM, SELECT, SHOW, DESCRIBE or DROP STREAM statement,
+            optionally ending with `;`.
         schemas: the existing streams by name.
         max_factors: the most AND-ed factors a WHERE clause may have (None: any).
 
     Returns:
         The new stream's schema for CREATE STREAM; the checked, normalized query for
-        SELECT (its `sql` is `sql` unchanged).
+        SELECT (its `sql` is `sql` unchanged); a `Catalog` for the catalog statements.
 
     Raises:
         QueryError: anything wrong with the statement; nothing is registered.

@@ -17,6 +17,7 @@ from psoup.errors import QueryError
 from psoup.query.model import (
     AGGREGATES,
     IMPLICIT_COLUMNS,
+    Catalog,
     ColumnFactor,
     JoinFactor,
     Query,
@@ -37,6 +38,7 @@ from psoup.query.normalize import (
 from psoup.query.syntax import (
     BeginEnd,
     Between,
+    CatalogStatement,
     ColumnRef,
     Comparison,
     CreateStream,
@@ -113,7 +115,7 @@ def check_retain(retain: Retain) -> tuple[float | None, int | None]:
 
 def check(
     statement: Statement, schemas: Mapping[str, StreamSchema], sql: str
-) -> Union[StreamSchema, Query]:
+) -> Union[StreamSchema, Query, Catalog]:
     """Check a parsed statement against the existing streams.
 
     Args:
@@ -122,7 +124,8 @@ def check(
         sql: the statement's text, kept in `Query.sql`.
 
     Returns:
-        The new stream's schema for CREATE STREAM, the normalized query for SELECT.
+        The new stream's schema for CREATE STREAM, the normalized query for SELECT, a
+        `Catalog` for SHOW, DESCRIBE and DROP STREAM.
 
     Raises:
         QueryError: an existing or unknown stream, an unknown column, a type mismatch,
@@ -141,6 +144,8 @@ def check(
     """
     if isinstance(statement, CreateStream):
         return _check_create(statement, schemas)
+    if isinstance(statement, CatalogStatement):
+        return _check_catalog(statement, schemas)
     return _check_select(statement, schemas, sql)
 
 
@@ -172,6 +177,19 @@ def _check_create(stmt: CreateStream, schemas: Mapping[str, StreamSchema]) -> St
         columns.append((col.name, _type_at(col.type_name, col.type_pos)))
     seconds, rows = (None, None) if stmt.retain is None else check_retain(stmt.retain)
     return StreamSchema(stmt.name, tuple(columns), seconds, rows)
+
+
+def _check_catalog(stmt: CatalogStatement, schemas: Mapping[str, StreamSchema]) -> Catalog:
+    if stmt.name is not None and stmt.name not in schemas:
+        assert stmt.name_pos is not None, "a named stream has its position"
+        raise QueryError(f"unknown stream '{stmt.name}' ({_stream_listing(schemas)})",
+                         *stmt.name_pos)
+    return Catalog(stmt.action, stmt.name, stmt.cascade)
+
+
+def _stream_listing(schemas: Mapping[str, StreamSchema]) -> str:
+    known = ", ".join(sorted(schemas))
+    return f"streams: {known}" if known else "no streams exist yet"
 
 
 def _check_select(stmt: Select, schemas: Mapping[str, StreamSchema], sql: str) -> Query:
@@ -207,9 +225,8 @@ class _Scope:
         for item in items:
             schema = schemas.get(item.stream)
             if schema is None:
-                known = ", ".join(sorted(schemas))
-                listing = f"streams: {known}" if known else "no streams exist yet"
-                raise QueryError(f"unknown stream '{item.stream}' ({listing})", *item.pos)
+                raise QueryError(f"unknown stream '{item.stream}' "
+                                 f"({_stream_listing(schemas)})", *item.pos)
             name = item.alias or item.stream
             if name in self.names:
                 if item.alias is None:

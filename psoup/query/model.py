@@ -269,3 +269,24 @@ class Query:
         source = replace(self.sources[item], window=Window())
         return Query(f"{self.sql} [local to {source.alias}]", (source,), (),
                      contradiction=self.contradiction)
+
+
+#: What a catalog statement asks for (docs/language.md, "The catalog").
+SHOW_STREAMS, SHOW_QUERIES, DESCRIBE, DROP_STREAM = (
+    "show streams", "show queries", "describe", "drop stream")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """A checked catalog statement: SHOW STREAMS, SHOW QUERIES, DESCRIBE stream or
+    DROP STREAM stream [CASCADE]. The stream, when there is one, exists.
+
+    Attributes:
+        action: SHOW_STREAMS, SHOW_QUERIES, DESCRIBE or DROP_STREAM.
+        stream: the stream described or dropped; None for SHOW.
+        cascade: DROP STREAM ... CASCADE (unregister the queries reading the stream).
+    """
+
+    action: str
+    stream: str | None = None
+    cascade: bool = False

@@ -12,10 +12,19 @@ from __future__ import annotations
 from typing import NoReturn
 
 from psoup.errors import QueryError
-from psoup.query.model import AGGREGATES, INT64_MAX, INT64_MIN
+from psoup.query.model import (
+    AGGREGATES,
+    DESCRIBE,
+    DROP_STREAM,
+    INT64_MAX,
+    INT64_MIN,
+    SHOW_QUERIES,
+    SHOW_STREAMS,
+)
 from psoup.query.syntax import (
     BeginEnd,
     Between,
+    CatalogStatement,
     ColumnDef,
     ColumnRef,
     Comparison,
@@ -68,13 +77,14 @@ _ANY_UNITS = "a unit (SECONDS, MINUTES, HOURS, DAYS or ROWS)"
 
 
 def parse(sql: str) -> Statement:
-    """Parse one statement, CREATE STREAM or SELECT, with an optional trailing `;`.
+    """Parse one statement (CREATE STREAM, SELECT, SHOW STREAMS, SHOW QUERIES,
+    DESCRIBE or DROP STREAM), with an optional trailing `;`.
 
     Args:
         sql: the statement text.
 
     Returns:
-        A `CreateStream` or `Select` syntax tree.
+        A `CreateStream`, `Select` or `CatalogStatement` syntax tree.
 
     Raises:
         QueryError: the text is empty, is not one statement of the grammar, or uses an
@@ -174,7 +184,32 @@ class _Parser:
             return self._create()
         if tok.is_word("SELECT"):
             return self._select()
-        self._fail("SELECT or CREATE STREAM")
+        if tok.is_word("SHOW", "DESCRIBE", "DROP"):
+            return self._catalog()
+        self._fail("SELECT, CREATE STREAM, SHOW, DESCRIBE or DROP STREAM")
+
+    def _catalog(self) -> CatalogStatement:
+        """SHOW STREAMS | SHOW QUERIES | DESCRIBE name | DROP STREAM name [CASCADE]."""
+        start = self._advance()
+        verb = start.text.upper()
+        if verb == "SHOW":
+            if self._accept_word("STREAMS"):
+                action = SHOW_STREAMS
+            else:
+                self._expect_word("QUERIES", "STREAMS or QUERIES")
+                action = SHOW_QUERIES
+            self.end("the end of the statement")
+            return CatalogStatement(start.pos, action)
+        if verb == "DROP":
+            self._expect_word("STREAM")
+        name, name_pos = self._name("a stream name")
+        if verb == "DESCRIBE":
+            self.end("the end of the statement")
+            return CatalogStatement(start.pos, DESCRIBE, name, name_pos)
+        cascade = self._accept_word("CASCADE") is not None
+        self.end("the end of the statement" if cascade else
+                 "CASCADE or the end of the statement")  # fmt: skip
+        return CatalogStatement(start.pos, DROP_STREAM, name, name_pos, cascade)
 
     def _create(self) -> CreateStream:
         start = self._advance()

@@ -243,4 +243,16 @@ class Select:
     group_by: tuple[ColumnRef, ...] = ()
 
 
-Statement = Union[CreateStream, Select]
+@dataclass(frozen=True)
+class CatalogStatement:
+    """SHOW STREAMS, SHOW QUERIES, DESCRIBE name or DROP STREAM name [CASCADE]; `action`
+    is one of model's catalog actions, `name_pos` where the stream's name starts."""
+
+    pos: Pos
+    action: str
+    name: str | None = None
+    name_pos: Pos | None = None
+    cascade: bool = False
+
+
+Statement = Union[CreateStream, Select, CatalogStatement]

@@ -78,6 +78,14 @@ class ResultsStructure(Sink):
         its streams. O(chunks). Nothing kept per query (NoMat): 0."""
         return 0
 
+    def on_drop(self, stream: str) -> None:
+        """Forget everything kept of `stream`, dropped once no query read it (a stream
+        created again under its name starts at position 0)."""
+
+    def streams(self) -> set[str]:
+        """The streams something is kept for (for the engine's invariants)."""
+        return set()
+
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
         """Sorted positions within `span` of the tuples that satisfy query `slot` (valid
         until the structure's next read: a structure may reuse the buffer)."""
@@ -139,6 +147,16 @@ class SinkTable:
             if all(s is not sink for s in had):
                 had.append(sink)
         return had
+
+    def drop_stream(self, stream: str) -> None:
+        """Forget a dropped stream, whose slots are all detached already. O(1)."""
+        assert not self._streams.get(stream), "no slot on a dropped stream is attached"
+        self._streams.pop(stream, None)
+        self._all.pop(stream, None)
+
+    def streams(self) -> set[str]:
+        """The streams some sink was attached on."""
+        return set(self._streams) | set(self._all)
 
     def of_slot(self, slot: int) -> list[Sink]:
         """The sinks of `slot`, each once."""

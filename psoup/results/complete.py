@@ -62,6 +62,12 @@ class CompleteResults(ResultsStructure):
     def on_expire(self, stream: str, horizon: int) -> None:
         self._horizons[stream] = horizon
 
+    def on_drop(self, stream: str) -> None:
+        self._horizons.pop(stream, None)
+
+    def streams(self) -> set[str]:
+        return set(self._horizons)
+
     def positions(self, slot: int, stream: str) -> np.ndarray:
         """The query's retained results, consolidated into one sorted array."""
         pieces = self._lists.get(slot)

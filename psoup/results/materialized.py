@@ -80,6 +80,15 @@ class Materialized:
         else:
             self.groups.remove(plan.jid)
 
+    def drop_stream(self, stream: str) -> None:
+        """Forget a dropped stream (every query on it is forgotten already)."""
+        self.sinks.drop_stream(stream)
+        self.selections.on_drop(stream)
+
+    def streams(self) -> set[str]:
+        """The streams the sinks or the selection structure keep something for."""
+        return self.sinks.streams() | self.selections.streams()
+
     def stems_of(self, plan: Plan) -> list[DataSteM]:
         return [self.stems[source.stream] for source in plan.query.sources]
 

@@ -152,6 +152,12 @@ class PartialResults(ResultsStructure):
                 self._spare.append(chunks[k])
             del chunks[k]
 
+    def on_drop(self, stream: str) -> None:
+        self._bitmaps.pop(stream, None)
+
+    def streams(self) -> set[str]:
+        return set(self._bitmaps)
+
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
         return self.column(source.stream, slot, span)
 

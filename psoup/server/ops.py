@@ -203,6 +203,12 @@ def _job_required(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
     return {"job": arg(args, "job", str, "a history job id")}
 
 
+def _executed(engine: EngineAPI, a: dict[str, Any]) -> Any:
+    """A statement's value: a handle, null, or (SHOW, DESCRIBE) a table as an answer."""
+    value = engine.execute(a["sql"])
+    return value if value is None or isinstance(value, str) else encode_answer(value)
+
+
 def plain(value: Any) -> Any:
     """`value` with only msgpack types: numpy values become Python ones, and anything
     else a stats dict might grow (paths, sets) becomes its str.
@@ -227,7 +233,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("ping", False, True, _nothing, lambda e, a: "pong"),
     Op("create_stream", True, False, _create_stream,
        lambda e, a: e.create_stream(a["name"], a["columns"], a["retain"])),
-    Op("execute", True, False, _sql, lambda e, a: e.execute(a["sql"])),
+    Op("execute", True, False, _sql, _executed),
     Op("insert", True, False, _insert, _inserted),
     Op("last_seq", False, True,
        lambda args, limits: {"producer": arg(args, "producer", str, "a producer id")},

@@ -182,6 +182,15 @@ class QuerySteM:
                         del sq.factors[factor]
         return query
 
+    def drop_stream(self, stream: str) -> None:
+        """Forget the (empty) indices of a dropped stream; no query reads it any more."""
+        sq = self._streams.pop(stream, None)
+        assert sq is None or not sq.slots, "no standing query reads a dropped stream"
+
+    def streams(self) -> set[str]:
+        """The streams some index is kept for."""
+        return set(self._streams)
+
     def interested(self, stream: str) -> bool:
         sq = self._streams.get(stream)
         return bool(sq and sq.slots)
