@@ -135,6 +135,25 @@ def test_ingest_without_ts_column_uses_the_server_clock(psoup, traffic, tmp_path
     assert json.loads(ok(psoup("invoke", handle, "--format", "json")))["ts"] == [T0]
 
 
+def test_ingest_of_millisecond_timestamps_needs_ts_unit_and_then_matches(psoup, traffic,
+                                                                          tmp_path):
+    """A ms clock without --ts-unit is refused whole, naming the unit; with it, the
+    answer is the one of the same rows in seconds."""
+    rows = readings(20)
+    in_ms = [dict(r, ts=int(round(r["ts"] * 1000))) for r in rows]
+    path = write(tmp_path / "ms.jsonl", in_ms)
+    refused = psoup("ingest", "traffic", str(path))
+    assert refused.exit_code == 1
+    assert "looks like milliseconds" in refused.stderr and "--ts-unit ms" in refused.stderr
+    assert ok(psoup("ingest", "traffic", str(path), "--ts-unit", "ms")).startswith(
+        "20 rows into traffic")
+    handle = ok(psoup("register", SLOW)).strip()
+    got = json.loads(ok(psoup("invoke", handle, "--format", "json")))
+    want = embedded_answer([dict(r, ts=m["ts"] / 1000) for r, m in zip(rows, in_ms)],
+                           SLOW, T0)
+    assert got["rows"] == [list(r) for r in want.rows] and got["ts"] == want.ts.tolist()
+
+
 def test_ingest_stops_at_a_bad_batch_and_says_what_went_in(psoup, traffic, tmp_path):
     path = write(tmp_path / "bad.csv", readings(10))
     lines = path.read_text().splitlines()

@@ -103,7 +103,8 @@ def read_batches(source: str | IO[bytes], fmt: str, batch_rows: int,
 def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
            ts_column: str = "ts", ts_required: bool = False,
            progress: Callable[[int, float], None] | None = None, skip: int = 0,
-           applied: Callable[[int, int], None] | None = None) -> IngestReport:
+           applied: Callable[[int, int], None] | None = None,
+           ts_unit: str = "s") -> IngestReport:
     """Send `batches` to `stream` one insert each; the ts column, if present, becomes ts.
 
     Args:
@@ -113,6 +114,8 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
         ts_column: the column holding timestamps; when the input has none, the server's
             clock stamps each batch.
         ts_required: the input must have `ts_column` (the user named it).
+        ts_unit: the unit of numeric timestamps: "s", "ms", "us" or "ns" (converted to
+            seconds, which psoup takes).
         progress: called after each batch with (rows so far, seconds so far).
         skip: non-empty batches at the start that are already stored (a resumed
             ingest): read, counted in `skipped`, not sent.
@@ -147,7 +150,7 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
             continue
         where = f"batch {count + 1} (input rows {rows + 1:,}-{rows + n:,})"
         try:
-            ts = timestamps(batch.pop(ts_column)) if ts_column in batch else None
+            ts = timestamps(batch.pop(ts_column), ts_unit) if ts_column in batch else None
             client.insert(stream, batch, ts=ts)
         except OutcomeUnknown as exc:
             raise IngestError(
@@ -254,11 +257,15 @@ def _is_number(value: Any) -> bool:
     return True
 
 
-def timestamps(values: Any) -> np.ndarray:
+#: Seconds per unit of a numeric timestamp (psoup ingest --ts-unit).
+TS_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
+
+
+def timestamps(values: Any, unit: str = "s") -> np.ndarray:
     """A timestamp column as float seconds since the epoch.
 
-    Accepts numbers, or ISO 8601 strings all without an offset (read as UTC) or all with
-    one.
+    Accepts numbers (in `unit`: s, ms, us or ns), or ISO 8601 strings all without an
+    offset (read as UTC) or all with one.
 
     Raises:
         IngestError: values that are neither.
@@ -270,10 +277,16 @@ def timestamps(values: Any) -> np.ndarray:
         [1767225600.0]
         >>> timestamps(np.array([5, 6])).tolist()
         [5.0, 6.0]
+        >>> timestamps(np.array([1795353067184]), "ms").tolist()
+        [1795353067.184]
     """
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
-        return values.astype(np.float64)
+        return values.astype(np.float64) / TS_UNITS[unit] if unit != "s" else \
+            values.astype(np.float64)
     if all(isinstance(v, str) for v in values):
+        if unit != "s":
+            raise IngestError(f"--ts-unit {unit} is for numeric timestamps; these are "
+                              f"date-times (e.g. {values[0]!r}), which carry their own", 0)
         arr = pa.array(values, type=pa.string())
         for target in (pa.timestamp("us"), pa.timestamp("us", tz="UTC")):
             try:

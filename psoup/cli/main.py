@@ -325,12 +325,16 @@ def stream_drop(settings: Settings, name: str, cascade: bool) -> None:
 @click.option("--ts-column", default="ts", show_default=True,
               help="The column holding each row's timestamp (seconds or ISO 8601); when "
                    "the file has none, the server's clock stamps each batch.")
+@click.option("--ts-unit", type=click.Choice(tuple(ingesting.TS_UNITS)), default="s",
+              show_default=True,
+              help="The unit of numeric timestamps (psoup keeps seconds): a clock in "
+                   "milliseconds needs ms.")
 @click.option("--resume", is_flag=True,
               help="Continue an ingest of FILE that stopped (a crash, a lost server): "
                    "skip the batches the server already applied, send the rest.")
 @click.pass_context
 def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, batch_rows: int,
-           ts_column: str, resume: bool) -> None:
+           ts_column: str, ts_unit: str, resume: bool) -> None:
     """Append the rows of FILE (CSV with a header, JSON lines, Parquet; - is stdin) to
     STREAM.
 
@@ -368,7 +372,8 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
         report = ingesting.ingest(client, stream_name,
                                   ingesting.read_batches(source, fmt, batch_rows, declared),
                                   ts_column=ts_column, ts_required=ts_required,
-                                  progress=progress, skip=skip, applied=applied)
+                                  progress=progress, skip=skip, applied=applied,
+                                  ts_unit=ts_unit)
     if state is not None:
         state.clear()
     if progress is not None:
