@@ -15,13 +15,32 @@ Example:
     [('y',)]
 """
 
-from psoup.client import Client
-from psoup.engine import MODES, Engine
+from typing import TYPE_CHECKING, Any
+
 from psoup.errors import (ApplyFailed, CursorExpired, CursorInvalid, LimitError, PSoupError,
                           QueryError, SchemaError, SequenceError, UnknownHandle)
-from psoup.results.result import Result
+
+if TYPE_CHECKING:
+    from psoup.client import Client
+    from psoup.engine import MODES, Engine
+    from psoup.results.result import Result
 
 __version__ = "0.1.0"
+
+#: Imported on first use (PEP 562), so that `import psoup` (every CLI command) does not
+#: load the engine: name -> module.
+_LAZY = {"Engine": "psoup.engine", "MODES": "psoup.engine", "Client": "psoup.client",
+         "Result": "psoup.results.result"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'psoup' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 __all__ = ["Engine", "Client", "MODES", "Result", "PSoupError", "QueryError", "SchemaError",
            "LimitError", "UnknownHandle", "CursorExpired", "CursorInvalid", "ApplyFailed",

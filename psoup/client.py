@@ -31,7 +31,6 @@ from psoup.codec import encode_array
 from psoup.config import parse_address, token_path
 from psoup.errors import PSoupError, QueryError, SchemaError, SequenceError
 from psoup.results.result import Changes, Result
-from psoup.query.tokens import is_identifier
 from psoup.server.ops import OPS
 from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
                                    error_of, pack_frame, unpack_payload)
@@ -637,6 +636,7 @@ def _in_batch(exc: PSoupError, start: int, stop: int | None, total: int | None) 
 def _name(name: str) -> str:
     """`name` for a statement, refused unless it is one name (so nothing else is sent
     as SQL)."""
+    from psoup.query.tokens import is_identifier
     if not is_identifier(name):
         raise QueryError(f"{name!r} is not a stream name (letters, digits, _)")
     return name

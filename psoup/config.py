@@ -13,6 +13,13 @@ from pathlib import Path
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7070
 
+#: The engine modes by name (psoup.engine.MODES, here so that the command line need not
+#: load the engine to offer them; a test keeps the two equal).
+ENGINE_MODES = ("partial", "complete", "nomat")
+
+#: Rows per replayed slice by default (psoup.spark.replay, here for the same reason).
+REPLAY_SLICE_ROWS = 1 << 19
+
 
 def config_dir() -> Path:
     """The user's psoup config directory (created on demand by writers, not here)."""

@@ -19,6 +19,9 @@ ALIASES = {"json": "jsonl", "ndjson": "jsonl"}
 EXTENSIONS = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
               ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 
+#: Seconds per unit of a numeric timestamp (`psoup ingest --ts-unit`).
+TS_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
+
 #: Compression suffixes looked through when guessing.
 COMPRESSIONS = (".gz", ".bz2", ".zst", ".lz4", ".snappy", ".deflate")
 

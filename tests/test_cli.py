@@ -66,3 +66,22 @@ def test_bench_command_rejects_an_unknown_suite_and_lists_the_known_ones():
     listed = CliRunner().invoke(main, ["bench", "--list"])
     assert listed.exit_code == 0
     assert re.search(r"^invoke\s+Fig. 7a/7b and Table 2.*table2", listed.output, re.M)
+
+
+def test_the_command_line_loads_neither_engine_nor_spark_nor_arrow_to_start():
+    """Every command starts by importing psoup.cli.main: the engine, the query compiler,
+    pandas, pyarrow and Spark load only in the commands that use them (issue 16: every
+    command used to take two seconds)."""
+    code = ("import sys, psoup.cli.main; print(sorted(m for m in ('psoup.engine', "
+            "'psoup.query', 'psoup.server.server', 'pandas', 'pyarrow', 'pyspark', 'numba') "
+            "if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert loaded == "[]"
+
+
+def test_the_light_copies_of_engine_constants_agree_with_the_engine():
+    from psoup.config import ENGINE_MODES, REPLAY_SLICE_ROWS
+    from psoup.engine import MODES
+    from psoup.spark.replay import SLICE_ROWS
+    assert ENGINE_MODES == MODES and REPLAY_SLICE_ROWS == SLICE_ROWS

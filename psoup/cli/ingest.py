@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from psoup.client import ConnectionFailed, OutcomeUnknown
 from psoup.config import config_dir, write_private
 from psoup.errors import PSoupError
+from psoup.formats import TS_UNITS
 
 _OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open}
 _CSV_BLOCK = 1 << 20          # bytes per CSV read; batches are cut from blocks by row count
@@ -255,10 +256,6 @@ def _is_number(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-#: Seconds per unit of a numeric timestamp (psoup ingest --ts-unit).
-TS_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 
 def timestamps(values: Any, unit: str = "s") -> np.ndarray:

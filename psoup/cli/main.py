@@ -28,22 +28,19 @@ import click
 import numpy as np
 from click.core import ParameterSource
 
-from psoup import MODES, __version__
-from psoup.cli import ingest as ingesting
-from psoup.cli.demo import run_demo
+from psoup import __version__
 from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
 from psoup.cli.output import (FORMATS, render_changes, render_poll, render_record,
                               render_records, render_result, render_stats, table, to_json)
 from psoup.client import Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address, token_path
-from psoup.engine import SYNC_MODES
+from psoup.config import ENGINE_MODES as MODES
+from psoup.config import REPLAY_SLICE_ROWS
+from psoup.journal.wal import SYNC_MODES
 from psoup.errors import CursorExpired, PSoupError, UnknownHandle
-from psoup.formats import ALIASES, canonical, guess_format
+from psoup.formats import ALIASES, TS_UNITS, canonical, guess_format
 from psoup.formats import FORMATS as INPUT_FORMATS
-from psoup.query.timeparse import timestamp_seconds
 from psoup.results.result import Changes, Result
-from psoup.spark import importer as importing
-from psoup.spark import replay as replaying
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -130,6 +127,7 @@ class Instant(click.ParamType):
         except ValueError:
             pass
         try:
+            from psoup.query.timeparse import timestamp_seconds
             return timestamp_seconds(str(value))
         except ValueError:
             self.fail(f"{value!r} is neither seconds since the epoch nor an ISO 8601 "
@@ -195,6 +193,7 @@ def demo(mode: str, rows: int, seed: int) -> None:
     Registers sliding, landmark and snapshot queries, ingests readings, "disconnects"
     while more data arrives, then invokes every handle and prints the answers.
     """
+    from psoup.cli.demo import run_demo
     run_demo(mode=mode, rows=rows, seed=seed, echo=click.echo)
 
 
@@ -325,7 +324,7 @@ def stream_drop(settings: Settings, name: str, cascade: bool) -> None:
 @click.option("--ts-column", default="ts", show_default=True,
               help="The column holding each row's timestamp (seconds or ISO 8601); when "
                    "the file has none, the server's clock stamps each batch.")
-@click.option("--ts-unit", type=click.Choice(tuple(ingesting.TS_UNITS)), default="s",
+@click.option("--ts-unit", type=click.Choice(TS_UNITS), default="s",
               show_default=True,
               help="The unit of numeric timestamps (psoup keeps seconds): a clock in "
                    "milliseconds needs ms.")
@@ -354,6 +353,7 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
     source = click.open_file("-", "rb") if file == "-" else file
     ts_required = ctx.get_parameter_source("ts_column") is not ParameterSource.DEFAULT
     progress = _progress if sys.stderr.isatty() else None
+    from psoup.cli import ingest as ingesting
     state = None if file == "-" else ingesting.ResumeFile(stream_name, file, batch_rows)
     saved = state.load() if state is not None and resume else None
     with _connected(settings.server, settings.token, batch_rows=batch_rows,
@@ -641,6 +641,7 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
     column, and then nothing is written. The rows may be in any order, but may not begin
     before the archive's latest timestamp for NAME.
     """
+    from psoup.spark import importer as importing
     declared = importing.parse_columns(stream_name, columns)
     report = importing.import_files(files, stream_name, declared, into, ts_column=ts_column,
                                     fmt=fmt, master=master)
@@ -671,7 +672,7 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
 @click.option("--token", "token_option", default=None,
               help="The server's access token (default: psoup --token, PSOUP_TOKEN, or "
                    "the token file a server on this machine writes).")
-@click.option("--slice-rows", type=click.IntRange(1_000), default=replaying.SLICE_ROWS,
+@click.option("--slice-rows", type=click.IntRange(1_000), default=REPLAY_SLICE_ROWS,
               show_default=True, help="About the most rows held in memory at once.")
 @click.pass_obj
 def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
@@ -700,6 +701,7 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     names = None if streams is None else [n.strip() for n in streams.split(",") if n.strip()]
     def progress(done: int, total: int, seconds: float) -> None:
         _progress(done, seconds, total)
+    from psoup.spark import replay as replaying
     run = partial(replaying.replay, streams=names, start=start, end=end, master=master,
                   slice_rows=slice_rows, progress=progress if sys.stderr.isatty() else None)
     if data_dir is not None:

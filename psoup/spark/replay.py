@@ -46,11 +46,12 @@ import pyarrow.parquet as pq
 
 from psoup.archive.layout import (PART_NAME, SPARK_TYPES, TS_COLUMN, TUPLE_ID_COLUMN,
                                   check_part, stream_columns)
+from psoup.config import REPLAY_SLICE_ROWS
 from psoup.errors import ArchiveError, PSoupError, ReplayError
 from psoup.spark.session import spark_error
 
 #: Rows per slice: the most the driver holds at once (about; see `plan_replay`).
-SLICE_ROWS = 1 << 19
+SLICE_ROWS = REPLAY_SLICE_ROWS
 #: Rows per insert.
 BATCH_ROWS = 1 << 16
 #: Timestamps kept per slice by the scan; a slice's size is off by at most
