@@ -346,6 +346,8 @@ def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
 @pytest.mark.parametrize("name, text, complaint", [
     ("no_speed.csv", "lane,road,ts\n1,x,5\n", "no column 'speed' (its columns: lane, road, ts)"),
     ("bad_int.csv", "lane,speed,road,ts\n1,2.5,x,5\n2.5,3,y,6\n",
+     "column 'lane' holds '2.5', which is not INT (in its first 2 rows)"),
+    ("bad_int_late.csv", "lane,speed,road,ts\n" + "1,2,x,5\n" * 1000 + "2.5,3,y,6\n",
      "column 'lane' holds '2.5', which is not INT (1 row like it)"),
     ("nan.csv", "lane,speed,road,ts\n1,NaN,x,5\n", "column 'speed' holds NaN"),
     ("missing.jsonl", '{"lane": 1, "speed": 2.0, "road": "x", "ts": 5}\n'
@@ -356,7 +358,7 @@ def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
     ("bad_ts.csv", "lane,speed,road,ts\n1,2,x,yesterday\n",
      "timestamp column 'ts' holds 'yesterday'"),
     ("broken.jsonl", '{"lane": 1, "speed": 2.0, "road": "x", "ts": 5}\n{"lane": 1,\n',
-     "Spark cannot read it as jsonl ([MALFORMED_RECORD_IN_PARSING"),
+     "cannot be read as jsonl (Expecting"),
 ])
 def test_import_error_names_file_and_column_and_writes_nothing(spark, tmp_path, name, text,
                                                                 complaint):
@@ -368,6 +370,35 @@ def test_import_error_names_file_and_column_and_writes_nothing(spark, tmp_path, 
     assert str(err.value).startswith(f"{path}: ")
     assert complaint in str(err.value)
     assert not list(root.rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("name, text, complaint", [
+    ("header.csv", "lane,sped,road,ts\n1,2,x,5\n", "no column 'speed'"),
+    ("header.csv.gz", None, "no column 'speed'"),
+    ("types.jsonl", '{"lane": "one", "speed": 2.0, "road": "x", "ts": 5}\n',
+     "column 'lane' holds 'one', which is not INT"),
+    ("header.parquet", None, "no timestamp column 'ts'"),
+])
+def test_import_checks_headers_and_first_rows_before_starting_spark(tmp_path, monkeypatch,
+                                                                     name, text, complaint):
+    """A wrong header or a plainly wrong type is reported in a moment, not after Spark
+    has started."""
+    import gzip
+
+    from psoup.spark import session
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("Spark was started")
+    monkeypatch.setattr(session, "spark_session", no_spark)
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        path.write_bytes(gzip.compress(b"lane,sped,road,ts\n1,2,x,5\n"))
+    elif name.endswith(".parquet"):
+        pq.write_table(pa.table({"lane": [1], "speed": [2.0], "road": ["x"], "t": [5.0]}), path)
+    else:
+        path.write_text(text)
+    with pytest.raises(ArchiveError, match=re.escape(complaint)):
+        import_files([path], "traffic", parse_columns("traffic", TRAFFIC), tmp_path / "arc")
 
 
 def test_import_older_than_the_archive_is_refused(spark, tmp_path):

@@ -116,6 +116,8 @@ def import_files(files: Sequence[str | Path], stream: str,
         formats = [canonical(fmt) if fmt else guess_format(f) for f in files]
     except ValueError as exc:
         raise ArchiveError(str(exc)) from None
+    for path, fm in zip(files, formats):          # seconds, before Spark's start
+        _preflight(Path(path), fm, columns, ts_column)
     archive = Archive(into)
     _check_archived_schema(archive, stream, columns)
     high, latest = archive.high_water(stream), archive.latest_ts(stream)
@@ -152,6 +154,84 @@ def _check_archived_schema(archive: Archive, stream: str,
 
 
 # ---------------------------------------------------------------------- reading
+
+#: Rows of each file read by `_preflight` (its first block, at most).
+PREFLIGHT_ROWS = 1000
+
+
+def _preflight(path: Path, fmt: str, columns: Sequence[tuple[str, str]],
+               ts_column: str) -> None:
+    """Check a file's header (or first record) and the types of its first rows with
+    pyarrow, so that a wrong header or a column of the wrong type is reported at once,
+    not after Spark has started (tens of seconds). The Spark job still checks every
+    value; this only fails early on what is plainly wrong.
+
+    Raises:
+        ArchiveError: unreadable, a missing column, or a first-rows value that cannot be
+            the declared type; the message names the file and the column.
+    """
+    names = [ts_column, *(c for c, _ in columns)]
+    try:
+        have, head = _head(path, fmt, names)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise ArchiveError(f"{path}: cannot be read as {fmt} ({exc})") from None
+    for name in names:
+        if name not in have:
+            what = "timestamp column" if name == ts_column else "column"
+            raise ArchiveError(f"{path}: no {what} '{name}' (its columns: "
+                               f"{', '.join(have) or 'none'})")
+    if head is None or head.num_rows == 0:
+        return
+    for name, ctype in columns:
+        values = head.column(name)
+        if ctype in ("int", "float") and not pa.types.is_integer(values.type) and \
+                not (ctype == "float" and pa.types.is_floating(values.type)):
+            text = values.cast(pa.string()).to_pylist()
+            for value in text:
+                if value is None:
+                    continue
+                try:
+                    number = float(value)
+                except ValueError:
+                    number = None
+                if number is None or (ctype == "int" and not number.is_integer()):
+                    raise ArchiveError(f"{path}: {_problem(name, ctype, value)} (in its "
+                                       f"first {head.num_rows:,} rows)")
+
+
+def _head(path: Path, fmt: str, names: Sequence[str]) -> tuple[list[str], pa.Table | None]:
+    """(the file's column names, its first rows of `names` as text or typed columns;
+    None when it has no rows)."""
+    import json
+
+    import pyarrow.csv as pacsv
+    if fmt == "parquet":
+        have = pq.read_schema(path).names
+        batches = pq.ParquetFile(path).iter_batches(
+            batch_size=PREFLIGHT_ROWS, columns=[n for n in names if n in have])
+        first = next(batches, None)
+        return have, None if first is None else pa.Table.from_batches([first])
+    with pa.input_stream(str(path), compression="detect") as stream:
+        if fmt == "csv":
+            reader = pacsv.open_csv(stream, read_options=pacsv.ReadOptions(block_size=1 << 16),
+                                    convert_options=pacsv.ConvertOptions(
+                                        column_types={n: pa.string() for n in names}))
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return reader.schema.names, None
+            return reader.schema.names, pa.Table.from_batches(
+                [batch], reader.schema).slice(0, PREFLIGHT_ROWS)
+        block = stream.read(1 << 16)
+    lines = block.splitlines()
+    if len(block) == 1 << 16:
+        lines = lines[:-1]                      # the last line may be cut short
+    rows = [json.loads(line) for line in lines if line.strip()][:PREFLIGHT_ROWS]
+    if not rows:
+        return [], None
+    return list(rows[0]), pa.Table.from_pylist(
+        [{n: None if r.get(n) is None else str(r.get(n)) for n in names} for r in rows])
+
 
 def _typed(spark: Any, path: Path, index: int, fmt: str, columns: Sequence[tuple[str, str]],
            ts_column: str) -> Any:

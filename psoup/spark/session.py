@@ -8,11 +8,12 @@ session. Never on the per-tuple or per-invocation path.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from psoup.errors import PSoupError
 
@@ -40,6 +41,27 @@ logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
 logger.tasks.level = off
 """
 
+#: Lines the JVM writes to stderr that say nothing to a psoup user: Spark 4 runs with the
+#: vector API incubator module, and the JVM announces it at start.
+_JVM_NOISE = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
+
+
+def _forward(stream: IO[bytes]) -> None:
+    """Copy the driver JVM's stderr to ours, without its known noise (a thread for the
+    JVM's life: its stderr is a pipe that must be drained)."""
+    out = getattr(sys.stderr, "buffer", None)
+    for line in iter(stream.readline, b""):
+        if line.rstrip().startswith(_JVM_NOISE):
+            continue
+        try:
+            if out is not None:
+                out.write(line)
+                out.flush()
+            else:
+                sys.stderr.write(line.decode(errors="replace"))
+        except (OSError, ValueError):    # our stderr closed: keep draining the pipe
+            pass
+
 
 def spark_session(master: str | None = None) -> Any:
     """The process's SparkSession (default master local[*]; UI off, Arrow on, UTC).
@@ -52,6 +74,8 @@ def spark_session(master: str | None = None) -> Any:
         if _session is not None:
             return _session
         try:
+            from pyspark import SparkConf, SparkContext
+            from pyspark.java_gateway import launch_gateway
             from pyspark.sql import SparkSession
         except ImportError as exc:
             raise PSoupError("Spark is needed here: pip install 'psoup[spark]' "
@@ -60,14 +84,21 @@ def spark_session(master: str | None = None) -> Any:
         # cluster, PYSPARK_PYTHON names the workers' interpreter
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         try:
-            _session = (SparkSession.builder.master(master or "local[*]").appName("psoup")
-                        .config("spark.ui.enabled", "false")
-                        .config("spark.ui.showConsoleProgress", "false")
-                        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-                        .config("spark.sql.session.timeZone", "UTC")
-                        .config("spark.driver.extraJavaOptions",
-                                f"-Dlog4j2.configurationFile={_log_config()}")
-                        .getOrCreate())
+            conf = (SparkConf().setMaster(master or "local[*]").setAppName("psoup")
+                    .set("spark.ui.enabled", "false")
+                    .set("spark.ui.showConsoleProgress", "false")
+                    .set("spark.sql.execution.arrow.pyspark.enabled", "true")
+                    .set("spark.sql.session.timeZone", "UTC")
+                    .set("spark.driver.extraJavaOptions",
+                         f"-Dlog4j2.configurationFile={_log_config()}"))
+            if SparkContext._active_spark_context is None:
+                # the driver JVM's stderr through a filter (the gateway is what
+                # SparkContext would launch, with stderr piped)
+                gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+                threading.Thread(target=_forward, args=(gateway.proc.stderr,),
+                                 name="psoup-spark-stderr", daemon=True).start()
+                SparkContext(conf=conf, gateway=gateway)
+            _session = SparkSession.builder.config(conf=conf).getOrCreate()
         except Exception as exc:     # Java missing, bad master URL, ...
             raise PSoupError(f"Spark did not start ({master or 'local[*]'}): {exc}") from exc
         _session.sparkContext.setLogLevel("ERROR")
