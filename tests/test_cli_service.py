@@ -563,3 +563,11 @@ def test_stats_and_stream_list_show_the_latest_ts_in_utc(psoup, traffic, tmp_pat
     assert "2025-12-31T23:58:22.000Z" in ok(psoup("stream", "list"))
     assert "2025-12-31T23:58:22.000Z" in ok(psoup("stream", "describe", "traffic"))
     assert ",1767225502.0," in ok(psoup("stream", "list", "-o", "csv"))
+
+
+def test_timestamps_in_errors_are_shown_in_utc_like_the_tables(psoup, traffic, tmp_path):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(3)))))
+    done = psoup("ingest", "traffic", str(write(tmp_path / "b.csv", readings(1, T0 - 500))))
+    assert done.exit_code == 1
+    assert "ts 2025-12-31T23:51:40.000Z (1767225100.0) is older than the stream's latest " \
+           "ts 2025-12-31T23:58:22.000Z (1767225502.0)" in done.stderr

@@ -31,8 +31,9 @@ from click.core import ParameterSource
 
 from psoup import __version__
 from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
-from psoup.cli.output import (FORMATS, one_line, render_changes, render_poll, render_record,
-                              render_records, render_result, render_stats, table, to_json)
+from psoup.cli.output import (FORMATS, iso_times, one_line, render_changes, render_poll,
+                              render_record, render_records, render_result, render_stats,
+                              table, to_json)
 from psoup.client import Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address, token_path
 from psoup.config import ENGINE_MODES as MODES
@@ -48,12 +49,13 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class Failure(click.ClickException):
-    """An expected error: printed as one line, "error: ...", on stderr; exit code 1."""
+    """An expected error: printed as one line, "error: ...", on stderr; exit code 1.
+    Timestamps in it ("ts 1767225600.0") are shown in UTC as the tables show them."""
 
     exit_code = 1
 
     def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))
+        super().__init__(iso_times(" ".join(str(message).split())))
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.message}", err=True)

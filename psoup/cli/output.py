@@ -20,6 +20,7 @@ import datetime
 import io
 import json
 import math
+import re
 import time
 from typing import Any, Sequence
 
@@ -301,6 +302,23 @@ def iso_utc(ts: float | None) -> str:
     seconds, millis = divmod(ms, 1000)
     when = datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=seconds)
     return f"{when:%Y-%m-%dT%H:%M:%S}.{millis:03d}Z"
+
+
+def iso_times(message: str) -> str:
+    """A message with every "ts SECONDS" in it shown as `iso_utc`, the seconds kept after
+    it (an error may ask to pass the exact value back as --from).
+
+    Example:
+        >>> iso_times("stream 'R' holds data up to ts 1767225600.25; ts 1e+20 is past")
+        "stream 'R' holds data up to ts 2026-01-01T00:00:00.250Z (1767225600.25); ts 1e+20 is past"
+    """
+    def shown(match: re.Match[str]) -> str:
+        text = iso_utc(float(match[1]))
+        return match[0] if not text.endswith("Z") else f"ts {text} ({match[1]})"
+    return _TS_IN_TEXT.sub(shown, message)
+
+
+_TS_IN_TEXT = re.compile(r"\bts (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?![\w.])")
 
 
 def one_line(sql: str, width: int = 100) -> str:
