@@ -175,6 +175,58 @@ def test_ingest_of_an_unknown_extension_is_a_usage_error(psoup, traffic, tmp_pat
     assert done.exit_code == 2 and "--format" in done.stderr
 
 
+def compressed(path: Path, codec: str) -> Path:
+    """The file compressed with `codec` beside it, under its name plus the codec's suffix."""
+    import pyarrow as pa
+    out = path.with_name(path.name + {"gzip": ".gz", "bz2": ".bz2", "zstd": ".zst"}[codec])
+    with pa.output_stream(str(out), compression=codec) as stream:
+        stream.write(path.read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("name,codec", [("r.csv", "zstd"), ("r.jsonl", "bz2"),
+                                        ("r.ndjson", "gzip"), ("r.csv", "gzip")])
+def test_ingest_decompresses_gz_bz2_and_zst(psoup, traffic, tmp_path, name, codec):
+    rows = readings(30)
+    plain = write(tmp_path / "plain.jsonl" if name.endswith("json") else tmp_path / name, rows)
+    path = compressed(plain.rename(tmp_path / name), codec)
+    assert ok(psoup("ingest", "traffic", str(path), "--batch-rows", "7")).startswith(
+        "30 rows into traffic")
+    handle = ok(psoup("register", SLOW)).strip()
+    got = json.loads(ok(psoup("invoke", handle, "-o", "json")))
+    assert got["rows"] == [list(r) for r in embedded_answer(rows, SLOW, T0).rows]
+
+
+@pytest.mark.parametrize("name,fmt,why", [
+    ("r.csv.lz4", [], ".lz4 compression is not supported"),
+    ("r.parquet.gz", [], "compresses its pages itself"),
+    ("r.gz", ["-o", "parquet"], "compresses its pages itself")])
+def test_ingest_refuses_unsupported_formats_and_compressions_clearly(psoup, traffic,
+                                                                   tmp_path, name, fmt, why):
+    path = tmp_path / name
+    path.write_bytes(b"x")
+    done = psoup("ingest", "traffic", str(path), *fmt)
+    assert done.exit_code == 2 and why in done.stderr, done.stderr
+
+
+def test_ingest_progress_shows_percentage_and_eta_of_a_named_file(psoup, traffic, tmp_path,
+                                                                 monkeypatch):
+    import psoup.cli.main as cli
+    monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: True)
+    for name in ("r.csv", "r.parquet"):
+        path = write(tmp_path / name, readings(50))
+        done = psoup("ingest", "traffic", str(path), "--batch-rows", "10")
+        lines = [line for line in ok(done) and done.stderr.split("\r") if "rows/s" in line]
+        assert len(lines) == 5 and "ETA" in lines[0]
+        assert lines[-1].startswith("50 rows  100%  ETA 00:00:00")
+        ok(psoup("stream", "drop", "traffic"))
+        ok(psoup("stream", "create", "traffic", DDL_COLUMNS))
+    piped = psoup("ingest", "traffic", "-", "--batch-rows", "10",
+                  input=write(tmp_path / "s.csv", readings(50)).read_bytes())
+    lines = [line for line in ok(piped) and piped.stderr.split("\r") if "rows/s" in line]
+    assert len(lines) == 5 and lines[-1].startswith("50 rows  ") and "%" not in piped.stderr
+
+
 # ---------------------------------------------------------------------- named handles
 
 def test_named_handle_works_from_a_new_shell(psoup, traffic, tmp_path, server):

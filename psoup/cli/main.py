@@ -19,11 +19,11 @@ import re
 import shutil
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 import click
 import numpy as np
@@ -40,7 +40,7 @@ from psoup.config import ENGINE_MODES as MODES
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.journal.wal import SYNC_MODES
 from psoup.errors import CursorExpired, PSoupError, UnknownHandle
-from psoup.formats import ALIASES, TS_UNITS, canonical, guess_format
+from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
 from psoup.results.result import Changes, Result
 
@@ -350,15 +350,49 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
     """
     settings: Settings = ctx.obj
     try:
-        fmt = canonical(fmt) if fmt else guess_format(file)
+        fmt, codec = input_format(file, fmt)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="FILE") from None
     if resume and file == "-":
         raise click.BadParameter("--resume needs a named file, not stdin", param_hint="FILE")
-    source = click.open_file("-", "rb") if file == "-" else file
     ts_required = ctx.get_parameter_source("ts_column") is not ParameterSource.DEFAULT
-    progress = _progress if sys.stderr.isatty() else None
     from psoup.cli import ingest as ingesting
+    with ExitStack() as closing:
+        source: str | IO[bytes]
+        done: Callable[[int], float] | None = None
+        if file == "-":
+            source = click.open_file("-", "rb")
+        elif fmt == "parquet":
+            import pyarrow.parquet as pq
+            source, total = file, pq.ParquetFile(file).metadata.num_rows
+
+            def done(rows: int) -> float:
+                return rows / max(total, 1)
+        else:
+            # the bytes read of the file itself, compressed or not, say how far it got
+            raw = closing.enter_context(open(file, "rb"))
+            size = os.fstat(raw.fileno()).st_size
+            source = closing.enter_context(ingesting.decompressed(raw, codec))
+
+            def done(rows: int) -> float:
+                return raw.tell() / max(size, 1)
+        report = _ingest(settings, stream_name, file, source, fmt, batch_rows, ts_column,
+                         ts_required, ts_unit, resume, done)
+    resumed = f"; {report.skipped:,} rows were already stored" if resume else ""
+    click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream_name} "
+               f"({report.rate:,.0f} rows/s){resumed}")
+
+
+def _ingest(settings: Settings, stream_name: str, file: str, source: str | IO[bytes],
+            fmt: str, batch_rows: int, ts_column: str, ts_required: bool, ts_unit: str,
+            resume: bool, done: Callable[[int], float] | None) -> Any:
+    """`psoup ingest` once FILE is open: `done(rows)` is the fraction of it read (None:
+    unknown, stdin), for the progress line on a terminal."""
+    from psoup.cli import ingest as ingesting
+
+    def progress(rows: int, seconds: float) -> None:
+        _progress(rows, seconds, fraction=None if done is None else done(rows))
+    on_terminal = _stderr_is_terminal()
     state = None if file == "-" else ingesting.ResumeFile(stream_name, file, batch_rows)
     saved = state.load() if state is not None and resume else None
     with _connected(settings.server, settings.token, batch_rows=batch_rows,
@@ -377,21 +411,35 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
         report = ingesting.ingest(client, stream_name,
                                   ingesting.read_batches(source, fmt, batch_rows, declared),
                                   ts_column=ts_column, ts_required=ts_required,
-                                  progress=progress, skip=skip, applied=applied,
-                                  ts_unit=ts_unit)
+                                  progress=progress if on_terminal else None, skip=skip,
+                                  applied=applied, ts_unit=ts_unit)
     if state is not None:
         state.clear()
-    if progress is not None:
+    if on_terminal:
         click.echo("\r\033[K", nl=False, err=True)
-    resumed = f"; {report.skipped:,} rows were already stored" if resume else ""
-    click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream_name} "
-               f"({report.rate:,.0f} rows/s){resumed}")
+    return report
 
 
-def _progress(rows: int, seconds: float, total: int | None = None) -> None:
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def _progress(rows: int, seconds: float, total: int | None = None,
+              fraction: float | None = None) -> None:
+    """A progress line on stderr, rewritten in place: rows so far and the rate, and when
+    the input's size is known (`total` rows, or the `fraction` of it read) the
+    percentage and the time left at this pace."""
+    rate = rows / max(seconds, 1e-9)
     of = "" if total is None else f" of {total:,}"
-    click.echo(f"\r{rows:,}{of} rows  {rows / max(seconds, 1e-9):,.0f} rows/s", nl=False,
-               err=True)
+    if fraction is None and total:
+        fraction = rows / total
+    done = ""
+    if fraction is not None:
+        fraction = min(max(fraction, 0.0), 1.0)
+        left = seconds * (1 - fraction) / fraction if fraction > 0 else None
+        eta = "?" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
+        done = f"  {fraction:.0%}  ETA {eta}"
+    click.echo(f"\r{rows:,}{of} rows{done}  {rate:,.0f} rows/s\x1b[K", nl=False, err=True)
 
 
 # ---------------------------------------------------------------------- handles
