@@ -175,6 +175,58 @@ def test_ingest_of_an_unknown_extension_is_a_usage_error(psoup, traffic, tmp_pat
     assert done.exit_code == 2 and "--format" in done.stderr
 
 
+def compressed(path: Path, codec: str) -> Path:
+    """The file compressed with `codec` beside it, under its name plus the codec's suffix."""
+    import pyarrow as pa
+    out = path.with_name(path.name + {"gzip": ".gz", "bz2": ".bz2", "zstd": ".zst"}[codec])
+    with pa.output_stream(str(out), compression=codec) as stream:
+        stream.write(path.read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("name,codec", [("r.csv", "zstd"), ("r.jsonl", "bz2"),
+                                        ("r.ndjson", "gzip"), ("r.csv", "gzip")])
+def test_ingest_decompresses_gz_bz2_and_zst(psoup, traffic, tmp_path, name, codec):
+    rows = readings(30)
+    plain = write(tmp_path / "plain.jsonl" if name.endswith("json") else tmp_path / name, rows)
+    path = compressed(plain.rename(tmp_path / name), codec)
+    assert ok(psoup("ingest", "traffic", str(path), "--batch-rows", "7")).startswith(
+        "30 rows into traffic")
+    handle = ok(psoup("register", SLOW)).strip()
+    got = json.loads(ok(psoup("invoke", handle, "-o", "json")))
+    assert got["rows"] == [list(r) for r in embedded_answer(rows, SLOW, T0).rows]
+
+
+@pytest.mark.parametrize("name,fmt,why", [
+    ("r.csv.lz4", [], ".lz4 compression is not supported"),
+    ("r.parquet.gz", [], "compresses its pages itself"),
+    ("r.gz", ["-o", "parquet"], "compresses its pages itself")])
+def test_ingest_refuses_unsupported_formats_and_compressions_clearly(psoup, traffic,
+                                                                   tmp_path, name, fmt, why):
+    path = tmp_path / name
+    path.write_bytes(b"x")
+    done = psoup("ingest", "traffic", str(path), *fmt)
+    assert done.exit_code == 2 and why in done.stderr, done.stderr
+
+
+def test_ingest_progress_shows_percentage_and_eta_of_a_named_file(psoup, traffic, tmp_path,
+                                                                 monkeypatch):
+    import psoup.cli.main as cli
+    monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: True)
+    for name in ("r.csv", "r.parquet"):
+        path = write(tmp_path / name, readings(50))
+        done = psoup("ingest", "traffic", str(path), "--batch-rows", "10")
+        lines = [line for line in ok(done) and done.stderr.split("\r") if "rows/s" in line]
+        assert len(lines) == 5 and "ETA" in lines[0]
+        assert lines[-1].startswith("50 rows  100%  ETA 00:00:00")
+        ok(psoup("stream", "drop", "traffic"))
+        ok(psoup("stream", "create", "traffic", DDL_COLUMNS))
+    piped = psoup("ingest", "traffic", "-", "--batch-rows", "10",
+                  input=write(tmp_path / "s.csv", readings(50)).read_bytes())
+    lines = [line for line in ok(piped) and piped.stderr.split("\r") if "rows/s" in line]
+    assert len(lines) == 5 and lines[-1].startswith("50 rows  ") and "%" not in piped.stderr
+
+
 # ---------------------------------------------------------------------- named handles
 
 def test_named_handle_works_from_a_new_shell(psoup, traffic, tmp_path, server):
@@ -457,3 +509,117 @@ def test_show_prints_a_querys_sql_and_statistics(psoup, traffic):
     assert table.exit_code == 0 and f"sql       {SLOW}" in table.output
     unknown = psoup("show", "0" * 40)
     assert unknown.exit_code == 1 and "neither a name" in unknown.output
+
+
+# ---------------------------------------------------------------------- output and options
+
+def test_o_is_the_short_option_of_format_on_every_command_that_has_it(psoup, traffic):
+    from psoup.cli.main import main as group
+
+    def commands(cmd, path=()):
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from commands(sub, path + (name,))
+        if not hasattr(cmd, "commands"):
+            yield path, cmd
+    with_format = [(path, [p for p in cmd.params if "--format" in p.opts])
+                   for path, cmd in commands(group)]
+    assert len([p for p in with_format if p[1]]) >= 9
+    assert all("-o" in params[0].opts for _, params in with_format if params)
+    assert json.loads(ok(psoup("stream", "list", "-o", "json")))["streams"]
+
+
+def test_invoke_table_starts_with_each_rows_time_in_utc_and_csv_keeps_seconds(
+        psoup, traffic, tmp_path):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(9)))))
+    handle = ok(psoup("register", SLOW)).strip()
+    lines = ok(psoup("invoke", handle)).splitlines()
+    assert lines[0].split() == ["ts", "stationid", "speed", "note"]
+    assert lines[2].startswith("2025-12-31T23:58:20.000Z ")      # readings(9)[0]: T0 - 100
+    rows = ok(psoup("invoke", handle, "-o", "csv")).splitlines()
+    assert rows[0] == "stationid,speed,note"
+    assert json.loads(ok(psoup("invoke", handle, "-o", "json")))["ts"][0] == T0 - 100
+
+
+def test_limit_cuts_a_table_and_the_footer_says_how_many_rows_there_were(psoup, traffic,
+                                                                          tmp_path):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(90)))))
+    handle = ok(psoup("register", SLOW)).strip()
+    n = len(json.loads(ok(psoup("invoke", handle, "-o", "json")))["rows"])
+    assert n > 5
+    lines = ok(psoup("invoke", handle, "--limit", "5")).splitlines()
+    assert len(lines) == 2 + 5 + 1
+    assert lines[-1] == f"({n} rows, first 5 shown; --limit 0 for all)"
+    assert ok(psoup("invoke", handle)).splitlines()[-1] == f"({n} rows)"   # not a terminal
+    cut = psoup("invoke", handle, "-o", "csv", "--limit", "5")
+    assert len(ok(cut).splitlines()) == 1 + 5 and f"{n} rows, first 5" in cut.stderr
+    assert len(json.loads(ok(psoup("invoke", handle, "-o", "json", "--limit", "5")))[
+        "rows"]) == 5
+    changes = ok(psoup("invoke", handle, "--changes", "--limit", "2")).splitlines()
+    assert changes[-1] == "(0 inserted, 0 deleted)"
+
+
+def test_a_terminal_gets_100_rows_through_a_pager_unless_told_otherwise(
+        psoup, traffic, tmp_path, monkeypatch):
+    import psoup.cli.main as cli
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(600, T0 - 700)))))
+    handle = ok(psoup("register", "SELECT stationid, speed FROM traffic WHERE lane = 3")
+                ).strip()
+    paged: list[str] = []
+    monkeypatch.setattr(cli, "_stdout_is_terminal", lambda: True)
+    monkeypatch.setattr(cli.click, "echo_via_pager", lambda text: paged.append(text))
+    assert ok(psoup("invoke", handle)) == ""
+    assert paged[0].splitlines()[-1] == "(250 rows, first 100 shown; --limit 0 for all)"
+    assert len(paged[0].splitlines()) == 2 + 100 + 1
+    direct = ok(psoup("invoke", handle, "--no-pager", "--limit", "0")).splitlines()
+    assert len(paged) == 1 and len(direct) == 2 + 250 + 1 and direct[-1] == "(250 rows)"
+    assert len(ok(psoup("invoke", handle, "-o", "csv")).splitlines()) == 1 + 250
+
+
+def test_watch_limits_the_rows_of_each_poll(psoup, traffic, tmp_path):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(90)))))
+    ok(psoup("register", SLOW, "--name", "slow"))
+    n = len(json.loads(ok(psoup("invoke", "slow", "-o", "json")))["rows"])
+    lines = ok(psoup("watch", "slow", "--every", "50ms", "--count", "1", "--limit", "3")
+               ).splitlines()
+    assert lines[0].endswith(f"] {n} rows, first 3 shown; --limit 0 for all")
+    assert len(lines) == 1 + 2 + 3 and lines[1].split()[0] == "ts"
+
+
+MULTILINE = """SELECT stationid, speed
+    FROM traffic
+   WHERE lane = 3 AND speed < 30
+   BEGIN NOW - 100 END NOW"""
+
+
+def test_multi_line_sql_is_one_line_in_tables_and_whole_in_json(psoup, traffic):
+    ok(psoup("register", MULTILINE, "--name", "multi"))
+    ok(psoup("register", "SELECT stationid FROM traffic WHERE " +
+             " AND ".join(f"speed <> {i}" for i in range(40))))
+    listing = ok(psoup("queries")).splitlines()
+    assert len(listing) == 2 + 2 + 1
+    assert any(line.endswith(" ".join(MULTILINE.split())) for line in listing)
+    assert any(line.endswith("...") and len(line.split("  ")[-1]) <= 100 for line in listing)
+    sqls = {q["sql"] for q in json.loads(ok(psoup("queries", "-o", "json")))["queries"]}
+    assert MULTILINE in sqls
+    stats = ok(psoup("stats")).splitlines()
+    header = next(i for i, line in enumerate(stats) if line.startswith("name"))
+    assert stats[header].split() == ["name", "handle", "matches", "sql"]
+    assert len(stats[header + 2:]) == 2                 # one line per query
+    assert any(line.startswith("multi") and line.endswith(" ".join(MULTILINE.split()))
+               for line in stats)
+
+
+def test_stats_and_stream_list_show_the_latest_ts_in_utc(psoup, traffic, tmp_path):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(3)))))
+    assert "2025-12-31T23:58:22.000Z" in ok(psoup("stats"))
+    assert "2025-12-31T23:58:22.000Z" in ok(psoup("stream", "list"))
+    assert "2025-12-31T23:58:22.000Z" in ok(psoup("stream", "describe", "traffic"))
+    assert ",1767225502.0," in ok(psoup("stream", "list", "-o", "csv"))
+
+
+def test_timestamps_in_errors_are_shown_in_utc_like_the_tables(psoup, traffic, tmp_path):
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(3)))))
+    done = psoup("ingest", "traffic", str(write(tmp_path / "b.csv", readings(1, T0 - 500))))
+    assert done.exit_code == 1
+    assert "ts 2025-12-31T23:51:40.000Z (1767225100.0) is older than the stream's latest " \
+           "ts 2025-12-31T23:58:22.000Z (1767225502.0)" in done.stderr

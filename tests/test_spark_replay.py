@@ -415,6 +415,39 @@ def test_import_older_than_the_archive_is_refused(spark, tmp_path):
     assert sorted(root.rglob("*.parquet")) == before
 
 
+def test_import_reads_the_compressions_ingest_reads(spark, tmp_path):
+    """.csv.zst and .ndjson.gz, as `psoup ingest` takes them (psoup.formats)."""
+    rows = _traffic_rows(60)
+    files = []
+    for name, codec, part in (("a.csv", "zstd", rows[:30]), ("b.jsonl", "gzip", rows[30:])):
+        plain = write(tmp_path / name, part)
+        out = tmp_path / ({"zstd": "a.csv.zst", "gzip": "b.ndjson.gz"}[codec])
+        with pa.output_stream(str(out), compression=codec) as stream:
+            stream.write(plain.read_bytes())
+        files.append(out)
+    root = tmp_path / "arc"
+    report = import_files(files, "traffic", parse_columns("traffic", TRAFFIC), root)
+    assert report.rows == 60
+    got = Archive(root).read("traffic").to_pylist()
+    assert sorted((r["ts"], r["lane"], r["road"]) for r in got) == \
+        sorted((r["ts"], r["lane"], r["road"]) for r in rows)
+
+
+@pytest.mark.parametrize("name,fmt,complaint", [
+    ("a.csv.lz4", None, ".lz4 compression is not supported"),
+    ("a.parquet.gz", None, "compresses its pages itself"),
+    ("a.csv.gz", "parquet", "compresses its pages itself"),
+    ("a.xlsx", None, "cannot tell the format"),
+])
+def test_import_refuses_what_ingest_refuses_before_spark_starts(tmp_path, name, fmt,
+                                                                complaint):
+    path = tmp_path / name
+    path.write_bytes(b"x")
+    with pytest.raises(ArchiveError, match=re.escape(complaint)):
+        import_files([path], "traffic", parse_columns("traffic", TRAFFIC), tmp_path / "arc",
+                     fmt=fmt)
+
+
 # ---------------------------------------------------------------------- the command line
 
 def test_cli_imports_then_replays_into_a_data_dir(spark, tmp_path):

@@ -29,14 +29,14 @@ import bz2
 import csv
 import gzip
 import hashlib
+import io
 import json
 import os
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
-from typing import IO, AbstractSet, Any, Callable, ContextManager, Iterator
+from typing import IO, AbstractSet, Any, Callable, Iterator, cast
 
 import numpy as np
 import pyarrow as pa
@@ -45,9 +45,8 @@ import pyarrow.compute as pc
 from psoup.client import ConnectionFailed, OutcomeUnknown
 from psoup.config import config_dir, write_private
 from psoup.errors import PSoupError
-from psoup.formats import TS_UNITS
+from psoup.formats import TS_UNITS, compression
 
-_OPENERS: dict[str, Callable[..., Any]] = {".gz": gzip.open, ".bz2": bz2.open}
 _CSV_BLOCK = 1 << 20          # bytes per CSV read; batches are cut from blocks by row count
 _BOOLS = pa.array(["true", "false"])
 
@@ -302,11 +301,33 @@ def _epoch_seconds(arr: pa.Array) -> np.ndarray:
 
 # ---------------------------------------------------------------------- readers
 
-def _open(source: str | IO[bytes]) -> ContextManager[IO[bytes]]:
+def decompressed(raw: IO[bytes], codec: str | None) -> IO[bytes]:
+    """The bytes of `raw` decompressed with `codec` (psoup.formats.COMPRESSIONS; None:
+    `raw` itself). Reading it moves `raw.tell()`, which is how far through the file an
+    ingest has got. Closing it leaves `raw` open.
+
+    Example:
+        >>> import io
+        >>> decompressed(io.BytesIO(gzip.compress(b"ts,a\\n1,2\\n")), "gzip").readline()
+        b'ts,a\\n'
+    """
+    if codec is None:
+        return raw
+    if codec == "gzip":
+        return cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))
+    if codec == "bz2":
+        return cast(IO[bytes], bz2.BZ2File(raw))
+    return io.BufferedReader(pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), codec))
+
+
+@contextmanager
+def _open(source: str | IO[bytes]) -> Iterator[IO[bytes]]:
     """A file name opened (and decompressed by suffix), or a caller's stream left open."""
     if not isinstance(source, str):
-        return nullcontext(source)
-    return _OPENERS.get(Path(source).suffix.lower(), open)(source, "rb")
+        yield source
+        return
+    with open(source, "rb") as raw, decompressed(raw, compression(source)) as stream:
+        yield stream
 
 
 def _csv_batches(source: str | IO[bytes], batch_rows: int,

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 import click
 import numpy as np
@@ -30,15 +31,16 @@ from click.core import ParameterSource
 
 from psoup import __version__
 from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
-from psoup.cli.output import (FORMATS, render_changes, render_poll, render_record,
-                              render_records, render_result, render_stats, table, to_json)
+from psoup.cli.output import (FORMATS, iso_times, one_line, render_changes, render_poll,
+                              render_record, render_records, render_result, render_stats,
+                              table, to_json)
 from psoup.client import Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address, token_path
 from psoup.config import ENGINE_MODES as MODES
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.journal.wal import SYNC_MODES
 from psoup.errors import CursorExpired, PSoupError, UnknownHandle
-from psoup.formats import ALIASES, TS_UNITS, canonical, guess_format
+from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
 from psoup.results.result import Changes, Result
 
@@ -47,12 +49,13 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class Failure(click.ClickException):
-    """An expected error: printed as one line, "error: ...", on stderr; exit code 1."""
+    """An expected error: printed as one line, "error: ...", on stderr; exit code 1.
+    Timestamps in it ("ts 1767225600.0") are shown in UTC as the tables show them."""
 
     exit_code = 1
 
     def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))
+        super().__init__(iso_times(" ".join(str(message).split())))
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.message}", err=True)
@@ -269,7 +272,8 @@ def stream_create(settings: Settings, name: str, columns: str, retain: str | Non
 
 
 @stream.command("list")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+@click.option("-o", "--format", "fmt", type=click.Choice(FORMATS), default="table",
+              show_default=True,
               help="table for people; csv and json for scripts.")
 @click.pass_obj
 def stream_list(settings: Settings, fmt: str) -> None:
@@ -283,7 +287,8 @@ def stream_list(settings: Settings, fmt: str) -> None:
 
 @stream.command("describe")
 @click.argument("name")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+@click.option("-o", "--format", "fmt", type=click.Choice(FORMATS), default="table",
+              show_default=True,
               help="table for people; csv and json for scripts.")
 @click.pass_obj
 def stream_describe(settings: Settings, name: str, fmt: str) -> None:
@@ -315,7 +320,7 @@ def stream_drop(settings: Settings, name: str, cascade: bool) -> None:
 @main.command(short_help="Append the rows of a file to a stream.")
 @click.argument("stream_name", metavar="STREAM")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
-@click.option("--format", "fmt", type=click.Choice(INPUT_FORMATS + tuple(ALIASES)),
+@click.option("-o", "--format", "fmt", type=click.Choice(INPUT_FORMATS + tuple(ALIASES)),
               default=None,
               help="The input format; by default guessed from FILE's extension (stdin: csv).")
 @click.option("--batch-rows", type=click.IntRange(1, 1_000_000), default=50_000,
@@ -345,15 +350,49 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
     """
     settings: Settings = ctx.obj
     try:
-        fmt = canonical(fmt) if fmt else guess_format(file)
+        fmt, codec = input_format(file, fmt)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="FILE") from None
     if resume and file == "-":
         raise click.BadParameter("--resume needs a named file, not stdin", param_hint="FILE")
-    source = click.open_file("-", "rb") if file == "-" else file
     ts_required = ctx.get_parameter_source("ts_column") is not ParameterSource.DEFAULT
-    progress = _progress if sys.stderr.isatty() else None
     from psoup.cli import ingest as ingesting
+    with ExitStack() as closing:
+        source: str | IO[bytes]
+        done: Callable[[int], float] | None = None
+        if file == "-":
+            source = click.open_file("-", "rb")
+        elif fmt == "parquet":
+            import pyarrow.parquet as pq
+            source, total = file, pq.ParquetFile(file).metadata.num_rows
+
+            def done(rows: int) -> float:
+                return rows / max(total, 1)
+        else:
+            # the bytes read of the file itself, compressed or not, say how far it got
+            raw = closing.enter_context(open(file, "rb"))
+            size = os.fstat(raw.fileno()).st_size
+            source = closing.enter_context(ingesting.decompressed(raw, codec))
+
+            def done(rows: int) -> float:
+                return raw.tell() / max(size, 1)
+        report = _ingest(settings, stream_name, file, source, fmt, batch_rows, ts_column,
+                         ts_required, ts_unit, resume, done)
+    resumed = f"; {report.skipped:,} rows were already stored" if resume else ""
+    click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream_name} "
+               f"({report.rate:,.0f} rows/s){resumed}")
+
+
+def _ingest(settings: Settings, stream_name: str, file: str, source: str | IO[bytes],
+            fmt: str, batch_rows: int, ts_column: str, ts_required: bool, ts_unit: str,
+            resume: bool, done: Callable[[int], float] | None) -> Any:
+    """`psoup ingest` once FILE is open: `done(rows)` is the fraction of it read (None:
+    unknown, stdin), for the progress line on a terminal."""
+    from psoup.cli import ingest as ingesting
+
+    def progress(rows: int, seconds: float) -> None:
+        _progress(rows, seconds, fraction=None if done is None else done(rows))
+    on_terminal = _stderr_is_terminal()
     state = None if file == "-" else ingesting.ResumeFile(stream_name, file, batch_rows)
     saved = state.load() if state is not None and resume else None
     with _connected(settings.server, settings.token, batch_rows=batch_rows,
@@ -372,21 +411,35 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
         report = ingesting.ingest(client, stream_name,
                                   ingesting.read_batches(source, fmt, batch_rows, declared),
                                   ts_column=ts_column, ts_required=ts_required,
-                                  progress=progress, skip=skip, applied=applied,
-                                  ts_unit=ts_unit)
+                                  progress=progress if on_terminal else None, skip=skip,
+                                  applied=applied, ts_unit=ts_unit)
     if state is not None:
         state.clear()
-    if progress is not None:
+    if on_terminal:
         click.echo("\r\033[K", nl=False, err=True)
-    resumed = f"; {report.skipped:,} rows were already stored" if resume else ""
-    click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream_name} "
-               f"({report.rate:,.0f} rows/s){resumed}")
+    return report
 
 
-def _progress(rows: int, seconds: float, total: int | None = None) -> None:
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def _progress(rows: int, seconds: float, total: int | None = None,
+              fraction: float | None = None) -> None:
+    """A progress line on stderr, rewritten in place: rows so far and the rate, and when
+    the input's size is known (`total` rows, or the `fraction` of it read) the
+    percentage and the time left at this pace."""
+    rate = rows / max(seconds, 1e-9)
     of = "" if total is None else f" of {total:,}"
-    click.echo(f"\r{rows:,}{of} rows  {rows / max(seconds, 1e-9):,.0f} rows/s", nl=False,
-               err=True)
+    if fraction is None and total:
+        fraction = rows / total
+    done = ""
+    if fraction is not None:
+        fraction = min(max(fraction, 0.0), 1.0)
+        left = seconds * (1 - fraction) / fraction if fraction > 0 else None
+        eta = "?" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
+        done = f"  {fraction:.0%}  ETA {eta}"
+    click.echo(f"\r{rows:,}{of} rows{done}  {rate:,.0f} rows/s\x1b[K", nl=False, err=True)
 
 
 # ---------------------------------------------------------------------- handles
@@ -426,9 +479,31 @@ def register(settings: Settings, sql: str, name: str | None, replace: bool) -> N
     click.echo(handle)
 
 
+#: Rows of an answer a table on a terminal shows unless --limit says otherwise.
+DEFAULT_LIMIT = 100
+
+_limit_option = click.option(
+    "--limit", type=click.IntRange(0), default=None, metavar="N",
+    help=f"Print at most N rows, then say how many there were (0: all). Default: "
+         f"{DEFAULT_LIMIT} in a table on a terminal, else all.")
+
+
+def _rows_shown(fmt: str, limit: int | None) -> int | None:
+    """The most rows to print (None: all): --limit as given (0 is all); without it
+    DEFAULT_LIMIT for a table on a terminal, all for csv, json and a pipe."""
+    if limit is None:
+        return DEFAULT_LIMIT if fmt == "table" and _stdout_is_terminal() else None
+    return limit or None
+
+
+def _stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
 @main.command(short_help="Print a standing query's current answer.")
 @click.argument("ref", metavar="HANDLE|NAME")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+@click.option("-o", "--format", "fmt", type=click.Choice(FORMATS), default="table",
+              show_default=True,
               help="table for people; csv and json (one document) for scripts.")
 @click.option("--changes", is_flag=True,
               help="Print only the rows that entered (+) and left (-) the answer since "
@@ -436,28 +511,43 @@ def register(settings: Settings, sql: str, name: str | None, replace: bool) -> N
 @click.option("--now", type=Instant(), default=None,
               help="Resolve the window at this time (seconds or ISO 8601) instead of the "
                    "server's clock.")
+@_limit_option
+@click.option("--no-pager", is_flag=True,
+              help="Print a long table straight to the terminal instead of through a pager "
+                   "($PAGER, else less).")
 @click.pass_obj
-def invoke(settings: Settings, ref: str, fmt: str, changes: bool, now: float | None) -> None:
+def invoke(settings: Settings, ref: str, fmt: str, changes: bool, now: float | None,
+           limit: int | None, no_pager: bool) -> None:
     """Print the current answer of a standing query, by handle or by name.
 
     With --changes, the first call for a handle prints the whole answer as inserted rows;
-    every call remembers where it left off.
+    every call remembers where it left off. A table shows each row's ts in UTC; on a
+    terminal it shows the first 100 rows (--limit) and pages a long answer.
     """
     target = _resolve(settings, ref)
     store = HandleStore()
     answer: Result | Changes
+    shown = _rows_shown(fmt, limit)
     with _connected(target.server, settings.token, target) as client:
         if changes:
             answer, reason = _changes_since(client, target.handle,
                                             store.cursor(target.server, target.handle), now)
-            text = render_changes(answer, fmt, reset=reason is not None)
+            text = render_changes(answer, fmt, reset=reason is not None, limit=shown)
         else:
             answer, reason = client.invoke(target.handle, now=now), None
-            text = render_result(answer, fmt)
+            text = render_result(answer, fmt, limit=shown)
     store.set_cursor(target.server, target.handle, answer.cursor)
     if reason is not None and fmt == "table":
         click.echo(f"note: {reason}; showing the whole answer as inserted rows", err=True)
-    click.echo(text)
+    total = len(answer)
+    if fmt != "table" and shown is not None and total > shown:
+        click.echo(f"note: {total:,} rows, first {shown:,} printed; --limit 0 for all",
+                   err=True)
+    if (fmt == "table" and not no_pager and _stdout_is_terminal() and
+            text.count("\n") + 2 > shutil.get_terminal_size().lines):
+        click.echo_via_pager(text + "\n")
+    else:
+        click.echo(text)
 
 
 @main.command(short_help="Poll a standing query and print what changes.")
@@ -466,24 +556,29 @@ def invoke(settings: Settings, ref: str, fmt: str, changes: bool, now: float | N
               help="Time between polls: 30s, 2m, 1h, 500ms, or a number of seconds.")
 @click.option("--count", type=click.IntRange(1), default=None,
               help="Stop after this many polls (the first, whole answer included).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+@click.option("-o", "--format", "fmt", type=click.Choice(FORMATS), default="table",
+              show_default=True,
               help="table; csv (columns polled and change first); json (one document per "
                    "line).")
+@_limit_option
 @click.pass_obj
-def watch(settings: Settings, ref: str, every: float, count: int | None, fmt: str) -> None:
+def watch(settings: Settings, ref: str, every: float, count: int | None, fmt: str,
+          limit: int | None) -> None:
     """Poll a standing query: print the whole answer, then at every interval what changed.
 
-    Each poll is stamped with its time; Ctrl-C stops.
+    Each poll is stamped with its time, and shows at most --limit rows; Ctrl-C stops.
     """
     target = _resolve(settings, ref)
     store = HandleStore()
+    shown = _rows_shown(fmt, limit)
     polls = 0
     try:
         with _connected(target.server, settings.token, target) as client:
             answer: Result | Changes = client.invoke(target.handle)
             while True:
                 store.set_cursor(target.server, target.handle, answer.cursor)
-                click.echo(render_poll(answer, fmt, time.time(), first=polls == 0))
+                click.echo(render_poll(answer, fmt, time.time(), first=polls == 0,
+                                       limit=shown))
                 polls += 1
                 if count is not None and polls >= count:
                     return
@@ -558,11 +653,13 @@ def _job_progress(status: dict[str, Any]) -> None:
 
 
 @main.command(short_help="List the standing queries.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+@click.option("-o", "--format", "fmt", type=click.Choice(FORMATS), default="table",
+              show_default=True,
               help="table for people; csv and json for scripts.")
 @click.pass_obj
 def queries(settings: Settings, fmt: str) -> None:
-    """List the server's standing queries: name (if you gave one), handle, SQL."""
+    """List the server's standing queries: name (if you gave one), handle, SQL (on one
+    line in a table, cut at 100 characters; whole in csv and json)."""
     names = _names_on(settings.server)
     with _connected(settings.server, settings.token) as client:
         rows = [(names.get(handle, ""), handle, sql) for handle, sql in client.queries()]
@@ -572,13 +669,14 @@ def queries(settings: Settings, fmt: str) -> None:
         click.echo(render_result(Result(["name", "handle", "sql"], rows, np.empty(0),
                                         np.empty(0, np.int64)), "csv"))
     else:
-        click.echo(table(["name", "handle", "sql"], rows) + f"\n({len(rows)} standing "
-                   f"quer{'y' if len(rows) == 1 else 'ies'})")
+        click.echo(table(["name", "handle", "sql"], [(n, h, one_line(q)) for n, h, q in rows]) +
+                   f"\n({len(rows)} standing quer{'y' if len(rows) == 1 else 'ies'})")
 
 
 @main.command(short_help="Show a standing query: its SQL and statistics.")
 @click.argument("ref", metavar="HANDLE|NAME")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+@click.option("-o", "--format", "fmt", type=click.Choice(FORMATS), default="table",
+              show_default=True,
               help="table for people; csv and json for scripts.")
 @click.pass_obj
 def show(settings: Settings, ref: str, fmt: str) -> None:
@@ -593,7 +691,7 @@ def show(settings: Settings, ref: str, fmt: str) -> None:
 
 
 @main.command(short_help="Show streams, queries and memory of the server.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+@click.option("-o", "--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="table for people; json: the server's raw statistics.")
 @click.pass_obj
 def stats(settings: Settings, fmt: str) -> None:
@@ -623,7 +721,7 @@ def archive() -> None:
 @click.option("--ts-column", default="ts", show_default=True,
               help="The column holding each row's timestamp: seconds since the epoch or "
                    "ISO 8601 (UTC unless it carries an offset).")
-@click.option("--format", "fmt", type=click.Choice(INPUT_FORMATS + tuple(ALIASES)),
+@click.option("-o", "--format", "fmt", type=click.Choice(INPUT_FORMATS + tuple(ALIASES)),
               default=None,
               help="The input format (jsonl, or json: one object per line); by default guessed "
                    "from each file's name.")

@@ -1,6 +1,11 @@
 """How the `psoup` command prints answers: an aligned table for people, CSV and JSON for
 scripts.
 
+Tables are for reading: each row's timestamp is a first column `ts` in ISO 8601 UTC
+(`iso_utc`, which `--now` and `--from` accept back), SQL is one line, and a `limit`
+cuts long answers with a footer saying how much was left out. CSV and JSON are for
+scripts: timestamps stay seconds since the epoch and SQL stays whole.
+
 An answer is a `Result` (the whole answer of an invocation) or a `Changes` (what entered
 and left the answer since a cursor, the STREAM paper's Istream and Dstream). Values are
 the Python scalars the engine returns; text is printed verbatim, floats compactly in a
@@ -11,9 +16,11 @@ set of keys, so scripts can rely on it (docs/cli.md).
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import json
 import math
+import re
 import time
 from typing import Any, Sequence
 
@@ -25,67 +32,84 @@ from psoup.results.result import Changes, Result
 FORMATS = ("table", "csv", "json")
 
 
-def render_result(result: Result, fmt: str) -> str:
+def render_result(result: Result, fmt: str, limit: int | None = None) -> str:
     """The whole answer of one invocation in `fmt` ("table", "csv" or "json").
 
-    JSON is ``{"columns": [...], "rows": [[...], ...], "ts": [...], "cursor": "..."}``.
+    A table starts with each row's ts (`iso_utc`). JSON is
+    ``{"columns": [...], "rows": [[...], ...], "ts": [...], "cursor": "..."}``, ts in
+    seconds. `limit` (None: all) keeps the first rows; the table's footer says how many
+    there were (`cut_note`), CSV and JSON just end early.
 
     Example:
         >>> import numpy as np
-        >>> r = Result(["a", "name"], [(1, "x")], np.array([5.0]), np.array([1]), "c1")
+        >>> r = Result(["a", "name"], [(1, "x"), (2, "y")], np.array([5.0, 6.5]),
+        ...            np.array([1, 2]), "c1")
         >>> print(render_result(r, "table"))
-        a  name
-        -  ----
-        1  x
-        (1 row)
-        >>> render_result(r, "json")
+        ts                        a  name
+        --                        -  ----
+        1970-01-01T00:00:05.000Z  1  x
+        1970-01-01T00:00:06.500Z  2  y
+        (2 rows)
+        >>> print(render_result(r, "table", limit=1))
+        ts                        a  name
+        --                        -  ----
+        1970-01-01T00:00:05.000Z  1  x
+        (2 rows, first 1 shown; --limit 0 for all)
+        >>> render_result(r, "json", limit=1)
         '{"columns": ["a", "name"], "rows": [[1, "x"]], "ts": [5.0], "cursor": "c1"}'
     """
     if fmt == "json":
-        return to_json(_result_doc(result))
+        return to_json(_result_doc(result, limit))
+    rows = result.rows[:limit]
     if fmt == "csv":
-        return _csv(list(result.columns), result.rows)
+        return _csv(list(result.columns), rows)
     n = len(result.rows)
-    return table(result.columns, result.rows) + f"\n({n} row{'' if n == 1 else 's'})"
+    return (table(["ts"] + list(result.columns), _stamped(result, limit)) +
+            f"\n({n:,} row{'' if n == 1 else 's'}{cut_note(n, limit)})")
 
 
-def render_changes(changes: Changes, fmt: str, reset: bool = False) -> str:
+def render_changes(changes: Changes, fmt: str, reset: bool = False,
+                   limit: int | None = None) -> str:
     """What changed since a cursor: inserted rows marked "+", deleted rows "-".
 
     Args:
         changes: the invocation's changes.
-        fmt: "table" (a first column of + and -), "csv" (a first column "change") or
-            "json" (``{"columns", "inserted", "deleted", "cursor", "reset"}``).
+        fmt: "table" (a first column of + and -, then ts), "csv" (a first column
+            "change") or "json" (``{"columns", "inserted", "deleted", "cursor", "reset"}``).
         reset: True when `changes.inserted` is the whole answer (there was no usable
             cursor), so a script must replace what it holds instead of applying a delta.
+        limit: show at most this many changed rows (None: all), inserted ones first.
 
     Example:
         >>> import numpy as np
         >>> one = Result(["a"], [(7,)], np.array([5.0]), np.array([1]))
         >>> none = Result(["a"], [], np.empty(0), np.empty(0, np.int64))
         >>> print(render_changes(Changes(["a"], one, none, "c2"), "table"))
-           a
-           -
-        +  7
+           ts                        a
+           --                        -
+        +  1970-01-01T00:00:05.000Z  7
         (1 inserted, 0 deleted)
     """
     if fmt == "json":
-        return to_json(_changes_doc(changes, reset))
-    marked = _marked(changes)
+        return to_json(_changes_doc(changes, reset, limit))
     if fmt == "csv":
-        return _csv(["change"] + list(changes.columns), marked)
-    return (table([""] + list(changes.columns), marked) +
-            f"\n({len(changes.inserted)} inserted, {len(changes.deleted)} deleted)")
+        return _csv(["change"] + list(changes.columns), _marked(changes)[:limit])
+    n = len(changes.inserted) + len(changes.deleted)
+    return (table(["", "ts"] + list(changes.columns), _marked(changes, stamped=True)[:limit]) +
+            f"\n({len(changes.inserted):,} inserted, {len(changes.deleted):,} deleted"
+            f"{cut_note(n, limit)})")
 
 
-def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool) -> str:
+def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool,
+                limit: int | None = None) -> str:
     """One poll of `psoup watch`: the whole answer (the first poll) or what changed.
 
-    Table: a line ``[local time] N rows`` or ``[local time] +I -D`` and the rows, marked
-    + and - for changes. CSV: one document across polls, columns "polled" (epoch seconds)
-    and "change", then the query's; the first answer's rows count as inserted, and the
-    header comes with the first poll only. JSON: one document per line, the document of
-    `render_result` or `render_changes` plus "polled".
+    Table: a line ``[local time] N rows`` or ``[local time] +I -D`` and the rows (each
+    with its ts), marked + and - for changes; at most `limit` rows per poll, and the
+    line says when some were left out. CSV: one document across polls, columns "polled"
+    (epoch seconds) and "change", then the query's; the first answer's rows count as
+    inserted, and the header comes with the first poll only. JSON: one document per line,
+    the document of `render_result` or `render_changes` plus "polled".
 
     Example:
         >>> import numpy as np
@@ -100,26 +124,43 @@ def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool) 
     else:
         changes = answer
     if fmt == "json":
-        doc = _result_doc(answer) if isinstance(answer, Result) else _changes_doc(answer, False)
+        doc = (_result_doc(answer, limit) if isinstance(answer, Result)
+               else _changes_doc(answer, False, limit))
         return to_json({"polled": polled, **doc})
     if fmt == "csv":
         text = _csv(["polled", "change"] + list(changes.columns),
-                    [(polled,) + row for row in _marked(changes)])
+                    [(polled,) + row for row in _marked(changes)[:limit]])
         return text if first else text.partition("\n")[2]
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(polled))
     if isinstance(answer, Result):
         n = len(answer)
-        return f"[{stamp}] {n} row{'' if n == 1 else 's'}\n" + table(answer.columns, answer.rows)
+        return (f"[{stamp}] {n:,} row{'' if n == 1 else 's'}{cut_note(n, limit)}\n" +
+                table(["ts"] + list(answer.columns), _stamped(answer, limit)))
     if not len(changes):
         return f"[{stamp}] no changes"
-    return (f"[{stamp}] +{len(changes.inserted)} -{len(changes.deleted)}\n" +
-            table([""] + list(changes.columns), _marked(changes)))
+    n = len(changes.inserted) + len(changes.deleted)
+    return (f"[{stamp}] +{len(changes.inserted):,} -{len(changes.deleted):,}"
+            f"{cut_note(n, limit)}\n" +
+            table(["", "ts"] + list(changes.columns), _marked(changes, stamped=True)[:limit]))
+
+
+def cut_note(total: int, limit: int | None) -> str:
+    """The end of a table's footer when `limit` left rows out ("" when it did not).
+
+    Example:
+        >>> cut_note(61577, 100), cut_note(5, 100)
+        (', first 100 shown; --limit 0 for all', '')
+    """
+    if limit is None or total <= limit:
+        return ""
+    return f", first {limit:,} shown; --limit 0 for all"
 
 
 def render_records(key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
                    fmt: str) -> str:
     """Catalog rows (streams, say) in `fmt`: a table with a count, CSV, or JSON as
-    ``{key: [{column: value, ...}, ...]}``.
+    ``{key: [{column: value, ...}, ...]}``. In a table, NULL is "-", timestamps (columns
+    named ts or ending in _ts) are `iso_utc` and SQL is one line (`one_line`).
 
     Example:
         >>> print(render_records("streams", ["stream", "retain"], [("R", None)], "table"))
@@ -135,31 +176,32 @@ def render_records(key: str, columns: Sequence[str], rows: Sequence[Sequence[Any
     if fmt == "csv":
         return _csv(columns, rows)
     n = len(rows)
-    shown = [["-" if v is None else v for v in row] for row in rows]
+    shown = [[_shown(c, v) for c, v in zip(columns, row)] for row in rows]
     return table(columns, shown) + f"\n({n} {key if n != 1 else key[:-1]})"
 
 
 def render_record(record: dict[str, Any], fmt: str) -> str:
-    """One catalog record (a stream, a query): `field  value` lines, CSV of one row, or a
-    JSON object.
+    """One catalog record (a stream, a query): `field  value` lines (shown as in
+    `render_records`), CSV of one row, or a JSON object.
 
     Example:
-        >>> print(render_record({"stream": "R", "rows": 3}, "table"))
-        stream  R
-        rows    3
+        >>> print(render_record({"stream": "R", "rows": 3, "latest_ts": 0.0}, "table"))
+        stream     R
+        rows       3
+        latest_ts  1970-01-01T00:00:00.000Z
     """
     if fmt == "json":
         return to_json(record)
     if fmt == "csv":
         return _csv(list(record), [list(record.values())])
     width = max(map(len, record), default=0)
-    return "\n".join(f"{k.ljust(width)}  {'-' if v is None else _flat(v)}"
-                     for k, v in record.items())
+    return "\n".join(f"{k.ljust(width)}  {_flat(_shown(k, v))}" for k, v in record.items())
 
 
 def render_stats(stats: dict[str, Any], names: dict[str, str]) -> str:
     """`psoup stats` for people: the engine mode and memory, a table of streams and one of
-    standing queries (with the names the user gave them); other sections as key: value.
+    standing queries (with the names the user gave them, the tuples each matches now and
+    its SQL on one line); other sections as key: value.
 
     Args:
         stats: the server's stats() dict.
@@ -176,15 +218,17 @@ def render_stats(stats: dict[str, Any], names: dict[str, str]) -> str:
     streams = stats.get("streams", {})
     if streams:
         rows = [(name, s.get("rows", 0), s.get("rows_total", 0), human_bytes(s.get("bytes", 0)),
-                 round(s.get("rows_per_s", 0.0), 1), _utc(s.get("latest_ts")))
+                 round(s.get("rows_per_s", 0.0), 1), iso_utc(s.get("latest_ts")))
                 for name, s in streams.items()]
         out += ["", table(["stream", "rows", "rows total", "size", "rows/s", "latest ts"], rows)]
     queries = stats.get("queries", {})
     out += ["", f"{len(queries)} standing quer{'y' if len(queries) == 1 else 'ies'}"]
     if queries:
-        query_rows = [(names.get(h, ""), h[:12] + "...", q.get("results", ""), q.get("sql", ""))
-                      for h, q in queries.items()]
-        out.append(table(["name", "handle", "results", "sql"], query_rows))
+        # "results" counts the retained tuples (or join combinations) that match the
+        # query now, not the rows of its answer (a DISTINCT or an aggregate has fewer)
+        query_rows = [(names.get(h, ""), h[:12] + "...", q.get("results", ""),
+                       one_line(q.get("sql", ""))) for h, q in queries.items()]
+        out.append(table(["name", "handle", "matches", "sql"], query_rows))
     return "\n".join(out)
 
 
@@ -242,32 +286,95 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _result_doc(result: Result) -> dict[str, Any]:
-    return {"columns": list(result.columns), "rows": [list(r) for r in result.rows],
-            "ts": result.ts.tolist(), "cursor": result.cursor}
+def iso_utc(ts: float | None) -> str:
+    """A timestamp (seconds since the epoch) as ISO 8601 UTC to the millisecond, the form
+    of every ts the CLI shows to people ("-" for none); `--now` and `--from` take it back.
+
+    Example:
+        >>> iso_utc(1767225600.25), iso_utc(None)
+        ('2026-01-01T00:00:00.250Z', '-')
+    """
+    if ts is None or not math.isfinite(ts):
+        return "-"
+    ms = round(ts * 1000)
+    if not -62_135_596_800_000 <= ms < 253_402_300_800_000:     # years 1-9999
+        return cell(float(ts))
+    seconds, millis = divmod(ms, 1000)
+    when = datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=seconds)
+    return f"{when:%Y-%m-%dT%H:%M:%S}.{millis:03d}Z"
 
 
-def _changes_doc(changes: Changes, reset: bool) -> dict[str, Any]:
-    return {"columns": list(changes.columns), "inserted": [list(r) for r in changes.inserted.rows],
-            "deleted": [list(r) for r in changes.deleted.rows], "cursor": changes.cursor,
-            "reset": reset}
+def iso_times(message: str) -> str:
+    """A message with every "ts SECONDS" in it shown as `iso_utc`, the seconds kept after
+    it (an error may ask to pass the exact value back as --from).
+
+    Example:
+        >>> iso_times("stream 'R' holds data up to ts 1767225600.25; ts 1e+20 is past")
+        "stream 'R' holds data up to ts 2026-01-01T00:00:00.250Z (1767225600.25); ts 1e+20 is past"
+    """
+    def shown(match: re.Match[str]) -> str:
+        text = iso_utc(float(match[1]))
+        return match[0] if not text.endswith("Z") else f"ts {text} ({match[1]})"
+    return _TS_IN_TEXT.sub(shown, message)
 
 
-def _marked(changes: Changes) -> list[tuple]:
-    return [("+",) + tuple(r) for r in changes.inserted.rows] + \
-           [("-",) + tuple(r) for r in changes.deleted.rows]
+_TS_IN_TEXT = re.compile(r"\bts (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?![\w.])")
+
+
+def one_line(sql: str, width: int = 100) -> str:
+    """SQL for a table cell: whitespace and newlines collapsed to single blanks, and text
+    past `width` characters cut to an ellipsis (JSON and CSV keep the SQL whole).
+
+    Example:
+        >>> one_line("SELECT a\\n  FROM R\\n WHERE a > 1")
+        'SELECT a FROM R WHERE a > 1'
+        >>> one_line("SELECT a, b, c FROM R", width=12)
+        'SELECT a,...'
+    """
+    flat = " ".join(str(sql).split())
+    return flat if len(flat) <= width else flat[:width - 3].rstrip() + "..."
+
+
+def _shown(column: str, value: Any) -> Any:
+    if value is None:
+        return "-"
+    if column == "sql":
+        return one_line(value)
+    if (column == "ts" or column.endswith("_ts")) and _is_number(value):
+        return iso_utc(value)
+    return value
+
+
+def _stamped(result: Result, limit: int | None) -> list[tuple]:
+    return [(iso_utc(t),) + tuple(r)
+            for t, r in zip(result.ts[:limit].tolist(), result.rows[:limit])]
+
+
+def _result_doc(result: Result, limit: int | None = None) -> dict[str, Any]:
+    return {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:limit]],
+            "ts": result.ts[:limit].tolist(), "cursor": result.cursor}
+
+
+def _changes_doc(changes: Changes, reset: bool, limit: int | None = None) -> dict[str, Any]:
+    inserted = changes.inserted.rows[:limit]
+    rest = None if limit is None else max(limit - len(inserted), 0)
+    return {"columns": list(changes.columns), "inserted": [list(r) for r in inserted],
+            "deleted": [list(r) for r in changes.deleted.rows[:rest]],
+            "cursor": changes.cursor, "reset": reset}
+
+
+def _marked(changes: Changes, stamped: bool = False) -> list[tuple]:
+    """The changed rows, inserted ones (+) first; `stamped` puts each row's ts after
+    the mark."""
+    return [(mark,) + ((iso_utc(t),) if stamped else ()) + tuple(r)
+            for mark, part in (("+", changes.inserted), ("-", changes.deleted))
+            for t, r in zip(part.ts.tolist(), part.rows)]
 
 
 def _flat(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k} {_flat(v)}" for k, v in value.items())
     return cell(value)
-
-
-def _utc(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) + " UTC"
 
 
 def to_json(document: Any) -> str:

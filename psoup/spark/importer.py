@@ -38,7 +38,7 @@ from psoup.archive.layout import (SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN, a
 from psoup.archive.parquet import Archive
 from psoup.fsync import fsync_dir
 from psoup.errors import ArchiveError
-from psoup.formats import canonical, guess_format
+from psoup.formats import input_format
 from psoup.spark.session import spark_error
 
 #: The input formats, and the file name endings that imply them.
@@ -94,15 +94,17 @@ def import_files(files: Sequence[str | Path], stream: str,
         columns: its schema, (name, type) pairs; `parse_columns` reads the CLI's form.
         into: the archive root; created if missing.
         ts_column: the input column holding each row's timestamp.
-        fmt: csv, jsonl (JSON lines; "json" is accepted too) or parquet; None guesses from
-            each file's name.
+        fmt: csv, jsonl (JSON lines; "json" and "ndjson" are accepted too) or parquet;
+            None guesses from each file's name. CSV and JSON lines may be compressed
+            (.gz, .bz2, .zst; psoup.formats), which Spark reads by the suffix.
         master: the Spark master URL (None: local[*], or the session already running).
 
     Raises:
         ArchiveError: a file that lacks a column or holds a value that does not fit
             (the message names the file and the column), input older than the
             archive's latest ts for the stream, or an archive stream of other columns.
-            Nothing is written then.
+            Nothing is written then. So is a format or a compression that is not
+            supported (psoup.formats.input_format), before Spark starts.
     """
     began = time.perf_counter()
     columns = list(columns)
@@ -113,7 +115,7 @@ def import_files(files: Sequence[str | Path], stream: str,
         raise ArchiveError(f"'{ts_column}' cannot be both the timestamp column and a "
                            f"column of stream '{stream}'")
     try:
-        formats = [canonical(fmt) if fmt else guess_format(f) for f in files]
+        formats = [input_format(f, fmt)[0] for f in files]
     except ValueError as exc:
         raise ArchiveError(str(exc)) from None
     for path, fm in zip(files, formats):          # seconds, before Spark's start
