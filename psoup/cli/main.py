@@ -4,7 +4,8 @@ PSoup's clients register a standing query, disconnect, and invoke its handle lat
 (Sect. 1); these commands are that client on a shell. `serve` runs the service;
 `stream create|list|describe|drop`, `ingest`, `register`, `invoke`, `watch`,
 `unregister`, `queries`, `show` and `stats` talk to it through `psoup.client.Client`;
-`demo` runs the embedded engine.
+`demo` runs the embedded engine; `shell` (`psoup.cli.shell`, imported only when it
+runs) is an interactive session with either.
 Names given to handles and each handle's last cursor live in the handle store
 (`psoup.cli.handles`), so `psoup invoke slow-lane3 --changes` works from a new shell.
 
@@ -139,7 +140,13 @@ class Instant(click.ParamType):
 
 class _Group(click.Group):
     """A group whose commands' expected errors (psoup's own, and the operating system's:
-    a full disk, a missing permission) end as one line on stderr and exit code 1."""
+    a full disk, a missing permission) end as one line on stderr and exit code 1; with
+    no command on a terminal, `psoup` is `psoup shell`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and sys.stdin.isatty() and sys.stdout.isatty():
+            args = ["shell"]
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -198,6 +205,37 @@ def demo(mode: str, rows: int, seed: int) -> None:
     """
     from psoup.cli.demo import run_demo
     run_demo(mode=mode, rows=rows, seed=seed, echo=click.echo)
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run an embedded engine on this state directory (one no server has "
+                   "open); without it, and without psoup --server, the engine lives in "
+                   "memory for the session.")
+@click.option("--mode", type=click.Choice(MODES), default="partial", show_default=True,
+              help="The embedded engine's mode: PSoup-P, PSoup-C or NoMat.")
+@click.pass_context
+def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
+    """An interactive session: statements end with ';' (a SELECT prints its handle),
+    meta-commands such as \\invoke, \\watch and \\streams start with a backslash
+    (\\help lists them). With `psoup --server HOST:PORT shell` it talks to a server;
+    otherwise to an embedded engine. Without a terminal it runs the script on stdin."""
+    from psoup.cli.shell import run_shell
+
+    settings: Settings = ctx.obj
+    remote = ctx.find_root().get_parameter_source("server") in (
+        ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    if remote and data_dir is not None:
+        raise click.UsageError("pass --data-dir or psoup --server, not both")
+    if remote:
+        with _connected(settings.server, settings.token) as client:
+            code = run_shell(client, settings.server, settings.server)
+    else:
+        from psoup.engine import Engine
+
+        with Engine(path=None if data_dir is None else str(data_dir), mode=mode) as engine:
+            code = run_shell(engine, None, str(data_dir) if data_dir else "an in-memory engine")
+    ctx.exit(code)
 
 
 # ---------------------------------------------------------------------- the service

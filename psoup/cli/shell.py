@@ -1,0 +1,466 @@
+"""`psoup shell`: an interactive session with an engine, like sqlite3 or psql.
+
+PSoup's client registers standing queries and invokes their handles later (Sect. 1);
+the shell is that client at a prompt. Statements of the query language (docs/language.md)
+end with `;` and may span lines: a SELECT registers a standing query and prints its
+handle, SHOW and DESCRIBE print their table, CREATE and DROP say what they did.
+Meta-commands start with a backslash and take one line: `\\invoke`, `\\changes` and
+`\\watch` read answers, `\\streams`, `\\queries` and `\\describe` the catalog, `\\timing`
+and `\\format` change the output (`\\help` lists them all).
+
+The session talks to an embedded `psoup.Engine` (in memory, or on a data directory) or
+to a server through `psoup.client.Client`; both answer the same calls. On a terminal,
+GNU readline (the standard library's) edits lines, completes keywords and names, and
+keeps a history across sessions; without one, the shell reads a script from stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, TextIO
+
+import click
+
+from psoup.cli.handles import HandleStore
+from psoup.cli.output import FORMATS, render_changes, render_poll, render_record, \
+    render_records, render_result, table
+from psoup.config import config_dir
+from psoup.errors import PSoupError
+from psoup.results.result import Changes, Result
+
+#: Words the completer offers in statements (docs/language.md).
+KEYWORDS = (
+    "SELECT", "DISTINCT", "FROM", "WHERE", "AND", "BETWEEN", "IN", "AS", "GROUP", "BY",
+    "BEGIN", "END", "NOW", "TRUE", "FALSE", "RANGE", "ROWS", "PARTITION", "UNBOUNDED",
+    "SECONDS", "MINUTES", "HOURS", "DAYS", "COUNT", "SUM", "AVG", "MIN", "MAX",
+    "CREATE", "STREAM", "RETAIN", "INT", "FLOAT", "TEXT", "BOOL",
+    "SHOW", "STREAMS", "QUERIES", "DESCRIBE", "DROP", "CASCADE",
+)
+
+HELP = """\
+Statements end with ";" and may span lines (docs/language.md):
+  CREATE STREAM s (a INT, b TEXT) [RETAIN 1 HOUR];   SELECT ... ;   (prints the handle)
+  SHOW STREAMS;  SHOW QUERIES;  DESCRIBE s;  DROP STREAM s [CASCADE];
+Meta-commands (one line each; HANDLE may be a name from the handle store on a server,
+or left out for the query registered last):
+  \\streams                 the streams (SHOW STREAMS)
+  \\queries                 the standing queries
+  \\describe STREAM         one stream (DESCRIBE)
+  \\ingest STREAM FILE      append the rows of a CSV, JSON lines or Parquet file
+  \\invoke [HANDLE]         the query's current answer
+  \\changes [HANDLE]        what entered (+) and left (-) the answer since the last look
+  \\watch [HANDLE] [2s]     the answer, then its changes at every interval; Ctrl-C stops
+  \\unregister [HANDLE]     drop a standing query
+  \\format table|csv|json   how answers are printed (now: {fmt})
+  \\timing                  print each command's time (now: {timing})
+  \\help                    this text
+  \\quit                    leave (or Ctrl-D)"""
+
+_META = ("\\streams", "\\queries", "\\describe", "\\ingest", "\\invoke", "\\changes",
+         "\\watch", "\\unregister", "\\format", "\\timing", "\\help", "\\quit", "\\q")
+_TAKES_STREAM = ("\\describe", "\\ingest")
+_TAKES_HANDLE = ("\\invoke", "\\changes", "\\watch", "\\unregister")
+
+
+class ShellError(Exception):
+    """A mistake in a meta-command; printed as one `error:` line like the engine's."""
+
+
+@dataclass
+class Session:
+    """One shell: the engine or server it talks to and the user's settings.
+
+    Args:
+        backend: a `psoup.Engine` or a connected `psoup.client.Client`.
+        server: "host:port" of the server, None for an embedded engine; names from the
+            handle store resolve only on the server they were registered on.
+        echo: prints a line of output; `warn` one of errors.
+    """
+
+    backend: Any
+    server: str | None
+    echo: Callable[[str], None]
+    warn: Callable[[str], None]
+    fmt: str = "table"
+    timing: bool = False
+    last_handle: str | None = None
+    failures: int = 0
+    _cursors: dict[str, str | None] = field(default_factory=dict)
+    _catalog: dict[str, list[str]] | None = None
+
+    # ------------------------------------------------------------------ input
+
+    def run(self, lines: Iterator[str]) -> None:
+        """Run the statements and meta-commands in `lines` until they end or `\\quit`."""
+        for command in statements(lines):
+            if not self.run_one(command):
+                return
+
+    def run_one(self, command: str) -> bool:
+        """Run one statement or meta-command; False when it asks to leave."""
+        began = time.perf_counter()
+        try:
+            if command.startswith("\\"):
+                if not self._meta(command):
+                    return False
+            else:
+                self._statement(command)
+        except (PSoupError, ShellError, click.ClickException, OSError) as exc:
+            self.failures += 1
+            message = exc.message if isinstance(exc, click.ClickException) else \
+                (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+            self.warn(f"error: {' '.join(message.split())}")
+        except KeyboardInterrupt:
+            self.warn("interrupted")
+        if self.timing:
+            self.echo(f"time: {(time.perf_counter() - began) * 1000:.1f} ms")
+        return True
+
+    # ------------------------------------------------------------------ statements
+
+    def _statement(self, sql: str) -> None:
+        self._catalog = None
+        words = re.findall(r"\w+", sql.upper())
+        gone_before = self._handles() if words[:2] == ["DROP", "STREAM"] else set()
+        answer = self.backend.execute(sql)
+        if isinstance(answer, str):
+            self.last_handle = answer
+            self.echo(answer)
+        elif isinstance(answer, Result):
+            if words[:1] == ["DESCRIBE"] and len(answer.rows) == 1:
+                self.echo(render_record(dict(zip(answer.columns, answer.rows[0])), self.fmt))
+            elif words[:2] == ["SHOW", "QUERIES"]:
+                self._queries()
+            else:
+                key = "streams" if words[:2] == ["SHOW", "STREAMS"] else "rows"
+                self.echo(render_records(key, answer.columns, answer.rows, self.fmt))
+        else:
+            if gone_before:
+                for handle in gone_before - self._handles():
+                    self._forget(handle)
+            self.echo(" ".join(words[:2]))
+
+    # ------------------------------------------------------------------ meta-commands
+
+    def _meta(self, command: str) -> bool:
+        name, *args = command.split()
+        if name in ("\\quit", "\\q"):
+            return False
+        if name == "\\help":
+            self.echo(HELP.format(fmt=self.fmt, timing="on" if self.timing else "off"))
+        elif name == "\\streams":
+            self._statement("SHOW STREAMS")
+        elif name == "\\queries":
+            self._queries()
+        elif name == "\\describe":
+            self._statement(f"DESCRIBE {_one(name, args, 'STREAM')}")
+        elif name == "\\ingest":
+            self._ingest(*_exactly(name, args, "STREAM FILE"))
+        elif name == "\\invoke":
+            handle = self._handle(args)
+            answer = self.backend.invoke(handle)
+            self._cursors[handle] = answer.cursor
+            self._remember_cursor(handle, answer.cursor)
+            self.echo(render_result(answer, self.fmt))
+        elif name == "\\changes":
+            self._changes(self._handle(args))
+        elif name == "\\watch":
+            self._watch(args)
+        elif name == "\\unregister":
+            handle = self._handle(args)
+            self.backend.unregister(handle)
+            self._forget(handle)
+            self.echo(f"unregistered {handle}")
+        elif name == "\\format":
+            fmt = _one(name, args, "|".join(FORMATS))
+            if fmt not in FORMATS:
+                raise ShellError(f"unknown format {fmt!r} (formats: {', '.join(FORMATS)})")
+            self.fmt = fmt
+            self.echo(f"format {fmt}")
+        elif name == "\\timing":
+            self.timing = not self.timing
+            self.echo(f"timing {'on' if self.timing else 'off'}")
+        else:
+            raise ShellError(f"unknown command {name} (\\help lists the commands)")
+        return True
+
+    def _queries(self) -> None:
+        names = self._names()
+        by_handle = {e["handle"]: n for n, e in names.items()}
+        rows = [(by_handle.get(h, ""), h, sql) for h, sql in self.backend.queries()]
+        if self.fmt == "table":
+            self.echo(table(["name", "handle", "sql"], rows) + f"\n({len(rows)} standing "
+                      f"quer{'y' if len(rows) == 1 else 'ies'})")
+        else:
+            self.echo(render_records("queries", ["name", "handle", "sql"], rows, self.fmt))
+
+    def _changes(self, handle: str) -> None:
+        from psoup.cli.main import _changes_since
+
+        changes, reason = _changes_since(self.backend, handle, self._cursor(handle), None)
+        self._cursors[handle] = changes.cursor
+        self._remember_cursor(handle, changes.cursor)
+        if reason is not None and self.fmt == "table":
+            self.warn(f"note: {reason}; showing the whole answer as inserted rows")
+        self.echo(render_changes(changes, self.fmt, reset=reason is not None))
+
+    def _watch(self, args: list[str]) -> None:
+        from psoup.cli.main import Interval, _changes_since
+
+        every = 2.0
+        if args and re.fullmatch(r"[\d.]+(ms|s|m|h|d)?", args[-1]):
+            every = Interval().convert(args.pop(), None, None)
+        handle = self._handle(args)
+        answer: Result | Changes = self.backend.invoke(handle)
+        first = True
+        try:
+            while True:
+                self._cursors[handle] = answer.cursor
+                self.echo(render_poll(answer, self.fmt, time.time(), first=first))
+                first = False
+                time.sleep(every)
+                answer, reason = _changes_since(self.backend, handle, answer.cursor, None)
+                if reason is not None and self.fmt == "table":
+                    self.warn(f"note: {reason}; the next rows are the whole answer")
+        except KeyboardInterrupt:
+            self.echo("")
+        finally:
+            self._remember_cursor(handle, answer.cursor)
+
+    def _ingest(self, stream: str, path: str) -> None:
+        from psoup.cli import ingest as ingesting
+        from psoup.formats import guess_format
+
+        try:
+            fmt = guess_format(path)
+        except ValueError as exc:
+            raise ShellError(str(exc)) from None
+        self._catalog = None
+        declared = self.backend.stats()["streams"].get(stream, {}).get("columns")
+        report = ingesting.ingest(self.backend, stream,
+                                  ingesting.read_batches(path, fmt, 50_000, declared))
+        self.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream} "
+                  f"({report.rate:,.0f} rows/s)")
+
+    # ------------------------------------------------------------------ handles
+
+    def _handle(self, args: list[str]) -> str:
+        """The handle `args` name: a handle, a name of the handle store on this server,
+        or, without arguments, the query registered last in this session."""
+        if len(args) > 1:
+            raise ShellError(f"too many arguments: {' '.join(args)}")
+        if not args:
+            if self.last_handle is None:
+                raise ShellError("no query registered in this session yet: name a handle")
+            return self.last_handle
+        entry = self._names().get(args[0])
+        return entry["handle"] if entry is not None else args[0]
+
+    def _handles(self) -> set[str]:
+        return {handle for handle, _ in self.backend.queries()}
+
+    def _names(self) -> dict[str, dict[str, Any]]:
+        if self.server is None:
+            return {}
+        return {n: e for n, e in HandleStore().names().items() if e["server"] == self.server}
+
+    def _cursor(self, handle: str) -> str | None:
+        if self.server is None:
+            return self._cursors.get(handle)
+        return HandleStore().cursor(self.server, handle)
+
+    def _remember_cursor(self, handle: str, cursor: str | None) -> None:
+        if self.server is not None:
+            HandleStore().set_cursor(self.server, handle, cursor)
+
+    def _forget(self, handle: str) -> None:
+        self._cursors.pop(handle, None)
+        if self.last_handle == handle:
+            self.last_handle = None
+        if self.server is not None:
+            HandleStore().forget_handle(self.server, handle)
+
+    # ------------------------------------------------------------------ completion
+
+    def candidates(self, line: str, word: str) -> list[str]:
+        """What TAB offers for `word`, the last word of `line`: meta-commands, stream,
+        column and handle names, keywords (in the case the word is typed in).
+
+        Example:
+            >>> from psoup import Engine
+            >>> s = Session(Engine(), None, print, print)
+            >>> s.run_one("CREATE STREAM traffic (lane INT, speed FLOAT);")
+            CREATE STREAM
+            True
+            >>> s.candidates("SELECT sp", "sp"), s.candidates("select * fr", "fr")
+            (['speed'], ['from'])
+            >>> s.candidates("\\\\describe t", "t")
+            ['traffic']
+        """
+        head = line.split()[0] if line.split() else ""
+        if line.startswith("\\") and (line == word or " " not in line):
+            names: list[str] = list(_META)
+        elif head in _TAKES_STREAM:
+            names = list(self._streams())
+        elif head in _TAKES_HANDLE:
+            names = sorted(self._names()) + sorted(self._handles())
+        elif line.startswith("\\"):
+            names = list(FORMATS) if head == "\\format" else []
+        else:
+            streams = self._streams()
+            columns = sorted({c for cols in streams.values() for c in cols} | {"ts", "tupleID"})
+            keywords = [k if word[:1].isupper() or not word else k.lower() for k in KEYWORDS]
+            names = list(streams) + columns + keywords
+        return sorted({n for n in names if n.startswith(word)} or
+                      {n for n in names if n.lower().startswith(word.lower())})
+
+    def _streams(self) -> dict[str, list[str]]:
+        """stream -> column names, from SHOW STREAMS, cached until the next statement."""
+        if self._catalog is None:
+            shown = self.backend.execute("SHOW STREAMS")
+            self._catalog = {row[0]: [c.split()[0] for c in row[1].split(",") if c.strip()]
+                             for row in shown.rows}
+        return self._catalog
+
+
+def statements(lines: Iterator[str]) -> Iterator[str]:
+    """Group input lines into commands: a meta-command is one line starting with `\\`,
+    a statement runs to the `;` that ends a line (its lines joined by newlines).
+
+    Example:
+        >>> list(statements(iter(["SHOW", "STREAMS;", "\\\\timing", "", "DESCRIBE R;"])))
+        ['SHOW\\nSTREAMS;', '\\\\timing', 'DESCRIBE R;']
+    """
+    pending: list[str] = []
+    for line in lines:
+        text = line.strip()
+        if not pending and (not text or text.startswith("--")):
+            continue
+        if not pending and text.startswith("\\"):
+            yield text
+            continue
+        pending.append(line.rstrip())
+        if text.endswith(";"):
+            yield "\n".join(pending).strip()
+            pending = []
+    if pending and "".join(pending).strip():
+        yield "\n".join(pending).strip()
+
+
+def history_path() -> Path:
+    """The shell's history file, in the user's psoup config directory."""
+    return config_dir() / "shell_history"
+
+
+def interactive(session: Session, prompt: str = "psoup> ",
+                more: str = "   ...> ") -> None:
+    """Read commands with GNU readline at `prompt` (`more` inside a statement), with
+    completion and a history kept across sessions, until `\\quit` or Ctrl-D."""
+    import readline
+
+    path = history_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+    readline.set_completer_delims(" \t\n,()=<>;")
+    readline.set_completer(_completer(session, readline))
+    bind = "bind ^I rl_complete" if "libedit" in (readline.__doc__ or "") else "tab: complete"
+    readline.parse_and_bind(bind)
+    try:
+        session.run(_prompted(readline, prompt, more))
+    finally:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.close(fd)
+        os.chmod(path, 0o600)
+        readline.write_history_file(path)
+
+
+def _prompted(readline: Any, prompt: str, more: str) -> Iterator[str]:
+    """Lines typed at the prompt; a statement of several lines goes into the history as
+    one entry, and Ctrl-C drops the statement being typed."""
+    started = readline.get_current_history_length()
+    pending: list[str] = []
+    while True:
+        try:
+            typed = input(more if pending else prompt)
+        except EOFError:
+            print()
+            return
+        except KeyboardInterrupt:
+            print("^C")
+            pending = []
+            started = readline.get_current_history_length()
+            continue
+        for line in typed.split("\n"):         # a bracketed paste arrives as one "line"
+            text = line.strip()
+            if not pending and (text.startswith("\\") or not text):
+                yield line
+                started = readline.get_current_history_length()
+                continue
+            pending.append(line)
+            if text.endswith(";"):
+                now = readline.get_current_history_length()
+                if now - started > 1:
+                    for _ in range(now - started):
+                        readline.remove_history_item(started)
+                    readline.add_history(" ".join(p.strip() for p in pending))
+                started = readline.get_current_history_length()
+                yield from pending
+                pending = []
+
+
+def _completer(session: Session, readline: Any) -> Callable[[str, int], str | None]:
+    found: list[str] = []
+
+    def complete(word: str, state: int) -> str | None:
+        if state == 0:
+            line = readline.get_line_buffer()[:readline.get_endidx()]
+            try:
+                found[:] = session.candidates(line, word)
+            except Exception:       # a completion must never end the shell
+                found[:] = []
+            if len(found) == 1:
+                found[0] += " "
+        return found[state] if state < len(found) else None
+
+    return complete
+
+
+def _one(name: str, args: list[str], what: str) -> str:
+    return _exactly(name, args, what)[0]
+
+
+def _exactly(name: str, args: list[str], what: str) -> list[str]:
+    if len(args) != len(what.split()):
+        raise ShellError(f"usage: {name} {what}")
+    return args
+
+
+def run_shell(backend: Any, server: str | None, where: str, stdin: TextIO | None = None) -> int:
+    """Run a shell on `backend`: interactive on a terminal, else a script from `stdin`
+    (default: the process's).
+
+    Returns:
+        The exit code: 0, or 1 when a command of a script failed.
+    """
+    stdin = stdin or sys.stdin
+    session = Session(backend, server, click.echo, _warn)
+    if stdin.isatty() and sys.stdout.isatty():
+        click.echo(f"psoup shell on {where}; statements end with ';', \\help for help, "
+                   "Ctrl-D leaves")
+        interactive(session)
+        return 0
+    session.run(iter(stdin))
+    return 1 if session.failures else 0
+
+
+def _warn(line: str) -> None:
+    click.echo(line, err=True)

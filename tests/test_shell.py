@@ -1,0 +1,207 @@
+"""`psoup shell`, driven through a pseudo-terminal as a user would type at it."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+from click.testing import CliRunner
+
+from psoup.cli.handles import HandleStore
+from psoup.cli.main import main
+from psoup.engine import Engine
+from psoup.server import Server
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "psoup> "
+TIMEOUT = 60
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PSOUP_SERVER", "PSOUP_TOKEN")}
+    return {**env, "PSOUP_CONFIG_DIR": str(tmp_path / "config"), "TERM": "xterm",
+            "PYTHONPATH": str(ROOT), "INPUTRC": "/dev/null"}
+
+
+def _spawn(tmp_path: Path, *args: str) -> pexpect.spawn:
+    child = pexpect.spawn(sys.executable, ["-m", "psoup.cli.main", *args], cwd=str(ROOT),
+                          env=_env(tmp_path), encoding="utf-8", timeout=TIMEOUT,
+                          dimensions=(40, 200))
+    child.expect_exact(PROMPT)
+    return child
+
+
+def _run(child: pexpect.spawn, line: str, *expected: str) -> str:
+    """Type `line`, wait for each of `expected` in order and the next prompt; returns
+    what was printed in between."""
+    child.sendline(line)
+    seen = ""
+    for text in expected:
+        child.expect_exact(text)
+        seen += child.before + text
+    child.expect_exact(PROMPT)
+    return seen + child.before
+
+
+@pytest.fixture
+def readings(tmp_path: Path) -> Path:
+    rows = tmp_path / "rows.csv"
+    rows.write_text("ts,lane,speed\n100,3,12.5\n101,4,70.0\n102,3,8.0\n")
+    return rows
+
+
+def test_a_session_creates_ingests_registers_and_invokes(tmp_path, readings):
+    child = _spawn(tmp_path, "shell")
+    _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
+    _run(child, f"\\ingest traffic {readings}", "3 rows into traffic")
+    out = _run(child, "SELECT speed FROM traffic WHERE lane = 3;")
+    assert len([w for w in out.split() if len(w) == 40]) == 1, out
+    _run(child, "\\invoke", "12.5", "8.0", "(2 rows)")
+    _run(child, "\\streams", "traffic", "lane INT, speed FLOAT", "(1 stream)")
+    _run(child, "\\describe traffic", "rows_total", "3")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_a_statement_may_span_lines(tmp_path):
+    child = _spawn(tmp_path, "shell")
+    _run(child, "CREATE STREAM r (a INT);", "CREATE STREAM")
+    child.sendline("SELECT a")
+    child.expect_exact("...> ")
+    child.sendline("  FROM r")
+    child.expect_exact("...> ")
+    _run(child, "  WHERE a > 1;")
+    _run(child, "\\queries", "SELECT a", "(1 standing query)")
+    child.sendline("\\quit")
+    child.expect(pexpect.EOF)
+
+
+def test_an_error_is_one_line_and_the_shell_goes_on(tmp_path):
+    child = _spawn(tmp_path, "shell")
+    _run(child, "SELECT a FROM nowhere;", "error: ", "nowhere")
+    _run(child, "\\nonsense", "error: unknown command \\nonsense")
+    _run(child, "CREATE STREAM r (a INT);", "CREATE STREAM")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_format_and_timing_change_the_output(tmp_path):
+    child = _spawn(tmp_path, "shell")
+    _run(child, "CREATE STREAM r (a INT, b TEXT);", "CREATE STREAM")
+    _run(child, "\\format csv", "format csv")
+    _run(child, "SHOW STREAMS;", "stream,columns,retain", 'r,"a INT, b TEXT"')
+    _run(child, "\\timing", "timing on")
+    _run(child, "DESCRIBE r;", "stream,columns", "time: ", " ms")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_tab_completes_stream_and_column_names(tmp_path):
+    child = _spawn(tmp_path, "shell")
+    _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
+    child.send("SELECT spe\tFROM tra\t;\r")
+    child.expect_exact("SELECT speed FROM traffic ;")
+    child.expect(r"[0-9a-f]{40}")
+    child.expect_exact(PROMPT)
+    _run(child, "\\queries", "SELECT speed FROM traffic ;")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_history_is_kept_across_sessions_for_the_owner_only(tmp_path):
+    child = _spawn(tmp_path, "shell")
+    _run(child, "SHOW STREAMS;", "(0 streams)")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    history = tmp_path / "config" / "shell_history"
+    assert "SHOW STREAMS;" in history.read_text()
+    assert stat.S_IMODE(history.stat().st_mode) == 0o600
+    again = _spawn(tmp_path, "shell")
+    again.send("\x1b[A")                    # up arrow: the last line of the last session
+    again.sendline("")
+    again.expect_exact("(0 streams)")
+    again.sendeof()
+    again.expect(pexpect.EOF)
+
+
+def test_plain_psoup_on_a_terminal_is_the_shell(tmp_path):
+    child = _spawn(tmp_path)
+    _run(child, "\\help", "\\watch")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_a_data_dir_keeps_streams_and_queries_between_shells(tmp_path):
+    state = tmp_path / "state"
+    script = "CREATE STREAM r (a INT);\nSELECT a FROM r;\n"
+    first = subprocess.run([sys.executable, "-m", "psoup.cli.main", "shell", "--data-dir",
+                            str(state)], input=script, capture_output=True, text=True,
+                           env=_env(tmp_path), cwd=ROOT, timeout=TIMEOUT)
+    assert first.returncode == 0, first.stderr
+    handle = first.stdout.split()[-1]
+    child = _spawn(tmp_path, "shell", "--data-dir", str(state))
+    _run(child, f"\\invoke {handle}", "(0 rows)")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_a_script_on_stdin_runs_and_a_failure_sets_the_exit_code(tmp_path):
+    script = "CREATE STREAM r (a INT);\nSELECT b FROM r;\n\\streams\n"
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "shell"], input=script,
+                          capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
+                          timeout=TIMEOUT)
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: ") and "unknown column 'b'" in done.stderr
+    assert "(1 stream)" in done.stdout and "CREATE STREAM" in done.stdout
+
+
+def test_plain_psoup_without_a_terminal_prints_its_help(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main"], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
+                          timeout=TIMEOUT)
+    assert "Commands:" in done.stdout + done.stderr and "shell" in done.stdout + done.stderr
+
+
+def test_watch_shows_the_answer_until_ctrl_c(tmp_path, readings):
+    child = _spawn(tmp_path, "shell")
+    _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
+    _run(child, "SELECT speed FROM traffic WHERE lane = 3;")
+    child.sendline("\\watch 0.2s")
+    child.expect(r"\] 0 rows")
+    child.expect_exact("no changes")
+    child.sendintr()
+    child.expect_exact(PROMPT)
+    _run(child, f"\\ingest traffic {readings}", "3 rows into traffic")
+    _run(child, "\\changes", "+", "12.5", "(2 inserted, 0 deleted)")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_against_a_server_names_from_the_handle_store_work(tmp_path, monkeypatch):
+    monkeypatch.setenv("PSOUP_CONFIG_DIR", str(tmp_path / "config"))
+    server = Server(Engine(), port=0, token="t0k3n")
+    host, port = server.start_in_thread()
+    address = f"{host}:{port}"
+    try:
+        def psoup(*args: str, input: str | None = None):
+            return CliRunner().invoke(main, ["--server", address, "--token", "t0k3n", *args],
+                                      input=input)
+        assert psoup("stream", "create", "r", "a INT").exit_code == 0
+        assert psoup("register", "SELECT a FROM r WHERE a > 1", "--name", "big").exit_code == 0
+        done = psoup("shell", input="\\queries\n\\invoke big\nDROP STREAM r CASCADE;\n")
+        assert done.exit_code == 0, (done.stdout, done.stderr)
+        assert re.search(r"^big\s+[0-9a-f]{40}\s+SELECT a FROM r", done.stdout, re.M)
+        assert "(0 rows)" in done.stdout and "DROP STREAM" in done.stdout
+        assert HandleStore().lookup("big") is None
+    finally:
+        server.stop()
