@@ -17,8 +17,9 @@ Example:
 
 from typing import TYPE_CHECKING, Any
 
-from psoup.errors import (ApplyFailed, CursorExpired, CursorInvalid, LimitError, PSoupError,
-                          QueryError, SchemaError, SequenceError, UnknownHandle)
+from psoup.errors import (ApplyFailed, CursorExpired, CursorInvalid, HistoryPending,
+                          LimitError, PSoupError, QueryError, SchemaError, SequenceError,
+                          UnknownHandle)
 
 if TYPE_CHECKING:
     from psoup.client import Client
@@ -44,4 +45,4 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["Engine", "Client", "MODES", "Result", "PSoupError", "QueryError", "SchemaError",
            "LimitError", "UnknownHandle", "CursorExpired", "CursorInvalid", "ApplyFailed",
-           "SequenceError", "__version__"]
+           "SequenceError", "HistoryPending", "__version__"]

@@ -37,8 +37,8 @@ import numpy as np
 
 from psoup.core import Core
 from psoup.eddy.routing import POLICIES
-from psoup.errors import (ApplyFailed, LimitError, PSoupError, QueryError, SchemaError,
-                          SequenceError)
+from psoup.errors import (ApplyFailed, HistoryPending, LimitError, PSoupError, QueryError,
+                          SchemaError, SequenceError)
 from psoup.journal.wal import SYNC_MODES
 from psoup.locks import FairLock
 from psoup.producers import ProducerTable
@@ -218,6 +218,8 @@ class Engine:
         self._failure: str | None = None            # why the engine stopped (ApplyFailed)
         self._checkpoint_error: str | None = None   # of the last automatic checkpoint
         self._jobs: dict[str, HistoryJob] = {}      # the latest history jobs, by id
+        self._history_due: set[str] = set()         # logged as evaluated, for recovery
+        self._history_pending: dict[str, str] = {}  # handle -> job evaluating it again
         if path is not None:
             from psoup.journal.journal import Journal   # pyarrow loads only when durable
             self._journal = Journal(path, sync, checkpoint_bytes, checkpoint_seconds)
@@ -225,6 +227,7 @@ class Engine:
                                     None if path is None else cursor_secret(path))
         if self._journal is not None:
             self._recover(progress)
+            self._reevaluate_history()
 
     # ------------------------------------------------------------------ statements
 
@@ -388,6 +391,7 @@ class Engine:
             if self._failure is not None:
                 raise ApplyFailed(f"this engine stopped: {self._failure}")
             at = self._now(now)
+            self._check_history(handle)
             answer = self._core.answer(handle, at)
             plan = self._core.plan(handle)
             if since is None:
@@ -577,7 +581,10 @@ class Engine:
                                         stem.rows(0, stem.horizon, expired=True))
                       for name, stem in core.stems.items()}
             handles = [(h, plan.query.sql) for h, plan in core.handles.items()]
-            self._journal.checkpoint(images, core.next_tid, handles, self._producers.image())
+            history = [h for h, plan in core.handles.items()
+                       if plan.id in core.tiers or h in self._history_pending]
+            self._journal.checkpoint(images, core.next_tid, handles, self._producers.image(),
+                                     history)
 
     def close(self) -> None:
         """Flush the log and the archive; later writes raise PSoupError. A running
@@ -705,6 +712,8 @@ class Engine:
     def _unregister(self, handle: str) -> None:
         self._core.unregister(handle)
         self._cursors.forget(handle)
+        self._history_due.discard(handle)
+        self._history_pending.pop(handle, None)
 
     def _recover(self, progress: Callable[[int, int], None] | None) -> None:
         """Replay the log (O(its size): a checkpointed log is the retained state with the
@@ -744,6 +753,8 @@ class Engine:
             self._unregister(record.handle)
         elif record.op == "drop":
             self._dropped(record.stream, record.handles, record.next_tid)
+        elif record.op == "history":
+            self._history_due.update(record.handles)
         elif record.op == "state":
             core.next_tid = max(core.next_tid, record.next_tid)
         elif record.op == "producers":
@@ -787,6 +798,41 @@ class Engine:
             log.error("engine stopped: %s", self._failure)
             raise ApplyFailed(self._failure) from exc
 
+    def _reevaluate_history(self) -> None:
+        """After recovery: the queries whose history was evaluated before get it
+        evaluated again by a background job (archive tiers live in memory); until it
+        is done, invoking one raises HistoryPending instead of answering short."""
+        due = [h for h in self._history_due if h in self._core.handles]
+        self._history_due.clear()
+        if not due:
+            return
+        try:
+            job = self.history(due)
+        except PSoupError as exc:
+            job = f"not started: {exc}"
+        self._history_pending = {h: job for h in due}
+        log.info("evaluating the history of %d queries again after the restart (job %s)",
+                 len(due), job)
+
+    def _check_history(self, handle: str) -> None:
+        """Refuse to answer a query whose history is being evaluated again."""
+        job = self._history_pending.get(handle)
+        if job is None:
+            return
+        found = self._jobs.get(job)
+        if found is None:
+            state = job
+        else:
+            status = found.status()
+            state = f"job {job} {status['state']}"
+            if status.get("error"):
+                state += f": {status['error']}"
+        raise HistoryPending(
+            f"query {handle}: its history was evaluated before the engine restarted and is "
+            f"being evaluated again ({state}); its answer would lack the archived part "
+            "until then. Try again when the job is done (psoup history status), or "
+            "evaluate it again (psoup history HANDLE)")
+
     def _history_pass(self, job: HistoryJob, jobs: list[Job]) -> None:
         """A history job's thread: the Spark pass off the lock, then, under it, its
         matches installed in front of the pending tiers, or the pending tiers dropped
@@ -807,6 +853,15 @@ class Engine:
                         error=None if stopped else error)
             else:
                 self._core.tiers.finish(found)
+                done = [h for h in job.handles if h in self._core.handles]
+                for h in done:
+                    self._history_pending.pop(h, None)
+                try:                    # so that a restart evaluates them again
+                    self._journal.history(done)
+                except Exception as exc:    # the tiers stand; only the restart forgets
+                    log.warning("history job %s: could not log its queries (%s); after a "
+                                "restart their history must be evaluated again by hand",
+                                job.id, exc)
                 job.end("done", self._archived(job.handles))
 
     def _archived(self, handles: list[str]) -> dict[str, int]:

@@ -76,6 +76,14 @@ class CursorInvalid(CursorExpired):
     cursor (same wire code), the remedy is to invoke without `since`."""
 
 
+class HistoryPending(PSoupError):
+    """A query whose history was evaluated before a restart, and is being evaluated
+    again (or failed to be): its answer would lack the archived part, so it is refused
+    until the job is done rather than answered short."""
+
+    code = "history_pending"
+
+
 class ArchiveError(PSoupError):
     """An archive or an input file that cannot be imported or replayed: unreadable or cut
     short, a missing or mistyped column, a NULL or NaN, timestamps out of tupleID order.

@@ -146,19 +146,37 @@ def test_history_needs_a_durable_engine_and_a_selection_query(tmp_path):
     durable.close()
 
 
-def test_tiers_do_not_survive_a_restart_and_evaluating_again_restores_the_answer(tmp_path):
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp_path,
+                                                                           checkpointed):
+    """Archive tiers live in memory: the reopened engine evaluates the history of the
+    queries that had one again, by itself, and refuses to answer them short meanwhile
+    (HistoryPending); then the answer is the one from before the restart."""
     eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a, t FROM R WHERE a > 3")
+    memory_only = eng.register("SELECT a FROM R WHERE a < 3")
     _fill(eng, np.random.default_rng(2), 0, 6, {})
-    eng.evaluate_history()
+    eng.evaluate_history([h])
     whole = eng.invoke(h, now=100.0).rows
+    short = eng.invoke(memory_only, now=100.0).rows
+    if checkpointed:
+        eng.checkpoint()
     eng.close()
     again = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
-    assert len(again.invoke(h, now=100.0).rows) < len(whole)     # memory only
-    again.evaluate_history()
+    job = again.history_status()
+    assert job["state"] in ("running", "done")
+    if job["state"] == "running":
+        with pytest.raises(psoup.HistoryPending, match="evaluated again"):
+            again.invoke(h, now=100.0)
+    assert again.invoke(memory_only, now=100.0).rows == short     # no history: answered
+    again.history_wait(job["id"])
     assert again.invoke(h, now=100.0).rows == whole
+    again.unregister(h)
     again.close()
+    third = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    assert not third._jobs                        # nothing left to evaluate
+    third.close()
 
 
 def test_history_through_the_server_and_the_command_line(tmp_path, monkeypatch):

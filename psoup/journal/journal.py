@@ -55,10 +55,11 @@ class StreamImage:
 
 @dataclass
 class Record:
-    """One decoded log record. `op` is create, insert, register, unregister, drop, state
-    or producers. An insert's idempotency key is `producer` and `seq`; a drop names the
-    handles it unregistered with the stream (CASCADE) and the next tupleID when it was
-    dropped (the archive keeps what is numbered from there)."""
+    """One decoded log record. `op` is create, insert, register, unregister, drop, state,
+    producers or history (the handles whose history was evaluated). An insert's
+    idempotency key is `producer` and `seq`; a drop names the handles it unregistered
+    with the stream (CASCADE) and the next tupleID when it was dropped (the archive keeps
+    what is numbered from there)."""
 
     op: str
     sql: str = ""
@@ -126,6 +127,11 @@ class Journal:
     def unregister(self, handle: str) -> None:
         self.wal.append({"op": "unregister", "handle": handle})
 
+    def history(self, handles: Sequence[str]) -> None:
+        """These queries have an archive tier now: evaluate their history again after a
+        restart (the tiers themselves live in memory)."""
+        self.wal.append({"op": "history", "handles": list(handles)})
+
     def drop(self, stream: str, handles: Sequence[str], next_tid: int) -> None:
         """Log DROP STREAM: one record for the stream and the queries it takes along,
         so that a crash leaves all of them or none."""
@@ -152,14 +158,17 @@ class Journal:
                 and time.monotonic() - self._last_checkpoint >= self.checkpoint_seconds)
 
     def checkpoint(self, streams: Mapping[str, StreamImage], next_tid: int,
-                   handles: Iterable[tuple[str, str]], producers: list | None = None) -> None:
+                   handles: Iterable[tuple[str, str]], producers: list | None = None,
+                   history: Sequence[str] = ()) -> None:
         """Archive what left retention, then replace the log by the retained state
-        (with the idempotent producers' table, psoup.producers)."""
+        (with the idempotent producers' table, psoup.producers, and the handles whose
+        history is evaluated)."""
         for name, image in streams.items():
             if len(image.expired["ts"]):
                 self.archive.add(name, image.columns, image.expired)
         self.archive.flush()
-        self.wal.rotate(_image_records(streams, next_tid, handles, producers or []))
+        self.wal.rotate(_image_records(streams, next_tid, handles, producers or [],
+                                       list(history)))
         self._base, self._last_checkpoint = self.wal.size, time.monotonic()
 
     def commit(self) -> None:
@@ -191,7 +200,7 @@ def _lock(path: Path) -> int:
 
 def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
                    handles: Iterable[tuple[str, str]],
-                   producers: list) -> Iterator[dict[str, Any]]:
+                   producers: list, history: list[str]) -> Iterator[dict[str, Any]]:
     for image in streams.values():
         yield {"op": "create", "sql": image.ddl}
     # Queries before data: replayed, each registration meets no tuples (O(cells)), and
@@ -202,6 +211,8 @@ def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
         yield {"op": "producers", "table": producers}
     for handle, sql in handles:
         yield {"op": "register", "handle": handle, "sql": sql}
+    if history:
+        yield {"op": "history", "handles": history}
     for name, image in streams.items():
         data = image.retained
         names = [c for c, _ in image.columns]
@@ -232,6 +243,8 @@ def _decode(raw: Any, where: Path) -> Record:
             return Record(op, next_tid=int(raw["next_tid"]))
         if op == "producers":
             return Record(op, producers=list(raw["table"]))
+        if op == "history":
+            return Record(op, handles=tuple(raw["handles"]))
         if op == "drop":
             return Record(op, stream=raw["stream"], handles=tuple(raw["handles"]),
                           next_tid=int(raw["next_tid"]))

@@ -16,8 +16,8 @@ import msgpack
 import numpy as np
 
 from psoup.codec import decode_array, encode_array
-from psoup.errors import (CursorExpired, LimitError, PSoupError, QueryError, SchemaError,
-                          SequenceError, UnknownHandle)
+from psoup.errors import (CursorExpired, HistoryPending, LimitError, PSoupError, QueryError,
+                          SchemaError, SequenceError, UnknownHandle)
 from psoup.results.result import Changes, Result
 
 #: The frame header: the payload length, unsigned 32-bit big-endian.
@@ -30,7 +30,7 @@ PROTOCOL = 2
 #: Engine errors by wire code; any other code is a plain PSoupError carrying that code.
 ERRORS: dict[str, type[PSoupError]] = {
     cls.code: cls for cls in (QueryError, SchemaError, UnknownHandle, CursorExpired, LimitError,
-                               SequenceError)
+                               SequenceError, HistoryPending)
 }
 
 
