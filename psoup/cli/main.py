@@ -31,6 +31,7 @@ import numpy as np
 from click.core import ParameterSource
 
 from psoup import __version__
+from psoup.cli.polling import Interval, changes_since
 from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
 from psoup.cli.output import (FORMATS, iso_times, one_line, render_changes, render_poll,
                               render_record, render_records, render_result, render_stats,
@@ -40,13 +41,12 @@ from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address, token_path
 from psoup.config import ENGINE_MODES as MODES
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.journal.wal import SYNC_MODES
-from psoup.errors import CursorExpired, PSoupError, UnknownHandle
+from psoup.errors import PSoupError, UnknownHandle
 from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
 from psoup.results.result import Changes, Result
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 class Failure(click.ClickException):
@@ -98,25 +98,6 @@ class Target:
     server: str
     handle: str
     name: str | None
-
-
-class Interval(click.ParamType):
-    """A duration: "500ms", "30s", "2m", "1h", "1d", or a bare number of seconds."""
-
-    name = "interval"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> float:
-        if isinstance(value, (int, float)):
-            seconds = float(value)
-        else:
-            match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*", str(value))
-            if match is None:
-                self.fail(f"{value!r} is not a duration such as 30s, 2m, 1h or 500ms",
-                          param, ctx)
-            seconds = float(match[1]) * _UNITS[match[2] or "s"]
-        if seconds <= 0:
-            self.fail(f"{value!r} must be longer than zero", param, ctx)
-        return seconds
 
 
 class Instant(click.ParamType):
@@ -568,7 +549,7 @@ def invoke(settings: Settings, ref: str, fmt: str, changes: bool, now: float | N
     shown = _rows_shown(fmt, limit)
     with _connected(target.server, settings.token, target) as client:
         if changes:
-            answer, reason = _changes_since(client, target.handle,
+            answer, reason = changes_since(client, target.handle,
                                             store.cursor(target.server, target.handle), now)
             text = render_changes(answer, fmt, reset=reason is not None, limit=shown)
         else:
@@ -621,7 +602,7 @@ def watch(settings: Settings, ref: str, every: float, count: int | None, fmt: st
                 if count is not None and polls >= count:
                     return
                 time.sleep(every)
-                answer, reason = _changes_since(client, target.handle, answer.cursor, None)
+                answer, reason = changes_since(client, target.handle, answer.cursor, None)
                 if reason is not None and fmt == "table":
                     click.echo(f"note: {reason}; the next rows are the whole answer", err=True)
     except KeyboardInterrupt:
@@ -913,23 +894,6 @@ def _names_on(server: str) -> dict[str, str]:
     """handle -> name for the handles named on `server`."""
     return {e["handle"]: name for name, e in HandleStore().names().items()
             if e["server"] == server}
-
-
-def _changes_since(client: Client, handle: str, cursor: str | None,
-                   now: float | None) -> tuple[Changes, str | None]:
-    """The changes since `cursor`; without a usable cursor, the whole answer as inserted
-    rows and the reason why (for a note to the user)."""
-    if cursor is None:
-        reason = "no earlier invocation of this handle is remembered here"
-    else:
-        try:
-            return client.invoke(handle, now=now, since=cursor), None
-        except CursorExpired:
-            reason = "the server no longer knows where the last invocation left off"
-    whole = client.invoke(handle, now=now)
-    empty = Result(whole.columns, [], np.empty(0), np.empty(0, np.int64))
-    assert whole.cursor is not None, "an invocation's answer carries its cursor"
-    return Changes(whole.columns, whole, empty, whole.cursor), reason
 
 
 @main.command(short_help="Run the benchmark suite (or some of its suites).")

@@ -200,9 +200,9 @@ class Session:
             self.echo(render_records("queries", ["name", "handle", "sql"], rows, self.fmt))
 
     def _changes(self, handle: str) -> None:
-        from psoup.cli.main import _changes_since
+        from psoup.cli.polling import changes_since
 
-        changes, reason = _changes_since(self.backend, handle, self._cursor(handle), None)
+        changes, reason = changes_since(self.backend, handle, self._cursor(handle), None)
         self._cursors[handle] = changes.cursor
         self._remember_cursor(handle, changes.cursor)
         if reason is not None and self.fmt == "table":
@@ -210,7 +210,7 @@ class Session:
         self.echo(render_changes(changes, self.fmt, reset=reason is not None))
 
     def _watch(self, args: list[str]) -> None:
-        from psoup.cli.main import Interval, _changes_since
+        from psoup.cli.polling import Interval, changes_since
 
         every = 2.0
         if args and re.fullmatch(r"[\d.]+(ms|s|m|h|d)?", args[-1]):
@@ -224,7 +224,7 @@ class Session:
                 self.echo(render_poll(answer, self.fmt, time.time(), first=first))
                 first = False
                 time.sleep(every)
-                answer, reason = _changes_since(self.backend, handle, answer.cursor, None)
+                answer, reason = changes_since(self.backend, handle, answer.cursor, None)
                 if reason is not None and self.fmt == "table":
                     self.warn(f"note: {reason}; the next rows are the whole answer")
         except KeyboardInterrupt:
