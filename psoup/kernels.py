@@ -11,8 +11,10 @@ disk next to this file, or in the user's cache directory when that is read-only)
 * `word_positions`: the find of an invocation over a word-major bitmap: the rows of a
   word run with the query's bit set, 64 rows tested into one match mask at a time, O(rows)
   tests and O(matches) writes where matches are sparse.
-* `gather_rows`: the values of several 8-byte columns of a Data SteM chunk at sorted
-  positions, column by column: O(columns x positions), no temporary arrays.
+* `chunk_positions`: the find of an invocation over every chunk of a window in one call
+  (`word_positions` per chunk, the chunks in a numba typed list).
+* `chunk_gather`: the values of several 8-byte columns of a Data SteM at sorted
+  positions across its chunks, in one call: O(columns x positions), no temporary arrays.
 * `direct_rows`: the table rows of integer values through a direct value -> row map,
   with the range check in the same pass.
 * `or_at`: one bit set in a word row at given positions (a new query's matches).
@@ -148,15 +150,10 @@ _DENSE = 16
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def word_positions(words, mask, r0, r1, base, out):  # pragma: no cover - compiled
-    """Write base + r for every row r0 <= r < r1 with words[r] & mask into out; returns
-    how many. Rows go 64 at a time: their tests are gathered into one 64-bit match mask
-    (a vectorized loop), then a sparse mask is walked match by match (trailing-zero
-    count) and a dense one written branch-free. O(r1 - r0) word tests, O(matches)
-    writes for sparse runs."""
+def _scan(words, mask, r0, r1, base, out, k):  # pragma: no cover - compiled
+    """`word_positions` writing from out[k]; returns the new k."""
     one = np.uint64(1)
     zero = np.uint64(0)
-    k = 0
     r = r0
     while r + 64 <= r1:
         m = zero
@@ -181,16 +178,57 @@ def word_positions(words, mask, r0, r1, base, out):  # pragma: no cover - compil
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def gather_rows(block, rows_of, positions, base, out, at):  # pragma: no cover - compiled
-    """out[j, at + i] = block[rows_of[j], positions[i] - base] for every selected block
-    row j and position i: the positions' values of several 8-byte columns of one chunk
-    (as uint64 words). O(len(rows_of) * len(positions))."""
+def word_positions(words, mask, r0, r1, base, out):  # pragma: no cover - compiled
+    """Write base + r for every row r0 <= r < r1 with words[r] & mask into out; returns
+    how many. Rows go 64 at a time: their tests are gathered into one 64-bit match mask
+    (a vectorized loop), then a sparse mask is walked match by match (trailing-zero
+    count) and a dense one written branch-free. O(r1 - r0) word tests, O(matches)
+    writes for sparse runs."""
+    return _scan(words, mask, r0, r1, base, out, 0)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def chunk_positions(chunks, k_first, cap, p0, p1, word, mask, out):  # pragma: no cover
+    """`word_positions` over positions p0 <= p < p1 of a chunked bitmap in one call:
+    chunk k (positions k * cap ...) is chunks[k - k_first], its word row `word` the
+    bits; a chunk outside the list, or too narrow to have that row, has no matches.
+    Returns how many positions were written to out. O(p1 - p0) word tests."""
+    k = 0
+    if p1 <= p0:
+        return 0
+    for c in range(p0 // cap, (p1 - 1) // cap + 1):
+        i = c - k_first
+        if i < 0 or i >= len(chunks):
+            continue
+        chunk = chunks[i]
+        if chunk.shape[0] <= word:
+            continue
+        k = _scan(chunk[word], mask, max(p0 - c * cap, 0), min(p1 - c * cap, cap), c * cap,
+                  out, k)
+    return k
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def chunk_gather(blocks, k_first, cap, rows_of, positions, out):  # pragma: no cover
+    """out[j, i] = the value of block row rows_of[j] at sorted position positions[i],
+    chunk k's block being blocks[k - k_first]: several 8-byte columns of a chunked
+    store, for positions across any number of chunks, in one call.
+    O(len(rows_of) * len(positions))."""
     n = len(positions)
-    for j in range(len(rows_of)):
-        src = block[rows_of[j]]
-        dst = out[j]
-        for i in range(n):
-            dst[at + i] = src[positions[i] - base]
+    i = 0
+    while i < n:
+        c = positions[i] // cap
+        block = blocks[c - k_first]
+        base = c * cap
+        end = base + cap
+        j0 = i
+        while i < n and positions[i] < end:
+            i += 1
+        for j in range(len(rows_of)):
+            src = block[rows_of[j]]
+            dst = out[j]
+            for t in range(j0, i):
+                dst[t] = src[positions[t] - base]
 
 
 @njit(cache=True, nogil=True, boundscheck=False)

@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psoup.kernels import gather_rows, or_at, probe_into, word_positions, write_column
+from psoup.kernels import (chunk_gather, chunk_positions, or_at, probe_into, word_positions,
+                           write_column)
 
 WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
 
@@ -28,19 +29,56 @@ def test_word_positions_lists_the_rows_with_the_bit_set(data, n, bit, density):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.data(), st.integers(1, 5), st.integers(1, 200))
-def test_gather_rows_takes_the_selected_block_rows_at_the_positions(data, rows, cap):
+@given(st.data(), st.integers(1, 5), st.integers(1, 50), st.integers(1, 4))
+def test_chunk_gather_takes_the_selected_rows_at_positions_across_chunks(data, rows, cap,
+                                                                          chunks):
+    from numba import types
+    from numba.typed import List
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    block = gen.integers(0, 2**63, (rows, cap), dtype=np.uint64)
+    blocks = [gen.integers(0, 2**63, (rows, cap), dtype=np.uint64) for _ in range(chunks)]
+    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
+    for block in blocks:
+        listed.append(block)
+    first = data.draw(st.integers(0, 3))                 # chunk number of blocks[0]
     rows_of = np.array(data.draw(st.lists(st.integers(0, rows - 1), min_size=1, max_size=4)),
                        dtype=np.int64)
-    base = 5 * cap
-    positions = np.sort(gen.choice(cap, data.draw(st.integers(0, cap)), replace=False)) + base
-    at = data.draw(st.integers(0, 3))
-    out = np.zeros((len(rows_of), at + len(positions)), np.uint64)
-    gather_rows(block, rows_of, positions.astype(np.int64), base, out, at)
-    assert (out[:, at:] == block[rows_of][:, positions - base]).all()
-    assert not out[:, :at].any()
+    positions = np.sort(gen.choice(chunks * cap, data.draw(st.integers(0, chunks * cap)),
+                                   replace=False)).astype(np.int64) + first * cap
+    out = np.zeros((len(rows_of), len(positions)), np.uint64)
+    chunk_gather(listed, first, cap, rows_of, positions, out)
+    whole = np.concatenate(blocks, axis=1)
+    assert (out == whole[rows_of][:, positions - first * cap]).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), st.integers(1, 130), st.integers(1, 4), st.integers(0, 2))
+def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, cap, chunks,
+                                                                        word):
+    """Chunks missing from the list, gaps (no rows) and chunks too narrow for the word
+    have no matches; the rest agree with numpy."""
+    from numba import types
+    from numba.typed import List
+    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
+    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
+    expected_bits = []
+    for _ in range(chunks):
+        height = data.draw(st.sampled_from([0, word, word + 1, word + 2]))
+        padded = np.zeros((height, cap + 3), np.uint64)     # rows longer than cap
+        chunk = padded[:, :cap]
+        chunk[:] = gen.integers(0, 2**63, (height, cap), dtype=np.uint64)
+        padded[:, cap:] = ~np.uint64(0)                     # never read
+        listed.append(padded)
+        expected_bits.append(chunk[word] & mask != 0 if height > word
+                             else np.zeros(cap, bool))
+    first = data.draw(st.integers(0, 2))
+    bits = np.concatenate([np.zeros(first * cap, bool), *expected_bits,
+                           np.zeros(cap, bool)])      # a chunk past the list: none
+    p0 = data.draw(st.integers(0, len(bits)))
+    p1 = data.draw(st.integers(p0, len(bits)))
+    out = np.full(len(bits) + 1, -1, np.int64)
+    found = chunk_positions(listed, first, cap, p0, p1, word, mask, out)
+    assert out[:found].tolist() == (np.flatnonzero(bits[p0:p1]) + p0).tolist()
 
 
 @settings(max_examples=60, deadline=None)

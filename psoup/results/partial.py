@@ -26,7 +26,7 @@ ahead as slots grow).
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -71,12 +71,17 @@ class PartialResults(ResultsStructure):
         self._spare: list[np.ndarray] = []      # expired chunks, reused (no page faults)
         self._spares = 2                        # how many to keep: a batch's chunks
         self._found = np.empty(0, np.int64)     # the find's output, reused (see column)
+        # per stream, (first chunk number, its chunks as a numba typed list, gaps as
+        # empty chunks) for the compiled find; dropped whenever a chunk of it changes
+        self._lists: dict[str, tuple[int, Any]] = {}
 
-    def _chunk(self, chunks: dict[int, np.ndarray], k: int, words: int,
-               written_from: int = -1) -> np.ndarray:
-        """Chunk k, (>= words, chunk_rows); a new one is zero except from row
+    def _chunk(self, stream: str, k: int, words: int, written_from: int = -1) -> np.ndarray:
+        """Chunk k of `stream`, (>= words, chunk_rows); a new one is zero except from row
         `written_from` on (rows the caller writes next, and later batches after it)."""
+        chunks = self._bitmaps.setdefault(stream, {})
         chunk = chunks.get(k)
+        if chunk is None or chunk.shape[0] < words:
+            self._lists.pop(stream, None)
         if chunk is None:
             spare = self._spare
             while spare and not words <= spare[-1].shape[0] <= _rows_for(words):
@@ -104,7 +109,6 @@ class PartialResults(ResultsStructure):
                     words: int) -> list[tuple[int, int, np.ndarray]]:
         """Where the probe of n tuples from position p0 goes: (a, b, the (words, b - a)
         word-major slice of the chunk holding tuples a..b of the batch)."""
-        chunks = self._bitmaps.setdefault(stream, {})
         cap = self.chunk_rows
         self._spares = max(self._spares, -(-n // cap) + 1)
         pieces = []
@@ -112,7 +116,7 @@ class PartialResults(ResultsStructure):
         while done < n:
             k, r = divmod(p0 + done, cap)
             take = min(cap - r, n - done)
-            chunk = self._chunk(chunks, k, words, r)
+            chunk = self._chunk(stream, k, words, r)
             pieces.append((done, done + take, chunk[:words, r:r + take]))
             done += take
         return pieces
@@ -135,7 +139,7 @@ class PartialResults(ResultsStructure):
         cap = self.chunk_rows
         from psoup.kernels import or_at
         for k, a, b in chunk_runs(positions, cap):
-            or_at(self._chunk(chunks, k, word + 1)[word], positions[a:b], k * cap, mask)
+            or_at(self._chunk(stream, k, word + 1)[word], positions[a:b], k * cap, mask)
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows)."""
@@ -151,9 +155,31 @@ class PartialResults(ResultsStructure):
             if len(self._spare) < self._spares:
                 self._spare.append(chunks[k])
             del chunks[k]
+            self._lists.pop(stream, None)
 
     def on_drop(self, stream: str) -> None:
         self._bitmaps.pop(stream, None)
+        self._lists.pop(stream, None)
+
+    def _listed(self, stream: str) -> tuple[int, Any]:
+        """(first chunk number, the stream's chunks from it on as a numba typed list,
+        a gap as a chunk of no rows), rebuilt after a chunk came, widened or left:
+        O(chunks), about once per chunk_rows tuples."""
+        got = self._lists.get(stream)
+        if got is None:
+            from numba import types
+            from numba.typed import List
+            chunks = self._bitmaps.get(stream, {})
+            first = min(chunks, default=0)
+            # the padded arrays the chunks are views of: C-contiguous, so that a word
+            # row is typed contiguous in the compiled find (and its loop vectorized)
+            listed = List.empty_list(types.Array(types.uint64, 2, "C"))
+            gap = np.zeros((0, self.chunk_rows + ROW_PAD), DTYPE)
+            for k in range(first, max(chunks, default=-1) + 1):
+                chunk = chunks.get(k)
+                listed.append(gap if chunk is None else chunk.base)
+            got = self._lists[stream] = (first, listed)
+        return got
 
     def streams(self) -> set[str]:
         return set(self._bitmaps)
@@ -173,20 +199,14 @@ class PartialResults(ResultsStructure):
         parts = []
         if span.is_range:
             p0, p1 = span.bounds()
-            if p1 <= p0:
+            if p1 <= p0 or not chunks:
                 return np.empty(0, np.int64)
-            from psoup.kernels import word_positions
+            from psoup.kernels import chunk_positions
             if len(self._found) < p1 - p0:
                 self._found = np.empty(p1 - p0, np.int64)
-            out = self._found
-            found = 0
-            for k in range(p0 // cap, (p1 - 1) // cap + 1):
-                chunk = chunks.get(k)
-                if chunk is None or chunk.shape[0] <= word:
-                    continue
-                r0, r1 = max(p0 - k * cap, 0), min(p1 - k * cap, cap)
-                found += word_positions(chunk[word], mask, r0, r1, k * cap, out[found:])
-            return out[:found]
+            first, listed = self._listed(stream)
+            found = chunk_positions(listed, first, cap, p0, p1, word, mask, self._found)
+            return self._found[:found]
         positions = span.array()
         for k, a, b in chunk_runs(positions, cap):
             chunk = chunks.get(k)
@@ -210,9 +230,18 @@ class PartialResults(ResultsStructure):
         return sum(c.shape[0] * (self.chunk_rows + ROW_PAD) * 8 for c in chunks)
 
     def _check(self) -> None:
-        """Assert the structure's invariants (for tests): whole chunks of chunk_rows rows."""
-        for chunks in self._bitmaps.values():
+        """Assert the structure's invariants (for tests): whole chunks of chunk_rows rows;
+        a stream's listed chunks (the compiled find's) are its chunks, gaps empty."""
+        for stream, chunks in self._bitmaps.items():
             for chunk in chunks.values():
                 assert chunk.shape[1] == self.chunk_rows and chunk.dtype == DTYPE
                 assert chunk.strides[1] == 8, "a chunk's word rows are contiguous"
+            if stream in self._lists:
+                first, listed = self._lists[stream]
+                for i, got in enumerate(listed):
+                    have = chunks.get(first + i)
+                    assert (got.shape[0] == 0 if have is None else
+                            got.ctypes.data == have.ctypes.data and
+                            got.shape == (have.shape[0], self.chunk_rows + ROW_PAD)), \
+                        ("a listed chunk is stale", stream, first + i)
 

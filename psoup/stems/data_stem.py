@@ -82,6 +82,7 @@ class DataSteM:
         self._wide = {name: i for i, name in enumerate(
             n for n, dt in self._dtypes.items() if dt.itemsize == 8 and dt.kind in "if")}
         self._chunks: list[_Chunk] = []
+        self._blocks: object = None       # the chunks' blocks as a numba typed list, or None
         self._heads: list[float] = []     # first ts of each chunk, for the time index
         self._tid_heads: list[int] = []   # first tupleID of each chunk, for lookups
         self._chunk0 = 0                  # chunk number of self._chunks[0]
@@ -110,6 +111,7 @@ class DataSteM:
         while done < batch.n:
             if not self._chunks or self._chunks[-1].n == cap:
                 self._chunks.append(_Chunk(self._dtypes, self._wide, cap))
+                self._blocks = None
                 self._heads.append(float(batch.ts[done]))
                 self._tid_heads.append(int(tuple_ids[done]))
             chunk = self._chunks[-1]
@@ -145,6 +147,7 @@ class DataSteM:
                 for chunk in self._chunks[:drop]:
                     self.on_expire({name: arr[:chunk.n] for name, arr in chunk.cols.items()})
             del self._chunks[:drop]
+            self._blocks = None
             del self._heads[:drop]
             del self._tid_heads[:drop]
             self._chunk0 += drop
@@ -315,17 +318,17 @@ class DataSteM:
                     for name in names:
                         out[name][here] = cols[name][rows]
                 return out
-        runs = list(chunk_runs(positions, cap))
         got: dict[str, np.ndarray] = {}
         wide = [name for name in names if name in self._wide]
-        if wide:                    # one compiled pass per chunk for all 8-byte columns
-            from psoup.kernels import gather_rows
+        if wide:                    # one compiled pass over every chunk, 8-byte columns
+            from psoup.kernels import chunk_gather
             rows_of = np.array([self._wide[name] for name in wide], dtype=np.int64)
             words = np.empty((len(wide), len(positions)), dtype=np.uint64)
-            for k, a, b in runs:
-                gather_rows(self._chunks[k - self._chunk0].block, rows_of, positions[a:b],
-                            k * cap, words, a)
+            chunk_gather(self._block_list(), self._chunk0, cap, rows_of,
+                         np.ascontiguousarray(positions, np.int64), words)
             got = {name: words[i].view(self._dtypes[name]) for i, name in enumerate(wide)}
+        if len(got) < len(names):
+            runs = list(chunk_runs(positions, cap))
         for name in names:
             if name not in got:                         # TEXT and BOOL columns
                 values = got[name] = np.empty(len(positions), self._dtypes[name])
@@ -333,6 +336,19 @@ class DataSteM:
                     values[a:b] = self._chunks[k - self._chunk0].cols[name][
                         positions[a:b] - k * cap]
         return {name: got[name] for name in names}
+
+    def _block_list(self) -> object:
+        """The chunks' blocks (from chunk number _chunk0 on) as a numba typed list, for
+        the compiled gather; rebuilt after a chunk came or left: O(chunks), about once
+        per chunk_rows tuples."""
+        if self._blocks is None:
+            from numba import types
+            from numba.typed import List
+            listed = List.empty_list(types.Array(types.uint64, 2, "C"))
+            for chunk in self._chunks:
+                listed.append(chunk.block)
+            self._blocks = listed
+        return self._blocks
 
     def lookup(self, tuple_id: int) -> int | None:
         """The position of a retained tuple by its tupleID, or None. O(log n).
@@ -447,6 +463,9 @@ class DataSteM:
         assert 0 <= self.horizon <= self.n, (self.horizon, self.n)
         assert self.oldest <= self.horizon or not self._chunks
         assert len(self._chunks) == len(self._heads) == len(self._tid_heads)
+        if self._blocks is not None:
+            listed = [b.ctypes.data for b in self._blocks]   # type: ignore[attr-defined]
+            assert listed == [c.block.ctypes.data for c in self._chunks], "stale block list"
         held = sum(chunk.n for chunk in self._chunks)
         assert self.oldest + held == self.n, "chunks hold every position from oldest to n"
         for i, chunk in enumerate(self._chunks):
