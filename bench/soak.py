@@ -19,7 +19,10 @@ Workload: the traffic stream and queries of bench/server.py (Sect. 5.5's trace,
   `history_status` to tell how much of the window the job covered. Reported: insert
   and invoke p50/p99 in both windows and the p99 ratios (target <= 2x). A full run then
   waits for the job to end (cancelling it after 5 minutes); a quick run cancels it
-  after the window, and reports how long the cancel took to stop it.
+  after the window, and reports how long the cancel took to stop it. A full run does
+  all this twice, on a fresh server each time: with the server's default Spark master,
+  local[*], and with local[1] (`psoup serve --spark-master local[1]`: Spark on one core,
+  leaving the other to the server).
 - clients: 100 clients for 3 minutes (quick: a few seconds): 1 producer inserting with
   idempotency keys (its own producer id, consecutive seqs), pollers invoking with
   `since` cursors, and churners registering a query, polling it and unregistering it.
@@ -72,11 +75,11 @@ WARMUP_DDL = "CREATE STREAM warmup (lane INT, stationid INT, speed FLOAT) RETAIN
 def _settings(quick: bool) -> dict:
     if quick:
         return {"archive_rows": 200_000, "queries": 20, "pollers": 4, "window": 2.0,
-                "job_limit": 0.0,
+                "job_limit": 0.0, "masters": ["local[*]"],
                 "soak_pollers": 6, "churners": 3, "soak_seconds": 3.0,
                 "poll_every": 0.1, "soak_poll_every": 0.2}
     return {"archive_rows": 2_000_000, "queries": 200, "pollers": 16, "window": 15.0,
-            "job_limit": 300.0,
+            "job_limit": 300.0, "masters": ["local[*]", "local[1]"],
             "soak_pollers": 79, "churners": 20, "soak_seconds": 180.0,
             "poll_every": 0.1, "soak_poll_every": 0.5}
 
@@ -181,12 +184,14 @@ def _window(server: _ServerProcess, handles: list[str], pollers: int, seconds: f
             "load": os.getloadavg()[0]}
 
 
-def bench_history(s: dict) -> tuple[list[dict], dict]:
+def bench_history(s: dict, master: str) -> tuple[list[dict], dict]:
+    """The windows without and beside a history job on a server whose Spark master is
+    `master`; rows (quiet, busy, ratio) and the job's figures."""
     tmp = tempfile.mkdtemp(prefix="psoup-soak-")
     try:
         state = os.path.join(tmp, "state")
         fill_s = _fill_archive(state, s["archive_rows"])
-        server = _ServerProcess(state)
+        server = _ServerProcess(state, master)
         try:
             with server.client() as client:
                 began = time.perf_counter()
@@ -220,18 +225,24 @@ def bench_history(s: dict) -> tuple[list[dict], dict]:
     job_info = {"fill_s": fill_s, "spark_s": spark_s, "job_s": job_s, "cancel_s": cancel_s,
                 "job_state": status["state"],
                 "matches": sum((status["result"] or {}).values())}
-    return [quiet, busy, ratio], job_info
+    rows = [quiet, busy, ratio]
+    for row in rows:
+        row["master"] = master
+    return rows, job_info
 
 
 def _plot_history(ax, rows) -> None:
     keys = ["insert_p50_ms", "insert_p99_ms", "invoke_p50_ms", "invoke_p99_ms"]
     x = np.arange(len(keys))
-    for i, row in enumerate(rows[:2]):
-        ax.bar(x + (i - 0.5) * 0.4, [row[k] for k in keys], 0.4, label=row["scenario"])
+    shown = [row for row in rows if not row["scenario"].startswith("ratio")]
+    width = 0.8 / len(shown)
+    for i, row in enumerate(shown):
+        ax.bar(x + (i - (len(shown) - 1) / 2) * width, [row[k] for k in keys], width,
+               label=f"{row['scenario']}, Spark {row['master']}")
     ax.set_xticks(x, ["insert p50", "insert p99", "invoke p50", "invoke p99"])
     ax.set_yscale("log")
     ax.set_ylabel("milliseconds")
-    ax.legend()
+    ax.legend(fontsize=8)
     ax.set_title("live traffic latency, without and beside a Spark history job")
 
 
@@ -379,34 +390,39 @@ def main() -> None:
     s = _settings(quick)
     cores = f"{os.cpu_count()} cores shared by the server, Spark and the client threads"
 
-    rows, job = bench_history(s)
-    busy, ratio = rows[1], rows[2]
-    notes = [
-        f"archive: {s['archive_rows']:,} readings ({job['fill_s']:.1f} s to write through "
-        f"an embedded engine); {s['queries']} standing queries; the job: "
-        f"{job['job_s']:.1f} s from the `history` op to its end ({job['job_state']}, "
-        f"{job['matches']:,} archived matches"
-        + (f"; cancelled {s['job_limit']:.0f} s after it started, stopped "
-           f"{job['cancel_s']:.1f} s later"
-           if job["cancel_s"] is not None else "") + "); "
-        f"Spark started before both windows, by a job over a small stream "
-        f"({job['spark_s']:.1f} s)",
-        f"the job covered {busy['covered']:.0%} of the {s['window']:.0f} s window "
-        "(history_status polled every 0.2 s)",
-        f"live traffic: 1 producer, {BATCH:,} rows every {PRODUCE_EVERY * 1e3:.0f} ms; "
-        f"{s['pollers']} pollers, one invoke each every {s['poll_every'] * 1e3:.0f} ms; "
-        f"{cores}",
-    ]
-    for key, what in (("insert_p99_ms", "insert"), ("invoke_p99_ms", "invoke")):
-        notes.append(f"target: {what} p99 with the job <= {P99_TARGET:.0f}x without: "
-                     f"{ratio[key]:.2f}x -> {_verdict(ratio[key] <= P99_TARGET)}")
+    rows, notes = [], []
+    for master in s["masters"]:
+        found, job = bench_history(s, master)
+        rows += found
+        busy, ratio = found[1], found[2]
+        busy.update(job)
+        notes += [
+            f"Spark {master}: archive of {s['archive_rows']:,} readings "
+            f"({job['fill_s']:.1f} s to write through an embedded engine); "
+            f"{s['queries']} standing queries; the job: {job['job_s']:.1f} s from the "
+            f"`history` op to its end ({job['job_state']}, {job['matches']:,} archived "
+            "matches"
+            + (f"; cancelled once the window was over and {s['job_limit']:.0f} s had "
+               f"passed, stopped {job['cancel_s']:.1f} s later"
+               if job["cancel_s"] is not None else "")
+            + f"); Spark started before both windows, by a job over a small stream "
+            f"({job['spark_s']:.1f} s); the job covered {busy['covered']:.0%} of the "
+            f"{s['window']:.0f} s window (history_status polled every 0.2 s)"]
+        for key, what in (("insert_p99_ms", "insert"), ("invoke_p99_ms", "invoke")):
+            notes.append(f"target: {what} p99 with the job <= {P99_TARGET:.0f}x without "
+                         f"(Spark {master}): {ratio[key]:.2f}x -> "
+                         f"{_verdict(ratio[key] <= P99_TARGET)}")
+    notes.append(f"live traffic: 1 producer, {BATCH:,} rows every "
+                 f"{PRODUCE_EVERY * 1e3:.0f} ms; {s['pollers']} pollers, one invoke each "
+                 f"every {s['poll_every'] * 1e3:.0f} ms; {cores}")
     common.report(f"soak_history{suffix}", rows, [
-        ("scenario", "scenario", "s"), ("inserts", "inserts", ",d"),
+        ("master", "Spark", "s"), ("scenario", "scenario", "s"),
+        ("inserts", "inserts", ",d"),
         ("insert_p50_ms", "insert p50 ms", ".2f"), ("insert_p99_ms", "insert p99 ms", ".2f"),
         ("invokes", "invokes", ",d"), ("invoke_p50_ms", "invoke p50 ms", ".2f"),
         ("invoke_p99_ms", "invoke p99 ms", ".2f"), ("errors", "errors", ",d"),
         ("covered", "job covered", ".0%"), ("load", "load avg (1 min)", ".1f"),
-    ], _plot_history, notes=notes, params={**s, **job})
+    ], _plot_history, notes=notes, params=s)
 
     rows, run = bench_soak(s)
     errors: Counter = Counter()
@@ -421,7 +437,8 @@ def main() -> None:
     clients = sum(r["clients"] for r in rows)
     notes = [
         f"{clients} clients for {run['seconds']:.0f} s against one durable server; "
-        f"{cores} (the {clients} clients are threads of one process); load average "
+        f"{os.cpu_count()} cores shared by the server and the client threads (the "
+        f"{clients} clients are threads of one process); load average "
         f"(1 min) at the end: {run['load']:.1f}",
         f"polls: {polls:,} ({run['polls'].get('since', 0):,} with a `since` cursor); each "
         "poller alternates between two of 50 standing queries, and about 10% of its polls "
