@@ -51,7 +51,7 @@ POLL_TARGET = 3.0
 SERVE = ("import sys; from psoup.server.server import run_server; "
          "d = sys.argv[1] or None; "
          "run_server(d, port=int(sys.argv[2]), token=sys.argv[3], sync='group', "
-         "echo=lambda s: None)")
+         "spark_master=sys.argv[4] or None, echo=lambda s: None)")
 
 
 def _settings(quick: bool) -> dict:
@@ -75,16 +75,17 @@ def traffic_queries(gen: np.random.Generator, n: int) -> list[str]:
 
 
 class _ServerProcess:
-    """`run_server` in a child process (its own interpreter, so its own GIL)."""
+    """`run_server` in a child process (its own interpreter, so its own GIL); history
+    jobs on `spark_master` (default: local[*])."""
 
-    def __init__(self, data_dir: str = ""):
+    def __init__(self, data_dir: str = "", spark_master: str = ""):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         env = dict(os.environ, PYTHONPATH=str(common.ROOT),
                    PSOUP_CONFIG_DIR=tempfile.mkdtemp(prefix="psoup-bench-config-"))
         self.proc = subprocess.Popen([sys.executable, "-c", SERVE, data_dir, str(self.port),
-                                      TOKEN], env=env)
+                                      TOKEN, spark_master], env=env)
         deadline = time.monotonic() + 60
         while True:
             try:

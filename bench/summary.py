@@ -34,6 +34,8 @@ ORDER = [
     ("peers", "Peers: Spark Structured Streaming and Pathway on Fig. 9's queries"),
     ("server_poll", "The service: polling clients"),
     ("server_ingest", "The service: ingest through the wire"),
+    ("soak_history", "The service beside a history job"),
+    ("soak_clients", "The service soaked: 100 clients"),
     ("replay", "Spark replay vs Spark's own read rate"),
     ("history", "Historical evaluation: one pass vs one Spark job per query"),
 ]

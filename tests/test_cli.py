@@ -44,6 +44,7 @@ def test_bench_command_runs_every_suite_and_each_writes_its_reports():
                "joins": ["joins_fig8", "joins_fig11", "joins_sharing", "joins_routing"],
                "aggregates": ["aggregates"], "traffic": ["traffic_response", "traffic_arrival"],
                "manyq": ["manyq"], "server": ["server_poll", "server_ingest"],
+               "soak": ["soak_history", "soak_clients"],
                "replay": ["replay"], "history": ["history"]}
     began = time.time()
     done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "bench", "--quick"],

@@ -29,6 +29,7 @@ SUITES = {
     "manyq": ("manyq.py", "10^4 and 10^5 standing queries vs per-query numpy"),
     "peers": ("peers.py", "Fig. 9's queries: psoup vs Spark Structured Streaming, Pathway"),
     "server": ("server.py", "the service: polling clients and ingest through the wire"),
+    "soak": ("soak.py", "the service over time: beside a history job; 100 clients soaking"),
     "replay": ("replay.py", "Spark replay rate vs Spark's own read rate"),
     "history": ("history.py", "1,024 queries over 10^7 archived tuples: one pass vs per query"),
 }
