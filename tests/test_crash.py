@@ -1,5 +1,5 @@
 """A server killed with SIGKILL in the middle of an ingest loses nothing it acknowledged
-(ARCHITECTURE.md, invariant 4): after a restart on the same data directory, every
+(docs/design.md, "Invariants", 4): after a restart on the same data directory, every
 acknowledged batch and every handle is back, the batch in flight is wholly there or
 wholly absent, and every answer equals that of an engine that never crashed."""
 

@@ -2,7 +2,7 @@
 N-way joins, join factors, windows over joins, `since` cursors, and a differential test
 of every engine mode and routing policy against DuckDB.
 
-Join answer semantics (LANGUAGE.md, docs/semantics.md): the rows are every combination
+Join answer semantics (docs/language.md, docs/semantics.md): the rows are every combination
 of tuples, one per FROM item, that satisfies the WHERE clause, with every component
 inside its item's window at invocation time and still retained; ordered by the earliest
 component ts, then by the component tupleIDs in FROM order. `Result.ts` is that earliest
@@ -153,7 +153,7 @@ def test_fig5_new_tuple_updates_every_standing_join_query(fig4):
 
 
 # ----------------------------------------------------------------------------------
-# Duality (ARCHITECTURE.md invariant 2) for joins
+# Duality (docs/design.md, "Invariants", 2) for joins
 
 DUALITY_QUERIES = [
     "SELECT * FROM R, S WHERE R.a = S.b AND R.c > 0",
@@ -521,7 +521,7 @@ INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
     ],
 )  # fmt: skip
 def test_join_factor_offset_does_not_wrap_around_int64(make_engine, where, expected):
-    """`R.a op S.b + c` compares numbers (LANGUAGE.md), so S.b + c must not overflow:
+    """`R.a op S.b + c` compares numbers (docs/language.md), so S.b + c must not overflow:
     psoup adds the offset to the int64 column in numpy (psoup/eddy/hybrid.py, `target =
     target + shift` and `x + shift`), which wraps INT64_MAX + 1 to INT64_MIN."""
     eng = make_engine()

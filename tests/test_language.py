@@ -1,4 +1,4 @@
-"""The query language (LANGUAGE.md): SQL text -> StreamSchema / normalized Query."""
+"""The query language (docs/language.md): SQL text -> StreamSchema / normalized Query."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The query language's aggregates and GROUP BY (LANGUAGE.md, select_list; docs/semantics.md,
+"""The query language's aggregates and GROUP BY (docs/language.md, select_list; docs/semantics.md,
 "Aggregates"): parsing and checking into SelectItem.agg, Query.group_by and Query.aggregated."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The query language's joins (LANGUAGE.md, `R.a op S.b [+|- c]`; docs/semantics.md, "Joins"):
-FROM lists, name resolution, join factors, output names and windows."""
+"""The query language's joins (docs/language.md, `col op col [+|- number]`;
+docs/semantics.md, "Joins"): FROM lists, name resolution, join factors, output names and
+windows."""
 
 from __future__ import annotations
 

@@ -121,7 +121,8 @@ class Instant(click.ParamType):
 
 class _Group(click.Group):
     """A group whose commands' expected errors (psoup's own, and the operating system's:
-    a full disk, a missing permission) end as one line on stderr and exit code 1; with
+    a full disk, a missing permission) end as one line on stderr and exit code 1; a
+    closed stdout (a pipe into `head`) ends a command quietly with exit code 0; with
     no command on a terminal, `psoup` is `psoup shell`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -132,6 +133,11 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            # the reader went away (`psoup watch ... | head`): that ends the command, and
+            # what is still buffered for stdout goes nowhere instead of into a traceback
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(0) from None
         except PSoupError as exc:
             raise Failure(str(exc)) from None
         except OSError as exc:
@@ -246,19 +252,25 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
 @click.option("--spark-master", default=None, metavar="URL",
               help="The Spark master of history jobs (default local[*]); clients cannot "
                    "choose it.")
+@click.option("--token", "token_option", default=None,
+              help="The access token clients must present (default: psoup --token, "
+                   "PSOUP_TOKEN, the token saved in --data-dir, or a new one).")
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
           sync: str, max_queries: int | None, max_stream_bytes: int | None,
-          max_results_bytes: int | None, spark_master: str | None) -> None:
+          max_results_bytes: int | None, spark_master: str | None,
+          token_option: str | None) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
-    readable by you only, where `psoup` commands on this machine find it.
+    readable by you only, where `psoup` commands on this machine find it. A server that
+    cannot start (the port is taken) leaves no new --data-dir behind.
     """
     from psoup.server import Limits, run_server
 
     try:
-        run_server(data_dir=data_dir, host=host, port=port, token=settings.token, mode=mode,
+        run_server(data_dir=data_dir, host=host, port=port,
+                   token=token_option or settings.token, mode=mode,
                    sync=sync, limits=Limits(max_queries=max_queries,
                                             max_stream_bytes=max_stream_bytes,
                                             max_results_bytes=max_results_bytes),
@@ -637,8 +649,10 @@ def history(settings: Settings, refs: tuple[str, ...]) -> None:
     windows reach back past what memory holds (docs/semantics.md, "History").
 
     The job runs on the server (its Spark master: psoup serve --spark-master) while
-    ingest and queries go on; this waits for it, showing its progress. Ctrl-C cancels
-    it, and then nothing changes."""
+    ingest and queries go on; this starts it, waits for it showing its progress on a
+    terminal, and prints each query's archived matches. Ctrl-C cancels it, and then
+    nothing changes. The server needs psoup serve --data-dir; its first job starts Spark, which
+    takes tens of seconds. See docs/cli.md, "psoup history"."""
     targets = [_resolve(settings, ref) for ref in refs]
     server = targets[0].server if targets else settings.server
     with _connected(server, settings.token) as client:

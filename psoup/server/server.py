@@ -29,6 +29,7 @@ import asyncio
 import hmac
 import logging
 import secrets
+import shutil
 import signal
 import sys
 import threading
@@ -646,6 +647,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     written: list[Path] = []
+    created = _first_missing(data_dir)
+    serving = False
     try:
         shown: list[int] = []
         began = time.monotonic()
@@ -664,6 +667,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                 token = _stored_or_new_token(data_dir)
             server = Server(engine, host, port, token=token, limits=limits)
             bound_host, bound_port = server.start_in_thread()
+            serving = True
             try:
                 if generated:
                     # local clients of a server on every interface connect to 127.0.0.1
@@ -684,8 +688,24 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
     finally:
         for path in written:
             path.unlink(missing_ok=True)
+        if created is not None and not serving:
+            # a server that never served (the port was taken) leaves no state behind
+            shutil.rmtree(created, ignore_errors=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _first_missing(data_dir: str | Path | None) -> Path | None:
+    """The outermost directory of `data_dir` that does not exist yet (what the engine
+    will create), or None."""
+    if data_dir is None:
+        return None
+    path = Path(data_dir).absolute()
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
 
 
 def _stored_or_new_token(data_dir: str | Path | None) -> str:

@@ -1,8 +1,10 @@
 """The one SparkSession of a psoup process, started on first use.
 
-Spark starts in seconds, so psoup starts it lazily (only `psoup replay`, `psoup archive
-import` and `Engine.evaluate_history` need it) and once: every later call gets the same
-session. Never on the per-tuple or per-invocation path.
+Starting Spark takes tens of seconds on a small machine (a JVM loading Spark's jars: 28-35
+s for `local[1]` on a loaded 2-core machine, docs/durability.md), so psoup starts it
+lazily (only `psoup replay`, `psoup archive import` and `Engine.evaluate_history` need
+it) and once: every later call gets the same session. Never on the per-tuple or
+per-invocation path.
 """
 
 from __future__ import annotations
