@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from psoup import Engine
 from psoup.cli.handles import HandleStore
 from psoup.cli.main import main
+from psoup.config import parse_address, token_path
 from psoup.server import Server
 from tests.support import Clock, write
 
@@ -383,6 +384,34 @@ def test_unreachable_server_exits_1_with_a_hint():
 def test_wrong_token_is_explained(server):
     done = CliRunner().invoke(main, ["--server", server, "--token", "nope", "queries"])
     assert done.exit_code == 1 and "refused the connection" in done.stderr
+
+
+def test_wrong_token_names_where_the_servers_token_is(server):
+    done = CliRunner().invoke(main, ["--server", server, "--token", "nope", "queries"])
+    path = token_path(*parse_address(server))
+    assert str(path) in done.stderr and "PSOUP_TOKEN" in done.stderr
+
+
+def test_a_bad_retain_is_reported_against_the_option(psoup):
+    done = psoup("stream", "create", "s", "a INT", "--retain", "1 hourz")
+    assert done.exit_code == 1
+    assert "in --retain '1 hourz', at character 3: expected a unit" in done.stderr
+    assert "CREATE STREAM" not in done.stderr and "column 2" not in done.stderr
+
+
+def test_a_bad_column_type_is_reported_against_the_columns_typed(psoup):
+    done = psoup("stream", "create", "s", "a INT, b FLOT")
+    assert done.exit_code == 1
+    assert "in COLUMNS 'a INT, b FLOT', at character 10: unknown type 'FLOT'" in done.stderr
+
+
+def test_archive_import_reports_bad_columns_against_the_option(tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("a,ts\n1,10\n")
+    done = CliRunner().invoke(main, ["archive", "import", str(path), "--stream", "s",
+                                     "--columns", "a INT,", "--into", str(tmp_path / "a")])
+    assert done.exit_code == 1
+    assert "in --columns 'a INT,', at its end: expected a column name" in done.stderr
 
 
 def test_bad_server_address_is_a_usage_error():

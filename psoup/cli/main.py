@@ -35,12 +35,13 @@ from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
 from psoup.cli.output import (FORMATS, iso_times, one_line, render_changes, render_poll,
                               render_record, render_records, render_result, render_stats,
                               table, to_json)
+from psoup.cli.typed import Typed
 from psoup.client import Client, ConnectionFailed, OutcomeUnknown
-from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address, token_path
+from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address
 from psoup.config import ENGINE_MODES as MODES
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.journal.wal import SYNC_MODES
-from psoup.errors import CursorExpired, PSoupError, UnknownHandle
+from psoup.errors import CursorExpired, PSoupError, QueryError, UnknownHandle
 from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
 from psoup.results.result import Changes, Result
@@ -303,9 +304,13 @@ def stream_create(settings: Settings, name: str, columns: str, retain: str | Non
 
     Column types are INT, FLOAT, TEXT and BOOL; every tuple also gets a timestamp.
     """
-    sql = f"CREATE STREAM {name} ({columns})" + (f" RETAIN {retain}" if retain else "")
+    typed = Typed([(None, "CREATE STREAM "), ("NAME", name), (None, " ("), ("COLUMNS", columns),
+                   (None, ")")] + ([(None, " RETAIN "), ("--retain", retain)] if retain else []))
     with _connected(settings.server, settings.token) as client:
-        client.execute(sql)
+        try:
+            client.execute(typed.sql)
+        except QueryError as exc:
+            raise Failure(typed.explain(str(exc))) from None
     click.echo(f"created stream {name} ({columns})" + (f", retaining {retain}" if retain else ""))
 
 
@@ -778,7 +783,12 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
     before the archive's latest timestamp for NAME.
     """
     from psoup.spark import importer as importing
-    declared = importing.parse_columns(stream_name, columns)
+    try:
+        declared = importing.parse_columns(stream_name, columns)
+    except QueryError as exc:
+        typed = Typed([(None, "CREATE STREAM "), ("--stream", stream_name), (None, " ("),
+                       ("--columns", columns), (None, ")")])
+        raise Failure(typed.explain(str(exc))) from None
     report = importing.import_files(files, stream_name, declared, into, ts_column=ts_column,
                                     fmt=fmt, master=master)
     ids = "" if not report.rows else f", tupleIDs {report.first_tid}..{report.last_tid}"
@@ -874,10 +884,7 @@ def _connected(server: str, token: str | None, target: Target | None = None,
     except PSoupError as exc:
         if exc.code != "auth":
             raise
-        given = "the token given" if token or os.environ.get("PSOUP_TOKEN") else \
-            (f"no token: pass --token, set PSOUP_TOKEN, or run the server on this machine "
-             f"(it leaves its token in {token_path(*parse_address(server))})")
-        raise Failure(f"the server at {server} refused the connection ({given})") from None
+        raise Failure(f"the server at {server} refused the connection: {exc}") from None
     try:
         with client:
             yield client
