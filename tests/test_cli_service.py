@@ -169,6 +169,38 @@ def test_ingest_stops_at_a_bad_batch_and_says_what_went_in(psoup, traffic, tmp_p
     assert stats["streams"]["traffic"]["rows"] == 6
 
 
+def test_ingest_names_a_column_the_stream_does_not_have(psoup, traffic, tmp_path):
+    path = write(tmp_path / "r.csv", [dict(r, station="A") for r in readings(3)])
+    done = psoup("ingest", "traffic", str(path))
+    assert done.exit_code == 1
+    assert "the input has column 'station', which stream 'traffic' does not have" \
+        in done.stderr
+
+
+def test_ingest_suggests_ts_column_for_a_timestamp_under_another_name(psoup, traffic,
+                                                                       tmp_path):
+    rows = [{("time" if k == "ts" else k): v for k, v in r.items()} for r in readings(3)]
+    done = psoup("ingest", "traffic", str(write(tmp_path / "r.csv", rows)))
+    assert done.exit_code == 1 and "pass --ts-column time" in done.stderr
+    ok(psoup("ingest", "traffic", str(tmp_path / "r.csv"), "--ts-column", "time"))
+
+
+def test_an_empty_csv_cell_names_its_line_and_column_and_says_there_are_no_nulls(
+        psoup, traffic, tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("lane,stationid,speed,note,ts\n1,2,3.5,ok,10\n1,,3.5,ok,11\n")
+    done = psoup("ingest", "traffic", str(path))
+    assert done.exit_code == 1
+    assert "line 3, column 'stationid': an empty cell, and psoup has no NULLs" in done.stderr
+
+
+def test_a_short_csv_row_names_its_line(psoup, traffic, tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text('lane,stationid,speed,note,ts\n1,2,3.5,"two\nlines",10\n1,2,3.5,11\n')
+    done = psoup("ingest", "traffic", str(path))
+    assert done.exit_code == 1 and "line 4 has 4 cells, the header 5" in done.stderr
+
+
 def test_ingest_of_an_unknown_extension_is_a_usage_error(psoup, traffic, tmp_path):
     path = tmp_path / "readings.xlsx"
     path.write_text("x")

@@ -452,10 +452,12 @@ def _ingest(settings: Settings, stream_name: str, file: str, source: str | IO[by
 
         declared = client.stats()["streams"].get(stream_name, {}).get("columns")
         report = ingesting.ingest(client, stream_name,
-                                  ingesting.read_batches(source, fmt, batch_rows, declared),
+                                  ingesting.read_batches(source, fmt, batch_rows, declared,
+                                                         None if file == "-" else file),
                                   ts_column=ts_column, ts_required=ts_required,
                                   progress=progress if on_terminal else None, skip=skip,
-                                  applied=applied, ts_unit=ts_unit)
+                                  applied=applied, ts_unit=ts_unit,
+                                  declared=None if declared is None else set(declared))
     if state is not None:
         state.clear()
     if on_terminal:
