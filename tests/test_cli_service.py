@@ -519,6 +519,38 @@ def test_console_script_serves_ingests_and_invokes(tmp_path, config_dir):
         out, err = serve.communicate(timeout=15)
     assert serve.returncode == 0, err
     assert f"serving on 127.0.0.1:{port}" in out
+    assert f"psoup on 127.0.0.1:{port} stopped after" in out and "closed cleanly" in out
+
+
+def test_serve_logs_each_request_at_debug_and_none_by_default(tmp_path, config_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PSOUP_CONFIG_DIR=str(config_dir), PSOUP_SERVER=f"127.0.0.1:{port}")
+    logs = {}
+    for level in ("warning", "debug"):
+        serve = subprocess.Popen([sys.executable, "-m", "psoup.cli.main", "serve", "--port",
+                                  str(port), "--log-level", level], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    assert serve.poll() is None, serve.communicate()
+                    assert time.monotonic() < deadline, "psoup serve did not start listening"
+                    time.sleep(0.05)
+            for args in (["queries"], ["register", "SELECT x FROM nowhere"]):
+                subprocess.run([sys.executable, "-m", "psoup.cli.main", *args], env=env,
+                               capture_output=True, timeout=60)
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            logs[level] = serve.communicate(timeout=15)[1]
+    assert " queries ok " not in logs["warning"] and " register query " not in logs["warning"]
+    assert " queries ok " in logs["debug"] and " register query " in logs["debug"]
+    assert "ms" in logs["debug"].split(" queries ok ")[1].splitlines()[0]
 
 
 # ---------------------------------------------------------------------- the catalog

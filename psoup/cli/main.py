@@ -266,16 +266,30 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
 @click.option("--spark-master", default=None, metavar="URL",
               help="The Spark master of history jobs (default local[*]); clients cannot "
                    "choose it.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="warning", show_default=True,
+              help="What the server logs on stderr: warning (refused connections, "
+                   "timeouts), info (also every failed request and lost connection), "
+                   "debug (also every request).")
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
           sync: str, max_queries: int | None, max_stream_bytes: int | None,
-          max_results_bytes: int | None, spark_master: str | None) -> None:
+          max_results_bytes: int | None, spark_master: str | None, log_level: str) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
     readable by you only, where `psoup` commands on this machine find it.
     """
+    import logging
+
     from psoup.server import Limits, run_server
+
+    logger = logging.getLogger("psoup")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(log_level.upper())
 
     try:
         run_server(data_dir=data_dir, host=host, port=port, token=settings.token, mode=mode,
