@@ -847,8 +847,10 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     \b
     Replay only appends. A stream that holds data up to ts L takes rows with
     ts >= L (equal is allowed). If --from (or, without it, the archive's first
-    row) lies before L, nothing is replayed and the error names L: pass it as
-    --from. Older rows are for `psoup history`.
+    row) lies before L, nothing is replayed and the error names L, how many
+    archived rows have ts L (--from L replays them, --from the next ts skips
+    them) and whether the archive ends before L. Older rows are for `psoup
+    history`.
 
     The archive is checked before anything is delivered (schemas against the target's
     streams, readable files, no NULL or NaN, ts non-decreasing in tupleID order); an
@@ -880,7 +882,8 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
         click.echo("\r\033[K", nl=False, err=True)
     into = ", ".join(f"{name} {rows:,}" for name, rows in report.streams.items()) or "none"
     click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} replayed into {where} "
-               f"({into}; {report.rate:,.0f} rows/s)")
+               f"({into}; {report.rate:,.0f} rows/s)"
+               + (f": {iso_times(report.note)}" if report.note else ""))
 
 
 # ---------------------------------------------------------------------- helpers
