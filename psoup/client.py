@@ -109,7 +109,9 @@ class Client:
         self.timeout = timeout
         self.batch_rows = batch_rows
         self.server: dict[str, Any] = {}
-        self._token = token if token is not None else _find_token(self.host, self.port)
+        # where the token came from, for the message when the server refuses it
+        self._token, self._token_from = ((token, "given") if token is not None
+                                         else _find_token(self.host, self.port))
         self._sock: socket.socket | None = None
         self._next_id = 0
         self._lock = threading.RLock()
@@ -540,10 +542,22 @@ class Client:
             sock.close()
             raise ConnectionFailed(f"{self._where} closed the connection during hello: "
                                    f"{exc}") from None
-        except PSoupError:
+        except PSoupError as exc:
             sock.close()
+            if exc.code == "auth":
+                raise ProtocolError("auth", f"{exc}: {self._token_hint()}") from None
             raise
         self._sock = sock
+
+    def _token_hint(self) -> str:
+        """Where the refused token came from and where the right one is."""
+        path = token_path(self.host, self.port)
+        sent = {"given": "the token given", "PSOUP_TOKEN": "the token in PSOUP_TOKEN",
+                "": f"no token (there is no {path})"}.get(self._token_from,
+                                                           f"the token in {path} (stale?)")
+        return (f"this client sent {sent}; a server on this machine started without "
+                f"--token leaves its token in {path}, else pass the server's token "
+                f"with --token or PSOUP_TOKEN")
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -566,12 +580,16 @@ class Client:
         raise error_of(reply.get("error"))
 
 
-def _find_token(host: str, port: int) -> str | None:
+def _find_token(host: str, port: int) -> tuple[str | None, str]:
+    """The token to send and where it came from ("PSOUP_TOKEN", the token file's path,
+    or "" when there is none)."""
     env = os.environ.get("PSOUP_TOKEN")
     if env:
-        return env
+        return env, "PSOUP_TOKEN"
     path = token_path(host, port)
-    return path.read_text().strip() if path.is_file() else None
+    if path.is_file():
+        return path.read_text().strip(), str(path)
+    return None, ""
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:

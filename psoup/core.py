@@ -58,6 +58,9 @@ class Core:
         self.ddl: dict[str, str] = {}           # stream -> its CREATE STREAM statement
         self.handles: dict[str, Plan] = {}      # in registration order
         self.next_tid = 0
+        # rows each stream held when recovery ended: a restart's replay of the log is
+        # no ingest, so stats' rates count only what came after it
+        self.recovered: dict[str, int] = {}
         self.query_stem = QuerySteM(shared=shared_index)
         sinks = SinkTable()
         self.eddy = Eddy(self.stems, self.query_stem, sinks, MODES[mode].materializes,
@@ -121,6 +124,7 @@ class Core:
         assert not self.users(stream), "the queries reading a stream go before it"
         del self.stems[stream]
         del self.ddl[stream]
+        self.recovered.pop(stream, None)
         self.query_stem.drop_stream(stream)
         self.kept.drop_stream(stream)
 
@@ -183,7 +187,7 @@ class Core:
             name: {"columns": dict(stem.schema.columns), "rows": stem.retained,
                    "rows_total": stem.rows_total, "bytes": stem.nbytes(),
                    "latest_ts": stem.last_ts if stem.n else None,
-                   "rows_per_s": stem.rows_total / elapsed}
+                   "rows_per_s": (stem.rows_total - self.recovered.get(name, 0)) / elapsed}
             for name, stem in self.stems.items()}
         queries: dict[str, dict[str, Any]] = {
             handle: {"sql": plan.query.sql, "slot": plan.id,

@@ -727,6 +727,9 @@ class Engine:
                 shown = time.monotonic()
         if progress is not None:
             progress(wal.size, wal.size)
+        self._core.recovered = {name: stem.rows_total
+                                for name, stem in self._core.stems.items()}
+        self._started = self._clock()
 
     def _apply(self, record: Record) -> None:
         """Redo one log record through the ordinary paths (recovery)."""

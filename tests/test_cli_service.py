@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from psoup import Engine
 from psoup.cli.handles import HandleStore
 from psoup.cli.main import main
+from psoup.config import parse_address, token_path
 from psoup.server import Server
 from tests.support import Clock, write
 
@@ -166,6 +167,38 @@ def test_ingest_stops_at_a_bad_batch_and_says_what_went_in(psoup, traffic, tmp_p
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     stats = json.loads(ok(psoup("stats", "--format", "json")))
     assert stats["streams"]["traffic"]["rows"] == 6
+
+
+def test_ingest_names_a_column_the_stream_does_not_have(psoup, traffic, tmp_path):
+    path = write(tmp_path / "r.csv", [dict(r, station="A") for r in readings(3)])
+    done = psoup("ingest", "traffic", str(path))
+    assert done.exit_code == 1
+    assert "the input has column 'station', which stream 'traffic' does not have" \
+        in done.stderr
+
+
+def test_ingest_suggests_ts_column_for_a_timestamp_under_another_name(psoup, traffic,
+                                                                       tmp_path):
+    rows = [{("time" if k == "ts" else k): v for k, v in r.items()} for r in readings(3)]
+    done = psoup("ingest", "traffic", str(write(tmp_path / "r.csv", rows)))
+    assert done.exit_code == 1 and "pass --ts-column time" in done.stderr
+    ok(psoup("ingest", "traffic", str(tmp_path / "r.csv"), "--ts-column", "time"))
+
+
+def test_an_empty_csv_cell_names_its_line_and_column_and_says_there_are_no_nulls(
+        psoup, traffic, tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("lane,stationid,speed,note,ts\n1,2,3.5,ok,10\n1,,3.5,ok,11\n")
+    done = psoup("ingest", "traffic", str(path))
+    assert done.exit_code == 1
+    assert "line 3, column 'stationid': an empty cell, and psoup has no NULLs" in done.stderr
+
+
+def test_a_short_csv_row_names_its_line(psoup, traffic, tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text('lane,stationid,speed,note,ts\n1,2,3.5,"two\nlines",10\n1,2,3.5,11\n')
+    done = psoup("ingest", "traffic", str(path))
+    assert done.exit_code == 1 and "line 4 has 4 cells, the header 5" in done.stderr
 
 
 def test_ingest_of_an_unknown_extension_is_a_usage_error(psoup, traffic, tmp_path):
@@ -385,6 +418,34 @@ def test_wrong_token_is_explained(server):
     assert done.exit_code == 1 and "refused the connection" in done.stderr
 
 
+def test_wrong_token_names_where_the_servers_token_is(server):
+    done = CliRunner().invoke(main, ["--server", server, "--token", "nope", "queries"])
+    path = token_path(*parse_address(server))
+    assert str(path) in done.stderr and "PSOUP_TOKEN" in done.stderr
+
+
+def test_a_bad_retain_is_reported_against_the_option(psoup):
+    done = psoup("stream", "create", "s", "a INT", "--retain", "1 hourz")
+    assert done.exit_code == 1
+    assert "in --retain '1 hourz', at character 3: expected a unit" in done.stderr
+    assert "CREATE STREAM" not in done.stderr and "column 2" not in done.stderr
+
+
+def test_a_bad_column_type_is_reported_against_the_columns_typed(psoup):
+    done = psoup("stream", "create", "s", "a INT, b FLOT")
+    assert done.exit_code == 1
+    assert "in COLUMNS 'a INT, b FLOT', at character 10: unknown type 'FLOT'" in done.stderr
+
+
+def test_archive_import_reports_bad_columns_against_the_option(tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("a,ts\n1,10\n")
+    done = CliRunner().invoke(main, ["archive", "import", str(path), "--stream", "s",
+                                     "--columns", "a INT,", "--into", str(tmp_path / "a")])
+    assert done.exit_code == 1
+    assert "in --columns 'a INT,', at its end: expected a column name" in done.stderr
+
+
 def test_bad_server_address_is_a_usage_error():
     done = CliRunner().invoke(main, ["--server", "localhost:http", "queries"])
     assert done.exit_code == 2 and "port must be a number" in done.stderr
@@ -458,6 +519,38 @@ def test_console_script_serves_ingests_and_invokes(tmp_path, config_dir):
         out, err = serve.communicate(timeout=15)
     assert serve.returncode == 0, err
     assert f"serving on 127.0.0.1:{port}" in out
+    assert f"psoup on 127.0.0.1:{port} stopped after" in out and "closed cleanly" in out
+
+
+def test_serve_logs_each_request_at_debug_and_none_by_default(tmp_path, config_dir):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PSOUP_CONFIG_DIR=str(config_dir), PSOUP_SERVER=f"127.0.0.1:{port}")
+    logs = {}
+    for level in ("warning", "debug"):
+        serve = subprocess.Popen([sys.executable, "-m", "psoup.cli.main", "serve", "--port",
+                                  str(port), "--log-level", level], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 15
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    assert serve.poll() is None, serve.communicate()
+                    assert time.monotonic() < deadline, "psoup serve did not start listening"
+                    time.sleep(0.05)
+            for args in (["queries"], ["register", "SELECT x FROM nowhere"]):
+                subprocess.run([sys.executable, "-m", "psoup.cli.main", *args], env=env,
+                               capture_output=True, timeout=60)
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            logs[level] = serve.communicate(timeout=15)[1]
+    assert " queries ok " not in logs["warning"] and " register query " not in logs["warning"]
+    assert " queries ok " in logs["debug"] and " register query " in logs["debug"]
+    assert "ms" in logs["debug"].split(" queries ok ")[1].splitlines()[0]
 
 
 # ---------------------------------------------------------------------- the catalog

@@ -79,6 +79,20 @@ def test_engine_of_a_process_that_died_without_close_is_recovered(tmp_path):
     assert back.invoke(done.stdout.strip(), now=3.0).rows == [(2,), (3,)]
 
 
+def test_rates_after_a_restart_count_live_rows_not_the_recovered_ones(tmp_path):
+    clock = Clock(1000.0)
+    with psoup.Engine(path=str(tmp_path / "db"), clock=clock) as eng:
+        eng.execute("CREATE STREAM R (a INT)")
+        eng.insert("R", {"a": np.arange(5000)}, ts=np.full(5000, 10.0))
+    clock.now += 100.0
+    with psoup.Engine(path=str(tmp_path / "db"), clock=clock) as eng:
+        clock.now += 2.0
+        assert eng.stats()["streams"]["R"]["rows_per_s"] == 0.0
+        eng.insert("R", {"a": np.arange(10)}, ts=np.full(10, 11.0))
+        assert eng.stats()["streams"]["R"]["rows_per_s"] == pytest.approx(5.0)
+        assert eng.stats()["streams"]["R"]["rows_total"] == 5010
+
+
 def test_rejected_calls_are_not_logged(tmp_path):
     eng = psoup.Engine(path=tmp_path)
     eng.execute("CREATE STREAM R (a INT)")

@@ -160,6 +160,16 @@ def test_wrong_token_is_refused(address):
     assert err.value.code == "auth"
 
 
+def test_a_refused_token_says_where_the_right_one_is(address, monkeypatch):
+    host, port = address.rsplit(":", 1)
+    monkeypatch.setenv("PSOUP_TOKEN", "stale")
+    with pytest.raises(PSoupError) as err:
+        Client(address)
+    message = str(err.value)
+    assert "PSOUP_TOKEN" in message and "--token" in message
+    assert str(token_path(host, int(port))) in message
+
+
 def test_no_op_is_served_before_hello(open_raw):
     raw = open_raw()
     reply = raw.request("queries")

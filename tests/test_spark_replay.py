@@ -450,6 +450,39 @@ def test_import_refuses_what_ingest_refuses_before_spark_starts(tmp_path, name, 
 
 # ---------------------------------------------------------------------- the command line
 
+def test_a_refusal_says_which_rows_at_the_latest_ts_each_from_value_replays(tmp_path):
+    events = [("R", (i, 0, 1.0, "n"), T0 + i // 2) for i in range(10)]   # two rows per ts
+    archive = write_archive(tmp_path / "arc", events)
+    eng = psoup.Engine()
+    eng.create_stream("R", R_COLUMNS)
+    eng.insert("R", [(1, 0, 1.0, "replayed")], ts=T0 + 2)   # a replay that stopped there
+    with pytest.raises(ReplayError) as err:
+        replay([archive], eng)
+    message = str(err.value)
+    assert f"--from {T0 + 2!r} replays the archive's 2 rows at exactly that ts" in message
+    assert f"--from {T0 + 3!r} (the archive's next ts) skips all of them" in message
+    assert row_counts(eng) == {"R": 1}
+
+
+def test_a_refusal_says_when_the_archive_ends_before_the_targets_latest_ts(tmp_path):
+    archive = write_archive(tmp_path / "arc", [("R", (i, 0, 1.0, "n"), T0 + i)
+                                               for i in range(3)])
+    eng = psoup.Engine()
+    eng.create_stream("R", R_COLUMNS)
+    eng.insert("R", [(1, 0, 1.0, "live")], ts=T0 + 50)
+    with pytest.raises(ReplayError, match=f"archive ends at ts {T0 + 2!r}, before that"):
+        replay([archive], eng)
+
+
+def test_a_start_after_the_archives_end_is_reported_not_silent(tmp_path):
+    archive = write_archive(tmp_path / "arc", [("R", (i, 0, 1.0, "n"), T0 + i)
+                                               for i in range(3)])
+    eng = psoup.Engine()
+    report = replay([archive], eng, start=T0 + 10)
+    assert report.rows == 0 and report.note == (f"the archive ends at ts {T0 + 2!r}, "
+                                                f"before the start {T0 + 10!r}")
+
+
 def test_cli_imports_then_replays_into_a_data_dir(spark, tmp_path):
     runner = CliRunner()
     data = write(tmp_path / "readings.csv", _traffic_rows(120))

@@ -81,18 +81,21 @@ class IngestReport:
 
 
 def read_batches(source: str | IO[bytes], fmt: str, batch_rows: int,
-                 declared: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
+                 declared: dict[str, str] | None = None,
+                 path: str | None = None) -> Iterator[dict[str, Any]]:
     """Batches of at most `batch_rows` rows from a file name or binary stream.
 
     `declared` (column -> psoup type, from the server's stats) keeps CSV columns the
-    stream declares TEXT as text.
+    stream declares TEXT as text. `path`, the file a stream `source` reads, lets an error
+    in a CSV input name its line (the file is read again to find it).
 
     Each batch maps column name -> numpy array or list; every column has the same length.
     Errors in the input raise IngestError (rows_done 0: the caller knows the real count).
     """
     readers: dict[str, Callable[[str | IO[bytes], int], Iterator[dict[str, Any]]]]
     readers = {"csv": partial(_csv_batches, text={c for c, t in (declared or {}).items()
-                                                   if t == "text"}),
+                                                   if t == "text"},
+                              path=source if isinstance(source, str) else path),
                "jsonl": _jsonl_batches, "parquet": _parquet_batches}
     try:
         yield from readers[fmt](source, batch_rows)
@@ -104,7 +107,7 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
            ts_column: str = "ts", ts_required: bool = False,
            progress: Callable[[int, float], None] | None = None, skip: int = 0,
            applied: Callable[[int, int], None] | None = None,
-           ts_unit: str = "s") -> IngestReport:
+           ts_unit: str = "s", declared: AbstractSet[str] | None = None) -> IngestReport:
     """Send `batches` to `stream` one insert each; the ts column, if present, becomes ts.
 
     Args:
@@ -121,6 +124,8 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
             ingest): read, counted in `skipped`, not sent.
         applied: called after each stored batch with (batches, rows) of the input so
             far, the skipped ones included.
+        declared: the stream's columns, when known: the input's columns are checked
+            against them before anything is sent.
 
     Raises:
         IngestError: a batch was rejected, its outcome stayed unknown, or the input broke
@@ -140,9 +145,8 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
         n = len(next(iter(batch.values()))) if batch else 0
         if n == 0:
             continue
-        if ts_required and ts_column not in batch:
-            raise IngestError(f"the input has no timestamp column '{ts_column}' (columns: "
-                              f"{', '.join(batch)})", rows)
+        if count == 0:
+            _check_columns(stream, list(batch), declared, ts_column, ts_required)
         if count < skip:
             count += 1
             rows += n
@@ -232,6 +236,40 @@ class ResumeFile:
             return batches
         raise IngestError("cannot tell where to resume: a batch was split and the server "
                           f"applied seq {last_seq} after batch {batches}", 0)
+
+
+def _check_columns(stream: str, columns: list[str], declared: AbstractSet[str] | None,
+                   ts_column: str, ts_required: bool) -> None:
+    """Refuse an input whose columns are not the stream's (plus the timestamp column),
+    naming each stray and missing one, and suggesting --ts-column when the input has
+    no `ts_column` but has a column that is not the stream's.
+
+    Example:
+        >>> _check_columns("s", ["a", "time"], {"a"}, "ts", False)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        psoup.cli.ingest.IngestError: the input has no ... pass --ts-column time
+    """
+    extra = [] if declared is None else [c for c in columns
+                                         if c not in declared and c != ts_column]
+    if ts_column not in columns and (ts_required or extra):
+        guess = ([c for c in extra if any(w in c.lower() for w in ("time", "date", "ts"))]
+                 or extra)[:1]
+        if guess:
+            raise IngestError(f"the input has no timestamp column '{ts_column}' but a column "
+                              f"'{guess[0]}' that stream '{stream}' does not have: if it "
+                              f"holds the timestamps, pass --ts-column {guess[0]}", 0)
+        raise IngestError(f"the input has no timestamp column '{ts_column}' (columns: "
+                          f"{', '.join(columns)})", 0)
+    if extra:
+        missing = sorted(set(declared or ()) - set(columns))
+        lacks = f"; it lacks {', '.join(missing)}" if missing else ""
+        raise IngestError(f"the input has column{'s' * (len(extra) > 1)} "
+                          f"{', '.join(map(repr, extra))}, which stream '{stream}' does not "
+                          f"have (its "
+                          f"columns: {', '.join(sorted(declared or ()))}{lacks}); remove "
+                          f"{'them' if len(extra) > 1 else 'it'} from the input or add "
+                          f"{'them' if len(extra) > 1 else 'it'} to the stream", 0)
 
 
 def _text_hint(batch: dict[str, Any], message: str, before: int) -> str:
@@ -331,7 +369,8 @@ def _open(source: str | IO[bytes]) -> Iterator[IO[bytes]]:
 
 
 def _csv_batches(source: str | IO[bytes], batch_rows: int,
-                 text: AbstractSet[str] = frozenset()) -> Iterator[dict[str, Any]]:
+                 text: AbstractSet[str] = frozenset(),
+                 path: str | None = None) -> Iterator[dict[str, Any]]:
     import pyarrow.csv as pcsv
 
     with _open(source) as stream:
@@ -344,24 +383,69 @@ def _csv_batches(source: str | IO[bytes], batch_rows: int,
                              f"got {names}")
         # Every column is read as text and typed per batch (module docstring): Arrow's own
         # inference looks at the first block only and fails on a later "62.5" in an INT guess.
-        reader = pcsv.open_csv(
-            stream, read_options=pcsv.ReadOptions(column_names=names, block_size=_CSV_BLOCK),
-            convert_options=pcsv.ConvertOptions(column_types={n: pa.string() for n in names}))
         pending: list[pa.RecordBatch] = []
-        held = 0
-        for block in reader:
-            pending.append(block)
-            held += block.num_rows
-            while held >= batch_rows:
-                table = pa.Table.from_batches(pending)
-                yield _typed_csv(table.slice(0, batch_rows), text)
-                rest = table.slice(batch_rows)
-                pending, held = rest.to_batches(), rest.num_rows
+        held = done = 0
+        try:
+            for block in pcsv.open_csv(   # reads its first block at once
+                    stream,
+                    read_options=pcsv.ReadOptions(column_names=names, block_size=_CSV_BLOCK),
+                    convert_options=pcsv.ConvertOptions(
+                        column_types={n: pa.string() for n in names})):
+                pending.append(block)
+                held += block.num_rows
+                while held >= batch_rows:
+                    table = pa.Table.from_batches(pending)
+                    yield _typed_csv(table.slice(0, batch_rows), text, path, done)
+                    done += batch_rows
+                    rest = table.slice(batch_rows)
+                    pending, held = rest.to_batches(), rest.num_rows
+        except pa.ArrowInvalid as exc:
+            if not str(exc).startswith("CSV parse error") or path is None:
+                raise
+            raise ValueError(_ragged_row(path, len(names)) or str(exc)) from None
         if held:
-            yield _typed_csv(pa.Table.from_batches(pending), text)
+            yield _typed_csv(pa.Table.from_batches(pending), text, path, done)
 
 
-def _typed_csv(table: pa.Table, text: AbstractSet[str]) -> dict[str, Any]:
+def _ragged_row(path: str, fields: int) -> str | None:
+    """Which line of CSV file `path` has a number of cells other than `fields` (read
+    again, by Python's csv module: only after Arrow has failed, which does not say)."""
+    with _open(path) as stream:
+        rows = csv.reader(io.TextIOWrapper(stream, encoding="utf-8-sig", newline=""))
+        next(rows, None)
+        for row in rows:
+            if row and len(row) != fields:
+                return (f"line {rows.line_num} has {len(row)} cell{'s' * (len(row) != 1)}, "
+                        f"the header {fields}: {','.join(row)!r}")
+    return None
+
+
+def _csv_line(path: str | None, row: int) -> str:
+    """Where data row `row` (0-based) of a CSV input is: its line in file `path` (read
+    again, as a cell may span lines), else its row number."""
+    if path is not None:
+        with _open(path) as stream:
+            rows = csv.reader(io.TextIOWrapper(stream, encoding="utf-8-sig", newline=""))
+            next(rows, None)
+            for number, _ in enumerate(rows):
+                if number == row:
+                    return f"line {rows.line_num}"
+    return f"row {row + 1:,} after the header"
+
+
+def _typed_csv(table: pa.Table, text: AbstractSet[str], path: str | None,
+               before: int) -> dict[str, Any]:
+    """A batch of CSV rows (rows `before`.. of the input) typed per column; an empty
+    cell of a column that is not TEXT raises ValueError naming its line and column."""
+    for name in table.column_names:
+        if name in text:
+            continue
+        empty = pc.equal(table.column(name), "")
+        if pc.any(empty).as_py():
+            first = pc.index(empty, True).as_py()
+            raise ValueError(f"{_csv_line(path, before + first)}, column '{name}': an "
+                             f"empty cell, and psoup has no NULLs: every row needs a value "
+                             f"in every column (or drop the column if the stream lacks it)")
     return {name: (table.column(name).to_pylist() if name in text
                    else _typed_text(table.column(name).combine_chunks()))
             for name in table.column_names}

@@ -36,12 +36,13 @@ from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
 from psoup.cli.output import (FORMATS, iso_times, one_line, render_changes, render_poll,
                               render_record, render_records, render_result, render_stats,
                               table, to_json)
+from psoup.cli.typed import Typed
 from psoup.client import Client, ConnectionFailed, OutcomeUnknown
-from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address, token_path
+from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address
 from psoup.config import ENGINE_MODES as MODES
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.journal.wal import SYNC_MODES
-from psoup.errors import PSoupError, UnknownHandle
+from psoup.errors import PSoupError, QueryError, UnknownHandle
 from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
 from psoup.results.result import Changes, Result
@@ -255,18 +256,32 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
 @click.option("--token", "token_option", default=None,
               help="The access token clients must present (default: psoup --token, "
                    "PSOUP_TOKEN, the token saved in --data-dir, or a new one).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="warning", show_default=True,
+              help="What the server logs on stderr: warning (refused connections, "
+                   "timeouts), info (also every failed request and lost connection), "
+                   "debug (also every request).")
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
           sync: str, max_queries: int | None, max_stream_bytes: int | None,
           max_results_bytes: int | None, spark_master: str | None,
-          token_option: str | None) -> None:
+          token_option: str | None, log_level: str) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
     readable by you only, where `psoup` commands on this machine find it. A server that
     cannot start (the port is taken) leaves no new --data-dir behind.
     """
+    import logging
+
     from psoup.server import Limits, run_server
+
+    logger = logging.getLogger("psoup")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(log_level.upper())
 
     try:
         run_server(data_dir=data_dir, host=host, port=port,
@@ -296,9 +311,13 @@ def stream_create(settings: Settings, name: str, columns: str, retain: str | Non
 
     Column types are INT, FLOAT, TEXT and BOOL; every tuple also gets a timestamp.
     """
-    sql = f"CREATE STREAM {name} ({columns})" + (f" RETAIN {retain}" if retain else "")
+    typed = Typed([(None, "CREATE STREAM "), ("NAME", name), (None, " ("), ("COLUMNS", columns),
+                   (None, ")")] + ([(None, " RETAIN "), ("--retain", retain)] if retain else []))
     with _connected(settings.server, settings.token) as client:
-        client.execute(sql)
+        try:
+            client.execute(typed.sql)
+        except QueryError as exc:
+            raise Failure(typed.explain(str(exc))) from None
     click.echo(f"created stream {name} ({columns})" + (f", retaining {retain}" if retain else ""))
 
 
@@ -440,10 +459,12 @@ def _ingest(settings: Settings, stream_name: str, file: str, source: str | IO[by
 
         declared = client.stats()["streams"].get(stream_name, {}).get("columns")
         report = ingesting.ingest(client, stream_name,
-                                  ingesting.read_batches(source, fmt, batch_rows, declared),
+                                  ingesting.read_batches(source, fmt, batch_rows, declared,
+                                                         None if file == "-" else file),
                                   ts_column=ts_column, ts_required=ts_required,
                                   progress=progress if on_terminal else None, skip=skip,
-                                  applied=applied, ts_unit=ts_unit)
+                                  applied=applied, ts_unit=ts_unit,
+                                  declared=None if declared is None else set(declared))
     if state is not None:
         state.clear()
     if on_terminal:
@@ -773,7 +794,12 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
     before the archive's latest timestamp for NAME.
     """
     from psoup.spark import importer as importing
-    declared = importing.parse_columns(stream_name, columns)
+    try:
+        declared = importing.parse_columns(stream_name, columns)
+    except QueryError as exc:
+        typed = Typed([(None, "CREATE STREAM "), ("--stream", stream_name), (None, " ("),
+                       ("--columns", columns), (None, ")")])
+        raise Failure(typed.explain(str(exc))) from None
     report = importing.import_files(files, stream_name, declared, into, ts_column=ts_column,
                                     fmt=fmt, master=master)
     ids = "" if not report.rows else f", tupleIDs {report.first_tid}..{report.last_tid}"
@@ -816,8 +842,10 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     \b
     Replay only appends. A stream that holds data up to ts L takes rows with
     ts >= L (equal is allowed). If --from (or, without it, the archive's first
-    row) lies before L, nothing is replayed and the error names L: pass it as
-    --from. Older rows are for `psoup history`.
+    row) lies before L, nothing is replayed and the error names L, how many
+    archived rows have ts L (--from L replays them, --from the next ts skips
+    them) and whether the archive ends before L. Older rows are for `psoup
+    history`.
 
     The archive is checked before anything is delivered (schemas against the target's
     streams, readable files, no NULL or NaN, ts non-decreasing in tupleID order); an
@@ -849,7 +877,8 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
         click.echo("\r\033[K", nl=False, err=True)
     into = ", ".join(f"{name} {rows:,}" for name, rows in report.streams.items()) or "none"
     click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} replayed into {where} "
-               f"({into}; {report.rate:,.0f} rows/s)")
+               f"({into}; {report.rate:,.0f} rows/s)"
+               + (f": {iso_times(report.note)}" if report.note else ""))
 
 
 # ---------------------------------------------------------------------- helpers
@@ -869,10 +898,7 @@ def _connected(server: str, token: str | None, target: Target | None = None,
     except PSoupError as exc:
         if exc.code != "auth":
             raise
-        given = "the token given" if token or os.environ.get("PSOUP_TOKEN") else \
-            (f"no token: pass --token, set PSOUP_TOKEN, or run the server on this machine "
-             f"(it leaves its token in {token_path(*parse_address(server))})")
-        raise Failure(f"the server at {server} refused the connection ({given})") from None
+        raise Failure(f"the server at {server} refused the connection: {exc}") from None
     try:
         with client:
             yield client

@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import msgpack
 
 import psoup
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
@@ -48,7 +49,7 @@ from psoup.engine import Engine
 from psoup.errors import PSoupError
 from psoup.server.ops import OPS, Limits, Op
 from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, error_reply, ok_reply,
-                                   pack_frame, request)
+                                   pack_frame, request, unpack_payload)
 
 log = logging.getLogger("psoup.server")
 
@@ -151,6 +152,7 @@ class Server:
         self._parked: deque[tuple[Any, Op, Mapping[str, Any], tuple[str, Any],
                                   asyncio.Future]] = deque()
         self._batching = False
+        self.requests = 0                # answered or refused since start, for the log
         # the factor limit is the compiler's: the engine refuses longer WHERE clauses
         if engine.max_factors is None or engine.max_factors > self.limits.max_factors:
             engine.max_factors = self.limits.max_factors
@@ -278,6 +280,8 @@ class Server:
                 payload = await self._read_frame(reader, writer, peer, authenticated, conv)
                 if payload is None:
                     return
+                began = time.perf_counter()
+                self.requests += 1
                 try:
                     request_id, op, args = request(payload)
                 except ProtocolError as exc:
@@ -311,14 +315,17 @@ class Server:
                     self._connections.add(task)
                     hello = asyncio.get_running_loop().create_future()
                     hello.set_result(pack_frame(ok_reply(request_id, self._hello())))
+                    _log_request(peer, op, began, hello)
                     await conv.replies.put(hello)
                     continue
                 now = self._read_now(request_id, op, args, conv)
+                _log_request(peer, op, began, now)
                 if isinstance(now, asyncio.Future):
                     await conv.replies.put(now)
                 elif now is None:
                     dispatched = asyncio.ensure_future(
                         self._dispatch(request_id, op, args, conv, conv.last_write))
+                    _log_request(peer, op, began, dispatched)
                     spec = OPS.get(op) if isinstance(op, str) else None
                     if spec is not None and spec.write:
                         conv.last_write = dispatched
@@ -603,6 +610,46 @@ def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> A
     return result
 
 
+def _log_request(peer: Any, op: Any, began: float,
+                 reply: bytes | asyncio.Future | None) -> None:
+    """One line when `reply` (a frame, or a future of one) is ready: the peer, the op,
+    the outcome ("ok" or the error code) and the milliseconds since the request was
+    read. Successes log at DEBUG, errors at INFO, so a server at its default level
+    (WARNING) logs none; nothing is decoded unless the line would be written."""
+    if reply is None or not log.isEnabledFor(logging.INFO):
+        return
+    if isinstance(reply, asyncio.Future):
+        reply.add_done_callback(
+            lambda done: None if done.cancelled() or done.exception() is not None
+            else _log_request(peer, op, began, done.result()))
+        return
+    outcome = _outcome(reply)
+    level = logging.DEBUG if outcome == "ok" else logging.INFO
+    if log.isEnabledFor(level):
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else peer
+        log.log(level, "%s %s %s %.1fms", where, op, outcome,
+                (time.perf_counter() - began) * 1000)
+
+
+def _outcome(frame: bytes) -> str:
+    """"ok", or the error code, of a reply frame; reads only the head of a successful
+    reply (its answer may be large), all of an error reply (small)."""
+    head = msgpack.Unpacker(raw=False, strict_map_key=False)
+    head.feed(frame[HEADER.size:HEADER.size + 64])
+    try:
+        for _ in range(head.read_map_header()):
+            key, value = head.unpack(), head.unpack()
+            if key == "ok" and value:
+                return "ok"
+            if key == "ok":
+                break
+    except (msgpack.OutOfData, ValueError):
+        pass
+    reply = unpack_payload(frame[HEADER.size:])
+    error = reply.get("error") if isinstance(reply, Mapping) else None
+    return str(error.get("code", "error")) if isinstance(error, Mapping) else "error"
+
+
 async def _within(reader: asyncio.StreamReader, n: int, timeout: float) -> bytes:
     """The next `n` bytes, or asyncio.TimeoutError after `timeout` seconds; with
     `asyncio.timeout` where it exists (3.11), which, unlike `wait_for`, makes no task
@@ -637,7 +684,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         limits: request and connection limits.
         spark_master: the Spark master of history jobs (default local[*]); a client
             cannot choose it.
-        echo: where the one startup line goes.
+        echo: where the startup line (and the shutdown line, after a clean stop) goes.
     """
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("run_server stops on SIGINT/SIGTERM, so it must run in the main "
@@ -685,6 +732,13 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                 server.stop()
         finally:
             engine.close()
+        up = time.monotonic() - began
+        try:
+            echo(f"psoup on {bound_host}:{bound_port} stopped after {up // 3600:.0f}h"
+                 f"{up % 3600 // 60:02.0f}m{up % 60:02.0f}s and {server.requests:,} requests"
+                 f"{'' if data_dir is None else f'; data in {data_dir} closed cleanly'}")
+        except OSError:
+            pass        # the reader of the startup line has gone (a closed pipe)
     finally:
         for path in written:
             path.unlink(missing_ok=True)

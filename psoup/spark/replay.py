@@ -83,6 +83,11 @@ class StreamPlan:
     parts: list[Part] = field(default_factory=list)   # with rows in range, tupleID order
     rows: int = 0
     samples: list[np.ndarray] = field(default_factory=list)
+    # of the rows scanned, for the ordering rule's message: how many have ts equal to
+    # latest_ts, the first ts after it, and the last ts of all
+    at_latest: int = 0
+    after_latest: float = math.inf
+    last_ts: float = -math.inf
 
     @property
     def first_ts(self) -> float | None:
@@ -103,12 +108,14 @@ class ReplayPlan:
 
 @dataclass
 class ReplayReport:
-    """What a replay did: rows delivered (in all and per stream), inserts, wall seconds."""
+    """What a replay did: rows delivered (in all and per stream), inserts, wall seconds,
+    and why nothing was, when the archive ends before `start`."""
 
     rows: int
     inserts: int
     seconds: float
     streams: dict[str, int]
+    note: str = ""
 
     @property
     def rate(self) -> float:
@@ -265,6 +272,10 @@ class _Scan:
             self._decreasing(part.path, span[0], None)
         if span[1] >= span[0]:
             self.last = (span[1], part.last, part.path)
+            plan = self.plan
+            plan.last_ts = max(plan.last_ts, span[1])
+            if plan.latest_ts is not None and span[0] > plan.latest_ts:
+                plan.after_latest = min(plan.after_latest, span[0])
 
     def batch(self, part: Part, batch: pa.RecordBatch) -> None:
         path = part.path
@@ -304,10 +315,17 @@ class _Scan:
             before = None if i == 0 else (float(ts[i - 1]), int(tids[i - 1]))
             self._decreasing(path, ts[i], int(tids[i]), before)
         self.last = (float(ts[-1]), int(tids[-1]), path)
+        plan = self.plan
+        plan.last_ts = max(plan.last_ts, float(ts[-1]))
+        if plan.latest_ts is not None:
+            at, after = np.searchsorted(ts, plan.latest_ts, "left"), \
+                np.searchsorted(ts, plan.latest_ts, "right")
+            plan.at_latest += int(after - at)
+            if after < len(ts):
+                plan.after_latest = min(plan.after_latest, float(ts[after]))
         a, b = np.searchsorted(ts, self.lo, "left"), np.searchsorted(ts, self.hi, "right")
         if a == b:
             return
-        plan = self.plan
         first = a + (-plan.rows) % self.every     # in-range ranks 0, every, 2*every, ...
         if first < b:
             plan.samples.append(ts[first:b:self.every].copy())
@@ -332,24 +350,45 @@ class _Scan:
 
 
 def _check_appends(plans: Mapping[str, StreamPlan], start: float | None) -> None:
-    """The ordering rule (module docstring, stage 2)."""
-    late: list[tuple[StreamPlan, float]] = []     # with the target stream's latest ts
+    """The ordering rule (module docstring, stage 2). The refusal says exactly what each
+    way on means for the archive's rows at the target's latest ts L: `--from L` delivers
+    all of them (after whatever the target holds at L: a replay that stopped part way may
+    have delivered some, which would then be doubled); `--from` the archive's next ts
+    after L skips all of them; and when the archive has nothing after L it says so."""
+    late: list[StreamPlan] = []
     for plan in plans.values():
         if plan.rows == 0 or plan.latest_ts is None:
             continue
         begin = plan.first_ts if start is None else float(start)
         assert begin is not None, "a stream with rows in range has parts"
         if begin < plan.latest_ts:
-            late.append((plan, plan.latest_ts))
-    if late:
-        where = "; ".join(f"stream '{p.name}' holds data up to ts {latest!r}, the "
-                          f"replay would start at ts "
-                          f"{p.first_ts if start is None else float(start)!r}"
-                          for p, latest in late)
-        resume = max(latest for _, latest in late)
-        raise ReplayError(f"replay only appends: {where}. Start the replay at ts {resume!r} "
-                          f"or later (--from {resume!r}; rows at exactly that ts are "
-                          "allowed); older rows are for historical evaluation")
+            late.append(plan)
+    if not late:
+        return
+    where = "; ".join(f"stream '{p.name}' holds data up to ts {p.latest_ts!r}, the "
+                      f"replay would start at ts "
+                      f"{p.first_ts if start is None else float(start)!r}" for p in late)
+    done = [p for p in late if p.after_latest == math.inf and not p.at_latest]
+    if len(done) == len(late):
+        raise ReplayError(f"replay only appends: {where}. The archive ends at ts "
+                          f"{max(p.last_ts for p in late)!r}, before that: the target "
+                          "already holds data as new as all of it, and there is nothing "
+                          "to append (older rows are for historical evaluation)")
+    latest = max(late, key=lambda p: p.latest_ts or -math.inf)
+    resume = latest.latest_ts
+    ways = [f"--from {resume!r} replays the archive's {latest.at_latest:,} row"
+            f"{'s' * (latest.at_latest != 1)} at exactly that ts of stream "
+            f"'{latest.name}' too (a replay that stopped part way may have delivered some "
+            "of them already: those would be doubled)"]
+    if latest.after_latest < math.inf:
+        ways.append(f"--from {latest.after_latest!r} (the archive's next ts) skips "
+                    "all of them")
+    else:
+        ways.append(f"the archive has no later row of '{latest.name}' (it ends at ts "
+                    f"{latest.last_ts!r})")
+    raise ReplayError(f"replay only appends: {where}. Start the replay at ts {resume!r} "
+                      f"or later: {'; '.join(ways)}. Older rows are for historical "
+                      "evaluation")
 
 
 def _slices(plans: Mapping[str, StreamPlan], every: int, slice_rows: int, lo: float,
@@ -508,4 +547,7 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
         except ArchiveError as exc:
             raise ReplayError(f"replay stopped after {done:,} rows were delivered (they "
                               f"stay): {exc}", done) from exc
-    return ReplayReport(done, inserts, time.perf_counter() - began, per_stream)
+    ends = max((p.last_ts for p in plan.streams.values()), default=-math.inf)
+    note = (f"the archive ends at ts {ends!r}, before the start {float(start)!r}"
+            if start is not None and not plan.rows and -math.inf < ends < start else "")
+    return ReplayReport(done, inserts, time.perf_counter() - began, per_stream, note)
