@@ -418,3 +418,18 @@ def test_history_over_the_wire_answers_at_once_and_runs_off_the_writer(tmp_path,
         gate.go.set()
         srv.stop()
         eng.close()
+
+
+def test_spark_runs_below_the_servers_priority(spark):
+    """Spark's driver JVM, its executor threads and their Python workers run at
+    niceness SPARK_NICENESS, so a history job yields the CPU to requests."""
+    from pathlib import Path
+
+    from pyspark import SparkContext
+
+    from psoup.spark.session import SPARK_NICENESS
+    spark.range(1000).selectExpr("sum(id)").collect()       # threads started since
+    pid = SparkContext._gateway.proc.pid
+    nice = [int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+            for task in Path(f"/proc/{pid}/task").iterdir()]
+    assert nice and min(nice) >= SPARK_NICENESS

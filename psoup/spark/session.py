@@ -48,6 +48,27 @@ logger.tasks.level = off
 _JVM_NOISE = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
 
 
+#: The CPU niceness of the driver JVM (and so of local executors and their Python
+#: workers): Spark's work is batch work beside a server's requests, which come first.
+SPARK_NICENESS = 10
+
+
+def _lower_priority(pid: int) -> None:
+    """Give every thread of the JVM `pid` niceness SPARK_NICENESS. Linux keeps a nice
+    value per thread and a new thread takes its creator's, so the threads Spark starts
+    later (executor tasks, Python workers) run at it too. Best effort: nothing where
+    /proc or the call is missing."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        threads = [str(pid)]
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), SPARK_NICENESS)
+        except (OSError, AttributeError, ValueError):
+            pass
+
+
 def _forward(stream: IO[bytes]) -> None:
     """Copy the driver JVM's stderr to ours, without its known noise (a thread for the
     JVM's life: its stderr is a pipe that must be drained)."""
@@ -97,6 +118,7 @@ def spark_session(master: str | None = None) -> Any:
                 # the driver JVM's stderr through a filter (the gateway is what
                 # SparkContext would launch, with stderr piped)
                 gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+                _lower_priority(gateway.proc.pid)
                 threading.Thread(target=_forward, args=(gateway.proc.stderr,),
                                  name="psoup-spark-stderr", daemon=True).start()
                 SparkContext(conf=conf, gateway=gateway)
