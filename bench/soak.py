@@ -315,12 +315,18 @@ def bench_soak(s: dict) -> tuple[list[dict], dict]:
                     if not isinstance(out, Exception):
                         cursors[handle] = out.cursor
 
-                with server.client() as client:
+                client = tally.call(server.client)      # a refused connect counts too
+                if isinstance(client, Exception):
+                    return
+                with client:
                     _paced(stop, s["soak_poll_every"] * (0.5 + pick.random()), step)
 
             def churn(k: int) -> None:
                 pick, tally = np.random.default_rng(2000 + k), tallies["churner"]
-                with server.client() as client:
+                client = tally.call(server.client)
+                if isinstance(client, Exception):
+                    return
+                with client:
                     while not stop.is_set():
                         sql = traffic_queries(pick, 1)[0]
                         handle = tally.call(lambda: client.register(sql))
@@ -387,12 +393,19 @@ def _verdict(ok: bool) -> str:
 
 
 def main() -> None:
+    only = None
+    if "--only" in sys.argv:        # --only history|clients: one of the two scenarios
+        at = sys.argv.index("--only")
+        only = sys.argv[at + 1] if at + 1 < len(sys.argv) else ""
+        if only not in ("history", "clients"):
+            raise SystemExit("--only takes history or clients")
+        del sys.argv[at:at + 2]
     quick, suffix = common.quick_flag(__doc__)
     s = _settings(quick)
     cores = f"{os.cpu_count()} cores shared by the server, Spark and the client threads"
 
     rows, notes = [], []
-    for master in s["masters"]:
+    for master in (s["masters"] if only != "clients" else ()):
         found, job = bench_history(s, master)
         rows += found
         busy, ratio = found[1], found[2]
@@ -416,6 +429,16 @@ def main() -> None:
     notes.append(f"live traffic: 1 producer, {BATCH:,} rows every "
                  f"{PRODUCE_EVERY * 1e3:.0f} ms; {s['pollers']} pollers, one invoke each "
                  f"every {s['poll_every'] * 1e3:.0f} ms; {cores}")
+    if only == "clients":
+        pass
+    else:
+        _report_history(suffix, rows, notes, s)
+    if only == "history":
+        return
+    _soak_clients(s, suffix)
+
+
+def _report_history(suffix: str, rows: list[dict], notes: list[str], s: dict) -> None:
     common.report(f"soak_history{suffix}", rows, [
         ("master", "Spark", "s"), ("scenario", "scenario", "s"),
         ("inserts", "inserts", ",d"),
@@ -425,6 +448,8 @@ def main() -> None:
         ("covered", "job covered", ".0%"), ("load", "load avg (1 min)", ".1f"),
     ], _plot_history, notes=notes, params=s)
 
+
+def _soak_clients(s: dict, suffix: str) -> None:
     rows, run = bench_soak(s)
     errors: Counter = Counter()
     for row in rows:

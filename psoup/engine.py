@@ -532,6 +532,7 @@ class Engine:
         with self._lock:
             self._core._check()
             self._cursors._check()
+            self._producers._check()
 
     # ------------------------------------------------------------------ durability
 

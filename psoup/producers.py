@@ -110,3 +110,14 @@ class ProducerTable:
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._table)
+
+    def _check(self) -> None:
+        """Assert the invariants (for tests): at most max_producers producers, each with
+        at most REMEMBERED batches of consecutive seqs whose tupleIDs increase."""
+        assert len(self._table) <= self.max_producers
+        for producer, batches in self._table.items():
+            assert 0 < len(batches) <= REMEMBERED, producer
+            seqs = [s for s, _, _ in batches]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), (producer, seqs)
+            ends = [(first, first + n) for _, first, n in batches]
+            assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:])), (producer, ends)

@@ -57,7 +57,9 @@ class Limits:
         max_unauthenticated: connections that have not said hello yet, counted apart
             from max_connections (so they never take an authenticated client's place);
             one more closes the oldest of them, so silent sockets cannot keep a client
-            out.
+            out. Large enough for a burst of clients connecting at once (100 pollers
+            starting together outran 64: the server accepts them before it reads their
+            hellos); each holds at most hello_frame_bytes, 4 MiB in all.
         max_group_writes: the most writes applied between two commits.
         max_in_flight: requests one connection may have sent and not yet had answered
             (pipelining); the server stops reading that connection beyond it.
@@ -74,7 +76,7 @@ class Limits:
     max_connections: int = 1024
     hello_frame_bytes: int = 4096
     hello_timeout: float = 5.0
-    max_unauthenticated: int = 64
+    max_unauthenticated: int = 1024
     max_group_writes: int = 256
     max_in_flight: int = 16
 
