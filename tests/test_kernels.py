@@ -126,3 +126,27 @@ def test_or_at_sets_one_bit_at_the_positions_and_nothing_else(data, n):
     expected[positions - 1000] |= mask
     or_at(row, positions.astype(np.int64), 1000, mask)
     assert (row == expected).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=60), st.data())
+def test_fingerprint_is_equal_for_equal_sequences_and_tells_changed_ones_apart(values, data):
+    """The digest of `since` cursors: equal for the same sequence (any layout), and
+    different after a change, an insertion, a removal or a swap."""
+    from psoup.kernels import fingerprint
+    a = np.array(values, np.int64)
+    assert fingerprint(a) == fingerprint(a.copy()) == fingerprint(a.reshape(1, -1))
+    changed = [a.tolist() + [7]]
+    if len(a):
+        i = data.draw(st.integers(0, len(a) - 1))
+        changed.append(np.delete(a, i).tolist())
+        bumped = a.copy()
+        bumped[i] += 1
+        changed.append(bumped.tolist())
+        j = data.draw(st.integers(0, len(a) - 1))
+        if a[i] != a[j]:
+            swapped = a.copy()
+            swapped[[i, j]] = swapped[[j, i]]
+            changed.append(swapped.tolist())
+    for other in changed:
+        assert fingerprint(np.array(other, np.int64)) != fingerprint(a)

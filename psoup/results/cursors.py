@@ -255,10 +255,12 @@ def answer_digest(answer: Result) -> bytes:
         >>> answer_digest(a) == answer_digest(a.take(np.array([True]))), len(answer_digest(a))
         (True, 16)
     """
+    from psoup.kernels import fingerprint
     h = hashlib.blake2b(digest_size=16)
     ids = np.ascontiguousarray(answer.tuple_ids, dtype=np.int64)
     h.update(repr(ids.shape).encode())
-    h.update(ids.tobytes())
+    h.update(repr(fingerprint(ids)).encode())     # a compiled pass: blake2b over the
+    # tupleIDs' bytes took as long as fetching the answer (0.44 of 1.4 ms, 38K rows)
     if answer.values is None:
         h.update(repr((answer.keys, answer.rows)).encode())
     return h.digest()
