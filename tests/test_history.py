@@ -430,6 +430,10 @@ def test_spark_runs_below_the_servers_priority(spark):
     from psoup.spark.session import SPARK_NICENESS
     spark.range(1000).selectExpr("sum(id)").collect()       # threads started since
     pid = SparkContext._gateway.proc.pid
-    nice = [int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
-            for task in Path(f"/proc/{pid}/task").iterdir()]
+    nice = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            nice.append(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+        except FileNotFoundError:        # the thread ended while we listed them
+            continue
     assert nice and min(nice) >= SPARK_NICENESS
