@@ -218,6 +218,19 @@ def timed(fn: Callable[[], Any], repeat: int = 5, min_time: float = 0.0,
     return Timing(times)
 
 
+def run_for(threads: list, stop: Any, seconds: float) -> float:
+    """Start `threads`, let them run `seconds`, set `stop` (a threading.Event they
+    watch) and join them; returns the seconds from the first start to the last join."""
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def quick_flag(doc: str) -> tuple[bool, str]:
     """Parse a benchmark's command line (`--quick` only): (quick, report-name suffix)."""
     import argparse

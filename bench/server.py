@@ -172,14 +172,7 @@ def _poll(server: _ServerProcess, handles: list[str], clients: int, producing: b
     threads = [threading.Thread(target=poll, args=(k,)) for k in range(clients)]
     if producing:
         threads.append(threading.Thread(target=produce))
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = common.run_for(threads, stop, seconds)
     lat = np.concatenate([np.asarray(x) for x in latencies])
     p50, p99 = np.percentile(lat, [50, 99])
     return {"clients": clients, "invokes_per_s": len(lat) / elapsed, "p50_ms": p50 * 1e3,

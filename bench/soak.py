@@ -166,13 +166,7 @@ def _window(server: _ServerProcess, handles: list[str], pollers: int, seconds: f
     if job is not None:
         threads.append(threading.Thread(target=monitor))
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = common.run_for(threads, stop, seconds)
     ins, inv = np.asarray(inserts), np.concatenate([np.asarray(x) for x in invokes])
     covered = None if job is None else (min(ended[0], t0 + elapsed) - t0 if ended
                                         else elapsed) / elapsed
@@ -349,14 +343,7 @@ def bench_soak(s: dict) -> tuple[list[dict], dict]:
                         for k in range(s["soak_pollers"])]
             threads += [threading.Thread(target=churn, args=(k,))
                         for k in range(s["churners"])]
-            t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            time.sleep(s["soak_seconds"])
-            stop.set()
-            for t in threads:
-                t.join()
-            elapsed = time.perf_counter() - t0
+            elapsed = common.run_for(threads, stop, s["soak_seconds"])
             with server.client() as check:
                 last_seq = check.last_seq(producer_id)
         finally:

@@ -119,6 +119,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_listening(proc: subprocess.Popen, port: int, seconds: float = 15.0) -> None:
+    """Return once 127.0.0.1:port accepts connections; fail if `proc` exits first or
+    `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the server did not start listening"
+            time.sleep(0.05)
+
+
 def start_server(data_dir, port, token, env) -> tuple[subprocess.Popen, Any]:
     """A server process on 127.0.0.1:port over data_dir (sync="group"), and a Client of
     it once it answers."""

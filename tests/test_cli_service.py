@@ -22,7 +22,7 @@ from psoup.cli.handles import HandleStore
 from psoup.cli.main import main
 from psoup.config import parse_address, token_path
 from psoup.server import Server
-from tests.support import Clock, write
+from tests.support import Clock, wait_listening, write
 
 TOKEN = "cli-test-token"
 T0 = 1_767_225_600.0
@@ -491,15 +491,7 @@ def test_console_script_serves_ingests_and_invokes(tmp_path, config_dir):
                                       str(tmp_path / "state")],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert serve.poll() is None, serve.communicate()
-                assert time.monotonic() < deadline, "psoup serve did not start listening"
-                time.sleep(0.05)
+        wait_listening(serve, port)
 
         def cli(*args: str) -> str:       # no --token: the server left it for local clients
             done = subprocess.run(psoup + list(args), env=env, capture_output=True, text=True,
@@ -533,15 +525,7 @@ def test_serve_logs_each_request_at_debug_and_none_by_default(tmp_path, config_d
                                   str(port), "--log-level", level], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            deadline = time.monotonic() + 15
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    assert serve.poll() is None, serve.communicate()
-                    assert time.monotonic() < deadline, "psoup serve did not start listening"
-                    time.sleep(0.05)
+            wait_listening(serve, port)
             for args in (["queries"], ["register", "SELECT x FROM nowhere"]):
                 subprocess.run([sys.executable, "-m", "psoup.cli.main", *args], env=env,
                                capture_output=True, timeout=60)
