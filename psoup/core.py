@@ -187,6 +187,7 @@ class Core:
             name: {"columns": dict(stem.schema.columns), "rows": stem.retained,
                    "rows_total": stem.rows_total, "bytes": stem.nbytes(),
                    "latest_ts": stem.last_ts if stem.n else None,
+                   "rows_at_latest_ts": stem.at_last_ts,
                    "rows_per_s": (stem.rows_total - self.recovered.get(name, 0)) / elapsed}
             for name, stem in self.stems.items()}
         queries: dict[str, dict[str, Any]] = {

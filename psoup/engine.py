@@ -579,7 +579,8 @@ class Engine:
             core = self._core
             images = {name: StreamImage(core.ddl[name], stem.schema.columns,
                                         stem.rows(stem.horizon, stem.n),
-                                        stem.rows(0, stem.horizon, expired=True))
+                                        stem.rows(0, stem.horizon, expired=True),
+                                        stem.at_last_ts)
                       for name, stem in core.stems.items()}
             handles = [(h, plan.query.sql) for h, plan in core.handles.items()]
             history = [h for h, plan in core.handles.items()
@@ -763,6 +764,8 @@ class Engine:
             core.next_tid = max(core.next_tid, record.next_tid)
         elif record.op == "producers":
             self._producers.restore(record.producers or [])
+        elif record.op == "latest":
+            core.stem(record.stream).at_last_ts = record.count
 
     def _after_write(self) -> None:
         """The automatic checkpoint after a write. The write is applied and in the log

@@ -448,6 +448,98 @@ def test_import_refuses_what_ingest_refuses_before_spark_starts(tmp_path, name, 
                      fmt=fmt)
 
 
+class _StopAfter:
+    """A target that rejects every insert after the first `ok`: a replay that stops part
+    way, its last run cut short by a batch boundary inside one ts."""
+
+    def __init__(self, engine, ok: int):
+        self.engine, self.ok = engine, ok
+
+    def stats(self):
+        return self.engine.stats()
+
+    def create_stream(self, name, columns):
+        return self.engine.create_stream(name, columns)
+
+    def insert(self, stream, columns, ts):
+        if self.ok == 0:
+            raise psoup.PSoupError("the connection was lost")
+        self.ok -= 1
+        return self.engine.insert(stream, columns, ts=ts)
+
+
+def stored(engine, stream: str = "R") -> list:
+    h = engine.register(f"SELECT * FROM {stream}")
+    got = engine.invoke(h, now=T0 + 10_000)
+    engine.unregister(h)
+    return list(zip(got.ts.tolist(), got.rows))
+
+
+@pytest.mark.parametrize("ok", [1, 2, 3, 5])
+def test_resume_after_a_replay_stopped_part_way_doubles_and_loses_nothing(spark, tmp_path,
+                                                                        ok):
+    # five rows per ts and inserts of 2 rows: stopping after `ok` inserts leaves the
+    # target part way through the rows of one ts
+    events = [("R", (i, i % 4, float(i), f"n{i}"), T0 + i // 5) for i in range(30)]
+    events += [("S", (i % 4, i, i % 2 == 0), T0 + i // 3) for i in range(12)]
+    events.sort(key=lambda e: e[2])
+    archive = write_archive(tmp_path / "arc", events, flush_rows=7)
+    whole = psoup.Engine()
+    replay([archive], whole)
+    eng = psoup.Engine()
+    with pytest.raises(ReplayError):
+        replay([archive], _StopAfter(eng, ok), batch_rows=2)
+    held = sum(row_counts(eng).values())
+    assert 0 < held < len(events)
+    report = replay([archive], eng, resume=True)
+    assert report.rows == len(events) - held
+    for stream in ("R", "S"):
+        assert stored(eng, stream) == stored(whole, stream)
+    again = replay([archive], eng, resume=True)
+    assert again.rows == 0 and again.note.startswith("nothing to resume: stream 'R' holds "
+                                                     f"data up to ts {T0 + 5!r}")
+
+
+def test_resume_counts_the_rows_at_the_latest_ts_across_checkpoints_and_retention(tmp_path):
+    events = [("R", (i, 0, 1.0, "n"), T0 + i // 4) for i in range(12)]   # four per ts
+    archive = write_archive(tmp_path / "arc", events)
+    state = tmp_path / "state"
+    with psoup.Engine(path=state) as eng:
+        eng.execute("CREATE STREAM R (a INT, b INT, x FLOAT, name TEXT) RETAIN 2 ROWS")
+        for _, row, ts in events[:7]:         # three of the four rows at T0 + 1
+            eng.insert("R", [row], ts=ts)
+        eng.checkpoint()
+    with psoup.Engine(path=state) as eng:
+        stream = eng.stats()["streams"]["R"]
+        assert (stream["rows"], stream["latest_ts"], stream["rows_at_latest_ts"]) == \
+            (2, T0 + 1, 3)
+        plan = plan_replay([archive], eng.stats()["streams"], resume=True)
+        assert plan.rows == 5 and plan.streams["R"].skip == 3
+        eng.insert("R", [(99, 0, 1.0, "n")], ts=T0 + 1)
+        assert eng.stats()["streams"]["R"]["rows_at_latest_ts"] == 4
+        eng.insert("R", [(99, 0, 1.0, "n")] * 2, ts=[T0 + 1, T0 + 9])
+        assert eng.stats()["streams"]["R"]["rows_at_latest_ts"] == 1
+        eng._check()
+
+
+def test_resume_starts_each_stream_at_its_own_latest_ts_and_honours_the_range(tmp_path):
+    events = [("R", (i, 0, 1.0, "n"), T0 + i) for i in range(10)]
+    events += [("S", (0, i, True), T0 + i) for i in range(10)]
+    archive = write_archive(tmp_path / "arc", sorted(events, key=lambda e: e[2]))
+    eng = psoup.Engine()
+    eng.create_stream("R", R_COLUMNS)
+    eng.create_stream("S", S_COLUMNS)
+    eng.insert("R", [(1, 0, 1.0, "n")], ts=T0 + 6)
+    eng.insert("S", [(0, 1, True)], ts=T0 + 2)
+    plan = plan_replay([archive], eng.stats()["streams"], resume=True)
+    assert (plan.streams["R"].rows, plan.streams["S"].rows) == (3, 7)
+    plan = plan_replay([archive], eng.stats()["streams"], start=T0 + 4, end=T0 + 8,
+                       resume=True)
+    assert (plan.streams["R"].rows, plan.streams["S"].rows) == (2, 5)
+    plan = plan_replay([archive], eng.stats()["streams"], end=T0 + 5, resume=True)
+    assert (plan.streams["R"].rows, plan.streams["S"].rows) == (0, 3)
+
+
 # ---------------------------------------------------------------------- the command line
 
 def test_a_refusal_says_which_rows_at_the_latest_ts_each_from_value_replays(tmp_path):
@@ -461,6 +553,8 @@ def test_a_refusal_says_which_rows_at_the_latest_ts_each_from_value_replays(tmp_
     message = str(err.value)
     assert f"--from {T0 + 2!r} replays the archive's 2 rows at exactly that ts" in message
     assert f"--from {T0 + 3!r} (the archive's next ts) skips all of them" in message
+    assert ("--resume continues exactly where the target stops: it skips as many of the "
+            f"archive's 2 rows at ts {T0 + 2!r} as stream 'R' holds at that ts") in message
     assert row_counts(eng) == {"R": 1}
 
 
@@ -511,6 +605,24 @@ def test_cli_imports_then_replays_into_a_data_dir(spark, tmp_path):
         got = eng.invoke(h, now=T0 + 500)
         assert len(got) == sum(r["lane"] == 3 for r in want)
         assert eng.stats()["streams"]["traffic"]["rows_total"] == 1 + len(want)
+
+
+def test_cli_resume_continues_a_replay_that_stopped_inside_one_ts(spark, tmp_path):
+    events = [("R", (i, 0, 1.0, f"n{i}"), T0 + i // 3) for i in range(9)]   # three per ts
+    archive = write_archive(tmp_path / "arc", events)
+    state = tmp_path / "state"
+    with psoup.Engine(path=state) as eng:
+        eng.create_stream("R", R_COLUMNS)
+        for _, row, ts in events[:4]:         # what a replay stopped after 4 rows left
+            eng.insert("R", [row], ts=ts)
+    done = CliRunner().invoke(main, ["replay", str(archive), "--data-dir", str(state),
+                                     "--resume"])
+    assert done.exit_code == 0, (done.output, done.exception)
+    assert done.stdout.startswith(f"5 rows replayed into {state} (R 5;")
+    with psoup.Engine(path=state) as eng:
+        got = eng.invoke(eng.register("SELECT a, name FROM R"), now=T0 + 10)
+        assert got.rows == [(row[0], row[3]) for _, row, _ in events]
+        assert got.ts.tolist() == [ts for _, _, ts in events]
 
 
 @pytest.mark.parametrize("args, complaint", [

@@ -831,10 +831,14 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
                    "the token file a server on this machine writes).")
 @click.option("--slice-rows", type=click.IntRange(1_000), default=REPLAY_SLICE_ROWS,
               show_default=True, help="About the most rows held in memory at once.")
+@click.option("--resume", is_flag=True,
+              help="Continue where the target stops: each stream from its latest ts on, "
+                   "after the archived rows at that ts it already holds.")
 @click.pass_obj
 def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
            end: float | None, streams: str | None, master: str | None, data_dir: Path | None,
-           server_option: str | None, token_option: str | None, slice_rows: int) -> None:
+           server_option: str | None, token_option: str | None, slice_rows: int,
+           resume: bool) -> None:
     """Replay the archived rows of ARCHIVE... into the streams of a server (or of the
     engine in --data-dir), in timestamp order, through every standing query as if they
     arrived live (a Spark job reads the archive).
@@ -846,6 +850,12 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     archived rows have ts L (--from L replays them, --from the next ts skips
     them) and whether the archive ends before L. Older rows are for `psoup
     history`.
+
+    \b
+    --resume continues a replay that stopped part way (or was refused)
+    exactly: each stream starts at its own L and skips as many of the
+    archive's rows at ts L as it holds at L, so no row is doubled or lost
+    (provided those rows came from this archive).
 
     The archive is checked before anything is delivered (schemas against the target's
     streams, readable files, no NULL or NaN, ts non-decreasing in tupleID order); an
@@ -862,7 +872,8 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
         _progress(done, seconds, total)
     from psoup.spark import replay as replaying
     run = partial(replaying.replay, streams=names, start=start, end=end, master=master,
-                  slice_rows=slice_rows, progress=progress if sys.stderr.isatty() else None)
+                  slice_rows=slice_rows, progress=progress if sys.stderr.isatty() else None,
+                  resume=resume)
     if data_dir is not None:
         from psoup.engine import Engine
 
@@ -876,8 +887,8 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     if progress is not None:
         click.echo("\r\033[K", nl=False, err=True)
     into = ", ".join(f"{name} {rows:,}" for name, rows in report.streams.items()) or "none"
-    click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} replayed into {where} "
-               f"({into}; {report.rate:,.0f} rows/s)"
+    click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} replayed into {where}"
+               + (f" ({into}; {report.rate:,.0f} rows/s)" if report.rows else "")
                + (f": {iso_times(report.note)}" if report.note else ""))
 
 

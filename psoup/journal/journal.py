@@ -51,15 +51,17 @@ class StreamImage:
     columns: Sequence[tuple[str, str]]  # the schema, for the archive
     retained: Mapping[str, np.ndarray]  # retained rows: schema columns, ts, tupleID
     expired: Mapping[str, np.ndarray]   # rows past retention still held in memory
+    at_latest: int = 0                  # rows ever stored at the latest ts (DataSteM)
 
 
 @dataclass
 class Record:
     """One decoded log record. `op` is create, insert, register, unregister, drop, state,
-    producers or history (the handles whose history was evaluated). An insert's
-    idempotency key is `producer` and `seq`; a drop names the handles it unregistered
-    with the stream (CASCADE) and the next tupleID when it was dropped (the archive keeps
-    what is numbered from there)."""
+    producers, history (the handles whose history was evaluated) or latest (`count`: how
+    many rows the stream ever stored at its latest ts, retention may have dropped some of
+    them from a checkpoint's image). An insert's idempotency key is `producer` and `seq`;
+    a drop names the handles it unregistered with the stream (CASCADE) and the next
+    tupleID when it was dropped (the archive keeps what is numbered from there)."""
 
     op: str
     sql: str = ""
@@ -73,6 +75,7 @@ class Record:
     producer: str | None = None
     seq: int = -1
     producers: list | None = None
+    count: int = 0
 
 
 class Journal:
@@ -221,6 +224,8 @@ def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
             yield {"op": "insert", "stream": name, "tids": encode_array(data["tupleID"][a:b]),
                    "ts": encode_array(data["ts"][a:b]),
                    "cols": encode_columns({c: data[c][a:b] for c in names})}
+        if len(data["ts"]):
+            yield {"op": "latest", "stream": name, "rows": int(image.at_latest)}
 
 
 def _decode(raw: Any, where: Path) -> Record:
@@ -241,6 +246,8 @@ def _decode(raw: Any, where: Path) -> Record:
             return Record(op, handle=raw["handle"], sql=raw.get("sql", ""))
         if op == "state":
             return Record(op, next_tid=int(raw["next_tid"]))
+        if op == "latest":
+            return Record(op, stream=raw["stream"], count=int(raw["rows"]))
         if op == "producers":
             return Record(op, producers=list(raw["table"]))
         if op == "history":

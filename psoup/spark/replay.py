@@ -21,6 +21,9 @@ Three stages; nothing is delivered unless the first two succeed:
 2. **the ordering rule**: replay only appends. A stream that already holds data up to
    ts L takes replayed rows with ts >= L only; a range (or, without `start`, an archive)
    that begins before L is refused, naming the stream and L (docs/durability.md, "Replay").
+   `resume` starts each stream at its own L instead and skips as many of the archive's
+   rows at L as the target holds there (it counts every row it stored at its latest ts:
+   `rows_at_latest_ts` in stats), so a replay that stopped part way continues exactly.
 3. **deliver** (`ordered_runs`): Spark collects each slice as Arrow (`toArrow`), one
    slice on the driver at a time; the driver orders it by (ts, tupleID), merges the
    streams, and inserts runs of at most `batch_rows` rows. Sorting the slice on the
@@ -80,6 +83,8 @@ class StreamPlan:
     columns: list[tuple[str, str]]
     create: bool                  # the target lacks the stream: create it first
     latest_ts: float | None       # the target stream's latest ts (None: empty)
+    start: float = -math.inf      # its rows with ts >= start are replayed ...
+    skip: int = 0                 # ... but the first `skip` of them (resume)
     parts: list[Part] = field(default_factory=list)   # with rows in range, tupleID order
     rows: int = 0
     samples: list[np.ndarray] = field(default_factory=list)
@@ -126,7 +131,8 @@ class ReplayReport:
 
 def plan_replay(archives: Sequence[str | Path], targets: Mapping[str, Mapping[str, Any]],
                 streams: Sequence[str] | None = None, start: float | None = None,
-                end: float | None = None, slice_rows: int = SLICE_ROWS) -> ReplayPlan:
+                end: float | None = None, slice_rows: int = SLICE_ROWS,
+                resume: bool = False) -> ReplayPlan:
     """Check the archive and the ordering rule, and cut the time range into slices.
 
     Reads every part file that overlaps [start, end] once, with pyarrow: O(rows in the
@@ -135,11 +141,15 @@ def plan_replay(archives: Sequence[str | Path], targets: Mapping[str, Mapping[st
     Args:
         archives: archive roots (the layout of psoup.archive.parquet).
         targets: the target's streams, as in `Engine.stats()["streams"]`: name ->
-            {"columns": {column: type}, "latest_ts": float or None}.
+            {"columns": {column: type}, "latest_ts": float or None,
+            "rows_at_latest_ts": int}.
         streams: the streams to replay; None replays every stream in the archives.
         start, end: keep rows with start <= ts <= end (None: unbounded).
         slice_rows: about how many rows each slice holds. Rows with one ts are never
             split, so a slice grows past this when more rows than that share one ts.
+        resume: continue where the target stops: each stream from its latest ts L on
+            (or `start`, if later), skipping as many of the archive's rows at ts L as the
+            target holds at L: those a replay that stopped part way delivered.
 
     Raises:
         ArchiveError: a file that is unreadable, mistyped, holds NULLs or NaN, or
@@ -178,7 +188,7 @@ def plan_replay(archives: Sequence[str | Path], targets: Mapping[str, Mapping[st
             raise ArchiveError(f"no stream '{name}' in {where} (streams there: "
                                f"{', '.join(sorted(found)) or 'none'})")
     every = max(1, slice_rows // _SAMPLES)
-    plans = {name: _scan_stream(name, found[name], targets.get(name), lo, hi, every)
+    plans = {name: _scan_stream(name, found[name], targets.get(name), lo, hi, every, resume)
              for name in wanted}
     _check_appends(plans, start)
     return ReplayPlan(plans, _slices(plans, every, slice_rows, lo, hi))
@@ -193,7 +203,7 @@ def _parts_by_stream(root: Path) -> dict[str, list[Path]]:
 
 
 def _scan_stream(name: str, paths: list[Path], target: Mapping[str, Any] | None,
-                 lo: float, hi: float, every: int) -> StreamPlan:
+                 lo: float, hi: float, every: int, resume: bool) -> StreamPlan:
     parts = sorted((_part(p) for p in paths), key=lambda part: (part.first, part.last))
     for a, b in zip(parts, parts[1:]):
         if b.first <= a.last:
@@ -209,8 +219,11 @@ def _scan_stream(name: str, paths: list[Path], target: Mapping[str, Any] | None,
             raise ArchiveError(f"{parts[0].path}: no psoup schema in its metadata (key "
                                f"psoup.columns); create stream '{name}' on the target first")
     plan = StreamPlan(name, columns, target is None,
-                      None if target is None else target.get("latest_ts"))
-    scan = _Scan(name, columns, lo, hi, every, plan)
+                      None if target is None else target.get("latest_ts"), lo)
+    if resume and plan.latest_ts is not None and plan.latest_ts >= lo:
+        assert target is not None
+        plan.start, plan.skip = plan.latest_ts, int(target.get("rows_at_latest_ts", 0))
+    scan = _Scan(name, columns, plan.start, hi, every, plan)
     for part in parts:
         with _open(part.path) as pf:
             check_part(pf.schema_arrow, part.path, name, columns)
@@ -225,6 +238,8 @@ def _scan_stream(name: str, paths: list[Path], target: Mapping[str, Any] | None,
                 raise ArchiveError(f"{part.path}: damaged Parquet data ({exc})") from None
         if part.rows:
             plan.parts.append(part)
+    plan.skip = min(plan.skip, plan.at_latest) if plan.start <= hi else 0
+    plan.rows -= plan.skip
     return plan
 
 
@@ -324,7 +339,7 @@ class _Scan:
             if after < len(ts):
                 plan.after_latest = min(plan.after_latest, float(ts[after]))
         a, b = np.searchsorted(ts, self.lo, "left"), np.searchsorted(ts, self.hi, "right")
-        if a == b:
+        if a >= b:
             return
         first = a + (-plan.rows) % self.every     # in-range ranks 0, every, 2*every, ...
         if first < b:
@@ -359,7 +374,7 @@ def _check_appends(plans: Mapping[str, StreamPlan], start: float | None) -> None
     for plan in plans.values():
         if plan.rows == 0 or plan.latest_ts is None:
             continue
-        begin = plan.first_ts if start is None else float(start)
+        begin = plan.first_ts if start is None and plan.start == -math.inf else plan.start
         assert begin is not None, "a stream with rows in range has parts"
         if begin < plan.latest_ts:
             late.append(plan)
@@ -376,7 +391,11 @@ def _check_appends(plans: Mapping[str, StreamPlan], start: float | None) -> None
                           "to append (older rows are for historical evaluation)")
     latest = max(late, key=lambda p: p.latest_ts or -math.inf)
     resume = latest.latest_ts
-    ways = [f"--from {resume!r} replays the archive's {latest.at_latest:,} row"
+    ways = [f"--resume continues exactly where the target stops: it skips as many of the "
+            f"archive's {latest.at_latest:,} row{'s' * (latest.at_latest != 1)} at ts "
+            f"{resume!r} as stream '{latest.name}' holds at that ts (those a replay that "
+            "stopped part way delivered)",
+            f"--from {resume!r} replays the archive's {latest.at_latest:,} row"
             f"{'s' * (latest.at_latest != 1)} at exactly that ts of stream "
             f"'{latest.name}' too (a replay that stopped part way may have delivered some "
             "of them already: those would be doubled)"]
@@ -412,14 +431,25 @@ def ordered_runs(plan: ReplayPlan, spark: Any, batch_rows: int = BATCH_ROWS
     Raises:
         ArchiveError: Spark could not read a slice (a file damaged past its footer).
     """
+    skip = {name: stream.skip for name, stream in plan.streams.items()}
     for lo, hi, closed in plan.slices:
         pieces = []
         for stream in plan.streams.values():
             paths = [p.path for p in stream.parts
                      if p.ts_hi >= lo and (p.ts_lo < hi or (closed and p.ts_lo <= hi))]
-            if paths:
-                pieces.append((stream, _collect(spark, stream, paths, lo, hi, closed)))
-        yield from _merged(pieces, batch_rows)
+            if not paths:
+                continue
+            cols = _collect(spark, stream, paths, max(lo, stream.start), hi, closed)
+            if skip[stream.name] and len(cols[TS_COLUMN]) and \
+                    cols[TS_COLUMN][0] == stream.latest_ts:
+                # resume: the first rows at the target's latest ts are those it holds
+                # (a slice never splits one ts, so they are all in this slice)
+                drop, skip[stream.name] = skip[stream.name], 0
+                cols = {c: v[drop:] for c, v in cols.items()}
+            if len(cols[TS_COLUMN]):
+                pieces.append((stream, cols))
+        if pieces:
+            yield from _merged(pieces, batch_rows)
 
 
 def _collect(spark: Any, stream: StreamPlan, paths: Sequence[Path], lo: float, hi: float,
@@ -480,7 +510,8 @@ def _merged(pieces: list[tuple[StreamPlan, dict[str, np.ndarray]]], batch_rows: 
 def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] | None = None,
            start: float | None = None, end: float | None = None, master: str | None = None,
            slice_rows: int = SLICE_ROWS, batch_rows: int = BATCH_ROWS,
-           progress: Callable[[int, int, float], None] | None = None) -> ReplayReport:
+           progress: Callable[[int, int, float], None] | None = None,
+           resume: bool = False) -> ReplayReport:
     """Deliver the archived rows with start <= ts <= end to `target`, in (ts, archived
     tupleID) order over all the streams.
 
@@ -497,6 +528,9 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
         slice_rows: about the most rows on the driver at once.
         batch_rows: rows per insert.
         progress: called after each insert with (rows delivered, rows in all, seconds).
+        resume: continue exactly where the target stops (see `plan_replay`): after a
+            refusal, or a replay that stopped part way, nothing is doubled or skipped,
+            provided the target's rows at its latest ts came from this archive, in order.
 
     Raises:
         ArchiveError: the archive failed a check (nothing was delivered).
@@ -521,7 +555,8 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
         replay only appends: stream 'R' holds data up to ts 5.0, the replay would
     """
     began = time.perf_counter()
-    plan = plan_replay(archives, target.stats()["streams"], streams, start, end, slice_rows)
+    plan = plan_replay(archives, target.stats()["streams"], streams, start, end, slice_rows,
+                       resume)
     if plan.slices:
         from psoup.spark.session import spark_session
         spark = spark_session(master)
@@ -548,6 +583,11 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
             raise ReplayError(f"replay stopped after {done:,} rows were delivered (they "
                               f"stay): {exc}", done) from exc
     ends = max((p.last_ts for p in plan.streams.values()), default=-math.inf)
-    note = (f"the archive ends at ts {ends!r}, before the start {float(start)!r}"
-            if start is not None and not plan.rows and -math.inf < ends < start else "")
+    note = ""
+    if start is not None and not plan.rows and -math.inf < ends < start:
+        note = f"the archive ends at ts {ends!r}, before the start {float(start)!r}"
+    elif resume and not plan.rows:
+        note = "nothing to resume: " + "; ".join(
+            f"stream '{p.name}' holds data up to ts {p.latest_ts!r}, the archive's rows "
+            f"end at ts {p.last_ts!r}" for p in plan.streams.values())
     return ReplayReport(done, inserts, time.perf_counter() - began, per_stream, note)

@@ -89,6 +89,9 @@ class DataSteM:
         self.n = 0                        # positions handed out so far
         self.horizon = 0                  # first retained position
         self.last_ts = float("-inf")
+        #: rows ever appended with ts equal to last_ts (retention does not lower it): a
+        #: replay that stopped part way resumes after them (`psoup replay --resume`)
+        self.at_last_ts = 0
         self.rows_total = 0
         #: Called with each chunk's columns ({name: array}, ts and tupleID included) as
         #: the chunk is dropped, so durable engines can archive what leaves retention.
@@ -125,7 +128,10 @@ class DataSteM:
         self.n += batch.n
         self.rows_total += batch.n
         if batch.n:
-            self.last_ts = float(batch.ts[-1])
+            last = float(batch.ts[-1])
+            same = batch.n - int(np.searchsorted(batch.ts, last, "left"))
+            self.at_last_ts = same + (self.at_last_ts if last == self.last_ts else 0)
+            self.last_ts = last
         self._retain()
         return p0
 
@@ -483,6 +489,8 @@ class DataSteM:
             assert (np.diff(ts) >= 0).all(), "ts never decreases"
             assert (np.diff(ids) > 0).all(), "tupleIDs increase"
             assert ts[-1] == self.last_ts
+            assert self.at_last_ts >= int((ts == self.last_ts).sum()) > 0, \
+                "at_last_ts counts at least the retained rows at the latest ts"
         for chunk in self._chunks:
             for column, (order, values) in chunk.index.items():
                 assert chunk.n == cap and (values == chunk.cols[column][order]).all()
