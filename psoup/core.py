@@ -136,6 +136,10 @@ class Core:
     def answer(self, handle: str, now: float) -> Result:
         return self.answers.answer(self.plan(handle), now)
 
+    def answer_and_window(self, handle: str, now: float
+                          ) -> tuple[Result, tuple[int, int] | None]:
+        return self.answers.answer_and_window(self.plan(handle), now)
+
     # ------------------------------------------------------------------ lookups
 
     def schemas(self) -> dict[str, StreamSchema]:

@@ -392,12 +392,12 @@ class Engine:
                 raise ApplyFailed(f"this engine stopped: {self._failure}")
             at = self._now(now)
             self._check_history(handle)
-            answer = self._core.answer(handle, at)
-            plan = self._core.plan(handle)
+            answer, window = self._core.answer_and_window(handle, at)
             if since is None:
-                self._cursors.issue(handle, plan, at, answer)
+                self._cursors.issue(handle, answer, window)
                 return answer
-            return self._cursors.changes(handle, plan, at, since, answer)
+            return self._cursors.changes(handle, self._core.plan(handle), since, answer,
+                                         window)
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working and its slot is reused."""

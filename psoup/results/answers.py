@@ -49,34 +49,27 @@ class Answers:
 
     def answer(self, plan: Plan, now: float) -> Result:
         """The query's current answer at `now`."""
+        return self.answer_and_window(plan, now)[0]
+
+    def answer_and_window(self, plan: Plan, now: float
+                          ) -> tuple[Result, tuple[int, int] | None]:
+        """The query's current answer at `now`, and where it comes from as a tupleID
+        range [lo, hi) of its stream: for a selection query without aggregates or
+        history whose window is a position range, the answer is its matches in that
+        range, so `recompute` can build it again later (a `since` cursor holds the range
+        instead of the answer). The range is None for every other query; O(log n) on
+        top of the answer's cost.
+        """
         if isinstance(plan, JoinPlan):
-            answer = self._join(plan, now)
+            answer, window = self._join(plan, now), None
         else:
-            answer = self._selection(plan, now)
+            answer, window = self._selection(plan, now)
         if plan.query.aggregated and plan.query.distinct:
             answer = answer.distinct()
-        return answer
-
-    def window_tids(self, plan: Plan, now: float) -> tuple[int, int] | None:
-        """Where the answer at `now` comes from, as a tupleID range [lo, hi) of its
-        stream: for a selection query without aggregates or history whose window is a
-        position range, the answer is its matches in that range, so `recompute` can
-        build it again later (a `since` cursor holds the range instead of the answer).
-        None for every other query. O(log n).
-        """
-        query = plan.query
-        if not isinstance(plan, SelectionPlan) or query.aggregated or plan.slot in self.tiers:
-            return None
-        stem = self.stems[query.sources[0].stream]
-        span = self.windows.spans(plan.slot, [stem], now)[0]
-        if not span.is_range:
-            return None
-        lo, hi = span.bounds()
-        lo = min(max(lo, stem.horizon), stem.n)
-        return stem.tid_bound(lo), stem.tid_bound(max(lo, min(hi, stem.n)))
+        return answer, window
 
     def recompute(self, plan: Plan, lo: int, hi: int) -> Result | None:
-        """The answer `window_tids` described by [lo, hi), from the tuples memory still
+        """The answer `answer_and_window` described by [lo, hi), from the tuples memory still
         holds (retained or passed by retention but not yet dropped); None when some may
         have been dropped since. O(hi - lo) for the part retention has passed, plus
         O(answer).
@@ -98,7 +91,8 @@ class Answers:
         return Result.build(query.columns, [got[name] for name in names], got[TS],
                             got[TUPLE_ID], query.distinct)
 
-    def _selection(self, plan: SelectionPlan, now: float) -> Result:
+    def _selection(self, plan: SelectionPlan, now: float
+                   ) -> tuple[Result, tuple[int, int] | None]:
         query = plan.query
         source = query.sources[0]
         stem = self.stems[source.stream]
@@ -106,16 +100,21 @@ class Answers:
         span = self.windows.spans(plan.slot, [stem], now)[0]
         kept = self.kept.aggregates.get(plan.slot)
         if kept is not None and span.is_range and not archived:
-            return kept.index.answer(*span.bounds())          # Sect. 6: no scan
+            return kept.index.answer(*span.bounds()), None      # Sect. 6: no scan
         positions = self.kept.selection(plan, span)
         if query.aggregated:
             aggregator = Aggregator(query)
             got = _fetch(stem, [c for _, c in aggregator.needed] + [TS], positions, archived)
-            return aggregator.compute({(0, c): got[c] for _, c in aggregator.needed}, got[TS])
-        names = [item.column for item in query.select]
-        got = _fetch(stem, list(dict.fromkeys(names + [TS, TUPLE_ID])), positions, archived)
-        return Result.build(query.columns, [got[name] for name in names], got[TS],
-                            got[TUPLE_ID], query.distinct)
+            return aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
+                                      got[TS]), None
+        got = _fetch(stem, plan.fetched, positions, archived)
+        answer = Result.build(query.columns, [got[name] for name in plan.selected], got[TS],
+                              got[TUPLE_ID], query.distinct)
+        if not span.is_range or plan.slot in self.tiers:
+            return answer, None
+        lo, hi = span.bounds()
+        lo = min(max(lo, stem.horizon), stem.n)
+        return answer, (stem.tid_bound(lo), stem.tid_bound(max(lo, min(hi, stem.n))))
 
     def _join(self, plan: JoinPlan, now: float) -> Result:
         query = plan.query

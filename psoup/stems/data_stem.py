@@ -83,6 +83,8 @@ class DataSteM:
             n for n, dt in self._dtypes.items() if dt.itemsize == 8 and dt.kind in "if")}
         self._chunks: list[_Chunk] = []
         self._blocks: object = None       # the chunks' blocks as a numba typed list, or None
+        #: names asked of `take` -> (its 8-byte columns, their block rows, their dtypes)
+        self._gathers: dict[tuple[str, ...], tuple[list[str], np.ndarray, list]] = {}
         self._heads: list[float] = []     # first ts of each chunk, for the time index
         self._tid_heads: list[int] = []   # first tupleID of each chunk, for lookups
         self._chunk0 = 0                  # chunk number of self._chunks[0]
@@ -325,14 +327,20 @@ class DataSteM:
                         out[name][here] = cols[name][rows]
                 return out
         got: dict[str, np.ndarray] = {}
-        wide = [name for name in names if name in self._wide]
+        key = tuple(names)
+        gather = self._gathers.get(key)
+        if gather is None:
+            wide = [name for name in names if name in self._wide]
+            gather = self._gathers[key] = (
+                wide, np.array([self._wide[name] for name in wide], dtype=np.int64),
+                [self._dtypes[name] for name in wide])
+        wide, rows_of, dtypes = gather
         if wide:                    # one compiled pass over every chunk, 8-byte columns
             from psoup.kernels import chunk_gather
-            rows_of = np.array([self._wide[name] for name in wide], dtype=np.int64)
             words = np.empty((len(wide), len(positions)), dtype=np.uint64)
             chunk_gather(self._block_list(), self._chunk0, cap, rows_of,
                          np.ascontiguousarray(positions, np.int64), words)
-            got = {name: words[i].view(self._dtypes[name]) for i, name in enumerate(wide)}
+            got = {name: words[i].view(dt) for i, (name, dt) in enumerate(zip(wide, dtypes))}
         if len(got) < len(names):
             runs = list(chunk_runs(positions, cap))
         for name in names:

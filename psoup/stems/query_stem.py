@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Mapping, Sequence, Union
 
 import numpy as np
 
 from psoup.bits import DTYPE, bit_row, set_bit, widened, words_for
-from psoup.query.model import ColumnFactor, Query
+from psoup.query.model import TS, TUPLE_ID, ColumnFactor, Query
 from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import factor_mask, source_mask
 
@@ -42,6 +43,17 @@ class SelectionPlan:
     def id(self) -> int:
         """The query's id in the WindowsTable and the Results Structure: its slot."""
         return self.slot
+
+    @cached_property
+    def selected(self) -> list[str]:
+        """The stream columns its SELECT list shows, in order."""
+        return [item.column for item in self.query.select]
+
+    @cached_property
+    def fetched(self) -> list[str]:
+        """The columns an answer reads from the Data SteM: the selected ones, ts and
+        tupleID, each once."""
+        return list(dict.fromkeys(self.selected + [TS, TUPLE_ID]))
 
 
 @dataclass(frozen=True, eq=False)
