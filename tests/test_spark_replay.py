@@ -415,6 +415,66 @@ def test_import_older_than_the_archive_is_refused(spark, tmp_path):
     assert sorted(root.rglob("*.parquet")) == before
 
 
+def test_import_into_a_relative_directory_writes_under_the_absolute_one(spark, tmp_path,
+                                                                         monkeypatch):
+    # executors on a cluster have working directories of their own: they get the
+    # archive root as an absolute path
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    write(work / "in.csv", _traffic_rows(50))
+    seen = []
+    bind = importer.partial
+
+    def watched(fn, root, *rest):
+        seen.append(root)
+        return bind(fn, root, *rest)
+
+    monkeypatch.setattr(importer, "partial", watched)
+    report = import_files(["in.csv"], "traffic", parse_columns("traffic", TRAFFIC), "arc")
+    assert seen == [str(work / "arc")]
+    assert report.rows == 50 and all(p.is_absolute() for p in report.files)
+    assert Archive(work / "arc").read("traffic").num_rows == 50
+    assert not list(work.rglob("*.tmp"))
+
+
+def test_an_import_that_fails_while_renaming_leaves_the_archive_as_it_was(spark, tmp_path,
+                                                                         monkeypatch):
+    root = tmp_path / "arc"
+    columns = parse_columns("traffic", TRAFFIC)
+    import_files([write(tmp_path / "a.csv", _traffic_rows(30))], "traffic", columns, root)
+    before = sorted(root.rglob("*"))
+    calls = []
+    real_replace = importer.os.replace
+
+    def failing(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(importer.os, "replace", failing)
+    later = _traffic_rows(60, t0=T0 + 86_400)            # two days: two part files
+    with pytest.raises(ArchiveError, match="No space left on device; none of the input was "
+                                           "archived"):
+        import_files([write(tmp_path / "b.csv", later)], "traffic", columns, root)
+    assert len(calls) == 2
+    assert sorted(root.rglob("*")) == before
+    assert Archive(root).read("traffic").num_rows == 30
+
+
+def test_an_import_whose_tasks_fail_leaves_no_temporary_files(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(importer, "_FILE_ROWS", 20)    # several tasks, some succeed
+    root = tmp_path / "arc"
+    blocker = root / "stream=traffic" / "date=2026-01-01"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("a file where the day's directory should go")
+    with pytest.raises(ArchiveError, match="writing stream 'traffic' under"):
+        import_files([write(tmp_path / "a.csv", _traffic_rows(80))], "traffic",
+                     parse_columns("traffic", TRAFFIC), root)
+    assert sorted(root.rglob("*")) == [blocker.parent, blocker]
+
+
 def test_import_reads_the_compressions_ingest_reads(spark, tmp_path):
     """.csv.zst and .ndjson.gz, as `psoup ingest` takes them (psoup.formats)."""
     rows = _traffic_rows(60)

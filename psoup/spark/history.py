@@ -169,7 +169,7 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
     then tupleID. An empty table when the stream has no archive."""
     from pyspark.sql import functions as F
 
-    folder = Path(root) / f"stream={schema.name}"
+    folder = Path(root).resolve() / f"stream={schema.name}"   # the JVM's cwd may differ
     target = out_schema(schema)
     files = sorted(folder.rglob("*.parquet"))
     if not queries or not files:

@@ -23,6 +23,7 @@ went through an engine can be replayed (psoup.spark.replay) like any other:
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -242,14 +243,17 @@ def _typed(spark: Any, path: Path, index: int, fmt: str, columns: Sequence[tuple
     the columns as read."""
     from pyspark.sql import functions as F
 
+    # absolute: the JVM resolves a relative path against its own working directory,
+    # the one it started in, which need not be this process's now
+    where = str(path.resolve())
     try:
         if fmt == "csv":
             # Every cell as text, typed below; a quoted "" stays an empty TEXT.
-            raw = spark.read.options(header=True, nullValue="\u0000").csv(str(path))
+            raw = spark.read.options(header=True, nullValue="\u0000").csv(where)
         elif fmt == "jsonl":
-            raw = spark.read.options(mode="FAILFAST").json(str(path))
+            raw = spark.read.options(mode="FAILFAST").json(where)
         else:
-            raw = spark.read.parquet(str(path))
+            raw = spark.read.parquet(where)
         kinds = dict(raw.dtypes)
     except Exception as exc:   # Spark's errors come as py4j / PySpark classes of many kinds
         raise ArchiveError(f"{path}: Spark cannot read it as {fmt} ({spark_error(exc)})") \
@@ -362,10 +366,16 @@ def _problem(name: str, ctype: str | None, example: Any) -> str:
 
 def _write(frame: Any, rows: int, stream: str, columns: Sequence[tuple[str, str]],
            schema: pa.Schema, root: Path, first_tid: int) -> list[Path]:
-    """Sort, number and write the rows; returns the part files, in tupleID order."""
+    """Sort, number and write the rows; returns the part files, in tupleID order.
+
+    The executors get the archive root as an absolute path (a relative one would be
+    taken relative to each executor's own working directory). All or nothing: when the
+    job or a rename fails, the ``.tmp`` files and the parts this import wrote are
+    removed before the error is raised."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
+    root = Path(root).resolve()
     names = [c for c, _ in columns]
     keys = (TS_COLUMN, _FILE, _ROW)
     ordered = (frame.select(*keys, *(F.col(f"`{c}`") for c in names))
@@ -389,18 +399,43 @@ def _write(frame: Any, rows: int, stream: str, columns: Sequence[tuple[str, str]
             done = numbered.mapInArrow(partial(_write_partition, str(root), stream, schema),
                                        "tmp STRING, final STRING, first BIGINT").collect()
         except Exception as exc:   # Spark's errors: py4j / PySpark classes of many kinds
+            _remove_written(root, stream, first_tid, first_tid + rows - 1)
             raise ArchiveError(f"writing stream '{stream}' under {root} failed: "
                                f"{spark_error(exc)}") from exc
     finally:
         ordered.unpersist()
     written = []
-    for row in sorted(done, key=lambda r: r["first"]):
-        final = Path(row["final"])
-        os.replace(row["tmp"], final)
-        for directory in (final.parent, final.parent.parent, root):
-            fsync_dir(directory)
-        written.append(final)
+    try:
+        for row in sorted(done, key=lambda r: r["first"]):
+            final = Path(row["final"])
+            os.replace(row["tmp"], final)
+            for directory in (final.parent, final.parent.parent, root):
+                fsync_dir(directory)
+            written.append(final)
+    except OSError as exc:
+        _remove_written(root, stream, first_tid, first_tid + rows - 1)
+        raise ArchiveError(f"writing stream '{stream}' under {root} failed: {exc}; none of "
+                           "the input was archived") from exc
     return written
+
+
+def _remove_written(root: Path, stream: str, first: int, last: int) -> None:
+    """Remove the part files and ``.tmp`` files of `stream` under `root` whose first
+    tupleID lies in [first, last]: what a failed import wrote (tupleIDs below `first`
+    are the archive's own), and the day directories left empty. Best effort: a file that
+    cannot be removed is left."""
+    for path in (root / f"stream={stream}").glob("date=*/part-*"):
+        match = re.match(r"part-(\d{20})[-.]", path.name)
+        if match and first <= int(match.group(1)) <= last:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+    for day in (root / f"stream={stream}").glob("date=*"):
+        try:
+            day.rmdir()                 # only if the failed import left it empty
+        except OSError:
+            pass
 
 
 class _DayFile:

@@ -467,7 +467,8 @@ def _collect(spark: Any, stream: StreamPlan, paths: Sequence[Path], lo: float, h
     ddl = ", ".join(f"`{c}` {SPARK_TYPES[t]}" for c, t in
                     [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *stream.columns])
     try:
-        frame = (spark.read.schema(ddl).parquet(*map(str, paths)).where(keep)
+        frame = (spark.read.schema(ddl).parquet(*(str(p.resolve()) for p in paths))
+                 .where(keep)
                  .select(*(F.col(f"`{c}`") for c in names)))
         table = frame.toArrow() if hasattr(frame, "toArrow") else \
             pa.Table.from_batches(frame._collect_as_arrow())      # pyspark 3.5
