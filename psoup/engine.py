@@ -164,6 +164,8 @@ class Engine:
             retained tuple) raises LimitError and changes nothing. Inserts are never
             refused for it: bound the data with RETAIN and max_stream_bytes.
         spark_master: the Spark master of history jobs (default local[*]).
+        spark_conf: Spark settings of history jobs ({"spark.executor.memory": "2g"}, ...),
+            over spark-defaults.conf and $PSOUP_SPARK_CONF (docs/durability.md).
         max_producers: idempotent producers remembered (insert's `producer`); beyond
             it the one idle longest is forgotten (psoup.producers).
 
@@ -185,7 +187,8 @@ class Engine:
                  shared_joins: bool = True, max_factors: int | None = None,
                  max_queries: int | None = None, max_stream_bytes: int | None = None,
                  max_results_bytes: int | None = None, max_ts: float | None = MAX_TS,
-                 spark_master: str | None = None, max_producers: int = 10_000):
+                 spark_master: str | None = None, max_producers: int = 10_000,
+                 spark_conf: Mapping[str, str] | None = None):
         if mode not in MODE_TABLE:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
@@ -207,6 +210,7 @@ class Engine:
         self.max_results_bytes = max_results_bytes
         self.max_ts = max_ts
         self.spark_master = spark_master
+        self.spark_conf = dict(spark_conf or {})
         self._clock = clock
         self._lock = FairLock()
         self._core = Core(mode, chunk_rows, shared_index, routing, shared_joins)
@@ -849,7 +853,7 @@ class Engine:
         found, error = None, None
         try:
             found = evaluate_jobs(self._journal.archive.root, jobs, self.spark_master,
-                                  job.note, job.id, job.cancelled)
+                                  job.note, job.id, job.cancelled, self.spark_conf)
         except BaseException as exc:     # anything: the job must end, nothing applied
             error = exc
         with self._lock:

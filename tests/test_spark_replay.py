@@ -469,9 +469,11 @@ def test_an_import_whose_tasks_fail_leaves_no_temporary_files(spark, tmp_path, m
     blocker = root / "stream=traffic" / "date=2026-01-01"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("a file where the day's directory should go")
-    with pytest.raises(ArchiveError, match="writing stream 'traffic' under"):
+    with pytest.raises(ArchiveError, match="writing stream 'traffic' under") as err:
         import_files([write(tmp_path / "a.csv", _traffic_rows(80))], "traffic",
                      parse_columns("traffic", TRAFFIC), root)
+    # the executor's own exception, not the stage failure around it
+    assert "failed: in a Spark executor: FileExistsError: " in str(err.value)
     assert sorted(root.rglob("*")) == [blocker.parent, blocker]
 
 

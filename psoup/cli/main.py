@@ -253,6 +253,10 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
 @click.option("--spark-master", default=None, metavar="URL",
               help="The Spark master of history jobs (default local[*]); clients cannot "
                    "choose it.")
+@click.option("--spark-conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              callback=lambda ctx, param, value: _spark_conf(param, value),
+              help="A Spark setting of history jobs (repeatable), over spark-defaults.conf "
+                   "and PSOUP_SPARK_CONF.")
 @click.option("--token", "token_option", default=None,
               help="The access token clients must present (default: psoup --token, "
                    "PSOUP_TOKEN, the token saved in --data-dir, or a new one).")
@@ -265,7 +269,7 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
           sync: str, max_queries: int | None, max_stream_bytes: int | None,
           max_results_bytes: int | None, spark_master: str | None,
-          token_option: str | None, log_level: str) -> None:
+          spark_conf: dict[str, str], token_option: str | None, log_level: str) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
@@ -289,7 +293,7 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
                    sync=sync, limits=Limits(max_queries=max_queries,
                                             max_stream_bytes=max_stream_bytes,
                                             max_results_bytes=max_results_bytes),
-                   spark_master=spark_master, echo=click.echo)
+                   spark_master=spark_master, spark_conf=spark_conf, echo=click.echo)
     except OSError as exc:
         raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 
@@ -783,8 +787,13 @@ def archive() -> None:
               help="The archive directory; created if missing.")
 @click.option("--master", default=None, metavar="URL",
               help="The Spark master (default local[*]).")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              callback=lambda ctx, param, value: _spark_conf(param, value),
+              help="A Spark setting (repeatable), over spark-defaults.conf and "
+                   "PSOUP_SPARK_CONF.")
 def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_column: str,
-                   fmt: str | None, into: Path, master: str | None) -> None:
+                   fmt: str | None, into: Path, master: str | None,
+                   spark_conf: dict[str, str]) -> None:
     """Sort the rows of FILE... by timestamp and write them into the archive as stream
     NAME, with tupleIDs after the ones the archive already holds (a Spark job).
 
@@ -801,7 +810,7 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
                        ("--columns", columns), (None, ")")])
         raise Failure(typed.explain(str(exc))) from None
     report = importing.import_files(files, stream_name, declared, into, ts_column=ts_column,
-                                    fmt=fmt, master=master)
+                                    fmt=fmt, master=master, conf=spark_conf)
     ids = "" if not report.rows else f", tupleIDs {report.first_tid}..{report.last_tid}"
     click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} of {stream_name} "
                f"into {into} ({len(report.files)} file{'' if len(report.files) == 1 else 's'}"
@@ -819,6 +828,10 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
               help="Replay only these streams (default: every stream in the archives).")
 @click.option("--master", default=None, metavar="URL",
               help="The Spark master (default local[*]).")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              callback=lambda ctx, param, value: _spark_conf(param, value),
+              help="A Spark setting (repeatable), over spark-defaults.conf and "
+                   "PSOUP_SPARK_CONF.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Replay into an embedded engine on this state directory (one no server "
                    "has open) instead of a server.")
@@ -838,7 +851,7 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
 def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
            end: float | None, streams: str | None, master: str | None, data_dir: Path | None,
            server_option: str | None, token_option: str | None, slice_rows: int,
-           resume: bool) -> None:
+           resume: bool, spark_conf: dict[str, str]) -> None:
     """Replay the archived rows of ARCHIVE... into the streams of a server (or of the
     engine in --data-dir), in timestamp order, through every standing query as if they
     arrived live (a Spark job reads the archive).
@@ -873,7 +886,7 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     from psoup.spark import replay as replaying
     run = partial(replaying.replay, streams=names, start=start, end=end, master=master,
                   slice_rows=slice_rows, progress=progress if sys.stderr.isatty() else None,
-                  resume=resume)
+                  resume=resume, conf=spark_conf)
     if data_dir is not None:
         from psoup.engine import Engine
 
@@ -893,6 +906,15 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
 
 
 # ---------------------------------------------------------------------- helpers
+
+def _spark_conf(param: click.Parameter, pairs: tuple[str, ...]) -> dict[str, str]:
+    """--conf KEY=VALUE options as Spark settings, checked before Spark starts."""
+    from psoup.spark.session import parse_conf   # no pyspark import: only the parsing
+    try:
+        return parse_conf(pairs, param.opts[0])
+    except PSoupError as exc:
+        raise click.BadParameter(str(exc).partition(": ")[2], param=param) from None
+
 
 @contextmanager
 def _connected(server: str, token: str | None, target: Target | None = None,

@@ -668,7 +668,8 @@ async def _discard(reader: asyncio.StreamReader) -> None:
 def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                port: int = DEFAULT_PORT, token: str | None = None, mode: str = "partial",
                sync: str = "group", limits: Limits | None = None,
-               spark_master: str | None = None, echo: Callable[[str], Any] = print) -> None:
+               spark_master: str | None = None, echo: Callable[[str], Any] = print,
+               spark_conf: Mapping[str, str] | None = None) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -684,6 +685,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         limits: request and connection limits.
         spark_master: the Spark master of history jobs (default local[*]); a client
             cannot choose it.
+        spark_conf: Spark settings of history jobs (`Engine`'s spark_conf).
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -707,7 +709,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                 echo(f"recovering {data_dir}: {done / max(total, 1):.0%} of "
                      f"{total / 2**20:.1f} MiB of log")
         engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync,
-                        progress=recovering, spark_master=spark_master)
+                        progress=recovering, spark_master=spark_master,
+                        spark_conf=spark_conf)
         try:
             generated = token is None
             if token is None:

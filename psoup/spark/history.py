@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -46,7 +46,8 @@ class Job:
 
 def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
                   progress: Callable[[str], None] | None = None, group: str | None = None,
-                  cancelled: Callable[[], bool] = lambda: False
+                  cancelled: Callable[[], bool] = lambda: False,
+                  conf: Mapping[str, str] | None = None
                   ) -> dict[str, dict[int, dict[str, np.ndarray]]]:
     """Every job's matches as psoup columns (ts and tupleID included) per stream and
     slot, in tupleID order, from the archive under `root` (flushed by the caller). All
@@ -57,9 +58,10 @@ def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
         group: the Spark job group the jobs run in (psoup.spark.session.cancel_group
             stops them from another thread).
         cancelled: checked before each stream; True stops with JobCancelled.
+        master, conf: the Spark master and settings (psoup.spark.session.spark_session).
     """
     from psoup.spark.session import spark_session
-    spark = spark_session(master)
+    spark = spark_session(master, conf)
     if group is not None:
         spark.sparkContext.setJobGroup(group, "psoup history", interruptOnCancel=True)
     found = {}

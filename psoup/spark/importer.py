@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -86,7 +86,8 @@ def parse_columns(stream: str, text: str) -> list[tuple[str, str]]:
 def import_files(files: Sequence[str | Path], stream: str,
                  columns: Sequence[tuple[str, str]], into: str | Path,
                  ts_column: str = "ts", fmt: str | None = None,
-                 master: str | None = None) -> ImportReport:
+                 master: str | None = None, conf: Mapping[str, str] | None = None
+                 ) -> ImportReport:
     """Archive the rows of `files` as stream `stream` under the archive root `into`.
 
     Args:
@@ -99,6 +100,7 @@ def import_files(files: Sequence[str | Path], stream: str,
             None guesses from each file's name. CSV and JSON lines may be compressed
             (.gz, .bz2, .zst; psoup.formats), which Spark reads by the suffix.
         master: the Spark master URL (None: local[*], or the session already running).
+        conf: Spark settings (psoup.spark.session.spark_session).
 
     Raises:
         ArchiveError: a file that lacks a column or holds a value that does not fit
@@ -126,7 +128,7 @@ def import_files(files: Sequence[str | Path], stream: str,
     high, latest = archive.high_water(stream), archive.latest_ts(stream)
 
     from psoup.spark.session import spark_session
-    spark = spark_session(master)
+    spark = spark_session(master, conf)
     typed = [_typed(spark, Path(f), i, fm, columns, ts_column)
              for i, (f, fm) in enumerate(zip(files, formats))]
     frame = typed[0]

@@ -512,7 +512,7 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
            start: float | None = None, end: float | None = None, master: str | None = None,
            slice_rows: int = SLICE_ROWS, batch_rows: int = BATCH_ROWS,
            progress: Callable[[int, int, float], None] | None = None,
-           resume: bool = False) -> ReplayReport:
+           resume: bool = False, conf: Mapping[str, str] | None = None) -> ReplayReport:
     """Deliver the archived rows with start <= ts <= end to `target`, in (ts, archived
     tupleID) order over all the streams.
 
@@ -526,6 +526,7 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
         streams: the streams to replay (None: all in the archives).
         start, end: the inclusive time range (None: unbounded).
         master: the Spark master URL; None: local[*], or the session already running.
+        conf: Spark settings (psoup.spark.session.spark_session).
         slice_rows: about the most rows on the driver at once.
         batch_rows: rows per insert.
         progress: called after each insert with (rows delivered, rows in all, seconds).
@@ -560,7 +561,7 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
                        resume)
     if plan.slices:
         from psoup.spark.session import spark_session
-        spark = spark_session(master)
+        spark = spark_session(master, conf)
     for stream in plan.streams.values():
         if stream.create:
             target.create_stream(stream.name, stream.columns)

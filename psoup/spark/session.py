@@ -10,12 +10,14 @@ per-invocation path.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterable, Mapping
 
 from psoup.errors import PSoupError
 
@@ -86,15 +88,110 @@ def _forward(stream: IO[bytes]) -> None:
             pass
 
 
-def spark_session(master: str | None = None) -> Any:
-    """The process's SparkSession (default master local[*]; UI off, Arrow on, UTC).
+#: The line of a Python traceback naming what was raised ("ValueError: ...").
+_PYTHON_RAISED = re.compile(r"(?m)^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|"
+                            r"Interrupt)(?:: [^\n]*)?$")
+_NO_PSOUP = re.compile(r"ModuleNotFoundError: No module named '(psoup|numba|numpy|pyarrow|"
+                       r"sortedcontainers|bitarray|msgpack)[.']")
+
+#: psoup's own settings; spark-defaults.conf, PSOUP_SPARK_CONF and `conf` override them.
+_DEFAULTS = {
+    "spark.master": "local[*]",
+    "spark.app.name": "psoup",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+}
+#: The environment variable of Spark settings: `key=value` pairs separated by spaces,
+#: quoted as in a shell where a value holds spaces.
+CONF_VARIABLE = "PSOUP_SPARK_CONF"
+
+
+def parse_conf(pairs: Iterable[str], where: str) -> dict[str, str]:
+    """`key=value` strings as a dict of Spark settings; `where` names their source in
+    errors.
 
     Raises:
-        PSoupError: pyspark is not installed, or Spark cannot start (no Java).
+        PSoupError: a pair without '=' or a key that is not a Spark setting (spark.*).
+
+    Example:
+        >>> parse_conf(["spark.executor.memory=2g"], "--conf")
+        {'spark.executor.memory': '2g'}
+    """
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.startswith("spark.") or not value:
+            raise PSoupError(f"{where}: {pair!r} is not a Spark setting: write "
+                             "spark.key=value, e.g. spark.executor.memory=2g")
+        out[key] = value.strip()
+    return out
+
+
+def spark_defaults() -> dict[str, str]:
+    """The settings of spark-defaults.conf in $SPARK_CONF_DIR, or else in
+    $SPARK_HOME/conf ({} when there is none): lines of a key and a value separated by
+    whitespace (or '='), '#' comments, as spark-submit reads them."""
+    folder = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME")
+        else None)
+    if folder is None:
+        return {}
+    try:
+        text = Path(folder, "spark-defaults.conf").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = re.split(r"\s*=\s*|\s+", line, maxsplit=1)
+        if len(parts) == 2 and parts[0].startswith("spark."):
+            out[parts[0]] = parts[1].strip()
+    return out
+
+
+def spark_settings(master: str | None = None,
+                   conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings the process's session starts with: psoup's defaults, then
+    spark-defaults.conf, then $PSOUP_SPARK_CONF, then `conf`, then `master` (if given),
+    each overriding the one before. psoup's log configuration is added to the driver's
+    Java options whatever they are.
+
+    Raises:
+        PSoupError: PSOUP_SPARK_CONF or `conf` holds something that is not a setting.
+    """
+    settings = dict(_DEFAULTS)
+    settings.update(spark_defaults())
+    settings.update(parse_conf(shlex.split(os.environ.get(CONF_VARIABLE, "")),
+                               CONF_VARIABLE))
+    settings.update(parse_conf([f"{k}={v}" for k, v in (conf or {}).items()], "conf"))
+    if master:
+        settings["spark.master"] = master
+    java = settings.get("spark.driver.extraJavaOptions", "")
+    settings["spark.driver.extraJavaOptions"] = \
+        f"{java} -Dlog4j2.configurationFile={_log_config()}".strip()
+    return settings
+
+
+def spark_session(master: str | None = None, conf: Mapping[str, str] | None = None) -> Any:
+    """The process's SparkSession, started on first use with `spark_settings(master,
+    conf)` (default master local[*]; UI off, Arrow on, UTC).
+
+    A process has one session. Once it runs, a `master` or a `conf` value other than
+    the one it started with is refused, never silently ignored.
+
+    Raises:
+        PSoupError: pyspark is not installed, Spark cannot start (no Java, a bad master
+            URL), a setting is malformed, or the session runs with other settings.
     """
     global _session
     with _lock:
         if _session is not None:
+            _check_running(_session, master, conf)
             return _session
         try:
             from pyspark import SparkConf, SparkContext
@@ -106,27 +203,40 @@ def spark_session(master: str | None = None) -> Any:
         # the executors' Python must be this one (psoup and its dependencies); on a
         # cluster, PYSPARK_PYTHON names the workers' interpreter
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        settings = spark_settings(master, conf)
         try:
-            conf = (SparkConf().setMaster(master or "local[*]").setAppName("psoup")
-                    .set("spark.ui.enabled", "false")
-                    .set("spark.ui.showConsoleProgress", "false")
-                    .set("spark.sql.execution.arrow.pyspark.enabled", "true")
-                    .set("spark.sql.session.timeZone", "UTC")
-                    .set("spark.driver.extraJavaOptions",
-                         f"-Dlog4j2.configurationFile={_log_config()}"))
+            spark_conf = SparkConf().setAll(list(settings.items()))
             if SparkContext._active_spark_context is None:
                 # the driver JVM's stderr through a filter (the gateway is what
                 # SparkContext would launch, with stderr piped)
-                gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+                gateway = launch_gateway(spark_conf,
+                                         popen_kwargs={"stderr": subprocess.PIPE})
                 _lower_priority(gateway.proc.pid)
                 threading.Thread(target=_forward, args=(gateway.proc.stderr,),
                                  name="psoup-spark-stderr", daemon=True).start()
-                SparkContext(conf=conf, gateway=gateway)
-            _session = SparkSession.builder.config(conf=conf).getOrCreate()
+                SparkContext(conf=spark_conf, gateway=gateway)
+            _session = SparkSession.builder.config(conf=spark_conf).getOrCreate()
         except Exception as exc:     # Java missing, bad master URL, ...
-            raise PSoupError(f"Spark did not start ({master or 'local[*]'}): {exc}") from exc
+            raise PSoupError(f"Spark did not start ({settings['spark.master']}): "
+                             f"{spark_error(exc)}") from exc
         _session.sparkContext.setLogLevel("ERROR")
         return _session
+
+
+def _check_running(session: Any, master: str | None,
+                   conf: Mapping[str, str] | None) -> None:
+    """Refuse a master or settings the running session did not start with."""
+    context = session.sparkContext
+    if master and master != context.master:
+        raise PSoupError(f"Spark already runs in this process with master {context.master}"
+                         f"; master {master} would take effect only in a new process")
+    running = context.getConf()
+    for key, value in parse_conf([f"{k}={v}" for k, v in (conf or {}).items()],
+                                 "conf").items():
+        if running.get(key) != value:
+            raise PSoupError(f"Spark already runs in this process with {key}="
+                             f"{running.get(key)}; {key}={value} would take effect only "
+                             "in a new process")
 
 
 def _log_config() -> Path:
@@ -182,14 +292,28 @@ def group_progress(group: str) -> tuple[int, int] | None:
 
 def spark_error(exc: BaseException) -> str:
     """The gist of a Spark failure in one line: py4j's "An error occurred while calling
-    o37.json" wrapper and the Java exception class dropped.
+    o37.json" wrapper and the Java exception class dropped. When Python code failed in
+    an executor, its own exception (the line of the last Python traceback Spark
+    forwards that names what was raised) is the gist, not the stage failure around it;
+    an executor without psoup says so, with what to do.
 
     Example:
         >>> spark_error(RuntimeError("An error occurred while calling o37.json.\\n"
         ...     ": org.apache.spark.SparkException: [MALFORMED] Malformed records\\n\\tat x"))
         '[MALFORMED] Malformed records'
     """
-    for line in str(exc).splitlines():
+    text = str(exc)
+    if "Traceback (most recent call last)" in text:
+        tail = text.rsplit("Traceback (most recent call last)", 1)[1]
+        raised = [m.group(0).strip() for m in _PYTHON_RAISED.finditer(tail)]
+        if raised:
+            gist = f"in a Spark executor: {raised[0]}"
+            if _NO_PSOUP.search(raised[0]):
+                gist += (" (the executors' Python lacks psoup or one of its dependencies: "
+                         "install them there, or ship a packed environment with "
+                         "spark.archives; see docs/durability.md, Spark on a cluster)")
+            return gist
+    for line in text.splitlines():
         line = line.strip().lstrip(":").strip()
         if not line or line.startswith("An error occurred while calling"):
             continue
