@@ -1,6 +1,7 @@
 """Small helpers shared by test modules: a settable clock, SQL literals, creating the
 scenario's streams in an engine, inserting one batch everywhere, writing input files,
-reading a reply frame off a raw socket, and running a real server process to kill.
+reading a reply frame off a raw socket, running a real server process to kill, and a
+Python that has psoup's dependencies but not psoup (for Spark executors).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -149,3 +151,22 @@ def start_server(data_dir, port, token, env) -> tuple[subprocess.Popen, Any]:
                 proc.kill()
                 raise AssertionError(f"server did not start: {proc.stderr.read().decode()}")
             time.sleep(0.1)
+
+
+def python_without_psoup(folder: Path) -> Path:
+    """A virtual environment in `folder` that sees this one's packages but not psoup,
+    checked both ways; returns its python. A .pth line adds this environment's
+    site-packages directory, and the .pth files there (psoup's editable finder) are not
+    run for a directory added so."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    site = subprocess.run([str(python), "-c",
+                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    check = "import numpy, pyarrow, numba, msgpack, sortedcontainers, click"
+    subprocess.run([str(python), "-c", check], check=True, cwd=folder)
+    lacks = subprocess.run([str(python), "-c", "import psoup"], cwd=folder,
+                           capture_output=True, text=True)
+    assert "No module named 'psoup'" in lacks.stderr, "this Python must lack psoup"
+    return python

@@ -4,13 +4,17 @@ refuses other settings instead of ignoring them, and Spark's failures said in on
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from click.testing import CliRunner
 
 from psoup.cli.main import main
 from psoup.errors import PSoupError
 from psoup.spark import session
-from psoup.spark.session import parse_conf, spark_error, spark_session, spark_settings
+from psoup.spark.session import (package_zip, parse_conf, spark_error, spark_session,
+                                 spark_settings)
+from tests.support import python_without_psoup
 
 
 def test_settings_come_from_defaults_then_files_then_environment_then_arguments(
@@ -104,3 +108,21 @@ def test_the_cli_refuses_a_malformed_setting_before_anything_starts(tmp_path, mo
     done = CliRunner().invoke(main, args)
     assert done.exit_code == 2
     assert "'memory=2g' is not a Spark setting: write spark.key=value" in done.stderr
+
+
+def test_the_shipped_zip_runs_psoup_in_a_python_without_it(tmp_path):
+    python = python_without_psoup(tmp_path / "env")
+    zipped = package_zip(tmp_path)
+    assert package_zip(tmp_path) == zipped                   # the same sources: reused
+    run = subprocess.run([str(python), "-c", f"""
+import sys; sys.path.insert(0, {str(zipped)!r})
+import psoup
+assert psoup.__file__.startswith({str(zipped)!r}), psoup.__file__
+eng = psoup.Engine()
+eng.execute("CREATE STREAM R (a INT, x FLOAT)")
+h = eng.register("SELECT a FROM R WHERE x < 2.0")
+eng.insert("R", [(1, 1.5), (2, 2.5), (3, 0.5)], ts=[1.0, 2.0, 3.0])
+print(eng.invoke(h).rows)
+"""], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[(1,), (3,)]"

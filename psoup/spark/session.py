@@ -92,7 +92,7 @@ def _forward(stream: IO[bytes]) -> None:
 _PYTHON_RAISED = re.compile(r"(?m)^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|"
                             r"Interrupt)(?:: [^\n]*)?$")
 _NO_PSOUP = re.compile(r"ModuleNotFoundError: No module named '(psoup|numba|numpy|pyarrow|"
-                       r"sortedcontainers|bitarray|msgpack)[.']")
+                       r"sortedcontainers|msgpack)[.']")
 
 #: psoup's own settings; spark-defaults.conf, PSOUP_SPARK_CONF and `conf` override them.
 _DEFAULTS = {
@@ -220,7 +220,51 @@ def spark_session(master: str | None = None, conf: Mapping[str, str] | None = No
             raise PSoupError(f"Spark did not start ({settings['spark.master']}): "
                              f"{spark_error(exc)}") from exc
         _session.sparkContext.setLogLevel("ERROR")
+        if not settings["spark.master"].startswith("local"):
+            try:
+                _ship_psoup(_session.sparkContext)
+            except PSoupError:
+                _session.stop()             # no session without psoup on its executors
+                _session = None
+                raise
         return _session
+
+
+def package_zip(folder: str | Path | None = None) -> Path:
+    """psoup's own modules (its .py files, as installed) zipped, for executors whose
+    Python lacks psoup: `SparkContext.addPyFile` puts the zip on their sys.path. The
+    zip is rebuilt when the package changed (its name holds a digest of the sources).
+    O(size of the package).
+    """
+    import hashlib
+    import zipfile
+
+    import psoup
+    root = Path(psoup.__file__).parent
+    files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.blake2b(digest_size=8)
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    out = Path(folder or tempfile.gettempdir()) / f"psoup-{os.getuid()}-{digest.hexdigest()}.zip"
+    if not out.is_file():
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in files:
+                archive.write(path, (Path("psoup") / path.relative_to(root)).as_posix())
+        os.replace(tmp, out)
+    return out
+
+
+def _ship_psoup(context: Any) -> None:
+    """Give a cluster's executors psoup's modules (`package_zip`). Its compiled
+    dependencies (numpy, pyarrow, numba, ...) must be in their Python already
+    (docs/durability.md, "Spark on a cluster")."""
+    try:
+        context.addPyFile(str(package_zip()))
+    except Exception as exc:          # the driver's temp directory unwritable, ...
+        raise PSoupError(f"cannot ship psoup to Spark's executors: {spark_error(exc)}") \
+            from exc
 
 
 def _check_running(session: Any, master: str | None,

@@ -1,0 +1,170 @@
+"""psoup's Spark jobs on a real Spark standalone cluster on 127.0.0.1: a master and one
+worker started from the installed pyspark's `spark-class`, whose executors run a Python
+that has psoup's dependencies but not psoup (psoup ships itself: psoup.spark.session).
+Import, replay and history run against it in driver processes of their own (a process
+has one Spark session, and the test run's is local[2]); their answers must equal
+DuckDB's over the same rows. Every process started is stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+import pyspark
+from tests.support import python_without_psoup
+
+pytestmark = pytest.mark.cluster
+
+T0 = 1_767_225_600.0
+COLUMNS = "lane INT, speed FLOAT, road TEXT"
+QUERIES = ["SELECT lane, speed, road FROM traffic WHERE speed < 30.0",
+           "SELECT road, speed FROM traffic WHERE lane = 3 AND speed >= 50.0"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, seconds: float, what: str, logs: list[Path]) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
+    raise AssertionError(f"{what} did not happen in {seconds:.0f} s\n{tails}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """spark://127.0.0.1:PORT with one worker (2 cores); yields (url, env for drivers)."""
+    root = tmp_path_factory.mktemp("cluster")
+    home = Path(pyspark.__file__).parent
+    python = python_without_psoup(root / "worker-env")
+    port = _free_port()
+    env = dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_LOG_DIR=str(root / "logs"), SPARK_WORKER_DIR=str(root / "work"),
+               PYSPARK_PYTHON=str(python))
+    env.pop("PSOUP_SPARK_CONF", None)
+    logs = [root / "master.log", root / "worker.log"]
+    spark_class = str(home / "bin" / "spark-class")
+    started = []
+    try:
+        with open(logs[0], "wb") as log:
+            started.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(port), "--webui-port", str(_free_port())],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                start_new_session=True))
+        url = f"spark://127.0.0.1:{port}"
+        _wait(lambda: b"I have been elected leader" in logs[0].read_bytes(), 120,
+              "the Spark master's start", logs)
+        with open(logs[1], "wb") as log:
+            started.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                 "--cores", "2", "--memory", "2g", "--work-dir", str(root / "work"),
+                 "--webui-port", str(_free_port()), url],
+                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                start_new_session=True))
+        _wait(lambda: b"Successfully registered with master" in logs[1].read_bytes(), 120,
+              "the Spark worker's registration", logs)
+        yield url, env, logs
+    finally:
+        for proc in started:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in started:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _readings(n: int) -> list[dict]:
+    return [{"ts": T0 + i // 3, "lane": i % 5, "speed": round(5 + (i * 7.3) % 90, 1),
+             "road": f"r{i % 7}"} for i in range(n)]
+
+
+def _psoup(args: list[str], env: dict, cwd: Path, logs: list[Path]) -> str:
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout, done.stderr,
+                                  [p.read_text()[-2000:] for p in logs if p.exists()])
+    return done.stdout
+
+
+def _duckdb(rows: list[dict], sql: str) -> list[tuple]:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE traffic (ts DOUBLE, lane INT, speed DOUBLE, road TEXT)")
+    con.executemany("INSERT INTO traffic VALUES (?, ?, ?, ?)",
+                    [(r["ts"], r["lane"], r["speed"], r["road"]) for r in rows])
+    return sorted(con.execute(sql).fetchall())
+
+
+def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(cluster,
+                                                                          tmp_path):
+    url, env, logs = cluster
+    rows = _readings(3000)
+    data = tmp_path / "readings.csv"
+    data.write_text("ts,lane,speed,road\n" + "".join(
+        f"{r['ts']},{r['lane']},{r['speed']},{r['road']}\n" for r in reversed(rows)))
+
+    # import, with a relative --into: the executors write under the driver's directory
+    said = _psoup(["archive", "import", "readings.csv", "--stream", "traffic", "--columns",
+                   COLUMNS, "--into", "arc", "--master", url], env, tmp_path, logs)
+    assert said.startswith("3,000 rows of traffic into arc")
+    archived = pq.ParquetDataset(str(tmp_path / "arc" / "stream=traffic")).read()
+    assert archived.num_rows == 3000 and not list(tmp_path.rglob("*.tmp"))
+    assert sorted(zip(archived.column("ts").to_pylist(), archived.column("lane").to_pylist(),
+                      archived.column("speed").to_pylist())) == \
+        sorted((r["ts"], r["lane"], r["speed"]) for r in rows)
+
+    # replay into an engine and evaluate history over its archive, in one driver
+    script = textwrap.dedent(f"""
+        import json, sys
+        import psoup
+        from psoup.spark.replay import replay
+        url, queries = sys.argv[1], json.loads(sys.argv[2])
+        out = {{}}
+        with psoup.Engine(path="state", spark_master=url) as eng:
+            eng.execute("CREATE STREAM traffic ({COLUMNS}) RETAIN 500 ROWS")
+            handles = [eng.register(q) for q in queries]
+            report = replay(["arc"], eng, master=url)
+            out["replayed"] = report.rows
+            eng.checkpoint()            # what left retention goes to the archive
+            eng.history_wait(eng.history())
+            out["answers"] = [sorted(eng.invoke(h, now={T0 + 5000}).rows) for h in handles]
+        print(json.dumps(out))
+    """)
+    said = _psoup_script(script, [url, json.dumps(QUERIES)], env, tmp_path, logs)
+    got = json.loads(said.strip().splitlines()[-1])
+    assert got["replayed"] == 3000
+    for sql, answer in zip(QUERIES, got["answers"]):
+        want = _duckdb(rows, sql)
+        assert len(want) > 100
+        assert [tuple(r) for r in answer] == want
+
+
+def _psoup_script(script: str, args: list[str], env: dict, cwd: Path,
+                  logs: list[Path]) -> str:
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout, done.stderr,
+                                  [p.read_text()[-2000:] for p in logs if p.exists()])
+    return done.stdout
