@@ -1,9 +1,10 @@
-"""psoup's Spark jobs on a real Spark standalone cluster on 127.0.0.1: a master and one
-worker started from the installed pyspark's `spark-class`, whose executors run a Python
+"""psoup's Spark jobs on a real Spark standalone cluster on 127.0.0.1: a master and two
+workers started from the installed pyspark's `spark-class`, whose executors run a Python
 that has psoup's dependencies but not psoup (psoup ships itself: psoup.spark.session).
 Import, replay and history run against it in driver processes of their own (a process
-has one Spark session, and the test run's is local[2]); their answers must equal
-DuckDB's over the same rows. Every process started is stopped by PID."""
+has one Spark session, and the test run's is local[2]); one worker is killed while the
+import runs, and the answers must still equal DuckDB's over the same rows. Every
+process started is stopped by its process group."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -50,7 +52,8 @@ def _wait(predicate, seconds: float, what: str, logs: list[Path]) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """spark://127.0.0.1:PORT with one worker (2 cores); yields (url, env for drivers)."""
+    """spark://127.0.0.1:PORT with two workers of one core each; yields (url, env for
+    drivers, log files, the workers' processes and work directories)."""
     root = tmp_path_factory.mktemp("cluster")
     home = Path(pyspark.__file__).parent
     python = python_without_psoup(root / "worker-env")
@@ -59,7 +62,7 @@ def cluster(tmp_path_factory):
                SPARK_LOG_DIR=str(root / "logs"), SPARK_WORKER_DIR=str(root / "work"),
                PYSPARK_PYTHON=str(python))
     env.pop("PSOUP_SPARK_CONF", None)
-    logs = [root / "master.log", root / "worker.log"]
+    logs = [root / "master.log", root / "worker-1.log", root / "worker-2.log"]
     spark_class = str(home / "bin" / "spark-class")
     started = []
     try:
@@ -72,16 +75,20 @@ def cluster(tmp_path_factory):
         url = f"spark://127.0.0.1:{port}"
         _wait(lambda: b"I have been elected leader" in logs[0].read_bytes(), 120,
               "the Spark master's start", logs)
-        with open(logs[1], "wb") as log:
-            started.append(subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                 "--cores", "2", "--memory", "2g", "--work-dir", str(root / "work"),
-                 "--webui-port", str(_free_port()), url],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
-                start_new_session=True))
-        _wait(lambda: b"Successfully registered with master" in logs[1].read_bytes(), 120,
-              "the Spark worker's registration", logs)
-        yield url, env, logs
+        workers = []
+        for i in (1, 2):
+            with open(logs[i], "wb") as log:
+                started.append(subprocess.Popen(
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", "--host",
+                     "127.0.0.1", "--cores", "1", "--memory", "1g", "--work-dir",
+                     str(root / f"work-{i}"), "--webui-port", str(_free_port()), url],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                    start_new_session=True))
+            workers.append((started[-1], root / f"work-{i}"))
+        for i in (1, 2):
+            _wait(lambda i=i: b"Successfully registered with master" in logs[i].read_bytes(),
+                  120, f"worker {i}'s registration", logs)
+        yield url, env, logs, workers
     finally:
         for proc in started:
             try:
@@ -101,36 +108,46 @@ def _readings(n: int) -> list[dict]:
              "road": f"r{i % 7}"} for i in range(n)]
 
 
-def _psoup(args: list[str], env: dict, cwd: Path, logs: list[Path]) -> str:
-    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, (done.stdout, done.stderr,
-                                  [p.read_text()[-2000:] for p in logs if p.exists()])
-    return done.stdout
-
-
 def _duckdb(rows: list[dict], sql: str) -> list[tuple]:
     con = duckdb.connect()
-    con.execute("CREATE TABLE traffic (ts DOUBLE, lane INT, speed DOUBLE, road TEXT)")
-    con.executemany("INSERT INTO traffic VALUES (?, ?, ?, ?)",
-                    [(r["ts"], r["lane"], r["speed"], r["road"]) for r in rows])
+    table = pa.Table.from_pylist(rows).cast(pa.schema([("ts", pa.float64()),
+                                                       ("lane", pa.int32()),
+                                                       ("speed", pa.float64()),
+                                                       ("road", pa.string())]))
+    con.register("traffic", table)
     return sorted(con.execute(sql).fetchall())
+
+
+def _running_task(work: Path) -> bool:
+    """An executor under the worker directory `work` has started a task."""
+    return any(b"Running task" in p.read_bytes() for p in work.glob("app-*/*/stderr"))
 
 
 def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(cluster,
                                                                           tmp_path):
-    url, env, logs = cluster
-    rows = _readings(3000)
+    url, env, logs, workers = cluster
+    n = 200_000
+    rows = _readings(n)
     data = tmp_path / "readings.csv"
     data.write_text("ts,lane,speed,road\n" + "".join(
         f"{r['ts']},{r['lane']},{r['speed']},{r['road']}\n" for r in reversed(rows)))
 
-    # import, with a relative --into: the executors write under the driver's directory
-    said = _psoup(["archive", "import", "readings.csv", "--stream", "traffic", "--columns",
-                   COLUMNS, "--into", "arc", "--master", url], env, tmp_path, logs)
-    assert said.startswith("3,000 rows of traffic into arc")
+    # import, with a relative --into (the executors write under the driver's directory);
+    # a worker is killed as soon as one of its tasks runs: Spark retries on the other
+    importing = subprocess.Popen(
+        [sys.executable, "-m", "psoup.cli.main", "archive", "import", "readings.csv",
+         "--stream", "traffic", "--columns", COLUMNS, "--into", "arc", "--master", url],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim, work = workers[0]
+    _wait(lambda: _running_task(work) or importing.poll() is not None, 300,
+          "a task on worker 1", logs)
+    assert importing.poll() is None, "the import ended before a worker could be killed"
+    os.killpg(victim.pid, signal.SIGKILL)
+    out, err = importing.communicate(timeout=600)
+    assert importing.returncode == 0, (out, err)
+    assert out.startswith(f"{n:,} rows of traffic into arc")
     archived = pq.ParquetDataset(str(tmp_path / "arc" / "stream=traffic")).read()
-    assert archived.num_rows == 3000 and not list(tmp_path.rglob("*.tmp"))
+    assert archived.num_rows == n and not list(tmp_path.rglob("*.tmp"))
     assert sorted(zip(archived.column("ts").to_pylist(), archived.column("lane").to_pylist(),
                       archived.column("speed").to_pylist())) == \
         sorted((r["ts"], r["lane"], r["speed"]) for r in rows)
@@ -154,7 +171,7 @@ def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(cluster
     """)
     said = _psoup_script(script, [url, json.dumps(QUERIES)], env, tmp_path, logs)
     got = json.loads(said.strip().splitlines()[-1])
-    assert got["replayed"] == 3000
+    assert got["replayed"] == n
     for sql, answer in zip(QUERIES, got["answers"]):
         want = _duckdb(rows, sql)
         assert len(want) > 100
