@@ -437,3 +437,33 @@ def test_spark_runs_below_the_servers_priority(spark):
         except FileNotFoundError:        # the thread ended while we listed them
             continue
     assert nice and min(nice) >= SPARK_NICENESS
+
+
+def test_job_status_never_calls_spark_on_the_callers_thread(monkeypatch):
+    """A server answers history_status on its event loop under the engine lock, so
+    status() must not wait on the JVM: Spark's task counts come from the job's own
+    watcher thread, started by the first status() while the job runs."""
+    import psoup.spark.jobs as jobs
+    import psoup.spark.session as session
+
+    callers = []
+
+    def progress(group):
+        callers.append(threading.current_thread())
+        return 3, 8
+
+    monkeypatch.setattr(session, "group_progress", progress)
+    monkeypatch.setattr(jobs, "PROGRESS_EVERY", 0.01)
+    job = jobs.HistoryJob("j1", ["h"], ["R"])
+    first = job.status()
+    assert first["state"] == "running" and "tasks" not in first["progress"]
+    for _ in range(500):
+        if "tasks" in job.status()["progress"]:
+            break
+        threading.Event().wait(0.01)
+    assert job.status()["progress"] == {"message": "", "tasks_done": 3, "tasks": 8}
+    assert callers and threading.current_thread() not in callers
+    job.end("done", {"h": 1})
+    job._watcher.join(5)
+    assert not job._watcher.is_alive()               # the watcher ends with the job
+    assert "tasks" not in job.status()["progress"]

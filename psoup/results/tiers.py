@@ -29,7 +29,6 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from psoup.bits import slot_rows
 from psoup.query.model import TS, TUPLE_ID, Window
 from psoup.results.windows_table import archive_reach
 from psoup.stems.data_stem import DataSteM
@@ -222,7 +221,18 @@ class ArchiveTiers:
         if not n:
             return
         bits = self._probe(stream, rows, n)
-        for slot in slots:
-            hit = slot_rows(bits, slot)
+        # every (slot, row) match at once, by slot then row: a search and a copy per
+        # slot cost ~2 ms an insert with 200 queries, on the writer's path, holding the
+        # engine lock (and a 2-d np.nonzero is ~10x slower than flatnonzero)
+        octets = np.ascontiguousarray(np.ascontiguousarray(bits).view(np.uint8).T)
+        flags = np.unpackbits(octets, axis=0, bitorder="little").view(bool)  # (slots, n)
+        inside = [slot for slot in slots if slot < len(flags)]
+        which, hit = np.divmod(np.flatnonzero(flags[inside]), n)
+        taken = {name: values[hit] for name, values in rows.items()}
+        bounds = np.searchsorted(which, np.arange(len(inside) + 1)).tolist()
+        for k, slot in enumerate(inside):
+            a, b = bounds[k], bounds[k + 1]
+            if a == b:
+                continue
             tier = self._tiers[slot] if slot in self._tiers else self._pending[slot]
-            tier.append({name: values[hit] for name, values in rows.items()})
+            tier.append({name: values[a:b] for name, values in taken.items()})

@@ -8,6 +8,13 @@ the lock and installs the result under it. This module holds the job's state onl
 lifecycle (running -> done | failed | cancelled), progress, result, error and the
 cancellation, each read and changed under the job's own lock, never the engine's.
 
+`status` never calls into Spark: it is a read a server answers on its event loop under
+the engine's lock, and a call to Spark's status tracker is a round trip per job and
+stage to a JVM busy with the job (and at lower priority, psoup.spark.session), tens of
+milliseconds that every request would wait behind. Spark's task counts come from a
+thread of the job's own instead, which asks Spark every PROGRESS_EVERY seconds while the
+job runs, once someone has asked for its status.
+
 Nothing here imports Spark: progress and cancellation reach it through
 psoup.spark.session, and only once a session runs.
 """
@@ -20,6 +27,8 @@ from typing import Any, Callable
 
 #: A job's states; every one but "running" is final.
 STATES = ("running", "done", "failed", "cancelled")
+#: Seconds between two reads of a running job's Spark task counts.
+PROGRESS_EVERY = 0.5
 
 
 class HistoryJob:
@@ -49,6 +58,8 @@ class HistoryJob:
         self._lock = threading.Lock()
         self._cancel = threading.Event()
         self._done = threading.Event()
+        self._tasks: tuple[int, int] | None = None     # Spark tasks (done, all), if known
+        self._watcher: threading.Thread | None = None
         self.thread: threading.Thread | None = None
 
     def note(self, message: str) -> None:
@@ -89,20 +100,34 @@ class HistoryJob:
 
     def status(self) -> dict[str, Any]:
         """The job as plain values: id, state, handles and streams (counts), progress
-        (the last message; Spark tasks done and in all while it runs, when known),
-        seconds, error (one line) and result (handle -> archived matches, when done).
-        O(Spark stages of the job) while it runs."""
+        (the last message; Spark tasks done and in all while it runs, when known: as
+        of at most PROGRESS_EVERY seconds ago), seconds, error (one line) and result
+        (handle -> archived matches, when done). O(1): the first call while the job
+        runs starts the thread that reads the task counts from Spark."""
         with self._lock:
             state, message, ended = self.state, self._message, self._ended
-            result, error = self.result, self.error
+            result, error, tasks = self.result, self.error, self._tasks
+            if state == "running" and self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                                 name=f"psoup-history-progress-{self.id}")
+                self._watcher.start()
         progress: dict[str, Any] = {"message": message}
-        if state == "running":
-            from psoup.spark.session import group_progress
-            tasks = group_progress(self.id)
-            if tasks is not None:
-                progress["tasks_done"], progress["tasks"] = tasks
+        if state == "running" and tasks is not None:
+            progress["tasks_done"], progress["tasks"] = tasks
         return {"id": self.id, "state": state, "handles": len(self.handles),
                 "streams": len(self.streams), "progress": progress,
                 "seconds": (ended or time.time()) - self._started,
                 "error": None if error is None else str(error) or type(error).__name__,
                 "result": result}
+
+    def _watch(self) -> None:
+        """The watcher thread: Spark's task counts for the job, every PROGRESS_EVERY
+        seconds until it ends."""
+        from psoup.spark.session import group_progress
+        while True:
+            tasks = group_progress(self.id)
+            with self._lock:
+                if tasks is not None:
+                    self._tasks = tasks
+            if self._done.wait(PROGRESS_EVERY):
+                return
