@@ -18,6 +18,11 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# The one Spark session of the run is local[2], whichever test starts it: the `spark`
+# fixture, or an engine's history job or a replay in a test that does not ask for it
+# (a running session refuses another master instead of ignoring it).
+os.environ["PSOUP_SPARK_CONF"] = "spark.master=local[2]"
+
 
 @pytest.fixture
 def clock():
@@ -32,5 +37,7 @@ def spark():
     pytest.importorskip("pyspark")
     from psoup.spark.session import spark_session, stop_session
 
-    yield spark_session("local[2]")
+    session = spark_session()
+    assert session.sparkContext.master == "local[2]"
+    yield session
     stop_session()

@@ -107,6 +107,38 @@ def test_hybrid_answers_equal_duckdb_over_archive_files_plus_memory(tmp_path, mo
     eng.close()
 
 
+def test_matches_go_through_files_not_through_sparks_driver(tmp_path, monkeypatch):
+    """The executors write the matches; the driver collects nothing (a billion archived
+    tuples' matches would pass spark.driver.maxResultSize), and the staging files are
+    gone once the job ends, done or failed."""
+    from pyspark.sql import DataFrame
+
+    def collected(*args, **kwargs):
+        raise AssertionError("history collected its matches through Spark's driver")
+
+    for name in ("toArrow", "_collect_as_arrow", "collect", "toPandas"):
+        monkeypatch.setattr(DataFrame, name, collected, raising=False)
+    gen = np.random.default_rng(8)
+    eng = psoup.Engine(path=tmp_path / "state", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
+    handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
+    inserted: dict[str, list] = {}
+    _fill(eng, gen, 0, 30, inserted)
+    eng.evaluate_history()
+    _check(eng, handles, _oracle(inserted), 300.0)
+    staging = tmp_path / "state" / "archive" / ".history"
+    assert not staging.exists()
+
+    from psoup.spark import history
+    monkeypatch.setattr(history, "read_matches", lambda *a: 1 / 0)
+    _fill(eng, gen, 300, 12, inserted)
+    h = eng.register("SELECT a FROM R WHERE a > 2")
+    with pytest.raises(ZeroDivisionError):
+        eng.evaluate_history([h])
+    assert not staging.exists()
+    eng.close()
+
+
 def test_one_spark_pass_per_stream_evaluates_every_query(tmp_path, monkeypatch):
     from psoup.spark import history
     calls = []

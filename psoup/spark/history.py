@@ -5,10 +5,14 @@ memory holds must see the archived data too. The archive (psoup.archive.parquet)
 Parquet by stream and day; this job reads one stream's files and, inside the executors,
 probes each Arrow batch with psoup's own Query SteM holding *all* the queries to
 evaluate (`mapInArrow`; the queries travel as SQL text and are compiled once per task),
-so a thousand queries cost one pass over the data, not a thousand. Each match comes back
-as one row: the query's slot, and the tuple's tupleID, ts and columns. The driver
-decodes them into psoup's column arrays per slot, for the archive tiers of the Results
-Structure (psoup.results.tiers).
+so a thousand queries cost one pass over the data, not a thousand. Each match is one
+row: the query's slot, and the tuple's tupleID, ts and columns. The executors write them
+as Parquet, one directory per slot, under a staging directory in the archive; nothing
+is collected through Spark's driver (whose results are bounded by
+spark.driver.maxResultSize, 1 GB by default: 3.9 GB of matches for a billion archived
+tuples at an 8% match rate would fail there). psoup then reads each slot's files with
+pyarrow into its column arrays, for the archive tiers of the Results Structure
+(psoup.results.tiers), and removes the staging directory.
 
 Spark is imported here only, and this runs only when the user asks for history
 (`Engine.evaluate_history`), never on an invocation.
@@ -17,6 +21,8 @@ Spark is imported here only, and this runs only when the user asks for history
 from __future__ import annotations
 
 import re
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -68,10 +74,8 @@ def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
     for job in jobs:
         if cancelled():
             raise JobCancelled("the history job was cancelled")
-        matches = evaluate(spark, root, job.ddl, job.schema, job.queries, job.below,
-                           progress)
-        found[job.schema.name] = split_matches(matches, job.schema,
-                                               [slot for slot, _ in job.queries])
+        found[job.schema.name] = evaluate(spark, root, job.ddl, job.schema, job.queries,
+                                          job.below, progress)
     return found
 
 
@@ -79,19 +83,27 @@ class JobCancelled(PSoupError):
     """A history job stopped because it was cancelled."""
 
 
-def split_matches(matches: pa.Table, schema: StreamSchema, slots: Sequence[int]
-                  ) -> dict[int, dict[str, np.ndarray]]:
-    """The match table (slot, tuple_id, ts, columns; sorted by slot, then tupleID) as
-    psoup column arrays per slot."""
-    slot_of = matches.column(SLOT).to_numpy()
+def read_matches(folder: Path, schema: StreamSchema, slots: Sequence[int]
+                 ) -> dict[int, dict[str, np.ndarray]]:
+    """The matches the executors wrote under `folder` (a directory `slot=N` of Parquet
+    files per slot with matches) as psoup column arrays per slot, in tupleID order; a
+    slot without a directory gets empty arrays. O(matches), one slot in memory as Arrow
+    at a time."""
+    import pyarrow.parquet as pq
+
     names = {"ts": ("float", TS_COLUMN), "tupleID": ("int", TUPLE_ID_COLUMN),
              **{c: (t, c) for c, t in schema.columns}}
-    columns = {name: to_numpy(matches.column(source), ctype)
-               for name, (ctype, source) in names.items()}
+    target = out_schema(schema).remove(0)             # the slot is the directory's name
     out = {}
     for slot in slots:
-        a, b = np.searchsorted(slot_of, [slot, slot + 1])
-        out[slot] = {name: values[a:b] for name, values in columns.items()}
+        files = sorted((folder / f"{SLOT}={slot}").glob("*.parquet"))
+        table = (pa.concat_tables([pq.read_table(f).cast(target) for f in files])
+                 if files else target.empty_table())
+        tids = table.column(TUPLE_ID_COLUMN).to_numpy()
+        if len(tids) > 1 and not (np.diff(tids) > 0).all():
+            table = table.take(pa.array(np.argsort(tids, kind="stable")))
+        out[slot] = {name: to_numpy(table.column(source), ctype)
+                     for name, (ctype, source) in names.items()}
     return out
 
 
@@ -165,17 +177,21 @@ def _check_order(ts: np.ndarray, files: np.ndarray) -> None:
 
 def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
              queries: Sequence[tuple[int, str]], below: int,
-             progress: Callable[[str], None] | None = None) -> pa.Table:
+             progress: Callable[[str], None] | None = None
+             ) -> dict[int, dict[str, np.ndarray]]:
     """The matches of `queries` over the archived tuples of `schema.name` with tupleID
-    below `below`, as one Arrow table (slot, tuple_id, ts, columns...) sorted by slot,
-    then tupleID. An empty table when the stream has no archive."""
+    below `below`, as psoup column arrays per slot in tupleID order (`read_matches`);
+    empty ones when the stream has no archive. The executors write the matches under
+    `root/.history/` (removed before this returns or raises), so `root` must be
+    writable by them and readable here, like the archive itself."""
     from pyspark.sql import functions as F
 
-    folder = Path(root).resolve() / f"stream={schema.name}"   # the JVM's cwd may differ
-    target = out_schema(schema)
+    root = Path(root).resolve()                 # the JVM's working directory may differ
+    folder = root / f"stream={schema.name}"
+    slots = [slot for slot, _ in queries]
     files = sorted(folder.rglob("*.parquet"))
     if not queries or not files:
-        return target.empty_table()
+        return read_matches(folder / "none", schema, slots)
     for path in files:
         check_file(path, schema)
     try:
@@ -196,17 +212,23 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
     spark_schema = ", ".join(f"`{name}` {SPARK_TYPES[ctype]}" for name, ctype in
                              [(SLOT, "int"), (TUPLE_ID_COLUMN, "int"), (TS_COLUMN, "float"),
                               *schema.columns])
+    staging = root / STAGING / uuid.uuid4().hex
     try:
-        matches = frame.mapInArrow(run, spark_schema).toArrow()
-    except Exception as exc:        # a page that does not decode, ts out of order
-        named = _UNSORTED.search(str(exc))
-        raise PSoupError(f"history of stream {schema.name}: "
-                         + (named.group(1) if named else f"the archive under {folder} cannot "
-                            f"be read: {spark_error(exc)}")) from None
-    if matches.num_rows == 0:
-        return target.empty_table()
-    matches = matches.cast(target)
-    return matches.sort_by([(SLOT, "ascending"), (TUPLE_ID_COLUMN, "ascending")])
+        try:
+            (frame.mapInArrow(run, spark_schema).write.partitionBy(SLOT)
+             .parquet(staging.as_uri()))
+        except Exception as exc:        # a page that does not decode, ts out of order
+            named = _UNSORTED.search(str(exc))
+            raise PSoupError(f"history of stream {schema.name}: "
+                             + (named.group(1) if named else f"the archive under {folder} "
+                                f"cannot be read: {spark_error(exc)}")) from None
+        return read_matches(staging, schema, slots)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            staging.parent.rmdir()          # empty once no job uses it
+        except OSError:
+            pass
 
 
 def check_file(path: Path, schema: StreamSchema) -> None:
@@ -226,4 +248,7 @@ def check_file(path: Path, schema: StreamSchema) -> None:
 
 _UNSORTED = re.compile(r"ValueError: (ts decreases within \S+ \(from [^)]*\))")
 FILE = "_psoup_file"
+#: Where under the archive root the executors write a job's matches (a directory the
+#: archive's own layout, stream=NAME/date=DAY/, never matches).
+STAGING = ".history"
 
