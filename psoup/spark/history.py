@@ -7,12 +7,13 @@ probes each Arrow batch with psoup's own Query SteM holding *all* the queries to
 evaluate (`mapInArrow`; the queries travel as SQL text and are compiled once per task),
 so a thousand queries cost one pass over the data, not a thousand. Each match is one
 row: the query's slot, and the tuple's tupleID, ts and columns. The executors write them
-as Parquet, one directory per slot, under a staging directory in the archive; nothing
-is collected through Spark's driver (whose results are bounded by
+as Parquet (a file per task) under a staging directory in the archive; nothing is
+collected through Spark's driver (whose results are bounded by
 spark.driver.maxResultSize, 1 GB by default: 3.9 GB of matches for a billion archived
-tuples at an 8% match rate would fail there). psoup then reads each slot's files with
-pyarrow into its column arrays, for the archive tiers of the Results Structure
-(psoup.results.tiers), and removes the staging directory.
+tuples at an 8% match rate would fail there). psoup then reads the files with pyarrow,
+orders them by slot and tupleID and splits them into column arrays per slot, for the
+archive tiers of the Results Structure (psoup.results.tiers), and removes the staging
+directory.
 
 Spark is imported here only, and this runs only when the user asks for history
 (`Engine.evaluate_history`), never on an invocation.
@@ -85,25 +86,25 @@ class JobCancelled(PSoupError):
 
 def read_matches(folder: Path, schema: StreamSchema, slots: Sequence[int]
                  ) -> dict[int, dict[str, np.ndarray]]:
-    """The matches the executors wrote under `folder` (a directory `slot=N` of Parquet
-    files per slot with matches) as psoup column arrays per slot, in tupleID order; a
-    slot without a directory gets empty arrays. O(matches), one slot in memory as Arrow
-    at a time."""
+    """The match rows the executors wrote as Parquet files under `folder` (slot,
+    tuple_id, ts, columns; none when the directory is missing) as psoup column arrays
+    per slot, in tupleID order; a slot without matches gets empty arrays. pyarrow
+    reads, sorts and converts them in its own threads. O(matches log matches)."""
     import pyarrow.parquet as pq
 
+    target = out_schema(schema)
+    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
+    table = (pq.read_table(folder, schema=target) if files else target.empty_table())
+    table = table.sort_by([(SLOT, "ascending"), (TUPLE_ID_COLUMN, "ascending")])
+    slot_of = table.column(SLOT).to_numpy()
     names = {"ts": ("float", TS_COLUMN), "tupleID": ("int", TUPLE_ID_COLUMN),
              **{c: (t, c) for c, t in schema.columns}}
-    target = out_schema(schema).remove(0)             # the slot is the directory's name
+    columns = {name: to_numpy(table.column(source), ctype)
+               for name, (ctype, source) in names.items()}
     out = {}
     for slot in slots:
-        files = sorted((folder / f"{SLOT}={slot}").glob("*.parquet"))
-        table = (pa.concat_tables([pq.read_table(f).cast(target) for f in files])
-                 if files else target.empty_table())
-        tids = table.column(TUPLE_ID_COLUMN).to_numpy()
-        if len(tids) > 1 and not (np.diff(tids) > 0).all():
-            table = table.take(pa.array(np.argsort(tids, kind="stable")))
-        out[slot] = {name: to_numpy(table.column(source), ctype)
-                     for name, (ctype, source) in names.items()}
+        a, b = np.searchsorted(slot_of, [slot, slot + 1])
+        out[slot] = {name: values[a:b] for name, values in columns.items()}
     return out
 
 
@@ -215,8 +216,7 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
     staging = root / STAGING / uuid.uuid4().hex
     try:
         try:
-            (frame.mapInArrow(run, spark_schema).write.partitionBy(SLOT)
-             .parquet(staging.as_uri()))
+            frame.mapInArrow(run, spark_schema).write.parquet(staging.as_uri())
         except Exception as exc:        # a page that does not decode, ts out of order
             named = _UNSORTED.search(str(exc))
             raise PSoupError(f"history of stream {schema.name}: "
