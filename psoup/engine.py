@@ -50,6 +50,7 @@ from psoup.results.modes import MODES as MODE_TABLE
 from psoup.results.result import Changes, Result
 from psoup.spark.jobs import HistoryJob
 from psoup.stems.batch import make_batch
+from psoup.stems.query_stem import SelectionPlan
 
 if TYPE_CHECKING:
     from psoup.journal.journal import Journal, Record
@@ -587,10 +588,14 @@ class Engine:
                                         stem.at_last_ts)
                       for name, stem in core.stems.items()}
             handles = [(h, plan.query.sql) for h, plan in core.handles.items()]
-            history = [h for h, plan in core.handles.items()
-                       if plan.id in core.tiers or h in self._history_pending]
+            # visible tiers are saved (and restored at the next start); the handles a
+            # running job evaluates are evaluated again after a restart
+            saved = core.tiers.save(self._journal.tiers_path,
+                                    {plan.id: h for h, plan in core.handles.items()
+                                     if plan.id in core.tiers})
+            history = [h for h in core.handles if h in self._history_pending]
             self._journal.checkpoint(images, core.next_tid, handles, self._producers.image(),
-                                     history)
+                                     history, saved)
 
     def close(self) -> None:
         """Flush the log and the archive; later writes raise PSoupError. A running
@@ -768,6 +773,13 @@ class Engine:
             core.next_tid = max(core.next_tid, record.next_tid)
         elif record.op == "producers":
             self._producers.restore(record.producers or [])
+        elif record.op == "tiers":
+            assert self._journal is not None and record.tiers is not None
+            for handle, files in record.tiers.items():
+                plan = core.plan(handle)
+                assert isinstance(plan, SelectionPlan), "tiers are of selection queries"
+                core.tiers.restore(plan.query.sources[0].stream, plan.slot,
+                                   self._journal.tiers_path, files)
         elif record.op == "latest":
             core.stem(record.stream).at_last_ts = record.count
 
@@ -873,6 +885,13 @@ class Engine:
                     log.warning("history job %s: could not log its queries (%s); after a "
                                 "restart their history must be evaluated again by hand",
                                 job.id, exc)
+                try:                    # the tiers saved: a restart reads them back
+                    self.checkpoint()
+                except Exception as exc:    # then a restart evaluates them again
+                    self._checkpoint_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("history job %s: the checkpoint after it failed (%s); after "
+                                "a restart its queries are evaluated again", job.id,
+                                self._checkpoint_error)
                 job.end("done", self._archived(job.handles))
 
     def _archived(self, handles: list[str]) -> dict[str, int]:

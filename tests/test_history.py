@@ -178,12 +178,16 @@ def test_history_needs_a_durable_engine_and_a_selection_query(tmp_path):
     durable.close()
 
 
-@pytest.mark.parametrize("checkpointed", [False, True])
 def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp_path,
-                                                                           checkpointed):
-    """Archive tiers live in memory: the reopened engine evaluates the history of the
-    queries that had one again, by itself, and refuses to answer them short meanwhile
-    (HistoryPending); then the answer is the one from before the restart."""
+                                                                           monkeypatch):
+    """A tier the checkpoint ending its job failed to save (a full disk): the reopened
+    engine evaluates the history of the queries that had one again, by itself, and
+    refuses to answer them short meanwhile (HistoryPending); then the answer is the one
+    from before the restart."""
+    def full(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(psoup.Engine, "checkpoint", full)
     eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a, t FROM R WHERE a > 3")
@@ -192,9 +196,9 @@ def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp
     eng.evaluate_history([h])
     whole = eng.invoke(h, now=100.0).rows
     short = eng.invoke(memory_only, now=100.0).rows
-    if checkpointed:
-        eng.checkpoint()
+    assert "No space left" in eng.stats()["durability"]["checkpoint_error"]
     eng.close()
+    monkeypatch.undo()
     again = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
     job = again.history_status()
     assert job["state"] in ("running", "done")
@@ -209,6 +213,47 @@ def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp
     third = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
     assert not third._jobs                        # nothing left to evaluate
     third.close()
+
+
+@pytest.mark.parametrize("mode", psoup.MODES)
+def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode):
+    """Tiers saved at checkpoints (a segment file per checkpoint with the matches new
+    since the last) come back at the next start without a Spark job, follow the horizon
+    from there, and equal DuckDB over archive plus memory; an unregistered query's
+    files go at the next checkpoint."""
+    state = tmp_path / "s"
+    gen = np.random.default_rng(11)
+    inserted: dict[str, list] = {}
+    eng = psoup.Engine(path=state, mode=mode, clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
+    handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
+    _fill(eng, gen, 0, 30, inserted)
+    eng.evaluate_history()                         # ends with a checkpoint
+    _check(eng, handles, _oracle(inserted), 300.0)
+    _fill(eng, gen, 300, 6, inserted)              # after the checkpoint: in the log only
+    eng.close()
+    saved = sorted(p.relative_to(state / "tiers").as_posix()
+                   for p in (state / "tiers").rglob("*.parquet"))
+    assert saved and {p.split("/")[0] for p in saved} <= set(handles.values())
+
+    for restart in range(2):
+        eng = psoup.Engine(path=state, mode=mode, clock=Clock(0.0), chunk_rows=8)
+        assert not eng._jobs, "restored, not evaluated again"
+        _check(eng, handles, _oracle(inserted), 360.0 + 60 * restart)
+        _fill(eng, gen, 360 + 60 * restart, 6, inserted)   # the tiers follow the horizon
+        _check(eng, handles, _oracle(inserted), 420.0 + 60 * restart)
+        eng._check()
+        eng.checkpoint()                           # one more segment per tier
+        eng.close()
+    assert len(list((state / "tiers").rglob("*.parquet"))) > len(saved)
+
+    eng = psoup.Engine(path=state, mode=mode, clock=Clock(0.0), chunk_rows=8)
+    gone = handles["all"]
+    eng.unregister(gone)
+    eng.checkpoint()
+    assert not (state / "tiers" / gone).exists()
+    assert not list((state / "tiers").rglob("*.tmp"))
+    eng.close()
 
 
 def test_history_through_the_server_and_the_command_line(tmp_path, monkeypatch):

@@ -57,7 +57,8 @@ class StreamImage:
 @dataclass
 class Record:
     """One decoded log record. `op` is create, insert, register, unregister, drop, state,
-    producers, history (the handles whose history was evaluated) or latest (`count`: how
+    producers, tiers (handle -> the segment files of its archive tier, under tiers/),
+    history (the handles whose history is to be evaluated again) or latest (`count`: how
     many rows the stream ever stored at its latest ts, retention may have dropped some of
     them from a checkpoint's image). An insert's idempotency key is `producer` and `seq`;
     a drop names the handles it unregistered with the stream (CASCADE) and the next
@@ -76,6 +77,7 @@ class Record:
     seq: int = -1
     producers: list | None = None
     count: int = 0
+    tiers: dict[str, list[str]] | None = None
 
 
 class Journal:
@@ -162,17 +164,42 @@ class Journal:
 
     def checkpoint(self, streams: Mapping[str, StreamImage], next_tid: int,
                    handles: Iterable[tuple[str, str]], producers: list | None = None,
-                   history: Sequence[str] = ()) -> None:
+                   history: Sequence[str] = (),
+                   tiers: Mapping[str, list[str]] | None = None) -> None:
         """Archive what left retention, then replace the log by the retained state
-        (with the idempotent producers' table, psoup.producers, and the handles whose
-        history is evaluated)."""
+        (with the idempotent producers' table, psoup.producers, the archive tiers saved
+        under tiers/ by handle, and the handles whose history is to be evaluated again),
+        then remove the tier files the new log no longer names."""
         for name, image in streams.items():
             if len(image.expired["ts"]):
                 self.archive.add(name, image.columns, image.expired)
         self.archive.flush()
         self.wal.rotate(_image_records(streams, next_tid, handles, producers or [],
-                                       list(history)))
+                                       list(history), dict(tiers or {})))
         self._base, self._last_checkpoint = self.wal.size, time.monotonic()
+        self._collect_tiers({name for files in (tiers or {}).values() for name in files})
+
+    @property
+    def tiers_path(self) -> Path:
+        """Where archive tiers are saved (psoup.results.tiers.ArchiveTiers.save)."""
+        return self.path / "tiers"
+
+    def _collect_tiers(self, kept: set[str]) -> None:
+        """Remove the files under tiers/ that are not in `kept` (of queries unregistered
+        since, or of a checkpoint that failed after writing them), and emptied folders.
+        Best effort."""
+        root = self.tiers_path
+        if not root.is_dir():
+            return
+        for path in sorted(root.rglob("*"), reverse=True):
+            try:
+                if path.is_dir():
+                    if not any(path.iterdir()):
+                        path.rmdir()
+                elif path.relative_to(root).as_posix() not in kept:
+                    path.unlink()
+            except OSError:
+                pass
 
     def commit(self) -> None:
         self.wal.commit()
@@ -202,8 +229,8 @@ def _lock(path: Path) -> int:
 
 
 def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
-                   handles: Iterable[tuple[str, str]],
-                   producers: list, history: list[str]) -> Iterator[dict[str, Any]]:
+                   handles: Iterable[tuple[str, str]], producers: list, history: list[str],
+                   tiers: dict[str, list[str]]) -> Iterator[dict[str, Any]]:
     for image in streams.values():
         yield {"op": "create", "sql": image.ddl}
     # Queries before data: replayed, each registration meets no tuples (O(cells)), and
@@ -214,6 +241,10 @@ def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
         yield {"op": "producers", "table": producers}
     for handle, sql in handles:
         yield {"op": "register", "handle": handle, "sql": sql}
+    # the tiers before the data: their matches are those below the horizon, and the
+    # retained tuples replayed below never move it
+    if tiers:
+        yield {"op": "tiers", "tiers": tiers}
     if history:
         yield {"op": "history", "handles": history}
     for name, image in streams.items():
@@ -246,6 +277,9 @@ def _decode(raw: Any, where: Path) -> Record:
             return Record(op, handle=raw["handle"], sql=raw.get("sql", ""))
         if op == "state":
             return Record(op, next_tid=int(raw["next_tid"]))
+        if op == "tiers":
+            return Record(op, tiers={str(h): [str(f) for f in files]
+                                     for h, files in raw["tiers"].items()})
         if op == "latest":
             return Record(op, stream=raw["stream"], count=int(raw["rows"]))
         if op == "producers":

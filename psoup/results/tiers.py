@@ -24,11 +24,14 @@ consolidated at the next read; a window selects a ts range of them by binary sea
 
 from __future__ import annotations
 
+import os
 from functools import partial
+from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
+from psoup.fsync import fsync_dir
 from psoup.query.model import TS, TUPLE_ID, Window
 from psoup.results.windows_table import archive_reach
 from psoup.stems.data_stem import DataSteM
@@ -52,6 +55,8 @@ class Tier:
     def __init__(self) -> None:
         self._blocks: list[dict[str, np.ndarray]] = []
         self._merged: dict[str, np.ndarray] | None = None
+        self.saved = 0                    # leading matches already in segment files
+        self.files: list[str] = []        # those files, oldest first (`ArchiveTiers.save`)
 
     def append(self, columns: Mapping[str, np.ndarray]) -> None:
         """Matches with tupleIDs above every stored one."""
@@ -190,6 +195,59 @@ class ArchiveTiers:
 
     def nbytes(self) -> int:
         return sum(t.nbytes() for t in self._tiers.values())
+
+    def save(self, folder: Path, handle_of: Mapping[int, str]) -> dict[str, list[str]]:
+        """Write each visible tier's matches not yet saved as one more segment file,
+        `folder/HANDLE/FIRST-LAST.parquet` (tupleIDs; written whole: a .tmp renamed,
+        fsync'ed), and return handle -> its segment files (relative to `folder`), oldest
+        first; a tier without matches has none. For a checkpoint: the tiers then outlive
+        a restart (`restore`). O(matches not yet saved).
+
+        Raises:
+            OSError: a file could not be written (those written stay, and count as saved).
+        """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        out = {}
+        for slot, tier in self._tiers.items():
+            handle = handle_of[slot]
+            n = len(tier)
+            if n > tier.saved:
+                part = {name: values[tier.saved:] for name, values in tier.columns.items()}
+                ids = part[TUPLE_ID]
+                name = f"{handle}/{int(ids[0]):020d}-{int(ids[-1]):020d}.parquet"
+                path = folder / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(path.name + ".tmp")
+                pq.write_table(pa.table({c: pa.array(v) for c, v in part.items()}), tmp)
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
+                fsync_dir(path.parent)
+                tier.files.append(name)
+                tier.saved = n
+            out[handle] = list(tier.files)
+        return out
+
+    def restore(self, stream: str, slot: int, folder: Path, files: list[str]) -> None:
+        """Make `slot`'s tier (a selection query on `stream`) visible, holding the
+        matches `save` wrote to `files` under `folder`; from then on it follows the
+        horizon as any tier. O(its matches)."""
+        import pyarrow.parquet as pq
+
+        tier = Tier()
+        for name in files:
+            table = pq.read_table(folder / name)
+            tier.append({c: table.column(c).to_numpy(zero_copy_only=False)
+                         for c in table.column_names})
+        tier.saved, tier.files = len(tier), list(files)
+        self._tiers[slot] = tier
+        self._stream_of[slot] = stream
+        self._hook(stream)
 
     def _check(self, slots: list[int]) -> None:
         """Assert the invariants (for tests): tiers only for live `slots`, in tupleID
