@@ -778,8 +778,14 @@ class Engine:
             for handle, files in record.tiers.items():
                 plan = core.plan(handle)
                 assert isinstance(plan, SelectionPlan), "tiers are of selection queries"
-                core.tiers.restore(plan.query.sources[0].stream, plan.slot,
-                                   self._journal.tiers_path, files)
+                try:
+                    core.tiers.restore(plan.query.sources[0].stream, plan.slot,
+                                       self._journal.tiers_path, files)
+                except (OSError, ValueError) as exc:   # a file gone or damaged
+                    core.tiers.forget(plan.slot)
+                    self._history_due.add(handle)
+                    log.warning("the archive tier of %s could not be read back (%s); its "
+                                "history is evaluated again", handle, exc)
         elif record.op == "latest":
             core.stem(record.stream).at_last_ts = record.count
 
@@ -825,7 +831,9 @@ class Engine:
         """After recovery: the queries whose history was evaluated before get it
         evaluated again by a background job (archive tiers live in memory); until it
         is done, invoking one raises HistoryPending instead of answering short."""
-        due = [h for h in self._history_due if h in self._core.handles]
+        core = self._core
+        due = [h for h in self._history_due
+               if h in core.handles and core.handles[h].id not in core.tiers]
         self._history_due.clear()
         if not due:
             return
@@ -862,7 +870,7 @@ class Engine:
         (failed, cancelled, or the engine closed meanwhile)."""
         from psoup.spark.history import evaluate_jobs
         assert self._journal is not None, "history runs on durable engines only"
-        found, error = None, None
+        found, error, done = None, None, []
         try:
             found = evaluate_jobs(self._journal.archive.root, jobs, self.spark_master,
                                   job.note, job.id, job.cancelled, self.spark_conf)
@@ -885,14 +893,35 @@ class Engine:
                     log.warning("history job %s: could not log its queries (%s); after a "
                                 "restart their history must be evaluated again by hand",
                                 job.id, exc)
-                try:                    # the tiers saved: a restart reads them back
-                    self.checkpoint()
-                except Exception as exc:    # then a restart evaluates them again
-                    self._checkpoint_error = f"{type(exc).__name__}: {exc}"
-                    log.warning("history job %s: the checkpoint after it failed (%s); after "
-                                "a restart its queries are evaluated again", job.id,
-                                self._checkpoint_error)
+        if found is not None and job.state == "running":
+            self._save_tiers(job, done)     # before "done": a job done is a job saved
+            with self._lock:
                 job.end("done", self._archived(job.handles))
+
+    def _save_tiers(self, job: HistoryJob, handles: list[str]) -> None:
+        """After a job: its tiers written to tiers/ off the lock, then, under it, what
+        they gained meanwhile and a log record naming their files, so a restart restores
+        them there instead of evaluating them again. If that fails, the restart
+        evaluates them again (the `history` record), and the next checkpoint saves them."""
+        assert self._journal is not None
+        core, folder = self._core, self._journal.tiers_path
+        try:
+            with self._lock:
+                handle_of = {core.handles[h].id: h for h in handles
+                             if h in core.handles and core.handles[h].id in core.tiers}
+                parts = core.tiers.unsaved(handle_of)
+            written = core.tiers.write(folder, parts)
+            with self._lock:
+                self._check_open()
+                # a checkpoint meanwhile removed the files no log named yet: those are
+                # written again below, with what the tiers gained since
+                core.tiers.mark_saved([w for w in written if (folder / w[1]).is_file()])
+                handle_of = {slot: h for slot, h in handle_of.items()
+                             if h in core.handles and core.handles[h].id == slot}
+                self._journal.tiers(core.tiers.save(folder, handle_of))
+        except Exception as exc:    # the tiers stand; a restart evaluates them again
+            log.warning("history job %s: its tiers were not saved (%s); after a restart "
+                        "its queries are evaluated again", job.id, exc)
 
     def _archived(self, handles: list[str]) -> dict[str, int]:
         """handle -> archived matches, for the handles still registered."""

@@ -134,8 +134,13 @@ class Journal:
 
     def history(self, handles: Sequence[str]) -> None:
         """These queries have an archive tier now: evaluate their history again after a
-        restart (the tiers themselves live in memory)."""
+        restart, unless a `tiers` record brings their tiers back."""
         self.wal.append({"op": "history", "handles": list(handles)})
+
+    def tiers(self, tiers: Mapping[str, list[str]]) -> None:
+        """These archive tiers (handle -> segment files under tiers/) are saved whole as
+        of this point of the log: a restart restores them here."""
+        self.wal.append({"op": "tiers", "tiers": {h: list(f) for h, f in tiers.items()}})
 
     def drop(self, stream: str, handles: Sequence[str], next_tid: int) -> None:
         """Log DROP STREAM: one record for the stream and the queries it takes along,

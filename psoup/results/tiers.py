@@ -197,41 +197,73 @@ class ArchiveTiers:
         return sum(t.nbytes() for t in self._tiers.values())
 
     def save(self, folder: Path, handle_of: Mapping[int, str]) -> dict[str, list[str]]:
-        """Write each visible tier's matches not yet saved as one more segment file,
-        `folder/HANDLE/FIRST-LAST.parquet` (tupleIDs; written whole: a .tmp renamed,
-        fsync'ed), and return handle -> its segment files (relative to `folder`), oldest
-        first; a tier without matches has none. For a checkpoint: the tiers then outlive
-        a restart (`restore`). O(matches not yet saved).
+        """Write the matches each tier of `handle_of` (slot -> handle) gained since it
+        was last saved as one more segment file (`unsaved`, `write`, `mark_saved`), and
+        return handle -> its segment files (relative to `folder`), oldest first; a tier
+        without matches has none. For a checkpoint, under the engine's lock: the tiers
+        then outlive a restart (`restore`). O(matches not yet saved).
 
         Raises:
             OSError: a file could not be written (those written stay, and count as saved).
         """
+        self.mark_saved(self.write(folder, self.unsaved(handle_of)))
+        return {handle: list(self._tiers[slot].files) for slot, handle in handle_of.items()
+                if slot in self._tiers}
+
+    def unsaved(self, handle_of: Mapping[int, str]
+                ) -> list[tuple[int, str, dict[str, np.ndarray], int]]:
+        """(slot, handle, its matches not yet saved, its matches in all) per tier of
+        `handle_of` with some: arrays that later appends leave alone, so `write` may
+        run off the engine's lock. O(tiers), plus consolidating each tier's blocks."""
+        out = []
+        for slot, handle in handle_of.items():
+            tier = self._tiers.get(slot)
+            if tier is not None and len(tier) > tier.saved:
+                n = len(tier)
+                out.append((slot, handle, {name: values[tier.saved:n]
+                                           for name, values in tier.columns.items()}, n))
+        return out
+
+    @staticmethod
+    def write(folder: Path, parts: list[tuple[int, str, dict[str, np.ndarray], int]]
+              ) -> list[tuple[int, str, int]]:
+        """Write each part of `unsaved` as `folder/HANDLE/FIRST-LAST.parquet` (tupleIDs;
+        written whole: a .tmp renamed, fsync'ed); returns (slot, file name, matches in
+        all) for `mark_saved`. Needs no lock. O(matches written).
+
+        Raises:
+            OSError: a file could not be written.
+        """
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        out = {}
-        for slot, tier in self._tiers.items():
-            handle = handle_of[slot]
-            n = len(tier)
-            if n > tier.saved:
-                part = {name: values[tier.saved:] for name, values in tier.columns.items()}
-                ids = part[TUPLE_ID]
-                name = f"{handle}/{int(ids[0]):020d}-{int(ids[-1]):020d}.parquet"
-                path = folder / name
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(path.name + ".tmp")
-                pq.write_table(pa.table({c: pa.array(v) for c, v in part.items()}), tmp)
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, path)
-                fsync_dir(path.parent)
+        out = []
+        for slot, handle, part, n in parts:
+            ids = part[TUPLE_ID]
+            name = f"{handle}/{int(ids[0]):020d}-{int(ids[-1]):020d}.parquet"
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            pq.write_table(pa.table({c: pa.array(v) for c, v in part.items()}), tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+            out.append((slot, name, n))
+        return out
+
+    def mark_saved(self, written: list[tuple[int, str, int]]) -> None:
+        """Record files `write` wrote as saved parts of their tiers (a tier forgotten
+        meanwhile, or saved further by then, ignores them: unnamed files are removed by
+        the next checkpoint)."""
+        for slot, name, n in written:
+            tier = self._tiers.get(slot)
+            if tier is not None and tier.saved < n:
                 tier.files.append(name)
                 tier.saved = n
-            out[handle] = list(tier.files)
-        return out
 
     def restore(self, stream: str, slot: int, folder: Path, files: list[str]) -> None:
         """Make `slot`'s tier (a selection query on `stream`) visible, holding the
