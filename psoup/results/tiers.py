@@ -20,6 +20,9 @@ consolidated at the next read; a window selects a ts range of them by binary sea
 
 `ArchiveTiers` holds the tiers of one engine and owns the hook that keeps them equal to
 "matches below the horizon"; the Spark pass that fills them is psoup.spark.history.
+Tiers are saved as Parquet segment files, each holding the matches a tier gained since
+its previous save (after its job, then at each checkpoint), and restored from them when
+the engine reopens (docs/durability.md, "What is on disk").
 """
 
 from __future__ import annotations
@@ -107,8 +110,10 @@ class ArchiveTiers:
     horizon, probed here); from then on the Data SteM's `on_horizon` hook moves each
     query's matches among the tuples that leave retention into its tier, pending or
     not, before their chunk can be dropped. `finish` puts the Spark matches in front of
-    the pending tiers and makes them visible; `abort` drops them. O(matches) memory; an
-    invocation reads a window's part in O(log n).
+    the pending tiers and makes them visible; `abort` drops them. `save` writes what
+    each tier gained since its last save as one more Parquet file (O(those matches)),
+    `restore` reads a tier back (O(its matches)). O(matches) memory; an invocation
+    reads a window's part in O(log n).
 
     Example:
         >>> from psoup.query.model import StreamSchema
@@ -283,13 +288,16 @@ class ArchiveTiers:
 
     def _check(self, slots: list[int]) -> None:
         """Assert the invariants (for tests): tiers only for live `slots`, in tupleID
-        order, and a stream's horizon hook set exactly while some tier is on it."""
+        order, their saved matches a prefix kept in files, and a stream's horizon hook
+        set exactly while some tier is on it."""
         tiers = {**self._tiers, **self._pending}
         assert len(tiers) == len(self._tiers) + len(self._pending), "visible or pending"
         assert set(tiers) <= set(slots) and set(tiers) == set(self._stream_of)
         for tier in tiers.values():
             ids = tier.columns.get(TUPLE_ID, np.empty(0, np.int64))
             assert (np.diff(ids) > 0).all(), "a tier is in tupleID order"
+            assert 0 <= tier.saved <= len(tier), "saved matches are a prefix of the tier"
+            assert bool(tier.files) == (tier.saved > 0), "saved matches are in files"
         for name, stem in self._stems.items():
             hooked = stem.on_horizon is not None
             assert hooked == (name in self._stream_of.values()), name
