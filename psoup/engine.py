@@ -828,9 +828,10 @@ class Engine:
             raise ApplyFailed(self._failure) from exc
 
     def _reevaluate_history(self) -> None:
-        """After recovery: the queries whose history was evaluated before get it
-        evaluated again by a background job (archive tiers live in memory); until it
-        is done, invoking one raises HistoryPending instead of answering short."""
+        """After recovery: the queries whose history was evaluated before but whose
+        tiers the log could not bring back (never saved, or a file unreadable) get it
+        evaluated again by a background job; until it is done, invoking one raises
+        HistoryPending instead of answering short."""
         core = self._core
         due = [h for h in self._history_due
                if h in core.handles and core.handles[h].id not in core.tiers]
