@@ -38,6 +38,7 @@ ORDER = [
     ("soak_clients", "The service soaked: 100 clients"),
     ("replay", "Spark replay vs Spark's own read rate"),
     ("history", "Historical evaluation: one pass vs one Spark job per query"),
+    ("history_scale", "Historical evaluation: driver memory vs archive size, 1 vs 2 cores"),
 ]
 
 
