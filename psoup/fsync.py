@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import IO, Callable
 
 
 def fsync_dir(directory: str | Path) -> None:
@@ -15,6 +16,20 @@ def fsync_dir(directory: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_whole(path: Path, write: Callable[[IO[bytes]], object],
+                private: bool = False) -> None:
+    """Write a file whole: `write(f)` fills `path`.tmp (created with `file_mode`), which
+    is flushed, fsync'ed and renamed onto `path`, so `path` never holds part of it. The
+    caller fsyncs the directory to make the rename durable."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode(private))
+    with open(fd, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def make_dir(path: str | Path, private: bool = False) -> None:

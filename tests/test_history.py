@@ -236,6 +236,8 @@ def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode
     saved = sorted(p.relative_to(state / "tiers").as_posix()
                    for p in (state / "tiers").rglob("*.parquet"))
     assert saved and {p.split("/")[0] for p in saved} <= set(handles.values())
+    opened = [p for p in (state / "tiers").rglob("*") if p.stat().st_mode & 0o077]
+    assert not opened, "a data directory's files are its owner's only"
 
     for restart in range(2):
         eng = psoup.Engine(path=state, mode=mode, clock=Clock(0.0), chunk_rows=8)

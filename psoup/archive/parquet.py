@@ -20,7 +20,7 @@ expired rows again without any being archived twice.
 
 from __future__ import annotations
 
-import os
+from functools import partial
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
@@ -29,7 +29,7 @@ import pyarrow as pa
 from numpy.typing import ArrayLike
 import pyarrow.parquet as pq
 
-from psoup.fsync import file_mode, fsync_dir, make_dir
+from psoup.fsync import fsync_dir, make_dir, write_whole
 from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
                                   TUPLE_ID_COLUMN,
                                   arrow_schema, part_path)
@@ -265,14 +265,8 @@ class Archive:
                 date_dir = path.parent
                 make_dir(stream_dir, self.private)
                 make_dir(date_dir, self.private)
-                tmp = path.with_name(path.name + ".tmp")
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                             file_mode(self.private))
-                with open(fd, "wb") as f:
-                    pq.write_table(table.slice(a, b - a), f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
+                write_whole(path, partial(pq.write_table, table.slice(a, b - a)),
+                            self.private)
                 for directory in (date_dir, stream_dir, self.root):
                     fsync_dir(directory)
                 written.append(path)

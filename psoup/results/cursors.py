@@ -47,7 +47,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import os
 import secrets
 import struct
 from collections import Counter, OrderedDict
@@ -57,7 +56,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from psoup.errors import CursorExpired, CursorInvalid
-from psoup.fsync import file_mode, fsync_dir
+from psoup.fsync import fsync_dir, write_whole
 from psoup.results.result import Changes, Result, row_codes
 
 if TYPE_CHECKING:
@@ -296,14 +295,7 @@ def cursor_secret(directory: str | Path) -> bytes:
     if len(secret) == 32:
         return secret
     secret = secrets.token_bytes(32)
-    tmp = path.with_name(SECRET_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode(True))
-    try:
-        os.write(fd, secret)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_whole(path, lambda f: f.write(secret), private=True)
     fsync_dir(path.parent)
     return secret
 

@@ -27,14 +27,13 @@ the engine reopens (docs/durability.md, "What is on disk").
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
-from psoup.fsync import fsync_dir
+from psoup.fsync import fsync_dir, make_dir, write_whole
 from psoup.query.model import TS, TUPLE_ID, Window
 from psoup.results.windows_table import archive_reach
 from psoup.stems.data_stem import DataSteM
@@ -247,15 +246,10 @@ class ArchiveTiers:
             ids = part[TUPLE_ID]
             name = f"{handle}/{int(ids[0]):020d}-{int(ids[-1]):020d}.parquet"
             path = folder / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            pq.write_table(pa.table({c: pa.array(v) for c, v in part.items()}), tmp)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            make_dir(folder, private=True)      # a data directory's files are owner-only
+            make_dir(path.parent, private=True)
+            table = pa.table({c: pa.array(v) for c, v in part.items()})
+            write_whole(path, partial(pq.write_table, table), private=True)
             fsync_dir(path.parent)
             out.append((slot, name, n))
         return out
