@@ -84,17 +84,17 @@ class JobCancelled(PSoupError):
     """A history job stopped because it was cancelled."""
 
 
-def read_matches(folder: Path, schema: StreamSchema, slots: Sequence[int]
+def read_matches(folder: Path | None, schema: StreamSchema, slots: Sequence[int]
                  ) -> dict[int, dict[str, np.ndarray]]:
     """The match rows the executors wrote as Parquet files under `folder` (slot,
-    tuple_id, ts, columns; none when the directory is missing) as psoup column arrays
-    per slot, in tupleID order; a slot without matches gets empty arrays. pyarrow
+    tuple_id, ts, columns; none when it is None or holds no file) as psoup column
+    arrays per slot, in tupleID order; a slot without matches gets empty arrays. pyarrow
     reads, sorts and converts them in its own threads. O(matches log matches)."""
     import pyarrow.parquet as pq
 
     target = out_schema(schema)
-    files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
-    table = (pq.read_table(folder, schema=target) if files else target.empty_table())
+    written = folder is not None and any(folder.glob("*.parquet"))
+    table = pq.read_table(folder, schema=target) if written else target.empty_table()
     table = table.sort_by([(SLOT, "ascending"), (TUPLE_ID_COLUMN, "ascending")])
     slot_of = table.column(SLOT).to_numpy()
     names = {"ts": ("float", TS_COLUMN), "tupleID": ("int", TUPLE_ID_COLUMN),
@@ -192,7 +192,7 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
     slots = [slot for slot, _ in queries]
     files = sorted(folder.rglob("*.parquet"))
     if not queries or not files:
-        return read_matches(folder / "none", schema, slots)
+        return read_matches(None, schema, slots)
     for path in files:
         check_file(path, schema)
     try:

@@ -130,6 +130,11 @@ def parse_conf(pairs: Iterable[str], where: str) -> dict[str, str]:
     return out
 
 
+def _checked(conf: Mapping[str, str] | None) -> dict[str, str]:
+    """`conf` (a caller's settings) checked as `parse_conf` checks strings."""
+    return parse_conf([f"{k}={v}" for k, v in (conf or {}).items()], "conf")
+
+
 def spark_defaults() -> dict[str, str]:
     """The settings of spark-defaults.conf in $SPARK_CONF_DIR, or else in
     $SPARK_HOME/conf ({} when there is none): lines of a key and a value separated by
@@ -168,7 +173,7 @@ def spark_settings(master: str | None = None,
     settings.update(spark_defaults())
     settings.update(parse_conf(shlex.split(os.environ.get(CONF_VARIABLE, "")),
                                CONF_VARIABLE))
-    settings.update(parse_conf([f"{k}={v}" for k, v in (conf or {}).items()], "conf"))
+    settings.update(_checked(conf))
     if master:
         settings["spark.master"] = master
     java = settings.get("spark.driver.extraJavaOptions", "")
@@ -275,8 +280,7 @@ def _check_running(session: Any, master: str | None,
         raise PSoupError(f"Spark already runs in this process with master {context.master}"
                          f"; master {master} would take effect only in a new process")
     running = context.getConf()
-    for key, value in parse_conf([f"{k}={v}" for k, v in (conf or {}).items()],
-                                 "conf").items():
+    for key, value in _checked(conf).items():
         if running.get(key) != value:
             raise PSoupError(f"Spark already runs in this process with {key}="
                              f"{running.get(key)}; {key}={value} would take effect only "
