@@ -98,6 +98,12 @@ class StreamPlan:
     def first_ts(self) -> float | None:
         return self.parts[0].ts_lo if self.parts else None
 
+    @property
+    def begins(self) -> float | None:
+        """The ts its replay starts at: `start` (--from, or the latest ts on resume),
+        else its first row in range (None without one)."""
+        return self.first_ts if self.start == -math.inf else self.start
+
 
 @dataclass
 class ReplayPlan:
@@ -190,7 +196,7 @@ def plan_replay(archives: Sequence[str | Path], targets: Mapping[str, Mapping[st
     every = max(1, slice_rows // _SAMPLES)
     plans = {name: _scan_stream(name, found[name], targets.get(name), lo, hi, every, resume)
              for name in wanted}
-    _check_appends(plans, start)
+    _check_appends(plans)
     return ReplayPlan(plans, _slices(plans, every, slice_rows, lo, hi))
 
 
@@ -364,7 +370,7 @@ class _Scan:
                            f"stream's ts may not decrease in tupleID order")
 
 
-def _check_appends(plans: Mapping[str, StreamPlan], start: float | None) -> None:
+def _check_appends(plans: Mapping[str, StreamPlan]) -> None:
     """The ordering rule (module docstring, stage 2). The refusal says exactly what each
     way on means for the archive's rows at the target's latest ts L: `--from L` delivers
     all of them (after whatever the target holds at L: a replay that stopped part way may
@@ -374,15 +380,14 @@ def _check_appends(plans: Mapping[str, StreamPlan], start: float | None) -> None
     for plan in plans.values():
         if plan.rows == 0 or plan.latest_ts is None:
             continue
-        begin = plan.first_ts if start is None and plan.start == -math.inf else plan.start
+        begin = plan.begins
         assert begin is not None, "a stream with rows in range has parts"
         if begin < plan.latest_ts:
             late.append(plan)
     if not late:
         return
     where = "; ".join(f"stream '{p.name}' holds data up to ts {p.latest_ts!r}, the "
-                      f"replay would start at ts "
-                      f"{p.first_ts if start is None else float(start)!r}" for p in late)
+                      f"replay would start at ts {p.begins!r}" for p in late)
     done = [p for p in late if p.after_latest == math.inf and not p.at_latest]
     if len(done) == len(late):
         raise ReplayError(f"replay only appends: {where}. The archive ends at ts "
