@@ -75,9 +75,21 @@ def _queries(n: int) -> list[str]:
             f"speed > {gen.integers(85, 100)}" for _ in range(n)]
 
 
-def bench(s: dict) -> list[dict]:
+def _pass(spark, root: Path, n: int, wheres: list[str]) -> tuple[dict, float]:
+    """psoup's pass over the archive of n readings under `root` with a query per WHERE
+    clause (Spark up and the files listed first, untimed): (matches by slot, seconds)."""
     from psoup.query import compile_statement
     from psoup.spark import history
+
+    spark.read.parquet(str(root / "stream=traffic")).count()
+    queries = [(slot, f"SELECT * FROM traffic WHERE {w}") for slot, w in enumerate(wheres)]
+    schema = compile_statement(DDL, {})
+    began = time.perf_counter()
+    matches = history.evaluate(spark, root, DDL, schema, queries, n)
+    return matches, time.perf_counter() - began
+
+
+def bench(s: dict) -> list[dict]:
     from psoup.spark.session import spark_session
 
     root = Path(tempfile.mkdtemp(prefix="psoup-history-"))
@@ -87,18 +99,12 @@ def bench(s: dict) -> list[dict]:
         build_s = time.perf_counter() - began
         spark = spark_session()
         folder = str(root / "stream=traffic")
-        spark.read.parquet(folder).count()              # Spark up and the files listed
-        schema = compile_statement(DDL, {})
         wheres = _queries(s["queries"])
-        queries = [(slot, f"SELECT * FROM traffic WHERE {w}") for slot, w in enumerate(wheres)]
-
-        began = time.perf_counter()
-        matches = history.evaluate(spark, root, DDL, schema, queries, s["rows"])
-        psoup_s = time.perf_counter() - began
-        per_slot = np.array([len(matches[slot]["tupleID"]) for slot, _ in queries])
+        matches, psoup_s = _pass(spark, root, s["rows"], wheres)
+        per_slot = np.array([len(matches[slot]["tupleID"]) for slot in range(len(wheres))])
 
         frame = spark.read.parquet(folder)
-        sample = list(range(0, len(queries), len(queries) // s["sample"]))[:s["sample"]]
+        sample = list(range(0, len(wheres), len(wheres) // s["sample"]))[:s["sample"]]
         began = time.perf_counter()
         for slot in sample:
             got = frame.where(wheres[slot]).select("tuple_id").toArrow()
@@ -108,14 +114,14 @@ def bench(s: dict) -> list[dict]:
         per_query_s = (time.perf_counter() - began) / len(sample)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    total = per_query_s * len(queries)
+    total = per_query_s * len(wheres)
     return [
-        {"method": "psoup: one pass, all queries (mapInArrow)", "queries": len(queries),
+        {"method": "psoup: one pass, all queries (mapInArrow)", "queries": len(wheres),
          "seconds": psoup_s, "matches": int(per_slot.sum()), "measured": "yes"},
-        {"method": "Spark SQL: one filter job per query", "queries": len(queries),
+        {"method": "Spark SQL: one filter job per query", "queries": len(wheres),
          "seconds": total, "matches": None,
-         "measured": f"{len(sample)} jobs timed, x{len(queries) / len(sample):.0f}"},
-        {"method": "ratio (per-query jobs / psoup)", "queries": len(queries),
+         "measured": f"{len(sample)} jobs timed, x{len(wheres) / len(sample):.0f}"},
+        {"method": "ratio (per-query jobs / psoup)", "queries": len(wheres),
          "seconds": total / psoup_s, "matches": None, "measured": "",
          "rows": s["rows"], "build_s": build_s},
     ]
@@ -137,22 +143,12 @@ CORES_TARGET = 1.7        # local[2] / local[1] speed-up
 def _measure(n: int, queries: int, master: str) -> dict:
     """In this process: an archive of n readings, Spark on `master`, psoup's pass; the
     seconds, matches and peak memory (MB) of this process and of the driver JVM."""
-    from psoup.query import compile_statement
-    from psoup.spark import history
     from psoup.spark.session import spark_session
 
     root = Path(tempfile.mkdtemp(prefix="psoup-history-scale-"))
     try:
         write_archive(root, n, 1_000_000)
-        spark = spark_session(master)
-        spark.read.parquet(str(root / "stream=traffic")).count()
-        schema = compile_statement(DDL, {})
-        wheres = _queries(queries)
-        began = time.perf_counter()
-        matches = history.evaluate(spark, root, DDL, schema,
-                                   [(slot, f"SELECT * FROM traffic WHERE {w}")
-                                    for slot, w in enumerate(wheres)], n)
-        seconds = time.perf_counter() - began
+        matches, seconds = _pass(spark_session(master), root, n, _queries(queries))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     jvm = 0.0
