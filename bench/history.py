@@ -6,17 +6,18 @@ two days) and Q = 1,024 queries `lane = c1 AND stationid = c2 AND speed > c3` (c
 85..99, so each matches about 0.1% of the readings). psoup's pass
 (psoup.spark.history.evaluate, what `Engine.evaluate_history` runs) reads the archive
 once and probes every Arrow batch with a Query SteM holding all Q queries inside the
-executors (`mapInArrow`), which write every (query, tuple) match as Parquet for psoup
-to read back. The baseline runs each query as its own Spark SQL job (`where(...)`, the
-matching tupleIDs collected as Arrow); it is timed on a sample of the queries and its
-total extrapolated to all Q (marked as such). The match counts of the sample are checked
-against psoup's.
+executors (`mapInArrow`), which write every (query, tuple) match as Parquet, by query
+and sorted, for psoup to keep as the queries' archive tier files (indexed from their
+footers, never read back whole). The baseline runs each query as its own Spark SQL job
+(`where(...)`, the matching tupleIDs collected as Arrow); it is timed on a sample of the
+queries and its total extrapolated to all Q (marked as such). The match counts of the
+sample are checked against psoup's.
 
 `--scale` (report history_scale) runs the same pass over archives of 1, 10 and 30
 million readings (quick: 0.1, 0.3, 1 million), each in a process of its own, and
-reports the peak memory of the driver's two processes, psoup's Python (which holds the
-matches it reads back, as the archive tiers will) and Spark's driver JVM (which no
-match passes through), against the smallest archive's (target: the JVM within 1.5x);
+reports the peak memory of the driver's two processes, psoup's Python (which keeps an
+index of the tier files, not the matches) and Spark's driver JVM (which no match
+passes through), against the smallest archive's (target: within 1.5x);
 and the pass over the middle archive on local[1] against local[2] (target: >= 1.7x
 from 1 to 2 cores).
 
@@ -77,7 +78,8 @@ def _queries(n: int) -> list[str]:
 
 def _pass(spark, root: Path, n: int, wheres: list[str]) -> tuple[dict, float]:
     """psoup's pass over the archive of n readings under `root` with a query per WHERE
-    clause (Spark up and the files listed first, untimed): (matches by slot, seconds)."""
+    clause (Spark up and the files listed first, untimed), its tier files written under
+    `root`/tiers: (match count by slot, seconds)."""
     from psoup.query import compile_statement
     from psoup.spark import history
 
@@ -85,8 +87,9 @@ def _pass(spark, root: Path, n: int, wheres: list[str]) -> tuple[dict, float]:
     queries = [(slot, f"SELECT * FROM traffic WHERE {w}") for slot, w in enumerate(wheres)]
     schema = compile_statement(DDL, {})
     began = time.perf_counter()
-    matches = history.evaluate(spark, root, DDL, schema, queries, n)
-    return matches, time.perf_counter() - began
+    segments = history.evaluate(spark, root, DDL, schema, queries, n, root / "tiers")
+    seconds = time.perf_counter() - began
+    return {slot: sum(seg.rows for seg in segs) for slot, segs in segments.items()}, seconds
 
 
 def bench(s: dict) -> list[dict]:
@@ -101,7 +104,7 @@ def bench(s: dict) -> list[dict]:
         folder = str(root / "stream=traffic")
         wheres = _queries(s["queries"])
         matches, psoup_s = _pass(spark, root, s["rows"], wheres)
-        per_slot = np.array([len(matches[slot]["tupleID"]) for slot in range(len(wheres))])
+        per_slot = np.array([matches[slot] for slot in range(len(wheres))])
 
         frame = spark.read.parquet(folder)
         sample = list(range(0, len(wheres), len(wheres) // s["sample"]))[:s["sample"]]
@@ -160,7 +163,7 @@ def _measure(n: int, queries: int, master: str) -> dict:
             continue
         if "java" in command and "VmHWM:" in status:
             jvm = max(jvm, int(status.split("VmHWM:")[1].split()[0]) / 1024)
-    return {"seconds": seconds, "matches": sum(len(m["tupleID"]) for m in matches.values()),
+    return {"seconds": seconds, "matches": sum(matches.values()),
             "python_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "jvm_mb": jvm}
 
@@ -213,7 +216,7 @@ def scale(quick: bool, suffix: str) -> None:
         f"{queries} queries; each row a process of its own (peak memory is per process)",
         f"driver JVM peak memory at {sizes[-1]:,} tuples / at {sizes[0]:,}: {jvm_x:.2f}x "
         f"(target <= {RSS_TARGET}x: {'met' if jvm_x <= RSS_TARGET else 'NOT met'})",
-        f"psoup's own peak memory grows with the matches it holds (the archive tiers): "
+        f"psoup's own peak memory (an index of the tier files): "
         f"{rows[len(sizes) - 1]['python_x']:.2f}x",
         f"local[2] / local[1] on {sizes[1]:,} tuples: {cores:.2f}x faster (target >= "
         f"{CORES_TARGET}x: {'met' if cores >= CORES_TARGET else 'NOT met'}; 2 cores shared "

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -48,6 +49,7 @@ from psoup.query.model import (DESCRIBE, SHOW_QUERIES, SHOW_STREAMS, Catalog, Qu
 from psoup.results.cursors import CursorStore, cursor_secret
 from psoup.results.modes import MODES as MODE_TABLE
 from psoup.results.result import Changes, Result
+from psoup.results.tiers import INCOMING
 from psoup.spark.jobs import HistoryJob
 from psoup.stems.batch import make_batch
 from psoup.stems.query_stem import SelectionPlan
@@ -228,6 +230,7 @@ class Engine:
         if path is not None:
             from psoup.journal.journal import Journal   # pyarrow loads only when durable
             self._journal = Journal(path, sync, checkpoint_bytes, checkpoint_seconds)
+            self._core.tiers.folder = self._journal.tiers_path
         self._cursors = CursorStore(self._core.answers,
                                     None if path is None else cursor_secret(path))
         if self._journal is not None:
@@ -871,33 +874,56 @@ class Engine:
         (failed, cancelled, or the engine closed meanwhile)."""
         from psoup.spark.history import evaluate_jobs
         assert self._journal is not None, "history runs on durable engines only"
-        found, error, done = None, None, []
+        found, error = None, None
+        done: list[str] = []
+        incoming = self._journal.tiers_path / INCOMING / job.id
         try:
             found = evaluate_jobs(self._journal.archive.root, jobs, self.spark_master,
-                                  job.note, job.id, job.cancelled, self.spark_conf)
+                                  job.note, job.id, job.cancelled, self.spark_conf,
+                                  into=incoming)
         except BaseException as exc:     # anything: the job must end, nothing applied
             error = exc
         with self._lock:
-            if found is None or job.cancelled() or self._closed:
+            if found is not None and not job.cancelled() and not self._closed:
+                error, done = self._install(job, found)
+            if not done:
                 self._core.tiers.abort()
                 stopped = job.cancelled() or self._closed
                 job.end("cancelled" if stopped else "failed",
                         error=None if stopped else error)
-            else:
-                self._core.tiers.finish(found)
-                done = [h for h in job.handles if h in self._core.handles]
-                for h in done:
-                    self._history_pending.pop(h, None)
-                try:                    # so that a restart evaluates them again
-                    self._journal.history(done)
-                except Exception as exc:    # the tiers stand; only the restart forgets
-                    log.warning("history job %s: could not log its queries (%s); after a "
-                                "restart their history must be evaluated again by hand",
-                                job.id, exc)
-        if found is not None and job.state == "running":
+        shutil.rmtree(incoming, ignore_errors=True)     # what no tier took
+        try:
+            incoming.parent.rmdir()                     # empty once no job uses it
+        except OSError:
+            pass
+        if done:
             self._save_tiers(job, done)     # before "done": a job done is a job saved
             with self._lock:
                 job.end("done", self._archived(job.handles))
+
+    def _install(self, job: HistoryJob, found: dict) -> tuple[Exception | None, list[str]]:
+        """Under the lock: a job's segments moved into place in front of the pending
+        tiers, which become visible, and the job's queries logged as evaluated; (the
+        error, []) and nothing changed if the files could not be moved."""
+        core, journal = self._core, self._journal
+        assert journal is not None, "history runs on durable engines only"
+        handle_of = {core.handles[h].id: h for h in job.handles if h in core.handles}
+        try:
+            core.tiers.finish(found, handle_of)
+        except OSError as exc:          # all or nothing: the tiers made visible go too
+            for slot in handle_of:
+                core.tiers.forget(slot)
+            return exc, []
+        done = list(handle_of.values())
+        for h in done:
+            self._history_pending.pop(h, None)
+        try:                            # so that a restart evaluates them again
+            journal.history(done)
+        except Exception as exc:        # the tiers stand; only the restart forgets
+            log.warning("history job %s: could not log its queries (%s); after a "
+                        "restart their history must be evaluated again by hand",
+                        job.id, exc)
+        return None, done
 
     def _save_tiers(self, job: HistoryJob, handles: list[str]) -> None:
         """After a job: its tiers written to tiers/ off the lock, then, under it, what
@@ -911,6 +937,7 @@ class Engine:
                 handle_of = {core.handles[h].id: h for h in handles
                              if h in core.handles and core.handles[h].id in core.tiers}
                 parts = core.tiers.unsaved(handle_of)
+            core.tiers.sync(list(handle_of))    # the job's segments, moved into place
             written = core.tiers.write(folder, parts)
             with self._lock:
                 self._check_open()

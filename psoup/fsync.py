@@ -11,7 +11,12 @@ from typing import IO, Callable
 
 def fsync_dir(directory: str | Path) -> None:
     """Make the renames and unlinks in `directory` durable (fsync the directory)."""
-    fd = os.open(directory, os.O_RDONLY)
+    fsync_file(directory)
+
+
+def fsync_file(path: str | Path) -> None:
+    """Make a file's contents durable (one written by another program, e.g. Spark)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -34,12 +39,16 @@ def write_whole(path: Path, write: Callable[[IO[bytes]], object],
 
 def make_dir(path: str | Path, private: bool = False) -> None:
     """`mkdir -p path`; a private directory is owner-only (0700), also one that existed
-    (made by an older version). A umask can only remove permissions, so the mode asked
-    for at creation is an upper bound."""
+    (made by an older version), and so is every folder it creates on the way. A umask
+    can only remove permissions, so the mode asked for at creation is an upper bound."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700 if private else 0o777)
     if private:
+        missing = [p for p in [path, *path.parents] if not p.exists()]
+        for folder in reversed(missing):
+            folder.mkdir(mode=0o700, exist_ok=True)
         os.chmod(path, 0o700)
+    else:
+        path.mkdir(parents=True, exist_ok=True, mode=0o777)
 
 
 def file_mode(private: bool) -> int:

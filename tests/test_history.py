@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.dataset  # noqa: F401  (pa.dataset)
+import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 
 import psoup
@@ -130,12 +131,81 @@ def test_matches_go_through_files_not_through_sparks_driver(tmp_path, monkeypatc
     assert not staging.exists()
 
     from psoup.spark import history
-    monkeypatch.setattr(history, "read_matches", lambda *a: 1 / 0)
+    monkeypatch.setattr(history, "receive", lambda *a: 1 / 0)
     _fill(eng, gen, 300, 12, inserted)
     h = eng.register("SELECT a FROM R WHERE a > 2")
     with pytest.raises(ZeroDivisionError):
         eng.evaluate_history([h])
     assert not staging.exists()
+    eng.close()
+
+
+def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_path,
+                                                                          monkeypatch):
+    """The Spark pass's matches go to segment files (here at most 7 a file, so each
+    query's history is several), the engine keeps an index of them, not the matches,
+    and an invocation reads only the files whose ts range meets its window; answers
+    equal DuckDB across segment boundaries, before and after a restart."""
+    from psoup.results import tiers as tiers_module
+    from psoup.spark import history
+    monkeypatch.setattr(history, "SEGMENT_ROWS", 7)
+    reads: list[str] = []
+    real_read = tiers_module.ArchiveTiers._read
+
+    def counted(self, stream, seg):
+        reads.append(seg.name)
+        return real_read(self, stream, seg)
+
+    monkeypatch.setattr(tiers_module.ArchiveTiers, "_read", counted)
+    state = tmp_path / "s"
+    gen = np.random.default_rng(13)
+    inserted: dict[str, list] = {}
+    eng = psoup.Engine(path=state, clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
+    handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
+    _fill(eng, gen, 0, 30, inserted)
+    eng.evaluate_history()
+    tiers = eng._core.tiers
+    slot = eng._core.handles[handles["all"]].id
+    files = tiers.files(slot)
+    assert len(files) >= 3 and tiers.nbytes() == 0     # an index; the matches on disk
+    for name in files:
+        ids = pa.parquet.read_table(state / "tiers" / name).column("tupleID").to_numpy()
+        assert len(ids) <= 7 and (np.diff(ids) > 0).all(), name
+    _check(eng, handles, _oracle(inserted), 300.0)
+
+    # a window over ts 150..260 meets only the segments of "across" that overlap it
+    across = eng._core.handles[handles["across"]].id
+    reads.clear()
+    tiers._cache.clear()
+    tiers._cached = 0
+    eng.invoke(handles["across"], now=300.0)
+    meets = [s.name for s in tiers._tiers[across].segments if s.hi >= 150 and s.lo <= 260]
+    assert reads == meets and len(meets) < len(tiers.files(across))
+    with monkeypatch.context() as m:                     # the second time from the cache
+        m.setattr(pa.parquet, "read_table", lambda *a, **k: 1 / 0)
+        again = eng.invoke(handles["across"], now=300.0)
+    assert again.rows == eng.invoke(handles["across"], now=300.0).rows
+    assert 0 < tiers.nbytes() <= tiers_module.CACHE_BYTES
+    eng._check()
+    eng.close()
+
+    reopened = psoup.Engine(path=state, clock=Clock(300.0), chunk_rows=8)
+    assert reopened._core.tiers.files(slot) == files and reopened._core.tiers.nbytes() == 0
+    _check(reopened, handles, _oracle(inserted), 300.0)
+    reopened.close()
+
+
+def test_a_damaged_segment_is_named_at_invocation(tmp_path):
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
+    h = eng.register("SELECT a FROM R WHERE a >= 0")
+    _fill(eng, np.random.default_rng(3), 0, 6, {})
+    eng.evaluate_history([h])
+    name = eng._core.tiers.files(eng._core.handles[h].id)[0]
+    (tmp_path / "s" / "tiers" / name).write_bytes(b"not parquet")
+    with pytest.raises(PSoupError, match=f"tier file .*{name}.* cannot be read"):
+        eng.invoke(h, now=100.0)
     eng.close()
 
 

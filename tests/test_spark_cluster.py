@@ -165,13 +165,14 @@ def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(cluster
             report = replay(["arc"], eng, master=url)
             out["replayed"] = report.rows
             eng.checkpoint()            # what left retention goes to the archive
-            eng.history_wait(eng.history())
+            out["history"] = eng.history_wait(eng.history())
             out["answers"] = [sorted(eng.invoke(h, now={T0 + 5000}).rows) for h in handles]
         print(json.dumps(out))
     """)
     said = _psoup_script(script, [url, json.dumps(QUERIES)], env, tmp_path, logs)
     got = json.loads(said.strip().splitlines()[-1])
     assert got["replayed"] == n
+    assert got["history"]["state"] == "done", got["history"].get("error")
     for sql, answer in zip(QUERIES, got["answers"]):
         want = _duckdb(rows, sql)
         assert len(want) > 100

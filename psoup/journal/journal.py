@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from psoup.journal.wal import WriteAheadLog
 from psoup.codec import decode_array, decode_columns, encode_array, encode_columns
 from psoup.errors import PSoupError
 from psoup.fsync import make_dir
+from psoup.results.tiers import INCOMING
 
 #: Retained rows per insert record of a checkpoint (bounds one record's size).
 CHECKPOINT_ROWS = 1 << 16
@@ -100,6 +102,7 @@ class Journal:
         self._lock_fd = _lock(self.path / "lock")
         self.wal = WriteAheadLog(self.path / "wal", sync)
         self.archive = Archive(self.path / "archive", private=True)
+        shutil.rmtree(self.tiers_path / INCOMING, ignore_errors=True)   # of a job cut short
         self.checkpoint_bytes = checkpoint_bytes
         self.checkpoint_seconds = checkpoint_seconds
         self._last_checkpoint = time.monotonic()
@@ -191,12 +194,14 @@ class Journal:
 
     def _collect_tiers(self, kept: set[str]) -> None:
         """Remove the files under tiers/ that are not in `kept` (of queries unregistered
-        since, or of a checkpoint that failed after writing them), and emptied folders.
-        Best effort."""
+        since, or of a checkpoint that failed after writing them), and emptied folders;
+        not the segments a running history job is moving in (INCOMING). Best effort."""
         root = self.tiers_path
         if not root.is_dir():
             return
         for path in sorted(root.rglob("*"), reverse=True):
+            if path.relative_to(root).parts[0] == INCOMING:
+                continue
             try:
                 if path.is_dir():
                     if not any(path.iterdir()):

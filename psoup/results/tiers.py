@@ -14,25 +14,34 @@ a visible tier holds exactly the query's matches with tupleID below the stream's
 horizon, and memory the ones at or above it: an answer that joins the two counts no
 tuple twice and misses none.
 
-Matches are kept in tupleID (hence ts) order as column arrays, appended in blocks and
-consolidated at the next read; a window selects a ts range of them by binary search
-(how far each kind of window reaches: psoup.results.windows_table).
+A tier is kept mostly on disk, as Parquet *segment* files under the engine's tiers/
+folder, each a run of matches in tupleID order: the Spark pass's output (its executors
+write each query's matches sorted, at most SEGMENT_ROWS a file) and, at each save, what
+the tier gained since (the matches of the tuples that left retention meanwhile, held in
+memory until then as the tier's *tail*). The engine keeps only an index of the segments
+(tupleID and ts range, row count: `Segment`), so its memory does not grow with the
+archive; an invocation reads the segments whose ts range meets the window's
+(psoup.results.windows_table says how far each kind of window reaches), slices them by
+binary search, and appends the tail's part. The segments read last stay decoded in a
+small cache (CACHE_BYTES), so a client polling a window that reaches into the archive
+reads its files once, not at each poll.
 
 `ArchiveTiers` holds the tiers of one engine and owns the hook that keeps them equal to
 "matches below the horizon"; the Spark pass that fills them is psoup.spark.history.
-Tiers are saved as Parquet segment files, each holding the matches a tier gained since
-its previous save (after its job, then at each checkpoint), and restored from them when
-the engine reopens (docs/durability.md, "What is on disk").
+Segments survive a restart: a log record or checkpoint names them, and `restore` reads
+their footers back (docs/durability.md, "What is on disk").
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import partial
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
+from psoup.errors import PSoupError
 from psoup.fsync import fsync_dir, make_dir, write_whole
 from psoup.query.model import TS, TUPLE_ID, Window
 from psoup.results.windows_table import archive_reach
@@ -41,38 +50,108 @@ from psoup.stems.data_stem import DataSteM
 #: Probe n rows of a stream's columns against the standing queries: bit rows (n, words).
 Probe = Callable[[str, Mapping[str, np.ndarray], int], np.ndarray]
 
+#: The folder under the tiers folder where a history job's segments wait to be moved
+#: into place (`ArchiveTiers.finish`); a checkpoint leaves it alone, an opening empties it.
+INCOMING = ".incoming"
+
+#: Decoded segments kept for the next invocations, at most this many bytes in all.
+CACHE_BYTES = 64 << 20
+
+
+class Segment(NamedTuple):
+    """One segment file of a tier: its name under the tiers folder, its first and last
+    tupleIDs, its lowest and highest ts, and its number of matches."""
+
+    name: str
+    first: int
+    last: int
+    lo: float
+    hi: float
+    rows: int
+
+
+def segment_name(handle: str, first: int, last: int) -> str:
+    """Where a segment of `handle`'s tier holding tupleIDs first..last is kept."""
+    return f"{handle}/{first:020d}-{last:020d}.parquet"
+
+
+def read_footer(folder: Path, name: str, columns: list[str]) -> Segment:
+    """The index entry of the segment file `folder/name`, from its Parquet footer
+    (O(footer)): ValueError when it lacks one of `columns` or its statistics, OSError
+    when it cannot be read."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(folder / name).metadata
+    names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"{folder / name} lacks the column(s) {', '.join(missing)}")
+    if not meta.num_rows:
+        raise ValueError(f"{folder / name} holds no match")
+    lows, highs = {}, {}
+    for column in (TUPLE_ID, TS):
+        j = names.index(column)
+        stats = [meta.row_group(g).column(j).statistics for g in range(meta.num_row_groups)]
+        if any(s is None or not s.has_min_max for s in stats):
+            raise ValueError(f"{folder / name} has no statistics of {column}")
+        lows[column] = min(s.min for s in stats)
+        highs[column] = max(s.max for s in stats)
+    return Segment(name, int(lows[TUPLE_ID]), int(highs[TUPLE_ID]), float(lows[TS]),
+                   float(highs[TS]), int(meta.num_rows))
+
+
+def _between(columns: Mapping[str, np.ndarray], begin: float, end: float
+             ) -> dict[str, np.ndarray]:
+    """The rows of ts-ordered `columns` with begin <= ts <= end: O(log n), no copy."""
+    ts = columns[TS]
+    a = int(np.searchsorted(ts, begin, side="left"))
+    b = int(np.searchsorted(ts, end, side="right"))
+    return {name: values[a:b] for name, values in columns.items()}
+
 
 class Tier:
-    """One query's archived matches: `columns` (every stream column, ts and tupleID
-    included) in tupleID order.
+    """One query's archived matches, in tupleID order: the `segments` saved in files
+    (an index, O(1) memory each), then the `tail` held in memory, not yet saved.
 
     Example:
         >>> t = Tier()
         >>> t.append({"ts": np.array([1.0, 2.0]), "tupleID": np.array([4, 9]),
         ...           "a": np.array([7, 8])})
-        >>> t.between(1.5, 3.0)["a"].tolist(), len(t)
-        ([8], 2)
+        >>> t.tail["a"].tolist(), len(t), t.saved
+        ([7, 8], 2, 0)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, segments: list[Segment] | None = None) -> None:
+        self.segments: list[Segment] = list(segments or [])
+        self.saved = sum(s.rows for s in self.segments)     # matches in the segments
         self._blocks: list[dict[str, np.ndarray]] = []
         self._merged: dict[str, np.ndarray] | None = None
-        self.saved = 0                    # leading matches already in segment files
-        self.files: list[str] = []        # those files, oldest first (`ArchiveTiers.save`)
+        self._in_tail = 0                                       # matches in the tail
+
+    @property
+    def files(self) -> list[str]:
+        """The segment files, oldest first."""
+        return [s.name for s in self.segments]
 
     def append(self, columns: Mapping[str, np.ndarray]) -> None:
-        """Matches with tupleIDs above every stored one."""
-        if len(columns[TUPLE_ID]):
+        """Matches with tupleIDs above every stored one, to the tail."""
+        n = len(columns[TUPLE_ID])
+        if n:
             self._blocks.append(dict(columns))
             self._merged = None
+            self._in_tail += n
 
     def extend(self, later: Tier) -> None:
-        """Append the blocks of `later`, whose tupleIDs are above every stored one."""
+        """Append the tail of `later` (which has no segments), whose tupleIDs are above
+        every stored one."""
+        assert not later.segments, "a pending tier is all tail"
         for block in later._blocks:
             self.append(block)
 
     @property
-    def columns(self) -> dict[str, np.ndarray]:
+    def tail(self) -> dict[str, np.ndarray]:
+        """The matches held in memory (consolidated into one array a column on first
+        use after appends; arrays handed out before are left alone)."""
         if self._merged is None:
             if len(self._blocks) == 1:
                 self._merged = self._blocks[0]
@@ -84,21 +163,23 @@ class Tier:
                 self._merged = {}
         return self._merged
 
-    def between(self, begin: float, end: float) -> dict[str, np.ndarray]:
-        """The matches with begin <= ts <= end. O(log n) plus the copy-free slice."""
-        columns = self.columns
-        if not columns:
-            return {}
-        if begin == -np.inf and end == np.inf:
-            return columns
-        a = int(np.searchsorted(columns[TS], begin, side="left"))
-        b = int(np.searchsorted(columns[TS], end, side="right"))
-        return {name: values[a:b] for name, values in columns.items()}
+    def saved_as(self, segment: Segment) -> None:
+        """The tail's first `segment.rows` matches are now in `segment`'s file: index
+        it, and drop them from memory (copying the rest, so their arrays are freed)."""
+        k = segment.rows
+        tail = self.tail
+        self.segments.append(segment)
+        self.saved += k
+        self._in_tail -= k
+        rest = {name: values[k:].copy() for name, values in tail.items()}
+        self._blocks = [rest] if self._in_tail else []
+        self._merged = None
 
     def __len__(self) -> int:
-        return sum(len(b[TUPLE_ID]) for b in self._blocks)
+        return self.saved + self._in_tail
 
     def nbytes(self) -> int:
+        """Bytes held in memory (the tail)."""
         return sum(v.nbytes for b in self._blocks for v in b.values())
 
 
@@ -107,35 +188,43 @@ class ArchiveTiers:
 
     `begin` gives queries pending tiers (the tuples still held in memory below the
     horizon, probed here); from then on the Data SteM's `on_horizon` hook moves each
-    query's matches among the tuples that leave retention into its tier, pending or
-    not, before their chunk can be dropped. `finish` puts the Spark matches in front of
-    the pending tiers and makes them visible; `abort` drops them. `save` writes what
-    each tier gained since its last save as one more Parquet file (O(those matches)),
-    `restore` reads a tier back (O(its matches)). O(matches) memory; an invocation
-    reads a window's part in O(log n).
+    query's matches among the tuples that leave retention into its tier's tail, pending
+    or not, before their chunk can be dropped. `finish` puts the Spark pass's segment
+    files in front of the pending tiers and makes them visible; `abort` drops them.
+    `save` writes each tier's tail as one more segment (O(the tail)), `restore` indexes
+    a tier's segments from their footers (O(segments)). Memory: O(segments + tails +
+    CACHE_BYTES). An invocation reads a window's part in O(log n) per segment it meets,
+    plus the reading of those segments not in the cache.
 
     Example:
+        >>> import tempfile
         >>> from psoup.query.model import StreamSchema
         >>> from psoup.stems.batch import make_batch
         >>> stem = DataSteM(StreamSchema("R", (("a", "int"),), retain_rows=1), chunk_rows=4)
-        >>> tiers = ArchiveTiers({"R": stem}, lambda s, cols, n: np.ones((n, 1), "<u8"))
+        >>> tiers = ArchiveTiers({"R": stem}, lambda s, cols, n: np.ones((n, 1), "<u8"),
+        ...                      Path(tempfile.mkdtemp()))
         >>> tiers.begin("R", [0])
         >>> _ = stem.append(make_batch(stem.schema, [(1,), (2,)], 1.0, 0, stem.last_ts),
         ...                 np.array([1, 2]))
         >>> 0 in tiers, tiers.pending
         (False, [0])
-        >>> tiers.finish({"R": {0: {"ts": np.array([0.5]), "tupleID": np.array([0]),
-        ...                         "a": np.array([9])}}})
-        >>> tiers.part(0, Window(), 5.0)["a"].tolist()
-        [9, 1]
+        >>> spark = {"ts": np.array([0.5]), "tupleID": np.array([0]), "a": np.array([9])}
+        >>> found = ArchiveTiers.write(tiers.folder, [(0, ".incoming/0", spark, 1)])
+        >>> tiers.finish({"R": {0: [found[0][3]]}}, {0: "h"})
+        >>> tiers.files(0), tiers.part(0, Window(), 5.0)["a"].tolist()
+        (['h/00000000000000000000-00000000000000000000.parquet'], [9, 1])
     """
 
-    def __init__(self, stems: Mapping[str, DataSteM], probe: Probe):
+    def __init__(self, stems: Mapping[str, DataSteM], probe: Probe,
+                 folder: Path | None = None):
         self._stems = stems
         self._probe = probe
+        self.folder = folder                       # where segments are; set by the engine
         self._tiers: dict[int, Tier] = {}
         self._pending: dict[int, Tier] = {}
         self._stream_of: dict[int, str] = {}      # of visible and pending tiers
+        self._cache: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+        self._cached = 0                            # bytes in the cache
 
     def __contains__(self, slot: int) -> bool:
         return slot in self._tiers
@@ -144,6 +233,11 @@ class ArchiveTiers:
         """The archived matches of `slot` (0 without a tier)."""
         tier = self._tiers.get(slot)
         return 0 if tier is None else len(tier)
+
+    def files(self, slot: int) -> list[str]:
+        """The segment files of `slot`'s tier, oldest first (none without a tier)."""
+        tier = self._tiers.get(slot)
+        return [] if tier is None else tier.files
 
     @property
     def pending(self) -> list[int]:
@@ -161,18 +255,42 @@ class ArchiveTiers:
         self._held(stream, stem.rows(stem.oldest, stem.horizon, expired=True), slots)
         self._hook(stream)
 
-    def finish(self, found: Mapping[str, Mapping[int, Mapping[str, np.ndarray]]]) -> None:
-        """Make the pending tiers visible, each with `found[stream][slot]` (the Spark
-        matches, in tupleID order) in front; a slot no longer pending (its query was
-        unregistered meanwhile) is skipped, a pending one without matches dropped."""
-        for matches in found.values():
-            for slot, columns in matches.items():
-                held = self._pending.pop(slot, None)
-                if held is not None:
-                    tier = self._tiers[slot] = Tier()
-                    tier.append(columns)
-                    tier.extend(held)
-        self.abort()
+    def finish(self, found: Mapping[str, Mapping[int, list[Segment]]],
+               handle_of: Mapping[int, str]) -> None:
+        """Make the pending tiers visible, each with the segments `found[stream][slot]`
+        (the Spark pass's files under `folder`, in tupleID order) in front, renamed to
+        their places under their handle (`handle_of`: slot -> handle); a slot no longer
+        pending (its query was unregistered meanwhile) is skipped, a pending one not in
+        `found` dropped. O(segments) renames; their folders are fsync'ed by `sync`.
+
+        Raises:
+            OSError: a file could not be renamed (every pending tier is dropped then).
+        """
+        assert self.folder is not None, "tiers are kept under the engine's folder"
+        try:
+            for matches in found.values():
+                for slot, segments in matches.items():
+                    if slot not in self._pending:
+                        continue
+                    placed = []
+                    for seg in segments:
+                        name = segment_name(handle_of[slot], seg.first, seg.last)
+                        make_dir((self.folder / name).parent, private=True)
+                        (self.folder / seg.name).replace(self.folder / name)
+                        self._cache_drop(name)
+                        placed.append(seg._replace(name=name))
+                    tier = self._tiers[slot] = Tier(placed)
+                    tier.extend(self._pending.pop(slot))
+        finally:
+            self.abort()
+
+    def sync(self, slots: list[int]) -> None:
+        """Make the renames of `finish` durable (fsync the folders of `slots`' tiers).
+        Needs no lock."""
+        assert self.folder is not None
+        for folder in {(self.folder / name).parent for slot in slots
+                       for name in self.files(slot)}:
+            fsync_dir(folder)
 
     def abort(self) -> None:
         """Drop every pending tier (a history job failed or was cancelled)."""
@@ -181,7 +299,7 @@ class ArchiveTiers:
 
     def forget(self, slot: int) -> None:
         """Drop `slot`'s tier, visible or pending; a stream left without tiers loses
-        its hook."""
+        its hook. (Its files stay until a checkpoint no longer names them.)"""
         if self._tiers.pop(slot, None) is None and self._pending.pop(slot, None) is None:
             return
         self._hook(self._stream_of.pop(slot))
@@ -189,51 +307,99 @@ class ArchiveTiers:
     def part(self, slot: int, window: Window, now: float) -> dict[str, np.ndarray] | None:
         """The slot's archived matches that `window` selects at `now` (all columns, ts
         and tupleID included), or None when there are none or the window counts tuples
-        in memory only."""
+        in memory only. Reads the segments whose ts range meets the window's.
+
+        Raises:
+            PSoupError: a segment file is gone or damaged (naming it).
+        """
         tier = self._tiers.get(slot)
         reach = archive_reach(window, now)
         if tier is None or not len(tier) or reach is None:
             return None
-        got = tier.between(*reach)
-        return got if got and len(got[TUPLE_ID]) else None
+        begin, end = reach
+        pieces = [_between(self._read(self._stream_of[slot], seg), begin, end)
+                  for seg in tier.segments if seg.hi >= begin and seg.lo <= end]
+        if tier.tail:
+            pieces.append(_between(tier.tail, begin, end))
+        pieces = [p for p in pieces if len(p[TUPLE_ID])]
+        if len(pieces) <= 1:
+            return pieces[0] if pieces else None
+        return {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
+
+    def _read(self, stream: str, seg: Segment) -> dict[str, np.ndarray]:
+        """A segment's columns, from the cache or from its file (kept in the cache,
+        the least recently read ones leaving it beyond CACHE_BYTES)."""
+        got = self._cache.get(seg.name)
+        if got is not None:
+            self._cache.move_to_end(seg.name)
+            return got
+        import pyarrow.parquet as pq
+
+        from psoup.archive.layout import to_numpy
+        assert self.folder is not None
+        path = self.folder / seg.name
+        types = {TS: "float", TUPLE_ID: "int", **dict(self._stems[stream].schema.columns)}
+        try:
+            table = pq.read_table(path, columns=list(types))
+            got = {name: to_numpy(table.column(name), ctype) for name, ctype in types.items()}
+        except Exception as exc:
+            raise PSoupError(f"the archive tier file {path} cannot be read ({exc}); "
+                             "evaluate the query's history again (psoup history "
+                             "HANDLE)") from None
+        if len(got[TUPLE_ID]) != seg.rows:
+            raise PSoupError(f"the archive tier file {path} holds {len(got[TUPLE_ID])} "
+                             f"matches, not {seg.rows}; evaluate the query's history "
+                             "again (psoup history HANDLE)")
+        size = sum(v.nbytes for v in got.values())
+        if size <= CACHE_BYTES:
+            self._cache[seg.name] = got
+            self._cached += size
+            while self._cached > CACHE_BYTES:
+                _, old = self._cache.popitem(last=False)
+                self._cached -= sum(v.nbytes for v in old.values())
+        return got
+
+    def _cache_drop(self, name: str) -> None:
+        old = self._cache.pop(name, None)
+        if old is not None:
+            self._cached -= sum(v.nbytes for v in old.values())
 
     def nbytes(self) -> int:
-        return sum(t.nbytes() for t in self._tiers.values())
+        """Bytes held in memory: the tails and the cache."""
+        return sum(t.nbytes() for t in self._tiers.values()) + self._cached
 
     def save(self, folder: Path, handle_of: Mapping[int, str]) -> dict[str, list[str]]:
-        """Write the matches each tier of `handle_of` (slot -> handle) gained since it
-        was last saved as one more segment file (`unsaved`, `write`, `mark_saved`), and
-        return handle -> its segment files (relative to `folder`), oldest first; a tier
-        without matches has none. For a checkpoint, under the engine's lock: the tiers
-        then outlive a restart (`restore`). O(matches not yet saved).
+        """Write the tail of each tier of `handle_of` (slot -> handle) as one more
+        segment file (`unsaved`, `write`, `mark_saved`), and return handle -> its
+        segment files (relative to `folder`), oldest first; a tier without matches has
+        none. For a checkpoint, under the engine's lock: the tiers then outlive a
+        restart (`restore`). O(matches not yet saved).
 
         Raises:
             OSError: a file could not be written (those written stay, and count as saved).
         """
         self.mark_saved(self.write(folder, self.unsaved(handle_of)))
-        return {handle: list(self._tiers[slot].files) for slot, handle in handle_of.items()
+        return {handle: self._tiers[slot].files for slot, handle in handle_of.items()
                 if slot in self._tiers}
 
     def unsaved(self, handle_of: Mapping[int, str]
                 ) -> list[tuple[int, str, dict[str, np.ndarray], int]]:
-        """(slot, handle, its matches not yet saved, its matches in all) per tier of
-        `handle_of` with some: arrays that later appends leave alone, so `write` may
-        run off the engine's lock. O(tiers), plus consolidating each tier's blocks."""
+        """(slot, handle, its tail, its matches in all) per tier of `handle_of` with a
+        tail: arrays that later appends leave alone, so `write` may run off the engine's
+        lock. O(tiers), plus consolidating each tail's blocks."""
         out = []
         for slot, handle in handle_of.items():
             tier = self._tiers.get(slot)
             if tier is not None and len(tier) > tier.saved:
-                n = len(tier)
-                out.append((slot, handle, {name: values[tier.saved:n]
-                                           for name, values in tier.columns.items()}, n))
+                out.append((slot, handle, tier.tail, len(tier)))
         return out
 
     @staticmethod
     def write(folder: Path, parts: list[tuple[int, str, dict[str, np.ndarray], int]]
-              ) -> list[tuple[int, str, int]]:
+              ) -> list[tuple[int, str, int, Segment]]:
         """Write each part of `unsaved` as `folder/HANDLE/FIRST-LAST.parquet` (tupleIDs;
         written whole: a .tmp renamed, fsync'ed); returns (slot, file name, matches in
-        all) for `mark_saved`. Needs no lock. O(matches written).
+        all, its index entry) for `mark_saved`. Needs no lock. O(matches written).
 
         Raises:
             OSError: a file could not be written.
@@ -243,55 +409,62 @@ class ArchiveTiers:
 
         out = []
         for slot, handle, part, n in parts:
-            ids = part[TUPLE_ID]
-            name = f"{handle}/{int(ids[0]):020d}-{int(ids[-1]):020d}.parquet"
+            ids, ts = part[TUPLE_ID], part[TS]
+            name = segment_name(handle, int(ids[0]), int(ids[-1]))
             path = folder / name
             make_dir(folder, private=True)      # a data directory's files are owner-only
             make_dir(path.parent, private=True)
             table = pa.table({c: pa.array(v) for c, v in part.items()})
             write_whole(path, partial(pq.write_table, table), private=True)
             fsync_dir(path.parent)
-            out.append((slot, name, n))
+            out.append((slot, name, n, Segment(name, int(ids[0]), int(ids[-1]),
+                                               float(ts[0]), float(ts[-1]), len(ids))))
         return out
 
-    def mark_saved(self, written: list[tuple[int, str, int]]) -> None:
-        """Record files `write` wrote as saved parts of their tiers (a tier forgotten
-        meanwhile, or saved further by then, ignores them: unnamed files are removed by
-        the next checkpoint)."""
-        for slot, name, n in written:
+    def mark_saved(self, written: list[tuple[int, str, int, Segment]]) -> None:
+        """Index the files `write` wrote as segments of their tiers, whose tails drop
+        those matches (a tier forgotten meanwhile, or saved further by then, ignores
+        them: unnamed files are removed by the next checkpoint)."""
+        for slot, _, n, segment in written:
             tier = self._tiers.get(slot)
-            if tier is not None and tier.saved < n:
-                tier.files.append(name)
-                tier.saved = n
+            if tier is not None and tier.saved == n - segment.rows:
+                tier.saved_as(segment)
 
     def restore(self, stream: str, slot: int, folder: Path, files: list[str]) -> None:
-        """Make `slot`'s tier (a selection query on `stream`) visible, holding the
-        matches `save` wrote to `files` under `folder`; from then on it follows the
-        horizon as any tier. O(its matches)."""
-        import pyarrow.parquet as pq
+        """Make `slot`'s tier (a selection query on `stream`) visible, indexing the
+        segment files `files` under `folder` from their footers; from then on it follows
+        the horizon as any tier. O(segments).
 
-        tier = Tier()
-        for name in files:
-            table = pq.read_table(folder / name)
-            tier.append({c: table.column(c).to_numpy(zero_copy_only=False)
-                         for c in table.column_names})
-        tier.saved, tier.files = len(tier), list(files)
+        Raises:
+            OSError, ValueError: a file is gone, damaged or not a segment of the stream.
+        """
+        columns = [TS, TUPLE_ID, *(name for name, _ in self._stems[stream].schema.columns)]
+        tier = Tier([read_footer(folder, name, columns) for name in files])
         self._tiers[slot] = tier
         self._stream_of[slot] = stream
         self._hook(stream)
 
     def _check(self, slots: list[int]) -> None:
-        """Assert the invariants (for tests): tiers only for live `slots`, in tupleID
-        order, their saved matches a prefix kept in files, and a stream's horizon hook
-        set exactly while some tier is on it."""
+        """Assert the invariants (for tests): tiers only for live `slots`; a tier's
+        segments and then its tail in increasing tupleID order, `saved` their count,
+        the cache within its bytes; a stream's horizon hook set exactly while some tier
+        is on it."""
         tiers = {**self._tiers, **self._pending}
         assert len(tiers) == len(self._tiers) + len(self._pending), "visible or pending"
         assert set(tiers) <= set(slots) and set(tiers) == set(self._stream_of)
         for tier in tiers.values():
-            ids = tier.columns.get(TUPLE_ID, np.empty(0, np.int64))
-            assert (np.diff(ids) > 0).all(), "a tier is in tupleID order"
-            assert 0 <= tier.saved <= len(tier), "saved matches are a prefix of the tier"
-            assert bool(tier.files) == (tier.saved > 0), "saved matches are in files"
+            ids = tier.tail.get(TUPLE_ID, np.empty(0, np.int64))
+            assert (np.diff(ids) > 0).all(), "a tail is in tupleID order"
+            assert len(ids) == len(tier) - tier.saved, "the tail holds what is not saved"
+            bounds = [b for seg in tier.segments for b in (seg.first, seg.last)]
+            bounds += ids[:1].tolist()
+            assert all(a < b for a, b in zip(bounds[1::2], bounds[2::2])), \
+                "segments, then the tail, in tupleID order"
+            assert all(seg.first <= seg.last and seg.lo <= seg.hi and seg.rows > 0
+                       for seg in tier.segments)
+            assert tier.saved == sum(seg.rows for seg in tier.segments)
+        assert self._cached == sum(v.nbytes for got in self._cache.values()
+                                   for v in got.values()) <= CACHE_BYTES
         for name, stem in self._stems.items():
             hooked = stem.on_horizon is not None
             assert hooked == (name in self._stream_of.values()), name

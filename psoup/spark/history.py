@@ -7,13 +7,13 @@ probes each Arrow batch with psoup's own Query SteM holding *all* the queries to
 evaluate (`mapInArrow`; the queries travel as SQL text and are compiled once per task),
 so a thousand queries cost one pass over the data, not a thousand. Each match is one
 row: the query's slot, and the tuple's tupleID, ts and columns. The executors write them
-as Parquet (a file per task) under a staging directory in the archive; nothing is
-collected through Spark's driver (whose results are bounded by
-spark.driver.maxResultSize, 1 GB by default: 3.9 GB of matches for a billion archived
-tuples at an 8% match rate would fail there). psoup then reads the files with pyarrow,
-orders them by slot and tupleID and splits them into column arrays per slot, for the
-archive tiers of the Results Structure (psoup.results.tiers), and removes the staging
-directory.
+as Parquet under a staging directory in the archive, partitioned by slot and sorted by
+tupleID, at most SEGMENT_ROWS a file; nothing is collected through Spark's driver
+(whose results are bounded by spark.driver.maxResultSize, 1 GB by default: 3.9 GB of
+matches for a billion archived tuples at an 8% match rate would fail there), and
+nothing passes through psoup's memory either: the files are moved under the engine's
+folder as the segments of the queries' archive tiers (psoup.results.tiers), which keeps
+an index of them and reads the part a window needs at invocation.
 
 Spark is imported here only, and this runs only when the user asks for history
 (`Engine.evaluate_history`), never on an invocation.
@@ -21,12 +21,13 @@ Spark is imported here only, and this runs only when the user asks for history
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +35,17 @@ import pyarrow as pa
 from psoup.archive.layout import (ARROW_TYPES, SPARK_TYPES, TS_COLUMN, TUPLE_ID_COLUMN,
                                   check_part, to_numpy)
 from psoup.errors import ArchiveError, PSoupError
+from psoup.fsync import file_mode, fsync_file, make_dir
 from psoup.spark.session import spark_error
-from psoup.query.model import StreamSchema
+from psoup.query.model import TS, TUPLE_ID, StreamSchema
+
+if TYPE_CHECKING:
+    from psoup.results.tiers import Segment
 
 SLOT = "slot"
+#: At most this many matches in one file the executors write: a window that reaches a
+#: little way into the archive reads one such file, not a query's whole history.
+SEGMENT_ROWS = 1 << 20
 
 
 @dataclass
@@ -54,12 +62,12 @@ class Job:
 def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
                   progress: Callable[[str], None] | None = None, group: str | None = None,
                   cancelled: Callable[[], bool] = lambda: False,
-                  conf: Mapping[str, str] | None = None
-                  ) -> dict[str, dict[int, dict[str, np.ndarray]]]:
-    """Every job's matches as psoup columns (ts and tupleID included) per stream and
-    slot, in tupleID order, from the archive under `root` (flushed by the caller). All
-    jobs run before anything is returned, so a failure in one leaves the caller with
-    nothing to install.
+                  conf: Mapping[str, str] | None = None, *, into: Path
+                  ) -> dict[str, dict[int, list[Segment]]]:
+    """Every job's matches as segment files (`evaluate`) under `into` per stream and
+    slot, from the archive under `root` (flushed by the caller). All jobs run before
+    anything is returned, so a failure in one leaves the caller with nothing to install
+    (and files under `into` to remove).
 
     Args:
         group: the Spark job group the jobs run in (psoup.spark.session.cancel_group
@@ -76,7 +84,7 @@ def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
         if cancelled():
             raise JobCancelled("the history job was cancelled")
         found[job.schema.name] = evaluate(spark, root, job.ddl, job.schema, job.queries,
-                                          job.below, progress)
+                                          job.below, into, progress)
     return found
 
 
@@ -84,27 +92,31 @@ class JobCancelled(PSoupError):
     """A history job stopped because it was cancelled."""
 
 
-def read_matches(folder: Path | None, schema: StreamSchema, slots: Sequence[int]
-                 ) -> dict[int, dict[str, np.ndarray]]:
-    """The match rows the executors wrote as Parquet files under `folder` (slot,
-    tuple_id, ts, columns; none when it is None or holds no file) as psoup column
-    arrays per slot, in tupleID order; a slot without matches gets empty arrays. pyarrow
-    reads, sorts and converts them in its own threads. O(matches log matches)."""
-    import pyarrow.parquet as pq
+def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int]
+            ) -> dict[int, list[Segment]]:
+    """Move the match files the executors wrote under `staging`/slot=K/ to
+    `into`/K/FIRST-LAST.parquet (owner-only, fsync'ed), and index them from their
+    footers: slot -> its segments (absolute paths as names) in tupleID order; a slot
+    without matches gets none. O(files); the matches themselves are not read."""
+    from psoup.results.tiers import read_footer
 
-    target = out_schema(schema)
-    written = folder is not None and any(folder.glob("*.parquet"))
-    table = pq.read_table(folder, schema=target) if written else target.empty_table()
-    table = table.sort_by([(SLOT, "ascending"), (TUPLE_ID_COLUMN, "ascending")])
-    slot_of = table.column(SLOT).to_numpy()
-    names = {"ts": ("float", TS_COLUMN), "tupleID": ("int", TUPLE_ID_COLUMN),
-             **{c: (t, c) for c, t in schema.columns}}
-    columns = {name: to_numpy(table.column(source), ctype)
-               for name, (ctype, source) in names.items()}
-    out = {}
-    for slot in slots:
-        a, b = np.searchsorted(slot_of, [slot, slot + 1])
-        out[slot] = {name: values[a:b] for name, values in columns.items()}
+    columns = [TS, TUPLE_ID, *(name for name, _ in schema.columns)]
+    out: dict[int, list[Segment]] = {slot: [] for slot in slots}
+    for part in sorted(staging.glob(f"{SLOT}=*")):
+        slot = int(part.name.split("=", 1)[1])
+        found = sorted((read_footer(part, path.name, columns)
+                        for path in part.glob("*.parquet")), key=lambda seg: seg.first)
+        for before, after in zip(found, found[1:]):
+            if before.last >= after.first:
+                raise PSoupError(f"history: the matches of slot {slot} in {part} overlap "
+                                 "(not one sorted run per query)")
+        for seg in found:
+            target = into / str(slot) / f"{seg.first:020d}-{seg.last:020d}.parquet"
+            make_dir(target.parent, private=True)
+            shutil.move(part / seg.name, target)    # a rename, or a copy across devices
+            os.chmod(target, file_mode(private=True))
+            fsync_file(target)
+            out[slot].append(seg._replace(name=str(target)))
     return out
 
 
@@ -177,22 +189,22 @@ def _check_order(ts: np.ndarray, files: np.ndarray) -> None:
 
 
 def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
-             queries: Sequence[tuple[int, str]], below: int,
-             progress: Callable[[str], None] | None = None
-             ) -> dict[int, dict[str, np.ndarray]]:
+             queries: Sequence[tuple[int, str]], below: int, into: Path,
+             progress: Callable[[str], None] | None = None) -> dict[int, list[Segment]]:
     """The matches of `queries` over the archived tuples of `schema.name` with tupleID
-    below `below`, as psoup column arrays per slot in tupleID order (`read_matches`);
-    empty ones when the stream has no archive. The executors write the matches under
-    `root/.history/` (removed before this returns or raises), so `root` must be
-    writable by them and readable here, like the archive itself."""
+    below `below`, as segment files per slot under `into` (`receive`); none when the
+    stream has no archive. The executors write the matches under `root/.history/`
+    (removed before this returns or raises), so `root` must be writable by them and
+    readable here, like the archive itself."""
     from pyspark.sql import functions as F
 
     root = Path(root).resolve()                 # the JVM's working directory may differ
+    into = Path(into).resolve()                 # segment names are absolute (`receive`)
     folder = root / f"stream={schema.name}"
     slots = [slot for slot, _ in queries]
     files = sorted(folder.rglob("*.parquet"))
     if not queries or not files:
-        return read_matches(None, schema, slots)
+        return {slot: [] for slot in slots}
     for path in files:
         check_file(path, schema)
     try:
@@ -216,13 +228,17 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
     staging = root / STAGING / uuid.uuid4().hex
     try:
         try:
-            frame.mapInArrow(run, spark_schema).write.parquet(staging.as_uri())
+            matches = (frame.mapInArrow(run, spark_schema)
+                       .withColumnRenamed(TUPLE_ID_COLUMN, TUPLE_ID).repartition(SLOT)
+                       .sortWithinPartitions(SLOT, TUPLE_ID))
+            (matches.write.option("maxRecordsPerFile", SEGMENT_ROWS).partitionBy(SLOT)
+             .parquet(staging.as_uri()))
         except Exception as exc:        # a page that does not decode, ts out of order
             named = _UNSORTED.search(str(exc))
             raise PSoupError(f"history of stream {schema.name}: "
                              + (named.group(1) if named else f"the archive under {folder} "
                                 f"cannot be read: {spark_error(exc)}")) from None
-        return read_matches(staging, schema, slots)
+        return receive(staging, into, schema, slots)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         try:
