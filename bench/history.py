@@ -17,9 +17,10 @@ sample are checked against psoup's.
 million readings (quick: 0.1, 0.3, 1 million), each in a process of its own, and
 reports the peak memory of the driver's two processes, psoup's Python (which keeps an
 index of the tier files, not the matches) and Spark's driver JVM (which no match
-passes through), against the smallest archive's (target: within 1.5x);
-and the pass over the middle archive on local[1] against local[2] (target: >= 1.7x
-from 1 to 2 cores).
+passes through), against the smallest archive's (target: within 1.5x); and the pass
+over the middle archive with 2 cores (local[2]) against 1 core (local[1] with every
+process pinned to one CPU; target: >= 1.7x), against local[1] unpinned, and on a
+standalone cluster of two one-core workers started on 127.0.0.1.
 
 Usage: python bench/history.py [--quick] [--scale]
 """
@@ -28,13 +29,16 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -139,21 +143,22 @@ def _plot(ax, rows) -> None:
 
 
 SCALE_SIZES = {False: [1_000_000, 10_000_000, 30_000_000], True: [100_000, 300_000, 1_000_000]}
-RSS_TARGET = 1.5          # the driver JVM's peak memory at the largest archive / smallest
-CORES_TARGET = 1.7        # local[2] / local[1] speed-up
+RSS_TARGET = 1.5          # peak memory at the largest archive / at the smallest
+CORES_TARGET = 1.7        # 2 cores (local[2]) / 1 core (local[1], pinned to one CPU)
 
 
-def _measure(n: int, queries: int, master: str) -> dict:
-    """In this process: an archive of n readings, Spark on `master`, psoup's pass; the
-    seconds, matches and peak memory (MB) of this process and of the driver JVM."""
+def _measure(root: Path, n: int, queries: int, master: str, cpus: int | None) -> dict:
+    """In this process (pinned to `cpus` CPUs, with the Spark processes it starts, when
+    given): Spark on `master`, psoup's pass over the archive of n readings under `root`;
+    the seconds, matches and peak memory (MB) of this process and of the driver JVM."""
     from psoup.spark.session import spark_session
 
-    root = Path(tempfile.mkdtemp(prefix="psoup-history-scale-"))
+    if cpus is not None:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cpus])
     try:
-        write_archive(root, n, 1_000_000)
         matches, seconds = _pass(spark_session(master), root, n, _queries(queries))
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root / "tiers", ignore_errors=True)
     jvm = 0.0
     for pid in _descendants(os.getpid()):
         try:
@@ -163,8 +168,10 @@ def _measure(n: int, queries: int, master: str) -> dict:
             continue
         if "java" in command and "VmHWM:" in status:
             jvm = max(jvm, int(status.split("VmHWM:")[1].split()[0]) / 1024)
-    return {"seconds": seconds, "matches": sum(matches.values()),
-            "python_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    # VmHWM, not ru_maxrss: a process's ru_maxrss starts from its parent's at the fork
+    # (and the parent wrote the archive)
+    python = int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0])
+    return {"seconds": seconds, "matches": sum(matches.values()), "python_mb": python / 1024,
             "jvm_mb": jvm}
 
 
@@ -186,26 +193,88 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _in_process(n: int, queries: int, master: str) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--measure", str(n), str(queries),
-                           master], capture_output=True, text=True, check=True)
+def _in_process(root: Path, n: int, queries: int, master: str,
+                cpus: int | None = None) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--measure", str(root), str(n),
+                           str(queries), master, str(cpus or 0)],
+                          capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@contextmanager
+def standalone(workers: int) -> Iterator[str]:
+    """A Spark standalone master and `workers` one-core workers on 127.0.0.1, started
+    from the installed pyspark's spark-class and stopped by process group on exit:
+    yields the master's URL."""
+    import pyspark
+
+    home, folder = Path(pyspark.__file__).parent, Path(tempfile.mkdtemp(prefix="psoup-sc-"))
+    env = dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_LOG_DIR=str(folder), PYSPARK_PYTHON=sys.executable)
+    env.pop("PSOUP_SPARK_CONF", None)
+    port = _free_port()
+    url, log = f"spark://127.0.0.1:{port}", folder / "master.log"
+    commands = [["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                 str(port), "--webui-port", str(_free_port())]]
+    commands += [["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores",
+                  "1", "--memory", "2g", "--work-dir", str(folder / f"work-{i}"),
+                  "--webui-port", str(_free_port()), url] for i in range(workers)]
+    started = []
+    try:
+        for i, command in enumerate(commands):
+            with open(log if i == 0 else folder / f"worker-{i}.log", "wb") as out:
+                started.append(subprocess.Popen(
+                    [str(home / "bin" / "spark-class"), *command], env=env, stdout=out,
+                    stderr=subprocess.STDOUT, cwd=folder, start_new_session=True))
+        deadline = time.monotonic() + 120
+        while log.read_bytes().count(b"Registering worker") < workers:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the standalone cluster did not start: see {folder}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        for proc in started:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in started:
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def scale(quick: bool, suffix: str) -> None:
     sizes = SCALE_SIZES[quick]
     queries = 64 if quick else 256
-    rows = [dict(_in_process(n, queries, "local[2]"), rows=n, master="local[2]")
-            for n in sizes]
-    rows.append(dict(_in_process(sizes[1], queries, "local[1]"), rows=sizes[1],
-                     master="local[1]"))
-    base = rows[0]
+    rows = []
+    for n in sizes:
+        root = Path(tempfile.mkdtemp(prefix="psoup-history-scale-"))
+        try:
+            write_archive(root, n, 1_000_000)
+            runs = [("local[2]", "local[2]", None)]
+            if n == sizes[1]:
+                runs += [("local[1], 1 CPU", "local[1]", 1), ("local[1]", "local[1]", None)]
+                with standalone(2) as url:
+                    rows.append(dict(_in_process(root, n, queries, url), rows=n,
+                                     master="cluster, 2 x 1-core workers"))
+            rows += [dict(_in_process(root, n, queries, master, cpus), rows=n, master=label)
+                     for label, master, cpus in runs]
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    two = [r for r in rows if r["master"] == "local[2]"]
+    base = two[0]
     for row in rows:
         row["python_x"] = row["python_mb"] / base["python_mb"]
         row["jvm_x"] = row["jvm_mb"] / max(base["jvm_mb"], 1e-9)
         row["rows_per_s"] = row["rows"] / row["seconds"]
-    jvm_x = rows[len(sizes) - 1]["jvm_x"]
-    cores = rows[-1]["seconds"] / rows[1]["seconds"]
+    at = {r["master"]: r for r in rows if r["rows"] == sizes[1]}
+    jvm_x, python_x = two[-1]["jvm_x"], two[-1]["python_x"]
+    cores = at["local[1], 1 CPU"]["seconds"] / at["local[2]"]["seconds"]
+    slots = at["local[1]"]["seconds"] / at["local[2]"]["seconds"]
+    cluster = at["local[1], 1 CPU"]["seconds"] / at["cluster, 2 x 1-core workers"]["seconds"]
     common.report(f"history_scale{suffix}", rows, [
         ("master", "Spark", "s"), ("rows", "archived tuples", ",d"),
         ("matches", "matches", ",d"), ("seconds", "seconds", ",.1f"),
@@ -213,14 +282,19 @@ def scale(quick: bool, suffix: str) -> None:
         ("python_x", "psoup x smallest", ".2f"), ("jvm_mb", "driver JVM peak MB", ",.0f"),
         ("jvm_x", "JVM x smallest", ".2f"),
     ], _plot_scale, notes=[
-        f"{queries} queries; each row a process of its own (peak memory is per process)",
-        f"driver JVM peak memory at {sizes[-1]:,} tuples / at {sizes[0]:,}: {jvm_x:.2f}x "
-        f"(target <= {RSS_TARGET}x: {'met' if jvm_x <= RSS_TARGET else 'NOT met'})",
-        f"psoup's own peak memory (an index of the tier files): "
-        f"{rows[len(sizes) - 1]['python_x']:.2f}x",
-        f"local[2] / local[1] on {sizes[1]:,} tuples: {cores:.2f}x faster (target >= "
-        f"{CORES_TARGET}x: {'met' if cores >= CORES_TARGET else 'NOT met'}; 2 cores shared "
-        "with the driver)"], params={"sizes": sizes, "queries": queries})
+        f"{queries} queries; each row a process of its own (peak memory is per process; "
+        "the archive is written by the parent)",
+        f"peak memory at {sizes[-1]:,} tuples / at {sizes[0]:,}: driver JVM {jvm_x:.2f}x, "
+        f"psoup {python_x:.2f}x (target <= {RSS_TARGET}x: "
+        f"{'met' if max(jvm_x, python_x) <= RSS_TARGET else 'NOT met'})",
+        f"2 cores / 1 core on {sizes[1]:,} tuples (local[2] / local[1] with every process "
+        f"pinned to one CPU): {cores:.2f}x faster (target >= {CORES_TARGET}x: "
+        f"{'met' if cores >= CORES_TARGET else 'NOT met'})",
+        f"local[2] / local[1] unpinned: {slots:.2f}x (local[1] is one task at a time, but "
+        "its JVM and its Python worker run side by side, on both CPUs)",
+        f"2-worker standalone cluster / 1 core: {cluster:.2f}x faster (the workers, the "
+        "master and the driver share this machine's CPUs)"],
+        params={"sizes": sizes, "queries": queries})
 
 
 def _plot_scale(ax, rows) -> None:
@@ -238,9 +312,9 @@ def _plot_scale(ax, rows) -> None:
 
 def main() -> None:
     if "--measure" in sys.argv:                 # one measurement, in a process of its own
-        at = sys.argv.index("--measure")
-        n, queries, master = int(sys.argv[at + 1]), int(sys.argv[at + 2]), sys.argv[at + 3]
-        print(json.dumps(_measure(n, queries, master)))
+        root, n, queries, master, cpus = sys.argv[sys.argv.index("--measure") + 1:][:5]
+        print(json.dumps(_measure(Path(root), int(n), int(queries), master,
+                                  int(cpus) or None)))
         return
     scaled = "--scale" in sys.argv
     if scaled:
