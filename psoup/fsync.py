@@ -11,12 +11,7 @@ from typing import IO, Callable
 
 def fsync_dir(directory: str | Path) -> None:
     """Make the renames and unlinks in `directory` durable (fsync the directory)."""
-    fsync_file(directory)
-
-
-def fsync_file(path: str | Path) -> None:
-    """Make a file's contents durable (one written by another program, e.g. Spark)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -196,6 +196,41 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_pa
     reopened.close()
 
 
+def test_the_executors_files_are_split_into_one_sorted_file_per_query(tmp_path):
+    """`receive` splits each staged file by slot, sorting one that is not sorted by
+    (slot, tupleID), skips empty files, and gives each slot its segments in tupleID
+    order, with their ranges; overlapping runs of one slot are refused."""
+    import pyarrow.parquet as pq
+    from psoup.query.model import StreamSchema
+    from psoup.spark.history import receive
+
+    schema = StreamSchema("R", (("a", "int"),))
+    staging = tmp_path / "staging"
+    staging.mkdir()
+
+    def staged(name, slots, ids):
+        pq.write_table(pa.table({"slot": slots, "tupleID": ids, "ts": [i / 2 for i in ids],
+                                 "a": [10 * i for i in ids]},
+                                schema=pa.schema([("slot", pa.int64()), ("tupleID", pa.int64()),
+                                                  ("ts", pa.float64()), ("a", pa.int64())])),
+                       staging / name)
+
+    staged("part-0.parquet", [3, 1, 3, 1], [8, 4, 2, 6])       # unsorted
+    staged("part-1.parquet", [3], [20])
+    staged("part-2.parquet", [], [])
+    got = receive(staging, tmp_path / "in", schema, [1, 2, 3])
+    assert set(got) == {1, 2, 3} and got[2] == []
+    assert [(s.first, s.last, s.lo, s.hi, s.rows) for s in got[1]] == [(4, 6, 2.0, 3.0, 2)]
+    assert [(s.first, s.last, s.rows) for s in got[3]] == [(2, 8, 2), (20, 20, 1)]
+    back = pq.read_table(got[3][0].name)
+    assert back.column_names == ["tupleID", "ts", "a"]
+    assert back.column("a").to_pylist() == [20, 80]
+
+    staged("part-3.parquet", [1], [5])                           # inside 4..6
+    with pytest.raises(PSoupError, match="slot 1 overlap"):
+        receive(staging, tmp_path / "again", schema, [1, 2, 3])
+
+
 def test_a_damaged_segment_is_named_at_invocation(tmp_path):
     eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
