@@ -43,6 +43,26 @@ def bit_of(slot: int) -> tuple[int, np.uint64]:
 #: The mask of each bit of a word (made once: a numpy scalar costs a microsecond).
 _MASKS = [np.uint64(1) << np.uint64(bit) for bit in range(WORD)]
 
+#: Bytes in a cache line.
+LINE = 64
+
+
+def aligned_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """A zero array of words of `shape` whose first word starts a cache line, so that
+    rows of a multiple of 8 words each start one too: the probe then reads a row as
+    whole lines (numpy only aligns to 16 bytes, and a 128-byte row at 16 bytes past a
+    line spans 3 lines, not 2: the probe at 4,096 queries took 7% longer). O(size), 64
+    bytes more than np.zeros; the array is a view of the one allocated.
+
+    Example:
+        >>> aligned_zeros((3, 8)).ctypes.data % LINE
+        0
+    """
+    size = int(np.prod(shape))
+    whole = np.zeros(size + LINE // DTYPE.itemsize, DTYPE)
+    skip = (-whole.ctypes.data % LINE) // DTYPE.itemsize
+    return whole[skip:skip + size].reshape(shape)
+
 
 def slot_rows(bits: np.ndarray, slot: int) -> np.ndarray:
     """The rows of a bitmap (n, words) whose bit `slot` is set. O(n).

@@ -81,22 +81,39 @@ def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, c
     assert out[:found].tolist() == (np.flatnonzero(bits[p0:p1]) + p0).tolist()
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.data(), st.integers(1, 7), st.integers(1, 5), st.integers(0, 40))
+@settings(max_examples=80, deadline=None)
+@given(st.data(), st.integers(1, 7), st.integers(1, 20), st.integers(0, 300),
+       st.sampled_from(["chunk", "gapped", "transposed"]))
 def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(data, tables, words,
-                                                                     n):
+                                                                     n, layout):
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     cells = 9
     reject = tuple(gen.integers(0, 2**63, (cells, words), dtype=np.uint64)
                    for _ in range(tables))
     rows = tuple(gen.integers(0, cells, n, dtype=np.int64) for _ in range(tables))
     interest = gen.integers(0, 2**63, words, dtype=np.uint64)
-    out = np.empty((words, n + 8), np.uint64)[:, :n]       # rows apart, as in a chunk
+    if layout == "chunk":       # rows whole cache lines apart (8x8 blocks), any start
+        start = data.draw(st.integers(0, 7))
+        padded = np.full((words, start + n + 16 - (start + n) % 8), 7, np.uint64)
+        out = padded[:, start:start + n]
+    elif layout == "gapped":    # rows apart by n + 8 words, as the first test had them
+        padded = np.full((words, n + 8), 7, np.uint64)
+        out = padded[:, :n]
+    else:                       # tuple-major memory seen word-major (the Eddy's scratch)
+        padded = np.full((n, words), 7, np.uint64)
+        out = padded.T
+    before = padded.copy()
     probe_into(reject, rows, interest, out)
     expected = np.zeros((n, words), np.uint64)
     for table, r in zip(reject, rows):
         expected |= table[r]
     assert (out.T == (~expected & interest)).all()
+    out_mask = np.zeros(padded.shape, bool)
+    if layout == "transposed":
+        out_mask[:] = True
+    else:
+        out_mask[:, out.ctypes.data // 8 - padded.ctypes.data // 8:][:, :n] = True
+    assert (padded[~out_mask] == before[~out_mask]).all(), "nothing outside out is written"
 
 
 @settings(max_examples=60, deadline=None)

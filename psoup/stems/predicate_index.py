@@ -27,7 +27,8 @@ The index changes as queries come and go, never rebuilt (the query stream is a s
 
 Costs: add/remove O(k + cells + Q/64) words (plus O(range) for the direct map, bounded
 by DIRECT_MAP_LIMIT); probe O(n log k + n * words) for n tuples. Memory: (2k + 1 rows)
-x words x 8 bytes, rows and words over-allocated at most twofold.
+x words x 8 bytes, rows and words over-allocated at most twofold; the table starts on a
+cache line (`psoup.bits.aligned_zeros`), so the probe reads its rows as whole lines.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 from sortedcontainers import SortedDict
 
-from psoup.bits import DTYPE, WORD, bit_of
+from psoup.bits import WORD, aligned_zeros, bit_of
 from psoup.query.model import AttrPredicate
 from psoup.stems.batch import DTYPES
 
@@ -63,7 +64,7 @@ class AttributeIndex:
         self._preds: dict[int, AttrPredicate] = {}
         self._keys = np.empty(0, self.dtype)              # the constants, sorted
         self._cell_row = np.zeros(1, np.int64)            # cell -> row of the table
-        self._table = np.zeros((4, 1), DTYPE)             # row -> reject bits by slot
+        self._table = aligned_zeros((4, 1))               # row -> reject bits by slot
         self._free_rows = list(range(3, 0, -1))           # row 0 is the one cell's
         self._direct: tuple[int, np.ndarray] | None = None   # (first value, row per value)
 
@@ -123,7 +124,7 @@ class AttributeIndex:
     def _new_row(self, copy_of: int) -> int:
         if not self._free_rows:
             rows, words = self._table.shape
-            table = np.zeros((2 * rows, words), DTYPE)
+            table = aligned_zeros((2 * rows, words))
             table[:rows] = self._table
             self._table = table
             self._free_rows = list(range(2 * rows - 1, rows - 1, -1))
@@ -136,7 +137,7 @@ class AttributeIndex:
         word, mask = bit_of(slot)
         if word >= self._table.shape[1]:
             rows, words = self._table.shape
-            table = np.zeros((rows, max(word + 1, 2 * words)), DTYPE)
+            table = aligned_zeros((rows, max(word + 1, 2 * words)))
             table[:, :words] = self._table
             self._table = table
         from psoup.kernels import write_column
@@ -172,7 +173,7 @@ class AttributeIndex:
         words past the queries' slots are zero)."""
         if self._table.shape[1] < words:
             rows, have = self._table.shape
-            table = np.zeros((rows, words), DTYPE)
+            table = aligned_zeros((rows, words))
             table[:, :have] = self._table
             self._table = table
         return self._table
