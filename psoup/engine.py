@@ -888,9 +888,6 @@ class Engine:
                 error, done = self._install(job, found)
             if not done:
                 self._core.tiers.abort()
-                stopped = job.cancelled() or self._closed
-                job.end("cancelled" if stopped else "failed",
-                        error=None if stopped else error)
         shutil.rmtree(incoming, ignore_errors=True)     # what no tier took
         try:
             incoming.parent.rmdir()                     # empty once no job uses it
@@ -898,8 +895,13 @@ class Engine:
             pass
         if done:
             self._save_tiers(job, done)     # before "done": a job done is a job saved
-            with self._lock:
+        with self._lock:
+            if done:
                 job.end("done", self._archived(job.handles))
+            else:
+                stopped = job.cancelled() or self._closed
+                job.end("cancelled" if stopped else "failed",
+                        error=None if stopped else error)
 
     def _install(self, job: HistoryJob, found: dict) -> tuple[Exception | None, list[str]]:
         """Under the lock: a job's segments moved into place in front of the pending
