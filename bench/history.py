@@ -154,13 +154,23 @@ def _measure(root: Path, n: int, queries: int, master: str, cpus: int | None) ->
 
     if cpus is not None:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cpus])
-    spark, times = spark_session(master), []
+    spark, times, peaks = spark_session(master), [], []
     for _ in range(2):              # the first job of a session, then one after it
         try:
             matches, seconds = _pass(spark, root, n, _queries(queries))
             times.append(seconds)
+            peaks.append(_peaks())
         finally:
             shutil.rmtree(root / "tiers", ignore_errors=True)
+    return {"seconds": times[0], "warm_seconds": times[1], "matches": sum(matches.values()),
+            "python_mb": peaks[0][0], "jvm_mb": peaks[0][1], "python_2_mb": peaks[1][0],
+            "jvm_2_mb": peaks[1][1]}
+
+
+def _peaks() -> tuple[float, float]:
+    """Peak memory (MB) so far of this process and of the driver JVM it started (VmHWM,
+    not ru_maxrss: a process's ru_maxrss starts from its parent's at the fork, and the
+    parent wrote the archive)."""
     jvm = 0.0
     for pid in _descendants(os.getpid()):
         try:
@@ -170,11 +180,8 @@ def _measure(root: Path, n: int, queries: int, master: str, cpus: int | None) ->
             continue
         if "java" in command and "VmHWM:" in status:
             jvm = max(jvm, int(status.split("VmHWM:")[1].split()[0]) / 1024)
-    # VmHWM, not ru_maxrss: a process's ru_maxrss starts from its parent's at the fork
-    # (and the parent wrote the archive)
     python = int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0])
-    return {"seconds": times[0], "warm_seconds": times[1], "matches": sum(matches.values()),
-            "python_mb": python / 1024, "jvm_mb": jvm}
+    return python / 1024, jvm
 
 
 def _descendants(pid: int) -> list[int]:
@@ -286,14 +293,18 @@ def scale(quick: bool, suffix: str) -> None:
         ("warm_seconds", "next job s", ",.1f"),
         ("rows_per_s", "tuples/s (next)", ",.0f"), ("python_mb", "psoup peak MB", ",.0f"),
         ("python_x", "psoup x smallest", ".2f"), ("jvm_mb", "driver JVM peak MB", ",.0f"),
-        ("jvm_x", "JVM x smallest", ".2f"),
+        ("jvm_x", "JVM x smallest", ".2f"), ("python_2_mb", "psoup MB, 2 jobs", ",.0f"),
+        ("jvm_2_mb", "JVM MB, 2 jobs", ",.0f"),
     ], _plot_scale, notes=[
         f"{queries} queries; each row a process of its own (peak memory is per process; "
         "the archive is written by the parent), running two jobs: the session's first "
         "(JVM warm-up, Python workers starting) and the next, as a server runs them",
-        f"peak memory at {sizes[-1]:,} tuples / at {sizes[0]:,}: driver JVM {jvm_x:.2f}x, "
-        f"psoup {python_x:.2f}x (target <= {RSS_TARGET}x: "
-        f"{'met' if max(jvm_x, python_x) <= RSS_TARGET else 'NOT met'})",
+        f"peak memory of a job at {sizes[-1]:,} tuples / at {sizes[0]:,}: driver JVM "
+        f"{jvm_x:.2f}x, psoup {python_x:.2f}x (target <= {RSS_TARGET}x: "
+        f"{'met' if max(jvm_x, python_x) <= RSS_TARGET else 'NOT met'}); after a second "
+        f"job the JVM's heap has grown further ({two[-1]['jvm_2_mb']:,.0f} MB at "
+        f"{sizes[-1]:,}, {two[0]['jvm_2_mb']:,.0f} MB at {sizes[0]:,}), up to "
+        "spark.driver.memory (1g by default), which in local mode is the executors' heap",
         f"2 cores / 1 core on {sizes[1]:,} tuples (local[2] / local[1] with every process "
         f"pinned to one CPU), the next job: {cores:.2f}x faster (target >= {CORES_TARGET}x: "
         f"{'met' if cores >= CORES_TARGET else 'NOT met'}); the session's first job: "
