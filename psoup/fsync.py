@@ -4,6 +4,7 @@ data directory (tuples, queries) is readable by its owner only, whatever the uma
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 from typing import IO, Callable
@@ -19,17 +20,41 @@ def fsync_dir(directory: str | Path) -> None:
 
 
 def write_whole(path: Path, write: Callable[[IO[bytes]], object],
-                private: bool = False) -> None:
+                private: bool = False, fsync: bool = True) -> None:
     """Write a file whole: `write(f)` fills `path`.tmp (created with `file_mode`), which
     is flushed, fsync'ed and renamed onto `path`, so `path` never holds part of it. The
-    caller fsyncs the directory to make the rename durable."""
+    caller fsyncs the directory to make the rename durable (or, with `fsync=False`, makes
+    the file and the rename durable later, with many others: `sync_file_system`)."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode(private))
     with open(fd, "wb") as f:
         write(f)
         f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def sync_file_system(path: str | Path) -> None:
+    """Make everything written to the file system that holds `path` durable, files and
+    renames alike: one syncfs(2) where the C library has it, else sync(2). For many
+    files at once: an fsync each forces a journal commit each, and a server's log
+    fsyncs queue behind them (hundreds of a history job's files took its inserts' p99
+    from 11 to 57 ms).
+
+    Raises:
+        OSError: syncfs failed.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(libc, "syncfs"):
+            os.sync()
+        elif libc.syncfs(fd) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"syncfs of {path}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
 
 
 def make_dir(path: str | Path, private: bool = False) -> None:

@@ -42,7 +42,7 @@ from typing import Callable, Mapping, NamedTuple
 import numpy as np
 
 from psoup.errors import PSoupError
-from psoup.fsync import fsync_dir, make_dir, write_whole
+from psoup.fsync import make_dir, sync_file_system, write_whole
 from psoup.query.model import TS, TUPLE_ID, Window
 from psoup.results.windows_table import archive_reach
 from psoup.stems.data_stem import DataSteM
@@ -285,12 +285,11 @@ class ArchiveTiers:
             self.abort()
 
     def sync(self, slots: list[int]) -> None:
-        """Make the renames of `finish` durable (fsync the folders of `slots`' tiers).
-        Needs no lock."""
+        """Make the renames of `finish` durable: one sync of the file system (an fsync a
+        folder of `slots`' tiers would be a journal commit each). Needs no lock."""
         assert self.folder is not None
-        for folder in {(self.folder / name).parent for slot in slots
-                       for name in self.files(slot)}:
-            fsync_dir(folder)
+        if any(self.files(slot) for slot in slots):
+            sync_file_system(self.folder)
 
     def abort(self) -> None:
         """Drop every pending tier (a history job failed or was cancelled)."""
@@ -398,7 +397,8 @@ class ArchiveTiers:
     def write(folder: Path, parts: list[tuple[int, str, dict[str, np.ndarray], int]]
               ) -> list[tuple[int, str, int, Segment]]:
         """Write each part of `unsaved` as `folder/HANDLE/FIRST-LAST.parquet` (tupleIDs;
-        written whole: a .tmp renamed, fsync'ed); returns (slot, file name, matches in
+        written whole: a .tmp renamed; then all made durable by one sync of the file
+        system, not an fsync a file and folder); returns (slot, file name, matches in
         all, its index entry) for `mark_saved`. Needs no lock. O(matches written).
 
         Raises:
@@ -415,10 +415,11 @@ class ArchiveTiers:
             make_dir(folder, private=True)      # a data directory's files are owner-only
             make_dir(path.parent, private=True)
             table = pa.table({c: pa.array(v) for c, v in part.items()})
-            write_whole(path, partial(pq.write_table, table), private=True)
-            fsync_dir(path.parent)
+            write_whole(path, partial(pq.write_table, table), private=True, fsync=False)
             out.append((slot, name, n, Segment(name, int(ids[0]), int(ids[-1]),
                                                float(ts[0]), float(ts[-1]), len(ids))))
+        if out:
+            sync_file_system(folder)
         return out
 
     def mark_saved(self, written: list[tuple[int, str, int, Segment]]) -> None:
