@@ -38,9 +38,8 @@ def write_whole(path: Path, write: Callable[[IO[bytes]], object],
 def sync_file_system(path: str | Path) -> None:
     """Make everything written to the file system that holds `path` durable, files and
     renames alike: one syncfs(2) where the C library has it, else sync(2). For many
-    files at once: an fsync each forces a journal commit each, and a server's log
-    fsyncs queue behind them (hundreds of a history job's files took its inserts' p99
-    from 11 to 57 ms).
+    files at once (a history job's hundreds): an fsync a file and a folder is a journal
+    commit each, in a row.
 
     Raises:
         OSError: syncfs failed.

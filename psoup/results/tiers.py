@@ -261,7 +261,7 @@ class ArchiveTiers:
         (the Spark pass's files under `folder`, in tupleID order) in front, renamed to
         their places under their handle (`handle_of`: slot -> handle); a slot no longer
         pending (its query was unregistered meanwhile) is skipped, a pending one not in
-        `found` dropped. O(segments) renames; their folders are fsync'ed by `sync`.
+        `found` dropped. O(segments) renames, made durable by `sync`.
 
         Raises:
             OSError: a file could not be renamed (every pending tier is dropped then).
