@@ -62,7 +62,11 @@ def make_dir(path: str | Path, private: bool = False) -> None:
     can only remove permissions, so the mode asked for at creation is an upper bound."""
     path = Path(path)
     if private:
-        missing = [p for p in [path, *path.parents] if not p.exists()]
+        missing = []
+        for folder in [path, *path.parents]:       # up to the first that exists
+            if folder.exists():
+                break
+            missing.append(folder)
         for folder in reversed(missing):
             folder.mkdir(mode=0o700, exist_ok=True)
         os.chmod(path, 0o700)

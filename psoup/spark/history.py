@@ -106,7 +106,7 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
     with `partitionBy`, costs ~13 ms a file: 13 s for 1,024 queries; pyarrow, ~1 ms.)"""
     import pyarrow.parquet as pq
 
-    from psoup.results.tiers import Segment
+    from psoup.results.tiers import Segment, segment_name
 
     out: dict[int, list[Segment]] = {slot: [] for slot in slots}
     for path in sorted(staging.glob("*.parquet")):
@@ -124,7 +124,7 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
         cuts = np.flatnonzero(np.diff(slot_of)) + 1
         for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(slot_of)]):
             slot, first, last = int(slot_of[a]), int(ids[a]), int(ids[b - 1])
-            target = into / str(slot) / f"{first:020d}-{last:020d}.parquet"
+            target = into / segment_name(str(slot), first, last)
             make_dir(target.parent, private=True)
             write_whole(target, partial(pq.write_table, table.slice(a, b - a)), private=True,
                         fsync=False)
