@@ -66,8 +66,11 @@ class _Feeder:
 
 def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
             s: dict, check: common.UnsharedNumpy | None = None) -> dict:
-    """Register `queries`, warm up with one batch, then time batches; with `check`, its
-    matches must equal the engine's on the last batch (a sample of the queries)."""
+    """Register `queries`, warm up with one batch, then time batches (from the first:
+    the retention's first fill is in them, each new results chunk fresh memory from the
+    OS); with `check` (P_Shrd), time them again once RETAIN_ROWS tuples have expired
+    (chunks reused, as the floor reuses its output), and the matches must equal the
+    engine's on the last batch (a sample of the queries)."""
     eng = psoup.Engine(mode=mode, shared_index=shared)
     eng.execute(f"{common.CREATE_R} RETAIN {RETAIN_ROWS} ROWS")
     t0 = time.perf_counter()
@@ -77,6 +80,11 @@ def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
     feed()
     cap = s["cap_shared"] if shared else s["cap_unshared"]
     timing = common.timed(feed, repeat=3, min_time=s["min_time"], max_time=cap)
+    steady = None
+    if check is not None:       # P_Shrd: timed again once the retention is full
+        while feed.sent < 2 * RETAIN_ROWS:
+            feed()
+        steady = common.timed(feed, repeat=3, min_time=s["min_time"], max_time=cap)
     if check is not None:
         first = feed.sent - s["batch"]
         check.insert(pool[(first // s["batch"]) % len(pool)])
@@ -86,7 +94,8 @@ def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
                 raise AssertionError(f"query {i}: {mode} and the numpy baseline disagree")
     eng.close()
     return {"rate": timing.calls * s["batch"] / timing.total, "batches": timing.calls,
-            "median_batch_ms": 1e3 * timing.median, "register_s": register_s}
+            "median_batch_ms": 1e3 * timing.median, "register_s": register_s,
+            "steady_rate": steady and steady.calls * s["batch"] / steady.total}
 
 
 def measure_large(queries: list[str], pool: list[dict], s: dict) -> dict:
@@ -150,10 +159,14 @@ def _verdicts(rows: list[dict]) -> list[str]:
                  f"{verdict}")
     for row in rows:
         if row["queries"] >= 1024 and row.get("P_Shrd/floor") is not None:
-            share = row["P_Shrd/floor"]
-            notes.append(f"target: P_Shrd >= 0.5 of the C floor (bench/floor.c) at "
-                         f"{row['queries']:,} queries: {share:.2f} -> "
-                         f"{'PASS' if share >= 0.5 else 'MISS'}")
+            share = row["steady/floor called"]
+            notes.append(
+                f"target: P_Shrd >= 0.5 of the C floor at {row['queries']:,} queries, with "
+                f"the retention full and the floor timed as the issue's floor script times "
+                f"it (a ctypes call per 4,096 tuples): {share:.2f} -> "
+                f"{'PASS' if share >= 0.5 else 'MISS'}; against the bare loop "
+                f"{row['steady/floor']:.2f}; from the first batch (the retention's first "
+                f"fill in it) {row['P_Shrd/floor']:.2f} of the bare loop")
     notes.append("numpy Unshrd: each query on its own, comparisons into preallocated masks "
                  "(out=), matches kept as row numbers per query (common.UnsharedNumpy); "
                  "its matches equal PSoup-P's on the last batch")
@@ -198,12 +211,18 @@ def main() -> None:
             row[f"{label} batches"] = got["batches"]
             row[f"{label} median batch ms"] = got["median_batch_ms"]
             row[f"{label} register s"] = got["register_s"]
+            if label == "P_Shrd":
+                row["P_Shrd steady"] = got["steady_rate"]
         row["P Shrd/Unshrd"] = row["P_Shrd"] / row["P_Unshrd"]
         row["P Shrd/np Unshrd"] = row["P_Shrd"] / row["np_Unshrd"]
         row["C Shrd/Unshrd"] = row["C_Shrd"] / row["C_Unshrd"]
         row["P/C"] = row["P_Shrd"] / row["C_Shrd"]
         row["floor"] = floor.ingest_floor(count)
-        row["P_Shrd/floor"] = row["P_Shrd"] / row["floor"] if row["floor"] else None
+        row["floor called"] = floor.ingest_floor_called(count)
+        if row["floor"]:
+            row["P_Shrd/floor"] = row["P_Shrd"] / row["floor"]
+            row["steady/floor"] = row["P_Shrd steady"] / row["floor"]
+            row["steady/floor called"] = row["P_Shrd steady"] / row["floor called"]
         rows.append(row)
 
     columns = [("queries", "queries", ",d")]
@@ -212,7 +231,11 @@ def main() -> None:
                 ("P Shrd/Unshrd", "P Shrd/Unshrd", ".1f"),
                 ("P Shrd/np Unshrd", "P Shrd/numpy Unshrd", ".1f"),
                 ("C Shrd/Unshrd", "C Shrd/Unshrd", ".1f"), ("P/C", "P/C (Shrd)", ".1f"),
-                ("floor", "C floor tuples/s", ",.0f"), ("P_Shrd/floor", "P_Shrd/floor", ".2f")]
+                ("P_Shrd steady", "P_Shrd full tuples/s", ",.0f"),
+                ("floor", "C floor tuples/s", ",.0f"), ("P_Shrd/floor", "P_Shrd/floor", ".2f"),
+                ("steady/floor", "P_Shrd full/floor", ".2f"),
+                ("floor called", "C floor as called", ",.0f"),
+                ("steady/floor called", "P_Shrd full/floor as called", ".2f")]
     columns += [(f"{label} register s", f"{label} reg s", ".2f") for label, _, _ in VARIANTS]
     notes = _verdicts(rows)
     measured_large = []
@@ -220,9 +243,14 @@ def main() -> None:
         got = measure_large(common.selection_queries(common.rng(2), count, "inequality"),
                             pool, s)
         got["floor"] = floor.ingest_floor(count)
+        got["floor_called"] = floor.ingest_floor_called(count)
         measured_large.append(got)
         share = (f" = {got['rate'] / got['floor']:.2f} / {got['steady_rate'] / got['floor']:.2f}"
-                 f" of the C floor ({got['floor']:,.0f} tuples/s)" if got["floor"] else "")
+                 f" of the bare C floor ({got['floor']:,.0f} tuples/s); with the retention "
+                 f"full {got['steady_rate'] / got['floor_called']:.2f} of the floor as "
+                 f"called ({got['floor_called']:,.0f} tuples/s; target 0.5: "
+                 f"{'PASS' if got['steady_rate'] >= 0.5 * got['floor_called'] else 'MISS'})"
+                 if got["floor"] else "")
         notes.append(f"P_Shrd at {count:,} queries (--large): {got['rate']:,.0f} tuples/s "
                      f"measured as above ({got['batches']} batches, mostly the retention's "
                      f"first fill), {got['steady_rate']:,.0f} tuples/s with the retention "

@@ -120,3 +120,24 @@ def test_oldest_tuple_id_is_the_first_held_in_memory():
     stem.append(make_batch(stem.schema, rows, 1.0, 0.0, stem.last_ts), np.arange(10, 17))
     # retention keeps positions 4..6; chunks of 2 hold 4..6 from position 4
     assert (stem.horizon, stem.oldest, stem.oldest_tuple_id(0)) == (4, 4, 14)
+
+
+def test_dropped_chunks_are_reused_unless_their_memory_is_held_elsewhere():
+    stem = _stem(" RETAIN 4 ROWS", 4)
+
+    def put(start):
+        stem.append(make_batch(stem.schema, [(start + i, "x") for i in range(4)],
+                               float(start), 0.0, stem.last_ts), np.arange(start, start + 4))
+        stem._check()
+
+    put(0)
+    first = stem._chunks[0]
+    put(4)                                  # chunk 0 falls below the horizon: a spare
+    put(8)
+    assert stem._chunks[-1] is first, "the dropped chunk holds the new rows"
+    held = stem._chunks[-1].cols["a"][:4]   # a view of a chunk's memory, kept outside
+    put(12)
+    put(16)                                 # the held chunk is dropped, not reused
+    assert held.tolist() == [8, 9, 10, 11]
+    assert all(c.cols["a"].base is not held.base for c in stem._chunks + stem._spare)
+    assert stem.rows(stem.horizon, stem.n)["a"].tolist() == [16, 17, 18, 19]

@@ -20,6 +20,8 @@ searches instead of a scan, as the paper's per-attribute trees do.
 
 from __future__ import annotations
 
+import sys
+
 from bisect import bisect_left, bisect_right
 from typing import Callable, Iterator, Literal, Sequence
 
@@ -47,6 +49,14 @@ class _Chunk:
                      else np.empty(cap, dtype=dt) for name, dt in dtypes.items()}
         self.n = 0
         self.index: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def unshared(self) -> bool:
+        """Whether nothing outside the chunk holds its memory (a view handed out, say,
+        or a column kept by the archive), so that it can be reused. O(columns)."""
+        views = sum(1 for name in self.cols if self.cols[name].base is self.block)
+        # the block: this chunk's reference, its column views', getrefcount's argument
+        return (sys.getrefcount(self.block) == 2 + views and
+                all(sys.getrefcount(self.cols[name]) == 2 for name in self.cols))
 
     def sorted_view(self, column: str) -> tuple[np.ndarray, np.ndarray]:
         """(permutation, sorted values) of a sealed chunk's column, built on first use."""
@@ -82,6 +92,9 @@ class DataSteM:
         self._wide = {name: i for i, name in enumerate(
             n for n, dt in self._dtypes.items() if dt.itemsize == 8 and dt.kind in "if")}
         self._chunks: list[_Chunk] = []
+        #: dropped chunks nothing else references, reused by the next chunks (a fresh
+        #: one costs an allocation and a page fault per 4 KiB on first write)
+        self._spare: list[_Chunk] = []
         self._blocks: object = None       # the chunks' blocks as a numba typed list, or None
         #: names asked of `take` -> (its 8-byte columns, their block rows, their dtypes)
         self._gathers: dict[tuple[str, ...], tuple[list[str], np.ndarray, list]] = {}
@@ -115,7 +128,8 @@ class DataSteM:
         done = 0
         while done < batch.n:
             if not self._chunks or self._chunks[-1].n == cap:
-                self._chunks.append(_Chunk(self._dtypes, self._wide, cap))
+                self._chunks.append(self._spare.pop() if self._spare
+                                    else _Chunk(self._dtypes, self._wide, cap))
                 self._blocks = None
                 self._heads.append(float(batch.ts[done]))
                 self._tid_heads.append(int(tuple_ids[done]))
@@ -154,6 +168,11 @@ class DataSteM:
             if self.on_expire is not None:
                 for chunk in self._chunks[:drop]:
                     self.on_expire({name: arr[:chunk.n] for name, arr in chunk.cols.items()})
+            for chunk in self._chunks[:drop]:
+                if len(self._spare) < 2 and chunk.unshared():
+                    chunk.n = 0
+                    chunk.index.clear()
+                    self._spare.append(chunk)
             del self._chunks[:drop]
             self._blocks = None
             del self._heads[:drop]
@@ -480,6 +499,9 @@ class DataSteM:
         if self._blocks is not None:
             listed = [b.ctypes.data for b in self._blocks]   # type: ignore[attr-defined]
             assert listed == [c.block.ctypes.data for c in self._chunks], "stale block list"
+        assert len(self._spare) <= 2 and all(
+            c.n == 0 and not c.index and all(c is not k for k in self._chunks)
+            for c in self._spare), "a spare chunk is empty and not in use"
         held = sum(chunk.n for chunk in self._chunks)
         assert self.oldest + held == self.n, "chunks hold every position from oldest to n"
         for i, chunk in enumerate(self._chunks):
