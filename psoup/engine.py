@@ -945,7 +945,8 @@ class Engine:
                 self._check_open()
                 # a checkpoint meanwhile removed the files no log named yet: those are
                 # written again below, with what the tiers gained since
-                core.tiers.mark_saved([w for w in written if (folder / w[1]).is_file()])
+                core.tiers.mark_saved([w for w in written
+                                       if (folder / w.segment.name).is_file()])
                 handle_of = {slot: h for slot, h in handle_of.items()
                              if h in core.handles and core.handles[h].id == slot}
                 self._journal.tiers(core.tiers.save(folder, handle_of))

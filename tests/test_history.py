@@ -361,7 +361,7 @@ def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp
 
 @pytest.mark.parametrize("mode", psoup.MODES)
 def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode):
-    """Tiers saved at checkpoints (a segment file per checkpoint with the matches new
+    """Tiers saved at checkpoints (each checkpoint saves the matches new
     since the last) come back at the next start without a Spark job, follow the horizon
     from there, and equal DuckDB over archive plus memory; an unregistered query's
     files go at the next checkpoint."""
@@ -389,7 +389,7 @@ def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode
         _fill(eng, gen, 360 + 60 * restart, 6, inserted)   # the tiers follow the horizon
         _check(eng, handles, _oracle(inserted), 420.0 + 60 * restart)
         eng._check()
-        eng.checkpoint()                           # one more segment per tier
+        eng.checkpoint()                           # saves what the tiers gained
         eng.close()
     assert len(list((state / "tiers").rglob("*.parquet"))) > len(saved)
 
@@ -399,6 +399,47 @@ def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode
     eng.checkpoint()
     assert not (state / "tiers" / gone).exists()
     assert not list((state / "tiers").rglob("*.tmp"))
+    eng.close()
+
+
+def test_checkpoints_merge_small_segments_so_files_do_not_pile_up(tmp_path, monkeypatch):
+    """Each checkpoint saves what the tiers gained since the last; rewritten together
+    with the last segments while they are no larger than what joins them (and within
+    MERGE_ROWS), a tier keeps a few files, not one per checkpoint; the files replaced
+    are removed, the answers equal DuckDB before and after a restart."""
+    from psoup.results import tiers as tiers_module
+    from psoup.spark import history
+    monkeypatch.setattr(history, "SEGMENT_ROWS", 7)
+    monkeypatch.setattr(tiers_module, "MERGE_ROWS", 40)
+    state = tmp_path / "s"
+    gen = np.random.default_rng(17)
+    inserted: dict[str, list] = {}
+    eng = psoup.Engine(path=state, clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
+    handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
+    _fill(eng, gen, 0, 30, inserted)
+    eng.evaluate_history()
+    tiers = eng._core.tiers
+    slot = eng._core.handles[handles["all"]].id
+    from_spark = len(tiers.files(slot))
+    for k in range(16):                         # a checkpoint every 10 tuples
+        _fill(eng, gen, 300 + 10 * k, 1, inserted)
+        eng.checkpoint()
+        eng._check()
+    on_disk = sorted(p.relative_to(state / "tiers").as_posix()
+                     for p in (state / "tiers").rglob("*.parquet"))
+    named = sorted(name for h in handles.values() if eng._core.handles[h].id in tiers
+                   for name in tiers.files(eng._core.handles[h].id))
+    assert on_disk == named, "the files replaced are gone"
+    rows = [pa.parquet.read_metadata(state / "tiers" / name).num_rows for name in on_disk]
+    assert max(rows) <= 40
+    # one file per checkpoint would be from_spark + 16 (the query matches in each)
+    assert len(tiers.files(slot)) <= from_spark + 6, tiers.files(slot)
+    _check(eng, handles, _oracle(inserted), 460.0)
+    eng.close()
+    eng = psoup.Engine(path=state, clock=Clock(460.0), chunk_rows=8)
+    assert not eng._jobs, "restored, not evaluated again"
+    _check(eng, handles, _oracle(inserted), 460.0)
     eng.close()
 
 

@@ -57,6 +57,13 @@ INCOMING = ".incoming"
 #: Decoded segments kept for the next invocations, at most this many bytes in all.
 CACHE_BYTES = 64 << 20
 
+#: A save rewrites a tier's last segments together with its tail into one file while
+#: each is no larger than what goes in with it and the whole stays within this many
+#: matches (the size of the files a history job writes): a tier that gains a few
+#: matches at every checkpoint keeps O(log) files per this many matches, not one per
+#: checkpoint, and each match is rewritten O(log) times.
+MERGE_ROWS = 1 << 16
+
 
 class Segment(NamedTuple):
     """One segment file of a tier: its name under the tiers folder, its first and last
@@ -68,6 +75,29 @@ class Segment(NamedTuple):
     lo: float
     hi: float
     rows: int
+
+
+class Unsaved(NamedTuple):
+    """What a save writes for one tier: its slot and handle, its tail (arrays later
+    appends leave alone), its matches in all, the column types, and the segments at its
+    end to rewrite together with the tail (`MERGE_ROWS`)."""
+
+    slot: int
+    handle: str
+    tail: dict[str, np.ndarray]
+    n: int
+    types: dict[str, str]
+    merged: tuple[Segment, ...]
+
+
+class Written(NamedTuple):
+    """A segment file a save wrote: the slot, the matches its tier had in all, the new
+    segment, and the segments it replaces (their matches are in it too)."""
+
+    slot: int
+    n: int
+    segment: Segment
+    merged: tuple[Segment, ...]
 
 
 def segment_name(handle: str, first: int, last: int) -> str:
@@ -163,13 +193,17 @@ class Tier:
                 self._merged = {}
         return self._merged
 
-    def saved_as(self, segment: Segment) -> None:
-        """The tail's first `segment.rows` matches are now in `segment`'s file: index
-        it, and drop them from memory (copying the rest, so their arrays are freed)."""
-        k = segment.rows
+    def saved_as(self, segment: Segment, merged: int = 0) -> None:
+        """The last `merged` segments' matches and then the tail's first ones are now
+        in `segment`'s file: index it in their place, and drop those of the tail from
+        memory (copying the rest, so their arrays are freed)."""
+        replaced = sum(s.rows for s in self.segments[len(self.segments) - merged:])
+        del self.segments[len(self.segments) - merged:]
+        self.saved -= replaced
+        k = segment.rows - replaced         # the tail's matches in the file
         tail = self.tail
         self.segments.append(segment)
-        self.saved += k
+        self.saved += segment.rows
         self._in_tail -= k
         rest = {name: values[k:].copy() for name, values in tail.items()}
         self._blocks = [rest] if self._in_tail else []
@@ -369,10 +403,12 @@ class ArchiveTiers:
 
     def save(self, folder: Path, handle_of: Mapping[int, str]) -> dict[str, list[str]]:
         """Write the tail of each tier of `handle_of` (slot -> handle) as one more
-        segment file (`unsaved`, `write`, `mark_saved`), and return handle -> its
+        segment file, or together with the last small segments as one file that
+        replaces them (`unsaved`, `write`, `mark_saved`), and return handle -> its
         segment files (relative to `folder`), oldest first; a tier without matches has
         none. For a checkpoint, under the engine's lock: the tiers then outlive a
-        restart (`restore`). O(matches not yet saved).
+        restart (`restore`). O(matches not yet saved), and at most as much again read
+        back from the segments rewritten.
 
         Raises:
             OSError: a file could not be written (those written stay, and count as saved).
@@ -381,25 +417,33 @@ class ArchiveTiers:
         return {handle: self._tiers[slot].files for slot, handle in handle_of.items()
                 if slot in self._tiers}
 
-    def unsaved(self, handle_of: Mapping[int, str]
-                ) -> list[tuple[int, str, dict[str, np.ndarray], int]]:
-        """(slot, handle, its tail, its matches in all) per tier of `handle_of` with a
-        tail: arrays that later appends leave alone, so `write` may run off the engine's
-        lock. O(tiers), plus consolidating each tail's blocks."""
+    def unsaved(self, handle_of: Mapping[int, str]) -> list[Unsaved]:
+        """What to write for each tier of `handle_of` with a tail: arrays that later
+        appends leave alone, so `write` may run off the engine's lock. O(tiers), plus
+        consolidating each tail's blocks."""
         out = []
         for slot, handle in handle_of.items():
             tier = self._tiers.get(slot)
-            if tier is not None and len(tier) > tier.saved:
-                out.append((slot, handle, tier.tail, len(tier)))
+            if tier is None or len(tier) == tier.saved:
+                continue
+            rows, k, segments = len(tier) - tier.saved, 0, tier.segments
+            while k < len(segments) and segments[-1 - k].rows <= rows and \
+                    rows + segments[-1 - k].rows <= MERGE_ROWS:
+                rows += segments[-1 - k].rows
+                k += 1
+            schema = self._stems[self._stream_of[slot]].schema
+            types = {TS: "float", TUPLE_ID: "int", **dict(schema.columns)}
+            out.append(Unsaved(slot, handle, tier.tail, len(tier), types,
+                               tuple(segments[len(segments) - k:])))
         return out
 
     @staticmethod
-    def write(folder: Path, parts: list[tuple[int, str, dict[str, np.ndarray], int]]
-              ) -> list[tuple[int, str, int, Segment]]:
+    def write(folder: Path, parts: list[Unsaved]) -> list[Written]:
         """Write each part of `unsaved` as `folder/HANDLE/FIRST-LAST.parquet` (tupleIDs;
-        written whole: a .tmp renamed; then all made durable by one sync of the file
-        system, not an fsync a file and folder); returns (slot, file name, matches in
-        all, its index entry) for `mark_saved`. Needs no lock. O(matches written).
+        the segments it merges read back first; written whole: a .tmp renamed; then all
+        made durable by one sync of the file system, not an fsync a file and folder),
+        for `mark_saved`. A part whose merged segments are gone (a checkpoint meanwhile
+        rewrote them) is skipped. Needs no lock. O(matches written).
 
         Raises:
             OSError: a file could not be written.
@@ -407,29 +451,48 @@ class ArchiveTiers:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from psoup.archive.layout import to_numpy
+
         out = []
-        for slot, handle, part, n in parts:
-            ids, ts = part[TUPLE_ID], part[TS]
-            name = segment_name(handle, int(ids[0]), int(ids[-1]))
+        for part in parts:
+            columns = part.tail
+            if part.merged:
+                try:
+                    tables = [pq.read_table(folder / seg.name, columns=list(part.types))
+                              for seg in part.merged]
+                except FileNotFoundError:
+                    continue
+                columns = {name: np.concatenate(
+                    [to_numpy(t.column(name), ctype) for t in tables] + [columns[name]])
+                    for name, ctype in part.types.items()}
+            ids, ts = columns[TUPLE_ID], columns[TS]
+            name = segment_name(part.handle, int(ids[0]), int(ids[-1]))
             path = folder / name
             make_dir(folder, private=True)      # a data directory's files are owner-only
             make_dir(path.parent, private=True)
-            table = pa.table({c: pa.array(v) for c, v in part.items()})
+            table = pa.table({c: pa.array(v) for c, v in columns.items()})
             write_whole(path, partial(pq.write_table, table), private=True, fsync=False)
-            out.append((slot, name, n, Segment(name, int(ids[0]), int(ids[-1]),
-                                               float(ts[0]), float(ts[-1]), len(ids))))
+            out.append(Written(part.slot, part.n, Segment(
+                name, int(ids[0]), int(ids[-1]), float(ts.min()), float(ts.max()),
+                len(ids)), part.merged))
         if out:
             sync_file_system(folder)
         return out
 
-    def mark_saved(self, written: list[tuple[int, str, int, Segment]]) -> None:
-        """Index the files `write` wrote as segments of their tiers, whose tails drop
-        those matches (a tier forgotten meanwhile, or saved further by then, ignores
-        them: unnamed files are removed by the next checkpoint)."""
-        for slot, _, n, segment in written:
+    def mark_saved(self, written: list[Written]) -> None:
+        """Index the files `write` wrote as segments of their tiers, in place of the
+        segments they merge, and drop their matches from the tails (a tier forgotten
+        meanwhile, or saved further by then, ignores them: unnamed files are removed by
+        the next checkpoint, the ones replaced here too)."""
+        for slot, n, segment, merged in written:
             tier = self._tiers.get(slot)
-            if tier is not None and tier.saved == n - segment.rows:
-                tier.saved_as(segment)
+            k = len(merged)
+            if tier is not None and tier.saved == n - segment.rows + sum(
+                    seg.rows for seg in merged) and tuple(tier.segments[len(tier.segments)
+                                                          - k:]) == merged:
+                for seg in merged:
+                    self._cache_drop(seg.name)
+                tier.saved_as(segment, k)
 
     def restore(self, stream: str, slot: int, folder: Path, files: list[str]) -> None:
         """Make `slot`'s tier (a selection query on `stream`) visible, indexing the
