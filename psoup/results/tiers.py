@@ -225,7 +225,8 @@ class ArchiveTiers:
     query's matches among the tuples that leave retention into its tier's tail, pending
     or not, before their chunk can be dropped. `finish` puts the Spark pass's segment
     files in front of the pending tiers and makes them visible; `abort` drops them.
-    `save` writes each tier's tail as one more segment (O(the tail)), `restore` indexes
+    `save` writes each tier's tail as one more segment, or with the last small segments
+    as one that replaces them (O(the tail), as much again read back), `restore` indexes
     a tier's segments from their footers (O(segments)). Memory: O(segments + tails +
     CACHE_BYTES). An invocation reads a window's part in O(log n) per segment it meets,
     plus the reading of those segments not in the cache.
@@ -243,8 +244,10 @@ class ArchiveTiers:
         >>> 0 in tiers, tiers.pending
         (False, [0])
         >>> spark = {"ts": np.array([0.5]), "tupleID": np.array([0]), "a": np.array([9])}
-        >>> found = ArchiveTiers.write(tiers.folder, [(0, ".incoming/0", spark, 1)])
-        >>> tiers.finish({"R": {0: [found[0][3]]}}, {0: "h"})
+        >>> types = {"ts": "float", "tupleID": "int", "a": "int"}
+        >>> found = ArchiveTiers.write(tiers.folder,
+        ...                            [Unsaved(0, ".incoming/0", spark, 1, types, ())])
+        >>> tiers.finish({"R": {0: [found[0].segment]}}, {0: "h"})
         >>> tiers.files(0), tiers.part(0, Window(), 5.0)["a"].tolist()
         (['h/00000000000000000000-00000000000000000000.parquet'], [9, 1])
     """
