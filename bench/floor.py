@@ -61,8 +61,12 @@ def _address(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def ingest_floor(q: int) -> float | None:
-    """Tuples per second of the bare shared probe for q queries."""
+def ingest_floor(q: int, called: bool = False) -> float | None:
+    """Tuples per second of the bare shared probe for q queries, its arguments converted
+    once; with `called`, timed the way the ingest issue's own floor script times it,
+    against which its targets were set: each timed call converts its twelve arguments
+    (addresses through ctypes) and crosses into C, once per 4,096-tuple batch, which
+    costs about a third of the loop's time at 1,024 queries."""
     lib = _library()
     if lib is None:
         return None
@@ -72,29 +76,20 @@ def ingest_floor(q: int) -> float | None:
     rows = [gen.integers(0, CELLS, BATCH, dtype=np.int64) for _ in range(4)]
     interest = np.full(words, np.uint64(2**64 - 1))
     out = np.empty((BATCH, words), np.uint64)
-    args = [*map(_address, tables), *map(_address, rows), _address(interest), _address(out),
-            BATCH, words]
-    lib.reject_or4(*args)
-    return BATCH / _median_seconds(lambda: lib.reject_or4(*args))
+
+    def arguments() -> list:
+        return [*map(_address, tables), *map(_address, rows), _address(interest),
+                _address(out), BATCH, words]
+    once = arguments()
+    lib.reject_or4(*once)
+    if called:
+        return BATCH / _median_seconds(lambda: lib.reject_or4(*arguments()))
+    return BATCH / _median_seconds(lambda: lib.reject_or4(*once))
 
 
 def ingest_floor_called(q: int) -> float | None:
-    """Tuples per second of the same loop timed the way the ingest issue's own floor
-    script times it, against which its targets were set: each timed call converts its
-    twelve arguments (addresses through ctypes) and crosses into C, once per 4,096-tuple
-    batch; that costs about a third of the loop's time at 1,024 queries."""
-    lib = _library()
-    if lib is None:
-        return None
-    gen = np.random.default_rng(0)
-    words = (q + 63) // 64
-    tables = [gen.integers(0, 2**63, (CELLS, words), dtype=np.uint64) for _ in range(4)]
-    rows = [gen.integers(0, CELLS, BATCH, dtype=np.int64) for _ in range(4)]
-    interest = np.full(words, np.uint64(2**64 - 1))
-    out = np.empty((BATCH, words), np.uint64)
-    return BATCH / _median_seconds(lambda: lib.reject_or4(
-        *map(_address, tables), *map(_address, rows), _address(interest), _address(out),
-        BATCH, words))
+    """`ingest_floor(q, called=True)`."""
+    return ingest_floor(q, called=True)
 
 
 def find_floor(q: int, window: int) -> dict[str, float] | None:

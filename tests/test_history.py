@@ -59,6 +59,19 @@ def _fill(eng, gen, start, batches, rows):
             rows.setdefault(name, []).extend(values.tolist())
 
 
+def _evaluated(state, seed):
+    """A durable engine at `state` with QUERIES registered over 300 tuples (35 retained)
+    and their history evaluated: (its generator, the tuples inserted, it, handles)."""
+    gen = np.random.default_rng(seed)
+    inserted: dict[str, list] = {}
+    eng = psoup.Engine(path=state, clock=Clock(0.0), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
+    handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
+    _fill(eng, gen, 0, 30, inserted)
+    eng.evaluate_history()
+    return gen, inserted, eng, handles
+
+
 def _oracle(rows):
     """DuckDB with `src` = every tuple inserted (ts, tid, a, b, t)."""
     con = duckdb.connect()
@@ -158,13 +171,7 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_pa
 
     monkeypatch.setattr(tiers_module.ArchiveTiers, "_read", counted)
     state = tmp_path / "s"
-    gen = np.random.default_rng(13)
-    inserted: dict[str, list] = {}
-    eng = psoup.Engine(path=state, clock=Clock(0.0), chunk_rows=8)
-    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
-    handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
-    _fill(eng, gen, 0, 30, inserted)
-    eng.evaluate_history()
+    gen, inserted, eng, handles = _evaluated(state, 13)
     tiers = eng._core.tiers
     slot = eng._core.handles[handles["all"]].id
     files = tiers.files(slot)
@@ -412,13 +419,7 @@ def test_checkpoints_merge_small_segments_so_files_do_not_pile_up(tmp_path, monk
     monkeypatch.setattr(history, "SEGMENT_ROWS", 7)
     monkeypatch.setattr(tiers_module, "MERGE_ROWS", 40)
     state = tmp_path / "s"
-    gen = np.random.default_rng(17)
-    inserted: dict[str, list] = {}
-    eng = psoup.Engine(path=state, clock=Clock(0.0), chunk_rows=8)
-    eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
-    handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
-    _fill(eng, gen, 0, 30, inserted)
-    eng.evaluate_history()
+    gen, inserted, eng, handles = _evaluated(state, 17)
     tiers = eng._core.tiers
     slot = eng._core.handles[handles["all"]].id
     from_spark = len(tiers.files(slot))
