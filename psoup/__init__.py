@@ -17,7 +17,7 @@ Example:
 
 from typing import TYPE_CHECKING, Any
 
-from psoup.errors import (ApplyFailed, CursorExpired, CursorInvalid, HistoryPending,
+from psoup.errors import (ApplyFailed, Busy, CursorExpired, CursorInvalid, HistoryPending,
                           LimitError, PSoupError, QueryError, SchemaError, SequenceError,
                           UnknownHandle)
 
@@ -45,4 +45,4 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["Engine", "Client", "MODES", "Result", "PSoupError", "QueryError", "SchemaError",
            "LimitError", "UnknownHandle", "CursorExpired", "CursorInvalid", "ApplyFailed",
-           "SequenceError", "HistoryPending", "__version__"]
+           "SequenceError", "HistoryPending", "Busy", "__version__"]

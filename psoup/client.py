@@ -11,12 +11,15 @@ apply a change twice, i.e. for reads, or when the request cannot have reached th
 Inserts carry an idempotency key (the client's producer id and a batch number,
 psoup.producers), so an insert whose reply was lost is sent again, reconnecting for up to
 `retry` seconds (a server restarting), and applied once. Other writes raise
-`OutcomeUnknown` rather than guess.
+`OutcomeUnknown` rather than guess. An insert the server refuses as busy (its ingest
+queue is full: nothing applied) is sent again after the pause the server asks for, for
+up to `busy_timeout` seconds, then raises `Busy`.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import select
 import socket
@@ -29,7 +32,7 @@ import numpy as np
 
 from psoup.codec import encode_array
 from psoup.config import parse_address, token_path
-from psoup.errors import PSoupError, QueryError, SchemaError, SequenceError
+from psoup.errors import Busy, PSoupError, QueryError, SchemaError, SequenceError
 from psoup.results.result import Changes, Result
 from psoup.server.ops import OPS
 from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
@@ -73,6 +76,9 @@ class Client:
             (`last_seq`), so a process resuming a producer's work applies nothing twice.
         retry: seconds an insert whose reply was lost keeps reconnecting and resending
             the same batch (same key: applied once) before it raises OutcomeUnknown.
+        busy_timeout: seconds an insert the server refuses as busy (its ingest queue
+            full, nothing applied) keeps waiting the pause the server asks for and
+            sending it again before it raises Busy.
 
     Raises:
         ConnectionFailed: no server answers at `address`.
@@ -95,13 +101,15 @@ class Client:
 
     def __init__(self, address: str = "127.0.0.1:7070", token: str | None = None,
                  timeout: float = 30.0, batch_rows: int = 100_000,
-                 producer: str | None = None, retry: float = 60.0):
+                 producer: str | None = None, retry: float = 60.0,
+                 busy_timeout: float = 60.0):
         if batch_rows < 1:
             raise ValueError("batch_rows must be positive")
         if producer is not None and not producer:
             raise ValueError("producer must be a non-empty string")
         self.producer = producer if producer is not None else secrets.token_hex(16)
         self.retry = retry
+        self.busy_timeout = busy_timeout
         # The next batch's seq; None: ask the server (a given producer id, or after an
         # outcome that stayed unknown).
         self._seq: int | None = 0 if producer is None else None
@@ -377,77 +385,104 @@ class Client:
                           size: int) -> np.ndarray:
         """rows[0:n] as batches of `size`, up to PIPELINE of them in flight. Every batch
         after the first is sent with "chain", so the server skips it if an earlier one
-        was rejected: the stored rows are always a prefix of the insert. When the
-        connection breaks, the batches in doubt are sent again one by one with their
-        keys (the server remembers more than PIPELINE batches per producer), then the
-        rest."""
+        was rejected: the stored rows are always a prefix of the insert. A batch refused
+        as busy (and the chained ones after it, skipped) is sent again after the pause
+        the server asks for, the first of them unchained. When the connection breaks,
+        the batches in doubt are sent again one by one with their keys (the server
+        remembers more than PIPELINE batches per producer), then the rest."""
         with self._lock:
-            sock = self._live_socket()
-            limit = self.server["limits"]["max_frame_bytes"]
-            in_flight: deque[tuple[int, int, int, int]] = deque()
             ids: list[np.ndarray] = []
-            failure: tuple[PSoupError, int, int, int] | None = None
-            broken = False
-
-            def collect() -> None:
-                nonlocal failure, broken
-                request_id, start, stop, key = in_flight[0]
-                try:
-                    reply = self._result(self._receive(sock), request_id)
-                except PSoupError as exc:
-                    in_flight.popleft()
-                    if failure is None:
-                        failure = (exc, start, stop, key)
-                    return
-                except (_Broken, socket.timeout):
-                    self._drop()
-                    broken = True
-                    return
-                in_flight.popleft()
-                ids.append(np.arange(reply["first"], reply["first"] + reply["n"],
-                                     dtype=np.int64))
-
             spans = [(a, min(a + size, n)) for a in range(0, n, size)][::-1]
-            while spans and failure is None and not broken:
-                start, stop = spans.pop()
-                key = self._next_seq()
-                args = dict(_slice_rows(rows, ts, start, stop), stream=stream,
-                            chain=start > 0, producer=self.producer, seq=key)
-                self._next_id += 1
-                frame = pack_frame({"id": self._next_id, "op": "insert", "args": args})
-                if len(frame) - HEADER.size > limit:
-                    if stop - start == 1:
-                        failure = (ProtocolError("frame_too_large", f"row {start} alone "
-                                                 f"exceeds the server's frame limit of "
-                                                 f"{limit} bytes"), start, stop, key)
-                        break
-                    mid = (start + stop) // 2
-                    spans += [(mid, stop), (start, mid)]
-                    continue
-                in_flight.append((self._next_id, start, stop, key))
-                self._seq = key + 1
+            deadline = None
+            while True:
+                busy, rest = self._pipeline(stream, rows, ts, n, spans, ids)
+                if busy is None:
+                    return np.concatenate(ids)
+                deadline = deadline or time.monotonic() + self.busy_timeout
                 try:
-                    sock.sendall(frame)
-                except OSError:
-                    self._drop()
-                    broken = True
+                    self._pause(busy, deadline)
+                except Busy as exc:
+                    raise _in_batch(exc, rest[-1][0], rest[-1][1], n) from None
+                spans = rest
+
+    def _pipeline(self, stream: str, rows: Any, ts: Any, n: int,
+                  spans: list[tuple[int, int]], ids: list[np.ndarray]
+                  ) -> tuple[Busy | None, list[tuple[int, int]]]:
+        """Send `spans` (last first) as one pipelined run, the first unchained,
+        appending the tupleIDs of each applied batch to `ids`. Returns (None, []), or
+        the busy refusal of a batch and the spans left to send from it on (last first);
+        raises any other refusal."""
+        sock = self._live_socket()
+        limit = self.server["limits"]["max_frame_bytes"]
+        in_flight: deque[tuple[int, int, int, int]] = deque()
+        failure: tuple[PSoupError, int, int, int] | None = None
+        skipped: list[tuple[int, int]] = []    # after the failed batch, not applied
+        broken = False
+
+        def collect() -> None:
+            nonlocal failure, broken
+            request_id, start, stop, key = in_flight[0]
+            try:
+                reply = self._result(self._receive(sock), request_id)
+            except PSoupError as exc:
+                in_flight.popleft()
+                if failure is None:
+                    failure = (exc, start, stop, key)
+                else:
+                    skipped.append((start, stop))
+                return
+            except (_Broken, socket.timeout):
+                self._drop()
+                broken = True
+                return
+            in_flight.popleft()
+            ids.append(np.arange(reply["first"], reply["first"] + reply["n"],
+                                 dtype=np.int64))
+
+        chain = False
+        while spans and failure is None and not broken:
+            start, stop = spans.pop()
+            key = self._next_seq()
+            args = dict(_slice_rows(rows, ts, start, stop), stream=stream,
+                        chain=chain, producer=self.producer, seq=key)
+            self._next_id += 1
+            frame = pack_frame({"id": self._next_id, "op": "insert", "args": args})
+            if len(frame) - HEADER.size > limit:
+                if stop - start == 1:
+                    failure = (ProtocolError("frame_too_large", f"row {start} alone "
+                                             f"exceeds the server's frame limit of "
+                                             f"{limit} bytes"), start, stop, key)
                     break
-                if len(in_flight) >= PIPELINE:
-                    collect()
-            while in_flight and not broken:
+                mid = (start + stop) // 2
+                spans += [(mid, stop), (start, mid)]
+                continue
+            in_flight.append((self._next_id, start, stop, key))
+            self._seq = key + 1
+            chain = True
+            try:
+                sock.sendall(frame)
+            except OSError:
+                self._drop()
+                broken = True
+                break
+            if len(in_flight) >= PIPELINE:
                 collect()
-            if failure is not None:
-                error, start, stop, key = failure
-                self._seq = key     # it and the chained batches after it were not applied
-                if isinstance(error, SequenceError):
-                    self._seq = None
-                raise _in_batch(error, start, stop, n) from None
-            if broken:
-                for _, start, stop, key in in_flight:
-                    ids.append(self._insert_rows(stream, rows, ts, start, stop, n, seq=key))
-                for start, stop in reversed(spans):
-                    ids.append(self._insert_rows(stream, rows, ts, start, stop, n))
-            return np.concatenate(ids)
+        while in_flight and not broken:
+            collect()
+        if failure is not None:
+            error, start, stop, key = failure
+            self._seq = key     # it and the chained batches after it were not applied
+            if isinstance(error, Busy) and not broken:
+                return error, spans + skipped[::-1] + [(start, stop)]
+            if isinstance(error, SequenceError):
+                self._seq = None
+            raise _in_batch(error, start, stop, n) from None
+        if broken:
+            for _, start, stop, key in in_flight:
+                ids.append(self._insert_rows(stream, rows, ts, start, stop, n, seq=key))
+            for start, stop in reversed(spans):
+                ids.append(self._insert_rows(stream, rows, ts, start, stop, n))
+        return None, []
 
     # ------------------------------------------------------------------ the connection
 
@@ -455,7 +490,27 @@ class Client:
                  idempotent: bool | None = None) -> Any:
         """Send one request and return its result; a broken connection is repaired and
         the request sent again when that cannot apply it twice (psoup.server.ops says
-        which operations are idempotent; `idempotent` overrides it, for a keyed insert)."""
+        which operations are idempotent; `idempotent` overrides it, for a keyed insert).
+        A busy refusal (nothing applied) is sent again after the pause it asks for."""
+        deadline = None
+        while True:
+            try:
+                return self._request_once(op, args, wait, idempotent)
+            except Busy as exc:
+                deadline = deadline or time.monotonic() + self.busy_timeout
+                self._pause(exc, deadline)
+
+    def _pause(self, busy: Busy, deadline: float) -> None:
+        """Sleep the pause a busy reply asks for (up to half again, so that producers
+        refused together do not come back together); raise it past `deadline`."""
+        pause = busy.retry_after * random.uniform(1.0, 1.5)
+        if self._closed or time.monotonic() + pause > deadline:
+            raise Busy(f"{busy} (refused for {self.busy_timeout:g}s, the client's "
+                       "busy_timeout)", busy.retry_after) from None
+        time.sleep(pause)
+
+    def _request_once(self, op: str, args: dict[str, Any], wait: float | None,
+                      idempotent: bool | None) -> Any:
         if idempotent is None:
             idempotent = OPS[op].idempotent
         with self._lock:

@@ -114,3 +114,15 @@ class SequenceError(PSoupError, ValueError):
     producer, the seq expected and the seq received. Nothing was applied."""
 
     code = "sequence"
+
+
+class Busy(PSoupError):
+    """The server is applying as many bytes of earlier inserts as it may hold
+    (`max_queued_bytes`), so it refused this one: nothing was applied. Send it again
+    after `retry_after` seconds (the client does, for up to its `busy_timeout`)."""
+
+    code = "busy"
+
+    def __init__(self, message: str, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -309,8 +309,12 @@ def test_chained_batch_after_a_rejected_one_is_skipped(open_raw, populated):
 def test_queries_and_stats_over_the_wire_equal_the_engines(engine, connect, populated):
     client = connect()
     assert client.queries() == engine.queries()
-    assert client.stats() == engine.stats()
-    assert client.stats()["streams"]["R"]["rows"] == 30
+    stats = client.stats()
+    queue = stats.pop("ingest_queue")             # the server's, beside the engine's
+    assert stats == engine.stats()
+    assert stats["streams"]["R"]["rows"] == 30
+    assert queue["inserts"] == queue["bytes"] == queue["busy_replies"] == 0
+    assert 0 < queue["peak_bytes"] < queue["limit_bytes"] == LIMITS.max_queued_bytes
 
 
 # ---------------------------------------------------------------------- bad frames

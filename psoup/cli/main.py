@@ -250,6 +250,10 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
 @click.option("--max-results-bytes", type=ByteSize(), default=None,
               help="Refuse registrations that could take the results memory past this, "
                    "e.g. 4GiB (default: no limit).")
+@click.option("--max-queued-bytes", type=ByteSize(), default=None,
+              help="Inserts received and not yet applied that the server holds before it "
+                   "answers busy (the client waits and sends again), e.g. 512MiB "
+                   "(default: 256MiB).")
 @click.option("--spark-master", default=None, metavar="URL",
               help="The Spark master of history jobs (default local[*]); clients cannot "
                    "choose it.")
@@ -268,7 +272,8 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
           sync: str, max_queries: int | None, max_stream_bytes: int | None,
-          max_results_bytes: int | None, spark_master: str | None,
+          max_results_bytes: int | None, max_queued_bytes: int | None,
+          spark_master: str | None,
           spark_conf: dict[str, str], token_option: str | None, log_level: str) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
@@ -292,7 +297,9 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
                    token=token_option or settings.token, mode=mode,
                    sync=sync, limits=Limits(max_queries=max_queries,
                                             max_stream_bytes=max_stream_bytes,
-                                            max_results_bytes=max_results_bytes),
+                                            max_results_bytes=max_results_bytes,
+                                            **({} if max_queued_bytes is None else
+                                               {"max_queued_bytes": max_queued_bytes})),
                    spark_master=spark_master, spark_conf=spark_conf, echo=click.echo)
     except OSError as exc:
         raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None

@@ -63,6 +63,12 @@ class Limits:
         max_group_writes: the most writes applied between two commits.
         max_in_flight: requests one connection may have sent and not yet had answered
             (pipelining); the server stops reading that connection beyond it.
+        max_queued_bytes: bytes of inserts received and not yet applied, across all
+            connections: the ingest queue. An insert beyond it gets a "busy" reply with
+            `retry_after` seconds (nothing applied, nothing dropped: the client sends
+            it again), and so does each insert its connection sent after it with
+            "chain"; an insert into an empty queue is always taken. Memory then stays
+            bounded when producers send faster than the engine applies.
     """
 
     max_frame_bytes: int = 64 << 20
@@ -79,6 +85,7 @@ class Limits:
     max_unauthenticated: int = 1024
     max_group_writes: int = 256
     max_in_flight: int = 16
+    max_queued_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)

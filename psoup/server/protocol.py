@@ -16,8 +16,8 @@ import msgpack
 import numpy as np
 
 from psoup.codec import decode_array, encode_array
-from psoup.errors import (CursorExpired, HistoryPending, LimitError, PSoupError, QueryError,
-                          SchemaError, SequenceError, UnknownHandle)
+from psoup.errors import (Busy, CursorExpired, HistoryPending, LimitError, PSoupError,
+                          QueryError, SchemaError, SequenceError, UnknownHandle)
 from psoup.results.result import Changes, Result
 
 #: The frame header: the payload length, unsigned 32-bit big-endian.
@@ -123,8 +123,11 @@ def ok_reply(request_id: Any, result: Any) -> dict[str, Any]:
     return {"id": request_id, "ok": True, "result": result}
 
 
-def error_reply(request_id: Any, code: str, message: str) -> dict[str, Any]:
-    return {"id": request_id, "ok": False, "error": {"code": code, "message": message}}
+def error_reply(request_id: Any, code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """An error reply; `extra` adds fields to its error map (a busy reply's
+    `retry_after`)."""
+    return {"id": request_id, "ok": False,
+            "error": {"code": code, "message": message, **extra}}
 
 
 def error_of(error: Any) -> PSoupError:
@@ -139,6 +142,10 @@ def error_of(error: Any) -> PSoupError:
     if not isinstance(error, Mapping):
         return ProtocolError("internal", f"malformed error reply: {error!r}")
     code, message = str(error.get("code", "error")), str(error.get("message", ""))
+    if code == Busy.code:
+        after = error.get("retry_after")
+        return Busy(message, float(after) if isinstance(after, (int, float)) and
+                    0 <= after <= 60 else 1.0)
     cls = ERRORS.get(code)
     return cls(message) if cls is not None else ProtocolError(code, message)
 

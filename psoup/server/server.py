@@ -79,6 +79,9 @@ class _Conversation:
         self.sender: asyncio.Task | None = None
         self.last_write: asyncio.Future | None = None
         self.chain_ok = True
+        # its last insert was refused "busy": the ones it chained after it are refused
+        # too, until one that does not chain (set and read on the event loop)
+        self.refused = False
         self.hello_by = 0.0     # time.monotonic() by which the hello must have arrived
         # the sender waits for a reply and holds none: a ready reply may be written at once
         self.idle = False
@@ -153,6 +156,14 @@ class Server:
                                   asyncio.Future]] = deque()
         self._batching = False
         self.requests = 0                # answered or refused since start, for the log
+        # the ingest queue: inserts received and not yet applied (bytes, and when each
+        # was queued, oldest first: writes apply in order), the most it held, the busy
+        # replies sent, and the writer's rate (bytes a second, smoothed) for retry_after
+        self._queued_bytes = 0
+        self._queued_at: deque[float] = deque()
+        self._queued_peak = 0
+        self._busy_replies = 0
+        self._apply_rate = 64e6
         # the factor limit is the compiler's: the engine refuses longer WHERE clauses
         if engine.max_factors is None or engine.max_factors > self.limits.max_factors:
             engine.max_factors = self.limits.max_factors
@@ -323,8 +334,16 @@ class Server:
                 if isinstance(now, asyncio.Future):
                     await conv.replies.put(now)
                 elif now is None:
+                    size = len(payload) if op == "insert" else 0
+                    refused = self._refusal(request_id, args, size, conv) if size else None
+                    if refused is not None:
+                        _log_request(peer, op, began, refused)
+                        ready = asyncio.get_running_loop().create_future()
+                        ready.set_result(refused)
+                        await conv.replies.put(ready)
+                        continue
                     dispatched = asyncio.ensure_future(
-                        self._dispatch(request_id, op, args, conv, conv.last_write))
+                        self._dispatch(request_id, op, args, conv, conv.last_write, size))
                     _log_request(peer, op, began, dispatched)
                     spec = OPS.get(op) if isinstance(op, str) else None
                     if spec is not None and spec.write:
@@ -480,8 +499,15 @@ class Server:
         return frame
 
     def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any]) -> bytes:
-        return self._reply(request_id, lambda: (True, spec.run(
-            self.engine, spec.parse(args, self.limits))))
+        return self._reply(request_id, lambda: (True, self._run(
+            spec, spec.parse(args, self.limits))))
+
+    def _run(self, spec: Op, parsed: dict[str, Any]) -> Any:
+        """Run an operation on the engine; stats also tell the ingest queue's state."""
+        value = spec.run(self.engine, parsed)
+        if spec.name == "stats":
+            value = {**value, "ingest_queue": self.queue_stats()}
+        return value
 
     def _timed(self, key: tuple[str, Any], seconds: float) -> None:
         """Send a read that took too long (CPU seconds of its thread, so that waiting for
@@ -524,9 +550,55 @@ class Server:
             self._next_batch()
 
     async def _dispatch(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                        after: asyncio.Future | None) -> bytes:
+                        after: asyncio.Future | None, size: int = 0) -> bytes:
         """The reply frame of one authenticated request. A read waits for `after`, the
-        last write its connection sent before it (a client reads its own writes)."""
+        last write its connection sent before it (a client reads its own writes); an
+        insert counts its `size` bytes in the ingest queue (`_refusal` took them)."""
+        try:
+            return await self._dispatched(request_id, op, args, conv, after, size)
+        finally:
+            if size:
+                self._queued_bytes -= size
+                self._queued_at.popleft()
+
+    def _refusal(self, request_id: Any, args: Any, size: int,
+                 conv: _Conversation) -> bytes | None:
+        """Take an insert of `size` bytes into the ingest queue (None), or the reply
+        refusing it: "busy" when the queue would pass max_queued_bytes (unless it is
+        empty), with the seconds after which to send it again; "skipped" for an insert
+        chained after one refused so. O(1)."""
+        chained = isinstance(args, Mapping) and bool(args.get("chain"))
+        if chained and conv.refused:
+            return pack_frame(error_reply(request_id, "skipped", "not applied: an earlier "
+                                          "batch of the same insert was refused (busy)"))
+        limit = self.limits.max_queued_bytes
+        if self._queued_bytes and self._queued_bytes + size > limit:
+            conv.refused = True
+            self._busy_replies += 1
+            wait = min(5.0, max(0.02, (self._queued_bytes + size - limit) / self._apply_rate))
+            return pack_frame(error_reply(
+                request_id, "busy", f"the server is applying {self._queued_bytes:,} bytes "
+                f"of earlier inserts, its limit (max_queued_bytes={limit:,}); nothing was "
+                f"applied: send it again in {wait:.2f}s", retry_after=round(wait, 3)))
+        conv.refused = False
+        self._queued_bytes += size
+        self._queued_peak = max(self._queued_peak, self._queued_bytes)
+        self._queued_at.append(time.monotonic())
+        return None
+
+    def queue_stats(self) -> dict[str, Any]:
+        """The ingest queue: inserts waiting (and their bytes), the limit, how long the
+        oldest has waited (the lag), the most bytes it held, busy replies sent."""
+        try:            # read by a read thread too, while the loop changes the queue
+            waited = time.monotonic() - self._queued_at[0]
+        except IndexError:
+            waited = 0.0
+        return {"inserts": len(self._queued_at), "bytes": self._queued_bytes,
+                "limit_bytes": self.limits.max_queued_bytes, "lag_s": round(waited, 4),
+                "peak_bytes": self._queued_peak, "busy_replies": self._busy_replies}
+
+    async def _dispatched(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
+                          after: asyncio.Future | None, size: int) -> bytes:
         try:
             spec = OPS.get(op) if isinstance(op, str) else None
             if spec is None:
@@ -538,7 +610,7 @@ class Server:
         except ProtocolError as exc:
             return pack_frame(error_reply(request_id, exc.code, str(exc)))
         write = spec.write
-        apply = partial(spec.run, self.engine, parsed)
+        apply = partial(self._run, spec, parsed)
         loop = asyncio.get_running_loop()
         if not write:
             if after is not None:
@@ -548,7 +620,7 @@ class Server:
         done = loop.create_future()
         chained = op == "insert" and bool(args.get("chain"))
         assert self._writes is not None, "requests are dispatched only while serving"
-        await self._writes.put((partial(_in_chain, conv, chained, apply), done))
+        await self._writes.put((partial(_in_chain, conv, chained, apply), done, size))
         outcome = await done
         return self._reply(request_id, lambda: outcome)
 
@@ -574,9 +646,13 @@ class Server:
             group = [await writes.get()]
             while len(group) < self.limits.max_group_writes and not writes.empty():
                 group.append(writes.get_nowait())
+            began = time.perf_counter()
             outcomes = await loop.run_in_executor(self._write_pool, self._apply_group,
-                                                  [apply for apply, _ in group])
-            for (_, done), outcome in zip(group, outcomes):
+                                                  [apply for apply, _, _ in group])
+            applied, took = sum(size for _, _, size in group), time.perf_counter() - began
+            if applied and took > 0:          # smoothed, for a busy reply's retry_after
+                self._apply_rate = 0.8 * self._apply_rate + 0.2 * applied / took
+            for (_, done, _), outcome in zip(group, outcomes):
                 if not done.done():
                     done.set_result(outcome)
 

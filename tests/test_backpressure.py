@@ -1,0 +1,140 @@
+"""Live overload: producers that send faster than the engine applies are held back by a
+bounded ingest queue (Limits.max_queued_bytes): an insert beyond it gets a "busy"
+reply with a retry_after and nothing applied, the client waits and sends it again by
+itself, and nothing is lost, duplicated or reordered. A real Server on loopback, real
+Clients, a raw socket for the wire reply."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from psoup import Client, Engine
+from psoup.errors import Busy
+from psoup.server import Limits, Server
+from psoup.server.protocol import PROTOCOL, pack_frame
+
+from tests.support import Clock, read_reply
+
+TOKEN = "bp-token"
+
+
+def _slowed(engine: Engine, seconds: float, gate: threading.Event | None = None) -> None:
+    """Make each insert of `engine` take `seconds` longer (or wait for `gate`), as an
+    engine that cannot keep up would."""
+    insert = engine.insert
+
+    def slow(*args, **kwargs):
+        if gate is not None:
+            gate.wait(10)
+        time.sleep(seconds)
+        return insert(*args, **kwargs)
+    engine.insert = slow                     # type: ignore[method-assign]
+
+
+@pytest.fixture
+def served():
+    servers = []
+
+    def make(limits: Limits, seconds: float = 0.0, gate: threading.Event | None = None):
+        engine = Engine(clock=Clock(0.0))
+        engine.execute("CREATE STREAM S (p INT, k INT)")
+        _slowed(engine, seconds, gate)
+        server = Server(engine, port=0, token=TOKEN, limits=limits)
+        host, port = server.start_in_thread()
+        servers.append((server, gate))
+        return engine, server, f"{host}:{port}"
+    yield make
+    for server, gate in servers:
+        if gate is not None:
+            gate.set()
+        server.stop()
+
+
+def _batch(producer: int, start: int, n: int) -> dict:
+    return {"p": np.full(n, producer), "k": np.arange(start, start + n)}
+
+
+def test_producers_faster_than_ingest_are_held_back_and_lose_nothing(served):
+    """Three producers pipeline 120 batches each into an engine that takes 5 ms a batch
+    (they could send ~10x faster): the queue never holds more than its limit, busy
+    replies are sent, and every row arrives once, each producer's in order."""
+    rows, batches = 20, 120
+    frame = len(pack_frame({"id": 1, "op": "insert", "args": {
+        "stream": "S", **_batch(0, 0, rows), "ts": 0.0, "chain": True, "producer": "x" * 32,
+        "seq": 1}}))
+    limit = 4 * frame
+    engine, server, address = served(Limits(max_queued_bytes=limit), seconds=0.005)
+    errors: list[BaseException] = []
+
+    def produce(p: int) -> None:
+        try:
+            with Client(address, token=TOKEN, batch_rows=rows, busy_timeout=30) as client:
+                client.insert("S", _batch(p, 0, rows * batches), ts=1.0)
+        except BaseException as exc:           # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    queue = server.queue_stats()
+    assert queue["busy_replies"] > 0, "the producers were faster than the engine"
+    assert queue["peak_bytes"] <= limit
+    assert queue["inserts"] == queue["bytes"] == 0
+    stored = engine._core.stem("S").rows(0, engine._core.stem("S").n)
+    for p in range(3):
+        keys = stored["k"][stored["p"] == p]
+        assert keys.tolist() == list(range(rows * batches)), f"producer {p}"
+
+
+def test_a_busy_reply_says_when_to_come_back_and_applies_nothing(served):
+    """Over the wire: with the writer held up, an insert past the limit gets "busy" with
+    retry_after, the one chained after it "skipped", and neither is ever applied;
+    stats show the queue (its inserts, bytes and lag) meanwhile."""
+    gate = threading.Event()
+    engine, server, address = served(Limits(max_queued_bytes=200), gate=gate)
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        def send(request_id: int, op: str, args: dict) -> None:
+            sock.sendall(pack_frame({"id": request_id, "op": op, "args": args}))
+        send(0, "hello", {"token": TOKEN, "protocol": PROTOCOL})
+        assert read_reply(sock)["ok"]
+        send(1, "insert", {"stream": "S", "rows": [(1, 1)], "ts": 1.0})    # taken, held up
+        send(2, "insert", {"stream": "S", "rows": [(2, i) for i in range(200)], "ts": 1.0})
+        send(3, "insert", {"stream": "S", "rows": [(3, 3)], "ts": 1.0, "chain": True})
+        with Client(address, token=TOKEN) as watcher:
+            time.sleep(0.2)
+            queue = watcher.stats()["ingest_queue"]
+        assert queue["inserts"] == 1 and 0 < queue["bytes"] <= 200
+        assert queue["lag_s"] >= 0.1 and queue["busy_replies"] == 1
+        gate.set()
+        first, busy, skipped = (read_reply(sock) for _ in range(3))
+    assert first["ok"]
+    assert busy["error"]["code"] == "busy" and 0 < busy["error"]["retry_after"] <= 5
+    assert "max_queued_bytes=200" in busy["error"]["message"]
+    assert skipped["error"]["code"] == "skipped"
+    assert engine._core.stem("S").rows(0, engine._core.stem("S").n)["p"].tolist() == [1]
+
+
+def test_the_client_gives_up_after_its_busy_timeout_and_nothing_is_applied(served):
+    gate = threading.Event()
+    engine, server, address = served(Limits(max_queued_bytes=200), gate=gate)
+    with Client(address, token=TOKEN) as first, \
+            Client(address, token=TOKEN, busy_timeout=0.3) as second:
+        held = threading.Thread(target=first.insert, args=("S", [(1, 1)], 1.0))
+        held.start()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        with pytest.raises(Busy, match="busy_timeout"):
+            second.insert("S", [(2, i) for i in range(200)], ts=1.0)
+        assert time.monotonic() - t0 < 2
+        gate.set()
+        held.join(5)
+        second.insert("S", [(2, 0)], ts=1.0)    # the queue drained: taken at once
+    assert engine._core.stem("S").rows(0, engine._core.stem("S").n)["p"].tolist() == [1, 2]
