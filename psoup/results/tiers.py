@@ -130,6 +130,33 @@ def read_footer(folder: Path, name: str, columns: list[str]) -> Segment:
                    float(highs[TS]), int(meta.num_rows))
 
 
+def load_segment(folder: Path, seg: Segment, types: Mapping[str, str]
+                 ) -> dict[str, np.ndarray]:
+    """The columns of segment `seg` under `folder` (`types`: column -> its type),
+    checked against its index entry. Needs no lock: a segment file never changes once
+    written. O(its size).
+
+    Raises:
+        PSoupError: the file is gone, damaged, or holds another number of matches.
+    """
+    import pyarrow.parquet as pq
+
+    from psoup.archive.layout import to_numpy
+    path = folder / seg.name
+    try:
+        table = pq.read_table(path, columns=list(types))
+        got = {name: to_numpy(table.column(name), ctype) for name, ctype in types.items()}
+    except Exception as exc:
+        raise PSoupError(f"the archive tier file {path} cannot be read ({exc}); "
+                         "evaluate the query's history again (psoup history "
+                         "HANDLE)") from None
+    if len(got[TUPLE_ID]) != seg.rows:
+        raise PSoupError(f"the archive tier file {path} holds {len(got[TUPLE_ID])} "
+                         f"matches, not {seg.rows}; evaluate the query's history "
+                         "again (psoup history HANDLE)")
+    return got
+
+
 def _between(columns: Mapping[str, np.ndarray], begin: float, end: float
              ) -> dict[str, np.ndarray]:
     """The rows of ts-ordered `columns` with begin <= ts <= end: O(log n), no copy."""
@@ -369,31 +396,42 @@ class ArchiveTiers:
         if got is not None:
             self._cache.move_to_end(seg.name)
             return got
-        import pyarrow.parquet as pq
-
-        from psoup.archive.layout import to_numpy
         assert self.folder is not None
-        path = self.folder / seg.name
-        types = {TS: "float", TUPLE_ID: "int", **dict(self._stems[stream].schema.columns)}
-        try:
-            table = pq.read_table(path, columns=list(types))
-            got = {name: to_numpy(table.column(name), ctype) for name, ctype in types.items()}
-        except Exception as exc:
-            raise PSoupError(f"the archive tier file {path} cannot be read ({exc}); "
-                             "evaluate the query's history again (psoup history "
-                             "HANDLE)") from None
-        if len(got[TUPLE_ID]) != seg.rows:
-            raise PSoupError(f"the archive tier file {path} holds {len(got[TUPLE_ID])} "
-                             f"matches, not {seg.rows}; evaluate the query's history "
-                             "again (psoup history HANDLE)")
+        got = load_segment(self.folder, seg, self._types(stream))
+        self._cache_put(seg.name, got)
+        return got
+
+    def unread(self, slot: int, window: Window, now: float
+               ) -> list[tuple[Segment, dict[str, str]]]:
+        """The segments (and their column types) `part` would read from their files
+        now, not being in the cache: for a caller to `load_segment` them off the
+        engine's lock and `prime` the cache with them. O(segments)."""
+        tier = self._tiers.get(slot)
+        reach = archive_reach(window, now)
+        if tier is None or reach is None:
+            return []
+        begin, end = reach
+        types = self._types(self._stream_of[slot])
+        return [(seg, types) for seg in tier.segments
+                if seg.hi >= begin and seg.lo <= end and seg.name not in self._cache]
+
+    def prime(self, loaded: Mapping[str, dict[str, np.ndarray]]) -> None:
+        """Put segments read by `load_segment` in the cache, unless it has them."""
+        for name, got in loaded.items():
+            if name not in self._cache:
+                self._cache_put(name, got)
+
+    def _types(self, stream: str) -> dict[str, str]:
+        return {TS: "float", TUPLE_ID: "int", **dict(self._stems[stream].schema.columns)}
+
+    def _cache_put(self, name: str, got: dict[str, np.ndarray]) -> None:
         size = sum(v.nbytes for v in got.values())
         if size <= CACHE_BYTES:
-            self._cache[seg.name] = got
+            self._cache[name] = got
             self._cached += size
             while self._cached > CACHE_BYTES:
                 _, old = self._cache.popitem(last=False)
                 self._cached -= sum(v.nbytes for v in old.values())
-        return got
 
     def _cache_drop(self, name: str) -> None:
         old = self._cache.pop(name, None)
@@ -434,8 +472,7 @@ class ArchiveTiers:
                     rows + segments[-1 - k].rows <= MERGE_ROWS:
                 rows += segments[-1 - k].rows
                 k += 1
-            schema = self._stems[self._stream_of[slot]].schema
-            types = {TS: "float", TUPLE_ID: "int", **dict(schema.columns)}
+            types = self._types(self._stream_of[slot])
             out.append(Unsaved(slot, handle, tier.tail, len(tier), types,
                                tuple(segments[len(segments) - k:])))
         return out
