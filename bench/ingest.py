@@ -80,11 +80,14 @@ def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
     feed()
     cap = s["cap_shared"] if shared else s["cap_unshared"]
     timing = common.timed(feed, repeat=3, min_time=s["min_time"], max_time=cap)
-    steady = None
+    steady, memory = None, None
     if check is not None:       # P_Shrd: timed again once the retention is full
         while feed.sent < 2 * RETAIN_ROWS:
             feed()
         steady = common.timed(feed, repeat=3, min_time=s["min_time"], max_time=cap)
+        stats = eng.stats()
+        memory = stats["memory"]["results"] / (
+            stats["streams"]["R"]["rows"] * -(-len(queries) // 64) * 8)
     if check is not None:
         first = feed.sent - s["batch"]
         check.insert(pool[(first // s["batch"]) % len(pool)])
@@ -95,7 +98,8 @@ def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
     eng.close()
     return {"rate": timing.calls * s["batch"] / timing.total, "batches": timing.calls,
             "median_batch_ms": 1e3 * timing.median, "register_s": register_s,
-            "steady_rate": steady and steady.calls * s["batch"] / steady.total}
+            "steady_rate": steady and steady.calls * s["batch"] / steady.total,
+            "memory": memory}
 
 
 def measure_large(queries: list[str], pool: list[dict], s: dict) -> dict:
@@ -167,6 +171,16 @@ def _verdicts(rows: list[dict]) -> list[str]:
                 f"{'PASS' if share >= 0.5 else 'MISS'}; against the bare loop "
                 f"{row['steady/floor']:.2f}; from the first batch (the retention's first "
                 f"fill in it) {row['P_Shrd/floor']:.2f} of the bare loop")
+    worst = max((row for row in rows if row.get("results memory")),
+                key=lambda row: row["results memory"], default=None)
+    if worst is not None:
+        notes.append(
+            f"target: results memory <= 1.1 x ceil(Q/64) x 8 bytes per retained tuple "
+            f"(PSoup-P, retention full, {RETAIN_ROWS:,} rows): worst "
+            f"{worst['results memory']:.3f} at {worst['queries']:,} queries -> "
+            f"{'PASS' if worst['results memory'] <= 1.1 else 'MISS'} (the rows' exact "
+            "width, plus whole 8,192-tuple chunks: the oldest partly expired, one kept for "
+            "reuse, and word rows 1/12 ahead for new queries)")
     notes.append("numpy Unshrd: each query on its own, comparisons into preallocated masks "
                  "(out=), matches kept as row numbers per query (common.UnsharedNumpy); "
                  "its matches equal PSoup-P's on the last batch")
@@ -213,6 +227,7 @@ def main() -> None:
             row[f"{label} register s"] = got["register_s"]
             if label == "P_Shrd":
                 row["P_Shrd steady"] = got["steady_rate"]
+                row["results memory"] = got["memory"]
         row["P Shrd/Unshrd"] = row["P_Shrd"] / row["P_Unshrd"]
         row["P Shrd/np Unshrd"] = row["P_Shrd"] / row["np_Unshrd"]
         row["C Shrd/Unshrd"] = row["C_Shrd"] / row["C_Unshrd"]
@@ -235,7 +250,8 @@ def main() -> None:
                 ("floor", "C floor tuples/s", ",.0f"), ("P_Shrd/floor", "P_Shrd/floor", ".2f"),
                 ("steady/floor", "P_Shrd full/floor", ".2f"),
                 ("floor called", "C floor as called", ",.0f"),
-                ("steady/floor called", "P_Shrd full/floor as called", ".2f")]
+                ("steady/floor called", "P_Shrd full/floor as called", ".2f"),
+                ("results memory", "results B/(retained x ceil(Q/64) x 8)", ".3f")]
     columns += [(f"{label} register s", f"{label} reg s", ".2f") for label, _, _ in VARIANTS]
     notes = _verdicts(rows)
     measured_large = []
