@@ -359,13 +359,13 @@ _COMPRESS = 8
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def chunk_select(chunks, k_first, p0, p1, word, mask, blocks, b_first, cap, rows_of,
-                 with_positions):  # pragma: no cover - compiled
+                 positions):  # pragma: no cover - compiled
     """The find and the fetch of an invocation in one call: for the positions
     p0 <= p < p1 of a chunked bitmap whose bit (`word`, `mask`) is set (chunk k is
     chunks[k - k_first], as in `chunk_positions`), the values of block rows `rows_of`
     of a chunked store (chunk k's block is blocks[k - b_first], as in `chunk_gather`),
-    as a new (len(rows_of), matches) array, and the positions themselves when
-    `with_positions` (else an empty array).
+    as a new (len(rows_of), matches) array; the positions themselves are written to
+    `positions` unless it is empty (else it must hold p1 - p0).
 
     Per chunk, the match masks of its rows are made 64 rows at a time (as in
     `word_positions`), then each column is copied through them: by compress-stores for
@@ -406,7 +406,7 @@ def chunk_select(chunks, k_first, p0, p1, word, mask, blocks, b_first, cap, rows
             q += 1
             r += 64
     out = np.empty((len(rows_of), total), np.uint64)
-    positions = np.empty(total if with_positions else 0, np.int64)
+    with_positions = len(positions) > 0
     k = 0
     for c in range(c0, c1):
         m_row = masks[c - c0]
@@ -444,7 +444,7 @@ def chunk_select(chunks, k_first, p0, p1, word, mask, blocks, b_first, cap, rows
                     m &= m - one
         for q in range(n_masks):
             k += np.int64(_ones(m_row[q]))
-    return out, positions
+    return out
 
 
 @njit(cache=True, nogil=True, boundscheck=False)

@@ -349,14 +349,14 @@ class DataSteM:
         from psoup.kernels import chunk_select
         wide, rows_of, dtypes = self._gather(names)
         narrow = len(wide) < len(names)
+        positions = np.empty(p1 - p0 if narrow else 0, np.int64)
         first, listed = bitmap
-        words, positions = chunk_select(listed, first, p0, p1, word, mask,
-                                        self._block_list(), self._chunk0, self.chunk_rows,
-                                        rows_of, narrow)
+        words = chunk_select(listed, first, p0, p1, word, mask, self._block_list(),
+                             self._chunk0, self.chunk_rows, rows_of, positions)
         got = {name: words[i].view(dt) for i, (name, dt) in enumerate(zip(wide, dtypes))}
         if narrow:
-            return self._narrow(names, positions, got)
-        return {name: got[name] for name in names}
+            return self._narrow(names, positions[:words.shape[1]], got)
+        return got                      # every column is wide: in the order of names
 
     def _gather(self, names: Sequence[str]) -> tuple[list[str], np.ndarray, list]:
         """(the 8-byte columns among `names`, their rows in a chunk's block, their
