@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import pickle
 import stat
 from collections import Counter
 
@@ -248,4 +249,6 @@ def test_a_cursor_is_issued_when_first_read_and_is_the_one_issued_at_once():
     changes = eng.invoke(h, now=11.0, since=cursor)
     assert changes.inserted.rows == [(1, 2)] and changes.deleted.rows == [(1, 1)]
     assert changes.cursor == now.cursor
+    kept = pickle.loads(pickle.dumps(eng.invoke(h, now=11.0)))    # issued when pickled
+    assert kept.cursor == now.cursor and kept.rows == now.rows
     eng._check()

@@ -77,6 +77,12 @@ class Result:
     def cursor(self, cursor: str | None) -> None:
         self._cursor = cursor
 
+    def __getstate__(self) -> dict[str, Any]:
+        """For pickle: the cursor issued now, the engine not carried along."""
+        state = dict(self.__dict__)
+        state.update(_cursor=self.cursor, _issue=None)
+        return state
+
     @property
     def cursor_issued(self) -> bool:
         """Whether the cursor is set (reading `cursor` would issue a deferred one)."""
