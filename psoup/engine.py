@@ -402,10 +402,27 @@ class Engine:
             self._check_history(handle)
             answer, window = self._core.answer_and_window(handle, at)
             if since is None:
-                self._cursors.issue(handle, answer, window)
+                # the cursor is made when first read (Result.defer_cursor), so an
+                # invocation whose caller never polls with since does not pay for it
+                answer.defer_cursor(partial(self._issue_cursor, handle, window))
                 return answer
             return self._cursors.changes(handle, self._core.plan(handle), since, answer,
                                          window)
+
+    def _issue_cursor(self, handle: str, window: tuple[int, int] | None,
+                      answer: Result) -> None:
+        """Set the cursor of an answer `invoke` returned (on its first read), under the
+        lock: the cursor store is engine state. Its content depends only on the answer,
+        the window it came from and the engine's secret, so it is the cursor `invoke`
+        would have issued at once, even after `close` (a range cursor is valid for the
+        reopened engine). The answer is stored for `since` then, as `invoke` stored it,
+        unless its handle was unregistered since (`forget` dropped its answers; nothing
+        would read this one). O(answer) the first time, O(1) after."""
+        with self._lock:
+            if answer.cursor_issued:
+                return
+            self._cursors.issue(handle, answer, window,
+                                remember=handle in self._core.handles)
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working and its slot is reused."""

@@ -17,6 +17,9 @@ disk next to this file, or in the user's cache directory when that is read-only)
   (`word_positions` per chunk, the chunks in a numba typed list).
 * `chunk_gather`: the values of several 8-byte columns of a Data SteM at sorted
   positions across its chunks, in one call: O(columns x positions), no temporary arrays.
+* `chunk_select`: `chunk_positions` and `chunk_gather` in one call (an invocation's
+  find and fetch over a position range), dense runs of matches copied by
+  compress-stores, the positions never written unless asked for.
 * `direct_rows`: the table rows of integer values through a direct value -> row map,
   with the range check in the same pass.
 * `or_at`: one bit set in a word row at given positions (a new query's matches).
@@ -319,6 +322,132 @@ def chunk_gather(blocks, k_first, cap, rows_of, positions, out):  # pragma: no c
             dst = out[j]
             for t in range(j0, i):
                 dst[t] = src[positions[t] - base]
+
+
+@intrinsic
+def _compress8(typingctx, src, i, bits, dst, k):  # pragma: no cover - compiled
+    """dst[k], dst[k + 1], ... = src[i + b] for each set bit b of the low 8 of `bits`,
+    in order: an 8-value load and one masked compress-store (`vpcompressq` with
+    AVX-512; LLVM expands it into scalar stores on targets without one). A register
+    compress and a whole 8-value store (x86-only) measured no faster: the copy is bound
+    by reading the window, not by this instruction. The caller
+    guarantees src[i:i + 8] exists and dst has room for the bits' count."""
+    def codegen(context, builder, signature, args):
+        src_ty, _, _, dst_ty, _ = signature.args
+        src_v = context.make_array(src_ty)(context, builder, args[0])
+        dst_v = context.make_array(dst_ty)(context, builder, args[3])
+        vec = ir.VectorType(ir.IntType(64), 8)
+        lanes = ir.VectorType(ir.IntType(1), 8)
+        where = cgutils.get_item_pointer(context, builder, src_ty, src_v, [args[1]],
+                                         wraparound=False)
+        values = builder.load(builder.bitcast(where, vec.as_pointer()), align=8)
+        mask = builder.bitcast(builder.trunc(args[2], ir.IntType(8)), lanes)
+        to = cgutils.get_item_pointer(context, builder, dst_ty, dst_v, [args[4]],
+                                      wraparound=False)
+        word = ir.IntType(64).as_pointer()
+        store = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [vec, word, lanes]),
+            "llvm.masked.compressstore.v8i64")
+        builder.call(store, [values, builder.bitcast(to, word), mask])
+        return context.get_dummy_value()
+    return types.void(src, types.intp, types.uint64, dst, types.intp), codegen
+
+
+#: Above this many matches in 64 rows, a column's values are copied by eight
+#: compress-stores rather than one by one (measured, 6 columns over a 32K-row window:
+#: thresholds 8 and 16 alike, 4 slower at 7% density).
+_COMPRESS = 8
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def chunk_select(chunks, k_first, p0, p1, word, mask, blocks, b_first, cap, rows_of,
+                 positions):  # pragma: no cover - compiled
+    """The find and the fetch of an invocation in one call: for the positions
+    p0 <= p < p1 of a chunked bitmap whose bit (`word`, `mask`) is set (chunk k is
+    chunks[k - k_first], as in `chunk_positions`), the values of block rows `rows_of`
+    of a chunked store (chunk k's block is blocks[k - b_first], as in `chunk_gather`),
+    as a new (len(rows_of), matches) array; the positions themselves are written to
+    `positions` unless it is empty (else it must hold p1 - p0).
+
+    Per chunk, the match masks of its rows are made 64 rows at a time (as in
+    `word_positions`), then each column is copied through them: by compress-stores for
+    a dense 64 rows (sequential loads, no index per value), value by value for a sparse
+    one. Measured, 6 columns of a 32K window, against `chunk_positions` then
+    `chunk_gather`: 1.5-1.7x faster at 25-96% density, as fast at 1-9%. O(p1 - p0) word tests plus
+    O(columns x (p1 - p0) / 8) compress-stores at most, or O(columns x matches)."""
+    one = np.uint64(1)
+    zero = np.uint64(0)
+    low8 = np.uint64(255)
+    c0 = p0 // cap
+    c1 = (p1 - 1) // cap + 1 if p1 > p0 else c0
+    masks = np.empty((max(c1 - c0, 0), (cap + 63) // 64), np.uint64)
+    total = 0
+    for c in range(c0, c1):
+        m_row = masks[c - c0]
+        m_row[:] = zero
+        i = c - k_first
+        b = c - b_first
+        if i < 0 or i >= len(chunks) or chunks[i].shape[0] <= word or b < 0 or \
+                b >= len(blocks):
+            continue                    # no bitmap or no data there: no matches
+        bits = chunks[i][word]
+        r0 = max(p0 - c * cap, 0)
+        r1 = min(p1 - c * cap, cap)
+        r = r0
+        q = 0
+        while r < r1:
+            m = zero
+            if r + 64 <= r1:
+                run = bits[r:r + 64]
+                for t in range(64):
+                    m |= (one << np.uint64(t)) if (run[t] & mask) != zero else zero
+            else:
+                for t in range(r1 - r):
+                    m |= (one << np.uint64(t)) if (bits[r + t] & mask) != zero else zero
+            m_row[q] = m
+            total += np.int64(_ones(m))
+            q += 1
+            r += 64
+    out = np.empty((len(rows_of), total), np.uint64)
+    with_positions = len(positions) > 0
+    k = 0
+    for c in range(c0, c1):
+        m_row = masks[c - c0]
+        block = c - b_first
+        if block < 0 or block >= len(blocks):
+            continue                    # its masks are zero
+        r0 = max(p0 - c * cap, 0)
+        r1 = min(p1 - c * cap, cap)
+        n_masks = (r1 - r0 + 63) // 64
+        for j in range(len(rows_of)):
+            src = blocks[block][rows_of[j]]
+            dst = out[j]
+            end = k
+            for q in range(n_masks):
+                m = m_row[q]
+                r = r0 + 64 * q
+                if np.int64(_ones(m)) > _COMPRESS and r + 64 <= cap:
+                    for e in range(8):
+                        byte = (m >> np.uint64(8 * e)) & low8
+                        _compress8(src, r + 8 * e, byte, dst, end)
+                        end += np.int64(_ones(byte))
+                else:
+                    while m:
+                        dst[end] = src[r + np.int64(_trailing_zeros(m))]
+                        end += 1
+                        m &= m - one
+        if with_positions:
+            end = k
+            for q in range(n_masks):
+                m = m_row[q]
+                base = c * cap + r0 + 64 * q
+                while m:
+                    positions[end] = base + np.int64(_trailing_zeros(m))
+                    end += 1
+                    m &= m - one
+        for q in range(n_masks):
+            k += np.int64(_ones(m_row[q]))
+    return out
 
 
 @njit(cache=True, nogil=True, boundscheck=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import pickle
 import stat
 from collections import Counter
 
@@ -144,7 +145,7 @@ def test_stored_answers_stay_within_the_budget():
     h = eng.register(QUERIES[4])
     for t in range(40):
         eng.insert("R", [(t, 1)], ts=10.0 + t)
-        eng.invoke(h, now=10.0 + t)
+        eng.invoke(h, now=10.0 + t).cursor          # reading it stores the answer
         eng._check()
     assert 1 < len(eng._cursors._kept) < 40
 
@@ -216,7 +217,8 @@ def test_a_range_whose_tuples_left_memory_falls_back_to_the_stored_copy(budget):
     h = eng.register(QUERIES[3])                # everything retained: 14 rows
     eng.insert("R", [(1, 0), (2, 1)], ts=10.0)
     first = eng.invoke(h, now=10.0)
-    eng.invoke(eng.register(QUERIES[0]), now=10.0)      # the newest stored answer
+    assert first.cursor                         # issued (and the answer stored) now
+    eng.invoke(eng.register(QUERIES[0]), now=10.0).cursor   # the newest stored answer
     eng.insert("R", [(3, v) for v in range(20)], ts=11.0)    # first's chunk is dropped
     if budget == 0:
         with pytest.raises(CursorExpired, match="left memory"):
@@ -225,4 +227,28 @@ def test_a_range_whose_tuples_left_memory_falls_back_to_the_stored_copy(budget):
         changes = eng.invoke(h, now=11.0, since=first.cursor)
         _assert_difference(changes, first, eng.invoke(h, now=11.0), QUERIES[3])
         assert changes.deleted.rows == [(0,), (1,)]
+    eng._check()
+
+
+def test_a_cursor_is_issued_when_first_read_and_is_the_one_issued_at_once():
+    eng = _engine()
+    h = eng.register(QUERIES[4])                 # an aggregate: answered from a copy
+    eng.insert("R", [(1, 1), (2, 2)], ts=10.0)
+    late = eng.invoke(h, now=10.0)
+    assert not eng._cursors._kept               # nothing stored before the cursor is read
+    eng.insert("R", [(1, 3)], ts=11.0)
+    now = eng.invoke(h, now=11.0)
+    assert now.cursor and len(eng._cursors._kept) == 1
+    gone = eng.register(QUERIES[0])
+    orphan = eng.invoke(gone, now=11.0)
+    eng.unregister(gone)
+    assert orphan.cursor and len(eng._cursors._kept) == 1   # not stored for a gone handle
+    eng.close()
+    cursor = late.cursor                         # after later inserts, and close
+    assert cursor == late.cursor and len(eng._cursors._kept) == 2
+    changes = eng.invoke(h, now=11.0, since=cursor)
+    assert changes.inserted.rows == [(1, 2)] and changes.deleted.rows == [(1, 1)]
+    assert changes.cursor == now.cursor
+    kept = pickle.loads(pickle.dumps(eng.invoke(h, now=11.0)))    # issued when pickled
+    assert kept.cursor == now.cursor and kept.rows == now.rows
     eng._check()

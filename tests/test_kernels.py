@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psoup.kernels import (chunk_gather, chunk_positions, or_at, probe_into, word_positions,
-                           write_column)
+from psoup.kernels import (chunk_gather, chunk_positions, chunk_select, or_at, probe_into,
+                           word_positions, write_column)
 
 WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
 
@@ -79,6 +79,60 @@ def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, c
     out = np.full(len(bits) + 1, -1, np.int64)
     found = chunk_positions(listed, first, cap, p0, p1, word, mask, out)
     assert out[:found].tolist() == (np.flatnonzero(bits[p0:p1]) + p0).tolist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), st.integers(1, 200), st.integers(1, 4), st.integers(0, 2),
+       st.sampled_from([0.0, 0.05, 0.3, 0.9, 1.0]))
+def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks, word,
+                                                               density):
+    """`chunk_positions` then `chunk_gather`, for every density (sparse rows one by one,
+    dense ones by compress-stores) and chunk size (64-row runs cut by the chunk's end);
+    bitmap gaps, chunks too narrow for the word, and chunks with no data block have no
+    matches."""
+    from numba import types
+    from numba.typed import List
+    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    bit = data.draw(st.integers(0, 63))
+    mask = np.uint64(1) << np.uint64(bit)
+    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
+    expected_bits = []
+    for _ in range(chunks):
+        height = data.draw(st.sampled_from([0, word, word + 1, word + 2]))
+        padded = np.zeros((height, cap + 8), np.uint64)     # rows longer than cap
+        chunk = padded[:, :cap]
+        chunk[:] = gen.integers(0, 2**63, (height, cap), dtype=np.uint64) & ~mask
+        if height > word:
+            chunk[word] |= np.where(gen.random(cap) < density, mask, np.uint64(0))
+        padded[:, cap:] = ~np.uint64(0)                     # never read
+        listed.append(padded)
+        expected_bits.append(chunk[word] & mask != 0 if height > word
+                             else np.zeros(cap, bool))
+    first = data.draw(st.integers(0, 2))
+    bits = np.concatenate([np.zeros(first * cap, bool), *expected_bits,
+                           np.zeros(cap, bool)])      # a chunk past the list: none
+    rows = data.draw(st.integers(1, 5))
+    b_first = data.draw(st.integers(0, first + 1))        # chunks before it have no data
+    n_blocks = data.draw(st.integers(0, first + chunks + 1 - b_first))
+    blocks = List.empty_list(types.Array(types.uint64, 2, "C"))
+    for _ in range(n_blocks):
+        blocks.append(gen.integers(0, 2**63, (rows, cap), dtype=np.uint64))
+    held = np.zeros(len(bits), bool)
+    held[b_first * cap:(b_first + n_blocks) * cap] = True
+    rows_of = np.array(data.draw(st.lists(st.integers(0, rows - 1), max_size=4)), np.int64)
+    p0 = data.draw(st.integers(0, len(bits)))
+    p1 = data.draw(st.integers(p0, len(bits)))
+    with_positions = data.draw(st.booleans())
+    positions = np.full(p1 - p0 if with_positions else 0, -1, np.int64)
+    out = chunk_select(listed, first, p0, p1, word, mask, blocks, b_first, cap, rows_of,
+                       positions)
+    expected = np.flatnonzero(bits[p0:p1] & held[p0:p1]) + p0
+    assert out.shape == (len(rows_of), len(expected))
+    if with_positions:
+        assert positions[:len(expected)].tolist() == expected.tolist()
+    if n_blocks and len(rows_of):
+        whole = np.concatenate(list(blocks), axis=1)
+        assert (out == whole[rows_of][:, expected - b_first * cap]).all()
 
 
 @settings(max_examples=80, deadline=None)

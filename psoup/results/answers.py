@@ -101,13 +101,13 @@ class Answers:
         kept = self.kept.aggregates.get(plan.slot)
         if kept is not None and span.is_range and not archived:
             return kept.index.answer(*span.bounds()), None      # Sect. 6: no scan
-        positions = self.kept.selection(plan, span)
         if query.aggregated:
             aggregator = Aggregator(query)
-            got = _fetch(stem, [c for _, c in aggregator.needed] + [TS], positions, archived)
+            needed = list(dict.fromkeys([c for _, c in aggregator.needed] + [TS]))
+            got = _fetch(self.kept.fetch(plan, span, needed), archived)
             return aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
                                       got[TS]), None
-        got = _fetch(stem, plan.fetched, positions, archived)
+        got = _fetch(self.kept.fetch(plan, span, plan.fetched), archived)
         answer = Result.build(query.columns, [got[name] for name in plan.selected], got[TS],
                               got[TUPLE_ID], query.distinct)
         if not span.is_range or plan.slot in self.tiers:
@@ -136,10 +136,9 @@ class Answers:
                             query.distinct)
 
 
-def _fetch(stem: DataSteM, names: list[str], positions: np.ndarray,
-           archived: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
-    """Columns of the matches at `positions`, after the archived matches (older)."""
-    got = stem.take(names, positions)
+def _fetch(got: dict[str, np.ndarray], archived: Mapping[str, np.ndarray] | None
+           ) -> dict[str, np.ndarray]:
+    """The columns of the matches in memory (`got`), after the archived matches (older)."""
     if archived:
-        got = {name: np.concatenate([archived[name], got[name]]) for name in names}
+        got = {name: np.concatenate([archived[name], got[name]]) for name in got}
     return got

@@ -23,7 +23,7 @@ The three engine modes differ in the selection structure (Sect. 5): PSoup-P
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -90,6 +90,13 @@ class ResultsStructure(Sink):
         """Sorted positions within `span` of the tuples that satisfy query `slot` (valid
         until the structure's next read: a structure may reuse the buffer)."""
         raise NotImplementedError
+
+    def fetch(self, slot: int, source: Source, stem: DataSteM, span: Span,
+              names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The columns `names` of the tuples within `span` that satisfy query `slot`, in
+        position order (an invocation's find and fetch): `matches`, then `stem.take`.
+        O(find) plus O(len(names) x matches)."""
+        return stem.take(names, self.matches(slot, source, stem, span))
 
 
 class SinkTable:

@@ -116,14 +116,16 @@ class CursorStore:
         self._by_handle: dict[str, set[bytes]] = {}
         self._bytes = 0
 
-    def issue(self, handle: str, answer: Result, window: tuple[int, int] | None) -> str:
+    def issue(self, handle: str, answer: Result, window: tuple[int, int] | None,
+              remember: bool = True) -> str:
         """A cursor for `answer` (the handle's current answer, and the tupleID range it
         comes from, as `Answers.answer_and_window` gives them), set on the answer too.
-        The answer is stored too (shared with other pollers that got the same one), for
-        when it can no longer be recomputed. O(answer)."""
+        The answer is stored too unless not `remember` (shared with other pollers that
+        got the same one), for when it can no longer be recomputed. O(answer)."""
         digest = answer_digest(answer)
         kind, lo, hi = (STORED, 0, 0) if window is None else (RANGE, *window)
-        self._remember(handle, digest, answer)
+        if remember:
+            self._remember(handle, digest, answer)
         payload = _PAYLOAD.pack(VERSION, kind, digest, lo, hi)
         cursor = base64.urlsafe_b64encode(payload + self._mac(handle, payload)).decode()
         answer.cursor = cursor

@@ -101,6 +101,16 @@ class Materialized:
             return np.empty(0, np.int64)
         return self.selections.matches(plan.slot, source, self.stems[source.stream], span)
 
+    def fetch(self, plan: SelectionPlan, span: Span, names: Sequence[str]
+              ) -> dict[str, np.ndarray]:
+        """The columns `names` of the query's matches in `span`, in position order (the
+        structure's find and fetch: `ResultsStructure.fetch`)."""
+        source = plan.query.sources[0]
+        stem = self.stems[source.stream]
+        if plan.query.contradiction:
+            return stem.take(names, np.empty(0, np.int64))
+        return self.selections.fetch(plan.slot, source, stem, span, names)
+
     def join(self, plan: JoinPlan, spans: Sequence[Span]) -> Combinations:
         """The query's combinations whose every tuple lies in its item's span, in answer
         order: from its group, or (NoMat) joined now over the spans."""

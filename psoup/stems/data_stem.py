@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 from bisect import bisect_left, bisect_right
-from typing import Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -345,7 +345,41 @@ class DataSteM:
                     for name in names:
                         out[name][here] = cols[name][rows]
                 return out
+        wide, rows_of, dtypes = self._gather(names)
         got: dict[str, np.ndarray] = {}
+        if wide:                    # one compiled pass over every chunk, 8-byte columns
+            from psoup.kernels import chunk_gather
+            words = np.empty((len(wide), len(positions)), dtype=np.uint64)
+            chunk_gather(self._block_list(), self._chunk0, cap, rows_of,
+                         np.ascontiguousarray(positions, np.int64), words)
+            got = {name: words[i].view(dt) for i, (name, dt) in enumerate(zip(wide, dtypes))}
+        return self._narrow(names, positions, got)
+
+    def take_marked(self, names: Sequence[str], bitmap: tuple[int, Any], p0: int, p1: int,
+                    word: int, mask: np.uint64) -> dict[str, np.ndarray]:
+        """Several columns' values at the positions p0 <= p < p1 whose bit (`word`,
+        `mask`) is set in a chunked bitmap of this stem's chunk size (`bitmap`: its first
+        chunk number and its chunks as a numba typed list, PSoup-P's `_listed`): an
+        invocation's find and fetch in one compiled pass (`chunk_select`), without a
+        position array unless a column is not 8 bytes wide.
+
+        O(p1 - p0) bit tests plus O(len(names) x matches) (dense runs of matches
+        copied 8 values per compress-store)."""
+        from psoup.kernels import chunk_select
+        wide, rows_of, dtypes = self._gather(names)
+        narrow = len(wide) < len(names)
+        positions = np.empty(p1 - p0 if narrow else 0, np.int64)
+        first, listed = bitmap
+        words = chunk_select(listed, first, p0, p1, word, mask, self._block_list(),
+                             self._chunk0, self.chunk_rows, rows_of, positions)
+        got = {name: words[i].view(dt) for i, (name, dt) in enumerate(zip(wide, dtypes))}
+        if narrow:
+            return self._narrow(names, positions[:words.shape[1]], got)
+        return got                      # every column is wide: in the order of names
+
+    def _gather(self, names: Sequence[str]) -> tuple[list[str], np.ndarray, list]:
+        """(the 8-byte columns among `names`, their rows in a chunk's block, their
+        dtypes), kept per tuple of names: O(1) after the first time."""
         key = tuple(names)
         gather = self._gathers.get(key)
         if gather is None:
@@ -353,21 +387,21 @@ class DataSteM:
             gather = self._gathers[key] = (
                 wide, np.array([self._wide[name] for name in wide], dtype=np.int64),
                 [self._dtypes[name] for name in wide])
-        wide, rows_of, dtypes = gather
-        if wide:                    # one compiled pass over every chunk, 8-byte columns
-            from psoup.kernels import chunk_gather
-            words = np.empty((len(wide), len(positions)), dtype=np.uint64)
-            chunk_gather(self._block_list(), self._chunk0, cap, rows_of,
-                         np.ascontiguousarray(positions, np.int64), words)
-            got = {name: words[i].view(dt) for i, (name, dt) in enumerate(zip(wide, dtypes))}
+        return gather
+
+    def _narrow(self, names: Sequence[str], positions: np.ndarray,
+                got: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`got` (the 8-byte columns) with the other columns of `names` (TEXT, BOOL) at
+        sorted `positions` added, chunk run by chunk run, in the order of `names`.
+        O(len(names) x len(positions))."""
         if len(got) < len(names):
-            runs = list(chunk_runs(positions, cap))
+            runs = list(chunk_runs(positions, self.chunk_rows))
         for name in names:
             if name not in got:                         # TEXT and BOOL columns
                 values = got[name] = np.empty(len(positions), self._dtypes[name])
                 for k, a, b in runs:
                     values[a:b] = self._chunks[k - self._chunk0].cols[name][
-                        positions[a:b] - k * cap]
+                        positions[a:b] - k * self.chunk_rows]
         return {name: got[name] for name in names}
 
     def _block_list(self) -> object:
