@@ -31,7 +31,7 @@ from psoup.results.base import SinkTable
 from psoup.results.materialized import Materialized
 from psoup.results.modes import MODES
 from psoup.results.result import Result
-from psoup.results.tiers import ArchiveTiers
+from psoup.results.tiers import ArchiveTiers, Segment
 from psoup.results.windows_table import WindowsTable
 from psoup.stems.batch import Batch
 from psoup.stems.data_stem import DataSteM
@@ -135,6 +135,15 @@ class Core:
 
     def answer(self, handle: str, now: float) -> Result:
         return self.answers.answer(self.plan(handle), now)
+
+    def unread_segments(self, handle: str, now: float
+                        ) -> list[tuple[Segment, dict[str, str]]]:
+        """The archive tier's segment files an answer of `handle` at `now` would read
+        (none in the cache): ArchiveTiers.unread. O(segments)."""
+        plan = self.plan(handle)
+        if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
+            return []
+        return self.tiers.unread(plan.slot, plan.query.sources[0].window, now)
 
     def answer_and_window(self, handle: str, now: float
                           ) -> tuple[Result, tuple[int, int] | None]:

@@ -49,7 +49,7 @@ from psoup.query.model import (DESCRIBE, SHOW_QUERIES, SHOW_STREAMS, Catalog, Qu
 from psoup.results.cursors import CursorStore, cursor_secret
 from psoup.results.modes import MODES as MODE_TABLE
 from psoup.results.result import Changes, Result
-from psoup.results.tiers import INCOMING
+from psoup.results.tiers import INCOMING, load_segments
 from psoup.spark.jobs import HistoryJob
 from psoup.stems.batch import make_batch
 from psoup.stems.query_stem import SelectionPlan
@@ -395,19 +395,36 @@ class Engine:
         one whose answer can no longer be rebuilt raises CursorExpired, and one this
         engine did not issue for this handle CursorInvalid.
         """
-        with self._lock:
-            if self._failure is not None:
-                raise ApplyFailed(f"this engine stopped: {self._failure}")
-            at = self._now(now)
-            self._check_history(handle)
-            answer, window = self._core.answer_and_window(handle, at)
-            if since is None:
-                # the cursor is made when first read (Result.defer_cursor), so an
-                # invocation whose caller never polls with since does not pay for it
-                answer.defer_cursor(partial(self._issue_cursor, handle, window))
-                return answer
-            return self._cursors.changes(handle, self._core.plan(handle), since, answer,
-                                         window)
+        loaded: dict[str, dict[str, np.ndarray]] | None = None
+        while True:
+            with self._lock:
+                if self._failure is not None:
+                    raise ApplyFailed(f"this engine stopped: {self._failure}")
+                at = self._now(now)
+                self._check_history(handle)
+                core = self._core
+                if loaded is None:
+                    wanted = core.unread_segments(handle, at)
+                else:
+                    core.tiers.prime(loaded)
+                    wanted = []
+                if not wanted:
+                    answer, window = core.answer_and_window(handle, at)
+                    if since is None:
+                        # the cursor is made when first read (Result.defer_cursor), so
+                        # an invocation whose caller never polls with since does not
+                        # pay for it
+                        answer.defer_cursor(partial(self._issue_cursor, handle, window))
+                        return answer
+                    return self._cursors.changes(handle, core.plan(handle), since, answer,
+                                                 window)
+                folder = core.tiers.folder
+            # a window reaching into the archive: the segment files it needs are read
+            # here, off the lock (they never change once written), so writers and other
+            # readers are not held up by the disk; then the answer, under the lock, from
+            # the cache (a file missed meanwhile is read there)
+            assert folder is not None
+            loaded = load_segments(folder, wanted)
 
     def _issue_cursor(self, handle: str, window: tuple[int, int] | None,
                       answer: Result) -> None:

@@ -203,6 +203,38 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_pa
     reopened.close()
 
 
+def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(tmp_path,
+                                                                           monkeypatch):
+    """The segment files a window needs are read before the engine's lock is taken for
+    the answer (writers go on meanwhile); the answer, from the cache then, equals
+    DuckDB's; a file damaged after it was indexed is still named by the invocation."""
+    from psoup.results import tiers as tiers_module
+    from psoup.spark import history
+    monkeypatch.setattr(history, "SEGMENT_ROWS", 7)
+    state = tmp_path / "s"
+    gen, inserted, eng, handles = _evaluated(state, 19)
+    tiers = eng._core.tiers
+    tiers._cache.clear()
+    tiers._cached = 0
+    locked: list[bool] = []
+    real = tiers_module.load_segment
+
+    def load(*args):
+        locked.append(eng._lock.held())
+        return real(*args)
+    monkeypatch.setattr(tiers_module, "load_segment", load)
+    _check(eng, handles, _oracle(inserted), 300.0)
+    assert locked and not any(locked), "every file was read off the lock"
+    slot = eng._core.handles[handles["across"]].id
+    victim = next(s for s in tiers._tiers[slot].segments if s.hi >= 150 and s.lo <= 260)
+    tiers._cache.clear()
+    tiers._cached = 0
+    (state / "tiers" / victim.name).write_bytes(b"not parquet")
+    with pytest.raises(PSoupError, match=victim.name):
+        eng.invoke(handles["across"], now=300.0)
+    eng.close()
+
+
 def test_the_executors_files_are_split_into_one_sorted_file_per_query(tmp_path):
     """`receive` splits each staged file by slot, sorting one that is not sorted by
     (slot, tupleID), skips empty files, and gives each slot its segments in tupleID
