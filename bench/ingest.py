@@ -180,7 +180,7 @@ def _verdicts(rows: list[dict]) -> list[str]:
             f"{worst['results memory']:.3f} at {worst['queries']:,} queries -> "
             f"{'PASS' if worst['results memory'] <= 1.1 else 'MISS'} (the rows' exact "
             "width, plus whole 8,192-tuple chunks: the oldest partly expired, one kept for "
-            "reuse, and word rows 1/12 ahead for new queries)")
+            "reuse, and word rows 1/32 ahead for new queries)")
     notes.append("numpy Unshrd: each query on its own, comparisons into preallocated masks "
                  "(out=), matches kept as row numbers per query (common.UnsharedNumpy); "
                  "its matches equal PSoup-P's on the last batch")
