@@ -50,30 +50,39 @@ def test_chunk_gather_takes_the_selected_rows_at_positions_across_chunks(data, r
     assert (out == whole[rows_of][:, positions - first * cap]).all()
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.data(), st.integers(1, 130), st.integers(1, 4), st.integers(0, 2))
-def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, cap, chunks,
-                                                                        word):
-    """Chunks missing from the list, gaps (no rows) and chunks too narrow for the word
-    have no matches; the rest agree with numpy."""
+def _bitmap(data, gen, chunks, cap, word, mask, pad, fill):
+    """A numba typed list of `chunks` word-major bitmap chunks of `cap` rows (0 to
+    word + 2 word rows each, `pad` never-read words past each row's end, values
+    `fill(random words)`), the chunk number of the first, and the bit `mask` of word
+    row `word` at every position (a chunk before the first, or past the list, none)."""
     from numba import types
     from numba.typed import List
-    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
     listed = List.empty_list(types.Array(types.uint64, 2, "C"))
     expected_bits = []
     for _ in range(chunks):
         height = data.draw(st.sampled_from([0, word, word + 1, word + 2]))
-        padded = np.zeros((height, cap + 3), np.uint64)     # rows longer than cap
+        padded = np.zeros((height, cap + pad), np.uint64)   # rows longer than cap
         chunk = padded[:, :cap]
-        chunk[:] = gen.integers(0, 2**63, (height, cap), dtype=np.uint64)
+        chunk[:] = fill(gen.integers(0, 2**63, (height, cap), dtype=np.uint64))
         padded[:, cap:] = ~np.uint64(0)                     # never read
         listed.append(padded)
         expected_bits.append(chunk[word] & mask != 0 if height > word
                              else np.zeros(cap, bool))
     first = data.draw(st.integers(0, 2))
     bits = np.concatenate([np.zeros(first * cap, bool), *expected_bits,
-                           np.zeros(cap, bool)])      # a chunk past the list: none
+                           np.zeros(cap, bool)])
+    return listed, first, bits
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), st.integers(1, 130), st.integers(1, 4), st.integers(0, 2))
+def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, cap, chunks,
+                                                                        word):
+    """Chunks missing from the list, gaps (no rows) and chunks too narrow for the word
+    have no matches; the rest agree with numpy."""
+    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
+    listed, first, bits = _bitmap(data, gen, chunks, cap, word, mask, 3, lambda rows: rows)
     p0 = data.draw(st.integers(0, len(bits)))
     p1 = data.draw(st.integers(p0, len(bits)))
     out = np.full(len(bits) + 1, -1, np.int64)
@@ -93,24 +102,14 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     from numba import types
     from numba.typed import List
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    bit = data.draw(st.integers(0, 63))
-    mask = np.uint64(1) << np.uint64(bit)
-    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
-    expected_bits = []
-    for _ in range(chunks):
-        height = data.draw(st.sampled_from([0, word, word + 1, word + 2]))
-        padded = np.zeros((height, cap + 8), np.uint64)     # rows longer than cap
-        chunk = padded[:, :cap]
-        chunk[:] = gen.integers(0, 2**63, (height, cap), dtype=np.uint64) & ~mask
-        if height > word:
-            chunk[word] |= np.where(gen.random(cap) < density, mask, np.uint64(0))
-        padded[:, cap:] = ~np.uint64(0)                     # never read
-        listed.append(padded)
-        expected_bits.append(chunk[word] & mask != 0 if height > word
-                             else np.zeros(cap, bool))
-    first = data.draw(st.integers(0, 2))
-    bits = np.concatenate([np.zeros(first * cap, bool), *expected_bits,
-                           np.zeros(cap, bool)])      # a chunk past the list: none
+    mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
+
+    def dense(chunk_rows):                  # row `word`'s bit set at `density`
+        chunk_rows &= ~mask
+        if len(chunk_rows) > word:
+            chunk_rows[word] |= np.where(gen.random(cap) < density, mask, np.uint64(0))
+        return chunk_rows
+    listed, first, bits = _bitmap(data, gen, chunks, cap, word, mask, 8, dense)
     rows = data.draw(st.integers(1, 5))
     b_first = data.draw(st.integers(0, first + 1))        # chunks before it have no data
     n_blocks = data.draw(st.integers(0, first + chunks + 1 - b_first))
