@@ -160,7 +160,8 @@ class Server:
         # was queued, oldest first: writes apply in order), the most it held, the busy
         # replies sent, and the writer's rate (bytes a second, smoothed) for retry_after
         self._queued_bytes = 0
-        self._queued_at: deque[float] = deque()
+        self._queued_at: dict[int, float] = {}     # insert's token -> when it was queued
+        self._queued_token = 0
         self._queued_peak = 0
         self._busy_replies = 0
         self._apply_rate = 64e6
@@ -342,8 +343,9 @@ class Server:
                         ready.set_result(refused)
                         await conv.replies.put(ready)
                         continue
-                    dispatched = asyncio.ensure_future(
-                        self._dispatch(request_id, op, args, conv, conv.last_write, size))
+                    dispatched = asyncio.ensure_future(self._dispatch(
+                        request_id, op, args, conv, conv.last_write, size,
+                        self._queued_token))
                     _log_request(peer, op, began, dispatched)
                     spec = OPS.get(op) if isinstance(op, str) else None
                     if spec is not None and spec.write:
@@ -550,23 +552,25 @@ class Server:
             self._next_batch()
 
     async def _dispatch(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                        after: asyncio.Future | None, size: int = 0) -> bytes:
+                        after: asyncio.Future | None, size: int = 0, token: int = 0
+                        ) -> bytes:
         """The reply frame of one authenticated request. A read waits for `after`, the
         last write its connection sent before it (a client reads its own writes); an
-        insert counts its `size` bytes in the ingest queue (`_refusal` took them)."""
+        insert counts its `size` bytes in the ingest queue under `token` (`_refusal`
+        took them) until it is answered."""
         try:
             return await self._dispatched(request_id, op, args, conv, after, size)
         finally:
             if size:
                 self._queued_bytes -= size
-                self._queued_at.popleft()
+                del self._queued_at[token]
 
     def _refusal(self, request_id: Any, args: Any, size: int,
                  conv: _Conversation) -> bytes | None:
-        """Take an insert of `size` bytes into the ingest queue (None), or the reply
-        refusing it: "busy" when the queue would pass max_queued_bytes (unless it is
-        empty), with the seconds after which to send it again; "skipped" for an insert
-        chained after one refused so. O(1)."""
+        """Take an insert of `size` bytes into the ingest queue (None; its token is
+        then `_queued_token`), or the reply refusing it: "busy" when the queue would
+        pass max_queued_bytes (unless it is empty), with the seconds after which to send
+        it again; "skipped" for an insert chained after one refused so. O(1)."""
         chained = isinstance(args, Mapping) and bool(args.get("chain"))
         if chained and conv.refused:
             return pack_frame(error_reply(request_id, "skipped", "not applied: an earlier "
@@ -583,15 +587,16 @@ class Server:
         conv.refused = False
         self._queued_bytes += size
         self._queued_peak = max(self._queued_peak, self._queued_bytes)
-        self._queued_at.append(time.monotonic())
+        self._queued_token += 1
+        self._queued_at[self._queued_token] = time.monotonic()
         return None
 
     def queue_stats(self) -> dict[str, Any]:
         """The ingest queue: inserts waiting (and their bytes), the limit, how long the
         oldest has waited (the lag), the most bytes it held, busy replies sent."""
         try:            # read by a read thread too, while the loop changes the queue
-            waited = time.monotonic() - self._queued_at[0]
-        except IndexError:
+            waited = time.monotonic() - next(iter(self._queued_at.values()))
+        except (StopIteration, RuntimeError):
             waited = 0.0
         return {"inserts": len(self._queued_at), "bytes": self._queued_bytes,
                 "limit_bytes": self.limits.max_queued_bytes, "lag_s": round(waited, 4),
