@@ -3,8 +3,8 @@ report psoup as a fraction of it (a ratio is stable across noisy runs; a time is
 
 `ingest_floor(q)`: tuples/s of a C loop doing only the shared probe's work for q queries
 (bench/floor.c `reject_or4`, four attributes, 257 cells each, 4,096-tuple batches into
-one reused output), its arguments converted once; `ingest_floor_called(q)`: the same
-loop timed as the ingest issue's floor script times it, converting them at each call.
+one reused output), its arguments converted once; `ingest_floor(q, called=True)`: the
+same loop timed as the ingest issue's floor script times it, converting them at each call.
 `find_floor(q, window)`: microseconds to list one query's matches among `window` tuples
 (1 in 8 matching) from a bit column (`column_positions`) and from a row-major bitmap
 (`strided_positions`). Each returns None when no C compiler is found.
@@ -87,11 +87,6 @@ def ingest_floor(q: int, called: bool = False) -> float | None:
     return BATCH / _median_seconds(lambda: lib.reject_or4(*once))
 
 
-def ingest_floor_called(q: int) -> float | None:
-    """`ingest_floor(q, called=True)`."""
-    return ingest_floor(q, called=True)
-
-
 def find_floor(q: int, window: int) -> dict[str, float] | None:
     """Microseconds to list one query's matches in `window` tuples: bit column and
     row-major bitmap."""
@@ -115,5 +110,5 @@ def find_floor(q: int, window: int) -> dict[str, float] | None:
 if __name__ == "__main__":
     for count in [int(a) for a in sys.argv[1:]] or [1024, 4096, 10_000, 100_000]:
         print(json.dumps({"queries": count, "ingest_tuples_per_s": ingest_floor(count),
-                          "ingest_called_tuples_per_s": ingest_floor_called(count),
+                          "ingest_called_tuples_per_s": ingest_floor(count, called=True),
                           **(find_floor(count, 1 << 16) or {})}))

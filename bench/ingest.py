@@ -233,7 +233,7 @@ def main() -> None:
         row["C Shrd/Unshrd"] = row["C_Shrd"] / row["C_Unshrd"]
         row["P/C"] = row["P_Shrd"] / row["C_Shrd"]
         row["floor"] = floor.ingest_floor(count)
-        row["floor called"] = floor.ingest_floor_called(count)
+        row["floor called"] = floor.ingest_floor(count, called=True)
         if row["floor"]:
             row["P_Shrd/floor"] = row["P_Shrd"] / row["floor"]
             row["steady/floor"] = row["P_Shrd steady"] / row["floor"]
@@ -259,7 +259,7 @@ def main() -> None:
         got = measure_large(common.selection_queries(common.rng(2), count, "inequality"),
                             pool, s)
         got["floor"] = floor.ingest_floor(count)
-        got["floor_called"] = floor.ingest_floor_called(count)
+        got["floor_called"] = floor.ingest_floor(count, called=True)
         measured_large.append(got)
         share = (f" = {got['rate'] / got['floor']:.2f} / {got['steady_rate'] / got['floor']:.2f}"
                  f" of the bare C floor ({got['floor']:,.0f} tuples/s); with the retention "

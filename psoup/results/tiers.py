@@ -436,6 +436,8 @@ class ArchiveTiers:
                 self._cache_put(name, got)
 
     def _types(self, stream: str) -> dict[str, str]:
+        """Column -> type of the segments of a tier on `stream` (ts, tupleID, then the
+        stream's columns, in that order)."""
         return {TS: "float", TUPLE_ID: "int", **dict(self._stems[stream].schema.columns)}
 
     def _cache_put(self, name: str, got: dict[str, np.ndarray]) -> None:
@@ -501,24 +503,20 @@ class ArchiveTiers:
 
         Raises:
             OSError: a file could not be written.
+            PSoupError: a segment to merge is there but cannot be read.
         """
         import pyarrow as pa
         import pyarrow.parquet as pq
-
-        from psoup.archive.layout import to_numpy
 
         out = []
         for part in parts:
             columns = part.tail
             if part.merged:
-                try:
-                    tables = [pq.read_table(folder / seg.name, columns=list(part.types))
-                              for seg in part.merged]
-                except FileNotFoundError:
+                if not all((folder / seg.name).is_file() for seg in part.merged):
                     continue
-                columns = {name: np.concatenate(
-                    [to_numpy(t.column(name), ctype) for t in tables] + [columns[name]])
-                    for name, ctype in part.types.items()}
+                merged = [load_segment(folder, seg, part.types) for seg in part.merged]
+                columns = {name: np.concatenate([m[name] for m in merged] + [columns[name]])
+                           for name in part.types}
             ids, ts = columns[TUPLE_ID], columns[TS]
             name = segment_name(part.handle, int(ids[0]), int(ids[-1]))
             path = folder / name
@@ -556,7 +554,7 @@ class ArchiveTiers:
         Raises:
             OSError, ValueError: a file is gone, damaged or not a segment of the stream.
         """
-        columns = [TS, TUPLE_ID, *(name for name, _ in self._stems[stream].schema.columns)]
+        columns = list(self._types(stream))
         tier = Tier([read_footer(folder, name, columns) for name in files])
         self._tiers[slot] = tier
         self._stream_of[slot] = stream

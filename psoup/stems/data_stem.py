@@ -21,7 +21,6 @@ searches instead of a scan, as the paper's per-attribute trees do.
 from __future__ import annotations
 
 import sys
-
 from bisect import bisect_left, bisect_right
 from typing import Any, Callable, Iterator, Literal, Sequence
 
@@ -31,6 +30,9 @@ from psoup.query.model import TS, TUPLE_ID, AttrPredicate, Source
 from psoup.stems.batch import DTYPES, Batch
 from psoup.stems.predicates import attr_mask, source_mask
 from psoup.stems.span import Span
+
+#: Dropped chunks kept for the next ones to reuse: a batch's chunks, usually.
+SPARE_CHUNKS = 2
 
 #: Below this fraction of the rows in range, a value index beats a scan.
 INDEX_SELECTIVITY = 0.125
@@ -169,7 +171,7 @@ class DataSteM:
                 for chunk in self._chunks[:drop]:
                     self.on_expire({name: arr[:chunk.n] for name, arr in chunk.cols.items()})
             for chunk in self._chunks[:drop]:
-                if len(self._spare) < 2 and chunk.unshared():
+                if len(self._spare) < SPARE_CHUNKS and chunk.unshared():
                     chunk.n = 0
                     chunk.index.clear()
                     self._spare.append(chunk)
@@ -533,7 +535,7 @@ class DataSteM:
         if self._blocks is not None:
             listed = [b.ctypes.data for b in self._blocks]   # type: ignore[attr-defined]
             assert listed == [c.block.ctypes.data for c in self._chunks], "stale block list"
-        assert len(self._spare) <= 2 and all(
+        assert len(self._spare) <= SPARE_CHUNKS and all(
             c.n == 0 and not c.index and all(c is not k for k in self._chunks)
             for c in self._spare), "a spare chunk is empty and not in use"
         held = sum(chunk.n for chunk in self._chunks)
