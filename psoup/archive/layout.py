@@ -6,8 +6,10 @@ writes it (psoup.archive.parquet), the Spark jobs that import, replay and evalua
 
     root/stream=NAME/date=YYYY-MM-DD/part-{first tupleID:020d}-{last tupleID:020d}.parquet
 
-Each file holds ``ts`` (float64), ``tuple_id`` (int64) and the stream's columns in schema
-order, rows in tupleID order; the psoup schema rides along in the key-value metadata
+Each file holds ``ts`` (float64), ``tuple_id`` (int64), the stream's columns in schema
+order and, last, ``psoup_sample`` (int16: the sampled layout of psoup.archive.sampling,
+whose row groups are each in tupleID order; a file without it has all its rows in
+tupleID order); the psoup schema rides along in the key-value metadata
 (``psoup.stream``, ``psoup.columns``). In memory psoup names the implicit columns `ts`
 and `tupleID` (the language's names); on disk they are ``ts`` and ``tuple_id``
 (`DISK_NAMES`), as Parquet readers expect snake_case.
@@ -36,6 +38,10 @@ SPARK_TYPES = {"int": "BIGINT", "float": "DOUBLE", "text": "STRING", "bool": "BO
 
 #: The archive's names for the implicit columns.
 TS_COLUMN, TUPLE_ID_COLUMN = "ts", "tuple_id"
+
+#: The sampled layout's column (psoup.archive.sampling): each row's uniform random draw,
+#: int16; a part file may have it, last, or not (written before that layout).
+SAMPLE_COLUMN = "psoup_sample"
 
 #: In-memory name -> on-disk name of the implicit columns.
 DISK_NAMES = {TS: TS_COLUMN, TUPLE_ID: TUPLE_ID_COLUMN}
@@ -85,7 +91,7 @@ def arrow_schema(stream: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
         if ctype not in ARROW_TYPES:
             raise SchemaError(f"stream '{stream}', column '{name}': unknown type {ctype!r} "
                               f"(expected one of {', '.join(ARROW_TYPES)})")
-        if name in (TS_COLUMN, TUPLE_ID_COLUMN):
+        if name in (TS_COLUMN, TUPLE_ID_COLUMN, SAMPLE_COLUMN):
             raise SchemaError(f"stream '{stream}': column '{name}' collides with the "
                               f"archive's own '{name}' column")
         fields.append(pa.field(name, ARROW_TYPES[ctype]))
@@ -107,7 +113,8 @@ def part_columns(columns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 def check_part(schema: pa.Schema, path: Path, stream: str,
                columns: Sequence[tuple[str, str]]) -> None:
     """A part file's Arrow schema against the stream's: exactly its columns (ts, tuple_id
-    and the declared ones), each of its Arrow type. O(columns).
+    and the declared ones), each of its Arrow type, and maybe the sampled layout's draws
+    (SAMPLE_COLUMN, int16). O(columns).
 
     Raises:
         ArchiveError: naming the file and the first column at fault.
@@ -122,7 +129,10 @@ def check_part(schema: pa.Schema, path: Path, stream: str,
         if got != want and not (want == pa.string() and got == pa.large_string()):
             raise ArchiveError(f"{path}: column '{column}' holds {got}, but stream "
                                f"'{stream}' declares it {ctype.upper()} ({want})")
-    extra = [c for c in have if c not in dict(part_columns(columns))]
+    if SAMPLE_COLUMN in have and have[SAMPLE_COLUMN] != pa.int16():
+        raise ArchiveError(f"{path}: column '{SAMPLE_COLUMN}' holds {have[SAMPLE_COLUMN]}, "
+                           "not the sampled layout's int16 draws")
+    extra = [c for c in have if c not in dict(part_columns(columns)) and c != SAMPLE_COLUMN]
     if extra:
         raise ArchiveError(f"{path}: column '{extra[0]}' is not a column of stream "
                            f"'{stream}' ({declared})")

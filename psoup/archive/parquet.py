@@ -8,9 +8,11 @@ Spark jobs (docs/design.md, "History") and any other Parquet reader::
 
     root/stream=NAME/date=YYYY-MM-DD/part-{first tupleID:020d}-{last tupleID:020d}.parquet
 
-Each file holds ``ts`` (float64), ``tuple_id`` (int64) and the stream's columns in schema
-order, rows in tupleID order; the psoup schema rides along in the key-value metadata
-(``psoup.stream``, ``psoup.columns``). A stream's ts never decreases, so each UTC day of
+Each file holds ``ts`` (float64), ``tuple_id`` (int64), the stream's columns in schema
+order and each row's random draw (``psoup_sample``), in the sampled layout of
+psoup.archive.sampling (row groups that are each a uniform sample, each in tupleID
+order); the psoup schema rides along in the key-value metadata (``psoup.stream``,
+``psoup.columns``). A stream's ts never decreases, so each UTC day of
 a flush is one contiguous run of tupleIDs and the files of a stream never overlap.
 
 The archive is idempotent under replay: a stream's *high water mark* (the largest archived
@@ -27,12 +29,14 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 from numpy.typing import ArrayLike
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from psoup.fsync import fsync_dir, make_dir, write_whole
 from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
                                   TUPLE_ID_COLUMN,
                                   arrow_schema, part_path)
+from psoup.archive.sampling import in_order, write_runs
 from psoup.errors import SchemaError
 from psoup.query.model import TS, TUPLE_ID
 from psoup.stems.batch import DTYPES
@@ -60,6 +64,8 @@ class Archive:
             water marks; leftover ``*.tmp`` files (a flush cut short) are removed.
         flush_rows: a stream is flushed once this many of its rows are buffered.
         private: directories and files owner-only (an engine's data directory).
+        seed: the seed of the sampled layout's draws (psoup.archive.sampling); None:
+            fresh entropy.
 
     Example:
         >>> import tempfile
@@ -71,12 +77,14 @@ class Archive:
         ['stream=R/date=1970-01-01/part-00000000000000000000-00000000000000000001.parquet']
     """
 
-    def __init__(self, root: str | Path, flush_rows: int = 1 << 17, private: bool = False):
+    def __init__(self, root: str | Path, flush_rows: int = 1 << 17, private: bool = False,
+                 seed: int | None = None):
         if flush_rows < 1:
             raise ValueError(f"flush_rows must be at least 1, not {flush_rows}")
         self.root = Path(root)
         self.flush_rows = flush_rows
         self.private = private
+        self._rng = np.random.default_rng(seed)
         make_dir(self.root, private)
         self._high: dict[str, int] = {}
         self._buffers: dict[str, _Buffer] = {}
@@ -100,8 +108,9 @@ class Archive:
         return self._high.get(stream, -1)
 
     def latest_ts(self, stream: str) -> float | None:
-        """The ts of the last archived (flushed) row of `stream`, None if none. O(rows of
-        its last part file): only that file's ts column is read.
+        """The ts of the last archived (flushed) row of `stream` (the largest: ts never
+        decreases with tupleID), None if none. O(rows of its last part file): only that
+        file's ts column is read.
 
         Example:
             >>> import tempfile
@@ -115,7 +124,8 @@ class Archive:
         path = self.last_part(stream)
         if path is None:
             return None
-        return float(pq.read_table(path, columns=[TS_COLUMN]).column(0)[-1].as_py())
+        ts = pq.read_table(path, columns=[TS_COLUMN]).column(0)
+        return float(pc.max(ts).as_py()) if len(ts) else None
 
     def last_part(self, stream: str) -> Path | None:
         """The part file holding the largest archived tupleID of `stream`, None if none.
@@ -265,7 +275,7 @@ class Archive:
                 date_dir = path.parent
                 make_dir(stream_dir, self.private)
                 make_dir(date_dir, self.private)
-                write_whole(path, partial(pq.write_table, table.slice(a, b - a)),
+                write_whole(path, partial(write_runs, table.slice(a, b - a), self._rng),
                             self.private)
                 for directory in (date_dir, stream_dir, self.root):
                     fsync_dir(directory)
@@ -340,7 +350,7 @@ class Archive:
         if not paths:
             return self._schemas.get(stream, arrow_schema(stream, ())).empty_table()
         # promote_options: a stream redeclared with other columns reads with nulls.
-        return pa.concat_tables([pq.read_table(path) for _, path in paths],
+        return pa.concat_tables([in_order(pq.read_table(path)) for _, path in paths],
                                 promote_options="default")
 
     def _part_files(self, stream: str = "*") -> Iterator[tuple[str, int, int, Path]]:
