@@ -17,10 +17,12 @@ cursors for `since`), and recovery replays the journal straight into a Core.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from psoup.archive.sampling import sample_rate
 from psoup.bits import words_for
 from psoup.eddy.eddy import Eddy
 from psoup.eddy.routing import POLICIES
@@ -187,10 +189,15 @@ class Core:
                                  f"{handle[:12]}... is a join")
             if plan.slot not in self.tiers:
                 by_stream.setdefault(plan.query.sources[0].stream, []).append(plan)
-        jobs = [Job(self.ddl[stream], self.stems[stream].schema,
-                    [(p.slot, p.query.sql) for p in plans],
-                    self.stems[stream].oldest_tuple_id(self.next_tid))
-                for stream, plans in by_stream.items()]
+        jobs = []
+        for stream, plans in by_stream.items():
+            stem = self.stems[stream]
+            until = stem.ts_at(stem.oldest) if stem.oldest < stem.n else math.inf
+            rates = {p.slot: sample_rate(s.method, s.fraction) for p in plans
+                     if (s := p.query.sources[0].sample) is not None}
+            jobs.append(Job(self.ddl[stream], stem.schema, [(p.slot, p.query.sql)
+                                                             for p in plans],
+                            stem.oldest_tuple_id(self.next_tid), rates, until))
         return chosen, jobs
 
     # ------------------------------------------------------------------ introspection

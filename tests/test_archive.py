@@ -13,6 +13,7 @@ import pytest
 
 from psoup.archive import parquet
 from psoup.archive.parquet import Archive
+from psoup.archive.sampling import in_order
 from psoup.errors import SchemaError
 
 COLUMNS = [("a", "int"), ("x", "float"), ("name", "text"), ("on", "bool")]
@@ -48,8 +49,8 @@ def test_rows_spanning_two_utc_days_go_to_two_files(tmp_path):
     paths = arc.flush()
     assert [(p.parent.name, p.name) for p in paths] == [
         ("date=2024-02-29", part(5, 6)), ("date=2024-03-01", part(7, 8))]
-    assert pq.read_table(paths[0]).column("ts").to_pylist() == [DAY - 1.0, DAY - 0.5]
-    assert pq.read_table(paths[1]).column("ts").to_pylist() == [DAY, DAY + 0.5]
+    assert in_order(pq.read_table(paths[0])).column("ts").to_pylist() == [DAY - 1.0, DAY - 0.5]
+    assert in_order(pq.read_table(paths[1])).column("ts").to_pylist() == [DAY, DAY + 0.5]
 
 
 def test_each_stream_has_its_own_directory(tmp_path):
@@ -65,9 +66,9 @@ def test_file_holds_ts_tuple_id_then_schema_columns_with_their_types(tmp_path):
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 2))
     schema = pq.read_schema(arc.flush()[0])
-    assert schema.names == ["ts", "tuple_id", "a", "x", "name", "on"]
+    assert schema.names == ["ts", "tuple_id", "a", "x", "name", "on", "psoup_sample"]
     assert schema.types == [pa.float64(), pa.int64(), pa.int64(), pa.float64(), pa.string(),
-                            pa.bool_()]
+                            pa.bool_(), pa.int16()]
 
 
 def test_psoup_schema_is_in_the_parquet_metadata(tmp_path):
@@ -248,20 +249,20 @@ def test_leftover_tmp_files_are_removed_on_open(tmp_path):
 def test_failed_flush_keeps_only_the_unwritten_rows(tmp_path, monkeypatch):
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 3, t0=DAY - 2.0))   # two days: 0-1 and 2-3
-    real_write = pq.write_table
+    real_write = parquet.write_runs
     calls = []
 
-    def failing_second(table, where, **kwargs):
+    def failing_second(table, rng, where, **kwargs):
         calls.append(table.num_rows)
         if len(calls) == 2:
             raise OSError("disk full")
-        real_write(table, where, **kwargs)
+        real_write(table, rng, where, **kwargs)
 
-    monkeypatch.setattr(parquet.pq, "write_table", failing_second)
+    monkeypatch.setattr(parquet, "write_runs", failing_second)
     with pytest.raises(OSError, match="disk full"):
         arc.flush()
     assert (arc.high_water("R"), arc.buffered_rows) == (1, 2)
-    monkeypatch.setattr(parquet.pq, "write_table", real_write)
+    monkeypatch.setattr(parquet, "write_runs", real_write)
     arc.flush()
     assert sorted(p.name for p in tmp_path.rglob("*.parquet")) == [part(0, 1), part(2, 3)]
 

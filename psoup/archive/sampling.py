@@ -79,6 +79,16 @@ def system_rate(rate: float) -> float:
     return min(SAMPLE_GROUPS, math.ceil(rate * SAMPLE_GROUPS - 1e-9)) / SAMPLE_GROUPS
 
 
+def sample_rate(method: str, fraction: float) -> float:
+    """The rate a TABLESAMPLE `method` (BERNOULLI or SYSTEM) of `fraction` reads at.
+
+    Example:
+        >>> sample_rate("SYSTEM", 0.3), sample_rate("BERNOULLI", 0.25)
+        (0.3125, 0.25)
+    """
+    return system_rate(fraction) if method == "SYSTEM" else bernoulli_rate(fraction)
+
+
 def draws(n: int, rng: np.random.Generator) -> np.ndarray:
     """`n` uniform draws in [0, SAMPLE_SPACE), int16. O(n)."""
     return rng.integers(0, SAMPLE_SPACE, size=n, dtype=np.int16)

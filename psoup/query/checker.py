@@ -21,6 +21,7 @@ from psoup.query.model import (
     ColumnFactor,
     JoinFactor,
     Query,
+    Sample,
     SelectItem,
     Source,
     StreamSchema,
@@ -201,14 +202,34 @@ def _check_select(stmt: Select, schemas: Mapping[str, StreamSchema], sql: str) -
         _check_grouping(stmt.items, select, group_by)
     local, joins, never = _factors(stmt.where, scope)
     sources = []
-    for schema, name, window, factors in zip(scope.schemas, scope.names, windows, local):
+    samples = [_sample(item, len(stmt.sources)) for item in stmt.sources]
+    for schema, name, window, factors, sample in zip(scope.schemas, scope.names, windows,
+                                                     local, samples):
         predicates, column_factors = normalize_factors(factors)
-        sources.append(Source(schema.name, name, window, predicates, column_factors))
+        sources.append(Source(schema.name, name, window, predicates, column_factors,
+                              sample))
     contradiction = never or any(is_contradiction(s.predicates) for s in sources)
     return Query(
         sql, tuple(sources), select, stmt.distinct, contradiction, normalize_joins(joins),
         group_by,
     )
+
+
+def _sample(item: FromItem, items: int) -> Sample | None:
+    """The item's TABLESAMPLE, checked: a percentage in (0, 100], on a one-stream query
+    (the archive is read for selection queries only); 100 percent is no sample."""
+    clause = item.sample
+    if clause is None:
+        return None
+    if items > 1:
+        raise QueryError("TABLESAMPLE applies to a query over one stream (the archive is "
+                         "evaluated for selection queries only, not joins)", *clause.pos)
+    percent = clause.percent.value
+    assert isinstance(percent, (int, float)), "the parser reads a number"
+    if not 0 < percent <= 100:
+        raise QueryError(f"a TABLESAMPLE percentage is in (0, 100], not {clause.percent.text}",
+                         *clause.percent.pos)
+    return None if percent == 100 else Sample(clause.method, percent / 100)
 
 
 class _Scope:

@@ -156,6 +156,17 @@ class JoinFactor:
 
 
 @dataclass(frozen=True)
+class Sample:
+    """`TABLESAMPLE method (percent)` on a FROM item: the archived part of its stream is
+    read as a uniform random sample of `fraction` (0 < fraction < 1) of its tuples;
+    tuples still in memory are read whole. BERNOULLI samples rows, SYSTEM whole row
+    groups of the archive (its fraction rounded up to what they hold)."""
+
+    method: str
+    fraction: float
+
+
+@dataclass(frozen=True)
 class Source:
     """One item of the FROM list with the factors local to it.
 
@@ -166,6 +177,7 @@ class Source:
         predicates: one AttrPredicate per column with single-attribute factors, sorted
             by column name.
         column_factors: the multi-attribute factors over this stream's columns.
+        sample: TABLESAMPLE: how its archived part is sampled (None: read whole).
     """
 
     stream: str
@@ -173,6 +185,7 @@ class Source:
     window: Window
     predicates: tuple[AttrPredicate, ...] = ()
     column_factors: tuple[ColumnFactor, ...] = ()
+    sample: Sample | None = None
 
 
 @dataclass(frozen=True)

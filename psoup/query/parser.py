@@ -39,6 +39,7 @@ from psoup.query.syntax import (
     RangeWindow,
     Retain,
     RowsWindow,
+    SampleClause,
     Select,
     SelectAggregate,
     SelectColumn,
@@ -404,7 +405,25 @@ class _Parser:
             raise QueryError(
                 f"the alias goes before the window: FROM {stream} alias [...]", *self._tok.pos
             )
-        return FromItem(pos, stream, alias, alias_pos, window)
+        sample = self._sample() if self._tok.is_word("TABLESAMPLE") else None
+        if sample is not None and self._tok.is_symbol("["):
+            raise QueryError(f"the window goes before TABLESAMPLE: FROM {stream} [...] "
+                             "TABLESAMPLE ...", *self._tok.pos)
+        return FromItem(pos, stream, alias, alias_pos, window, sample)
+
+    def _sample(self) -> SampleClause:
+        pos = self._advance().pos
+        method = self._tok
+        if not (method.kind == NAME and method.is_word("BERNOULLI", "SYSTEM")):
+            self._fail("BERNOULLI or SYSTEM")
+        self._advance()
+        self._expect_symbol("(", "'(' and a percentage")
+        percent = self._number("a percentage")
+        self._expect_symbol(")")
+        if self._tok.is_word("REPEATABLE"):
+            raise QueryError("REPEATABLE is not supported: the archive's sample is drawn "
+                             "once, when its rows are written", *self._tok.pos)
+        return SampleClause(pos, method.text.upper(), percent)
 
     def _stream_window(self) -> StreamWindow:
         pos = self._advance().pos

@@ -182,14 +182,25 @@ StreamWindow = Union[RangeWindow, RowsWindow, NowWindow]
 
 
 @dataclass(frozen=True)
+class SampleClause:
+    """`TABLESAMPLE method (percent)`; method is BERNOULLI or SYSTEM (upper case)."""
+
+    pos: Pos
+    method: str
+    percent: Literal
+
+
+@dataclass(frozen=True)
 class FromItem:
-    """`stream [alias] [window]` in a FROM list; `alias_pos` is where the alias starts."""
+    """`stream [alias] [window] [TABLESAMPLE ...]` in a FROM list; `alias_pos` is where
+    the alias starts."""
 
     pos: Pos
     stream: str
     alias: str | None
     alias_pos: Pos | None
     window: StreamWindow | None
+    sample: SampleClause | None = None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ EOF = "eof"
 STRUCTURE_KEYWORDS = frozenset(
     {
         "SELECT", "FROM", "WHERE", "AND", "BEGIN", "END", "AS", "DISTINCT",
-        "BETWEEN", "IN", "CREATE", "NOW", "TRUE", "FALSE", "GROUP",
+        "BETWEEN", "IN", "CREATE", "NOW", "TRUE", "FALSE", "GROUP", "TABLESAMPLE",
     }
 )  # fmt: skip
 

@@ -407,16 +407,27 @@ class Aggregator:
             return sums[column][group]
         return extremes[(column, function.keeps)][group]
 
-    def compute(self, values: Mapping[Column, np.ndarray], ts: np.ndarray) -> Result:
+    def compute(self, values: Mapping[Column, np.ndarray], ts: np.ndarray,
+                weights: np.ndarray | None = None) -> Result:
         """The answer over the given rows, evaluated directly (NoMat, joins, PARTITION BY
-        windows). `values[column]` are aligned arrays for every column of `needed`; `ts`
-        the rows' timestamps (a group's row gets the latest). O(n log n)."""
+        windows, archive tiers). `values[column]` are aligned arrays for every column of
+        `needed`; `ts` the rows' timestamps (a group's row gets the latest). O(n log n).
+
+        `weights`: rows read from a sample, each weighted by the inverse of the rate it
+        was sampled at (1 for rows read whole). COUNT and SUM are then the
+        Horvitz-Thompson estimates sum(w) and sum(w x), each with the half-width of its
+        95% normal confidence interval in `Result.error`, 1.96 sqrt(sum((w^2 - w) y^2))
+        (the unbiased variance estimate of a Poisson sample, y = 1 for COUNT); AVG is
+        their ratio, MIN and MAX the sample's (no error given for those three).
+        """
         ts = np.asarray(ts, dtype=np.float64)
         n = len(ts)
         if n == 0:
             return self._result([], [], {}, {}, ts)
         columns = {c: _numeric(values[c]) for c in self.needed}
         codes, keys = _group_codes([columns[c] for c in self.group_by], n)
+        if weights is not None:
+            return self._estimate(columns, codes, keys, ts, np.asarray(weights, np.float64))
         order = np.argsort(codes, kind="stable")
         counts = np.bincount(codes, minlength=len(keys))
         ends = np.cumsum(counts)
@@ -438,6 +449,32 @@ class Aggregator:
                     for c, ops in self.extremes.items() for op in ops}
         return self._result(keys, counts.tolist(), sums, extremes,
                             np.maximum.reduceat(ts[order], starts))
+
+    def _estimate(self, columns: Mapping[Column, np.ndarray], codes: np.ndarray,
+                  keys: list[tuple], ts: np.ndarray, w: np.ndarray) -> Result:
+        """`compute` over weighted rows (a sample): see there. O(n log n)."""
+        k = len(keys)
+        order = np.argsort(codes, kind="stable")
+        ends = np.cumsum(np.bincount(codes, minlength=k))
+        starts = ends - np.bincount(codes, minlength=k)
+        spread = w * w - w                      # 0 for the rows read whole
+        counts = np.bincount(codes, weights=w, minlength=k)
+        variance: dict[Column | None, np.ndarray] = {
+            None: np.bincount(codes, weights=spread, minlength=k)}
+        sums = {}
+        for c in self.sums:
+            x = columns[c].astype(np.float64)
+            sums[c] = np.bincount(codes, weights=w * x, minlength=k).tolist()
+            variance[c] = np.bincount(codes, weights=spread * x * x, minlength=k)
+        extremes = {(c, op): _UFUNCS[op].reduceat(columns[c][order], starts).tolist()
+                    for c, ops in self.extremes.items() for op in ops}
+        result = self._result(keys, counts.tolist(), sums, extremes,
+                              np.maximum.reduceat(ts[order], starts))
+        for name, output in zip(self.query.columns, self._outputs):
+            if output[0] != "key" and output[0].name in ("count", "sum"):
+                at = None if output[0].name == "count" else output[1]
+                result.error[name] = 1.96 * np.sqrt(variance[at])
+        return result
 
     def _result(self, keys: list[tuple], counts: list[int],
                 sums: dict[Column, list], extremes: dict[tuple[Column, str], list],

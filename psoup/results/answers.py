@@ -17,12 +17,12 @@ from typing import Mapping
 
 import numpy as np
 
-from psoup.query.model import TS, TUPLE_ID
+from psoup.query.model import TS, TUPLE_ID, Window
 from psoup.results.aggregates import Aggregator
 from psoup.results.materialized import Materialized
-from psoup.results.result import Result
-from psoup.results.tiers import ArchiveTiers
-from psoup.results.windows_table import WindowsTable
+from psoup.results.result import EXACT, Result
+from psoup.results.tiers import ArchiveTiers, Sampled
+from psoup.results.windows_table import WindowsTable, archive_reach
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.query_stem import JoinPlan, Plan, SelectionPlan
 from psoup.stems.span import Span
@@ -97,19 +97,26 @@ class Answers:
         source = query.sources[0]
         stem = self.stems[source.stream]
         archived = self.tiers.part(plan.slot, source.window, now)
+        fidelity = _fidelity(self.tiers.sampled(plan.slot), source.window, now)
         span = self.windows.spans(plan.slot, [stem], now)[0]
         kept = self.kept.aggregates.get(plan.slot)
-        if kept is not None and span.is_range and not archived:
+        if kept is not None and span.is_range and not archived and fidelity == EXACT:
             return kept.index.answer(*span.bounds()), None      # Sect. 6: no scan
         if query.aggregated:
             aggregator = Aggregator(query)
-            needed = list(dict.fromkeys([c for _, c in aggregator.needed] + [TS]))
+            needed = list(dict.fromkeys([c for _, c in aggregator.needed] + [TS, TUPLE_ID]))
             got = _fetch(self.kept.fetch(plan, span, needed), archived)
-            return aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
-                                      got[TS]), None
+            sample = self.tiers.sampled(plan.slot)
+            weights = None if fidelity == EXACT or sample is None else \
+                np.where(got[TUPLE_ID] < sample.below, 1.0 / sample.rate, 1.0)
+            answer = aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
+                                        got[TS], weights)
+            answer.fidelity = fidelity
+            return answer, None
         got = _fetch(self.kept.fetch(plan, span, plan.fetched), archived)
         answer = Result.build(query.columns, [got[name] for name in plan.selected], got[TS],
                               got[TUPLE_ID], query.distinct)
+        answer.fidelity = fidelity
         if not span.is_range or plan.slot in self.tiers:
             return answer, None
         lo, hi = span.bounds()
@@ -134,6 +141,19 @@ class Answers:
         tuple_ids = np.column_stack([g[TUPLE_ID] for g in got])
         return Result.build(query.columns, projected, entries.earliest, tuple_ids,
                             query.distinct)
+
+
+def _fidelity(sample: Sampled | None, window: Window, now: float
+              ) -> tuple[tuple[float, float, float], ...]:
+    """Result.fidelity of an answer over `window` at `now` whose tier is `sample`d: the
+    window's part before the sample's end at its rate, the rest at 1 (EXACT when the
+    window does not reach the sampled part)."""
+    reach = archive_reach(window, now)
+    if sample is None or reach is None or reach[0] >= sample.until or reach[0] > reach[1]:
+        return EXACT
+    begin, end = reach
+    cut = min(sample.until, end)
+    return ((begin, cut, sample.rate),) + (((cut, end, 1.0),) if end > cut else ())
 
 
 def _fetch(got: dict[str, np.ndarray], archived: Mapping[str, np.ndarray] | None

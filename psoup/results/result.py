@@ -11,9 +11,13 @@ over numeric columns is a sort of the columns (`row_codes`), not a dict of tuple
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+
+#: The fidelity of an exact answer: the whole time line read at rate 1.
+EXACT = ((-math.inf, math.inf, 1.0),)
 
 
 class Result:
@@ -32,6 +36,12 @@ class Result:
         keys: for an aggregated answer, each row's group key (the values of its GROUP BY
             columns, `()` without GROUP BY): what identifies a row from one answer to the
             next, since two groups may show equal rows; None otherwise.
+        fidelity: the sample rate that answered each time range, as (begin ts, end ts,
+            rate) in time order: `EXACT` (everything at rate 1) unless the query reads a
+            TABLESAMPLE of its stream's archive.
+        error: for an answer over a sample, output column -> one number per row: the
+            half-width of the 95% confidence interval of that row's COUNT or SUM
+            estimate (psoup.results.aggregates.Aggregator.compute); empty when exact.
 
     Example:
         >>> r = Result(["a"], [(1,), (2,)], np.array([5.0, 6.0]), np.array([1, 2]))
@@ -42,7 +52,9 @@ class Result:
     def __init__(self, columns: list[str], rows: list[tuple] | None, ts: np.ndarray,
                  tuple_ids: np.ndarray, cursor: str | None = None,
                  keys: list[tuple] | None = None,
-                 values: list[np.ndarray] | None = None):
+                 values: list[np.ndarray] | None = None,
+                 fidelity: Sequence[tuple[float, float, float]] = EXACT,
+                 error: dict[str, np.ndarray] | None = None):
         assert rows is not None or values is not None, "rows or column values"
         for array in (ts, tuple_ids, *(values or ())):
             if isinstance(array, np.ndarray):       # the answer may be kept for `since`
@@ -55,6 +67,13 @@ class Result:
         self._cursor = cursor
         self._issue: Callable[[Result], None] | None = None
         self.keys = keys
+        self.fidelity = tuple(tuple(map(float, f)) for f in fidelity)
+        self.error = error or {}
+
+    @property
+    def exact(self) -> bool:
+        """True when every time range was read whole (no TABLESAMPLE applied)."""
+        return all(rate == 1.0 for _, _, rate in self.fidelity)
 
     @classmethod
     def build(cls, columns: list[str], values: list[np.ndarray], ts: np.ndarray,
@@ -147,18 +166,20 @@ class Result:
         if grouped is not None:
             first = np.sort(grouped[0])
             if len(first) == len(self):
-                return Result(self.columns, self._rows, self.ts, self.tuple_ids, self.cursor,
-                              values=self._values)
-            return Result(self.columns, None, self.ts[first], self.tuple_ids[first],
-                          self.cursor, values=[v[first] for v in self._values or []])
+                return self._carried(Result(self.columns, self._rows, self.ts,
+                                            self.tuple_ids, self.cursor, values=self._values))
+            return self._carried(Result(self.columns, None, self.ts[first],
+                                        self.tuple_ids[first], self.cursor,
+                                        values=[v[first] for v in self._values or []]), first)
         seen: dict[tuple, int] = {}
         for i, row in enumerate(self.rows):
             seen.setdefault(row, i)
         if len(seen) == len(self.rows):
-            return Result(self.columns, self.rows, self.ts, self.tuple_ids, self.cursor)
+            return self._carried(Result(self.columns, self.rows, self.ts, self.tuple_ids,
+                                        self.cursor))
         keep = np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
-        return Result(self.columns, list(seen), self.ts[keep], self.tuple_ids[keep],
-                      self.cursor)
+        return self._carried(Result(self.columns, list(seen), self.ts[keep],
+                                    self.tuple_ids[keep], self.cursor), keep)
 
     def take(self, keep: np.ndarray) -> "Result":
         """The rows selected by a boolean mask (or positions), with their ts, tupleIDs and
@@ -170,14 +191,22 @@ class Result:
             [(2,)]
         """
         if self._values is not None:
-            return Result(self.columns, None, self.ts[keep], self.tuple_ids[keep],
-                          values=[v[keep] for v in self._values])
+            return self._carried(Result(self.columns, None, self.ts[keep],
+                                        self.tuple_ids[keep],
+                                        values=[v[keep] for v in self._values]), keep)
         at = np.flatnonzero(keep) if keep.dtype == np.bool_ else keep
         rows = self.rows
         keys = self.keys
-        return Result(self.columns, [rows[i] for i in at.tolist()], self.ts[keep],
-                      self.tuple_ids[keep],
-                      keys=None if keys is None else [keys[i] for i in at.tolist()])
+        return self._carried(Result(
+            self.columns, [rows[i] for i in at.tolist()], self.ts[keep], self.tuple_ids[keep],
+            keys=None if keys is None else [keys[i] for i in at.tolist()]), keep)
+
+    def _carried(self, result: "Result", keep: np.ndarray | None = None) -> "Result":
+        """`result` (this answer's rows `keep`, all when None) with this answer's
+        fidelity and the errors of those rows."""
+        result.fidelity = self.fidelity
+        result.error = {name: (e if keep is None else e[keep]) for name, e in self.error.items()}
+        return result
 
     def __len__(self) -> int:
         if self._rows is None and self._values:

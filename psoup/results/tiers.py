@@ -34,6 +34,8 @@ their footers back (docs/durability.md, "What is on disk").
 
 from __future__ import annotations
 
+import json
+import math
 from collections import OrderedDict
 from functools import partial
 from pathlib import Path
@@ -65,9 +67,26 @@ CACHE_BYTES = 64 << 20
 MERGE_ROWS = 1 << 16
 
 
+class Sampled(NamedTuple):
+    """How a tier's matches from the archive were found when its query reads a sample
+    of it (TABLESAMPLE): among a uniform sample of `rate` of the archived tuples with
+    tupleID below `below`, the first tuple held in memory at the time, stamped
+    `until`; the matches from `below` on are all there (found in memory)."""
+
+    rate: float
+    below: int
+    until: float
+
+
+#: The key of a segment file's metadata that holds its `Sampled` (JSON).
+SAMPLED_KEY = "psoup.sampled"
+
+
 class Segment(NamedTuple):
     """One segment file of a tier: its name under the tiers folder, its first and last
-    tupleIDs, its lowest and highest ts, and its number of matches."""
+    tupleIDs, its lowest and highest ts, its number of matches, and how they were
+    sampled (None: not). A *marker* is a segment of no matches (first = last = -1),
+    kept only to say how a tier that found none in its sample was sampled."""
 
     name: str
     first: int
@@ -75,6 +94,7 @@ class Segment(NamedTuple):
     lo: float
     hi: float
     rows: int
+    sample: Sampled | None = None
 
 
 class Unsaved(NamedTuple):
@@ -101,8 +121,24 @@ class Written(NamedTuple):
 
 
 def segment_name(handle: str, first: int, last: int) -> str:
-    """Where a segment of `handle`'s tier holding tupleIDs first..last is kept."""
+    """Where a segment of `handle`'s tier holding tupleIDs first..last is kept (a
+    marker, first = -1: HANDLE/sample.parquet)."""
+    if first < 0:
+        return f"{handle}/sample.parquet"
     return f"{handle}/{first:020d}-{last:020d}.parquet"
+
+
+def sample_marker(folder: Path, handle: str, sample: Sampled, schema) -> Segment:
+    """Write the marker segment of `handle`'s tier (no match, `sample` in its metadata)
+    under `folder`; not made durable here (the caller syncs the file system)."""
+    import pyarrow.parquet as pq
+
+    name = segment_name(handle, -1, -1)
+    make_dir((folder / name).parent, private=True)
+    table = schema.empty_table().replace_schema_metadata(
+        {SAMPLED_KEY: json.dumps(sample._asdict())})
+    write_whole(folder / name, partial(pq.write_table, table), private=True, fsync=False)
+    return Segment(str(folder / name), -1, -1, math.inf, -math.inf, 0, sample)
 
 
 def read_footer(folder: Path, name: str, columns: list[str]) -> Segment:
@@ -116,6 +152,10 @@ def read_footer(folder: Path, name: str, columns: list[str]) -> Segment:
     missing = [c for c in columns if c not in names]
     if missing:
         raise ValueError(f"{folder / name} lacks the column(s) {', '.join(missing)}")
+    raw = (meta.metadata or {}).get(SAMPLED_KEY.encode())
+    sample = None if raw is None else Sampled(**json.loads(raw))
+    if not meta.num_rows and sample is not None:
+        return Segment(name, -1, -1, math.inf, -math.inf, 0, sample)
     if not meta.num_rows:
         raise ValueError(f"{folder / name} holds no match")
     lows, highs = {}, {}
@@ -127,7 +167,7 @@ def read_footer(folder: Path, name: str, columns: list[str]) -> Segment:
         lows[column] = min(s.min for s in stats)
         highs[column] = max(s.max for s in stats)
     return Segment(name, int(lows[TUPLE_ID]), int(highs[TUPLE_ID]), float(lows[TS]),
-                   float(highs[TS]), int(meta.num_rows))
+                   float(highs[TS]), int(meta.num_rows), sample)
 
 
 def load_segment(folder: Path, seg: Segment, types: Mapping[str, str]
@@ -203,6 +243,12 @@ class Tier:
     def files(self) -> list[str]:
         """The segment files, oldest first."""
         return [s.name for s in self.segments]
+
+    @property
+    def sample(self) -> Sampled | None:
+        """How the tier's archived matches were sampled (None: read whole). O(1): the
+        Spark pass's segments, which carry it, come first."""
+        return self.segments[0].sample if self.segments else None
 
     def append(self, columns: Mapping[str, np.ndarray]) -> None:
         """Matches with tupleIDs above every stored one, to the tail."""
@@ -317,6 +363,11 @@ class ArchiveTiers:
         tier = self._tiers.get(slot)
         return [] if tier is None else tier.files
 
+    def sampled(self, slot: int) -> Sampled | None:
+        """How `slot`'s tier was sampled (None: read whole, or no tier). O(1)."""
+        tier = self._tiers.get(slot)
+        return None if tier is None else tier.sample
+
     @property
     def pending(self) -> list[int]:
         """The slots whose tiers wait for a history job's Spark matches."""
@@ -395,7 +446,7 @@ class ArchiveTiers:
             return None
         begin, end = reach
         pieces = [_between(self._read(self._stream_of[slot], seg), begin, end)
-                  for seg in tier.segments if seg.hi >= begin and seg.lo <= end]
+                  for seg in tier.segments if seg.rows and seg.hi >= begin and seg.lo <= end]
         if tier.tail:
             pieces.append(_between(tier.tail, begin, end))
         pieces = [p for p in pieces if len(p[TUPLE_ID])]
@@ -426,8 +477,8 @@ class ArchiveTiers:
             return []
         begin, end = reach
         types = self._types(self._stream_of[slot])
-        return [(seg, types) for seg in tier.segments
-                if seg.hi >= begin and seg.lo <= end and seg.name not in self._cache]
+        return [(seg, types) for seg in tier.segments if seg.rows and seg.hi >= begin
+                and seg.lo <= end and seg.name not in self._cache]
 
     def prime(self, loaded: Mapping[str, dict[str, np.ndarray]]) -> None:
         """Put segments read by `load_segment` in the cache, unless it has them."""
@@ -484,8 +535,8 @@ class ArchiveTiers:
             if tier is None or len(tier) == tier.saved:
                 continue
             rows, k, segments = len(tier) - tier.saved, 0, tier.segments
-            while k < len(segments) and segments[-1 - k].rows <= rows and \
-                    rows + segments[-1 - k].rows <= MERGE_ROWS:
+            while k < len(segments) and segments[-1 - k].sample is None and \
+                    segments[-1 - k].rows <= rows and rows + segments[-1 - k].rows <= MERGE_ROWS:
                 rows += segments[-1 - k].rows
                 k += 1
             types = self._types(self._stream_of[slot])
@@ -577,7 +628,10 @@ class ArchiveTiers:
             assert all(a < b for a, b in zip(bounds[1::2], bounds[2::2])), \
                 "segments, then the tail, in tupleID order"
             assert all(seg.first <= seg.last and seg.lo <= seg.hi and seg.rows > 0
-                       for seg in tier.segments)
+                       or seg.rows == 0 and seg.first == -1 and seg.sample is not None
+                       for seg in tier.segments), "a segment holds matches, or is a marker"
+            assert all(seg.sample is None for seg in tier.segments[1:]
+                       if tier.segments[0].sample is None), "the sampled segments lead"
             assert tier.saved == sum(seg.rows for seg in tier.segments)
         assert self._cached == sum(v.nbytes for got in self._cache.values()
                                    for v in got.values()) <= CACHE_BYTES

@@ -204,8 +204,13 @@ def encode_answer(answer: Result | Changes) -> dict[str, Any]:
         return {"kind": "changes", "columns": answer.columns,
                 "inserted": _rows_part(answer.inserted), "deleted": _rows_part(answer.deleted),
                 "cursor": answer.cursor}
-    return {"kind": "answer", "columns": answer.columns, **_rows_part(answer),
+    wire = {"kind": "answer", "columns": answer.columns, **_rows_part(answer),
             "cursor": answer.cursor}
+    if not answer.exact:                # a TABLESAMPLE answer: its rates and errors
+        wire["fidelity"] = [list(f) for f in answer.fidelity]
+        wire["error"] = {name: encode_array(np.asarray(e, np.float64))
+                         for name, e in answer.error.items()}
+    return wire
 
 
 def _result_of(columns: list[str], part: Mapping[str, Any], cursor: str | None) -> Result:
@@ -246,4 +251,9 @@ def decode_answer(wire: Mapping[str, Any]) -> Result | Changes:
     if wire["kind"] == "changes":
         return Changes(columns, _result_of(columns, wire["inserted"], None),
                        _result_of(columns, wire["deleted"], None), wire["cursor"])
-    return _result_of(columns, wire, wire["cursor"])
+    result = _result_of(columns, wire, wire["cursor"])
+    if "fidelity" in wire:
+        result.fidelity = tuple(tuple(map(float, f)) for f in wire["fidelity"])
+        result.error = {str(name): np.asarray(decode_array(e), np.float64)
+                        for name, e in (wire.get("error") or {}).items()}
+    return result

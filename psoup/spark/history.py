@@ -21,10 +21,12 @@ Spark is imported here only, and this runs only when the user asks for history
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
@@ -32,15 +34,16 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from psoup.archive.layout import (ARROW_TYPES, SPARK_TYPES, TS_COLUMN, TUPLE_ID_COLUMN,
-                                  check_part, to_numpy)
+from psoup.archive.layout import (ARROW_TYPES, SAMPLE_COLUMN, SPARK_TYPES, TS_COLUMN,
+                                  TUPLE_ID_COLUMN, check_part, to_numpy)
+from psoup.archive.sampling import GROUP_WIDTH, SAMPLE_SPACE, threshold
 from psoup.errors import ArchiveError, PSoupError
 from psoup.fsync import make_dir, sync_file_system, write_whole
 from psoup.spark.session import spark_error
 from psoup.query.model import TS, TUPLE_ID, StreamSchema
 
 if TYPE_CHECKING:
-    from psoup.results.tiers import Segment
+    from psoup.results.tiers import Sampled, Segment
 
 SLOT = "slot"
 #: At most this many matches in one file the executors write: psoup holds one such file
@@ -54,12 +57,16 @@ SEGMENT_ROWS = 1 << 16
 @dataclass
 class Job:
     """One stream's history job: its DDL and schema, the queries to evaluate as (slot,
-    SQL), and the first tupleID still held in memory (the archive holds those below)."""
+    SQL), and the first tupleID still held in memory (the archive holds those below).
+    `rates`: the slots that read a sample of the archive (TABLESAMPLE), with its rate;
+    `until`: the ts of the first tuple held in memory (where their samples end)."""
 
     ddl: str
     schema: StreamSchema
     queries: list[tuple[int, str]]
     below: int
+    rates: dict[int, float] = field(default_factory=dict)
+    until: float = math.inf
 
 
 def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
@@ -87,7 +94,7 @@ def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
         if cancelled():
             raise JobCancelled("the history job was cancelled")
         found[job.schema.name] = evaluate(spark, root, job.ddl, job.schema, job.queries,
-                                          job.below, into, progress)
+                                          job.below, into, progress, job.rates, job.until)
     return found
 
 
@@ -95,19 +102,25 @@ class JobCancelled(PSoupError):
     """A history job stopped because it was cancelled."""
 
 
-def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int]
-            ) -> dict[int, list[Segment]]:
+def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int],
+            sampled: Mapping[int, Sampled] | None = None) -> dict[int, list[Segment]]:
     """Split the match files the executors wrote under `staging` (each sorted by slot
     and tupleID, at most SEGMENT_ROWS matches) into one file per slot and file,
     `into`/SLOT/FIRST-LAST.parquet (owner-only, made durable by one sync of the file
     system at the end): slot -> its segments
     (absolute paths as names) in tupleID order; a slot without matches gets none.
     O(matches), one file in memory at a time. (Spark writing a file per slot itself,
-    with `partitionBy`, costs ~13 ms a file: 13 s for 1,024 queries; pyarrow, ~1 ms.)"""
+    with `partitionBy`, costs ~13 ms a file: 13 s for 1,024 queries; pyarrow, ~1 ms.)
+
+    `sampled`: the slots whose matches are from a sample of the archive, with how it
+    was drawn; their files say so in their metadata (`psoup.results.tiers.SAMPLED_KEY`),
+    and one without matches gets an empty file saying it (`sample_marker`), so that the
+    tier knows its rate after a restart too."""
     import pyarrow.parquet as pq
 
-    from psoup.results.tiers import Segment, segment_name
+    from psoup.results.tiers import SAMPLED_KEY, Segment, sample_marker, segment_name
 
+    sampled = sampled or {}
     out: dict[int, list[Segment]] = {slot: [] for slot in slots}
     for path in sorted(staging.glob("*.parquet")):
         table = pq.read_table(path)
@@ -126,10 +139,16 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
             slot, first, last = int(slot_of[a]), int(ids[a]), int(ids[b - 1])
             target = into / segment_name(str(slot), first, last)
             make_dir(target.parent, private=True)
-            write_whole(target, partial(pq.write_table, table.slice(a, b - a)), private=True,
-                        fsync=False)
+            piece, how = table.slice(a, b - a), sampled.get(slot)
+            if how is not None:
+                piece = piece.replace_schema_metadata(
+                    {SAMPLED_KEY: json.dumps(how._asdict())})
+            write_whole(target, partial(pq.write_table, piece), private=True, fsync=False)
             out.setdefault(slot, []).append(Segment(str(target), first, last, float(ts[a]),
-                                                    float(ts[b - 1]), b - a))
+                                                    float(ts[b - 1]), b - a, how))
+    for slot, how in sampled.items():
+        if slot in out and not out[slot]:           # no match in the sample: a marker
+            out[slot].append(sample_marker(into, str(slot), how, table_schema(schema)))
     if any(out.values()):
         sync_file_system(into)              # one journal commit, not one a file
     for slot, found in out.items():
@@ -140,6 +159,12 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
     return out
 
 
+def table_schema(schema: StreamSchema) -> pa.Schema:
+    """The columns of a tier's segment files: tupleID, ts, then the stream's."""
+    return pa.schema([(TUPLE_ID, pa.int64()), (TS, pa.float64())]
+                     + [(name, ARROW_TYPES[ctype]) for name, ctype in schema.columns])
+
+
 def out_schema(schema: StreamSchema) -> pa.Schema:
     """The match rows: slot, tuple_id, ts, then the stream's columns."""
     return pa.schema([(SLOT, pa.int64()), (TUPLE_ID_COLUMN, pa.int64()),
@@ -148,9 +173,14 @@ def out_schema(schema: StreamSchema) -> pa.Schema:
 
 
 def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
-                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                  batches: Iterator[pa.RecordBatch],
+                  thresholds: Mapping[int, int] | None = None) -> Iterator[pa.RecordBatch]:
     """What each Spark task runs: a Query SteM with `queries` (slot, SQL) over the
     stream declared by `ddl`, probed with every batch; yields the matches.
+
+    `thresholds`: slot -> the draws below which a row is in its sample (the rows of a
+    batch carry their draws in SAMPLE_COLUMN, null for a part file written before the
+    sampled layout: `draws_of` then draws from the tupleID).
 
     Example:
         >>> ddl = "CREATE STREAM R (a INT)"
@@ -173,15 +203,26 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         stem.insert(query, slot)
     target = out_schema(schema)
     wanted = np.array(sorted(slot for slot, _ in queries), dtype=np.int64)
+    masks = _sample_masks(thresholds or {})
     for batch in batches:
         if batch.num_rows == 0:
             continue
         columns = {name: to_numpy(batch.column(name), ctype) for name, ctype in schema.columns}
         columns["ts"] = batch.column(TS_COLUMN).to_numpy()
         columns["tupleID"] = batch.column(TUPLE_ID_COLUMN).to_numpy()
+        raw = batch.column(SAMPLE_COLUMN) if SAMPLE_COLUMN in batch.schema.names else None
         if FILE in batch.schema.names:
-            _check_order(columns["ts"], batch.column(FILE).to_numpy(zero_copy_only=False))
+            _check_order(columns["ts"], batch.column(FILE).to_numpy(zero_copy_only=False),
+                         None if raw is None else
+                         raw.fill_null(-GROUP_WIDTH).to_numpy() // GROUP_WIDTH)
         bits = stem.probe(schema.name, columns, batch.num_rows)
+        if masks:
+            drawn = draws_of(raw, columns["tupleID"])
+            for limit, mask in masks:
+                out = drawn >= limit
+                if out.any():
+                    width = min(bits.shape[1], len(mask))
+                    bits[out, :width] &= ~mask[:width]
         live = np.flatnonzero(bits.any(axis=1))
         if not len(live):
             continue
@@ -197,10 +238,49 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         yield pa.RecordBatch.from_arrays(arrays, schema=target)
 
 
-def _check_order(ts: np.ndarray, files: np.ndarray) -> None:
-    """A file's rows are in tupleID order, so their ts must not decrease (the archive's
-    invariant); names the first file where it does."""
-    down = np.flatnonzero((np.diff(ts) < 0) & (files[1:] == files[:-1]))
+def _sample_masks(thresholds: Mapping[int, int]) -> list[tuple[int, np.ndarray]]:
+    """(threshold, bit mask of the slots sampled at it) per distinct threshold."""
+    out = []
+    for limit in sorted(set(thresholds.values())):
+        slots = [slot for slot, t in thresholds.items() if t == limit]
+        mask = np.zeros(max(slots) // 64 + 1, dtype=np.uint64)
+        for slot in slots:
+            mask[slot // 64] |= np.uint64(1) << np.uint64(slot % 64)
+        out.append((limit, mask))
+    return out
+
+
+def draws_of(raw: pa.Array | pa.ChunkedArray | None, tuple_ids: np.ndarray) -> np.ndarray:
+    """Each row's draw in [0, SAMPLE_SPACE): its SAMPLE_COLUMN value, or for a row of a
+    part file written before the sampled layout (null, or no such column) a hash of
+    its tupleID (splitmix64), uniform too but found only by reading every row.
+
+    Example:
+        >>> draws_of(pa.array([5, None], pa.int16()), np.array([0, 1])).tolist()[0]
+        5
+    """
+    ids = tuple_ids.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = ids + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    hashed = (z % np.uint64(SAMPLE_SPACE)).astype(np.int64)
+    if raw is None:
+        return hashed
+    have = raw.fill_null(-1).to_numpy().astype(np.int64)
+    return np.where(have >= 0, have, hashed)
+
+
+def _check_order(ts: np.ndarray, files: np.ndarray, groups: np.ndarray | None = None
+                 ) -> None:
+    """A part file's rows are in tupleID order within each row group of the sampled
+    layout (`groups`: each row's, -1 for a file without it), so their ts must not
+    decrease there (the archive's invariant); names the first file where it does."""
+    same = files[1:] == files[:-1]
+    if groups is not None:
+        same &= groups[1:] == groups[:-1]
+    down = np.flatnonzero((np.diff(ts) < 0) & same)
     if len(down):
         i = int(down[0])
         name = str(files[i]).removeprefix("file://")
@@ -210,13 +290,26 @@ def _check_order(ts: np.ndarray, files: np.ndarray) -> None:
 
 def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
              queries: Sequence[tuple[int, str]], below: int, into: Path,
-             progress: Callable[[str], None] | None = None) -> dict[int, list[Segment]]:
+             progress: Callable[[str], None] | None = None,
+             rates: Mapping[int, float] | None = None, until: float = math.inf
+             ) -> dict[int, list[Segment]]:
     """The matches of `queries` over the archived tuples of `schema.name` with tupleID
     below `below`, as segment files per slot under `into` (`receive`); none when the
     stream has no archive. The executors write the matches under `root/.history/`
     (removed before this returns or raises), so `root` must be writable by them and
-    readable here, like the archive itself."""
+    readable here, like the archive itself.
+
+    `rates`: the slots that read a sample of the archive, with its rate (a row is in
+    it when its draw is below `threshold(rate)`). When every query samples, Spark is
+    asked for the rows below the largest threshold only, which its Parquet reader
+    finds by skipping the row groups whose draw statistics start above it (the
+    sampled layout, psoup.archive.sampling): a 25% sample reads a quarter of the
+    archive. Part files without draws are read whole (their draws hashed from the
+    tupleID). `until`: the ts where the samples end (the first tuple in memory)."""
     from pyspark.sql import functions as F
+
+    from psoup.archive.sampling import is_sampled
+    from psoup.results.tiers import Sampled
 
     root = Path(root).resolve()                 # the JVM's working directory may differ
     into = Path(into).resolve()                 # segment names are absolute (`receive`)
@@ -225,23 +318,34 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
     files = sorted(folder.rglob("*.parquet"))
     if not queries or not files:
         return {slot: [] for slot in slots}
-    for path in files:
-        check_file(path, schema)
+    rates = {slot: rate for slot, rate in (rates or {}).items() if rate < 1.0}
+    limits = {slot: threshold(rate) for slot, rate in rates.items()}
+    layouts = [is_sampled(check_file(path, schema)) for path in files]
+    names = [TS_COLUMN, TUPLE_ID_COLUMN, *[name for name, _ in schema.columns]]
+    ddl_read = ", ".join(f"`{c}` {SPARK_TYPES[t]}" for c, t in
+                         [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *schema.columns])
     try:
-        frame = (spark.read.parquet(str(folder))
-                 .select(TS_COLUMN, TUPLE_ID_COLUMN, *[name for name, _ in schema.columns],
-                         F.input_file_name().alias(FILE))
+        frame = (spark.read.schema(f"{ddl_read}, `{SAMPLE_COLUMN}` SMALLINT")
+                 .parquet(str(folder))
+                 .select(*names, SAMPLE_COLUMN, F.input_file_name().alias(FILE))
                  .where(F.col(TUPLE_ID_COLUMN) < below))
+        if len(limits) == len(queries) and all(layouts):
+            # every query samples: the row groups above the largest draw are not read
+            frame = frame.where(F.col(SAMPLE_COLUMN) < max(limits.values()))
     except Exception as exc:        # a schema that does not merge across the files
         raise PSoupError(f"history of stream {schema.name}: the archive under {folder} "
                          f"does not match the stream: {spark_error(exc)}") from None
     queries = list(queries)
 
     def run(batches):
-        return probe_batches(ddl, queries, batches)
+        return probe_batches(ddl, queries, batches, limits)
 
     if progress is not None:
         progress(f"evaluating {len(queries)} queries over the archive of {schema.name}")
+        if limits and not all(layouts):
+            progress(f"{layouts.count(False)} of the {len(files)} part files of "
+                     f"{schema.name} are not in the sampled layout and are read whole "
+                     "(psoup archive reshape rewrites them)")
     spark_schema = ", ".join(f"`{name}` {SPARK_TYPES[ctype]}" for name, ctype in
                              [(SLOT, "int"), (TUPLE_ID_COLUMN, "int"), (TS_COLUMN, "float"),
                               *schema.columns])
@@ -256,7 +360,8 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
             raise PSoupError(f"history of stream {schema.name}: "
                              + (named.group(1) if named else f"the archive under {folder} "
                                 f"cannot be read: {spark_error(exc)}")) from None
-        return receive(staging, into, schema, slots)
+        return receive(staging, into, schema, slots,
+                       {slot: Sampled(rate, below, until) for slot, rate in rates.items()})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         try:
@@ -265,9 +370,9 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
             pass
 
 
-def check_file(path: Path, schema: StreamSchema) -> None:
+def check_file(path: Path, schema: StreamSchema) -> pa.Schema:
     """A part file's footer: readable, with exactly the stream's columns in its types
-    (PSoupError naming the file otherwise). O(footer)."""
+    (PSoupError naming the file otherwise); its Arrow schema. O(footer)."""
     import pyarrow.parquet as pq
     try:
         found = pq.ParquetFile(path).schema_arrow
@@ -278,6 +383,7 @@ def check_file(path: Path, schema: StreamSchema) -> None:
         check_part(found, path, schema.name, schema.columns)
     except ArchiveError as exc:
         raise PSoupError(f"history of stream {schema.name}: {exc}") from None
+    return found
 
 
 _UNSORTED = re.compile(r"ValueError: (ts decreases within \S+ \(from [^)]*\))")

@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 
 from psoup.archive.layout import (PART_NAME, SPARK_TYPES, TS_COLUMN, TUPLE_ID_COLUMN,
                                   check_part, stream_columns)
+from psoup.archive.sampling import in_order, is_sampled
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.errors import ArchiveError, PSoupError, ReplayError
 from psoup.spark.session import spark_error
@@ -238,7 +239,7 @@ def _scan_stream(name: str, paths: list[Path], target: Mapping[str, Any] | None,
                 scan.skip(part, span)          # no row in range: its footer is enough
                 continue
             try:
-                for batch in pf.iter_batches(batch_size=_SCAN_ROWS):
+                for batch in _in_order(pf):
                     scan.batch(part, batch)
             except (pa.ArrowException, OSError) as exc:
                 raise ArchiveError(f"{part.path}: damaged Parquet data ({exc})") from None
@@ -260,6 +261,16 @@ def _open(path: Path) -> pq.ParquetFile:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
         raise ArchiveError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def _in_order(pf: pq.ParquetFile) -> Iterator[pa.RecordBatch]:
+    """A part file's rows in tupleID order, in batches of at most _SCAN_ROWS: a file in
+    the sampled layout (row groups each in tupleID order) is read whole and merged
+    (psoup.archive.sampling.in_order), any other streamed as it is."""
+    if not is_sampled(pf.schema_arrow):
+        yield from pf.iter_batches(batch_size=_SCAN_ROWS)
+        return
+    yield from in_order(pf.read()).to_batches(max_chunksize=_SCAN_ROWS)
 
 
 def _ts_span(pf: pq.ParquetFile) -> tuple[float, float] | None:
