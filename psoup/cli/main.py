@@ -824,6 +824,33 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
                f"{ids}; {report.rate:,.0f} rows/s)")
 
 
+@archive.command("reshape", short_help="Rewrite an archive in the sampled layout.")
+@click.argument("root", metavar="ARCHIVE",
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--streams", default=None, metavar="NAME,...",
+              help="Rewrite only these streams (default: every stream in the archive).")
+@click.option("--master", default=None, metavar="URL",
+              help="The Spark master (default local[*]).")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+              callback=lambda ctx, param, value: _spark_conf(param, value),
+              help="A Spark setting (repeatable), over spark-defaults.conf and "
+                   "PSOUP_SPARK_CONF.")
+def archive_reshape(root: Path, streams: str | None, master: str | None,
+                    spark_conf: dict[str, str]) -> None:
+    """Rewrite the part files of ARCHIVE that are not in the sampled layout (a Spark job,
+    a task per file), so that queries with TABLESAMPLE read only the fraction they
+    sample. Archives psoup writes today are already in it; this is for older ones and
+    files written by other tools. The rows do not change; each file is replaced whole,
+    so an interrupted reshape leaves a valid archive, and running it again finishes.
+    """
+    from psoup.spark.reshape import reshape
+    names = None if streams is None else [s.strip() for s in streams.split(",") if s.strip()]
+    report = reshape(root, names, master, spark_conf, progress=lambda m: click.echo(m, err=True))
+    click.echo(f"{len(report.rewritten):,} part file{'' if len(report.rewritten) == 1 else 's'} "
+               f"rewritten ({report.rows:,} rows), {report.already:,} already in the sampled "
+               f"layout; {report.seconds:.1f} s")
+
+
 @main.command(short_help="Replay archived tuples into the streams, in timestamp order.")
 @click.argument("archives", metavar="ARCHIVE...", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False, path_type=Path))

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from psoup.archive.layout import (SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN, arrow_schema,
                                   part_path, stream_columns)
 from psoup.archive.parquet import Archive
+from psoup.archive.sampling import sampled_schema, write_run
 from psoup.fsync import fsync_dir
 from psoup.errors import ArchiveError
 from psoup.formats import input_format
@@ -441,8 +442,10 @@ def _remove_written(root: Path, stream: str, first: int, last: int) -> None:
 
 
 class _DayFile:
-    """One UTC day of a task's rows, written to a ``.tmp`` file as they come, in row
-    groups of `_ROW_GROUP` rows; named for its tupleID range when closed."""
+    """One UTC day of a task's rows, written to a ``.tmp`` file as they come, in runs of
+    `_ROW_GROUP` rows in the sampled layout (psoup.archive.sampling: each run cut into
+    row groups by a fresh uniform draw per row); named for its tupleID range when
+    closed."""
 
     def __init__(self, root: str, stream: str, schema: pa.Schema, day: int, ts: float,
                  first: int):
@@ -451,7 +454,8 @@ class _DayFile:
         path = part_path(root, stream, ts, first, first)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = str(path.with_name(f"part-{first:020d}.parquet.tmp"))
-        self.writer = pq.ParquetWriter(self.tmp, schema)
+        self.writer = pq.ParquetWriter(self.tmp, sampled_schema(schema))
+        self.rng = np.random.default_rng()
         self.pending: list[pa.RecordBatch] = []
         self.held = 0
 
@@ -474,8 +478,8 @@ class _DayFile:
 
     def _flush(self) -> None:
         if self.pending:
-            self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema),
-                                    row_group_size=_ROW_GROUP)
+            write_run(self.writer, pa.Table.from_batches(self.pending, schema=self.schema),
+                      self.rng)
         self.pending, self.held = [], 0
 
 
