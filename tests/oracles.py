@@ -151,3 +151,14 @@ def assert_changes_compose(before: list, changes, after: list, context) -> None:
         bag[row] -= 1
     bag.update(changes.inserted.rows)
     assert +bag == Counter(after), ("changes do not compose", context)
+
+
+def binomial_p_value(k: int, n: int, p: float) -> float:
+    """The exact two-sided p-value of k successes in n Bernoulli(p) trials: the total
+    probability of the outcomes no more likely than k (the binomial test)."""
+    def log_pmf(i: int) -> float:
+        return (math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                + i * math.log(p) + (n - i) * math.log1p(-p))
+
+    observed = log_pmf(k) + 1e-9
+    return min(1.0, sum(math.exp(lp) for lp in map(log_pmf, range(n + 1)) if lp <= observed))

@@ -1,0 +1,317 @@
+"""The archive's sampled layout and TABLESAMPLE (issue 18): uniform samples read for a
+fraction of the I/O, scaled estimates whose intervals cover the truth, answers that
+state their fidelity, and exact answers at 100%.
+
+The oracle of the end-to-end tests is DuckDB over every tuple inserted, with each
+archived tuple's draw read back from the part files: a tuple is in a query's sample
+when it was archived before the history job (tupleID below the first one held in
+memory then) and its draw is below the rate's threshold, or when it was not archived.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import psoup
+from psoup.archive import sampling
+from psoup.archive.layout import SAMPLE_COLUMN, arrow_schema, part_path
+from psoup.archive.parquet import Archive
+from psoup.errors import QueryError
+from psoup.query import compile_statement
+from psoup.results.aggregates import Aggregator
+from psoup.server.protocol import decode_answer, encode_answer, pack_frame, unpack_payload
+from psoup.spark.history import draws_of
+from tests.oracles import binomial_p_value
+from tests.support import Clock
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def _table(n: int, first: int = 0) -> pa.Table:
+    ids = np.arange(first, first + n)
+    return pa.table({"ts": ids / 10.0, "tuple_id": ids, "a": ids % 13},
+                    schema=arrow_schema("R", [("a", "int")]))
+
+
+# ---------------------------------------------------------------------- the layout
+
+def test_each_row_group_holds_one_draw_range_in_tuple_id_order():
+    sink = io.BytesIO()
+    sampling.write_runs(_table(5000), np.random.default_rng(1), sink, run_rows=2000)
+    pf = pq.ParquetFile(sink)
+    runs_seen, last_group = 0, None
+    for g in range(pf.metadata.num_row_groups):
+        part = pf.read_row_group(g)
+        draws = part.column(SAMPLE_COLUMN).to_numpy()
+        ids = part.column("tuple_id").to_numpy()
+        group = set((draws // sampling.GROUP_WIDTH).tolist())
+        assert len(group) == 1, "a row group holds one draw range"
+        assert (np.diff(ids) > 0).all(), "a row group is in tupleID order"
+        (now,) = group
+        runs_seen += last_group is None or now <= last_group
+        last_group = now
+    assert runs_seen == 3                       # 5,000 rows in runs of 2,000
+    back = sampling.in_order(pq.read_table(sink))
+    assert back.equals(_table(5000))            # every row, back in order, draws dropped
+
+
+@pytest.mark.parametrize("rate", [1 / 16, 0.25, 0.3, 0.75])
+def test_a_sample_reads_only_the_row_groups_below_its_threshold(rate, monkeypatch):
+    sink = io.BytesIO()
+    sampling.write_runs(_table(20000), np.random.default_rng(2), sink, run_rows=5000)
+    whole = pq.read_table(sink)
+    read_groups = []
+    real = pq.ParquetFile.read_row_groups
+
+    def spy(self, groups, *args, **kwargs):
+        read_groups.extend(groups)
+        return real(self, groups, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
+    got = sampling.read_sample(sink, None, rate)
+    limit = sampling.threshold(rate)
+    want = sampling.in_order(whole.filter(pc_less(whole.column(SAMPLE_COLUMN), limit)))
+    assert got.equals(want)
+    runs = 4
+    assert len(read_groups) <= runs * math.ceil(limit / sampling.GROUP_WIDTH)
+    assert len(read_groups) < pq.ParquetFile(sink).metadata.num_row_groups or rate == 1
+
+
+def pc_less(column, limit):
+    return pa.array(column.to_numpy() < limit)
+
+
+def test_a_sample_is_uniform_per_stratum_by_a_binomial_test(tmp_path):
+    arc = Archive(tmp_path, seed=7)
+    n = 200_000
+    ids = np.arange(n)
+    arc.add("R", [("a", "int")], {"ts": ids / 100.0, "tupleID": ids, "a": ids % 10})
+    arc.flush()
+    rate = 0.25
+    got = pa.concat_tables([sampling.read_sample(p, None, rate)
+                            for p in sorted(tmp_path.rglob("*.parquet"))])
+    sampled = np.zeros(n, bool)
+    sampled[got.column("tuple_id").to_numpy()] = True
+    real = sampling.bernoulli_rate(rate)
+    strata = {f"a={v}": ids % 10 == v for v in range(10)}
+    strata |= {f"decile {d}": ids * 10 // n == d for d in range(10)}
+    p_values = {name: binomial_p_value(int(sampled[mask].sum()), int(mask.sum()), real)
+                for name, mask in strata.items()}
+    # 20 strata, each at the 0.1% level: a fair sample fails one with probability < 2%
+    assert min(p_values.values()) > 0.001, p_values
+    # and a skewed one is caught: half the rate in one decile
+    skewed = sampled.copy()
+    skewed[: n // 10] &= np.arange(n // 10) % 2 == 0
+    assert binomial_p_value(int(skewed[: n // 10].sum()), n // 10, real) < 0.001
+
+
+def test_scaled_count_and_sum_intervals_cover_the_truth_in_93_percent_of_runs(tmp_path):
+    """Archives of the same rows, each with its own seed: the 95% intervals of the COUNT
+    and SUM estimates from a 10% sample plus exact live rows cover the truth in at least
+    93% of 400 runs. (The first 100 seeds gave 94 and 92 of 100: a calibrated 95%
+    interval passes "93 of 100" only about 80% of the time, so this asks 93% of 400,
+    which it passes about 95% of the time, and which an interval of 90% coverage
+    fails about 99% of the time.)"""
+    schema = compile_statement("CREATE STREAM R (a INT, g INT)", {})
+    query = compile_statement("SELECT COUNT(*), SUM(a) FROM R WHERE g < 3", {"R": schema})
+    aggregator = Aggregator(query)
+    gen = np.random.default_rng(11)
+    n, live = 20_000, 500
+    a, g = gen.integers(0, 100, n + live), gen.integers(0, 10, n + live)
+    keep = g < 3
+    truth = (int(keep.sum()), int(a[keep].sum()))
+    covered = {"count(*)": 0, "sum(a)": 0}
+    for seed in range(400):
+        folder = tmp_path / str(seed)
+        arc = Archive(folder, seed=seed)
+        ids = np.arange(n)
+        arc.add("R", [("a", "int"), ("g", "int")],
+                {"ts": ids / 10.0, "tupleID": ids, "a": a[:n], "g": g[:n]})
+        arc.flush()
+        rows = pa.concat_tables([sampling.read_sample(p, None, 0.1)
+                                 for p in sorted(folder.rglob("*.parquet"))])
+        tid = np.concatenate([rows.column("tuple_id").to_numpy(), np.arange(n, n + live)])
+        mask = keep[tid]
+        weights = np.where(tid < n, 1 / sampling.bernoulli_rate(0.1), 1.0)[mask]
+        got = aggregator.compute({(0, "a"): a[tid][mask]}, tid[mask] / 10.0, weights)
+        (count, total), = got.rows
+        covered["count(*)"] += abs(count - truth[0]) <= got.error["count(*)"][0]
+        covered["sum(a)"] += abs(total - truth[1]) <= got.error["sum(a)"][0]
+    assert min(covered.values()) >= 372, covered
+
+
+def test_a_part_file_without_draws_is_read_whole_and_hashed_for_samples():
+    ids = np.arange(100_000, dtype=np.int64)
+    drawn = draws_of(None, ids)
+    assert drawn.min() >= 0 and drawn.max() < sampling.SAMPLE_SPACE
+    assert abs((drawn < 256).mean() - 0.25) < 0.01
+    raw = pa.array([3, None, 900], pa.int16())
+    assert draws_of(raw, np.array([0, 1, 2])).tolist() == [3, draws_of(None, ids[1:2])[0], 900]
+
+
+# ---------------------------------------------------------------------- the language
+
+@pytest.mark.parametrize("sql, error", [
+    ("SELECT * FROM R TABLESAMPLE BERNOULLI (0)", "percentage is in (0, 100]"),
+    ("SELECT * FROM R TABLESAMPLE BERNOULLI (101)", "percentage is in (0, 100]"),
+    ("SELECT * FROM R TABLESAMPLE HALF (5)", "BERNOULLI or SYSTEM"),
+    ("SELECT * FROM R TABLESAMPLE BERNOULLI 5", "'(' and a percentage"),
+    ("SELECT * FROM R TABLESAMPLE BERNOULLI (5) [RANGE 5]", "window goes before TABLESAMPLE"),
+    ("SELECT * FROM R TABLESAMPLE BERNOULLI (5) REPEATABLE (1)", "REPEATABLE"),
+    ("SELECT * FROM R r, R s TABLESAMPLE SYSTEM (5) WHERE r.a = s.a", "one stream"),
+])
+def test_bad_tablesample_clauses_are_named(sql, error):
+    schema = compile_statement("CREATE STREAM R (a INT)", {})
+    with pytest.raises(QueryError, match=error.replace("(", r"\(").replace("[", r"\[")
+                       .replace(")", r"\)").replace("]", r"\]")):
+        compile_statement(sql, {"R": schema})
+
+
+def test_tablesample_rates_bernoulli_rows_system_whole_row_groups():
+    schema = compile_statement("CREATE STREAM R (a INT)", {})
+    q = compile_statement("SELECT * FROM R r [RANGE 1 HOUR] TABLESAMPLE SYSTEM (10)",
+                          {"R": schema})
+    sample = q.sources[0].sample
+    assert (sample.method, sample.fraction) == ("SYSTEM", 0.1)
+    assert sampling.sample_rate(sample.method, sample.fraction) == 2 / 16
+    assert sampling.sample_rate("BERNOULLI", 0.1) == 102 / 1024
+    full = compile_statement("SELECT * FROM R TABLESAMPLE BERNOULLI (100)", {"R": schema})
+    assert full.sources[0].sample is None
+
+
+def test_fidelity_and_error_cross_the_wire():
+    r = psoup.Result(["count(*)"], [(40.0,)], np.array([5.0]), np.array([-1]), cursor="c",
+                     fidelity=[(-math.inf, 10.0, 0.25), (10.0, math.inf, 1.0)],
+                     error={"count(*)": np.array([3.5])})
+    back = decode_answer(unpack_payload(pack_frame(encode_answer(r))[4:]))
+    assert back.fidelity == r.fidelity and not back.exact
+    assert back.error["count(*)"].tolist() == [3.5]
+    exact = decode_answer(unpack_payload(pack_frame(encode_answer(
+        psoup.Result(["a"], [(1,)], np.array([5.0]), np.array([3]))))[4:]))
+    assert exact.exact and exact.error == {}
+
+
+# ---------------------------------------------------------------------- end to end
+
+def _engine(state, seed):
+    """A durable engine at `state` holding 3,000 tuples of R, 64 retained: (it, the rows
+    inserted as columns)."""
+    gen = np.random.default_rng(seed)
+    eng = psoup.Engine(path=state, clock=Clock(0.0), chunk_rows=16)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT) RETAIN 64 ROWS")
+    rows: dict[str, list] = {}
+    return eng, gen, rows
+
+
+def _fill(eng, gen, rows, start, n):
+    ts = start + np.arange(n, dtype=float)
+    batch = {"a": gen.integers(0, 10, n), "b": np.round(gen.random(n), 3)}
+    tids = eng.insert("R", batch, ts=ts)
+    for name, values in (("ts", ts), ("tid", tids), *batch.items()):
+        rows.setdefault(name, []).extend(values.tolist())
+
+
+def _oracle(rows, archive):
+    """DuckDB: `src` every tuple inserted, with its draw (NULL if not archived)."""
+    con = duckdb.connect()
+    con.register("inserted", pa.table(rows))
+    files = sorted(archive.rglob("part-*.parquet"))
+    draws = pa.concat_tables([pq.read_table(p, columns=["tuple_id", SAMPLE_COLUMN])
+                              for p in files])
+    con.register("draws", draws)
+    con.execute("CREATE VIEW src AS SELECT i.*, d.psoup_sample AS draw FROM inserted i "
+                "LEFT JOIN draws d ON d.tuple_id = i.tid")
+    return con
+
+
+def test_tablesample_answers_equal_duckdb_over_the_sample_plus_memory(tmp_path):
+    eng, gen, rows = _engine(tmp_path / "s", 3)
+    h = {"count": eng.register("SELECT COUNT(*), SUM(a), AVG(b) FROM R TABLESAMPLE "
+                               "BERNOULLI (30) WHERE a > 2"),
+         "rows": eng.register("SELECT a, b FROM R TABLESAMPLE SYSTEM (25) WHERE a >= 7 "
+                              "BEGIN 100 END NOW"),
+         "exact": eng.register("SELECT COUNT(*), SUM(a) FROM R TABLESAMPLE BERNOULLI (100) "
+                               "WHERE a > 2")}
+    _fill(eng, gen, rows, 0, 3000)
+    eng.evaluate_history()
+    _fill(eng, gen, rows, 3000, 200)         # the tiers follow the horizon, exactly
+    below = min(eng._core.tiers.sampled(eng._core.handles[h["count"]].slot).below,
+                eng._core.tiers.sampled(eng._core.handles[h["rows"]].slot).below)
+    con = _oracle(rows, tmp_path / "s" / "archive")
+    now = 3200.0
+    weight = f"CASE WHEN tid < {below} THEN 1024.0 / {sampling.threshold(0.3)} ELSE 1 END"
+    inside = f"(tid >= {below} OR draw < {sampling.threshold(0.3)})"
+    count, total, var_c, var_s, avg = con.execute(
+        f"SELECT SUM({weight}), SUM({weight} * a), SUM({weight} * {weight} - {weight}), "
+        f"SUM(({weight} * {weight} - {weight}) * a * a), SUM({weight} * b) / SUM({weight}) "
+        f"FROM src WHERE a > 2 AND {inside}").fetchone()
+    got = eng.invoke(h["count"], now=now)
+    assert got.rows[0][:2] == pytest.approx((count, total))
+    assert got.rows[0][2] == pytest.approx(avg)
+    assert got.error["count(*)"][0] == pytest.approx(1.96 * math.sqrt(var_c))
+    assert got.error["sum(a)"][0] == pytest.approx(1.96 * math.sqrt(var_s))
+    (first_mem,) = con.execute(f"SELECT ts FROM src WHERE tid = {below}").fetchone()
+    assert got.fidelity == ((-math.inf, first_mem, 0.3 * 0 + sampling.threshold(0.3) / 1024),
+                            (first_mem, math.inf, 1.0))
+
+    want_rows = con.execute(
+        f"SELECT a, b FROM src WHERE a >= 7 AND ts BETWEEN 100 AND {now} AND "
+        f"(tid >= {below} OR draw < {sampling.threshold(4 / 16)}) ORDER BY ts, tid").fetchall()
+    got_rows = eng.invoke(h["rows"], now=now)
+    assert got_rows.rows == [tuple(r) for r in want_rows]
+    assert got_rows.fidelity[0][:1] == (100.0,) and got_rows.fidelity[0][2] == 0.25
+
+    # 100 percent is the exact answer, over archive and memory
+    exact = eng.invoke(h["exact"], now=now)
+    assert exact.exact and exact.error == {}
+    assert exact.rows == [tuple(con.execute(
+        "SELECT COUNT(*), SUM(a) FROM src WHERE a > 2").fetchone())]
+
+    # a restart keeps how the tiers were sampled
+    eng.close()
+    again = psoup.Engine(path=tmp_path / "s", clock=Clock(now))
+    back = again.invoke(h["count"], now=now)
+    assert back.rows == got.rows and back.fidelity == got.fidelity
+    again._check()
+    again.close()
+
+
+def test_a_query_that_finds_nothing_in_its_sample_keeps_its_rate_across_a_restart(tmp_path):
+    eng, gen, rows = _engine(tmp_path / "s", 4)
+    h = eng.register("SELECT COUNT(*) FROM R TABLESAMPLE BERNOULLI (5) WHERE a > 100")
+    _fill(eng, gen, rows, 0, 1000)
+    assert eng.evaluate_history() == {h: 0}
+    first = eng.invoke(h, now=1000.0)
+    assert first.rows == [(0.0,)] and not first.exact
+    eng.close()
+    again = psoup.Engine(path=tmp_path / "s", clock=Clock(1000.0))
+    assert again.invoke(h, now=1000.0).fidelity == first.fidelity
+    again.close()
+
+
+def test_reshape_rewrites_an_old_archive_and_samples_then_read_its_draws(tmp_path):
+    from psoup.spark.reshape import reshape
+
+    root = tmp_path / "arc"
+    schema = arrow_schema("R", [("a", "int")])
+    for k in range(3):                          # written by another tool: no draws
+        table = _table(4000, first=4000 * k).cast(schema)
+        path = part_path(root, "R", 0.0, 4000 * k, 4000 * k + 3999)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+    before = Archive(root).read("R")
+    report = reshape(root)
+    assert (len(report.rewritten), report.rows, report.already) == (3, 12000, 0)
+    for path in root.rglob("part-*.parquet"):
+        assert sampling.is_sampled(pq.read_schema(path))
+        assert pq.ParquetFile(path).metadata.num_row_groups == sampling.SAMPLE_GROUPS
+    assert Archive(root).read("R").equals(before)           # the same rows, in order
+    assert reshape(root).already == 3                        # again: nothing to do
+    assert not list(root.rglob("*.tmp"))
