@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from psoup.archive.policy import WHOLE, Schedule, capped
 from psoup.archive.sampling import sample_rate
 from psoup.bits import words_for
 from psoup.eddy.eddy import Eddy
@@ -174,9 +175,14 @@ class Core:
 
     # ------------------------------------------------------------------ history
 
-    def history_jobs(self, handles: Sequence[str] | None) -> tuple[list[str], list[Job]]:
+    def history_jobs(self, handles: Sequence[str] | None,
+                     schedules: Callable[[str, int], Schedule] = lambda stream, below: WHOLE
+                     ) -> tuple[list[str], list[Job]]:
         """The handles to evaluate over the archive (default: every selection query
-        without a tier) and one Spark job per stream for those still without one."""
+        without a tier) and one Spark job per stream for those still without one.
+        `schedules(stream, below)`: the overload policy's sample rates for reading the
+        stream's archive below tupleID `below` (psoup.archive.policy), capped by each
+        query's own TABLESAMPLE."""
         from psoup.spark.history import Job
         chosen = list(handles) if handles is not None else [
             h for h, p in self.handles.items()
@@ -193,11 +199,15 @@ class Core:
         for stream, plans in by_stream.items():
             stem = self.stems[stream]
             until = stem.ts_at(stem.oldest) if stem.oldest < stem.n else math.inf
-            rates = {p.slot: sample_rate(s.method, s.fraction) for p in plans
-                     if (s := p.query.sources[0].sample) is not None}
+            schedule = schedules(stream, stem.oldest_tuple_id(self.next_tid))
+            samples = {p.slot: capped(schedule, None if s is None else
+                                      sample_rate(s.method, s.fraction))
+                       for p in plans for s in [p.query.sources[0].sample]}
             jobs.append(Job(self.ddl[stream], stem.schema, [(p.slot, p.query.sql)
                                                              for p in plans],
-                            stem.oldest_tuple_id(self.next_tid), rates, until))
+                            stem.oldest_tuple_id(self.next_tid),
+                            {slot: steps for slot, steps in samples.items()
+                             if steps != WHOLE}, until))
         return chosen, jobs
 
     # ------------------------------------------------------------------ introspection

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, ov
 
 import numpy as np
 
+from psoup.archive.policy import (DEFAULT_ROWS_PER_SECOND, ArchiveRead, Budget, Exact,
+                                  Policy, Schedule, check_schedule)
 from psoup.core import Core
 from psoup.eddy.routing import POLICIES
 from psoup.errors import (ApplyFailed, HistoryPending, LimitError, PSoupError, QueryError,
@@ -191,7 +193,8 @@ class Engine:
                  max_queries: int | None = None, max_stream_bytes: int | None = None,
                  max_results_bytes: int | None = None, max_ts: float | None = MAX_TS,
                  spark_master: str | None = None, max_producers: int = 10_000,
-                 spark_conf: Mapping[str, str] | None = None):
+                 spark_conf: Mapping[str, str] | None = None,
+                 archive_budget: float | None = None, archive_policy: Policy | None = None):
         if mode not in MODE_TABLE:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
@@ -206,6 +209,18 @@ class Engine:
                                       or limit < 1):
                 raise ValueError(f"{name} must be a positive integer (or None: no limit), "
                                  f"got {limit!r}")
+        if archive_budget is not None and archive_policy is not None:
+            raise ValueError("give archive_budget or archive_policy, not both")
+        if archive_policy is not None and not callable(getattr(archive_policy, "schedule",
+                                                               None)):
+            raise ValueError(f"archive_policy {archive_policy!r} has no schedule(read) method "
+                             "(see psoup.archive.policy)")
+        #: How history jobs read the archive (psoup.archive.policy).
+        self.archive_policy: Policy = (Budget(archive_budget) if archive_budget is not None
+                                       else archive_policy or Exact())
+        self._archive_rate = DEFAULT_ROWS_PER_SECOND    # measured by each history pass
+        self._reductions: dict[str, Schedule] = {}       # of the latest job, by stream
+        self._read_rows: dict[str, int] = {}             # the archived rows it covers
         self.mode = mode
         self.max_factors = max_factors
         self.max_queries = max_queries
@@ -491,10 +506,12 @@ class Engine:
             if running:
                 raise PSoupError(f"history job {running[0].id} is still running (one job at "
                                  "a time per engine): wait for it or cancel it")
-            chosen, jobs = self._core.history_jobs(handles)
             self._journal.archive.flush()
+            chosen, jobs = self._core.history_jobs(handles, self._schedule)
             job = HistoryJob(secrets.token_hex(8), chosen, [j.schema.name for j in jobs],
                              progress)
+            for j in jobs:
+                j.archived_rows = self._read_rows.get(j.schema.name, 0)
             self._jobs = {k: v for k, v in list(self._jobs.items())[-7:]} | {job.id: job}
             if not jobs:
                 job.end("done", self._archived(chosen))
@@ -510,6 +527,25 @@ class Engine:
                 del self._jobs[job.id]
                 raise
             return job.id
+
+    def _schedule(self, stream: str, below: int) -> Schedule:
+        """Under the lock: the archive policy's sample rates for a history job reading
+        `stream`'s archive below tupleID `below`, from the part files' footers.
+
+        Raises:
+            PSoupError: the policy failed or gave a schedule that is not one.
+        """
+        assert self._journal is not None
+        rows, size, first, last = self._journal.archive.extent(stream, below)
+        read = ArchiveRead(stream, rows, size, first, last, self._clock(), self._archive_rate)
+        self._read_rows[stream] = rows
+        try:
+            schedule = self._reductions[stream] = check_schedule(
+                self.archive_policy.schedule(read))
+            return schedule
+        except Exception as exc:
+            raise PSoupError(f"the archive policy {self.archive_policy!r} failed on {read}: "
+                             f"{exc}") from None
 
     def history_status(self, job: str | None = None) -> dict[str, Any]:
         """A history job's state ("running", "done", "failed", "cancelled"), progress,
@@ -567,6 +603,11 @@ class Engine:
                                      "log_bytes": self._journal.wal.size,
                                      "checkpoint_error": self._checkpoint_error,
                                      "archive_buffered_rows": self._journal.archive.buffered_rows}
+                out["archive_reads"] = {
+                    "policy": repr(self.archive_policy),
+                    "rows_per_second": self._archive_rate,
+                    "reduction": {stream: [list(step) for step in steps]
+                                  for stream, steps in self._reductions.items()}}
             return out
 
     def _check(self) -> None:
@@ -911,12 +952,19 @@ class Engine:
         found, error = None, None
         done: list[str] = []
         incoming = self._journal.tiers_path / INCOMING / job.id
+        began = time.perf_counter()
         try:
             found = evaluate_jobs(self._journal.archive.root, jobs, self.spark_master,
                                   job.note, job.id, job.cancelled, self.spark_conf,
                                   into=incoming)
         except BaseException as exc:     # anything: the job must end, nothing applied
             error = exc
+        else:                            # the archive read rate, for Budget policies
+            read = sum(j.rows_read for j in jobs)
+            if read:
+                rate = read / max(time.perf_counter() - began, 1e-3)
+                with self._lock:
+                    self._archive_rate = 0.5 * self._archive_rate + 0.5 * rate
         with self._lock:
             if found is not None and not job.cancelled() and not self._closed:
                 error, done = self._install(job, found)

@@ -315,3 +315,100 @@ def test_reshape_rewrites_an_old_archive_and_samples_then_read_its_draws(tmp_pat
     assert Archive(root).read("R").equals(before)           # the same rows, in order
     assert reshape(root).already == 3                        # again: nothing to do
     assert not list(root.rglob("*.tmp"))
+
+
+# ---------------------------------------------------------------------- overload policy
+
+def test_a_budget_picks_the_largest_whole_row_group_rate_that_fits():
+    from psoup.archive.policy import ArchiveRead, Budget
+
+    def rate(rows, seconds, rps=1e6):
+        (step,) = Budget(seconds).schedule(ArchiveRead("R", rows, 0, 0.0, 1.0, 2.0, rps))
+        return step[1]
+
+    assert rate(10**6, 1.0) == 1.0                     # fits: read everything
+    assert rate(4 * 10**6, 1.0) == 0.25                # 4 s of reading in 1 s
+    assert rate(4 * 10**6 + 1, 1.0) == 3 / 16          # just over: one group fewer
+    assert rate(10**9, 1.0) == 1 / 16                  # never below one group
+    assert rate(4 * 10**6, 1.0, rps=2e6) == 0.5        # a faster pass reads more
+
+
+def test_by_age_and_caps_and_bad_schedules():
+    from psoup.archive.policy import WHOLE, ArchiveRead, ByAge, capped, check_schedule
+
+    read = ArchiveRead("R", 10, 80, 0.0, 9.0, 1000.0)
+    schedule = ByAge([(100, 1.0), (500, 0.5)], older=0.1).schedule(read)
+    assert schedule == ((-math.inf, 0.1), (500.0, 0.5), (900.0, 1.0))
+    assert capped(schedule, 0.3) == ((-math.inf, 0.1), (500.0, 0.3))
+    assert capped(WHOLE, 0.25) == ((-math.inf, 0.25),)
+    for bad in [(), ((0.0, 1.0),), ((-math.inf, 0.0),), ((-math.inf, 1.0), (5.0, 2.0)),
+                ((-math.inf, 1.0), (5.0, 0.5), (5.0, 0.4))]:
+        with pytest.raises(ValueError):
+            check_schedule(bad)
+    with pytest.raises(ValueError, match="positive"):
+        ByAge([(0, 1.0)], older=0.5)
+
+
+def test_engine_refuses_two_policies_or_one_without_a_schedule(tmp_path):
+    from psoup.archive.policy import ConstantRate
+
+    with pytest.raises(ValueError, match="not both"):
+        psoup.Engine(archive_budget=1.0, archive_policy=ConstantRate(0.5))
+    with pytest.raises(ValueError, match="schedule"):
+        psoup.Engine(archive_policy=object())
+    with pytest.raises(ValueError, match="positive"):
+        psoup.Engine(archive_budget=0)
+
+
+class _Broken:
+    def schedule(self, read):
+        return ((0.0, 0.5),)                     # does not start at -inf
+
+
+def test_a_policy_that_fails_starts_no_job_and_changes_nothing(tmp_path):
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=16,
+                       archive_policy=_Broken())
+    eng.execute("CREATE STREAM R (a INT) RETAIN 16 ROWS")
+    h = eng.register("SELECT * FROM R")
+    eng.insert("R", {"a": np.arange(200)}, ts=np.arange(200.0))
+    with pytest.raises(psoup.PSoupError, match="archive policy"):
+        eng.history()
+    assert eng.invoke(h, now=200.0).tuple_ids.min() > 100      # memory only, as before
+    with pytest.raises(psoup.PSoupError):
+        eng.history_status()                     # no job was started
+    eng._check()
+    eng.close()
+
+
+def test_an_age_policy_reads_old_data_thinner_and_answers_say_so(tmp_path):
+    from psoup.archive.policy import ByAge
+
+    now = 3000.0
+    policy = ByAge([(1000, 1.0)], older=0.25)            # ts >= 2000 whole, older 25%
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(now), chunk_rows=16,
+                       archive_policy=policy)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT) RETAIN 64 ROWS")
+    gen, rows = np.random.default_rng(8), {}
+    count = eng.register("SELECT COUNT(*), SUM(a) FROM R WHERE a > 2")
+    listed = eng.register("SELECT a FROM R TABLESAMPLE BERNOULLI (10) WHERE a < 5 "
+                          "BEGIN 500 END NOW")
+    _fill(eng, gen, rows, 0, 3000)
+    eng.evaluate_history()
+    assert eng.stats()["archive_reads"]["reduction"] == {"R": [[-math.inf, 0.25],
+                                                               [2000.0, 1.0]]}
+    below = eng._core.tiers.sampled(eng._core.handles[count].slot).below
+    con = _oracle(rows, tmp_path / "s" / "archive")
+    weight = f"CASE WHEN tid >= {below} OR ts >= 2000 THEN 1 ELSE 4 END"
+    inside = f"(tid >= {below} OR ts >= 2000 OR draw < 256)"
+    want = con.execute(f"SELECT SUM({weight}), SUM({weight} * a) FROM src WHERE a > 2 "
+                       f"AND {inside}").fetchone()
+    got = eng.invoke(count, now=now)
+    assert got.rows[0] == pytest.approx(want)
+    assert got.fidelity == ((-math.inf, 2000.0, 0.25), (2000.0, math.inf, 1.0))
+    # the query's own 10% caps the policy: ts >= 2000 at 10% too (below the horizon)
+    thr = sampling.threshold(0.1)
+    want_rows = con.execute(
+        f"SELECT a FROM src WHERE a < 5 AND ts BETWEEN 500 AND {now} AND "
+        f"(tid >= {below} OR draw < {thr}) ORDER BY ts, tid").fetchall()
+    assert eng.invoke(listed, now=now).rows == [tuple(r) for r in want_rows]
+    eng.close()

@@ -22,6 +22,7 @@ expired rows again without any being archived twice.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
@@ -352,6 +353,28 @@ class Archive:
         # promote_options: a stream redeclared with other columns reads with nulls.
         return pa.concat_tables([in_order(pq.read_table(path)) for _, path in paths],
                                 promote_options="default")
+
+    def extent(self, stream: str, below: int | None = None
+               ) -> tuple[int, int, float, float]:
+        """(rows, bytes, first ts, last ts) of the flushed rows of `stream` in the part
+        files that begin below tupleID `below` (all when None), from their footers:
+        O(part files), no row read. The ts range is (inf, -inf) when there are none."""
+        rows = size = 0
+        lo, hi = math.inf, -math.inf
+        for s, first, _, path in self._part_files(stream):
+            if s != stream or (below is not None and first >= below):
+                continue
+            meta = pq.ParquetFile(path).metadata
+            rows += meta.num_rows
+            size += path.stat().st_size
+            names = [meta.schema.column(i).name for i in range(meta.num_columns)]
+            if TS_COLUMN in names and meta.num_rows:
+                j = names.index(TS_COLUMN)
+                for g in range(meta.num_row_groups):
+                    stats = meta.row_group(g).column(j).statistics
+                    if stats is not None and stats.has_min_max:
+                        lo, hi = min(lo, float(stats.min)), max(hi, float(stats.max))
+        return rows, size, lo, hi
 
     def _part_files(self, stream: str = "*") -> Iterator[tuple[str, int, int, Path]]:
         """(stream, first tupleID, last tupleID, path) of every part file."""

@@ -261,6 +261,11 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
               callback=lambda ctx, param, value: _spark_conf(param, value),
               help="A Spark setting of history jobs (repeatable), over spark-defaults.conf "
                    "and PSOUP_SPARK_CONF.")
+@click.option("--archive-budget", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS",
+              help="How long a history job may read the archive: beyond it, the job reads "
+                   "the largest uniform sample that fits, and answers state their sample "
+                   "rate (default: read it all).")
 @click.option("--token", "token_option", default=None,
               help="The access token clients must present (default: psoup --token, "
                    "PSOUP_TOKEN, the token saved in --data-dir, or a new one).")
@@ -274,7 +279,8 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
           sync: str, max_queries: int | None, max_stream_bytes: int | None,
           max_results_bytes: int | None, max_queued_bytes: int | None,
           spark_master: str | None,
-          spark_conf: dict[str, str], token_option: str | None, log_level: str) -> None:
+          spark_conf: dict[str, str], archive_budget: float | None, token_option: str | None,
+          log_level: str) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
@@ -300,7 +306,8 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
                                             max_results_bytes=max_results_bytes,
                                             **({} if max_queued_bytes is None else
                                                {"max_queued_bytes": max_queued_bytes})),
-                   spark_master=spark_master, spark_conf=spark_conf, echo=click.echo)
+                   spark_master=spark_master, spark_conf=spark_conf, echo=click.echo,
+                   archive_budget=archive_budget)
     except OSError as exc:
         raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 

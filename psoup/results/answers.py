@@ -13,6 +13,7 @@ columns fetched from the Data SteMs, projected, de-duplicated or aggregated:
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -108,7 +109,7 @@ class Answers:
             got = _fetch(self.kept.fetch(plan, span, needed), archived)
             sample = self.tiers.sampled(plan.slot)
             weights = None if fidelity == EXACT or sample is None else \
-                np.where(got[TUPLE_ID] < sample.below, 1.0 / sample.rate, 1.0)
+                np.where(got[TUPLE_ID] < sample.below, 1.0 / sample.rates(got[TS]), 1.0)
             answer = aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
                                         got[TS], weights)
             answer.fidelity = fidelity
@@ -146,14 +147,27 @@ class Answers:
 def _fidelity(sample: Sampled | None, window: Window, now: float
               ) -> tuple[tuple[float, float, float], ...]:
     """Result.fidelity of an answer over `window` at `now` whose tier is `sample`d: the
-    window's part before the sample's end at its rate, the rest at 1 (EXACT when the
-    window does not reach the sampled part)."""
+    window's part before the sample's end at the sample's rates, the rest at 1 (EXACT
+    when the window does not reach a part read below rate 1)."""
     reach = archive_reach(window, now)
-    if sample is None or reach is None or reach[0] >= sample.until or reach[0] > reach[1]:
+    if sample is None or reach is None or reach[0] > reach[1]:
         return EXACT
     begin, end = reach
     cut = min(sample.until, end)
-    return ((begin, cut, sample.rate),) + (((cut, end, 1.0),) if end > cut else ())
+    starts = [start for start, _ in sample.steps[1:]] + [math.inf]
+    out = [(max(begin, a), min(b, cut), rate) for (a, rate), b in zip(sample.steps, starts)
+           if max(begin, a) < min(b, cut)]
+    if all(rate == 1.0 for _, _, rate in out):
+        return EXACT
+    if end > cut:
+        out.append((max(cut, begin), end, 1.0))
+    merged = [out[0]]
+    for a, b, rate in out[1:]:
+        if rate == merged[-1][2]:
+            merged[-1] = (merged[-1][0], b, rate)
+        else:
+            merged.append((a, b, rate))
+    return tuple(merged)
 
 
 def _fetch(got: dict[str, np.ndarray], archived: Mapping[str, np.ndarray] | None

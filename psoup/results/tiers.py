@@ -68,14 +68,40 @@ MERGE_ROWS = 1 << 16
 
 
 class Sampled(NamedTuple):
-    """How a tier's matches from the archive were found when its query reads a sample
-    of it (TABLESAMPLE): among a uniform sample of `rate` of the archived tuples with
-    tupleID below `below`, the first tuple held in memory at the time, stamped
-    `until`; the matches from `below` on are all there (found in memory)."""
+    """How a tier's matches from the archive were found when they come from a sample of
+    it (TABLESAMPLE, or an overload policy, psoup.archive.policy): among a uniform
+    sample of the archived tuples with tupleID below `below` (the first tuple held in
+    memory at the time, stamped `until`), at the rates of `steps`, (from ts, rate) in
+    ts order, the first from -inf; the matches from `below` on are all there (found in
+    memory).
 
-    rate: float
+    Example:
+        >>> s = Sampled(((-math.inf, 0.25), (10.0, 1.0)), 40, 20.0)
+        >>> s.rates(np.array([3.0, 10.0])).tolist()
+        [0.25, 1.0]
+        >>> Sampled.from_json(s.to_json()) == s
+        True
+    """
+
+    steps: tuple[tuple[float, float], ...]
     below: int
     until: float
+
+    def rates(self, ts: np.ndarray) -> np.ndarray:
+        """The rate each archived tuple stamped `ts` was sampled at. O(n log steps)."""
+        starts = np.array([start for start, _ in self.steps])
+        rates = np.array([rate for _, rate in self.steps])
+        return rates[np.searchsorted(starts, ts, side="right") - 1]
+
+    def to_json(self) -> str:
+        return json.dumps({"steps": [list(s) for s in self.steps], "below": self.below,
+                           "until": self.until})
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Sampled:
+        got = json.loads(raw)
+        return cls(tuple((float(a), float(r)) for a, r in got["steps"]), int(got["below"]),
+                   float(got["until"]))
 
 
 #: The key of a segment file's metadata that holds its `Sampled` (JSON).
@@ -135,8 +161,7 @@ def sample_marker(folder: Path, handle: str, sample: Sampled, schema) -> Segment
 
     name = segment_name(handle, -1, -1)
     make_dir((folder / name).parent, private=True)
-    table = schema.empty_table().replace_schema_metadata(
-        {SAMPLED_KEY: json.dumps(sample._asdict())})
+    table = schema.empty_table().replace_schema_metadata({SAMPLED_KEY: sample.to_json()})
     write_whole(folder / name, partial(pq.write_table, table), private=True, fsync=False)
     return Segment(str(folder / name), -1, -1, math.inf, -math.inf, 0, sample)
 
@@ -153,7 +178,7 @@ def read_footer(folder: Path, name: str, columns: list[str]) -> Segment:
     if missing:
         raise ValueError(f"{folder / name} lacks the column(s) {', '.join(missing)}")
     raw = (meta.metadata or {}).get(SAMPLED_KEY.encode())
-    sample = None if raw is None else Sampled(**json.loads(raw))
+    sample = None if raw is None else Sampled.from_json(raw)
     if not meta.num_rows and sample is not None:
         return Segment(name, -1, -1, math.inf, -math.inf, 0, sample)
     if not meta.num_rows:

@@ -750,7 +750,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                port: int = DEFAULT_PORT, token: str | None = None, mode: str = "partial",
                sync: str = "group", limits: Limits | None = None,
                spark_master: str | None = None, echo: Callable[[str], Any] = print,
-               spark_conf: Mapping[str, str] | None = None) -> None:
+               spark_conf: Mapping[str, str] | None = None,
+               archive_budget: float | None = None) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -767,6 +768,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         spark_master: the Spark master of history jobs (default local[*]); a client
             cannot choose it.
         spark_conf: Spark settings of history jobs (`Engine`'s spark_conf).
+        archive_budget: seconds a history job may spend reading the archive before it
+            reads a sample instead (`Engine`'s archive_budget; None: read it all).
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -791,7 +794,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                      f"{total / 2**20:.1f} MiB of log")
         engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync,
                         progress=recovering, spark_master=spark_master,
-                        spark_conf=spark_conf)
+                        spark_conf=spark_conf, archive_budget=archive_budget)
         try:
             generated = token is None
             if token is None:

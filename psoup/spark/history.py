@@ -21,7 +21,6 @@ Spark is imported here only, and this runs only when the user asks for history
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shutil
@@ -43,6 +42,7 @@ from psoup.spark.session import spark_error
 from psoup.query.model import TS, TUPLE_ID, StreamSchema
 
 if TYPE_CHECKING:
+    from psoup.archive.policy import Schedule
     from psoup.results.tiers import Sampled, Segment
 
 SLOT = "slot"
@@ -58,15 +58,25 @@ SEGMENT_ROWS = 1 << 16
 class Job:
     """One stream's history job: its DDL and schema, the queries to evaluate as (slot,
     SQL), and the first tupleID still held in memory (the archive holds those below).
-    `rates`: the slots that read a sample of the archive (TABLESAMPLE), with its rate;
-    `until`: the ts of the first tuple held in memory (where their samples end)."""
+    `samples`: the slots that read a sample of the archive (TABLESAMPLE, an overload
+    policy), with its schedule of rates (psoup.archive.policy); `until`: the ts of the
+    first tuple held in memory (where their samples end)."""
 
     ddl: str
     schema: StreamSchema
     queries: list[tuple[int, str]]
     below: int
-    rates: dict[int, float] = field(default_factory=dict)
+    samples: dict[int, Schedule] = field(default_factory=dict)
     until: float = math.inf
+    archived_rows: int = 0
+
+    @property
+    def rows_read(self) -> int:
+        """About how many archived rows the pass reads: all, unless every query samples."""
+        if len(self.samples) < len(self.queries) or not self.samples:
+            return self.archived_rows
+        top = max(rate for steps in self.samples.values() for _, rate in steps)
+        return int(self.archived_rows * top)
 
 
 def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
@@ -94,7 +104,7 @@ def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
         if cancelled():
             raise JobCancelled("the history job was cancelled")
         found[job.schema.name] = evaluate(spark, root, job.ddl, job.schema, job.queries,
-                                          job.below, into, progress, job.rates, job.until)
+                                          job.below, into, progress, job.samples, job.until)
     return found
 
 
@@ -141,8 +151,7 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
             make_dir(target.parent, private=True)
             piece, how = table.slice(a, b - a), sampled.get(slot)
             if how is not None:
-                piece = piece.replace_schema_metadata(
-                    {SAMPLED_KEY: json.dumps(how._asdict())})
+                piece = piece.replace_schema_metadata({SAMPLED_KEY: how.to_json()})
             write_whole(target, partial(pq.write_table, piece), private=True, fsync=False)
             out.setdefault(slot, []).append(Segment(str(target), first, last, float(ts[a]),
                                                     float(ts[b - 1]), b - a, how))
@@ -174,13 +183,15 @@ def out_schema(schema: StreamSchema) -> pa.Schema:
 
 def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
                   batches: Iterator[pa.RecordBatch],
-                  thresholds: Mapping[int, int] | None = None) -> Iterator[pa.RecordBatch]:
+                  thresholds: Mapping[int, Limits] | None = None
+                  ) -> Iterator[pa.RecordBatch]:
     """What each Spark task runs: a Query SteM with `queries` (slot, SQL) over the
     stream declared by `ddl`, probed with every batch; yields the matches.
 
-    `thresholds`: slot -> the draws below which a row is in its sample (the rows of a
-    batch carry their draws in SAMPLE_COLUMN, null for a part file written before the
-    sampled layout: `draws_of` then draws from the tupleID).
+    `thresholds`: slot -> its sample's (from ts, threshold) steps: a row stamped ts is
+    in the sample when its draw is below the threshold of the step holding ts (the
+    rows of a batch carry their draws in SAMPLE_COLUMN, null for a part file written
+    before the sampled layout: `draws_of` then draws from the tupleID).
 
     Example:
         >>> ddl = "CREATE STREAM R (a INT)"
@@ -218,8 +229,10 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         bits = stem.probe(schema.name, columns, batch.num_rows)
         if masks:
             drawn = draws_of(raw, columns["tupleID"])
-            for limit, mask in masks:
-                out = drawn >= limit
+            for limits, mask in masks:
+                starts = np.array([start for start, _ in limits])
+                below = np.array([t for _, t in limits])
+                out = drawn >= below[np.searchsorted(starts, columns["ts"], "right") - 1]
                 if out.any():
                     width = min(bits.shape[1], len(mask))
                     bits[out, :width] &= ~mask[:width]
@@ -238,8 +251,17 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         yield pa.RecordBatch.from_arrays(arrays, schema=target)
 
 
-def _sample_masks(thresholds: Mapping[int, int]) -> list[tuple[int, np.ndarray]]:
-    """(threshold, bit mask of the slots sampled at it) per distinct threshold."""
+#: (from ts, draw threshold) steps of a sample, the first from -inf.
+Limits = tuple[tuple[float, int], ...]
+
+
+def limits_of(schedule: Schedule) -> Limits:
+    """A schedule of rates as steps of draw thresholds (psoup.archive.sampling)."""
+    return tuple((start, threshold(rate)) for start, rate in schedule)
+
+
+def _sample_masks(thresholds: Mapping[int, Limits]) -> list[tuple[Limits, np.ndarray]]:
+    """(thresholds, bit mask of the slots sampled at them) per distinct schedule."""
     out = []
     for limit in sorted(set(thresholds.values())):
         slots = [slot for slot, t in thresholds.items() if t == limit]
@@ -291,7 +313,7 @@ def _check_order(ts: np.ndarray, files: np.ndarray, groups: np.ndarray | None = 
 def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
              queries: Sequence[tuple[int, str]], below: int, into: Path,
              progress: Callable[[str], None] | None = None,
-             rates: Mapping[int, float] | None = None, until: float = math.inf
+             samples: Mapping[int, Schedule] | None = None, until: float = math.inf
              ) -> dict[int, list[Segment]]:
     """The matches of `queries` over the archived tuples of `schema.name` with tupleID
     below `below`, as segment files per slot under `into` (`receive`); none when the
@@ -299,13 +321,14 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
     (removed before this returns or raises), so `root` must be writable by them and
     readable here, like the archive itself.
 
-    `rates`: the slots that read a sample of the archive, with its rate (a row is in
-    it when its draw is below `threshold(rate)`). When every query samples, Spark is
-    asked for the rows below the largest threshold only, which its Parquet reader
-    finds by skipping the row groups whose draw statistics start above it (the
-    sampled layout, psoup.archive.sampling): a 25% sample reads a quarter of the
-    archive. Part files without draws are read whole (their draws hashed from the
-    tupleID). `until`: the ts where the samples end (the first tuple in memory)."""
+    `samples`: the slots that read a sample of the archive, with its schedule of rates
+    (a row is in it when its draw is below `threshold` of the rate at its ts). When
+    every query samples, Spark is asked for the rows below the largest threshold of
+    each ts range only, which its Parquet reader finds by skipping the row groups
+    whose draw (and ts) statistics say they hold none (the sampled layout,
+    psoup.archive.sampling): a 25% sample reads a quarter of the archive. Part files
+    without draws are read whole (their draws hashed from the tupleID). `until`: the
+    ts where the samples end (the first tuple in memory)."""
     from pyspark.sql import functions as F
 
     from psoup.archive.sampling import is_sampled
@@ -318,8 +341,9 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
     files = sorted(folder.rglob("*.parquet"))
     if not queries or not files:
         return {slot: [] for slot in slots}
-    rates = {slot: rate for slot, rate in (rates or {}).items() if rate < 1.0}
-    limits = {slot: threshold(rate) for slot, rate in rates.items()}
+    samples = {slot: steps for slot, steps in (samples or {}).items()
+               if any(rate < 1.0 for _, rate in steps)}
+    limits = {slot: limits_of(steps) for slot, steps in samples.items()}
     layouts = [is_sampled(check_file(path, schema)) for path in files]
     names = [TS_COLUMN, TUPLE_ID_COLUMN, *[name for name, _ in schema.columns]]
     ddl_read = ", ".join(f"`{c}` {SPARK_TYPES[t]}" for c, t in
@@ -330,8 +354,9 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
                  .select(*names, SAMPLE_COLUMN, F.input_file_name().alias(FILE))
                  .where(F.col(TUPLE_ID_COLUMN) < below))
         if len(limits) == len(queries) and all(layouts):
-            # every query samples: the row groups above the largest draw are not read
-            frame = frame.where(F.col(SAMPLE_COLUMN) < max(limits.values()))
+            # every query samples: the row groups that hold no row of any sample are
+            # not read (Spark pushes the filter down to Parquet's statistics)
+            frame = frame.where(_pushdown(F, list(limits.values())))
     except Exception as exc:        # a schema that does not merge across the files
         raise PSoupError(f"history of stream {schema.name}: the archive under {folder} "
                          f"does not match the stream: {spark_error(exc)}") from None
@@ -361,13 +386,38 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
                              + (named.group(1) if named else f"the archive under {folder} "
                                 f"cannot be read: {spark_error(exc)}")) from None
         return receive(staging, into, schema, slots,
-                       {slot: Sampled(rate, below, until) for slot, rate in rates.items()})
+                       {slot: Sampled(tuple(steps), below, until)
+                        for slot, steps in samples.items()})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         try:
             staging.parent.rmdir()          # empty once no job uses it
         except OSError:
             pass
+
+
+def _pushdown(F, schedules: list[Limits]):
+    """The rows some sample of `schedules` may take, as a Spark filter Parquet can
+    push down: per ts range between the schedules' steps, the draws below the largest
+    of their thresholds there (OR of (ts range AND draw < t))."""
+    starts = sorted({start for steps in schedules for start, _ in steps})
+    ends = starts[1:] + [math.inf]
+    ts, draw = F.col(TS_COLUMN), F.col(SAMPLE_COLUMN)
+    keep = None
+    for lo, hi in zip(starts, ends):
+        top = max(_threshold_at(steps, lo) for steps in schedules)
+        part = draw < top
+        if lo > -math.inf:
+            part = part & (ts >= lo)
+        if hi < math.inf:
+            part = part & (ts < hi)
+        keep = part if keep is None else keep | part
+    return keep
+
+
+def _threshold_at(steps: Limits, ts: float) -> int:
+    """The threshold of the step of `steps` holding ts."""
+    return [t for start, t in steps if start <= ts][-1]
 
 
 def check_file(path: Path, schema: StreamSchema) -> pa.Schema:
