@@ -39,6 +39,7 @@ ORDER = [
     ("replay", "Spark replay vs Spark's own read rate"),
     ("history", "Historical evaluation: one pass vs one Spark job per query"),
     ("history_scale", "Historical evaluation: driver memory vs archive size, 1 vs 2 cores"),
+    ("oscar", "Reduced archive reads (Remembrance of Streams Past, Fig. 12)"),
 ]
 
 
