@@ -138,3 +138,102 @@ def test_the_client_gives_up_after_its_busy_timeout_and_nothing_is_applied(serve
         held.join(5)
         second.insert("S", [(2, 0)], ts=1.0)    # the queue drained: taken at once
     assert engine._core.stem("S").rows(0, engine._core.stem("S").n)["p"].tolist() == [1, 2]
+
+
+#: A server process whose engine takes 20 ms more per insert (an engine that cannot keep
+#: up), with a stream B retaining 100,000 rows: argv port, token, max_queued_bytes.
+SLOW_SERVER = """
+import sys, threading, time
+from psoup import Engine
+from psoup.server import Limits, Server
+engine = Engine()
+engine.execute("CREATE STREAM B (p INT, k INT) RETAIN 100000 ROWS")
+insert = engine.insert
+def slow(*args, **kwargs):
+    time.sleep(0.02)
+    return insert(*args, **kwargs)
+engine.insert = slow
+server = Server(engine, host="127.0.0.1", port=int(sys.argv[1]), token=sys.argv[2],
+                limits=Limits(max_queued_bytes=int(sys.argv[3])))
+server.start_in_thread()
+threading.Event().wait()
+"""
+
+
+def _rss(pid: int) -> int:
+    """A process's resident set, in bytes (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _pushed(limit: int) -> tuple[int, int]:
+    """Six producers on raw sockets each send 16 inserts of 1 MiB back to back, without
+    waiting for replies (a producer that ignores busy), into a server process whose
+    engine applies a batch in 20 ms: (how far the server's resident memory rose above
+    where it was when they started, the busy replies they got)."""
+    import subprocess
+    import sys
+
+    from tests.support import free_port, wait_listening
+
+    rows, batches, producers = 1 << 16, 16, 6          # 2 INT columns: 1 MiB a batch
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, str(port), TOKEN, str(limit)])
+    try:
+        wait_listening(proc, port)
+        frame = pack_frame({"id": 0, "op": "insert", "args": {
+            "stream": "B", "columns": {"p": np.zeros(rows, np.int64),
+                                       "k": np.arange(rows)}, "ts": 1.0}})
+        socks = []
+        for _ in range(producers):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+            sock.sendall(pack_frame({"id": 0, "op": "hello",
+                                     "args": {"token": TOKEN, "protocol": PROTOCOL}}))
+            assert read_reply(sock)["ok"]
+            sock.sendall(frame)                     # warm: code paths, buffers
+            assert read_reply(sock)["ok"]
+            socks.append(sock)
+        base, peak, stop = _rss(proc.pid), [0], threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], _rss(proc.pid))
+                time.sleep(0.005)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        senders = [threading.Thread(target=lambda s=s: [s.sendall(frame)
+                                                        for _ in range(batches)])
+                   for s in socks]
+        for t in senders:
+            t.start()
+        replies = [read_reply(s) for s in socks for _ in range(batches)]
+        for t in senders:
+            t.join()
+        stop.set()
+        watcher.join()
+        for s in socks:
+            s.close()
+        busy = sum(not r["ok"] for r in replies)
+        assert all(r["ok"] or r["error"]["code"] == "busy" for r in replies)
+        return peak[0] - base, busy
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_memory_stays_bounded_while_producers_push_faster_than_ingest():
+    """Producers that send far faster than the engine applies and never wait: with a
+    4 MiB queue the server's memory rises by no more than the queue plus the frames it
+    may have read and not answered (max_in_flight per connection), the rest refused
+    busy; with an unbounded queue (1 GiB) it holds everything sent and not yet
+    applied, several times that bound."""
+    limit = 4 << 20
+    bound = limit + 6 * Limits().max_in_flight * (1 << 20)
+    bounded, busy = _pushed(limit)
+    unbounded, none = _pushed(1 << 30)
+    assert busy > 0 and none == 0
+    assert bounded <= bound, f"rose {bounded / 2**20:.1f} MiB, bound {bound / 2**20:.0f}"
+    assert unbounded > 2 * bound, (unbounded / 2**20, bounded / 2**20)
