@@ -78,7 +78,7 @@ def count_pass(spark, root: Path, n: int, reduction: int, into: Path
                ) -> tuple[float, float, float]:
     """psoup's history pass of the COUNT(*) query at `reduction` over the archive under
     `root`: (seconds, the estimated count, the half-width of its 95% interval)."""
-    from psoup.archive.sampling import system_rate
+    from psoup.archive.rates import system_rate
     from psoup.query import compile_statement
     from psoup.spark.history import evaluate
 

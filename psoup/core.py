@@ -18,16 +18,16 @@ cursors for `since`), and recovery replays the journal straight into a Core.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from psoup.archive.policy import WHOLE, Schedule, capped
-from psoup.archive.sampling import sample_rate
+from psoup.archive.policy import WHOLE, ArchiveRead, Policy, Schedule, capped, check_schedule
+from psoup.archive.rates import sample_rate, threshold
 from psoup.bits import words_for
 from psoup.eddy.eddy import Eddy
 from psoup.eddy.routing import POLICIES
-from psoup.errors import QueryError, UnknownHandle
+from psoup.errors import PSoupError, QueryError, UnknownHandle
 from psoup.query.model import Query, StreamSchema
 from psoup.results.answers import Answers
 from psoup.results.base import SinkTable
@@ -139,18 +139,59 @@ class Core:
     def answer(self, handle: str, now: float) -> Result:
         return self.answers.answer(self.plan(handle), now)
 
-    def unread_segments(self, handle: str, now: float
-                        ) -> list[tuple[Segment, dict[str, str]]]:
+    def unread_segments(self, handle: str, now: float, reads: Mapping[str, int] | None = None
+                        ) -> list[tuple[Segment, dict[str, str], int]]:
         """The archive tier's segment files an answer of `handle` at `now` would read
-        (none in the cache): ArchiveTiers.unread. O(segments)."""
+        (none in the cache), those in `reads` as samples: ArchiveTiers.unread.
+        O(segments)."""
         plan = self.plan(handle)
         if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
             return []
-        return self.tiers.unread(plan.slot, plan.query.sources[0].window, now)
+        return self.tiers.unread(plan.slot, plan.query.sources[0].window, now, reads)
 
-    def answer_and_window(self, handle: str, now: float
+    def read_plan(self, handle: str, now: float, policy: Policy, rows_per_second: float
+                  ) -> dict[str, int] | None:
+        """How to read the archive tier of `handle` for an answer at `now`: None to read
+        its segments whole, or segment name -> the draw limit of a sampled read, each
+        at the lowest rate `policy` gives over its ts range, asked about the segments
+        not in the cache (ArchiveRead: their matches, bytes and ts range, at
+        `rows_per_second`). O(segments) (a stat a segment not in the cache).
+
+        Raises:
+            PSoupError: the policy failed or gave a schedule that is not one.
+        """
+        plan = self.plan(handle)
+        if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
+            return None
+        source = plan.query.sources[0]
+        segments = self.tiers.meeting(plan.slot, source.window, now)
+        unread = [seg for seg in segments if not self.tiers.cached(seg.name)]
+        if not unread:
+            return None
+        folder = self.tiers.folder
+        size = sum((folder / seg.name).stat().st_size for seg in unread
+                   if folder is not None and (folder / seg.name).is_file())
+        read = ArchiveRead(source.stream, sum(seg.rows for seg in unread), size,
+                           min(seg.lo for seg in unread), max(seg.hi for seg in unread),
+                           now, rows_per_second)
+        try:
+            steps = check_schedule(policy.schedule(read))
+        except Exception as exc:
+            raise PSoupError(f"the archive policy {policy!r} failed on {read}: "
+                             f"{exc}") from None
+        if steps == WHOLE:
+            return None
+        starts = [start for start, _ in steps]
+        ends = starts[1:] + [math.inf]
+        return {seg.name: threshold(min(rate for a, b, rate in
+                                        zip(starts, ends, [r for _, r in steps])
+                                        if a <= seg.hi and seg.lo < b))
+                for seg in segments}
+
+    def answer_and_window(self, handle: str, now: float,
+                          reads: Mapping[str, int] | None = None
                           ) -> tuple[Result, tuple[int, int] | None]:
-        return self.answers.answer_and_window(self.plan(handle), now)
+        return self.answers.answer_and_window(self.plan(handle), now, reads)
 
     # ------------------------------------------------------------------ lookups
 

@@ -36,8 +36,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, ov
 
 import numpy as np
 
-from psoup.archive.policy import (DEFAULT_ROWS_PER_SECOND, ArchiveRead, Budget, Exact,
-                                  Policy, Schedule, check_schedule)
+from psoup.archive.policy import (DEFAULT_ROWS_PER_SECOND, DEFAULT_TIER_ROWS_PER_SECOND,
+                                  ArchiveRead, Budget, Exact, Policy, Schedule,
+                                  check_schedule)
+from psoup.archive.rates import SAMPLE_SPACE
 from psoup.core import Core
 from psoup.eddy.routing import POLICIES
 from psoup.errors import (ApplyFailed, HistoryPending, LimitError, PSoupError, QueryError,
@@ -219,8 +221,10 @@ class Engine:
         self.archive_policy: Policy = (Budget(archive_budget) if archive_budget is not None
                                        else archive_policy or Exact())
         self._archive_rate = DEFAULT_ROWS_PER_SECOND    # measured by each history pass
+        self._tier_rate = DEFAULT_TIER_ROWS_PER_SECOND  # measured by reads of tier files
         self._reductions: dict[str, Schedule] = {}       # of the latest job, by stream
         self._read_rows: dict[str, int] = {}             # the archived rows it covers
+        self._tier_reads: dict[str, float] = {}          # handle -> its last tier read rate
         self.mode = mode
         self.max_factors = max_factors
         self.max_queries = max_queries
@@ -411,6 +415,8 @@ class Engine:
         engine did not issue for this handle CursorInvalid.
         """
         loaded: dict[str, dict[str, np.ndarray]] | None = None
+        reads: dict[str, int] | None = None
+        measured = 0.0
         while True:
             with self._lock:
                 if self._failure is not None:
@@ -419,12 +425,22 @@ class Engine:
                 self._check_history(handle)
                 core = self._core
                 if loaded is None:
-                    wanted = core.unread_segments(handle, at)
+                    if not isinstance(self.archive_policy, Exact):
+                        reads = core.read_plan(handle, at, self.archive_policy,
+                                               self._tier_rate)
+                        self._tier_reads[handle] = 1.0 if not reads else \
+                            min(reads.values()) / SAMPLE_SPACE
+                        if len(self._tier_reads) > 2 * len(core.handles) + 64:
+                            self._tier_reads = {h: r for h, r in self._tier_reads.items()
+                                                if h in core.handles}
+                    wanted = core.unread_segments(handle, at, reads)
                 else:
                     core.tiers.prime(loaded)
                     wanted = []
+                    if measured:
+                        self._tier_rate = 0.5 * self._tier_rate + 0.5 * measured
                 if not wanted:
-                    answer, window = core.answer_and_window(handle, at)
+                    answer, window = core.answer_and_window(handle, at, reads)
                     if since is None:
                         # the cursor is made when first read (Result.defer_cursor), so
                         # an invocation whose caller never polls with since does not
@@ -439,7 +455,11 @@ class Engine:
             # readers are not held up by the disk; then the answer, under the lock, from
             # the cache (a file missed meanwhile is read there)
             assert folder is not None
+            began = time.perf_counter()
             loaded = load_segments(folder, wanted)
+            rows = sum(len(got["tupleID"]) for got in loaded.values())
+            if rows:                    # the tier read rate, for Budget policies
+                measured = rows / max(time.perf_counter() - began, 1e-4)
 
     def _issue_cursor(self, handle: str, window: tuple[int, int] | None,
                       answer: Result) -> None:
@@ -606,8 +626,11 @@ class Engine:
                 out["archive_reads"] = {
                     "policy": repr(self.archive_policy),
                     "rows_per_second": self._archive_rate,
+                    "tier_rows_per_second": self._tier_rate,
                     "reduction": {stream: [list(step) for step in steps]
-                                  for stream, steps in self._reductions.items()}}
+                                  for stream, steps in self._reductions.items()},
+                    "tier_reads": {h: rate for h, rate in self._tier_reads.items()
+                                   if h in self._core.handles}}
             return out
 
     def _check(self) -> None:

@@ -20,14 +20,14 @@ import pyarrow.parquet as pq
 import pytest
 
 import psoup
-from psoup.archive import sampling
+from psoup.archive import rates, sampling
 from psoup.archive.layout import SAMPLE_COLUMN, arrow_schema, part_path
 from psoup.archive.parquet import Archive
 from psoup.errors import QueryError
 from psoup.query import compile_statement
 from psoup.results.aggregates import Aggregator
 from psoup.server.protocol import decode_answer, encode_answer, pack_frame, unpack_payload
-from psoup.spark.history import draws_of
+from psoup.archive.sampling import draws_of
 from tests.oracles import binomial_p_value
 from tests.support import Clock
 
@@ -51,7 +51,7 @@ def test_each_row_group_holds_one_draw_range_in_tuple_id_order():
         part = pf.read_row_group(g)
         draws = part.column(SAMPLE_COLUMN).to_numpy()
         ids = part.column("tuple_id").to_numpy()
-        group = set((draws // sampling.GROUP_WIDTH).tolist())
+        group = set((draws // rates.GROUP_WIDTH).tolist())
         assert len(group) == 1, "a row group holds one draw range"
         assert (np.diff(ids) > 0).all(), "a row group is in tupleID order"
         (now,) = group
@@ -76,11 +76,11 @@ def test_a_sample_reads_only_the_row_groups_below_its_threshold(rate, monkeypatc
 
     monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
     got = sampling.read_sample(sink, None, rate)
-    limit = sampling.threshold(rate)
+    limit = rates.threshold(rate)
     want = sampling.in_order(whole.filter(pc_less(whole.column(SAMPLE_COLUMN), limit)))
     assert got.equals(want)
     runs = 4
-    assert len(read_groups) <= runs * math.ceil(limit / sampling.GROUP_WIDTH)
+    assert len(read_groups) <= runs * math.ceil(limit / rates.GROUP_WIDTH)
     assert len(read_groups) < pq.ParquetFile(sink).metadata.num_row_groups or rate == 1
 
 
@@ -99,7 +99,7 @@ def test_a_sample_is_uniform_per_stratum_by_a_binomial_test(tmp_path):
                             for p in sorted(tmp_path.rglob("*.parquet"))])
     sampled = np.zeros(n, bool)
     sampled[got.column("tuple_id").to_numpy()] = True
-    real = sampling.bernoulli_rate(rate)
+    real = rates.bernoulli_rate(rate)
     strata = {f"a={v}": ids % 10 == v for v in range(10)}
     strata |= {f"decile {d}": ids * 10 // n == d for d in range(10)}
     p_values = {name: binomial_p_value(int(sampled[mask].sum()), int(mask.sum()), real)
@@ -139,7 +139,7 @@ def test_scaled_count_and_sum_intervals_cover_the_truth_in_93_percent_of_runs(tm
                                  for p in sorted(folder.rglob("*.parquet"))])
         tid = np.concatenate([rows.column("tuple_id").to_numpy(), np.arange(n, n + live)])
         mask = keep[tid]
-        weights = np.where(tid < n, 1 / sampling.bernoulli_rate(0.1), 1.0)[mask]
+        weights = np.where(tid < n, 1 / rates.bernoulli_rate(0.1), 1.0)[mask]
         got = aggregator.compute({(0, "a"): a[tid][mask]}, tid[mask] / 10.0, weights)
         (count, total), = got.rows
         covered["count(*)"] += abs(count - truth[0]) <= got.error["count(*)"][0]
@@ -150,7 +150,7 @@ def test_scaled_count_and_sum_intervals_cover_the_truth_in_93_percent_of_runs(tm
 def test_a_part_file_without_draws_is_read_whole_and_hashed_for_samples():
     ids = np.arange(100_000, dtype=np.int64)
     drawn = draws_of(None, ids)
-    assert drawn.min() >= 0 and drawn.max() < sampling.SAMPLE_SPACE
+    assert drawn.min() >= 0 and drawn.max() < rates.SAMPLE_SPACE
     assert abs((drawn < 256).mean() - 0.25) < 0.01
     raw = pa.array([3, None, 900], pa.int16())
     assert draws_of(raw, np.array([0, 1, 2])).tolist() == [3, draws_of(None, ids[1:2])[0], 900]
@@ -180,8 +180,8 @@ def test_tablesample_rates_bernoulli_rows_system_whole_row_groups():
                           {"R": schema})
     sample = q.sources[0].sample
     assert (sample.method, sample.fraction) == ("SYSTEM", 0.1)
-    assert sampling.sample_rate(sample.method, sample.fraction) == 2 / 16
-    assert sampling.sample_rate("BERNOULLI", 0.1) == 102 / 1024
+    assert rates.sample_rate(sample.method, sample.fraction) == 2 / 16
+    assert rates.sample_rate("BERNOULLI", 0.1) == 102 / 1024
     full = compile_statement("SELECT * FROM R TABLESAMPLE BERNOULLI (100)", {"R": schema})
     assert full.sources[0].sample is None
 
@@ -246,8 +246,8 @@ def test_tablesample_answers_equal_duckdb_over_the_sample_plus_memory(tmp_path):
                 eng._core.tiers.sampled(eng._core.handles[h["rows"]].slot).below)
     con = _oracle(rows, tmp_path / "s" / "archive")
     now = 3200.0
-    weight = f"CASE WHEN tid < {below} THEN 1024.0 / {sampling.threshold(0.3)} ELSE 1 END"
-    inside = f"(tid >= {below} OR draw < {sampling.threshold(0.3)})"
+    weight = f"CASE WHEN tid < {below} THEN 1024.0 / {rates.threshold(0.3)} ELSE 1 END"
+    inside = f"(tid >= {below} OR draw < {rates.threshold(0.3)})"
     count, total, var_c, var_s, avg = con.execute(
         f"SELECT SUM({weight}), SUM({weight} * a), SUM({weight} * {weight} - {weight}), "
         f"SUM(({weight} * {weight} - {weight}) * a * a), SUM({weight} * b) / SUM({weight}) "
@@ -258,12 +258,12 @@ def test_tablesample_answers_equal_duckdb_over_the_sample_plus_memory(tmp_path):
     assert got.error["count(*)"][0] == pytest.approx(1.96 * math.sqrt(var_c))
     assert got.error["sum(a)"][0] == pytest.approx(1.96 * math.sqrt(var_s))
     (first_mem,) = con.execute(f"SELECT ts FROM src WHERE tid = {below}").fetchone()
-    assert got.fidelity == ((-math.inf, first_mem, 0.3 * 0 + sampling.threshold(0.3) / 1024),
+    assert got.fidelity == ((-math.inf, first_mem, rates.bernoulli_rate(0.3)),
                             (first_mem, math.inf, 1.0))
 
     want_rows = con.execute(
         f"SELECT a, b FROM src WHERE a >= 7 AND ts BETWEEN 100 AND {now} AND "
-        f"(tid >= {below} OR draw < {sampling.threshold(4 / 16)}) ORDER BY ts, tid").fetchall()
+        f"(tid >= {below} OR draw < {rates.threshold(4 / 16)}) ORDER BY ts, tid").fetchall()
     got_rows = eng.invoke(h["rows"], now=now)
     assert got_rows.rows == [tuple(r) for r in want_rows]
     assert got_rows.fidelity[0][:1] == (100.0,) and got_rows.fidelity[0][2] == 0.25
@@ -311,7 +311,7 @@ def test_reshape_rewrites_an_old_archive_and_samples_then_read_its_draws(tmp_pat
     assert (len(report.rewritten), report.rows, report.already) == (3, 12000, 0)
     for path in root.rglob("part-*.parquet"):
         assert sampling.is_sampled(pq.read_schema(path))
-        assert pq.ParquetFile(path).metadata.num_row_groups == sampling.SAMPLE_GROUPS
+        assert pq.ParquetFile(path).metadata.num_row_groups == rates.SAMPLE_GROUPS
     assert Archive(root).read("R").equals(before)           # the same rows, in order
     assert reshape(root).already == 3                        # again: nothing to do
     assert not list(root.rglob("*.tmp"))
@@ -406,7 +406,7 @@ def test_an_age_policy_reads_old_data_thinner_and_answers_say_so(tmp_path):
     assert got.rows[0] == pytest.approx(want)
     assert got.fidelity == ((-math.inf, 2000.0, 0.25), (2000.0, math.inf, 1.0))
     # the query's own 10% caps the policy: ts >= 2000 at 10% too (below the horizon)
-    thr = sampling.threshold(0.1)
+    thr = rates.threshold(0.1)
     want_rows = con.execute(
         f"SELECT a FROM src WHERE a < 5 AND ts BETWEEN 500 AND {now} AND "
         f"(tid >= {below} OR draw < {thr}) ORDER BY ts, tid").fetchall()

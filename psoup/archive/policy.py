@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Protocol, Sequence
 
-from psoup.archive.sampling import SAMPLE_GROUPS
+from psoup.archive.rates import SAMPLE_GROUPS
 
 #: (from ts, rate) steps in ts order, the first from -inf: a read's sample rates.
 Schedule = tuple[tuple[float, float], ...]
@@ -35,6 +35,9 @@ WHOLE: Schedule = ((-math.inf, 1.0),)
 #: (bench/history.py: 10 million archived tuples against 1,024 queries in 16.7 s, about
 #: 0.6 million a second on 2 cores; fewer queries read faster).
 DEFAULT_ROWS_PER_SECOND = 1_000_000.0
+#: What psoup assumes an invocation reads of a query's archive tier files per second
+#: before it has measured one (pyarrow reading Parquet on one core).
+DEFAULT_TIER_ROWS_PER_SECOND = 5_000_000.0
 
 
 class ArchiveRead(NamedTuple):

@@ -27,67 +27,13 @@ archive reshape` rewrites it in this layout.
 
 from __future__ import annotations
 
-import math
 from typing import IO, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from psoup.archive.layout import SAMPLE_COLUMN, TUPLE_ID_COLUMN
-
-#: Draws are uniform in [0, SAMPLE_SPACE): sample rates are multiples of its inverse.
-SAMPLE_SPACE = 1 << 10
-#: Row groups per run of a part file: a read of rate p reads ceil(p x this) of them.
-SAMPLE_GROUPS = 16
-#: Draw values per row group.
-GROUP_WIDTH = SAMPLE_SPACE // SAMPLE_GROUPS
-
-
-def threshold(rate: float) -> int:
-    """The draws below this are in the sample of `rate` (0 < rate <= 1): rate x
-    SAMPLE_SPACE rounded to the nearest, at least 1. O(1).
-
-    Example:
-        >>> threshold(0.25), threshold(1.0), threshold(1e-9)
-        (256, 1024, 1)
-    """
-    if not 0.0 < rate <= 1.0:
-        raise ValueError(f"a sample rate is in (0, 1], not {rate}")
-    return max(1, min(SAMPLE_SPACE, round(rate * SAMPLE_SPACE)))
-
-
-def bernoulli_rate(rate: float) -> float:
-    """The rate a BERNOULLI sample of `rate` really has (a multiple of 1/SAMPLE_SPACE).
-
-    Example:
-        >>> bernoulli_rate(0.1)
-        0.099609375
-    """
-    return threshold(rate) / SAMPLE_SPACE
-
-
-def system_rate(rate: float) -> float:
-    """The rate a SYSTEM sample of `rate` has: whole row groups, so `rate` rounded up to
-    a multiple of 1/SAMPLE_GROUPS.
-
-    Example:
-        >>> system_rate(0.1), system_rate(0.25)
-        (0.125, 0.25)
-    """
-    if not 0.0 < rate <= 1.0:
-        raise ValueError(f"a sample rate is in (0, 1], not {rate}")
-    return min(SAMPLE_GROUPS, math.ceil(rate * SAMPLE_GROUPS - 1e-9)) / SAMPLE_GROUPS
-
-
-def sample_rate(method: str, fraction: float) -> float:
-    """The rate a TABLESAMPLE `method` (BERNOULLI or SYSTEM) of `fraction` reads at.
-
-    Example:
-        >>> sample_rate("SYSTEM", 0.3), sample_rate("BERNOULLI", 0.25)
-        (0.3125, 0.25)
-    """
-    return system_rate(fraction) if method == "SYSTEM" else bernoulli_rate(fraction)
-
+from psoup.archive.rates import GROUP_WIDTH, SAMPLE_GROUPS, SAMPLE_SPACE, threshold
 
 def draws(n: int, rng: np.random.Generator) -> np.ndarray:
     """`n` uniform draws in [0, SAMPLE_SPACE), int16. O(n)."""
@@ -125,12 +71,18 @@ def write_runs(table: pa.Table, rng: np.random.Generator, sink: str | IO[bytes],
 
 
 def write_run(writer, table: pa.Table, rng: np.random.Generator) -> None:
-    """Write `table` (rows in tupleID order, without draws) as one run of the sampled
-    layout through an open `pq.ParquetWriter` of `sampled_schema`: its rows ordered
-    by row group and then tupleID, one row group per `write_table` call. O(rows)."""
+    """Write `table` (rows in tupleID order) as one run of the sampled layout through
+    an open `pq.ParquetWriter` of `sampled_schema`: its rows ordered by row group and
+    then tupleID, one row group per `write_table` call. Rows keep the draws they carry
+    in SAMPLE_COLUMN (a tier's matches keep the archive's, so that samples nest);
+    without that column each gets a fresh one from `rng`. O(rows)."""
     if not table.num_rows:
         return
-    drawn = draws(table.num_rows, rng)
+    if SAMPLE_COLUMN in table.schema.names:
+        drawn = table.column(SAMPLE_COLUMN).to_numpy()
+        table = table.drop_columns([SAMPLE_COLUMN])
+    else:
+        drawn = draws(table.num_rows, rng)
     group = drawn // GROUP_WIDTH
     order = np.argsort(group, kind="stable")         # stable: tupleID order in a group
     bounds = np.searchsorted(group[order], np.arange(SAMPLE_GROUPS + 1)).tolist()
@@ -146,9 +98,10 @@ def is_sampled(schema: pa.Schema) -> bool:
     return SAMPLE_COLUMN in schema.names
 
 
-def in_order(table: pa.Table) -> pa.Table:
-    """A part file's rows (or several files' rows, concatenated) back in tupleID order,
-    without the draw column. O(n log runs): the sort is a merge of sorted runs.
+def in_order(table: pa.Table, key: str = TUPLE_ID_COLUMN) -> pa.Table:
+    """A part file's rows (or several files' rows, concatenated) back in tupleID order
+    (column `key`), without the draw column. O(n log runs): the sort is a merge of
+    sorted runs.
 
     Example:
         >>> t = pa.table({"tuple_id": [3, 9, 1, 4], SAMPLE_COLUMN: pa.array([5, 9, 700, 900],
@@ -159,10 +112,65 @@ def in_order(table: pa.Table) -> pa.Table:
     if SAMPLE_COLUMN not in table.schema.names:
         return table
     table = table.drop_columns([SAMPLE_COLUMN])
-    ids = table.column(TUPLE_ID_COLUMN).to_numpy()
+    ids = table.column(key).to_numpy()
     if len(ids) > 1 and (np.diff(ids) < 0).any():
         table = table.take(pa.array(np.argsort(ids, kind="stable")))
     return table
+
+
+def draws_of(raw: pa.Array | pa.ChunkedArray | None, tuple_ids: np.ndarray) -> np.ndarray:
+    """Each row's draw in [0, SAMPLE_SPACE): its SAMPLE_COLUMN value, or for a row of a
+    file written before the sampled layout (null, or no such column) a hash of its
+    tupleID (splitmix64), uniform too but found only by reading every row.
+
+    Example:
+        >>> draws_of(pa.array([5, None], pa.int16()), np.array([0, 1])).tolist()[0]
+        5
+    """
+    ids = tuple_ids.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = ids + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    hashed = (z % np.uint64(SAMPLE_SPACE)).astype(np.int64)
+    if raw is None:
+        return hashed
+    have = raw.fill_null(-1).to_numpy().astype(np.int64)
+    return np.where(have >= 0, have, hashed)
+
+
+def read_below(path, columns: Sequence[str], limit: int, key: str = TUPLE_ID_COLUMN,
+               keep_draws: bool = False) -> pa.Table:
+    """The rows of Parquet file `path` whose draw is below `limit` (all for
+    SAMPLE_SPACE), `columns` of them, in `key` order: only the row groups that can hold
+    them are read. A file without draws is read whole, its draws hashed from `key`.
+    `keep_draws`: the draws stay, as SAMPLE_COLUMN (made from the hash for a file
+    without them). O(rows read)."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    sampled = is_sampled(pf.schema_arrow)
+    wanted = list(dict.fromkeys([*columns, key] + ([SAMPLE_COLUMN] if sampled else [])))
+    if sampled and limit < SAMPLE_SPACE:
+        groups = [g for g in range(pf.metadata.num_row_groups) if _lowest(pf, g) < limit]
+        table = pf.read_row_groups(groups, columns=wanted)
+    else:
+        table = pf.read(columns=wanted)
+    if limit < SAMPLE_SPACE or keep_draws:
+        drawn = draws_of(table.column(SAMPLE_COLUMN) if sampled else None,
+                         table.column(key).to_numpy())
+        if not sampled:
+            table = table.append_column(SAMPLE_COLUMN, pa.array(drawn.astype(np.int16)))
+        if limit < SAMPLE_SPACE:
+            table = table.filter(pa.array(drawn < limit))
+    ordered = in_order(table, key)
+    if keep_draws:
+        back = table.column(SAMPLE_COLUMN).to_numpy()
+        ids = table.column(key).to_numpy()
+        order = np.argsort(ids, kind="stable")
+        ordered = ordered.append_column(SAMPLE_COLUMN, pa.array(back[order]))
+    return ordered.select([*columns] + ([SAMPLE_COLUMN] if keep_draws else []))
 
 
 def read_sample(path, columns: Sequence[str] | None = None, rate: float = 1.0) -> pa.Table:

@@ -18,11 +18,12 @@ from typing import Mapping
 
 import numpy as np
 
-from psoup.query.model import TS, TUPLE_ID, Window
+from psoup.query.model import TS, TUPLE_ID
 from psoup.results.aggregates import Aggregator
 from psoup.results.materialized import Materialized
 from psoup.results.result import EXACT, Result
-from psoup.results.tiers import ArchiveTiers, Sampled
+from psoup.archive.rates import SAMPLE_SPACE
+from psoup.results.tiers import READ_RATE, ArchiveTiers, Sampled
 from psoup.results.windows_table import WindowsTable, archive_reach
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.query_stem import JoinPlan, Plan, SelectionPlan
@@ -52,19 +53,21 @@ class Answers:
         """The query's current answer at `now`."""
         return self.answer_and_window(plan, now)[0]
 
-    def answer_and_window(self, plan: Plan, now: float
+    def answer_and_window(self, plan: Plan, now: float,
+                          reads: Mapping[str, int] | None = None
                           ) -> tuple[Result, tuple[int, int] | None]:
         """The query's current answer at `now`, and where it comes from as a tupleID
         range [lo, hi) of its stream: for a selection query without aggregates or
         history whose window is a position range, the answer is its matches in that
         range, so `recompute` can build it again later (a `since` cursor holds the range
         instead of the answer). The range is None for every other query; O(log n) on
-        top of the answer's cost.
+        top of the answer's cost. `reads`: the tier's segments to read as samples,
+        name -> draw limit (ArchiveTiers.part).
         """
         if isinstance(plan, JoinPlan):
             answer, window = self._join(plan, now), None
         else:
-            answer, window = self._selection(plan, now)
+            answer, window = self._selection(plan, now, reads)
         if plan.query.aggregated and plan.query.distinct:
             answer = answer.distinct()
         return answer, window
@@ -92,13 +95,16 @@ class Answers:
         return Result.build(query.columns, [got[name] for name in names], got[TS],
                             got[TUPLE_ID], query.distinct)
 
-    def _selection(self, plan: SelectionPlan, now: float
+    def _selection(self, plan: SelectionPlan, now: float,
+                   reads: Mapping[str, int] | None = None
                    ) -> tuple[Result, tuple[int, int] | None]:
         query = plan.query
         source = query.sources[0]
         stem = self.stems[source.stream]
-        archived = self.tiers.part(plan.slot, source.window, now)
-        fidelity = _fidelity(self.tiers.sampled(plan.slot), source.window, now)
+        archived = self.tiers.part(plan.slot, source.window, now, reads)
+        sample = self.tiers.sampled(plan.slot)
+        fidelity = _fidelity(archive_reach(source.window, now),
+                             _sample_layer(sample) + self._read_layer(plan, now, reads))
         span = self.windows.spans(plan.slot, [stem], now)[0]
         kept = self.kept.aggregates.get(plan.slot)
         if kept is not None and span.is_range and not archived and fidelity == EXACT:
@@ -107,9 +113,7 @@ class Answers:
             aggregator = Aggregator(query)
             needed = list(dict.fromkeys([c for _, c in aggregator.needed] + [TS, TUPLE_ID]))
             got = _fetch(self.kept.fetch(plan, span, needed), archived)
-            sample = self.tiers.sampled(plan.slot)
-            weights = None if fidelity == EXACT or sample is None else \
-                np.where(got[TUPLE_ID] < sample.below, 1.0 / sample.rates(got[TS]), 1.0)
+            weights = None if fidelity == EXACT else 1.0 / _inclusion(got, sample, archived)
             answer = aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
                                         got[TS], weights)
             answer.fidelity = fidelity
@@ -123,6 +127,22 @@ class Answers:
         lo, hi = span.bounds()
         lo = min(max(lo, stem.horizon), stem.n)
         return answer, (stem.tid_bound(lo), stem.tid_bound(max(lo, min(hi, stem.n))))
+
+    def _read_layer(self, plan: SelectionPlan, now: float,
+                    reads: Mapping[str, int] | None) -> list[tuple[float, float, float]]:
+        """The rates the tier's segments were read at (`reads`), as ts ranges: each
+        segment's from its first match to the next segment's (the first one's from
+        -inf, the last one's to the first tuple in memory): the tier has no match in
+        between."""
+        if not reads:
+            return []
+        stem = self.stems[plan.query.sources[0].stream]
+        segments = self.tiers.meeting(plan.slot, plan.query.sources[0].window, now)
+        horizon = stem.ts_at(stem.horizon) if stem.horizon < stem.n else math.inf
+        starts = [-math.inf] + [seg.lo for seg in segments[1:]]
+        ends = starts[1:] + [horizon]
+        return [(start, end, reads.get(seg.name, SAMPLE_SPACE) / SAMPLE_SPACE)
+                for seg, start, end in zip(segments, starts, ends)]
 
     def _join(self, plan: JoinPlan, now: float) -> Result:
         query = plan.query
@@ -144,30 +164,55 @@ class Answers:
                             query.distinct)
 
 
-def _fidelity(sample: Sampled | None, window: Window, now: float
+def _sample_layer(sample: Sampled | None) -> list[tuple[float, float, float]]:
+    """A tier's sample (psoup.results.tiers.Sampled) as ts ranges and rates: its steps,
+    up to where it ends."""
+    if sample is None:
+        return []
+    starts = [start for start, _ in sample.steps[1:]] + [math.inf]
+    return [(a, min(b, sample.until), rate) for (a, rate), b in zip(sample.steps, starts)
+            if a < min(b, sample.until)]
+
+
+def _fidelity(reach: tuple[float, float] | None,
+              layers: list[tuple[float, float, float]]
               ) -> tuple[tuple[float, float, float], ...]:
-    """Result.fidelity of an answer over `window` at `now` whose tier is `sample`d: the
-    window's part before the sample's end at the sample's rates, the rest at 1 (EXACT
-    when the window does not reach a part read below rate 1)."""
-    reach = archive_reach(window, now)
-    if sample is None or reach is None or reach[0] > reach[1]:
+    """Result.fidelity of an answer over the ts range `reach` of its window (None: the
+    window counts tuples in memory only) when `layers` give the rates the archived
+    part was read at, as (from, to, rate) ranges (rate 1 outside them): each range of
+    the window with the lowest rate there, neighbours of one rate merged; EXACT when
+    every rate is 1. O(layers log layers)."""
+    if reach is None or reach[0] > reach[1] or all(r == 1.0 for _, _, r in layers):
         return EXACT
     begin, end = reach
-    cut = min(sample.until, end)
-    starts = [start for start, _ in sample.steps[1:]] + [math.inf]
-    out = [(max(begin, a), min(b, cut), rate) for (a, rate), b in zip(sample.steps, starts)
-           if max(begin, a) < min(b, cut)]
+    cuts = sorted({begin, end} | {x for a, b, _ in layers for x in (a, b) if begin < x < end})
+    out: list[tuple[float, float, float]] = []
+    for a, b in zip(cuts, cuts[1:]):
+        rate = min([r for lo, hi, r in layers if lo <= a and b <= hi] + [1.0])
+        if out and out[-1][2] == rate:
+            out[-1] = (out[-1][0], b, rate)
+        else:
+            out.append((a, b, rate))
     if all(rate == 1.0 for _, _, rate in out):
         return EXACT
-    if end > cut:
-        out.append((max(cut, begin), end, 1.0))
-    merged = [out[0]]
-    for a, b, rate in out[1:]:
-        if rate == merged[-1][2]:
-            merged[-1] = (merged[-1][0], b, rate)
-        else:
-            merged.append((a, b, rate))
-    return tuple(merged)
+    return tuple(out)
+
+
+def _inclusion(got: Mapping[str, np.ndarray], sample: Sampled | None,
+               archived: Mapping[str, np.ndarray] | None) -> np.ndarray:
+    """Each answer row's probability of having been read: for the archived rows (they
+    come first in `got`), the tier's sample rate below its end (the tuples it was
+    built from) and the rate its segment was read at (READ_RATE), whichever is lower
+    (the draws are the same, so the samples nest); 1 for the rows from memory."""
+    n = len(got[TS])
+    rate = np.ones(n)
+    k = 0 if not archived else len(archived[TS])
+    if sample is not None and k:
+        ids, ts = got[TUPLE_ID][:k], got[TS][:k]
+        rate[:k] = np.where(ids < sample.below, sample.rates(ts), 1.0)
+    if archived and READ_RATE in archived:
+        rate[:k] = np.minimum(rate[:k], archived[READ_RATE])
+    return rate
 
 
 def _fetch(got: dict[str, np.ndarray], archived: Mapping[str, np.ndarray] | None

@@ -43,6 +43,7 @@ from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
+from psoup.archive.rates import SAMPLE_SPACE
 from psoup.errors import PSoupError
 from psoup.fsync import make_dir, sync_file_system, write_whole
 from psoup.query.model import TS, TUPLE_ID, Window
@@ -195,45 +196,61 @@ def read_footer(folder: Path, name: str, columns: list[str]) -> Segment:
                    float(highs[TS]), int(meta.num_rows), sample)
 
 
-def load_segment(folder: Path, seg: Segment, types: Mapping[str, str]
+#: The key of `ArchiveTiers.part`'s answer holding the rate each row was read at
+#: (present only when some segment was read as a sample, `reads`).
+READ_RATE = "_read_rate"
+
+
+def load_segment(folder: Path, seg: Segment, types: Mapping[str, str],
+                 limit: int = SAMPLE_SPACE, keep_draws: bool = False
                  ) -> dict[str, np.ndarray]:
-    """The columns of segment `seg` under `folder` (`types`: column -> its type),
-    checked against its index entry. Needs no lock: a segment file never changes once
-    written. O(its size).
+    """The columns of segment `seg` under `folder` (`types`: column -> its type) in
+    tupleID order, checked against its index entry; only its matches whose draw is
+    below `limit` (psoup.archive.sampling: the row groups that hold them) when it is
+    below SAMPLE_SPACE; with `keep_draws`, their draws too (SAMPLE_COLUMN). Needs no
+    lock: a segment file never changes once written. O(what it reads).
 
     Raises:
         PSoupError: the file is gone, damaged, or holds another number of matches.
     """
-    import pyarrow.parquet as pq
-
-    from psoup.archive.layout import to_numpy
+    from psoup.archive.layout import SAMPLE_COLUMN, to_numpy
+    from psoup.archive.sampling import read_below
     path = folder / seg.name
     try:
-        table = pq.read_table(path, columns=list(types))
+        table = read_below(path, list(types), limit, TUPLE_ID, keep_draws)
         got = {name: to_numpy(table.column(name), ctype) for name, ctype in types.items()}
+        if keep_draws:
+            got[SAMPLE_COLUMN] = table.column(SAMPLE_COLUMN).to_numpy()
     except Exception as exc:
         raise PSoupError(f"the archive tier file {path} cannot be read ({exc}); "
                          "evaluate the query's history again (psoup history "
                          "HANDLE)") from None
-    if len(got[TUPLE_ID]) != seg.rows:
+    if limit >= SAMPLE_SPACE and len(got[TUPLE_ID]) != seg.rows:
         raise PSoupError(f"the archive tier file {path} holds {len(got[TUPLE_ID])} "
                          f"matches, not {seg.rows}; evaluate the query's history "
                          "again (psoup history HANDLE)")
     return got
 
 
-def load_segments(folder: Path, wanted: list[tuple[Segment, dict[str, str]]]
+def load_segments(folder: Path, wanted: list[tuple[Segment, dict[str, str], int]]
                   ) -> dict[str, dict[str, np.ndarray]]:
-    """`load_segment` of each of `wanted` (as `ArchiveTiers.unread` lists them) by file
-    name, leaving out the ones that fail: reading them again under the lock raises the
-    error where the answer needs it. O(their size)."""
+    """`load_segment` of each of `wanted` (as `ArchiveTiers.unread` lists them: the
+    segment, its types, the draw limit of its read) by cache key (`cache_key`), leaving
+    out the ones that fail: reading them again under the lock raises the error where
+    the answer needs it. O(what they read)."""
     out = {}
-    for seg, types in wanted:
+    for seg, types, limit in wanted:
         try:
-            out[seg.name] = load_segment(folder, seg, types)
+            out[cache_key(seg.name, limit)] = load_segment(folder, seg, types, limit)
         except PSoupError:
             pass
     return out
+
+
+def cache_key(name: str, limit: int) -> str:
+    """The cache's key of segment `name` read below draw `limit`: its name for a whole
+    read, NAME@LIMIT for a sample."""
+    return name if limit >= SAMPLE_SPACE else f"{name}@{limit}"
 
 
 def _between(columns: Mapping[str, np.ndarray], begin: float, end: float
@@ -457,10 +474,14 @@ class ArchiveTiers:
             return
         self._hook(self._stream_of.pop(slot))
 
-    def part(self, slot: int, window: Window, now: float) -> dict[str, np.ndarray] | None:
+    def part(self, slot: int, window: Window, now: float,
+             reads: Mapping[str, int] | None = None) -> dict[str, np.ndarray] | None:
         """The slot's archived matches that `window` selects at `now` (all columns, ts
         and tupleID included), or None when there are none or the window counts tuples
-        in memory only. Reads the segments whose ts range meets the window's.
+        in memory only. Reads the segments whose ts range meets the window's; those
+        named in `reads` only their matches with a draw below the limit given there (a
+        sample, psoup.archive.sampling), and then the answer says at what rate each row
+        was read (READ_RATE; 1 for the tail, which is in memory).
 
         Raises:
             PSoupError: a segment file is gone or damaged (naming it).
@@ -470,43 +491,74 @@ class ArchiveTiers:
         if tier is None or not len(tier) or reach is None:
             return None
         begin, end = reach
-        pieces = [_between(self._read(self._stream_of[slot], seg), begin, end)
-                  for seg in tier.segments if seg.rows and seg.hi >= begin and seg.lo <= end]
+        reads = reads or {}
+        pieces = []
+        for seg in self.meeting(slot, window, now):
+            limit = reads.get(seg.name, SAMPLE_SPACE)
+            got = _between(self._read(self._stream_of[slot], seg, limit), begin, end)
+            if reads:
+                got[READ_RATE] = np.full(len(got[TUPLE_ID]), limit / SAMPLE_SPACE)
+            pieces.append(got)
         if tier.tail:
-            pieces.append(_between(tier.tail, begin, end))
+            got = _between(tier.tail, begin, end)
+            if reads:
+                got[READ_RATE] = np.ones(len(got[TUPLE_ID]))
+            pieces.append(got)
         pieces = [p for p in pieces if len(p[TUPLE_ID])]
         if len(pieces) <= 1:
             return pieces[0] if pieces else None
         return {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
 
-    def _read(self, stream: str, seg: Segment) -> dict[str, np.ndarray]:
-        """A segment's columns, from the cache or from its file (kept in the cache,
-        the least recently read ones leaving it beyond CACHE_BYTES)."""
-        got = self._cache.get(seg.name)
-        if got is not None:
-            self._cache.move_to_end(seg.name)
-            return got
-        assert self.folder is not None
-        got = load_segment(self.folder, seg, self._types(stream))
-        self._cache_put(seg.name, got)
-        return got
-
-    def unread(self, slot: int, window: Window, now: float
-               ) -> list[tuple[Segment, dict[str, str]]]:
-        """The segments (and their column types) `part` would read from their files
-        now, not being in the cache: for a caller to `load_segment` them off the
-        engine's lock and `prime` the cache with them. O(segments)."""
+    def meeting(self, slot: int, window: Window, now: float) -> list[Segment]:
+        """The segments of `slot`'s tier holding matches whose ts range meets the
+        window's at `now` (none without a tier, or for a window of memory only).
+        O(segments)."""
         tier = self._tiers.get(slot)
         reach = archive_reach(window, now)
         if tier is None or reach is None:
             return []
         begin, end = reach
-        types = self._types(self._stream_of[slot])
-        return [(seg, types) for seg in tier.segments if seg.rows and seg.hi >= begin
-                and seg.lo <= end and seg.name not in self._cache]
+        return [seg for seg in tier.segments if seg.rows and seg.hi >= begin
+                and seg.lo <= end]
+
+    def _read(self, stream: str, seg: Segment, limit: int = SAMPLE_SPACE
+              ) -> dict[str, np.ndarray]:
+        """A segment's columns (its matches with a draw below `limit`), from the cache
+        or from its file (kept in the cache, the least recently read ones leaving it
+        beyond CACHE_BYTES)."""
+        key = cache_key(seg.name, limit)
+        got = self._cache.get(key)
+        if got is not None:
+            self._cache.move_to_end(key)
+            return got
+        assert self.folder is not None
+        got = load_segment(self.folder, seg, self._types(stream), limit)
+        self._cache_put(key, got)
+        return got
+
+    def unread(self, slot: int, window: Window, now: float,
+               reads: Mapping[str, int] | None = None
+               ) -> list[tuple[Segment, dict[str, str], int]]:
+        """The segments (their column types, the draw limit of their read: `part`'s
+        `reads`) `part` would read from their files now, not being in the cache: for a
+        caller to `load_segments` them off the engine's lock and `prime` the cache with
+        them. O(segments)."""
+        reads = reads or {}
+        types = self._types(self._stream_of[slot]) if slot in self._stream_of else {}
+        wanted = []
+        for seg in self.meeting(slot, window, now):
+            limit = reads.get(seg.name, SAMPLE_SPACE)
+            if cache_key(seg.name, limit) not in self._cache:
+                wanted.append((seg, types, limit))
+        return wanted
+
+    def cached(self, name: str) -> bool:
+        """Whether segment `name` is in the cache, read whole."""
+        return name in self._cache
 
     def prime(self, loaded: Mapping[str, dict[str, np.ndarray]]) -> None:
-        """Put segments read by `load_segment` in the cache, unless it has them."""
+        """Put segments read by `load_segments` in the cache (by `cache_key`), unless it
+        has them."""
         for name, got in loaded.items():
             if name not in self._cache:
                 self._cache_put(name, got)
@@ -526,8 +578,9 @@ class ArchiveTiers:
                 self._cached -= sum(v.nbytes for v in old.values())
 
     def _cache_drop(self, name: str) -> None:
-        old = self._cache.pop(name, None)
-        if old is not None:
+        """Drop segment `name` from the cache, its sampled reads too."""
+        for key in [k for k in self._cache if k == name or k.startswith(name + "@")]:
+            old = self._cache.pop(key)
             self._cached -= sum(v.nbytes for v in old.values())
 
     def nbytes(self) -> int:
@@ -582,24 +635,29 @@ class ArchiveTiers:
             PSoupError: a segment to merge is there but cannot be read.
         """
         import pyarrow as pa
-        import pyarrow.parquet as pq
+
+        from psoup.archive.layout import SAMPLE_COLUMN
+        from psoup.archive.sampling import draws, write_runs
 
         out = []
+        rng = np.random.default_rng()
         for part in parts:
-            columns = part.tail
+            columns = dict(part.tail)
+            columns[SAMPLE_COLUMN] = draws(len(columns[TUPLE_ID]), rng)   # fresh: exact rows
             if part.merged:
                 if not all((folder / seg.name).is_file() for seg in part.merged):
                     continue
-                merged = [load_segment(folder, seg, part.types) for seg in part.merged]
+                merged = [load_segment(folder, seg, part.types, keep_draws=True)
+                          for seg in part.merged]
                 columns = {name: np.concatenate([m[name] for m in merged] + [columns[name]])
-                           for name in part.types}
+                           for name in [*part.types, SAMPLE_COLUMN]}
             ids, ts = columns[TUPLE_ID], columns[TS]
             name = segment_name(part.handle, int(ids[0]), int(ids[-1]))
             path = folder / name
             make_dir(folder, private=True)      # a data directory's files are owner-only
             make_dir(path.parent, private=True)
             table = pa.table({c: pa.array(v) for c, v in columns.items()})
-            write_whole(path, partial(pq.write_table, table), private=True, fsync=False)
+            write_whole(path, partial(write_runs, table, rng), private=True, fsync=False)
             out.append(Written(part.slot, part.n, Segment(
                 name, int(ids[0]), int(ids[-1]), float(ts.min()), float(ts.max()),
                 len(ids)), part.merged))

@@ -35,7 +35,8 @@ import pyarrow as pa
 
 from psoup.archive.layout import (ARROW_TYPES, SAMPLE_COLUMN, SPARK_TYPES, TS_COLUMN,
                                   TUPLE_ID_COLUMN, check_part, to_numpy)
-from psoup.archive.sampling import GROUP_WIDTH, SAMPLE_SPACE, threshold
+from psoup.archive.rates import GROUP_WIDTH, threshold
+from psoup.archive.sampling import draws_of, write_runs
 from psoup.errors import ArchiveError, PSoupError
 from psoup.fsync import make_dir, sync_file_system, write_whole
 from psoup.spark.session import spark_error
@@ -131,6 +132,7 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
     from psoup.results.tiers import SAMPLED_KEY, Segment, sample_marker, segment_name
 
     sampled = sampled or {}
+    rng = np.random.default_rng()           # draws for matches that come without one
     out: dict[int, list[Segment]] = {slot: [] for slot in slots}
     for path in sorted(staging.glob("*.parquet")):
         table = pq.read_table(path)
@@ -152,7 +154,7 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
             piece, how = table.slice(a, b - a), sampled.get(slot)
             if how is not None:
                 piece = piece.replace_schema_metadata({SAMPLED_KEY: how.to_json()})
-            write_whole(target, partial(pq.write_table, piece), private=True, fsync=False)
+            write_whole(target, partial(write_runs, piece, rng), private=True, fsync=False)
             out.setdefault(slot, []).append(Segment(str(target), first, last, float(ts[a]),
                                                     float(ts[b - 1]), b - a, how))
     for slot, how in sampled.items():
@@ -175,10 +177,13 @@ def table_schema(schema: StreamSchema) -> pa.Schema:
 
 
 def out_schema(schema: StreamSchema) -> pa.Schema:
-    """The match rows: slot, tuple_id, ts, then the stream's columns."""
+    """The match rows: slot, tuple_id, ts, the stream's columns, then the tuple's draw
+    (psoup.archive.sampling: the tier keeps it, so that a sampled read of the tier
+    takes the same tuples as one of the archive)."""
     return pa.schema([(SLOT, pa.int64()), (TUPLE_ID_COLUMN, pa.int64()),
                       (TS_COLUMN, pa.float64())]
-                     + [(name, ARROW_TYPES[ctype]) for name, ctype in schema.columns])
+                     + [(name, ARROW_TYPES[ctype]) for name, ctype in schema.columns]
+                     + [(SAMPLE_COLUMN, pa.int16())])
 
 
 def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
@@ -197,8 +202,8 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         >>> ddl = "CREATE STREAM R (a INT)"
         >>> batch = pa.record_batch({"ts": [1.0, 2.0], "tuple_id": [7, 8], "a": [5, 1]})
         >>> out = next(probe_batches(ddl, [(3, "SELECT * FROM R WHERE a > 2")], iter([batch])))
-        >>> out.to_pydict()
-        {'slot': [3], 'tuple_id': [7], 'ts': [1.0], 'a': [5]}
+        >>> out.to_pydict()       # the draw: hashed from the tupleID, the batch has none
+        {'slot': [3], 'tuple_id': [7], 'ts': [1.0], 'a': [5], 'psoup_sample': [471]}
     """
     from psoup.query import compile_statement
     from psoup.query.model import Query
@@ -227,8 +232,8 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
                          None if raw is None else
                          raw.fill_null(-GROUP_WIDTH).to_numpy() // GROUP_WIDTH)
         bits = stem.probe(schema.name, columns, batch.num_rows)
+        drawn = draws_of(raw, columns["tupleID"])
         if masks:
-            drawn = draws_of(raw, columns["tupleID"])
             for limits, mask in masks:
                 starts = np.array([start for start, _ in limits])
                 below = np.array([t for _, t in limits])
@@ -248,6 +253,7 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
                   batch.column(TS_COLUMN).take(take)]
         arrays += [batch.column(name).take(take).cast(ARROW_TYPES[ctype])
                    for name, ctype in schema.columns]
+        arrays.append(pa.array(drawn[live[hit_rows]].astype(np.int16)))
         yield pa.RecordBatch.from_arrays(arrays, schema=target)
 
 
@@ -270,28 +276,6 @@ def _sample_masks(thresholds: Mapping[int, Limits]) -> list[tuple[Limits, np.nda
             mask[slot // 64] |= np.uint64(1) << np.uint64(slot % 64)
         out.append((limit, mask))
     return out
-
-
-def draws_of(raw: pa.Array | pa.ChunkedArray | None, tuple_ids: np.ndarray) -> np.ndarray:
-    """Each row's draw in [0, SAMPLE_SPACE): its SAMPLE_COLUMN value, or for a row of a
-    part file written before the sampled layout (null, or no such column) a hash of
-    its tupleID (splitmix64), uniform too but found only by reading every row.
-
-    Example:
-        >>> draws_of(pa.array([5, None], pa.int16()), np.array([0, 1])).tolist()[0]
-        5
-    """
-    ids = tuple_ids.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        z = ids + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
-    hashed = (z % np.uint64(SAMPLE_SPACE)).astype(np.int64)
-    if raw is None:
-        return hashed
-    have = raw.fill_null(-1).to_numpy().astype(np.int64)
-    return np.where(have >= 0, have, hashed)
 
 
 def _check_order(ts: np.ndarray, files: np.ndarray, groups: np.ndarray | None = None
@@ -373,7 +357,7 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
                      "(psoup archive reshape rewrites them)")
     spark_schema = ", ".join(f"`{name}` {SPARK_TYPES[ctype]}" for name, ctype in
                              [(SLOT, "int"), (TUPLE_ID_COLUMN, "int"), (TS_COLUMN, "float"),
-                              *schema.columns])
+                              *schema.columns]) + f", `{SAMPLE_COLUMN}` SMALLINT"
     staging = root / STAGING / uuid.uuid4().hex
     try:
         try:
