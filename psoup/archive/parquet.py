@@ -358,13 +358,17 @@ class Archive:
                ) -> tuple[int, int, float, float]:
         """(rows, bytes, first ts, last ts) of the flushed rows of `stream` in the part
         files that begin below tupleID `below` (all when None), from their footers:
-        O(part files), no row read. The ts range is (inf, -inf) when there are none."""
+        O(part files), no row read. The ts range is (inf, -inf) when there are none; a
+        file whose footer cannot be read counts for nothing (a reader of it names it)."""
         rows = size = 0
         lo, hi = math.inf, -math.inf
         for s, first, _, path in self._part_files(stream):
             if s != stream or (below is not None and first >= below):
                 continue
-            meta = pq.ParquetFile(path).metadata
+            try:
+                meta = pq.ParquetFile(path).metadata
+            except (pa.ArrowException, OSError):
+                continue            # damaged: the job that reads it names it
             rows += meta.num_rows
             size += path.stat().st_size
             names = [meta.schema.column(i).name for i in range(meta.num_columns)]
