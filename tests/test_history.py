@@ -20,6 +20,7 @@ import pyarrow.parquet  # noqa: F401  (pa.parquet)
 import pytest
 
 import psoup
+from psoup.archive.sampling import in_order
 from psoup.errors import PSoupError, QueryError
 from tests.support import Clock
 
@@ -165,9 +166,9 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_pa
     reads: list[str] = []
     real_read = tiers_module.ArchiveTiers._read
 
-    def counted(self, stream, seg):
+    def counted(self, stream, seg, *limit):
         reads.append(seg.name)
-        return real_read(self, stream, seg)
+        return real_read(self, stream, seg, *limit)
 
     monkeypatch.setattr(tiers_module.ArchiveTiers, "_read", counted)
     state = tmp_path / "s"
@@ -176,9 +177,11 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_pa
     slot = eng._core.handles[handles["all"]].id
     files = tiers.files(slot)
     assert len(files) >= 3 and tiers.nbytes() == 0     # an index; the matches on disk
-    for name in files:
-        ids = pa.parquet.read_table(state / "tiers" / name).column("tupleID").to_numpy()
+    for name in files:           # each in the sampled layout, its row groups in order
+        table = pa.parquet.read_table(state / "tiers" / name)
+        ids = in_order(table, "tupleID").column("tupleID").to_numpy()
         assert len(ids) <= 7 and (np.diff(ids) > 0).all(), name
+        assert sorted(table.column("tupleID").to_pylist()) == ids.tolist()
     _check(eng, handles, _oracle(inserted), 300.0)
 
     # a window over ts 150..260 meets only the segments of "across" that overlap it
@@ -262,7 +265,8 @@ def test_the_executors_files_are_split_into_one_sorted_file_per_query(tmp_path):
     assert [(s.first, s.last, s.lo, s.hi, s.rows) for s in got[1]] == [(4, 6, 2.0, 3.0, 2)]
     assert [(s.first, s.last, s.rows) for s in got[3]] == [(2, 8, 2), (20, 20, 1)]
     back = pq.read_table(got[3][0].name)
-    assert back.column_names == ["tupleID", "ts", "a"]
+    assert back.column_names == ["tupleID", "ts", "a", "psoup_sample"]   # draws added
+    back = in_order(back, "tupleID")
     assert back.column("a").to_pylist() == [20, 80]
 
     staged("part-3.parquet", [1], [5])                           # inside 4..6

@@ -16,6 +16,7 @@ import math
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 import pytest
 
@@ -397,6 +398,9 @@ def test_an_age_policy_reads_old_data_thinner_and_answers_say_so(tmp_path):
     assert eng.stats()["archive_reads"]["reduction"] == {"R": [[-math.inf, 0.25],
                                                                [2000.0, 1.0]]}
     below = eng._core.tiers.sampled(eng._core.handles[count].slot).below
+    eng.close()
+    # the policy applies to invocations' reads of the tiers too: read them whole here
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(now))
     con = _oracle(rows, tmp_path / "s" / "archive")
     weight = f"CASE WHEN tid >= {below} OR ts >= 2000 THEN 1 ELSE 4 END"
     inside = f"(tid >= {below} OR ts >= 2000 OR draw < 256)"
@@ -411,4 +415,52 @@ def test_an_age_policy_reads_old_data_thinner_and_answers_say_so(tmp_path):
         f"SELECT a FROM src WHERE a < 5 AND ts BETWEEN 500 AND {now} AND "
         f"(tid >= {below} OR draw < {thr}) ORDER BY ts, tid").fetchall()
     assert eng.invoke(listed, now=now).rows == [tuple(r) for r in want_rows]
+    eng.close()
+
+
+def test_an_invocation_reads_a_sample_of_the_tier_when_the_policy_says_so(tmp_path):
+    """ConstantRate(0.25): the history job reads a quarter of the archive, and every
+    invocation a quarter of the tier's files: the same archived tuples (a match keeps
+    its tuple's draw, so the samples nest), a quarter of the matches found in memory
+    (their draws are drawn when the tier is saved); the tuples in memory whole."""
+    from psoup.archive.policy import ConstantRate
+
+    now = 3000.0
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(now), chunk_rows=16,
+                       archive_policy=ConstantRate(0.25))
+    eng.execute("CREATE STREAM R (a INT, b FLOAT) RETAIN 64 ROWS")
+    gen, rows = np.random.default_rng(9), {}
+    h = eng.register("SELECT COUNT(*), SUM(a) FROM R WHERE a > 2")
+    _fill(eng, gen, rows, 0, 3000)
+    eng.evaluate_history()
+    _fill(eng, gen, rows, 3000, 300)          # the tier gains matches from memory
+    eng.commit()
+    eng.close()                               # saved: every match of the tier on disk
+    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(now + 300),
+                       archive_policy=ConstantRate(0.25))
+    stem = eng._core.stems["R"]
+    below = eng._core.tiers.sampled(eng._core.handles[h].slot).below
+    horizon = stem.tid_bound(stem.horizon)
+    con = _oracle(rows, tmp_path / "s" / "archive")
+    slot = eng._core.handles[h].slot
+    files = [tmp_path / "s" / "tiers" / seg.name for seg in eng._core.tiers._tiers[slot].segments
+             if seg.rows]
+    tier = pa.concat_tables([pq.read_table(p, columns=["tupleID", SAMPLE_COLUMN])
+                             for p in files])
+    saved = int(pa.compute.max(tier.column("tupleID")).as_py())
+    con.register("tier", tier)
+    # memory: whole; the tier's saved files: their draws below 256, a quarter; its
+    # matches not saved yet (in memory, found again when the log was replayed): whole
+    weight = f"CASE WHEN tid >= {horizon} OR tid > {saved} THEN 1.0 ELSE 4.0 END"
+    want = con.execute(
+        f"SELECT SUM({weight}), SUM({weight} * a) FROM src LEFT JOIN tier t "
+        f"ON t.tupleID = src.tid WHERE a > 2 AND (tid >= {horizon} OR tid > {saved} OR "
+        f"t.psoup_sample < 256)").fetchone()
+    assert below <= saved < horizon
+    got = eng.invoke(h, now=now + 300)
+    assert got.rows[0] == pytest.approx(want)
+    assert not got.exact and got.fidelity[0][2] == 0.25
+    assert eng.stats()["archive_reads"]["tier_reads"] == {h: 0.25}
+    assert eng.invoke(h, now=now + 300).rows == got.rows     # from the cache, the same
+    eng._check()
     eng.close()
