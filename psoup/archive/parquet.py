@@ -36,6 +36,7 @@ from psoup.fsync import fsync_dir, make_dir, write_whole
 from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
                                   TUPLE_ID_COLUMN,
                                   arrow_schema, part_path)
+from psoup.archive.rollups import Rollups
 from psoup.archive.sampling import in_order, write_runs
 from psoup.errors import SchemaError
 from psoup.query.model import TS, TUPLE_ID
@@ -93,6 +94,8 @@ class Archive:
             tmp.unlink()
         for stream, _, last, _ in self._part_files():
             self._high[stream] = max(self._high.get(stream, -1), last)
+        #: the windowed-aggregate copies, written with each part file
+        self.rollups = Rollups(self.root, private)
 
     # ------------------------------------------------------------------ state
 
@@ -279,6 +282,7 @@ class Archive:
                             self.private)
                 for directory in (date_dir, stream_dir, self.root):
                     fsync_dir(directory)
+                self.rollups.add(stream, table.slice(a, b - a), first, last)
                 written.append(path)
                 self._high[stream] = last
                 done = b
@@ -308,6 +312,7 @@ class Archive:
             ([], 0)
         """
         self._buffers.pop(stream, None)
+        self.rollups.drop(stream, below)
         kept = -1
         for _, _, last, path in list(self._part_files(stream)):
             if last < below:

@@ -1,0 +1,627 @@
+"""Windowed-aggregate copies of the archive: COUNT, SUM, MIN and MAX per minute, hour and
+day, kept as Parquet beside the part files.
+
+"Remembrance of Streams Past" (Sect. 5.1) keeps summaries of an archived stream beside
+its tuples, so that an aggregate over a long past window need not read them. psoup
+keeps one kind: per stream, per *grain* (minute, hour, day: tumbling windows aligned to
+the epoch in UTC) and per *bucket* (bucket k of grain G holds the rows with
+k x G <= ts < (k + 1) x G), the rows' COUNT(*), their lowest and highest ts, and, for
+each INT or FLOAT column c, COUNT(c), SUM(c), MIN(c) and MAX(c) (AVG is SUM / COUNT)::
+
+    root/aggregates/stream=NAME/grain=minute|hour|day/agg-{first:020d}-{last:020d}.parquet
+
+One *copy* file per part file and grain, named by the part file's tupleID range
+(psoup.archive.layout), with columns ``bucket`` (int64, k), ``count``, ``ts_min``,
+``ts_max`` and ``{c}_count``, ``{c}_sum``, ``{c}_min``, ``{c}_max`` per numeric column
+(an INT column's sum is decimal128(38, 0), exact; a FLOAT one's float64). No column
+name of one stream collides with another's: the suffixes hold no underscore. The
+folder is outside the part files' patterns (``stream=*/date=*/part-*.parquet``), so
+readers of the archive never see it.
+
+A part file's copies are derived from it alone, so they are written when the archive
+flushes it (`Rollups.add`, from psoup.archive.parquet) or at any later time from the
+file (`Rollups.build`, for an archive written by `psoup archive import`, or before
+copies existed), and writing them again replaces them: nothing is counted twice. A
+bucket that a flush splits in two has a row in each part's copy; a read merges them.
+Each file is written whole (psoup.fsync.write_whole), so a crash leaves a part with all,
+some or none of its copies, never half of one, and a read counts a part only when it
+has its three copies (a *complete* part): the rest of its rows are answered from tuples.
+A copy whose part file is gone (a dropped stream, a rewritten archive) is never read,
+and `build` removes it.
+
+`Rollups.substitute` plans an aggregate over a ts window: the largest span
+[A, B) of whole minutes inside it, cut into whole days in the middle, whole hours around
+them and whole minutes at the ends (`pieces`); the copies answer the rows of complete
+parts in [A, B) and tuples the rest (`Substitute`: which tuples those are).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from psoup.archive.layout import (PART_NAME, SAMPLE_COLUMN, TS_COLUMN, TUPLE_ID_COLUMN)
+from psoup.errors import ArchiveError
+from psoup.fsync import fsync_dir, make_dir, write_whole
+
+#: The grains, coarsest first, and their length in seconds.
+GRAINS: dict[str, int] = {"day": 86400, "hour": 3600, "minute": 60}
+#: The folder under the archive root that holds the copies.
+FOLDER = "aggregates"
+#: A copy's name: the tupleID range of its part file.
+COPY_NAME = re.compile(r"agg-(\d{20})-(\d{20})\.parquet\Z")
+#: The statistics kept per numeric column, as column-name suffixes.
+STATISTICS = ("count", "sum", "min", "max")
+#: Merged buckets kept decoded for the next reads, at most this many bytes in all.
+CACHE_BYTES = 32 << 20
+
+_MINUTE = GRAINS["minute"]
+_LOW = 32
+_LOW_MASK = (1 << _LOW) - 1
+#: An INT bucket's sum is summed as two 32-bit halves in int64: exact below 2**31 rows.
+_MAX_BUCKET_ROWS = (1 << 31) - 1
+_INT_SUM = pa.decimal128(38, 0)
+
+
+def copy_path(root: str | Path, stream: str, grain: str, first: int, last: int) -> Path:
+    """Where the `grain` copy of `stream`'s part file of tupleIDs `first`..`last` lives
+    under the archive `root`. O(1).
+
+    Example:
+        >>> copy_path("arc", "R", "hour", 3, 9).as_posix()
+        'arc/aggregates/stream=R/grain=hour/agg-00000000000000000003-00000000000000000009.parquet'
+    """
+    return (Path(root) / FOLDER / f"stream={stream}" / f"grain={grain}"
+            / f"agg-{first:020d}-{last:020d}.parquet")
+
+
+def numeric_columns(schema: pa.Schema) -> list[tuple[str, str]]:
+    """(name, "int" or "float") of the columns of a part file's schema that get
+    statistics: the stream's INT and FLOAT columns (not ts, tuple_id or the draws).
+
+    Example:
+        >>> numeric_columns(pa.schema([("ts", pa.float64()), ("tuple_id", pa.int64()),
+        ...                            ("a", pa.int64()), ("s", pa.string())]))
+        [('a', 'int')]
+    """
+    out = []
+    for field in schema:
+        if field.name in (TS_COLUMN, TUPLE_ID_COLUMN, SAMPLE_COLUMN):
+            continue
+        if pa.types.is_integer(field.type):
+            out.append((field.name, "int"))
+        elif pa.types.is_floating(field.type):
+            out.append((field.name, "float"))
+    return out
+
+
+def minutes(ts: np.ndarray) -> np.ndarray:
+    """The minute bucket of each ts (floor(ts / 60)), int64. Every grain's bucket is
+    derived from it by integer division, so a row's buckets agree at every grain and
+    with `Substitute.keep`. O(n).
+
+    Example:
+        >>> minutes(np.array([-0.5, 0.0, 59.9, 3600.0])).tolist()
+        [-1, 0, 0, 60]
+    """
+    return np.floor_divide(np.asarray(ts, np.float64), float(_MINUTE)).astype(np.int64)
+
+
+def summarize(table: pa.Table, grain: str) -> pa.Table:
+    """The `grain` copy of a part file's rows (`table`: ts and the stream's columns, in
+    any order): one row per bucket, in bucket order. O(n log n).
+
+    Raises:
+        ArchiveError: a numeric column holds nulls, or a bucket has 2**31 rows or more.
+
+    Example:
+        >>> t = pa.table({"ts": [0.0, 30.0, 61.0], "a": [2, 5, 7]})
+        >>> summarize(t, "minute").to_pydict()["a_sum"]
+        [Decimal('7'), Decimal('7')]
+    """
+    ts = np.asarray(table.column(TS_COLUMN).to_numpy(), np.float64)
+    keys = minutes(ts) // (GRAINS[grain] // _MINUTE)
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else \
+        np.empty(0, np.int64)
+    counts = np.diff(np.r_[starts, len(keys)]).astype(np.int64)
+    if len(counts) and counts.max() > _MAX_BUCKET_ROWS:
+        raise ArchiveError(f"a {grain} bucket of {counts.max()} rows is too large to sum "
+                           "exactly (at most 2**31 - 1)")
+    ordered_ts = ts[order]
+    reduce = partial(_reduce, starts=starts)
+    columns: dict[str, Any] = {
+        "bucket": pa.array(keys[starts] if len(keys) else keys, pa.int64()),
+        "count": pa.array(counts, pa.int64()),
+        "ts_min": pa.array(reduce(np.minimum, ordered_ts), pa.float64()),
+        "ts_max": pa.array(reduce(np.maximum, ordered_ts), pa.float64())}
+    for name, ctype in numeric_columns(table.schema):
+        column = table.column(name)
+        if column.null_count:
+            raise ArchiveError(f"column '{name}' holds {column.null_count} null(s): "
+                               "psoup's archive has none")
+        values = column.to_numpy(zero_copy_only=False)[order]
+        columns[f"{name}_count"] = pa.array(counts, pa.int64())
+        if ctype == "int":
+            values = values.astype(np.int64, copy=False)
+            high = reduce(np.add, values >> _LOW).tolist()
+            low = reduce(np.add, values & _LOW_MASK).tolist()
+            columns[f"{name}_sum"] = pa.array([(h << _LOW) + lo for h, lo in zip(high, low)],
+                                              _INT_SUM)
+            arrow = pa.int64()
+        else:
+            values = values.astype(np.float64, copy=False)
+            columns[f"{name}_sum"] = pa.array(reduce(np.add, values), pa.float64())
+            arrow = pa.float64()
+        columns[f"{name}_min"] = pa.array(reduce(np.minimum, values), arrow)
+        columns[f"{name}_max"] = pa.array(reduce(np.maximum, values), arrow)
+    return pa.table(columns, metadata={b"psoup.grain": grain.encode()})
+
+
+def _reduce(ufunc: np.ufunc, values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """`ufunc` over each run of `values` starting at `starts` (empty when no run)."""
+    if not len(starts):
+        return values[:0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return ufunc.reduceat(values, starts)
+
+
+def pieces(begin: float, end: float) -> list[tuple[str, int, int]]:
+    """The whole buckets inside the window begin <= ts <= end, as (grain, first bucket,
+    end bucket) runs: the span [A, B) of whole minutes in it (B: the minute holding
+    `end` is left out, as rows at `end` itself are in the window but the rest of that
+    minute is not), days in the middle, hours around them, minutes at the ends, in ts
+    order. Infinite edges are not allowed (the caller clips them). O(1).
+
+    Example:
+        >>> pieces(3540.0, 2 * 86400.0 + 120.0)
+        [('minute', 59, 60), ('hour', 1, 24), ('day', 1, 2), ('minute', 2880, 2882)]
+    """
+    a, b = math.ceil(begin / _MINUTE) * _MINUTE, math.floor(end / _MINUTE) * _MINUTE
+    out: list[tuple[str, int, int]] = []
+
+    def cover(lo: int, hi: int, grains: Sequence[str]) -> None:
+        if lo >= hi:
+            return
+        grain, rest = grains[0], grains[1:]
+        g = GRAINS[grain]
+        first, last = -(-lo // g), hi // g
+        if first >= last:
+            cover(lo, hi, rest)
+            return
+        cover(lo, first * g, rest)
+        out.append((grain, first, last))
+        cover(last * g, hi, rest)
+
+    cover(a, b, list(GRAINS))
+    return out
+
+
+class Coverage(NamedTuple):
+    """The tupleIDs a stream's copies hold: runs [firsts[i], lasts[i]] of consecutive
+    complete parts (no other part of the stream between them), sorted, disjoint."""
+
+    firsts: np.ndarray
+    lasts: np.ndarray
+
+    def covers(self, tids: np.ndarray) -> np.ndarray:
+        """Whether each tupleID is in a run. O(n log runs)."""
+        i = np.searchsorted(self.firsts, tids, side="right") - 1
+        inside = i >= 0
+        return inside & (tids <= self.lasts[np.maximum(i, 0)]) if len(self.firsts) else \
+            np.zeros(len(tids), bool)
+
+    def covers_range(self, first: int, last: int) -> bool:
+        """Whether every tupleID of the stream in [first, last] is in one run. O(log)."""
+        i = int(np.searchsorted(self.firsts, first, side="right")) - 1
+        return i >= 0 and last <= int(self.lasts[i])
+
+
+@dataclass(frozen=True)
+class Substitute:
+    """What the copies answer of an aggregate over begin <= ts <= end: the rows with
+    a <= ts < b (whole minutes) of the covered tupleIDs; `totals` are their statistics
+    (`Rollups.totals`). The tuples to read are the window's others (`keep`).
+
+    Example:
+        >>> cov = Coverage(np.array([0]), np.array([9]))
+        >>> s = Substitute(0.0, 200.0, 60.0, 180.0, cov, {})
+        >>> s.keep(np.array([30.0, 60.0, 100.0, 100.0]), np.array([1, 2, 3, 12])).tolist()
+        [True, False, False, True]
+    """
+
+    begin: float
+    end: float
+    a: float
+    b: float
+    coverage: Coverage
+    totals: dict[str, Any]
+
+    def whole(self, lo: float, hi: float, first: int, last: int) -> bool:
+        """Whether the copies answer every row in the window of a run of tuples with ts
+        in [lo, hi] and tupleIDs in [first, last] (it need not be read). O(log runs)."""
+        lo, hi = max(lo, self.begin), min(hi, self.end)
+        if lo > hi:
+            return True
+        low, high = minutes(np.array([lo, hi])).tolist()
+        return (low >= round(self.a) // _MINUTE and high < round(self.b) // _MINUTE
+                and self.coverage.covers_range(first, last))
+
+    def keep(self, ts: np.ndarray, tids: np.ndarray) -> np.ndarray:
+        """Which of these tuples (all in the window) the copies do not answer. O(n)."""
+        m = minutes(ts)
+        inside = (m >= round(self.a) // _MINUTE) & (m < round(self.b) // _MINUTE)
+        return ~(inside & self.coverage.covers(np.asarray(tids, np.int64)))
+
+
+class Buckets(NamedTuple):
+    """The merged buckets of one stream and grain over its complete parts, in bucket
+    order: `bucket` (int64), `rows` (COUNT(*), int64), `ts_max` (float64), and per numeric
+    column name -> (sums, mins, maxs) (an INT column's sums are Python ints)."""
+
+    bucket: np.ndarray
+    rows: np.ndarray
+    ts_max: np.ndarray
+    columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    def nbytes(self) -> int:
+        own = self.bucket.nbytes + self.rows.nbytes + self.ts_max.nbytes
+        per = sum(s.nbytes * (4 if s.dtype == object else 1) + lo.nbytes + hi.nbytes
+                  for s, lo, hi in self.columns.values())
+        return own + per
+
+
+class Rollups:
+    """The windowed-aggregate copies of one archive (see the module docstring).
+
+    Keeps an index of the part files and copies by stream (O(part files) memory), and
+    the merged buckets of the latest reads (at most CACHE_BYTES). Not thread-safe: the
+    archive's owner serializes calls, as for `psoup.archive.parquet.Archive`.
+
+    Args:
+        root: the archive directory.
+        private: directories and files owner-only (an engine's data directory).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     r = Rollups(d)
+        ...     _ = r.add("R", pa.table({"ts": [0.0, 61.0], "a": [2, 5]}), 0, 1)
+        ...     r.buckets("R", "minute", [("a", "int")]).rows.tolist()
+        [1, 1]
+    """
+
+    def __init__(self, root: str | Path, private: bool = False):
+        self.root = Path(root)
+        self.private = private
+        self._parts: dict[str, set[tuple[int, int]]] = {}
+        self._copies: dict[str, dict[tuple[int, int], set[str]]] = {}
+        self._version: dict[str, int] = {}
+        self._cache: OrderedDict[tuple, Buckets] = OrderedDict()
+        self._cached = 0
+        self.refresh()
+
+    # ------------------------------------------------------------------ index
+
+    def refresh(self) -> None:
+        """Index the part files and copies on disk again (after another process wrote
+        the archive). O(files)."""
+        self._parts, self._copies = {}, {}
+        for path in self.root.glob("stream=*/date=*/part-*.parquet"):
+            m = PART_NAME.match(path.name)
+            if m:
+                stream = path.parent.parent.name[len("stream="):]
+                self._parts.setdefault(stream, set()).add((int(m.group(1)), int(m.group(2))))
+        for stream, grain, first, last, _ in self._copy_files():
+            self._copies.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
+        for stream in set(self._parts) | set(self._copies) | set(self._version):
+            self._changed(stream)
+
+    def _copy_files(self, stream: str = "*") -> Iterator[tuple[str, str, int, int, Path]]:
+        """(stream, grain, first, last, path) of every copy file of `stream`."""
+        for path in (self.root / FOLDER).glob(f"stream={stream}/grain=*/agg-*.parquet"):
+            m = COPY_NAME.match(path.name)
+            grain = path.parent.name[len("grain="):]
+            if m and grain in GRAINS:
+                yield (path.parent.parent.name[len("stream="):], grain, int(m.group(1)),
+                       int(m.group(2)), path)
+
+    def _changed(self, stream: str) -> None:
+        self._version[stream] = self._version.get(stream, 0) + 1
+
+    def complete(self, stream: str) -> list[tuple[int, int]]:
+        """The tupleID ranges of `stream`'s part files that have all their copies,
+        sorted. O(parts log parts)."""
+        copies = self._copies.get(stream, {})
+        return sorted(r for r in self._parts.get(stream, ())
+                      if len(copies.get(r, ())) == len(GRAINS))
+
+    def coverage(self, stream: str) -> Coverage:
+        """The tupleIDs the copies of `stream` answer: runs of consecutive complete
+        parts. O(parts log parts)."""
+        done = set(self.complete(stream))
+        firsts: list[int] = []
+        lasts: list[int] = []
+        joined = False
+        for part in sorted(self._parts.get(stream, ())):
+            if part not in done:
+                joined = False
+            elif joined:
+                lasts[-1] = part[1]
+            else:
+                firsts.append(part[0])
+                lasts.append(part[1])
+                joined = True
+        return Coverage(np.array(firsts, np.int64), np.array(lasts, np.int64))
+
+    # ------------------------------------------------------------------ write
+
+    def add(self, stream: str, table: pa.Table, first: int, last: int) -> list[Path]:
+        """Write the copies of `stream`'s part file of tupleIDs first..last, whose rows
+        are `table` (ts and the stream's columns): one file per grain, each written
+        whole, replacing any earlier copy of that part. O(rows log rows).
+
+        Raises:
+            ArchiveError: see `summarize`. OSError: a file could not be written (the
+            copies written before it stay; the part is not complete).
+        """
+        written = []
+        stream_dir = self.root / FOLDER / f"stream={stream}"
+        make_dir(self.root / FOLDER, self.private)
+        make_dir(stream_dir, self.private)
+        self._parts.setdefault(stream, set()).add((first, last))
+        self._changed(stream)
+        for grain in GRAINS:
+            path = copy_path(self.root, stream, grain, first, last)
+            make_dir(path.parent, self.private)
+            summary = summarize(table, grain)
+            write_whole(path, partial(pq.write_table, summary), self.private)
+            fsync_dir(path.parent)
+            self._copies.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
+            written.append(path)
+        fsync_dir(stream_dir)
+        fsync_dir(self.root / FOLDER)
+        return written
+
+    def build(self, stream: str | None = None, rebuild: bool = False) -> int:
+        """Write the copies of the part files of `stream` (default: every stream) that
+        lack one (`rebuild`: of every part file), each from the part file alone, and
+        remove the copies whose part file is gone. Idempotent; a crash midway leaves
+        complete parts and parts answered from tuples, none counted twice. Returns the
+        number of part files summarized. O(rows of those parts).
+
+        Raises:
+            ArchiveError: a part file cannot be read or summarized (naming it).
+        """
+        self.refresh()
+        pattern = "*" if stream is None else stream
+        built = 0
+        done = {name: set(self.complete(name)) for name in self._parts}
+        for path in sorted(self.root.glob(f"stream={pattern}/date=*/part-*.parquet")):
+            m = PART_NAME.match(path.name)
+            if not m:
+                continue
+            name = path.parent.parent.name[len("stream="):]
+            first, last = int(m.group(1)), int(m.group(2))
+            if not rebuild and (first, last) in done.get(name, ()):
+                continue
+            try:
+                schema = pq.read_schema(path)
+                wanted = [TS_COLUMN] + [c for c, _ in numeric_columns(schema)]
+                table = pq.read_table(path, columns=wanted)
+                self.add(name, table, first, last)
+            except ArchiveError as exc:
+                raise ArchiveError(f"{path}: {exc}") from None
+            except (OSError, pa.ArrowException) as exc:
+                raise ArchiveError(f"{path} cannot be read ({exc})") from None
+            built += 1
+        for name, _, first, last, path in list(self._copy_files(pattern)):
+            if (first, last) not in self._parts.get(name, ()):
+                path.unlink()
+                self._copies.get(name, {}).pop((first, last), None)
+                self._changed(name)
+        return built
+
+    def drop(self, stream: str, below: int) -> None:
+        """Forget the copies of `stream`'s part files of tupleIDs below `below` (as
+        `Archive.drop` forgets the part files; called before it, so that a crash
+        between the two leaves parts without copies, never copies without parts).
+        O(copies of the stream)."""
+        for _, _, first, last, path in list(self._copy_files(stream)):
+            if last < below:
+                path.unlink()
+        stream_dir = self.root / FOLDER / f"stream={stream}"
+        if stream_dir.is_dir():
+            for grain_dir in stream_dir.iterdir():
+                if grain_dir.is_dir() and not any(grain_dir.iterdir()):
+                    grain_dir.rmdir()
+            fsync_dir(stream_dir)
+            if not any(stream_dir.iterdir()):
+                stream_dir.rmdir()
+            fsync_dir(self.root / FOLDER)
+        self._parts[stream] = {r for r in self._parts.get(stream, ()) if r[1] >= below}
+        self._copies[stream] = {r: g for r, g in self._copies.get(stream, {}).items()
+                                if r[1] >= below}
+        self._changed(stream)
+
+    # ------------------------------------------------------------------ read
+
+    def buckets(self, stream: str, grain: str, columns: Sequence[tuple[str, str]]
+                ) -> Buckets:
+        """The `grain` buckets of `stream`'s complete parts, merged by bucket (a bucket
+        split across flushes is one row), with the statistics of `columns` ((name,
+        type) pairs). From the cache, or O(copy rows log copy rows) read from the files.
+
+        Raises:
+            ArchiveError: a copy file is gone, damaged or lacks one of `columns`.
+        """
+        key = (stream, grain, tuple(columns), self._version.get(stream, 0))
+        got = self._cache.get(key)
+        if got is not None:
+            self._cache.move_to_end(key)
+            return got
+        got = self._merge(stream, grain, columns)
+        size = got.nbytes()
+        if size <= CACHE_BYTES:
+            self._cache[key] = got
+            self._cached += size
+            while self._cached > CACHE_BYTES:
+                _, old = self._cache.popitem(last=False)
+                self._cached -= old.nbytes()
+        return got
+
+    def _merge(self, stream: str, grain: str, columns: Sequence[tuple[str, str]]
+               ) -> Buckets:
+        wanted = ["bucket", "count", "ts_max"] + [f"{c}_{s}" for c, _ in columns
+                                                  for s in ("sum", "min", "max")]
+        tables = []
+        for first, last in self.complete(stream):
+            path = copy_path(self.root, stream, grain, first, last)
+            try:
+                tables.append(pq.read_table(path, columns=wanted))
+            except (OSError, pa.ArrowException, KeyError) as exc:
+                raise ArchiveError(f"the aggregate copy {path} cannot be read ({exc}); "
+                                   "rebuild the copies (psoup archive reshape)") from None
+        if not tables:
+            empty = np.empty(0, np.int64)
+            return Buckets(empty, empty, np.empty(0), {
+                c: (np.empty(0, object if t == "int" else np.float64),
+                    np.empty(0, np.int64 if t == "int" else np.float64),
+                    np.empty(0, np.int64 if t == "int" else np.float64)) for c, t in columns})
+        table = pa.concat_tables(tables, promote_options="default")
+        keys = table.column("bucket").to_numpy()
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        reduce = partial(_reduce, starts=starts)
+
+        def ordered(name: str) -> np.ndarray:
+            return table.column(name).to_numpy(zero_copy_only=False)[order]
+
+        merged = {}
+        for c, ctype in columns:
+            raw = ordered(f"{c}_sum")
+            if ctype == "int":
+                sums = np.array([sum(int(v) for v in raw[a:b]) for a, b in
+                                 zip(starts.tolist(), [*starts[1:].tolist(), len(raw)])],
+                                dtype=object)
+            else:
+                sums = reduce(np.add, raw.astype(np.float64))
+            merged[c] = (sums, reduce(np.minimum, ordered(f"{c}_min")),
+                         reduce(np.maximum, ordered(f"{c}_max")))
+        return Buckets(keys[starts], reduce(np.add, ordered("count")),
+                       reduce(np.maximum, ordered("ts_max")), merged)
+
+    def substitute(self, stream: str, begin: float, end: float,
+                   columns: Sequence[tuple[str, str]]) -> Substitute | None:
+        """How the copies answer part of an aggregate over `stream`'s rows with
+        begin <= ts <= end (infinite edges: up to the copies' own): a `Substitute`
+        with the statistics of `columns` over the whole buckets inside the window
+        (`pieces`) for the covered tupleIDs, or None when no whole minute of the
+        window has a complete part. O(parts + buckets read), the buckets cached.
+
+        Raises:
+            ArchiveError: a copy file cannot be read.
+        """
+        if not self.complete(stream):
+            return None
+        if math.isinf(begin) or math.isinf(end):
+            days = self.buckets(stream, "day", columns).bucket
+            if not len(days):
+                return None
+            day = GRAINS["day"]
+            lo = float(days[0]) * day if math.isinf(begin) else begin
+            hi = float(days[-1] + 1) * day if math.isinf(end) else end
+        else:
+            lo, hi = begin, end
+        runs = pieces(lo, hi) if lo <= hi else []
+        if not runs:
+            return None
+        a = runs[0][1] * GRAINS[runs[0][0]]
+        b = runs[-1][2] * GRAINS[runs[-1][0]]
+        return Substitute(begin, end, float(a), float(b), self.coverage(stream),
+                          self.totals(stream, runs, columns))
+
+    def totals(self, stream: str, runs: Sequence[tuple[str, int, int]],
+               columns: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        """COUNT(*), the latest ts, and per column (name, type) of `columns` its SUM,
+        MIN and MAX (None without rows) over the buckets `runs` ((grain, first, end)
+        from `pieces`) of `stream`'s complete parts: {"count": n, "ts_max": t,
+        "sum": {c: s}, "min": {c: m}, "max": {c: m}}. O(buckets in the runs)."""
+        count = 0
+        ts_max = -math.inf
+        sums: dict[str, Any] = {c: 0 if t == "int" else 0.0 for c, t in columns}
+        mins: dict[str, Any] = {c: None for c, _ in columns}
+        maxs: dict[str, Any] = {c: None for c, _ in columns}
+        for grain, first, stop in runs:
+            got = self.buckets(stream, grain, columns)
+            i, j = np.searchsorted(got.bucket, [first, stop]).tolist()
+            if i == j:
+                continue
+            count += int(got.rows[i:j].sum())
+            ts_max = max(ts_max, float(got.ts_max[i:j].max()))
+            for c, ctype in columns:
+                s, lo, hi = got.columns[c]
+                part = s[i:j]
+                sums[c] += sum(part.tolist()) if ctype == "int" else float(np.sum(part))
+                low, high = lo[i:j].min().item(), hi[i:j].max().item()
+                mins[c] = low if mins[c] is None else min(mins[c], low)
+                maxs[c] = high if maxs[c] is None else max(maxs[c], high)
+        return {"count": count, "ts_max": ts_max if count else None,
+                "sum": sums, "min": mins, "max": maxs}
+
+    # ------------------------------------------------------------------ introspection
+
+    def disk_bytes(self, stream: str | None = None) -> int:
+        """Bytes of the copy files of `stream` (default: all). O(copy files)."""
+        return sum(path.stat().st_size for *_, path in self._copy_files(stream or "*"))
+
+    def nbytes(self) -> int:
+        """Bytes of merged buckets held in memory (the cache)."""
+        return self._cached
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Per stream with copies: its complete parts, all its parts, and the copy
+        files' bytes. O(copy files)."""
+        out: dict[str, dict[str, int]] = {}
+        for stream in sorted(set(self._parts) | set(self._copies)):
+            if not self._copies.get(stream):
+                continue
+            out[stream] = {"complete_parts": len(self.complete(stream)),
+                           "parts": len(self._parts.get(stream, ())),
+                           "bytes": self.disk_bytes(stream)}
+        return out
+
+    def _check(self) -> None:
+        """Assert the invariants (for tests): the index equals the files on disk; the
+        parts of a stream never overlap; a copy's buckets are sorted and unique, its
+        counts positive and its ts within its buckets; the cache within its bytes."""
+        on_disk: dict[str, dict[tuple[int, int], set[str]]] = {}
+        for stream, grain, first, last, path in self._copy_files():
+            on_disk.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
+            table = pq.read_table(path)
+            keys = table.column("bucket").to_numpy()
+            assert (np.diff(keys) > 0).all(), f"{path}: buckets sorted and unique"
+            assert (table.column("count").to_numpy() > 0).all(), f"{path}: no empty bucket"
+            g = GRAINS[grain]
+            lo, hi = table.column("ts_min").to_numpy(), table.column("ts_max").to_numpy()
+            assert (minutes(lo) // (g // _MINUTE) == keys).all(), f"{path}: ts in bucket"
+            assert (minutes(hi) // (g // _MINUTE) == keys).all(), f"{path}: ts in bucket"
+        assert on_disk == {s: c for s, c in self._copies.items() if c}, "index of copies"
+        for stream, parts in self._parts.items():
+            ranges = sorted(parts)
+            assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])), stream
+            cov = self.coverage(stream)
+            assert (cov.firsts <= cov.lasts).all() and (cov.lasts[:-1] < cov.firsts[1:]).all()
+        assert self._cached == sum(b.nbytes() for b in self._cache.values()) <= CACHE_BYTES
+
