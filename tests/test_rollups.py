@@ -1,0 +1,233 @@
+"""Windowed-aggregate copies of the archive (psoup.archive.rollups): COUNT, SUM, MIN and
+MAX per minute, hour and day, kept with the part files; the oracle is DuckDB's GROUP BY
+over the same buckets of the same rows."""
+
+from __future__ import annotations
+
+import math
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from psoup.archive.parquet import Archive
+from psoup.archive.rollups import FOLDER, GRAINS, Rollups, copy_path, pieces
+from psoup.errors import ArchiveError
+
+COLUMNS = [("a", "int"), ("x", "float"), ("name", "text")]
+NUMERIC = [("a", "int"), ("x", "float")]
+
+
+def rows(gen: np.random.Generator, first: int, n: int, t0: float, gaps: float) -> dict:
+    """n tuples from tupleID `first`, ts from `t0` by random steps of quarter seconds
+    (mean `gaps` seconds), a wide INT a, a FLOAT x, a TEXT name."""
+    steps = np.round(gen.exponential(gaps, n) * 4) / 4
+    tids = np.arange(first, first + n, dtype=np.int64)
+    return {"ts": t0 + np.cumsum(steps), "tupleID": tids,
+            "a": gen.integers(-2**62, 2**62, n), "x": np.round(gen.normal(0, 100, n), 2),
+            "name": np.array([f"n{t}" for t in tids], dtype=object)}
+
+
+def archived(tmp_path, seed: int, batches: int, n: int, gaps: float, flush_rows: int = 50
+             ) -> tuple[Archive, pa.Table]:
+    """An archive of stream R written in `batches` flushes of `n` rows; and every row."""
+    gen = np.random.default_rng(seed)
+    arc = Archive(tmp_path, flush_rows=flush_rows, seed=seed)
+    t0, first, every = 86400.0 * 19000 - 7200.0, 0, []
+    for _ in range(batches):
+        data = rows(gen, first, n, t0, gaps)
+        arc.add("R", COLUMNS, data)
+        every.append(data)
+        t0, first = float(data["ts"][-1]), first + n
+    arc.flush()
+    table = pa.table({name: np.concatenate([d[name] for d in every])
+                      for name in ("ts", "tupleID", "a", "x")})
+    return arc, table
+
+
+def oracle(table: pa.Table, grain: str) -> list[tuple]:
+    """DuckDB's GROUP BY over the grain's buckets of `table`."""
+    g = GRAINS[grain]
+    con = duckdb.connect()
+    con.register("src", table)
+    return con.execute(
+        f"SELECT CAST(floor(ts / {g}) AS BIGINT) AS k, COUNT(*), max(ts), "
+        "SUM(a), MIN(a), MAX(a), SUM(x), MIN(x), MAX(x) FROM src GROUP BY k ORDER BY k"
+    ).fetchall()
+
+
+def merged(r: Rollups, grain: str) -> list[tuple]:
+    got = r.buckets("R", grain, NUMERIC)
+    (sa, la, ha), (sx, lx, hx) = got.columns["a"], got.columns["x"]
+    return list(zip(got.bucket.tolist(), got.rows.tolist(), got.ts_max.tolist(),
+                    sa.tolist(), la.tolist(), ha.tolist(), sx.tolist(), lx.tolist(),
+                    hx.tolist()))
+
+
+def assert_same(got: list[tuple], want: list[tuple]) -> None:
+    """Equal rows; float sums (column 6) to 1e-9 relative (their rounding differs)."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g[:6] == w[:6] and g[7:] == w[7:], (g, w)
+        assert math.isclose(g[6], w[6], rel_tol=1e-9, abs_tol=1e-9), (g, w)
+
+
+# ---------------------------------------------------------------------- the copies
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), batches=st.integers(1, 4),
+       n=st.integers(1, 120), gaps=st.sampled_from([0.5, 20.0, 900.0, 20000.0]))
+def test_copies_equal_duckdb_group_by_over_the_same_buckets(tmp_path_factory, seed, batches,
+                                                            n, gaps):
+    arc, table = archived(tmp_path_factory.mktemp("arc"), seed, batches, n, gaps)
+    arc.rollups._check()
+    for grain in GRAINS:
+        assert_same(merged(arc.rollups, grain), oracle(table, grain))
+
+
+def test_a_bucket_split_across_flushes_is_one_bucket(tmp_path):
+    arc = Archive(tmp_path, flush_rows=2)
+    for k in (0, 2):                            # two flushes of two rows
+        arc.add("R", COLUMNS, {"ts": np.array([0.0, 10.0, 20.0, 70.0])[k:k + 2],
+                               "tupleID": np.arange(k, k + 2), "a": np.array([1, 2, 3, 4])[k:k + 2],
+                               "x": np.array([0.5, 1.5, 2.5, 3.5])[k:k + 2],
+                               "name": np.array(list("pqrs"), dtype=object)[k:k + 2]})
+    per_part = [pq.read_table(copy_path(tmp_path, "R", "minute", f, f + 1))
+                .column("count").to_pylist() for f in (0, 2)]
+    assert per_part == [[2], [1, 1]]             # minute 0 is in both parts' copies
+    got = arc.rollups.buckets("R", "minute", NUMERIC)
+    assert got.bucket.tolist() == [0, 1] and got.rows.tolist() == [3, 1]
+    assert got.columns["a"][0].tolist() == [6, 4]
+
+
+def test_int_sums_are_exact_beyond_int64(tmp_path):
+    arc = Archive(tmp_path)
+    arc.add("R", [("a", "int")], {"ts": np.arange(4.0), "tupleID": np.arange(4),
+                                  "a": np.full(4, 2**62)})
+    arc.flush()
+    assert arc.rollups.buckets("R", "day", [("a", "int")]).columns["a"][0].tolist() == [2**64]
+
+
+def test_copies_live_where_no_archive_reader_looks(tmp_path):
+    arc, _ = archived(tmp_path, 1, 2, 30, 20.0)
+    assert (tmp_path / FOLDER / "stream=R" / "grain=hour").is_dir()
+    assert not list(tmp_path.glob("stream=*/date=*/part-*.parquet")) == []
+    assert all(p.name.startswith("part-")
+               for p in tmp_path.glob("stream=*/date=*/part-*.parquet"))
+    assert all(FOLDER not in p.parts for p in (tmp_path / "stream=R").rglob("*.parquet"))
+    assert arc.read("R").num_rows == 60
+
+
+# ---------------------------------------------------------------------- build
+
+def _copies(root) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): pq.read_table(p).to_pandas().to_json()
+            for p in (root / FOLDER).rglob("*.parquet")}
+
+
+def test_build_writes_the_copies_a_flush_writes_and_is_idempotent(tmp_path):
+    arc, _ = archived(tmp_path, 2, 3, 40, 300.0)
+    flushed = _copies(tmp_path)
+    for path in (tmp_path / FOLDER).rglob("*.parquet"):
+        path.unlink()
+    r = Rollups(tmp_path)
+    assert r.complete("R") == []
+    assert r.build() == len(list(tmp_path.glob("stream=R/date=*/part-*.parquet")))
+    assert _copies(tmp_path) == flushed
+    assert r.build() == 0 and _copies(tmp_path) == flushed
+    assert r.build(rebuild=True) > 0 and _copies(tmp_path) == flushed
+    r._check()
+
+
+def test_build_summarizes_part_files_written_by_another_tool(tmp_path):
+    folder = tmp_path / "stream=S" / "date=1970-01-01"
+    folder.mkdir(parents=True)
+    table = pa.table({"ts": [1.0, 2.0, 3700.0], "tuple_id": pa.array([0, 1, 2], pa.int64()),
+                      "v": [1.5, 2.5, 4.0]})
+    pq.write_table(table, folder / f"part-{0:020d}-{2:020d}.parquet")
+    r = Rollups(tmp_path)
+    assert r.build("S") == 1
+    got = r.buckets("S", "hour", [("v", "float")])
+    assert got.bucket.tolist() == [0, 1] and got.columns["v"][0].tolist() == [4.0, 4.0]
+
+
+def test_build_removes_copies_whose_part_file_is_gone(tmp_path):
+    arc, table = archived(tmp_path, 3, 2, 40, 60.0)
+    last = max(tmp_path.glob("stream=R/date=*/part-*.parquet"))
+    last.unlink()
+    r = Rollups(tmp_path)
+    assert r.build() == 0
+    assert not copy_path(tmp_path, "R", "minute", *map(int, last.stem.split("-")[1:])).exists()
+    r._check()
+
+
+def test_a_part_missing_a_copy_is_not_counted(tmp_path):
+    arc, table = archived(tmp_path, 4, 2, 30, 60.0, flush_rows=30)
+    parts = arc.rollups.complete("R")
+    copy_path(tmp_path, "R", "hour", *parts[0]).unlink()       # a crash between grains
+    r = Rollups(tmp_path)
+    assert r.complete("R") == parts[1:]
+    cov = r.coverage("R")
+    assert cov.covers(np.array([parts[0][0], parts[1][0]])).tolist() == [False, True]
+    assert sum(r.buckets("R", "day", NUMERIC).rows) == parts[-1][1] - parts[1][0] + 1
+
+
+def test_a_null_in_an_imported_part_is_refused_by_name(tmp_path):
+    folder = tmp_path / "stream=S" / "date=1970-01-01"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"ts": [1.0], "tuple_id": pa.array([0], pa.int64()),
+                             "v": pa.array([None], pa.int64())}),
+                   folder / f"part-{0:020d}-{0:020d}.parquet")
+    with pytest.raises(ArchiveError, match="part-0.*column 'v' holds 1 null"):
+        Rollups(tmp_path).build()
+
+
+# ---------------------------------------------------------------------- drop
+
+def test_dropping_a_stream_drops_its_copies(tmp_path):
+    arc, _ = archived(tmp_path, 5, 2, 30, 60.0)
+    arc.add("S", [("b", "int")], {"ts": np.array([5.0]), "tupleID": np.array([999]),
+                                  "b": np.array([1])})
+    arc.flush()
+    arc.drop("R", below=1000)
+    assert not (tmp_path / FOLDER / "stream=R").exists()
+    assert arc.rollups.complete("R") == [] and arc.rollups.complete("S") == [(999, 999)]
+    arc.rollups._check()
+    assert Rollups(tmp_path).complete("S") == [(999, 999)]
+
+
+# ---------------------------------------------------------------------- windows
+
+@settings(max_examples=200, deadline=None)
+@given(begin=st.integers(-3 * 86400, 3 * 86400), length=st.integers(0, 4 * 86400),
+       frac=st.sampled_from([0.0, 0.25, 0.5]))
+def test_pieces_are_whole_buckets_tiling_the_whole_minutes_of_a_window(begin, length, frac):
+    lo, hi = begin + frac, begin + length + frac
+    runs = pieces(lo, hi)
+    a, b = math.ceil(lo / 60) * 60, math.floor(hi / 60) * 60
+    spans = [(first * GRAINS[g], stop * GRAINS[g]) for g, first, stop in runs]
+    assert all(first < stop for _, first, stop in runs)
+    if a >= b:
+        assert runs == []
+        return
+    assert spans[0][0] == a and spans[-1][1] == b
+    assert all(x[1] == y[0] for x, y in zip(spans, spans[1:]))
+    assert len([g for g, *_ in runs if g == "day"]) <= 1
+
+
+def test_totals_over_an_aligned_window_equal_duckdb(tmp_path):
+    arc, table = archived(tmp_path, 6, 4, 200, 400.0)
+    ts = table.column("ts").to_numpy()
+    begin, end = math.ceil(ts[10] / 3600) * 3600.0, math.floor(ts[-10] / 3600) * 3600.0
+    sub = arc.rollups.substitute("R", begin, end, NUMERIC)
+    assert sub is not None and (sub.a, sub.b) == (begin, end)
+    con = duckdb.connect()
+    con.register("src", table)
+    want = con.execute(f"SELECT COUNT(*), SUM(a), MIN(a), MAX(x) FROM src WHERE ts >= {begin} "
+                       f"AND ts < {end}").fetchone()
+    t = sub.totals
+    assert (t["count"], t["sum"]["a"], t["min"]["a"], t["max"]["x"]) == want
