@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psoup.archive.parquet import Archive
-from psoup.archive.rollups import FOLDER, GRAINS, Rollups, copy_path, pieces
+from psoup.archive.rollups import GRAINS, Rollups, copy_path, pieces
 from psoup.errors import ArchiveError
 
 COLUMNS = [("a", "int"), ("x", "float"), ("name", "text")]
@@ -34,9 +34,10 @@ def rows(gen: np.random.Generator, first: int, n: int, t0: float, gaps: float) -
 
 def archived(tmp_path, seed: int, batches: int, n: int, gaps: float, flush_rows: int = 50
              ) -> tuple[Archive, pa.Table]:
-    """An archive of stream R written in `batches` flushes of `n` rows; and every row."""
+    """An archive of stream R under tmp_path/archive, its copies under
+    tmp_path/aggregates, written in `batches` flushes of `n` rows; and every row."""
     gen = np.random.default_rng(seed)
-    arc = Archive(tmp_path, flush_rows=flush_rows, seed=seed)
+    arc = opened(tmp_path, flush_rows=flush_rows, seed=seed)
     t0, first, every = 86400.0 * 19000 - 7200.0, 0, []
     for _ in range(batches):
         data = rows(gen, first, n, t0, gaps)
@@ -47,6 +48,14 @@ def archived(tmp_path, seed: int, batches: int, n: int, gaps: float, flush_rows:
     table = pa.table({name: np.concatenate([d[name] for d in every])
                       for name in ("ts", "tupleID", "a", "x")})
     return arc, table
+
+
+def opened(tmp_path, **kwargs) -> Archive:
+    return Archive(tmp_path / "archive", aggregates=tmp_path / "aggregates", **kwargs)
+
+
+def rollups(tmp_path) -> Rollups:
+    return Rollups(tmp_path / "archive", tmp_path / "aggregates")
 
 
 def oracle(table: pa.Table, grain: str) -> list[tuple]:
@@ -90,13 +99,13 @@ def test_copies_equal_duckdb_group_by_over_the_same_buckets(tmp_path_factory, se
 
 
 def test_a_bucket_split_across_flushes_is_one_bucket(tmp_path):
-    arc = Archive(tmp_path, flush_rows=2)
+    arc = opened(tmp_path, flush_rows=2)
     for k in (0, 2):                            # two flushes of two rows
         arc.add("R", COLUMNS, {"ts": np.array([0.0, 10.0, 20.0, 70.0])[k:k + 2],
                                "tupleID": np.arange(k, k + 2), "a": np.array([1, 2, 3, 4])[k:k + 2],
                                "x": np.array([0.5, 1.5, 2.5, 3.5])[k:k + 2],
                                "name": np.array(list("pqrs"), dtype=object)[k:k + 2]})
-    per_part = [pq.read_table(copy_path(tmp_path, "R", "minute", f, f + 1))
+    per_part = [pq.read_table(copy_path(tmp_path / "aggregates", "R", "minute", f, f + 1))
                 .column("count").to_pylist() for f in (0, 2)]
     assert per_part == [[2], [1, 1]]             # minute 0 is in both parts' copies
     got = arc.rollups.buckets("R", "minute", NUMERIC)
@@ -105,38 +114,40 @@ def test_a_bucket_split_across_flushes_is_one_bucket(tmp_path):
 
 
 def test_int_sums_are_exact_beyond_int64(tmp_path):
-    arc = Archive(tmp_path)
+    arc = opened(tmp_path)
     arc.add("R", [("a", "int")], {"ts": np.arange(4.0), "tupleID": np.arange(4),
                                   "a": np.full(4, 2**62)})
     arc.flush()
     assert arc.rollups.buckets("R", "day", [("a", "int")]).columns["a"][0].tolist() == [2**64]
 
 
-def test_copies_live_where_no_archive_reader_looks(tmp_path):
+def test_copies_live_outside_the_archive(tmp_path):
     arc, _ = archived(tmp_path, 1, 2, 30, 20.0)
-    assert (tmp_path / FOLDER / "stream=R" / "grain=hour").is_dir()
-    assert not list(tmp_path.glob("stream=*/date=*/part-*.parquet")) == []
-    assert all(p.name.startswith("part-")
-               for p in tmp_path.glob("stream=*/date=*/part-*.parquet"))
-    assert all(FOLDER not in p.parts for p in (tmp_path / "stream=R").rglob("*.parquet"))
+    assert (tmp_path / "aggregates" / "stream=R" / "grain=hour").is_dir()
+    assert all(p.name.startswith("part-") for p in (tmp_path / "archive").rglob("*")
+               if p.is_file())
+    files = f"{tmp_path}/archive/**/*.parquet"
+    assert duckdb.sql(f"select count(*) from read_parquet('{files}', hive_partitioning=true)"
+                      ).fetchall() == [(60,)]
     assert arc.read("R").num_rows == 60
 
 
 # ---------------------------------------------------------------------- build
 
 def _copies(root) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): pq.read_table(p).to_pandas().to_json()
-            for p in (root / FOLDER).rglob("*.parquet")}
+    folder = root / "aggregates"
+    return {p.relative_to(folder).as_posix(): pq.read_table(p).to_pandas().to_json()
+            for p in folder.rglob("*.parquet")}
 
 
 def test_build_writes_the_copies_a_flush_writes_and_is_idempotent(tmp_path):
     arc, _ = archived(tmp_path, 2, 3, 40, 300.0)
     flushed = _copies(tmp_path)
-    for path in (tmp_path / FOLDER).rglob("*.parquet"):
+    for path in (tmp_path / "aggregates").rglob("*.parquet"):
         path.unlink()
-    r = Rollups(tmp_path)
+    r = rollups(tmp_path)
     assert r.complete("R") == []
-    assert r.build() == len(list(tmp_path.glob("stream=R/date=*/part-*.parquet")))
+    assert r.build() == len(list(tmp_path.glob("archive/stream=R/date=*/part-*.parquet")))
     assert _copies(tmp_path) == flushed
     assert r.build() == 0 and _copies(tmp_path) == flushed
     assert r.build(rebuild=True) > 0 and _copies(tmp_path) == flushed
@@ -144,12 +155,12 @@ def test_build_writes_the_copies_a_flush_writes_and_is_idempotent(tmp_path):
 
 
 def test_build_summarizes_part_files_written_by_another_tool(tmp_path):
-    folder = tmp_path / "stream=S" / "date=1970-01-01"
+    folder = tmp_path / "archive" / "stream=S" / "date=1970-01-01"
     folder.mkdir(parents=True)
     table = pa.table({"ts": [1.0, 2.0, 3700.0], "tuple_id": pa.array([0, 1, 2], pa.int64()),
                       "v": [1.5, 2.5, 4.0]})
     pq.write_table(table, folder / f"part-{0:020d}-{2:020d}.parquet")
-    r = Rollups(tmp_path)
+    r = rollups(tmp_path)
     assert r.build("S") == 1
     got = r.buckets("S", "hour", [("v", "float")])
     assert got.bucket.tolist() == [0, 1] and got.columns["v"][0].tolist() == [4.0, 4.0]
@@ -157,19 +168,20 @@ def test_build_summarizes_part_files_written_by_another_tool(tmp_path):
 
 def test_build_removes_copies_whose_part_file_is_gone(tmp_path):
     arc, table = archived(tmp_path, 3, 2, 40, 60.0)
-    last = max(tmp_path.glob("stream=R/date=*/part-*.parquet"))
+    last = max(tmp_path.glob("archive/stream=R/date=*/part-*.parquet"))
     last.unlink()
-    r = Rollups(tmp_path)
+    r = rollups(tmp_path)
     assert r.build() == 0
-    assert not copy_path(tmp_path, "R", "minute", *map(int, last.stem.split("-")[1:])).exists()
+    first, end = map(int, last.stem.split("-")[1:])
+    assert not copy_path(tmp_path / "aggregates", "R", "minute", first, end).exists()
     r._check()
 
 
 def test_a_part_missing_a_copy_is_not_counted(tmp_path):
     arc, table = archived(tmp_path, 4, 2, 30, 60.0, flush_rows=30)
     parts = arc.rollups.complete("R")
-    copy_path(tmp_path, "R", "hour", *parts[0]).unlink()       # a crash between grains
-    r = Rollups(tmp_path)
+    copy_path(tmp_path / "aggregates", "R", "hour", *parts[0]).unlink()   # crashed midway
+    r = rollups(tmp_path)
     assert r.complete("R") == parts[1:]
     cov = r.coverage("R")
     assert cov.covers(np.array([parts[0][0], parts[1][0]])).tolist() == [False, True]
@@ -177,13 +189,13 @@ def test_a_part_missing_a_copy_is_not_counted(tmp_path):
 
 
 def test_a_null_in_an_imported_part_is_refused_by_name(tmp_path):
-    folder = tmp_path / "stream=S" / "date=1970-01-01"
+    folder = tmp_path / "archive" / "stream=S" / "date=1970-01-01"
     folder.mkdir(parents=True)
     pq.write_table(pa.table({"ts": [1.0], "tuple_id": pa.array([0], pa.int64()),
                              "v": pa.array([None], pa.int64())}),
                    folder / f"part-{0:020d}-{0:020d}.parquet")
     with pytest.raises(ArchiveError, match="part-0.*column 'v' holds 1 null"):
-        Rollups(tmp_path).build()
+        rollups(tmp_path).build()
 
 
 # ---------------------------------------------------------------------- drop
@@ -194,10 +206,10 @@ def test_dropping_a_stream_drops_its_copies(tmp_path):
                                   "b": np.array([1])})
     arc.flush()
     arc.drop("R", below=1000)
-    assert not (tmp_path / FOLDER / "stream=R").exists()
+    assert not (tmp_path / "aggregates" / "stream=R").exists()
     assert arc.rollups.complete("R") == [] and arc.rollups.complete("S") == [(999, 999)]
     arc.rollups._check()
-    assert Rollups(tmp_path).complete("S") == [(999, 999)]
+    assert rollups(tmp_path).complete("S") == [(999, 999)]
 
 
 # ---------------------------------------------------------------------- windows

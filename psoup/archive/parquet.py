@@ -67,6 +67,8 @@ class Archive:
         private: directories and files owner-only (an engine's data directory).
         seed: the seed of the sampled layout's draws (psoup.archive.sampling); None:
             fresh entropy.
+        aggregates: where to keep the windowed-aggregate copies of the part files
+            (psoup.archive.rollups), outside `root`; None: none are kept.
 
     Example:
         >>> import tempfile
@@ -79,7 +81,7 @@ class Archive:
     """
 
     def __init__(self, root: str | Path, flush_rows: int = 1 << 17, private: bool = False,
-                 seed: int | None = None):
+                 seed: int | None = None, aggregates: str | Path | None = None):
         if flush_rows < 1:
             raise ValueError(f"flush_rows must be at least 1, not {flush_rows}")
         self.root = Path(root)
@@ -95,7 +97,7 @@ class Archive:
         for stream, _, last, _ in self._part_files():
             self._high[stream] = max(self._high.get(stream, -1), last)
         #: the windowed-aggregate copies, written with each part file
-        self.rollups = Rollups(self.root, private)
+        self.rollups = None if aggregates is None else Rollups(self.root, aggregates, private)
 
     # ------------------------------------------------------------------ state
 
@@ -282,7 +284,8 @@ class Archive:
                             self.private)
                 for directory in (date_dir, stream_dir, self.root):
                     fsync_dir(directory)
-                self.rollups.add(stream, table.slice(a, b - a), first, last)
+                if self.rollups is not None:
+                    self.rollups.add(stream, table.slice(a, b - a), first, last)
                 written.append(path)
                 self._high[stream] = last
                 done = b
@@ -312,7 +315,8 @@ class Archive:
             ([], 0)
         """
         self._buffers.pop(stream, None)
-        self.rollups.drop(stream, below)
+        if self.rollups is not None:
+            self.rollups.drop(stream, below)
         kept = -1
         for _, _, last, path in list(self._part_files(stream)):
             if last < below:

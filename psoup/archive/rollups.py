@@ -1,5 +1,5 @@
 """Windowed-aggregate copies of the archive: COUNT, SUM, MIN and MAX per minute, hour and
-day, kept as Parquet beside the part files.
+day, kept as Parquet beside the archive.
 
 "Remembrance of Streams Past" (Sect. 5.1) keeps summaries of an archived stream beside
 its tuples, so that an aggregate over a long past window need not read them. psoup
@@ -8,15 +8,16 @@ the epoch in UTC) and per *bucket* (bucket k of grain G holds the rows with
 k x G <= ts < (k + 1) x G), the rows' COUNT(*), their lowest and highest ts, and, for
 each INT or FLOAT column c, COUNT(c), SUM(c), MIN(c) and MAX(c) (AVG is SUM / COUNT)::
 
-    root/aggregates/stream=NAME/grain=minute|hour|day/agg-{first:020d}-{last:020d}.parquet
+    FOLDER/stream=NAME/grain=minute|hour|day/agg-{first:020d}-{last:020d}.parquet
 
 One *copy* file per part file and grain, named by the part file's tupleID range
 (psoup.archive.layout), with columns ``bucket`` (int64, k), ``count``, ``ts_min``,
 ``ts_max`` and ``{c}_count``, ``{c}_sum``, ``{c}_min``, ``{c}_max`` per numeric column
 (an INT column's sum is decimal128(38, 0), exact; a FLOAT one's float64). No column
-name of one stream collides with another's: the suffixes hold no underscore. The
-folder is outside the part files' patterns (``stream=*/date=*/part-*.parquet``), so
-readers of the archive never see it.
+name of one stream collides with another's: the suffixes hold no underscore. FOLDER
+is outside the archive (an engine's is DIR/aggregates, beside DIR/archive): a reader
+of ``archive/**/*.parquet`` (DuckDB's glob walks every folder, hidden ones too) never
+meets a copy.
 
 A part file's copies are derived from it alone, so they are written when the archive
 flushes it (`Rollups.add`, from psoup.archive.parquet) or at any later time from the
@@ -55,8 +56,6 @@ from psoup.fsync import fsync_dir, make_dir, write_whole
 
 #: The grains, coarsest first, and their length in seconds.
 GRAINS: dict[str, int] = {"day": 86400, "hour": 3600, "minute": 60}
-#: The folder under the archive root that holds the copies.
-FOLDER = "aggregates"
 #: A copy's name: the tupleID range of its part file.
 COPY_NAME = re.compile(r"agg-(\d{20})-(\d{20})\.parquet\Z")
 #: The statistics kept per numeric column, as column-name suffixes.
@@ -72,15 +71,15 @@ _MAX_BUCKET_ROWS = (1 << 31) - 1
 _INT_SUM = pa.decimal128(38, 0)
 
 
-def copy_path(root: str | Path, stream: str, grain: str, first: int, last: int) -> Path:
+def copy_path(folder: str | Path, stream: str, grain: str, first: int, last: int) -> Path:
     """Where the `grain` copy of `stream`'s part file of tupleIDs `first`..`last` lives
-    under the archive `root`. O(1).
+    under the copies' `folder`. O(1).
 
     Example:
-        >>> copy_path("arc", "R", "hour", 3, 9).as_posix()
-        'arc/aggregates/stream=R/grain=hour/agg-00000000000000000003-00000000000000000009.parquet'
+        >>> copy_path("aggregates", "R", "hour", 3, 9).as_posix()
+        'aggregates/stream=R/grain=hour/agg-00000000000000000003-00000000000000000009.parquet'
     """
-    return (Path(root) / FOLDER / f"stream={stream}" / f"grain={grain}"
+    return (Path(folder) / f"stream={stream}" / f"grain={grain}"
             / f"agg-{first:020d}-{last:020d}.parquet")
 
 
@@ -289,26 +288,31 @@ class Rollups:
     archive's owner serializes calls, as for `psoup.archive.parquet.Archive`.
 
     Args:
-        root: the archive directory.
+        root: the archive directory (its part files are read, never written).
+        folder: the copies' directory, outside `root`; created when first written.
         private: directories and files owner-only (an engine's data directory).
 
     Example:
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as d:
-        ...     r = Rollups(d)
+        ...     r = Rollups(Path(d) / "archive", Path(d) / "aggregates")
         ...     _ = r.add("R", pa.table({"ts": [0.0, 61.0], "a": [2, 5]}), 0, 1)
         ...     r.buckets("R", "minute", [("a", "int")]).rows.tolist()
         [1, 1]
     """
 
-    def __init__(self, root: str | Path, private: bool = False):
+    def __init__(self, root: str | Path, folder: str | Path, private: bool = False):
         self.root = Path(root)
+        self.folder = Path(folder)
         self.private = private
         self._parts: dict[str, set[tuple[int, int]]] = {}
         self._copies: dict[str, dict[tuple[int, int], set[str]]] = {}
         self._version: dict[str, int] = {}
         self._cache: OrderedDict[tuple, Buckets] = OrderedDict()
         self._cached = 0
+        if self.folder.is_dir():
+            for tmp in self.folder.rglob("*.tmp"):          # a write cut short
+                tmp.unlink()
         self.refresh()
 
     # ------------------------------------------------------------------ index
@@ -329,7 +333,7 @@ class Rollups:
 
     def _copy_files(self, stream: str = "*") -> Iterator[tuple[str, str, int, int, Path]]:
         """(stream, grain, first, last, path) of every copy file of `stream`."""
-        for path in (self.root / FOLDER).glob(f"stream={stream}/grain=*/agg-*.parquet"):
+        for path in self.folder.glob(f"stream={stream}/grain=*/agg-*.parquet"):
             m = COPY_NAME.match(path.name)
             grain = path.parent.name[len("grain="):]
             if m and grain in GRAINS:
@@ -376,13 +380,13 @@ class Rollups:
             copies written before it stay; the part is not complete).
         """
         written = []
-        stream_dir = self.root / FOLDER / f"stream={stream}"
-        make_dir(self.root / FOLDER, self.private)
+        stream_dir = self.folder / f"stream={stream}"
+        make_dir(self.folder, self.private)
         make_dir(stream_dir, self.private)
         self._parts.setdefault(stream, set()).add((first, last))
         self._changed(stream)
         for grain in GRAINS:
-            path = copy_path(self.root, stream, grain, first, last)
+            path = copy_path(self.folder, stream, grain, first, last)
             make_dir(path.parent, self.private)
             summary = summarize(table, grain)
             write_whole(path, partial(pq.write_table, summary), self.private)
@@ -390,7 +394,7 @@ class Rollups:
             self._copies.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
             written.append(path)
         fsync_dir(stream_dir)
-        fsync_dir(self.root / FOLDER)
+        fsync_dir(self.folder)
         return written
 
     def build(self, stream: str | None = None, rebuild: bool = False) -> int:
@@ -440,7 +444,7 @@ class Rollups:
         for _, _, first, last, path in list(self._copy_files(stream)):
             if last < below:
                 path.unlink()
-        stream_dir = self.root / FOLDER / f"stream={stream}"
+        stream_dir = self.folder / f"stream={stream}"
         if stream_dir.is_dir():
             for grain_dir in stream_dir.iterdir():
                 if grain_dir.is_dir() and not any(grain_dir.iterdir()):
@@ -448,7 +452,7 @@ class Rollups:
             fsync_dir(stream_dir)
             if not any(stream_dir.iterdir()):
                 stream_dir.rmdir()
-            fsync_dir(self.root / FOLDER)
+            fsync_dir(self.folder)
         self._parts[stream] = {r for r in self._parts.get(stream, ()) if r[1] >= below}
         self._copies[stream] = {r: g for r, g in self._copies.get(stream, {}).items()
                                 if r[1] >= below}
@@ -486,7 +490,7 @@ class Rollups:
                                                   for s in ("sum", "min", "max")]
         tables = []
         for first, last in self.complete(stream):
-            path = copy_path(self.root, stream, grain, first, last)
+            path = copy_path(self.folder, stream, grain, first, last)
             try:
                 tables.append(pq.read_table(path, columns=wanted))
             except (OSError, pa.ArrowException, KeyError) as exc:
