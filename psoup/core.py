@@ -143,7 +143,8 @@ class Core:
         plan = self.plan(handle)
         if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
             return []
-        return self.tiers.unread(plan.slot, plan.query.sources[0].window, now)
+        return self.tiers.unread(plan.slot, plan.query.sources[0].window, now,
+                                 self.answers.substitute(plan, now))
 
     def answer_and_window(self, handle: str, now: float
                           ) -> tuple[Result, tuple[int, int] | None]:

@@ -231,6 +231,7 @@ class Engine:
             from psoup.journal.journal import Journal   # pyarrow loads only when durable
             self._journal = Journal(path, sync, checkpoint_bytes, checkpoint_seconds)
             self._core.tiers.folder = self._journal.tiers_path
+            self._core.answers.rollups = self._journal.archive.rollups
         self._cursors = CursorStore(self._core.answers,
                                     None if path is None else cursor_secret(path))
         if self._journal is not None:

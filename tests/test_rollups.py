@@ -243,3 +243,141 @@ def test_totals_over_an_aligned_window_equal_duckdb(tmp_path):
                        f"AND ts < {end}").fetchone()
     t = sub.totals
     assert (t["count"], t["sum"]["a"], t["min"]["a"], t["max"]["x"]) == want
+
+
+# ---------------------------------------------------------------------- answers
+
+AGGREGATES = "COUNT(*), SUM(a), AVG(x), MIN(a), MAX(x), COUNT(x)"
+START = 86400.0 * 19000 - 5000.0          # a few minutes before a UTC midnight
+
+
+def engine_with_history(state, windows: list[str], flush_rows: int = 40):
+    """A durable engine on `state` with stream R (RETAIN 20 ROWS) and the aggregate
+    query over each of `windows` registered and given an archive tier before any tuple
+    arrives (what a history job over an empty archive gives, with no Spark pass)."""
+    import psoup
+    from tests.support import Clock
+
+    eng = psoup.Engine(path=state, clock=Clock(START), chunk_rows=8)
+    eng.execute("CREATE STREAM R (a INT, x FLOAT, name TEXT) RETAIN 20 ROWS")
+    eng._journal.archive.flush_rows = flush_rows
+    handles = [eng.register(f"SELECT {AGGREGATES} FROM R {w}") for w in windows]
+    core = eng._core
+    slots = {core.plan(h).slot: h for h in handles}
+    core.tiers.begin("R", list(slots))
+    core.tiers.finish({"R": {slot: [] for slot in slots}}, slots)
+    return eng, handles
+
+
+def fill(eng, gen: np.random.Generator, n: int, gaps: float, checkpoints: int) -> pa.Table:
+    """Insert n tuples of R in batches (ts by random quarter-second steps of mean
+    `gaps`, some equal), checkpointing `checkpoints` times on the way; every row."""
+    every = []
+    t0 = START
+    cuts = sorted(gen.choice(np.arange(1, n), min(checkpoints, n - 1), replace=False))
+    for a, b in zip([0, *cuts], [*cuts, n]):
+        steps = np.round(gen.exponential(gaps, b - a) * 4) / 4
+        ts = t0 + np.cumsum(steps)
+        batch = {"a": gen.integers(-2**60, 2**60, b - a), "x": np.round(gen.normal(0, 9, b - a), 2),
+                 "name": np.array(["n"] * (b - a), dtype=object)}
+        eng.insert("R", batch, ts=ts)
+        every.append(pa.table({"ts": ts, "a": batch["a"], "x": batch["x"]}))
+        t0 = float(ts[-1])
+        eng.checkpoint()
+    return pa.concat_tables(every)
+
+
+def duck(table: pa.Table, begin: float, end: float) -> tuple:
+    con = duckdb.connect()
+    con.register("src", table)
+    where = "" if math.isinf(begin) else f"WHERE ts BETWEEN {begin!r} AND {end!r}"
+    return con.execute(f"SELECT {AGGREGATES} FROM src {where}").fetchone()
+
+
+def assert_answer(got: tuple, want: tuple) -> None:
+    """COUNT, SUM over INT, MIN, MAX exact; AVG over FLOAT to 1e-9 relative."""
+    assert (got[0], got[1], got[3], got[4], got[5]) == (want[0], want[1], want[3], want[4],
+                                                        want[5]), (got, want)
+    assert (got[2] is None) == (want[2] is None)
+    if got[2] is not None:
+        assert math.isclose(got[2], want[2], rel_tol=1e-9, abs_tol=1e-9), (got, want)
+
+
+def window_edges(draw, lo: float, hi: float) -> tuple[float, float]:
+    """A window's edges within [lo - 1 h, hi + 1 h]: each a quarter second, or a
+    minute, hour or day boundary."""
+    def edge():
+        t = draw(st.floats(lo - 3600, hi + 3600))
+        unit = draw(st.sampled_from([0.25, 60, 3600, 86400]))
+        return math.floor(t / unit) * unit
+    a, b = edge(), edge()
+    return min(a, b), max(a, b)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(30, 250),
+       gaps=st.sampled_from([5.0, 90.0, 700.0]), checkpoints=st.integers(1, 6),
+       data=st.data())
+def test_aggregates_over_copies_equal_duckdb_and_the_tuples(tmp_path_factory, seed, n, gaps,
+                                                           checkpoints, data):
+    gen = np.random.default_rng(seed)
+    span = n * gaps
+    edges = [window_edges(data.draw, START, START + span) for _ in range(6)]
+    windows = ["", *(f"BEGIN {a!r} END {b!r}" for a, b in edges)]
+    eng, handles = engine_with_history(tmp_path_factory.mktemp("eng"), windows,
+                                       flush_rows=int(gen.integers(10, 60)))
+    table = fill(eng, gen, n, gaps, checkpoints)
+    rollups = eng._core.answers.rollups
+    for handle, (a, b) in zip(handles, [(-math.inf, math.inf), *edges]):
+        got = eng.invoke(handle).rows[0]
+        assert_answer(got, duck(table, a, b))
+        eng._core.answers.rollups = None
+        assert_answer(got, eng.invoke(handle).rows[0])
+        eng._core.answers.rollups = rollups
+    rollups._check()
+    eng._check()
+    eng.close()
+
+
+def test_an_aligned_window_reads_the_copies_and_not_the_tuples(tmp_path):
+    day = 86400.0 * 19000
+    eng, (handle,) = engine_with_history(tmp_path, [f"BEGIN {day - 7200} END {day + 3600}"])
+    gen = np.random.default_rng(7)
+    table = fill(eng, gen, 600, 30.0, 5)
+    core, now = eng._core, eng._clock()
+    plan = core.plan(handle)
+    sub = core.answers.substitute(plan, now)
+    assert sub is not None and (sub.a, sub.b) == (day - 7200, day + 3600)
+    with_copies = core.unread_segments(handle, now)
+    core.answers.rollups = None
+    assert len(with_copies) < len(core.unread_segments(handle, now))
+    assert_answer(eng.invoke(handle).rows[0], duck(table, day - 7200, day + 3600))
+    eng.close()
+
+
+def test_a_tuple_at_an_aligned_end_is_counted_once(tmp_path):
+    hour = 3600.0 * (19000 * 24)
+    eng, (handle,) = engine_with_history(tmp_path, [f"BEGIN {hour - 3600} END {hour}"])
+    ts = np.array([hour - 3600, hour - 1800, hour, hour, hour + 1] + [hour + 60.0] * 40)
+    eng.insert("R", {"a": np.arange(len(ts)), "x": np.ones(len(ts)),
+                     "name": np.array(["n"] * len(ts), dtype=object)}, ts=ts)
+    eng.checkpoint()
+    assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
+    got = eng.invoke(handle).rows[0]
+    assert got[:2] == (4, 0 + 1 + 2 + 3)
+    eng.close()
+
+
+def test_a_query_with_where_or_group_by_reads_tuples(tmp_path):
+    import psoup
+
+    eng = psoup.Engine(path=tmp_path)
+    eng.execute("CREATE STREAM R (a INT, x FLOAT) RETAIN 5 ROWS")
+    core = eng._core
+    for sql in ("SELECT COUNT(*) FROM R WHERE a > 1", "SELECT a, COUNT(*) FROM R GROUP BY a",
+                "SELECT MAX(ts) FROM R", "SELECT a FROM R"):
+        plan = core.plan(eng.register(sql))
+        core.tiers.begin("R", [plan.slot])
+        core.tiers.finish({"R": {plan.slot: []}}, {plan.slot: "h"})
+        assert core.answers.substitute(plan, 0.0) is None, sql
+    eng.close()

@@ -230,7 +230,8 @@ class Coverage(NamedTuple):
 class Substitute:
     """What the copies answer of an aggregate over begin <= ts <= end: the rows with
     a <= ts < b (whole minutes) of the covered tupleIDs; `totals` are their statistics
-    (`Rollups.totals`). The tuples to read are the window's others (`keep`).
+    (`Rollups.totals`). The tuples to read are the window's others (`keep`), and a run
+    of them need not be read when the copies answer all of it (`whole`).
 
     Example:
         >>> cov = Coverage(np.array([0]), np.array([9]))
@@ -245,15 +246,21 @@ class Substitute:
     b: float
     coverage: Coverage
     totals: dict[str, Any]
+    before: bool = True
+    after: bool = True
 
     def whole(self, lo: float, hi: float, first: int, last: int) -> bool:
         """Whether the copies answer every row in the window of a run of tuples with ts
-        in [lo, hi] and tupleIDs in [first, last] (it need not be read). O(log runs)."""
+        in [lo, hi] and tupleIDs in [first, last] (it need not be read): all covered,
+        and none in the window's parts outside [a, b), unless the copies show that no
+        covered row lies there (`before`: one with begin <= ts < a may; `after`: one
+        with b <= ts <= end may). O(log runs)."""
         lo, hi = max(lo, self.begin), min(hi, self.end)
         if lo > hi:
             return True
         low, high = minutes(np.array([lo, hi])).tolist()
-        return (low >= round(self.a) // _MINUTE and high < round(self.b) // _MINUTE
+        return ((low >= round(self.a) // _MINUTE or not self.before)
+                and (high < round(self.b) // _MINUTE or not self.after)
                 and self.coverage.covers_range(first, last))
 
     def keep(self, ts: np.ndarray, tids: np.ndarray) -> np.ndarray:
@@ -265,16 +272,19 @@ class Substitute:
 
 class Buckets(NamedTuple):
     """The merged buckets of one stream and grain over its complete parts, in bucket
-    order: `bucket` (int64), `rows` (COUNT(*), int64), `ts_max` (float64), and per numeric
+    order: `bucket` (int64), `rows` (COUNT(*), int64), `ts_min` and `ts_max` (float64),
+    and per numeric
     column name -> (sums, mins, maxs) (an INT column's sums are Python ints)."""
 
     bucket: np.ndarray
     rows: np.ndarray
+    ts_min: np.ndarray
     ts_max: np.ndarray
     columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
     def nbytes(self) -> int:
-        own = self.bucket.nbytes + self.rows.nbytes + self.ts_max.nbytes
+        own = (self.bucket.nbytes + self.rows.nbytes + self.ts_min.nbytes
+               + self.ts_max.nbytes)
         per = sum(s.nbytes * (4 if s.dtype == object else 1) + lo.nbytes + hi.nbytes
                   for s, lo, hi in self.columns.values())
         return own + per
@@ -486,7 +496,7 @@ class Rollups:
 
     def _merge(self, stream: str, grain: str, columns: Sequence[tuple[str, str]]
                ) -> Buckets:
-        wanted = ["bucket", "count", "ts_max"] + [f"{c}_{s}" for c, _ in columns
+        wanted = ["bucket", "count", "ts_min", "ts_max"] + [f"{c}_{s}" for c, _ in columns
                                                   for s in ("sum", "min", "max")]
         tables = []
         for first, last in self.complete(stream):
@@ -498,7 +508,7 @@ class Rollups:
                                    "rebuild the copies (psoup archive reshape)") from None
         if not tables:
             empty = np.empty(0, np.int64)
-            return Buckets(empty, empty, np.empty(0), {
+            return Buckets(empty, empty, np.empty(0), np.empty(0), {
                 c: (np.empty(0, object if t == "int" else np.float64),
                     np.empty(0, np.int64 if t == "int" else np.float64),
                     np.empty(0, np.int64 if t == "int" else np.float64)) for c, t in columns})
@@ -524,6 +534,7 @@ class Rollups:
             merged[c] = (sums, reduce(np.minimum, ordered(f"{c}_min")),
                          reduce(np.maximum, ordered(f"{c}_max")))
         return Buckets(keys[starts], reduce(np.add, ordered("count")),
+                       reduce(np.minimum, ordered("ts_min")),
                        reduce(np.maximum, ordered("ts_max")), merged)
 
     def substitute(self, stream: str, begin: float, end: float,
@@ -553,8 +564,15 @@ class Rollups:
             return None
         a = runs[0][1] * GRAINS[runs[0][0]]
         b = runs[-1][2] * GRAINS[runs[-1][0]]
+        # covered rows in the window's partial minutes: only in the minute before a
+        # (ts >= begin) and the one from b (ts <= end), as their ts range shows
+        got = self.buckets(stream, "minute", columns)
+        i, j = np.searchsorted(got.bucket, [a // _MINUTE - 1, b // _MINUTE]).tolist()
+        before = (i < len(got.bucket) and got.bucket[i] == a // _MINUTE - 1
+                  and got.ts_max[i] >= begin)
+        after = j < len(got.bucket) and got.bucket[j] == b // _MINUTE and got.ts_min[j] <= end
         return Substitute(begin, end, float(a), float(b), self.coverage(stream),
-                          self.totals(stream, runs, columns))
+                          self.totals(stream, runs, columns), bool(before), bool(after))
 
     def totals(self, stream: str, runs: Sequence[tuple[str, int, int]],
                columns: Sequence[tuple[str, str]]) -> dict[str, Any]:

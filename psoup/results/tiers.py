@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from functools import partial
 from pathlib import Path
-from typing import Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from psoup.fsync import make_dir, sync_file_system, write_whole
 from psoup.query.model import TS, TUPLE_ID, Window
 from psoup.results.windows_table import archive_reach
 from psoup.stems.data_stem import DataSteM
+
+if TYPE_CHECKING:
+    from psoup.archive.rollups import Substitute
 
 #: Probe n rows of a stream's columns against the standing queries: bit rows (n, words).
 Probe = Callable[[str, Mapping[str, np.ndarray], int], np.ndarray]
@@ -178,6 +181,20 @@ def _between(columns: Mapping[str, np.ndarray], begin: float, end: float
     a = int(np.searchsorted(ts, begin, side="left"))
     b = int(np.searchsorted(ts, end, side="right"))
     return {name: values[a:b] for name, values in columns.items()}
+
+
+def _meeting(segments: list[Segment], begin: float, end: float,
+             skip: Substitute | None) -> list[Segment]:
+    """The segments with matches of ts in [begin, end] that `skip` does not answer."""
+    return [seg for seg in segments if seg.hi >= begin and seg.lo <= end and not (
+        skip is not None and skip.whole(seg.lo, seg.hi, seg.first, seg.last))]
+
+
+def _masked(columns: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows of `columns` where `keep` is True (no copy when all are)."""
+    if keep.all():
+        return dict(columns)
+    return {name: values[keep] for name, values in columns.items()}
 
 
 class Tier:
@@ -381,10 +398,13 @@ class ArchiveTiers:
             return
         self._hook(self._stream_of.pop(slot))
 
-    def part(self, slot: int, window: Window, now: float) -> dict[str, np.ndarray] | None:
+    def part(self, slot: int, window: Window, now: float,
+             skip: Substitute | None = None) -> dict[str, np.ndarray] | None:
         """The slot's archived matches that `window` selects at `now` (all columns, ts
         and tupleID included), or None when there are none or the window counts tuples
-        in memory only. Reads the segments whose ts range meets the window's.
+        in memory only. Reads the segments whose ts range meets the window's, but for
+        those whose every match the aggregate copies `skip` answer; leaves out the
+        matches `skip` answers.
 
         Raises:
             PSoupError: a segment file is gone or damaged (naming it).
@@ -395,9 +415,11 @@ class ArchiveTiers:
             return None
         begin, end = reach
         pieces = [_between(self._read(self._stream_of[slot], seg), begin, end)
-                  for seg in tier.segments if seg.hi >= begin and seg.lo <= end]
+                  for seg in _meeting(tier.segments, begin, end, skip)]
         if tier.tail:
             pieces.append(_between(tier.tail, begin, end))
+        if skip is not None:
+            pieces = [_masked(p, skip.keep(p[TS], p[TUPLE_ID])) for p in pieces]
         pieces = [p for p in pieces if len(p[TUPLE_ID])]
         if len(pieces) <= 1:
             return pieces[0] if pieces else None
@@ -415,8 +437,8 @@ class ArchiveTiers:
         self._cache_put(seg.name, got)
         return got
 
-    def unread(self, slot: int, window: Window, now: float
-               ) -> list[tuple[Segment, dict[str, str]]]:
+    def unread(self, slot: int, window: Window, now: float,
+               skip: Substitute | None = None) -> list[tuple[Segment, dict[str, str]]]:
         """The segments (and their column types) `part` would read from their files
         now, not being in the cache: for a caller to `load_segment` them off the
         engine's lock and `prime` the cache with them. O(segments)."""
@@ -426,8 +448,8 @@ class ArchiveTiers:
             return []
         begin, end = reach
         types = self._types(self._stream_of[slot])
-        return [(seg, types) for seg in tier.segments
-                if seg.hi >= begin and seg.lo <= end and seg.name not in self._cache]
+        return [(seg, types) for seg in _meeting(tier.segments, begin, end, skip)
+                if seg.name not in self._cache]
 
     def prime(self, loaded: Mapping[str, dict[str, np.ndarray]]) -> None:
         """Put segments read by `load_segment` in the cache, unless it has them."""
