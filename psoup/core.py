@@ -214,8 +214,10 @@ class Core:
             if isinstance(plan, JoinPlan) and plan.jid in groups:
                 group = groups.of(plan.jid)
                 queries[handle].update(group=group.gid, member=group.members[plan.jid])
+        rollups = self.answers.rollups           # the aggregate copies' decoded buckets
         memory = {"data": sum(s["bytes"] for s in streams.values()),
-                  "results": self.kept.nbytes(), "history": self.tiers.nbytes(),
+                  "results": self.kept.nbytes(),
+                  "history": self.tiers.nbytes() + (rollups.nbytes() if rollups else 0),
                   "queries": self.query_stem.nbytes()}
         memory["total"] = sum(memory.values())
         return {"mode": self.mode, "streams": streams, "queries": queries,

@@ -568,6 +568,9 @@ class Engine:
                                      "log_bytes": self._journal.wal.size,
                                      "checkpoint_error": self._checkpoint_error,
                                      "archive_buffered_rows": self._journal.archive.buffered_rows}
+                rollups = self._journal.archive.rollups
+                if rollups is not None:
+                    out["durability"]["aggregates"] = rollups.stats()
             return out
 
     def _check(self) -> None:
