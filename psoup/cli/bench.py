@@ -32,6 +32,7 @@ SUITES = {
     "soak": ("soak.py", "the service over time: beside a history job; 100 clients soaking"),
     "replay": ("replay.py", "Spark replay rate vs Spark's own read rate"),
     "history": ("history.py", "1,024 queries over 10^7 archived tuples: one pass vs per query"),
+    "oscar": ("oscar.py", "hourly averages from the archive's aggregate copies vs tuples"),
 }
 
 #: The paper's names for the experiments, and other aliases.
