@@ -381,3 +381,34 @@ def test_a_query_with_where_or_group_by_reads_tuples(tmp_path):
         core.tiers.finish({"R": {plan.slot: []}}, {plan.slot: "h"})
         assert core.answers.substitute(plan, 0.0) is None, sql
     eng.close()
+
+
+def test_copies_answer_after_a_restart(tmp_path):
+    import psoup
+
+    day = 86400.0 * 19000
+    window = f"BEGIN {day - 7200} END {day + 3600}"
+    eng, (handle,) = engine_with_history(tmp_path, [window])
+    table = fill(eng, np.random.default_rng(3), 400, 40.0, 4)
+    before = eng.invoke(handle).rows[0]
+    eng.close()
+    eng = psoup.Engine(path=tmp_path)
+    assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
+    assert eng.invoke(handle).rows[0] == before
+    assert_answer(before, duck(table, day - 7200, day + 3600))
+    eng.close()
+
+
+def test_drop_stream_removes_the_copies_and_stats_show_them(tmp_path):
+    import psoup
+
+    eng = psoup.Engine(path=tmp_path)
+    eng.execute("CREATE STREAM R (v INT) RETAIN 10 ROWS")
+    eng.insert("R", {"v": np.arange(100)}, ts=np.arange(100) * 100.0)
+    eng.checkpoint()
+    shown = eng.stats()["durability"]["aggregates"]["R"]
+    assert shown["complete_parts"] == shown["parts"] == 1 and shown["bytes"] > 0
+    eng.execute("DROP STREAM R")
+    assert not list((tmp_path / "aggregates").rglob("*.parquet"))
+    assert eng.stats()["durability"]["aggregates"] == {}
+    eng.close()
