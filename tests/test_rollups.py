@@ -273,7 +273,7 @@ def fill(eng, gen: np.random.Generator, n: int, gaps: float, checkpoints: int) -
     """Insert n tuples of R in batches (ts by random quarter-second steps of mean
     `gaps`, some equal), checkpointing `checkpoints` times on the way; every row."""
     every = []
-    t0 = START
+    t0 = eng.stats()["streams"]["R"]["latest_ts"] or START
     cuts = sorted(gen.choice(np.arange(1, n), min(checkpoints, n - 1), replace=False))
     for a, b in zip([0, *cuts], [*cuts, n]):
         steps = np.round(gen.exponential(gaps, b - a) * 4) / 4
@@ -380,6 +380,21 @@ def test_a_query_with_where_or_group_by_reads_tuples(tmp_path):
         core.tiers.begin("R", [plan.slot])
         core.tiers.finish({"R": {plan.slot: []}}, {plan.slot: "h"})
         assert core.answers.substitute(plan, 0.0) is None, sql
+    eng.close()
+
+
+def test_new_parts_fold_into_the_buckets_read_before(tmp_path):
+    day = 86400.0 * 19000
+    edges = [(-math.inf, math.inf), (day - 3600, day + 7200)]
+    eng, handles = engine_with_history(tmp_path, ["", f"BEGIN {day - 3600} END {day + 7200}"])
+    gen = np.random.default_rng(11)
+    tables = []
+    for _ in range(4):
+        tables.append(fill(eng, gen, 120, 30.0, 2))
+        table = pa.concat_tables(tables)
+        for handle, (a, b) in zip(handles, edges):
+            assert_answer(eng.invoke(handle).rows[0], duck(table, a, b))
+        eng._core.answers.rollups._check()
     eng.close()
 
 

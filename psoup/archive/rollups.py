@@ -290,6 +290,47 @@ class Buckets(NamedTuple):
         return own + per
 
 
+def _decode(table: pa.Table, columns: Sequence[tuple[str, str]]) -> Buckets:
+    """A copy's buckets (a table of `summarize`'s columns), with the statistics of
+    `columns`, as numpy (an INT column's sums as Python ints). O(buckets)."""
+    def column(name: str) -> np.ndarray:
+        return table.column(name).to_numpy(zero_copy_only=False)
+
+    stats = {}
+    for c, ctype in columns:
+        sums = (np.array([int(v) for v in table.column(f"{c}_sum").to_pylist()], dtype=object)
+                if ctype == "int" else column(f"{c}_sum").astype(np.float64))
+        stats[c] = (sums, column(f"{c}_min"), column(f"{c}_max"))
+    return Buckets(column("bucket"), column("count"), column("ts_min"), column("ts_max"),
+                   stats)
+
+
+def _combine(parts: Sequence[Buckets], columns: Sequence[tuple[str, str]]) -> Buckets:
+    """The buckets of `parts` merged by bucket: counts and sums added, extremes kept.
+    O(n log n) over their n buckets."""
+    if not parts:
+        empty = np.empty(0, np.int64)
+        return Buckets(empty, empty, np.empty(0), np.empty(0), {
+            c: (np.empty(0, object if t == "int" else np.float64),
+                np.empty(0, np.int64 if t == "int" else np.float64),
+                np.empty(0, np.int64 if t == "int" else np.float64)) for c, t in columns})
+    keys = np.concatenate([p.bucket for p in parts])
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    reduce = partial(_reduce, starts=starts)
+
+    def merged(ufunc: np.ufunc, arrays: list[np.ndarray]) -> np.ndarray:
+        return reduce(ufunc, np.concatenate(arrays)[order])
+
+    stats = {c: (merged(np.add, [p.columns[c][0] for p in parts]),
+                 merged(np.minimum, [p.columns[c][1] for p in parts]),
+                 merged(np.maximum, [p.columns[c][2] for p in parts])) for c, _ in columns}
+    return Buckets(keys[starts], merged(np.add, [p.rows for p in parts]),
+                   merged(np.minimum, [p.ts_min for p in parts]),
+                   merged(np.maximum, [p.ts_max for p in parts]), stats)
+
+
 class Rollups:
     """The windowed-aggregate copies of one archive (see the module docstring).
 
@@ -317,7 +358,8 @@ class Rollups:
         self.private = private
         self._parts: dict[str, set[tuple[int, int]]] = {}
         self._copies: dict[str, dict[tuple[int, int], set[str]]] = {}
-        self._version: dict[str, int] = {}
+        self._complete: dict[str, list[tuple[int, int]]] = {}
+        self._coverage: dict[str, Coverage] = {}
         self._cache: OrderedDict[tuple, Buckets] = OrderedDict()
         self._cached = 0
         if self.folder.is_dir():
@@ -338,7 +380,7 @@ class Rollups:
                 self._parts.setdefault(stream, set()).add((int(m.group(1)), int(m.group(2))))
         for stream, grain, first, last, _ in self._copy_files():
             self._copies.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
-        for stream in set(self._parts) | set(self._copies) | set(self._version):
+        for stream in {k[0] for k in self._cache} | set(self._complete):
             self._changed(stream)
 
     def _copy_files(self, stream: str = "*") -> Iterator[tuple[str, str, int, int, Path]]:
@@ -350,19 +392,43 @@ class Rollups:
                 yield (path.parent.parent.name[len("stream="):], grain, int(m.group(1)),
                        int(m.group(2)), path)
 
-    def _changed(self, stream: str) -> None:
-        self._version[stream] = self._version.get(stream, 0) + 1
+    def _changed(self, stream: str, keep: bool = False,
+                 fold: dict[str, pa.Table] | None = None) -> None:
+        """The index of `stream` changed: forget what was derived from it, and its
+        merged buckets unless `keep` (no complete part came or went) or `fold` (one
+        new complete part came, with these copies by grain: folded in). O(cached
+        buckets of the stream)."""
+        self._complete.pop(stream, None)
+        self._coverage.pop(stream, None)
+        if keep:
+            return
+        for key in [k for k in self._cache if k[0] == stream]:
+            old = self._cache.pop(key)
+            self._cached -= old.nbytes()
+            if fold is not None:
+                _, grain, columns = key
+                self._cache_put(key, _combine([old, _decode(fold[grain], columns)],
+                                              columns))
 
     def complete(self, stream: str) -> list[tuple[int, int]]:
         """The tupleID ranges of `stream`'s part files that have all their copies,
-        sorted. O(parts log parts)."""
-        copies = self._copies.get(stream, {})
-        return sorted(r for r in self._parts.get(stream, ())
-                      if len(copies.get(r, ())) == len(GRAINS))
+        sorted. O(parts log parts), then O(1) until the index changes."""
+        got = self._complete.get(stream)
+        if got is None:
+            copies = self._copies.get(stream, {})
+            got = self._complete[stream] = sorted(
+                r for r in self._parts.get(stream, ()) if len(copies.get(r, ())) == len(GRAINS))
+        return got
 
     def coverage(self, stream: str) -> Coverage:
         """The tupleIDs the copies of `stream` answer: runs of consecutive complete
-        parts. O(parts log parts)."""
+        parts. O(parts log parts), then O(1) until the index changes."""
+        got = self._coverage.get(stream)
+        if got is None:
+            got = self._coverage[stream] = self._runs(stream)
+        return got
+
+    def _runs(self, stream: str) -> Coverage:
         done = set(self.complete(stream))
         firsts: list[int] = []
         lasts: list[int] = []
@@ -389,22 +455,24 @@ class Rollups:
             ArchiveError: see `summarize`. OSError: a file could not be written (the
             copies written before it stay; the part is not complete).
         """
+        summaries = {grain: summarize(table, grain) for grain in GRAINS}
+        again = (first, last) in self.complete(stream)
         written = []
         stream_dir = self.folder / f"stream={stream}"
         make_dir(self.folder, self.private)
         make_dir(stream_dir, self.private)
         self._parts.setdefault(stream, set()).add((first, last))
-        self._changed(stream)
-        for grain in GRAINS:
+        self._changed(stream, keep=True)        # complete before (same rows) or not yet
+        for grain, summary in summaries.items():
             path = copy_path(self.folder, stream, grain, first, last)
             make_dir(path.parent, self.private)
-            summary = summarize(table, grain)
             write_whole(path, partial(pq.write_table, summary), self.private)
             fsync_dir(path.parent)
             self._copies.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
             written.append(path)
         fsync_dir(stream_dir)
         fsync_dir(self.folder)
+        self._changed(stream, fold=None if again else summaries)
         return written
 
     def build(self, stream: str | None = None, rebuild: bool = False) -> int:
@@ -474,17 +542,33 @@ class Rollups:
                 ) -> Buckets:
         """The `grain` buckets of `stream`'s complete parts, merged by bucket (a bucket
         split across flushes is one row), with the statistics of `columns` ((name,
-        type) pairs). From the cache, or O(copy rows log copy rows) read from the files.
+        type) pairs). From the cache (which a new part's copies are folded into as they
+        are written), or O(copy rows log copy rows) read from the files.
 
         Raises:
             ArchiveError: a copy file is gone, damaged or lacks one of `columns`.
         """
-        key = (stream, grain, tuple(columns), self._version.get(stream, 0))
+        key = (stream, grain, tuple(columns))
         got = self._cache.get(key)
         if got is not None:
             self._cache.move_to_end(key)
             return got
-        got = self._merge(stream, grain, columns)
+        wanted = ["bucket", "count", "ts_min", "ts_max"] + [
+            f"{c}_{stat}" for c, _ in columns for stat in ("sum", "min", "max")]
+        parts = []
+        for first, last in self.complete(stream):
+            path = copy_path(self.folder, stream, grain, first, last)
+            try:
+                parts.append(_decode(pq.read_table(path, columns=wanted), columns))
+            except (OSError, pa.ArrowException, KeyError) as exc:
+                raise ArchiveError(f"the aggregate copy {path} cannot be read ({exc}); "
+                                   "build the copies again (Rollups.build with "
+                                   "rebuild=True)") from None
+        got = _combine(parts, columns)
+        self._cache_put(key, got)
+        return got
+
+    def _cache_put(self, key: tuple, got: Buckets) -> None:
         size = got.nbytes()
         if size <= CACHE_BYTES:
             self._cache[key] = got
@@ -492,50 +576,6 @@ class Rollups:
             while self._cached > CACHE_BYTES:
                 _, old = self._cache.popitem(last=False)
                 self._cached -= old.nbytes()
-        return got
-
-    def _merge(self, stream: str, grain: str, columns: Sequence[tuple[str, str]]
-               ) -> Buckets:
-        wanted = ["bucket", "count", "ts_min", "ts_max"] + [f"{c}_{s}" for c, _ in columns
-                                                  for s in ("sum", "min", "max")]
-        tables = []
-        for first, last in self.complete(stream):
-            path = copy_path(self.folder, stream, grain, first, last)
-            try:
-                tables.append(pq.read_table(path, columns=wanted))
-            except (OSError, pa.ArrowException, KeyError) as exc:
-                raise ArchiveError(f"the aggregate copy {path} cannot be read ({exc}); "
-                                   "rebuild the copies (psoup archive reshape)") from None
-        if not tables:
-            empty = np.empty(0, np.int64)
-            return Buckets(empty, empty, np.empty(0), np.empty(0), {
-                c: (np.empty(0, object if t == "int" else np.float64),
-                    np.empty(0, np.int64 if t == "int" else np.float64),
-                    np.empty(0, np.int64 if t == "int" else np.float64)) for c, t in columns})
-        table = pa.concat_tables(tables, promote_options="default")
-        keys = table.column("bucket").to_numpy()
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-        reduce = partial(_reduce, starts=starts)
-
-        def ordered(name: str) -> np.ndarray:
-            return table.column(name).to_numpy(zero_copy_only=False)[order]
-
-        merged = {}
-        for c, ctype in columns:
-            raw = ordered(f"{c}_sum")
-            if ctype == "int":
-                sums = np.array([sum(int(v) for v in raw[a:b]) for a, b in
-                                 zip(starts.tolist(), [*starts[1:].tolist(), len(raw)])],
-                                dtype=object)
-            else:
-                sums = reduce(np.add, raw.astype(np.float64))
-            merged[c] = (sums, reduce(np.minimum, ordered(f"{c}_min")),
-                         reduce(np.maximum, ordered(f"{c}_max")))
-        return Buckets(keys[starts], reduce(np.add, ordered("count")),
-                       reduce(np.minimum, ordered("ts_min")),
-                       reduce(np.maximum, ordered("ts_max")), merged)
 
     def substitute(self, stream: str, begin: float, end: float,
                    columns: Sequence[tuple[str, str]]) -> Substitute | None:
@@ -627,7 +667,9 @@ class Rollups:
     def _check(self) -> None:
         """Assert the invariants (for tests): the index equals the files on disk; the
         parts of a stream never overlap; a copy's buckets are sorted and unique, its
-        counts positive and its ts within its buckets; the cache within its bytes."""
+        counts positive and its ts within its buckets; the cache within its bytes, and
+        each of its entries (folded into as parts came) equal to the files' merge (FLOAT
+        sums to 1e-12: added in another order). Reads every copy."""
         on_disk: dict[str, dict[tuple[int, int], set[str]]] = {}
         for stream, grain, first, last, path in self._copy_files():
             on_disk.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
@@ -646,4 +688,16 @@ class Rollups:
             cov = self.coverage(stream)
             assert (cov.firsts <= cov.lasts).all() and (cov.lasts[:-1] < cov.firsts[1:]).all()
         assert self._cached == sum(b.nbytes() for b in self._cache.values()) <= CACHE_BYTES
+        for (stream, grain, columns), got in list(self._cache.items()):
+            del self._cache[(stream, grain, columns)]
+            self._cached -= got.nbytes()
+            fresh = self.buckets(stream, grain, columns)
+            for a, b in zip(got[:4], fresh[:4]):
+                assert np.array_equal(a, b), "folded buckets equal the files' merged"
+            for c, ctype in columns:
+                sums, fresh_sums = got.columns[c][0], fresh.columns[c][0]
+                assert (sums.tolist() == fresh_sums.tolist() if ctype == "int"
+                        else np.allclose(sums, fresh_sums, rtol=1e-12, atol=0)), c
+                for a, b in zip(got.columns[c][1:], fresh.columns[c][1:]):
+                    assert np.array_equal(a, b), c
 
