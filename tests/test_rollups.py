@@ -427,3 +427,12 @@ def test_drop_stream_removes_the_copies_and_stats_show_them(tmp_path):
     assert not list((tmp_path / "aggregates").rglob("*.parquet"))
     assert eng.stats()["durability"]["aggregates"] == {}
     eng.close()
+
+
+def test_far_window_edges_are_clipped_to_the_copies(tmp_path):
+    far = "BEGIN -100000000000000 END 100000000000000"
+    eng, (handle,) = engine_with_history(tmp_path, [far])
+    table = fill(eng, np.random.default_rng(5), 200, 200.0, 3)
+    assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
+    assert_answer(eng.invoke(handle).rows[0], duck(table, -1e14, 1e14))
+    eng.close()

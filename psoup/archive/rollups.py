@@ -13,8 +13,8 @@ each INT or FLOAT column c, COUNT(c), SUM(c), MIN(c) and MAX(c) (AVG is SUM / CO
 One *copy* file per part file and grain, named by the part file's tupleID range
 (psoup.archive.layout), with columns ``bucket`` (int64, k), ``count``, ``ts_min``,
 ``ts_max`` and ``{c}_count``, ``{c}_sum``, ``{c}_min``, ``{c}_max`` per numeric column
-(an INT column's sum is decimal128(38, 0), exact; a FLOAT one's float64). No column
-name of one stream collides with another's: the suffixes hold no underscore. FOLDER
+(an INT column's sum is decimal128(38, 0), exact; a FLOAT one's float64). No two
+columns' names collide, as no suffix holds an underscore. FOLDER
 is outside the archive (an engine's is DIR/aggregates, beside DIR/archive): a reader
 of ``archive/**/*.parquet`` (DuckDB's glob walks every folder, hidden ones too) never
 meets a copy.
@@ -58,8 +58,6 @@ from psoup.fsync import fsync_dir, make_dir, write_whole
 GRAINS: dict[str, int] = {"day": 86400, "hour": 3600, "minute": 60}
 #: A copy's name: the tupleID range of its part file.
 COPY_NAME = re.compile(r"agg-(\d{20})-(\d{20})\.parquet\Z")
-#: The statistics kept per numeric column, as column-name suffixes.
-STATISTICS = ("count", "sum", "min", "max")
 #: Merged buckets kept decoded for the next reads, at most this many bytes in all.
 CACHE_BYTES = 32 << 20
 
@@ -69,6 +67,19 @@ _LOW_MASK = (1 << _LOW) - 1
 #: An INT bucket's sum is summed as two 32-bit halves in int64: exact below 2**31 rows.
 _MAX_BUCKET_ROWS = (1 << 31) - 1
 _INT_SUM = pa.decimal128(38, 0)
+
+
+def folder_for(root: str | Path) -> Path:
+    """Where the copies of the archive at `root` are kept by convention: the folder
+    `aggregates` beside it (an engine's DIR/archive has DIR/aggregates). For a tool
+    that writes an archive (`psoup archive import`) to keep them where an engine on
+    that directory reads them. O(1).
+
+    Example:
+        >>> folder_for("DIR/archive").as_posix()
+        'DIR/aggregates'
+    """
+    return Path(root).parent / "aggregates"
 
 
 def copy_path(folder: str | Path, stream: str, grain: str, first: int, last: int) -> Path:
@@ -273,8 +284,8 @@ class Substitute:
 class Buckets(NamedTuple):
     """The merged buckets of one stream and grain over its complete parts, in bucket
     order: `bucket` (int64), `rows` (COUNT(*), int64), `ts_min` and `ts_max` (float64),
-    and per numeric
-    column name -> (sums, mins, maxs) (an INT column's sums are Python ints)."""
+    and per numeric column name -> (sums, mins, maxs) (an INT column's sums are Python
+    ints). Memory: O(buckets x columns)."""
 
     bucket: np.ndarray
     rows: np.ndarray
@@ -283,9 +294,10 @@ class Buckets(NamedTuple):
     columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
     def nbytes(self) -> int:
+        """Bytes held (a Python int counted as its pointer and ~32 bytes of object)."""
         own = (self.bucket.nbytes + self.rows.nbytes + self.ts_min.nbytes
                + self.ts_max.nbytes)
-        per = sum(s.nbytes * (4 if s.dtype == object else 1) + lo.nbytes + hi.nbytes
+        per = sum(s.nbytes * (5 if s.dtype == object else 1) + lo.nbytes + hi.nbytes
                   for s, lo, hi in self.columns.values())
         return own + per
 
@@ -580,25 +592,23 @@ class Rollups:
     def substitute(self, stream: str, begin: float, end: float,
                    columns: Sequence[tuple[str, str]]) -> Substitute | None:
         """How the copies answer part of an aggregate over `stream`'s rows with
-        begin <= ts <= end (infinite edges: up to the copies' own): a `Substitute`
-        with the statistics of `columns` over the whole buckets inside the window
-        (`pieces`) for the covered tupleIDs, or None when no whole minute of the
-        window has a complete part. O(parts + buckets read), the buckets cached.
+        begin <= ts <= end: a `Substitute` with the statistics of `columns` over the
+        whole buckets inside the window (`pieces`, the window first clipped to the
+        days the copies hold, so that infinite or far edges cost nothing) for the
+        covered tupleIDs, or None when no whole minute of the window has a complete
+        part. O(log buckets) once the buckets are cached.
 
         Raises:
             ArchiveError: a copy file cannot be read.
         """
         if not self.complete(stream):
             return None
-        if math.isinf(begin) or math.isinf(end):
-            days = self.buckets(stream, "day", columns).bucket
-            if not len(days):
-                return None
-            day = GRAINS["day"]
-            lo = float(days[0]) * day if math.isinf(begin) else begin
-            hi = float(days[-1] + 1) * day if math.isinf(end) else end
-        else:
-            lo, hi = begin, end
+        days = self.buckets(stream, "day", columns).bucket
+        if not len(days):
+            return None
+        day = GRAINS["day"]
+        lo = max(begin, float(days[0]) * day)
+        hi = min(end, float(days[-1] + 1) * day)
         runs = pieces(lo, hi) if lo <= hi else []
         if not runs:
             return None

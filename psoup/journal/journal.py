@@ -32,6 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from psoup.archive.parquet import Archive
+from psoup.archive.rollups import folder_for
 from psoup.journal.wal import WriteAheadLog
 from psoup.codec import decode_array, decode_columns, encode_array, encode_columns
 from psoup.errors import PSoupError
@@ -103,7 +104,7 @@ class Journal:
         self._lock_fd = _lock(self.path / "lock")
         self.wal = WriteAheadLog(self.path / "wal", sync)
         self.archive = Archive(self.path / "archive", private=True,
-                               aggregates=self.path / "aggregates")
+                               aggregates=folder_for(self.path / "archive"))
         shutil.rmtree(self.tiers_path / INCOMING, ignore_errors=True)   # of a job cut short
         self.checkpoint_bytes = checkpoint_bytes
         self.checkpoint_seconds = checkpoint_seconds
