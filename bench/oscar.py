@@ -174,8 +174,11 @@ def bench(s: dict) -> tuple[list[dict], dict]:
 def _plot(ax, rows) -> None:
     labels = [r["what"] for r in rows]
     y = np.arange(len(rows))
-    ax.barh(y - 0.2, [r["tuples ms"] for r in rows], 0.4, label="from tuples")
-    ax.barh(y + 0.2, [r["copies ms"] for r in rows], 0.4, label="from aggregate copies")
+    ax.barh(y - 0.27, [r["tuples ms"] for r in rows], 0.27, label="from tuples")
+    ax.barh(y, [r["copies ms"] for r in rows], 0.27, label="from aggregate copies")
+    duck = [(k, r["duckdb ms"]) for k, r in enumerate(rows) if r["duckdb ms"] is not None]
+    ax.barh([y[k] + 0.27 for k, _ in duck], [ms for _, ms in duck], 0.27,
+            label="DuckDB over the part files")
     ax.set_yticks(y, labels, fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("ms (log)")

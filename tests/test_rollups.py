@@ -436,3 +436,23 @@ def test_far_window_edges_are_clipped_to_the_copies(tmp_path):
     assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
     assert_answer(eng.invoke(handle).rows[0], duck(table, -1e14, 1e14))
     eng.close()
+
+
+def test_a_part_without_its_copies_is_answered_from_tuples(tmp_path):
+    import psoup
+
+    eng, handles = engine_with_history(tmp_path, ["", "BEGIN 0 END 10000000000"])
+    table = fill(eng, np.random.default_rng(9), 300, 60.0, 4)
+    eng.close()
+    copies = sorted((tmp_path / "aggregates").rglob("agg-*.parquet"))
+    copies[len(copies) // 2].unlink()                        # a crash before its write
+    copies[0].with_name(copies[0].name + ".tmp").write_bytes(b"cut short")
+    eng = psoup.Engine(path=tmp_path)
+    rollups = eng._core.answers.rollups
+    assert len(rollups.complete("R")) == len(rollups._parts["R"]) - 1
+    assert not list((tmp_path / "aggregates").rglob("*.tmp"))
+    for handle, (a, b) in zip(handles, [(-math.inf, math.inf), (0, 1e10)]):
+        assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
+        assert_answer(eng.invoke(handle).rows[0], duck(table, a, b))
+    rollups._check()
+    eng.close()
