@@ -1,6 +1,8 @@
 """Windowed-aggregate copies of the archive (psoup.archive.rollups): COUNT, SUM, MIN and
-MAX per minute, hour and day, kept with the part files; the oracle is DuckDB's GROUP BY
-over the same buckets of the same rows."""
+MAX per minute, hour and day, kept beside the part files; the oracle is DuckDB's GROUP BY
+over the same buckets of the same rows. Then aggregate queries with history answered
+from them (psoup.results.answers), against DuckDB over every tuple inserted and against
+the same engine answering from its tuples."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import psoup
 from psoup.archive.parquet import Archive
 from psoup.archive.rollups import GRAINS, Rollups, copy_path, pieces
 from psoup.errors import ArchiveError
+from tests.support import Clock
 
 COLUMNS = [("a", "int"), ("x", "float"), ("name", "text")]
 NUMERIC = [("a", "int"), ("x", "float")]
@@ -255,9 +259,6 @@ def engine_with_history(state, windows: list[str], flush_rows: int = 40):
     """A durable engine on `state` with stream R (RETAIN 20 ROWS) and the aggregate
     query over each of `windows` registered and given an archive tier before any tuple
     arrives (what a history job over an empty archive gives, with no Spark pass)."""
-    import psoup
-    from tests.support import Clock
-
     eng = psoup.Engine(path=state, clock=Clock(START), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, x FLOAT, name TEXT) RETAIN 20 ROWS")
     eng._journal.archive.flush_rows = flush_rows
@@ -369,8 +370,6 @@ def test_a_tuple_at_an_aligned_end_is_counted_once(tmp_path):
 
 
 def test_a_query_with_where_or_group_by_reads_tuples(tmp_path):
-    import psoup
-
     eng = psoup.Engine(path=tmp_path)
     eng.execute("CREATE STREAM R (a INT, x FLOAT) RETAIN 5 ROWS")
     core = eng._core
@@ -399,8 +398,6 @@ def test_new_parts_fold_into_the_buckets_read_before(tmp_path):
 
 
 def test_copies_answer_after_a_restart(tmp_path):
-    import psoup
-
     day = 86400.0 * 19000
     window = f"BEGIN {day - 7200} END {day + 3600}"
     eng, (handle,) = engine_with_history(tmp_path, [window])
@@ -415,8 +412,6 @@ def test_copies_answer_after_a_restart(tmp_path):
 
 
 def test_drop_stream_removes_the_copies_and_stats_show_them(tmp_path):
-    import psoup
-
     eng = psoup.Engine(path=tmp_path)
     eng.execute("CREATE STREAM R (v INT) RETAIN 10 ROWS")
     eng.insert("R", {"v": np.arange(100)}, ts=np.arange(100) * 100.0)
@@ -439,8 +434,6 @@ def test_far_window_edges_are_clipped_to_the_copies(tmp_path):
 
 
 def test_a_part_without_its_copies_is_answered_from_tuples(tmp_path):
-    import psoup
-
     eng, handles = engine_with_history(tmp_path, ["", "BEGIN 0 END 10000000000"])
     table = fill(eng, np.random.default_rng(9), 300, 60.0, 4)
     eng.close()
