@@ -23,7 +23,7 @@ A part file's copies are derived from it alone, so they are written when the arc
 flushes it (`Rollups.add`, from psoup.archive.parquet) or at any later time from the
 file (`Rollups.build`, for an archive written by `psoup archive import`, or before
 copies existed), and writing them again replaces them: nothing is counted twice. A
-bucket that a flush splits in two has a row in each part's copy; a read merges them.
+bucket that a flush splits in two has a row in each part's copy; a read adds them up.
 Each file is written whole (psoup.fsync.write_whole), so a crash leaves a part with all,
 some or none of its copies, never half of one, and a read counts a part only when it
 has its three copies (a *complete* part): the rest of its rows are answered from tuples.
@@ -33,7 +33,9 @@ and `build` removes it.
 `Rollups.substitute` plans an aggregate over a ts window: the largest span
 [A, B) of whole minutes inside it, cut into whole days in the middle, whole hours around
 them and whole minutes at the ends (`pieces`); the copies answer the rows of complete
-parts in [A, B) and tuples the rest (`Substitute`: which tuples those are).
+parts in [A, B) and tuples the rest (`Substitute`: which tuples those are). A part file
+holds one UTC day (its date partition), so only the copies of the parts of the days a
+window meets are read, each decoded once into a bounded cache.
 """
 
 from __future__ import annotations
@@ -282,9 +284,9 @@ class Substitute:
 
 
 class Buckets(NamedTuple):
-    """The merged buckets of one stream and grain over its complete parts, in bucket
-    order: `bucket` (int64), `rows` (COUNT(*), int64), `ts_min` and `ts_max` (float64),
-    and per numeric column name -> (sums, mins, maxs) (an INT column's sums are Python
+    """The buckets of one copy, or of several merged by bucket, in bucket order:
+    `bucket` (int64), `rows` (COUNT(*), int64), `ts_min` and `ts_max` (float64), and
+    per numeric column name -> (sums, mins, maxs) (an INT column's sums are Python
     ints). Memory: O(buckets x columns)."""
 
     bucket: np.ndarray
@@ -346,9 +348,11 @@ def _combine(parts: Sequence[Buckets], columns: Sequence[tuple[str, str]]) -> Bu
 class Rollups:
     """The windowed-aggregate copies of one archive (see the module docstring).
 
-    Keeps an index of the part files and copies by stream (O(part files) memory), and
-    the merged buckets of the latest reads (at most CACHE_BYTES). Not thread-safe: the
-    archive's owner serializes calls, as for `psoup.archive.parquet.Archive`.
+    Keeps an index of the part files (each with its UTC day: a part file holds one day
+    of its stream) and their copies, by stream: O(part files) memory; and the decoded
+    copies read last (at most CACHE_BYTES). An aggregate over a window reads only the
+    copies of the parts of the days the window meets. Not thread-safe: the archive's
+    owner serializes calls, as for `psoup.archive.parquet.Archive`.
 
     Args:
         root: the archive directory (its part files are read, never written).
@@ -368,10 +372,11 @@ class Rollups:
         self.root = Path(root)
         self.folder = Path(folder)
         self.private = private
-        self._parts: dict[str, set[tuple[int, int]]] = {}
+        self._parts: dict[str, dict[tuple[int, int], int]] = {}    # part -> its day
         self._copies: dict[str, dict[tuple[int, int], set[str]]] = {}
         self._complete: dict[str, list[tuple[int, int]]] = {}
         self._coverage: dict[str, Coverage] = {}
+        self._days: dict[str, tuple[np.ndarray, list[tuple[int, int]]]] = {}
         self._cache: OrderedDict[tuple, Buckets] = OrderedDict()
         self._cached = 0
         if self.folder.is_dir():
@@ -387,9 +392,10 @@ class Rollups:
         self._parts, self._copies = {}, {}
         for path in self.root.glob("stream=*/date=*/part-*.parquet"):
             m = PART_NAME.match(path.name)
-            if m:
+            day = _day_of(path.parent.name)
+            if m and day is not None:
                 stream = path.parent.parent.name[len("stream="):]
-                self._parts.setdefault(stream, set()).add((int(m.group(1)), int(m.group(2))))
+                self._parts.setdefault(stream, {})[(int(m.group(1)), int(m.group(2)))] = day
         for stream, grain, first, last, _ in self._copy_files():
             self._copies.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
         for stream in {k[0] for k in self._cache} | set(self._complete):
@@ -404,23 +410,15 @@ class Rollups:
                 yield (path.parent.parent.name[len("stream="):], grain, int(m.group(1)),
                        int(m.group(2)), path)
 
-    def _changed(self, stream: str, keep: bool = False,
-                 fold: dict[str, pa.Table] | None = None) -> None:
-        """The index of `stream` changed: forget what was derived from it, and its
-        merged buckets unless `keep` (no complete part came or went) or `fold` (one
-        new complete part came, with these copies by grain: folded in). O(cached
-        buckets of the stream)."""
+    def _changed(self, stream: str, part: tuple[int, int] | None = None) -> None:
+        """The index of `stream` changed: forget what was derived from it, and the
+        decoded copies of `part` (default: of every part of the stream). O(cache)."""
         self._complete.pop(stream, None)
         self._coverage.pop(stream, None)
-        if keep:
-            return
-        for key in [k for k in self._cache if k[0] == stream]:
-            old = self._cache.pop(key)
-            self._cached -= old.nbytes()
-            if fold is not None:
-                _, grain, columns = key
-                self._cache_put(key, _combine([old, _decode(fold[grain], columns)],
-                                              columns))
+        self._days.pop(stream, None)
+        for key in [k for k in self._cache
+                    if k[0] == stream and (part is None or k[2] == part)]:
+            self._cached -= self._cache.pop(key).nbytes()
 
     def complete(self, stream: str) -> list[tuple[int, int]]:
         """The tupleID ranges of `stream`'s part files that have all their copies,
@@ -429,7 +427,7 @@ class Rollups:
         if got is None:
             copies = self._copies.get(stream, {})
             got = self._complete[stream] = sorted(
-                r for r in self._parts.get(stream, ()) if len(copies.get(r, ())) == len(GRAINS))
+                r for r in self._parts.get(stream, {}) if len(copies.get(r, ())) == len(GRAINS))
         return got
 
     def coverage(self, stream: str) -> Coverage:
@@ -445,7 +443,7 @@ class Rollups:
         firsts: list[int] = []
         lasts: list[int] = []
         joined = False
-        for part in sorted(self._parts.get(stream, ())):
+        for part in sorted(self._parts.get(stream, {})):
             if part not in done:
                 joined = False
             elif joined:
@@ -456,25 +454,48 @@ class Rollups:
                 joined = True
         return Coverage(np.array(firsts, np.int64), np.array(lasts, np.int64))
 
+    def _day_index(self, stream: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """The complete parts of `stream` ordered by UTC day, and their days.
+        O(parts log parts) once a change, then O(1)."""
+        got = self._days.get(stream)
+        if got is None:
+            days = self._parts.get(stream, {})
+            ordered = sorted(self.complete(stream), key=lambda r: (days[r], r))
+            got = self._days[stream] = (np.array([days[r] for r in ordered], np.int64),
+                                        ordered)
+        return got
+
+    def _on_days(self, stream: str, first_day: int, last_day: int) -> list[tuple[int, int]]:
+        """The complete parts of `stream` whose UTC day is in [first_day, last_day].
+        O(log parts + found)."""
+        index, parts = self._day_index(stream)
+        i = int(np.searchsorted(index, first_day, side="left"))
+        j = int(np.searchsorted(index, last_day, side="right"))
+        return parts[i:j]
+
     # ------------------------------------------------------------------ write
 
     def add(self, stream: str, table: pa.Table, first: int, last: int) -> list[Path]:
         """Write the copies of `stream`'s part file of tupleIDs first..last, whose rows
-        are `table` (ts and the stream's columns): one file per grain, each written
-        whole, replacing any earlier copy of that part. O(rows log rows).
+        are `table` (ts and the stream's columns, all of one UTC day): one file per
+        grain, each written whole, replacing any earlier copy of that part.
+        O(rows log rows).
 
         Raises:
             ArchiveError: see `summarize`. OSError: a file could not be written (the
             copies written before it stay; the part is not complete).
         """
         summaries = {grain: summarize(table, grain) for grain in GRAINS}
-        again = (first, last) in self.complete(stream)
+        days = summaries["day"].column("bucket").to_pylist()
+        if len(days) > 1:
+            raise ArchiveError(f"part {first}-{last} of stream '{stream}' spans "
+                               f"{len(days)} UTC days; a part file holds one")
         written = []
         stream_dir = self.folder / f"stream={stream}"
         make_dir(self.folder, self.private)
         make_dir(stream_dir, self.private)
-        self._parts.setdefault(stream, set()).add((first, last))
-        self._changed(stream, keep=True)        # complete before (same rows) or not yet
+        self._parts.setdefault(stream, {})[(first, last)] = days[0] if days else 0
+        self._changed(stream, (first, last))
         for grain, summary in summaries.items():
             path = copy_path(self.folder, stream, grain, first, last)
             make_dir(path.parent, self.private)
@@ -484,7 +505,7 @@ class Rollups:
             written.append(path)
         fsync_dir(stream_dir)
         fsync_dir(self.folder)
-        self._changed(stream, fold=None if again else summaries)
+        self._changed(stream, (first, last))
         return written
 
     def build(self, stream: str | None = None, rebuild: bool = False) -> int:
@@ -520,10 +541,10 @@ class Rollups:
                 raise ArchiveError(f"{path} cannot be read ({exc})") from None
             built += 1
         for name, _, first, last, path in list(self._copy_files(pattern)):
-            if (first, last) not in self._parts.get(name, ()):
+            if (first, last) not in self._parts.get(name, {}):
                 path.unlink()
                 self._copies.get(name, {}).pop((first, last), None)
-                self._changed(name)
+                self._changed(name, (first, last))
         return built
 
     def drop(self, stream: str, below: int) -> None:
@@ -543,44 +564,36 @@ class Rollups:
             if not any(stream_dir.iterdir()):
                 stream_dir.rmdir()
             fsync_dir(self.folder)
-        self._parts[stream] = {r for r in self._parts.get(stream, ()) if r[1] >= below}
+        self._parts[stream] = {r: d for r, d in self._parts.get(stream, {}).items()
+                               if r[1] >= below}
         self._copies[stream] = {r: g for r, g in self._copies.get(stream, {}).items()
                                 if r[1] >= below}
         self._changed(stream)
 
     # ------------------------------------------------------------------ read
 
-    def buckets(self, stream: str, grain: str, columns: Sequence[tuple[str, str]]
-                ) -> Buckets:
-        """The `grain` buckets of `stream`'s complete parts, merged by bucket (a bucket
-        split across flushes is one row), with the statistics of `columns` ((name,
-        type) pairs). From the cache (which a new part's copies are folded into as they
-        are written), or O(copy rows log copy rows) read from the files.
+    def _copy(self, stream: str, grain: str, part: tuple[int, int],
+              columns: tuple[tuple[str, str], ...]) -> Buckets:
+        """The `grain` copy of `stream`'s complete part `part`, decoded with the
+        statistics of `columns`: from the cache, or O(its buckets) from its file.
 
         Raises:
-            ArchiveError: a copy file is gone, damaged or lacks one of `columns`.
+            ArchiveError: the copy is gone, damaged or lacks one of `columns`.
         """
-        key = (stream, grain, tuple(columns))
+        key = (stream, grain, part, columns)
         got = self._cache.get(key)
         if got is not None:
             self._cache.move_to_end(key)
             return got
         wanted = ["bucket", "count", "ts_min", "ts_max"] + [
             f"{c}_{stat}" for c, _ in columns for stat in ("sum", "min", "max")]
-        parts = []
-        for first, last in self.complete(stream):
-            path = copy_path(self.folder, stream, grain, first, last)
-            try:
-                parts.append(_decode(pq.read_table(path, columns=wanted), columns))
-            except (OSError, pa.ArrowException, KeyError) as exc:
-                raise ArchiveError(f"the aggregate copy {path} cannot be read ({exc}); "
-                                   "build the copies again (Rollups.build with "
-                                   "rebuild=True)") from None
-        got = _combine(parts, columns)
-        self._cache_put(key, got)
-        return got
-
-    def _cache_put(self, key: tuple, got: Buckets) -> None:
+        path = copy_path(self.folder, stream, grain, *part)
+        try:
+            got = _decode(pq.read_table(path, columns=wanted), columns)
+        except (OSError, pa.ArrowException, KeyError) as exc:
+            raise ArchiveError(f"the aggregate copy {path} cannot be read ({exc}); "
+                               "build the copies again (Rollups.build with "
+                               "rebuild=True)") from None
         size = got.nbytes()
         if size <= CACHE_BYTES:
             self._cache[key] = got
@@ -588,24 +601,37 @@ class Rollups:
             while self._cached > CACHE_BYTES:
                 _, old = self._cache.popitem(last=False)
                 self._cached -= old.nbytes()
+        return got
+
+    def buckets(self, stream: str, grain: str, columns: Sequence[tuple[str, str]]
+                ) -> Buckets:
+        """The `grain` buckets of all `stream`'s complete parts, merged by bucket (a
+        bucket split across flushes is one row), with the statistics of `columns`
+        ((name, type) pairs). O(copy rows log copy rows), each copy read or cached.
+
+        Raises:
+            ArchiveError: a copy file is gone, damaged or lacks one of `columns`.
+        """
+        cols = tuple(columns)
+        return _combine([self._copy(stream, grain, part, cols)
+                         for part in self.complete(stream)], cols)
 
     def substitute(self, stream: str, begin: float, end: float,
                    columns: Sequence[tuple[str, str]]) -> Substitute | None:
         """How the copies answer part of an aggregate over `stream`'s rows with
         begin <= ts <= end: a `Substitute` with the statistics of `columns` over the
         whole buckets inside the window (`pieces`, the window first clipped to the
-        days the copies hold, so that infinite or far edges cost nothing) for the
-        covered tupleIDs, or None when no whole minute of the window has a complete
-        part. O(log buckets) once the buckets are cached.
+        days of the complete parts, so that infinite or far edges cost nothing) for
+        the covered tupleIDs, or None when no whole minute of the window has a
+        complete part. Reads the copies of the parts of the days the window meets.
 
         Raises:
             ArchiveError: a copy file cannot be read.
         """
-        if not self.complete(stream):
-            return None
-        days = self.buckets(stream, "day", columns).bucket
+        days, _ = self._day_index(stream)
         if not len(days):
             return None
+        cols = tuple(columns)
         day = GRAINS["day"]
         lo = max(begin, float(days[0]) * day)
         hi = min(end, float(days[-1] + 1) * day)
@@ -616,39 +642,54 @@ class Rollups:
         b = runs[-1][2] * GRAINS[runs[-1][0]]
         # covered rows in the window's partial minutes: only in the minute before a
         # (ts >= begin) and the one from b (ts <= end), as their ts range shows
-        got = self.buckets(stream, "minute", columns)
-        i, j = np.searchsorted(got.bucket, [a // _MINUTE - 1, b // _MINUTE]).tolist()
-        before = (i < len(got.bucket) and got.bucket[i] == a // _MINUTE - 1
-                  and got.ts_max[i] >= begin)
-        after = j < len(got.bucket) and got.bucket[j] == b // _MINUTE and got.ts_min[j] <= end
+        before = self._minute_meets(stream, a // _MINUTE - 1, cols,
+                                    lambda got, k: bool(got.ts_max[k] >= begin))
+        after = self._minute_meets(stream, b // _MINUTE, cols,
+                                   lambda got, k: bool(got.ts_min[k] <= end))
         return Substitute(begin, end, float(a), float(b), self.coverage(stream),
-                          self.totals(stream, runs, columns), bool(before), bool(after))
+                          self.totals(stream, runs, cols), before, after)
+
+    def _minute_meets(self, stream: str, minute: int, columns: tuple[tuple[str, str], ...],
+                      test: Any) -> bool:
+        """Whether some complete part has rows in `minute` for which `test(copy,
+        index)` holds."""
+        day = minute * _MINUTE // GRAINS["day"]
+        for part in self._on_days(stream, day, day):
+            got = self._copy(stream, "minute", part, columns)
+            k = int(np.searchsorted(got.bucket, minute))
+            if k < len(got.bucket) and got.bucket[k] == minute and test(got, k):
+                return True
+        return False
 
     def totals(self, stream: str, runs: Sequence[tuple[str, int, int]],
                columns: Sequence[tuple[str, str]]) -> dict[str, Any]:
         """COUNT(*), the latest ts, and per column (name, type) of `columns` its SUM,
         MIN and MAX (None without rows) over the buckets `runs` ((grain, first, end)
         from `pieces`) of `stream`'s complete parts: {"count": n, "ts_max": t,
-        "sum": {c: s}, "min": {c: m}, "max": {c: m}}. O(buckets in the runs)."""
+        "sum": {c: s}, "min": {c: m}, "max": {c: m}}. O(parts of the days the runs
+        meet x log buckets), plus the copies read."""
+        cols = tuple(columns)
         count = 0
         ts_max = -math.inf
-        sums: dict[str, Any] = {c: 0 if t == "int" else 0.0 for c, t in columns}
-        mins: dict[str, Any] = {c: None for c, _ in columns}
-        maxs: dict[str, Any] = {c: None for c, _ in columns}
+        sums: dict[str, Any] = {c: 0 if t == "int" else 0.0 for c, t in cols}
+        mins: dict[str, Any] = {c: None for c, _ in cols}
+        maxs: dict[str, Any] = {c: None for c, _ in cols}
+        day = GRAINS["day"]
         for grain, first, stop in runs:
-            got = self.buckets(stream, grain, columns)
-            i, j = np.searchsorted(got.bucket, [first, stop]).tolist()
-            if i == j:
-                continue
-            count += int(got.rows[i:j].sum())
-            ts_max = max(ts_max, float(got.ts_max[i:j].max()))
-            for c, ctype in columns:
-                s, lo, hi = got.columns[c]
-                part = s[i:j]
-                sums[c] += sum(part.tolist()) if ctype == "int" else float(np.sum(part))
-                low, high = lo[i:j].min().item(), hi[i:j].max().item()
-                mins[c] = low if mins[c] is None else min(mins[c], low)
-                maxs[c] = high if maxs[c] is None else max(maxs[c], high)
+            g = GRAINS[grain]
+            for part in self._on_days(stream, first * g // day, (stop * g - 1) // day):
+                got = self._copy(stream, grain, part, cols)
+                i, j = np.searchsorted(got.bucket, [first, stop]).tolist()
+                if i == j:
+                    continue
+                count += int(got.rows[i:j].sum())
+                ts_max = max(ts_max, float(got.ts_max[i:j].max()))
+                for c, ctype in cols:
+                    s, lo, hi = got.columns[c]
+                    sums[c] += sum(s[i:j].tolist()) if ctype == "int" else float(np.sum(s[i:j]))
+                    low, high = lo[i:j].min().item(), hi[i:j].max().item()
+                    mins[c] = low if mins[c] is None else min(mins[c], low)
+                    maxs[c] = high if maxs[c] is None else max(maxs[c], high)
         return {"count": count, "ts_max": ts_max if count else None,
                 "sum": sums, "min": mins, "max": maxs}
 
@@ -659,7 +700,7 @@ class Rollups:
         return sum(path.stat().st_size for *_, path in self._copy_files(stream or "*"))
 
     def nbytes(self) -> int:
-        """Bytes of merged buckets held in memory (the cache)."""
+        """Bytes of decoded copies held in memory (the cache)."""
         return self._cached
 
     def stats(self) -> dict[str, dict[str, int]]:
@@ -670,16 +711,15 @@ class Rollups:
             if not self._copies.get(stream):
                 continue
             out[stream] = {"complete_parts": len(self.complete(stream)),
-                           "parts": len(self._parts.get(stream, ())),
+                           "parts": len(self._parts.get(stream, {})),
                            "bytes": self.disk_bytes(stream)}
         return out
 
     def _check(self) -> None:
         """Assert the invariants (for tests): the index equals the files on disk; the
         parts of a stream never overlap; a copy's buckets are sorted and unique, its
-        counts positive and its ts within its buckets; the cache within its bytes, and
-        each of its entries (folded into as parts came) equal to the files' merge (FLOAT
-        sums to 1e-12: added in another order). Reads every copy."""
+        counts positive, its ts within its buckets and its part's day; the cache within
+        its bytes, each entry equal to its file decoded. Reads every copy."""
         on_disk: dict[str, dict[tuple[int, int], set[str]]] = {}
         for stream, grain, first, last, path in self._copy_files():
             on_disk.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
@@ -691,6 +731,8 @@ class Rollups:
             lo, hi = table.column("ts_min").to_numpy(), table.column("ts_max").to_numpy()
             assert (minutes(lo) // (g // _MINUTE) == keys).all(), f"{path}: ts in bucket"
             assert (minutes(hi) // (g // _MINUTE) == keys).all(), f"{path}: ts in bucket"
+            day = self._parts.get(stream, {}).get((first, last))
+            assert day is None or (minutes(lo) // 1440 == day).all(), f"{path}: its day"
         assert on_disk == {s: c for s, c in self._copies.items() if c}, "index of copies"
         for stream, parts in self._parts.items():
             ranges = sorted(parts)
@@ -698,16 +740,21 @@ class Rollups:
             cov = self.coverage(stream)
             assert (cov.firsts <= cov.lasts).all() and (cov.lasts[:-1] < cov.firsts[1:]).all()
         assert self._cached == sum(b.nbytes() for b in self._cache.values()) <= CACHE_BYTES
-        for (stream, grain, columns), got in list(self._cache.items()):
-            del self._cache[(stream, grain, columns)]
-            self._cached -= got.nbytes()
-            fresh = self.buckets(stream, grain, columns)
+        for (stream, grain, part, columns), got in list(self._cache.items()):
+            assert part in self.complete(stream), "only complete parts are read"
+            fresh = _decode(pq.read_table(copy_path(self.folder, stream, grain, *part)),
+                            columns)
             for a, b in zip(got[:4], fresh[:4]):
-                assert np.array_equal(a, b), "folded buckets equal the files' merged"
-            for c, ctype in columns:
-                sums, fresh_sums = got.columns[c][0], fresh.columns[c][0]
-                assert (sums.tolist() == fresh_sums.tolist() if ctype == "int"
-                        else np.allclose(sums, fresh_sums, rtol=1e-12, atol=0)), c
-                for a, b in zip(got.columns[c][1:], fresh.columns[c][1:]):
-                    assert np.array_equal(a, b), c
+                assert np.array_equal(a, b), "a cached copy equals its file"
+            for c, _ in columns:
+                for a, b in zip(got.columns[c], fresh.columns[c]):
+                    assert a.tolist() == b.tolist(), c
 
+
+def _day_of(folder: str) -> int | None:
+    """The UTC day number of a date partition's name (date=YYYY-MM-DD), None if it is
+    not one."""
+    try:
+        return int(np.datetime64(folder[len("date="):], "D").astype(np.int64))
+    except ValueError:
+        return None
