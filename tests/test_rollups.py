@@ -382,7 +382,7 @@ def test_a_query_with_where_or_group_by_reads_tuples(tmp_path):
     eng.close()
 
 
-def test_new_parts_fold_into_the_buckets_read_before(tmp_path):
+def test_new_parts_count_in_answers_after_the_copies_were_read(tmp_path):
     day = 86400.0 * 19000
     edges = [(-math.inf, math.inf), (day - 3600, day + 7200)]
     eng, handles = engine_with_history(tmp_path, ["", f"BEGIN {day - 3600} END {day + 7200}"])
