@@ -109,8 +109,8 @@ class Answers:
         `now`, or None when they answer nothing: the query must have an archive tier,
         aggregates of INT and FLOAT columns (or COUNT), no WHERE, no GROUP BY, and a
         window with a whole minute in its archived part. Reading the copies fails over
-        to the tier's tuples, with a warning. O(part files) plus the copies' buckets
-        read (cached by psoup.archive.rollups)."""
+        to the tier's tuples, with a warning. O(log part files) plus the copies of the
+        parts of the days the window meets (cached by psoup.archive.rollups)."""
         if self.rollups is None or not isinstance(plan, SelectionPlan):
             return None
         query = plan.query
