@@ -12,9 +12,11 @@ flushes them. Two measurements:
   [h - 3600, h] is one whole hour plus the tuples at ts = h), answered from the copies
   (psoup.results.answers `Answers.substitute`) and from the tier's tuples (the same
   engine with its copies switched off: what it did before). Both after a first pass
-  that fills the caches (the tier's decoded segments, up to 64 MB; the copies' merged
-  buckets), and that first pass itself (cold: caches emptied, compiled kernels kept).
-  The tier is the one a history job over an empty archive gives
+  that fills the caches (the tier's decoded segments, up to 64 MB; the decoded
+  copies, up to 32 MB), and that first pass itself (cold: caches emptied, compiled kernels kept).
+  Then `SELECT COUNT(*), AVG(v) FROM S` (everything: the archive's whole days from
+  the copies, the rest of the tier and memory from tuples) invoked once, the same ways.
+  The tiers are the ones a history job over an empty archive gives
   (`ArchiveTiers.begin`/`finish` before any tuple arrives), grown as the tuples left
   retention: no Spark pass.
 - archive: the hourly averages of the whole archive, from the hour copies read from
@@ -45,6 +47,8 @@ import psoup  # noqa: E402
 HOUR = 3600.0
 START = 86400.0 * 19000              # a UTC midnight
 QUERY = "SELECT COUNT(*), AVG(v) FROM S [RANGE 1 HOUR]"
+#: The same over everything (archive and memory): the copies' days and whole tier.
+EVERYTHING = "SELECT COUNT(*), AVG(v) FROM S"
 
 
 def _settings(quick: bool) -> dict:
@@ -53,17 +57,17 @@ def _settings(quick: bool) -> dict:
     return {"rows": 2_000_000, "days": 4, "batch": 50_000, "retain": 10_000, "repeat": 5}
 
 
-def build(state: Path, s: dict) -> tuple[psoup.Engine, str, float]:
+def build(state: Path, s: dict) -> tuple[psoup.Engine, list[str], float]:
     """A durable engine on `state` whose archive holds all but `retain` of the rows;
-    the query's handle; the last ts."""
+    the handles of QUERY and EVERYTHING; the last ts."""
     gen = common.rng(181)
     eng = psoup.Engine(path=state)
     eng.execute(f"CREATE STREAM S (v FLOAT, k INT) RETAIN {s['retain']} ROWS")
-    handle = eng.register(QUERY)
+    handles = [eng.register(QUERY), eng.register(EVERYTHING)]
     core = eng._core
-    slot = core.plan(handle).slot
-    core.tiers.begin("S", [slot])
-    core.tiers.finish({"S": {slot: []}}, {slot: handle})
+    slots = {core.plan(h).slot: h for h in handles}
+    core.tiers.begin("S", list(slots))
+    core.tiers.finish({"S": {slot: [] for slot in slots}}, slots)
     rate = s["rows"] / (s["days"] * 86400.0)
     ts = START + np.cumsum(gen.exponential(1.0 / rate, s["rows"]))
     for a in range(0, s["rows"], s["batch"]):
@@ -73,12 +77,12 @@ def build(state: Path, s: dict) -> tuple[psoup.Engine, str, float]:
         if (a // s["batch"]) % 4 == 3:
             eng.checkpoint()
     eng.checkpoint()
-    return eng, handle, float(ts[-1])
+    return eng, handles, float(ts[-1])
 
 
-def hourly_invocations(eng: psoup.Engine, handle: str, hours: list[float], copies: bool,
-                       repeat: int) -> tuple[list, float, float]:
-    """The answers at each hour boundary, the seconds of a cold pass (caches emptied),
+def invocations(eng: psoup.Engine, handle: str, hours: list[float], copies: bool,
+                repeat: int) -> tuple[list, float, float]:
+    """The answers at each of `hours`, the seconds of a cold pass (caches emptied),
     and the median seconds of a warm pass, from the copies or from the tier's tuples."""
     core = eng._core
     rollups = eng._journal.archive.rollups
@@ -144,14 +148,20 @@ def bench(s: dict) -> tuple[list[dict], dict]:
     folder = Path(tempfile.mkdtemp(prefix="psoup-oscar-"))
     try:
         t0 = time.perf_counter()
-        eng, handle, last = build(folder / "state", s)
+        eng, (hourly, everything), last = build(folder / "state", s)
         built = time.perf_counter() - t0
         archived = eng._journal.archive.latest_ts("S")
         hours = [START + HOUR * k for k in range(1, int((archived - START) // HOUR) + 1)]
-        fast, fast_cold, fast_warm = hourly_invocations(eng, handle, hours, True, s["repeat"])
-        slow, slow_cold, slow_warm = hourly_invocations(eng, handle, hours, False, s["repeat"])
-        for a, b in zip(fast, slow):
+        fast, fast_cold, fast_warm = invocations(eng, hourly, hours, True, s["repeat"])
+        slow, slow_cold, slow_warm = invocations(eng, hourly, hours, False, s["repeat"])
+        now = [last]
+        all_fast, all_fast_cold, all_fast_warm = invocations(eng, everything, now, True,
+                                                             s["repeat"])
+        all_slow, all_slow_cold, all_slow_warm = invocations(eng, everything, now, False,
+                                                             s["repeat"])
+        for a, b in zip(fast + all_fast, slow + all_slow):
             assert a[0] == b[0] and math.isclose(a[1], b[1], rel_tol=1e-9), (a, b)
+        assert all_fast[0][0] == s["rows"]
         eng.close()
         whole = whole_archive(folder / "state" / "archive", folder / "state" / "aggregates")
     finally:
@@ -162,6 +172,12 @@ def bench(s: dict) -> tuple[list[dict], dict]:
          "tuples ms": slow_warm * 1e3, "duckdb ms": None, "ratio": slow_warm / fast_warm},
         {"what": f"engine, {n} hourly invocations, cold", "copies ms": fast_cold * 1e3,
          "tuples ms": slow_cold * 1e3, "duckdb ms": None, "ratio": slow_cold / fast_cold},
+        {"what": "engine, average of everything, warm", "copies ms": all_fast_warm * 1e3,
+         "tuples ms": all_slow_warm * 1e3, "duckdb ms": None,
+         "ratio": all_slow_warm / all_fast_warm},
+        {"what": "engine, average of everything, cold", "copies ms": all_fast_cold * 1e3,
+         "tuples ms": all_slow_cold * 1e3, "duckdb ms": None,
+         "ratio": all_slow_cold / all_fast_cold},
         {"what": f"archive, {whole['hours']} hourly averages", "copies ms": whole["copies"] * 1e3,
          "tuples ms": whole["tuples"] * 1e3, "duckdb ms": whole["duckdb"] * 1e3,
          "ratio": whole["tuples"] / whole["copies"]},
