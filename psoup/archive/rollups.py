@@ -379,6 +379,8 @@ class Rollups:
         self._days: dict[str, tuple[np.ndarray, list[tuple[int, int]]]] = {}
         self._cache: OrderedDict[tuple, Buckets] = OrderedDict()
         self._cached = 0
+        #: bumped at every change of the index: what was derived from it is stale
+        self.version = 0
         if self.folder.is_dir():
             for tmp in self.folder.rglob("*.tmp"):          # a write cut short
                 tmp.unlink()
@@ -413,6 +415,7 @@ class Rollups:
     def _changed(self, stream: str, part: tuple[int, int] | None = None) -> None:
         """The index of `stream` changed: forget what was derived from it, and the
         decoded copies of `part` (default: of every part of the stream). O(cache)."""
+        self.version += 1
         self._complete.pop(stream, None)
         self._coverage.pop(stream, None)
         self._days.pop(stream, None)
