@@ -170,6 +170,20 @@ def test_build_summarizes_part_files_written_by_another_tool(tmp_path):
     assert got.bucket.tolist() == [0, 1] and got.columns["v"][0].tolist() == [4.0, 4.0]
 
 
+def test_a_part_file_not_of_its_dates_day_gets_no_copies(tmp_path):
+    folder = tmp_path / "archive" / "stream=S" / "date=1970-01-01"
+    folder.mkdir(parents=True)
+    for first, ts in ((0, [1.0, 86401.0]), (2, [86402.0, 86403.0]), (4, [5.0, 6.0])):
+        pq.write_table(pa.table({"ts": ts, "tuple_id": pa.array([first, first + 1], pa.int64()),
+                                 "v": [1.0, 2.0]}),
+                       folder / f"part-{first:020d}-{first + 1:020d}.parquet")
+    r = rollups(tmp_path)
+    assert r.build() == 3
+    assert r.complete("S") == [(4, 5)]             # two days; another day than its folder's
+    assert rollups(tmp_path).complete("S") == [(4, 5)]
+    r._check()
+
+
 def test_build_removes_copies_whose_part_file_is_gone(tmp_path):
     arc, table = archived(tmp_path, 3, 2, 40, 60.0)
     last = max(tmp_path.glob("archive/stream=R/date=*/part-*.parquet"))

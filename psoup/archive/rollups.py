@@ -478,11 +478,18 @@ class Rollups:
 
     # ------------------------------------------------------------------ write
 
-    def add(self, stream: str, table: pa.Table, first: int, last: int) -> list[Path]:
+    def add(self, stream: str, table: pa.Table, first: int, last: int,
+            day: int | None = None) -> list[Path]:
         """Write the copies of `stream`'s part file of tupleIDs first..last, whose rows
-        are `table` (ts and the stream's columns, all of one UTC day): one file per
-        grain, each written whole, replacing any earlier copy of that part.
+        are `table` (ts and the stream's columns): one file per grain, each written
+        whole, replacing any earlier copy of that part. The rows must lie in one UTC
+        day (`day`, its date partition's, when given: the index finds a part by the
+        day of its folder); a part whose rows do not (another tool's file) gets no
+        copies, and loses any it had, so its rows are answered from tuples.
         O(rows log rows).
+
+        Returns:
+            The copies written.
 
         Raises:
             ArchiveError: see `summarize`. OSError: a file could not be written (the
@@ -490,14 +497,17 @@ class Rollups:
         """
         summaries = {grain: summarize(table, grain) for grain in GRAINS}
         days = summaries["day"].column("bucket").to_pylist()
-        if len(days) > 1:
-            raise ArchiveError(f"part {first}-{last} of stream '{stream}' spans "
-                               f"{len(days)} UTC days; a part file holds one")
+        if len(days) != 1 or day not in (None, days[0]):
+            for grain in GRAINS:
+                copy_path(self.folder, stream, grain, first, last).unlink(missing_ok=True)
+            self._copies.get(stream, {}).pop((first, last), None)
+            self._changed(stream, (first, last))
+            return []
         written = []
         stream_dir = self.folder / f"stream={stream}"
         make_dir(self.folder, self.private)
         make_dir(stream_dir, self.private)
-        self._parts.setdefault(stream, {})[(first, last)] = days[0] if days else 0
+        self._parts.setdefault(stream, {})[(first, last)] = days[0]
         self._changed(stream, (first, last))
         for grain, summary in summaries.items():
             path = copy_path(self.folder, stream, grain, first, last)
@@ -516,7 +526,7 @@ class Rollups:
         lack one (`rebuild`: of every part file), each from the part file alone, and
         remove the copies whose part file is gone. Idempotent; a crash midway leaves
         complete parts and parts answered from tuples, none counted twice. Returns the
-        number of part files summarized. O(rows of those parts).
+        number of part files read. O(rows of those parts).
 
         Raises:
             ArchiveError: a part file cannot be read or summarized (naming it).
@@ -527,7 +537,8 @@ class Rollups:
         done = {name: set(self.complete(name)) for name in self._parts}
         for path in sorted(self.root.glob(f"stream={pattern}/date=*/part-*.parquet")):
             m = PART_NAME.match(path.name)
-            if not m:
+            day = _day_of(path.parent.name)
+            if not m or day is None:
                 continue
             name = path.parent.parent.name[len("stream="):]
             first, last = int(m.group(1)), int(m.group(2))
@@ -537,7 +548,7 @@ class Rollups:
                 schema = pq.read_schema(path)
                 wanted = [TS_COLUMN] + [c for c, _ in numeric_columns(schema)]
                 table = pq.read_table(path, columns=wanted)
-                self.add(name, table, first, last)
+                self.add(name, table, first, last, day)
             except ArchiveError as exc:
                 raise ArchiveError(f"{path}: {exc}") from None
             except (OSError, pa.ArrowException) as exc:
