@@ -19,6 +19,9 @@ end. Each measurement is the better of two runs (a warm-up pass runs first).
 
 Target (issue 18): at 75% reduction, psoup's time <= 0.35x its time at 0%.
 
+Then the hourly averages from the archive's aggregate copies vs from its tuples
+(bench/oscar_copies.py), reported as bench/results/oscar_copies.json and .png.
+
 Usage: python bench/oscar.py [--quick]
 """
 
@@ -36,6 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+import oscar_copies  # noqa: E402  (the aggregate copies' part)
 import traffic  # noqa: E402  (the trace's generator)
 
 TARGET = 0.35          # time at 75% reduction / time at 0%
@@ -162,6 +166,7 @@ def main() -> None:
         f"{'met' if at75 <= TARGET else 'NOT met'}); the strawman at 75%: "
         f"{rows[-1]['strawman_x']:.2f}x",
     ], params=s)
+    oscar_copies.report_copies(quick, suffix)
 
 
 if __name__ == "__main__":

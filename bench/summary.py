@@ -40,6 +40,7 @@ ORDER = [
     ("history", "Historical evaluation: one pass vs one Spark job per query"),
     ("history_scale", "Historical evaluation: driver memory vs archive size, 1 vs 2 cores"),
     ("oscar", "Reduced archive reads (Remembrance of Streams Past, Fig. 12)"),
+    ("oscar_copies", "Hourly averages from the archive's aggregate copies vs tuples"),
 ]
 
 

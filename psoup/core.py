@@ -147,15 +147,17 @@ class Core:
         plan = self.plan(handle)
         if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
             return []
-        return self.tiers.unread(plan.slot, plan.query.sources[0].window, now, reads)
+        return self.tiers.unread(plan.slot, plan.query.sources[0].window, now, reads,
+                                 self.answers.substitute(plan, now))
 
     def read_plan(self, handle: str, now: float, policy: Policy, rows_per_second: float
                   ) -> dict[str, int] | None:
         """How to read the archive tier of `handle` for an answer at `now`: None to read
         its segments whole, or segment name -> the draw limit of a sampled read, each
         at the lowest rate `policy` gives over its ts range, asked about the segments
-        not in the cache (ArchiveRead: their matches, bytes and ts range, at
-        `rows_per_second`). O(segments) (a stat a segment not in the cache).
+        the aggregate copies do not answer and the cache does not hold (ArchiveRead:
+        their matches, bytes and ts range, at `rows_per_second`). O(segments) (a stat a
+        segment not in the cache).
 
         Raises:
             PSoupError: the policy failed or gave a schedule that is not one.
@@ -164,7 +166,8 @@ class Core:
         if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
             return None
         source = plan.query.sources[0]
-        segments = self.tiers.meeting(plan.slot, source.window, now)
+        segments = self.tiers.meeting(plan.slot, source.window, now,
+                                      self.answers.substitute(plan, now))
         unread = [seg for seg in segments if not self.tiers.cached(seg.name)]
         if not unread:
             return None
@@ -271,8 +274,10 @@ class Core:
             if isinstance(plan, JoinPlan) and plan.jid in groups:
                 group = groups.of(plan.jid)
                 queries[handle].update(group=group.gid, member=group.members[plan.jid])
+        rollups = self.answers.rollups           # the aggregate copies' decoded buckets
         memory = {"data": sum(s["bytes"] for s in streams.values()),
-                  "results": self.kept.nbytes(), "history": self.tiers.nbytes(),
+                  "results": self.kept.nbytes(),
+                  "history": self.tiers.nbytes() + (rollups.nbytes() if rollups else 0),
                   "queries": self.query_stem.nbytes()}
         memory["total"] = sum(memory.values())
         return {"mode": self.mode, "streams": streams, "queries": queries,

@@ -250,6 +250,7 @@ class Engine:
             from psoup.journal.journal import Journal   # pyarrow loads only when durable
             self._journal = Journal(path, sync, checkpoint_bytes, checkpoint_seconds)
             self._core.tiers.folder = self._journal.tiers_path
+            self._core.answers.rollups = self._journal.archive.rollups
         self._cursors = CursorStore(self._core.answers,
                                     None if path is None else cursor_secret(path))
         if self._journal is not None:
@@ -631,6 +632,9 @@ class Engine:
                                   for stream, steps in self._reductions.items()},
                     "tier_reads": {h: rate for h, rate in self._tier_reads.items()
                                    if h in self._core.handles}}
+                rollups = self._journal.archive.rollups
+                if rollups is not None:
+                    out["durability"]["aggregates"] = rollups.stats()
             return out
 
     def _check(self) -> None:

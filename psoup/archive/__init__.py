@@ -6,5 +6,8 @@ archives a stream as an append-only store clustered by timestamp:
 
 - `psoup.archive.layout`: the part files' layout, names, types and checks;
 - `psoup.archive.parquet.Archive`: writes expired tuples as part files, for the Spark jobs
-  (psoup.spark) and any Parquet reader.
+  (psoup.spark) and any Parquet reader;
+- `psoup.archive.rollups.Rollups`: the part files' aggregate copies (COUNT, SUM, MIN,
+  MAX per minute, hour and day), kept beside the archive for aggregates over long
+  past windows.
 """

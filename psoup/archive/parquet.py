@@ -37,6 +37,7 @@ from psoup.fsync import fsync_dir, make_dir, write_whole
 from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
                                   TUPLE_ID_COLUMN,
                                   arrow_schema, part_path)
+from psoup.archive.rollups import Rollups
 from psoup.archive.sampling import in_order, write_runs
 from psoup.errors import SchemaError
 from psoup.query.model import TS, TUPLE_ID
@@ -67,6 +68,8 @@ class Archive:
         private: directories and files owner-only (an engine's data directory).
         seed: the seed of the sampled layout's draws (psoup.archive.sampling); None:
             fresh entropy.
+        aggregates: where to keep the windowed-aggregate copies of the part files
+            (psoup.archive.rollups), outside `root`; None: none are kept.
 
     Example:
         >>> import tempfile
@@ -79,7 +82,7 @@ class Archive:
     """
 
     def __init__(self, root: str | Path, flush_rows: int = 1 << 17, private: bool = False,
-                 seed: int | None = None):
+                 seed: int | None = None, aggregates: str | Path | None = None):
         if flush_rows < 1:
             raise ValueError(f"flush_rows must be at least 1, not {flush_rows}")
         self.root = Path(root)
@@ -94,6 +97,8 @@ class Archive:
             tmp.unlink()
         for stream, _, last, _ in self._part_files():
             self._high[stream] = max(self._high.get(stream, -1), last)
+        #: the windowed-aggregate copies, written with each part file
+        self.rollups = None if aggregates is None else Rollups(self.root, aggregates, private)
 
     # ------------------------------------------------------------------ state
 
@@ -280,6 +285,8 @@ class Archive:
                             self.private)
                 for directory in (date_dir, stream_dir, self.root):
                     fsync_dir(directory)
+                if self.rollups is not None:
+                    self.rollups.add(stream, table.slice(a, b - a), first, last)
                 written.append(path)
                 self._high[stream] = last
                 done = b
@@ -309,6 +316,8 @@ class Archive:
             ([], 0)
         """
         self._buffers.pop(stream, None)
+        if self.rollups is not None:
+            self.rollups.drop(stream, below)
         kept = -1
         for _, _, last, path in list(self._part_files(stream)):
             if last < below:

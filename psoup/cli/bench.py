@@ -32,7 +32,8 @@ SUITES = {
     "soak": ("soak.py", "the service over time: beside a history job; 100 clients soaking"),
     "replay": ("replay.py", "Spark replay rate vs Spark's own read rate"),
     "history": ("history.py", "1,024 queries over 10^7 archived tuples: one pass vs per query"),
-    "oscar": ("oscar.py", "reduced archive reads: COUNT(*) at 0-75% reduction vs the strawman"),
+    "oscar": ("oscar.py", "reduced archive reads: COUNT(*) at 0-75% reduction vs the "
+                          "strawman; hourly averages from the aggregate copies vs tuples"),
 }
 
 #: The paper's names for the experiments, and other aliases.

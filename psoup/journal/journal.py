@@ -14,6 +14,7 @@ Tuples that left retention go to the Parquet archive first, so nothing acknowled
 lives only in the dropped segment.
 
 Layout: DIR/wal/wal-NNNNNNNN.log, DIR/archive/stream=NAME/date=YYYY-MM-DD/*.parquet,
+the archive's windowed-aggregate copies under DIR/aggregates (psoup.archive.rollups),
 and DIR/lock, held (flock) by the one process that has the directory open: two engines
 appending to one log would corrupt it.
 """
@@ -31,6 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from psoup.archive.parquet import Archive
+from psoup.archive.rollups import folder_for
 from psoup.journal.wal import WriteAheadLog
 from psoup.codec import decode_array, decode_columns, encode_array, encode_columns
 from psoup.errors import PSoupError
@@ -101,7 +103,8 @@ class Journal:
         make_dir(self.path, private=True)                           # tuples are private
         self._lock_fd = _lock(self.path / "lock")
         self.wal = WriteAheadLog(self.path / "wal", sync)
-        self.archive = Archive(self.path / "archive", private=True)
+        self.archive = Archive(self.path / "archive", private=True,
+                               aggregates=folder_for(self.path / "archive"))
         shutil.rmtree(self.tiers_path / INCOMING, ignore_errors=True)   # of a job cut short
         self.checkpoint_bytes = checkpoint_bytes
         self.checkpoint_seconds = checkpoint_seconds

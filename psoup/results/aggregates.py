@@ -476,6 +476,55 @@ class Aggregator:
                 result.error[name] = 1.96 * np.sqrt(variance[at])
         return result
 
+    def with_totals(self, values: Mapping[Column, np.ndarray], ts: np.ndarray,
+                    totals: Mapping[str, Any], weights: np.ndarray | None = None
+                    ) -> Result:
+        """The answer of a query without GROUP BY over the given rows (as `compute`
+        takes them) and rows summarized by `totals` (psoup.archive.rollups
+        `Rollups.totals`: their count, latest ts, and per column name its SUM, MIN and
+        MAX, None without rows), each counted once. O(n). `weights`: the rows are a
+        sample, weighted as in `compute` (the totals are exact: they add to the
+        estimates, not to their error).
+
+        Example:
+            >>> from psoup.query.model import SelectItem, Source, Window
+            >>> q = Query("", (Source("R", "R", Window()),),
+            ...           (SelectItem(0, "*", "count(*)", "count"),
+            ...            SelectItem(0, "a", "avg(a)", "avg")))
+            >>> Aggregator(q).with_totals({(0, "a"): np.array([4])}, np.array([9.0]),
+            ...     {"count": 3, "ts_max": 5.0, "sum": {"a": 8}, "min": {"a": 1},
+            ...      "max": {"a": 5}}).rows
+            [(4, 3.0)]
+        """
+        assert not self.group_by, "totals have no groups"
+        ts = np.asarray(ts, dtype=np.float64)
+        w = None if weights is None else np.asarray(weights, np.float64)
+        n = (len(ts) if w is None else float(w.sum())) + totals["count"]
+        if n == 0:
+            return self._result([], [], {}, {}, ts)
+        columns = {c: _numeric(values[c]) for c in self.needed}
+        sums = {c: [totals["sum"][c[1]] + (
+            0 if not len(ts) else _group_sum(columns[c]) if w is None
+            else float(np.dot(w, columns[c].astype(np.float64))))] for c in self.sums}
+        extremes = {}
+        for c, ops in self.extremes.items():
+            for op in ops:
+                found = [totals[op][c[1]]] if totals["count"] else []
+                if len(ts):
+                    found.append(getattr(columns[c], op)().item())
+                extremes[(c, op)] = [min(found) if op == "min" else max(found)]
+        latest = max(([totals["ts_max"]] if totals["count"] else [])
+                     + ([float(ts.max())] if len(ts) else []))
+        result = self._result([()], [n], sums, extremes, np.array([latest]))
+        if w is not None:
+            spread = w * w - w
+            for name, output in zip(self.query.columns, self._outputs):
+                if output[0] != "key" and output[0].name in ("count", "sum"):
+                    y2 = 1.0 if output[0].name == "count" else \
+                        columns[output[1]].astype(np.float64) ** 2
+                    result.error[name] = np.array([1.96 * math.sqrt(float(np.sum(spread * y2)))])
+        return result
+
     def _result(self, keys: list[tuple], counts: list[int],
                 sums: dict[Column, list], extremes: dict[tuple[Column, str], list],
                 ts: np.ndarray) -> Result:

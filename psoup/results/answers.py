@@ -6,28 +6,38 @@ columns fetched from the Data SteMs, projected, de-duplicated or aggregated:
 
 * a selection query reads its slot's matches in its span, after its archive tier's part
   of the window when it has history; an aggregated one is answered from its aggregate
-  structure without a scan whenever the window is a position range (Sect. 6);
+  structure without a scan whenever the window is a position range (Sect. 6), and one
+  with history, no WHERE and no GROUP BY answers the whole minutes, hours and days of
+  its window's archived part from the archive's aggregate copies
+  (psoup.archive.rollups), reading only the tier's other matches;
 * a join query reads its group's combinations whose every tuple lies in its item's span
   (or, in NoMat, joins the spans now).
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from psoup.query.model import TS, TUPLE_ID
+from psoup.errors import ArchiveError
+from psoup.query.model import TS, TUPLE_ID, Query
 from psoup.results.aggregates import Aggregator
 from psoup.results.materialized import Materialized
-from psoup.results.result import EXACT, Result
 from psoup.archive.rates import SAMPLE_SPACE
+from psoup.results.result import EXACT, Result
 from psoup.results.tiers import READ_RATE, ArchiveTiers, Sampled
 from psoup.results.windows_table import WindowsTable, archive_reach
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.query_stem import JoinPlan, Plan, SelectionPlan
 from psoup.stems.span import Span
+
+if TYPE_CHECKING:
+    from psoup.archive.rollups import Rollups, Substitute
+
+log = logging.getLogger("psoup.results")
 
 
 class Answers:
@@ -40,14 +50,20 @@ class Answers:
         windows: each query's windows, by query id.
         kept: what the engine mode keeps.
         tiers: the archive tiers of queries with history.
+        rollups: the archive's aggregate copies (None: an engine without an archive,
+            or one that keeps none); set by the engine.
     """
 
     def __init__(self, stems: Mapping[str, DataSteM], windows: WindowsTable,
-                 kept: Materialized, tiers: ArchiveTiers):
+                 kept: Materialized, tiers: ArchiveTiers, rollups: Rollups | None = None):
         self.stems = stems
         self.windows = windows
         self.kept = kept
         self.tiers = tiers
+        self.rollups = rollups
+        # the latest substitute, by (query, now, copies' version): an invocation asks
+        # for it twice, for the segments to read off the lock and for the answer
+        self._substituted: tuple[tuple[Query, float, int], Substitute | None] | None = None
 
     def answer(self, plan: Plan, now: float) -> Result:
         """The query's current answer at `now`."""
@@ -95,27 +111,68 @@ class Answers:
         return Result.build(query.columns, [got[name] for name in names], got[TS],
                             got[TUPLE_ID], query.distinct)
 
+    def substitute(self, plan: Plan, now: float) -> Substitute | None:
+        """What the archive's aggregate copies answer of `plan`'s archived part at
+        `now`, or None when they answer nothing: the query must have an archive tier,
+        aggregates of INT and FLOAT columns (or COUNT), no WHERE, no GROUP BY, and a
+        window with a whole minute in its archived part, and a tier not built from a
+        sample. Reading the copies fails over to the tier's tuples, with a warning.
+        O(log part files) plus the copies of the parts of the days the window meets
+        (cached by psoup.archive.rollups)."""
+        if self.rollups is None or not isinstance(plan, SelectionPlan):
+            return None
+        query = plan.query
+        source = query.sources[0]
+        if (plan.slot not in self.tiers or not query.aggregated or query.group_by
+                or query.contradiction or source.predicates or source.column_factors
+                or self.tiers.sampled(plan.slot) is not None):
+            return None                 # (a sample's estimate is of the sampled tuples)
+        reach = archive_reach(source.window, now)
+        if reach is None:
+            return None
+        key = (query, now, self.rollups.version)
+        if self._substituted is not None and all(
+                a is b or a == b for a, b in zip(self._substituted[0], key)):
+            return self._substituted[1]
+        types = dict(self.stems[source.stream].schema.columns)
+        columns = [(c, types.get(c)) for _, c in Aggregator(query).needed]
+        if any(ctype not in ("int", "float") for _, ctype in columns):
+            return None                 # ts, tupleID: the copies have no SUM of them
+        try:
+            got = self.rollups.substitute(source.stream, *reach,
+                                          [(c, str(t)) for c, t in columns])
+        except ArchiveError as exc:
+            log.warning("answering %s from tuples: %s", query.sql, exc)
+            got = None
+        self._substituted = (key, got)
+        return got
+
     def _selection(self, plan: SelectionPlan, now: float,
                    reads: Mapping[str, int] | None = None
                    ) -> tuple[Result, tuple[int, int] | None]:
         query = plan.query
         source = query.sources[0]
         stem = self.stems[source.stream]
-        archived = self.tiers.part(plan.slot, source.window, now, reads)
+        substitute = self.substitute(plan, now)
+        archived = self.tiers.part(plan.slot, source.window, now, reads, substitute)
         sample = self.tiers.sampled(plan.slot)
         fidelity = _fidelity(archive_reach(source.window, now),
                              _sample_layer(sample) + self._read_layer(plan, now, reads))
         span = self.windows.spans(plan.slot, [stem], now)[0]
         kept = self.kept.aggregates.get(plan.slot)
-        if kept is not None and span.is_range and not archived and fidelity == EXACT:
+        if (kept is not None and span.is_range and not archived and substitute is None
+                and fidelity == EXACT):
             return kept.index.answer(*span.bounds()), None      # Sect. 6: no scan
         if query.aggregated:
             aggregator = Aggregator(query)
             needed = list(dict.fromkeys([c for _, c in aggregator.needed] + [TS, TUPLE_ID]))
             got = _fetch(self.kept.fetch(plan, span, needed), archived)
+            values = {(0, c): got[c] for _, c in aggregator.needed}
             weights = None if fidelity == EXACT else 1.0 / _inclusion(got, sample, archived)
-            answer = aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
-                                        got[TS], weights)
+            if substitute is not None:
+                answer = aggregator.with_totals(values, got[TS], substitute.totals, weights)
+            else:
+                answer = aggregator.compute(values, got[TS], weights)
             answer.fidelity = fidelity
             return answer, None
         got = _fetch(self.kept.fetch(plan, span, plan.fetched), archived)

@@ -39,7 +39,7 @@ import math
 from collections import OrderedDict
 from functools import partial
 from pathlib import Path
-from typing import Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from psoup.fsync import make_dir, sync_file_system, write_whole
 from psoup.query.model import TS, TUPLE_ID, Window
 from psoup.results.windows_table import archive_reach
 from psoup.stems.data_stem import DataSteM
+
+if TYPE_CHECKING:
+    from psoup.archive.rollups import Substitute
 
 #: Probe n rows of a stream's columns against the standing queries: bit rows (n, words).
 Probe = Callable[[str, Mapping[str, np.ndarray], int], np.ndarray]
@@ -260,6 +263,20 @@ def _between(columns: Mapping[str, np.ndarray], begin: float, end: float
     a = int(np.searchsorted(ts, begin, side="left"))
     b = int(np.searchsorted(ts, end, side="right"))
     return {name: values[a:b] for name, values in columns.items()}
+
+
+def _meeting(segments: list[Segment], begin: float, end: float,
+             skip: Substitute | None) -> list[Segment]:
+    """The segments with matches of ts in [begin, end] that `skip` does not answer."""
+    return [seg for seg in segments if seg.hi >= begin and seg.lo <= end and not (
+        skip is not None and skip.whole(seg.lo, seg.hi, seg.first, seg.last))]
+
+
+def _masked(columns: Mapping[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows of `columns` where `keep` is True (no copy when all are)."""
+    if keep.all():
+        return dict(columns)
+    return {name: values[keep] for name, values in columns.items()}
 
 
 class Tier:
@@ -475,13 +492,16 @@ class ArchiveTiers:
         self._hook(self._stream_of.pop(slot))
 
     def part(self, slot: int, window: Window, now: float,
-             reads: Mapping[str, int] | None = None) -> dict[str, np.ndarray] | None:
+             reads: Mapping[str, int] | None = None, skip: Substitute | None = None
+             ) -> dict[str, np.ndarray] | None:
         """The slot's archived matches that `window` selects at `now` (all columns, ts
         and tupleID included), or None when there are none or the window counts tuples
-        in memory only. Reads the segments whose ts range meets the window's; those
-        named in `reads` only their matches with a draw below the limit given there (a
-        sample, psoup.archive.sampling), and then the answer says at what rate each row
-        was read (READ_RATE; 1 for the tail, which is in memory).
+        in memory only. Reads the segments whose ts range meets the window's, but for
+        those whose every match the aggregate copies `skip` answer, and leaves out the
+        matches `skip` answers; the segments named in `reads` it reads only for their
+        matches with a draw below the limit given there (a sample,
+        psoup.archive.sampling), and then the answer says at what rate each row was
+        read (READ_RATE; 1 for the tail, which is in memory).
 
         Raises:
             PSoupError: a segment file is gone or damaged (naming it).
@@ -493,7 +513,7 @@ class ArchiveTiers:
         begin, end = reach
         reads = reads or {}
         pieces = []
-        for seg in self.meeting(slot, window, now):
+        for seg in self.meeting(slot, window, now, skip):
             limit = reads.get(seg.name, SAMPLE_SPACE)
             got = _between(self._read(self._stream_of[slot], seg, limit), begin, end)
             if reads:
@@ -504,22 +524,24 @@ class ArchiveTiers:
             if reads:
                 got[READ_RATE] = np.ones(len(got[TUPLE_ID]))
             pieces.append(got)
+        if skip is not None:
+            pieces = [_masked(p, skip.keep(p[TS], p[TUPLE_ID])) for p in pieces]
         pieces = [p for p in pieces if len(p[TUPLE_ID])]
         if len(pieces) <= 1:
             return pieces[0] if pieces else None
         return {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
 
-    def meeting(self, slot: int, window: Window, now: float) -> list[Segment]:
+    def meeting(self, slot: int, window: Window, now: float,
+                skip: Substitute | None = None) -> list[Segment]:
         """The segments of `slot`'s tier holding matches whose ts range meets the
-        window's at `now` (none without a tier, or for a window of memory only).
-        O(segments)."""
+        window's at `now`, but for those whose every match the aggregate copies `skip`
+        answer (none without a tier, or for a window of memory only). O(segments)."""
         tier = self._tiers.get(slot)
         reach = archive_reach(window, now)
         if tier is None or reach is None:
             return []
         begin, end = reach
-        return [seg for seg in tier.segments if seg.rows and seg.hi >= begin
-                and seg.lo <= end]
+        return [seg for seg in _meeting(tier.segments, begin, end, skip) if seg.rows]
 
     def _read(self, stream: str, seg: Segment, limit: int = SAMPLE_SPACE
               ) -> dict[str, np.ndarray]:
@@ -537,16 +559,16 @@ class ArchiveTiers:
         return got
 
     def unread(self, slot: int, window: Window, now: float,
-               reads: Mapping[str, int] | None = None
+               reads: Mapping[str, int] | None = None, skip: Substitute | None = None
                ) -> list[tuple[Segment, dict[str, str], int]]:
         """The segments (their column types, the draw limit of their read: `part`'s
-        `reads`) `part` would read from their files now, not being in the cache: for a
-        caller to `load_segments` them off the engine's lock and `prime` the cache with
-        them. O(segments)."""
+        `reads`; the copies `skip` answer left out) `part` would read from their files
+        now, not being in the cache: for a caller to `load_segments` them off the
+        engine's lock and `prime` the cache with them. O(segments)."""
         reads = reads or {}
         types = self._types(self._stream_of[slot]) if slot in self._stream_of else {}
         wanted = []
-        for seg in self.meeting(slot, window, now):
+        for seg in self.meeting(slot, window, now, skip):
             limit = reads.get(seg.name, SAMPLE_SPACE)
             if cache_key(seg.name, limit) not in self._cache:
                 wanted.append((seg, types, limit))

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from psoup.archive.layout import (SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN, arrow_schema,
                                   part_path, stream_columns)
 from psoup.archive.parquet import Archive
+from psoup.archive.rollups import Rollups, folder_for
 from psoup.archive.sampling import sampled_schema, write_run
 from psoup.fsync import fsync_dir
 from psoup.errors import ArchiveError
@@ -143,6 +144,8 @@ def import_files(files: Sequence[str | Path], stream: str,
                            f"the input begins at ts {first_ts!r}: an archived stream only "
                            "grows forward in time (import older data into another directory)")
     written = _write(frame, rows, stream, columns, schema, archive.root, high + 1)
+    # the new part files' aggregate copies, beside the archive (psoup.archive.rollups)
+    Rollups(archive.root, folder_for(archive.root)).build(stream)
     return ImportReport(rows, written, high + 1, high + rows, time.perf_counter() - began)
 
 

@@ -83,6 +83,11 @@ def reshape(root: str | Path, streams: Sequence[str] | None = None,
             raise ArchiveError(f"reshaping the archive under {root} failed: "
                                f"{spark_error(exc)}") from None
         rows = sum(counts)
+    # the aggregate copies of part files that have none (an archive written without
+    # them); a reshape keeps each file's rows, so the copies there stay right
+    from psoup.archive.rollups import Rollups, folder_for
+    for stream in sorted({p.parent.parent.name[len("stream="):] for p in paths}):
+        Rollups(root, folder_for(root)).build(stream)
     return ReshapeReport(todo, rows, len(paths) - len(todo), time.perf_counter() - began)
 
 
