@@ -77,3 +77,17 @@ def make_dir(path: str | Path, private: bool = False) -> None:
 def file_mode(private: bool) -> int:
     """The mode to create a file with: owner read/write only when private."""
     return 0o600 if private else 0o666
+
+
+def prune_dir(folder: Path, parent: Path) -> None:
+    """After files under `folder` (a child of `parent`) were removed: remove its empty
+    subfolders, then `folder` itself if empty, each removal made durable (fsync of the
+    folder, then of `parent`). O(subfolders)."""
+    if folder.is_dir():
+        for sub in folder.iterdir():
+            if sub.is_dir() and not any(sub.iterdir()):
+                sub.rmdir()
+        fsync_dir(folder)
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    fsync_dir(parent)

@@ -33,7 +33,7 @@ from numpy.typing import ArrayLike
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from psoup.fsync import fsync_dir, make_dir, write_whole
+from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
 from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
                                   TUPLE_ID_COLUMN,
                                   arrow_schema, part_path)
@@ -324,15 +324,7 @@ class Archive:
                 path.unlink()
             else:
                 kept = max(kept, last)
-        stream_dir = self.root / f"stream={stream}"
-        if stream_dir.is_dir():
-            for day in stream_dir.iterdir():
-                if day.is_dir() and not any(day.iterdir()):
-                    day.rmdir()
-            fsync_dir(stream_dir)
-            if not any(stream_dir.iterdir()):
-                stream_dir.rmdir()
-        fsync_dir(self.root)
+        prune_dir(self.root / f"stream={stream}", self.root)
         if kept < 0:
             self._high.pop(stream, None)
         else:

@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 
 from psoup.archive.layout import (PART_NAME, SAMPLE_COLUMN, TS_COLUMN, TUPLE_ID_COLUMN)
 from psoup.errors import ArchiveError
-from psoup.fsync import fsync_dir, make_dir, write_whole
+from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
 
 #: The grains, coarsest first, and their length in seconds.
 GRAINS: dict[str, int] = {"day": 86400, "hour": 3600, "minute": 60}
@@ -569,15 +569,8 @@ class Rollups:
         for _, _, first, last, path in list(self._copy_files(stream)):
             if last < below:
                 path.unlink()
-        stream_dir = self.folder / f"stream={stream}"
-        if stream_dir.is_dir():
-            for grain_dir in stream_dir.iterdir():
-                if grain_dir.is_dir() and not any(grain_dir.iterdir()):
-                    grain_dir.rmdir()
-            fsync_dir(stream_dir)
-            if not any(stream_dir.iterdir()):
-                stream_dir.rmdir()
-            fsync_dir(self.folder)
+        if (self.folder / f"stream={stream}").is_dir():
+            prune_dir(self.folder / f"stream={stream}", self.folder)
         self._parts[stream] = {r: d for r, d in self._parts.get(stream, {}).items()
                                if r[1] >= below}
         self._copies[stream] = {r: g for r, g in self._copies.get(stream, {}).items()

@@ -778,6 +778,16 @@ def stats(settings: Settings, fmt: str) -> None:
 
 # ---------------------------------------------------------------------- archive and replay
 
+def _spark_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The --master and --conf options of the commands that run a Spark job here."""
+    command = click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+                           callback=lambda ctx, param, value: _spark_conf(param, value),
+                           help="A Spark setting (repeatable), over spark-defaults.conf "
+                                "and PSOUP_SPARK_CONF.")(command)
+    return click.option("--master", default=None, metavar="URL",
+                        help="The Spark master (default local[*]).")(command)
+
+
 @main.group()
 def archive() -> None:
     """Build archives (Parquet by stream and UTC day) for `psoup replay`."""
@@ -799,12 +809,7 @@ def archive() -> None:
                    "from each file's name.")
 @click.option("--into", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="The archive directory; created if missing.")
-@click.option("--master", default=None, metavar="URL",
-              help="The Spark master (default local[*]).")
-@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
-              callback=lambda ctx, param, value: _spark_conf(param, value),
-              help="A Spark setting (repeatable), over spark-defaults.conf and "
-                   "PSOUP_SPARK_CONF.")
+@_spark_options
 def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_column: str,
                    fmt: str | None, into: Path, master: str | None,
                    spark_conf: dict[str, str]) -> None:
@@ -836,12 +841,7 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
                 type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--streams", default=None, metavar="NAME,...",
               help="Rewrite only these streams (default: every stream in the archive).")
-@click.option("--master", default=None, metavar="URL",
-              help="The Spark master (default local[*]).")
-@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
-              callback=lambda ctx, param, value: _spark_conf(param, value),
-              help="A Spark setting (repeatable), over spark-defaults.conf and "
-                   "PSOUP_SPARK_CONF.")
+@_spark_options
 def archive_reshape(root: Path, streams: str | None, master: str | None,
                     spark_conf: dict[str, str]) -> None:
     """Rewrite the part files of ARCHIVE that are not in the sampled layout (a Spark job,
@@ -867,12 +867,7 @@ def archive_reshape(root: Path, streams: str | None, master: str | None,
               help="Replay the rows with ts at or before this time.")
 @click.option("--streams", default=None, metavar="NAME,...",
               help="Replay only these streams (default: every stream in the archives).")
-@click.option("--master", default=None, metavar="URL",
-              help="The Spark master (default local[*]).")
-@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
-              callback=lambda ctx, param, value: _spark_conf(param, value),
-              help="A Spark setting (repeatable), over spark-defaults.conf and "
-                   "PSOUP_SPARK_CONF.")
+@_spark_options
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Replay into an embedded engine on this state directory (one no server "
                    "has open) instead of a server.")
