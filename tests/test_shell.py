@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -30,11 +31,18 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _spawn(tmp_path: Path, *args: str) -> pexpect.spawn:
+    # Ctrl-C must reach the shell even when the test runner was started in the
+    # background (a shell's `cmd &` ignores SIGINT and SIGQUIT, and a child inherits that)
     child = pexpect.spawn(sys.executable, ["-m", "psoup.cli.main", *args], cwd=str(ROOT),
                           env=_env(tmp_path), encoding="utf-8", timeout=TIMEOUT,
-                          dimensions=(40, 200))
+                          dimensions=(40, 200), preexec_fn=_default_signals)
     child.expect_exact(PROMPT)
     return child
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def _run(child: pexpect.spawn, line: str, *expected: str) -> str:

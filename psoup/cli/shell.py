@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
@@ -447,55 +444,14 @@ def _exactly(name: str, args: list[str], what: str) -> list[str]:
     return args
 
 
-class Shielded:
-    """An embedded engine whose calls Ctrl-C does not cut in the middle: SIGINT is held
-    back during each call (and the lazy `cursor` of the Result it returns, which takes
-    the engine's lock too) and delivered when it returns. A KeyboardInterrupt raised
-    inside the engine, in the bookkeeping of its lock for one, can leave it half done:
-    the shell's watch stopped by Ctrl-C hung the session twice in three full test runs
-    on a loaded machine. Main thread, POSIX; elsewhere calls go straight through."""
-
-    def __init__(self, engine: Any):
-        self._engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._engine, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with _sigint_held():
-                got = attr(*args, **kwargs)
-                if isinstance(got, Result):
-                    got.cursor              # issued now, inside the shield
-                return got
-        return call
-
-
-@contextmanager
-def _sigint_held() -> Iterator[None]:
-    """SIGINT blocked for the block, delivered (as KeyboardInterrupt) when it ends."""
-    if threading.current_thread() is not threading.main_thread() \
-            or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def run_shell(backend: Any, server: str | None, where: str, stdin: TextIO | None = None) -> int:
     """Run a shell on `backend`: interactive on a terminal, else a script from `stdin`
-    (default: the process's). An embedded engine (`server` None) is `Shielded`.
+    (default: the process's).
 
     Returns:
         The exit code: 0, or 1 when a command of a script failed.
     """
     stdin = stdin or sys.stdin
-    if server is None:
-        backend = Shielded(backend)
     session = Session(backend, server, click.echo, _warn)
     if stdin.isatty() and sys.stdout.isatty():
         click.echo(f"psoup shell on {where}; statements end with ';', \\help for help, "
