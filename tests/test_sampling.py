@@ -76,7 +76,7 @@ def test_a_sample_reads_only_the_row_groups_below_its_threshold(rate, monkeypatc
         return real(self, groups, *args, **kwargs)
 
     monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
-    got = sampling.read_sample(sink, None, rate)
+    got = sampling.read_below(sink, None, rates.threshold(rate))
     limit = rates.threshold(rate)
     want = sampling.in_order(whole.filter(pc_less(whole.column(SAMPLE_COLUMN), limit)))
     assert got.equals(want)
@@ -96,7 +96,7 @@ def test_a_sample_is_uniform_per_stratum_by_a_binomial_test(tmp_path):
     arc.add("R", [("a", "int")], {"ts": ids / 100.0, "tupleID": ids, "a": ids % 10})
     arc.flush()
     rate = 0.25
-    got = pa.concat_tables([sampling.read_sample(p, None, rate)
+    got = pa.concat_tables([sampling.read_below(p, None, rates.threshold(rate))
                             for p in sorted(tmp_path.rglob("*.parquet"))])
     sampled = np.zeros(n, bool)
     sampled[got.column("tuple_id").to_numpy()] = True
@@ -136,7 +136,7 @@ def test_scaled_count_and_sum_intervals_cover_the_truth_in_93_percent_of_runs(tm
         arc.add("R", [("a", "int"), ("g", "int")],
                 {"ts": ids / 10.0, "tupleID": ids, "a": a[:n], "g": g[:n]})
         arc.flush()
-        rows = pa.concat_tables([sampling.read_sample(p, None, 0.1)
+        rows = pa.concat_tables([sampling.read_below(p, None, rates.threshold(0.1))
                                  for p in sorted(folder.rglob("*.parquet"))])
         tid = np.concatenate([rows.column("tuple_id").to_numpy(), np.arange(n, n + live)])
         mask = keep[tid]

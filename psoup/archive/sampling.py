@@ -33,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 
 from psoup.archive.layout import SAMPLE_COLUMN, TUPLE_ID_COLUMN
-from psoup.archive.rates import GROUP_WIDTH, SAMPLE_GROUPS, SAMPLE_SPACE, threshold
+from psoup.archive.rates import GROUP_WIDTH, SAMPLE_GROUPS, SAMPLE_SPACE
+
 
 def draws(n: int, rng: np.random.Generator) -> np.ndarray:
     """`n` uniform draws in [0, SAMPLE_SPACE), int16. O(n)."""
@@ -140,17 +141,28 @@ def draws_of(raw: pa.Array | pa.ChunkedArray | None, tuple_ids: np.ndarray) -> n
     return np.where(have >= 0, have, hashed)
 
 
-def read_below(path, columns: Sequence[str], limit: int, key: str = TUPLE_ID_COLUMN,
-               keep_draws: bool = False) -> pa.Table:
+def read_below(path, columns: Sequence[str] | None = None, limit: int = SAMPLE_SPACE,
+               key: str = TUPLE_ID_COLUMN, keep_draws: bool = False) -> pa.Table:
     """The rows of Parquet file `path` whose draw is below `limit` (all for
-    SAMPLE_SPACE), `columns` of them, in `key` order: only the row groups that can hold
-    them are read. A file without draws is read whole, its draws hashed from `key`.
-    `keep_draws`: the draws stay, as SAMPLE_COLUMN (made from the hash for a file
-    without them). O(rows read)."""
+    SAMPLE_SPACE; `threshold(rate)` for the sample of a rate), `columns` of them (None:
+    all but the draws), in `key` order: only the row groups that can hold them are
+    read. A file without draws is read whole, its draws hashed from `key` (`draws_of`).
+    `keep_draws`: the draws are kept, as SAMPLE_COLUMN. O(rows read).
+
+    Example:
+        >>> import io
+        >>> sink = io.BytesIO()
+        >>> write_runs(pa.table({"ts": [0.0, 1.0], "tuple_id": [5, 6]}),
+        ...            np.random.default_rng(1), sink)
+        >>> read_below(sink).column("tuple_id").to_pylist()
+        [5, 6]
+    """
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
     sampled = is_sampled(pf.schema_arrow)
+    if columns is None:
+        columns = [name for name in pf.schema_arrow.names if name != SAMPLE_COLUMN]
     wanted = list(dict.fromkeys([*columns, key] + ([SAMPLE_COLUMN] if sampled else [])))
     if sampled and limit < SAMPLE_SPACE:
         groups = [g for g in range(pf.metadata.num_row_groups) if _lowest(pf, g) < limit]
@@ -160,44 +172,15 @@ def read_below(path, columns: Sequence[str], limit: int, key: str = TUPLE_ID_COL
     if limit < SAMPLE_SPACE or keep_draws:
         drawn = draws_of(table.column(SAMPLE_COLUMN) if sampled else None,
                          table.column(key).to_numpy())
-        if not sampled:
-            table = table.append_column(SAMPLE_COLUMN, pa.array(drawn.astype(np.int16)))
+        if keep_draws:
+            table = table.drop_columns([SAMPLE_COLUMN] if sampled else []).append_column(
+                SAMPLE_COLUMN, pa.array(drawn.astype(np.int16)))
         if limit < SAMPLE_SPACE:
             table = table.filter(pa.array(drawn < limit))
-    ordered = in_order(table, key)
-    if keep_draws:
-        back = table.column(SAMPLE_COLUMN).to_numpy()
-        ids = table.column(key).to_numpy()
-        order = np.argsort(ids, kind="stable")
-        ordered = ordered.append_column(SAMPLE_COLUMN, pa.array(back[order]))
-    return ordered.select([*columns] + ([SAMPLE_COLUMN] if keep_draws else []))
-
-
-def read_sample(path, columns: Sequence[str] | None = None, rate: float = 1.0) -> pa.Table:
-    """The rows of part file `path` in the sample of `rate`, in tupleID order, without
-    the draw column: only the row groups that can hold them are read (a file without
-    draws is read whole and, below rate 1, raises ValueError). O(rows read).
-    """
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(path)
-    sampled = is_sampled(pf.schema_arrow)
-    wanted = None if columns is None else list(dict.fromkeys(
-        [*columns, TUPLE_ID_COLUMN] + ([SAMPLE_COLUMN] if sampled else [])))
-    if rate >= 1.0:
-        table = pf.read(columns=wanted)
-    elif not sampled:
-        raise ValueError(f"{path} is not in the sampled layout (psoup archive reshape)")
-    else:
-        limit = threshold(rate)
-        groups = [g for g in range(pf.metadata.num_row_groups) if _lowest(pf, g) < limit]
-        table = pf.read_row_groups(groups, columns=wanted)
-        keep = np.asarray(table.column(SAMPLE_COLUMN).to_numpy() < limit)
-        table = table.filter(pa.array(keep))
-    table = in_order(table)
-    if columns is not None:
-        table = table.select(list(columns))
-    return table
+    ids = table.column(key).to_numpy()
+    if len(ids) > 1 and (np.diff(ids) < 0).any():      # row groups by draw: merge them
+        table = table.take(pa.array(np.argsort(ids, kind="stable")))
+    return table.select([*columns] + ([SAMPLE_COLUMN] if keep_draws else []))
 
 
 def _lowest(pf, group: int) -> int:
