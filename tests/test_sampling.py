@@ -44,29 +44,33 @@ def _table(n: int, first: int = 0) -> pa.Table:
 # ---------------------------------------------------------------------- the layout
 
 def test_each_row_group_holds_one_draw_range_in_tuple_id_order():
+    """Runs of 16,384 rows get 16 row groups of 64 draw values each; the last, shorter
+    run fewer (7,232 rows: 4 groups of 256 values); every group in tupleID order."""
     sink = io.BytesIO()
-    sampling.write_runs(_table(5000), np.random.default_rng(1), sink, run_rows=2000)
+    n, run = 40_000, 16 * rates.MIN_GROUP_ROWS
+    sampling.write_runs(_table(n), np.random.default_rng(1), sink, run_rows=run)
     pf = pq.ParquetFile(sink)
-    runs_seen, last_group = 0, None
+    assert pf.metadata.num_row_groups == 16 + 16 + 4
     for g in range(pf.metadata.num_row_groups):
         part = pf.read_row_group(g)
         draws = part.column(SAMPLE_COLUMN).to_numpy()
         ids = part.column("tuple_id").to_numpy()
-        group = set((draws // rates.GROUP_WIDTH).tolist())
-        assert len(group) == 1, "a row group holds one draw range"
+        width = rates.GROUP_WIDTH if g < 32 else rates.SAMPLE_SPACE // 4
+        assert len(set((draws // width).tolist())) == 1, "a row group: one draw range"
         assert (np.diff(ids) > 0).all(), "a row group is in tupleID order"
-        (now,) = group
-        runs_seen += last_group is None or now <= last_group
-        last_group = now
-    assert runs_seen == 3                       # 5,000 rows in runs of 2,000
     back = sampling.in_order(pq.read_table(sink))
-    assert back.equals(_table(5000))            # every row, back in order, draws dropped
+    assert back.equals(_table(n))               # every row, back in order, draws dropped
+    small = io.BytesIO()                        # a run of a few rows: one row group
+    sampling.write_runs(_table(100), np.random.default_rng(1), small)
+    assert pq.ParquetFile(small).metadata.num_row_groups == 1
+    assert sampling.read_below(small, None, 256).num_rows < 100
 
 
 @pytest.mark.parametrize("rate", [1 / 16, 0.25, 0.3, 0.75])
 def test_a_sample_reads_only_the_row_groups_below_its_threshold(rate, monkeypatch):
     sink = io.BytesIO()
-    sampling.write_runs(_table(20000), np.random.default_rng(2), sink, run_rows=5000)
+    sampling.write_runs(_table(4 * 16 * rates.MIN_GROUP_ROWS), np.random.default_rng(2), sink,
+                        run_rows=16 * rates.MIN_GROUP_ROWS)
     whole = pq.read_table(sink)
     read_groups = []
     real = pq.ParquetFile.read_row_groups
@@ -302,14 +306,15 @@ def test_reshape_rewrites_an_old_archive_and_samples_then_read_its_draws(tmp_pat
 
     root = tmp_path / "arc"
     schema = arrow_schema("R", [("a", "int")])
+    rows = 16 * rates.MIN_GROUP_ROWS                # a run of 16 row groups a file
     for k in range(3):                          # written by another tool: no draws
-        table = _table(4000, first=4000 * k).cast(schema)
-        path = part_path(root, "R", 0.0, 4000 * k, 4000 * k + 3999)
+        table = _table(rows, first=rows * k).cast(schema)
+        path = part_path(root, "R", 0.0, rows * k, rows * k + rows - 1)
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, path)
     before = Archive(root).read("R")
     report = reshape(root)
-    assert (len(report.rewritten), report.rows, report.already) == (3, 12000, 0)
+    assert (len(report.rewritten), report.rows, report.already) == (3, 3 * rows, 0)
     for path in root.rglob("part-*.parquet"):
         assert sampling.is_sampled(pq.read_schema(path))
         assert pq.ParquetFile(path).metadata.num_row_groups == rates.SAMPLE_GROUPS

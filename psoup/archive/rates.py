@@ -11,8 +11,10 @@ import math
 SAMPLE_SPACE = 1 << 10
 #: Row groups per run of a part file: a read of rate p reads ceil(p x this) of them.
 SAMPLE_GROUPS = 16
-#: Draw values per row group.
+#: Draw values per row group (of a run of at least SAMPLE_GROUPS x MIN_GROUP_ROWS).
 GROUP_WIDTH = SAMPLE_SPACE // SAMPLE_GROUPS
+#: The fewest rows a row group of a run is cut to (a smaller run gets fewer groups).
+MIN_GROUP_ROWS = 1024
 
 
 def threshold(rate: float) -> int:

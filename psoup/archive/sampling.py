@@ -10,7 +10,9 @@ blocks. psoup maps that onto Parquet:
   SAMPLE_COLUMN (int16);
 - a part file is a sequence of *runs* (each flush of rows, at most `run_rows`), each
   cut into SAMPLE_GROUPS row groups by draw (group g holds the draws in
-  [g, g + 1) x SAMPLE_SPACE / SAMPLE_GROUPS), each row group in tupleID order;
+  [g, g + 1) x SAMPLE_SPACE / SAMPLE_GROUPS; a run under SAMPLE_GROUPS x
+  MIN_GROUP_ROWS rows into fewer, each of a wider draw range), each row group in
+  tupleID order;
 - the sample of rate p is the rows whose draw is below `threshold(p)` (p rounded to a
   multiple of 1 / SAMPLE_SPACE): each row is in it with probability p, independently
   of the others (a Bernoulli sample), and a reader finds it in the row groups whose
@@ -33,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from psoup.archive.layout import SAMPLE_COLUMN, TUPLE_ID_COLUMN
-from psoup.archive.rates import GROUP_WIDTH, SAMPLE_GROUPS, SAMPLE_SPACE
+from psoup.archive.rates import MIN_GROUP_ROWS, SAMPLE_GROUPS, SAMPLE_SPACE
 
 
 def draws(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -76,7 +78,12 @@ def write_run(writer, table: pa.Table, rng: np.random.Generator) -> None:
     an open `pq.ParquetWriter` of `sampled_schema`: its rows ordered by row group and
     then tupleID, one row group per `write_table` call. Rows keep the draws they carry
     in SAMPLE_COLUMN (a tier's matches keep the archive's, so that samples nest);
-    without that column each gets a fresh one from `rng`. O(rows)."""
+    without that column each gets a fresh one from `rng`. A run of fewer than
+    SAMPLE_GROUPS x MIN_GROUP_ROWS rows is cut into fewer row groups (a power of two,
+    each still one draw range; a run under 2 x MIN_GROUP_ROWS is one row group): a
+    row group costs about 0.1 ms to write, which 16 of a few rows each (a tier's
+    segment of a query matching little) would spend for nothing, since a sampled read
+    of a file that small reads it all anyway. O(rows)."""
     if not table.num_rows:
         return
     if SAMPLE_COLUMN in table.schema.names:
@@ -84,11 +91,17 @@ def write_run(writer, table: pa.Table, rng: np.random.Generator) -> None:
         table = table.drop_columns([SAMPLE_COLUMN])
     else:
         drawn = draws(table.num_rows, rng)
-    group = drawn // GROUP_WIDTH
+    groups = SAMPLE_GROUPS
+    while groups > 1 and table.num_rows < groups * MIN_GROUP_ROWS:
+        groups //= 2
+    table = table.append_column(SAMPLE_COLUMN, pa.array(drawn)).cast(writer.schema)
+    if groups == 1:
+        writer.write_table(table, row_group_size=table.num_rows)
+        return
+    group = drawn // (SAMPLE_SPACE // groups)
     order = np.argsort(group, kind="stable")         # stable: tupleID order in a group
-    bounds = np.searchsorted(group[order], np.arange(SAMPLE_GROUPS + 1)).tolist()
-    ordered = (table.append_column(SAMPLE_COLUMN, pa.array(drawn)).take(pa.array(order))
-               .cast(writer.schema))
+    bounds = np.searchsorted(group[order], np.arange(groups + 1)).tolist()
+    ordered = table.take(pa.array(order))
     for a, b in zip(bounds, bounds[1:]):
         if b > a:
             writer.write_table(ordered.slice(a, b - a), row_group_size=b - a)
