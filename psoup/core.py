@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from psoup.archive.policy import WHOLE, ArchiveRead, Policy, Schedule, capped, check_schedule
+from psoup.archive.policy import WHOLE, ArchiveRead, Policy, Schedule, ask, capped
 from psoup.archive.rates import sample_rate, threshold
 from psoup.bits import words_for
 from psoup.eddy.eddy import Eddy
 from psoup.eddy.routing import POLICIES
-from psoup.errors import PSoupError, QueryError, UnknownHandle
+from psoup.errors import QueryError, UnknownHandle
 from psoup.query.model import Query, StreamSchema
 from psoup.results.answers import Answers
 from psoup.results.base import SinkTable
@@ -177,11 +177,7 @@ class Core:
         read = ArchiveRead(source.stream, sum(seg.rows for seg in unread), size,
                            min(seg.lo for seg in unread), max(seg.hi for seg in unread),
                            now, rows_per_second)
-        try:
-            steps = check_schedule(policy.schedule(read))
-        except Exception as exc:
-            raise PSoupError(f"the archive policy {policy!r} failed on {read}: "
-                             f"{exc}") from None
+        steps = ask(policy, read)
         if steps == WHOLE:
             return None
         starts = [start for start, _ in steps]

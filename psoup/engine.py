@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, ov
 import numpy as np
 
 from psoup.archive.policy import (DEFAULT_ROWS_PER_SECOND, DEFAULT_TIER_ROWS_PER_SECOND,
-                                  ArchiveRead, Budget, Exact, Policy, Schedule,
-                                  check_schedule)
+                                  ArchiveRead, Budget, Exact, Policy, Schedule, ask)
 from psoup.archive.rates import SAMPLE_SPACE
 from psoup.core import Core
 from psoup.eddy.routing import POLICIES
@@ -560,13 +559,8 @@ class Engine:
         rows, size, first, last = self._journal.archive.extent(stream, below)
         read = ArchiveRead(stream, rows, size, first, last, self._clock(), self._archive_rate)
         self._read_rows[stream] = rows
-        try:
-            schedule = self._reductions[stream] = check_schedule(
-                self.archive_policy.schedule(read))
-            return schedule
-        except Exception as exc:
-            raise PSoupError(f"the archive policy {self.archive_policy!r} failed on {read}: "
-                             f"{exc}") from None
+        schedule = self._reductions[stream] = ask(self.archive_policy, read)
+        return schedule
 
     def history_status(self, job: str | None = None) -> dict[str, Any]:
         """A history job's state ("running", "done", "failed", "cancelled"), progress,

@@ -24,6 +24,7 @@ import math
 from typing import NamedTuple, Protocol, Sequence
 
 from psoup.archive.rates import SAMPLE_GROUPS
+from psoup.errors import PSoupError
 
 #: (from ts, rate) steps in ts order, the first from -inf: a read's sample rates.
 Schedule = tuple[tuple[float, float], ...]
@@ -182,3 +183,16 @@ def check_schedule(schedule: Schedule) -> Schedule:
     if any(not 0.0 < r <= 1.0 for _, r in steps):
         raise ValueError(f"a schedule's rates are in (0, 1]: {schedule!r}")
     return steps
+
+
+def ask(policy: Policy, read: ArchiveRead) -> Schedule:
+    """`policy`'s schedule for `read`, checked (`check_schedule`).
+
+    Raises:
+        PSoupError: the policy raised, or gave a schedule that is not one (naming it
+            and the read).
+    """
+    try:
+        return check_schedule(policy.schedule(read))
+    except Exception as exc:
+        raise PSoupError(f"the archive policy {policy!r} failed on {read}: {exc}") from None
