@@ -216,7 +216,8 @@ class Engine:
                                                                None)):
             raise ValueError(f"archive_policy {archive_policy!r} has no schedule(read) method "
                              "(see psoup.archive.policy)")
-        #: How history jobs read the archive (psoup.archive.policy).
+        #: How much of the archive a history job reads, and of a query's archive tier
+        #: an invocation reads from disk (psoup.archive.policy).
         self.archive_policy: Policy = (Budget(archive_budget) if archive_budget is not None
                                        else archive_policy or Exact())
         self._archive_rate = DEFAULT_ROWS_PER_SECOND    # measured by each history pass
