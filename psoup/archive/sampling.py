@@ -125,7 +125,12 @@ def in_order(table: pa.Table, key: str = TUPLE_ID_COLUMN) -> pa.Table:
     """
     if SAMPLE_COLUMN not in table.schema.names:
         return table
-    table = table.drop_columns([SAMPLE_COLUMN])
+    return _by_key(table.drop_columns([SAMPLE_COLUMN]), key)
+
+
+def _by_key(table: pa.Table, key: str) -> pa.Table:
+    """`table` in `key` order: a stable sort, which merges the sorted row groups of a
+    run (O(n log runs)); the table itself when already in order (O(n))."""
     ids = table.column(key).to_numpy()
     if len(ids) > 1 and (np.diff(ids) < 0).any():
         table = table.take(pa.array(np.argsort(ids, kind="stable")))
@@ -190,10 +195,7 @@ def read_below(path, columns: Sequence[str] | None = None, limit: int = SAMPLE_S
                 SAMPLE_COLUMN, pa.array(drawn.astype(np.int16)))
         if limit < SAMPLE_SPACE:
             table = table.filter(pa.array(drawn < limit))
-    ids = table.column(key).to_numpy()
-    if len(ids) > 1 and (np.diff(ids) < 0).any():      # row groups by draw: merge them
-        table = table.take(pa.array(np.argsort(ids, kind="stable")))
-    return table.select([*columns] + ([SAMPLE_COLUMN] if keep_draws else []))
+    return _by_key(table, key).select([*columns] + ([SAMPLE_COLUMN] if keep_draws else []))
 
 
 def _lowest(pf, group: int) -> int:
