@@ -20,13 +20,15 @@ searches instead of a scan, as the paper's per-attribute trees do.
 
 from __future__ import annotations
 
+import math
 import sys
 from bisect import bisect_left, bisect_right
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 
-from psoup.query.model import TS, TUPLE_ID, AttrPredicate, Source
+from psoup.query.model import INT64_MAX, INT64_MIN, TS, TUPLE_ID, AttrPredicate, Source
 from psoup.stems.batch import DTYPES, Batch
 from psoup.stems.predicates import attr_mask, source_mask
 from psoup.stems.span import Span
@@ -457,12 +459,57 @@ class DataSteM:
         if best is not None:
             candidates = self._index_positions(best, p0, p1)
             return self._filter(source, candidates)
-        parts = []
-        names = _columns_used(source)
-        for chunk, r0, r1, base in self._pieces(p0, p1):
-            cols = {name: chunk.cols[name][r0:r1] for name in names}
-            parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
-        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+        intervals, rest = self._intervals(source)
+        if intervals is None:
+            parts = []
+            names = _columns_used(source)
+            for chunk, r0, r1, base in self._pieces(p0, p1):
+                cols = {name: chunk.cols[name][r0:r1] for name in names}
+                parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
+            return np.concatenate(parts) if parts else np.empty(0, np.int64)
+        from psoup.kernels import interval_scan
+        out = np.empty(p1 - p0, np.int64)
+        found = interval_scan(self._block_list(), self._chunk0, self.chunk_rows, p0, p1,
+                              *intervals, out)
+        if not rest and not source.column_factors:
+            return out[:found]
+        return self._filter(replace(source, predicates=rest), out[:found])
+
+    def _intervals(self, source: Source) -> tuple[tuple[np.ndarray, np.ndarray] | None,
+                                                  tuple[AttrPredicate, ...]]:
+        """`source`'s interval factors on 8-byte columns as `interval_scan`'s arguments
+        (per interval: block row, float flag and closed int bounds; closed float bounds),
+        and the predicates they leave to check (`=`/IN sets, `!=` lists, other columns;
+        the multi-column factors are left too); None for the arguments when there is no
+        such interval.
+        O(factors)."""
+        ints: list[tuple[int, int, int, int]] = []
+        floats: list[tuple[float, float]] = []
+        rest = []
+        for pred in source.predicates:
+            row = self._wide.get(pred.column)
+            is_float = self._dtypes[pred.column].kind == "f"
+            if (row is None or pred.empty or pred.eq is not None
+                    or (pred.lo is None and pred.hi is None)
+                    or (not is_float and (pred.lo_open or pred.hi_open))):
+                rest.append(pred)
+                continue
+            if is_float:
+                lo = -math.inf if pred.lo is None else float(pred.lo)
+                hi = math.inf if pred.hi is None else float(pred.hi)
+                ints.append((row, 1, 0, 0))
+                floats.append((math.nextafter(lo, math.inf) if pred.lo_open else lo,
+                               math.nextafter(hi, -math.inf) if pred.hi_open else hi))
+            else:
+                ints.append((row, 0, INT64_MIN if pred.lo is None else int(pred.lo),
+                             INT64_MAX if pred.hi is None else int(pred.hi)))
+                floats.append((0.0, 0.0))
+            if pred.ne:
+                rest.append(pred)       # the interval is tested twice, the list once
+        if not ints:
+            return None, tuple(rest)
+        return ((np.array(ints, np.int64).T.copy(), np.array(floats, np.float64).T.copy()),
+                tuple(rest))
 
     def probe_held(self, source: Source, p0: int, p1: int) -> np.ndarray:
         """`probe` over positions [p0, p1) that retention has passed but memory still
