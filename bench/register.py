@@ -115,7 +115,8 @@ def main() -> None:
     s = _settings(quick)
     pool = [common.data_columns(common.rng(1), BATCH) for _ in range(64)]
     all_queries = common.selection_queries(common.rng(2), max(s["counts"]), "inequality")
-    apart(all_queries[:8], pool)          # load the compiled kernels before any timing
+    apart(all_queries[:8], pool)          # load the compiled kernels before any timing:
+    interleaved(all_queries[:8], pool, 2)   # a registration's probe of retained data too
     rows = []
     for count in s["counts"]:
         queries = all_queries[:count]

@@ -150,7 +150,8 @@ _OPS = st.lists(st.one_of(
     st.tuples(st.just("add"), st.sampled_from(["<", "<=", ">", ">=", "=", "!=", "in"]),
               st.lists(st.integers(-6, 40), min_size=1, max_size=3)),
     st.tuples(st.just("remove"), st.integers(0, 200)),
-    st.tuples(st.just("probe"), st.lists(st.integers(-9, 45), min_size=1, max_size=150))),
+    st.tuples(st.just("probe"), st.lists(st.integers(-9, 45), min_size=1, max_size=150)
+              | st.lists(st.integers(-9, 45), min_size=64, max_size=80))),  # direct map
     min_size=1, max_size=40)
 
 
