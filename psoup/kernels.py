@@ -25,7 +25,8 @@ disk next to this file, or in the user's cache directory when that is read-only)
   tuples), in one call: O(rows) tests for the first interval, O(survivors) after.
 * `direct_rows`: the table rows of integer values through a direct value -> row map,
   with the range check in the same pass.
-* `or_at`: one bit set in a word row at given positions (a new query's matches).
+* `write_bit`: one bit of a word row cleared, then set at given positions (a new
+  query's matches).
 * `write_column`: a query's bit column in an attribute's reject table, set in the rows
   of the cells it rejects and cleared elsewhere, in one pass over the cells.
 
@@ -554,7 +555,12 @@ def fingerprint(values):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def or_at(row, positions, base, mask):  # pragma: no cover - compiled
-    """row[p - base] |= mask for every p in positions. O(len(positions))."""
+def write_bit(row, positions, base, mask):  # pragma: no cover - compiled
+    """Clear `mask` in every word of `row`, then set it at row[p - base] for every p in
+    positions: one query's bits in a word row made exactly its matches. O(len(row) +
+    len(positions))."""
+    keep = ~mask
+    for i in range(len(row)):
+        row[i] &= keep
     for i in range(len(positions)):
         row[positions[i] - base] |= mask

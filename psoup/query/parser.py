@@ -128,7 +128,8 @@ class _Parser:
     def __init__(self, tokens: list[Token]):
         self._tokens = tokens
         self._i = 0
-        self._after: str | None = None  # the last consumed thing, quoted for messages
+        # the last consumed thing, for messages: its quoted text, or a token to quote
+        self._after: str | Token | None = None
         self._depth = 0                 # parentheses open around the next token
 
     @property
@@ -142,8 +143,15 @@ class _Parser:
         tok = self._tok
         if tok.kind != EOF:
             self._i += 1
-        self._after = tok.text if tok.kind == STRING else f"'{tok.text}'"
+        self._after = tok
         return tok
+
+    def _after_text(self) -> str:
+        """' after <the last consumed thing>', or '' at the start."""
+        after = self._after
+        if isinstance(after, Token):
+            after = after.text if after.kind == STRING else f"'{after.text}'"
+        return "" if after is None else f" after {after}"
 
     def _accept_word(self, word: str) -> Token | None:
         return self._advance() if self._tok.is_word(word) else None
@@ -161,8 +169,8 @@ class _Parser:
         tok = self._tok
         if tok.kind == KEYWORD and tok.value in UNSUPPORTED_KEYWORDS:
             raise QueryError(UNSUPPORTED_KEYWORDS[tok.value], *tok.pos)
-        after = "" if self._after is None else f" after {self._after}"
-        raise QueryError(f"expected {expected}{after}, found {tok.describe()}", *tok.pos)
+        raise QueryError(f"expected {expected}{self._after_text()}, found {tok.describe()}",
+                         *tok.pos)
 
     def _reject_subquery(self) -> None:
         if self._tok.is_symbol("(") and self._peek(1).is_word("SELECT"):
@@ -286,10 +294,8 @@ class _Parser:
     def _name(self, what: str) -> tuple[str, Pos]:
         tok = self._tok
         if tok.kind == KEYWORD:
-            after = "" if self._after is None else f" after {self._after}"
-            raise QueryError(
-                f"expected {what}{after}, found the reserved word '{tok.text}'", *tok.pos
-            )
+            raise QueryError(f"expected {what}{self._after_text()}, found the reserved word "
+                             f"'{tok.text}'", *tok.pos)
         if tok.kind != NAME:
             self._fail(what)
         self._advance()

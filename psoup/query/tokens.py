@@ -69,17 +69,20 @@ def is_identifier(text: object) -> bool:
 
 _NUMBER_TAIL = re.compile(r"[A-Za-z0-9_.]+")
 
-#: One token (or a run of space, a newline, a comment) at a position: one regex match per
-#: token. Digits and letters are ASCII: any other character is refused by name.
-_TOKEN = re.compile("|".join([
+#: One token (or a newline, or a comment) after any run of spaces: one regex match per
+#: token, its kind the name of the group that matched. Digits and letters are ASCII: any
+#: other character is refused by name. A quote that opens no whole string is `open`.
+_TOKEN = re.compile("[^\\S\\n]*(?:" + "|".join([
     r"(?P<newline>\n)",
-    r"(?P<space>[^\S\n]+)",
     r"(?P<comment>--[^\n]*)",
-    r"(?P<string>')",
+    r"(?P<string>'(?:[^']|'')*')",
+    r"(?P<open>')",
     r"(?P<number>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)",
     r"(?P<word>[A-Za-z_][A-Za-z0-9_]*)",
     "(?P<symbol>" + "|".join(map(re.escape, _SYMBOLS)) + ")",
-]))
+]) + ")")
+
+_SPACE = re.compile(r"[^\S\n]*")
 
 
 class Pos(NamedTuple):
@@ -144,60 +147,47 @@ def tokenize(sql: str) -> list[Token]:
     """
     tokens: list[Token] = []
     append = tokens.append
-    match = _TOKEN.match
-    i, line, line_start, n = 0, 1, 0, len(sql)
-    while i < n:
-        m = match(sql, i)
-        if m is None:
-            c = sql[i]
-            hint = " (strings are in single quotes)" if c == '"' else ""
-            raise QueryError(f"unexpected character '{c}'{hint}", line, i - line_start + 1)
-        kind, end = m.lastgroup, m.end()
-        if kind == "space" or kind == "comment":
-            i = end
+    new = tuple.__new__                 # Token(...) and Pos(...) without their Python __new__
+    line, line_start, expect = 1, 0, 0
+    for m in _TOKEN.finditer(sql):
+        kind = m.lastgroup or ""
+        i = m.start(kind)
+        if m.start() != expect:
+            break                       # a character no token starts with, at `expect`
+        expect = end = m.end()
+        if kind == "comment":
             continue
         if kind == "newline":
-            i, line, line_start = end, line + 1, end
+            line, line_start = line + 1, end
             continue
-        pos = Pos(line, i - line_start + 1)
-        text = m.group()
+        pos = new(Pos, (line, i - line_start + 1))
+        text = m.group(kind)
         if kind == "word":
             upper = text.upper()
-            append(Token(KEYWORD, text, upper, pos) if upper in RESERVED
-                   else Token(NAME, text, text, pos))
+            append(new(Token, (KEYWORD, text, upper, pos)) if upper in RESERVED
+                   else new(Token, (NAME, text, text, pos)))
+        elif kind == "symbol":
+            append(new(Token, (SYMBOL, text, text, pos)))
         elif kind == "number":
             if _NUMBER_TAIL.match(sql, end):
                 bad = _NUMBER_TAIL.match(sql, i)
                 raise QueryError(f"malformed number '{bad.group() if bad else text}'", *pos)
-            append(Token(NUMBER, text, _number_value(text, pos), pos))
-        elif kind == "symbol":
-            append(Token(SYMBOL, text, text, pos))
-        else:                                                   # a string literal
-            value, end = _string(sql, i, pos)
-            text = sql[i:end]
+            append(new(Token, (NUMBER, text, _number_value(text, pos), pos)))
+        elif kind == "string":
             if "\n" in text:
                 line += text.count("\n")
                 line_start = i + text.rindex("\n") + 1
-            append(Token(STRING, text, value, pos))
-        i = end
-    append(Token(EOF, "", "", Pos(line, n - line_start + 1)))
-    return tokens
-
-
-def _string(sql: str, start: int, pos: Pos) -> tuple[str, int]:
-    """The value of the string literal opening at `start`, and the index after it."""
-    parts = []
-    i = start + 1
-    while True:
-        end = sql.find("'", i)
-        if end < 0:
-            raise QueryError("unterminated string: no closing single quote", *pos)
-        parts.append(sql[i:end])
-        if sql.startswith("''", end):
-            parts.append("'")
-            i = end + 2
+            append(new(Token, (STRING, text, text[1:-1].replace("''", "'"), pos)))
         else:
-            return "".join(parts), end + 1
+            raise QueryError("unterminated string: no closing single quote", *pos)
+    spaces = _SPACE.match(sql, expect)
+    expect = spaces.end() if spaces else expect
+    if expect < len(sql):
+        c = sql[expect]
+        hint = " (strings are in single quotes)" if c == '"' else ""
+        raise QueryError(f"unexpected character '{c}'{hint}", line, expect - line_start + 1)
+    append(new(Token, (EOF, "", "", new(Pos, (line, len(sql) - line_start + 1)))))
+    return tokens
 
 
 def _number_value(text: str, pos: Pos) -> int | float:

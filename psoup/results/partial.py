@@ -41,6 +41,8 @@ from psoup.stems.span import Span
 #: Padding words after each word row of a chunk (see PartialResults._new_chunk).
 ROW_PAD = 8
 
+_NO_POSITIONS = np.empty(0, np.int64)
+
 
 def _rows_for(words: int) -> int:
     """Word rows to give a chunk that needs `words`: 1/32 more (at most 3.1% of memory),
@@ -137,21 +139,24 @@ class PartialResults(ResultsStructure):
         there), then set them at `positions`. O(retained + len(positions))."""
         chunks = self._bitmaps.setdefault(stream, {})
         word, mask = bit_of(slot)
-        for chunk in chunks.values():
-            if chunk.shape[0] > word:
-                chunk[word] &= ~mask
         cap = self.chunk_rows
-        from psoup.kernels import or_at
-        for k, a, b in chunk_runs(positions, cap):
-            or_at(self._chunk(stream, k, word + 1)[word], positions[a:b], k * cap, mask)
+        runs = {k: positions[a:b] for k, a, b in chunk_runs(positions, cap)}
+        from psoup.kernels import write_bit
+        for k in sorted(chunks.keys() | runs.keys()):
+            found = runs.get(k)
+            if found is not None:
+                write_bit(self._chunk(stream, k, word + 1)[word], found, k * cap, mask)
+            elif chunks[k].shape[0] > word:
+                write_bit(chunks[k][word], _NO_POSITIONS, 0, mask)
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows)."""
         word, mask = bit_of(slot)
+        from psoup.kernels import write_bit
         for chunks in self._bitmaps.values():
             for chunk in chunks.values():
                 if chunk.shape[0] > word:
-                    chunk[word] &= ~mask
+                    write_bit(chunk[word], _NO_POSITIONS, 0, mask)
 
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
