@@ -103,7 +103,7 @@ class AttributeIndex:
     def _split(self, c: Any) -> None:
         """Make c a key: its gap's row is copied to {c} and to the gap above c."""
         keys = self._keys
-        i = int(np.searchsorted(keys, c))
+        i = int(keys.searchsorted(c))
         gap = int(self._cell_row[2 * i])
         at, above = self._new_row(gap), self._new_row(gap)
         # (np.insert and np.delete cost ~10 us each in argument handling; a concatenate ~1)
@@ -118,7 +118,7 @@ class AttributeIndex:
         """Drop key c: {c} and the gap above it fold into the gap below (every query
         left treats them alike, none having c as a constant)."""
         keys = self._keys
-        i = int(np.searchsorted(keys, c))
+        i = int(keys.searchsorted(c))
         cells = self._cell_row
         self._free_rows.extend(int(r) for r in cells[2 * i + 1:2 * i + 3])
         self._keys = np.concatenate((keys[:i], keys[i + 1:]))
@@ -278,7 +278,7 @@ def _constants(pred: AttrPredicate) -> list:
 
 def _cell_of(keys: np.ndarray, constant: Any) -> int:
     """The cell {constant}: constants of a registered predicate are always keys."""
-    return 2 * int(np.searchsorted(keys, constant, side="left")) + 1
+    return 2 * int(keys.searchsorted(constant)) + 1
 
 
 def _cell_samples(keys: np.ndarray) -> np.ndarray:
