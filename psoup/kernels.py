@@ -23,6 +23,7 @@ disk next to this file, or in the user's cache directory when that is read-only)
 * `interval_scan`: the positions of a chunked store whose values lie in given closed
   intervals of several 8-byte columns (a new query's interval factors over the retained
   tuples), in one call: O(rows) tests for the first interval, O(survivors) after.
+* `ts_fault`: the first row of a batch whose ts is not finite or goes back in time.
 * `direct_rows`: the table rows of integer values through a direct value -> row map,
   with the range check in the same pass.
 * `write_bit`: one bit of a word row cleared, then set at given positions (a new
@@ -210,6 +211,28 @@ def probe_into(tables, rows, interest, out) -> None:
     """
     pad = -len(tables) % 4
     _probe4(tables + tables[:1] * pad, rows + rows[:1] * pad, interest, out)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def ts_fault(stamps, last):  # pragma: no cover - compiled
+    """The first row whose ts is not finite, or is below the one before it (row 0: below
+    `last`); -1 when there is none. One branch-free (vectorized) pass, O(n); the row is
+    looked for only when there is a fault."""
+    n = len(stamps)
+    if n == 0:
+        return -1
+    ok = (stamps[0] - stamps[0] == 0.0) & (stamps[0] >= last)
+    for i in range(1, n):   # x - x is 0 for every finite x, NaN for inf and NaN
+        ok &= (stamps[i] - stamps[i] == 0.0) & (stamps[i] >= stamps[i - 1])
+    if ok:
+        return -1
+    before = last
+    for i in range(n):
+        t = stamps[i]
+        if not np.isfinite(t) or t < before:
+            return i
+        before = t
+    return -1
 
 
 @njit(cache=True, nogil=True, boundscheck=False)

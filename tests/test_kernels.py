@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psoup.kernels import (chunk_gather, chunk_positions, chunk_select, probe_into,
-                           word_positions, write_bit, write_column)
+                           ts_fault, word_positions, write_bit, write_column)
 
 WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
 
@@ -220,3 +220,19 @@ def test_fingerprint_is_equal_for_equal_sequences_and_tells_changed_ones_apart(v
             changed.append(swapped.tolist())
     for other in changed:
         assert fingerprint(np.array(other, np.int64)) != fingerprint(a)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0, 3.0, float("inf"), float("-inf"),
+                                 float("nan")]), max_size=40),
+       st.sampled_from([float("-inf"), 0.0, 1.0]), st.booleans())
+def test_ts_fault_finds_the_first_row_not_finite_or_going_back(stamps, last, sort):
+    if sort:            # mostly in order, so that the fault is often late or absent
+        stamps = sorted(stamps, key=lambda t: (t != t, t))
+    want, before = -1, last
+    for i, t in enumerate(stamps):
+        if not np.isfinite(t) or t < before:
+            want = i
+            break
+        before = t
+    assert ts_fault(np.array(stamps, dtype=np.float64), last) == want

