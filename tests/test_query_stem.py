@@ -184,3 +184,30 @@ def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(ops, 
                 want = np.flatnonzero(~attr_mask(pred, arr)).tolist()
                 assert slot_rows(rejects, slot).tolist() == want, (slot, pred)
         index._check()
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]),
+                          st.sampled_from(["<", "<=", ">", ">=", "=", "!="]),
+                          st.integers(-20, 60)), min_size=1, max_size=8),
+       st.lists(st.tuples(st.integers(64, 120), st.integers(-30, 40)), min_size=1,
+                max_size=5))
+def test_batches_of_small_integers_probe_through_the_direct_maps(preds, batches):
+    """Batches of 64+ integers in a small range find their cells through each
+    attribute's direct value -> row map; a batch with values past a map extends it."""
+    schema = compile_statement("CREATE STREAM R (a INT, b INT)", {})
+    stem = QuerySteM()
+    live = {}
+    for column, op, c in preds:
+        query = compile_statement(f"SELECT * FROM R WHERE {column} {op} {c}", {"R": schema})
+        live[stem.insert(query)] = query
+    gen = np.random.default_rng(len(preds))
+    tid = 0
+    for n, shift in batches:
+        rows = [(int(a), int(b) + 7) for a, b in gen.integers(0, 25, (n, 2)) + shift]
+        cols = _probe_columns(schema, rows, tid)
+        tid += n
+        bits = stem.probe("R", cols, n)
+        for slot, query in live.items():
+            want = source_mask(query.sources[0], cols, n)
+            assert slot_rows(bits, slot).tolist() == np.flatnonzero(want).tolist(), query.sql
+        stem._check()
