@@ -128,13 +128,10 @@ class _Parser:
     def __init__(self, tokens: list[Token]):
         self._tokens = tokens
         self._i = 0
+        self._tok = tokens[0]           # the next unconsumed token: tokens[self._i]
         # the last consumed thing, for messages: its quoted text, or a token to quote
         self._after: str | Token | None = None
         self._depth = 0                 # parentheses open around the next token
-
-    @property
-    def _tok(self) -> Token:
-        return self._tokens[self._i]
 
     def _peek(self, k: int) -> Token:
         return self._tokens[min(self._i + k, len(self._tokens) - 1)]
@@ -143,6 +140,7 @@ class _Parser:
         tok = self._tok
         if tok.kind != EOF:
             self._i += 1
+            self._tok = self._tokens[self._i]
         self._after = tok
         return tok
 
