@@ -352,6 +352,27 @@ def chunk_gather(blocks, k_first, cap, rows_of, positions, out):  # pragma: no c
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def _and_within(values, lo, hi, r0, r1, masks):  # pragma: no cover - compiled
+    """masks[q] &= the match mask of lo <= values[r] <= hi over rows r0 + 64q ... (64 at
+    a time, a vectorized loop; the last group may be short). Compiled once for int64 and
+    once for float64 values."""
+    one = np.uint64(1)
+    zero = np.uint64(0)
+    for q in range((r1 - r0 + 63) // 64):
+        r = r0 + 64 * q
+        m = zero
+        if r + 64 <= r1:
+            run = values[r:r + 64]
+            for t in range(64):
+                m |= (one << np.uint64(t)) if (run[t] >= lo) & (run[t] <= hi) else zero
+        else:
+            for t in range(r1 - r):
+                v = values[r + t]
+                m |= (one << np.uint64(t)) if (v >= lo) & (v <= hi) else zero
+        masks[q] &= m
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def interval_scan(blocks, k_first, cap, p0, p1, ints, floats, out):  # pragma: no cover
     """The positions p0 <= p < p1 of a chunked store (chunk k's block is
     blocks[k - k_first], as in `chunk_gather`) whose value in block row ints[0, j] lies
@@ -375,38 +396,11 @@ def interval_scan(blocks, k_first, cap, p0, p1, ints, floats, out):  # pragma: n
         groups = (r1 - r0 + 63) // 64
         masks[:groups] = ~zero
         for j in range(ints.shape[1]):
+            row = block[ints[0, j]]
             if ints[1, j]:
-                values = block[ints[0, j]].view(np.float64)
-                lo, hi = floats[0, j], floats[1, j]
-                for q in range(groups):
-                    r = r0 + 64 * q
-                    m = zero
-                    if r + 64 <= r1:
-                        run = values[r:r + 64]
-                        for t in range(64):
-                            m |= (one << np.uint64(t)) if (run[t] >= lo) & (run[t] <= hi) \
-                                else zero
-                    else:
-                        for t in range(r1 - r):
-                            v = values[r + t]
-                            m |= (one << np.uint64(t)) if (v >= lo) & (v <= hi) else zero
-                    masks[q] &= m
+                _and_within(row.view(np.float64), floats[0, j], floats[1, j], r0, r1, masks)
             else:
-                column = block[ints[0, j]].view(np.int64)
-                a, b = ints[2, j], ints[3, j]
-                for q in range(groups):
-                    r = r0 + 64 * q
-                    m = zero
-                    if r + 64 <= r1:
-                        run_i = column[r:r + 64]
-                        for t in range(64):
-                            m |= (one << np.uint64(t)) if (run_i[t] >= a) & (run_i[t] <= b) \
-                                else zero
-                    else:
-                        for t in range(r1 - r):
-                            v_i = column[r + t]
-                            m |= (one << np.uint64(t)) if (v_i >= a) & (v_i <= b) else zero
-                    masks[q] &= m
+                _and_within(row.view(np.int64), ints[2, j], ints[3, j], r0, r1, masks)
         for q in range(groups):
             m = masks[q]
             p = base + r0 + 64 * q
