@@ -22,7 +22,7 @@ disk next to this file, or in the user's cache directory when that is read-only)
   compress-stores, the positions never written unless asked for.
 * `interval_scan`: the positions of a chunked store whose values lie in given closed
   intervals of several 8-byte columns (a new query's interval factors over the retained
-  tuples), in one call: O(rows) tests for the first interval, O(survivors) after.
+  tuples), in one call: 64-row match masks per interval, ANDed; O(rows x intervals).
 * `ts_fault`: the first row of a batch whose ts is not finite or goes back in time.
 * `direct_rows`: the table rows of integer values through a direct value -> row map,
   with the range check in the same pass.

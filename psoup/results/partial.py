@@ -142,7 +142,7 @@ class PartialResults(ResultsStructure):
         cap = self.chunk_rows
         runs = {k: positions[a:b] for k, a, b in chunk_runs(positions, cap)}
         from psoup.kernels import write_bit
-        for k in sorted(chunks.keys() | runs.keys()):
+        for k in chunks.keys() | runs.keys():
             found = runs.get(k)
             if found is not None:
                 write_bit(self._chunk(stream, k, word + 1)[word], found, k * cap, mask)

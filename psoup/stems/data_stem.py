@@ -481,8 +481,7 @@ class DataSteM:
         (per interval: block row, float flag and closed int bounds; closed float bounds),
         and the predicates they leave to check (`=`/IN sets, `!=` lists, other columns;
         the multi-column factors are left too); None for the arguments when there is no
-        such interval.
-        O(factors)."""
+        such interval. O(factors)."""
         ints: list[tuple[int, int, int, int]] = []
         floats: list[tuple[float, float]] = []
         rest = []
