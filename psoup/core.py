@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from psoup.archive.policy import WHOLE, ArchiveRead, Policy, Schedule, ask, capped
+from psoup.archive.policy import (WHOLE, ArchiveRead, Policy, Schedule, ask, capped,
+                                  step_ranges)
 from psoup.archive.rates import sample_rate, threshold
 from psoup.bits import words_for
 from psoup.eddy.eddy import Eddy
@@ -180,10 +181,8 @@ class Core:
         steps = ask(policy, read)
         if steps == WHOLE:
             return None
-        starts = [start for start, _ in steps]
-        ends = starts[1:] + [math.inf]
-        return {seg.name: threshold(min(rate for a, b, rate in
-                                        zip(starts, ends, [r for _, r in steps])
+        ranges = step_ranges(steps)       # each segment at the lowest rate over its ts
+        return {seg.name: threshold(min(rate for a, b, rate in ranges
                                         if a <= seg.hi and seg.lo < b))
                 for seg in segments}
 
@@ -239,15 +238,15 @@ class Core:
         for stream, plans in by_stream.items():
             stem = self.stems[stream]
             until = stem.ts_at(stem.oldest) if stem.oldest < stem.n else math.inf
-            schedule = schedules(stream, stem.oldest_tuple_id(self.next_tid))
+            below = stem.oldest_tuple_id(self.next_tid)
+            schedule = schedules(stream, below)
             samples = {p.slot: capped(schedule, None if s is None else
                                       sample_rate(s.method, s.fraction))
                        for p in plans for s in [p.query.sources[0].sample]}
             jobs.append(Job(self.ddl[stream], stem.schema, [(p.slot, p.query.sql)
                                                              for p in plans],
-                            stem.oldest_tuple_id(self.next_tid),
-                            {slot: steps for slot, steps in samples.items()
-                             if steps != WHOLE}, until))
+                            below, {slot: steps for slot, steps in samples.items()
+                                    if steps != WHOLE}, until))
         return chosen, jobs
 
     # ------------------------------------------------------------------ introspection

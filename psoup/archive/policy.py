@@ -154,6 +154,18 @@ class Budget:
         return f"Budget({self.seconds} s)"
 
 
+def step_ranges(schedule: Schedule) -> list[tuple[float, float, float]]:
+    """`schedule`'s steps as (from ts, to ts, rate): each to the next step's start, the
+    last to inf.
+
+    Example:
+        >>> step_ranges(((-math.inf, 0.05), (10.0, 1.0)))
+        [(-inf, 10.0, 0.05), (10.0, inf, 1.0)]
+    """
+    ends = [start for start, _ in schedule[1:]] + [math.inf]
+    return [(start, end, rate) for (start, rate), end in zip(schedule, ends)]
+
+
 def capped(schedule: Schedule, rate: float | None) -> Schedule:
     """`schedule` with no rate above `rate` (a query's own TABLESAMPLE; None: no cap),
     its steps of equal rates merged.

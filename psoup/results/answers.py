@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
+from psoup.archive.policy import step_ranges
+from psoup.archive.rates import SAMPLE_SPACE
 from psoup.errors import ArchiveError
 from psoup.query.model import TS, TUPLE_ID, Query
 from psoup.results.aggregates import Aggregator
 from psoup.results.materialized import Materialized
-from psoup.archive.rates import SAMPLE_SPACE
 from psoup.results.result import EXACT, Result
 from psoup.results.tiers import READ_RATE, ArchiveTiers, Sampled
 from psoup.results.windows_table import WindowsTable, archive_reach
@@ -226,8 +227,7 @@ def _sample_layer(sample: Sampled | None) -> list[tuple[float, float, float]]:
     up to where it ends."""
     if sample is None:
         return []
-    starts = [start for start, _ in sample.steps[1:]] + [math.inf]
-    return [(a, min(b, sample.until), rate) for (a, rate), b in zip(sample.steps, starts)
+    return [(a, min(b, sample.until), rate) for a, b, rate in step_ranges(sample.steps)
             if a < min(b, sample.until)]
 
 
