@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Protocol, Sequence
 
+import numpy as np
+
 from psoup.archive.rates import SAMPLE_GROUPS
 from psoup.errors import PSoupError
 
@@ -164,6 +166,20 @@ def step_ranges(schedule: Schedule) -> list[tuple[float, float, float]]:
     """
     ends = [start for start, _ in schedule[1:]] + [math.inf]
     return [(start, end, rate) for (start, rate), end in zip(schedule, ends)]
+
+
+def step_at(steps: Sequence[tuple[float, float]], ts: np.ndarray) -> np.ndarray:
+    """The value of the step holding each of `ts`, for steps (from ts, value) in ts
+    order, the first from -inf (a schedule's rates, or a sample's draw thresholds).
+    O(n log steps).
+
+    Example:
+        >>> step_at(((-math.inf, 0.25), (10.0, 1.0)), np.array([3.0, 10.0])).tolist()
+        [0.25, 1.0]
+    """
+    starts = np.array([start for start, _ in steps])
+    values = np.array([value for _, value in steps])
+    return values[np.searchsorted(starts, ts, side="right") - 1]
 
 
 def capped(schedule: Schedule, rate: float | None) -> Schedule:

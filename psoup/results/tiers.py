@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
 
 import numpy as np
 
+from psoup.archive.policy import step_at
 from psoup.archive.rates import SAMPLE_SPACE
 from psoup.errors import PSoupError
 from psoup.fsync import make_dir, sync_file_system, write_whole
@@ -93,9 +94,7 @@ class Sampled(NamedTuple):
 
     def rates(self, ts: np.ndarray) -> np.ndarray:
         """The rate each archived tuple stamped `ts` was sampled at. O(n log steps)."""
-        starts = np.array([start for start, _ in self.steps])
-        rates = np.array([rate for _, rate in self.steps])
-        return rates[np.searchsorted(starts, ts, side="right") - 1]
+        return step_at(self.steps, ts)
 
     def to_json(self) -> str:
         return json.dumps({"steps": [list(s) for s in self.steps], "below": self.below,

@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from psoup.archive.layout import (ARROW_TYPES, SAMPLE_COLUMN, SPARK_TYPES, TS_COLUMN,
                                   TUPLE_ID_COLUMN, check_part, to_numpy)
+from psoup.archive.policy import step_at
 from psoup.archive.rates import GROUP_WIDTH, threshold
 from psoup.archive.sampling import draws_of, write_runs
 from psoup.errors import ArchiveError, PSoupError
@@ -235,9 +236,7 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         drawn = draws_of(raw, columns["tupleID"])
         if masks:
             for limits, mask in masks:
-                starts = np.array([start for start, _ in limits])
-                below = np.array([t for _, t in limits])
-                out = drawn >= below[np.searchsorted(starts, columns["ts"], "right") - 1]
+                out = drawn >= step_at(limits, columns["ts"])
                 if out.any():
                     width = min(bits.shape[1], len(mask))
                     bits[out, :width] &= ~mask[:width]
