@@ -19,7 +19,8 @@ disk next to this file, or in the user's cache directory when that is read-only)
   positions across its chunks, in one call: O(columns x positions), no temporary arrays.
 * `chunk_select`: `chunk_positions` and `chunk_gather` in one call (an invocation's
   find and fetch over a position range), dense runs of matches copied by
-  compress-stores, the positions never written unless asked for.
+  compress-stores, the positions never written unless asked for; `marked_copy`: more
+  columns through the same matches later, without the find.
 * `interval_scan`: the positions of a chunked store whose values lie in given closed
   intervals of several 8-byte columns (a new query's interval factors over the retained
   tuples), in one call: 64-row match masks per interval, ANDed; O(rows x intervals).
@@ -454,21 +455,21 @@ def chunk_select(chunks, k_first, p0, p1, word, mask, blocks, b_first, cap, rows
     chunks[k - k_first], as in `chunk_positions`), the values of block rows `rows_of`
     of a chunked store (chunk k's block is blocks[k - b_first], as in `chunk_gather`),
     as a new (len(rows_of), matches) array; the positions themselves are written to
-    `positions` unless it is empty (else it must hold p1 - p0).
+    `positions` unless it is empty (else it must hold p1 - p0). Returns (values, the
+    match masks): `marked_copy` takes more columns through the masks later, without
+    the find.
 
     Per chunk, the match masks of its rows are made 64 rows at a time (as in
-    `word_positions`), then each column is copied through them: by compress-stores for
-    a dense 64 rows (sequential loads, no index per value), value by value for a sparse
-    one. Measured, 6 columns of a 32K window, against `chunk_positions` then
-    `chunk_gather`: 1.5-1.7x faster at 25-96% density, as fast at 1-9%. O(p1 - p0) word tests plus
-    O(columns x (p1 - p0) / 8) compress-stores at most, or O(columns x matches)."""
+    `word_positions`), then each column is copied through them (`_copy_marked`).
+    Measured, 6 columns of a 32K window, against `chunk_positions` then
+    `chunk_gather`: 1.5-1.7x faster at 25-96% density, as fast at 1-9%. O(p1 - p0) word
+    tests plus O(columns x (p1 - p0) / 8) compress-stores at most, or
+    O(columns x matches)."""
     one = np.uint64(1)
     zero = np.uint64(0)
-    low8 = np.uint64(255)
     c0 = p0 // cap
     c1 = (p1 - 1) // cap + 1 if p1 > p0 else c0
     masks = np.empty((max(c1 - c0, 0), (cap + 63) // 64), np.uint64)
-    total = 0
     for c in range(c0, c1):
         m_row = masks[c - c0]
         m_row[:] = zero
@@ -492,13 +493,37 @@ def chunk_select(chunks, k_first, p0, p1, word, mask, blocks, b_first, cap, rows
                 for t in range(r1 - r):
                     m |= (one << np.uint64(t)) if (bits[r + t] & mask) != zero else zero
             m_row[q] = m
-            total += np.int64(_ones(m))
             q += 1
             r += 64
+    return _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of, positions), masks
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def marked_copy(masks, p0, p1, blocks, b_first, cap, rows_of):  # pragma: no cover
+    """The values of block rows `rows_of` at the matches `chunk_select` found (its
+    masks, for the same p0, p1 and cap), as a new (len(rows_of), matches) array.
+    O(columns x (p1 - p0) / 8) compress-stores at most, or O(columns x matches)."""
+    return _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of,
+                        np.empty(0, np.int64))
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of,
+                 positions):  # pragma: no cover - compiled
+    """`chunk_select`'s copy: each column through the 64-row masks, by compress-stores
+    for a dense 64 rows (sequential loads, no index per value), value by value for a
+    sparse one; the positions too, into `positions` unless it is empty."""
+    one = np.uint64(1)
+    low8 = np.uint64(255)
+    c0 = p0 // cap
+    total = 0
+    for i in range(masks.shape[0]):
+        for q in range(masks.shape[1]):
+            total += np.int64(_ones(masks[i, q]))
     out = np.empty((len(rows_of), total), np.uint64)
     with_positions = len(positions) > 0
     k = 0
-    for c in range(c0, c1):
+    for c in range(c0, c0 + masks.shape[0]):
         m_row = masks[c - c0]
         block = c - b_first
         if block < 0 or block >= len(blocks):

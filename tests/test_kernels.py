@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psoup.kernels import (chunk_gather, chunk_positions, chunk_select, probe_into,
-                           ts_fault, word_positions, write_bit, write_column)
+from psoup.kernels import (chunk_gather, chunk_positions, chunk_select, marked_copy,
+                           probe_into, ts_fault, word_positions, write_bit, write_column)
 
 WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
 
@@ -98,7 +98,7 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     """`chunk_positions` then `chunk_gather`, for every density (sparse rows one by one,
     dense ones by compress-stores) and chunk size (64-row runs cut by the chunk's end);
     bitmap gaps, chunks too narrow for the word, and chunks with no data block have no
-    matches."""
+    matches. `marked_copy` takes other columns through the same matches."""
     from numba import types
     from numba.typed import List
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -123,15 +123,19 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     p1 = data.draw(st.integers(p0, len(bits)))
     with_positions = data.draw(st.booleans())
     positions = np.full(p1 - p0 if with_positions else 0, -1, np.int64)
-    out = chunk_select(listed, first, p0, p1, word, mask, blocks, b_first, cap, rows_of,
-                       positions)
+    out, masks = chunk_select(listed, first, p0, p1, word, mask, blocks, b_first, cap,
+                              rows_of, positions)
     expected = np.flatnonzero(bits[p0:p1] & held[p0:p1]) + p0
     assert out.shape == (len(rows_of), len(expected))
     if with_positions:
         assert positions[:len(expected)].tolist() == expected.tolist()
+    later_rows = rows_of[::-1].copy()           # other columns later, through the masks
+    later = marked_copy(masks, p0, p1, blocks, b_first, cap, later_rows)
+    assert later.shape == (len(later_rows), len(expected))
     if n_blocks and len(rows_of):
         whole = np.concatenate(list(blocks), axis=1)
         assert (out == whole[rows_of][:, expected - b_first * cap]).all()
+        assert (later == whole[later_rows][:, expected - b_first * cap]).all()
 
 
 @settings(max_examples=80, deadline=None)

@@ -53,6 +53,51 @@ def test_rows_are_built_only_when_asked_for_and_then_kept(eng):
     assert answer.rows is answer.rows
 
 
+@pytest.mark.parametrize("mode", ["partial", "complete", "nomat"])
+@pytest.mark.parametrize("columns", ["a", "name, a", "ts, a"])
+def test_ts_and_tuple_ids_read_late_are_those_of_the_rows_even_after_they_expired(
+        mode, columns):
+    """An answer's ts and tupleIDs may be taken from the stream only when first read
+    (PSoup-P over a position range), or when retention drops a chunk, whichever comes
+    first: they are those of the answer's rows however far retention has moved on and
+    however many chunks it has recycled meanwhile, and no chunk stays held."""
+    e = psoup.Engine(mode=mode, chunk_rows=64)
+    e.execute("CREATE STREAM R (a INT, name TEXT) RETAIN 100 ROWS")
+    h = e.register(f"SELECT {columns} FROM R WHERE a < 1000 BEGIN (NOW - 90 ROWS) END NOW")
+    v = np.arange(300)
+    a = np.where(v % 3 == 0, v, v + 1000)       # every third tuple matches
+    ids = e.insert("R", {"a": a, "name": [f"n{x}" for x in a]}, ts=v.astype(float))
+    answer = e.invoke(h, now=299.0)
+    rows_wanted = [v for v in range(210, 300) if v % 3 == 0]
+    for k in range(1, 20):              # every chunk the answer read expires, and more
+        b = np.arange(300 * k, 300 * (k + 1))
+        e.insert("R", {"a": b % 7, "name": ["x"] * len(b)}, ts=b.astype(float) + 0.5)
+    assert answer._identity is None     # taken as retention dropped a chunk: none held
+    assert answer.ts.tolist() == [float(v) for v in rows_wanted]
+    assert answer.tuple_ids.tolist() == ids[rows_wanted].tolist()
+    assert answer.to_numpy()["a"].tolist() == rows_wanted
+    assert len(answer) == len(rows_wanted)
+    again = e.invoke(h, now=10_000.0)
+    assert not set(again.tuple_ids.tolist()) & set(answer.tuple_ids.tolist())
+    e._core._check()
+
+
+def test_a_result_taking_ts_and_tuple_ids_late_asks_once_and_pickles_them():
+    calls = []
+
+    def identity():
+        calls.append(1)
+        return np.array([1.0, 2.0]), np.array([10, 11])
+    r = Result(["a"], None, None, None, values=[np.array([5, 6])], identity=identity)
+    assert len(r) == 2 and not calls               # the length needs neither
+    assert r.tuple_ids.tolist() == [10, 11] and r.ts.tolist() == [1.0, 2.0]
+    assert len(calls) == 1
+    assert not r.ts.flags.writeable
+    import pickle
+    back = pickle.loads(pickle.dumps(r))
+    assert back.ts.tolist() == [1.0, 2.0] and back.tuple_ids.tolist() == [10, 11]
+
+
 def test_text_and_bool_columns_keep_their_types(eng):
     got = eng.invoke(eng.register("SELECT name, ok FROM R"), now=10.0).to_numpy()
     assert got["name"].dtype == object and got["name"].tolist() == ["p", "q", "p", "r"]

@@ -23,7 +23,7 @@ The three engine modes differ in the selection structure (Sect. 5): PSoup-P
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -97,6 +97,17 @@ class ResultsStructure(Sink):
         position order (an invocation's find and fetch): `matches`, then `stem.take`.
         O(find) plus O(len(names) x matches)."""
         return stem.take(names, self.matches(slot, source, stem, span))
+
+    def fetch_deferred(self, slot: int, source: Source, stem: DataSteM, span: Span,
+                       names: Sequence[str], later: Sequence[str]
+                       ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
+        """`fetch` of `names` now, and a function that returns the columns `later` (8-byte
+        columns not in `names`) of the same tuples when called, for the columns an
+        answer may never be asked for: here they are taken now, in the same pass; a
+        structure that can take them afterwards through the same matches defers them."""
+        got = self.fetch(slot, source, stem, span, [*names, *later])
+        rest = {name: got.pop(name) for name in later}
+        return got, lambda: rest
 
 
 class SinkTable:

@@ -15,7 +15,7 @@ through the same hybrid structs the eddy uses.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -110,6 +110,19 @@ class Materialized:
         if plan.query.contradiction:
             return stem.take(names, np.empty(0, np.int64))
         return self.selections.fetch(plan.slot, source, stem, span, names)
+
+    def fetch_deferred(self, plan: SelectionPlan, span: Span, names: Sequence[str],
+                       later: Sequence[str]
+                       ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
+        """`fetch` of `names` now and of the 8-byte columns `later` when the returned
+        function is called (`ResultsStructure.fetch_deferred`)."""
+        source = plan.query.sources[0]
+        stem = self.stems[source.stream]
+        if plan.query.contradiction:
+            got = stem.take([*names, *later], np.empty(0, np.int64))
+            rest = {name: got.pop(name) for name in later}
+            return got, lambda: rest
+        return self.selections.fetch_deferred(plan.slot, source, stem, span, names, later)
 
     def join(self, plan: JoinPlan, spans: Sequence[Span]) -> Combinations:
         """The query's combinations whose every tuple lies in its item's span, in answer

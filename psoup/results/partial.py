@@ -27,7 +27,7 @@ reuse): 1.07x at 1,024 queries with 200,000 tuples retained.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -209,7 +209,22 @@ class PartialResults(ResultsStructure):
         assert stem.chunk_rows == self.chunk_rows, "bitmap chunks follow the stem's"
         word, mask = bit_of(slot)
         p0, p1 = span.bounds()
-        return stem.take_marked(names, self._listed(source.stream), p0, p1, word, mask)
+        return stem.take_marked(names, self._listed(source.stream), p0, p1, word, mask)[0]
+
+    def fetch_deferred(self, slot: int, source: Source, stem: DataSteM, span: Span,
+                       names: Sequence[str], later: Sequence[str]
+                       ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
+        """`fetch` of `names`; for a position range, the columns `later` are taken only
+        when the returned function is called, through the matches the find made now
+        (`DataSteM.take_marked`): an invocation whose caller never reads the answer's ts
+        and tupleIDs does not copy them (measured, Table 2's queries over a 32K window:
+        a fifth to a third of the invocation)."""
+        if not span.is_range:
+            return super().fetch_deferred(slot, source, stem, span, names, later)
+        word, mask = bit_of(slot)
+        p0, p1 = span.bounds()
+        return stem.take_marked(names, self._listed(source.stream), p0, p1, word, mask,
+                                later)
 
     def column(self, stream: str, slot: int, span: Span) -> np.ndarray:
         """Positions in `span` whose bit `slot` is set. O(rows in span).

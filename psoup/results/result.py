@@ -28,7 +28,9 @@ class Result:
         rows: one tuple per result row, values as Python scalars.
         values: the output columns as numpy arrays (None for an answer made of rows).
         ts: one timestamp per row (numpy float64).
-        tuple_ids: the tupleID of each row (numpy int64).
+        tuple_ids: the tupleID of each row (numpy int64). An invocation's answer may
+            take these two from the stream when first read (`identity`), not with its
+            columns: an answer read only through its columns never copies them.
         cursor: pass it as `since` to the next invocation to get only what changed
             (None when the Result was not produced by an invocation). An invocation's
             cursor is made on first use (`defer_cursor`): O(answer) then, nothing for a
@@ -49,21 +51,27 @@ class Result:
         (2, [{'a': 1}, {'a': 2}])
     """
 
-    def __init__(self, columns: list[str], rows: list[tuple] | None, ts: np.ndarray,
-                 tuple_ids: np.ndarray, cursor: str | None = None,
+    def __init__(self, columns: list[str], rows: list[tuple] | None, ts: np.ndarray | None,
+                 tuple_ids: np.ndarray | None, cursor: str | None = None,
                  keys: list[tuple] | None = None,
                  values: list[np.ndarray] | None = None,
                  fidelity: Sequence[tuple[float, float, float]] = EXACT,
-                 error: dict[str, np.ndarray] | None = None):
+                 error: dict[str, np.ndarray] | None = None,
+                 identity: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None):
+        """`identity`, when ts and tuple_ids are None: returns them, called once, when
+        either is first read (it must keep what it reads from changing meanwhile)."""
         assert rows is not None or values is not None, "rows or column values"
+        assert (ts is None) == (tuple_ids is None) == (identity is not None), \
+            "ts and tupleIDs, or a function returning them"
         for array in (ts, tuple_ids, *(values or ())):
             if isinstance(array, np.ndarray):       # the answer may be kept for `since`
                 array.setflags(write=False)
         self.columns = columns
         self._rows = rows
         self._values = values
-        self.ts = ts
-        self.tuple_ids = tuple_ids
+        self._ts = ts
+        self._tuple_ids = tuple_ids
+        self._identity = identity
         self._cursor = cursor
         self._issue: Callable[[Result], None] | None = None
         self.keys = keys
@@ -71,16 +79,52 @@ class Result:
         self.error = error or {}
 
     @property
+    def ts(self) -> np.ndarray:
+        """One timestamp per row (see Attributes)."""
+        if self._ts is None:
+            self._identify()
+        assert self._ts is not None
+        return self._ts
+
+    @property
+    def tuple_ids(self) -> np.ndarray:
+        """The tupleID of each row (see Attributes)."""
+        if self._tuple_ids is None:
+            self._identify()
+        assert self._tuple_ids is not None
+        return self._tuple_ids
+
+    def settle(self) -> None:
+        """Take now whatever the answer would read from the engine later (its ts and
+        tupleIDs): the engine calls it before retention drops the memory they are in."""
+        self._identify()
+
+    def _identify(self) -> None:
+        """Take ts and tupleIDs from `identity`. Threads reading them at once may both
+        call it: each sets the same values, both before `identity` is let go."""
+        identity = self._identity
+        if identity is None:
+            return                      # another thread has just set them
+        ts, tuple_ids = identity()
+        ts.setflags(write=False)
+        tuple_ids.setflags(write=False)
+        self._ts, self._tuple_ids = ts, tuple_ids
+        self._identity = None
+
+    @property
     def exact(self) -> bool:
         """True when every time range was read whole (no TABLESAMPLE applied)."""
         return all(rate == 1.0 for _, _, rate in self.fidelity)
 
     @classmethod
-    def build(cls, columns: list[str], values: list[np.ndarray], ts: np.ndarray,
-              tuple_ids: np.ndarray, distinct: bool) -> "Result":
+    def build(cls, columns: list[str], values: list[np.ndarray], ts: np.ndarray | None,
+              tuple_ids: np.ndarray | None, distinct: bool,
+              identity: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
+              ) -> "Result":
         """An answer over projected column arrays (rows built when first asked for);
-        DISTINCT keeps each row's first occurrence (and its ts)."""
-        result = cls(columns, None, ts, tuple_ids, values=list(values))
+        DISTINCT keeps each row's first occurrence (and its ts). `identity`: as in
+        `Result`."""
+        result = cls(columns, None, ts, tuple_ids, values=list(values), identity=identity)
         return result.distinct() if distinct else result
 
     @property
@@ -98,8 +142,9 @@ class Result:
 
     def __getstate__(self) -> dict[str, Any]:
         """For pickle: the cursor issued now, the engine not carried along."""
+        self._identify()
         state = dict(self.__dict__)
-        state.update(_cursor=self.cursor, _issue=None)
+        state.update(_cursor=self.cursor, _issue=None, _identity=None)
         return state
 
     @property

@@ -132,6 +132,8 @@ class Server:
         if not isinstance(token, str) or not token:
             raise ValueError("the server needs a non-empty access token")
         self.engine = engine
+        # every answer goes out with its ts and tupleIDs: take them in the find's pass
+        engine._core.answers.defer_identity = False
         self.host = host
         self.port = port
         self.limits = limits or Limits()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import sys
+import weakref
 from bisect import bisect_left, bisect_right
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Literal, Sequence
@@ -99,6 +100,8 @@ class DataSteM:
         #: dropped chunks nothing else references, reused by the next chunks (a fresh
         #: one costs an allocation and a page fault per 4 KiB on first write)
         self._spare: list[_Chunk] = []
+        #: answers that will still read columns from the chunks (`defer`)
+        self._readers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._blocks: object = None       # the chunks' blocks as a numba typed list, or None
         #: names asked of `take` -> (its 8-byte columns, their block rows, their dtypes)
         self._gathers: dict[tuple[str, ...], tuple[list[str], np.ndarray, list]] = {}
@@ -169,6 +172,8 @@ class DataSteM:
         while drop < len(self._chunks) - 1 and (self._chunk0 + drop + 1) * cap <= self.horizon:
             drop += 1
         if drop:
+            if self._readers:
+                self._settle_readers()
             if self.on_expire is not None:
                 for chunk in self._chunks[:drop]:
                     self.on_expire({name: arr[:chunk.n] for name, arr in chunk.cols.items()})
@@ -360,26 +365,55 @@ class DataSteM:
         return self._narrow(names, positions, got)
 
     def take_marked(self, names: Sequence[str], bitmap: tuple[int, Any], p0: int, p1: int,
-                    word: int, mask: np.uint64) -> dict[str, np.ndarray]:
+                    word: int, mask: np.uint64, later: Sequence[str] = ()
+                    ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
         """Several columns' values at the positions p0 <= p < p1 whose bit (`word`,
         `mask`) is set in a chunked bitmap of this stem's chunk size (`bitmap`: its first
         chunk number and its chunks as a numba typed list, PSoup-P's `_listed`): an
         invocation's find and fetch in one compiled pass (`chunk_select`), without a
-        position array unless a column is not 8 bytes wide.
+        position array unless a column is not 8 bytes wide. Returns (those columns, a
+        function returning the 8-byte columns `later` of the same tuples): it copies
+        them through the find's match masks when called (`marked_copy`); the chunks'
+        blocks it reads stay referenced until then, so retention never reuses their
+        memory under it (`_Chunk.unshared`), and an answer holding it should be passed
+        to `defer`, so that it lets them go when retention drops one.
 
         O(p1 - p0) bit tests plus O(len(names) x matches) (dense runs of matches
-        copied 8 values per compress-store)."""
+        copied 8 values per compress-store); the function O(len(later) x matches)."""
         from psoup.kernels import chunk_select
         wide, rows_of, dtypes = self._gather(names)
         narrow = len(wide) < len(names)
         positions = np.empty(p1 - p0 if narrow else 0, np.int64)
         first, listed = bitmap
-        words = chunk_select(listed, first, p0, p1, word, mask, self._block_list(),
-                             self._chunk0, self.chunk_rows, rows_of, positions)
+        blocks = self._block_list()
+        words, masks = chunk_select(listed, first, p0, p1, word, mask, blocks, self._chunk0,
+                                    self.chunk_rows, rows_of, positions)
         got = {name: words[i].view(dt) for i, (name, dt) in enumerate(zip(wide, dtypes))}
         if narrow:
-            return self._narrow(names, positions[:words.shape[1]], got)
-        return got                      # every column is wide: in the order of names
+            got = self._narrow(names, positions[:words.shape[1]], got)
+        later_wide, later_rows, later_dtypes = self._gather(later)
+        assert len(later_wide) == len(later), "deferred columns are 8 bytes wide"
+        b_first, cap = self._chunk0, self.chunk_rows
+
+        def rest() -> dict[str, np.ndarray]:
+            from psoup.kernels import marked_copy
+            values = marked_copy(masks, p0, p1, blocks, b_first, cap, later_rows)
+            return {name: values[i].view(dt) for i, (name, dt) in
+                    enumerate(zip(later_wide, later_dtypes))}
+        return got, rest
+
+    def defer(self, reader: Any) -> None:
+        """Note that `reader` (an answer whose `take_marked` columns are still to be
+        taken, with a `settle()` that takes them) holds this stem's chunks: the next time
+        retention drops a chunk, every such reader still alive settles first, so
+        retention frees the chunks' memory as it always would, however long the answers
+        live. O(1); O(readers alive) at that drop."""
+        self._readers.add(reader)
+
+    def _settle_readers(self) -> None:
+        for reader in list(self._readers):
+            reader.settle()
+        self._readers.clear()
 
     def _gather(self, names: Sequence[str]) -> tuple[list[str], np.ndarray, list]:
         """(the 8-byte columns among `names`, their rows in a chunk's block, their

@@ -50,6 +50,11 @@ class SelectionPlan:
         return [item.column for item in self.query.select]
 
     @cached_property
+    def shown(self) -> list[str]:
+        """The selected columns, each once."""
+        return list(dict.fromkeys(self.selected))
+
+    @cached_property
     def fetched(self) -> list[str]:
         """The columns an answer reads from the Data SteM: the selected ones, ts and
         tupleID, each once."""
