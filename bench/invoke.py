@@ -7,6 +7,12 @@ with DuckDB.
   stream is filled past 2^16 tuples, and each query is invoked several times. Two
   workloads: equality factors (Fig. 7a) and interval factors (Fig. 7b).
 - table2: W = 2^15, queries with 1, 2 or 4 interval factors, one per attribute (Table 2).
+- find: W = 2^16, 1,024 and 4,096 standing queries each matching 1 tuple in 8, the find
+  alone (a query's matching positions in the window, PSoup-P's results structure) against
+  the hardware floor of the same work in C (bench/floor.py `find_floor`: the positions of
+  a bit column's set bits, and of one bit at a row-major stride), the floor's data hot
+  in the cache as psoup's is when one query is timed again and again; also each query in
+  turn (its word run then comes from memory).
 
 DuckDB runs the same WHERE clauses over the same tuples, restricted to the last W rows
 by `tid >= n - W`, three ways: returning Python tuples as psoup's `Result.rows` does
@@ -28,22 +34,26 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+import floor  # noqa: E402
 import psoup  # noqa: E402
+from psoup.stems.span import Span  # noqa: E402
 
 MODES = ("partial", "complete", "nomat")
 WORKLOADS = ("equality", "interval")
 LABELS = {"partial": "PSoup-P", "complete": "PSoup-C", "nomat": "NoMat", "duckdb": "DuckDB"}
 TABLE2_WINDOW = 1 << 15
 TABLE2_FACTORS = (1, 2, 4)
+FIND_WINDOW = 1 << 16
+FIND_TARGET = 5.0           # psoup's find <= 5x the C bit-sliced floor at W = 2^16
 
 
 def _settings(quick: bool) -> dict:
     if quick:
         return {"windows": [1 << 6, 1 << 8], "extra": 64, "queries": 8, "repeat": 2,
-                "batch": 100, "table2_window": 1 << 7}
+                "batch": 100, "table2_window": 1 << 7, "find_counts": [64]}
     return {"windows": [1 << 7, 1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 15, 1 << 16],
             "extra": 1 << 13, "queries": 64, "repeat": 5, "batch": 10_000,
-            "table2_window": TABLE2_WINDOW}
+            "table2_window": TABLE2_WINDOW, "find_counts": [1024, 4096]}
 
 
 def _duckdb(columns: dict[str, np.ndarray]):
@@ -170,6 +180,63 @@ def _measure(con, columns: dict[str, np.ndarray], groups: dict, s: dict) -> list
     return [dict(row, label=label) for label, row in rows.items()]
 
 
+def _find(count: int, window: int, s: dict) -> dict:
+    """PSoup-P's find (`MaterializedResults.selection`, what an invocation runs before it
+    fetches any column) for `count` queries `a BETWEEN lo AND lo + 31` (1 tuple in 8)
+    over the last `window` tuples, in microseconds: the median over the queries of each
+    one timed `repeat` times in a row (hot, as the floor is timed), and the mean of each
+    query once in turn (cycled). Each find is checked against numpy on the columns."""
+    gen = common.rng(9)
+    n = window + s["extra"]
+    columns = common.data_columns(gen, n)
+    lows = gen.integers(0, common.DOMAIN - 31, count)
+    wheres = [f"a BETWEEN {lo} AND {lo + 31}" for lo in lows]
+    eng, handles = _psoup("partial", [(w, window) for w in wheres], columns, s["batch"])
+    core = eng._core                    # the structure itself: no answer is built
+    plans = [core.handles[h] for h in handles]
+    span = Span.range(n - window, n)
+    a = columns["a"]
+    for plan, lo in zip(plans[:64], lows[:64]):
+        want = np.flatnonzero((a[n - window:] >= lo) & (a[n - window:] <= lo + 31))
+        got = core.kept.selection(plan, span)
+        assert np.array_equal(got, want + n - window), "the find differs from numpy's"
+    with common.settled():
+        hot = [common.timed(lambda p=p: core.kept.selection(p, span),
+                            repeat=max(s["repeat"], 9)).median for p in plans[:64]]
+        t0 = time.perf_counter()
+        for plan in plans:
+            core.kept.selection(plan, span)
+        cycled = (time.perf_counter() - t0) / len(plans)
+    eng.close()
+    row = {"queries": count, "window": window, "hot us": 1e6 * float(np.median(hot)),
+           "cycled us": 1e6 * cycled,
+           "matches": float(np.mean([np.count_nonzero((a[n - window:] >= lo)
+                                                       & (a[n - window:] <= lo + 31))
+                                     for lo in lows[:64]]))}
+    got = floor.find_floor(count, window)
+    if got is not None:
+        row["floor sliced us"], row["floor strided us"] = got["bitsliced_us"], got["rowmajor_us"]
+        row["hot/sliced"] = row["hot us"] / row["floor sliced us"]
+        row["cycled/sliced"] = row["cycled us"] / row["floor sliced us"]
+        row["hot/strided"] = row["hot us"] / row["floor strided us"]
+    return row
+
+
+def _plot_find(ax, rows: list[dict]) -> None:
+    labels = [f"{row['queries']:,} queries" for row in rows]
+    keys = [("hot us", "PSoup-P, one query again"), ("cycled us", "PSoup-P, queries in turn"),
+            ("floor sliced us", "C floor, bit column"),
+            ("floor strided us", "C floor, row-major")]
+    for i, (key, label) in enumerate(keys):
+        ax.bar(np.arange(len(rows)) + (i - 1.5) * 0.2, [row.get(key) or 0 for row in rows],
+               0.2, label=label)
+    ax.set_xticks(np.arange(len(rows)), labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("us per find")
+    ax.set_title(f"One query's matches among W = {rows[0]['window']:,} tuples")
+    ax.legend(fontsize=8)
+
+
 def _interval_where(gen: np.random.Generator, k: int) -> str:
     cols = gen.choice(common.STREAM_COLUMNS, size=k, replace=False)
     return " AND ".join(common._factor(gen, "interval", str(c)) for c in cols)
@@ -240,6 +307,35 @@ def main() -> None:
     common.report(f"invoke_table2{suffix}", table2, columns_out, _plot_table2, notes=notes + [
         "the paper's Table 2 (ms, NoMat/P/C): 1 factor 0.394/0.047/0.057, 2 factors "
         "0.491/0.024/0.021, 4 factors 0.826/0.013/0.004"], params=params)
+
+    window = FIND_WINDOW if not quick else 1 << 8
+    finds = [_find(count, window, s) for count in s["find_counts"]]
+    notes = ["find: the positions of one query's matches in the window (PSoup-P's word "
+             "runs: a query's bit in one 8-byte word per tuple), no column fetched; hot: "
+             "one query timed again and again, as the floor is; cycled: every query once "
+             "in turn, its word run read from memory",
+             "C floor (bench/floor.py, same run): the same positions from a bit column (one "
+             "bit per tuple) and from a row-major bitmap (one bit at a stride of "
+             "ceil(Q/64) words), 1 tuple in 8 matching"]
+    for row in finds:
+        if "hot/sliced" in row:
+            verdict = "PASS" if row["hot/sliced"] <= FIND_TARGET else "MISS"
+            notes.append(f"target: find at W = {window:,} <= {FIND_TARGET:g}x the C "
+                         f"bit-sliced floor ({row['queries']:,} queries): "
+                         f"{row['hot/sliced']:.2f}x -> {verdict}; queries in turn "
+                         f"{row['cycled/sliced']:.2f}x; against the row-major floor "
+                         f"{row['hot/strided']:.3f}x")
+    columns_out = [("queries", "queries", ",d"), ("window", "window", ",d"),
+                   ("matches", "matches", ",.0f"), ("hot us", "PSoup-P hot us", ".1f"),
+                   ("cycled us", "PSoup-P in turn us", ".1f"),
+                   ("floor sliced us", "C bit column us", ".1f"),
+                   ("floor strided us", "C row-major us", ".1f"),
+                   ("hot/sliced", "hot/bit column", ".2f"),
+                   ("cycled/sliced", "in turn/bit column", ".2f"),
+                   ("hot/strided", "hot/row-major", ".3f")]
+    common.report(f"invoke_find{suffix}", finds, columns_out, _plot_find, notes=notes,
+                  params={"window": window, "repeat": max(s["repeat"], 9),
+                          "insert_batch": s["batch"], "seed": common.SEED})
 
 
 if __name__ == "__main__":
