@@ -163,11 +163,14 @@ class Answers:
         query = plan.query
         source = query.sources[0]
         stem = self.stems[source.stream]
-        substitute = self.substitute(plan, now)
-        archived = self.tiers.part(plan.slot, source.window, now, reads, substitute)
-        sample = self.tiers.sampled(plan.slot)
-        fidelity = _fidelity(archive_reach(source.window, now),
-                             _sample_layer(sample) + self._read_layer(plan, now, reads))
+        if plan.slot in self.tiers:
+            substitute = self.substitute(plan, now)
+            archived = self.tiers.part(plan.slot, source.window, now, reads, substitute)
+            sample = self.tiers.sampled(plan.slot)
+            fidelity = _fidelity(archive_reach(source.window, now),
+                                 _sample_layer(sample) + self._read_layer(plan, now, reads))
+        else:                           # no archive tier: all in memory, read whole
+            substitute, archived, sample, fidelity = None, None, None, EXACT
         span = self.windows.spans(plan.slot, [stem], now)[0]
         kept = self.kept.aggregates.get(plan.slot)
         if (kept is not None and span.is_range and not archived and substitute is None

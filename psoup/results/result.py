@@ -75,7 +75,8 @@ class Result:
         self._cursor = cursor
         self._issue: Callable[[Result], None] | None = None
         self.keys = keys
-        self.fidelity = tuple(tuple(map(float, f)) for f in fidelity)
+        self.fidelity = EXACT if fidelity is EXACT else tuple(tuple(map(float, f))
+                                                              for f in fidelity)
         self.error = error or {}
 
     @property
