@@ -977,3 +977,41 @@ def test_client_refuses_a_stream_name_that_is_not_one_name(connect):
     with pytest.raises(QueryError, match="not a stream name"):
         client.drop_stream("R CASCADE")
     assert client.streams() == ["R"]
+
+
+#: A process that allocates 64 blocks of 1 MiB (a round of large answers held at once),
+#: frees them, and does it again; prints whether the allocator was told to keep freed
+#: memory and the page faults of the last round.
+_ROUNDS = """
+import resource, sys
+import numpy as np
+from psoup.server.allocator import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+def round_():
+    held = [np.ones(1 << 17) for _ in range(64)]
+    del held
+for _ in range(3):
+    round_()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+round_()
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_a_server_process_keeps_the_memory_it_frees():
+    """`psoup serve` has glibc keep the memory its answers free: a round of large blocks
+    allocated again faults no page in, where by default each round faults them all in
+    again (the allocator handed them back to the kernel)."""
+    env = {k: v for k, v in os.environ.items()
+           if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+
+    def faults(how: str) -> tuple[str, int]:
+        out = subprocess.run([sys.executable, "-c", _ROUNDS, how], capture_output=True,
+                             text=True, check=True, env=env, timeout=120)
+        kept, count = out.stdout.split()
+        return kept, int(count)
+    kept, keeping = faults("keep")
+    _, default = faults("default")
+    assert kept == "True"
+    assert keeping < 64                     # not a page per block, let alone 256
+    assert default > 64 * 128               # the control: glibc's default refaults them

@@ -47,6 +47,7 @@ import psoup
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
 from psoup.engine import Engine
 from psoup.errors import PSoupError
+from psoup.server.allocator import keep_freed_memory
 from psoup.server.ops import OPS, Limits, Op
 from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, error_reply, ok_reply,
                                    pack_frame, request, unpack_payload)
@@ -779,10 +780,13 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         archive_budget: seconds a history job may spend reading the archive before it
             reads a sample instead (`Engine`'s archive_budget; None: read it all).
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
+
+    The process's C allocator keeps the memory it frees (psoup.server.allocator).
     """
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("run_server stops on SIGINT/SIGTERM, so it must run in the main "
                            "thread; elsewhere use Server(...).start_in_thread()")
+    keep_freed_memory()                 # answers' memory reused, not faulted in again
     stop = threading.Event()
     # Handlers first: a signal that arrives while the log is replayed must stop, not kill.
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
