@@ -11,6 +11,10 @@ Workload: the traffic stream of the paper's Sect. 5.5 (Table 3: lane 1-8, statio
   thread inserts batches of 1,000 readings as fast as the server takes them. Reported:
   invocations per second, p50/p99 latency, and the ratio of p50 latency to the embedded
   engine's invoke cost on the same data and queries (protocol overhead).
+- large answers: one client invokes 64 handles in turn, each answer thousands to tens of
+  thousands of rows, on a server whose C allocator keeps the memory it frees (what
+  `psoup serve` does) and on one left to glibc's default (freed memory handed back to
+  the kernel, then faulted in again): invokes/s, server CPU and page faults per call.
 - ingest: batches of 10,000 readings as numpy columns through `Client.insert`, with the
   same queries registered, against `Engine.insert` of the same batches: one request at
   a time, and pipelined (one insert call that the client sends as a pipeline of
@@ -50,6 +54,11 @@ INGEST_TARGET = 0.5      # server ingest >= 50% of embedded ingest
 #: slower, and flattered the ratio by a third). Other machines print no ratio.
 BEFORE = {"machine_cpus": 2, "1 client, no ingest": 1304.0, "100 clients + producer": 727.0}
 POLL_TARGET = 3.0
+#: `run_server` with the C allocator left to hand freed memory back to the kernel.
+SERVE_HANDING_BACK = ("import sys; import psoup.server.server as s; "
+                      "s.keep_freed_memory = lambda: False; "
+                      "s.run_server(sys.argv[1] or None, port=int(sys.argv[2]), "
+                      "token=sys.argv[3], echo=lambda x: None)")
 SERVE = ("import sys; from psoup.server.server import run_server; "
          "d = sys.argv[1] or None; "
          "run_server(d, port=int(sys.argv[2]), token=sys.argv[3], sync='group', "
@@ -59,9 +68,11 @@ SERVE = ("import sys; from psoup.server.server import run_server; "
 def _settings(quick: bool) -> dict:
     if quick:
         return {"queries": 20, "prefill": 5_000, "clients": 8, "seconds": 1.0,
-                "ingest_batches": 5, "ingest_batch": 2_000}
+                "ingest_batches": 5, "ingest_batch": 2_000, "large_tuples": 4_096,
+                "large_window": 2_048, "large_seconds": 0.5}
     return {"queries": 200, "prefill": 100_000, "clients": 100, "seconds": 10.0,
-            "ingest_batches": 40, "ingest_batch": 10_000}
+            "ingest_batches": 40, "ingest_batch": 10_000, "large_tuples": 73_728,
+            "large_window": 32_768, "large_seconds": 5.0}
 
 
 def readings(gen: np.random.Generator, n: int) -> dict[str, np.ndarray]:
@@ -80,13 +91,13 @@ class _ServerProcess:
     """`run_server` in a child process (its own interpreter, so its own GIL); history
     jobs on `spark_master` (default: local[*])."""
 
-    def __init__(self, data_dir: str = "", spark_master: str = ""):
+    def __init__(self, data_dir: str = "", spark_master: str = "", serve: str = SERVE):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         env = dict(os.environ, PYTHONPATH=str(common.ROOT),
                    PSOUP_CONFIG_DIR=tempfile.mkdtemp(prefix="psoup-bench-config-"))
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVE, data_dir, str(self.port),
+        self.proc = subprocess.Popen([sys.executable, "-c", serve, data_dir, str(self.port),
                                       TOKEN, spark_master], env=env)
         deadline = time.monotonic() + 60
         while True:
@@ -181,6 +192,58 @@ def _poll(server: _ServerProcess, handles: list[str], clients: int, producing: b
             "p99_ms": p99 * 1e3, "ingest_rows_per_s": ingested[0] / elapsed}
 
 
+def _proc_counters(pid: int) -> tuple[float, int] | None:
+    """(CPU seconds, minor page faults) of a process so far, from /proc (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks, int(fields[7])
+
+
+def bench_large_answers(s: dict) -> list[dict]:
+    """Answers of thousands to tens of thousands of rows, 64 handles invoked in turn by
+    one client, the server keeping the memory its allocator frees (`psoup serve`) and
+    handing it back to the kernel (glibc's default): invokes/s, and the server's CPU and
+    page faults per invocation."""
+    gen = common.rng(7)
+    n, window = s["large_tuples"], s["large_window"]
+    columns = common.data_columns(common.rng(3), n)
+    wheres = [common._factor(gen, "interval", str(gen.choice(common.STREAM_COLUMNS)))
+              for _ in range(64)]
+    rows = []
+    for label, serve in (("kept (psoup serve)", SERVE), ("handed back (glibc default)",
+                                                        SERVE_HANDING_BACK)):
+        server = _ServerProcess(serve=serve)
+        try:
+            with server.client() as client:
+                client.execute(common.CREATE_R)
+                handles = [client.register(f"SELECT * FROM R WHERE {w} BEGIN (NOW - "
+                                           f"{window} ROWS) END NOW") for w in wheres]
+                for a in range(0, n, 8192):
+                    client.insert("R", {c: v[a:a + 8192] for c, v in columns.items()},
+                                  ts=np.arange(a, min(a + 8192, n), dtype=np.float64))
+                sizes = [len(client.invoke(h, now=float(n))) for h in handles]
+                before = _proc_counters(server.proc.pid)
+                calls, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < s["large_seconds"]:
+                    for h in handles:
+                        client.invoke(h, now=float(n))
+                    calls += len(handles)
+                elapsed = time.perf_counter() - t0
+                after = _proc_counters(server.proc.pid)
+        finally:
+            server.stop()
+        row = {"server": label, "mean_rows": float(np.mean(sizes)),
+               "invokes_per_s": calls / elapsed, "cpu_us": None, "faults": None}
+        if before is not None and after is not None:
+            row["cpu_us"] = 1e6 * (after[0] - before[0]) / calls
+            row["faults"] = (after[1] - before[1]) / calls
+        rows.append(row)
+    return rows
+
+
 def bench_ingest(s: dict) -> list[dict]:
     gen = common.rng(2)
     sql = traffic_queries(gen, s["queries"])
@@ -237,6 +300,13 @@ def _plot_poll(ax, rows) -> None:
     ax.set_title(f"invoke latency through the server, {rows[0]['queries']} standing queries")
 
 
+def _plot_large(ax, rows) -> None:
+    ax.bar([r["server"] for r in rows], [r["cpu_us"] or 0 for r in rows], color="tab:blue")
+    ax.set_ylabel("server CPU us per invocation")
+    ax.set_title(f"large answers ({rows[0]['mean_rows']:,.0f} rows on average), "
+                 "64 handles in turn")
+
+
 def _plot_ingest(ax, rows) -> None:
     ax.barh([r["engine"] for r in rows], [r["rows_per_s"] for r in rows], color="tab:blue")
     ax.set_xlabel("tuples per second")
@@ -274,6 +344,21 @@ def main() -> None:
         ("capacity", "capacity", ".2f"), ("ingest_rows_per_s", "producer rows/s", ",.0f"),
         ("vs_before", "vs before", ".2f"),
     ], _plot_poll, notes=notes, params=s)
+
+    large = bench_large_answers(s)
+    kept, handed = large
+    notes = ["one client invokes 64 handles in turn, each answer a few thousand to tens of "
+             "thousands of rows (PSoup-P, W = "
+             f"{s['large_window']:,}); server CPU and page faults per invocation from /proc"]
+    if kept["cpu_us"] and handed["cpu_us"]:
+        notes.append(f"server CPU per invocation, handed back / kept: "
+                     f"{handed['cpu_us'] / kept['cpu_us']:.2f}x; page faults "
+                     f"{handed['faults']:.0f} / {kept['faults']:.0f}")
+    common.report(f"server_large{suffix}", large, [
+        ("server", "server's allocator", "s"), ("mean_rows", "rows per answer", ",.0f"),
+        ("invokes_per_s", "invokes/s", ",.0f"), ("cpu_us", "server CPU us", ",.0f"),
+        ("faults", "page faults", ",.0f"),
+    ], _plot_large, notes=notes, params=s)
 
     ingest = bench_ingest(s)
     server_ratio = next(r["vs_embedded"] for r in ingest if r["engine"] == "server, pipelined")

@@ -34,6 +34,7 @@ ORDER = [
     ("manyq", "10^4 and 10^5 standing queries vs per-query numpy"),
     ("peers", "Peers: Spark Structured Streaming and Pathway on Fig. 9's queries"),
     ("server_poll", "The service: polling clients"),
+    ("server_large", "The service: large answers, the allocator keeping freed memory or not"),
     ("server_ingest", "The service: ingest through the wire"),
     ("soak_history", "The service beside a history job"),
     ("soak_clients", "The service soaked: 100 clients"),
