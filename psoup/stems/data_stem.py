@@ -361,7 +361,7 @@ class DataSteM:
             words = np.empty((len(wide), len(positions)), dtype=np.uint64)
             chunk_gather(self._block_list(), self._chunk0, cap, rows_of,
                          np.ascontiguousarray(positions, np.int64), words)
-            got = {name: words[i].view(dt) for i, (name, dt) in enumerate(zip(wide, dtypes))}
+            got = _typed(words, wide, dtypes)
         return self._narrow(names, positions, got)
 
     def take_marked(self, names: Sequence[str], bitmap: tuple[int, Any], p0: int, p1: int,
@@ -388,7 +388,7 @@ class DataSteM:
         blocks = self._block_list()
         words, masks = chunk_select(listed, first, p0, p1, word, mask, blocks, self._chunk0,
                                     self.chunk_rows, rows_of, positions)
-        got = {name: words[i].view(dt) for i, (name, dt) in enumerate(zip(wide, dtypes))}
+        got = _typed(words, wide, dtypes)
         if narrow:
             got = self._narrow(names, positions[:words.shape[1]], got)
         later_wide, later_rows, later_dtypes = self._gather(later)
@@ -397,9 +397,8 @@ class DataSteM:
 
         def rest() -> dict[str, np.ndarray]:
             from psoup.kernels import marked_copy
-            values = marked_copy(masks, p0, p1, blocks, b_first, cap, later_rows)
-            return {name: values[i].view(dt) for i, (name, dt) in
-                    enumerate(zip(later_wide, later_dtypes))}
+            return _typed(marked_copy(masks, p0, p1, blocks, b_first, cap, later_rows),
+                          later_wide, later_dtypes)
         return got, rest
 
     def defer(self, reader: Any) -> None:
@@ -649,6 +648,13 @@ class DataSteM:
             for order, values in chunk.index.values():
                 total += order.nbytes + values.nbytes
         return total
+
+
+def _typed(words: np.ndarray, names: Sequence[str], dtypes: Sequence[np.dtype]
+           ) -> dict[str, np.ndarray]:
+    """name -> row i of a compiled gather's (columns, values) uint64 array, viewed as
+    column i's dtype (no copy)."""
+    return {name: words[i].view(dt) for i, (name, dt) in enumerate(zip(names, dtypes))}
 
 
 def chunk_runs(positions: np.ndarray, cap: int) -> Iterator[tuple[int, int, int]]:
