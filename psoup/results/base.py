@@ -105,9 +105,15 @@ class ResultsStructure(Sink):
         columns not in `names`) of the same tuples when called, for the columns an
         answer may never be asked for: here they are taken now, in the same pass; a
         structure that can take them afterwards through the same matches defers them."""
-        got = self.fetch(slot, source, stem, span, [*names, *later])
-        rest = {name: got.pop(name) for name in later}
-        return got, lambda: rest
+        return taken_now(self.fetch(slot, source, stem, span, [*names, *later]), later)
+
+
+def taken_now(got: dict[str, np.ndarray], later: Sequence[str]
+              ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
+    """`fetch_deferred`'s answer when every column was taken at once (`got`): the
+    columns `later` moved out of it, returned by the function."""
+    rest = {name: got.pop(name) for name in later}
+    return got, lambda: rest
 
 
 class SinkTable:

@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from psoup.results.aggregates import AggregateSink
-from psoup.results.base import SinkTable
+from psoup.results.base import SinkTable, taken_now
 from psoup.results.join_groups import JoinGroups, Joiner
 from psoup.results.joins import Combinations, ordered, stamped
 from psoup.results.modes import Mode
@@ -119,9 +119,7 @@ class Materialized:
         source = plan.query.sources[0]
         stem = self.stems[source.stream]
         if plan.query.contradiction:
-            got = stem.take([*names, *later], np.empty(0, np.int64))
-            rest = {name: got.pop(name) for name in later}
-            return got, lambda: rest
+            return taken_now(stem.take([*names, *later], np.empty(0, np.int64)), later)
         return self.selections.fetch_deferred(plan.slot, source, stem, span, names, later)
 
     def join(self, plan: JoinPlan, spans: Sequence[Span]) -> Combinations:
