@@ -24,6 +24,7 @@ ORDER = [
     ("invoke", "Fig. 7a/7b: response time vs window"),
     ("invoke_table2", "Table 2: response time vs interval factors (W = 2^15)"),
     ("invoke_find", "The find alone against the C floor (W = 2^16)"),
+    ("invoke_polls", "Polls of a sliding window while tuples arrive (W = 2^15)"),
     ("joins_fig8", "Fig. 8: join response time vs window per stream"),
     ("joins_fig11", "Fig. 11: composite tuples"),
     ("joins_sharing", "Sect. 5.4: one join per group of queries (single data, multiple queries)"),

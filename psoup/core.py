@@ -55,7 +55,7 @@ class Core:
     """
 
     def __init__(self, mode: str, chunk_rows: int, shared_index: bool, routing: str,
-                 shared_joins: bool):
+                 shared_joins: bool, answer_cache_bytes: int = 0):
         self.mode = mode
         self.chunk_rows = chunk_rows
         self.stems: dict[str, DataSteM] = {}
@@ -73,7 +73,8 @@ class Core:
                                  shared_joins)
         self.windows = WindowsTable()
         self.tiers = ArchiveTiers(self.stems, self.query_stem.probe)
-        self.answers = Answers(self.stems, self.windows, self.kept, self.tiers)
+        self.answers = Answers(self.stems, self.windows, self.kept, self.tiers,
+                               recent_bytes=answer_cache_bytes)
 
     # ------------------------------------------------------------------ effects
 
@@ -118,6 +119,7 @@ class Core:
         self.eddy.submit_removal(plan)
         self.eddy.run()
         self.kept.forget(plan)
+        self.answers.forget(plan)
         self.windows.remove(plan.id)
 
     def drop(self, stream: str) -> None:
@@ -273,7 +275,8 @@ class Core:
         memory = {"data": sum(s["bytes"] for s in streams.values()),
                   "results": self.kept.nbytes(),
                   "history": self.tiers.nbytes() + (rollups.nbytes() if rollups else 0),
-                  "queries": self.query_stem.nbytes()}
+                  "queries": self.query_stem.nbytes(),
+                  "answers": self.answers.recent.nbytes}
         memory["total"] = sum(memory.values())
         return {"mode": self.mode, "streams": streams, "queries": queries,
                 "join_groups": {group.gid: group.stats() for group in groups},
@@ -297,6 +300,8 @@ class Core:
         assert len(slots) == len(set(slots)) and set(slots) == set(
             self.query_stem.queries), "the handles' slots are the Query SteM's"
         self.kept._check(plans)
+        self.answers.recent._check({p.slot: p.query for p in plans
+                                    if isinstance(p, SelectionPlan)})
         self.tiers._check([p.slot for p in plans if isinstance(p, SelectionPlan)])
         streams = set(self.stems)
         assert set(self.ddl) == streams, "every stream has its CREATE STREAM"

@@ -70,6 +70,9 @@ MODES = tuple(MODE_TABLE)
 #: milliseconds (1.8e12 in 2026) passes it by far. Engine(max_ts=None) lifts it.
 MAX_TS = 1e11
 
+#: The default memory for the queries' last answers (Engine's answer_cache_bytes).
+DEFAULT_ANSWER_CACHE = 64 << 20
+
 
 def _ts_unit_hint(value: float) -> str:
     """What a ts past MAX_TS probably is, as advice.
@@ -174,6 +177,10 @@ class Engine:
             over spark-defaults.conf and $PSOUP_SPARK_CONF (docs/durability.md).
         max_producers: idempotent producers remembered (insert's `producer`); beyond
             it the one idle longest is forgotten (psoup.producers).
+        answer_cache_bytes: the memory for the last answer of each selection query
+            (least recently invoked dropped first; 0 keeps none): the next invocation of
+            a window that moved forward then reads only the tuples that arrived since
+            (psoup.results.recent). `stats()["memory"]["answers"]` shows what it holds.
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -195,7 +202,8 @@ class Engine:
                  max_results_bytes: int | None = None, max_ts: float | None = MAX_TS,
                  spark_master: str | None = None, max_producers: int = 10_000,
                  spark_conf: Mapping[str, str] | None = None,
-                 archive_budget: float | None = None, archive_policy: Policy | None = None):
+                 archive_budget: float | None = None, archive_policy: Policy | None = None,
+                 answer_cache_bytes: int = DEFAULT_ANSWER_CACHE):
         if mode not in MODE_TABLE:
             raise ValueError(f"unknown mode {mode!r} (modes: {', '.join(MODES)})")
         if sync not in SYNC_MODES:
@@ -210,6 +218,10 @@ class Engine:
                                       or limit < 1):
                 raise ValueError(f"{name} must be a positive integer (or None: no limit), "
                                  f"got {limit!r}")
+        if (isinstance(answer_cache_bytes, bool) or not isinstance(answer_cache_bytes, int)
+                or answer_cache_bytes < 0):
+            raise ValueError("answer_cache_bytes must be a whole number of bytes >= 0 (0 "
+                             f"keeps no answers), got {answer_cache_bytes!r}")
         if archive_budget is not None and archive_policy is not None:
             raise ValueError("give archive_budget or archive_policy, not both")
         if archive_policy is not None and not callable(getattr(archive_policy, "schedule",
@@ -235,7 +247,8 @@ class Engine:
         self.spark_conf = dict(spark_conf or {})
         self._clock = clock
         self._lock = FairLock()
-        self._core = Core(mode, chunk_rows, shared_index, routing, shared_joins)
+        self._core = Core(mode, chunk_rows, shared_index, routing, shared_joins,
+                          answer_cache_bytes)
         self._producers = ProducerTable(max_producers)
         self._started = clock()
         self.path = None if path is None else Path(path)

@@ -40,7 +40,7 @@ def test_bad_option_is_a_usage_error():
 
 def test_bench_command_runs_every_suite_and_each_writes_its_reports():
     reports = {"ingest": ["ingest"], "register": ["register"],
-               "invoke": ["invoke", "invoke_table2"],
+               "invoke": ["invoke", "invoke_table2", "invoke_polls"],
                "joins": ["joins_fig8", "joins_fig11", "joins_sharing", "joins_routing"],
                "aggregates": ["aggregates"], "traffic": ["traffic_response", "traffic_arrival"],
                "manyq": ["manyq"], "server": ["server_poll", "server_ingest"],

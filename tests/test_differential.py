@@ -21,11 +21,14 @@ from tests.strategies import scenarios
 from tests.support import Clock, create, insert_stepped
 
 
-@given(scenarios(), st.sampled_from([2, 3, 8, 8192]))
-def test_every_mode_agrees_with_duckdb(scenario, chunk_rows):
+@given(scenarios(), st.sampled_from([2, 3, 8, 8192]), st.sampled_from([0, 200, 64 << 20]))
+def test_every_mode_agrees_with_duckdb(scenario, chunk_rows, answer_cache_bytes):
+    # answer_cache_bytes: every answer read whole (0), the last answers kept and reused
+    # as windows move (64 MiB), or only the smallest kept, others dropped (200)
     streams, ops = scenario
     clock = Clock(1000.0)
-    engines = {m: psoup.Engine(mode=m, clock=clock, chunk_rows=chunk_rows) for m in psoup.MODES}
+    engines = {m: psoup.Engine(mode=m, clock=clock, chunk_rows=chunk_rows,
+                               answer_cache_bytes=answer_cache_bytes) for m in psoup.MODES}
     for eng in engines.values():
         create(eng, streams)
     oracle = Oracle(streams)
@@ -62,3 +65,5 @@ def test_every_mode_agrees_with_duckdb(scenario, chunk_rows):
         elif op[0] == "invoke_all":
             for entry in live:
                 check(entry, clock.now + op[1])
+    for eng in engines.values():
+        eng._check()

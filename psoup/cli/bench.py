@@ -22,7 +22,7 @@ import psoup
 SUITES = {
     "ingest": ("ingest.py", "Fig. 9: arrival rate vs queries, P/C shared and unshared"),
     "register": ("register.py", "the query stream: registrations interleaved with data"),
-    "invoke": ("invoke.py", "Fig. 7a/7b and Table 2: response time vs window, vs factors"),
+    "invoke": ("invoke.py", "Fig. 7a/7b and Table 2: response time vs window, vs factors; polls"),
     "joins": ("joins.py", "Fig. 8, Fig. 11, join groups, adaptive routing"),
     "aggregates": ("aggregates.py", "Sect. 6: COUNT/SUM/MAX vs window, 2^10 .. 2^20"),
     "traffic": ("traffic.py", "Sect. 5.5: the traffic trace, Figs. 12 and 13"),

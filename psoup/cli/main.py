@@ -69,17 +69,23 @@ class ByteSize(click.ParamType):
     Example:
         >>> ByteSize().convert("2GiB", None, None), ByteSize().convert("1500", None, None)
         (2147483648, 1500)
+        >>> ByteSize(zero=True).convert("0", None, None)
+        0
     """
 
     name = "bytes"
     _FORM = re.compile(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
 
+    def __init__(self, zero: bool = False):
+        self.zero = zero            # whether 0 is a size (an option that 0 turns off)
+
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
         if isinstance(value, int):
             return value
         match = self._FORM.match(str(value))
-        if not match or int(match[1]) < 1:
-            self.fail(f"{value!r} is not a positive size in bytes (e.g. 1000000, 512M, 2GiB)",
+        if not match or int(match[1]) < (0 if self.zero else 1):
+            kind = "a" if self.zero else "a positive"
+            self.fail(f"{value!r} is not {kind} size in bytes (e.g. 1000000, 512M, 2GiB)",
                       param, ctx)
         return int(match[1]) << (10 * " KMGT".index(match[2].upper() or " "))
 
@@ -266,6 +272,10 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
               help="How long a history job may read the archive: beyond it, the job reads "
                    "the largest uniform sample that fits, and answers state their sample "
                    "rate (default: read it all).")
+@click.option("--answer-cache-bytes", type=ByteSize(zero=True), default="64MiB",
+              show_default=True,
+              help="Memory for each selection query's last answer, so that its next poll "
+                   "reads only the tuples that arrived since (0 keeps none).")
 @click.option("--token", "token_option", default=None,
               help="The access token clients must present (default: psoup --token, "
                    "PSOUP_TOKEN, the token saved in --data-dir, or a new one).")
@@ -279,8 +289,8 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
           sync: str, max_queries: int | None, max_stream_bytes: int | None,
           max_results_bytes: int | None, max_queued_bytes: int | None,
           spark_master: str | None,
-          spark_conf: dict[str, str], archive_budget: float | None, token_option: str | None,
-          log_level: str) -> None:
+          spark_conf: dict[str, str], archive_budget: float | None,
+          answer_cache_bytes: int, token_option: str | None, log_level: str) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
@@ -307,7 +317,7 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
                                             **({} if max_queued_bytes is None else
                                                {"max_queued_bytes": max_queued_bytes})),
                    spark_master=spark_master, spark_conf=spark_conf, echo=click.echo,
-                   archive_budget=archive_budget)
+                   archive_budget=archive_budget, answer_cache_bytes=answer_cache_bytes)
     except OSError as exc:
         raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 

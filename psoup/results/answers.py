@@ -29,6 +29,7 @@ from psoup.errors import ArchiveError
 from psoup.query.model import TS, TUPLE_ID, Query
 from psoup.results.aggregates import Aggregator
 from psoup.results.materialized import Materialized
+from psoup.results.recent import Recent, RecentAnswers
 from psoup.results.result import EXACT, Result
 from psoup.results.tiers import READ_RATE, ArchiveTiers, Sampled
 from psoup.results.windows_table import WindowsTable, archive_reach
@@ -54,6 +55,8 @@ class Answers:
         tiers: the archive tiers of queries with history.
         rollups: the archive's aggregate copies (None: an engine without an archive,
             or one that keeps none); set by the engine.
+        recent_bytes: the budget of the queries' last answers kept for their next
+            invocation (psoup.results.recent; 0 keeps none).
 
     Attributes:
         defer_identity: whether a selection's answer over a position range takes its ts
@@ -64,7 +67,8 @@ class Answers:
     """
 
     def __init__(self, stems: Mapping[str, DataSteM], windows: WindowsTable,
-                 kept: Materialized, tiers: ArchiveTiers, rollups: Rollups | None = None):
+                 kept: Materialized, tiers: ArchiveTiers, rollups: Rollups | None = None,
+                 recent_bytes: int = 0):
         self.stems = stems
         self.windows = windows
         self.kept = kept
@@ -74,6 +78,12 @@ class Answers:
         # for it twice, for the segments to read off the lock and for the answer
         self._substituted: tuple[tuple[Query, float, int], Substitute | None] | None = None
         self.defer_identity = True
+        self.recent = RecentAnswers(recent_bytes)
+
+    def forget(self, plan: Plan) -> None:
+        """Drop what is kept of a query that left (its slot may be reused)."""
+        if isinstance(plan, SelectionPlan):
+            self.recent.forget(plan.slot)
 
     def answer(self, plan: Plan, now: float) -> Result:
         """The query's current answer at `now`."""
@@ -188,6 +198,13 @@ class Answers:
                 answer = aggregator.compute(values, got[TS], weights)
             answer.fidelity = fidelity
             return answer, None
+        if (self.recent.enabled and span.is_range and plan.slot not in self.tiers
+                and not query.distinct and not query.contradiction):
+            lo, hi = span.bounds()
+            p0 = min(max(lo, stem.horizon), stem.n)
+            p1 = max(p0, min(hi, stem.n))
+            return (self._incremental(plan, stem, span, p0, p1),
+                    (stem.tid_bound(p0), stem.tid_bound(p1)))
         if (not self.defer_identity or archived or query.distinct or TS in plan.shown
                 or TUPLE_ID in plan.shown):
             got = _fetch(self.kept.fetch(plan, span, plan.fetched), archived)
@@ -204,6 +221,35 @@ class Answers:
         lo, hi = span.bounds()
         lo = min(max(lo, stem.horizon), stem.n)
         return answer, (stem.tid_bound(lo), stem.tid_bound(max(lo, min(hi, stem.n))))
+
+    def _incremental(self, plan: SelectionPlan, stem: DataSteM, span: Span, p0: int,
+                     p1: int) -> Result:
+        """The answer over positions [p0, p1) (`span`, clipped to what is retained) from
+        the query's last answer where the window moved forward over it (its rows still
+        inside, then the matches that arrived since: O(log answer) plus a find over the
+        new tuples and O(answer) to join them), else read whole; kept for the next
+        invocation (psoup.results.recent)."""
+        query = plan.query
+        recent = self.recent.get(plan.slot, query, stem)
+        moved = recent.moved(p0, p1) if recent is not None else None
+        if recent is not None and moved is not None:
+            cut, since = moved
+            if cut == 0 and since == p1:
+                values, ts, tuple_ids = recent.values, recent.ts, recent.tuple_ids
+            else:
+                new = self.kept.fetch(plan, Span.range(since, p1), plan.fetched)
+                values = {name: _joined(recent.values[name], cut, new[name])
+                          for name in plan.shown}
+                ts = _joined(recent.ts, cut, new[TS])
+                tuple_ids = _joined(recent.tuple_ids, cut, new[TUPLE_ID])
+        else:
+            got = self.kept.fetch(plan, span, plan.fetched)
+            values = {name: got[name] for name in plan.shown}
+            ts, tuple_ids = got[TS], got[TUPLE_ID]
+        answer = Result.build(query.columns, [values[name] for name in plan.selected], ts,
+                              tuple_ids, False)     # (makes the arrays read-only)
+        self.recent.put(plan.slot, Recent(query, stem, p0, p1, values, ts, tuple_ids))
+        return answer
 
     def _read_layer(self, plan: SelectionPlan, now: float,
                     reads: Mapping[str, int] | None) -> list[tuple[float, float, float]]:
@@ -298,6 +344,11 @@ _IDENTITY = (TS, TUPLE_ID)
 def _identity(rest: Callable[[], dict[str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     got = rest()
     return got[TS], got[TUPLE_ID]
+
+
+def _joined(old: np.ndarray, cut: int, new: np.ndarray) -> np.ndarray:
+    """old[cut:] then new, as one new array."""
+    return np.concatenate((old[cut:], new)) if len(new) or cut else old
 
 
 def _fetch(got: dict[str, np.ndarray], archived: Mapping[str, np.ndarray] | None

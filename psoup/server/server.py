@@ -45,7 +45,7 @@ import msgpack
 
 import psoup
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
-from psoup.engine import Engine
+from psoup.engine import DEFAULT_ANSWER_CACHE, Engine
 from psoup.errors import PSoupError
 from psoup.server.allocator import keep_freed_memory
 from psoup.server.ops import OPS, Limits, Op
@@ -760,7 +760,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                sync: str = "group", limits: Limits | None = None,
                spark_master: str | None = None, echo: Callable[[str], Any] = print,
                spark_conf: Mapping[str, str] | None = None,
-               archive_budget: float | None = None) -> None:
+               archive_budget: float | None = None,
+               answer_cache_bytes: int = DEFAULT_ANSWER_CACHE) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -779,6 +780,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         spark_conf: Spark settings of history jobs (`Engine`'s spark_conf).
         archive_budget: seconds a history job may spend reading the archive before it
             reads a sample instead (`Engine`'s archive_budget; None: read it all).
+        answer_cache_bytes: memory for the queries' last answers, which their next
+            invocations reuse (`Engine`'s answer_cache_bytes; 0 keeps none).
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
 
     The process's C allocator keeps the memory it frees (psoup.server.allocator).
@@ -806,7 +809,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                      f"{total / 2**20:.1f} MiB of log")
         engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync,
                         progress=recovering, spark_master=spark_master,
-                        spark_conf=spark_conf, archive_budget=archive_budget)
+                        spark_conf=spark_conf, archive_budget=archive_budget,
+                        answer_cache_bytes=answer_cache_bytes)
         try:
             generated = token is None
             if token is None:

@@ -1,0 +1,117 @@
+"""A query's last answer reused by its next invocation (psoup.results.recent): the
+answer must equal one read whole, whatever happened in between (new tuples, retention,
+a window moved back, the query gone and its slot reused, the budget full), and the
+reuse must really read only the tuples that arrived since.
+
+The answers read whole (answer_cache_bytes=0) are themselves checked against DuckDB by
+tests/test_differential.py, which runs with and without the reuse too.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import numpy as np
+from hypothesis import given
+
+import psoup
+from psoup.stems.span import Span
+from tests.support import Clock
+
+WINDOWS = ["[ROWS 6]", "[RANGE 3 SECONDS]", "", "[RANGE UNBOUNDED]",
+           "BEGIN NOW - 4 END NOW - 1", "BEGIN (NOW - 9 ROWS) END NOW"]
+
+
+def _sql(where: int, window: str) -> str:
+    suffix, clause = (f" {window}", "") if window.startswith("[") or not window else \
+        ("", f" {window}")
+    return f"SELECT b, a, t FROM R{suffix} WHERE a >= {where}{clause}"
+
+
+@given(st.sampled_from(psoup.MODES), st.sampled_from([3, 8, 64]),
+       st.sampled_from(["", " RETAIN 10 ROWS", " RETAIN 5 SECONDS"]),
+       st.lists(st.one_of(
+           st.tuples(st.just("insert"), st.lists(st.integers(0, 9), min_size=1, max_size=7),
+                     st.sampled_from([0.0, 0.5, 1.0, 2.0])),
+           st.tuples(st.just("invoke"), st.integers(0, 5), st.sampled_from([0, 0, 0, -2, 1])),
+           st.tuples(st.just("replace"), st.integers(0, 5), st.integers(0, 9))),
+           min_size=1, max_size=30),
+       st.sampled_from([64 << 20, 400]))
+def test_reused_answers_equal_answers_read_whole(mode, chunk_rows, retain, ops, budget):
+    clock = Clock(100.0)
+    reused = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows,
+                          answer_cache_bytes=budget)
+    whole = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows,
+                         answer_cache_bytes=0)
+    handles = []
+    for eng in (reused, whole):
+        eng.execute(f"CREATE STREAM R (a INT, b FLOAT, t TEXT){retain}")
+        handles.append([eng.register(_sql(i % 4, w)) for i, w in enumerate(WINDOWS)])
+    ts = 100.0
+    for op in ops:
+        if op[0] == "insert":
+            rows = [(a, a / 2, "x" * a) for a in op[1]]
+            ts += op[2]
+            clock.now = ts
+            for eng in (reused, whole):
+                eng.insert("R", rows, ts=ts)
+        elif op[0] == "invoke":
+            now = clock.now + op[2]
+            got, want = (eng.invoke(h[op[1]], now=now) for eng, h in zip((reused, whole),
+                                                                       handles))
+            assert got.rows == want.rows, (WINDOWS[op[1]], now)
+            assert got.tuple_ids.tolist() == want.tuple_ids.tolist()
+            assert got.ts.tolist() == want.ts.tolist()
+            assert got.cursor is not None
+        else:                          # the query leaves; a new one may take its slot
+            for eng, h in zip((reused, whole), handles):
+                eng.unregister(h[op[1]])
+                h[op[1]] = eng.register(_sql(op[2], WINDOWS[op[1]]))
+        reused._check()
+    assert reused.stats()["memory"]["answers"] <= budget
+
+
+def test_a_poll_reads_only_the_tuples_that_arrived_since():
+    eng = psoup.Engine(clock=lambda: 1000.0)
+    eng.execute("CREATE STREAM R (a INT)")
+    h = eng.register("SELECT a FROM R [ROWS 1000] WHERE a > 5")
+    eng.insert("R", {"a": np.arange(2000) % 10}, ts=np.linspace(0.0, 500.0, 2000))
+    spans: list[tuple[int, int]] = []
+    kept = eng._core.kept
+    fetch = kept.fetch
+
+    def spy(plan, span: Span, names):
+        spans.append(span.bounds())
+        return fetch(plan, span, names)
+    kept.fetch = spy
+    first = eng.invoke(h)
+    eng.insert("R", {"a": np.arange(30) % 10}, ts=np.full(30, 600.0))
+    second = eng.invoke(h)
+    third = eng.invoke(h)
+    assert spans == [(1000, 2000), (2000, 2030)], "the second poll reads the 30 new tuples"
+    assert second.tuple_ids.tolist() == [t for t in range(1030, 2030) if t % 10 > 5]
+    assert third.to_numpy()["a"] is second.to_numpy()["a"], "nothing new: shared columns"
+    assert len(first) == 400 and len(second) == 400
+    eng.unregister(h)
+    assert eng.stats()["memory"]["answers"] == 0, "a query's answer leaves with it"
+
+
+def test_the_budget_keeps_the_most_recently_invoked_answers():
+    eng = psoup.Engine(clock=lambda: 1000.0, answer_cache_bytes=3 * 24 * 100)
+    eng.execute("CREATE STREAM R (a INT)")
+    hs = [eng.register(f"SELECT a FROM R WHERE a >= {k}") for k in range(4)]
+    eng.insert("R", {"a": np.full(100, 10)}, ts=1.0)
+    for h in hs:
+        eng.invoke(h)             # each answer: 100 rows of a, ts and tupleID (2,400 B)
+    assert eng.stats()["memory"]["answers"] == 3 * 2400
+    assert eng._core.answers.recent.slots() == [1, 2, 3], "the least recent left first"
+    eng._check()
+
+
+def test_answer_cache_bytes_is_checked():
+    for bad in (-1, 1.5, True, "64"):
+        try:
+            psoup.Engine(answer_cache_bytes=bad)
+        except ValueError as exc:
+            assert "answer_cache_bytes" in str(exc)
+        else:
+            raise AssertionError(f"answer_cache_bytes={bad!r} was taken")
