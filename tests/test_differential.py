@@ -18,7 +18,7 @@ from hypothesis import given
 import psoup
 from tests.oracles import Oracle, assert_changes_compose
 from tests.strategies import scenarios
-from tests.support import Clock, create, insert_stepped
+from tests.support import Clock, always_reuse, create, insert_stepped
 
 
 @given(scenarios(), st.sampled_from([2, 3, 8, 8192]), st.sampled_from([0, 200, 64 << 20]))
@@ -29,6 +29,8 @@ def test_every_mode_agrees_with_duckdb(scenario, chunk_rows, answer_cache_bytes)
     clock = Clock(1000.0)
     engines = {m: psoup.Engine(mode=m, clock=clock, chunk_rows=chunk_rows,
                                answer_cache_bytes=answer_cache_bytes) for m in psoup.MODES}
+    for eng in engines.values():
+        always_reuse(eng)
     for eng in engines.values():
         create(eng, streams)
     oracle = Oracle(streams)

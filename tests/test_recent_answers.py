@@ -4,7 +4,9 @@ a window moved back, the query gone and its slot reused, the budget full), and t
 reuse must really read only the tuples that arrived since.
 
 The answers read whole (answer_cache_bytes=0) are themselves checked against DuckDB by
-tests/test_differential.py, which runs with and without the reuse too.
+tests/test_differential.py, which runs with and without the reuse too. Small windows are
+read whole by the engine's cost model (reusing pays over tens of thousands of tuples), so
+the scenarios make it always reuse (`always_reuse`); the last tests use the model itself.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from hypothesis import given
 
 import psoup
 from psoup.stems.span import Span
-from tests.support import Clock
+from tests.support import Clock, always_reuse
 
 WINDOWS = ["[ROWS 6]", "[RANGE 3 SECONDS]", "", "[RANGE UNBOUNDED]",
            "BEGIN NOW - 4 END NOW - 1", "BEGIN (NOW - 9 ROWS) END NOW"]
@@ -42,6 +44,7 @@ def test_reused_answers_equal_answers_read_whole(mode, chunk_rows, retain, ops, 
                           answer_cache_bytes=budget)
     whole = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows,
                          answer_cache_bytes=0)
+    always_reuse(reused)
     handles = []
     for eng in (reused, whole):
         eng.execute(f"CREATE STREAM R (a INT, b FLOAT, t TEXT){retain}")
@@ -70,39 +73,53 @@ def test_reused_answers_equal_answers_read_whole(mode, chunk_rows, retain, ops, 
     assert reused.stats()["memory"]["answers"] <= budget
 
 
-def test_a_poll_reads_only_the_tuples_that_arrived_since():
+def test_a_poll_of_a_large_window_reads_only_the_tuples_that_arrived_since():
     eng = psoup.Engine(clock=lambda: 1000.0)
     eng.execute("CREATE STREAM R (a INT)")
-    h = eng.register("SELECT a FROM R [ROWS 1000] WHERE a > 5")
-    eng.insert("R", {"a": np.arange(2000) % 10}, ts=np.linspace(0.0, 500.0, 2000))
+    h = eng.register("SELECT a FROM R [ROWS 100000] WHERE a = 7")
+    eng.insert("R", {"a": np.arange(200_000) % 100}, ts=np.linspace(0.0, 500.0, 200_000))
     spans: list[tuple[int, int]] = []
     kept = eng._core.kept
-    fetch = kept.fetch
+    fetch, fetch_deferred = kept.fetch, kept.fetch_deferred
 
-    def spy(plan, span: Span, names):
+    def spy(plan, span: Span, names, *later):
         spans.append(span.bounds())
-        return fetch(plan, span, names)
-    kept.fetch = spy
+        return (fetch_deferred if later else fetch)(plan, span, names, *later)
+    kept.fetch = kept.fetch_deferred = spy
     first = eng.invoke(h)
     eng.insert("R", {"a": np.arange(30) % 10}, ts=np.full(30, 600.0))
     second = eng.invoke(h)
     third = eng.invoke(h)
-    assert spans == [(1000, 2000), (2000, 2030)], "the second poll reads the 30 new tuples"
-    assert second.tuple_ids.tolist() == [t for t in range(1030, 2030) if t % 10 > 5]
+    assert spans == [(100_000, 200_000), (200_000, 200_030)], \
+        "the second poll reads the 30 new tuples; the third, nothing"
+    assert second.tuple_ids.tolist() == [t for t in range(100_030, 200_030)
+                                         if (t < 200_000 and t % 100 == 7)
+                                         or (t >= 200_000 and t % 10 == 7)]
     assert third.to_numpy()["a"] is second.to_numpy()["a"], "nothing new: shared columns"
-    assert len(first) == 400 and len(second) == 400
+    assert len(first) == 1000 and len(second) == 1000 - 1 + 3
     eng.unregister(h)
     assert eng.stats()["memory"]["answers"] == 0, "a query's answer leaves with it"
 
 
+def test_an_answer_that_is_much_of_its_window_is_read_whole_each_time():
+    eng = psoup.Engine(clock=lambda: 1000.0)
+    eng.execute("CREATE STREAM R (a INT)")
+    h = eng.register("SELECT a FROM R [ROWS 100000] WHERE a >= 1")
+    eng.insert("R", {"a": np.arange(200_000) % 100}, ts=np.linspace(0.0, 500.0, 200_000))
+    assert len(eng.invoke(h)) == 99_000
+    assert eng.stats()["memory"]["answers"] == 0, "copying it would cost more than a find"
+
+
 def test_the_budget_keeps_the_most_recently_invoked_answers():
+    # answers of 100, 99, 98 and 97 rows over a 70,000-tuple window (worth keeping), each
+    # 24 bytes a row (a, ts, tupleID): three fit the budget, the least recent leaves
     eng = psoup.Engine(clock=lambda: 1000.0, answer_cache_bytes=3 * 24 * 100)
     eng.execute("CREATE STREAM R (a INT)")
-    hs = [eng.register(f"SELECT a FROM R WHERE a >= {k}") for k in range(4)]
-    eng.insert("R", {"a": np.full(100, 10)}, ts=1.0)
+    hs = [eng.register(f"SELECT a FROM R WHERE a >= {69_900 + k}") for k in range(4)]
+    eng.insert("R", {"a": np.arange(70_000)}, ts=1.0)
     for h in hs:
-        eng.invoke(h)             # each answer: 100 rows of a, ts and tupleID (2,400 B)
-    assert eng.stats()["memory"]["answers"] == 3 * 2400
+        eng.invoke(h)
+    assert eng.stats()["memory"]["answers"] == 24 * (99 + 98 + 97)
     assert eng._core.answers.recent.slots() == [1, 2, 3], "the least recent left first"
     eng._check()
 

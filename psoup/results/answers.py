@@ -198,13 +198,15 @@ class Answers:
                 answer = aggregator.compute(values, got[TS], weights)
             answer.fidelity = fidelity
             return answer, None
-        if (self.recent.enabled and span.is_range and plan.slot not in self.tiers
-                and not query.distinct and not query.contradiction):
+        reusable = (self.recent.enabled and span.is_range and plan.slot not in self.tiers
+                    and not query.distinct and not query.contradiction)
+        if reusable:
             lo, hi = span.bounds()
             p0 = min(max(lo, stem.horizon), stem.n)
             p1 = max(p0, min(hi, stem.n))
-            return (self._incremental(plan, stem, span, p0, p1),
-                    (stem.tid_bound(p0), stem.tid_bound(p1)))
+            reused = self._reused(plan, stem, p0, p1)
+            if reused is not None:
+                return reused, (stem.tid_bound(p0), stem.tid_bound(p1))
         if (not self.defer_identity or archived or query.distinct or TS in plan.shown
                 or TUPLE_ID in plan.shown):
             got = _fetch(self.kept.fetch(plan, span, plan.fetched), archived)
@@ -218,38 +220,54 @@ class Answers:
         answer.fidelity = fidelity
         if not span.is_range or plan.slot in self.tiers:
             return answer, None
+        if reusable:
+            self._remember(plan, stem, p0, p1, answer)
         lo, hi = span.bounds()
         lo = min(max(lo, stem.horizon), stem.n)
         return answer, (stem.tid_bound(lo), stem.tid_bound(max(lo, min(hi, stem.n))))
 
-    def _incremental(self, plan: SelectionPlan, stem: DataSteM, span: Span, p0: int,
-                     p1: int) -> Result:
-        """The answer over positions [p0, p1) (`span`, clipped to what is retained) from
-        the query's last answer where the window moved forward over it (its rows still
-        inside, then the matches that arrived since: O(log answer) plus a find over the
-        new tuples and O(answer) to join them), else read whole; kept for the next
-        invocation (psoup.results.recent)."""
+    def _reused(self, plan: SelectionPlan, stem: DataSteM, p0: int, p1: int
+                ) -> Result | None:
+        """The answer over positions [p0, p1) made from the query's last one, where the
+        window moved forward over it and that is cheaper than reading it whole
+        (`RecentAnswers.worth_reusing`): its rows still inside, then the matches
+        among the tuples that arrived since. O(log answer) plus a find over the new
+        tuples and O(answer) to join them; None when it does not apply."""
         query = plan.query
         recent = self.recent.get(plan.slot, query, stem)
         moved = recent.moved(p0, p1) if recent is not None else None
-        if recent is not None and moved is not None:
-            cut, since = moved
-            if cut == 0 and since == p1:
-                values, ts, tuple_ids = recent.values, recent.ts, recent.tuple_ids
-            else:
-                new = self.kept.fetch(plan, Span.range(since, p1), plan.fetched)
-                values = {name: _joined(recent.values[name], cut, new[name])
-                          for name in plan.shown}
-                ts = _joined(recent.ts, cut, new[TS])
-                tuple_ids = _joined(recent.tuple_ids, cut, new[TUPLE_ID])
+        if recent is None or moved is None:
+            return None
+        cut, since = moved
+        if cut == 0 and since == p1:        # nothing new: the same read-only columns
+            values, ts, tuple_ids = recent.values, recent.ts, recent.tuple_ids
         else:
-            got = self.kept.fetch(plan, span, plan.fetched)
-            values = {name: got[name] for name in plan.shown}
-            ts, tuple_ids = got[TS], got[TUPLE_ID]
+            copied = (len(recent.tuple_ids) - cut) * (len(recent.values) + 2)
+            if not self.recent.worth_reusing(since - p0, copied):
+                return None
+            new = self.kept.fetch(plan, Span.range(since, p1), plan.fetched)
+            values = {name: _joined(recent.values[name], cut, new[name])
+                      for name in plan.shown}
+            ts = _joined(recent.ts, cut, new[TS])
+            tuple_ids = _joined(recent.tuple_ids, cut, new[TUPLE_ID])
         answer = Result.build(query.columns, [values[name] for name in plan.selected], ts,
                               tuple_ids, False)     # (makes the arrays read-only)
-        self.recent.put(plan.slot, Recent(query, stem, p0, p1, values, ts, tuple_ids))
+        self._remember(plan, stem, p0, p1, answer, values)
         return answer
+
+    def _remember(self, plan: SelectionPlan, stem: DataSteM, p0: int, p1: int,
+                  answer: Result, values: dict[str, np.ndarray] | None = None) -> None:
+        """Keep `answer` (over positions [p0, p1)) for the query's next invocation if
+        making that one from it could pay: an answer that is a large part of its window
+        is read whole each time (its ts and tupleIDs then stay deferred)."""
+        if not self.recent.worth_reusing(p1 - p0, len(answer) * (len(plan.shown) + 2)):
+            self.recent.forget(plan.slot)
+            return
+        if values is None:
+            assert answer.values is not None
+            values = dict(zip(plan.selected, answer.values))
+        self.recent.put(plan.slot, Recent(plan.query, stem, p0, p1, values, answer.ts,
+                                          answer.tuple_ids))
 
     def _read_layer(self, plan: SelectionPlan, now: float,
                     reads: Mapping[str, int] | None) -> list[tuple[float, float, float]]:
