@@ -55,11 +55,13 @@ def _settings(quick: bool) -> dict:
     if quick:
         return {"windows": [1 << 6, 1 << 8], "extra": 64, "queries": 8, "repeat": 2,
                 "batch": 100, "table2_window": 1 << 7, "find_counts": [64],
-                "poll_batch": 16, "poll_rounds": 3}
+                "poll_batch": 16, "poll_rounds": 3,
+                "poll_shapes": [("interval, 1 factor", 1 << 7), ("equality, 1 factor", 1 << 8)]}
     return {"windows": [1 << 7, 1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 15, 1 << 16],
             "extra": 1 << 13, "queries": 64, "repeat": 5, "batch": 10_000,
             "table2_window": TABLE2_WINDOW, "find_counts": [1024, 4096],
-            "poll_batch": 1_000, "poll_rounds": 8}
+            "poll_batch": 1_000, "poll_rounds": 8,
+            "poll_shapes": [("interval, 1 factor", 1 << 15), ("equality, 1 factor", 1 << 17)]}
 
 
 def _duckdb(columns: dict[str, np.ndarray]):
@@ -245,68 +247,85 @@ def _plot_find(ax, rows: list[dict]) -> None:
     ax.legend(fontsize=8)
 
 
-def _polls(con, columns: dict[str, np.ndarray], s: dict) -> list[dict]:
-    """Polls of a sliding window while tuples arrive: `queries` handles of Table 2's
-    one-factor interval queries over the last W tuples, every handle invoked once after
-    each batch of `poll_batch` tuples, the answer as columns; PSoup-P reading each answer
-    whole (answer_cache_bytes=0) and reusing its last one (the default), DuckDB prepared
-    once with the window's bounds as parameters. Each psoup answer of the first handle is
-    checked against DuckDB's."""
-    gen = common.rng(8)
-    window, batch, rounds = s["table2_window"], s["poll_batch"], s["poll_rounds"]
-    wheres = [_interval_where(gen, 1) for _ in range(s["queries"])]
-    n = len(columns["a"])
-    start = n - rounds * batch
-    sqls = [f"SELECT a, b, c, d FROM R WHERE tid >= $1 AND tid < $2 AND ({w})"
-            for w in wheres]
-    prepared = [common.prepare(con, q) for q in sqls]
-    rows = []
-    for label, cache in (("reused (default)", None), ("read whole", 0)):
-        eng = psoup.Engine(**({} if cache is None else {"answer_cache_bytes": cache}))
-        eng.execute(common.CREATE_R)
-        handles = [eng.register(f"SELECT a, b, c, d FROM R WHERE {w} BEGIN (NOW - {window} "
-                                "ROWS) END NOW") for w in wheres]
-        for a in range(0, start, s["batch"]):
-            b = min(a + s["batch"], start)
-            eng.insert("R", {c: v[a:b] for c, v in columns.items()},
-                       ts=np.arange(a, b, dtype=np.float64))
-        for h in handles:
-            eng.invoke(h, now=float(start))
-        spent, answers = 0.0, 0
+def _polls(s: dict) -> list[dict]:
+    """Polls of a sliding window while tuples arrive, for two shapes of query: Table 2's
+    one-factor interval queries over the last 2^15 tuples (answers of about half the
+    window) and Fig. 7a's one-factor equality queries over the last 2^17 (1 tuple in
+    256). `queries` handles each, every handle invoked once after each batch of
+    `poll_batch` tuples, the answer as columns; PSoup-P reading each answer whole
+    (answer_cache_bytes=0) and as it does by default (each handle's last answer kept
+    where making the next one from it pays), DuckDB prepared once with the window's
+    bounds as parameters. Each psoup answer of the first handle is checked against
+    DuckDB's."""
+    batch, rounds = s["poll_batch"], s["poll_rounds"]
+    out = []
+    for offset, (label, window) in enumerate(s["poll_shapes"]):
+        gen = common.rng(8 + offset)
+        kind = label.split(",")[0]
+        wheres = [common._factor(gen, kind, str(gen.choice(common.STREAM_COLUMNS)))
+                  for _ in range(s["queries"])]
+        start = window + batch
+        columns = common.data_columns(common.rng(30 + offset), start + rounds * batch)
+        con = _duckdb(columns)
+        prepared = [common.prepare(con, f"SELECT a, b, c, d FROM R WHERE tid >= $1 AND "
+                                        f"tid < $2 AND ({w})") for w in wheres]
+        engines = {"PSoup-P (default)": psoup.Engine(),
+                   "PSoup-P, read whole": psoup.Engine(answer_cache_bytes=0)}
+        handles = {}
+        for name, eng in engines.items():
+            eng.execute(common.CREATE_R)
+            handles[name] = [eng.register(f"SELECT a, b, c, d FROM R WHERE {w} BEGIN (NOW - "
+                                          f"{window} ROWS) END NOW") for w in wheres]
+            for a in range(0, start, s["batch"]):
+                b = min(a + s["batch"], start)
+                eng.insert("R", {c: v[a:b] for c, v in columns.items()},
+                           ts=np.arange(a, b, dtype=np.float64))
+            for h in handles[name]:
+                eng.invoke(h, now=float(start))
+        spent = dict.fromkeys(engines, 0.0)
+        answers = 0
         with common.settled():
             for r in range(rounds):
                 a, b = start + r * batch, start + (r + 1) * batch
-                eng.insert("R", {c: v[a:b] for c, v in columns.items()},
-                           ts=np.arange(a, b, dtype=np.float64))
-                t0 = time.perf_counter()
-                got = [eng.invoke(h, now=float(b)).to_numpy() for h in handles]
-                spent += time.perf_counter() - t0
-                answers += sum(len(g["a"]) for g in got)
                 want = con.execute(f"{prepared[0]}({b - window}, {b})").fetchnumpy()
-                assert all(np.array_equal(got[0][c], want[c]) for c in "abcd"), \
-                    f"{label}: round {r} differs from DuckDB"
-        eng.close()
-        rows.append({"engine": f"PSoup-P, {label}", "ms": 1e3 * spent / (rounds * len(handles)),
-                     "rows": answers / (rounds * len(handles))})
-    with common.settled():
-        t0 = time.perf_counter()
-        for r in range(rounds):
-            b = start + (r + 1) * batch
-            for q in prepared:
-                con.execute(f"{q}({b - window}, {b})").fetchnumpy()
-        spent = time.perf_counter() - t0
-    rows.append({"engine": "DuckDB prepared, fetchnumpy",
-                 "ms": 1e3 * spent / (rounds * len(prepared)), "rows": rows[0]["rows"]})
-    for row in rows:
-        row["vs reused"] = row["ms"] / rows[0]["ms"]
-    return rows
+                order = list(engines) if r % 2 == 0 else list(engines)[::-1]
+                for name in order:          # in turn, each first every other round
+                    eng = engines[name]
+                    eng.insert("R", {c: v[a:b] for c, v in columns.items()},
+                               ts=np.arange(a, b, dtype=np.float64))
+                    t0 = time.perf_counter()
+                    got = [eng.invoke(h, now=float(b)).to_numpy() for h in handles[name]]
+                    spent[name] += time.perf_counter() - t0
+                    assert all(np.array_equal(got[0][c], want[c]) for c in "abcd"), \
+                        f"{name}: round {r} differs from DuckDB"
+                answers += sum(len(g["a"]) for g in got)
+        rows = []
+        for name, eng in engines.items():
+            rows.append({"engine": name, "ms": 1e3 * spent[name] / (rounds * len(wheres)),
+                         "rows": answers / (rounds * len(wheres)),
+                         "kept MB": eng.stats()["memory"]["answers"] / 1e6})
+            eng.close()
+        with common.settled():
+            t0 = time.perf_counter()
+            for r in range(rounds):
+                b = start + (r + 1) * batch
+                for q in prepared:
+                    con.execute(f"{q}({b - window}, {b})").fetchnumpy()
+            spent = time.perf_counter() - t0
+        rows.append({"engine": "DuckDB prepared, fetchnumpy",
+                     "ms": 1e3 * spent / (rounds * len(prepared)), "rows": rows[0]["rows"]})
+        for row in rows:
+            row.update(queries=label, window=window, ratio=row["ms"] / rows[0]["ms"])
+        out += rows
+    return out
 
 
 def _plot_polls(ax, rows: list[dict]) -> None:
-    ax.bar([row["engine"] for row in rows], [row["ms"] for row in rows])
+    ax.bar([f"{row['queries']}\n{row['engine']}" for row in rows], [row["ms"] for row in rows])
+    ax.set_yscale("log")
     ax.set_ylabel("ms per poll")
-    ax.set_title("Polls of a sliding window (W = 2^15) while tuples arrive")
-    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title("Polls of a sliding window while tuples arrive")
+    ax.tick_params(axis="x", labelsize=5)
 
 
 def _interval_where(gen: np.random.Generator, k: int) -> str:
@@ -396,22 +415,25 @@ def main() -> None:
         "0.491/0.024/0.021, 4 factors 0.826/0.013/0.004"] + (verdicts if not quick else []),
         params=params)
 
-    polls = _polls(con, columns, s)
+    polls = _polls(s)
     common.report(f"invoke_polls{suffix}", polls,
-                  [("engine", "engine", "s"), ("rows", "rows", ",.0f"),
-                   ("ms", "ms per poll", ".3f"), ("vs reused", "/ reused", ".2f")], _plot_polls,
-                  notes=[f"{s['queries']} handles (Table 2's one-factor interval queries) over "
-                         f"the last {s['table2_window']:,} tuples, each invoked once (answer as "
+                  [("queries", "queries", "s"), ("window", "window", ",d"),
+                   ("engine", "engine", "s"), ("rows", "rows", ",.0f"),
+                   ("ms", "ms per poll", ".3f"), ("ratio", "/ PSoup-P default", ".2f"),
+                   ("kept MB", "answers kept MB", ".1f")], _plot_polls,
+                  notes=[f"{s['queries']} handles per shape, each invoked once (answer as "
                          f"columns) after each of {s['poll_rounds']} batches of "
                          f"{s['poll_batch']:,} tuples; ms per poll is the mean invocation",
-                         "reused: the engine's default, each handle's last answer kept "
-                         "(answer_cache_bytes) and the next one made of its rows still in the "
-                         "window plus a find over the tuples that arrived since; read whole: "
-                         "answer_cache_bytes=0; DuckDB: prepared once, the window's tupleID "
-                         "bounds as parameters; psoup's answers checked against DuckDB's",
+                         "PSoup-P (default): each handle's last answer kept where making the "
+                         "next one from it beats reading the window again (answers that are "
+                         "a small part of a large window), the next answer then its rows "
+                         "still in the window plus a find over the tuples that arrived "
+                         "since; read whole: answer_cache_bytes=0; DuckDB: prepared once, "
+                         "the window's tupleID bounds as parameters; psoup's answers checked "
+                         "against DuckDB's",
                          "the figures above invoke each handle again and again over an "
                          "unchanged window, so their engines read every answer whole"],
-                  params={"window": s["table2_window"], "poll_batch": s["poll_batch"],
+                  params={"shapes": s["poll_shapes"], "poll_batch": s["poll_batch"],
                           "rounds": s["poll_rounds"], "queries": s["queries"],
                           "seed": common.SEED})
 

@@ -198,13 +198,15 @@ class Answers:
                 answer = aggregator.compute(values, got[TS], weights)
             answer.fidelity = fidelity
             return answer, None
-        reusable = (self.recent.enabled and span.is_range and plan.slot not in self.tiers
-                    and not query.distinct and not query.contradiction)
-        if reusable:
+        reusable = False
+        if (self.recent.enabled and span.is_range and not query.distinct
+                and not query.contradiction and plan.slot not in self.tiers):
             lo, hi = span.bounds()
             p0 = min(max(lo, stem.horizon), stem.n)
             p1 = max(p0, min(hi, stem.n))
-            reused = self._reused(plan, stem, p0, p1)
+            # (a window too small for reuse to pay even for an empty answer: read whole)
+            reusable = self.recent.worth_reusing(p1 - p0, 0)
+            reused = self._reused(plan, stem, p0, p1) if reusable else None
             if reused is not None:
                 return reused, (stem.tid_bound(p0), stem.tid_bound(p1))
         if (not self.defer_identity or archived or query.distinct or TS in plan.shown
