@@ -106,20 +106,20 @@ def test_slots_widen_the_bit_rows_by_whole_words_and_are_reused_lowest_first():
 
 
 def test_wide_tables_probe_exactly_and_keep_rows_off_power_of_two_strides():
-    # 700 queries (11 words) on two attributes: the reject tables grow past a cache line
-    # per row, to an odd number of lines (24 words), and the probe still gives each
-    # query's own bits; removing and re-registering keeps it so
+    # 4,500 queries (71 words) on two attributes: the reject tables grow past 8 cache
+    # lines per row, to an odd number of lines, and the probe still gives each query's
+    # own bits; removing some keeps it so
     schema = compile_statement("CREATE STREAM R (a INT, b INT)", {})
     gen = np.random.default_rng(5)
     ops = ["<", "<=", ">", ">=", "=", "!="]
     stem = QuerySteM()
     live = {}
-    for i in range(700):
+    for i in range(4500):
         sql = (f"SELECT * FROM R WHERE a {ops[i % 6]} {int(gen.integers(0, 40))}"
                + (f" AND b {ops[(i // 6) % 6]} {int(gen.integers(0, 40))}" if i % 3 else ""))
         query = compile_statement(sql, {"R": schema})
         live[stem.insert(query)] = query
-    for slot in range(0, 700, 7):
+    for slot in range(0, 4500, 7):
         stem.remove(slot)
         del live[slot]
     rows = [tuple(int(v) for v in gen.integers(-2, 42, 2)) for _ in range(300)]
@@ -130,7 +130,8 @@ def test_wide_tables_probe_exactly_and_keep_rows_off_power_of_two_strides():
         assert slot_rows(bits, slot).tolist() == np.flatnonzero(want).tolist(), query.sql
     widths = {index.table(stem.words).shape[1]
               for sq in stem._streams.values() for index in sq.attrs.values()}
-    assert widths and all(w >= stem.words and (w // 8) % 2 == 1 for w in widths), widths
+    assert widths and all(w >= stem.words and w > 64 and (w // 8) % 2 == 1
+                          for w in widths), widths
     stem._check()
 
 

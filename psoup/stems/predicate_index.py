@@ -28,8 +28,9 @@ The index changes as queries come and go, never rebuilt (the query stream is a s
 Costs: add/remove O(k + cells + Q/64) words (plus O(range) for the direct map, bounded
 by DIRECT_MAP_LIMIT); probe O(n log k + n * words) for n tuples. Memory: (2k + 1 rows)
 x words x 8 bytes, rows over-allocated at most twofold and words at most twofold plus a
-cache line (`row_words`: rows an odd number of lines wide); the table starts on a cache
-line (`psoup.bits.aligned_zeros`), so the probe reads its rows as whole lines.
+cache line (`row_words`: past 8 lines, rows an odd number of lines wide); the table
+starts on a cache line (`psoup.bits.aligned_zeros`), so the probe reads its rows as whole
+lines.
 """
 
 from __future__ import annotations
@@ -50,17 +51,18 @@ DIRECT_MAP_LIMIT = 1 << 16
 
 def row_words(words: int) -> int:
     """The width of a reject table holding `words` words of query bits: a power of two
-    up to a cache line, beyond it an odd number of whole lines. A row stride of a power
-    of two lines would put the rows a probe reads (every other one: a constant's cell,
-    not the gaps around it) on a fraction of the cache's sets; at 10^4 queries (157
-    words, rows of 256 words) the probe then ran at 0.64x the rate of rows 168 words
-    wide, its tables falling out of the L2 cache they fit in.
+    up to 8 cache lines (4,096 queries), beyond it an odd number of whole lines. A row
+    stride of a power of two lines puts the rows a probe reads (every other one: a
+    constant's cell, not the gaps around it) on a fraction of the cache's sets; up to 8
+    lines the four tables' rows fit the L2 cache even so, beyond they do not: at 10^4
+    queries (157 words, rows of 256 words) the probe ran at 0.64x the rate of rows 168
+    words wide.
 
     Example:
-        >>> [row_words(w) for w in (1, 3, 8, 9, 16, 157, 256)]
-        [1, 4, 8, 24, 24, 168, 264]
+        >>> [row_words(w) for w in (1, 3, 9, 64, 65, 157, 256)]
+        [1, 4, 16, 64, 72, 168, 264]
     """
-    if words <= 8:
+    if words <= 64:
         return 1 << (words - 1).bit_length()
     return (-(-words // 8) | 1) * 8
 
@@ -271,7 +273,7 @@ class AttributeIndex:
         assert len(set(cells.tolist())) == len(cells), "each cell has its own row"
         assert not set(cells.tolist()) & set(self._free_rows), "a free row is no cell's"
         assert row_words(self._table.shape[1]) == self._table.shape[1], \
-            "rows are a power of two words up to a line, an odd number of lines beyond"
+            "rows are a power of two words up to 8 lines, an odd number of lines beyond"
         probes = _cell_samples(keys)
         bits = self._table[self._search(probes)]
         from psoup.stems.predicates import attr_mask
