@@ -199,13 +199,11 @@ class Answers:
             answer.fidelity = fidelity
             return answer, None
         reusable = False
-        if (self.recent.enabled and span.is_range and not query.distinct
-                and not query.contradiction and plan.slot not in self.tiers):
-            lo, hi = span.bounds()
-            p0 = min(max(lo, stem.horizon), stem.n)
-            p1 = max(p0, min(hi, stem.n))
+        if span.is_range and plan.slot not in self.tiers:
+            p0, p1 = _held(span, stem)
             # (a window too small for reuse to pay even for an empty answer: read whole)
-            reusable = self.recent.worth_reusing(p1 - p0, 0)
+            reusable = (self.recent.enabled and not query.distinct
+                        and not query.contradiction and self.recent.worth_reusing(p1 - p0, 0))
             reused = self._reused(plan, stem, p0, p1) if reusable else None
             if reused is not None:
                 return reused, (stem.tid_bound(p0), stem.tid_bound(p1))
@@ -224,9 +222,7 @@ class Answers:
             return answer, None
         if reusable:
             self._remember(plan, stem, p0, p1, answer)
-        lo, hi = span.bounds()
-        lo = min(max(lo, stem.horizon), stem.n)
-        return answer, (stem.tid_bound(lo), stem.tid_bound(max(lo, min(hi, stem.n))))
+        return answer, (stem.tid_bound(p0), stem.tid_bound(p1))
 
     def _reused(self, plan: SelectionPlan, stem: DataSteM, p0: int, p1: int
                 ) -> Result | None:
@@ -237,10 +233,10 @@ class Answers:
         tuples and O(answer) to join them; None when it does not apply."""
         query = plan.query
         recent = self.recent.get(plan.slot, query, stem)
-        moved = recent.moved(p0, p1) if recent is not None else None
-        if recent is None or moved is None:
+        cut = recent.cut(p0, p1) if recent is not None else None
+        if recent is None or cut is None:
             return None
-        cut, since = moved
+        since = recent.p1
         if cut == 0 and since == p1:        # nothing new: the same read-only columns
             values, ts, tuple_ids = recent.values, recent.ts, recent.tuple_ids
         else:
@@ -364,6 +360,13 @@ _IDENTITY = (TS, TUPLE_ID)
 def _identity(rest: Callable[[], dict[str, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     got = rest()
     return got[TS], got[TUPLE_ID]
+
+
+def _held(span: Span, stem: DataSteM) -> tuple[int, int]:
+    """The positions [p0, p1) of a range span that `stem` holds (retained ones)."""
+    lo, hi = span.bounds()
+    p0 = min(max(lo, stem.horizon), stem.n)
+    return p0, max(p0, min(hi, stem.n))
 
 
 def _joined(old: np.ndarray, cut: int, new: np.ndarray) -> np.ndarray:

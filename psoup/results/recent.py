@@ -67,16 +67,16 @@ class Recent(NamedTuple):
         return (sum(v.nbytes for v in self.values.values()) + self.ts.nbytes
                 + self.tuple_ids.nbytes)
 
-    def moved(self, q0: int, q1: int) -> tuple[int, int] | None:
-        """For a window now at [q0, q1): (how many leading rows left it, the position
-        the new matches start at), or None when the old answer is no part of the new
+    def cut(self, q0: int, q1: int) -> int | None:
+        """For a window now at [q0, q1): how many leading rows of this answer left it
+        (the new matches start at p1), or None when this answer is no part of the new
         one (the window moved back, or past it entirely). O(log answer)."""
         if not self.p0 <= q0 <= self.p1 <= q1:
             return None
         if q0 == self.p0:
-            return 0, self.p1
+            return 0
         first = self.stem.tid_bound(q0)
-        return int(np.searchsorted(self.tuple_ids, first, side="left")), self.p1
+        return int(np.searchsorted(self.tuple_ids, first, side="left"))
 
 
 class RecentAnswers:
