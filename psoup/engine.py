@@ -178,9 +178,10 @@ class Engine:
         max_producers: idempotent producers remembered (insert's `producer`); beyond
             it the one idle longest is forgotten (psoup.producers).
         answer_cache_bytes: the memory for the last answer of each selection query
-            (least recently invoked dropped first; 0 keeps none): the next invocation of
-            a window that moved forward then reads only the tuples that arrived since
-            (psoup.results.recent). `stats()["memory"]["answers"]` shows what it holds.
+            whose window is large compared with it (least recently invoked dropped
+            first; 0 keeps none): the next invocation of a window that moved forward
+            then reads only the tuples that arrived since (psoup.results.recent).
+            `stats()["memory"]["answers"]` shows what it holds.
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)

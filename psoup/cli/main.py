@@ -274,8 +274,9 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
                    "rate (default: read it all).")
 @click.option("--answer-cache-bytes", type=ByteSize(zero=True), default="64MiB",
               show_default=True,
-              help="Memory for each selection query's last answer, so that its next poll "
-                   "reads only the tuples that arrived since (0 keeps none).")
+              help="Memory for each selection query's last answer (one that is a small "
+                   "part of a large window), so that its next poll reads only the tuples "
+                   "that arrived since (0 keeps none).")
 @click.option("--token", "token_option", default=None,
               help="The access token clients must present (default: psoup --token, "
                    "PSOUP_TOKEN, the token saved in --data-dir, or a new one).")
