@@ -161,11 +161,8 @@ class AttributeIndex:
     def _write(self, slot: int, pred: AttrPredicate) -> None:
         """Set `slot`'s reject bit in every cell `pred` rejects, clear it elsewhere."""
         word, mask = bit_of(slot)
-        if word >= self._table.shape[1]:
-            rows, words = self._table.shape
-            table = aligned_zeros((rows, row_words(max(word + 1, 2 * words))))
-            table[:, :words] = self._table
-            self._table = table
+        if word >= self._table.shape[1]:      # widened at least twofold, columns kept
+            self.table(max(word + 1, 2 * self._table.shape[1]))
         from psoup.kernels import write_column
         write_column(self._table, self._cell_row, word, mask, self._accepts(pred))
 
