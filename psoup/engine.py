@@ -40,6 +40,7 @@ from psoup.archive.policy import (DEFAULT_ROWS_PER_SECOND, DEFAULT_TIER_ROWS_PER
                                   ArchiveRead, Budget, Exact, Policy, Schedule, ask)
 from psoup.archive.rates import SAMPLE_SPACE
 from psoup.core import Core
+from psoup.entropy import token_hex
 from psoup.eddy.routing import POLICIES
 from psoup.errors import (ApplyFailed, HistoryPending, LimitError, PSoupError, QueryError,
                           SchemaError, SequenceError)
@@ -827,7 +828,7 @@ class Engine:
                 "stored. Retain less (RETAIN n ROWS or a time), or raise the limit")
 
     def _register(self, query: Query) -> str:
-        handle = secrets.token_hex(20)      # 160 bits; hex never looks like an option
+        handle = token_hex(20)      # 160 bits; hex never looks like an option
         if self._journal is not None:
             self._journal.register(handle, query.sql)
         self._apply_logged("the registration", partial(self._core.register, query, handle))

@@ -27,13 +27,14 @@ disk next to this file, or in the user's cache directory when that is read-only)
 * `ts_fault`: the first row of a batch whose ts is not finite or goes back in time.
 * `direct_rows`: the table rows of integer values through a direct value -> row map,
   with the range check in the same pass.
-* `write_bit`: one bit of a word row cleared, then set at given positions (a new
-  query's matches).
+* `write_bits`: one query's bit in every chunk of a chunked bitmap cleared, then set
+  at given positions (a new query's matches), in one call.
 * `write_column`: a query's bit column in an attribute's reject table, set in the rows
   of the cells it rejects and cleared elsewhere, in one pass over the cells.
 
-Importing this module imports numba (about half a second), so the modules that use it
-import it where the kernel is first needed, not at the top.
+Importing this module imports numba (about half a second). The engine's modules import
+it at their top (an import statement inside a hot function costs about a microsecond
+each time); modules a client or the command line loads without an engine do not.
 """
 
 from __future__ import annotations
@@ -597,12 +598,27 @@ def fingerprint(values):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def write_bit(row, positions, base, mask):  # pragma: no cover - compiled
-    """Clear `mask` in every word of `row`, then set it at row[p - base] for every p in
-    positions: one query's bits in a word row made exactly its matches. O(len(row) +
+def write_bits(chunks, k_first, cap, word, mask, positions):  # pragma: no cover - compiled
+    """Clear `mask` in word row `word` of every chunk of a chunked bitmap (chunk k is
+    chunks[k - k_first], as in `chunk_positions`; a chunk of `word` rows or fewer has no
+    such bit and is skipped), then set it at each of the sorted positions p: row `word`
+    of chunk p // cap, column p % cap, a chunk the caller made wide enough. One query's
+    bits made exactly its matches, in one call (a chunk taken from the list once, not
+    once per position: each take is a reference count changed). O(chunks x cap +
     len(positions))."""
     keep = ~mask
-    for i in range(len(row)):
-        row[i] &= keep
-    for i in range(len(positions)):
-        row[positions[i] - base] |= mask
+    for i in range(len(chunks)):
+        chunk = chunks[i]
+        if chunk.shape[0] > word:
+            row = chunk[word]
+            for j in range(cap):
+                row[j] &= keep
+    n = len(positions)
+    i = 0
+    while i < n:
+        k = positions[i] // cap
+        row = chunks[k - k_first][word]
+        base = k * cap
+        while i < n and positions[i] < base + cap:
+            row[positions[i] - base] |= mask
+            i += 1

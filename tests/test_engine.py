@@ -188,6 +188,31 @@ def test_handles_are_long_and_unguessable(mode):
     assert all(len(h) >= 32 for h in handles)       # 24 random bytes, base64url
 
 
+def test_handle_randomness_is_never_handed_out_twice_even_across_a_fork():
+    """Handles come from OS randomness read a page at a time (psoup.entropy): tokens
+    across several pages are all distinct, and a forked child does not repeat the
+    tokens its parent hands out next."""
+    import os
+
+    from psoup.entropy import POOL_BYTES, token_hex
+    tokens = [token_hex(20) for _ in range(3 * POOL_BYTES // 20)]
+    assert len(set(tokens)) == len(tokens)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                    # the child: its next tokens, to the parent
+        os.close(read)
+        os.write(write, "".join(token_hex(20) for _ in range(5)).encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 1000).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    mine = "".join(token_hex(20) for _ in range(5))
+    assert len(child) == len(mine) == 200 and child != mine
+    assert not {child[i:i + 40] for i in range(0, 200, 40)} & \
+        {mine[i:i + 40] for i in range(0, 200, 40)}
+
+
 def test_unregistered_handle_stops_working_and_slot_is_reused(mode):
     eng, _ = make(mode)
     fill(eng, n=5)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psoup.kernels import (chunk_gather, chunk_positions, chunk_select, marked_copy,
-                           probe_into, ts_fault, word_positions, write_bit, write_column)
+                           probe_into, ts_fault, word_positions, write_bits, write_column)
 
 WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
 
@@ -190,16 +190,35 @@ def test_write_column_sets_the_rejected_cells_bit_and_clears_the_others(data, ce
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.data(), st.integers(1, 100))
-def test_write_bit_makes_one_bit_exactly_the_positions_and_keeps_the_others(data, n):
+@given(st.data(), st.integers(1, 6), st.integers(1, 40), st.integers(0, 3))
+def test_write_bits_makes_one_bit_exactly_the_positions_in_every_chunk(data, n_chunks, cap,
+                                                                        word):
+    """Chunks of a chunked bitmap, some too narrow for the word and some gaps (no rows):
+    the bit ends up set exactly at the positions, every other bit unchanged."""
+    from numba import types
+    from numba.typed import List
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    row = gen.integers(0, 2**64, n, dtype=np.uint64)
-    positions = np.sort(gen.choice(n, data.draw(st.integers(0, n)), replace=False)) + 1000
+    k_first = data.draw(st.integers(0, 5))
+    rows = [data.draw(st.sampled_from([0, word, word + 1, word + 3])) for _ in range(n_chunks)]
+    pad = data.draw(st.integers(0, 3))          # columns past cap are never touched
+    chunks = [gen.integers(0, 2**64, (r, cap + pad), dtype=np.uint64) for r in rows]
+    before = [c.copy() for c in chunks]
+    wide = [k for k, r in enumerate(rows) if r > word]
+    cells = [(k, i) for k in wide for i in range(cap)]
+    chosen = sorted(data.draw(st.sets(st.sampled_from(cells), max_size=len(cells)))
+                    if cells else [])
+    positions = np.array([(k_first + k) * cap + i for k, i in chosen], np.int64)
     mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
-    expected = row & ~mask
-    expected[positions - 1000] |= mask
-    write_bit(row, positions.astype(np.int64), 1000, mask)
-    assert (row == expected).all()
+    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
+    for chunk in chunks:
+        listed.append(chunk)
+    write_bits(listed, k_first, cap, word, mask, positions)
+    for k, (chunk, old) in enumerate(zip(chunks, before)):
+        expected = old.copy()
+        if rows[k] > word:
+            expected[word, :cap] &= ~mask
+            expected[word, [i for kk, i in chosen if kk == k]] |= mask
+        assert (chunk == expected).all(), k
 
 
 @settings(max_examples=100, deadline=None)

@@ -36,6 +36,7 @@ from psoup.query.model import Source
 from psoup.results.base import ResultsStructure
 from psoup.stems.data_stem import DataSteM, chunk_runs
 from psoup.stems.span import Span
+from psoup import kernels
 
 
 #: Padding words after each word row of a chunk (see PartialResults._new_chunk).
@@ -136,27 +137,29 @@ class PartialResults(ResultsStructure):
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         """Clear the new query's bits (another slot's matches may have been written
-        there), then set them at `positions`. O(retained + len(positions))."""
-        chunks = self._bitmaps.setdefault(stream, {})
+        there), then set them at `positions`: one compiled call over the stream's
+        chunks. O(retained + len(positions))."""
         word, mask = bit_of(slot)
         cap = self.chunk_rows
-        runs = {k: positions[a:b] for k, a, b in chunk_runs(positions, cap)}
-        from psoup.kernels import write_bit
-        for k in chunks.keys() | runs.keys():
-            found = runs.get(k)
-            if found is not None:
-                write_bit(self._chunk(stream, k, word + 1)[word], found, k * cap, mask)
-            elif chunks[k].shape[0] > word:
-                write_bit(chunks[k][word], _NO_POSITIONS, 0, mask)
+        chunks = self._bitmaps.setdefault(stream, {})
+        if len(positions):
+            first, last = int(positions[0]) // cap, int(positions[-1]) // cap
+            for k in range(first, last + 1):
+                if k in chunks or k in (first, last) or \
+                        positions[np.searchsorted(positions, k * cap)] < (k + 1) * cap:
+                    self._chunk(stream, k, word + 1)    # made wide enough for the bit
+        if chunks:
+            k_first, listed = self._listed(stream)
+            kernels.write_bits(listed, k_first, cap, word, mask, positions)
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows)."""
         word, mask = bit_of(slot)
-        from psoup.kernels import write_bit
-        for chunks in self._bitmaps.values():
-            for chunk in chunks.values():
-                if chunk.shape[0] > word:
-                    write_bit(chunk[word], _NO_POSITIONS, 0, mask)
+        for stream, chunks in self._bitmaps.items():
+            if chunks:
+                k_first, listed = self._listed(stream)
+                kernels.write_bits(listed, k_first, self.chunk_rows, word, mask,
+                                   _NO_POSITIONS)
 
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
@@ -240,11 +243,10 @@ class PartialResults(ResultsStructure):
             p0, p1 = span.bounds()
             if p1 <= p0 or not chunks:
                 return np.empty(0, np.int64)
-            from psoup.kernels import chunk_positions
             if len(self._found) < p1 - p0:
                 self._found = np.empty(p1 - p0, np.int64)
             first, listed = self._listed(stream)
-            found = chunk_positions(listed, first, cap, p0, p1, word, mask, self._found)
+            found = kernels.chunk_positions(listed, first, cap, p0, p1, word, mask, self._found)
             return self._found[:found]
         positions = span.array()
         for k, a, b in chunk_runs(positions, cap):

@@ -33,6 +33,7 @@ from psoup.query.model import INT64_MAX, INT64_MIN, TS, TUPLE_ID, AttrPredicate,
 from psoup.stems.batch import DTYPES, Batch
 from psoup.stems.predicates import attr_mask, source_mask
 from psoup.stems.span import Span
+from psoup import kernels
 
 #: Dropped chunks kept for the next ones to reuse: a batch's chunks, usually.
 SPARE_CHUNKS = 2
@@ -357,10 +358,9 @@ class DataSteM:
         wide, rows_of, dtypes = self._gather(names)
         got: dict[str, np.ndarray] = {}
         if wide:                    # one compiled pass over every chunk, 8-byte columns
-            from psoup.kernels import chunk_gather
             words = np.empty((len(wide), len(positions)), dtype=np.uint64)
-            chunk_gather(self._block_list(), self._chunk0, cap, rows_of,
-                         np.ascontiguousarray(positions, np.int64), words)
+            kernels.chunk_gather(self._block_list(), self._chunk0, cap, rows_of,
+                                 np.ascontiguousarray(positions, np.int64), words)
             got = _typed(words, wide, dtypes)
         return self._narrow(names, positions, got)
 
@@ -380,14 +380,13 @@ class DataSteM:
 
         O(p1 - p0) bit tests plus O(len(names) x matches) (dense runs of matches
         copied 8 values per compress-store); the function O(len(later) x matches)."""
-        from psoup.kernels import chunk_select
         wide, rows_of, dtypes = self._gather(names)
         narrow = len(wide) < len(names)
         positions = np.empty(p1 - p0 if narrow else 0, np.int64)
         first, listed = bitmap
         blocks = self._block_list()
-        words, masks = chunk_select(listed, first, p0, p1, word, mask, blocks, self._chunk0,
-                                    self.chunk_rows, rows_of, positions)
+        words, masks = kernels.chunk_select(listed, first, p0, p1, word, mask, blocks,
+                                            self._chunk0, self.chunk_rows, rows_of, positions)
         got = _typed(words, wide, dtypes)
         if narrow:
             got = self._narrow(names, positions[:words.shape[1]], got)
@@ -396,8 +395,7 @@ class DataSteM:
         b_first, cap = self._chunk0, self.chunk_rows
 
         def rest() -> dict[str, np.ndarray]:
-            from psoup.kernels import marked_copy
-            return _typed(marked_copy(masks, p0, p1, blocks, b_first, cap, later_rows),
+            return _typed(kernels.marked_copy(masks, p0, p1, blocks, b_first, cap, later_rows),
                           later_wide, later_dtypes)
         return got, rest
 
@@ -500,10 +498,9 @@ class DataSteM:
                 cols = {name: chunk.cols[name][r0:r1] for name in names}
                 parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
             return np.concatenate(parts) if parts else np.empty(0, np.int64)
-        from psoup.kernels import interval_scan
         out = np.empty(p1 - p0, np.int64)
-        found = interval_scan(self._block_list(), self._chunk0, self.chunk_rows, p0, p1,
-                              *intervals, out)
+        found = kernels.interval_scan(self._block_list(), self._chunk0, self.chunk_rows, p0,
+                                      p1, *intervals, out)
         if not rest and not source.column_factors:
             return out[:found]
         return self._filter(replace(source, predicates=rest), out[:found])

@@ -43,6 +43,7 @@ from sortedcontainers import SortedDict
 from psoup.bits import WORD, aligned_zeros, bit_of
 from psoup.query.model import AttrPredicate
 from psoup.stems.batch import DTYPES
+from psoup import kernels
 
 #: Integer attributes whose values span fewer than this many values get a direct
 #: value -> row map instead of a binary search per value (lanes, stations, speeds).
@@ -163,8 +164,7 @@ class AttributeIndex:
         word, mask = bit_of(slot)
         if word >= self._table.shape[1]:      # widened at least twofold, columns kept
             self.table(max(word + 1, 2 * self._table.shape[1]))
-        from psoup.kernels import write_column
-        write_column(self._table, self._cell_row, word, mask, self._accepts(pred))
+        kernels.write_column(self._table, self._cell_row, word, mask, self._accepts(pred))
 
     def _accepts(self, pred: AttrPredicate) -> np.ndarray:
         """Which cells `pred` accepts (a bool per cell). O(cells)."""
@@ -207,9 +207,8 @@ class AttributeIndex:
         if values.dtype.kind in "iu" and len(values) >= 64:
             direct = self._direct
             if direct is not None and values.dtype == np.int64:
-                from psoup.kernels import direct_rows
                 out = np.empty(len(values), np.int64)
-                if direct_rows(values, direct[0], direct[1], out):
+                if kernels.direct_rows(values, direct[0], direct[1], out):
                     return out
             lo, hi = int(values.min()), int(values.max())
             if direct is None or lo < direct[0] or hi >= direct[0] + len(direct[1]):

@@ -30,6 +30,7 @@ from psoup.bits import DTYPE, bit_row, set_bit, widened, words_for
 from psoup.query.model import TS, TUPLE_ID, ColumnFactor, Query
 from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import factor_mask, source_mask
+from psoup import kernels
 
 
 @dataclass(frozen=True, eq=False)
@@ -245,11 +246,9 @@ class QuerySteM:
         indexed = [(index.table(words), np.ascontiguousarray(index.rows(columns[c]), np.int64))
                    for c, index in sq.attrs.items() if len(index)]
         tables = tuple(t for t, _ in indexed)
-        if indexed:
-            from psoup.kernels import probe_into
         for a, b, out in pieces:
             if indexed:
-                probe_into(tables, tuple(r[a:b] for _, r in indexed), interest, out)
+                kernels.probe_into(tables, tuple(r[a:b] for _, r in indexed), interest, out)
             else:
                 out[:] = interest[:, None]
         for factor, users in sq.factors.items():
