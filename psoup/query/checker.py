@@ -464,14 +464,18 @@ def _select_list(entries: Sequence[SelectEntry], scope: _Scope) -> tuple[SelectI
         else:
             index, _ = scope.resolve(entry.column)
             chosen.append((index, entry.column.name, entry.alias, entry.pos, None))
-    taken = Counter(column if name is None else name for _, column, name, _, _ in chosen)
+    joined = scope.joined
+    taken = Counter(column if name is None else name for _, column, name, _, _ in chosen) \
+        if joined else None
     items: list[SelectItem] = []
+    names: set[str] = set()
     for index, column, name, pos, agg in chosen:
         if name is None:
-            clash = scope.joined and taken[column] > 1
+            clash = taken is not None and taken[column] > 1
             name = f"{scope.names[index]}.{column}" if clash else column
-        if any(item.name == name for item in items):
+        if name in names:
             raise QueryError(f"duplicate output column '{name}' (rename one with AS)", *pos)
+        names.add(name)
         items.append(SelectItem(index, column, name, agg))
     return tuple(items)
 

@@ -31,12 +31,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from psoup import kernels
 from psoup.bits import DTYPE, bit_of
 from psoup.query.model import Source
 from psoup.results.base import ResultsStructure
 from psoup.stems.data_stem import DataSteM, chunk_runs
 from psoup.stems.span import Span
-from psoup import kernels
 
 
 #: Padding words after each word row of a chunk (see PartialResults._new_chunk).

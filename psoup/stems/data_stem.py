@@ -29,11 +29,11 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 
+from psoup import kernels
 from psoup.query.model import INT64_MAX, INT64_MIN, TS, TUPLE_ID, AttrPredicate, Source
 from psoup.stems.batch import DTYPES, Batch
 from psoup.stems.predicates import attr_mask, source_mask
 from psoup.stems.span import Span
-from psoup import kernels
 
 #: Dropped chunks kept for the next ones to reuse: a batch's chunks, usually.
 SPARE_CHUNKS = 2

@@ -2,8 +2,9 @@
 
 PSoup indexes every query's single-attribute factors on an attribute in one tree keyed by
 the factors' constants, so that a tuple finds all the queries its value satisfies without
-testing them one by one. Here the tree is a `SortedDict` from constant to reference count,
-and probing is done for a whole batch at once:
+testing them one by one. Here the tree is the sorted array of the distinct constants,
+searched by bisection (a new constant is inserted by one copy of it, O(k)), with a
+reference count per constant in a dict; probing is done for a whole batch at once:
 
 * the k distinct constants c_0 < ... < c_{k-1} cut the attribute's domain into 2k + 1
   *cells*: cell 2i+1 is {c_i}, cell 2i is the open gap (c_{i-1}, c_i);
@@ -38,12 +39,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sortedcontainers import SortedDict
 
+from psoup import kernels
 from psoup.bits import WORD, aligned_zeros, bit_of
 from psoup.query.model import AttrPredicate
 from psoup.stems.batch import DTYPES
-from psoup import kernels
 
 #: Integer attributes whose values span fewer than this many values get a direct
 #: value -> row map instead of a binary search per value (lanes, stations, speeds).
@@ -81,7 +81,7 @@ class AttributeIndex:
 
     def __init__(self, ctype: str):
         self.dtype = DTYPES[ctype]
-        self._uses: SortedDict = SortedDict()            # constant -> number of uses
+        self._uses: dict[Any, int] = {}                  # constant -> number of uses
         self._preds: dict[int, AttrPredicate] = {}
         self._keys = np.empty(0, self.dtype)              # the constants, sorted
         self._cell_row = np.zeros(1, np.int64)            # cell -> row of the table
@@ -263,7 +263,7 @@ class AttributeIndex:
                 uses[c] = uses.get(c, 0) + 1
         assert uses == dict(self._uses), "constants are reference-counted"
         keys = self._keys
-        assert keys.tolist() == list(self._uses.keys()), "keys are the sorted constants"
+        assert keys.tolist() == sorted(self._uses), "keys are the sorted constants"
         cells = self._cell_row
         assert len(cells) == 2 * len(keys) + 1
         assert len(set(cells.tolist())) == len(cells), "each cell has its own row"

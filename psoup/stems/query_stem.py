@@ -26,11 +26,11 @@ from typing import Mapping, Sequence, Union
 
 import numpy as np
 
+from psoup import kernels
 from psoup.bits import DTYPE, bit_row, set_bit, widened, words_for
 from psoup.query.model import TS, TUPLE_ID, ColumnFactor, Query
 from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import factor_mask, source_mask
-from psoup import kernels
 
 
 @dataclass(frozen=True, eq=False)
