@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from psoup import kernels
 from psoup.errors import CursorExpired, CursorInvalid
 from psoup.fsync import fsync_dir, write_whole
 from psoup.results.result import Changes, Result, row_codes
@@ -261,12 +262,11 @@ def answer_digest(answer: Result) -> bytes:
         >>> answer_digest(a) == answer_digest(a.take(np.array([True]))), len(answer_digest(a))
         (True, 16)
     """
-    from psoup.kernels import fingerprint
     ids = answer.tuple_ids
     # a compiled pass: blake2b over the tupleIDs' bytes took as long as fetching the
     # answer (0.44 of 1.4 ms, 38K rows); the lanes fold in the count, the shape's width
     # is folded here (a join's tupleIDs are one column per FROM item)
-    s, x = fingerprint(ids if ids.dtype == np.int64 else ids.astype(np.int64))
+    s, x = kernels.fingerprint(ids if ids.dtype == np.int64 else ids.astype(np.int64))
     lanes = _DIGEST.pack(int(s), int(x) ^ (ids.shape[1] if ids.ndim == 2 else 0))
     if answer.values is not None:
         return lanes

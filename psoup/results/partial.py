@@ -144,8 +144,8 @@ class PartialResults(ResultsStructure):
         chunks = self._bitmaps.setdefault(stream, {})
         if len(positions):
             first, last = int(positions[0]) // cap, int(positions[-1]) // cap
-            for k in range(first, last + 1):
-                if k in chunks or k in (first, last) or \
+            for k in range(first, last + 1):        # the chunks holding a match
+                if k in (first, last) or \
                         positions[np.searchsorted(positions, k * cap)] < (k + 1) * cap:
                     self._chunk(stream, k, word + 1)    # made wide enough for the bit
         if chunks:
