@@ -14,7 +14,10 @@ disk next to this file, or in the user's cache directory when that is read-only)
   word run with the query's bit set, 64 rows tested into one match mask at a time, O(rows)
   tests and O(matches) writes where matches are sparse.
 * `chunk_positions`: the find of an invocation over every chunk of a window in one call
-  (`word_positions` per chunk, the chunks in a numba typed list).
+  (`word_positions` per chunk, the chunks in a numba typed list). A sealed chunk's
+  word row (one the probe writes no more) is turned bit-sliced by the first find that
+  reads it (`slice_row`: 64 x 64 bit blocks transposed in place, the row's form kept in
+  its first padding word), so later finds read W / 8 bytes of the query's own bits.
 * `chunk_gather`: the values of several 8-byte columns of a Data SteM at sorted
   positions across its chunks, in one call: O(columns x positions), no temporary arrays.
 * `chunk_select`: `chunk_positions` and `chunk_gather` in one call (an invocation's
@@ -272,6 +275,24 @@ _DENSE = 16
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def _emit(m, p, out, k):  # pragma: no cover - compiled
+    """Write p + i for every set bit i of the 64-row match mask m to out from out[k];
+    returns the new k. A dense mask is written branch-free, a sparse one match by match
+    (trailing-zero counts)."""
+    one = np.uint64(1)
+    if _ones(m) > _DENSE:
+        for i in range(64):
+            out[k] = p + i
+            k += (m >> np.uint64(i)) & one
+    else:
+        while m:
+            out[k] = p + _trailing_zeros(m)
+            k += 1
+            m &= m - one
+    return k
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def _scan(words, mask, r0, r1, base, out, k):  # pragma: no cover - compiled
     """`word_positions` writing from out[k]; returns the new k."""
     one = np.uint64(1)
@@ -282,21 +303,86 @@ def _scan(words, mask, r0, r1, base, out, k):  # pragma: no cover - compiled
         run = words[r:r + 64]
         for i in range(64):
             m |= (one << np.uint64(i)) if (run[i] & mask) != zero else zero
-        p = base + r
-        if _ones(m) > _DENSE:
-            for i in range(64):
-                out[k] = p + i
-                k += (m >> np.uint64(i)) & one
-        else:
-            while m:
-                out[k] = p + _trailing_zeros(m)
-                k += 1
-                m &= m - one
+        k = _emit(m, base + r, out, k)
         r += 64
     for r in range(r, r1):
         out[k] = base + r
         k += (words[r] & mask) != zero
     return k
+
+
+#: The form of a word row of a PSoup-P chunk, kept in its first padding word
+#: (row[cap]): WORD_MAJOR, one word per tuple (bit b of row[i]: slot 64 w + b, tuple
+#: i), as the probe writes it; or SLICED, each slot's bits contiguous (bit t of
+#: row[b * cap / 64 + g]: slot 64 w + b, tuple 64 g + t), as a find reads it best.
+WORD_MAJOR = 0
+SLICED = 1
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _transpose64(block):  # pragma: no cover - compiled
+    """Transpose a 64 x 64 bit matrix in place (bit j of block[i] <-> bit i of block[j]):
+    six rounds, each swapping the off-diagonal halves of every 2j x 2j sub-block."""
+    j = 32
+    m = np.uint64(0x00000000FFFFFFFF)
+    while j != 0:
+        shift = np.uint64(j)
+        k = 0
+        while k < 64:
+            for i in range(k, k + j):
+                a = block[i]
+                b = block[i + j]
+                t = ((a >> shift) ^ b) & m
+                block[i] = a ^ (t << shift)
+                block[i + j] = b ^ t
+            k += 2 * j
+        j //= 2
+        m ^= m << np.uint64(j)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def slice_row(row, cap):  # pragma: no cover - compiled
+    """Turn a WORD_MAJOR chunk row (cap words, cap a multiple of 64, then its form word)
+    SLICED in place: 64 x 64 bit blocks transposed, each slot's words gathered. O(cap)."""
+    groups = cap // 64
+    out = np.empty(cap, np.uint64)
+    block = np.empty(64, np.uint64)
+    for g in range(groups):
+        for t in range(64):
+            block[t] = row[64 * g + t]
+        _transpose64(block)
+        for b in range(64):
+            out[b * groups + g] = block[b]
+    row[:cap] = out
+    row[cap] = SLICED
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _ready(chunk, word, c, cap, sealed):  # pragma: no cover - compiled
+    """Chunk c's word row `word` (chunk holding positions c * cap ...), first made
+    SLICED when it is WORD_MAJOR, cap is a multiple of 64 and the probe writes no more
+    of the chunk (its positions all below `sealed`): the first find over a sealed row
+    pays one transposition of it, every later find reads cap / 64 words per slot."""
+    row = chunk[word]
+    if row[cap] == WORD_MAJOR and cap % 64 == 0 and (c + 1) * cap <= sealed:
+        slice_row(row, cap)
+    return row
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _sliced_mask(row, start, r, r1):  # pragma: no cover - compiled
+    """The match mask of rows r ... min(r + 64, r1) - 1 of a SLICED row whose slot's
+    words begin at row[start] (bit i: row r + i)."""
+    g = r >> 6
+    off = r & 63
+    m = row[start + g]
+    if off:
+        m >>= np.uint64(off)
+        if 64 * (g + 1) < r1:
+            m |= row[start + g + 1] << np.uint64(64 - off)
+    if r1 - r < 64:
+        m &= (np.uint64(1) << np.uint64(r1 - r)) - np.uint64(1)
+    return m
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -310,14 +396,18 @@ def word_positions(words, mask, r0, r1, base, out):  # pragma: no cover - compil
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def chunk_positions(chunks, k_first, cap, p0, p1, word, mask, out):  # pragma: no cover
+def chunk_positions(chunks, k_first, cap, p0, p1, word, mask, sealed,
+                    out):  # pragma: no cover - compiled
     """`word_positions` over positions p0 <= p < p1 of a chunked bitmap in one call:
     chunk k (positions k * cap ...) is chunks[k - k_first], its word row `word` the
-    bits; a chunk outside the list, or too narrow to have that row, has no matches.
-    Returns how many positions were written to out. O(p1 - p0) word tests."""
+    bits (WORD_MAJOR or SLICED; a sealed WORD_MAJOR one, positions below `sealed`, is
+    made SLICED first: `_ready`); a chunk outside the list, or too narrow to have that
+    row, has no matches. Returns how many positions were written to out. O(p1 - p0)
+    word tests, O((p1 - p0) / 64) in a SLICED row."""
     k = 0
     if p1 <= p0:
         return 0
+    start = np.int64(_trailing_zeros(mask)) * (cap // 64)
     for c in range(p0 // cap, (p1 - 1) // cap + 1):
         i = c - k_first
         if i < 0 or i >= len(chunks):
@@ -325,8 +415,14 @@ def chunk_positions(chunks, k_first, cap, p0, p1, word, mask, out):  # pragma: n
         chunk = chunks[i]
         if chunk.shape[0] <= word:
             continue
-        k = _scan(chunk[word], mask, max(p0 - c * cap, 0), min(p1 - c * cap, cap), c * cap,
-                  out, k)
+        row = _ready(chunk, word, c, cap, sealed)
+        r0 = max(p0 - c * cap, 0)
+        r1 = min(p1 - c * cap, cap)
+        if row[cap] == SLICED:
+            for r in range(r0, r1, 64):
+                k = _emit(_sliced_mask(row, start, r, r1), c * cap + r, out, k)
+        else:
+            k = _scan(row, mask, r0, r1, c * cap, out, k)
     return k
 
 
@@ -449,13 +545,14 @@ _COMPRESS = 8
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def chunk_select(chunks, k_first, p0, p1, word, mask, blocks, b_first, cap, rows_of,
-                 positions):  # pragma: no cover - compiled
+def chunk_select(chunks, k_first, p0, p1, word, mask, sealed, blocks, b_first, cap,
+                 rows_of, positions):  # pragma: no cover - compiled
     """The find and the fetch of an invocation in one call: for the positions
     p0 <= p < p1 of a chunked bitmap whose bit (`word`, `mask`) is set (chunk k is
     chunks[k - k_first], as in `chunk_positions`), the values of block rows `rows_of`
     of a chunked store (chunk k's block is blocks[k - b_first], as in `chunk_gather`),
-    as a new (len(rows_of), matches) array; the positions themselves are written to
+    as a new (len(rows_of), matches) array (sealed rows made SLICED first, as in
+    `chunk_positions`); the positions themselves are written to
     `positions` unless it is empty (else it must hold p1 - p0). Returns (values, the
     match masks): `marked_copy` takes more columns through the masks later, without
     the find.
@@ -468,6 +565,7 @@ def chunk_select(chunks, k_first, p0, p1, word, mask, blocks, b_first, cap, rows
     O(columns x matches)."""
     one = np.uint64(1)
     zero = np.uint64(0)
+    start = np.int64(_trailing_zeros(mask)) * (cap // 64)
     c0 = p0 // cap
     c1 = (p1 - 1) // cap + 1 if p1 > p0 else c0
     masks = np.empty((max(c1 - c0, 0), (cap + 63) // 64), np.uint64)
@@ -479,11 +577,16 @@ def chunk_select(chunks, k_first, p0, p1, word, mask, blocks, b_first, cap, rows
         if i < 0 or i >= len(chunks) or chunks[i].shape[0] <= word or b < 0 or \
                 b >= len(blocks):
             continue                    # no bitmap or no data there: no matches
-        bits = chunks[i][word]
+        bits = _ready(chunks[i], word, c, cap, sealed)
         r0 = max(p0 - c * cap, 0)
         r1 = min(p1 - c * cap, cap)
         r = r0
         q = 0
+        if bits[cap] == SLICED:
+            while r < r1:
+                m_row[q] = _sliced_mask(bits, start, r, r1)
+                q += 1
+                r += 64
         while r < r1:
             m = zero
             if r + 64 <= r1:
@@ -602,23 +705,35 @@ def write_bits(chunks, k_first, cap, word, mask, positions):  # pragma: no cover
     """Clear `mask` in word row `word` of every chunk of a chunked bitmap (chunk k is
     chunks[k - k_first], as in `chunk_positions`; a chunk of `word` rows or fewer has no
     such bit and is skipped), then set it at each of the sorted positions p: row `word`
-    of chunk p // cap, column p % cap, a chunk the caller made wide enough. One query's
-    bits made exactly its matches, in one call (a chunk taken from the list once, not
-    once per position: each take is a reference count changed). O(chunks x cap +
-    len(positions))."""
+    of chunk p // cap, column p % cap, a chunk the caller made wide enough; in a SLICED
+    row (see WORD_MAJOR) the slot's own cap / 64 words. One query's bits made exactly
+    its matches, in one call (a chunk taken from the list once, not once per position:
+    each take is a reference count changed). O(chunks x cap + len(positions)), O(chunks
+    x cap / 64 + len(positions)) over SLICED rows."""
+    one = np.uint64(1)
     keep = ~mask
+    groups = cap // 64
+    start = np.int64(_trailing_zeros(mask)) * groups
     for i in range(len(chunks)):
         chunk = chunks[i]
         if chunk.shape[0] > word:
             row = chunk[word]
-            for j in range(cap):
-                row[j] &= keep
+            if row[cap] == SLICED:
+                row[start:start + groups] = 0
+            else:
+                for j in range(cap):
+                    row[j] &= keep
     n = len(positions)
     i = 0
     while i < n:
         k = positions[i] // cap
         row = chunks[k - k_first][word]
         base = k * cap
+        sliced = row[cap] == SLICED
         while i < n and positions[i] < base + cap:
-            row[positions[i] - base] |= mask
+            r = positions[i] - base
+            if sliced:
+                row[start + (r >> 6)] |= one << np.uint64(r & 63)
+            else:
+                row[r] |= mask
             i += 1

@@ -6,8 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psoup.kernels import (chunk_gather, chunk_positions, chunk_select, marked_copy,
-                           probe_into, ts_fault, word_positions, write_bits, write_column)
+from psoup.kernels import (SLICED, WORD_MAJOR, chunk_gather, chunk_positions, chunk_select,
+                           marked_copy, probe_into, slice_row, ts_fault, word_positions,
+                           write_bits, write_column)
 
 WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
 
@@ -64,7 +65,8 @@ def _bitmap(data, gen, chunks, cap, word, mask, pad, fill):
         padded = np.zeros((height, cap + pad), np.uint64)   # rows longer than cap
         chunk = padded[:, :cap]
         chunk[:] = fill(gen.integers(0, 2**63, (height, cap), dtype=np.uint64))
-        padded[:, cap:] = ~np.uint64(0)                     # never read
+        padded[:, cap + 1:] = ~np.uint64(0)                 # never read
+        padded[:, cap] = WORD_MAJOR                         # each row's form
         listed.append(padded)
         expected_bits.append(chunk[word] & mask != 0 if height > word
                              else np.zeros(cap, bool))
@@ -74,31 +76,54 @@ def _bitmap(data, gen, chunks, cap, word, mask, pad, fill):
     return listed, first, bits
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.data(), st.integers(1, 130), st.integers(1, 4), st.integers(0, 2))
+#: Chunk sizes: any, and multiples of 64 (whose sealed rows a find turns SLICED).
+CAPS = st.one_of(st.integers(1, 130), st.sampled_from([64, 128, 192]))
+
+
+def _sealed_rows_sliced(listed, first, cap, word, sealed, p0, p1):
+    """Whether every row `word` of a chunk the find read, sealed below `sealed`, is now
+    SLICED when cap allows it, and every other row still WORD_MAJOR."""
+    for i, chunk in enumerate(listed):
+        c = first + i
+        if chunk.shape[0] > word:
+            read = p0 < p1 and p0 // cap <= c <= (p1 - 1) // cap
+            want = read and cap % 64 == 0 and (c + 1) * cap <= sealed
+            if chunk[word, cap] != (SLICED if want else WORD_MAJOR):
+                return False
+    return True
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), CAPS, st.integers(1, 4), st.integers(0, 2))
 def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, cap, chunks,
                                                                         word):
     """Chunks missing from the list, gaps (no rows) and chunks too narrow for the word
-    have no matches; the rest agree with numpy."""
+    have no matches; the rest agree with numpy, the first time (sealed rows made SLICED
+    as they are read) and again (read SLICED)."""
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
     listed, first, bits = _bitmap(data, gen, chunks, cap, word, mask, 3, lambda rows: rows)
     p0 = data.draw(st.integers(0, len(bits)))
     p1 = data.draw(st.integers(p0, len(bits)))
-    out = np.full(len(bits) + 1, -1, np.int64)
-    found = chunk_positions(listed, first, cap, p0, p1, word, mask, out)
-    assert out[:found].tolist() == (np.flatnonzero(bits[p0:p1]) + p0).tolist()
+    sealed = data.draw(st.integers(0, len(bits)))
+    expected = (np.flatnonzero(bits[p0:p1]) + p0).tolist()
+    for _ in range(2):
+        out = np.full(len(bits) + 1, -1, np.int64)
+        found = chunk_positions(listed, first, cap, p0, p1, word, mask, sealed, out)
+        assert out[:found].tolist() == expected
+    assert _sealed_rows_sliced(listed, first, cap, word, sealed, p0, p1)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.data(), st.integers(1, 200), st.integers(1, 4), st.integers(0, 2),
-       st.sampled_from([0.0, 0.05, 0.3, 0.9, 1.0]))
+@given(st.data(), st.one_of(st.integers(1, 200), st.sampled_from([64, 128, 192])),
+       st.integers(1, 4), st.integers(0, 2), st.sampled_from([0.0, 0.05, 0.3, 0.9, 1.0]))
 def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks, word,
                                                                density):
     """`chunk_positions` then `chunk_gather`, for every density (sparse rows one by one,
     dense ones by compress-stores) and chunk size (64-row runs cut by the chunk's end);
     bitmap gaps, chunks too narrow for the word, and chunks with no data block have no
-    matches. `marked_copy` takes other columns through the same matches."""
+    matches. `marked_copy` takes other columns through the same matches. Sealed rows
+    are made SLICED as they are read, and read so the second time alike."""
     from numba import types
     from numba.typed import List
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -122,13 +147,15 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     p0 = data.draw(st.integers(0, len(bits)))
     p1 = data.draw(st.integers(p0, len(bits)))
     with_positions = data.draw(st.booleans())
-    positions = np.full(p1 - p0 if with_positions else 0, -1, np.int64)
-    out, masks = chunk_select(listed, first, p0, p1, word, mask, blocks, b_first, cap,
-                              rows_of, positions)
+    sealed = data.draw(st.integers(0, len(bits)))
     expected = np.flatnonzero(bits[p0:p1] & held[p0:p1]) + p0
-    assert out.shape == (len(rows_of), len(expected))
-    if with_positions:
-        assert positions[:len(expected)].tolist() == expected.tolist()
+    for _ in range(2):
+        positions = np.full(p1 - p0 if with_positions else 0, -1, np.int64)
+        out, masks = chunk_select(listed, first, p0, p1, word, mask, sealed, blocks, b_first,
+                                  cap, rows_of, positions)
+        assert out.shape == (len(rows_of), len(expected))
+        if with_positions:
+            assert positions[:len(expected)].tolist() == expected.tolist()
     later_rows = rows_of[::-1].copy()           # other columns later, through the masks
     later = marked_copy(masks, p0, p1, blocks, b_first, cap, later_rows)
     assert later.shape == (len(later_rows), len(expected))
@@ -189,36 +216,70 @@ def test_write_column_sets_the_rejected_cells_bit_and_clears_the_others(data, ce
     assert (table == expected).all()
 
 
+def _logical(row, cap):
+    """A chunk row's bits as a (tuple, slot bit) bool matrix, whatever its form."""
+    words = row[:cap]
+    if row[cap] == SLICED:                  # slot b's bits in words b * cap/64 ...
+        per_slot = np.unpackbits(words.reshape(64, cap // 64).view(np.uint8),
+                                 bitorder="little").reshape(64, cap)
+        return per_slot.T.astype(bool)
+    return np.unpackbits(words.view(np.uint8), bitorder="little").reshape(cap, 64) \
+        .astype(bool)
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.data(), st.integers(1, 6), st.integers(1, 40), st.integers(0, 3))
+@given(st.data(), st.sampled_from([64, 128, 192]))
+def test_slice_row_keeps_every_bit_of_the_row(data, cap):
+    """A row made SLICED holds the same bits: slot b's bit of tuple t, read WORD_MAJOR
+    before and SLICED after; the words past its form word are untouched."""
+    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    row = gen.integers(0, 2**64, cap + 3, dtype=np.uint64)
+    row[cap] = WORD_MAJOR
+    before, tail = _logical(row, cap), row[cap + 1:].copy()
+    slice_row(row, cap)
+    assert row[cap] == SLICED and (row[cap + 1:] == tail).all()
+    assert (_logical(row, cap) == before).all()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data(), st.integers(1, 6), CAPS, st.integers(0, 3))
 def test_write_bits_makes_one_bit_exactly_the_positions_in_every_chunk(data, n_chunks, cap,
                                                                         word):
-    """Chunks of a chunked bitmap, some too narrow for the word and some gaps (no rows):
-    the bit ends up set exactly at the positions, every other bit unchanged."""
+    """Chunks of a chunked bitmap, some too narrow for the word, some gaps (no rows),
+    rows of either form: the bit ends up set exactly at the positions, every other bit
+    unchanged, each row in its form."""
     from numba import types
     from numba.typed import List
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     k_first = data.draw(st.integers(0, 5))
     rows = [data.draw(st.sampled_from([0, word, word + 1, word + 3])) for _ in range(n_chunks)]
-    pad = data.draw(st.integers(0, 3))          # columns past cap are never touched
+    pad = data.draw(st.integers(1, 3))          # the form word, then words never touched
     chunks = [gen.integers(0, 2**64, (r, cap + pad), dtype=np.uint64) for r in rows]
+    for chunk in chunks:
+        chunk[:, cap] = WORD_MAJOR
+        for w in range(len(chunk)):
+            if cap % 64 == 0 and data.draw(st.booleans()):
+                slice_row(chunk[w], cap)
     before = [c.copy() for c in chunks]
     wide = [k for k, r in enumerate(rows) if r > word]
     cells = [(k, i) for k in wide for i in range(cap)]
     chosen = sorted(data.draw(st.sets(st.sampled_from(cells), max_size=len(cells)))
                     if cells else [])
     positions = np.array([(k_first + k) * cap + i for k, i in chosen], np.int64)
-    mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
+    bit = data.draw(st.integers(0, 63))
+    mask = np.uint64(1) << np.uint64(bit)
     listed = List.empty_list(types.Array(types.uint64, 2, "C"))
     for chunk in chunks:
         listed.append(chunk)
     write_bits(listed, k_first, cap, word, mask, positions)
     for k, (chunk, old) in enumerate(zip(chunks, before)):
-        expected = old.copy()
-        if rows[k] > word:
-            expected[word, :cap] &= ~mask
-            expected[word, [i for kk, i in chosen if kk == k]] |= mask
-        assert (chunk == expected).all(), k
+        assert (chunk[:, cap:] == old[:, cap:]).all(), ("forms and padding kept", k)
+        for w in range(len(chunk)):
+            expected = _logical(old[w], cap)
+            if w == word:
+                expected[:, bit] = False
+                expected[[i for kk, i in chosen if kk == k], bit] = True
+            assert (_logical(chunk[w], cap) == expected).all(), (k, w)
 
 
 @settings(max_examples=100, deadline=None)

@@ -13,13 +13,26 @@ batch straight into the chunk (`destination`), with no copy. A new query's Data 
 probe sets bits in one word row; windows are applied only at invocation, so the cost
 the paper measures in Fig. 7 grows with the window, not with the number of results.
 
+Once the probe has written a whole chunk (it is *sealed*: its positions lie below
+`_written`), the first find that reads one of its word rows turns that row
+*bit-sliced* in place (`kernels.slice_row`, 64 x 64 bit blocks transposed): each of
+its 64 slots' bits then lie in chunk_rows / 64 words of their own, so every later find
+reads W / 8 bytes of the query's own bits rather than W words (the bit-sliced results
+of issue 14, without the probe paying for them: the probe never writes a sealed row).
+A row's form sits in its first padding word (`kernels.WORD_MAJOR` or `SLICED`); the
+kernels that set bits (`write_bits`) and find them read either, and widening carries
+the forms along.
+
 The chunk holds the probe's bits of every slot on the stream, not only the slots
 attached here (a join's local slots, say): a slot is cleared when it is attached
 (`on_register`) and when it leaves (`on_unregister`), so a slot attached here reads
 exactly its own matches.
 
-Costs: find O(W) words; batch O(n x words) (the probe's own writes); register
-O(retained) to clear the slot's word row plus its matches; unregister O(retained);
+Costs: find O(W) words, O(W / 64) over sliced rows (the first find over a sealed row
+pays O(chunk_rows) to slice it: 30 us for 8,192 tuples, once per word row, shared
+by its 64 slots); batch O(n x words) (the probe's own writes); register O(retained) to
+clear the slot's word row (O(retained / 64) where sliced) plus its matches; unregister
+O(retained);
 memory ceil(slots / 64) words per retained tuple, plus at most 1/32 (chunks widen
 ahead as slots grow), plus whole chunks (the oldest, partly expired; one kept for
 reuse): 1.07x at 1,024 queries with 200,000 tuples retained.
@@ -39,10 +52,19 @@ from psoup.stems.data_stem import DataSteM, chunk_runs
 from psoup.stems.span import Span
 
 
-#: Padding words after each word row of a chunk (see PartialResults._new_chunk).
+#: Padding words after each word row of a chunk (see PartialResults._new_chunk); the
+#: first holds the row's form (kernels.WORD_MAJOR or SLICED).
 ROW_PAD = 8
 
 _NO_POSITIONS = np.empty(0, np.int64)
+
+
+def _padded(chunk: np.ndarray) -> np.ndarray:
+    """The padded array a chunk is a view of: its rows' first padding words hold their
+    forms (kernels.WORD_MAJOR or SLICED)."""
+    base = chunk.base
+    assert base is not None, "a chunk is a view of its padded rows"
+    return base
 
 
 def _rows_for(words: int) -> int:
@@ -81,6 +103,9 @@ class PartialResults(ResultsStructure):
         # per stream, (first chunk number, its chunks as a numba typed list, gaps as
         # empty chunks) for the compiled find; dropped whenever a chunk of it changes
         self._lists: dict[str, tuple[int, Any]] = {}
+        # per stream, the end of the positions the probe has written: chunks wholly
+        # below it are sealed, and a find turns their rows bit-sliced (kernels._ready)
+        self._written: dict[str, int] = {}
 
     def _chunk(self, stream: str, k: int, words: int, written_from: int = -1) -> np.ndarray:
         """Chunk k of `stream`, (>= words, chunk_rows); a new one is zero except from row
@@ -96,11 +121,12 @@ class PartialResults(ResultsStructure):
             if spare:
                 chunk = chunks[k] = spare.pop()
                 chunk[:, :written_from if written_from >= 0 else None] = 0
+                _padded(chunk)[:, self.chunk_rows] = kernels.WORD_MAJOR    # each row's form
             else:
                 chunk = chunks[k] = self._new_chunk(words)
         elif chunk.shape[0] < words:
             wider = self._new_chunk(words)
-            wider[:chunk.shape[0]] = chunk
+            _padded(wider)[:chunk.shape[0]] = _padded(chunk)    # the rows and their forms
             chunk = chunks[k] = wider
         return chunk
 
@@ -118,6 +144,7 @@ class PartialResults(ResultsStructure):
         word-major slice of the chunk holding tuples a..b of the batch)."""
         cap = self.chunk_rows
         self._spares = max(self._spares, -(-n // cap) + 1)
+        self._written[stream] = max(self._written.get(stream, 0), p0 + n)
         pieces = []
         done = 0
         while done < n:
@@ -172,6 +199,7 @@ class PartialResults(ResultsStructure):
     def on_drop(self, stream: str) -> None:
         self._bitmaps.pop(stream, None)
         self._lists.pop(stream, None)
+        self._written.pop(stream, None)     # a stream made again starts at position 0
 
     def _listed(self, stream: str) -> tuple[int, Any]:
         """(first chunk number, the stream's chunks from it on as a numba typed list,
@@ -193,6 +221,12 @@ class PartialResults(ResultsStructure):
             got = self._lists[stream] = (first, listed)
         return got
 
+    def _bitmap(self, stream: str) -> tuple[int, Any, int]:
+        """`_listed`, and the end of the positions the probe has written (the chunks
+        wholly below it are sealed), as the compiled finds take them."""
+        first, listed = self._listed(stream)
+        return first, listed, self._written.get(stream, 0)
+
     def streams(self) -> set[str]:
         return set(self._bitmaps)
 
@@ -212,7 +246,7 @@ class PartialResults(ResultsStructure):
         assert stem.chunk_rows == self.chunk_rows, "bitmap chunks follow the stem's"
         word, mask = bit_of(slot)
         p0, p1 = span.bounds()
-        return stem.take_marked(names, self._listed(source.stream), p0, p1, word, mask)[0]
+        return stem.take_marked(names, self._bitmap(source.stream), p0, p1, word, mask)[0]
 
     def fetch_deferred(self, slot: int, source: Source, stem: DataSteM, span: Span,
                        names: Sequence[str], later: Sequence[str]
@@ -226,7 +260,7 @@ class PartialResults(ResultsStructure):
             return super().fetch_deferred(slot, source, stem, span, names, later)
         word, mask = bit_of(slot)
         p0, p1 = span.bounds()
-        return stem.take_marked(names, self._listed(source.stream), p0, p1, word, mask,
+        return stem.take_marked(names, self._bitmap(source.stream), p0, p1, word, mask,
                                 later)
 
     def column(self, stream: str, slot: int, span: Span) -> np.ndarray:
@@ -245,8 +279,9 @@ class PartialResults(ResultsStructure):
                 return np.empty(0, np.int64)
             if len(self._found) < p1 - p0:
                 self._found = np.empty(p1 - p0, np.int64)
-            first, listed = self._listed(stream)
-            found = kernels.chunk_positions(listed, first, cap, p0, p1, word, mask, self._found)
+            first, listed, sealed = self._bitmap(stream)
+            found = kernels.chunk_positions(listed, first, cap, p0, p1, word, mask, sealed,
+                                            self._found)
             return self._found[:found]
         positions = span.array()
         for k, a, b in chunk_runs(positions, cap):
@@ -254,7 +289,12 @@ class PartialResults(ResultsStructure):
             if chunk is None or chunk.shape[0] <= word:
                 continue
             rows = positions[a:b] - k * cap
-            parts.append(rows[(chunk[word, rows] & mask) != 0] + k * cap)
+            row = _padded(chunk)[word]
+            if row[cap] == kernels.SLICED:      # the slot's bits in its own cap / 64 words
+                at = row[slot % 64 * (cap // 64) + (rows >> 6)] >> (rows & 63).astype(DTYPE)
+                parts.append(rows[(at & np.uint64(1)) != 0] + k * cap)
+            else:
+                parts.append(rows[(row[rows] & mask) != 0] + k * cap)
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def admission_bytes(self, words: int, rows: int) -> int:
@@ -272,11 +312,19 @@ class PartialResults(ResultsStructure):
 
     def _check(self) -> None:
         """Assert the structure's invariants (for tests): whole chunks of chunk_rows rows;
-        a stream's listed chunks (the compiled find's) are its chunks, gaps empty."""
+        a word row is WORD_MAJOR or SLICED, SLICED only in a sealed chunk (the probe
+        writes WORD_MAJOR rows); a stream's listed chunks (the compiled find's) are its
+        chunks, gaps empty."""
+        cap = self.chunk_rows
         for stream, chunks in self._bitmaps.items():
-            for chunk in chunks.values():
-                assert chunk.shape[1] == self.chunk_rows and chunk.dtype == DTYPE
+            for k, chunk in chunks.items():
+                assert chunk.shape[1] == cap and chunk.dtype == DTYPE
                 assert chunk.strides[1] == 8, "a chunk's word rows are contiguous"
+                forms = _padded(chunk)[:, cap]
+                assert np.isin(forms, (kernels.WORD_MAJOR, kernels.SLICED)).all()
+                assert not (forms == kernels.SLICED).any() or \
+                    (cap % 64 == 0 and (k + 1) * cap <= self._written.get(stream, 0)), \
+                    ("a row is SLICED in a chunk the probe still writes", stream, k)
             if stream in self._lists:
                 first, listed = self._lists[stream]
                 for i, got in enumerate(listed):

@@ -364,12 +364,13 @@ class DataSteM:
             got = _typed(words, wide, dtypes)
         return self._narrow(names, positions, got)
 
-    def take_marked(self, names: Sequence[str], bitmap: tuple[int, Any], p0: int, p1: int,
-                    word: int, mask: np.uint64, later: Sequence[str] = ()
+    def take_marked(self, names: Sequence[str], bitmap: tuple[int, Any, int], p0: int,
+                    p1: int, word: int, mask: np.uint64, later: Sequence[str] = ()
                     ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
         """Several columns' values at the positions p0 <= p < p1 whose bit (`word`,
         `mask`) is set in a chunked bitmap of this stem's chunk size (`bitmap`: its first
-        chunk number and its chunks as a numba typed list, PSoup-P's `_listed`): an
+        chunk number, its chunks as a numba typed list and the end of its sealed
+        positions, PSoup-P's `_bitmap`): an
         invocation's find and fetch in one compiled pass (`chunk_select`), without a
         position array unless a column is not 8 bytes wide. Returns (those columns, a
         function returning the 8-byte columns `later` of the same tuples): it copies
@@ -383,9 +384,9 @@ class DataSteM:
         wide, rows_of, dtypes = self._gather(names)
         narrow = len(wide) < len(names)
         positions = np.empty(p1 - p0 if narrow else 0, np.int64)
-        first, listed = bitmap
+        first, listed, sealed = bitmap
         blocks = self._block_list()
-        words, masks = kernels.chunk_select(listed, first, p0, p1, word, mask, blocks,
+        words, masks = kernels.chunk_select(listed, first, p0, p1, word, mask, sealed, blocks,
                                             self._chunk0, self.chunk_rows, rows_of, positions)
         got = _typed(words, wide, dtypes)
         if narrow:
