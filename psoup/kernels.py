@@ -275,24 +275,6 @@ _DENSE = 16
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _emit(m, p, out, k):  # pragma: no cover - compiled
-    """Write p + i for every set bit i of the 64-row match mask m to out from out[k];
-    returns the new k. A dense mask is written branch-free, a sparse one match by match
-    (trailing-zero counts)."""
-    one = np.uint64(1)
-    if _ones(m) > _DENSE:
-        for i in range(64):
-            out[k] = p + i
-            k += (m >> np.uint64(i)) & one
-    else:
-        while m:
-            out[k] = p + _trailing_zeros(m)
-            k += 1
-            m &= m - one
-    return k
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
 def _scan(words, mask, r0, r1, base, out, k):  # pragma: no cover - compiled
     """`word_positions` writing from out[k]; returns the new k."""
     one = np.uint64(1)
@@ -303,7 +285,16 @@ def _scan(words, mask, r0, r1, base, out, k):  # pragma: no cover - compiled
         run = words[r:r + 64]
         for i in range(64):
             m |= (one << np.uint64(i)) if (run[i] & mask) != zero else zero
-        k = _emit(m, base + r, out, k)
+        p = base + r
+        if _ones(m) > _DENSE:
+            for i in range(64):
+                out[k] = p + i
+                k += (m >> np.uint64(i)) & one
+        else:
+            while m:
+                out[k] = p + _trailing_zeros(m)
+                k += 1
+                m &= m - one
         r += 64
     for r in range(r, r1):
         out[k] = base + r
@@ -386,6 +377,35 @@ def _sliced_mask(row, start, r, r1):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def _scan_sliced(row, start, r0, r1, base, out, k):  # pragma: no cover - compiled
+    """`_scan` over a SLICED row whose slot's words begin at row[start]: the rows up to
+    the next multiple of 64 from one word's high bits, then each 64 rows from one word,
+    not 64 word tests."""
+    one = np.uint64(1)
+    r = r0
+    while r < r1:
+        off = r & 63
+        if off == 0 and r + 64 <= r1:
+            m = row[start + (r >> 6)]
+            n = 64
+        else:                           # a ragged head or tail: fewer than 64 rows
+            n = min(64 - off, r1 - r)
+            m = (row[start + (r >> 6)] >> np.uint64(off)) & ((one << np.uint64(n)) - one)
+        p = base + r
+        if _ones(m) > _DENSE:
+            for i in range(n):          # (not 64: out may end at the window's last row)
+                out[k] = p + i
+                k += (m >> np.uint64(i)) & one
+        else:
+            while m:
+                out[k] = p + _trailing_zeros(m)
+                k += 1
+                m &= m - one
+        r += n
+    return k
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def word_positions(words, mask, r0, r1, base, out):  # pragma: no cover - compiled
     """Write base + r for every row r0 <= r < r1 with words[r] & mask into out; returns
     how many. Rows go 64 at a time: their tests are gathered into one 64-bit match mask
@@ -419,8 +439,7 @@ def chunk_positions(chunks, k_first, cap, p0, p1, word, mask, sealed,
         r0 = max(p0 - c * cap, 0)
         r1 = min(p1 - c * cap, cap)
         if row[cap] == SLICED:
-            for r in range(r0, r1, 64):
-                k = _emit(_sliced_mask(row, start, r, r1), c * cap + r, out, k)
+            k = _scan_sliced(row, start, r0, r1, c * cap, out, k)
         else:
             k = _scan(row, mask, r0, r1, c * cap, out, k)
     return k

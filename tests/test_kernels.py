@@ -108,10 +108,28 @@ def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, c
     sealed = data.draw(st.integers(0, len(bits)))
     expected = (np.flatnonzero(bits[p0:p1]) + p0).tolist()
     for _ in range(2):
-        out = np.full(len(bits) + 1, -1, np.int64)
+        out = np.full(p1 - p0 + 1, -1, np.int64)   # the last word must stay unwritten
         found = chunk_positions(listed, first, cap, p0, p1, word, mask, sealed, out)
-        assert out[:found].tolist() == expected
+        assert out[:found].tolist() == expected and out[-1] == -1
     assert _sealed_rows_sliced(listed, first, cap, word, sealed, p0, p1)
+
+
+def test_chunk_positions_writes_no_further_than_the_window_in_a_sliced_row():
+    """Every row of a window matching, its tail less than 64 rows: the positions fill
+    the output exactly, the word after them untouched (a dense run written 64 at a
+    time would write past the window's end)."""
+    from numba import types
+    from numba.typed import List
+    cap, word, mask = 128, 0, np.uint64(1) << np.uint64(9)
+    padded = np.zeros((1, cap + 2), np.uint64)
+    padded[0, :cap] = mask
+    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
+    listed.append(padded)
+    for p0, p1 in ((5, 100), (0, 128), (64, 70)):
+        out = np.full(p1 - p0 + 1, -1, np.int64)
+        found = chunk_positions(listed, 0, cap, p0, p1, word, mask, cap, out)
+        assert padded[0, cap] == SLICED
+        assert out[:found].tolist() == list(range(p0, p1)) and out[-1] == -1
 
 
 @settings(max_examples=150, deadline=None)
