@@ -275,19 +275,36 @@ _DENSE = 16
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _scan(words, mask, r0, r1, base, out, k):  # pragma: no cover - compiled
-    """`word_positions` writing from out[k]; returns the new k."""
+def _scan(words, mask, start, r0, r1, base, out, k):  # pragma: no cover - compiled
+    """`word_positions` writing from out[k]; returns the new k. With start >= 0 the
+    words are a SLICED row (see WORD_MAJOR) whose slot's bits begin at words[start]:
+    each 64 rows' match mask is then one word of them (a ragged head or tail, fewer than
+    64 rows, one word's bits shifted), not 64 word tests."""
     one = np.uint64(1)
     zero = np.uint64(0)
     r = r0
-    while r + 64 <= r1:
-        m = zero
-        run = words[r:r + 64]
-        for i in range(64):
-            m |= (one << np.uint64(i)) if (run[i] & mask) != zero else zero
+    while r < r1:
+        off = r & 63
+        if start >= 0 and off == 0 and r + 64 <= r1:
+            m = words[start + (r >> 6)]
+            n = 64
+        elif start >= 0:
+            n = min(64 - off, r1 - r)
+            m = (words[start + (r >> 6)] >> np.uint64(off)) & ((one << np.uint64(n)) - one)
+        elif r + 64 <= r1:
+            n = 64
+            m = zero
+            run = words[r:r + 64]
+            for i in range(64):
+                m |= (one << np.uint64(i)) if (run[i] & mask) != zero else zero
+        else:                           # the last rows: fewer than 64
+            n = r1 - r
+            m = zero
+            for i in range(n):
+                m |= (one << np.uint64(i)) if (words[r + i] & mask) != zero else zero
         p = base + r
         if _ones(m) > _DENSE:
-            for i in range(64):
+            for i in range(n):          # (not 64: out may end at the window's last row)
                 out[k] = p + i
                 k += (m >> np.uint64(i)) & one
         else:
@@ -295,10 +312,7 @@ def _scan(words, mask, r0, r1, base, out, k):  # pragma: no cover - compiled
                 out[k] = p + _trailing_zeros(m)
                 k += 1
                 m &= m - one
-        r += 64
-    for r in range(r, r1):
-        out[k] = base + r
-        k += (words[r] & mask) != zero
+        r += n
     return k
 
 
@@ -377,42 +391,13 @@ def _sliced_mask(row, start, r, r1):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _scan_sliced(row, start, r0, r1, base, out, k):  # pragma: no cover - compiled
-    """`_scan` over a SLICED row whose slot's words begin at row[start]: the rows up to
-    the next multiple of 64 from one word's high bits, then each 64 rows from one word,
-    not 64 word tests."""
-    one = np.uint64(1)
-    r = r0
-    while r < r1:
-        off = r & 63
-        if off == 0 and r + 64 <= r1:
-            m = row[start + (r >> 6)]
-            n = 64
-        else:                           # a ragged head or tail: fewer than 64 rows
-            n = min(64 - off, r1 - r)
-            m = (row[start + (r >> 6)] >> np.uint64(off)) & ((one << np.uint64(n)) - one)
-        p = base + r
-        if _ones(m) > _DENSE:
-            for i in range(n):          # (not 64: out may end at the window's last row)
-                out[k] = p + i
-                k += (m >> np.uint64(i)) & one
-        else:
-            while m:
-                out[k] = p + _trailing_zeros(m)
-                k += 1
-                m &= m - one
-        r += n
-    return k
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
 def word_positions(words, mask, r0, r1, base, out):  # pragma: no cover - compiled
     """Write base + r for every row r0 <= r < r1 with words[r] & mask into out; returns
     how many. Rows go 64 at a time: their tests are gathered into one 64-bit match mask
     (a vectorized loop), then a sparse mask is walked match by match (trailing-zero
     count) and a dense one written branch-free. O(r1 - r0) word tests, O(matches)
     writes for sparse runs."""
-    return _scan(words, mask, r0, r1, base, out, 0)
+    return _scan(words, mask, -1, r0, r1, base, out, 0)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -438,10 +423,7 @@ def chunk_positions(chunks, k_first, cap, p0, p1, word, mask, sealed,
         row = _ready(chunk, word, c, cap, sealed)
         r0 = max(p0 - c * cap, 0)
         r1 = min(p1 - c * cap, cap)
-        if row[cap] == SLICED:
-            k = _scan_sliced(row, start, r0, r1, c * cap, out, k)
-        else:
-            k = _scan(row, mask, r0, r1, c * cap, out, k)
+        k = _scan(row, mask, start if row[cap] == SLICED else -1, r0, r1, c * cap, out, k)
     return k
 
 
