@@ -180,7 +180,8 @@ class PartialResults(ResultsStructure):
             kernels.write_bits(listed, k_first, cap, word, mask, positions)
 
     def on_unregister(self, slot: int) -> None:
-        """Clear the slot's bits in every chunk. O(retained rows)."""
+        """Clear the slot's bits in every chunk. O(retained rows), retained / 64 words
+        where rows are sliced."""
         word, mask = bit_of(slot)
         for stream, chunks in self._bitmaps.items():
             if chunks:
