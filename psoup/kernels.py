@@ -288,9 +288,9 @@ def _scan(words, mask, start, r0, r1, base, out, k):  # pragma: no cover - compi
         if start >= 0 and off == 0 and r + 64 <= r1:
             m = words[start + (r >> 6)]
             n = 64
-        elif start >= 0:
+        elif start >= 0:                # a ragged head or tail: up to the next group
             n = min(64 - off, r1 - r)
-            m = (words[start + (r >> 6)] >> np.uint64(off)) & ((one << np.uint64(n)) - one)
+            m = _sliced_mask(words, start, r, r + n)
         elif r + 64 <= r1:
             n = 64
             m = zero
