@@ -2,14 +2,17 @@
 disk next to this file, or in the user's cache directory when that is read-only).
 
 * `probe_into`: the shared probe of a batch (PSoup Fig. 3, new data over old queries):
-  per tuple, OR the reject rows of its cells in each attribute index, invert, AND the
-  stream's interest row, and store the result word-major (word w of every tuple in a
-  row of its own, so a query's matches are one contiguous run of words). Rows are
-  computed tuple-major into a tile in the L1 cache, then turned word-major in 8 x 8
-  blocks of words through registers (`_store_transposed8`; ragged edges word by word).
-  O(n * attributes * words) word operations, n * words words written with streaming
-  stores (results are read at invocation, not now: not reading each line before writing
-  it halves the memory traffic, 1.5x the probe's rate at 1,024 queries).
+  per tuple, look up its cell in each attribute index (through a direct value -> row
+  map for small integers), OR the cells' reject rows, invert, AND the stream's interest
+  row, and store the result word-major (word w of every tuple in a row of its own, so a
+  query's matches are one contiguous run of words). Rows are computed tuple-major into a
+  tile in the L1 cache, then turned word-major in 8 x 8 blocks of words through registers
+  (`_store_transposed8`; ragged edges word by word). No intermediate arrays: the values
+  are read once, their cells looked up as their rows are gathered (a direct map's range
+  checked in a pass before). O(n * attributes * words) word operations, n * words words
+  written with streaming stores (results are read at invocation, not now: not reading
+  each line before writing it halves the memory traffic, 1.5x the probe's rate at 1,024
+  queries).
 * `word_positions`: the find of an invocation over a word-major bitmap: the rows of a
   word run with the query's bit set, 64 rows tested into one match mask at a time, O(rows)
   tests and O(matches) writes where matches are sparse.
@@ -28,8 +31,6 @@ disk next to this file, or in the user's cache directory when that is read-only)
   intervals of several 8-byte columns (a new query's interval factors over the retained
   tuples), in one call: 64-row match masks per interval, ANDed; O(rows x intervals).
 * `ts_fault`: the first row of a batch whose ts is not finite or goes back in time.
-* `direct_rows`: the table rows of integer values through a direct value -> row map,
-  with the range check in the same pass.
 * `write_bits`: one query's bit in every chunk of a chunked bitmap cleared, then set
   at given positions (a new query's matches), in one call.
 * `write_column`: a query's bit column in an attribute's reject table, set in the rows
@@ -160,35 +161,42 @@ def _aligned_from(out):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _probe4(tables, rows, interest, out):  # pragma: no cover - compiled
+def _probe4(tables, keys, firsts, maps, interest, out):  # pragma: no cover - compiled
     words, n = out.shape
     groups = len(tables) // 4
+    for g in range(4 * groups):     # every key inside its map, or nothing is written
+        keyed, first, m = keys[g], firsts[g], len(maps[g])
+        inside = True
+        for i in range(n):
+            inside &= (keyed[i] - first >= 0) & (keyed[i] - first < m)
+        if not inside:
+            return g
     block = max(8, TILE_WORDS // words // 8 * 8)
     tile = np.empty((block, words), np.uint64)
-    first = _aligned_from(out)
+    aligned = _aligned_from(out)
     full_words = words // 8 * 8
     i0 = 0
     while i0 < n:
         # the tuples before the first aligned one form a tile of their own
-        m = min(block, n - i0) if i0 >= first else min(block, first - i0)
+        m = min(block, n - i0) if i0 >= aligned else min(block, aligned - i0)
         for t in range(m):
             i = i0 + t
             o = tile[t]
-            a = tables[0][rows[0][i]]
-            b = tables[1][rows[1][i]]
-            c = tables[2][rows[2][i]]
-            d = tables[3][rows[3][i]]
+            a = tables[0][maps[0][keys[0][i] - firsts[0]]]
+            b = tables[1][maps[1][keys[1][i] - firsts[1]]]
+            c = tables[2][maps[2][keys[2][i] - firsts[2]]]
+            d = tables[3][maps[3][keys[3][i] - firsts[3]]]
             for w in range(words):
                 o[w] = a[w] | b[w] | c[w] | d[w]
             for g in range(4, 4 * groups, 4):
-                a = tables[g][rows[g][i]]
-                b = tables[g + 1][rows[g + 1][i]]
-                c = tables[g + 2][rows[g + 2][i]]
-                d = tables[g + 3][rows[g + 3][i]]
+                a = tables[g][maps[g][keys[g][i] - firsts[g]]]
+                b = tables[g + 1][maps[g + 1][keys[g + 1][i] - firsts[g + 1]]]
+                c = tables[g + 2][maps[g + 2][keys[g + 2][i] - firsts[g + 2]]]
+                d = tables[g + 3][maps[g + 3][keys[g + 3][i] - firsts[g + 3]]]
                 for w in range(words):
                     o[w] |= a[w] | b[w] | c[w] | d[w]
         # 8 x 8 blocks through registers where out is aligned; the ragged rest word by word
-        blocks = m // 8 * 8 if i0 >= first else 0
+        blocks = m // 8 * 8 if i0 >= aligned else 0
         for t0 in range(0, blocks, 8):
             for w0 in range(0, full_words, 8):
                 _store_transposed8(tile, t0, w0, interest, out, i0 + t0)
@@ -199,23 +207,35 @@ def _probe4(tables, rows, interest, out):  # pragma: no cover - compiled
                 _stream_store(row, i0 + t, ~tile[t, w] & keep)
         i0 += m
     _store_fence()
+    return -1
 
 
-def probe_into(tables, rows, interest, out) -> None:
-    """out[:, i] = ~(tables[0][rows[0][i]] | tables[1][rows[1][i]] | ...) & interest.
+def probe_into(tables, keys, firsts, maps, interest, out) -> int:
+    """out[:, i] = ~(tables[0][maps[0][keys[0][i] - firsts[0]]] | ...) & interest: each
+    tuple's cell in each attribute looked up and its reject row ORed in the same pass, no
+    intermediate arrays.
 
     Args:
-        tables: a tuple of C-contiguous (cells, >= words) uint64 reject tables.
-        rows: a tuple (one per table) of int64 arrays of n table rows.
+        tables: a tuple of C-contiguous (rows, >= words) uint64 reject tables.
+        keys: a tuple (one per table) of n int64 keys: an attribute's integer values
+            themselves where its index keeps a direct value -> row map, else the table
+            rows found for its values (with an identity map).
+        firsts: a tuple of ints, the key of each map's first entry.
+        maps: a tuple of int64 arrays, key - first -> table row.
         interest: the interest row (>= words uint64).
         out: a (words, n) uint64 array, word-major (tuple i's word w at out[w, i]; rows
             of it may be far apart, e.g. a slice of PSoup-P's chunk), overwritten.
 
-    The tables are taken four at a time (padded by repeating the first: OR is
-    idempotent), so one compiled loop serves any number of attributes.
+    Returns -1; or, writing nothing, the first table g one of whose keys falls outside
+    maps[g] (a value the direct map has not seen: the caller widens it, or looks the
+    values up otherwise, and calls again). The range check is one branch-free pass over
+    the keys before the probe, O(n * tables); the probe O(n * tables * words). The tables
+    are taken four at a time (padded by repeating the first: OR is idempotent), so one
+    compiled loop serves any number of attributes.
     """
     pad = -len(tables) % 4
-    _probe4(tables + tables[:1] * pad, rows + rows[:1] * pad, interest, out)
+    return _probe4(tables + tables[:1] * pad, keys + keys[:1] * pad,
+                   firsts + firsts[:1] * pad, maps + maps[:1] * pad, interest, out)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -238,19 +258,6 @@ def ts_fault(stamps, last):  # pragma: no cover - compiled
             return i
         before = t
     return -1
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def direct_rows(values, first, rows_of, out):  # pragma: no cover - compiled
-    """out[i] = rows_of[values[i] - first] for integer values; False (out partly written)
-    as soon as a value falls outside the map. One pass: O(n)."""
-    m = len(rows_of)
-    for i in range(len(values)):
-        v = values[i] - first
-        if v < 0 or v >= m:
-            return False
-        out[i] = rows_of[v]
-    return True
 
 
 @intrinsic

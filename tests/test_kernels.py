@@ -192,7 +192,20 @@ def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(data, ta
     cells = 9
     reject = tuple(gen.integers(0, 2**63, (cells, words), dtype=np.uint64)
                    for _ in range(tables))
-    rows = tuple(gen.integers(0, cells, n, dtype=np.int64) for _ in range(tables))
+    rows = [gen.integers(0, cells, n, dtype=np.int64) for _ in range(tables)]
+    # each table's keys: its rows through an identity map, or values through a direct
+    # map (value - first -> row) over a range wider than the values
+    keys, firsts, maps = [], [], []
+    for r in rows:
+        if data.draw(st.booleans()):
+            keys.append(r), firsts.append(0), maps.append(np.arange(cells, dtype=np.int64))
+        else:
+            first, span = int(gen.integers(-50, 50)), cells + int(gen.integers(0, 5))
+            value_row = gen.integers(0, cells, span, dtype=np.int64)
+            value_row[gen.permutation(span)[:cells]] = np.arange(cells)   # every row reached
+            slot_of = {row: np.flatnonzero(value_row == row) for row in range(cells)}
+            picks = np.array([gen.choice(slot_of[int(row)]) for row in r], np.int64)
+            keys.append(picks + first), firsts.append(first), maps.append(value_row)
     interest = gen.integers(0, 2**63, words, dtype=np.uint64)
     if layout == "chunk":       # rows whole cache lines apart (8x8 blocks), any start
         start = data.draw(st.integers(0, 7))
@@ -205,7 +218,7 @@ def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(data, ta
         padded = np.full((n, words), 7, np.uint64)
         out = padded.T
     before = padded.copy()
-    probe_into(reject, rows, interest, out)
+    assert probe_into(reject, tuple(keys), tuple(firsts), tuple(maps), interest, out) == -1
     expected = np.zeros((n, words), np.uint64)
     for table, r in zip(reject, rows):
         expected |= table[r]
@@ -216,6 +229,15 @@ def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(data, ta
     else:
         out_mask[:, out.ctypes.data // 8 - padded.ctypes.data // 8:][:, :n] = True
     assert (padded[~out_mask] == before[~out_mask]).all(), "nothing outside out is written"
+    if n:               # a key outside its map: the first such table, and nothing written
+        bad = data.draw(st.integers(0, tables - 1))
+        keys[bad] = keys[bad].copy()
+        keys[bad][data.draw(st.integers(0, n - 1))] = firsts[bad] + data.draw(
+            st.sampled_from([-1, len(maps[bad]), 10**6]))
+        padded[:] = 7
+        assert probe_into(reject, tuple(keys), tuple(firsts), tuple(maps), interest,
+                          out) == bad
+        assert (padded == 7).all(), "a probe with a key outside its map writes nothing"
 
 
 @settings(max_examples=60, deadline=None)

@@ -219,11 +219,13 @@ def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(ops, 
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]),
                           st.sampled_from(["<", "<=", ">", ">=", "=", "!="]),
                           st.integers(-20, 60)), min_size=1, max_size=8),
-       st.lists(st.tuples(st.integers(64, 120), st.integers(-30, 40)), min_size=1,
-                max_size=5))
+       st.lists(st.tuples(st.integers(1, 120), st.integers(-30, 40), st.booleans()),
+                min_size=1, max_size=5))
 def test_batches_of_small_integers_probe_through_the_direct_maps(preds, batches):
-    """Batches of 64+ integers in a small range find their cells through each
-    attribute's direct value -> row map; a batch with values past a map extends it."""
+    """Batches of integers in a small range find their cells through each attribute's
+    direct value -> row map (built by a batch of 64 or more); a batch with values past a
+    map extends it, and one with a value far outside it (past DIRECT_MAP_LIMIT) is
+    searched instead, the map kept."""
     schema = compile_statement("CREATE STREAM R (a INT, b INT)", {})
     stem = QuerySteM()
     live = {}
@@ -232,8 +234,10 @@ def test_batches_of_small_integers_probe_through_the_direct_maps(preds, batches)
         live[stem.insert(query)] = query
     gen = np.random.default_rng(len(preds))
     tid = 0
-    for n, shift in batches:
+    for n, shift, far in batches:
         rows = [(int(a), int(b) + 7) for a, b in gen.integers(0, 25, (n, 2)) + shift]
+        if far:
+            rows[int(gen.integers(n))] = (10**9, -(10**9))
         cols = _probe_columns(schema, rows, tid)
         tid += n
         bits = stem.probe("R", cols, n)

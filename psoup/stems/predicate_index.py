@@ -50,6 +50,17 @@ from psoup.stems.batch import DTYPES
 DIRECT_MAP_LIMIT = 1 << 16
 
 
+_IDENTITY = np.arange(1024, dtype=np.int64)
+
+
+def _identity(n: int) -> np.ndarray:
+    """The map 0..n-1 -> itself (keys that are table rows already), n int64s."""
+    global _IDENTITY
+    if len(_IDENTITY) < n:
+        _IDENTITY = np.arange(max(n, 2 * len(_IDENTITY)), dtype=np.int64)
+    return _IDENTITY[:n]
+
+
 def row_words(words: int) -> int:
     """The width of a reject table holding `words` words of query bits: a power of two
     up to 8 cache lines (4,096 queries), beyond it an odd number of whole lines. A row
@@ -201,15 +212,24 @@ class AttributeIndex:
             self._table = table
         return self._table
 
+    def keys(self, values: np.ndarray,
+             direct_map: bool = True) -> tuple[np.ndarray, int, np.ndarray]:
+        """The probe's keys for `values` (`kernels.probe_into`): for integers, once the
+        index keeps a direct map, the values themselves, the map's first value and the
+        map, O(1); otherwise (or with direct_map=False: the kernel found a value outside
+        the map) their table rows and an identity map, as `rows`, which widens the map
+        to them."""
+        direct = self._direct
+        if direct_map and direct is not None and values.dtype == np.int64:
+            return values, direct[0], direct[1]
+        return self.rows(values), 0, _identity(self._table.shape[0])
+
     def rows(self, values: np.ndarray) -> np.ndarray:
         """The table row of each value: O(n log k), or O(n) for integers in a small
-        range (a direct value -> row map, built over the values seen)."""
+        range (a direct value -> row map, built over the values seen and widened to
+        new ones)."""
         if values.dtype.kind in "iu" and len(values) >= 64:
             direct = self._direct
-            if direct is not None and values.dtype == np.int64:
-                out = np.empty(len(values), np.int64)
-                if kernels.direct_rows(values, direct[0], direct[1], out):
-                    return out
             lo, hi = int(values.min()), int(values.max())
             if direct is None or lo < direct[0] or hi >= direct[0] + len(direct[1]):
                 if direct is not None:

@@ -243,14 +243,18 @@ class QuerySteM:
                 out[:] = flags[a:b].T
             return
         interest = sq.interest_row(words)
-        indexed = [(index.table(words), np.ascontiguousarray(index.rows(columns[c]), np.int64))
-                   for c, index in sq.attrs.items() if len(index)]
-        tables = tuple(t for t, _ in indexed)
+        indexed = [(index, columns[c]) for c, index in sq.attrs.items() if len(index)]
+        if indexed:
+            tables = tuple([index.table(words) for index, _ in indexed])
+            keys, firsts, maps = map(list, zip(*[index.keys(v) for index, v in indexed]))
         for a, b, out in pieces:
-            if indexed:
-                kernels.probe_into(tables, tuple(r[a:b] for _, r in indexed), interest, out)
-            else:
+            if not indexed:
                 out[:] = interest[:, None]
+                continue
+            while (g := kernels.probe_into(tables, tuple([k[a:b] for k in keys]),
+                                           tuple(firsts), tuple(maps), interest, out)) >= 0:
+                index, values = indexed[g]      # a value its direct map has not seen
+                keys[g], firsts[g], maps[g] = index.keys(values, direct_map=False)
         for factor, users in sq.factors.items():
             fails = np.flatnonzero(~factor_mask(factor, columns[factor.left],
                                                 columns[factor.right]))
