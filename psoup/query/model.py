@@ -46,9 +46,13 @@ class StreamSchema:
     retain_seconds: float | None = None
     retain_rows: int | None = None
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(c for c, _ in self.columns)
+
+    @cached_property
+    def name_set(self) -> frozenset[str]:
+        return frozenset(self.names)
 
     def type_of(self, column: str) -> str:
         """The type of a declared or implicit column (KeyError when unknown)."""

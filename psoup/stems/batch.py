@@ -9,8 +9,9 @@ stored, so a rejected batch changes nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -71,13 +72,13 @@ def make_batch(schema: StreamSchema, rows: Any, ts: Any, clock_now: float,
 
 def _columns_of(schema: StreamSchema, rows: Any) -> dict[str, Any]:
     names = schema.names
-    if isinstance(rows, Mapping):
-        if rows.keys() != set(names):
+    if type(rows) is dict or isinstance(rows, Mapping):
+        if rows.keys() != schema.name_set:
             _check_names(schema, rows.keys(), "the column batch")
         columns = {name: rows[name] for name in names}
-        lengths = {name: len(values) for name, values in columns.items()}
-        if len(set(lengths.values())) > 1:
-            detail = ", ".join(f"{k}={v}" for k, v in lengths.items())
+        lengths = [len(values) for values in columns.values()]
+        if lengths and lengths.count(lengths[0]) != len(lengths):
+            detail = ", ".join(f"{k}={v}" for k, v in zip(columns, lengths))
             raise SchemaError(f"stream '{schema.name}': columns have different lengths ({detail})")
         return columns
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
@@ -175,9 +176,8 @@ def _check_ts(stream: str, ts: Any, n: int, clock_now: float, last_ts: float) ->
         return stamps
     # both rules in one compiled pass (no temporary arrays: ~4 us for 10,000 rows, where
     # numpy's whole-array tests took ~19 us in an insert); the row is found only on a fault
-    from psoup.kernels import ts_fault
-    bad = ts_fault(stamps, last_ts) if stamps.flags.c_contiguous else \
-        ts_fault(np.ascontiguousarray(stamps), last_ts)
+    bad = _ts_fault()(stamps if stamps.flags.c_contiguous else np.ascontiguousarray(stamps),
+                      last_ts)
     if bad < 0:
         return stamps
     if not math.isfinite(stamps[bad]):
@@ -189,3 +189,17 @@ def _check_ts(stream: str, ts: Any, n: int, clock_now: float, last_ts: float) ->
     raise SchemaError(f"stream '{stream}', row {bad}: ts {float(stamps[bad])!r} is older than "
                       f"row {bad - 1}'s ts {float(stamps[bad - 1])!r}; timestamps may not "
                       "decrease")
+
+
+def _ts_fault() -> Any:
+    """kernels.ts_fault, imported on first use: this module is also loaded without an
+    engine (a client reading an archive), where importing numba would cost half a
+    second for nothing."""
+    global _TS_FAULT
+    if _TS_FAULT is None:
+        from psoup.kernels import ts_fault
+        _TS_FAULT = ts_fault
+    return _TS_FAULT
+
+
+_TS_FAULT: Any = None

@@ -59,10 +59,11 @@ class _Chunk:
     def unshared(self) -> bool:
         """Whether nothing outside the chunk holds its memory (a view handed out, say,
         or a column kept by the archive), so that it can be reused. O(columns)."""
-        views = sum(1 for name in self.cols if self.cols[name].base is self.block)
-        # the block: this chunk's reference, its column views', getrefcount's argument
-        return (sys.getrefcount(self.block) == 2 + views and
-                all(sys.getrefcount(self.cols[name]) == 2 for name in self.cols))
+        refs, cols = sys.getrefcount, self.cols
+        # the block: this chunk's reference, one per wide column's view, getrefcount's
+        # argument; a column: the chunk's dict's reference, getrefcount's argument
+        return (refs(self.block) == 2 + len(self.block) and
+                all(refs(cols[name]) == 2 for name in cols))
 
     def sorted_view(self, column: str) -> tuple[np.ndarray, np.ndarray]:
         """(permutation, sorted values) of a sealed chunk's column, built on first use."""
@@ -143,17 +144,18 @@ class DataSteM:
                 self._tid_heads.append(int(tuple_ids[done]))
             chunk = self._chunks[-1]
             take = min(cap - chunk.n, batch.n - done)
+            r, cols, here = chunk.n, chunk.cols, slice(done, done + take)
             for name, values in batch.columns.items():
-                chunk.cols[name][chunk.n:chunk.n + take] = values[done:done + take]
-            chunk.cols[TS][chunk.n:chunk.n + take] = batch.ts[done:done + take]
-            chunk.cols[TUPLE_ID][chunk.n:chunk.n + take] = tuple_ids[done:done + take]
+                cols[name][r:r + take] = values[here]
+            cols[TS][r:r + take] = batch.ts[here]
+            cols[TUPLE_ID][r:r + take] = tuple_ids[here]
             chunk.n += take
             done += take
         self.n += batch.n
         self.rows_total += batch.n
         if batch.n:
             last = float(batch.ts[-1])
-            same = batch.n - int(np.searchsorted(batch.ts, last, "left"))
+            same = batch.n - int(batch.ts.searchsorted(last, "left"))
             self.at_last_ts = same + (self.at_last_ts if last == self.last_ts else 0)
             self.last_ts = last
         self._retain()
