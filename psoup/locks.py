@@ -28,7 +28,9 @@ class FairLock:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # entered as the plain lock it wraps (a Condition's own __enter__ is Python code)
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._owner: int | None = None
         self._depth = 0
         self._next_ticket = 0
@@ -37,7 +39,7 @@ class FairLock:
 
     def __enter__(self) -> "FairLock":
         me = threading.get_ident()
-        with self._cond:
+        with self._mutex:
             if self._owner == me:
                 self._depth += 1
                 return self
@@ -62,7 +64,7 @@ class FairLock:
             >>> lock.__exit__()
         """
         me = threading.get_ident()
-        with self._cond:
+        with self._mutex:
             if self._owner is not None and self._owner != me:
                 return False
             if self._owner == me:
@@ -75,7 +77,7 @@ class FairLock:
         return True
 
     def __exit__(self, *exc: Any) -> None:
-        with self._cond:
+        with self._mutex:
             self._depth -= 1
             if self._depth == 0:
                 self._owner = None

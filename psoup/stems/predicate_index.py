@@ -61,6 +61,17 @@ def _identity(n: int) -> np.ndarray:
     return _IDENTITY[:n]
 
 
+_ALL = np.ones(1024, dtype=bool)
+
+
+def _accept_all(cells: int) -> np.ndarray:
+    """`cells` Trues: every cell accepted (a column cleared by `write_column`)."""
+    global _ALL
+    if len(_ALL) < cells:
+        _ALL = np.ones(2 * cells, dtype=bool)
+    return _ALL[:cells]
+
+
 def row_words(words: int) -> int:
     """The width of a reject table holding `words` words of query bits: a power of two
     up to 8 cache lines (4,096 queries), beyond it an odd number of whole lines. A row
@@ -122,8 +133,9 @@ class AttributeIndex:
         constants nobody uses any more. O(k + cells)."""
         pred = self._preds.pop(slot)
         word, mask = bit_of(slot)
-        if word < self._table.shape[1]:
-            self._table[self._cell_row, word] &= ~mask     # free rows are never read
+        if word < self._table.shape[1]:                 # free rows are never read
+            cells = len(self._cell_row)
+            kernels.write_column(self._table, self._cell_row, word, mask, _accept_all(cells))
         for c in _constants(pred):
             left = self._uses[c] - 1
             if left:

@@ -172,7 +172,8 @@ class QuerySteM:
         if query.contradiction:
             return slot
         for source in query.sources:
-            sq = self._streams.setdefault(source.stream, _StreamQueries())
+            sq = self._streams.get(source.stream) or \
+                self._streams.setdefault(source.stream, _StreamQueries())
             sq.interested(slot, True)
             for pred in source.predicates:
                 index = sq.attrs.get(pred.column)
