@@ -5,6 +5,9 @@ report psoup as a fraction of it (a ratio is stable across noisy runs; a time is
 (bench/floor.c `reject_or4`, four attributes, 257 cells each, 4,096-tuple batches into
 one reused output), its arguments converted once; `ingest_floor(q, called=True)`: the
 same loop timed as the ingest issue's floor script times it, converting them at each call.
+`retaining_floor(q, batch, retain_rows)`: the same loop as an engine with a retention
+must run it, its results and tuples kept in rings as long as the retention (the memory
+they take, not the probe, then bounds it).
 `find_floor(q, window)`: microseconds to list one query's matches among `window` tuples
 (1 in 8 matching) from a bit column (`column_positions`) and from a row-major bitmap
 (`strided_positions`). Each returns None when no C compiler is found.
@@ -41,6 +44,7 @@ def _library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(target))
     ptr, size = ctypes.c_void_p, ctypes.c_size_t
     lib.reject_or4.argtypes = [ptr] * 10 + [size, size]
+    lib.retain_or4.argtypes = [ptr] * 10 + [size, size, ptr, size, ptr, size, size]
     lib.column_positions.argtypes = [ptr, size, ptr]
     lib.column_positions.restype = size
     lib.strided_positions.argtypes = [ptr, size, size, size, ctypes.c_uint64, ptr]
@@ -87,6 +91,44 @@ def ingest_floor(q: int, called: bool = False) -> float | None:
     return BATCH / _median_seconds(lambda: lib.reject_or4(*once))
 
 
+def retaining_floor(q: int, batch: int, retain_rows: int, columns: int = 6,
+                    pool: int = 32) -> float | None:
+    """Tuples per second of the same probe loop run as an engine that answers later must
+    run it (bench/floor.c `retain_or4`): each `batch` of tuples has its result rows
+    written to the next slice of a ring of `retain_rows` rows, and its `columns` 8-byte
+    columns (R's four, ts and tupleID) copied from the next of `pool` batches into the
+    next slice of a ring of stored columns, as psoup stores them; the cells found
+    beforehand, as in `ingest_floor`. The memory the results and the tuples take, not
+    the probe, then bounds the rate: this is the floor of ingest with a retention."""
+    lib = _library()
+    if lib is None:
+        return None
+    gen = np.random.default_rng(2)
+    words = (q + 63) // 64
+    tables = [gen.integers(0, 2**63, (CELLS, words), dtype=np.uint64) for _ in range(4)]
+    rows = [gen.integers(0, CELLS, batch, dtype=np.int64) for _ in range(4)]
+    interest = np.full(words, np.uint64(2**64 - 1))
+    # touched (no first-use faults), on a cache line (whole-line streaming stores)
+    ring = np.zeros(retain_rows * words + 8, np.uint64)
+    ring = ring[(-ring.ctypes.data % 64) // 8:][:retain_rows * words]
+    stored = np.zeros((columns, retain_rows), np.uint64)
+    sources = [gen.integers(0, 256, (columns, batch)).astype(np.uint64) for _ in range(pool)]
+    fixed = [*map(_address, tables), *map(_address, rows), _address(interest)]
+    slots = retain_rows // batch
+    sent = [0]
+
+    def one() -> None:
+        k = sent[0]
+        sent[0] += 1
+        at = (k % slots) * batch
+        lib.retain_or4(*fixed, _address(ring) + at * words * 8, batch, words,
+                       _address(sources[k % pool]), batch,
+                       _address(stored) + at * 8, retain_rows, columns)
+    for _ in range(slots):
+        one()
+    return batch / _median_seconds(one, repeat=max(9, 2 * slots))
+
+
 def find_floor(q: int, window: int) -> dict[str, float] | None:
     """Microseconds to list one query's matches in `window` tuples: bit column and
     row-major bitmap."""
@@ -111,4 +153,5 @@ if __name__ == "__main__":
     for count in [int(a) for a in sys.argv[1:]] or [1024, 4096, 10_000, 100_000]:
         print(json.dumps({"queries": count, "ingest_tuples_per_s": ingest_floor(count),
                           "ingest_called_tuples_per_s": ingest_floor(count, called=True),
+                          "retaining_tuples_per_s": retaining_floor(count, 10_000, 200_000),
                           **(find_floor(count, 1 << 16) or {})}))

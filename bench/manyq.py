@@ -117,6 +117,8 @@ def bench(s: dict) -> list[dict]:
         row["floor tuples/s"] = floor.ingest_floor(count)
         if row["floor tuples/s"]:
             row["of floor"] = row["psoup tuples/s"] / row["floor tuples/s"]
+            row["retaining floor"] = floor.retaining_floor(count, s["batch"], 2 * s["batch"])
+            row["of retaining"] = row["psoup tuples/s"] / row["retaining floor"]
         eng.close()
         rows.append(row)
     return rows
@@ -149,6 +151,8 @@ def main() -> None:
         ("register s", "register s", ".1f"), ("first batch s", "first batch s", ".2f"),
         ("memory MB", "memory MB", ",.0f"), ("floor tuples/s", "C floor tuples/s", ",.0f"),
         ("of floor", "psoup/floor", ".2f"),
+        ("retaining floor", "C retaining floor", ",.0f"),
+        ("of retaining", "psoup/retaining floor", ".2f"),
     ], _plot, notes=[
         "matches agree on the last batch for a sample of 200 queries per count",
         "numpy tight: the same per-query evaluation with every comparison written into a "
@@ -157,7 +161,10 @@ def main() -> None:
         "register s: registering the queries one by one through SQL; first batch s: the "
         "first batch after them",
         "C floor: bench/floor.c's bare probe loop (4 attributes, reused output) on this "
-        "machine; target psoup/floor >= 0.5"], params=s)
+        "machine; target psoup/floor >= 0.5",
+        "C retaining floor: the same loop as an engine with this retention (2 batches) must "
+        "run it, its result rows and its tuples kept in rings (floor.retaining_floor)"],
+        params=s)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ _BOOLS = frozenset({False, True})
 FLIPPED = {"=": "=", "!=": "!=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AttrFactor:
     """A checked single-attribute factor `column op value`, the column on the left.
 
