@@ -72,13 +72,15 @@ _NUMBER_TAIL = re.compile(r"[A-Za-z0-9_.]+")
 #: One token (or a newline, or a comment) after any run of spaces: one regex match per
 #: token, its kind the name of the group that matched. Digits and letters are ASCII: any
 #: other character is refused by name. A quote that opens no whole string is `open`.
+#: Words, the commonest tokens, are tried first (no other kind starts with a letter or
+#: _); a comment before the `-` symbol, a number before the `.` one.
 _TOKEN = re.compile("[^\\S\\n]*(?:" + "|".join([
+    r"(?P<word>[A-Za-z_][A-Za-z0-9_]*)",
+    r"(?P<number>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)",
     r"(?P<newline>\n)",
     r"(?P<comment>--[^\n]*)",
     r"(?P<string>'(?:[^']|'')*')",
     r"(?P<open>')",
-    r"(?P<number>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)",
-    r"(?P<word>[A-Za-z_][A-Za-z0-9_]*)",
     "(?P<symbol>" + "|".join(map(re.escape, _SYMBOLS)) + ")",
 ]) + ")")
 
@@ -150,36 +152,35 @@ def tokenize(sql: str) -> list[Token]:
     new = tuple.__new__                 # Token(...) and Pos(...) without their Python __new__
     line, line_start, expect = 1, 0, 0
     for m in _TOKEN.finditer(sql):
-        kind = m.lastgroup or ""
-        i = m.start(kind)
+        kind = m.lastgroup or "symbol"    # every alternative is a named group
         if m.start() != expect:
             break                       # a character no token starts with, at `expect`
-        expect = end = m.end()
-        if kind == "comment":
-            continue
-        if kind == "newline":
-            line, line_start = line + 1, end
-            continue
-        pos = new(Pos, (line, i - line_start + 1))
-        text = m.group(kind)
+        i, expect = m.span(kind)        # the token ends the match
+        text = sql[i:expect]
         if kind == "word":
             upper = text.upper()
+            pos = new(Pos, (line, i - line_start + 1))
             append(new(Token, (KEYWORD, text, upper, pos)) if upper in RESERVED
                    else new(Token, (NAME, text, text, pos)))
         elif kind == "symbol":
-            append(new(Token, (SYMBOL, text, text, pos)))
+            append(new(Token, (SYMBOL, text, text, new(Pos, (line, i - line_start + 1)))))
         elif kind == "number":
-            if _NUMBER_TAIL.match(sql, end):
+            pos = new(Pos, (line, i - line_start + 1))
+            if _NUMBER_TAIL.match(sql, expect):
                 bad = _NUMBER_TAIL.match(sql, i)
                 raise QueryError(f"malformed number '{bad.group() if bad else text}'", *pos)
             append(new(Token, (NUMBER, text, _number_value(text, pos), pos)))
+        elif kind == "newline":
+            line, line_start = line + 1, expect
         elif kind == "string":
+            pos = new(Pos, (line, i - line_start + 1))
             if "\n" in text:
                 line += text.count("\n")
                 line_start = i + text.rindex("\n") + 1
             append(new(Token, (STRING, text, text[1:-1].replace("''", "'"), pos)))
-        else:
-            raise QueryError("unterminated string: no closing single quote", *pos)
+        elif kind != "comment":
+            raise QueryError("unterminated string: no closing single quote", line,
+                             i - line_start + 1)
     spaces = _SPACE.match(sql, expect)
     expect = spaces.end() if spaces else expect
     if expect < len(sql):

@@ -145,10 +145,13 @@ class SinkTable:
         entry[1][slot] = None
         self._slots.setdefault(slot, []).append((stream, sink))
         words = words_for(slot + 1)
+        own = self._own.get((stream, id(sink)))
         own = self._own[stream, id(sink)] = widened(
-            self._own.get((stream, id(sink)), np.zeros(1, DTYPE)), words)
+            np.zeros(1, DTYPE) if own is None else own, words)
         set_bit(own, slot)
-        every = self._all[stream] = widened(self._all.get(stream, np.zeros(1, DTYPE)), words)
+        every = self._all.get(stream)
+        every = self._all[stream] = widened(
+            np.zeros(1, DTYPE) if every is None else every, words)
         set_bit(every, slot)
         self._uses[stream, slot] = self._uses.get((stream, slot), 0) + 1
 
