@@ -219,7 +219,7 @@ def probe_into(tables, keys, firsts, maps, interest, out) -> int:
         tables: a tuple of C-contiguous (rows, >= words) uint64 reject tables.
         keys: a tuple (one per table) of n int64 keys: an attribute's integer values
             themselves where its index keeps a direct value -> row map, else the table
-            rows found for its values (with an identity map).
+            rows found for its values (with an identity map); writable or read-only.
         firsts: a tuple of ints, the key of each map's first entry.
         maps: a tuple of int64 arrays, key - first -> table row.
         interest: the interest row (>= words uint64).
@@ -234,8 +234,19 @@ def probe_into(tables, keys, firsts, maps, interest, out) -> int:
     compiled loop serves any number of attributes.
     """
     pad = -len(tables) % 4
+    keys = tuple([_read_only(k) for k in keys])
     return _probe4(tables + tables[:1] * pad, keys + keys[:1] * pad,
                    firsts + firsts[:1] * pad, maps + maps[:1] * pad, interest, out)
+
+
+def _read_only(keys: np.ndarray) -> np.ndarray:
+    """A read-only, C-contiguous view of `keys` (a copy where they are not contiguous):
+    the batch's own columns are among the keys, writable or not (an Arrow column is read
+    only), and the compiled probe indexes its tuple of keys by number, which needs the
+    keys of one type."""
+    view = keys.view() if keys.flags.c_contiguous else np.ascontiguousarray(keys)
+    view.flags.writeable = False
+    return view
 
 
 @njit(cache=True, nogil=True, boundscheck=False)

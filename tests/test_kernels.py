@@ -206,6 +206,15 @@ def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(data, ta
             slot_of = {row: np.flatnonzero(value_row == row) for row in range(cells)}
             picks = np.array([gen.choice(slot_of[int(row)]) for row in r], np.int64)
             keys.append(picks + first), firsts.append(first), maps.append(value_row)
+    for k, key in enumerate(keys):     # a batch's columns: read-only (Arrow), strided
+        if data.draw(st.booleans()):
+            key = key.copy()
+            key.flags.writeable = False
+        if data.draw(st.booleans()):
+            spread = np.zeros(2 * n, np.int64)
+            spread[::2] = key
+            key = spread[::2]
+        keys[k] = key
     interest = gen.integers(0, 2**63, words, dtype=np.uint64)
     if layout == "chunk":       # rows whole cache lines apart (8x8 blocks), any start
         start = data.draw(st.integers(0, 7))

@@ -239,6 +239,7 @@ def test_batches_of_small_integers_probe_through_the_direct_maps(preds, batches)
         if far:
             rows[int(gen.integers(n))] = (10**9, -(10**9))
         cols = _probe_columns(schema, rows, tid)
+        cols["b"].flags.writeable = False           # as a column read from Arrow is
         tid += n
         bits = stem.probe("R", cols, n)
         for slot, query in live.items():
