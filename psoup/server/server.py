@@ -815,7 +815,9 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         try:
             # what exists by now (the modules, numba's compiler, the recovered engine)
             # lives as long as the process: full collections skip it from here on (one
-            # over ~100,000 such objects took ~70 ms, in the middle of a client's insert)
+            # over ~100,000 such objects took ~70 ms, in the middle of a client's insert);
+            # the garbage of start-up and recovery is collected first, not kept for good
+            gc.collect()
             gc.freeze()
             generated = token is None
             if token is None:
