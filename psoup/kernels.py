@@ -161,10 +161,12 @@ def _aligned_from(out):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _probe4(tables, keys, firsts, maps, interest, out):  # pragma: no cover - compiled
+def _probe4(tables, keys, firsts, maps, interest, out, given):  # pragma: no cover
     words, n = out.shape
     groups = len(tables) // 4
-    for g in range(4 * groups):     # every key inside its map, or nothing is written
+    # every key inside its map, or nothing is written; the tables past the `given` ones
+    # repeat the first (padding to four), whose keys are checked already
+    for g in range(given):
         keyed, first, m = keys[g], firsts[g], len(maps[g])
         inside = True
         for i in range(n):
@@ -236,7 +238,8 @@ def probe_into(tables, keys, firsts, maps, interest, out) -> int:
     pad = -len(tables) % 4
     keys = tuple([_read_only(k) for k in keys])
     return _probe4(tables + tables[:1] * pad, keys + keys[:1] * pad,
-                   firsts + firsts[:1] * pad, maps + maps[:1] * pad, interest, out)
+                   firsts + firsts[:1] * pad, maps + maps[:1] * pad, interest, out,
+                   len(tables))
 
 
 def _read_only(keys: np.ndarray) -> np.ndarray:
