@@ -216,6 +216,20 @@ def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(ops, 
         index._check()
 
 
+def test_a_new_constant_below_the_direct_map_leaves_the_map_alone():
+    """Hypothesis found it: keys -3 and -1 both below a direct map over [0, 1] once made
+    the patch's slice end negative, pointing value 0 at the new gap's row."""
+    from psoup.query.normalize import AttrFactor, fold_column
+    index = AttributeIndex("int")
+    index.add(0, fold_column([AttrFactor("a", "int", "<", 0)]))
+    values = np.array([0] * 63 + [1], np.int64)         # 64 values: the map is built
+    index.probe(values, 1)
+    index.add(1, fold_column([AttrFactor("a", "int", "<", -2)]))
+    index._check()
+    assert slot_rows(index.probe(values, 1), 0).tolist() == list(range(64))
+    assert slot_rows(index.probe(values, 1), 1).tolist() == list(range(64))
+
+
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]),
                           st.sampled_from(["<", "<=", ">", ">=", "=", "!="]),
                           st.integers(-20, 60)), min_size=1, max_size=8),

@@ -270,9 +270,10 @@ class AttributeIndex:
         end = first + len(rows)
         if first <= c < end:
             rows[c - first] = at
+        start = max(c + 1, first)
         stop = end if next_key is None else min(end, int(next_key))
-        if stop > c + 1:
-            rows[max(c + 1, first) - first:stop - first] = above
+        if stop > start:        # (a stop below the map's first value would index from
+            rows[start - first:stop - first] = above       # its end, as a negative one)
 
     # ------------------------------------------------------------------ introspection
 
