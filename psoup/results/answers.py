@@ -181,7 +181,7 @@ class Answers:
                                  _sample_layer(sample) + self._read_layer(plan, now, reads))
         else:                           # no archive tier: all in memory, read whole
             substitute, archived, sample, fidelity = None, None, None, EXACT
-        span = self.windows.spans(plan.slot, [stem], now)[0]
+        span = self.windows.span(plan.slot, stem, now)
         kept = self.kept.aggregates.get(plan.slot)
         if (kept is not None and span.is_range and not archived and substitute is None
                 and fidelity == EXACT):

@@ -112,3 +112,8 @@ class WindowsTable:
 
     def spans(self, qid: int, stems: list[DataSteM], now: float) -> list[Span]:
         return [resolve(w, s, now) for w, s in zip(self._windows[qid], stems)]
+
+    def span(self, qid: int, stem: DataSteM, now: float) -> Span:
+        """`spans` of a query with one FROM item (a selection query)."""
+        window, = self._windows[qid]
+        return KINDS[window.kind].resolve(window, stem, now)
