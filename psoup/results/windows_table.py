@@ -116,4 +116,4 @@ class WindowsTable:
     def span(self, qid: int, stem: DataSteM, now: float) -> Span:
         """`spans` of a query with one FROM item (a selection query)."""
         window, = self._windows[qid]
-        return KINDS[window.kind].resolve(window, stem, now)
+        return resolve(window, stem, now)
