@@ -230,6 +230,35 @@ def test_a_new_constant_below_the_direct_map_leaves_the_map_alone():
     assert slot_rows(index.probe(values, 1), 1).tolist() == list(range(64))
 
 
+def test_an_integer_attributes_reachable_rows_stay_together_and_rows_stay_narrow():
+    """Every value 0..255 a constant, filed in random order: the rows the values reach
+    (one constant's cell each, none of the gaps between consecutive constants) lie in a
+    few runs of consecutive rows (the lower half of each doubling of the table), not in
+    every other row; and 10,000 slots (157 words) make rows 168 words wide (row_words of
+    157), not twice the width before the last widening."""
+    from psoup.query.normalize import AttrFactor, fold_column
+    from psoup.stems.predicate_index import row_words
+    index = AttributeIndex("int")
+    order = np.random.default_rng(7).permutation(256)
+    for slot, c in enumerate(order):
+        index.add(slot, fold_column([AttrFactor("a", "int", "<", int(c))]))
+    for slot in range(256, 10_000):
+        index.add(slot, fold_column([AttrFactor("a", "int", ">=", int(order[slot % 256]))]))
+    index._check()
+    values = np.arange(256, dtype=np.int64)
+    rows = np.unique(index.rows(values))
+    assert len(rows) == 256
+    runs = 1 + int((np.diff(rows) > 1).sum())
+    assert runs <= 12, (runs, rows.tolist())           # one per doubling, at most
+    words = (10_000 + 63) // 64
+    assert index.table(words).shape[1] == row_words(words) == 168
+    probe = index.probe(values, words)
+    for slot in (0, 255, 9_999):
+        rejects = set(slot_rows(probe, slot).tolist())
+        want = ~attr_mask(index._preds[slot], values)
+        assert rejects == set(np.flatnonzero(want).tolist()), slot
+
+
 @given(st.lists(st.tuples(st.sampled_from(["a", "b"]),
                           st.sampled_from(["<", "<=", ">", ">=", "=", "!="]),
                           st.integers(-20, 60)), min_size=1, max_size=8),

@@ -28,14 +28,17 @@ The index changes as queries come and go, never rebuilt (the query stream is a s
 
 Costs: add/remove O(k + cells + Q/64) words (plus O(range) for the direct map, bounded
 by DIRECT_MAP_LIMIT); probe O(n log k + n * words) for n tuples. Memory: (2k + 1 rows)
-x words x 8 bytes, rows over-allocated at most twofold and words at most twofold plus a
-cache line (`row_words`: past 8 lines, rows an odd number of lines wide); the table
+x words x 8 bytes, rows over-allocated at most twofold; words a power of two up to 8
+cache lines, past them at most 1/16 more than the slots need plus two lines (`row_words`:
+rows an odd number of lines wide): a probe at 10^4 queries reads 157 words of rows 168
+wide, where twofold widening had left rows of 280 and the probe 8% slower. The table
 starts on a cache line (`psoup.bits.aligned_zeros`), so the probe reads its rows as whole
 lines.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -108,7 +111,7 @@ class AttributeIndex:
         self._keys = np.empty(0, self.dtype)              # the constants, sorted
         self._cell_row = np.zeros(1, np.int64)            # cell -> row of the table
         self._table = aligned_zeros((4, 1))               # row -> reject bits by slot
-        self._free_rows = list(range(3, 0, -1))           # row 0 is the one cell's
+        self._free_rows = deque(range(3, 0, -1))          # row 0 is the one cell's
         self._direct: tuple[int, np.ndarray] | None = None   # (first value, row per value)
 
     def __len__(self) -> int:
@@ -149,7 +152,7 @@ class AttributeIndex:
         keys = self._keys
         i = int(keys.searchsorted(c))
         gap = int(self._cell_row[2 * i])
-        at, above = self._new_row(gap), self._new_row(gap)
+        at, above = self._new_row(gap), self._new_row(gap, gap=True)
         # (np.insert and np.delete cost ~10 us each in argument handling; a concatenate ~1)
         self._keys = np.concatenate((keys[:i], np.array([c], keys.dtype), keys[i:]))
         cells = self._cell_row
@@ -171,22 +174,28 @@ class AttributeIndex:
             gap = int(cells[2 * i])
             self._remap(int(c), gap, gap, keys[i + 1] if i + 1 < len(keys) else None)
 
-    def _new_row(self, copy_of: int) -> int:
+    def _new_row(self, copy_of: int, gap: bool = False) -> int:
+        """A free row, a copy of row `copy_of`: a constant's cell takes the lowest free
+        row, a gap's cell the highest (after a doubling). An integer attribute's values
+        reach every constant's cell but no gap between consecutive constants, so the
+        rows its probe reads stay together rather than every other row: measured, at
+        10^4 queries, 9% off the probe (the rows and the cache lines a prefetch brings
+        with them fit the L2 cache). O(words), O(rows x words) when the table doubles."""
         if not self._free_rows:
             rows, words = self._table.shape
             table = aligned_zeros((2 * rows, words))
             table[:rows] = self._table
             self._table = table
-            self._free_rows = list(range(2 * rows - 1, rows - 1, -1))
-        row = self._free_rows.pop()
+            self._free_rows = deque(range(2 * rows - 1, rows - 1, -1))
+        row = self._free_rows.popleft() if gap else self._free_rows.pop()
         self._table[row] = self._table[copy_of]
         return row
 
     def _write(self, slot: int, pred: AttrPredicate) -> None:
         """Set `slot`'s reject bit in every cell `pred` rejects, clear it elsewhere."""
         word, mask = bit_of(slot)
-        if word >= self._table.shape[1]:      # widened at least twofold, columns kept
-            self.table(max(word + 1, 2 * self._table.shape[1]))
+        if word >= self._table.shape[1]:      # widened 1/16 ahead, columns kept
+            self.table(word + 1 + max(1, (word + 1) // 16))
         kernels.write_column(self._table, self._cell_row, word, mask, self._accepts(pred))
 
     def _accepts(self, pred: AttrPredicate) -> np.ndarray:
