@@ -17,7 +17,7 @@ disk next to this file, or in the user's cache directory when that is read-only)
   word run with the query's bit set, 64 rows tested into one match mask at a time, O(rows)
   tests and O(matches) writes where matches are sparse.
 * `chunk_positions`: the find of an invocation over every chunk of a window in one call
-  (`word_positions` per chunk, the chunks in a numba typed list). A sealed chunk's
+  (`word_positions` per chunk, the chunks given by an `address_table`). A sealed chunk's
   word row (one the probe writes no more) is turned bit-sliced by the first find that
   reads it (`slice_row`: 64 x 64 bit blocks transposed in place, the row's form kept in
   its first padding word), so later finds read W / 8 bytes of the query's own bits.
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -290,6 +290,35 @@ def _ones(typingctx, x):  # pragma: no cover - compiled
     return x(x), codegen
 
 
+@intrinsic
+def _words_at(typingctx, address):  # pragma: no cover - compiled
+    """The address of an array's memory (ndarray.ctypes.data) as a uint64 pointer."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+    return types.CPointer(types.uint64)(types.int64), codegen
+
+
+def address_table(arrays) -> np.ndarray:
+    """The chunk table a compiled kernel takes for a list of C-contiguous 2-d uint64
+    arrays (None for a gap: no rows): row i is (address, rows, columns) of arrays[i].
+    The caller keeps the arrays alive, and referenced, while the table is in use.
+    Passing one int64 array instead of a numba typed list of the arrays: a typed list
+    costs ~0.75 us to hand to a compiled call, an invocation's find takes two. O(k)."""
+    table = np.zeros((len(arrays), 3), np.int64)
+    for i, array in enumerate(arrays):
+        if array is not None:
+            assert array.dtype == np.uint64 and array.ndim == 2 and array.flags.c_contiguous
+            table[i] = (array.ctypes.data, array.shape[0], array.shape[1])
+    return table
+
+
+@njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _chunk_at(table, i):  # pragma: no cover - compiled
+    """The array row i of an `address_table` describes (a C-contiguous view, no
+    reference count taken)."""
+    return carray(_words_at(table[i, 0]), (table[i, 1], table[i, 2]))
+
+
 #: Above this many matches in 64 rows, writing all 64 positions branch-free is cheaper
 #: than visiting the matches one by one.
 _DENSE = 16
@@ -438,9 +467,9 @@ def chunk_positions(chunks, k_first, cap, p0, p1, word, mask, sealed,
     start = np.int64(_trailing_zeros(mask)) * (cap // 64)
     for c in range(p0 // cap, (p1 - 1) // cap + 1):
         i = c - k_first
-        if i < 0 or i >= len(chunks):
+        if i < 0 or i >= chunks.shape[0]:
             continue
-        chunk = chunks[i]
+        chunk = _chunk_at(chunks, i)
         if chunk.shape[0] <= word:
             continue
         row = _ready(chunk, word, c, cap, sealed)
@@ -460,7 +489,7 @@ def chunk_gather(blocks, k_first, cap, rows_of, positions, out):  # pragma: no c
     i = 0
     while i < n:
         c = positions[i] // cap
-        block = blocks[c - k_first]
+        block = _chunk_at(blocks, c - k_first)
         base = c * cap
         end = base + cap
         j0 = i
@@ -511,7 +540,7 @@ def interval_scan(blocks, k_first, cap, p0, p1, ints, floats, out):  # pragma: n
     if p1 <= p0:
         return 0
     for c in range(p0 // cap, (p1 - 1) // cap + 1):
-        block = blocks[c - k_first]
+        block = _chunk_at(blocks, c - k_first)
         base = c * cap
         r0 = max(p0 - base, 0)
         r1 = min(p1 - base, cap)
@@ -598,10 +627,10 @@ def chunk_select(chunks, k_first, p0, p1, word, mask, sealed, blocks, b_first, c
         m_row[:] = zero
         i = c - k_first
         b = c - b_first
-        if i < 0 or i >= len(chunks) or chunks[i].shape[0] <= word or b < 0 or \
-                b >= len(blocks):
+        if i < 0 or i >= chunks.shape[0] or chunks[i, 1] <= word or b < 0 or \
+                b >= blocks.shape[0]:
             continue                    # no bitmap or no data there: no matches
-        bits = _ready(chunks[i], word, c, cap, sealed)
+        bits = _ready(_chunk_at(chunks, i), word, c, cap, sealed)
         r0 = max(p0 - c * cap, 0)
         r1 = min(p1 - c * cap, cap)
         r = r0
@@ -654,13 +683,14 @@ def _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of,
     for c in range(c0, c0 + masks.shape[0]):
         m_row = masks[c - c0]
         block = c - b_first
-        if block < 0 or block >= len(blocks):
+        if block < 0 or block >= blocks.shape[0]:
             continue                    # its masks are zero
+        values = _chunk_at(blocks, block)
         r0 = max(p0 - c * cap, 0)
         r1 = min(p1 - c * cap, cap)
         n_masks = (r1 - r0 + 63) // 64
         for j in range(len(rows_of)):
-            src = blocks[block][rows_of[j]]
+            src = values[rows_of[j]]
             dst = out[j]
             end = k
             for q in range(n_masks):
@@ -738,8 +768,8 @@ def write_bits(chunks, k_first, cap, word, mask, positions):  # pragma: no cover
     keep = ~mask
     groups = cap // 64
     start = np.int64(_trailing_zeros(mask)) * groups
-    for i in range(len(chunks)):
-        chunk = chunks[i]
+    for i in range(chunks.shape[0]):
+        chunk = _chunk_at(chunks, i)
         if chunk.shape[0] > word:
             row = chunk[word]
             if row[cap] == SLICED:
@@ -751,7 +781,7 @@ def write_bits(chunks, k_first, cap, word, mask, positions):  # pragma: no cover
     i = 0
     while i < n:
         k = positions[i] // cap
-        row = chunks[k - k_first][word]
+        row = _chunk_at(chunks, k - k_first)[word]
         base = k * cap
         sliced = row[cap] == SLICED
         while i < n and positions[i] < base + cap:

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psoup.kernels import (SLICED, WORD_MAJOR, chunk_gather, chunk_positions, chunk_select,
-                           marked_copy, probe_into, slice_row, ts_fault, word_positions,
-                           write_bits, write_column)
+from psoup.kernels import (SLICED, WORD_MAJOR, address_table, chunk_gather, chunk_positions,
+                           chunk_select, marked_copy, probe_into, slice_row, ts_fault,
+                           word_positions, write_bits, write_column)
 
 WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
 
@@ -33,13 +33,9 @@ def test_word_positions_lists_the_rows_with_the_bit_set(data, n, bit, density):
 @given(st.data(), st.integers(1, 5), st.integers(1, 50), st.integers(1, 4))
 def test_chunk_gather_takes_the_selected_rows_at_positions_across_chunks(data, rows, cap,
                                                                           chunks):
-    from numba import types
-    from numba.typed import List
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     blocks = [gen.integers(0, 2**63, (rows, cap), dtype=np.uint64) for _ in range(chunks)]
-    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
-    for block in blocks:
-        listed.append(block)
+    listed = address_table(blocks)
     first = data.draw(st.integers(0, 3))                 # chunk number of blocks[0]
     rows_of = np.array(data.draw(st.lists(st.integers(0, rows - 1), min_size=1, max_size=4)),
                        dtype=np.int64)
@@ -52,13 +48,11 @@ def test_chunk_gather_takes_the_selected_rows_at_positions_across_chunks(data, r
 
 
 def _bitmap(data, gen, chunks, cap, word, mask, pad, fill):
-    """A numba typed list of `chunks` word-major bitmap chunks of `cap` rows (0 to
+    """A list of `chunks` word-major bitmap chunks of `cap` rows (0 to
     word + 2 word rows each, `pad` never-read words past each row's end, values
     `fill(random words)`), the chunk number of the first, and the bit `mask` of word
     row `word` at every position (a chunk before the first, or past the list, none)."""
-    from numba import types
-    from numba.typed import List
-    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
+    listed = []
     expected_bits = []
     for _ in range(chunks):
         height = data.draw(st.sampled_from([0, word, word + 1, word + 2]))
@@ -109,7 +103,8 @@ def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, c
     expected = (np.flatnonzero(bits[p0:p1]) + p0).tolist()
     for _ in range(2):
         out = np.full(p1 - p0 + 1, -1, np.int64)   # the last word must stay unwritten
-        found = chunk_positions(listed, first, cap, p0, p1, word, mask, sealed, out)
+        found = chunk_positions(address_table(listed), first, cap, p0, p1, word, mask,
+                                sealed, out)
         assert out[:found].tolist() == expected and out[-1] == -1
     assert _sealed_rows_sliced(listed, first, cap, word, sealed, p0, p1)
 
@@ -118,13 +113,10 @@ def test_chunk_positions_writes_no_further_than_the_window_in_a_sliced_row():
     """Every row of a window matching, its tail less than 64 rows: the positions fill
     the output exactly, the word after them untouched (a dense run written 64 at a
     time would write past the window's end)."""
-    from numba import types
-    from numba.typed import List
     cap, word, mask = 128, 0, np.uint64(1) << np.uint64(9)
     padded = np.zeros((1, cap + 2), np.uint64)
     padded[0, :cap] = mask
-    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
-    listed.append(padded)
+    listed = address_table([padded])
     for p0, p1 in ((5, 100), (0, 128), (64, 70)):
         out = np.full(p1 - p0 + 1, -1, np.int64)
         found = chunk_positions(listed, 0, cap, p0, p1, word, mask, cap, out)
@@ -142,8 +134,6 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     bitmap gaps, chunks too narrow for the word, and chunks with no data block have no
     matches. `marked_copy` takes other columns through the same matches. Sealed rows
     are made SLICED as they are read, and read so the second time alike."""
-    from numba import types
-    from numba.typed import List
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
 
@@ -156,9 +146,9 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     rows = data.draw(st.integers(1, 5))
     b_first = data.draw(st.integers(0, first + 1))        # chunks before it have no data
     n_blocks = data.draw(st.integers(0, first + chunks + 1 - b_first))
-    blocks = List.empty_list(types.Array(types.uint64, 2, "C"))
-    for _ in range(n_blocks):
-        blocks.append(gen.integers(0, 2**63, (rows, cap), dtype=np.uint64))
+    block_list = [gen.integers(0, 2**63, (rows, cap), dtype=np.uint64)
+                  for _ in range(n_blocks)]
+    blocks = address_table(block_list)
     held = np.zeros(len(bits), bool)
     held[b_first * cap:(b_first + n_blocks) * cap] = True
     rows_of = np.array(data.draw(st.lists(st.integers(0, rows - 1), max_size=4)), np.int64)
@@ -169,8 +159,8 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     expected = np.flatnonzero(bits[p0:p1] & held[p0:p1]) + p0
     for _ in range(2):
         positions = np.full(p1 - p0 if with_positions else 0, -1, np.int64)
-        out, masks = chunk_select(listed, first, p0, p1, word, mask, sealed, blocks, b_first,
-                                  cap, rows_of, positions)
+        out, masks = chunk_select(address_table(listed), first, p0, p1, word, mask, sealed,
+                                  blocks, b_first, cap, rows_of, positions)
         assert out.shape == (len(rows_of), len(expected))
         if with_positions:
             assert positions[:len(expected)].tolist() == expected.tolist()
@@ -178,7 +168,7 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     later = marked_copy(masks, p0, p1, blocks, b_first, cap, later_rows)
     assert later.shape == (len(later_rows), len(expected))
     if n_blocks and len(rows_of):
-        whole = np.concatenate(list(blocks), axis=1)
+        whole = np.concatenate(block_list, axis=1)
         assert (out == whole[rows_of][:, expected - b_first * cap]).all()
         assert (later == whole[later_rows][:, expected - b_first * cap]).all()
 
@@ -297,8 +287,6 @@ def test_write_bits_makes_one_bit_exactly_the_positions_in_every_chunk(data, n_c
     """Chunks of a chunked bitmap, some too narrow for the word, some gaps (no rows),
     rows of either form: the bit ends up set exactly at the positions, every other bit
     unchanged, each row in its form."""
-    from numba import types
-    from numba.typed import List
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     k_first = data.draw(st.integers(0, 5))
     rows = [data.draw(st.sampled_from([0, word, word + 1, word + 3])) for _ in range(n_chunks)]
@@ -317,10 +305,7 @@ def test_write_bits_makes_one_bit_exactly_the_positions_in_every_chunk(data, n_c
     positions = np.array([(k_first + k) * cap + i for k, i in chosen], np.int64)
     bit = data.draw(st.integers(0, 63))
     mask = np.uint64(1) << np.uint64(bit)
-    listed = List.empty_list(types.Array(types.uint64, 2, "C"))
-    for chunk in chunks:
-        listed.append(chunk)
-    write_bits(listed, k_first, cap, word, mask, positions)
+    write_bits(address_table(chunks), k_first, cap, word, mask, positions)
     for k, (chunk, old) in enumerate(zip(chunks, before)):
         assert (chunk[:, cap:] == old[:, cap:]).all(), ("forms and padding kept", k)
         for w in range(len(chunk)):

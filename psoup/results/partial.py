@@ -40,7 +40,7 @@ reuse): 1.07x at 1,024 queries with 200,000 tuples retained.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -100,9 +100,10 @@ class PartialResults(ResultsStructure):
         self._spare: list[np.ndarray] = []      # expired chunks, reused (no page faults)
         self._spares = 2                        # how many to keep: a batch's chunks
         self._found = np.empty(0, np.int64)     # the find's output, reused (see column)
-        # per stream, (first chunk number, its chunks as a numba typed list, gaps as
-        # empty chunks) for the compiled find; dropped whenever a chunk of it changes
-        self._lists: dict[str, tuple[int, Any]] = {}
+        # per stream, (first chunk number, its chunks as a kernels.address_table, gaps
+        # as chunks of no rows) for the compiled find; dropped whenever a chunk of it
+        # changes (the chunks themselves are kept alive by _bitmaps)
+        self._lists: dict[str, tuple[int, np.ndarray]] = {}
         # per stream, the end of the positions the probe has written: chunks wholly
         # below it are sealed, and a find turns their rows bit-sliced (kernels._ready)
         self._written: dict[str, int] = {}
@@ -202,27 +203,23 @@ class PartialResults(ResultsStructure):
         self._lists.pop(stream, None)
         self._written.pop(stream, None)     # a stream made again starts at position 0
 
-    def _listed(self, stream: str) -> tuple[int, Any]:
-        """(first chunk number, the stream's chunks from it on as a numba typed list,
-        a gap as a chunk of no rows), rebuilt after a chunk came, widened or left:
-        O(chunks), about once per chunk_rows tuples."""
+    def _listed(self, stream: str) -> tuple[int, np.ndarray]:
+        """(first chunk number, the stream's chunks from it on as a kernels.address_table
+        of the padded arrays they are views of, a gap as a chunk of no rows), rebuilt
+        after a chunk came, widened or left: O(chunks), about once per chunk_rows
+        tuples."""
         got = self._lists.get(stream)
         if got is None:
-            from numba import types
-            from numba.typed import List
             chunks = self._bitmaps.get(stream, {})
             first = min(chunks, default=0)
-            # the padded arrays the chunks are views of: C-contiguous, so that a word
-            # row is typed contiguous in the compiled find (and its loop vectorized)
-            listed = List.empty_list(types.Array(types.uint64, 2, "C"))
-            gap = np.zeros((0, self.chunk_rows + ROW_PAD), DTYPE)
-            for k in range(first, max(chunks, default=-1) + 1):
-                chunk = chunks.get(k)
-                listed.append(gap if chunk is None else chunk.base)
-            got = self._lists[stream] = (first, listed)
+            # the padded arrays: C-contiguous, so that a word row is contiguous in the
+            # compiled find (and its loop vectorized)
+            got = self._lists[stream] = (first, kernels.address_table(
+                [None if (chunk := chunks.get(k)) is None else chunk.base
+                 for k in range(first, max(chunks, default=-1) + 1)]))
         return got
 
-    def _bitmap(self, stream: str) -> tuple[int, Any, int]:
+    def _bitmap(self, stream: str) -> tuple[int, np.ndarray, int]:
         """`_listed`, and the end of the positions the probe has written (the chunks
         wholly below it are sealed), as the compiled finds take them."""
         first, listed = self._listed(stream)
@@ -328,10 +325,11 @@ class PartialResults(ResultsStructure):
                     ("a row is SLICED in a chunk the probe still writes", stream, k)
             if stream in self._lists:
                 first, listed = self._lists[stream]
-                for i, got in enumerate(listed):
+                assert len(listed) == max(chunks, default=first - 1) - first + 1
+                for i, (address, rows, width) in enumerate(listed.tolist()):
                     have = chunks.get(first + i)
-                    assert (got.shape[0] == 0 if have is None else
-                            got.ctypes.data == have.ctypes.data and
-                            got.shape == (have.shape[0], self.chunk_rows + ROW_PAD)), \
+                    assert (rows == 0 if have is None else
+                            address == have.ctypes.data and
+                            (rows, width) == (have.shape[0], self.chunk_rows + ROW_PAD)), \
                         ("a listed chunk is stale", stream, first + i)
 

@@ -104,7 +104,8 @@ class DataSteM:
         self._spare: list[_Chunk] = []
         #: answers that will still read columns from the chunks (`defer`)
         self._readers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._blocks: object = None       # the chunks' blocks as a numba typed list, or None
+        # the chunks' blocks as (a kernels.address_table, the blocks), or None
+        self._blocks: tuple[np.ndarray, list[np.ndarray]] | None = None
         #: names asked of `take` -> (its 8-byte columns, their block rows, their dtypes)
         self._gathers: dict[tuple[str, ...], tuple[list[str], np.ndarray, list]] = {}
         self._heads: list[float] = []     # first ts of each chunk, for the time index
@@ -361,7 +362,7 @@ class DataSteM:
         got: dict[str, np.ndarray] = {}
         if wide:                    # one compiled pass over every chunk, 8-byte columns
             words = np.empty((len(wide), len(positions)), dtype=np.uint64)
-            kernels.chunk_gather(self._block_list(), self._chunk0, cap, rows_of,
+            kernels.chunk_gather(self._block_list()[0], self._chunk0, cap, rows_of,
                                  np.ascontiguousarray(positions, np.int64), words)
             got = _typed(words, wide, dtypes)
         return self._narrow(names, positions, got)
@@ -371,7 +372,7 @@ class DataSteM:
                     ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
         """Several columns' values at the positions p0 <= p < p1 whose bit (`word`,
         `mask`) is set in a chunked bitmap of this stem's chunk size (`bitmap`: its first
-        chunk number, its chunks as a numba typed list and the end of its sealed
+        chunk number, its chunks as a kernels.address_table and the end of its sealed
         positions, PSoup-P's `_bitmap`): an
         invocation's find and fetch in one compiled pass (`chunk_select`), without a
         position array unless a column is not 8 bytes wide. Returns (those columns, a
@@ -387,8 +388,8 @@ class DataSteM:
         narrow = len(wide) < len(names)
         positions = np.empty(p1 - p0 if narrow else 0, np.int64)
         first, listed, sealed = bitmap
-        blocks = self._block_list()
-        words, masks = kernels.chunk_select(listed, first, p0, p1, word, mask, sealed, blocks,
+        held = self._block_list()   # (table, blocks): `rest` keeps the blocks referenced
+        words, masks = kernels.chunk_select(listed, first, p0, p1, word, mask, sealed, held[0],
                                             self._chunk0, self.chunk_rows, rows_of, positions)
         got = _typed(words, wide, dtypes)
         if narrow:
@@ -398,8 +399,8 @@ class DataSteM:
         b_first, cap = self._chunk0, self.chunk_rows
 
         def rest() -> dict[str, np.ndarray]:
-            return _typed(kernels.marked_copy(masks, p0, p1, blocks, b_first, cap, later_rows),
-                          later_wide, later_dtypes)
+            return _typed(kernels.marked_copy(masks, p0, p1, held[0], b_first, cap,
+                                              later_rows), later_wide, later_dtypes)
         return got, rest
 
     def defer(self, reader: Any) -> None:
@@ -442,17 +443,14 @@ class DataSteM:
                         positions[a:b] - k * self.chunk_rows]
         return {name: got[name] for name in names}
 
-    def _block_list(self) -> object:
-        """The chunks' blocks (from chunk number _chunk0 on) as a numba typed list, for
-        the compiled gather; rebuilt after a chunk came or left: O(chunks), about once
-        per chunk_rows tuples."""
+    def _block_list(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The chunks' blocks (from chunk number _chunk0 on) as a kernels.address_table
+        for the compiled gathers, with the blocks themselves (what keeps them alive and
+        referenced while a reader holds the table); rebuilt after a chunk came or left:
+        O(chunks), about once per chunk_rows tuples."""
         if self._blocks is None:
-            from numba import types
-            from numba.typed import List
-            listed = List.empty_list(types.Array(types.uint64, 2, "C"))
-            for chunk in self._chunks:
-                listed.append(chunk.block)
-            self._blocks = listed
+            blocks = [chunk.block for chunk in self._chunks]
+            self._blocks = (kernels.address_table(blocks), blocks)
         return self._blocks
 
     def lookup(self, tuple_id: int) -> int | None:
@@ -502,7 +500,7 @@ class DataSteM:
                 parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
             return np.concatenate(parts) if parts else np.empty(0, np.int64)
         out = np.empty(p1 - p0, np.int64)
-        found = kernels.interval_scan(self._block_list(), self._chunk0, self.chunk_rows, p0,
+        found = kernels.interval_scan(self._block_list()[0], self._chunk0, self.chunk_rows, p0,
                                       p1, *intervals, out)
         if not rest and not source.column_factors:
             return out[:found]
@@ -612,8 +610,9 @@ class DataSteM:
         assert self.oldest <= self.horizon or not self._chunks
         assert len(self._chunks) == len(self._heads) == len(self._tid_heads)
         if self._blocks is not None:
-            listed = [b.ctypes.data for b in self._blocks]   # type: ignore[attr-defined]
-            assert listed == [c.block.ctypes.data for c in self._chunks], "stale block list"
+            table, blocks = self._blocks
+            assert table[:, 0].tolist() == [c.block.ctypes.data for c in self._chunks] and \
+                all(b is c.block for b, c in zip(blocks, self._chunks)), "stale block list"
         assert len(self._spare) <= SPARE_CHUNKS and all(
             c.n == 0 and not c.index and all(c is not k for k in self._chunks)
             for c in self._spare), "a spare chunk is empty and not in use"
