@@ -265,7 +265,12 @@ class Query:
 
     @property
     def columns(self) -> list[str]:
-        return [s.name for s in self.select]
+        """The output column names (a new list each time: an answer keeps its own)."""
+        return list(self._column_names)
+
+    @cached_property
+    def _column_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.select)
 
     @cached_property
     def aggregated(self) -> bool:

@@ -386,7 +386,7 @@ class DataSteM:
         copied 8 values per compress-store); the function O(len(later) x matches)."""
         wide, rows_of, dtypes = self._gather(names)
         narrow = len(wide) < len(names)
-        positions = np.empty(p1 - p0 if narrow else 0, np.int64)
+        positions = np.empty(p1 - p0, np.int64) if narrow else _NO_POSITIONS
         first, listed, sealed = bitmap
         held = self._block_list()   # (table, blocks): `rest` keeps the blocks referenced
         words, masks = kernels.chunk_select(listed, first, p0, p1, word, mask, sealed, held[0],
@@ -649,11 +649,18 @@ class DataSteM:
         return total
 
 
+#: `chunk_select`'s positions when none are wanted (it writes none into an empty array;
+#: writable, as the positions it fills are, so that both calls share one compilation).
+_NO_POSITIONS = np.empty(0, np.int64)
+
+
 def _typed(words: np.ndarray, names: Sequence[str], dtypes: Sequence[np.dtype]
            ) -> dict[str, np.ndarray]:
     """name -> row i of a compiled gather's (columns, values) uint64 array, viewed as
     column i's dtype (no copy): the array viewed once per dtype, then a row of that view
     per column (an invocation's fixed cost: a view per column costs twice as much)."""
+    if len(set(dtypes)) == 1:           # the common case: rows of one view
+        return dict(zip(names, words.view(dtypes[0])))
     views: dict[np.dtype, np.ndarray] = {}
     out = {}
     for i, (name, dt) in enumerate(zip(names, dtypes)):
