@@ -285,8 +285,9 @@ def test_slice_row_keeps_every_bit_of_the_row(data, cap):
 def test_write_bits_makes_one_bit_exactly_the_positions_in_every_chunk(data, n_chunks, cap,
                                                                         word):
     """Chunks of a chunked bitmap, some too narrow for the word, some gaps (no rows),
-    rows of either form: the bit ends up set exactly at the positions, every other bit
-    unchanged, each row in its form."""
+    rows of either form: with `clear` the bit ends up set exactly at the positions,
+    without it at the positions and wherever it was set, every other bit unchanged,
+    each row in its form."""
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     k_first = data.draw(st.integers(0, 5))
     rows = [data.draw(st.sampled_from([0, word, word + 1, word + 3])) for _ in range(n_chunks)]
@@ -305,13 +306,15 @@ def test_write_bits_makes_one_bit_exactly_the_positions_in_every_chunk(data, n_c
     positions = np.array([(k_first + k) * cap + i for k, i in chosen], np.int64)
     bit = data.draw(st.integers(0, 63))
     mask = np.uint64(1) << np.uint64(bit)
-    write_bits(address_table(chunks), k_first, cap, word, mask, positions)
+    clear = data.draw(st.booleans())
+    write_bits(address_table(chunks), k_first, cap, word, mask, positions, clear)
     for k, (chunk, old) in enumerate(zip(chunks, before)):
         assert (chunk[:, cap:] == old[:, cap:]).all(), ("forms and padding kept", k)
         for w in range(len(chunk)):
             expected = _logical(old[w], cap)
             if w == word:
-                expected[:, bit] = False
+                if clear:
+                    expected[:, bit] = False
                 expected[[i for kk, i in chosen if kk == k], bit] = True
             assert (_logical(chunk[w], cap) == expected).all(), (k, w)
 

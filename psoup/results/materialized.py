@@ -74,11 +74,16 @@ class Materialized:
             self.sinks.attach(slot, source.stream, group)
 
     def forget(self, plan: Plan) -> None:
-        """Drop what is kept for a query whose slots the eddy has detached."""
+        """Drop what is kept for a query whose slots the eddy has detached. A join's
+        local slots are cleared in the selection structure too: the probe writes every
+        filed slot's bits there (PSoup-P writes it in place), joins' included, and a
+        slot no query holds must have none, for the next query to take it as it is."""
         if isinstance(plan, SelectionPlan):
             self.aggregates.pop(plan.slot, None)
         else:
             self.groups.remove(plan.jid)
+            for slot in plan.slots:
+                self.selections.on_unregister(slot)
 
     def drop_stream(self, stream: str) -> None:
         """Forget a dropped stream (every query on it is forgotten already)."""
@@ -159,6 +164,9 @@ class Materialized:
         check = getattr(self.selections, "_check", None)
         if check is not None:
             check()
+        free = getattr(self.selections, "_check_free", None)
+        if free is not None:
+            free(slots)
 
 
 def _filed(plan: Plan) -> list[tuple[int, object]]:

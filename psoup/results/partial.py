@@ -164,9 +164,10 @@ class PartialResults(ResultsStructure):
             out[:] = bits[a:b].T
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
-        """Clear the new query's bits (another slot's matches may have been written
-        there), then set them at `positions`: one compiled call over the stream's
-        chunks. O(retained + len(positions))."""
+        """Set the new query's bits at `positions`, in one compiled call. A slot no query
+        holds has no bit set anywhere (the probe writes only the slots filed, and
+        `on_unregister` clears a slot that leaves: `_check_free`), so nothing is cleared
+        first. O(len(positions)), plus O(chunks) to widen chunks too narrow for it."""
         word, mask = bit_of(slot)
         cap = self.chunk_rows
         chunks = self._bitmaps.setdefault(stream, {})
@@ -178,7 +179,7 @@ class PartialResults(ResultsStructure):
                     self._chunk(stream, k, word + 1)    # made wide enough for the bit
         if chunks:
             k_first, listed = self._listed(stream)
-            kernels.write_bits(listed, k_first, cap, word, mask, positions)
+            kernels.write_bits(listed, k_first, cap, word, mask, positions, False)
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows), retained / 64 words
@@ -188,7 +189,7 @@ class PartialResults(ResultsStructure):
             if chunks:
                 k_first, listed = self._listed(stream)
                 kernels.write_bits(listed, k_first, self.chunk_rows, word, mask,
-                                   _NO_POSITIONS)
+                                   _NO_POSITIONS, True)
 
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
@@ -307,6 +308,26 @@ class PartialResults(ResultsStructure):
     def nbytes(self) -> int:
         chunks = [c for by_k in self._bitmaps.values() for c in by_k.values()] + self._spare
         return sum(c.shape[0] * (self.chunk_rows + ROW_PAD) * 8 for c in chunks)
+
+    def _check_free(self, held: set[int]) -> None:
+        """Assert that no chunk has a bit set for a slot outside `held` (the slots of the
+        queries registered) at a position the probe has written, in either form of a
+        word row (for tests; O(retained x words)). Past those positions a reused chunk
+        holds what it held before, until the probe writes them."""
+        cap = self.chunk_rows
+        for stream, chunks in self._bitmaps.items():
+            for k, chunk in chunks.items():
+                end = min(max(self._written.get(stream, 0) - k * cap, 0), cap)
+                for w in range(chunk.shape[0]):
+                    row = _padded(chunk)[w]
+                    free = np.array([64 * w + b not in held for b in range(64)])
+                    if row[cap] == kernels.SLICED:      # slot b's bits: its cap / 64 words
+                        used = row[:cap].reshape(64, cap // 64).any(axis=1)
+                    else:
+                        ored = int(np.bitwise_or.reduce(row[:end])) if end else 0
+                        used = np.array([(ored >> b) & 1 == 1 for b in range(64)])
+                    assert not (used & free).any(), ("a free slot has bits", stream, k, w,
+                                                     np.flatnonzero(used & free).tolist())
 
     def _check(self) -> None:
         """Assert the structure's invariants (for tests): whole chunks of chunk_rows rows;
