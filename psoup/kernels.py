@@ -31,8 +31,8 @@ disk next to this file, or in the user's cache directory when that is read-only)
   intervals of several 8-byte columns (a new query's interval factors over the retained
   tuples), in one call: 64-row match masks per interval, ANDed; O(rows x intervals).
 * `ts_fault`: the first row of a batch whose ts is not finite or goes back in time.
-* `write_bits`: one query's bit in every chunk of a chunked bitmap cleared (a query
-  leaving), or set at given positions (a new query's matches), in one call.
+* `clear_bit`, `set_bits`: one query's bit in every chunk of a chunked bitmap cleared
+  (a query leaving), or set at given positions (a new query's matches), in one call.
 * `write_column`: a query's bit column in an attribute's reject table, set in the rows
   of the cells it rejects and cleared elsewhere, in one pass over the cells.
 
@@ -755,21 +755,15 @@ def fingerprint(values):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def write_bits(chunks, k_first, cap, word, mask, positions, clear):  # pragma: no cover
-    """With `clear`, clear `mask` in word row `word` of every chunk of a chunked bitmap
-    (chunk k is chunks[k - k_first], as in `chunk_positions`; a chunk of `word` rows or
-    fewer has no such bit and is skipped); then set it at each of the sorted positions p:
-    row `word` of chunk p // cap, column p % cap, a chunk the caller made wide enough; in
-    a SLICED row (see WORD_MAJOR) the slot's own cap / 64 words. One query's bits made
-    its matches in one call: exactly them with `clear`, added to those already set
-    without (O(len(positions)): a new query's slot has no bits set). O(chunks x cap +
-    len(positions)) with `clear`, O(chunks x cap / 64 + len(positions)) over SLICED
-    rows."""
-    one = np.uint64(1)
+def clear_bit(chunks, cap, word, mask):  # pragma: no cover - compiled
+    """Clear `mask` in word row `word` of every chunk of a chunked bitmap (as in
+    `chunk_positions`; a chunk of `word` rows or fewer has no such bit and is skipped):
+    one query's bits gone, in one call; in a SLICED row (see WORD_MAJOR) the slot's own
+    cap / 64 words. O(chunks x cap), O(chunks x cap / 64) over SLICED rows."""
     keep = ~mask
     groups = cap // 64
     start = np.int64(_trailing_zeros(mask)) * groups
-    for i in range(chunks.shape[0] if clear else 0):
+    for i in range(chunks.shape[0]):
         chunk = _chunk_at(chunks, i)
         if chunk.shape[0] > word:
             row = chunk[word]
@@ -778,6 +772,17 @@ def write_bits(chunks, k_first, cap, word, mask, positions, clear):  # pragma: n
             else:
                 for j in range(cap):
                     row[j] &= keep
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def set_bits(chunks, k_first, cap, word, mask, positions):  # pragma: no cover - compiled
+    """Set `mask` in word row `word` at each of the sorted positions p of a chunked bitmap
+    (chunk k is chunks[k - k_first], as in `chunk_positions`): row `word` of chunk
+    p // cap, column p % cap, a chunk the caller made wide enough; in a SLICED row the
+    slot's own cap / 64 words. A new query's matches, in one call (its slot has no bit
+    set before: nothing is cleared). O(len(positions))."""
+    one = np.uint64(1)
+    start = np.int64(_trailing_zeros(mask)) * (cap // 64)
     n = len(positions)
     i = 0
     while i < n:

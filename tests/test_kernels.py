@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from psoup.kernels import (SLICED, WORD_MAJOR, address_table, chunk_gather, chunk_positions,
                            chunk_select, marked_copy, probe_into, slice_row, ts_fault,
-                           word_positions, write_bits, write_column)
+                           word_positions, clear_bit, set_bits, write_column)
 
 WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
 
@@ -282,12 +282,12 @@ def test_slice_row_keeps_every_bit_of_the_row(data, cap):
 
 @settings(max_examples=80, deadline=None)
 @given(st.data(), st.integers(1, 6), CAPS, st.integers(0, 3))
-def test_write_bits_makes_one_bit_exactly_the_positions_in_every_chunk(data, n_chunks, cap,
-                                                                        word):
+def test_clear_and_set_bits_make_one_bit_exactly_the_positions_in_every_chunk(data, n_chunks,
+                                                                               cap, word):
     """Chunks of a chunked bitmap, some too narrow for the word, some gaps (no rows),
-    rows of either form: with `clear` the bit ends up set exactly at the positions,
-    without it at the positions and wherever it was set, every other bit unchanged,
-    each row in its form."""
+    rows of either form: `clear_bit` then `set_bits` leave the bit set exactly at the
+    positions, `set_bits` alone at the positions and wherever it was set, every other bit
+    unchanged, each row in its form."""
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     k_first = data.draw(st.integers(0, 5))
     rows = [data.draw(st.sampled_from([0, word, word + 1, word + 3])) for _ in range(n_chunks)]
@@ -307,7 +307,10 @@ def test_write_bits_makes_one_bit_exactly_the_positions_in_every_chunk(data, n_c
     bit = data.draw(st.integers(0, 63))
     mask = np.uint64(1) << np.uint64(bit)
     clear = data.draw(st.booleans())
-    write_bits(address_table(chunks), k_first, cap, word, mask, positions, clear)
+    table = address_table(chunks)
+    if clear:
+        clear_bit(table, cap, word, mask)
+    set_bits(table, k_first, cap, word, mask, positions)
     for k, (chunk, old) in enumerate(zip(chunks, before)):
         assert (chunk[:, cap:] == old[:, cap:]).all(), ("forms and padding kept", k)
         for w in range(len(chunk)):

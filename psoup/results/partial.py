@@ -20,8 +20,8 @@ its 64 slots' bits then lie in chunk_rows / 64 words of their own, so every late
 reads W / 8 bytes of the query's own bits rather than W words (the bit-sliced results
 of issue 14, without the probe paying for them: the probe never writes a sealed row).
 A row's form sits in its first padding word (`kernels.WORD_MAJOR` or `SLICED`); the
-kernels that set bits (`write_bits`) and find them read either, and widening carries
-the forms along.
+kernels that set and clear bits (`set_bits`, `clear_bit`) and find them read either, and
+widening carries the forms along.
 
 The chunk holds the probe's bits of every slot on the stream, not only the slots
 attached here (a join's local slots, say): a slot is cleared when it is attached
@@ -55,8 +55,6 @@ from psoup.stems.span import Span
 #: Padding words after each word row of a chunk (see PartialResults._new_chunk); the
 #: first holds the row's form (kernels.WORD_MAJOR or SLICED).
 ROW_PAD = 8
-
-_NO_POSITIONS = np.empty(0, np.int64)
 
 
 def _padded(chunk: np.ndarray) -> np.ndarray:
@@ -179,7 +177,7 @@ class PartialResults(ResultsStructure):
                     self._chunk(stream, k, word + 1)    # made wide enough for the bit
         if chunks:
             k_first, listed = self._listed(stream)
-            kernels.write_bits(listed, k_first, cap, word, mask, positions, False)
+            kernels.set_bits(listed, k_first, cap, word, mask, positions)
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows), retained / 64 words
@@ -187,9 +185,7 @@ class PartialResults(ResultsStructure):
         word, mask = bit_of(slot)
         for stream, chunks in self._bitmaps.items():
             if chunks:
-                k_first, listed = self._listed(stream)
-                kernels.write_bits(listed, k_first, self.chunk_rows, word, mask,
-                                   _NO_POSITIONS, True)
+                kernels.clear_bit(self._listed(stream)[1], self.chunk_rows, word, mask)
 
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
