@@ -8,6 +8,12 @@ time; so the unshared baseline is also measured as a numpy user writes it
 (`common.UnsharedNumpy`: masks computed in place, matches kept as row numbers per query)
 on the same batches, its matches checked against PSoup-P's on the last batch.
 
+P_Shrd's rate with the retention full is set beside the C floor (bench/floor.py), and
+beside the least an insert orchestrated in Python costs on the same engine's structures
+(`least_python_insert`: the checks, the tupleIDs, a numpy copy per column and the
+engine's compiled probe, nothing else), which says how much of the gap to the floor is
+the engine's own bookkeeping and how much any Python-driven insert would pay.
+
 With --large, P_Shrd alone is also measured at 10,000 and 100,000 queries (the other
 variants would take minutes per batch there), as above and once the retention is full
 (about a minute more, mostly registering 100,000 queries).
@@ -28,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 import floor  # noqa: E402
 import psoup  # noqa: E402
+from psoup.bits import aligned_zeros  # noqa: E402
+from psoup.results.partial import ROW_PAD  # noqa: E402
+from psoup.stems.batch import make_batch  # noqa: E402
 
 #: (label, Engine mode, shared_index) per measured engine.
 VARIANTS = (("P_Shrd", "partial", True), ("P_Unshrd", "partial", False),
@@ -80,7 +89,7 @@ def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
     feed()
     cap = s["cap_shared"] if shared else s["cap_unshared"]
     timing = common.timed(feed, repeat=3, min_time=s["min_time"], max_time=cap)
-    steady, memory = None, None
+    steady, memory, least = None, None, None
     if check is not None:       # P_Shrd: timed again once the retention is full
         while feed.sent < 2 * RETAIN_ROWS:
             feed()
@@ -88,6 +97,7 @@ def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
         stats = eng.stats()
         memory = stats["memory"]["results"] / (
             stats["streams"]["R"]["rows"] * -(-len(queries) // 64) * 8)
+        least = least_python_insert(eng, pool, s)
     if check is not None:
         first = feed.sent - s["batch"]
         check.insert(pool[(first // s["batch"]) % len(pool)])
@@ -99,7 +109,43 @@ def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
     return {"rate": timing.calls * s["batch"] / timing.total, "batches": timing.calls,
             "median_batch_ms": 1e3 * timing.median, "register_s": register_s,
             "steady_rate": steady and steady.calls * s["batch"] / steady.total,
-            "memory": memory}
+            "memory": memory, "least_rate": least}
+
+
+def least_python_insert(eng: psoup.Engine, pool: list[dict], s: dict) -> float:
+    """Tuples/s of the least an insert orchestrated in Python costs on this engine's
+    structures, the bound of any such design: each batch checked as Engine.insert checks
+    it (`make_batch`), its tupleIDs made, its six columns copied by numpy into the next
+    slice of a ring of stored columns as long as the retention, and the engine's own probe
+    (`QuerySteM.probe_into`: the compiled kernel over the engine's reject tables) written
+    into the next slice of a ring of result rows. Nothing else: no lock, routing,
+    retention or chunk bookkeeping. The rings are written once before the timing (no
+    first-use page faults), as the engine's chunks are by then."""
+    core, batch = eng._core, s["batch"]
+    schema, probe = core.stem("R").schema, core.query_stem.probe_into
+    slices = max(1, RETAIN_ROWS // batch)
+    stored = [np.zeros((6, batch), np.int64) for _ in range(slices)]
+    # rows 8 words further apart than their length, as in the engine's chunks (rows
+    # exactly 10,000 words apart made the probe 1.3x slower at 4,096 queries)
+    results = [aligned_zeros((core.query_stem.words, batch + ROW_PAD))[:, :batch]
+               for _ in range(slices)]
+    offsets = np.arange(batch, dtype=np.float64)
+    sent = [0]
+
+    def insert() -> None:
+        k, first = sent[0] // batch, sent[0]
+        sent[0] += batch
+        got = make_batch(schema, pool[k % len(pool)], offsets + first, 0.0, float("-inf"))
+        columns = stored[k % slices]
+        for row, values in enumerate(got.columns.values()):
+            columns[row] = values
+        columns[4] = got.ts.view(np.int64)
+        columns[5] = np.arange(first, first + batch, dtype=np.int64)
+        probe("R", got.columns, [(0, batch, results[k % slices])])
+    for _ in range(slices):
+        insert()
+    timing = common.timed(insert, repeat=3, min_time=s["min_time"], max_time=s["cap_shared"])
+    return timing.calls * batch / timing.total
 
 
 def measure_large(queries: list[str], pool: list[dict], s: dict) -> dict:
@@ -172,7 +218,10 @@ def _verdicts(rows: list[dict]) -> list[str]:
                 f"{row['steady/floor']:.2f}; from the first batch (the retention's first "
                 f"fill in it) {row['P_Shrd/floor']:.2f} of the bare loop; against the C loop "
                 f"run as an engine with this retention must run it (its results and tuples "
-                f"kept, floor.retaining_floor) {row['steady/retaining']:.2f}")
+                f"kept, floor.retaining_floor) {row['steady/retaining']:.2f}; the least "
+                f"insert orchestrated in Python on the same structures (checks, tupleIDs, "
+                f"a numpy copy per column, the engine's probe; least_python_insert) "
+                f"{row['least/floor called']:.2f} of the floor as called")
     worst = max((row for row in rows if row.get("results memory")),
                 key=lambda row: row["results memory"], default=None)
     if worst is not None:
@@ -230,6 +279,7 @@ def main() -> None:
             if label == "P_Shrd":
                 row["P_Shrd steady"] = got["steady_rate"]
                 row["results memory"] = got["memory"]
+                row["least insert"] = got["least_rate"]
         row["P Shrd/Unshrd"] = row["P_Shrd"] / row["P_Unshrd"]
         row["P Shrd/np Unshrd"] = row["P_Shrd"] / row["np_Unshrd"]
         row["C Shrd/Unshrd"] = row["C_Shrd"] / row["C_Unshrd"]
@@ -242,6 +292,7 @@ def main() -> None:
             row["steady/floor called"] = row["P_Shrd steady"] / row["floor called"]
             row["retaining floor"] = floor.retaining_floor(count, s["batch"], RETAIN_ROWS)
             row["steady/retaining"] = row["P_Shrd steady"] / row["retaining floor"]
+            row["least/floor called"] = row["least insert"] / row["floor called"]
         rows.append(row)
 
     columns = [("queries", "queries", ",d")]
@@ -257,6 +308,8 @@ def main() -> None:
                 ("steady/floor called", "P_Shrd full/floor as called", ".2f"),
                 ("retaining floor", "C retaining floor", ",.0f"),
                 ("steady/retaining", "P_Shrd full/retaining floor", ".2f"),
+                ("least insert", "least Python insert tuples/s", ",.0f"),
+                ("least/floor called", "least Python insert/floor as called", ".2f"),
                 ("results memory", "results B/(retained x ceil(Q/64) x 8)", ".3f")]
     columns += [(f"{label} register s", f"{label} reg s", ".2f") for label, _, _ in VARIANTS]
     notes = _verdicts(rows)
