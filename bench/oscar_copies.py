@@ -86,7 +86,7 @@ def invocations(eng: psoup.Engine, handle: str, hours: list[float], copies: bool
     """The answers at each of `hours`, the seconds of a cold pass (caches emptied),
     and the median seconds of a warm pass, from the copies or from the tier's tuples."""
     core = eng._core
-    rollups = eng._journal.archive.rollups
+    rollups = eng._durability.journal.archive.rollups
     core.answers.rollups = rollups if copies else None
     eng.invoke(handle, now=hours[0])       # the memory part's kernels compiled (numba)
     core.tiers._cache.clear()
@@ -152,7 +152,7 @@ def bench(s: dict) -> tuple[list[dict], dict]:
         t0 = time.perf_counter()
         eng, (hourly, everything), last = build(folder / "state", s)
         built = time.perf_counter() - t0
-        archived = eng._journal.archive.latest_ts("S")
+        archived = eng._durability.journal.archive.latest_ts("S")
         hours = [START + HOUR * k for k in range(1, int((archived - START) // HOUR) + 1)]
         fast, fast_cold, fast_warm = invocations(eng, hourly, hours, True, s["repeat"])
         slow, slow_cold, slow_warm = invocations(eng, hourly, hours, False, s["repeat"])

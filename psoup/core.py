@@ -17,33 +17,28 @@ cursors for `since`), and recovery replays the journal straight into a Core.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from psoup.archive.policy import (WHOLE, ArchiveRead, Policy, Schedule, ask, capped,
-                                  step_ranges)
-from psoup.archive.rates import sample_rate, threshold
+from psoup.archive.tiers import ArchiveTiers
 from psoup.bits import words_for
 from psoup.eddy.eddy import Eddy
 from psoup.eddy.routing import POLICIES
 from psoup.errors import QueryError, UnknownHandle
+from psoup.plans import JoinPlan, Plan, SelectionPlan
 from psoup.query.model import Query, StreamSchema
 from psoup.results.answers import Answers
 from psoup.results.base import SinkTable
 from psoup.results.materialized import Materialized
 from psoup.results.modes import MODES
 from psoup.results.result import Result
-from psoup.results.tiers import ArchiveTiers, Segment
 from psoup.results.windows_table import WindowsTable
 from psoup.stems.batch import Batch
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.query_stem import JoinPlan, Plan, QuerySteM, SelectionPlan
+from psoup.stems.query_stem import QuerySteM
 from psoup.stems.span import Span
-
-if TYPE_CHECKING:
-    from psoup.spark.history import Job
 
 
 class Core:
@@ -142,56 +137,6 @@ class Core:
     def answer(self, handle: str, now: float) -> Result:
         return self.answers.answer(self.plan(handle), now)
 
-    def unread_segments(self, handle: str, now: float, reads: Mapping[str, int] | None = None
-                        ) -> list[tuple[Segment, dict[str, str], int]]:
-        """The archive tier's segment files an answer of `handle` at `now` would read
-        (none in the cache), those in `reads` as samples: ArchiveTiers.unread.
-        O(segments)."""
-        plan = self.plan(handle)
-        if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
-            return []
-        return self.tiers.unread(plan.slot, plan.query.sources[0].window, now, reads,
-                                 self.answers.substitute(plan, now))
-
-    def read_plan(self, handle: str, now: float, policy: Policy, rows_per_second: float
-                  ) -> dict[str, int] | None:
-        """How to read the archive tier of `handle` for an answer at `now`: None to read
-        its segments whole, or segment name -> the draw limit of a sampled read, each
-        at the lowest rate `policy` gives over its ts range, asked about the segments
-        the aggregate copies do not answer and the cache does not hold (ArchiveRead:
-        their matches, bytes and ts range, at `rows_per_second`). O(segments) (a stat a
-        segment not in the cache).
-
-        Raises:
-            PSoupError: the policy failed or gave a schedule that is not one.
-        """
-        plan = self.plan(handle)
-        if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
-            return None
-        source = plan.query.sources[0]
-        segments = self.tiers.meeting(plan.slot, source.window, now,
-                                      self.answers.substitute(plan, now))
-        unread = [seg for seg in segments if not self.tiers.cached(seg.name)]
-        if not unread:
-            return None
-        folder = self.tiers.folder
-        size = sum((folder / seg.name).stat().st_size for seg in unread
-                   if folder is not None and (folder / seg.name).is_file())
-        read = ArchiveRead(source.stream, sum(seg.rows for seg in unread), size,
-                           min(seg.lo for seg in unread), max(seg.hi for seg in unread),
-                           now, rows_per_second)
-        steps = ask(policy, read)
-        if steps == WHOLE:
-            return None
-        ranges = step_ranges(steps)       # each segment at the lowest rate over its ts
-        return {seg.name: threshold(min(rate for a, b, rate in ranges
-                                        if a <= seg.hi and seg.lo < b))
-                for seg in segments}
-
-    def answer_and_window(self, handle: str, now: float,
-                          reads: Mapping[str, int] | None = None
-                          ) -> tuple[Result, tuple[int, int] | None]:
-        return self.answers.answer_and_window(self.plan(handle), now, reads)
 
     # ------------------------------------------------------------------ lookups
 
@@ -213,43 +158,6 @@ class Core:
             raise UnknownHandle(f"unknown handle {str(handle)[:12]!r}: not issued by this "
                                 "engine, or unregistered")
         return plan
-
-    # ------------------------------------------------------------------ history
-
-    def history_jobs(self, handles: Sequence[str] | None,
-                     schedules: Callable[[str, int], Schedule] = lambda stream, below: WHOLE
-                     ) -> tuple[list[str], list[Job]]:
-        """The handles to evaluate over the archive (default: every selection query
-        without a tier) and one Spark job per stream for those still without one.
-        `schedules(stream, below)`: the overload policy's sample rates for reading the
-        stream's archive below tupleID `below` (psoup.archive.policy), capped by each
-        query's own TABLESAMPLE."""
-        from psoup.spark.history import Job
-        chosen = list(handles) if handles is not None else [
-            h for h, p in self.handles.items()
-            if isinstance(p, SelectionPlan) and p.slot not in self.tiers]
-        by_stream: dict[str, list[SelectionPlan]] = {}
-        for handle in chosen:
-            plan = self.plan(handle)
-            if isinstance(plan, JoinPlan):
-                raise QueryError("history is evaluated for selection queries only; "
-                                 f"{handle[:12]}... is a join")
-            if plan.slot not in self.tiers:
-                by_stream.setdefault(plan.query.sources[0].stream, []).append(plan)
-        jobs = []
-        for stream, plans in by_stream.items():
-            stem = self.stems[stream]
-            until = stem.ts_at(stem.oldest) if stem.oldest < stem.n else math.inf
-            below = stem.oldest_tuple_id(self.next_tid)
-            schedule = schedules(stream, below)
-            samples = {p.slot: capped(schedule, None if s is None else
-                                      sample_rate(s.method, s.fraction))
-                       for p in plans for s in [p.query.sources[0].sample]}
-            jobs.append(Job(self.ddl[stream], stem.schema, [(p.slot, p.query.sql)
-                                                             for p in plans],
-                            below, {slot: steps for slot, steps in samples.items()
-                                    if steps != WHOLE}, until))
-        return chosen, jobs
 
     # ------------------------------------------------------------------ introspection
 

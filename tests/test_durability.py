@@ -149,7 +149,7 @@ def test_a_failed_automatic_checkpoint_never_fails_the_write_before_it(tmp_path,
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(eng._journal, "checkpoint", full_disk)
+    monkeypatch.setattr(eng._durability.journal, "checkpoint", full_disk)
     ids = eng.insert("R", [(i,) for i in range(1, 60)], ts=1.0)      # due: it fails
     assert len(ids) == 59
     assert "No space left" in eng.stats()["durability"]["checkpoint_error"]

@@ -17,7 +17,8 @@ from psoup.query import compile_statement
 from psoup.results.base import Sink, SinkTable
 from psoup.stems.batch import make_batch
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.query_stem import QuerySteM, SelectionPlan
+from psoup.plans import SelectionPlan
+from psoup.stems.query_stem import QuerySteM
 
 
 class Recorder(Sink):

@@ -370,7 +370,7 @@ def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp
     history of the queries that had one again, by itself, and refuses to answer them
     short meanwhile (HistoryPending); then the answer is the one from before the
     restart."""
-    from psoup.results.tiers import ArchiveTiers
+    from psoup.archive.tiers import ArchiveTiers
 
     def full(*args):
         raise OSError(28, "No space left on device")
@@ -398,7 +398,7 @@ def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp
     again.unregister(h)
     again.close()
     third = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
-    assert not third._jobs                        # nothing left to evaluate
+    assert not third._history.jobs()                       # nothing left to evaluate
     third.close()
 
 
@@ -427,7 +427,7 @@ def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode
 
     for restart in range(2):
         eng = psoup.Engine(path=state, mode=mode, clock=Clock(0.0), chunk_rows=8)
-        assert not eng._jobs, "restored, not evaluated again"
+        assert not eng._history.jobs(), "restored, not evaluated again"
         _check(eng, handles, _oracle(inserted), 360.0 + 60 * restart)
         _fill(eng, gen, 360 + 60 * restart, 6, inserted)   # the tiers follow the horizon
         _check(eng, handles, _oracle(inserted), 420.0 + 60 * restart)
@@ -475,7 +475,7 @@ def test_checkpoints_merge_small_segments_so_files_do_not_pile_up(tmp_path, monk
     _check(eng, handles, _oracle(inserted), 460.0)
     eng.close()
     eng = psoup.Engine(path=state, clock=Clock(460.0), chunk_rows=8)
-    assert not eng._jobs, "restored, not evaluated again"
+    assert not eng._history.jobs(), "restored, not evaluated again"
     _check(eng, handles, _oracle(inserted), 460.0)
     eng.close()
 
@@ -522,7 +522,7 @@ def test_a_corrupt_archive_file_is_named_and_nothing_is_applied(tmp_path):
         eng.insert("Q", {"a": np.arange(10), "b": np.zeros(10), "t": np.array(["q"] * 10,
                                                                               dtype=object)},
                    ts=np.arange(10.0) + 10 * i)
-    eng._journal.archive.flush()
+    eng._durability.journal.archive.flush()
     victim = sorted((tmp_path / "s" / "archive" / "stream=R").rglob("*.parquet"))[0]
     victim.write_bytes(victim.read_bytes()[:40])                 # a torn file
     before = (eng.invoke(hq, now=100.0).rows, eng.invoke(hr, now=100.0).rows)
@@ -547,7 +547,7 @@ def test_a_bad_archive_file_is_named_and_nothing_is_applied(tmp_path, damage, me
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a FROM R WHERE a >= 0")
     _fill(eng, np.random.default_rng(4), 0, 4, {})
-    eng._journal.archive.flush()
+    eng._durability.journal.archive.flush()
     columns = {"ts": [9001.0, 9000.0, 9002.0] if damage == "unsorted" else [1.0, 2.0, 3.0],
                "tuple_id": [1, 2, 3], "a": [1, 2, 3], "b": [0.5] * 3, "t": ["x"] * 3}
     if damage == "missing":

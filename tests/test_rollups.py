@@ -275,7 +275,7 @@ def engine_with_history(state, windows: list[str], flush_rows: int = 40):
     arrives (what a history job over an empty archive gives, with no Spark pass)."""
     eng = psoup.Engine(path=state, clock=Clock(START), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, x FLOAT, name TEXT) RETAIN 20 ROWS")
-    eng._journal.archive.flush_rows = flush_rows
+    eng._durability.journal.archive.flush_rows = flush_rows
     handles = [eng.register(f"SELECT {AGGREGATES} FROM R {w}") for w in windows]
     core = eng._core
     slots = {core.plan(h).slot: h for h in handles}

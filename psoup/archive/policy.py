@@ -9,7 +9,7 @@ each read, from what the read would cover (`ArchiveRead`: rows, bytes and ts ran
 the archived part, from the part files' footers) and when it runs. Its choice is a
 *schedule*: (from ts, rate) steps in ts order, the first from -inf, so the rate may
 depend on the age of the data. The schedule travels with the query's archive tier
-(psoup.results.tiers.Sampled) and every answer states it (`Result.fidelity`).
+(psoup.archive.tiers.Sampled) and every answer states it (`Result.fidelity`).
 
 Policies: `Exact` (the default: read everything), `ConstantRate`, `ByAge` (recent data
 whole, older data thinner), `Budget` (the smallest reduction whose estimated read time

@@ -41,7 +41,7 @@ from psoup.client import Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address
 from psoup.config import ENGINE_MODES as MODES
 from psoup.config import REPLAY_SLICE_ROWS
-from psoup.journal.wal import SYNC_MODES
+from psoup.options import SYNC_NAMES
 from psoup.errors import PSoupError, QueryError, UnknownHandle
 from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
@@ -244,7 +244,7 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
               show_default=True, help="The port to listen on (0 picks a free one).")
 @click.option("--mode", type=click.Choice(MODES), default="partial", show_default=True,
               help="Engine mode: PSoup-P, PSoup-C or NoMat.")
-@click.option("--sync", type=click.Choice(SYNC_MODES), default="group", show_default=True,
+@click.option("--sync", type=click.Choice(SYNC_NAMES), default="group", show_default=True,
               help="When the log reaches the disk: every write, once per group of "
                    "writes, or when the OS decides.")
 @click.option("--max-queries", type=click.IntRange(1), default=None,

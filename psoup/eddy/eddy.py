@@ -25,19 +25,21 @@ structs (psoup.eddy.hybrid) through the FROM items in the order its routing poli
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from psoup.eddy.hybrid import Step, join
 from psoup.eddy.routing import AdaptiveOrder, FixedOrder
+from psoup.plans import JoinPlan, Plan, filed
 from psoup.query.model import TS, TUPLE_ID, Query
 from psoup.results.base import SinkTable
 from psoup.stems.batch import Batch
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.query_stem import JoinPlan, Plan, QuerySteM, SelectionPlan
+from psoup.stems.query_stem import QuerySteM
 
 QUERY_STEM = "query"
 
@@ -71,13 +73,6 @@ class RemovalEntry:
     plan: Plan
 
 
-def filed(plan: Plan) -> list[tuple[int, Query]]:
-    """The (slot, one-stream query) pairs a plan files in the Query SteM."""
-    if isinstance(plan, SelectionPlan):
-        return [(plan.slot, plan.query)]
-    return list(zip(plan.slots, plan.locals))
-
-
 class Eddy:
     """Single-threaded router with a new and a temporary tuple pool.
 
@@ -103,9 +98,9 @@ class Eddy:
         self.materializes = materializes
         self.policy = policy if policy is not None else AdaptiveOrder()
         self._buffer: np.ndarray | None = None
-        self.ntp: deque = deque()
+        self.ntp: deque[DataEntry | QueryEntry | RemovalEntry] = deque()
         self.ttp: deque[Callable[[], None]] = deque()
-        self._routes: dict[type, Callable] = {DataEntry: self._route_data,
+        self._routes: dict[type, Callable[[Any], None]] = {DataEntry: self._route_data,
                                               QueryEntry: self._route_query,
                                               RemovalEntry: self._remove}
 
@@ -194,7 +189,7 @@ class Eddy:
             self.query_stem.insert(query, slot)
         if not entry.interest.probes:
             return
-        for (slot, query), dest in zip(pairs, entry.interest.probes):
+        for (slot, query), dest in zip(pairs, entry.interest.probes, strict=False):
             positions = self.data_stems[dest].probe(query.sources[0])
             for sink in self.sinks.of_slot(slot):
                 self.ttp.append(partial(sink.on_register, slot, dest, positions))

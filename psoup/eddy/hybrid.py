@@ -25,8 +25,8 @@ probes the next Data SteM on its own (Fig. 11, "Separate").
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -91,6 +91,42 @@ def oriented(factor: JoinFactor, new: int) -> Link:
                 factor.left_offset, factor.offset)
 
 
+def _pairs(link: Link | None, stem: DataSteM, cand: np.ndarray, structs: int,
+           aligned: Callable[[int, str], np.ndarray]
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One join step's pairs: for each pair, the struct it extends (`left`) and the new
+    item's candidate position (`right`), with the new item's values of the driving link
+    aligned to them; a cross product when no link drives (`link` None). O(structs +
+    candidates log candidates + pairs)."""
+    if link is None:
+        left = np.repeat(np.arange(structs), len(cand))
+        return left, np.tile(cand, structs), np.empty(0)
+    y = stem.column(link.column, cand)
+    by = np.argsort(y, kind="stable")
+    y_sorted, cand_sorted = y[by], cand[by]
+    ykeys, target, above, below = link.keys(y_sorted, aligned(link.other, link.other_column))
+    lo, hi = _ranges(ykeys, target, link.rel)
+    for beyond, holds in ((above, HOLDS_BEYOND[link.rel][0]),
+                          (below, HOLDS_BEYOND[link.rel][1])):
+        if beyond is not None and beyond.any():     # x's target left int64
+            lo[beyond] = 0
+            hi[beyond] = len(y_sorted) if holds else 0
+    counts = np.maximum(hi - lo, 0)
+    left = np.repeat(np.arange(structs), counts)
+    starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
+    at = starts + np.arange(len(left))
+    return left, cand_sorted[at], y_sorted[at]
+
+
+def _keep(combo: dict[int, np.ndarray], values: dict[tuple[int, str], np.ndarray],
+          keep: np.ndarray) -> None:
+    """Keep the structs (and their aligned values) where `keep` holds."""
+    for key in values:
+        values[key] = values[key][keep]
+    for source in combo:
+        combo[source] = combo[source][keep]
+
+
 def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.ndarray],
          order: Sequence[int], steps: list[Step] | None = None) -> np.ndarray:
     """Every combination of candidate positions (one per FROM item) that satisfies the
@@ -137,27 +173,10 @@ def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.nd
         links = [oriented(f, new) for f in query.joins
                  if (f.left == new and f.right in combo) or (f.right == new and f.left in combo)]
         driver = _driver(links)
-        if driver is None:                       # no factor links them: a cross product
-            left = np.repeat(np.arange(structs), len(cand))
-            right = np.tile(cand, structs)
-        else:
-            link = links.pop(driver)
-            y = stems[new].column(link.column, cand)
-            by = np.argsort(y, kind="stable")
-            y_sorted, cand_sorted = y[by], cand[by]
-            ykeys, target, above, below = link.keys(y_sorted,
-                                                    aligned(link.other, link.other_column))
-            lo, hi = _ranges(ykeys, target, link.rel)
-            for beyond, holds in ((above, HOLDS_BEYOND[link.rel][0]),
-                                  (below, HOLDS_BEYOND[link.rel][1])):
-                if beyond is not None and beyond.any():     # x's target left int64
-                    lo[beyond] = 0
-                    hi[beyond] = len(y_sorted) if holds else 0
-            counts = np.maximum(hi - lo, 0)
-            left = np.repeat(np.arange(structs), counts)
-            starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
-            right = cand_sorted[starts + np.arange(len(left))]
-            values[(new, link.column)] = y_sorted[starts + np.arange(len(left))]
+        link = None if driver is None else links.pop(driver)
+        left, right, y = _pairs(link, stems[new], cand, structs, aligned)
+        if link is not None:
+            values[(new, link.column)] = y
         for key in list(values):
             if key[0] != new:
                 values[key] = values[key][left]
@@ -165,11 +184,8 @@ def join(query: Query, stems: Sequence[DataSteM], candidates: Mapping[int, np.nd
             combo[source] = combo[source][left]
         combo[new] = right
         for link in links:
-            keep = link.holds(aligned(new, link.column), aligned(link.other, link.other_column))
-            for key in values:
-                values[key] = values[key][keep]
-            for source in combo:
-                combo[source] = combo[source][keep]
+            _keep(combo, values,
+                  link.holds(aligned(new, link.column), aligned(link.other, link.other_column)))
         if steps is not None:
             steps.append(Step(new, structs, len(cand), len(combo[new])))
     return np.column_stack([combo[s] for s in range(k)]) if k else np.empty((0, 0), np.int64)

@@ -14,7 +14,7 @@ candidates (Fig. 4; FROM order for the fixed policy).
 
 from __future__ import annotations
 
-from typing import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from psoup.eddy.hybrid import Step
 from psoup.query.model import Query

@@ -25,19 +25,22 @@ import fcntl
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from psoup.archive.parquet import Archive
 from psoup.archive.rollups import folder_for
-from psoup.journal.wal import WriteAheadLog
+from psoup.archive.tiers import INCOMING
 from psoup.codec import decode_array, decode_columns, encode_array, encode_columns
 from psoup.errors import PSoupError
 from psoup.fsync import make_dir
-from psoup.results.tiers import INCOMING
+from psoup.journal.wal import Sync, WriteAheadLog
+from psoup.options import SyncName
 
 #: Retained rows per insert record of a checkpoint (bounds one record's size).
 CHECKPOINT_ROWS = 1 << 16
@@ -58,6 +61,21 @@ class StreamImage:
     at_latest: int = 0                  # rows ever stored at the latest ts (DataSteM)
 
 
+class RecordKind(str, Enum):
+    """What a log record does; its value is the record's "op" on disk."""
+
+    CREATE = "create"
+    INSERT = "insert"
+    REGISTER = "register"
+    UNREGISTER = "unregister"
+    DROP = "drop"
+    STATE = "state"
+    PRODUCERS = "producers"
+    TIERS = "tiers"
+    HISTORY = "history"
+    LATEST = "latest"
+
+
 @dataclass
 class Record:
     """One decoded log record. `op` is create, insert, register, unregister, drop, state,
@@ -68,7 +86,7 @@ class Record:
     a drop names the handles it unregistered with the stream (CASCADE) and the next
     tupleID when it was dropped (the archive keeps what is numbered from there)."""
 
-    op: str
+    op: RecordKind
     sql: str = ""
     stream: str = ""
     handle: str = ""
@@ -79,7 +97,7 @@ class Record:
     next_tid: int = 0
     producer: str | None = None
     seq: int = -1
-    producers: list | None = None
+    producers: list[Any] | None = None
     count: int = 0
     tiers: dict[str, list[str]] | None = None
 
@@ -97,12 +115,12 @@ class Journal:
             retained state, not days of records.
     """
 
-    def __init__(self, path: str | Path, sync: str = "always",
+    def __init__(self, path: str | Path, sync: SyncName | Sync = "always",
                  checkpoint_bytes: int = 64 << 20, checkpoint_seconds: float | None = 3600.0):
         self.path = Path(path)
         make_dir(self.path, private=True)                           # tuples are private
         self._lock_fd = _lock(self.path / "lock")
-        self.wal = WriteAheadLog(self.path / "wal", sync)
+        self.wal = WriteAheadLog(self.path / "wal", Sync(sync))
         self.archive = Archive(self.path / "archive", private=True,
                                aggregates=folder_for(self.path / "archive"))
         shutil.rmtree(self.tiers_path / INCOMING, ignore_errors=True)   # of a job cut short
@@ -121,37 +139,38 @@ class Journal:
     # ------------------------------------------------------------------ logging
 
     def create(self, sql: str) -> None:
-        self.wal.append({"op": "create", "sql": sql})
+        self.wal.append({"op": RecordKind.CREATE.value, "sql": sql})
 
     def insert(self, stream: str, first_tid: int, ts: np.ndarray,
                columns: Mapping[str, np.ndarray], producer: str | None = None,
                seq: int | None = None) -> None:
-        record = {"op": "insert", "stream": stream, "tid0": int(first_tid),
+        record = {"op": RecordKind.INSERT.value, "stream": stream, "tid0": int(first_tid),
                   "ts": encode_array(ts), "cols": encode_columns(columns)}
         if producer is not None:
             record.update(producer=producer, seq=int(seq))   # type: ignore[arg-type]
         self.wal.append(record)
 
     def register(self, handle: str, sql: str) -> None:
-        self.wal.append({"op": "register", "handle": handle, "sql": sql})
+        self.wal.append({"op": RecordKind.REGISTER.value, "handle": handle, "sql": sql})
 
     def unregister(self, handle: str) -> None:
-        self.wal.append({"op": "unregister", "handle": handle})
+        self.wal.append({"op": RecordKind.UNREGISTER.value, "handle": handle})
 
     def history(self, handles: Sequence[str]) -> None:
         """These queries have an archive tier now: evaluate their history again after a
         restart, unless a `tiers` record brings their tiers back."""
-        self.wal.append({"op": "history", "handles": list(handles)})
+        self.wal.append({"op": RecordKind.HISTORY.value, "handles": list(handles)})
 
     def tiers(self, tiers: Mapping[str, list[str]]) -> None:
         """These archive tiers (handle -> segment files under tiers/) are saved whole as
         of this point of the log: a restart restores them here."""
-        self.wal.append({"op": "tiers", "tiers": {h: list(f) for h, f in tiers.items()}})
+        self.wal.append({"op": RecordKind.TIERS.value,
+                         "tiers": {h: list(f) for h, f in tiers.items()}})
 
     def drop(self, stream: str, handles: Sequence[str], next_tid: int) -> None:
         """Log DROP STREAM: one record for the stream and the queries it takes along,
         so that a crash leaves all of them or none."""
-        self.wal.append({"op": "drop", "stream": stream, "handles": list(handles),
+        self.wal.append({"op": RecordKind.DROP.value, "stream": stream, "handles": list(handles),
                          "next_tid": int(next_tid)})
 
     def expired(self, stream: str, columns: Sequence[tuple[str, str]],
@@ -174,7 +193,7 @@ class Journal:
                 and time.monotonic() - self._last_checkpoint >= self.checkpoint_seconds)
 
     def checkpoint(self, streams: Mapping[str, StreamImage], next_tid: int,
-                   handles: Iterable[tuple[str, str]], producers: list | None = None,
+                   handles: Iterable[tuple[str, str]], producers: list[Any] | None = None,
                    history: Sequence[str] = (),
                    tiers: Mapping[str, list[str]] | None = None) -> None:
         """Archive what left retention, then replace the log by the retained state
@@ -192,7 +211,7 @@ class Journal:
 
     @property
     def tiers_path(self) -> Path:
-        """Where archive tiers are saved (psoup.results.tiers.ArchiveTiers.save)."""
+        """Where archive tiers are saved (psoup.archive.tiers.ArchiveTiers.save)."""
         return self.path / "tiers"
 
     def _collect_tiers(self, kept: set[str]) -> None:
@@ -242,66 +261,83 @@ def _lock(path: Path) -> int:
 
 
 def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
-                   handles: Iterable[tuple[str, str]], producers: list, history: list[str],
+                   handles: Iterable[tuple[str, str]], producers: list[Any], history: list[str],
                    tiers: dict[str, list[str]]) -> Iterator[dict[str, Any]]:
     for image in streams.values():
-        yield {"op": "create", "sql": image.ddl}
+        yield {"op": RecordKind.CREATE.value, "sql": image.ddl}
     # Queries before data: replayed, each registration meets no tuples (O(cells)), and
     # each batch then probes all of them at once, O(rows x queries / 64), instead of
     # each query searching every retained tuple (duality: the same results).
-    yield {"op": "state", "next_tid": int(next_tid)}
+    yield {"op": RecordKind.STATE.value, "next_tid": int(next_tid)}
     if producers:
-        yield {"op": "producers", "table": producers}
+        yield {"op": RecordKind.PRODUCERS.value, "table": producers}
     for handle, sql in handles:
-        yield {"op": "register", "handle": handle, "sql": sql}
+        yield {"op": RecordKind.REGISTER.value, "handle": handle, "sql": sql}
     # the tiers before the data: their matches are those below the horizon, and the
     # retained tuples replayed below never move it
     if tiers:
-        yield {"op": "tiers", "tiers": tiers}
+        yield {"op": RecordKind.TIERS.value, "tiers": tiers}
     if history:
-        yield {"op": "history", "handles": history}
+        yield {"op": RecordKind.HISTORY.value, "handles": history}
     for name, image in streams.items():
         data = image.retained
         names = [c for c, _ in image.columns]
         for a in range(0, len(data["ts"]), CHECKPOINT_ROWS):
             b = a + CHECKPOINT_ROWS
-            yield {"op": "insert", "stream": name, "tids": encode_array(data["tupleID"][a:b]),
+            yield {"op": RecordKind.INSERT.value, "stream": name,
+                   "tids": encode_array(data["tupleID"][a:b]),
                    "ts": encode_array(data["ts"][a:b]),
                    "cols": encode_columns({c: data[c][a:b] for c in names})}
         if len(data["ts"]):
-            yield {"op": "latest", "stream": name, "rows": int(image.at_latest)}
+            yield {"op": RecordKind.LATEST.value, "stream": name, "rows": int(image.at_latest)}
 
 
 def _decode(raw: Any, where: Path) -> Record:
     try:
-        op = raw["op"]
-        if op == "create":
-            return Record(op, sql=raw["sql"])
-        if op == "insert":
-            ts = np.asarray(decode_array(raw["ts"]), dtype=np.float64)
-            if "tids" in raw:
-                tids = np.asarray(decode_array(raw["tids"]), dtype=np.int64)
-            else:
-                tids = np.arange(raw["tid0"], raw["tid0"] + len(ts), dtype=np.int64)
-            return Record(op, stream=raw["stream"], tuple_ids=tids, ts=ts,
-                          columns=decode_columns(raw["cols"]), producer=raw.get("producer"),
-                          seq=int(raw.get("seq", -1)))
-        if op in ("register", "unregister"):
-            return Record(op, handle=raw["handle"], sql=raw.get("sql", ""))
-        if op == "state":
-            return Record(op, next_tid=int(raw["next_tid"]))
-        if op == "tiers":
-            return Record(op, tiers={str(h): [str(f) for f in files]
-                                     for h, files in raw["tiers"].items()})
-        if op == "latest":
-            return Record(op, stream=raw["stream"], count=int(raw["rows"]))
-        if op == "producers":
-            return Record(op, producers=list(raw["table"]))
-        if op == "history":
-            return Record(op, handles=tuple(raw["handles"]))
-        if op == "drop":
-            return Record(op, stream=raw["stream"], handles=tuple(raw["handles"]),
-                          next_tid=int(raw["next_tid"]))
+        decode = _DECODERS.get(RecordKind(raw["op"]))
+    except (KeyError, TypeError, ValueError):
+        decode = None
+    if decode is None:
+        raise PSoupError(f"unknown record {_op(raw)!r} in the write-ahead log in {where}")
+    try:
+        return decode(raw)
     except (KeyError, TypeError, ValueError) as exc:
         raise PSoupError(f"unreadable record in the write-ahead log in {where}: {exc}") from exc
-    raise PSoupError(f"unknown record {raw.get('op')!r} in the write-ahead log in {where}")
+
+
+def _insert(raw: Any) -> Record:
+    ts = np.asarray(decode_array(raw["ts"]), dtype=np.float64)
+    if "tids" in raw:
+        tids = np.asarray(decode_array(raw["tids"]), dtype=np.int64)
+    else:
+        tids = np.arange(raw["tid0"], raw["tid0"] + len(ts), dtype=np.int64)
+    return Record(RecordKind.INSERT, stream=raw["stream"], tuple_ids=tids, ts=ts,
+                  columns=decode_columns(raw["cols"]), producer=raw.get("producer"),
+                  seq=int(raw.get("seq", -1)))
+
+
+#: Each record kind's decoder, from the record as msgpack gave it.
+_DECODERS: dict[RecordKind, Callable[[Any], Record]] = {
+    RecordKind.CREATE: lambda raw: Record(RecordKind.CREATE, sql=raw["sql"]),
+    RecordKind.INSERT: _insert,
+    RecordKind.REGISTER: lambda raw: Record(RecordKind.REGISTER, handle=raw["handle"],
+                                            sql=raw.get("sql", "")),
+    RecordKind.UNREGISTER: lambda raw: Record(RecordKind.UNREGISTER, handle=raw["handle"],
+                                              sql=raw.get("sql", "")),
+    RecordKind.STATE: lambda raw: Record(RecordKind.STATE, next_tid=int(raw["next_tid"])),
+    RecordKind.TIERS: lambda raw: Record(RecordKind.TIERS, tiers={
+        str(h): [str(f) for f in files] for h, files in raw["tiers"].items()}),
+    RecordKind.LATEST: lambda raw: Record(RecordKind.LATEST, stream=raw["stream"],
+                                          count=int(raw["rows"])),
+    RecordKind.PRODUCERS: lambda raw: Record(RecordKind.PRODUCERS,
+                                             producers=list(raw["table"])),
+    RecordKind.HISTORY: lambda raw: Record(RecordKind.HISTORY, handles=tuple(raw["handles"])),
+    RecordKind.DROP: lambda raw: Record(RecordKind.DROP, stream=raw["stream"],
+                                        handles=tuple(raw["handles"]),
+                                        next_tid=int(raw["next_tid"])),
+}
+
+
+def _op(raw: Any) -> Any:
+    """The "op" of an undecodable record, for the message (None if it has none)."""
+    return raw.get("op") if isinstance(raw, dict) else None

@@ -28,18 +28,25 @@ import os
 import re
 import struct
 import zlib
+from collections.abc import Iterable, Iterator
+from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, BinaryIO
 
 import msgpack
 
 from psoup.errors import PSoupError
 from psoup.fsync import file_mode, fsync_dir, make_dir
+from psoup.options import SYNC_NAMES, SyncName
 
 log = logging.getLogger("psoup.archive")
 
-#: The durability modes: fsync per append, fsync per commit(), or never fsync.
-SYNC_MODES = ("always", "group", "off")
+class Sync(str, Enum):
+    """The durability modes: fsync per append, fsync per commit(), or never fsync."""
+
+    ALWAYS = "always"
+    GROUP = "group"
+    OFF = "off"
 
 _HEADER = struct.Struct(">II")
 _SEGMENT = re.compile(r"wal-(\d{8,})\.log\Z")
@@ -57,7 +64,8 @@ def _frame(record: Any) -> bytes:
     if len(payload) > _MAX_PAYLOAD:
         raise ValueError(f"a write-ahead log record is at most {_MAX_PAYLOAD} bytes packed, "
                          f"not {len(payload)}")
-    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    header: bytes = _HEADER.pack(len(payload), zlib.crc32(payload))
+    return header + bytes(payload)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -94,12 +102,12 @@ class WriteAheadLog:
         [{'op': 'insert', 'rows': b'\\x01\\x02'}]
     """
 
-    def __init__(self, directory: str | Path, sync: str = "always"):
-        if sync not in SYNC_MODES:
+    def __init__(self, directory: str | Path, sync: SyncName | Sync = "always"):
+        if sync not in SYNC_NAMES:
             raise ValueError(f"unknown sync mode {sync!r}: expected one of "
-                             f"{', '.join(SYNC_MODES)}")
+                             f"{', '.join(SYNC_NAMES)}")
         self.directory = Path(directory)
-        self.sync = sync
+        self.sync = Sync(sync)
         make_dir(self.directory, private=True)
         self._fd: int | None = None
         self._seq = 0
@@ -244,7 +252,7 @@ class WriteAheadLog:
             raise
         self._size += len(frame)
         self._dirty = True
-        if self.sync == "always":
+        if self.sync is Sync.ALWAYS:
             self._fsync()
 
     def commit(self) -> None:
@@ -261,7 +269,7 @@ class WriteAheadLog:
             ...     wal.commit()
             ...     wal.close()
         """
-        if self._dirty and self.sync != "off" and self._fd is not None:
+        if self._dirty and self.sync is not Sync.OFF and self._fd is not None:
             self._fsync()
 
     def _fsync(self) -> None:
@@ -376,7 +384,7 @@ class WriteAheadLog:
         self._closed = True
 
 
-def _zeros_to_eof(f, head: bytes) -> bool:
+def _zeros_to_eof(f: BinaryIO, head: bytes) -> bool:
     """Whether `head` and everything left in the open file `f` are zero bytes."""
     if head.count(0) != len(head):
         return False

@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, Union
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from sortedcontainers import SortedDict
@@ -81,7 +81,7 @@ _LOW_MASK = (1 << _LOW) - 1
 
 Column = tuple[int, str]        # (source, column), as Query.group_by and SelectItem name it
 #: An output column of an aggregated query: ("key", index in group_by) or (function, column).
-Output = Union[tuple[Literal["key"], int], tuple[AggregateFunction, Column]]
+Output = tuple[Literal["key"], int] | tuple[AggregateFunction, Column]
 
 
 class _Buffer:
@@ -249,7 +249,9 @@ class RankedTree:
             parts += (below[lo:whole_lo * b], below[whole_hi * b:hi])
             lo, hi, below = whole_lo, whole_hi, next(levels)
         parts.append(below[lo:hi])
-        return self._ufuncs[op].reduce(np.concatenate(parts) if len(parts) > 1 else parts[0]).item()
+        value: int | float = self._ufuncs[op].reduce(
+            np.concatenate(parts) if len(parts) > 1 else parts[0]).item()
+        return value
 
     def range_min(self, i: int, j: int) -> int | float:
         return self.reduce("min", i, j)
@@ -345,7 +347,8 @@ class SuffixExtremes:
     def reduce(self, i: int) -> int | float:
         """The extreme of the live values [i, end). O(log n)."""
         at = int(self._where.live.searchsorted(i + self._gone))
-        return self._values.data[self._values.start + at].item()
+        value: int | float = self._values.data[self._values.start + at].item()
+        return value
 
     def nbytes(self) -> int:
         return self._values.data.nbytes + self._where.data.nbytes
@@ -399,7 +402,8 @@ class Aggregator:
         self.needed: list[Column] = list(dict.fromkeys(self.group_by + aggregated))
 
     def kept(self, function: AggregateFunction, column: Column, group: int,
-             sums: Mapping[Column, list], extremes: Mapping[tuple[Column, str], list]) -> Any:
+             sums: Mapping[Column, list[Any]],
+             extremes: Mapping[tuple[Column, str], list[Any]]) -> Any:
         """What `function` of `column` keeps for group number `group` (None if nothing)."""
         if function.keeps is None:
             return None
@@ -439,19 +443,19 @@ class Aggregator:
                 prefix = _prefix_of(ordered)
                 sums[c] = [_range_sum(later, earlier, ordered, i, j) for later, earlier, i, j
                            in zip(prefix[ends].tolist(), prefix[starts].tolist(),
-                                  starts.tolist(), ends.tolist())]
+                                  starts.tolist(), ends.tolist(), strict=True)]
             else:   # a FLOAT group is summed from zero, rounding only its own values (a
                 # difference of one prefix over all groups carries the rounding of the
                 # groups before it: 4 x 0.5 came out 1.9999999999999998)
                 sums[c] = [_group_sum(ordered[i:j]) for i, j in zip(starts.tolist(),
-                                                                    ends.tolist())]
+                                                                    ends.tolist(), strict=True)]
         extremes = {(c, op): _UFUNCS[op].reduceat(columns[c][order], starts).tolist()
                     for c, ops in self.extremes.items() for op in ops}
         return self._result(keys, counts.tolist(), sums, extremes,
                             np.maximum.reduceat(ts[order], starts))
 
     def _estimate(self, columns: Mapping[Column, np.ndarray], codes: np.ndarray,
-                  keys: list[tuple], ts: np.ndarray, w: np.ndarray) -> Result:
+                  keys: list[tuple[Any, ...]], ts: np.ndarray, w: np.ndarray) -> Result:
         """`compute` over weighted rows (a sample): see there. O(n log n)."""
         k = len(keys)
         order = np.argsort(codes, kind="stable")
@@ -470,7 +474,7 @@ class Aggregator:
                     for c, ops in self.extremes.items() for op in ops}
         result = self._result(keys, counts.tolist(), sums, extremes,
                               np.maximum.reduceat(ts[order], starts))
-        for name, output in zip(self.query.columns, self._outputs):
+        for name, output in zip(self.query.columns, self._outputs, strict=True):
             if output[0] != "key" and output[0].name in ("count", "sum"):
                 at = None if output[0].name == "count" else output[1]
                 result.error[name] = 1.96 * np.sqrt(variance[at])
@@ -518,15 +522,15 @@ class Aggregator:
         result = self._result([()], [n], sums, extremes, np.array([latest]))
         if w is not None:
             spread = w * w - w
-            for name, output in zip(self.query.columns, self._outputs):
+            for name, output in zip(self.query.columns, self._outputs, strict=True):
                 if output[0] != "key" and output[0].name in ("count", "sum"):
                     y2 = 1.0 if output[0].name == "count" else \
                         columns[output[1]].astype(np.float64) ** 2
                     result.error[name] = np.array([1.96 * math.sqrt(float(np.sum(spread * y2)))])
         return result
 
-    def _result(self, keys: list[tuple], counts: list[int],
-                sums: dict[Column, list], extremes: dict[tuple[Column, str], list],
+    def _result(self, keys: list[tuple[Any, ...]], counts: list[int],
+                sums: dict[Column, list[Any]], extremes: dict[tuple[Column, str], list[Any]],
                 ts: np.ndarray) -> Result:
         """Rows from per-group columns (groups in key order). Without GROUP BY and without
         rows, SQL's single row: COUNT 0, the other aggregates None."""
@@ -545,7 +549,7 @@ class Aggregator:
                 function, arg = output
                 columns.append([function.fold(n, self.kept(function, arg, g, sums, extremes))
                                 for g, n in enumerate(counts)])
-        rows = list(zip(*columns))
+        rows = list(zip(*columns, strict=True))
         no_ids = np.empty(len(rows), np.int64)
         no_ids.fill(-1)
         return Result(self.query.columns, rows, np.asarray(ts, dtype=np.float64), no_ids,
@@ -635,9 +639,9 @@ class AggregateIndex:
 
     def __init__(self, aggregator: Aggregator):
         self.aggregator = aggregator
-        self._groups: SortedDict = SortedDict()         # key tuple -> _Group
+        self._groups: SortedDict[tuple[Any, ...], _Group] = SortedDict()  # by key tuple
         # the keys by increasing position of their group's latest result, for expiry
-        self._recent: OrderedDict = OrderedDict()
+        self._recent: OrderedDict[tuple[Any, ...], None] = OrderedDict()
         self._horizon = 0
 
     def append(self, positions: np.ndarray, values: Mapping[str, np.ndarray],
@@ -692,8 +696,8 @@ class AggregateIndex:
         if not agg.group_by:
             return self._single(p0, p1)
         keys, counts, last = [], [], []
-        sums: dict[Column, list] = {c: [] for c in agg.sums}
-        extremes: dict[tuple[Column, str], list] = {
+        sums: dict[Column, list[Any]] = {c: [] for c in agg.sums}
+        extremes: dict[tuple[Column, str], list[Any]] = {
             (c, op): [] for c, ops in agg.extremes.items() for op in ops}
         for key, group in self._groups.items():
             group.expire(self._horizon)
@@ -791,7 +795,7 @@ def _extend_prefix(last: np.ndarray, values: np.ndarray) -> np.ndarray:
     return steps
 
 
-def _range_sum(later: list, earlier: list, values: np.ndarray | None, i: int,
+def _range_sum(later: list[Any], earlier: list[Any], values: np.ndarray | None, i: int,
                j: int) -> int | float:
     """The sum of rows [i, j) from their prefix rows j (`later`) and i (`earlier`), as
     Python lists: an exact int for an INT prefix, the difference of two compensated pairs
@@ -802,7 +806,7 @@ def _range_sum(later: list, earlier: list, values: np.ndarray | None, i: int,
         # each half's true sum fits int64 for fewer than 2**31 rows, so the difference of
         # the wrapped prefixes, wrapped again, is that sum
         return (_int64(high - high0) << _LOW) + _int64(low - low0)
-    total = (high - high0) + (low - low0)
+    total: float = (high - high0) + (low - low0)
     if math.isfinite(total):
         return total
     assert values is not None, "a FLOAT prefix comes with its values"
@@ -821,7 +825,7 @@ def _int64(value: int) -> int:
     return (value + 2**63) % 2**64 - 2**63
 
 
-def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tuple]]:
+def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tuple[Any, ...]]]:
     """Number n rows' key tuples 0..G-1 in ascending key order; return each row's number
     and the G keys as tuples of Python scalars. O(n log n)."""
     if not columns:
@@ -833,7 +837,7 @@ def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tu
         _, codes = np.unique(codes * len(uniques) + inverse.reshape(-1), return_inverse=True)
     codes = codes.reshape(-1)
     first = np.unique(codes, return_index=True)[1]
-    return codes, list(zip(*(column[first].tolist() for column in columns)))
+    return codes, list(zip(*(column[first].tolist() for column in columns), strict=True))
 
 
 class AggregateSink(Sink):

@@ -18,23 +18,24 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from psoup.archive.policy import step_ranges
 from psoup.archive.rates import SAMPLE_SPACE
+from psoup.archive.tiers import READ_RATE, ArchiveTiers, Sampled
 from psoup.errors import ArchiveError
+from psoup.plans import JoinPlan, Plan, SelectionPlan
 from psoup.query.model import TS, TUPLE_ID, Query
 from psoup.results.aggregates import Aggregator
 from psoup.results.materialized import Materialized
 from psoup.results.recent import Recent, RecentAnswers
 from psoup.results.result import EXACT, Result
-from psoup.results.tiers import READ_RATE, ArchiveTiers, Sampled
 from psoup.results.windows_table import WindowsTable, archive_reach
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.query_stem import JoinPlan, Plan, SelectionPlan
 from psoup.stems.span import Span
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ class Answers:
             return None
         key = (query, now, self.rollups.version)
         if self._substituted is not None and all(
-                a is b or a == b for a, b in zip(self._substituted[0], key)):
+                a is b or a == b for a, b in zip(self._substituted[0], key, strict=True)):
             return self._substituted[1]
         types = dict(self.stems[source.stream].schema.columns)
         columns = [(c, types.get(c)) for _, c in Aggregator(query).needed]
@@ -170,59 +171,96 @@ class Answers:
     def _selection(self, plan: SelectionPlan, now: float,
                    reads: Mapping[str, int] | None = None
                    ) -> tuple[Result, tuple[int, int] | None]:
-        query = plan.query
-        source = query.sources[0]
-        stem = self.stems[source.stream]
-        if plan.slot in self.tiers:
-            substitute = self.substitute(plan, now)
-            archived = self.tiers.part(plan.slot, source.window, now, reads, substitute)
-            sample = self.tiers.sampled(plan.slot)
-            fidelity = _fidelity(archive_reach(source.window, now),
-                                 _sample_layer(sample) + self._read_layer(plan, now, reads))
-        else:                           # no archive tier: all in memory, read whole
-            substitute, archived, sample, fidelity = None, None, None, EXACT
+        """A selection query's answer in stages: the window (its span in memory and its
+        tier's part), then the find and the fetch; each shortcut a named step."""
+        stem = self.stems[plan.query.sources[0].stream]
         span = self.windows.span(plan.slot, stem, now)
-        kept = self.kept.aggregates.get(plan.slot)
-        if (kept is not None and span.is_range and not archived and substitute is None
-                and fidelity == EXACT):
-            return kept.index.answer(*span.bounds()), None      # Sect. 6: no scan
-        if query.aggregated:
-            aggregator = Aggregator(query)
-            needed = list(dict.fromkeys([c for _, c in aggregator.needed] + [TS, TUPLE_ID]))
-            got = _fetch(self.kept.fetch(plan, span, needed), archived)
-            values = {(0, c): got[c] for _, c in aggregator.needed}
-            weights = None if fidelity == EXACT else 1.0 / _inclusion(got, sample, archived)
-            if substitute is not None:
-                answer = aggregator.with_totals(values, got[TS], substitute.totals, weights)
-            else:
-                answer = aggregator.compute(values, got[TS], weights)
-            answer.fidelity = fidelity
-            return answer, None
-        reusable = False
+        tier = self._tier_part(plan, now, reads)
+        if tier.empty:
+            indexed = self._indexed(plan, span)
+            if indexed is not None:
+                return indexed, None
+        if plan.query.aggregated:
+            return self._aggregate(plan, span, tier), None
         if span.is_range and plan.slot not in self.tiers:
-            p0, p1 = _held(span, stem)
-            # (a window too small for reuse to pay even for an empty answer: read whole)
-            reusable = (self.recent.enabled and not query.distinct
-                        and not query.contradiction and self.recent.worth_reusing(p1 - p0, 0))
-            reused = self._reused(plan, stem, p0, p1) if reusable else None
-            if reused is not None:
-                return reused, (stem.tid_bound(p0), stem.tid_bound(p1))
-        if (not self.defer_identity or archived or query.distinct or TS in plan.shown
+            return self._in_range(plan, stem, span)
+        return self._rows(plan, stem, span, tier), None
+
+    def _tier_part(self, plan: SelectionPlan, now: float,
+                   reads: Mapping[str, int] | None) -> _TierPart:
+        """What the archive adds to the window at `now`: its matches there (`reads`:
+        the segments read as samples), the part the aggregate copies answer, the tier's
+        sample and the answer's fidelity; `_IN_MEMORY` for a query without a tier."""
+        if plan.slot not in self.tiers:
+            return _IN_MEMORY
+        reach = archive_reach(plan.query.sources[0].window, now)
+        substitute = self.substitute(plan, now)
+        archived = self.tiers.part(plan.slot, reach, reads, substitute)
+        sample = self.tiers.sampled(plan.slot)
+        fidelity = _fidelity(reach, _sample_layer(sample) + self._read_layer(plan, now, reads))
+        return _TierPart(archived, substitute, sample, fidelity)
+
+    def _indexed(self, plan: SelectionPlan, span: Span) -> Result | None:
+        """An aggregate answered from its aggregate structure over a position range,
+        without a scan (Sect. 6); None when the query keeps none or the span is no
+        range."""
+        kept = self.kept.aggregates.get(plan.slot)
+        if kept is None or not span.is_range:
+            return None
+        return kept.index.answer(*span.bounds())
+
+    def _aggregate(self, plan: SelectionPlan, span: Span, tier: _TierPart) -> Result:
+        """An aggregate over the matches in `span` after the tier's (weighted by their
+        inclusion rates when read from a sample; the copies' totals added)."""
+        query = plan.query
+        aggregator = Aggregator(query)
+        needed = list(dict.fromkeys([c for _, c in aggregator.needed] + [TS, TUPLE_ID]))
+        got = _fetch(self.kept.fetch(plan, span, needed), tier.archived)
+        values = {(0, c): got[c] for _, c in aggregator.needed}
+        weights = (None if tier.fidelity == EXACT
+                   else 1.0 / _inclusion(got, tier.sample, tier.archived))
+        if tier.substitute is not None:
+            answer = aggregator.with_totals(values, got[TS], tier.substitute.totals, weights)
+        else:
+            answer = aggregator.compute(values, got[TS], weights)
+        answer.fidelity = tier.fidelity
+        return answer
+
+    def _in_range(self, plan: SelectionPlan, stem: DataSteM, span: Span
+                  ) -> tuple[Result, tuple[int, int]]:
+        """The rows of a window of memory only that is a position range, and that range
+        as tupleIDs; made from the query's last answer where that pays (`_reused`)."""
+        p0, p1 = _held(span, stem)
+        # (a window too small for reuse to pay even for an empty answer: read whole)
+        query = plan.query
+        reusable = (self.recent.enabled and not query.distinct and not query.contradiction
+                    and self.recent.worth_reusing(p1 - p0, 0))
+        window = (stem.tid_bound(p0), stem.tid_bound(p1))
+        reused = self._reused(plan, stem, p0, p1) if reusable else None
+        if reused is not None:
+            return reused, window
+        answer = self._rows(plan, stem, span, _IN_MEMORY)
+        if reusable:
+            self._remember(plan, stem, p0, p1, answer)
+        return answer, window
+
+    def _rows(self, plan: SelectionPlan, stem: DataSteM, span: Span, tier: _TierPart
+              ) -> Result:
+        """Find the matches in `span`, fetch their columns after the tier's rows, and
+        project: ts and tupleIDs taken when first read where nothing needs them now."""
+        query = plan.query
+        if (not self.defer_identity or tier.archived or query.distinct or TS in plan.shown
                 or TUPLE_ID in plan.shown):
-            got = _fetch(self.kept.fetch(plan, span, plan.fetched), archived)
+            got = _fetch(self.kept.fetch(plan, span, plan.fetched), tier.archived)
             answer = Result.build(query.columns, [got[name] for name in plan.selected],
                                   got[TS], got[TUPLE_ID], query.distinct)
-        else:                           # ts and tupleIDs when first read
+        else:
             got, rest = self.kept.fetch_deferred(plan, span, plan.shown, _IDENTITY)
             answer = Result.build(query.columns, [got[name] for name in plan.selected],
                                   None, None, False, identity=partial(_identity, rest))
             stem.defer(answer)
-        answer.fidelity = fidelity
-        if not span.is_range or plan.slot in self.tiers:
-            return answer, None
-        if reusable:
-            self._remember(plan, stem, p0, p1, answer)
-        return answer, (stem.tid_bound(p0), stem.tid_bound(p1))
+        answer.fidelity = tier.fidelity
+        return answer
 
     def _reused(self, plan: SelectionPlan, stem: DataSteM, p0: int, p1: int
                 ) -> Result | None:
@@ -263,7 +301,7 @@ class Answers:
             return
         if values is None:
             assert answer.values is not None
-            values = dict(zip(plan.selected, answer.values))
+            values = dict(zip(plan.selected, answer.values, strict=True))
         self.recent.put(plan.slot, Recent(plan.query, stem, p0, p1, values, answer.ts,
                                           answer.tuple_ids))
 
@@ -276,12 +314,13 @@ class Answers:
         if not reads:
             return []
         stem = self.stems[plan.query.sources[0].stream]
-        segments = self.tiers.meeting(plan.slot, plan.query.sources[0].window, now)
+        segments = self.tiers.meeting(plan.slot,
+                                      archive_reach(plan.query.sources[0].window, now))
         horizon = stem.ts_at(stem.horizon) if stem.horizon < stem.n else math.inf
         starts = [-math.inf] + [seg.lo for seg in segments[1:]]
         ends = starts[1:] + [horizon]
         return [(start, end, reads.get(seg.name, SAMPLE_SPACE) / SAMPLE_SPACE)
-                for seg, start, end in zip(segments, starts, ends)]
+                for seg, start, end in zip(segments, starts, ends, strict=True)]
 
     def _join(self, plan: JoinPlan, now: float) -> Result:
         query = plan.query
@@ -303,8 +342,26 @@ class Answers:
                             query.distinct)
 
 
+class _TierPart(NamedTuple):
+    """What an archive tier adds to a selection's answer at some NOW."""
+
+    archived: dict[str, np.ndarray] | None      # its matches in the window, oldest first
+    substitute: Substitute | None               # what the aggregate copies answer
+    sample: Sampled | None                      # the sample it was built from
+    fidelity: tuple[tuple[float, float, float], ...]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing from the archive: the answer is the matches in memory, exactly."""
+        return not self.archived and self.substitute is None and self.fidelity == EXACT
+
+
+#: The tier part of a query without a tier.
+_IN_MEMORY = _TierPart(None, None, None, EXACT)
+
+
 def _sample_layer(sample: Sampled | None) -> list[tuple[float, float, float]]:
-    """A tier's sample (psoup.results.tiers.Sampled) as ts ranges and rates: its steps,
+    """A tier's sample (psoup.archive.tiers.Sampled) as ts ranges and rates: its steps,
     up to where it ends."""
     if sample is None:
         return []
@@ -325,7 +382,7 @@ def _fidelity(reach: tuple[float, float] | None,
     begin, end = reach
     cuts = sorted({begin, end} | {x for a, b, _ in layers for x in (a, b) if begin < x < end})
     out: list[tuple[float, float, float]] = []
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in zip(cuts, cuts[1:], strict=False):
         rate = min([r for lo, hi, r in layers if lo <= a and b <= hi] + [1.0])
         if out and out[-1][2] == rate:
             out[-1] = (out[-1][0], b, rate)

@@ -23,7 +23,7 @@ The three engine modes differ in the selection structure (Sect. 5): PSoup-P
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 

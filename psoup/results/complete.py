@@ -11,9 +11,9 @@ trimmed the next time the list is read.
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Mapping
 
-from typing import Mapping
+import numpy as np
 
 from psoup.query.model import Source
 from psoup.results.base import ResultsStructure
@@ -49,7 +49,7 @@ class CompleteResults(ResultsStructure):
             return
         starts = np.flatnonzero(np.r_[True, cols[1:] != cols[:-1]])
         slot_of_col = (live[:, None] * 64 + np.arange(64)).ravel()
-        for start, end in zip(starts, np.r_[starts[1:], len(cols)]):
+        for start, end in zip(starts, np.r_[starts[1:], len(cols)], strict=True):
             slot = int(slot_of_col[cols[start]])
             self._lists.setdefault(slot, []).append(rows[start:end].astype(np.int64) + p0)
 

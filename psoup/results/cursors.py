@@ -51,7 +51,7 @@ import secrets
 import struct
 from collections import Counter, OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,8 +61,8 @@ from psoup.fsync import fsync_dir, write_whole
 from psoup.results.result import Changes, Result, row_codes
 
 if TYPE_CHECKING:
+    from psoup.plans import Plan
     from psoup.results.answers import Answers
-    from psoup.stems.query_stem import Plan
 
 #: The cursor format: version, kind, answer digest, tupleID range [lo, hi). Version 3
 #: replaced HMAC-SHA256 by keyed BLAKE2b (a third of the time per invocation).
@@ -101,9 +101,10 @@ class CursorStore:
         ...                 np.array([a]))
         >>> store = CursorStore(core.answers)
         >>> put(1)
-        >>> c = store.issue("h", *core.answer_and_window("h", 0.0))
+        >>> c = store.issue("h", *core.answers.answer_and_window(core.plan("h"), 0.0))
         >>> put(2)
-        >>> ch = store.changes("h", core.plan("h"), c, *core.answer_and_window("h", 0.0))
+        >>> ch = store.changes("h", core.plan("h"), c,
+        ...                 *core.answers.answer_and_window(core.plan("h"), 0.0))
         >>> ch.inserted.rows, ch.deleted.rows
         ([(2,)], [])
     """
@@ -240,8 +241,8 @@ def difference(old: Result, new: Result, distinct: bool) -> tuple[Result, Result
     if distinct:
         entered, left = _differ_columns(new.values, old.values) or _differ(new.rows, old.rows)
     elif new.keys is not None:               # an aggregated answer: by group and row
-        entered, left = _differ(list(zip(new.keys, new.rows)),
-                                list(zip(old.keys or [], old.rows)))
+        entered, left = _differ(list(zip(new.keys, new.rows, strict=True)),
+                                list(zip(old.keys or [], old.rows, strict=True)))
     elif new.tuple_ids.ndim == 2:            # a join: one tupleID per FROM item
         differed = _differ_columns(list(new.tuple_ids.T), list(old.tuple_ids.T))
         assert differed is not None, "tupleIDs are int64 columns"
@@ -302,7 +303,7 @@ def cursor_secret(directory: str | Path) -> bytes:
     return secret
 
 
-def _differ(new: list, old: list) -> tuple[np.ndarray, np.ndarray]:
+def _differ(new: list[Any], old: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """The multiset difference of two lists of row identities, as masks: of the rows of
     `new` beyond their identity's count in `old` (the last ones of each identity), and of
     the rows of `old` beyond its count in `new`. O(n + m).
@@ -311,7 +312,7 @@ def _differ(new: list, old: list) -> tuple[np.ndarray, np.ndarray]:
         >>> [m.tolist() for m in _differ(["a", "b", "a"], ["a", "c"])]
         [[False, True, True], [False, True]]
     """
-    def beyond(rows: list, other: list) -> np.ndarray:
+    def beyond(rows: list[Any], other: list[Any]) -> np.ndarray:
         budget = Counter(other)
         mask = np.empty(len(rows), dtype=bool)
         for i, key in enumerate(rows):
@@ -332,9 +333,9 @@ def _differ_columns(new: list[np.ndarray] | None,
         [[False, True, True], [False, True]]
     """
     if new is None or old is None or len(new) != len(old) or any(
-            a.dtype != b.dtype for a, b in zip(new, old)):
+            a.dtype != b.dtype for a, b in zip(new, old, strict=True)):
         return None
-    grouped = row_codes([np.concatenate([a, b]) for a, b in zip(new, old)])
+    grouped = row_codes([np.concatenate([a, b]) for a, b in zip(new, old, strict=True)])
     if grouped is None:
         return None
     first, codes = grouped

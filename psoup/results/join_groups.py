@@ -22,16 +22,17 @@ hybrid structs in the routing policy's order -- is the eddy's, handed in as a `J
 
 from __future__ import annotations
 
-from typing import Hashable, Mapping, Protocol, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from psoup.bits import WORD, bit_of, regroup, set_bit, widened
+from psoup.plans import JoinPlan
 from psoup.query.model import Query
 from psoup.results.base import Sink
 from psoup.results.joins import Combinations, JoinEntries, in_windows, stamped
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.query_stem import JoinPlan
 from psoup.stems.span import Span
 
 
@@ -260,7 +261,7 @@ class JoinGroup(Sink):
     def nbytes(self) -> int:
         return self.entries.nbytes() + sum(c.nbytes() for c in self.candidates)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Introspection: the streams, the members and the live entries."""
         return {"streams": [s.stream for s in self.query.sources],
                 "members": len(self.members), "entries": len(self.entries.entries(self.stems))}
@@ -333,7 +334,7 @@ class JoinGroups:
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[JoinGroup]:
         return iter(self._by_key.values())
 
     def nbytes(self) -> int:

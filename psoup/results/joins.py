@@ -21,7 +21,8 @@ invocation.
 
 from __future__ import annotations
 
-from typing import Sequence, cast
+from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -48,10 +49,10 @@ class Combinations:
         return len(self.earliest)
 
     @classmethod
-    def empty(cls, k: int) -> "Combinations":
+    def empty(cls, k: int) -> Combinations:
         return cls(np.empty((0, k), np.int64), np.empty(0), np.empty(0), True)
 
-    def take(self, keep: np.ndarray | slice) -> "Combinations":
+    def take(self, keep: np.ndarray | slice) -> Combinations:
         return Combinations(self.positions[keep], self.earliest[keep], self.latest[keep],
                             self.ordered, None if self.bits is None else self.bits[keep])
 
@@ -75,12 +76,13 @@ def in_windows(entries: Combinations, spans: Sequence[Span],
     """
     if stems and entries.ordered and len(entries):
         starts: list[int] = []
-        for span, stem in zip(spans, stems):
+        for span, stem in zip(spans, stems, strict=True):
             p = span.first()
             if p is None or p >= stem.n:
                 return Combinations.empty(len(spans))
             starts.append(p)
-        oldest = min(stem.ts_at(max(p, stem.horizon)) for p, stem in zip(starts, stems))
+        oldest = min(stem.ts_at(max(p, stem.horizon))
+                     for p, stem in zip(starts, stems, strict=True))
         cut = int(np.searchsorted(entries.earliest, oldest, "left"))
         if cut:
             entries = entries.take(slice(cut, None))

@@ -15,17 +15,17 @@ through the same hybrid structs the eddy uses.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from psoup.plans import JoinPlan, Plan, SelectionPlan, filed
 from psoup.results.aggregates import AggregateSink
 from psoup.results.base import SinkTable, taken_now
-from psoup.results.join_groups import JoinGroups, Joiner
+from psoup.results.join_groups import Joiner, JoinGroups
 from psoup.results.joins import Combinations, ordered, stamped
 from psoup.results.modes import Mode
 from psoup.stems.data_stem import DataSteM
-from psoup.stems.query_stem import JoinPlan, Plan, SelectionPlan
 from psoup.stems.span import Span
 
 
@@ -70,7 +70,7 @@ class Materialized:
                 self.sinks.attach(plan.slot, stream, sink)
             return
         group = self.groups.add(plan, self.stems_of(plan))
-        for slot, source in zip(plan.slots, query.sources):
+        for slot, source in zip(plan.slots, query.sources, strict=True):
             self.sinks.attach(slot, source.stream, group)
 
     def forget(self, plan: Plan) -> None:
@@ -136,7 +136,7 @@ class Materialized:
             return self.groups.of(plan.jid).matches(plan.jid, spans)
         stems = self.stems_of(plan)
         candidates = {i: stems[i].probe(local.sources[0], span)
-                      for i, (span, local) in enumerate(zip(spans, plan.locals))}
+                      for i, (span, local) in enumerate(zip(spans, plan.locals, strict=True))}
         return ordered(stamped(self.joiner.join(plan.jid, plan.query, stems, candidates,
                                                 None), stems))
 
@@ -155,7 +155,7 @@ class Materialized:
         joins = [p for p in plans if isinstance(p, JoinPlan) and self.materializes
                  and not p.query.contradiction]
         assert len(self.groups) == len({id(self.groups.of(p.jid)) for p in joins}), "groups"
-        slots = {slot for p in live.values() for slot, _ in _filed(p)}
+        slots = {slot for p in live.values() for slot, _ in filed(p)}
         assert self.sinks.attached() <= slots, "no sink keeps a slot no query has"
         for p in joins:
             group = self.groups.of(p.jid)
@@ -167,9 +167,3 @@ class Materialized:
         free = getattr(self.selections, "_check_free", None)
         if free is not None:
             free(slots)
-
-
-def _filed(plan: Plan) -> list[tuple[int, object]]:
-    if isinstance(plan, SelectionPlan):
-        return [(plan.slot, plan.query)]
-    return list(zip(plan.slots, plan.locals))

@@ -12,8 +12,8 @@ ResultsStructure) and how its join groups order their entries.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from psoup.results.base import ResultsStructure
 from psoup.results.complete import CompleteResults

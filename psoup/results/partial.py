@@ -40,7 +40,7 @@ reuse): 1.07x at 1,024 queries with 200,000 tuples retained.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -50,7 +50,6 @@ from psoup.query.model import Source
 from psoup.results.base import ResultsStructure
 from psoup.stems.data_stem import DataSteM, chunk_runs
 from psoup.stems.span import Span
-
 
 #: Padding words after each word row of a chunk (see PartialResults._new_chunk); the
 #: first holds the row's form (kernels.WORD_MAJOR or SLICED).

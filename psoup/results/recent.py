@@ -35,7 +35,6 @@ import numpy as np
 from psoup.query.model import Query
 from psoup.stems.data_stem import DataSteM
 
-
 #: When reusing pays (measured on a 2-core Xeon, 64 handles polled in turn after each
 #: batch): the find of a window hot in the cache scans about 3 rows per nanosecond, while
 #: the rows kept from the last answer are copied from memory that is cold by then (the

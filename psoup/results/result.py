@@ -12,7 +12,8 @@ over numeric columns is a sort of the columns (`row_codes`), not a dict of tuple
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,9 +52,9 @@ class Result:
         (2, [{'a': 1}, {'a': 2}])
     """
 
-    def __init__(self, columns: list[str], rows: list[tuple] | None, ts: np.ndarray | None,
-                 tuple_ids: np.ndarray | None, cursor: str | None = None,
-                 keys: list[tuple] | None = None,
+    def __init__(self, columns: list[str], rows: list[tuple[Any, ...]] | None,
+                 ts: np.ndarray | None, tuple_ids: np.ndarray | None, cursor: str | None = None,
+                 keys: list[tuple[Any, ...]] | None = None,
                  values: list[np.ndarray] | None = None,
                  fidelity: Sequence[tuple[float, float, float]] = EXACT,
                  error: dict[str, np.ndarray] | None = None,
@@ -121,7 +122,7 @@ class Result:
     def build(cls, columns: list[str], values: list[np.ndarray], ts: np.ndarray | None,
               tuple_ids: np.ndarray | None, distinct: bool,
               identity: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
-              ) -> "Result":
+              ) -> Result:
         """An answer over projected column arrays (rows built when first asked for);
         DISTINCT keeps each row's first occurrence (and its ts). `identity`: as in
         `Result`."""
@@ -153,7 +154,7 @@ class Result:
         """Whether the cursor is set (reading `cursor` would issue a deferred one)."""
         return self._cursor is not None
 
-    def defer_cursor(self, issue: Callable[["Result"], None]) -> None:
+    def defer_cursor(self, issue: Callable[[Result], None]) -> None:
         """Have `issue(self)` set the cursor when it is first read, instead of now: the
         digest and MAC of a cursor cost 10-20 us of a 50-180 us invocation (measured,
         2,240-15,764 rows), wasted on a caller that never polls with `since`. `issue`
@@ -167,11 +168,11 @@ class Result:
         return self._values
 
     @property
-    def rows(self) -> list[tuple]:
+    def rows(self) -> list[tuple[Any, ...]]:
         """One tuple per row, values as Python scalars (built on first use)."""
         if self._rows is None:
             values = self._values or []
-            self._rows = list(zip(*(v.tolist() for v in values))) if values else []
+            self._rows = list(zip(*(v.tolist() for v in values), strict=True)) if values else []
         return self._rows
 
     def to_numpy(self) -> dict[str, np.ndarray]:
@@ -179,7 +180,7 @@ class Result:
         was projected from columns, so the arrays are read-only (the engine keeps the
         answer for `invoke(since=...)`): copy one to change it."""
         if self._values is not None:
-            return dict(zip(self.columns, self._values))
+            return dict(zip(self.columns, self._values, strict=True))
         rows = self.rows
         out = {}
         for i, name in enumerate(self.columns):
@@ -197,7 +198,7 @@ class Result:
         """The answer as a `pandas.DataFrame` (pandas must be installed)."""
         return self.to_arrow().to_pandas()
 
-    def distinct(self) -> "Result":
+    def distinct(self) -> Result:
         """The rows with duplicates dropped, each kept where it first occurs (a set of
         rows: the group keys of an aggregated answer no longer identify them). Numeric
         columns are compared as columns, O(n log n) in C; other answers build their rows.
@@ -217,7 +218,7 @@ class Result:
             return self._carried(Result(self.columns, None, self.ts[first],
                                         self.tuple_ids[first], self.cursor,
                                         values=[v[first] for v in self._values or []]), first)
-        seen: dict[tuple, int] = {}
+        seen: dict[tuple[Any, ...], int] = {}
         for i, row in enumerate(self.rows):
             seen.setdefault(row, i)
         if len(seen) == len(self.rows):
@@ -227,7 +228,7 @@ class Result:
         return self._carried(Result(self.columns, list(seen), self.ts[keep],
                                     self.tuple_ids[keep], self.cursor), keep)
 
-    def take(self, keep: np.ndarray) -> "Result":
+    def take(self, keep: np.ndarray) -> Result:
         """The rows selected by a boolean mask (or positions), with their ts, tupleIDs and
         group keys; columns stay columns. O(kept rows) (O(rows) to read a mask).
 
@@ -247,7 +248,7 @@ class Result:
             self.columns, [rows[i] for i in at.tolist()], self.ts[keep], self.tuple_ids[keep],
             keys=None if keys is None else [keys[i] for i in at.tolist()]), keep)
 
-    def _carried(self, result: "Result", keep: np.ndarray | None = None) -> "Result":
+    def _carried(self, result: Result, keep: np.ndarray | None = None) -> Result:
         """`result` (this answer's rows `keep`, all when None) with this answer's
         fidelity and the errors of those rows."""
         result.fidelity = self.fidelity
@@ -259,11 +260,11 @@ class Result:
             return len(self._values[0])
         return len(self.rows)
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(self.rows)
 
     def to_dicts(self) -> list[dict[str, Any]]:
-        return [dict(zip(self.columns, row)) for row in self.rows]
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
 
     def __repr__(self) -> str:
         return f"Result(columns={self.columns}, rows={len(self)})"

@@ -111,7 +111,7 @@ class WindowsTable:
         del self._windows[qid]
 
     def spans(self, qid: int, stems: list[DataSteM], now: float) -> list[Span]:
-        return [resolve(w, s, now) for w, s in zip(self._windows[qid], stems)]
+        return [resolve(w, s, now) for w, s in zip(self._windows[qid], stems, strict=True)]
 
     def span(self, qid: int, stem: DataSteM, now: float) -> Span:
         """`spans` of a query with one FROM item (a selection query)."""

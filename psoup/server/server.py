@@ -170,8 +170,9 @@ class Server:
         self._busy_replies = 0
         self._apply_rate = 64e6
         # the factor limit is the compiler's: the engine refuses longer WHERE clauses
-        if engine.max_factors is None or engine.max_factors > self.limits.max_factors:
-            engine.max_factors = self.limits.max_factors
+        if (engine.limits.max_factors is None
+                or engine.limits.max_factors > self.limits.max_factors):
+            engine.limits.max_factors = self.limits.max_factors
         for name in ("max_queries", "max_stream_bytes", "max_results_bytes"):
             if getattr(self.limits, name) is not None:
                 setattr(engine, name, getattr(self.limits, name))

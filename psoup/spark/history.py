@@ -12,7 +12,7 @@ a staging directory in the archive, at most SEGMENT_ROWS a file; nothing is coll
 through Spark's driver (whose results are bounded by spark.driver.maxResultSize, 1 GB
 by default: 3.9 GB of matches for a billion archived tuples at an 8% match rate would
 fail there). psoup then splits each file into one per query (`receive`), a file at a
-time, as the segments of the queries' archive tiers (psoup.results.tiers), which keep
+time, as the segments of the queries' archive tiers (psoup.archive.tiers), which keep
 an index of them and read the part a window needs at invocation.
 
 Spark is imported here only, and this runs only when the user asks for history
@@ -21,31 +21,40 @@ Spark is imported here only, and this runs only when the user asks for history
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shutil
 import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from psoup.archive.layout import (ARROW_TYPES, SAMPLE_COLUMN, SPARK_TYPES, TS_COLUMN,
-                                  TUPLE_ID_COLUMN, check_part, to_numpy)
+from psoup.archive.layout import (
+    ARROW_TYPES,
+    SAMPLE_COLUMN,
+    SPARK_TYPES,
+    TS_COLUMN,
+    TUPLE_ID_COLUMN,
+    check_part,
+    to_numpy,
+)
 from psoup.archive.policy import step_at
 from psoup.archive.rates import GROUP_WIDTH, threshold
 from psoup.archive.sampling import draws_of, write_runs
 from psoup.errors import ArchiveError, PSoupError
 from psoup.fsync import make_dir, sync_file_system, write_whole
-from psoup.spark.session import spark_error
 from psoup.query.model import TS, TUPLE_ID, StreamSchema
+from psoup.spark.session import spark_error
 
 if TYPE_CHECKING:
     from psoup.archive.policy import Schedule
-    from psoup.results.tiers import Sampled, Segment
+    from psoup.archive.tiers import Sampled, Segment
 
 SLOT = "slot"
 #: At most this many matches in one file the executors write: psoup holds one such file
@@ -125,12 +134,12 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
     with `partitionBy`, costs ~13 ms a file: 13 s for 1,024 queries; pyarrow, ~1 ms.)
 
     `sampled`: the slots whose matches are from a sample of the archive, with how it
-    was drawn; their files say so in their metadata (`psoup.results.tiers.SAMPLED_KEY`),
+    was drawn; their files say so in their metadata (`psoup.archive.tiers.SAMPLED_KEY`),
     and one without matches gets an empty file saying it (`sample_marker`), so that the
     tier knows its rate after a restart too."""
     import pyarrow.parquet as pq
 
-    from psoup.results.tiers import SAMPLED_KEY, Segment, sample_marker, segment_name
+    from psoup.archive.tiers import SAMPLED_KEY, Segment, sample_marker, segment_name
 
     sampled = sampled or {}
     rng = np.random.default_rng()           # draws for matches that come without one
@@ -148,7 +157,7 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
         ts = table.column(TS).to_numpy()
         table = table.drop_columns([SLOT])
         cuts = np.flatnonzero(np.diff(slot_of)) + 1
-        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(slot_of)]):
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(slot_of)], strict=False):
             slot, first, last = int(slot_of[a]), int(ids[a]), int(ids[b - 1])
             target = into / segment_name(str(slot), first, last)
             make_dir(target.parent, private=True)
@@ -165,7 +174,7 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
         sync_file_system(into)              # one journal commit, not one a file
     for slot, found in out.items():
         found.sort(key=lambda seg: seg.first)
-        if any(x.last >= y.first for x, y in zip(found, found[1:])):
+        if any(x.last >= y.first for x, y in zip(found, found[1:], strict=False)):
             raise PSoupError(f"history: the matches of query slot {slot} overlap across "
                              f"the files under {staging}")
     return out
@@ -293,7 +302,7 @@ def _check_order(ts: np.ndarray, files: np.ndarray, groups: np.ndarray | None = 
                          f"{float(ts[i + 1])})")
 
 
-def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
+def evaluate(spark: Any, root: Path, ddl: str, schema: StreamSchema,
              queries: Sequence[tuple[int, str]], below: int, into: Path,
              progress: Callable[[str], None] | None = None,
              samples: Mapping[int, Schedule] | None = None, until: float = math.inf
@@ -315,7 +324,7 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
     from pyspark.sql import functions as F
 
     from psoup.archive.sampling import is_sampled
-    from psoup.results.tiers import Sampled
+    from psoup.archive.tiers import Sampled
 
     root = Path(root).resolve()                 # the JVM's working directory may differ
     into = Path(into).resolve()                 # segment names are absolute (`receive`)
@@ -345,7 +354,7 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
                          f"does not match the stream: {spark_error(exc)}") from None
     queries = list(queries)
 
-    def run(batches):
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
         return probe_batches(ddl, queries, batches, limits)
 
     if progress is not None:
@@ -373,13 +382,11 @@ def evaluate(spark, root: Path, ddl: str, schema: StreamSchema,
                         for slot, steps in samples.items()})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        try:
+        with contextlib.suppress(OSError):
             staging.parent.rmdir()          # empty once no job uses it
-        except OSError:
-            pass
 
 
-def _pushdown(F, schedules: list[Limits]):
+def _pushdown(F: Any, schedules: list[Limits]) -> Any:
     """The rows some sample of `schedules` may take, as a Spark filter Parquet can
     push down: per ts range between the schedules' steps, the draws below the largest
     of their thresholds there (OR of (ts range AND draw < t))."""
@@ -387,7 +394,7 @@ def _pushdown(F, schedules: list[Limits]):
     ends = starts[1:] + [math.inf]
     ts, draw = F.col(TS_COLUMN), F.col(SAMPLE_COLUMN)
     keep = None
-    for lo, hi in zip(starts, ends):
+    for lo, hi in zip(starts, ends, strict=True):
         top = max(_threshold_at(steps, lo) for steps in schedules)
         part = draw < top
         if lo > -math.inf:

@@ -9,6 +9,7 @@ per-invocation path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -16,8 +17,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any, Iterable, Mapping
+from typing import IO, Any
 
 from psoup.errors import PSoupError
 
@@ -65,10 +67,8 @@ def _lower_priority(pid: int) -> None:
     except OSError:
         threads = [str(pid)]
     for tid in threads:
-        try:
+        with contextlib.suppress(OSError, AttributeError, ValueError):
             os.setpriority(os.PRIO_PROCESS, int(tid), SPARK_NICENESS)
-        except (OSError, AttributeError, ValueError):
-            pass
 
 
 def _forward(stream: IO[bytes]) -> None:
@@ -214,7 +214,7 @@ def spark_session(master: str | None = None, conf: Mapping[str, str] | None = No
             if SparkContext._active_spark_context is None:
                 # the driver JVM's stderr through a filter (the gateway is what
                 # SparkContext would launch, with stderr piped)
-                gateway = launch_gateway(spark_conf,
+                gateway = launch_gateway(spark_conf,  # type: ignore[no-untyped-call]  # pyspark leaves it untyped
                                          popen_kwargs={"stderr": subprocess.PIPE})
                 _lower_priority(gateway.proc.pid)
                 threading.Thread(target=_forward, args=(gateway.proc.stderr,),
@@ -244,8 +244,7 @@ def package_zip(folder: str | Path | None = None) -> Path:
     import hashlib
     import zipfile
 
-    import psoup
-    root = Path(psoup.__file__).parent
+    root = Path(__file__).resolve().parent.parent      # the psoup package
     files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
     digest = hashlib.blake2b(digest_size=8)
     for path in files:

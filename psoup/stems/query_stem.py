@@ -20,66 +20,15 @@ predicateList factors fail. This replaces the paper's per-query countdown array
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Mapping, Sequence, Union
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from psoup import kernels
 from psoup.bits import DTYPE, bit_row, set_bit, widened, words_for
-from psoup.query.model import TS, TUPLE_ID, ColumnFactor, Query
+from psoup.query.model import ColumnFactor, Query
 from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import factor_mask, source_mask
-
-
-@dataclass(frozen=True, eq=False)
-class SelectionPlan:
-    """A registered selection query and its slot (its column in the Results Structure)."""
-
-    slot: int
-    query: Query
-
-    @property
-    def id(self) -> int:
-        """The query's id in the WindowsTable and the Results Structure: its slot."""
-        return self.slot
-
-    @cached_property
-    def selected(self) -> list[str]:
-        """The stream columns its SELECT list shows, in order."""
-        return [item.column for item in self.query.select]
-
-    @cached_property
-    def shown(self) -> list[str]:
-        """The selected columns, each once."""
-        return list(dict.fromkeys(self.selected))
-
-    @cached_property
-    def fetched(self) -> list[str]:
-        """The columns an answer reads from the Data SteM: the selected ones, ts and
-        tupleID, each once."""
-        return list(dict.fromkeys(self.selected + [TS, TUPLE_ID]))
-
-
-@dataclass(frozen=True, eq=False)
-class JoinPlan:
-    """A registered join query: its id, and the Query SteM slot and local query of each
-    FROM item (`locals[i]` = `query.local(i)`, the factors on item i alone)."""
-
-    jid: int
-    query: Query
-    slots: tuple[int, ...]
-    locals: tuple[Query, ...]
-
-    @property
-    def id(self) -> int:
-        """The query's id in the WindowsTable: its first slot."""
-        return self.jid
-
-
-#: What a handle names: a selection or a join query with its slots.
-Plan = Union[SelectionPlan, JoinPlan]
 
 
 class _StreamQueries:
@@ -105,7 +54,7 @@ class _StreamQueries:
     def interest_row(self, words: int) -> np.ndarray:
         return widened(self.interest, words)[:words]
 
-    def row(self, slots, words: int) -> np.ndarray:
+    def row(self, slots: Iterable[int], words: int) -> np.ndarray:
         """A bit row with `slots` set (cached per set of slots and width)."""
         key = (frozenset(slots), words)
         got = self._rows.get(key)
@@ -223,7 +172,8 @@ class QuerySteM:
         """
         out = np.empty((self.words, n), dtype=DTYPE)
         self.probe_into(stream, columns, [(0, n, out)])
-        return out.T
+        transposed: np.ndarray = out.T
+        return transposed
 
     def probe_into(self, stream: str, columns: Mapping[str, np.ndarray],
                    pieces: Sequence[tuple[int, int, np.ndarray]]) -> None:
@@ -243,19 +193,7 @@ class QuerySteM:
             for a, b, out in pieces:
                 out[:] = flags[a:b].T
             return
-        interest = sq.interest_row(words)
-        indexed = [(index, columns[c]) for c, index in sq.attrs.items() if len(index)]
-        if indexed:
-            tables = tuple([index.table(words) for index, _ in indexed])
-            keys, firsts, maps = map(list, zip(*[index.keys(v) for index, v in indexed]))
-        for a, b, out in pieces:
-            if not indexed:
-                out[:] = interest[:, None]
-                continue
-            while (g := kernels.probe_into(tables, tuple([k[a:b] for k in keys]),
-                                           tuple(firsts), tuple(maps), interest, out)) >= 0:
-                index, values = indexed[g]      # a value its direct map has not seen
-                keys[g], firsts[g], maps[g] = index.keys(values, direct_map=False)
+        self._probe_indexed(sq, columns, pieces)
         for factor, users in sq.factors.items():
             fails = np.flatnonzero(~factor_mask(factor, columns[factor.left],
                                                 columns[factor.right]))
@@ -265,6 +203,27 @@ class QuerySteM:
                     here = fails[(fails >= a) & (fails < b)] - a
                     if len(here):
                         out[:, here] &= keep
+
+    def _probe_indexed(self, sq: _StreamQueries, columns: Mapping[str, np.ndarray],
+                       pieces: Sequence[tuple[int, int, np.ndarray]]) -> None:
+        """`probe_into`'s shared pass: the interest row less what the attribute indices
+        reject, one compiled call per piece (a value a direct map has not seen sends
+        the call back for that attribute's keys without one)."""
+        words = self.words
+        interest = sq.interest_row(words)
+        indexed = [(index, columns[c]) for c, index in sq.attrs.items() if len(index)]
+        if not indexed:
+            for _, _, out in pieces:
+                out[:] = interest[:, None]
+            return
+        tables = tuple([index.table(words) for index, _ in indexed])
+        keys, firsts, maps = map(list, zip(*[index.keys(v) for index, v in indexed],
+                                           strict=True))
+        for a, b, out in pieces:
+            while (g := kernels.probe_into(tables, tuple([k[a:b] for k in keys]),
+                                           tuple(firsts), tuple(maps), interest, out)) >= 0:
+                index, values = indexed[g]      # a value its direct map has not seen
+                keys[g], firsts[g], maps[g] = index.keys(values, direct_map=False)
 
     def _probe_unshared(self, stream: str, sq: _StreamQueries,
                         columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:

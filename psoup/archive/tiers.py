@@ -20,8 +20,8 @@ query from its executors' sorted files of at most SEGMENT_ROWS) and, at each sav
 the tier gained since (the matches of the tuples that left retention meanwhile, held in
 memory until then as the tier's *tail*). The engine keeps only an index of the segments
 (tupleID and ts range, row count: `Segment`), so its memory does not grow with the
-archive; an invocation reads the segments whose ts range meets the window's
-(psoup.results.windows_table says how far each kind of window reaches), slices them by
+archive; an invocation reads the segments whose ts range meets the window's reach
+(the ts range the caller's window selects among archived matches), slices them by
 binary search, and appends the tail's part. The segments read last stay decoded in a
 small cache (CACHE_BYTES), so a client polling a window that reaches into the archive
 reads its files once, not at each poll.
@@ -34,12 +34,14 @@ their footers back (docs/durability.md, "What is on disk").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -47,8 +49,7 @@ from psoup.archive.policy import step_at
 from psoup.archive.rates import SAMPLE_SPACE
 from psoup.errors import PSoupError
 from psoup.fsync import make_dir, sync_file_system, write_whole
-from psoup.query.model import TS, TUPLE_ID, Window
-from psoup.results.windows_table import archive_reach
+from psoup.query.model import TS, TUPLE_ID
 from psoup.stems.data_stem import DataSteM
 
 if TYPE_CHECKING:
@@ -60,6 +61,10 @@ Probe = Callable[[str, Mapping[str, np.ndarray], int], np.ndarray]
 #: The folder under the tiers folder where a history job's segments wait to be moved
 #: into place (`ArchiveTiers.finish`); a checkpoint leaves it alone, an opening empties it.
 INCOMING = ".incoming"
+
+#: The ts range [begin, end] that a window selects among archived matches at some NOW,
+#: or None for a window that counts tuples in memory only.
+Reach = tuple[float, float] | None
 
 #: Decoded segments kept for the next invocations, at most this many bytes in all.
 CACHE_BYTES = 64 << 20
@@ -157,7 +162,7 @@ def segment_name(handle: str, first: int, last: int) -> str:
     return f"{handle}/{first:020d}-{last:020d}.parquet"
 
 
-def sample_marker(folder: Path, handle: str, sample: Sampled, schema) -> Segment:
+def sample_marker(folder: Path, handle: str, sample: Sampled, schema: Any) -> Segment:
     """Write the marker segment of `handle`'s tier (no match, `sample` in its metadata)
     under `folder`; not made durable here (the caller syncs the file system)."""
     import pyarrow.parquet as pq
@@ -242,10 +247,8 @@ def load_segments(folder: Path, wanted: list[tuple[Segment, dict[str, str], int]
     the answer needs it. O(what they read)."""
     out = {}
     for seg, types, limit in wanted:
-        try:
+        with contextlib.suppress(PSoupError):
             out[cache_key(seg.name, limit)] = load_segment(folder, seg, types, limit)
-        except PSoupError:
-            pass
     return out
 
 
@@ -393,7 +396,7 @@ class ArchiveTiers:
         >>> found = ArchiveTiers.write(tiers.folder,
         ...                            [Unsaved(0, ".incoming/0", spark, 1, types, ())])
         >>> tiers.finish({"R": {0: [found[0].segment]}}, {0: "h"})
-        >>> tiers.files(0), tiers.part(0, Window(), 5.0)["a"].tolist()
+        >>> tiers.files(0), tiers.part(0, (-math.inf, math.inf))["a"].tolist()
         (['h/00000000000000000000-00000000000000000000.parquet'], [9, 1])
     """
 
@@ -490,12 +493,12 @@ class ArchiveTiers:
             return
         self._hook(self._stream_of.pop(slot))
 
-    def part(self, slot: int, window: Window, now: float,
+    def part(self, slot: int, reach: Reach,
              reads: Mapping[str, int] | None = None, skip: Substitute | None = None
              ) -> dict[str, np.ndarray] | None:
-        """The slot's archived matches that `window` selects at `now` (all columns, ts
-        and tupleID included), or None when there are none or the window counts tuples
-        in memory only. Reads the segments whose ts range meets the window's, but for
+        """The slot's archived matches with a ts in `reach` (all columns, ts and
+        tupleID included), or None when there are none or the window counts tuples in
+        memory only (`reach` None). Reads the segments whose ts range meets `reach`, but for
         those whose every match the aggregate copies `skip` answer, and leaves out the
         matches `skip` answers; the segments named in `reads` it reads only for their
         matches with a draw below the limit given there (a sample,
@@ -506,13 +509,12 @@ class ArchiveTiers:
             PSoupError: a segment file is gone or damaged (naming it).
         """
         tier = self._tiers.get(slot)
-        reach = archive_reach(window, now)
         if tier is None or not len(tier) or reach is None:
             return None
         begin, end = reach
         reads = reads or {}
         pieces = []
-        for seg in self.meeting(slot, window, now, skip):
+        for seg in self.meeting(slot, reach, skip):
             limit = reads.get(seg.name, SAMPLE_SPACE)
             got = _between(self._read(self._stream_of[slot], seg, limit), begin, end)
             if reads:
@@ -530,13 +532,12 @@ class ArchiveTiers:
             return pieces[0] if pieces else None
         return {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
 
-    def meeting(self, slot: int, window: Window, now: float,
-                skip: Substitute | None = None) -> list[Segment]:
-        """The segments of `slot`'s tier holding matches whose ts range meets the
-        window's at `now`, but for those whose every match the aggregate copies `skip`
-        answer (none without a tier, or for a window of memory only). O(segments)."""
+    def meeting(self, slot: int, reach: Reach, skip: Substitute | None = None
+                ) -> list[Segment]:
+        """The segments of `slot`'s tier holding matches whose ts range meets `reach`,
+        but for those whose every match the aggregate copies `skip` answer (none without
+        a tier, or for a window of memory only, `reach` None). O(segments)."""
         tier = self._tiers.get(slot)
-        reach = archive_reach(window, now)
         if tier is None or reach is None:
             return []
         begin, end = reach
@@ -557,7 +558,7 @@ class ArchiveTiers:
         self._cache_put(key, got)
         return got
 
-    def unread(self, slot: int, window: Window, now: float,
+    def unread(self, slot: int, reach: Reach,
                reads: Mapping[str, int] | None = None, skip: Substitute | None = None
                ) -> list[tuple[Segment, dict[str, str], int]]:
         """The segments (their column types, the draw limit of their read: `part`'s
@@ -567,7 +568,7 @@ class ArchiveTiers:
         reads = reads or {}
         types = self._types(self._stream_of[slot]) if slot in self._stream_of else {}
         wanted = []
-        for seg in self.meeting(slot, window, now, skip):
+        for seg in self.meeting(slot, reach, skip):
             limit = reads.get(seg.name, SAMPLE_SPACE)
             if cache_key(seg.name, limit) not in self._cache:
                 wanted.append((seg, types, limit))
@@ -729,7 +730,7 @@ class ArchiveTiers:
             assert len(ids) == len(tier) - tier.saved, "the tail holds what is not saved"
             bounds = [b for seg in tier.segments for b in (seg.first, seg.last)]
             bounds += ids[:1].tolist()
-            assert all(a < b for a, b in zip(bounds[1::2], bounds[2::2])), \
+            assert all(a < b for a, b in zip(bounds[1::2], bounds[2::2], strict=False)), \
                 "segments, then the tail, in tupleID order"
             assert all(seg.first <= seg.last and seg.lo <= seg.hi and seg.rows > 0
                        or seg.rows == 0 and seg.first == -1 and seg.sample is not None

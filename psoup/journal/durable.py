@@ -1,0 +1,296 @@
+"""Durability as a service of the engine: its log before each change, the change applied
+all or nothing, checkpoints, and recovery by replaying the log into a `Core`.
+
+The rules this module keeps (docs/durability.md):
+
+* a change is logged before it is applied, and applied before the call returns;
+* a logged change that fails to apply stops the engine (`ApplyFailed` on every later
+  call) rather than let it answer from a state that is neither before nor after: the
+  change is durable, and a new engine on the same path applies it whole;
+* an automatic checkpoint that fails never fails the write before it (that write is
+  applied and logged; a caller retrying it would duplicate it);
+* recovery redoes each record through the same effects as the live calls.
+
+An engine in memory has a `Durability` too, with no journal: its log calls do nothing,
+and a failed apply stops it all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from psoup.errors import ApplyFailed
+from psoup.journal.journal import Journal, Record, RecordKind, StreamImage
+from psoup.options import SyncName
+from psoup.plans import SelectionPlan
+from psoup.producers import ProducerTable
+from psoup.query import compile_statement
+from psoup.query.model import Query, StreamSchema
+from psoup.stems.batch import make_batch
+
+if TYPE_CHECKING:
+    from psoup.core import Core
+
+log = logging.getLogger("psoup.engine")
+
+
+class Effects(Protocol):
+    """The engine's changes that reach past its `Core` (cursors, history jobs, the
+    archive): recovery applies a record through these, as a live call does."""
+
+    def create(self, schema: StreamSchema, sql: str) -> None: ...
+
+    def unregistered(self, handle: str) -> None: ...
+
+    def dropped(self, name: str, handles: Sequence[str], bound: int) -> None: ...
+
+    def history_due(self, handles: Sequence[str]) -> None: ...
+
+
+class Durability:
+    """The log of one engine, or none (`path` None: in memory).
+
+    Args:
+        path: the engine's directory; None keeps nothing.
+        sync, checkpoint_bytes, checkpoint_seconds: as `psoup.engine.Engine` takes them.
+
+    Attributes:
+        journal: the log and archive (None in memory).
+        failure: why the engine stopped (None while it runs).
+        checkpoint_error: what made the last automatic checkpoint fail (None: it did not).
+
+    Costs: each log call O(record); `checkpoint` O(retained tuples); `recover` O(log).
+    """
+
+    def __init__(self, path: str | Path | None, sync: SyncName, checkpoint_bytes: int,
+                 checkpoint_seconds: float | None):
+        self.path = None if path is None else Path(path)
+        self.journal = (None if path is None else
+                        Journal(path, sync, checkpoint_bytes, checkpoint_seconds))
+        self.failure: str | None = None
+        self.checkpoint_error: str | None = None
+
+    def attach(self, core: Core) -> None:
+        """Give `core` what it keeps on disk: where tiers are saved, the archive's
+        aggregate copies."""
+        if self.journal is not None:
+            core.tiers.folder = self.journal.tiers_path
+            core.answers.rollups = self.journal.archive.rollups
+
+    def expiry(self, schema: StreamSchema) -> Callable[..., None] | None:
+        """What a stream's Data SteM calls with the tuples that leave memory: the
+        archive's writer (None in memory: they are forgotten)."""
+        if self.journal is None:
+            return None
+        return partial(self.journal.expired, schema.name, schema.columns)
+
+    # ------------------------------------------------------------------ the log
+
+    def log_create(self, sql: str) -> None:
+        if self.journal is not None:
+            self.journal.create(sql)
+
+    def log_insert(self, stream: str, first: int, ts: NDArray[np.float64],
+                   columns: dict[str, NDArray[Any]], producer: str | None,
+                   seq: int | None) -> None:
+        if self.journal is not None:
+            self.journal.insert(stream, first, ts, columns, producer, seq)
+
+    def log_register(self, handle: str, sql: str) -> None:
+        if self.journal is not None:
+            self.journal.register(handle, sql)
+
+    def log_unregister(self, handle: str) -> None:
+        if self.journal is not None:
+            self.journal.unregister(handle)
+
+    def log_drop(self, stream: str, handles: Sequence[str], bound: int) -> None:
+        if self.journal is not None:
+            self.journal.drop(stream, handles, bound)
+
+    def drop_archive(self, stream: str, bound: int) -> None:
+        """Remove a dropped stream's archived tuples (those numbered below `bound`)."""
+        if self.journal is not None:
+            self.journal.archive.drop(stream, bound)
+
+    # ------------------------------------------------------------------ applying
+
+    def apply(self, what: str, change: Callable[[], None]) -> None:
+        """Apply a change that is already in the log (or, in memory, checked). Nothing
+        checkable fails here; if something does all the same, part of the change may be
+        in memory, so the engine stops (ApplyFailed now and on every later call).
+
+        Raises:
+            ApplyFailed: the change failed part way.
+        """
+        try:
+            change()
+        except Exception as exc:
+            cause = f"{type(exc).__name__}: {exc}"
+            if self.journal is not None:
+                self.failure = (f"applying {what} failed after it was logged ({cause}); "
+                                "it is durable and is applied when the engine is "
+                                "reopened on its path: do not send it again")
+            else:
+                self.failure = (f"applying {what} failed part way ({cause}); the "
+                                "engine's state is unknown and it keeps no log: start "
+                                "a new Engine")
+            log.error("engine stopped: %s", self.failure)
+            raise ApplyFailed(self.failure) from exc
+
+    def check_running(self) -> None:
+        """Raises ApplyFailed if a change failed part way."""
+        if self.failure is not None:
+            raise ApplyFailed(f"this engine stopped: {self.failure}")
+
+    def after_write(self, checkpoint: Callable[[], None]) -> None:
+        """The automatic checkpoint after a write, when due. The write is applied and in
+        the log by now, so it stands whatever happens here: a failed checkpoint (a full
+        disk, say) is logged and shown in stats()["durability"], never raised as if the
+        write had failed; the next write tries again."""
+        if self.journal is None or not self.journal.checkpoint_due:
+            return
+        try:
+            checkpoint()
+        except Exception as exc:    # the write stands, whatever the cause
+            self.checkpoint_error = f"{type(exc).__name__}: {exc}"
+            log.warning("automatic checkpoint failed (the write before it is applied and "
+                        "logged): %s", self.checkpoint_error)
+        else:
+            self.checkpoint_error = None
+
+    def checkpoint(self, core: Core, producers: ProducerTable,
+                   pending: Callable[[str], bool]) -> None:
+        """Write the retained state as a fresh log and drop the old one; the tiers that
+        are visible are saved, and the handles whose history is `pending` are evaluated
+        again after a restart. O(retained tuples)."""
+        if self.journal is None:
+            return
+        images = {name: StreamImage(core.ddl[name], stem.schema.columns,
+                                    stem.rows(stem.horizon, stem.n),
+                                    stem.rows(0, stem.horizon, expired=True),
+                                    stem.at_last_ts)
+                  for name, stem in core.stems.items()}
+        handles = [(h, plan.query.sql) for h, plan in core.handles.items()]
+        saved = core.tiers.save(self.journal.tiers_path,
+                                {plan.id: h for h, plan in core.handles.items()
+                                 if plan.id in core.tiers})
+        history = [h for h in core.handles if pending(h)]
+        self.journal.checkpoint(images, core.next_tid, handles, producers.image(), history,
+                                saved)
+
+    def commit(self) -> None:
+        """Force the log to disk (what sync="group" defers)."""
+        if self.journal is not None:
+            self.journal.commit()
+
+    def close(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+
+    def stats(self) -> dict[str, Any] | None:
+        """stats()["durability"] (None in memory)."""
+        journal = self.journal
+        if journal is None:
+            return None
+        out: dict[str, Any] = {"path": str(self.path), "sync": journal.wal.sync.value,
+                               "log_bytes": journal.wal.size,
+                               "checkpoint_error": self.checkpoint_error,
+                               "archive_buffered_rows": journal.archive.buffered_rows}
+        if journal.archive.rollups is not None:
+            out["aggregates"] = journal.archive.rollups.stats()
+        return out
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self, core: Core, producers: ProducerTable, effects: Effects,
+                progress: Callable[[int, int], None] | None) -> None:
+        """Replay the log into `core` (O(its size): a checkpointed log is the retained
+        state with the queries first, so each batch probes them all at once), calling
+        `progress(bytes replayed, log bytes)` about every half second and at the end."""
+        if self.journal is None:
+            return
+        replay = _Replay(core, producers, effects, self.journal.tiers_path)
+        wal, shown = self.journal.wal, time.monotonic()
+        for record in self.journal.replay():
+            replay.apply(record)
+            if progress is not None and time.monotonic() - shown >= 0.5:
+                progress(*wal.replayed)
+                shown = time.monotonic()
+        if progress is not None:
+            progress(wal.size, wal.size)
+        core.recovered = {name: stem.rows_total for name, stem in core.stems.items()}
+
+
+class _Replay:
+    """Redoes log records through the ordinary paths, one method per record kind."""
+
+    def __init__(self, core: Core, producers: ProducerTable, effects: Effects,
+                 tiers_path: Path):
+        self.core, self.producers, self.effects = core, producers, effects
+        self.tiers_path = tiers_path
+        self._by_kind: dict[RecordKind, Callable[[Record], None]] = {
+            RecordKind.CREATE: self._create, RecordKind.INSERT: self._insert,
+            RecordKind.REGISTER: self._register,
+            RecordKind.UNREGISTER: lambda r: effects.unregistered(r.handle),
+            RecordKind.DROP: lambda r: effects.dropped(r.stream, r.handles, r.next_tid),
+            RecordKind.HISTORY: lambda r: effects.history_due(r.handles),
+            RecordKind.STATE: self._state, RecordKind.PRODUCERS: self._producers,
+            RecordKind.TIERS: self._tiers, RecordKind.LATEST: self._latest}
+
+    def apply(self, record: Record) -> None:
+        self._by_kind[record.op](record)
+
+    def _create(self, record: Record) -> None:
+        stmt = compile_statement(record.sql, self.core.schemas())
+        assert isinstance(stmt, StreamSchema)
+        self.effects.create(stmt, record.sql)
+
+    def _insert(self, record: Record) -> None:
+        assert record.tuple_ids is not None, "an insert record carries its tupleIDs"
+        stem = self.core.stem(record.stream)
+        n = len(record.tuple_ids)
+        if n:
+            batch = make_batch(stem.schema, record.columns, record.ts, 0.0, stem.last_ts)
+            self.core.append(record.stream, batch, record.tuple_ids)
+        if record.producer is not None:
+            first = int(record.tuple_ids[0]) if n else 0
+            self.producers.record(record.producer, record.seq, first, n)
+
+    def _register(self, record: Record) -> None:
+        query = compile_statement(record.sql, self.core.schemas())
+        assert isinstance(query, Query)
+        self.core.register(query, record.handle)
+
+    def _state(self, record: Record) -> None:
+        self.core.next_tid = max(self.core.next_tid, record.next_tid)
+
+    def _producers(self, record: Record) -> None:
+        self.producers.restore(record.producers or [])
+
+    def _latest(self, record: Record) -> None:
+        self.core.stem(record.stream).at_last_ts = record.count
+
+    def _tiers(self, record: Record) -> None:
+        assert record.tiers is not None
+        core = self.core
+        for handle, files in record.tiers.items():
+            plan = core.plan(handle)
+            assert isinstance(plan, SelectionPlan), "tiers are of selection queries"
+            try:
+                core.tiers.restore(plan.query.sources[0].stream, plan.slot,
+                                   self.tiers_path, files)
+            except (OSError, ValueError) as exc:   # a file gone or damaged
+                core.tiers.forget(plan.slot)
+                self.effects.history_due([handle])
+                log.warning("the archive tier of %s could not be read back (%s); its "
+                            "history is evaluated again", handle, exc)
+

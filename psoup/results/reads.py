@@ -1,0 +1,161 @@
+"""An invocation from start to answer, with the archive's files read off the engine's lock.
+
+Most invocations are one step under the lock: resolve the window, find the matches,
+fetch their columns (psoup.results.answers). A query with history whose window reaches
+into its archive tier needs segment files that are not in the tier's cache; those are
+read here between two holds of the lock, so that writers and other readers are not held
+up by the disk (segment files never change once written):
+
+1. under the lock: how to read the tier (whole, or sampled at the rates the archive
+   policy gives, `_sampled_reads`) and which segment files are not cached;
+2. off the lock: read them (`load_segments`), measuring the read rate;
+3. under the lock again: put them in the cache and answer (a file missed meanwhile is
+   read there).
+
+The rates learnt in step 2 feed a Budget policy's next decision.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+
+from psoup.archive.policy import (
+    DEFAULT_TIER_ROWS_PER_SECOND,
+    WHOLE,
+    ArchiveRead,
+    Exact,
+    Policy,
+    ask,
+    step_ranges,
+)
+from psoup.archive.rates import SAMPLE_SPACE, threshold
+from psoup.archive.tiers import ArchiveTiers, Segment, load_segments
+from psoup.locks import FairLock
+from psoup.plans import Plan, SelectionPlan
+from psoup.results.windows_table import archive_reach
+
+if TYPE_CHECKING:
+    from psoup.results.answers import Answers
+    from psoup.results.result import Result
+
+T = TypeVar("T")
+
+#: What `Reads.read`'s caller gets under the lock before a read: the plan and NOW.
+Begin = Callable[[], "tuple[Plan, float]"]
+#: What it does with the answer, still under the lock: the plan, the answer, its window.
+Finish = Callable[["Plan", "Result", "tuple[int, int] | None"], T]
+
+Wanted = list[tuple[Segment, dict[str, str], int]]
+
+
+class Reads:
+    """The invocations of one engine (see the module docstring).
+
+    Args:
+        lock: the engine's lock.
+        answers: the engine's answers (psoup.results.answers).
+        tiers: the engine's archive tiers.
+        policy: how much of a tier an invocation reads (psoup.archive.policy).
+
+    Costs: O(segments the window meets) to plan a read, plus the answer's cost; the
+    files not cached are read off the lock.
+    """
+
+    def __init__(self, lock: FairLock, answers: Answers, tiers: ArchiveTiers,
+                 policy: Policy):
+        self._lock, self.answers, self.tiers, self.policy = lock, answers, tiers, policy
+        self.rate = DEFAULT_TIER_ROWS_PER_SECOND     # measured by reads of tier files
+        self._rates: dict[Plan, float] = {}          # a query's last tier read rate
+
+    def read(self, begin: Begin, finish: Finish[T]) -> T:
+        """`finish(plan, answer, window)` of the answer at the (plan, NOW) `begin` gives,
+        each called under the lock; the tier's files it needs are read off it."""
+        loaded: dict[str, dict[str, np.ndarray]] | None = None
+        reads: dict[str, int] | None = None
+        measured = 0.0
+        while True:
+            with self._lock:
+                plan, at = begin()
+                if loaded is None:
+                    reads = self._sampled_reads(plan, at)
+                    wanted = self._unread(plan, at, reads)
+                else:
+                    self.tiers.prime(loaded)
+                    wanted = []
+                    if measured:
+                        self.rate = 0.5 * self.rate + 0.5 * measured
+                if not wanted:
+                    answer, window = self.answers.answer_and_window(plan, at, reads)
+                    return finish(plan, answer, window)
+                folder = self.tiers.folder
+            assert folder is not None
+            began = time.perf_counter()
+            loaded = load_segments(folder, wanted)
+            rows = sum(len(got["tupleID"]) for got in loaded.values())
+            if rows:
+                measured = rows / max(time.perf_counter() - began, 1e-4)
+
+    def stats(self, handles: Mapping[str, Plan]) -> dict[str, Any]:
+        """The tier read rate and each query's last (stats()["archive_reads"])."""
+        return {"tier_rows_per_second": self.rate,
+                "tier_reads": {h: self._rates[p] for h, p in handles.items()
+                               if p in self._rates}}
+
+    def _sampled_reads(self, plan: Plan, at: float) -> dict[str, int] | None:
+        """How to read `plan`'s tier for an answer at `at` (`read_plan`), and its rate
+        remembered for stats; None under the Exact policy."""
+        if isinstance(self.policy, Exact):
+            return None
+        reads = self.read_plan(plan, at)
+        self._rates[plan] = 1.0 if not reads else min(reads.values()) / SAMPLE_SPACE
+        return reads
+
+    def forget(self, plan: Plan) -> None:
+        """A query left."""
+        self._rates.pop(plan, None)
+
+    def read_plan(self, plan: Plan, now: float) -> dict[str, int] | None:
+        """How to read the archive tier of `plan` for an answer at `now`: None to read
+        its segments whole, or segment name -> the draw limit of a sampled read, each
+        at the lowest rate the policy gives over its ts range, asked about the segments
+        the aggregate copies do not answer and the cache does not hold (ArchiveRead:
+        their matches, bytes and ts range, at the measured rate). O(segments) (a stat a
+        segment not in the cache).
+
+        Raises:
+            PSoupError: the policy failed or gave a schedule that is not one.
+        """
+        if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
+            return None
+        source = plan.query.sources[0]
+        segments = self.tiers.meeting(plan.slot, archive_reach(source.window, now),
+                                      self.answers.substitute(plan, now))
+        unread = [seg for seg in segments if not self.tiers.cached(seg.name)]
+        if not unread:
+            return None
+        folder = self.tiers.folder
+        size = sum((folder / seg.name).stat().st_size for seg in unread
+                   if folder is not None and (folder / seg.name).is_file())
+        read = ArchiveRead(source.stream, sum(seg.rows for seg in unread), size,
+                           min(seg.lo for seg in unread), max(seg.hi for seg in unread),
+                           now, self.rate)
+        steps = ask(self.policy, read)
+        if steps == WHOLE:
+            return None
+        ranges = step_ranges(steps)       # each segment at the lowest rate over its ts
+        return {seg.name: threshold(min(rate for a, b, rate in ranges
+                                        if a <= seg.hi and seg.lo < b))
+                for seg in segments}
+
+    def _unread(self, plan: Plan, now: float, reads: Mapping[str, int] | None) -> Wanted:
+        """The tier's segment files an answer of `plan` at `now` would read (none in
+        the cache), those in `reads` as samples: ArchiveTiers.unread. O(segments)."""
+        if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
+            return []
+        return self.tiers.unread(plan.slot, archive_reach(plan.query.sources[0].window, now),
+                                 reads, self.answers.substitute(plan, now))
+
