@@ -57,7 +57,7 @@ def describe(core: Core, name: str) -> dict[str, Any]:
         stem.last_ts if stem.n else None, len(core.users(name))), strict=True))
 
 
-def answer(core: Core, stmt: Catalog) -> Result:
+def answer_catalog(core: Core, stmt: Catalog) -> Result:
     """The table a SHOW or DESCRIBE statement answers (not DROP STREAM, a change)."""
     if stmt.action == SHOW_STREAMS:
         return table(CATALOG_COLUMNS, [tuple(describe(core, name).values())

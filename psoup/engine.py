@@ -34,8 +34,8 @@ from typing import Any, overload
 import numpy as np
 from numpy.typing import NDArray
 
-from psoup import catalog
 from psoup.archive.policy import Budget, Exact, Policy
+from psoup.catalog import answer_catalog, describe
 from psoup.core import Core
 from psoup.entropy import token_hex
 from psoup.errors import PSoupError, QueryError, SequenceError
@@ -175,7 +175,9 @@ class Engine:
         self._history = HistoryJobs(self._lock, self._core, self._durability.journal,
                                     self.archive_policy, clock, spark_master,
                                     spark_conf or {}, self._check_open, lambda: self._closed)
-        self._durability.recover(self._core, self._producers, self, progress)
+        self._effects = _Effects(self._core, self._durability, self._reads, self._cursors,
+                                 self._history)
+        self._durability.recover(self._core, self._producers, self._effects, progress)
         self._started = clock()
         self._history.reevaluate(self.history)
 
@@ -197,12 +199,12 @@ class Engine:
             stmt = self._compile(sql)
             if isinstance(stmt, StreamSchema):
                 self._durability.log_create(sql)
-                self.create(stmt, sql)
+                self._effects.create(stmt, sql)
                 return None
             if isinstance(stmt, Query):
                 return self._register(stmt)
             if stmt.action != DROP_STREAM:
-                return catalog.answer(self._core, stmt)
+                return answer_catalog(self._core, stmt)
             assert stmt.stream is not None, "DROP STREAM names a stream"
             self._drop(stmt.stream, stmt.cascade)
             return None
@@ -248,7 +250,7 @@ class Engine:
         """
         with self._lock:
             self._core.stem(name)
-            return catalog.describe(self._core, name)
+            return describe(self._core, name)
 
     def drop_stream(self, name: str, cascade: bool = False) -> None:
         """Drop stream `name` and everything kept of it (DROP STREAM): its tuples in
@@ -373,7 +375,8 @@ class Engine:
             self._check_open()
             self._core.plan(handle)
             self._durability.log_unregister(handle)
-            self._durability.apply("the unregistration", partial(self.unregistered, handle))
+            self._durability.apply("the unregistration",
+                                   partial(self._effects.unregistered, handle))
             self._after_write()
 
     def queries(self) -> list[tuple[str, str]]:
@@ -386,16 +389,10 @@ class Engine:
     def history(self, handles: Sequence[str] | None = None,
                 progress: Callable[[str], None] | None = None) -> str:
         """Start evaluating standing queries over the archive, so that their windows
-        reach back past memory (hybrid queries), and return the job's id at once: one
-        Spark pass per stream for all the queries, run with psoup's Query SteM inside
-        the executors (psoup.spark.history), on a thread of its own. Ingest,
-        invocations and registrations go on meanwhile; when the pass ends, each query
-        gets its archive tier at once, holding its matches among every tuple that left
-        memory, those that left while the job ran included. From then on the tier
-        grows as tuples leave retention, so answers join archive and memory exactly.
-
-        One job runs at a time per engine. A query unregistered meanwhile gets nothing;
-        a failed or cancelled job changes nothing.
+        reach back past memory (hybrid queries), and return the job's id at once; the
+        job runs beside ingest, invocations and registrations, and installs each
+        query's archive tier when it ends (psoup.spark.jobs.HistoryJobs.start). One job
+        runs at a time; a failed or cancelled one changes nothing.
 
         Args:
             handles: the selection queries to evaluate (default: every selection query
@@ -527,30 +524,6 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ effects
-    # (the changes past the core, shared by the live calls and recovery:
-    # psoup.journal.durable.Effects)
-
-    def create(self, schema: StreamSchema, sql: str) -> None:
-        self._core.create(schema, sql, self._durability.expiry(schema))
-
-    def unregistered(self, handle: str) -> None:
-        self._reads.forget(self._core.plan(handle))
-        self._core.unregister(handle)
-        self._cursors.forget(handle)
-        self._history.forget(handle)
-
-    def dropped(self, name: str, handles: Sequence[str], bound: int) -> None:
-        """Unregister `handles`, forget the stream, and remove its archived tuples (those
-        numbered below `bound`: not those of a stream created again under the name)."""
-        for handle in handles:
-            self.unregistered(handle)
-        self._core.drop(name)
-        self._durability.drop_archive(name, bound)
-
-    def history_due(self, handles: Sequence[str]) -> None:
-        self._history.due.update(handles)
-
     # ------------------------------------------------------------------ helpers
 
     def _compile(self, sql: str) -> StreamSchema | Query | Catalog:
@@ -573,7 +546,7 @@ class Engine:
         bound = self._core.next_tid
         self._durability.log_drop(name, users, bound)
         self._durability.apply(f"the drop of stream '{name}'",
-                               partial(self.dropped, name, users, bound))
+                               partial(self._effects.dropped, name, users, bound))
         self._after_write()
 
     def _after_write(self) -> None:
@@ -583,6 +556,36 @@ class Engine:
         self._durability.check_running()
         if self._closed:
             raise PSoupError("this engine is closed; open a new Engine on its path")
+
+
+class _Effects:
+    """The changes that reach past the core (cursors, history, reads, the archive),
+    shared by the live calls and recovery (psoup.journal.durable.Effects)."""
+
+    def __init__(self, core: Core, durability: Durability, reads: Reads,
+                 cursors: CursorStore, history: HistoryJobs):
+        self.core, self.durability, self.reads = core, durability, reads
+        self.cursors, self.history = cursors, history
+
+    def create(self, schema: StreamSchema, sql: str) -> None:
+        self.core.create(schema, sql, self.durability.expiry(schema))
+
+    def unregistered(self, handle: str) -> None:
+        self.reads.forget(self.core.plan(handle))
+        self.core.unregister(handle)
+        self.cursors.forget(handle)
+        self.history.forget(handle)
+
+    def dropped(self, name: str, handles: Sequence[str], bound: int) -> None:
+        """Unregister `handles`, forget the stream, and remove its archived tuples (those
+        numbered below `bound`: not those of a stream created again under the name)."""
+        for handle in handles:
+            self.unregistered(handle)
+        self.core.drop(name)
+        self.durability.drop_archive(name, bound)
+
+    def history_due(self, handles: Sequence[str]) -> None:
+        self.history.due.update(handles)
 
 
 def _archive_policy(budget: float | None, policy: Policy | None) -> Policy:

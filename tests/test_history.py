@@ -160,7 +160,7 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_pa
     query's history is several), the engine keeps an index of them, not the matches,
     and an invocation reads only the files whose ts range meets its window; answers
     equal DuckDB across segment boundaries, before and after a restart."""
-    from psoup.results import tiers as tiers_module
+    from psoup.archive import tiers as tiers_module
     from psoup.spark import history
     monkeypatch.setattr(history, "SEGMENT_ROWS", 7)
     reads: list[str] = []
@@ -211,7 +211,7 @@ def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(tmp_pa
     """The segment files a window needs are read before the engine's lock is taken for
     the answer (writers go on meanwhile); the answer, from the cache then, equals
     DuckDB's; a file damaged after it was indexed is still named by the invocation."""
-    from psoup.results import tiers as tiers_module
+    from psoup.archive import tiers as tiers_module
     from psoup.spark import history
     monkeypatch.setattr(history, "SEGMENT_ROWS", 7)
     state = tmp_path / "s"
@@ -450,7 +450,7 @@ def test_checkpoints_merge_small_segments_so_files_do_not_pile_up(tmp_path, monk
     with the last segments while they are no larger than what joins them (and within
     MERGE_ROWS), a tier keeps a few files, not one per checkpoint; the files replaced
     are removed, the answers equal DuckDB before and after a restart."""
-    from psoup.results import tiers as tiers_module
+    from psoup.archive import tiers as tiers_module
     from psoup.spark import history
     monkeypatch.setattr(history, "SEGMENT_ROWS", 7)
     monkeypatch.setattr(tiers_module, "MERGE_ROWS", 40)

@@ -205,6 +205,14 @@ class HistoryJobs:
               progress: Callable[[str], None] | None) -> str:
         """Under the engine's lock: plan and start a job; its id (Engine.history).
 
+        The job runs one Spark pass per stream for all its queries, with psoup's Query
+        SteM inside the executors (psoup.spark.history), on a thread of its own; ingest,
+        invocations and registrations go on meanwhile. When the pass ends, each query
+        gets its archive tier at once, holding its matches among every tuple that left
+        memory, those that left while the job ran included; from then on the tier grows
+        as tuples leave retention, so answers join archive and memory exactly. A query
+        unregistered meanwhile gets nothing; a failed or cancelled job changes nothing.
+
         Raises:
             PSoupError: no archive, or a job runs.
             QueryError, UnknownHandle: a handle is a join, or not registered.
