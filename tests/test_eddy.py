@@ -40,6 +40,9 @@ class Recorder(Sink):
     def on_unregister(self, slot):
         self.log.append((self.name, "unregister", slot))
 
+    def nbytes(self):
+        return 0
+
 
 @pytest.fixture
 def world():

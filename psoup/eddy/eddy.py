@@ -154,7 +154,7 @@ class Eddy:
         columns[TS] = entry.batch.ts
         columns[TUPLE_ID] = entry.tuple_ids
         n, words = entry.batch.n, self.query_stem.words
-        direct = next((s for s in sinks if s.takes_probe), None)
+        direct = self.sinks.probe_target(stream)
         others = [sink for sink in sinks if sink is not direct]
         if direct is not None:          # PSoup-P: the probe is written into its chunks
             pieces = direct.destination(stream, position, n, words)

@@ -15,7 +15,9 @@ prefix sums and ranked trees (Sect. 6), a join group's combinations (Sect. 5.4) 
 A sink is attached to the slots whose matches it keeps (`SinkTable`); the eddy hands each
 event to the sinks of its slot or stream and knows nothing of what they store. A batch
 is delivered once per sink however many of its slots the sink keeps; a sink that keeps
-bit rows whole (`keeps_rows`) gets them with the bits of other sinks' slots cleared.
+bit rows whole (`keeps_rows`) gets them with the bits of other sinks' slots cleared. A
+sink that stores the probe's rows as they are is a `ProbeTarget` (PSoup-P's bitmap): the
+probe writes into its memory, and it gets no `on_insert`.
 
 The three engine modes differ in the selection structure (Sect. 5): PSoup-P
 (`partial.py`), PSoup-C (`complete.py`), NoMat (`nomat.py`, which keeps nothing).
@@ -23,6 +25,7 @@ The three engine modes differ in the selection structure (Sect. 5): PSoup-P
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -33,38 +36,45 @@ from psoup.stems.data_stem import DataSteM
 from psoup.stems.span import Span
 
 
-class Sink:
-    """The four events; the defaults ignore them."""
+class Sink(ABC):
+    """The four events; the defaults ignore them, and a sink overrides those it keeps."""
 
     #: Whether the sink stores probe rows whole, and so must not see other sinks' bits.
-    keeps_rows = False
-    #: True for a sink that stores the probe's rows as they are: it gives the Eddy
-    #: `destination(stream, p0, n, words)`, word-major arrays the probe writes into,
-    #: and gets no `on_insert` (PSoup-P's bitmap).
-    takes_probe = False
-
-    def destination(self, stream: str, p0: int, n: int,
-                    words: int) -> list[tuple[int, int, np.ndarray]]:
-        """For a sink that `takes_probe`: (a, b, a (words, b - a) word-major array) per
-        piece of the batch's tuples a..b, for the probe to write into."""
-        raise NotImplementedError(f"{type(self).__name__} does not take the probe")
+    keeps_rows: bool = False
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         """A new query's matches among the retained tuples of `stream` (sorted)."""
+        return
 
     def on_insert(self, stream: str, p0: int, bits: np.ndarray,
                   batch: Mapping[str, np.ndarray]) -> None:
         """A batch's probe: bit q of bits[i] set = tuple p0 + i matches slot q. `batch`
         holds the batch's columns, ts and tupleID included."""
+        return
 
     def on_expire(self, stream: str, horizon: int) -> None:
         """Positions of `stream` below `horizon` left retention."""
+        return
 
     def on_unregister(self, slot: int) -> None:
         """Forget everything about `slot`; the slot may be reused."""
+        return
 
+    @abstractmethod
     def nbytes(self) -> int:
-        return 0
+        """The memory the sink keeps, in bytes."""
+
+
+class ProbeTarget(Sink):
+    """A sink that stores the probe's rows as they are (PSoup-P's bitmap): the Eddy asks
+    it where a batch's rows go and has the probe write there; it gets no `on_insert`.
+    At most one per stream (`SinkTable.probe_target`)."""
+
+    @abstractmethod
+    def destination(self, stream: str, p0: int, n: int,
+                    words: int) -> list[tuple[int, int, np.ndarray]]:
+        """(a, b, a (words, b - a) word-major array) per piece of the batch's tuples
+        a..b (positions p0 + a ..), for the probe to write into."""
 
 
 class ResultsStructure(Sink):
@@ -121,7 +131,8 @@ class SinkTable:
     lists a stream's sinks in attachment order.
 
     Example:
-        >>> table, sink = SinkTable(), Sink()
+        >>> from psoup.results.nomat import NoMatResults
+        >>> table, sink = SinkTable(), NoMatResults()
         >>> table.attach(3, "R", sink); table.attach(4, "R", sink)
         >>> [s is sink for s in table.of_stream("R")], table.slots_of(sink, "R")
         ([True], [3, 4])
@@ -138,9 +149,12 @@ class SinkTable:
         self._own: dict[tuple[str, int], np.ndarray] = {}
         self._all: dict[str, np.ndarray] = {}
         self._uses: dict[tuple[str, int], int] = {}
+        self._targets: dict[str, ProbeTarget] = {}      # stream -> its ProbeTarget
 
     def attach(self, slot: int, stream: str, sink: Sink) -> None:
         """Deliver `slot`'s events on `stream` to `sink`. O(1) (O(words) to widen)."""
+        if isinstance(sink, ProbeTarget):
+            assert self._targets.setdefault(stream, sink) is sink, "one ProbeTarget a stream"
         entry = self._streams.setdefault(stream, {}).setdefault(id(sink), (sink, {}))
         entry[1][slot] = None
         self._slots.setdefault(slot, []).append((stream, sink))
@@ -166,6 +180,8 @@ class SinkTable:
             if not slots:
                 del sinks[id(sink)]
                 del self._own[stream, id(sink)]
+                if self._targets.get(stream) is sink:
+                    del self._targets[stream]
             left = self._uses.pop((stream, slot)) - 1
             if left:
                 self._uses[stream, slot] = left
@@ -180,6 +196,7 @@ class SinkTable:
         assert not self._streams.get(stream), "no slot on a dropped stream is attached"
         self._streams.pop(stream, None)
         self._all.pop(stream, None)
+        self._targets.pop(stream, None)
 
     def streams(self) -> set[str]:
         """The streams some sink was attached on."""
@@ -192,6 +209,10 @@ class SinkTable:
             if all(s is not sink for s in out):
                 out.append(sink)
         return out
+
+    def probe_target(self, stream: str) -> ProbeTarget | None:
+        """The sink of `stream` the probe writes into, if any. O(1)."""
+        return self._targets.get(stream)
 
     def of_stream(self, stream: str) -> list[Sink]:
         """The sinks of some slot on `stream`, in attachment order."""

@@ -27,3 +27,6 @@ class NoMatResults(ResultsStructure):
 
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
         return stem.probe(source, span)
+
+    def nbytes(self) -> int:
+        return 0

@@ -47,7 +47,7 @@ import numpy as np
 from psoup import kernels
 from psoup.bits import DTYPE, bit_of
 from psoup.query.model import Source
-from psoup.results.base import ResultsStructure
+from psoup.results.base import ProbeTarget, ResultsStructure
 from psoup.stems.data_stem import DataSteM, chunk_runs
 from psoup.stems.span import Span
 
@@ -79,7 +79,7 @@ def _rows_for(words: int) -> int:
     return words + words // 32
 
 
-class PartialResults(ResultsStructure):
+class PartialResults(ResultsStructure, ProbeTarget):
     """Bitmaps per stream (selection queries have one-stream FROM lists).
 
     Example:
@@ -88,8 +88,6 @@ class PartialResults(ResultsStructure):
         >>> rs.column("R", 0, Span.range(0, 3)).tolist()
         [0, 2]
     """
-
-    takes_probe = True
 
     def __init__(self, chunk_rows: int = 8192):
         self.chunk_rows = chunk_rows
