@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 import floor  # noqa: E402
+
 import psoup  # noqa: E402
 from psoup.bits import aligned_zeros  # noqa: E402
 from psoup.results.partial import ROW_PAD  # noqa: E402

@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
 from psoup.eddy.hybrid import join, separate_probe  # noqa: E402
 from psoup.query import compile_statement  # noqa: E402
@@ -380,7 +381,7 @@ def main() -> None:
     window, target = FIG8_TARGET
     at = next((r for r in fig8 if r["window"] == window and r["workload"] == "selective"),
               fig8[len(s["windows"]) - 1])
-    broad = next((r for r in fig8 if r["window"] == at["window"] and r["workload"] == "broad"))
+    broad = next(r for r in fig8 if r["window"] == at["window"] and r["workload"] == "broad")
     common.report(f"joins_fig8{suffix}", fig8, [
         ("workload", "workload", "s"), ("window", "W", "d"), ("rows", "rows", ",.0f"),
         *[(f"{k} ms", f"{LABELS[k]} ms", ".3f") for k in MODES + ("duckdb",)],

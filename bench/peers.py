@@ -49,6 +49,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
 
 PATHWAY_ENV = "PSOUP_PATHWAY_PYTHON"

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 import traffic  # noqa: E402
+
 import psoup  # noqa: E402
 from psoup.archive.parquet import Archive  # noqa: E402
 from psoup.spark.replay import SLICE_ROWS  # noqa: E402

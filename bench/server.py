@@ -41,6 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
 from psoup.client import Client  # noqa: E402
 

@@ -47,17 +47,19 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+from server import TOKEN, _ServerProcess, readings, traffic_queries  # noqa: E402
+
 import psoup  # noqa: E402
 from psoup.client import Client  # noqa: E402
-from server import TOKEN, _ServerProcess, readings, traffic_queries  # noqa: E402
 
 DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT) RETAIN 100000 ROWS"
 P99_TARGET = 2.0             # p99 beside a history job <= 2x the p99 without one
