@@ -17,13 +17,17 @@ Usage: python bench/aggregates.py [--quick]
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
 
 MODES = ("partial", "complete", "nomat")
@@ -34,7 +38,7 @@ WHERE = "a < 128"
 TARGET = (1 << 20, 100.0)        # PSoup-P >= 100x faster than DuckDB at W = 2^20
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"windows": [1 << 8, 1 << 10], "extra": 1 << 8, "repeat": 3, "batch": 256}
     return {"windows": [1 << k for k in range(10, 21, 2)], "extra": 1 << 14, "repeat": 20,
@@ -46,25 +50,30 @@ def _sql(kind: str, window: int | None = None) -> str:
     return f"SELECT {KINDS[kind]} FROM R WHERE {WHERE}{clause}"
 
 
-def bench(s: dict) -> list[dict]:
+def bench(s: dict[str, Any]) -> list[dict[str, Any]]:
     gen = common.rng(51)
     n = max(s["windows"]) + s["extra"]
     columns = common.data_columns(gen, n)
     ts = np.arange(n, dtype=np.float64)
     con = _duckdb(columns)
-    rows = {(kind, w): {"kind": kind, "window": w} for kind in KINDS for w in s["windows"]}
-    want = {}
+    rows: dict[tuple[str, int], dict[str, Any]] = {
+        (kind, w): {"kind": kind, "window": w} for kind in KINDS for w in s["windows"]}
+    want: dict[tuple[str, int], list[Any]] = {}
     for (kind, w), row in rows.items():
         sql = f"SELECT {KINDS[kind]} FROM R WHERE tid >= {n - w} AND {WHERE}"
         want[(kind, w)] = con.execute(sql).fetchall()
+        def fetch_all(sql: str = sql) -> Any:
+            return con.execute(sql).fetchall()
         with common.settled():
-            t = common.timed(lambda sql=sql: con.execute(sql).fetchall(), repeat=s["repeat"])
+            t = common.timed(fetch_all, repeat=s["repeat"])
         row["duckdb ms"] = t.median * 1e3
         prepared = common.prepare(con, sql)
         if con.execute(prepared).fetchall() != want[(kind, w)]:
             raise AssertionError(f"prepared DuckDB {kind} W={w}: answer differs")
+        def fetch_one(q: str = prepared) -> Any:
+            return con.execute(q).fetchone()
         with common.settled():
-            t = common.timed(lambda q=prepared: con.execute(q).fetchone(), repeat=s["repeat"])
+            t = common.timed(fetch_one, repeat=s["repeat"])
         row["prepared ms"] = t.median * 1e3
         scan = _numpy_scan(columns, kind, w)
         if [(scan(),)] != want[(kind, w)]:
@@ -84,8 +93,10 @@ def bench(s: dict) -> list[dict]:
             got = [tuple(r) for r in eng.invoke(h, now=now).rows]
             if got != want[key]:
                 raise AssertionError(f"{LABELS[mode]} {key}: {got} != DuckDB {want[key]}")
+            def invoke(h: str = h, eng: psoup.Engine = eng, now: float = now) -> psoup.Result:
+                return eng.invoke(h, now=now)
             with common.settled():
-                t = common.timed(lambda h=h: eng.invoke(h, now=now), repeat=s["repeat"])
+                t = common.timed(invoke, repeat=s["repeat"])
             rows[key][f"{mode} ms"] = t.median * 1e3
         eng.close()
     for row in rows.values():
@@ -96,7 +107,8 @@ def bench(s: dict) -> list[dict]:
     return list(rows.values())
 
 
-def _numpy_scan(columns: dict[str, np.ndarray], kind: str, window: int):
+def _numpy_scan(columns: dict[str, NDArray[np.int64]], kind: str,
+                window: int) -> Callable[[], int | None]:
     """The plain numpy peer: a function answering `kind` over the last `window` rows."""
     a, b, c = (columns[k][-window:] for k in "abc")
     mask, work = np.empty(window, dtype=bool), np.empty(window, dtype=np.int64)
@@ -115,7 +127,7 @@ def _numpy_scan(columns: dict[str, np.ndarray], kind: str, window: int):
     return {"COUNT": count, "SUM": total, "MAX": maximum}[kind]
 
 
-def _duckdb(columns: dict[str, np.ndarray]):
+def _duckdb(columns: dict[str, NDArray[np.int64]]) -> Any:
     """A DuckDB connection holding the tuples as R(tid, a, b, c, d)."""
     import duckdb
     import pyarrow as pa
@@ -127,7 +139,7 @@ def _duckdb(columns: dict[str, np.ndarray]):
     return con
 
 
-def _plot(ax, rows) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     markers = {"COUNT": "o", "SUM": "s", "MAX": "^"}
     colors = {"partial": "C0", "complete": "C1", "nomat": "C2", "duckdb": "C3",
               "prepared": "C4", "numpy": "C5"}

@@ -14,14 +14,17 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -46,7 +49,7 @@ def rng(offset: int = 0) -> np.random.Generator:
     return np.random.default_rng(SEED + offset)
 
 
-def data_columns(gen: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+def data_columns(gen: np.random.Generator, n: int) -> dict[str, NDArray[np.int64]]:
     """n tuples of R as column arrays (int64, uniform in [0, 255])."""
     return {col: gen.integers(0, DOMAIN, n, dtype=np.int64) for col in STREAM_COLUMNS}
 
@@ -105,7 +108,7 @@ def factors(where: str) -> list[tuple[str, str, int]]:
         >>> factors("a >= 37 AND c < 128")
         [('a', '>=', 37), ('c', '<', 128)]
     """
-    out = []
+    out: list[tuple[str, str, int]] = []
     for factor in where.split(" AND "):
         col, op, value = factor.split()
         out.append((col, op, int(value)))
@@ -126,14 +129,15 @@ class UnsharedNumpy:
 
     def __init__(self, queries: Sequence[Sequence[tuple[str, str, int]]]):
         self.queries = [[(c, _UFUNCS[op], v) for c, op, v in q] for q in queries]
-        self.matches: list[np.ndarray] = []
+        self.matches: list[NDArray[np.intp]] = []
         self._mask = self._factor = np.empty(0, dtype=bool)
 
-    def insert(self, columns: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def insert(self, columns: dict[str, NDArray[Any]]) -> list[NDArray[np.intp]]:
         n = len(next(iter(columns.values())))
         if len(self._mask) != n:
             self._mask, self._factor = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
-        mask, factor, land, out = self._mask, self._factor, np.logical_and, []
+        out: list[NDArray[np.intp]] = []
+        mask, factor, land = self._mask, self._factor, np.logical_and
         for query in self.queries:
             c, op, v = query[0]
             op(columns[c], v, out=mask)
@@ -218,7 +222,7 @@ def timed(fn: Callable[[], Any], repeat: int = 5, min_time: float = 0.0,
     return Timing(times)
 
 
-def run_for(threads: list, stop: Any, seconds: float) -> float:
+def run_for(threads: list[threading.Thread], stop: threading.Event, seconds: float) -> float:
     """Start `threads`, let them run `seconds`, set `stop` (a threading.Event they
     watch) and join them; returns the seconds from the first start to the last join."""
     t0 = time.perf_counter()
@@ -288,7 +292,7 @@ def report(name: str, rows: Sequence[dict[str, Any]],
     cells = [[header for _, header, _ in columns]]
     cells += [[_cell(row.get(key), fmt) for key, _, fmt in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     print("\n".join(lines))
     for note in notes:

@@ -24,10 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 HERE = Path(__file__).resolve().parent
 BATCH, CELLS = 4096, 257
@@ -52,8 +55,8 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-def _median_seconds(fn, repeat: int = 9) -> float:
-    times = []
+def _median_seconds(fn: Callable[[], object], repeat: int = 9) -> float:
+    times: list[float] = []
     for _ in range(repeat):
         t = time.perf_counter()
         fn()
@@ -61,11 +64,12 @@ def _median_seconds(fn, repeat: int = 9) -> float:
     return float(np.median(times))
 
 
-def _address(a: np.ndarray) -> int:
+def _address(a: NDArray[Any]) -> int:
     return a.ctypes.data
 
 
-def _probe_inputs(q: int, n: int, seed: int) -> tuple[int, list, list, np.ndarray]:
+def _probe_inputs(q: int, n: int, seed: int) -> tuple[
+        int, list[NDArray[np.uint64]], list[NDArray[np.int64]], NDArray[np.uint64]]:
     """The probe's inputs for q queries and n tuples: (words, four reject tables of CELLS
     random rows, each tuple's cell in each, an all-ones interest row)."""
     gen = np.random.default_rng(seed)
@@ -87,7 +91,7 @@ def ingest_floor(q: int, called: bool = False) -> float | None:
     words, tables, rows, interest = _probe_inputs(q, BATCH, seed=0)
     out = np.empty((BATCH, words), np.uint64)
 
-    def arguments() -> list:
+    def arguments() -> list[int]:
         return [*map(_address, tables), *map(_address, rows), _address(interest),
                 _address(out), BATCH, words]
     once = arguments()

@@ -35,9 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, cast
 
 import numpy as np
 
@@ -50,7 +51,7 @@ TARGET = 20.0          # psoup's pass >= 20x faster than one Spark SQL job per q
 DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT)"
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, int]:
     if quick:
         return {"rows": 200_000, "queries": 64, "sample": 4, "file_rows": 100_000}
     return {"rows": 10_000_000, "queries": 1024, "sample": 12, "file_rows": 1_000_000}
@@ -79,23 +80,25 @@ def _queries(n: int) -> list[str]:
             f"speed > {gen.integers(85, 100)}" for _ in range(n)]
 
 
-def _pass(spark, root: Path, n: int, wheres: list[str]) -> tuple[dict, float]:
+def _pass(spark: Any, root: Path, n: int, wheres: list[str]) -> tuple[dict[int, int], float]:
     """psoup's pass over the archive of n readings under `root` with a query per WHERE
     clause (Spark up and the files listed first, untimed), its tier files written under
     `root`/tiers: (match count by slot, seconds)."""
     from psoup.query import compile_statement
+    from psoup.query.model import StreamSchema
     from psoup.spark import history
 
     spark.read.parquet(str(root / "stream=traffic")).count()
     queries = [(slot, f"SELECT * FROM traffic WHERE {w}") for slot, w in enumerate(wheres)]
     schema = compile_statement(DDL, {})
+    assert isinstance(schema, StreamSchema)
     began = time.perf_counter()
     segments = history.evaluate(spark, root, DDL, schema, queries, n, root / "tiers")
     seconds = time.perf_counter() - began
     return {slot: sum(seg.rows for seg in segs) for slot, segs in segments.items()}, seconds
 
 
-def bench(s: dict) -> list[dict]:
+def bench(s: dict[str, int]) -> list[dict[str, Any]]:
     from psoup.spark.session import spark_session
 
     root = Path(tempfile.mkdtemp(prefix="psoup-history-"))
@@ -133,7 +136,7 @@ def bench(s: dict) -> list[dict]:
     ]
 
 
-def _plot(ax, rows) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.bar([0, 1], [rows[0]["seconds"], rows[1]["seconds"]], color=["C0", "C3"])
     ax.set_xticks([0, 1], ["psoup, one pass", "one Spark SQL job\nper query (extrapolated)"])
     ax.set_yscale("log")
@@ -146,7 +149,8 @@ RSS_TARGET = 1.5          # peak memory at the largest archive / at the smallest
 CORES_TARGET = 1.7        # 2 cores (local[2]) / 1 core (local[1], pinned to one CPU)
 
 
-def _measure(root: Path, n: int, queries: int, master: str, cpus: int | None) -> dict:
+def _measure(root: Path, n: int, queries: int, master: str,
+             cpus: int | None) -> dict[str, Any]:
     """In this process (pinned to `cpus` CPUs, with the Spark processes it starts, when
     given): Spark on `master`, psoup's pass over the archive of n readings under `root`;
     the seconds, matches and peak memory (MB) of this process and of the driver JVM."""
@@ -154,7 +158,9 @@ def _measure(root: Path, n: int, queries: int, master: str, cpus: int | None) ->
 
     if cpus is not None:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cpus])
-    spark, times, peaks = spark_session(master), [], []
+    spark = spark_session(master)
+    times: list[float] = []
+    peaks: list[tuple[float, float]] = []
     for _ in range(2):              # the first job of a session, then one after it
         try:
             matches, seconds = _pass(spark, root, n, _queries(queries))
@@ -194,7 +200,8 @@ def _descendants(pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry.name))
-    out, todo = [], [pid]
+    out: list[int] = []
+    todo = [pid]
     while todo:
         for child in children.get(todo.pop(), []):
             out.append(child)
@@ -203,11 +210,11 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _in_process(root: Path, n: int, queries: int, master: str,
-                cpus: int | None = None) -> dict:
+                cpus: int | None = None) -> dict[str, Any]:
     done = subprocess.run([sys.executable, __file__, "--measure", str(root), str(n),
                            str(queries), master, str(cpus or 0)],
                           capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return cast(dict[str, Any], json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 @contextmanager
@@ -228,7 +235,7 @@ def standalone(workers: int) -> Iterator[str]:
     commands += [["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores",
                   "1", "--memory", "2g", "--work-dir", str(folder / f"work-{i}"),
                   "--webui-port", str(_free_port()), url] for i in range(workers)]
-    started = []
+    started: list[subprocess.Popen[bytes]] = []
     try:
         for i, command in enumerate(commands):
             with open(log if i == 0 else folder / f"worker-{i}.log", "wb") as out:
@@ -252,18 +259,18 @@ def standalone(workers: int) -> Iterator[str]:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return cast(int, s.getsockname()[1])
 
 
 def scale(quick: bool, suffix: str) -> None:
     sizes = SCALE_SIZES[quick]
     queries = 64 if quick else 256
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in sizes:
         root = Path(tempfile.mkdtemp(prefix="psoup-history-scale-"))
         try:
             write_archive(root, n, 1_000_000)
-            runs = [("local[2]", "local[2]", None)]
+            runs: list[tuple[str, str, int | None]] = [("local[2]", "local[2]", None)]
             if n == sizes[1]:
                 runs += [("local[1], 1 CPU", "local[1]", 1), ("local[1]", "local[1]", None)]
                 with standalone(2) as url:
@@ -282,7 +289,7 @@ def scale(quick: bool, suffix: str) -> None:
     at = {r["master"]: r for r in rows if r["rows"] == sizes[1]}
     jvm_x, python_x = two[-1]["jvm_x"], two[-1]["python_x"]
     def ratio(slow: str, fast: str, key: str = "warm_seconds") -> float:
-        return at[slow][key] / at[fast][key]
+        return cast(float, at[slow][key] / at[fast][key])
     cores, cold = ratio("local[1], 1 CPU", "local[2]"), ratio("local[1], 1 CPU", "local[2]",
                                                                "seconds")
     slots = ratio("local[1]", "local[2]")
@@ -316,7 +323,7 @@ def scale(quick: bool, suffix: str) -> None:
         params={"sizes": sizes, "queries": queries})
 
 
-def _plot_scale(ax, rows) -> None:
+def _plot_scale(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     mine = [r for r in rows if r["master"] == "local[2]"]
     ax.plot([r["rows"] for r in mine], [r["python_mb"] for r in mine], "o-",
             label="psoup (Python) peak MB")

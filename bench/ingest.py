@@ -25,14 +25,18 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 import floor  # noqa: E402
+
 import psoup  # noqa: E402
 from psoup.bits import aligned_zeros  # noqa: E402
 from psoup.results.partial import ROW_PAD  # noqa: E402
@@ -51,7 +55,7 @@ RATE_TARGET = (1024, 500_000.0)      # P_Shrd >= 500,000 tuples/s at 1,024 queri
 LARGE_COUNTS = (10_000, 100_000)
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"counts": [16, 64], "batch": 2_000, "pool": 4, "min_time": 0.05,
                 "cap_shared": 0.2, "cap_unshared": 0.2}
@@ -62,7 +66,8 @@ def _settings(quick: bool) -> dict:
 class _Feeder:
     """Inserts the next batch of a fixed pool of batches, with ever-increasing ts."""
 
-    def __init__(self, engine: psoup.Engine, pool: list[dict], batch: int):
+    def __init__(self, engine: psoup.Engine, pool: list[dict[str, NDArray[np.int64]]],
+                 batch: int):
         self.engine, self.pool, self.batch = engine, pool, batch
         self.offsets = np.arange(batch, dtype=np.float64)
         self.sent = 0
@@ -73,8 +78,9 @@ class _Feeder:
         self.sent += self.batch
 
 
-def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
-            s: dict, check: common.UnsharedNumpy | None = None) -> dict:
+def measure(mode: str, shared: bool, queries: list[str],
+            pool: list[dict[str, NDArray[np.int64]]], s: dict[str, Any],
+            check: common.UnsharedNumpy | None = None) -> dict[str, Any]:
     """Register `queries`, warm up with one batch, then time batches (from the first:
     the retention's first fill is in them, each new results chunk fresh memory from the
     OS); with `check` (P_Shrd), time them again once RETAIN_ROWS tuples have expired
@@ -89,7 +95,9 @@ def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
     feed()
     cap = s["cap_shared"] if shared else s["cap_unshared"]
     timing = common.timed(feed, repeat=3, min_time=s["min_time"], max_time=cap)
-    steady, memory, least = None, None, None
+    steady: common.Timing | None = None
+    memory: float | None = None
+    least: float | None = None
     if check is not None:       # P_Shrd: timed again once the retention is full
         while feed.sent < 2 * RETAIN_ROWS:
             feed()
@@ -112,7 +120,8 @@ def measure(mode: str, shared: bool, queries: list[str], pool: list[dict],
             "memory": memory, "least_rate": least}
 
 
-def least_python_insert(eng: psoup.Engine, pool: list[dict], s: dict) -> float:
+def least_python_insert(eng: psoup.Engine, pool: list[dict[str, NDArray[np.int64]]],
+                        s: dict[str, Any]) -> float:
     """Tuples/s of the least an insert orchestrated in Python costs on this engine's
     structures, the bound of any such design: each batch checked as Engine.insert checks
     it (`make_batch`), its tupleIDs made, its six columns copied by numpy into the next
@@ -121,7 +130,8 @@ def least_python_insert(eng: psoup.Engine, pool: list[dict], s: dict) -> float:
     into the next slice of a ring of result rows. Nothing else: no lock, routing,
     retention or chunk bookkeeping. The rings are written once before the timing (no
     first-use page faults), as the engine's chunks are by then."""
-    core, batch = eng._core, s["batch"]
+    core = eng._core
+    batch: int = s["batch"]
     schema, probe = core.stem("R").schema, core.query_stem.probe_into
     slices = max(1, RETAIN_ROWS // batch)
     stored = [np.zeros((6, batch), np.int64) for _ in range(slices)]
@@ -148,7 +158,8 @@ def least_python_insert(eng: psoup.Engine, pool: list[dict], s: dict) -> float:
     return timing.calls * batch / timing.total
 
 
-def measure_large(queries: list[str], pool: list[dict], s: dict) -> dict:
+def measure_large(queries: list[str], pool: list[dict[str, NDArray[np.int64]]],
+                  s: dict[str, Any]) -> dict[str, Any]:
     """P_Shrd with many queries, timed twice: as `measure` times it (a warm-up batch, then
     the timed batches: at these counts they are mostly the retention's first fill, each
     results chunk fresh memory from the OS) and in the steady state, once RETAIN_ROWS
@@ -172,8 +183,8 @@ def measure_large(queries: list[str], pool: list[dict], s: dict) -> dict:
             "steady_batches": steady.calls}
 
 
-def measure_numpy(queries: list[str], pool: list[dict],
-                  s: dict) -> tuple[common.UnsharedNumpy, float]:
+def measure_numpy(queries: list[str], pool: list[dict[str, NDArray[np.int64]]],
+                  s: dict[str, Any]) -> tuple[common.UnsharedNumpy, float]:
     """The tight unshared numpy baseline over the same batches: (baseline, tuples/s)."""
     baseline = common.UnsharedNumpy([common.factors(q.split(" WHERE ", 1)[1])
                                      for q in queries])
@@ -187,7 +198,7 @@ def measure_numpy(queries: list[str], pool: list[dict],
     return baseline, timing.calls * s["batch"] / timing.total
 
 
-def _verdicts(rows: list[dict]) -> list[str]:
+def _verdicts(rows: list[dict[str, Any]]) -> list[str]:
     by_count = {row["queries"]: row for row in rows}
     notes = []
     n, target = SPEEDUP_TARGET
@@ -238,7 +249,7 @@ def _verdicts(rows: list[dict]) -> list[str]:
     return notes
 
 
-def _plot(ax, rows: list[dict]) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     counts = [row["queries"] for row in rows]
     for label, _, shared in VARIANTS:
         ax.plot(counts, [row[label] for row in rows], marker="o", label=label,
@@ -265,9 +276,9 @@ def main() -> None:
     pool = [common.data_columns(data_gen, s["batch"]) for _ in range(s["pool"])]
     all_queries = common.selection_queries(common.rng(2), max(s["counts"]), "inequality")
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for count in s["counts"]:
-        row = {"queries": count}
+        row: dict[str, Any] = {"queries": count}
         baseline, row["np_Unshrd"] = measure_numpy(all_queries[:count], pool, s)
         for label, mode, shared in VARIANTS:
             got = measure(mode, shared, all_queries[:count], pool, s,
@@ -313,7 +324,7 @@ def main() -> None:
                 ("results memory", "results B/(retained x ceil(Q/64) x 8)", ".3f")]
     columns += [(f"{label} register s", f"{label} reg s", ".2f") for label, _, _ in VARIANTS]
     notes = _verdicts(rows)
-    measured_large = []
+    measured_large: list[dict[str, Any]] = []
     for count in LARGE_COUNTS if large else ():
         got = measure_large(common.selection_queries(common.rng(2), count, "inequality"),
                             pool, s)

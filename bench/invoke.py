@@ -27,15 +27,20 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 import floor  # noqa: E402
+
 import psoup  # noqa: E402
+from psoup.stems.query_stem import SelectionPlan  # noqa: E402
 from psoup.stems.span import Span  # noqa: E402
 
 MODES = ("partial", "complete", "nomat")
@@ -51,7 +56,7 @@ DUCKDB_TARGET = 4.0         # a ~17K-row answer >= 4x faster than DuckDB prepare
 FIND_TARGET = 5.0           # psoup's find <= 5x the C bit-sliced floor at W = 2^16
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"windows": [1 << 6, 1 << 8], "extra": 64, "queries": 8, "repeat": 2,
                 "batch": 100, "table2_window": 1 << 7, "find_counts": [64],
@@ -64,7 +69,7 @@ def _settings(quick: bool) -> dict:
             "poll_shapes": [("interval, 1 factor", 1 << 15), ("equality, 1 factor", 1 << 17)]}
 
 
-def _duckdb(columns: dict[str, np.ndarray]):
+def _duckdb(columns: dict[str, NDArray[np.int64]]) -> Any:
     """A DuckDB connection holding the tuples as R(tid, ts, a, b, c, d)."""
     import duckdb
     import pyarrow as pa
@@ -78,7 +83,7 @@ def _duckdb(columns: dict[str, np.ndarray]):
     return con
 
 
-def _psoup(mode: str, queries: list[tuple[str, int]], columns: dict[str, np.ndarray],
+def _psoup(mode: str, queries: list[tuple[str, int]], columns: dict[str, NDArray[np.int64]],
            batch: int) -> tuple[psoup.Engine, list[str]]:
     """An engine of `mode` with the (WHERE clause, window) queries registered, then all
     tuples inserted. It reads every answer whole (answer_cache_bytes=0): these figures
@@ -102,11 +107,13 @@ def _psoup(mode: str, queries: list[tuple[str, int]], columns: dict[str, np.ndar
 WARM_CALLS = 8
 
 
-def _time_all(calls, repeat: int, expected: list[list[tuple]] | None) -> tuple[float, list]:
+def _time_all(calls: Sequence[Callable[[], Any]], repeat: int,
+              expected: list[list[tuple[Any, ...]]] | None) -> tuple[float, list[Any]]:
     """Mean seconds per call over all `calls`, each called WARM_CALLS times untimed (the
     first answer checked against `expected`) and then `repeat` times; returns (mean,
     answers)."""
-    answers, total = [], 0.0
+    answers: list[Any] = []
+    total = 0.0
     with common.settled():      # once per group: a full collection rescans every answer kept
         for i, call in enumerate(calls):
             rows = call()
@@ -120,11 +127,11 @@ def _time_all(calls, repeat: int, expected: list[list[tuple]] | None) -> tuple[f
     return total / (len(calls) * repeat), answers
 
 
-def _rows_of(columns: dict[str, np.ndarray]) -> list[tuple]:
-    return list(zip(*(v.tolist() for v in columns.values())))
+def _rows_of(columns: dict[str, NDArray[Any]]) -> list[tuple[Any, ...]]:
+    return list(zip(*(v.tolist() for v in columns.values()), strict=True))
 
 
-def _plot(ax, rows: list[dict]) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     styles = {"equality": "-", "interval": "--"}
     colors = {key: f"C{i}" for i, key in enumerate(MODES + ("duckdb",))}
     for workload in WORKLOADS:
@@ -141,21 +148,27 @@ def _plot(ax, rows: list[dict]) -> None:
     ax.legend(fontsize=7, ncol=2)
 
 
-def _measure(con, columns: dict[str, np.ndarray], groups: dict, s: dict) -> list[dict]:
+def _measure(con: Any, columns: dict[str, NDArray[np.int64]],
+             groups: dict[int, tuple[list[str], int]], s: dict[str, Any]) -> list[dict[str, Any]]:
     """groups: row label -> (WHERE clauses, window). One engine per mode holds every
     group's queries; each row gets the mean ms per invocation of its group per engine."""
     n = len(columns["a"])
-    rows = {label: {"window": window} for label, (_, window) in groups.items()}
-    expected = {}
+    rows: dict[int, dict[str, Any]] = {
+        label: {"window": window} for label, (_, window) in groups.items()}
+    expected: dict[int, list[Any]] = {}
+    # the lists of lambdas are Callable[..., Any]: mypy infers no type for a lambda with
+    # a default in a Callable[[], Any] context
     for label, (wheres, window) in groups.items():
         sqls = [f"SELECT a, b, c, d FROM R WHERE tid >= {n - window} AND ({w})" for w in wheres]
-        duck = [lambda q=q: con.execute(q).fetchall() for q in sqls]
+        duck: list[Callable[..., Any]] = [lambda q=q: con.execute(q).fetchall() for q in sqls]
         rows[label]["duckdb ms"], expected[label] = _time_all(duck, s["repeat"], None)
         rows[label]["mean rows"] = sum(map(len, expected[label])) / len(wheres)
-        duck_np = [lambda q=q: con.execute(q).fetchnumpy() for q in sqls]
+        duck_np: list[Callable[..., Any]] = [lambda q=q: con.execute(q).fetchnumpy()
+                                             for q in sqls]
         rows[label]["duckdb np ms"], _ = _time_all(duck_np, s["repeat"], None)
-        duck_prep = [lambda q=common.prepare(con, q): con.execute(q).fetchnumpy()
-                     for q in sqls]
+        statements = [common.prepare(con, q) for q in sqls]
+        duck_prep: list[Callable[..., Any]] = [lambda q=q: con.execute(q).fetchnumpy()
+                                               for q in statements]
         rows[label]["duckdb prep ms"], got = _time_all(duck_prep, s["repeat"], None)
         assert [_rows_of(g) for g in got] == expected[label], "prepared answers differ"
     for mode in MODES:
@@ -167,15 +180,16 @@ def _measure(con, columns: dict[str, np.ndarray], groups: dict, s: dict) -> list
         for label, (wheres, _) in groups.items():
             mine = handles[start:start + len(wheres)]
             start += len(wheres)
-            calls = [lambda h=h: eng.invoke(h, now=float(n)).rows for h in mine]
+            calls: list[Callable[..., Any]] = [lambda h=h, eng=eng: eng.invoke(h, now=float(n)).rows
+                                               for h in mine]
             rows[label][f"{mode} ms"], _ = _time_all(calls, s["repeat"], expected[label])
             rows[label][f"{mode} load s"] = load
             if mode == "partial":
-                for h, want in zip(mine, expected[label]):      # the columns are right
+                for h, want in zip(mine, expected[label], strict=True):  # columns right
                     got = _rows_of(eng.invoke(h, now=float(n)).to_numpy())
                     assert got == want, f"{label}: columns differ from DuckDB's rows"
-                columns_only = [lambda h=h: eng.invoke(h, now=float(n)).to_numpy()
-                                for h in mine]
+                columns_only: list[Callable[..., Any]] = [
+                    lambda h=h, eng=eng: eng.invoke(h, now=float(n)).to_numpy() for h in mine]
                 rows[label]["partial np ms"], _ = _time_all(columns_only, s["repeat"], None)
         eng.close()
     for row in rows.values():
@@ -190,7 +204,7 @@ def _measure(con, columns: dict[str, np.ndarray], groups: dict, s: dict) -> list
     return [dict(row, label=label) for label, row in rows.items()]
 
 
-def _find(count: int, window: int, s: dict) -> dict:
+def _find(count: int, window: int, s: dict[str, Any]) -> dict[str, Any]:
     """PSoup-P's find (`MaterializedResults.selection`, what an invocation runs before it
     fetches any column) for `count` queries `a BETWEEN lo AND lo + 31` (1 tuple in 8)
     over the last `window` tuples, in microseconds: the median over the queries of each
@@ -203,36 +217,45 @@ def _find(count: int, window: int, s: dict) -> dict:
     wheres = [f"a BETWEEN {lo} AND {lo + 31}" for lo in lows]
     eng, handles = _psoup("partial", [(w, window) for w in wheres], columns, s["batch"])
     core = eng._core                    # the structure itself: no answer is built
-    plans = [core.handles[h] for h in handles]
+    plans: list[SelectionPlan] = []
+    for h in handles:
+        plan = core.handles[h]
+        assert isinstance(plan, SelectionPlan)
+        plans.append(plan)
     span = Span.range(n - window, n)
     a = columns["a"]
-    for plan, lo in zip(plans[:64], lows[:64]):
+    for plan, lo in zip(plans[:64], lows[:64], strict=True):
         want = np.flatnonzero((a[n - window:] >= lo) & (a[n - window:] <= lo + 31))
         got = core.kept.selection(plan, span)
         assert np.array_equal(got, want + n - window), "the find differs from numpy's"
     with common.settled():
-        hot = [common.timed(lambda p=p: core.kept.selection(p, span),
-                            repeat=max(s["repeat"], 9)).median for p in plans[:64]]
+        hot: list[float] = []
+        for p in plans[:64]:
+            def find(p: SelectionPlan = p) -> NDArray[Any]:
+                return core.kept.selection(p, span)
+            hot.append(common.timed(find, repeat=max(s["repeat"], 9)).median)
         t0 = time.perf_counter()
         for plan in plans:
             core.kept.selection(plan, span)
         cycled = (time.perf_counter() - t0) / len(plans)
     eng.close()
-    row = {"queries": count, "window": window, "hot us": 1e6 * float(np.median(hot)),
+    row: dict[str, Any] = {"queries": count, "window": window,
+                           "hot us": 1e6 * float(np.median(hot)),
            "cycled us": 1e6 * cycled,
            "matches": float(np.mean([np.count_nonzero((a[n - window:] >= lo)
                                                        & (a[n - window:] <= lo + 31))
                                      for lo in lows[:64]]))}
-    got = floor.find_floor(count, window)
-    if got is not None:
-        row["floor sliced us"], row["floor strided us"] = got["bitsliced_us"], got["rowmajor_us"]
+    floors = floor.find_floor(count, window)
+    if floors is not None:
+        row["floor sliced us"] = floors["bitsliced_us"]
+        row["floor strided us"] = floors["rowmajor_us"]
         row["hot/sliced"] = row["hot us"] / row["floor sliced us"]
         row["cycled/sliced"] = row["cycled us"] / row["floor sliced us"]
         row["hot/strided"] = row["hot us"] / row["floor strided us"]
     return row
 
 
-def _plot_find(ax, rows: list[dict]) -> None:
+def _plot_find(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     labels = [f"{row['queries']:,} queries" for row in rows]
     keys = [("hot us", "PSoup-P, one query again"), ("cycled us", "PSoup-P, queries in turn"),
             ("floor sliced us", "C floor, bit column"),
@@ -247,7 +270,7 @@ def _plot_find(ax, rows: list[dict]) -> None:
     ax.legend(fontsize=8)
 
 
-def _polls(s: dict) -> list[dict]:
+def _polls(s: dict[str, Any]) -> list[dict[str, Any]]:
     """Polls of a sliding window while tuples arrive, for two shapes of query: Table 2's
     one-factor interval queries over the last 2^15 tuples (answers of about half the
     window) and Fig. 7a's one-factor equality queries over the last 2^17 (1 tuple in
@@ -258,7 +281,7 @@ def _polls(s: dict) -> list[dict]:
     bounds as parameters. Each psoup answer of the first handle is checked against
     DuckDB's."""
     batch, rounds = s["poll_batch"], s["poll_rounds"]
-    out = []
+    out: list[dict[str, Any]] = []
     for offset, (label, window) in enumerate(s["poll_shapes"]):
         gen = common.rng(8 + offset)
         kind = label.split(",")[0]
@@ -271,7 +294,7 @@ def _polls(s: dict) -> list[dict]:
                                         f"tid < $2 AND ({w})") for w in wheres]
         engines = {"PSoup-P (default)": psoup.Engine(),
                    "PSoup-P, read whole": psoup.Engine(answer_cache_bytes=0)}
-        handles = {}
+        handles: dict[str, list[str]] = {}
         for name, eng in engines.items():
             eng.execute(common.CREATE_R)
             handles[name] = [eng.register(f"SELECT a, b, c, d FROM R WHERE {w} BEGIN (NOW - "
@@ -299,7 +322,7 @@ def _polls(s: dict) -> list[dict]:
                     assert all(np.array_equal(got[0][c], want[c]) for c in "abcd"), \
                         f"{name}: round {r} differs from DuckDB"
                 answers += sum(len(g["a"]) for g in got)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name, eng in engines.items():
             rows.append({"engine": name, "ms": 1e3 * spent[name] / (rounds * len(wheres)),
                          "rows": answers / (rounds * len(wheres)),
@@ -311,16 +334,16 @@ def _polls(s: dict) -> list[dict]:
                 b = start + (r + 1) * batch
                 for q in prepared:
                     con.execute(f"{q}({b - window}, {b})").fetchnumpy()
-            spent = time.perf_counter() - t0
+            duck_spent = time.perf_counter() - t0
         rows.append({"engine": "DuckDB prepared, fetchnumpy",
-                     "ms": 1e3 * spent / (rounds * len(prepared)), "rows": rows[0]["rows"]})
+                     "ms": 1e3 * duck_spent / (rounds * len(prepared)), "rows": rows[0]["rows"]})
         for row in rows:
             row.update(queries=label, window=window, ratio=row["ms"] / rows[0]["ms"])
         out += rows
     return out
 
 
-def _plot_polls(ax, rows: list[dict]) -> None:
+def _plot_polls(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.bar([f"{row['queries']}\n{row['engine']}" for row in rows], [row["ms"] for row in rows])
     ax.set_yscale("log")
     ax.set_ylabel("ms per poll")
@@ -333,7 +356,7 @@ def _interval_where(gen: np.random.Generator, k: int) -> str:
     return " AND ".join(common._factor(gen, "interval", str(c)) for c in cols)
 
 
-def _plot_table2(ax, rows: list[dict]) -> None:
+def _plot_table2(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ks = [row["factors"] for row in rows]
     for i, key in enumerate(MODES + ("duckdb",)):
         ax.bar(np.arange(len(ks)) + (i - 1.5) * 0.2, [row[f"{key} ms"] for row in rows], 0.2,
@@ -365,7 +388,7 @@ def main() -> None:
                         "polls then recycle their memory), then `repeat` timed ones; ms = "
                         "mean over all"}
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for offset, workload in enumerate(WORKLOADS):
         gen = common.rng(4 + offset)
         wheres = [common.where_clause(gen, workload) for _ in range(s["queries"])]
@@ -402,7 +425,7 @@ def main() -> None:
                     ("duckdb np/P np", "DuckDB/P numpy", ".1f"),
                     ("duckdb prep ms", "DuckDB prepared numpy ms", ".4f"),
                     ("duckdb prep/P np", "DuckDB prepared/P numpy", ".1f")]
-    verdicts = []
+    verdicts: list[str] = []
     for row in table2:
         row["P numpy/paper"] = row["partial np ms"] / PAPER_TABLE2_P_MS[row["factors"]]
         verdicts.append(f"target: PSoup-P within {TABLE2_TARGET:g}x the paper's Table 2 with "

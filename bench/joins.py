@@ -31,16 +31,21 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
 from psoup.eddy.hybrid import join, separate_probe  # noqa: E402
 from psoup.query import compile_statement  # noqa: E402
+from psoup.query.model import Query  # noqa: E402
 from psoup.stems.batch import make_batch  # noqa: E402
 from psoup.stems.data_stem import DataSteM  # noqa: E402
 
@@ -52,7 +57,7 @@ _INEQ = ("<", "<=", ">", ">=")
 CREATE = {name: f"CREATE STREAM {name} (a INT, b INT, c INT, d INT)" for name in "RST"}
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"windows": [64, 128], "queries": 4, "repeat": 2, "fig11_rows": 2_000,
                 "fig11_queries": 3, "routing_batches": 6, "routing_batch": 200,
@@ -75,13 +80,13 @@ def _sharing_queries(gen: np.random.Generator, workload: str, n: int) -> list[st
     return [head + f"R.b = {i % common.DOMAIN} AND S.b = {i % common.DOMAIN}" for i in range(n)]
 
 
-def bench_sharing(s: dict) -> list[dict]:
-    rows = []
+def bench_sharing(s: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     retain, size = s["sharing_retain"], s["sharing_batch"]
     for workload in ("overlapping", "disjoint"):
         for n in s["sharing_counts"]:
-            answers = {}
-            row = {"workload": workload, "queries": n}
+            answers: dict[bool, list[Any]] = {}
+            row: dict[str, Any] = {"workload": workload, "queries": n}
             for shared in (True, False):
                 gen = common.rng(41)
                 eng = psoup.Engine(shared_joins=shared)
@@ -109,7 +114,7 @@ def bench_sharing(s: dict) -> list[dict]:
     return rows
 
 
-def _plot_sharing(ax, rows) -> None:
+def _plot_sharing(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     for workload, marker in (("overlapping", "o"), ("disjoint", "s")):
         mine = [r for r in rows if r["workload"] == workload]
         n = [r["queries"] for r in mine]
@@ -145,12 +150,13 @@ def _join_query(gen: np.random.Generator, workload: str) -> str:
     return " AND ".join(local + [link])
 
 
-def _fig8_data(n: int) -> dict[str, dict[str, np.ndarray]]:
+def _fig8_data(n: int) -> dict[str, dict[str, NDArray[np.int64]]]:
     gen = common.rng(11)
     return {name: common.data_columns(gen, n) for name in "RS"}
 
 
-def _fig8_engine(mode: str, wheres: list[str], window: int, data: dict) -> tuple:
+def _fig8_engine(mode: str, wheres: list[str], window: int,
+                 data: dict[str, dict[str, NDArray[np.int64]]]) -> tuple[psoup.Engine, list[str]]:
     eng = psoup.Engine(mode=mode)
     for name in "RS":
         eng.execute(CREATE[name])
@@ -164,7 +170,7 @@ def _fig8_engine(mode: str, wheres: list[str], window: int, data: dict) -> tuple
     return eng, handles
 
 
-def bench_fig8(s: dict) -> list[dict]:
+def bench_fig8(s: dict[str, Any]) -> list[dict[str, Any]]:
     import duckdb
     import pyarrow as pa
 
@@ -176,7 +182,7 @@ def bench_fig8(s: dict) -> list[dict]:
                                       **data[name]}))
         con.execute(f"CREATE TABLE {name} AS SELECT * FROM src")
         con.unregister("src")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for w_index, workload in enumerate(("selective", "broad")):
         wheres = [_join_query(common.rng(100 * w_index + i), workload)
                   for i in range(s["queries"])]
@@ -185,21 +191,24 @@ def bench_fig8(s: dict) -> list[dict]:
     return rows
 
 
-def _fig8_row(con, data: dict, n: int, wheres: list[str], workload: str, window: int,
-              repeat: int) -> dict:
-    row = {"workload": workload, "window": window}
+def _fig8_row(con: Any, data: dict[str, dict[str, NDArray[np.int64]]], n: int,
+              wheres: list[str], workload: str, window: int, repeat: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"workload": workload, "window": window}
     unordered = [f"SELECT R.a, R.b, S.c, S.d FROM R, S WHERE R.tid >= {n - window} AND "
                  f"S.tid >= {n - window} AND {w}" for w in wheres]
     sqls = [q + " ORDER BY least(R.ts, S.ts), R.tid, S.tid" for q in unordered]
-    calls = [lambda q=q: con.execute(q).fetchall() for q in sqls]
+    # Callable[..., Any]: mypy infers no type for a lambda with a default in a
+    # Callable[[], Any] context
+    calls: list[Callable[..., Any]] = [lambda q=q: con.execute(q).fetchall() for q in sqls]
     expected = [call() for call in calls]
     row["rows"] = sum(map(len, expected)) / len(expected)
     with common.settled():
         row["duckdb ms"] = _mean_ms(calls, repeat)
     for key, queries in (("duckdb prep", sqls), ("duckdb unordered", unordered)):
-        calls = [lambda q=common.prepare(con, q): con.execute(q).fetchnumpy() for q in queries]
+        statements = [common.prepare(con, q) for q in queries]
+        calls = [lambda q=q: con.execute(q).fetchnumpy() for q in statements]
         for i, call in enumerate(calls):
-            got = list(zip(*(v.tolist() for v in call().values())))
+            got = list(zip(*(v.tolist() for v in call().values()), strict=True))
             if (got if key == "duckdb prep" else sorted(got)) != (
                     expected[i] if key == "duckdb prep" else sorted(expected[i])):
                 raise AssertionError(f"{key}, W={window}, query {i}: answer differs")
@@ -208,7 +217,7 @@ def _fig8_row(con, data: dict, n: int, wheres: list[str], workload: str, window:
     for mode in MODES:
         eng, handles = _fig8_engine(mode, wheres, window, data)
         now = 2.0 * n
-        calls = [lambda h=h: eng.invoke(h, now=now).rows for h in handles]
+        calls = [lambda h=h, eng=eng, now=now: eng.invoke(h, now=now).rows for h in handles]
         for i, call in enumerate(calls):
             if call() != expected[i]:
                 raise AssertionError(f"{mode}, W={window}, query {i} ({wheres[i]}): "
@@ -216,7 +225,8 @@ def _fig8_row(con, data: dict, n: int, wheres: list[str], workload: str, window:
         with common.settled():
             row[f"{mode} ms"] = _mean_ms(calls, repeat)
         if mode == "partial":
-            calls = [lambda h=h: eng.invoke(h, now=now).to_numpy() for h in handles]
+            calls = [lambda h=h, eng=eng, now=now: eng.invoke(h, now=now).to_numpy()
+                     for h in handles]
             with common.settled():
                 row["partial np ms"] = _mean_ms(calls, repeat)
         eng.close()
@@ -227,12 +237,12 @@ def _fig8_row(con, data: dict, n: int, wheres: list[str], workload: str, window:
     return row
 
 
-def _mean_ms(calls, repeat: int) -> float:
+def _mean_ms(calls: Sequence[Callable[[], Any]], repeat: int) -> float:
     return 1e3 * sum(common.timed(call, repeat=repeat).total for call in calls) / (
         len(calls) * repeat)
 
 
-def _plot_fig8(ax, rows) -> None:
+def _plot_fig8(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     for workload, style in (("selective", "-"), ("broad", "--")):
         mine = [r for r in rows if r["workload"] == workload]
         windows = [r["window"] for r in mine]
@@ -251,10 +261,10 @@ def _plot_fig8(ax, rows) -> None:
 WORKLOADS = {"Eq/Ineq": ("=", "ineq"), "Ineq/Eq": ("ineq", "="), "Ineq/Ineq": ("ineq", "ineq")}
 
 
-def bench_fig11(s: dict) -> list[dict]:
+def bench_fig11(s: dict[str, Any]) -> list[dict[str, Any]]:
     n = s["fig11_rows"]
     gen = common.rng(21)
-    stems = []                  # the two Data SteMs alone: Fig. 11 measures the join step
+    stems: list[DataSteM] = []  # the two Data SteMs alone: Fig. 11 measures the join step
     for i, name in enumerate("RS"):
         stem = DataSteM(compile_statement(CREATE[name], {}))
         batch = make_batch(stem.schema, common.data_columns(gen, n),
@@ -262,7 +272,7 @@ def bench_fig11(s: dict) -> list[dict]:
         stem.append(batch, np.arange(i * n, (i + 1) * n))
         stems.append(stem)
     schemas = {stem.schema.name: stem.schema for stem in stems}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, (relop3, relop2) in WORKLOADS.items():
         composite = separate = 0.0
         structs = combos = 0
@@ -273,14 +283,17 @@ def bench_fig11(s: dict) -> list[dict]:
                    f"{common.constant(gen)} AND R.a {op2} S.b AND S.b {op3} "
                    f"{common.constant(gen)}")
             query = compile_statement(sql, schemas)
+            assert isinstance(query, Query)
             outer = stems[0].probe(query.sources[0])       # steps 1-3 of Fig. 4
             structs += len(outer)
 
-            def run_composite():
+            def run_composite(query: Query = query,
+                              outer: NDArray[np.int64] = outer) -> NDArray[np.int64]:
                 inner = stems[1].probe(query.sources[1])
                 return join(query, stems, {0: outer, 1: inner}, [0, 1])
 
-            def run_separate():
+            def run_separate(query: Query = query,
+                             outer: NDArray[np.int64] = outer) -> NDArray[np.int64]:
                 return separate_probe(query, stems, 0, outer, 1, query.sources[1])
 
             a, b = run_composite(), run_separate()
@@ -297,12 +310,12 @@ def bench_fig11(s: dict) -> list[dict]:
     return rows
 
 
-def _canonical(combos: np.ndarray) -> np.ndarray:
+def _canonical(combos: NDArray[np.int64]) -> NDArray[np.int64]:
     """Combinations in one order, to compare two sets of them."""
     return combos[np.lexsort(combos.T[::-1])] if len(combos) else combos
 
 
-def _plot_fig11(ax, rows) -> None:
+def _plot_fig11(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     x = np.arange(len(rows))
     ax.bar(x - 0.2, [r["composite ms"] for r in rows], 0.4, label="Composite")
     ax.bar(x + 0.2, [r["separate ms"] for r in rows], 0.4, label="Separate")
@@ -320,7 +333,8 @@ def _plot_fig11(ax, rows) -> None:
 _DOMAINS = ((1_000_000, 40), (40, 1_000_000))
 
 
-def _routing_batch(gen: np.random.Generator, name: str, n: int, phase: int) -> dict:
+def _routing_batch(gen: np.random.Generator, name: str, n: int,
+                   phase: int) -> dict[str, NDArray[np.int64]]:
     """Phase 0: S is the selective link (join it first); phase 1 swaps S and T."""
     dom_a, dom_b = _DOMAINS[phase]
     cols = common.data_columns(gen, n)
@@ -331,9 +345,9 @@ def _routing_batch(gen: np.random.Generator, name: str, n: int, phase: int) -> d
     return cols
 
 
-def bench_routing(s: dict) -> list[dict]:
+def bench_routing(s: dict[str, Any]) -> list[dict[str, Any]]:
     sql = "SELECT R.c, S.c, T.c FROM R, S, T WHERE R.a = S.a AND R.b = T.b"
-    rows = []
+    rows: list[dict[str, Any]] = []
     for policy in ("adaptive", "fixed"):
         gen = common.rng(31)
         eng = psoup.Engine(routing=policy)
@@ -361,7 +375,7 @@ def bench_routing(s: dict) -> list[dict]:
     return rows
 
 
-def _plot_routing(ax, rows) -> None:
+def _plot_routing(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     for i, policy in enumerate(("adaptive", "fixed")):
         mine = [r for r in rows if r["policy"] == policy]
         ax.bar(np.arange(2) + (i - 0.5) * 0.4, [r["R tuples/s"] for r in mine], 0.4,
@@ -380,7 +394,7 @@ def main() -> None:
     window, target = FIG8_TARGET
     at = next((r for r in fig8 if r["window"] == window and r["workload"] == "selective"),
               fig8[len(s["windows"]) - 1])
-    broad = next((r for r in fig8 if r["window"] == at["window"] and r["workload"] == "broad"))
+    broad = next(r for r in fig8 if r["window"] == at["window"] and r["workload"] == "broad")
     common.report(f"joins_fig8{suffix}", fig8, [
         ("workload", "workload", "s"), ("window", "W", "d"), ("rows", "rows", ",.0f"),
         *[(f"{k} ms", f"{LABELS[k]} ms", ".3f") for k in MODES + ("duckdb",)],

@@ -19,20 +19,24 @@ from __future__ import annotations
 import operator
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 import floor  # noqa: E402
+
 import psoup  # noqa: E402
 
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"counts": [1_000, 4_000], "batch": 1_000, "min_time": 0.1, "cap": 0.5}
     return {"counts": [10_000, 100_000], "batch": 4_000, "min_time": 1.0, "cap": 3.0}
@@ -40,7 +44,7 @@ def _settings(quick: bool) -> dict:
 
 def workload(gen: np.random.Generator, n: int) -> list[list[tuple[str, str, int]]]:
     """n queries as factor lists [(column, operator, constant), ...]."""
-    out = []
+    out: list[list[tuple[str, str, int]]] = []
     for _ in range(n):
         cols = gen.choice(common.STREAM_COLUMNS, size=int(gen.integers(1, 5)), replace=False)
         ops = list(OPS)
@@ -53,10 +57,10 @@ class Percolator:
 
     def __init__(self, queries: list[list[tuple[str, str, int]]]):
         self.queries = [[(c, OPS[op], v) for c, op, v in q] for q in queries]
-        self.matches: list[np.ndarray] = []
+        self.matches: list[NDArray[np.intp]] = []
 
-    def insert(self, columns: dict[str, np.ndarray]) -> None:
-        out = []
+    def insert(self, columns: dict[str, NDArray[np.int64]]) -> None:
+        out: list[NDArray[np.intp]] = []
         for factors in self.queries:
             c, op, v = factors[0]
             mask = op(columns[c], v)
@@ -66,13 +70,13 @@ class Percolator:
         self.matches = out
 
 
-def bench(s: dict) -> list[dict]:
+def bench(s: dict[str, Any]) -> list[dict[str, Any]]:
     gen = common.rng(71)
     pool = [common.data_columns(gen, s["batch"]) for _ in range(4)]
     qs = workload(common.rng(72), max(s["counts"]))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for count in s["counts"]:
-        row = {"queries": count}
+        row: dict[str, Any] = {"queries": count}
         eng = psoup.Engine(chunk_rows=s["batch"] * 2)
         eng.execute(f"{common.CREATE_R} RETAIN {s['batch'] * 2} ROWS")
         t0 = time.perf_counter()
@@ -81,7 +85,7 @@ def bench(s: dict) -> list[dict]:
         row["register s"] = time.perf_counter() - t0
         sent = [0]
 
-        def feed_psoup() -> None:
+        def feed_psoup(eng: psoup.Engine = eng, sent: list[int] = sent) -> None:
             cols = pool[(sent[0] // s["batch"]) % len(pool)]
             eng.insert("R", cols, ts=np.arange(sent[0], sent[0] + s["batch"], dtype=float))
             sent[0] += s["batch"]
@@ -94,15 +98,21 @@ def bench(s: dict) -> list[dict]:
         last = pool[((sent[0] - s["batch"]) // s["batch"]) % len(pool)]
 
         baseline = Percolator(qs[:count])
+
+        def feed_numpy(baseline: Percolator = baseline,
+                       last: dict[str, NDArray[np.int64]] = last) -> None:
+            baseline.insert(last)
         with common.settled():
-            t = common.timed(lambda: baseline.insert(last), repeat=2, min_time=s["min_time"],
-                             max_time=s["cap"])
+            t = common.timed(feed_numpy, repeat=2, min_time=s["min_time"], max_time=s["cap"])
         row["numpy tuples/s"] = t.calls * s["batch"] / t.total
         row["speedup"] = row["psoup tuples/s"] / row["numpy tuples/s"]
         tight = common.UnsharedNumpy(qs[:count])
+
+        def feed_tight(tight: common.UnsharedNumpy = tight,
+                       last: dict[str, NDArray[np.int64]] = last) -> list[NDArray[np.intp]]:
+            return tight.insert(last)
         with common.settled():
-            t = common.timed(lambda: tight.insert(last), repeat=2, min_time=s["min_time"],
-                             max_time=s["cap"])
+            t = common.timed(feed_tight, repeat=2, min_time=s["min_time"], max_time=s["cap"])
         row["tight tuples/s"] = t.calls * s["batch"] / t.total
         row["speedup tight"] = row["psoup tuples/s"] / row["tight tuples/s"]
         # the same matches: the last batch's tupleIDs per query, a sample of queries
@@ -124,7 +134,7 @@ def bench(s: dict) -> list[dict]:
     return rows
 
 
-def _plot(ax, rows) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     counts = [r["queries"] for r in rows]
     ax.plot(counts, [r["psoup tuples/s"] for r in rows], marker="o", label="psoup (PSoup-P)")
     ax.plot(counts, [r["numpy tuples/s"] for r in rows], marker="s", linestyle="--",

@@ -32,7 +32,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +49,7 @@ DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT)"
 REDUCTIONS = [0, 25, 50, 75]
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, int]:
     if quick:
         return {"rows": 400_000, "file_rows": 100_000, "repeat": 1}
     return {"rows": 10_000_000, "file_rows": 1_000_000, "repeat": 2}
@@ -78,15 +80,17 @@ def write_archives(sampled: Path, plain: Path, n: int, file_rows: int) -> None:
             write(table, str(path))
 
 
-def count_pass(spark, root: Path, n: int, reduction: int, into: Path
+def count_pass(spark: Any, root: Path, n: int, reduction: int, into: Path
                ) -> tuple[float, float, float]:
     """psoup's history pass of the COUNT(*) query at `reduction` over the archive under
     `root`: (seconds, the estimated count, the half-width of its 95% interval)."""
     from psoup.archive.rates import system_rate
     from psoup.query import compile_statement
+    from psoup.query.model import StreamSchema
     from psoup.spark.history import evaluate
 
     schema = compile_statement(DDL, {})
+    assert isinstance(schema, StreamSchema)
     rate = 1.0 if reduction == 0 else system_rate(1 - reduction / 100)
     sample = "" if reduction == 0 else f" TABLESAMPLE SYSTEM ({100 - reduction})"
     query = (0, f"SELECT COUNT(*) FROM traffic{sample}")
@@ -101,7 +105,7 @@ def count_pass(spark, root: Path, n: int, reduction: int, into: Path
     return seconds, estimate, error
 
 
-def bench(s: dict) -> list[dict]:
+def bench(s: dict[str, int]) -> list[dict[str, Any]]:
     from psoup.spark.session import spark_session
 
     n = s["rows"]
@@ -113,9 +117,9 @@ def bench(s: dict) -> list[dict]:
         print(f"wrote {n:,} readings twice in {time.perf_counter() - t0:.1f} s", flush=True)
         spark = spark_session()
         count_pass(spark, sampled, n, 75, into)             # warm-up: JVM, workers
-        rows = []
+        rows: list[dict[str, Any]] = []
         for reduction in REDUCTIONS:
-            row: dict = {"reduction": reduction}
+            row: dict[str, Any] = {"reduction": reduction}
             for name, root in (("psoup", sampled), ("strawman", plain)):
                 runs = [count_pass(spark, root, n, reduction, into)
                         for _ in range(s["repeat"])]
@@ -137,7 +141,7 @@ def bench(s: dict) -> list[dict]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _plot(ax, rows) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     x = [r["reduction"] for r in rows]
     ax.plot(x, [r["psoup_s"] for r in rows], "o-", label="psoup, sampled layout")
     ax.plot(x, [r["strawman_s"] for r in rows], "s--", color="C3",

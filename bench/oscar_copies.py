@@ -36,14 +36,18 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
+from psoup.stems.query_stem import SelectionPlan  # noqa: E402
 
 HOUR = 3600.0
 START = 86400.0 * 19000              # a UTC midnight
@@ -52,21 +56,25 @@ QUERY = "SELECT COUNT(*), AVG(v) FROM S [RANGE 1 HOUR]"
 EVERYTHING = "SELECT COUNT(*), AVG(v) FROM S"
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, int]:
     if quick:
         return {"rows": 100_000, "days": 2, "batch": 10_000, "retain": 10_000, "repeat": 2}
     return {"rows": 2_000_000, "days": 4, "batch": 50_000, "retain": 10_000, "repeat": 5}
 
 
-def build(state: Path, s: dict) -> tuple[psoup.Engine, list[str], float]:
+def build(state: Path, s: dict[str, int]) -> tuple[psoup.Engine, list[str], float]:
     """A durable engine on `state` whose archive holds all but `retain` of the rows;
     the handles of QUERY and EVERYTHING; the last ts."""
     gen = common.rng(181)
-    eng = psoup.Engine(path=state)
+    eng = psoup.Engine(path=str(state))
     eng.execute(f"CREATE STREAM S (v FLOAT, k INT) RETAIN {s['retain']} ROWS")
     handles = [eng.register(QUERY), eng.register(EVERYTHING)]
     core = eng._core
-    slots = {core.plan(h).slot: h for h in handles}
+    slots: dict[int, str] = {}
+    for h in handles:
+        plan = core.plan(h)
+        assert isinstance(plan, SelectionPlan)      # one stream: no join plan
+        slots[plan.slot] = h
     core.tiers.begin("S", list(slots))
     core.tiers.finish({"S": {slot: [] for slot in slots}}, slots)
     rate = s["rows"] / (s["days"] * 86400.0)
@@ -82,11 +90,13 @@ def build(state: Path, s: dict) -> tuple[psoup.Engine, list[str], float]:
 
 
 def invocations(eng: psoup.Engine, handle: str, hours: list[float], copies: bool,
-                repeat: int) -> tuple[list, float, float]:
+                repeat: int) -> tuple[list[Any], float, float]:
     """The answers at each of `hours`, the seconds of a cold pass (caches emptied),
     and the median seconds of a warm pass, from the copies or from the tier's tuples."""
     core = eng._core
-    rollups = eng._durability.journal.archive.rollups
+    journal = eng._durability.journal
+    assert journal is not None and journal.archive.rollups is not None   # durable
+    rollups = journal.archive.rollups
     core.answers.rollups = rollups if copies else None
     eng.invoke(handle, now=hours[0])       # the memory part's kernels compiled (numba)
     core.tiers._cache.clear()
@@ -95,7 +105,7 @@ def invocations(eng: psoup.Engine, handle: str, hours: list[float], copies: bool
     rollups._cached = 0
     core.answers._substituted = None
 
-    def run() -> list:
+    def run() -> list[Any]:
         return [eng.invoke(handle, now=h).rows[0] for h in hours]
 
     t0 = time.perf_counter()
@@ -107,7 +117,7 @@ def invocations(eng: psoup.Engine, handle: str, hours: list[float], copies: bool
     return answers, cold, warm
 
 
-def whole_archive(root: Path, aggregates: Path) -> dict:
+def whole_archive(root: Path, aggregates: Path) -> dict[str, Any]:
     """Hourly averages of the whole archive three ways, timed once each, checked."""
     import duckdb
     import pyarrow.parquet as pq
@@ -118,7 +128,8 @@ def whole_archive(root: Path, aggregates: Path) -> dict:
     t0 = time.perf_counter()
     r = Rollups(root, aggregates)
     got = r.buckets("S", "hour", [("v", "float")])
-    copies = dict(zip(got.bucket.tolist(), (got.columns["v"][0] / got.rows).tolist()))
+    copies = dict(zip(got.bucket.tolist(), (got.columns["v"][0] / got.rows).tolist(),
+                      strict=True))
     t_copies = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -129,13 +140,16 @@ def whole_archive(root: Path, aggregates: Path) -> dict:
     v = np.concatenate([t.column("v").to_numpy() for t in tables])
     hour = np.floor_divide(ts, HOUR).astype(np.int64)
     keys, codes = np.unique(hour, return_inverse=True)
-    tuples = dict(zip(keys.tolist(), (np.bincount(codes, v) / np.bincount(codes)).tolist()))
+    tuples = dict(zip(keys.tolist(), (np.bincount(codes, v) / np.bincount(codes)).tolist(),
+                      strict=True))
     t_tuples = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    duck = dict(duckdb.sql(
+    relation = duckdb.sql(
         f"SELECT CAST(floor(ts / {HOUR}) AS BIGINT) AS h, avg(v) FROM read_parquet("
-        f"'{root}/stream=S/*/*.parquet') GROUP BY h").fetchall())
+        f"'{root}/stream=S/*/*.parquet') GROUP BY h")
+    assert relation is not None                     # a SELECT gives a relation
+    duck = dict(relation.fetchall())
     t_duck = time.perf_counter() - t0
     for table in (tuples, duck):
         assert copies.keys() == table.keys()
@@ -146,13 +160,16 @@ def whole_archive(root: Path, aggregates: Path) -> dict:
             "part_bytes": sum(p.stat().st_size for p in parts)}
 
 
-def bench(s: dict) -> tuple[list[dict], dict]:
+def bench(s: dict[str, int]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     folder = Path(tempfile.mkdtemp(prefix="psoup-oscar-"))
     try:
         t0 = time.perf_counter()
         eng, (hourly, everything), last = build(folder / "state", s)
         built = time.perf_counter() - t0
-        archived = eng._durability.journal.archive.latest_ts("S")
+        journal = eng._durability.journal
+        assert journal is not None
+        archived = journal.archive.latest_ts("S")
+        assert archived is not None                 # build() archived all but `retain`
         hours = [START + HOUR * k for k in range(1, int((archived - START) // HOUR) + 1)]
         fast, fast_cold, fast_warm = invocations(eng, hourly, hours, True, s["repeat"])
         slow, slow_cold, slow_warm = invocations(eng, hourly, hours, False, s["repeat"])
@@ -161,7 +178,7 @@ def bench(s: dict) -> tuple[list[dict], dict]:
                                                              s["repeat"])
         all_slow, all_slow_cold, all_slow_warm = invocations(eng, everything, now, False,
                                                              s["repeat"])
-        for a, b in zip(fast + all_fast, slow + all_slow):
+        for a, b in zip(fast + all_fast, slow + all_slow, strict=True):
             assert a[0] == b[0] and math.isclose(a[1], b[1], rel_tol=1e-9), (a, b)
         assert all_fast[0][0] == s["rows"]
         eng.close()
@@ -169,7 +186,7 @@ def bench(s: dict) -> tuple[list[dict], dict]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     n = len(hours)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"what": f"engine, {n} hourly invocations, warm", "copies ms": fast_warm * 1e3,
          "tuples ms": slow_warm * 1e3, "duckdb ms": None, "ratio": slow_warm / fast_warm},
         {"what": f"engine, {n} hourly invocations, cold", "copies ms": fast_cold * 1e3,
@@ -189,7 +206,7 @@ def bench(s: dict) -> tuple[list[dict], dict]:
     return rows, extra
 
 
-def _plot(ax, rows) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     labels = [r["what"] for r in rows]
     y = np.arange(len(rows))
     ax.barh(y - 0.27, [r["tuples ms"] for r in rows], 0.27, label="from tuples")

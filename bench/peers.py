@@ -42,20 +42,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
 
 PATHWAY_ENV = "PSOUP_PATHWAY_PYTHON"
 SPARK_MEMORY = "4g"          # the driver's heap: the default 1g runs out at 1,024 queries
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"batch": 1_000, "files": {64: 2}, "data_tuples": 500, "filters_max": 64}
     # fewer files at 1,024 queries: Spark processes a few hundred tuples per second there;
@@ -64,20 +68,20 @@ def _settings(quick: bool) -> dict:
             "filters_max": 128}
 
 
-def batches(s: dict) -> list[dict[str, np.ndarray]]:
+def batches(s: dict[str, Any]) -> list[dict[str, NDArray[np.int64]]]:
     """The Fig. 9 workload's first batches (bench/ingest.py draws its pool the same way)."""
     gen = common.rng(1)
     return [common.data_columns(gen, s["batch"]) for _ in range(max(s["files"].values()))]
 
 
-def run_psoup(queries: list[str], pool: list[dict]) -> dict:
+def run_psoup(queries: list[str], pool: list[dict[str, NDArray[np.int64]]]) -> dict[str, Any]:
     """PSoup-P: seconds end to end and for the batches after the first, per-query counts
     of matches by tupleID (counts(limit) counts those below `limit`)."""
     eng = psoup.Engine()
     eng.execute(common.CREATE_R)
     began = time.perf_counter()
     handles = [eng.register(sql) for sql in queries]
-    first = None
+    first: float | None = None
     sent = 0
     for columns in pool:
         n = len(columns["a"])
@@ -85,12 +89,14 @@ def run_psoup(queries: list[str], pool: list[dict]) -> dict:
         sent += n
         first = first or time.perf_counter()
     ended = time.perf_counter()
+    assert first is not None                # the pool is not empty
     tids = [eng.invoke(h, now=float(sent)).tuple_ids for h in handles]
     eng.close()
     return {"total_s": ended - began, "steady_s": ended - first, "tids": tids}
 
 
-def psoup_rates(queries: list[str], pool: list[dict]) -> dict:
+def psoup_rates(queries: list[str],
+                pool: list[dict[str, NDArray[np.int64]]]) -> dict[str, Any]:
     """The median of three runs of `run_psoup` (each a fresh engine), after one untimed
     run on one batch that compiles the kernels (as Spark's JVM is warmed first)."""
     run_psoup(queries[:1], pool[:1])
@@ -103,13 +109,13 @@ def psoup_rates(queries: list[str], pool: list[dict]) -> dict:
             "tids": runs[0]["tids"]}
 
 
-def counts_below(tids: list[np.ndarray], limit: int) -> list[int]:
+def counts_below(tids: list[NDArray[np.int64]], limit: int) -> list[int]:
     return [int(np.count_nonzero(t < limit)) for t in tids]
 
 
 # ---------------------------------------------------------------------- Spark
 
-def spark_or_none():
+def spark_or_none() -> Any:
     """A local[2] SparkSession (the JVM warmed by one small job), or None without pyspark
     or Java."""
     try:
@@ -136,7 +142,7 @@ def tagging(queries: list[str]) -> str:
     return f"explode(filter(array({cases}), x -> x IS NOT NULL)) AS qid"
 
 
-def spark_codegen(spark, expr: str) -> str:
+def spark_codegen(spark: Any, expr: str) -> str:
     """Whether whole-stage code generation compiles `expr` (one row, fallback off)."""
     spark.conf.set("spark.sql.codegen.fallback", "false")
     try:
@@ -149,14 +155,14 @@ def spark_codegen(spark, expr: str) -> str:
         spark.conf.set("spark.sql.codegen.fallback", "true")
 
 
-def run_spark(spark, queries: list[str], folder: Path, work: Path,
-              files_per_batch: int = 1) -> dict:
+def run_spark(spark: Any, queries: list[str], folder: Path, work: Path,
+              files_per_batch: int = 1) -> dict[str, Any]:
     """One streaming query over the parquet files in `folder`, `files_per_batch` files
     per micro-batch: seconds end to end and for the micro-batches after the first, and
     each query's match count."""
     counts = np.zeros(len(queries), dtype=np.int64)
 
-    def count(df, epoch: int) -> None:
+    def count(df: Any, epoch: int) -> None:
         for row in df.groupBy("qid").count().collect():
             counts[row["qid"]] += row["count"]
     stream = (spark.readStream.schema("tid LONG, a LONG, b LONG, c LONG, d LONG")
@@ -185,19 +191,20 @@ def pathway_python() -> str | None:
 
 
 def run_pathway(python: str, variant: str, folder: Path, queries: list[str],
-                work: Path) -> dict:
+                work: Path) -> dict[str, Any]:
     """bench/peers_pathway.py in its own process: build s, run s, per-query counts."""
     path = work / "queries.json"
     path.write_text(json.dumps([common.factors(q.split(" WHERE ", 1)[1]) for q in queries]))
     done = subprocess.run([python, str(Path(__file__).with_name("peers_pathway.py")),
                            variant, str(folder), str(path)], capture_output=True, text=True,
                           check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return cast(dict[str, Any], json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 # ---------------------------------------------------------------------- the suite
 
-def write_inputs(pool: list[dict], files: int, root: Path, data_tuples: int) -> dict:
+def write_inputs(pool: list[dict[str, NDArray[np.int64]]], files: int, root: Path,
+                 data_tuples: int) -> dict[str, Path]:
     """The first `files` batches as parquet (Spark) and CSV (Pathway) files with a tid
     column, and the first `data_tuples` tuples as one CSV file."""
     import pyarrow as pa
@@ -219,13 +226,13 @@ def write_inputs(pool: list[dict], files: int, root: Path, data_tuples: int) -> 
     return folders
 
 
-def _write_csv(path: Path, tid: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+def _write_csv(path: Path, tid: NDArray[np.int64], columns: dict[str, NDArray[np.int64]]) -> None:
     with open(path, "w") as f:
         f.write("tid," + ",".join(columns) + "\n")
         np.savetxt(f, np.column_stack([tid, *columns.values()]), fmt="%d", delimiter=",")
 
 
-def bench(s: dict, notes: list[str]) -> list[dict]:
+def bench(s: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
     pool = batches(s)
     all_queries = common.selection_queries(common.rng(2), max(s["files"]), "inequality")
     spark = spark_or_none()
@@ -235,11 +242,11 @@ def bench(s: dict, notes: list[str]) -> list[dict]:
     if python is None:
         notes.append(f"Pathway skipped: not importable here, and ${PATHWAY_ENV} names no "
                      "interpreter that has it (pip install 'psoup[peers]')")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for count, files in s["files"].items():
         queries, mine = all_queries[:count], pool[:files]
         tuples = files * s["batch"]
-        row = {"queries": count, "tuples": tuples}
+        row: dict[str, Any] = {"queries": count, "tuples": tuples}
         got = psoup_rates(queries, mine)
         tids = got.pop("tids")
         want = counts_below(tids, tuples)
@@ -286,12 +293,12 @@ def bench(s: dict, notes: list[str]) -> list[dict]:
 
 def _check(peer: str, counts: list[int], want: list[int]) -> None:
     if list(counts) != want:
-        bad = next(i for i, (a, b) in enumerate(zip(counts, want)) if a != b)
+        bad = next(i for i, (a, b) in enumerate(zip(counts, want, strict=True)) if a != b)
         raise AssertionError(f"{peer}: query {bad} matched {counts[bad]} tuples, psoup "
                              f"{want[bad]}")
 
 
-def _plot(ax, rows) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     counts = [r["queries"] for r in rows]
     for key, label, marker in (("psoup tuples/s", "psoup (PSoup-P)", "o"),
                                ("spark tuples/s", "Spark Structured Streaming", "s"),

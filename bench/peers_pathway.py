@@ -23,6 +23,7 @@ import json
 import operator
 import sys
 import time
+from typing import Any
 
 import pathway as pw
 
@@ -32,7 +33,7 @@ COLUMNS = ("a", "b", "c", "d")
 DOMAIN = 256
 
 
-class Tuples(pw.Schema):
+class Tuples(pw.Schema):  # type: ignore[misc]  # pathway is untyped here (Any)
     tid: int
     a: int
     b: int
@@ -40,16 +41,16 @@ class Tuples(pw.Schema):
     d: int
 
 
-def filters(data: pw.Table, queries: list[list]) -> pw.Table:
+def filters(data: pw.Table, queries: list[list[Any]]) -> pw.Table:
     """One filter and one count per query."""
-    counts = []
+    counts: list[pw.Table] = []
     for qid, factors in enumerate(queries):
         match = functools.reduce(operator.and_, [OPS[op](data[c], v) for c, op, v in factors])
         counts.append(data.filter(match).reduce(qid=qid, n=pw.reducers.count()))
     return pw.Table.concat_reindex(*counts)
 
 
-def bounds(queries: list[list]) -> list[dict]:
+def bounds(queries: list[list[Any]]) -> list[dict[str, int]]:
     """Each query as one row of inclusive bounds per attribute.
 
     Example:
@@ -57,7 +58,7 @@ def bounds(queries: list[list]) -> list[dict]:
         >>> row["lo_a"], row["hi_a"], row["lo_c"], row["hi_c"]
         (0, 36, 128, 255)
     """
-    rows = []
+    rows: list[dict[str, int]] = []
     for qid, factors in enumerate(queries):
         row = {"qid": qid, "key": 0}
         row.update({f"lo_{c}": 0 for c in COLUMNS} | {f"hi_{c}": DOMAIN - 1 for c in COLUMNS})
@@ -70,7 +71,7 @@ def bounds(queries: list[list]) -> list[dict]:
     return rows
 
 
-def queries_as_data(data: pw.Table, queries: list[list]) -> pw.Table:
+def queries_as_data(data: pw.Table, queries: list[list[Any]]) -> pw.Table:
     """The queries as a table joined to the data, one count per query."""
     import pandas as pd
     table = pw.debug.table_from_pandas(pd.DataFrame(bounds(queries)))
@@ -93,7 +94,7 @@ def main() -> None:
     counts = (filters if variant == "filters" else queries_as_data)(data, queries)
     got: dict[int, int] = {}
 
-    def on_change(key, row: dict, time: int, is_addition: bool) -> None:
+    def on_change(key: Any, row: dict[str, Any], time: int, is_addition: bool) -> None:
         if is_addition:
             got[row["qid"]] = row["n"]
         elif got.get(row["qid"]) == row["n"]:

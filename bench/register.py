@@ -20,13 +20,17 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
 
 BATCH = 100
@@ -34,7 +38,7 @@ RETAIN_ROWS = 10_000
 TARGETS = {"interleaved/apart": 2.0, "step/insert": 5.0, "after unregister/steady": 2.0}
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"counts": [64, 256], "samples": 5}
     return {"counts": [1_000, 4_096, 10_000], "samples": 30}
@@ -43,7 +47,7 @@ def _settings(quick: bool) -> dict:
 class _Stream:
     """Batches of BATCH tuples with ever-increasing ts, from a fixed pool."""
 
-    def __init__(self, engine: psoup.Engine, pool: list[dict]):
+    def __init__(self, engine: psoup.Engine, pool: list[dict[str, NDArray[np.int64]]]):
         self.engine, self.pool, self.sent = engine, pool, 0
         self.offsets = np.arange(BATCH, dtype=np.float64)
 
@@ -53,13 +57,13 @@ class _Stream:
         self.sent += BATCH
 
 
-def _engine(pool: list[dict]) -> tuple[psoup.Engine, _Stream]:
+def _engine(pool: list[dict[str, NDArray[np.int64]]]) -> tuple[psoup.Engine, _Stream]:
     eng = psoup.Engine()
     eng.execute(f"{common.CREATE_R} RETAIN {RETAIN_ROWS} ROWS")
     return eng, _Stream(eng, pool)
 
 
-def apart(queries: list[str], pool: list[dict]) -> float:
+def apart(queries: list[str], pool: list[dict[str, NDArray[np.int64]]]) -> float:
     eng, feed = _engine(pool)
     with common.settled():
         t0 = time.perf_counter()
@@ -70,7 +74,8 @@ def apart(queries: list[str], pool: list[dict]) -> float:
         return time.perf_counter() - t0
 
 
-def interleaved(queries: list[str], pool: list[dict], samples: int) -> dict:
+def interleaved(queries: list[str], pool: list[dict[str, NDArray[np.int64]]],
+                samples: int) -> dict[str, float]:
     """The whole interleaved run, then at Q: step, plain batch and after-unregister times
     (medians of `samples`, each step's query unregistered again so Q stays put)."""
     eng, feed = _engine(pool)
@@ -81,7 +86,9 @@ def interleaved(queries: list[str], pool: list[dict], samples: int) -> dict:
             feed()
         total = time.perf_counter() - t0
         extra = common.selection_queries(common.rng(7), samples, "inequality")
-        steps, plain, after = [], [], []
+        steps: list[float] = []
+        plain: list[float] = []
+        after: list[float] = []
         for sql in extra:
             t = time.perf_counter()
             feed()
@@ -98,7 +105,7 @@ def interleaved(queries: list[str], pool: list[dict], samples: int) -> dict:
             "insert": statistics.median(plain), "after": statistics.median(after)}
 
 
-def _plot(ax, rows: list[dict]) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     counts = [row["queries"] for row in rows]
     ax.plot(counts, [row["interleaved s"] for row in rows], marker="o", label="interleaved")
     ax.plot(counts, [row["apart s"] for row in rows], marker="o", label="registered first")
@@ -117,7 +124,7 @@ def main() -> None:
     all_queries = common.selection_queries(common.rng(2), max(s["counts"]), "inequality")
     apart(all_queries[:8], pool)          # load the compiled kernels before any timing:
     interleaved(all_queries[:8], pool, 2)   # a registration's probe of retained data too
-    rows = []
+    rows: list[dict[str, Any]] = []
     for count in s["counts"]:
         queries = all_queries[:count]
         a = apart(queries, pool)
@@ -128,7 +135,7 @@ def main() -> None:
                      "step/insert": got["step"] / got["insert"],
                      "after unregister ms": 1e3 * got["after"],
                      "after unregister/steady": got["after"] / got["insert"]})
-    notes = []
+    notes: list[str] = []
     for key, target in TARGETS.items():
         worst = max(row[key] for row in rows)
         verdict = "PASS" if worst <= target else "MISS"

@@ -26,7 +26,9 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 import traffic  # noqa: E402
+
 import psoup  # noqa: E402
 from psoup.archive.parquet import Archive  # noqa: E402
 from psoup.spark.replay import SLICE_ROWS  # noqa: E402
@@ -44,7 +47,7 @@ PER_SECOND = 50
 COLUMNS = [("lane", "int"), ("stationid", "int"), ("speed", "float")]
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"rows": 50_000, "queries": 100, "repeat": 3, "master": "local[*]"}
     return {"rows": 2_000_000, "queries": 100, "repeat": 3, "master": "local[*]"}
@@ -71,7 +74,7 @@ def _engine(sqls: list[str]) -> psoup.Engine:
     return eng
 
 
-def bench(s: dict, root: Path) -> list[dict]:
+def bench(s: dict[str, Any], root: Path) -> list[dict[str, Any]]:
     from psoup.spark.replay import ordered_runs, plan_replay, replay
     from psoup.spark.session import spark_session
 
@@ -89,7 +92,7 @@ def bench(s: dict, root: Path) -> list[dict]:
         assert got == n
 
     times: dict[str, list[float]] = {"read": [], "replay": [], "plan": [], "insert": []}
-    counts = []
+    counts: list[int] = []
     for _ in range(s["repeat"]):
         with common.settled():
             t = common.timed(read, repeat=1)
@@ -117,7 +120,7 @@ def bench(s: dict, root: Path) -> list[dict]:
               "replay": f"replay into PSoup-P, {s['queries']} queries",
               "plan": "  of which: plan (checks, slicing; pyarrow)",
               "insert": f"  of which: inserts alone ({s['queries']} queries)"}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in ("read", "replay", "plan", "insert"):
         median = float(np.median(times[key]))
         rows.append({"what": labels[key], "rows": n, "seconds": median, "rows/s": n / median,
@@ -126,7 +129,7 @@ def bench(s: dict, root: Path) -> list[dict]:
     return rows
 
 
-def _plot(ax, rows) -> None:
+def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.barh([r["what"].strip() for r in rows][::-1], [r["rows/s"] for r in rows][::-1],
             color=["C0", "C1", "C2", "C3"][:len(rows)][::-1])
     ax.set_xscale("log")

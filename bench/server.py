@@ -34,13 +34,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
 from psoup.client import Client  # noqa: E402
 
@@ -70,7 +74,7 @@ SERVE_WHOLE = SERVE.replace("echo=lambda s: None)", "echo=lambda s: None, "
                                                      "answer_cache_bytes=0)")
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"queries": 20, "prefill": 5_000, "clients": 8, "seconds": 1.0,
                 "ingest_batches": 5, "ingest_batch": 2_000, "large_tuples": 4_096,
@@ -80,7 +84,7 @@ def _settings(quick: bool) -> dict:
             "large_window": 32_768, "large_seconds": 5.0}
 
 
-def readings(gen: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+def readings(gen: np.random.Generator, n: int) -> dict[str, NDArray[Any]]:
     """n traffic readings: lanes and stations uniform, speed normal around 60, clipped."""
     return {"lane": gen.integers(1, 9, n), "stationid": gen.integers(1, 10, n),
             "speed": np.clip(gen.normal(60.0, 15.0, n), 0.0, 100.0).round(1)}
@@ -99,7 +103,7 @@ class _ServerProcess:
     def __init__(self, data_dir: str = "", spark_master: str = "", serve: str = SERVE):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+            self.port: int = s.getsockname()[1]
         env = dict(os.environ, PYTHONPATH=str(common.ROOT),
                    PSOUP_CONFIG_DIR=tempfile.mkdtemp(prefix="psoup-bench-config-"))
         self.proc = subprocess.Popen([sys.executable, "-c", serve, data_dir, str(self.port),
@@ -109,9 +113,9 @@ class _ServerProcess:
             try:
                 Client(self.address, token=TOKEN, timeout=5).close()
                 return
-            except psoup.PSoupError:
+            except psoup.PSoupError as err:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the benchmark server did not start")
+                    raise RuntimeError("the benchmark server did not start") from err
                 time.sleep(0.1)
 
     @property
@@ -126,14 +130,15 @@ class _ServerProcess:
         self.proc.wait(60)
 
 
-def _setup(target, sql: list[str], prefill: dict, ts: np.ndarray) -> list[str]:
+def _setup(target: psoup.Engine | Client, sql: list[str], prefill: dict[str, NDArray[Any]],
+           ts: NDArray[np.float64]) -> list[str]:
     target.execute(DDL)
     handles = [target.register(q) for q in sql]
     target.insert("traffic", prefill, ts=ts)
     return handles
 
 
-def bench_poll(s: dict) -> list[dict]:
+def bench_poll(s: dict[str, Any]) -> list[dict[str, Any]]:
     gen = common.rng(1)
     sql = traffic_queries(gen, s["queries"])
     prefill = readings(gen, s["prefill"])
@@ -144,7 +149,7 @@ def bench_poll(s: dict) -> list[dict]:
     handles = _setup(embedded, sql, prefill, ts)
     per_call = common.timed(lambda: [embedded.invoke(h) for h in handles], repeat=5,
                             min_time=1.0).median / len(handles)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for scenario, clients, producing in (("1 client, no ingest", 1, False),
                                          (f"{s['clients']} clients + producer",
                                           s["clients"], True)):
@@ -163,7 +168,7 @@ def bench_poll(s: dict) -> list[dict]:
 
 
 def _poll(server: _ServerProcess, handles: list[str], clients: int, producing: bool,
-          seconds: float) -> dict:
+          seconds: float) -> dict[str, Any]:
     """Closed-loop pollers (each invokes random handles back to back) for `seconds`,
     with or without a producer inserting batches of 1,000 readings meanwhile."""
     stop = threading.Event()
@@ -197,9 +202,10 @@ def _poll(server: _ServerProcess, handles: list[str], clients: int, producing: b
     elapsed = common.run_for(threads, stop, seconds)
     lat = np.concatenate([np.asarray(x) for x in latencies])
     p50, p99 = np.percentile(lat, [50, 99])
-    row = {"clients": clients, "invokes_per_s": len(lat) / elapsed, "p50_ms": p50 * 1e3,
-           "p99_ms": p99 * 1e3, "ingest_rows_per_s": ingested[0] / elapsed,
-           "insert_p50_ms": None, "insert_p99_ms": None}
+    row: dict[str, Any] = {
+        "clients": clients, "invokes_per_s": len(lat) / elapsed, "p50_ms": p50 * 1e3,
+        "p99_ms": p99 * 1e3, "ingest_rows_per_s": ingested[0] / elapsed,
+        "insert_p50_ms": None, "insert_p99_ms": None}
     if inserts:
         row["insert_p50_ms"], row["insert_p99_ms"] = 1e3 * np.percentile(inserts, [50, 99])
     return row
@@ -215,7 +221,7 @@ def _proc_counters(pid: int) -> tuple[float, int] | None:
     return (int(fields[11]) + int(fields[12])) / ticks, int(fields[7])
 
 
-def bench_large_answers(s: dict) -> list[dict]:
+def bench_large_answers(s: dict[str, Any]) -> list[dict[str, Any]]:
     """Answers of thousands to tens of thousands of rows, 64 handles invoked in turn by
     one client, the server keeping the memory its allocator frees (`psoup serve`) and
     handing it back to the kernel (glibc's default): invokes/s, and the server's CPU and
@@ -225,7 +231,7 @@ def bench_large_answers(s: dict) -> list[dict]:
     columns = common.data_columns(common.rng(3), n)
     wheres = [common._factor(gen, "interval", str(gen.choice(common.STREAM_COLUMNS)))
               for _ in range(64)]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, serve in (("kept (psoup serve)", SERVE_WHOLE),
                          ("handed back (glibc default)", SERVE_HANDING_BACK)):
         server = _ServerProcess(serve=serve)
@@ -248,7 +254,7 @@ def bench_large_answers(s: dict) -> list[dict]:
                 after = _proc_counters(server.proc.pid)
         finally:
             server.stop()
-        row = {"server": label, "mean_rows": float(np.mean(sizes)),
+        row: dict[str, Any] = {"server": label, "mean_rows": float(np.mean(sizes)),
                "invokes_per_s": calls / elapsed, "cpu_us": None, "faults": None}
         if before is not None and after is not None:
             row["cpu_us"] = 1e6 * (after[0] - before[0]) / calls
@@ -257,21 +263,23 @@ def bench_large_answers(s: dict) -> list[dict]:
     return rows
 
 
-def bench_ingest(s: dict) -> list[dict]:
+def bench_ingest(s: dict[str, Any]) -> list[dict[str, Any]]:
     gen = common.rng(2)
     sql = traffic_queries(gen, s["queries"])
-    n, k = s["ingest_batch"], s["ingest_batches"]
+    n: int = s["ingest_batch"]
+    k: int = s["ingest_batches"]
     data = readings(gen, n * k)
     stamps = 1e9 + np.arange(n * k) / n
     batches = [({c: v[i * n:(i + 1) * n] for c, v in data.items()}, stamps[i * n:(i + 1) * n])
                for i in range(k)]
 
-    def run(target, pipelined: bool = False) -> float:
+    def run(target: psoup.Engine | Client, pipelined: bool = False) -> float:
         target.execute(DDL)
         for q in sql:
             target.register(q)
         t0 = time.perf_counter()
         if pipelined:            # one insert call; the client pipelines its batches
+            assert isinstance(target, Client)       # nanoseconds beside the inserts timed
             target.batch_rows = n
             target.insert("traffic", data, ts=stamps)
         else:
@@ -280,7 +288,7 @@ def bench_ingest(s: dict) -> list[dict]:
         return n * k / (time.perf_counter() - t0)
 
     run(psoup.Engine())     # untimed: compiled kernels loaded (or compiled) first
-    rows = [{"engine": "embedded", "rows_per_s": run(psoup.Engine())}]
+    rows: list[dict[str, Any]] = [{"engine": "embedded", "rows_per_s": run(psoup.Engine())}]
     with tempfile.TemporaryDirectory(prefix="psoup-bench-") as tmp:
         rows.append({"engine": "embedded, durable (sync=always)",
                      "rows_per_s": run(psoup.Engine(path=os.path.join(tmp, "e")))})
@@ -300,7 +308,7 @@ def bench_ingest(s: dict) -> list[dict]:
     return rows
 
 
-def _plot_poll(ax, rows) -> None:
+def _plot_poll(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     labels = ["embedded invoke"]
     values = [rows[0]["embedded_ms"]]
     for row in rows:
@@ -313,14 +321,14 @@ def _plot_poll(ax, rows) -> None:
     ax.set_title(f"invoke latency through the server, {rows[0]['queries']} standing queries")
 
 
-def _plot_large(ax, rows) -> None:
+def _plot_large(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.bar([r["server"] for r in rows], [r["cpu_us"] or 0 for r in rows], color="tab:blue")
     ax.set_ylabel("server CPU us per invocation")
     ax.set_title(f"large answers ({rows[0]['mean_rows']:,.0f} rows on average), "
                  "64 handles in turn")
 
 
-def _plot_ingest(ax, rows) -> None:
+def _plot_ingest(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.barh([r["engine"] for r in rows], [r["rows_per_s"] for r in rows], color="tab:blue")
     ax.set_xlabel("tuples per second")
     ax.set_title("ingest: embedded engine vs through the server")

@@ -47,17 +47,20 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+from server import TOKEN, _ServerProcess, readings, traffic_queries  # noqa: E402
+
 import psoup  # noqa: E402
 from psoup.client import Client  # noqa: E402
-from server import TOKEN, _ServerProcess, readings, traffic_queries  # noqa: E402
+from psoup.results.result import Changes  # noqa: E402
 
 DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT) RETAIN 100000 ROWS"
 P99_TARGET = 2.0             # p99 beside a history job <= 2x the p99 without one
@@ -70,9 +73,10 @@ EXPECTED = {
 }
 BATCH, PRODUCE_EVERY = 1_000, 0.05
 WARMUP_DDL = "CREATE STREAM warmup (lane INT, stationid INT, speed FLOAT) RETAIN 10 ROWS"
+_T = TypeVar("_T")
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"archive_rows": 200_000, "queries": 20, "pollers": 4, "window": 2.0,
                 "job_limit": 0.0, "masters": ["local[*]"],
@@ -84,7 +88,7 @@ def _settings(quick: bool) -> dict:
             "poll_every": 0.1, "soak_poll_every": 0.5}
 
 
-def _paced(stop: threading.Event, every: float, step: Callable[[], None]) -> None:
+def _paced(stop: threading.Event, every: float, step: Callable[[], object]) -> None:
     """Call `step` every `every` seconds until `stop` (no bursts to catch up when late)."""
     due = time.monotonic()
     while not stop.is_set():
@@ -122,13 +126,13 @@ def _fill_archive(state: str, n: int) -> float:
 
 
 def _window(server: _ServerProcess, handles: list[str], pollers: int, seconds: float,
-            every: float, job: str | None = None) -> dict:
+            every: float, job: str | None = None) -> dict[str, Any]:
     """One producer and `pollers` pollers, paced, for `seconds`; with `job`, a monitor
     polls its status and the window's share covered by the running job is returned."""
     stop = threading.Event()
     inserts: list[float] = []
     invokes: list[list[float]] = [[] for _ in range(pollers)]
-    errors: Counter = Counter()
+    errors: Counter[str] = Counter()
     ended: list[float] = []
 
     def timed_call(out: list[float], call: Callable[[], Any]) -> None:
@@ -179,7 +183,7 @@ def _window(server: _ServerProcess, handles: list[str], pollers: int, seconds: f
             "load": os.getloadavg()[0]}
 
 
-def bench_history(s: dict, master: str) -> tuple[list[dict], dict]:
+def bench_history(s: dict[str, Any], master: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The windows without and beside a history job on a server whose Spark master is
     `master`; rows (quiet, busy, ratio) and the job's figures."""
     tmp = tempfile.mkdtemp(prefix="psoup-soak-")
@@ -214,9 +218,10 @@ def bench_history(s: dict, master: str) -> tuple[list[dict], dict]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     quiet["scenario"], busy["scenario"] = "no history job", "history job running"
-    ratio = {"scenario": "ratio (with job / without)",
-             **{k: busy[k] / quiet[k] for k in ("insert_p50_ms", "insert_p99_ms",
-                                                "invoke_p50_ms", "invoke_p99_ms")}}
+    ratio: dict[str, Any] = {"scenario": "ratio (with job / without)",
+                             **{k: busy[k] / quiet[k] for k in (
+                                 "insert_p50_ms", "insert_p99_ms", "invoke_p50_ms",
+                                 "invoke_p99_ms")}}
     job_info = {"fill_s": fill_s, "spark_s": spark_s, "job_s": job_s, "cancel_s": cancel_s,
                 "job_state": status["state"],
                 "matches": sum((status["result"] or {}).values())}
@@ -226,7 +231,7 @@ def bench_history(s: dict, master: str) -> tuple[list[dict], dict]:
     return rows, job_info
 
 
-def _plot_history(ax, rows) -> None:
+def _plot_history(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     keys = ["insert_p50_ms", "insert_p99_ms", "invoke_p50_ms", "invoke_p99_ms"]
     x = np.arange(len(keys))
     shown = [row for row in rows if not row["scenario"].startswith("ratio")]
@@ -249,9 +254,9 @@ class _Tally:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.latencies: list[float] = []
-        self.errors: Counter = Counter()
+        self.errors: Counter[str] = Counter()
 
-    def call(self, fn: Callable[[], Any], expected: tuple[str, ...] = ()) -> Any:
+    def call(self, fn: Callable[[], _T], expected: tuple[str, ...] = ()) -> _T | Exception:
         """fn(); its latency if it succeeds, its error counted by code if not (as
         "code" when in `expected`, "code (unexpected)" otherwise)."""
         t0 = time.perf_counter()
@@ -267,11 +272,47 @@ class _Tally:
         return out
 
 
-def bench_soak(s: dict) -> tuple[list[dict], dict]:
+def _churn(k: int, server: _ServerProcess, stop: threading.Event, tally: _Tally,
+           board: list[str | None]) -> None:
+    """Churner `k` until `stop`: registers a query, posts its handle on `board` for the
+    pollers, invokes it three times with its cursor, unregisters it."""
+    pick = np.random.default_rng(2000 + k)
+    client = tally.call(server.client)
+    if isinstance(client, Exception):
+        return
+    with client:
+        while not stop.is_set():
+            sql = traffic_queries(pick, 1)[0]
+
+            def register(sql: str = sql) -> str:
+                return client.register(sql)
+            handle = tally.call(register)
+            if isinstance(handle, Exception):
+                stop.wait(1.0)
+                continue
+            board[k] = handle
+            cursor = None
+            for _ in range(3):
+                if stop.wait(0.3 + 0.4 * pick.random()):
+                    break
+
+                def invoke(handle: str = handle,
+                           cursor: str | None = cursor) -> psoup.Result | Changes:
+                    return client.invoke(handle, since=cursor)
+                out = tally.call(invoke, expected=("cursor_expired",))
+                cursor = None if isinstance(out, Exception) else out.cursor
+            board[k] = None
+
+            def unregister(handle: str = handle) -> None:
+                client.unregister(handle)
+            tally.call(unregister)
+
+
+def bench_soak(s: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     tmp = tempfile.mkdtemp(prefix="psoup-soak-")
     producer_id = "soak-producer"
     tallies = {role: _Tally() for role in ("producer", "poller", "churner")}
-    polls: Counter = Counter()
+    polls: Counter[str] = Counter()
     board: list[str | None] = [None] * s["churners"]
     polls_of = [0] * s["soak_pollers"]
     stop = threading.Event()
@@ -293,7 +334,10 @@ def bench_soak(s: dict) -> tuple[list[dict], dict]:
             def poll(k: int) -> None:
                 pick, tally = np.random.default_rng(1000 + k), tallies["poller"]
                 own = [stable[k % len(stable)], stable[(7 * k + 3) % len(stable)]]
-                cursors: dict[str, str] = {}
+                cursors: dict[str, str | None] = {}
+                client = tally.call(server.client)      # a refused connect counts too
+                if isinstance(client, Exception):
+                    return
 
                 def step() -> None:
                     posted = board[k % len(board)] if pick.random() < 0.1 else None
@@ -309,39 +353,14 @@ def bench_soak(s: dict) -> tuple[list[dict], dict]:
                     if not isinstance(out, Exception):
                         cursors[handle] = out.cursor
 
-                client = tally.call(server.client)      # a refused connect counts too
-                if isinstance(client, Exception):
-                    return
                 with client:
                     _paced(stop, s["soak_poll_every"] * (0.5 + pick.random()), step)
-
-            def churn(k: int) -> None:
-                pick, tally = np.random.default_rng(2000 + k), tallies["churner"]
-                client = tally.call(server.client)
-                if isinstance(client, Exception):
-                    return
-                with client:
-                    while not stop.is_set():
-                        sql = traffic_queries(pick, 1)[0]
-                        handle = tally.call(lambda: client.register(sql))
-                        if isinstance(handle, Exception):
-                            stop.wait(1.0)
-                            continue
-                        board[k] = handle
-                        cursor = None
-                        for _ in range(3):
-                            if stop.wait(0.3 + 0.4 * pick.random()):
-                                break
-                            out = tally.call(lambda: client.invoke(handle, since=cursor),
-                                             expected=("cursor_expired",))
-                            cursor = None if isinstance(out, Exception) else out.cursor
-                        board[k] = None
-                        tally.call(lambda: client.unregister(handle))
 
             threads = [threading.Thread(target=produce)]
             threads += [threading.Thread(target=poll, args=(k,))
                         for k in range(s["soak_pollers"])]
-            threads += [threading.Thread(target=churn, args=(k,))
+            threads += [threading.Thread(target=_churn,
+                                         args=(k, server, stop, tallies["churner"], board))
                         for k in range(s["churners"])]
             elapsed = common.run_for(threads, stop, s["soak_seconds"])
             with server.client() as check:
@@ -351,7 +370,7 @@ def bench_soak(s: dict) -> tuple[list[dict], dict]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     counts = {"producer": 1, "poller": s["soak_pollers"], "churner": s["churners"]}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for role, tally in tallies.items():
         lat = np.asarray(tally.latencies)
         rows.append({"role": role, "clients": counts[role], "calls": len(lat),
@@ -364,7 +383,7 @@ def bench_soak(s: dict) -> tuple[list[dict], dict]:
                   "batches": batches, "load": os.getloadavg()[0]}
 
 
-def _plot_soak(ax, rows) -> None:
+def _plot_soak(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     x = np.arange(len(rows))
     ax.bar(x - 0.2, [r["p50_ms"] or 0 for r in rows], 0.4, label="p50")
     ax.bar(x + 0.2, [r["p99_ms"] or 0 for r in rows], 0.4, label="p99")
@@ -391,7 +410,8 @@ def main() -> None:
     s = _settings(quick)
     cores = f"{os.cpu_count()} cores shared by the server, Spark and the client threads"
 
-    rows, notes = [], []
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
     for master in (s["masters"] if only != "clients" else ()):
         found, job = bench_history(s, master)
         rows += found
@@ -425,7 +445,8 @@ def main() -> None:
     _soak_clients(s, suffix)
 
 
-def _report_history(suffix: str, rows: list[dict], notes: list[str], s: dict) -> None:
+def _report_history(suffix: str, rows: list[dict[str, Any]], notes: list[str],
+                    s: dict[str, Any]) -> None:
     common.report(f"soak_history{suffix}", rows, [
         ("master", "Spark", "s"), ("scenario", "scenario", "s"),
         ("inserts", "inserts", ",d"),
@@ -436,9 +457,9 @@ def _report_history(suffix: str, rows: list[dict], notes: list[str], s: dict) ->
     ], _plot_history, notes=notes, params=s)
 
 
-def _soak_clients(s: dict, suffix: str) -> None:
+def _soak_clients(s: dict[str, Any], suffix: str) -> None:
     rows, run = bench_soak(s)
-    errors: Counter = Counter()
+    errors: Counter[str] = Counter()
     for row in rows:
         errors.update(row["errors"])
         row["error_text"] = ", ".join(f"{c}: {n}" for c, n in sorted(row["errors"].items())) \

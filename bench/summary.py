@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -47,7 +48,7 @@ ORDER = [
 ]
 
 
-def _cell(value, fmt: str) -> str:
+def _cell(value: Any, fmt: str) -> str:
     if value is None:
         return "-"
     try:

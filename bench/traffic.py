@@ -23,13 +23,17 @@ Usage: python bench/traffic.py [--quick]
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
+
 import psoup  # noqa: E402
 
 MODES = ("partial", "complete", "nomat")
@@ -39,7 +43,7 @@ VARIANTS = (("P_Shrd", "partial", True), ("P_Unshrd", "partial", False),
 CREATE = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT)"
 
 
-def _settings(quick: bool) -> dict:
+def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"windows": [100, 1_000], "queries": 8, "repeat": 2, "counts": [16, 64],
                 "arrival_windows": [100, 1_000], "batch": 1_000, "min_time": 0.05,
@@ -49,7 +53,7 @@ def _settings(quick: bool) -> dict:
             "batch": 10_000, "min_time": 0.3, "cap": 0.6}
 
 
-def readings(gen: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+def readings(gen: np.random.Generator, n: int) -> dict[str, NDArray[Any]]:
     """n readings of the trace's shape (see the module docstring)."""
     sensor = np.arange(n) % (8 * 9)
     return {"lane": sensor % 8 + 1, "stationid": sensor // 8 + 1,
@@ -64,7 +68,7 @@ def queries(gen: np.random.Generator, n: int) -> list[str]:
 
 # ---------------------------------------------------------------------- response
 
-def bench_response(s: dict) -> list[dict]:
+def bench_response(s: dict[str, Any]) -> list[dict[str, Any]]:
     import duckdb
     import pyarrow as pa
     n = max(s["windows"]) + 1_000
@@ -74,19 +78,23 @@ def bench_response(s: dict) -> list[dict]:
     con.execute("CREATE TABLE traffic AS SELECT * FROM src")
     con.unregister("src")
     wheres = queries(common.rng(62), s["queries"])
-    rows = {w: {"window": w} for w in s["windows"]}
-    expected = {}
+    rows: dict[int, dict[str, Any]] = {w: {"window": w} for w in s["windows"]}
+    expected: dict[int, list[Any]] = {}
+    # Callable[..., Any]: mypy infers no type for a lambda with a default in a
+    # Callable[[], Any] context
+    calls: list[Callable[..., Any]]
     for w, row in rows.items():
         calls = [lambda q=f"SELECT lane, stationid, speed FROM traffic WHERE tid >= {n - w} "
                  f"AND {where}": con.execute(q).fetchall() for where in wheres]
         expected[w] = [call() for call in calls]
         row["rows"] = sum(map(len, expected[w])) / len(wheres)
         row["duckdb ms"] = _mean_ms(calls, s["repeat"])
-        calls = [lambda q=common.prepare(
+        prepared = [common.prepare(
             con, f"SELECT lane, stationid, speed FROM traffic WHERE tid >= {n - w} AND "
-            f"{where}"): con.execute(q).fetchnumpy() for where in wheres]
+            f"{where}") for where in wheres]
+        calls = [lambda q=q: con.execute(q).fetchnumpy() for q in prepared]
         for i, call in enumerate(calls):
-            if list(zip(*(v.tolist() for v in call().values()))) != expected[w][i]:
+            if list(zip(*(v.tolist() for v in call().values()), strict=True)) != expected[w][i]:
                 raise AssertionError(f"prepared DuckDB, W={w}: {wheres[i]} differs")
         row["duckdb prep ms"] = _mean_ms(calls, s["repeat"])
     for mode in MODES:
@@ -99,13 +107,13 @@ def bench_response(s: dict) -> list[dict]:
             eng.insert("traffic", {c: v[p:p + s["batch"]] for c, v in data.items()},
                        ts=np.arange(p, min(p + s["batch"], n), dtype=np.float64))
         for w, row in rows.items():
-            calls = [lambda h=h: eng.invoke(h, now=float(n)).rows for h in handles[w]]
+            calls = [lambda h=h, eng=eng: eng.invoke(h, now=float(n)).rows for h in handles[w]]
             for i, call in enumerate(calls):
                 if call() != expected[w][i]:
                     raise AssertionError(f"{mode}, W={w}: {wheres[i]} differs from DuckDB")
             row[f"{mode} ms"] = _mean_ms(calls, s["repeat"])
             if mode == "partial":
-                calls = [lambda h=h: eng.invoke(h, now=float(n)).to_numpy()
+                calls = [lambda h=h, eng=eng: eng.invoke(h, now=float(n)).to_numpy()
                          for h in handles[w]]
                 row["partial np ms"] = _mean_ms(calls, s["repeat"])
         eng.close()
@@ -117,13 +125,13 @@ def bench_response(s: dict) -> list[dict]:
     return list(rows.values())
 
 
-def _mean_ms(calls, repeat: int) -> float:
+def _mean_ms(calls: Sequence[Callable[[], Any]], repeat: int) -> float:
     with common.settled():
         total = sum(common.timed(call, repeat=repeat).total for call in calls)
     return 1e3 * total / (len(calls) * repeat)
 
 
-def _plot_response(ax, rows) -> None:
+def _plot_response(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     windows = [r["window"] for r in rows]
     for key in MODES + ("duckdb",):
         ax.plot(windows, [r[f"{key} ms"] for r in rows], marker="o", label=LABELS[key])
@@ -137,18 +145,19 @@ def _plot_response(ax, rows) -> None:
 
 # ---------------------------------------------------------------------- arrival
 
-def bench_arrival(s: dict) -> list[dict]:
+def bench_arrival(s: dict[str, Any]) -> list[dict[str, Any]]:
     gen = common.rng(63)
     pool = [readings(gen, s["batch"]) for _ in range(8)]
     sqcs = queries(common.rng(64), max(s["counts"]))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for window in s["arrival_windows"]:
         for count in s["counts"]:
             row = {"window": window, "queries": count}
             baseline = common.UnsharedNumpy([common.factors(q) for q in sqcs[:count]])
             sent = [0]
 
-            def feed_numpy(sent=sent) -> None:
+            def feed_numpy(sent: list[int] = sent,
+                           baseline: common.UnsharedNumpy = baseline) -> None:
                 baseline.insert(pool[sent[0] % len(pool)])
                 sent[0] += 1
             feed_numpy()
@@ -162,7 +171,7 @@ def bench_arrival(s: dict) -> list[dict]:
                                  f"BEGIN (NOW - {window} ROWS) END NOW")
                 sent = [0]
 
-                def feed(eng=eng, sent=sent) -> None:
+                def feed(eng: psoup.Engine = eng, sent: list[int] = sent) -> None:
                     batch = s["batch"]
                     eng.insert("traffic", pool[(sent[0] // batch) % len(pool)],
                                ts=np.arange(sent[0], sent[0] + batch, dtype=np.float64))
@@ -178,7 +187,7 @@ def bench_arrival(s: dict) -> list[dict]:
     return rows
 
 
-def _plot_arrival(ax, rows) -> None:
+def _plot_arrival(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     for w_index, window in enumerate(sorted({r["window"] for r in rows})):
         mine = [r for r in rows if r["window"] == window]
         for v_index, (label, _, shared) in enumerate(VARIANTS):
