@@ -101,7 +101,7 @@ class PartialResults(ResultsStructure):
         # per stream, (first chunk number, its chunks as a kernels.address_table, gaps
         # as chunks of no rows) for the compiled find; dropped whenever a chunk of it
         # changes (the chunks themselves are kept alive by _bitmaps)
-        self._lists: dict[str, tuple[int, np.ndarray]] = {}
+        self._lists: dict[str, tuple[int, kernels.AddressTable]] = {}
         # per stream, the end of the positions the probe has written: chunks wholly
         # below it are sealed, and a find turns their rows bit-sliced (kernels._ready)
         self._written: dict[str, int] = {}
@@ -200,7 +200,7 @@ class PartialResults(ResultsStructure):
         self._lists.pop(stream, None)
         self._written.pop(stream, None)     # a stream made again starts at position 0
 
-    def _listed(self, stream: str) -> tuple[int, np.ndarray]:
+    def _listed(self, stream: str) -> tuple[int, kernels.AddressTable]:
         """(first chunk number, the stream's chunks from it on as a kernels.address_table
         of the padded arrays they are views of, a gap as a chunk of no rows), rebuilt
         after a chunk came, widened or left: O(chunks), about once per chunk_rows
@@ -216,7 +216,7 @@ class PartialResults(ResultsStructure):
                  for k in range(first, max(chunks, default=-1) + 1)]))
         return got
 
-    def _bitmap(self, stream: str) -> tuple[int, np.ndarray, int]:
+    def _bitmap(self, stream: str) -> tuple[int, kernels.AddressTable, int]:
         """`_listed`, and the end of the positions the probe has written (the chunks
         wholly below it are sealed), as the compiled finds take them."""
         first, listed = self._listed(stream)
@@ -343,7 +343,7 @@ class PartialResults(ResultsStructure):
             if stream in self._lists:
                 first, listed = self._lists[stream]
                 assert len(listed) == max(chunks, default=first - 1) - first + 1
-                for i, (address, rows, width) in enumerate(listed.tolist()):
+                for i, (address, rows, width) in enumerate(listed.table.tolist()):
                     have = chunks.get(first + i)
                     assert (rows == 0 if have is None else
                             address == have.ctypes.data and

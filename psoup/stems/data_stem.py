@@ -105,7 +105,7 @@ class DataSteM:
         #: answers that will still read columns from the chunks (`defer`)
         self._readers: weakref.WeakSet[Any] = weakref.WeakSet()
         # the chunks' blocks as (a kernels.address_table, the blocks), or None
-        self._blocks: tuple[np.ndarray, list[np.ndarray]] | None = None
+        self._blocks: tuple[kernels.AddressTable, list[np.ndarray]] | None = None
         #: names asked of `take` -> (its 8-byte columns, their block rows, their dtypes)
         self._gathers: dict[tuple[str, ...], tuple[list[str], np.ndarray, list]] = {}
         self._heads: list[float] = []     # first ts of each chunk, for the time index
@@ -443,7 +443,7 @@ class DataSteM:
                         positions[a:b] - k * self.chunk_rows]
         return {name: got[name] for name in names}
 
-    def _block_list(self) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _block_list(self) -> tuple[kernels.AddressTable, list[np.ndarray]]:
         """The chunks' blocks (from chunk number _chunk0 on) as a kernels.address_table
         for the compiled gathers, with the blocks themselves (what keeps them alive and
         referenced while a reader holds the table); rebuilt after a chunk came or left:
@@ -611,7 +611,7 @@ class DataSteM:
         assert len(self._chunks) == len(self._heads) == len(self._tid_heads)
         if self._blocks is not None:
             table, blocks = self._blocks
-            assert table[:, 0].tolist() == [c.block.ctypes.data for c in self._chunks] and \
+            assert table.table[:, 0].tolist() == [c.block.ctypes.data for c in self._chunks] and \
                 all(b is c.block for b, c in zip(blocks, self._chunks)), "stale block list"
         assert len(self._spare) <= SPARE_CHUNKS and all(
             c.n == 0 and not c.index and all(c is not k for k in self._chunks)
