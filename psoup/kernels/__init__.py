@@ -11,7 +11,8 @@ the environment variable PSOUP_KERNELS:
 Every name is the backend's own object (no indirection per call), so a call site
 `kernels.probe_into(...)` costs what the backend's function costs. `layout` holds what
 both share: the chunk row forms (`WORD_MAJOR`, `SLICED`), `TILE_WORDS` and
-`AddressTable`, the chunk list the kernels that walk chunks take.
+`AddressTable`, the chunk list the kernels that walk chunks take (as its `handle`: the
+int64 table under numba, the arrays under numpy).
 
 Any other value of PSOUP_KERNELS is a ValueError at import naming the variable and the
 choices.
@@ -19,24 +20,7 @@ choices.
 
 from __future__ import annotations
 
-import os
-
-#: The environment variable that picks the backend, and its values (the first the default).
-BACKEND_VARIABLE = "PSOUP_KERNELS"
-BACKENDS = ("numba", "numpy")
-
-
-def _backend() -> str:
-    """The backend PSOUP_KERNELS names ("numba" when it is unset or empty)."""
-    chosen = os.environ.get(BACKEND_VARIABLE, "").strip() or BACKENDS[0]
-    if chosen not in BACKENDS:
-        raise ValueError(f"{BACKEND_VARIABLE}={chosen!r}: the kernel backend must be one of "
-                         f"{', '.join(repr(b) for b in BACKENDS)}")
-    return chosen
-
-
-#: The backend in use: "numba" or "numpy".
-BACKEND = _backend()
+from psoup.kernels.layout import BACKEND, BACKEND_VARIABLE, BACKENDS
 
 if BACKEND == "numba":
     from psoup.kernels.compiled import (
@@ -44,6 +28,7 @@ if BACKEND == "numba":
         TILE_WORDS,
         WORD_MAJOR,
         AddressTable,
+        Handle,
         address_table,
         chunk_gather,
         chunk_positions,
@@ -65,6 +50,7 @@ else:
         TILE_WORDS,
         WORD_MAJOR,
         AddressTable,
+        Handle,
         address_table,
         chunk_gather,
         chunk_positions,
@@ -82,7 +68,7 @@ else:
     )
 
 __all__ = ["BACKEND", "BACKENDS", "BACKEND_VARIABLE", "SLICED", "TILE_WORDS", "WORD_MAJOR",
-           "AddressTable", "address_table", "chunk_gather", "chunk_positions",
+           "AddressTable", "Handle", "address_table", "chunk_gather", "chunk_positions",
            "chunk_select", "clear_bit", "fingerprint", "interval_scan", "marked_copy",
            "probe_into", "set_bits", "slice_row", "ts_fault", "word_positions",
            "write_column"]

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import numpy as np
 from numpy.typing import NDArray
 
-from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, address_table
+from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
-__all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "address_table",
+__all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
            "chunk_gather", "chunk_positions", "chunk_select", "clear_bit", "fingerprint",
            "interval_scan", "marked_copy", "probe_into", "set_bits", "slice_row",
            "ts_fault", "word_positions", "write_column"]
@@ -32,6 +32,14 @@ def _trailing_zeros(mask: np.uint64) -> int:
     """The number of trailing zero bits of `mask` (64 for zero, as the compiled cttz)."""
     value = int(mask)
     return (value & -value).bit_length() - 1 if value else 64
+
+
+def _own(handle: Handle) -> AddressTable:
+    """The AddressTable a handle is (under this backend `AddressTable.handle` is the
+    table itself; an int64 table here is a call site passing `.table` by mistake)."""
+    if not isinstance(handle, AddressTable):
+        raise TypeError("the numpy kernels take AddressTable.handle, not its int64 table")
+    return handle
 
 
 def _array_at(table: AddressTable, i: int) -> NDArray[np.uint64]:
@@ -137,18 +145,19 @@ def _row_bits(row: NDArray[np.uint64], cap: int, mask: np.uint64, r0: int,
     return tested
 
 
-def chunk_positions(chunks: AddressTable, k_first: int, cap: int, p0: int, p1: int,
+def chunk_positions(chunks: Handle, k_first: int, cap: int, p0: int, p1: int,
                     word: int, mask: np.uint64, sealed: int, out: NDArray[np.int64]) -> int:
     """The positions p0 <= p < p1 of a chunked bitmap (chunk k is arrays[k - k_first];
     none outside the list, a gap, or a chunk of `word` rows or fewer) whose bit is set,
     written to out; returns how many. Sealed WORD_MAJOR rows read are made SLICED first,
     as the compiled kernel does. O(p1 - p0)."""
+    listed = _own(chunks)
     k = 0
     for c in range(p0 // cap, (p1 - 1) // cap + 1) if p1 > p0 else ():
         i = c - k_first
-        if not 0 <= i < len(chunks.arrays):
+        if not 0 <= i < len(listed.arrays):
             continue
-        chunk = _array_at(chunks, i)
+        chunk = _array_at(listed, i)
         if chunk.shape[0] <= word:
             continue
         row = _ready(chunk, word, c, cap, sealed)
@@ -159,16 +168,17 @@ def chunk_positions(chunks: AddressTable, k_first: int, cap: int, p0: int, p1: i
     return k
 
 
-def chunk_gather(blocks: AddressTable, k_first: int, cap: int, rows_of: NDArray[np.int64],
+def chunk_gather(blocks: Handle, k_first: int, cap: int, rows_of: NDArray[np.int64],
                  positions: NDArray[np.int64], out: NDArray[np.uint64]) -> None:
     """out[j, i] = the value of block row rows_of[j] at sorted position positions[i],
     chunk k's block being arrays[k - k_first]. O(len(rows_of) * len(positions))."""
+    held = _own(blocks)
     for c, a, b in _runs(positions, cap):
-        block = _array_at(blocks, c - k_first)
+        block = _array_at(held, c - k_first)
         out[:, a:b] = block[rows_of][:, positions[a:b] - c * cap]
 
 
-def interval_scan(blocks: AddressTable, k_first: int, cap: int, p0: int, p1: int,
+def interval_scan(blocks: Handle, k_first: int, cap: int, p0: int, p1: int,
                   ints: NDArray[np.int64], floats: NDArray[np.float64],
                   out: NDArray[np.int64]) -> int:
     """The positions p0 <= p < p1 whose value in block row ints[0, j] lies in
@@ -178,9 +188,10 @@ def interval_scan(blocks: AddressTable, k_first: int, cap: int, p0: int, p1: int
 
     With no intervals at all the compiled kernel writes whole 64-row groups, past p1;
     this twin writes the window's positions (the engine always passes an interval)."""
+    held = _own(blocks)
     k = 0
     for c in range(p0 // cap, (p1 - 1) // cap + 1) if p1 > p0 else ():
-        block = _array_at(blocks, c - k_first)
+        block = _array_at(held, c - k_first)
         r0, r1 = max(p0 - c * cap, 0), min(p1 - c * cap, cap)
         inside = np.ones(r1 - r0, bool)
         for j in range(ints.shape[1]):
@@ -240,8 +251,8 @@ def _copy_marked(masks: NDArray[np.uint64], p0: int, p1: int, blocks: AddressTab
     return out.astype(np.uint64, copy=False)
 
 
-def chunk_select(chunks: AddressTable, k_first: int, p0: int, p1: int, word: int,
-                 mask: np.uint64, sealed: int, blocks: AddressTable, b_first: int, cap: int,
+def chunk_select(chunks: Handle, k_first: int, p0: int, p1: int, word: int,
+                 mask: np.uint64, sealed: int, blocks: Handle, b_first: int, cap: int,
                  rows_of: NDArray[np.int64], positions: NDArray[np.int64]
                  ) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
     """The find and the fetch of an invocation: the values of block rows `rows_of` at
@@ -249,16 +260,19 @@ def chunk_select(chunks: AddressTable, k_first: int, p0: int, p1: int, word: int
     (len(rows_of), matches) array, with the (chunks, 64-row) match masks `marked_copy`
     takes; the positions written to `positions` unless it is empty. Sealed rows read are
     made SLICED first. O(p1 - p0 + columns x matches)."""
-    masks = _select_masks(chunks, k_first, p0, p1, word, mask, sealed, blocks, b_first, cap)
-    return _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of, positions), masks
+    listed = _own(chunks)
+    held = _own(blocks)
+    masks = _select_masks(listed, k_first, p0, p1, word, mask, sealed, held, b_first, cap)
+    return _copy_marked(masks, p0, p1, held, b_first, cap, rows_of, positions), masks
 
 
-def marked_copy(masks: NDArray[np.uint64], p0: int, p1: int, blocks: AddressTable,
+def marked_copy(masks: NDArray[np.uint64], p0: int, p1: int, blocks: Handle,
                 b_first: int, cap: int, rows_of: NDArray[np.int64]) -> NDArray[np.uint64]:
     """The values of block rows `rows_of` at the matches `chunk_select` found (its masks,
     for the same p0, p1 and cap), as a new (len(rows_of), matches) array.
     O(columns x matches + (p1 - p0) / 64)."""
-    return _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of, np.empty(0, np.int64))
+    held = _own(blocks)
+    return _copy_marked(masks, p0, p1, held, b_first, cap, rows_of, np.empty(0, np.int64))
 
 
 def write_column(table: NDArray[np.uint64], cell_row: NDArray[np.int64], word: int,
@@ -290,12 +304,13 @@ def fingerprint(values: NDArray[np.int64]) -> tuple[int, int]:
     return (s + n * int(fold)) & _U64, x ^ n
 
 
-def clear_bit(chunks: AddressTable, cap: int, word: int, mask: np.uint64) -> None:
+def clear_bit(chunks: Handle, cap: int, word: int, mask: np.uint64) -> None:
     """Clear `mask` in word row `word` of every chunk that has that row (in a SLICED row,
     the slot's own cap / 64 words). O(chunks x cap)."""
+    listed = _own(chunks)
     groups = cap // 64
     start = _trailing_zeros(mask) * groups
-    for chunk in chunks.arrays:
+    for chunk in listed.arrays:
         if chunk is None or chunk.shape[0] <= word:
             continue
         row = chunk[word]
@@ -305,14 +320,15 @@ def clear_bit(chunks: AddressTable, cap: int, word: int, mask: np.uint64) -> Non
             row[:cap] &= ~mask
 
 
-def set_bits(chunks: AddressTable, k_first: int, cap: int, word: int, mask: np.uint64,
+def set_bits(chunks: Handle, k_first: int, cap: int, word: int, mask: np.uint64,
              positions: NDArray[np.int64]) -> None:
     """Set `mask` in word row `word` at each of the sorted positions (row `word` of
     chunk p // cap, column p % cap; in a SLICED row the slot's own bits).
     O(len(positions))."""
+    listed = _own(chunks)
     start = _trailing_zeros(mask) * (cap // 64)
     for c, a, b in _runs(positions, cap):
-        row = _array_at(chunks, c - k_first)[word]
+        row = _array_at(listed, c - k_first)[word]
         r = positions[a:b] - c * cap
         if row[cap] == SLICED:
             np.bitwise_or.at(row, start + (r >> 6),

@@ -177,7 +177,7 @@ class PartialResults(ResultsStructure):
                     self._chunk(stream, k, word + 1)    # made wide enough for the bit
         if chunks:
             k_first, listed = self._listed(stream)
-            kernels.set_bits(listed, k_first, cap, word, mask, positions)
+            kernels.set_bits(listed.handle, k_first, cap, word, mask, positions)
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows), retained / 64 words
@@ -185,7 +185,7 @@ class PartialResults(ResultsStructure):
         word, mask = bit_of(slot)
         for stream, chunks in self._bitmaps.items():
             if chunks:
-                kernels.clear_bit(self._listed(stream)[1], self.chunk_rows, word, mask)
+                kernels.clear_bit(self._listed(stream)[1].handle, self.chunk_rows, word, mask)
 
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
@@ -275,7 +275,7 @@ class PartialResults(ResultsStructure):
             if len(self._found) < p1 - p0:
                 self._found = np.empty(p1 - p0, np.int64)
             first, listed, sealed = self._bitmap(stream)
-            found = kernels.chunk_positions(listed, first, cap, p0, p1, word, mask, sealed,
+            found = kernels.chunk_positions(listed.handle, first, cap, p0, p1, word, mask, sealed,
                                             self._found)
             return self._found[:found]
         positions = span.array()

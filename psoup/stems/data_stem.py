@@ -362,7 +362,7 @@ class DataSteM:
         got: dict[str, np.ndarray] = {}
         if wide:                    # one compiled pass over every chunk, 8-byte columns
             words = np.empty((len(wide), len(positions)), dtype=np.uint64)
-            kernels.chunk_gather(self._block_list()[0], self._chunk0, cap, rows_of,
+            kernels.chunk_gather(self._block_list()[0].handle, self._chunk0, cap, rows_of,
                                  np.ascontiguousarray(positions, np.int64), words)
             got = _typed(words, wide, dtypes)
         return self._narrow(names, positions, got)
@@ -389,8 +389,9 @@ class DataSteM:
         positions = np.empty(p1 - p0, np.int64) if narrow else _NO_POSITIONS
         first, listed, sealed = bitmap
         held = self._block_list()   # (table, blocks): `rest` keeps the blocks referenced
-        words, masks = kernels.chunk_select(listed, first, p0, p1, word, mask, sealed, held[0],
-                                            self._chunk0, self.chunk_rows, rows_of, positions)
+        words, masks = kernels.chunk_select(listed.handle, first, p0, p1, word, mask, sealed,
+                                            held[0].handle, self._chunk0, self.chunk_rows,
+                                            rows_of, positions)
         got = _typed(words, wide, dtypes)
         if narrow:
             got = self._narrow(names, positions[:words.shape[1]], got)
@@ -399,7 +400,7 @@ class DataSteM:
         b_first, cap = self._chunk0, self.chunk_rows
 
         def rest() -> dict[str, np.ndarray]:
-            return _typed(kernels.marked_copy(masks, p0, p1, held[0], b_first, cap,
+            return _typed(kernels.marked_copy(masks, p0, p1, held[0].handle, b_first, cap,
                                               later_rows), later_wide, later_dtypes)
         return got, rest
 
@@ -500,8 +501,8 @@ class DataSteM:
                 parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
             return np.concatenate(parts) if parts else np.empty(0, np.int64)
         out = np.empty(p1 - p0, np.int64)
-        found = kernels.interval_scan(self._block_list()[0], self._chunk0, self.chunk_rows, p0,
-                                      p1, *intervals, out)
+        found = kernels.interval_scan(self._block_list()[0].handle, self._chunk0,
+                                      self.chunk_rows, p0, p1, *intervals, out)
         if not rest and not source.column_factors:
             return out[:found]
         return self._filter(replace(source, predicates=rest), out[:found])
