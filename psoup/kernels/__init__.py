@@ -9,7 +9,9 @@ the environment variable PSOUP_KERNELS:
   debugging (bounds-checked arrays, Python tracebacks, no compile time).
 
 Every name is the backend's own object (no indirection per call), so a call site
-`kernels.probe_into(...)` costs what the backend's function costs. `layout` holds what
+`kernels.probe_into(...)` costs what the backend's function costs. The two import lists
+below name the same things, and the type checker holds each twin to its compiled
+kernel's signature (an incompatible import is an error). `layout` holds what
 both share: the chunk row forms (`WORD_MAJOR`, `SLICED`), `TILE_WORDS` and
 `AddressTable`, the chunk list the kernels that walk chunks take (as its `handle`: the
 int64 table under numba, the arrays under numpy).

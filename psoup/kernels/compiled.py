@@ -43,8 +43,10 @@ modules import `psoup.kernels` at their top (an import statement inside a hot fu
 costs about a microsecond each time); modules a client or the command line loads without
 an engine do not.
 
-Types: numba's decorators are untyped, so each kernel here is decorated through `_njit`,
-which keeps the annotated signature for the type checker (numba ignores annotations).
+Types: numba's decorators hand the type checker a dispatcher, not the kernel's
+signature, so each kernel here is decorated through `_njit`, which keeps its annotated
+signature (numba ignores annotations; the intrinsics, called only from compiled code,
+are Any).
 The kernels that walk chunks are compiled as `_name` over the int64 table of an
 `AddressTable` and exported as `name` typed to take its `handle` (under this backend,
 that table), with no Python function between the call and the dispatcher.
