@@ -1,21 +1,48 @@
-"""The compiled kernels (psoup.kernels) against the numpy expressions they replace."""
+"""The kernels (psoup.kernels, the backend PSOUP_KERNELS picks) against the numpy
+expressions they replace; each compiled kernel against its numpy twin
+(psoup.kernels.compiled against psoup.kernels.reference, on the same inputs: outputs,
+dtypes and writes into output arguments alike); and the engine on the numpy backend,
+in a process of its own, never importing numba and answering as the default backend."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.typing import NDArray
 
-from psoup.kernels import (SLICED, WORD_MAJOR, address_table, chunk_gather, chunk_positions,
-                           chunk_select, marked_copy, probe_into, slice_row, ts_fault,
-                           word_positions, clear_bit, set_bits, write_column)
-
-WORDS = st.integers(0, 2**64 - 1).map(np.uint64)
+from psoup.kernels import (
+    SLICED,
+    WORD_MAJOR,
+    address_table,
+    chunk_gather,
+    chunk_positions,
+    chunk_select,
+    clear_bit,
+    compiled,
+    marked_copy,
+    probe_into,
+    reference,
+    set_bits,
+    slice_row,
+    ts_fault,
+    word_positions,
+    write_column,
+)
+from psoup.kernels.layout import AddressTable, Handle
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.integers(0, 300), st.integers(0, 63), st.floats(0, 1))
-def test_word_positions_lists_the_rows_with_the_bit_set(data, n, bit, density):
+def test_word_positions_lists_the_rows_with_the_bit_set(data: st.DataObject, n: int, bit: int,
+                                                        density: float) -> None:
     """Sparse, dense and mixed runs of 64 rows, and a ragged tail, all agree with numpy."""
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     mask = np.uint64(1) << np.uint64(bit)
@@ -31,11 +58,11 @@ def test_word_positions_lists_the_rows_with_the_bit_set(data, n, bit, density):
 
 @settings(max_examples=100, deadline=None)
 @given(st.data(), st.integers(1, 5), st.integers(1, 50), st.integers(1, 4))
-def test_chunk_gather_takes_the_selected_rows_at_positions_across_chunks(data, rows, cap,
-                                                                          chunks):
+def test_chunk_gather_takes_the_selected_rows_at_positions_across_chunks(
+        data: st.DataObject, rows: int, cap: int, chunks: int) -> None:
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     blocks = [gen.integers(0, 2**63, (rows, cap), dtype=np.uint64) for _ in range(chunks)]
-    listed = address_table(blocks)
+    listed = address_table(blocks).handle
     first = data.draw(st.integers(0, 3))                 # chunk number of blocks[0]
     rows_of = np.array(data.draw(st.lists(st.integers(0, rows - 1), min_size=1, max_size=4)),
                        dtype=np.int64)
@@ -47,7 +74,9 @@ def test_chunk_gather_takes_the_selected_rows_at_positions_across_chunks(data, r
     assert (out == whole[rows_of][:, positions - first * cap]).all()
 
 
-def _bitmap(data, gen, chunks, cap, word, mask, pad, fill):
+def _bitmap(data: st.DataObject, gen: np.random.Generator, chunks: int, cap: int, word: int,
+            mask: np.uint64, pad: int, fill: Callable[[NDArray[np.uint64]], NDArray[np.uint64]]
+            ) -> tuple[list[NDArray[np.uint64]], int, NDArray[np.bool_]]:
     """A list of `chunks` word-major bitmap chunks of `cap` rows (0 to
     word + 2 word rows each, `pad` never-read words past each row's end, values
     `fill(random words)`), the chunk number of the first, and the bit `mask` of word
@@ -74,7 +103,8 @@ def _bitmap(data, gen, chunks, cap, word, mask, pad, fill):
 CAPS = st.one_of(st.integers(1, 130), st.sampled_from([64, 128, 192]))
 
 
-def _sealed_rows_sliced(listed, first, cap, word, sealed, p0, p1):
+def _sealed_rows_sliced(listed: Sequence[NDArray[np.uint64]], first: int, cap: int, word: int,
+                        sealed: int, p0: int, p1: int) -> bool:
     """Whether every row `word` of a chunk the find read, sealed below `sealed`, is now
     SLICED when cap allows it, and every other row still WORD_MAJOR."""
     for i, chunk in enumerate(listed):
@@ -89,8 +119,8 @@ def _sealed_rows_sliced(listed, first, cap, word, sealed, p0, p1):
 
 @settings(max_examples=150, deadline=None)
 @given(st.data(), CAPS, st.integers(1, 4), st.integers(0, 2))
-def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, cap, chunks,
-                                                                        word):
+def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(
+        data: st.DataObject, cap: int, chunks: int, word: int) -> None:
     """Chunks missing from the list, gaps (no rows) and chunks too narrow for the word
     have no matches; the rest agree with numpy, the first time (sealed rows made SLICED
     as they are read) and again (read SLICED)."""
@@ -103,20 +133,20 @@ def test_chunk_positions_lists_the_window_matches_across_chunks_and_gaps(data, c
     expected = (np.flatnonzero(bits[p0:p1]) + p0).tolist()
     for _ in range(2):
         out = np.full(p1 - p0 + 1, -1, np.int64)   # the last word must stay unwritten
-        found = chunk_positions(address_table(listed), first, cap, p0, p1, word, mask,
+        found = chunk_positions(address_table(listed).handle, first, cap, p0, p1, word, mask,
                                 sealed, out)
         assert out[:found].tolist() == expected and out[-1] == -1
     assert _sealed_rows_sliced(listed, first, cap, word, sealed, p0, p1)
 
 
-def test_chunk_positions_writes_no_further_than_the_window_in_a_sliced_row():
+def test_chunk_positions_writes_no_further_than_the_window_in_a_sliced_row() -> None:
     """Every row of a window matching, its tail less than 64 rows: the positions fill
     the output exactly, the word after them untouched (a dense run written 64 at a
     time would write past the window's end)."""
     cap, word, mask = 128, 0, np.uint64(1) << np.uint64(9)
     padded = np.zeros((1, cap + 2), np.uint64)
     padded[0, :cap] = mask
-    listed = address_table([padded])
+    listed = address_table([padded]).handle
     for p0, p1 in ((5, 100), (0, 128), (64, 70)):
         out = np.full(p1 - p0 + 1, -1, np.int64)
         found = chunk_positions(listed, 0, cap, p0, p1, word, mask, cap, out)
@@ -127,8 +157,9 @@ def test_chunk_positions_writes_no_further_than_the_window_in_a_sliced_row():
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.one_of(st.integers(1, 200), st.sampled_from([64, 128, 192])),
        st.integers(1, 4), st.integers(0, 2), st.sampled_from([0.0, 0.05, 0.3, 0.9, 1.0]))
-def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks, word,
-                                                               density):
+def test_chunk_select_takes_the_columns_of_the_window_matches(data: st.DataObject, cap: int,
+                                                               chunks: int, word: int,
+                                                               density: float) -> None:
     """`chunk_positions` then `chunk_gather`, for every density (sparse rows one by one,
     dense ones by compress-stores) and chunk size (64-row runs cut by the chunk's end);
     bitmap gaps, chunks too narrow for the word, and chunks with no data block have no
@@ -137,7 +168,7 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     mask = np.uint64(1) << np.uint64(data.draw(st.integers(0, 63)))
 
-    def dense(chunk_rows):                  # row `word`'s bit set at `density`
+    def dense(chunk_rows: NDArray[np.uint64]) -> NDArray[np.uint64]:  # `word`'s bit at density
         chunk_rows &= ~mask
         if len(chunk_rows) > word:
             chunk_rows[word] |= np.where(gen.random(cap) < density, mask, np.uint64(0))
@@ -148,7 +179,7 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     n_blocks = data.draw(st.integers(0, first + chunks + 1 - b_first))
     block_list = [gen.integers(0, 2**63, (rows, cap), dtype=np.uint64)
                   for _ in range(n_blocks)]
-    blocks = address_table(block_list)
+    blocks = address_table(block_list).handle
     held = np.zeros(len(bits), bool)
     held[b_first * cap:(b_first + n_blocks) * cap] = True
     rows_of = np.array(data.draw(st.lists(st.integers(0, rows - 1), max_size=4)), np.int64)
@@ -159,7 +190,7 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
     expected = np.flatnonzero(bits[p0:p1] & held[p0:p1]) + p0
     for _ in range(2):
         positions = np.full(p1 - p0 if with_positions else 0, -1, np.int64)
-        out, masks = chunk_select(address_table(listed), first, p0, p1, word, mask, sealed,
+        out, masks = chunk_select(address_table(listed).handle, first, p0, p1, word, mask, sealed,
                                   blocks, b_first, cap, rows_of, positions)
         assert out.shape == (len(rows_of), len(expected))
         if with_positions:
@@ -173,38 +204,52 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data, cap, chunks,
         assert (later == whole[later_rows][:, expected - b_first * cap]).all()
 
 
-@settings(max_examples=80, deadline=None)
-@given(st.data(), st.integers(1, 7), st.integers(1, 20), st.integers(0, 300),
-       st.sampled_from(["chunk", "gapped", "transposed"]))
-def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(data, tables, words,
-                                                                     n, layout):
-    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    cells = 9
-    reject = tuple(gen.integers(0, 2**63, (cells, words), dtype=np.uint64)
-                   for _ in range(tables))
-    rows = [gen.integers(0, cells, n, dtype=np.int64) for _ in range(tables)]
-    # each table's keys: its rows through an identity map, or values through a direct
-    # map (value - first -> row) over a range wider than the values
-    keys, firsts, maps = [], [], []
+def _probe_keys(data: st.DataObject, gen: np.random.Generator, cells: int,
+                rows: list[NDArray[np.int64]]
+                ) -> tuple[list[NDArray[np.int64]], list[int], list[NDArray[np.int64]]]:
+    """Each table's keys for the cells `rows`: its rows through an identity map, or values
+    through a direct map (value - first -> row) over a range wider than the values; as a
+    batch's columns are, some read-only (Arrow), some strided."""
+    keys: list[NDArray[np.int64]] = []
+    firsts: list[int] = []
+    maps: list[NDArray[np.int64]] = []
     for r in rows:
         if data.draw(st.booleans()):
-            keys.append(r), firsts.append(0), maps.append(np.arange(cells, dtype=np.int64))
+            keys.append(r)
+            firsts.append(0)
+            maps.append(np.arange(cells, dtype=np.int64))
         else:
             first, span = int(gen.integers(-50, 50)), cells + int(gen.integers(0, 5))
             value_row = gen.integers(0, cells, span, dtype=np.int64)
             value_row[gen.permutation(span)[:cells]] = np.arange(cells)   # every row reached
             slot_of = {row: np.flatnonzero(value_row == row) for row in range(cells)}
             picks = np.array([gen.choice(slot_of[int(row)]) for row in r], np.int64)
-            keys.append(picks + first), firsts.append(first), maps.append(value_row)
-    for k, key in enumerate(keys):     # a batch's columns: read-only (Arrow), strided
+            keys.append(picks + first)
+            firsts.append(first)
+            maps.append(value_row)
+    for k, key in enumerate(keys):
         if data.draw(st.booleans()):
             key = key.copy()
             key.flags.writeable = False
         if data.draw(st.booleans()):
-            spread = np.zeros(2 * n, np.int64)
+            spread = np.zeros(2 * len(key), np.int64)
             spread[::2] = key
             key = spread[::2]
         keys[k] = key
+    return keys, firsts, maps
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data(), st.integers(1, 7), st.integers(1, 20), st.integers(0, 300),
+       st.sampled_from(["chunk", "gapped", "transposed"]))
+def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(
+        data: st.DataObject, tables: int, words: int, n: int, layout: str) -> None:
+    gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    cells = 9
+    reject = tuple(gen.integers(0, 2**63, (cells, words), dtype=np.uint64)
+                   for _ in range(tables))
+    rows = [gen.integers(0, cells, n, dtype=np.int64) for _ in range(tables)]
+    keys, firsts, maps = _probe_keys(data, gen, cells, rows)
     interest = gen.integers(0, 2**63, words, dtype=np.uint64)
     if layout == "chunk":       # rows whole cache lines apart (8x8 blocks), any start
         start = data.draw(st.integers(0, 7))
@@ -219,9 +264,9 @@ def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(data, ta
     before = padded.copy()
     assert probe_into(reject, tuple(keys), tuple(firsts), tuple(maps), interest, out) == -1
     expected = np.zeros((n, words), np.uint64)
-    for table, r in zip(reject, rows):
+    for table, r in zip(reject, rows, strict=True):
         expected |= table[r]
-    assert (out.T == (~expected & interest)).all()
+    assert ((~expected & interest) == out.T).all()
     out_mask = np.zeros(padded.shape, bool)
     if layout == "transposed":
         out_mask[:] = True
@@ -241,7 +286,8 @@ def test_probe_into_is_the_inverted_or_of_the_cells_rows_under_interest(data, ta
 
 @settings(max_examples=60, deadline=None)
 @given(st.data(), st.integers(1, 40), st.integers(1, 3))
-def test_write_column_sets_the_rejected_cells_bit_and_clears_the_others(data, cells, words):
+def test_write_column_sets_the_rejected_cells_bit_and_clears_the_others(
+        data: st.DataObject, cells: int, words: int) -> None:
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     table = gen.integers(0, 2**63, (cells + 5, words), dtype=np.uint64)
     cell_row = gen.permutation(cells + 5)[:cells].astype(np.int64)
@@ -255,20 +301,22 @@ def test_write_column_sets_the_rejected_cells_bit_and_clears_the_others(data, ce
     assert (table == expected).all()
 
 
-def _logical(row, cap):
+def _logical(row: NDArray[np.uint64], cap: int) -> NDArray[np.bool_]:
     """A chunk row's bits as a (tuple, slot bit) bool matrix, whatever its form."""
     words = row[:cap]
     if row[cap] == SLICED:                  # slot b's bits in words b * cap/64 ...
         per_slot = np.unpackbits(words.reshape(64, cap // 64).view(np.uint8),
                                  bitorder="little").reshape(64, cap)
-        return per_slot.T.astype(bool)
-    return np.unpackbits(words.view(np.uint8), bitorder="little").reshape(cap, 64) \
-        .astype(bool)
+        per_bit: NDArray[np.bool_] = per_slot.T.astype(bool)
+        return per_bit
+    per_tuple: NDArray[np.bool_] = np.unpackbits(words.view(np.uint8), bitorder="little") \
+        .reshape(cap, 64).astype(bool)
+    return per_tuple
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.data(), st.sampled_from([64, 128, 192]))
-def test_slice_row_keeps_every_bit_of_the_row(data, cap):
+def test_slice_row_keeps_every_bit_of_the_row(data: st.DataObject, cap: int) -> None:
     """A row made SLICED holds the same bits: slot b's bit of tuple t, read WORD_MAJOR
     before and SLICED after; the words past its form word are untouched."""
     gen = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -282,8 +330,8 @@ def test_slice_row_keeps_every_bit_of_the_row(data, cap):
 
 @settings(max_examples=80, deadline=None)
 @given(st.data(), st.integers(1, 6), CAPS, st.integers(0, 3))
-def test_clear_and_set_bits_make_one_bit_exactly_the_positions_in_every_chunk(data, n_chunks,
-                                                                               cap, word):
+def test_clear_and_set_bits_make_one_bit_exactly_the_positions_in_every_chunk(
+        data: st.DataObject, n_chunks: int, cap: int, word: int) -> None:
     """Chunks of a chunked bitmap, some too narrow for the word, some gaps (no rows),
     rows of either form: `clear_bit` then `set_bits` leave the bit set exactly at the
     positions, `set_bits` alone at the positions and wherever it was set, every other bit
@@ -307,11 +355,11 @@ def test_clear_and_set_bits_make_one_bit_exactly_the_positions_in_every_chunk(da
     bit = data.draw(st.integers(0, 63))
     mask = np.uint64(1) << np.uint64(bit)
     clear = data.draw(st.booleans())
-    table = address_table(chunks)
+    table = address_table(chunks).handle
     if clear:
         clear_bit(table, cap, word, mask)
     set_bits(table, k_first, cap, word, mask, positions)
-    for k, (chunk, old) in enumerate(zip(chunks, before)):
+    for k, (chunk, old) in enumerate(zip(chunks, before, strict=True)):
         assert (chunk[:, cap:] == old[:, cap:]).all(), ("forms and padding kept", k)
         for w in range(len(chunk)):
             expected = _logical(old[w], cap)
@@ -324,7 +372,8 @@ def test_clear_and_set_bits_make_one_bit_exactly_the_positions_in_every_chunk(da
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=60), st.data())
-def test_fingerprint_is_equal_for_equal_sequences_and_tells_changed_ones_apart(values, data):
+def test_fingerprint_is_equal_for_equal_sequences_and_tells_changed_ones_apart(
+        values: list[int], data: st.DataObject) -> None:
     """The digest of `since` cursors: equal for the same sequence (any layout), and
     different after a change, an insertion, a removal or a swap."""
     from psoup.kernels import fingerprint
@@ -350,7 +399,9 @@ def test_fingerprint_is_equal_for_equal_sequences_and_tells_changed_ones_apart(v
 @given(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0, 3.0, float("inf"), float("-inf"),
                                  float("nan")]), max_size=40),
        st.sampled_from([float("-inf"), 0.0, 1.0]), st.booleans())
-def test_ts_fault_finds_the_first_row_not_finite_or_going_back(stamps, last, sort):
+def test_ts_fault_finds_the_first_row_not_finite_or_going_back(stamps: list[float],
+                                                               last: float,
+                                                               sort: bool) -> None:
     if sort:            # mostly in order, so that the fault is often late or absent
         stamps = sorted(stamps, key=lambda t: (t != t, t))
     want, before = -1, last
@@ -360,3 +411,428 @@ def test_ts_fault_finds_the_first_row_not_finite_or_going_back(stamps, last, sor
             break
         before = t
     assert ts_fault(np.array(stamps, dtype=np.float64), last) == want
+
+
+# ------------------------------------------------------- each compiled kernel and its twin
+# The same inputs, copied, to psoup.kernels.compiled and psoup.kernels.reference: equal
+# results (values, dtypes, shapes) and equal arrays after (the writes into outputs, and
+# rows made SLICED). A chunk list goes to each as its own handle: the int64 table to the
+# compiled kernel, the AddressTable to its twin.
+
+SEEDS = st.integers(0, 2**32 - 1)
+#: Chunk sizes: 1 row, a few, non-multiples of 64, and multiples (rows that turn SLICED).
+TWIN_CAPS = st.one_of(st.sampled_from([64, 128, 192]), st.integers(1, 3), st.integers(1, 150))
+
+
+def _twin_tables(arrays: Sequence[NDArray[np.uint64] | None]
+                 ) -> tuple[list[NDArray[np.uint64] | None], Handle,
+                            list[NDArray[np.uint64] | None], Handle, list[AddressTable]]:
+    """Two copies of `arrays` (gaps kept) with each one's handle: (copies for the
+    compiled kernel, its handle, copies for the twin, its handle, the tables, which keep
+    the copies alive)."""
+    mine = [None if a is None else a.copy() for a in arrays]
+    twin = [None if a is None else a.copy() for a in arrays]
+    tables = [AddressTable(mine), AddressTable(twin)]
+    return mine, Handle(tables[0].table), twin, Handle(tables[1]), tables
+
+
+def _same_arrays(a: Sequence[NDArray[np.uint64] | None],
+                 b: Sequence[NDArray[np.uint64] | None]) -> bool:
+    return len(a) == len(b) and all(
+        (x is None and y is None) or
+        (x is not None and y is not None and np.array_equal(x, y))
+        for x, y in zip(a, b, strict=True))
+
+
+def _chunk_list(data: st.DataObject, gen: np.random.Generator, chunks: int, cap: int,
+                word: int, density: float) -> list[NDArray[np.uint64] | None]:
+    """A chunked bitmap as PSoup-P keeps it: padded C-contiguous arrays of 0 to word + 2
+    word rows (cap words, the form word, padding), some gaps (None), row `word`'s lowest
+    bits set at `density`, rows of cap a multiple of 64 made SLICED at random."""
+    out: list[NDArray[np.uint64] | None] = []
+    for _ in range(chunks):
+        if data.draw(st.integers(0, 5)) == 0:
+            out.append(None)
+            continue
+        height = data.draw(st.sampled_from([0, word, word + 1, word + 2]))
+        padded = gen.integers(0, 2**64, (height, cap + 1 + data.draw(st.integers(0, 8))),
+                              dtype=np.uint64)
+        dense = gen.random((height, cap)) < density
+        padded[:, :cap] = np.where(dense, padded[:, :cap] | np.uint64(0xFF),
+                                   padded[:, :cap] & ~np.uint64(0xFF))
+        padded[:, cap] = WORD_MAJOR
+        for w in range(height):
+            if cap % 64 == 0 and data.draw(st.booleans()):
+                reference.slice_row(padded[w], cap)
+        out.append(padded)
+    return out
+
+
+def _window(data: st.DataObject, first: int, chunks: int, cap: int) -> tuple[int, int]:
+    """A window p0 <= p < p1 over the chunks' positions and one chunk either side (p1 - p0
+    sometimes 0 or 1)."""
+    end = (first + chunks + 1) * cap
+    p0 = data.draw(st.integers(0, end))
+    p1 = data.draw(st.one_of(st.just(p0), st.just(min(p0 + 1, end)), st.integers(p0, end)))
+    return p0, p1
+
+
+def _sealed(data: st.DataObject, first: int, chunks: int, cap: int) -> int:
+    """The end of the positions the probe has written: often past every chunk (each
+    sealed, its rows read turned SLICED), else anywhere."""
+    end = (first + chunks + 1) * cap
+    return data.draw(st.one_of(st.just(end), st.integers(0, end)))
+
+
+MASKS = st.integers(0, 63).map(lambda bit: np.uint64(1) << np.uint64(bit))
+LOW_MASKS = st.integers(0, 7).map(lambda bit: np.uint64(1) << np.uint64(bit))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.data(), SEEDS, st.integers(1, 6), st.integers(1, 20), st.integers(0, 300),
+       st.booleans())
+def test_probe_into_compiled_and_twin_write_the_same_rows_or_refuse_the_same_table(
+        data: st.DataObject, seed: int, tables: int, words: int, n: int,
+        outside: bool) -> None:
+    """Any number of tables (padded to four in the compiled one), n of 0, 1 or not a
+    multiple of 8, rows wider than `words`, out rows apart or transposed; a key outside
+    its map makes both return the same table and write nothing."""
+    gen = np.random.default_rng(seed)
+    cells = 7
+    reject = tuple(gen.integers(0, 2**64, (cells, words + data.draw(st.integers(0, 2))),
+                                dtype=np.uint64) for _ in range(tables))
+    rows = [gen.integers(0, cells, n, dtype=np.int64) for _ in range(tables)]
+    keys, firsts, maps = _probe_keys(data, gen, cells, rows)
+    if outside and n:
+        bad = data.draw(st.integers(0, tables - 1))
+        keys[bad] = keys[bad].copy()
+        keys[bad][data.draw(st.integers(0, n - 1))] = firsts[bad] + len(maps[bad])
+    interest = gen.integers(0, 2**64, words + 1, dtype=np.uint64)
+    transposed = data.draw(st.booleans())
+    results = []
+    for kernels in (compiled, reference):
+        padded = np.full((n, words) if transposed else (words, n + 5), 3, np.uint64)
+        out = padded.T if transposed else padded[:, 1:n + 1]
+        got = kernels.probe_into(reject, tuple(keys), tuple(firsts), tuple(maps), interest,
+                                 out)
+        results.append((got, padded))
+    assert results[0][0] == results[1][0]
+    assert np.array_equal(results[0][1], results[1][1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0, 1e300, float("inf"), float("-inf"),
+                                 float("nan")]), max_size=70),
+       st.sampled_from([float("-inf"), 0.0, 1.0, float("nan")]), st.booleans())
+def test_ts_fault_compiled_and_twin_find_the_same_first_fault(stamps: list[float], last: float,
+                                                             sort: bool) -> None:
+    if sort:
+        stamps = sorted(stamps, key=lambda t: (t != t, t))
+    array = np.array(stamps, dtype=np.float64)
+    got, want = compiled.ts_fault(array, last), reference.ts_fault(array, last)
+    assert got == want and type(got) is type(want) is int
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), SEEDS, st.integers(0, 400), MASKS, st.floats(0, 1))
+def test_word_positions_compiled_and_twin_list_the_same_rows(
+        data: st.DataObject, seed: int, n: int, mask: np.uint64, density: float) -> None:
+    gen = np.random.default_rng(seed)
+    words = gen.integers(0, 2**64, n, dtype=np.uint64) & ~mask
+    words[gen.random(n) < density] |= mask
+    r0 = data.draw(st.integers(0, n))
+    r1 = data.draw(st.integers(r0, n))
+    base = data.draw(st.integers(0, 10**6))
+    outs = [np.full(n + 1, -1, np.int64) for _ in range(2)]
+    got = compiled.word_positions(words, mask, r0, r1, base, outs[0])
+    want = reference.word_positions(words, mask, r0, r1, base, outs[1])
+    assert got == want and type(got) is type(want) is int
+    assert np.array_equal(outs[0][:got], outs[1][:want])
+
+
+@settings(max_examples=60, deadline=None)
+@given(SEEDS, st.sampled_from([64, 128, 192, 8192]), st.integers(0, 3))
+def test_slice_row_compiled_and_twin_transpose_alike(seed: int, cap: int, tail: int) -> None:
+    gen = np.random.default_rng(seed)
+    row = gen.integers(0, 2**64, cap + 1 + tail, dtype=np.uint64)
+    row[cap] = WORD_MAJOR
+    rows = [row.copy(), row.copy()]
+    compiled.slice_row(rows[0], cap)
+    reference.slice_row(rows[1], cap)
+    assert np.array_equal(rows[0], rows[1]) and rows[1][cap] == SLICED
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), SEEDS, TWIN_CAPS, st.integers(0, 5), st.integers(0, 2), LOW_MASKS,
+       st.sampled_from([0.0, 0.1, 0.5, 1.0]))
+def test_chunk_positions_compiled_and_twin_find_and_slice_alike(
+        data: st.DataObject, seed: int, cap: int, chunks: int, word: int, mask: np.uint64,
+        density: float) -> None:
+    """Chunks missing, gaps, chunks too narrow for the word, rows of either form; sealed
+    rows read made SLICED by both; twice (the second time reading SLICED rows)."""
+    gen = np.random.default_rng(seed)
+    arrays = _chunk_list(data, gen, chunks, cap, word, density)
+    first = data.draw(st.integers(0, 2))
+    p0, p1 = _window(data, first, chunks, cap)
+    sealed = _sealed(data, first, chunks, cap)
+    mine, mine_h, twin, twin_h, _tables = _twin_tables(arrays)
+    for _ in range(2):
+        outs = [np.full(p1 - p0 + 1, -1, np.int64) for _ in range(2)]
+        got = compiled.chunk_positions(mine_h, first, cap, p0, p1, word, mask, sealed, outs[0])
+        want = reference.chunk_positions(twin_h, first, cap, p0, p1, word, mask, sealed,
+                                         outs[1])
+        assert got == want and type(got) is type(want) is int
+        assert np.array_equal(outs[0][:got], outs[1][:want])
+        assert _same_arrays(mine, twin)
+
+
+def _blocks(gen: np.random.Generator, rows: int, cap: int, n: int) -> list[NDArray[np.uint64]]:
+    """n data blocks of a chunked store: rows 8-byte columns of cap values, some of them
+    int64 or float64 values seen as words (NaN and infinities among the floats)."""
+    out = []
+    for _ in range(n):
+        block = gen.integers(-50, 50, (rows, cap)).astype(np.int64).view(np.uint64).copy()
+        floats = gen.choice([-1.5, 0.0, 2.25, np.nan, np.inf, -np.inf, 7.0], (rows, cap))
+        use_float = gen.random(rows) < 0.5
+        block[use_float] = floats[use_float].view(np.uint64)
+        out.append(block)
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), SEEDS, st.integers(0, 5), TWIN_CAPS, st.integers(1, 4))
+def test_chunk_gather_compiled_and_twin_take_the_same_values(
+        data: st.DataObject, seed: int, rows_of_n: int, cap: int, chunks: int) -> None:
+    gen = np.random.default_rng(seed)
+    rows = 3
+    blocks = _blocks(gen, rows, cap, chunks)
+    first = data.draw(st.integers(0, 3))
+    rows_of = gen.integers(0, rows, rows_of_n).astype(np.int64)
+    count = data.draw(st.integers(0, chunks * cap))
+    positions = np.sort(gen.choice(chunks * cap, count, replace=False)).astype(np.int64) \
+        + first * cap
+    _mine, mine_h, _twin, twin_h, _tables = _twin_tables(blocks)
+    outs = [np.zeros((rows_of_n, count), np.uint64) for _ in range(2)]
+    compiled.chunk_gather(mine_h, first, cap, rows_of, positions, outs[0])
+    reference.chunk_gather(twin_h, first, cap, rows_of, positions, outs[1])
+    assert np.array_equal(outs[0], outs[1])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), SEEDS, TWIN_CAPS, st.integers(1, 4), st.integers(1, 4))
+def test_interval_scan_compiled_and_twin_find_the_same_positions(
+        data: st.DataObject, seed: int, cap: int, chunks: int, intervals: int) -> None:
+    """Int64 and float64 closed intervals (NaN in none, infinite bounds), one to four
+    of them, over windows cut anywhere in the chunks."""
+    gen = np.random.default_rng(seed)
+    rows = 3
+    blocks = _blocks(gen, rows, cap, chunks)
+    first = data.draw(st.integers(0, 2))
+    p0 = data.draw(st.integers(first * cap, (first + chunks) * cap))
+    p1 = data.draw(st.integers(p0, (first + chunks) * cap))
+    ints = np.zeros((4, intervals), np.int64)
+    floats = np.zeros((2, intervals), np.float64)
+    for j in range(intervals):
+        ints[0, j] = data.draw(st.integers(0, rows - 1))
+        ints[1, j] = data.draw(st.integers(0, 1))
+        lo, hi = sorted(data.draw(st.lists(st.integers(-60, 60), min_size=2, max_size=2)))
+        ints[2, j], ints[3, j] = lo, hi
+        bounds = [-np.inf, -1.5, 0.0, 2.25, 7.0, np.inf]
+        f_lo, f_hi = sorted(data.draw(st.lists(st.sampled_from(bounds), min_size=2,
+                                               max_size=2)))
+        floats[0, j], floats[1, j] = f_lo, f_hi
+    _mine, mine_h, _twin, twin_h, _tables = _twin_tables(blocks)
+    outs = [np.full(p1 - p0 + 1, -1, np.int64) for _ in range(2)]
+    got = compiled.interval_scan(mine_h, first, cap, p0, p1, ints, floats, outs[0])
+    want = reference.interval_scan(twin_h, first, cap, p0, p1, ints, floats, outs[1])
+    assert got == want and type(got) is type(want) is int
+    assert np.array_equal(outs[0][:got], outs[1][:want])
+
+
+def _select_case(data: st.DataObject, gen: np.random.Generator, cap: int, chunks: int,
+                 word: int, density: float
+                 ) -> tuple[list[NDArray[np.uint64] | None], int, list[NDArray[np.uint64]],
+                            int, int, int, int]:
+    """chunk_select's inputs: (bitmap chunks, their first chunk number, data blocks,
+    theirs, p0, p1, sealed)."""
+    arrays = _chunk_list(data, gen, chunks, cap, word, density)
+    first = data.draw(st.integers(0, 2))
+    b_first = data.draw(st.integers(0, first + 1))
+    blocks = _blocks(gen, 3, cap, data.draw(st.integers(0, first + chunks + 1 - b_first)))
+    p0, p1 = _window(data, first, chunks, cap)
+    return arrays, first, blocks, b_first, p0, p1, _sealed(data, first, chunks, cap)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), SEEDS, TWIN_CAPS, st.integers(1, 4), st.integers(0, 2), LOW_MASKS,
+       st.sampled_from([0.0, 0.05, 0.3, 0.9, 1.0]), st.integers(0, 4), st.booleans())
+def test_chunk_select_compiled_and_twin_take_the_same_matches(
+        data: st.DataObject, seed: int, cap: int, chunks: int, word: int, mask: np.uint64,
+        density: float, columns: int, with_positions: bool) -> None:
+    """Every density (sparse 64-row runs one by one, dense ones by compress-stores in the
+    compiled kernel), chunks without a bitmap row or a data block: the same values,
+    masks and positions, and the same rows made SLICED."""
+    gen = np.random.default_rng(seed)
+    arrays, first, blocks, b_first, p0, p1, sealed = _select_case(data, gen, cap, chunks,
+                                                                  word, density)
+    rows_of = gen.integers(0, 3, columns).astype(np.int64)
+    mine, mine_h, twin, twin_h, _tables = _twin_tables(arrays)
+    _bm, mine_b, _bt, twin_b, _block_tables = _twin_tables(blocks)
+    positions = [np.full(p1 - p0 if with_positions else 0, -1, np.int64) for _ in range(2)]
+    got, got_masks = compiled.chunk_select(mine_h, first, p0, p1, word, mask, sealed, mine_b,
+                                           b_first, cap, rows_of, positions[0])
+    want, want_masks = reference.chunk_select(twin_h, first, p0, p1, word, mask, sealed,
+                                              twin_b, b_first, cap, rows_of, positions[1])
+    assert got.dtype == want.dtype == np.uint64 and np.array_equal(got, want)
+    assert got_masks.dtype == want_masks.dtype and np.array_equal(got_masks, want_masks)
+    matches = got.shape[1]
+    assert np.array_equal(positions[0][:matches], positions[1][:matches])
+    assert _same_arrays(mine, twin)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), SEEDS, TWIN_CAPS, st.integers(1, 4), st.integers(0, 2), LOW_MASKS,
+       st.sampled_from([0.0, 0.3, 1.0]), st.integers(0, 4))
+def test_marked_copy_compiled_and_twin_copy_the_same_columns_through_the_masks(
+        data: st.DataObject, seed: int, cap: int, chunks: int, word: int, mask: np.uint64,
+        density: float, columns: int) -> None:
+    gen = np.random.default_rng(seed)
+    arrays, first, blocks, b_first, p0, p1, sealed = _select_case(data, gen, cap, chunks,
+                                                                  word, density)
+    _mine, mine_h, _twin, _twin_h, _tables = _twin_tables(arrays)
+    _bm, mine_b, _bt, twin_b, _block_tables = _twin_tables(blocks)
+    _, masks = compiled.chunk_select(mine_h, first, p0, p1, word, mask, sealed, mine_b,
+                                     b_first, cap, np.empty(0, np.int64),
+                                     np.empty(0, np.int64))
+    rows_of = gen.integers(0, 3, columns).astype(np.int64)
+    got = compiled.marked_copy(masks, p0, p1, mine_b, b_first, cap, rows_of)
+    want = reference.marked_copy(masks, p0, p1, twin_b, b_first, cap, rows_of)
+    assert got.dtype == want.dtype == np.uint64 and np.array_equal(got, want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(SEEDS, st.integers(0, 40), st.integers(1, 3), st.integers(0, 63), st.booleans())
+def test_write_column_compiled_and_twin_set_the_same_column(seed: int, cells: int, words: int,
+                                                            bit: int, repeats: bool) -> None:
+    """Cells in any order, some rows named twice (the last one wins in both)."""
+    gen = np.random.default_rng(seed)
+    table = gen.integers(0, 2**64, (cells + 5, words), dtype=np.uint64)
+    cell_row = (gen.integers(0, cells + 5, cells) if repeats
+                else gen.permutation(cells + 5)[:cells]).astype(np.int64)
+    accepts = gen.random(cells) < 0.5
+    word = int(gen.integers(0, words))
+    mask = np.uint64(1) << np.uint64(bit)
+    tables = [table.copy(), table.copy()]
+    compiled.write_column(tables[0], cell_row, word, mask, accepts)
+    reference.write_column(tables[1], cell_row, word, mask, accepts)
+    assert np.array_equal(tables[0], tables[1])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-2**63, 2**63 - 1), max_size=300), st.booleans())
+def test_fingerprint_compiled_and_twin_give_the_same_lanes(values: list[int],
+                                                           as_row: bool) -> None:
+    array = np.array(values, np.int64)
+    if as_row:
+        array = array.reshape(1, -1)
+    got, want = compiled.fingerprint(array), reference.fingerprint(array)
+    assert got == want
+    assert [type(x) for x in got] == [type(x) for x in want] == [int, int]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), SEEDS, st.integers(0, 5), TWIN_CAPS, st.integers(0, 3), MASKS)
+def test_clear_bit_compiled_and_twin_clear_the_same_bits(
+        data: st.DataObject, seed: int, chunks: int, cap: int, word: int,
+        mask: np.uint64) -> None:
+    gen = np.random.default_rng(seed)
+    arrays = _chunk_list(data, gen, chunks, cap, word, 0.5)
+    mine, mine_h, twin, twin_h, _tables = _twin_tables(arrays)
+    compiled.clear_bit(mine_h, cap, word, mask)
+    reference.clear_bit(twin_h, cap, word, mask)
+    assert _same_arrays(mine, twin)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), SEEDS, st.integers(1, 5), TWIN_CAPS, st.integers(0, 3), MASKS)
+def test_set_bits_compiled_and_twin_set_the_same_bits(
+        data: st.DataObject, seed: int, chunks: int, cap: int, word: int,
+        mask: np.uint64) -> None:
+    """Positions in chunks wide enough for the word (the caller's promise), sorted, any
+    number, rows of either form."""
+    gen = np.random.default_rng(seed)
+    arrays = _chunk_list(data, gen, chunks, cap, word, 0.2)
+    k_first = data.draw(st.integers(0, 3))
+    wide = [k for k, a in enumerate(arrays) if a is not None and a.shape[0] > word]
+    cells = np.array([(k_first + k) * cap + i for k in wide for i in range(cap)], np.int64)
+    count = data.draw(st.integers(0, len(cells)))
+    positions = np.sort(gen.choice(cells, count, replace=False)) if count else \
+        np.empty(0, np.int64)
+    mine, mine_h, twin, twin_h, _tables = _twin_tables(arrays)
+    compiled.set_bits(mine_h, k_first, cap, word, mask, positions)
+    reference.set_bits(twin_h, k_first, cap, word, mask, positions)
+    assert _same_arrays(mine, twin)
+
+
+# ---------------------------------------------------------------- the engine on numpy
+
+_WORKLOAD = r"""
+import json, sys
+import psoup
+from tests.support import Clock
+
+answers = {}
+for mode in psoup.MODES:
+    eng = psoup.Engine(mode=mode, clock=Clock(1000.0), chunk_rows=64)
+    eng.execute("CREATE STREAM R (a INT, b FLOAT, name TEXT)")
+    early = eng.register("SELECT a, b FROM R WHERE a > 3 AND b < 80.0 BEGIN NOW - 400 END NOW")
+    gone = eng.register("SELECT name FROM R WHERE a < 50 BEGIN NOW - 400 END NOW")
+    for start in (0, 150):
+        eng.insert("R", [(i, i / 2, f"n{i % 3}") for i in range(start, start + 150)],
+                   ts=[1000.0 + i for i in range(start, start + 150)])
+    late = eng.register("SELECT a FROM R WHERE a >= 20 AND a <= 260 AND b > 30.0 "
+                        "BEGIN NOW - 400 END NOW")
+    eng.unregister(gone)
+    eng.insert("R", [(i, i / 2, "x") for i in range(300, 364)],
+               ts=[1000.0 + i for i in range(300, 364)])
+    answers[mode] = [eng.invoke(h, now=1363.0).rows for h in (early, late)]
+print(json.dumps({"answers": answers, "numba": "numba" in sys.modules,
+                  "llvmlite": "llvmlite" in sys.modules}))
+"""
+
+
+def _run_workload(backend: str | None) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if k != "PSOUP_KERNELS"}
+    if backend is not None:
+        env["PSOUP_KERNELS"] = backend
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _WORKLOAD], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600, check=True)
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_the_engine_on_the_numpy_backend_never_imports_numba_and_answers_alike() -> None:
+    """Register, insert in several chunks (of 64 rows: sealed rows turn SLICED), register
+    over retained tuples, unregister, insert, invoke: in every mode the numpy backend's
+    answers are the default backend's, and numba and llvmlite are never imported."""
+    on_numpy = _run_workload("numpy")
+    default = _run_workload(None)
+    assert on_numpy["numba"] is False and on_numpy["llvmlite"] is False
+    assert default["numba"] is True
+    assert on_numpy["answers"] == default["answers"]
+    answers = on_numpy["answers"]
+    assert isinstance(answers, dict) and all(rows for per_mode in answers.values()
+                                             for rows in per_mode)
+
+
+def test_an_unknown_backend_is_refused_naming_the_variable_and_the_choices() -> None:
+    env = dict(os.environ, PSOUP_KERNELS="cuda")
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = str(root)
+    done = subprocess.run([sys.executable, "-c", "import psoup.kernels"], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "ValueError: PSOUP_KERNELS='cuda'" in done.stderr
+    assert "'numba', 'numpy'" in done.stderr

@@ -98,7 +98,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
         # per stream, (first chunk number, its chunks as a kernels.address_table, gaps
         # as chunks of no rows) for the compiled find; dropped whenever a chunk of it
         # changes (the chunks themselves are kept alive by _bitmaps)
-        self._lists: dict[str, tuple[int, np.ndarray]] = {}
+        self._lists: dict[str, tuple[int, kernels.AddressTable]] = {}
         # per stream, the end of the positions the probe has written: chunks wholly
         # below it are sealed, and a find turns their rows bit-sliced (kernels._ready)
         self._written: dict[str, int] = {}
@@ -174,7 +174,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
                     self._chunk(stream, k, word + 1)    # made wide enough for the bit
         if chunks:
             k_first, listed = self._listed(stream)
-            kernels.set_bits(listed, k_first, cap, word, mask, positions)
+            kernels.set_bits(listed.handle, k_first, cap, word, mask, positions)
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows), retained / 64 words
@@ -182,7 +182,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
         word, mask = bit_of(slot)
         for stream, chunks in self._bitmaps.items():
             if chunks:
-                kernels.clear_bit(self._listed(stream)[1], self.chunk_rows, word, mask)
+                kernels.clear_bit(self._listed(stream)[1].handle, self.chunk_rows, word, mask)
 
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
@@ -197,7 +197,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
         self._lists.pop(stream, None)
         self._written.pop(stream, None)     # a stream made again starts at position 0
 
-    def _listed(self, stream: str) -> tuple[int, np.ndarray]:
+    def _listed(self, stream: str) -> tuple[int, kernels.AddressTable]:
         """(first chunk number, the stream's chunks from it on as a kernels.address_table
         of the padded arrays they are views of, a gap as a chunk of no rows), rebuilt
         after a chunk came, widened or left: O(chunks), about once per chunk_rows
@@ -213,7 +213,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
                  for k in range(first, max(chunks, default=-1) + 1)]))
         return got
 
-    def _bitmap(self, stream: str) -> tuple[int, np.ndarray, int]:
+    def _bitmap(self, stream: str) -> tuple[int, kernels.AddressTable, int]:
         """`_listed`, and the end of the positions the probe has written (the chunks
         wholly below it are sealed), as the compiled finds take them."""
         first, listed = self._listed(stream)
@@ -272,7 +272,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
             if len(self._found) < p1 - p0:
                 self._found = np.empty(p1 - p0, np.int64)
             first, listed, sealed = self._bitmap(stream)
-            found = kernels.chunk_positions(listed, first, cap, p0, p1, word, mask, sealed,
+            found = kernels.chunk_positions(listed.handle, first, cap, p0, p1, word, mask, sealed,
                                             self._found)
             return self._found[:found]
         positions = span.array()
@@ -340,7 +340,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
             if stream in self._lists:
                 first, listed = self._lists[stream]
                 assert len(listed) == max(chunks, default=first - 1) - first + 1
-                for i, (address, rows, width) in enumerate(listed.tolist()):
+                for i, (address, rows, width) in enumerate(listed.table.tolist()):
                     have = chunks.get(first + i)
                     assert (rows == 0 if have is None else
                             address == have.ctypes.data and

@@ -105,7 +105,7 @@ class DataSteM:
         #: answers that will still read columns from the chunks (`defer`)
         self._readers: weakref.WeakSet[Any] = weakref.WeakSet()
         # the chunks' blocks as (a kernels.address_table, the blocks), or None
-        self._blocks: tuple[np.ndarray, list[np.ndarray]] | None = None
+        self._blocks: tuple[kernels.AddressTable, list[np.ndarray]] | None = None
         #: names asked of `take` -> (its 8-byte columns, their block rows, their dtypes)
         self._gathers: dict[tuple[str, ...], tuple[list[str], np.ndarray, list]] = {}
         self._heads: list[float] = []     # first ts of each chunk, for the time index
@@ -362,7 +362,7 @@ class DataSteM:
         got: dict[str, np.ndarray] = {}
         if wide:                    # one compiled pass over every chunk, 8-byte columns
             words = np.empty((len(wide), len(positions)), dtype=np.uint64)
-            kernels.chunk_gather(self._block_list()[0], self._chunk0, cap, rows_of,
+            kernels.chunk_gather(self._block_list()[0].handle, self._chunk0, cap, rows_of,
                                  np.ascontiguousarray(positions, np.int64), words)
             got = _typed(words, wide, dtypes)
         return self._narrow(names, positions, got)
@@ -389,8 +389,9 @@ class DataSteM:
         positions = np.empty(p1 - p0, np.int64) if narrow else _NO_POSITIONS
         first, listed, sealed = bitmap
         held = self._block_list()   # (table, blocks): `rest` keeps the blocks referenced
-        words, masks = kernels.chunk_select(listed, first, p0, p1, word, mask, sealed, held[0],
-                                            self._chunk0, self.chunk_rows, rows_of, positions)
+        words, masks = kernels.chunk_select(listed.handle, first, p0, p1, word, mask, sealed,
+                                            held[0].handle, self._chunk0, self.chunk_rows,
+                                            rows_of, positions)
         got = _typed(words, wide, dtypes)
         if narrow:
             got = self._narrow(names, positions[:words.shape[1]], got)
@@ -399,7 +400,7 @@ class DataSteM:
         b_first, cap = self._chunk0, self.chunk_rows
 
         def rest() -> dict[str, np.ndarray]:
-            return _typed(kernels.marked_copy(masks, p0, p1, held[0], b_first, cap,
+            return _typed(kernels.marked_copy(masks, p0, p1, held[0].handle, b_first, cap,
                                               later_rows), later_wide, later_dtypes)
         return got, rest
 
@@ -443,7 +444,7 @@ class DataSteM:
                         positions[a:b] - k * self.chunk_rows]
         return {name: got[name] for name in names}
 
-    def _block_list(self) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _block_list(self) -> tuple[kernels.AddressTable, list[np.ndarray]]:
         """The chunks' blocks (from chunk number _chunk0 on) as a kernels.address_table
         for the compiled gathers, with the blocks themselves (what keeps them alive and
         referenced while a reader holds the table); rebuilt after a chunk came or left:
@@ -500,8 +501,8 @@ class DataSteM:
                 parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
             return np.concatenate(parts) if parts else np.empty(0, np.int64)
         out = np.empty(p1 - p0, np.int64)
-        found = kernels.interval_scan(self._block_list()[0], self._chunk0, self.chunk_rows, p0,
-                                      p1, *intervals, out)
+        found = kernels.interval_scan(self._block_list()[0].handle, self._chunk0,
+                                      self.chunk_rows, p0, p1, *intervals, out)
         if not rest and not source.column_factors:
             return out[:found]
         return self._filter(replace(source, predicates=rest), out[:found])
@@ -611,7 +612,7 @@ class DataSteM:
         assert len(self._chunks) == len(self._heads) == len(self._tid_heads)
         if self._blocks is not None:
             table, blocks = self._blocks
-            assert table[:, 0].tolist() == [c.block.ctypes.data for c in self._chunks] and \
+            assert table.table[:, 0].tolist() == [c.block.ctypes.data for c in self._chunks] and \
                 all(b is c.block for b, c in zip(blocks, self._chunks)), "stale block list"
         assert len(self._spare) <= SPARE_CHUNKS and all(
             c.n == 0 and not c.index and all(c is not k for k in self._chunks)

@@ -1,5 +1,7 @@
-"""Compiled kernels for psoup's hot loops (numba, compiled on first use and cached on
-disk next to this file, or in the user's cache directory when that is read-only).
+"""The compiled kernels of psoup's hot loops (numba, compiled on first use and cached on
+disk next to this file, or in the user's cache directory when that is read-only): the
+backend `psoup.kernels` exposes by default. Each public kernel has a numpy twin of the
+same name and signature in `psoup.kernels.reference`.
 
 * `probe_into`: the shared probe of a batch (PSoup Fig. 3, new data over old queries):
   per tuple, look up its cell in each attribute index (through a direct value -> row
@@ -36,34 +38,67 @@ disk next to this file, or in the user's cache directory when that is read-only)
 * `write_column`: a query's bit column in an attribute's reject table, set in the rows
   of the cells it rejects and cleared elsewhere, in one pass over the cells.
 
-Importing this module imports numba (about half a second). The engine's modules import
-it at their top (an import statement inside a hot function costs about a microsecond
-each time); modules a client or the command line loads without an engine do not.
+Importing this module imports numba and llvmlite (about half a second). The engine's
+modules import `psoup.kernels` at their top (an import statement inside a hot function
+costs about a microsecond each time); modules a client or the command line loads without
+an engine do not.
+
+Types: numba's decorators hand the type checker a dispatcher, not the kernel's
+signature, so each kernel here is decorated through `_njit`, which keeps its annotated
+signature (numba ignores annotations; the intrinsics, called only from compiled code,
+are Any).
+The kernels that walk chunks are compiled as `_name` over the int64 table of an
+`AddressTable` and exported as `name` typed to take its `handle` (under this backend,
+that table), with no Python function between the call and the dispatcher.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, cast
+
 import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
-from numba.core import cgutils
+from numba import njit, types
+from numba.core import cgutils as _cgutils
 from numba.extending import intrinsic
+from numba.np.numpy_support import carray
+from numpy.typing import NDArray
+
+from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
+
+__all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
+           "chunk_gather", "chunk_positions", "chunk_select", "clear_bit", "fingerprint",
+           "interval_scan", "marked_copy", "probe_into", "set_bits", "slice_row",
+           "ts_fault", "word_positions", "write_column"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-#: Words of result rows computed row-major before they are written out word-major: a
-#: tile (8 KiB) that leaves most of the L1 cache to the reject rows it ORs. A tile holds
-#: a multiple of 8 tuples, at least 8, so each 8 x 8 block store writes whole cache lines.
-#: (Measured, probe of 8,000 tuples: 2,048 words and at least 64 tuples, a 32 KiB tile at
-#: 4,096 queries, took 397 us there; 1,024 words, 354 us; 512 or 256 words, no better.)
-TILE_WORDS = 1024
+#: numba's code generation helpers carry no annotations
+cgutils: Any = _cgutils
 
 
-@intrinsic
-def _stream_store(typingctx, array, index, value):  # pragma: no cover - compiled
+def _njit(*, cache: bool, nogil: bool, boundscheck: bool,
+          inline: Literal["never", "always"] = "never") -> Callable[[_F], _F]:
+    """numba.njit with these options, typed: the decorated function keeps its annotated
+    signature for the type checker (numba itself ignores annotations)."""
+    return cast("Callable[[_F], _F]", njit(cache=cache, nogil=nogil, boundscheck=boundscheck,
+                                           inline=inline))
+
+
+def _intrinsic(codegen: Callable[..., Any]) -> Any:
+    """numba.extending.intrinsic, typed: what it makes is only called from compiled
+    code, where the type checker does not follow."""
+    return intrinsic(codegen)
+
+
+@_intrinsic
+def _stream_store(typingctx: Any, array: Any, index: Any, value: Any) -> Any:  # pragma: no cover
     """array[index] = value as a non-temporal (streaming) store: the line is not read
     first and not kept in the cache. For results written now and read much later: it
     halves the memory traffic of writing them. Follow with `_store_fence`."""
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         kind = signature.args[0]
         view = context.make_array(kind)(context, builder, args[0])
         where = cgutils.get_item_pointer(context, builder, kind, view, [args[1]],
@@ -75,10 +110,10 @@ def _stream_store(typingctx, array, index, value):  # pragma: no cover - compile
     return types.void(array, index, array.dtype), codegen
 
 
-@intrinsic
-def _store_fence(typingctx):  # pragma: no cover - compiled
+@_intrinsic
+def _store_fence(typingctx: Any) -> Any:  # pragma: no cover - compiled
     """A full memory fence: streaming stores are visible to every thread after it."""
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         builder.fence("seq_cst")
         return context.get_dummy_value()
     return types.void(), codegen
@@ -93,15 +128,16 @@ _ROUNDS = (
 )
 
 
-@intrinsic
-def _store_transposed8(typingctx, tile, t0, w0, keep, out, i):  # pragma: no cover
+@_intrinsic
+def _store_transposed8(typingctx: Any, tile: Any, t0: Any, w0: Any, keep: Any, out: Any,
+                       i: Any) -> Any:  # pragma: no cover
     """out[w0 + k, i + j] = ~tile[t0 + j, w0 + k] & keep[w0 + k] for j, k < 8: an 8 x 8
     block of words loaded as eight 8-word vectors, transposed in registers (24 shuffles),
     inverted and masked, and written as eight 8-word streaming stores. The caller
     guarantees each out[w0 + k, i] is 64-byte aligned and each out row contiguous (a
     streaming vector store needs both: an unaligned one faults); follow with
     `_store_fence`."""
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         tile_ty, _, _, keep_ty, out_ty, _ = signature.args
         tile_v = context.make_array(tile_ty)(context, builder, args[0])
         keep_v = context.make_array(keep_ty)(context, builder, args[3])
@@ -110,7 +146,7 @@ def _store_transposed8(typingctx, tile, t0, w0, keep, out, i):  # pragma: no cov
         vec = ir.VectorType(ir.IntType(64), 8)
         intp = context.get_value_type(types.intp)
 
-        def at(n, k):
+        def at(n: Any, k: int) -> Any:
             return builder.add(n, ir.Constant(intp, k))
 
         rows = []
@@ -146,11 +182,13 @@ def _store_transposed8(typingctx, tile, t0, w0, keep, out, i):  # pragma: no cov
     return types.void(tile, types.intp, types.intp, keep, out, types.intp), codegen
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def _aligned_from(out):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _aligned_from(out: NDArray[np.uint64]) -> int:  # pragma: no cover - compiled
     """The first tuple i from which out[w, i] is 64-byte aligned in every row w, or the
     number of tuples when no such i exists (rows not contiguous, or rows at distances
     that are not whole cache lines: every word is then written on its own)."""
+    words: int
+    n: int
     words, n = out.shape
     if n == 0 or out.strides[1] != 8 or (words > 1 and out.strides[0] % 64 != 0):
         return n
@@ -160,12 +198,14 @@ def _aligned_from(out):  # pragma: no cover - compiled
     return min(n, (-address % 64) // 8)
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def _probe4(tables, keys, firsts, maps, interest, out, given):  # pragma: no cover
-    words, n = out.shape
-    groups = len(tables) // 4
-    # every key inside its map, or nothing is written; the tables past the `given` ones
-    # repeat the first (padding to four), whose keys are checked already
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _first_outside(keys: tuple[NDArray[np.int64], ...], firsts: tuple[int, ...],
+                   maps: tuple[NDArray[np.int64], ...], given: int,
+                   n: int) -> int:  # pragma: no cover - compiled
+    """The first of the `given` tables one of whose n keys falls outside its map, or -1:
+    every key inside its map, or the probe writes nothing. The tables past the `given`
+    ones repeat the first (padding to four), whose keys are checked already. One
+    branch-free pass per table, O(n * given)."""
     for g in range(given):
         keyed, first, m = keys[g], firsts[g], len(maps[g])
         inside = True
@@ -173,6 +213,19 @@ def _probe4(tables, keys, firsts, maps, interest, out, given):  # pragma: no cov
             inside &= (keyed[i] - first >= 0) & (keyed[i] - first < m)
         if not inside:
             return g
+    return -1
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _probe4(tables: tuple[NDArray[np.uint64], ...], keys: tuple[NDArray[np.int64], ...],
+            firsts: tuple[int, ...], maps: tuple[NDArray[np.int64], ...],
+            interest: NDArray[np.uint64], out: NDArray[np.uint64],
+            given: int) -> int:  # pragma: no cover - compiled
+    words, n = out.shape
+    groups = len(tables) // 4
+    outside = _first_outside(keys, firsts, maps, given, n)
+    if outside >= 0:
+        return outside
     block = max(8, TILE_WORDS // words // 8 * 8)
     tile = np.empty((block, words), np.uint64)
     aligned = _aligned_from(out)
@@ -212,7 +265,9 @@ def _probe4(tables, keys, firsts, maps, interest, out, given):  # pragma: no cov
     return -1
 
 
-def probe_into(tables, keys, firsts, maps, interest, out) -> int:
+def probe_into(tables: tuple[NDArray[np.uint64], ...], keys: tuple[NDArray[np.int64], ...],
+               firsts: tuple[int, ...], maps: tuple[NDArray[np.int64], ...],
+               interest: NDArray[np.uint64], out: NDArray[np.uint64]) -> int:
     """out[:, i] = ~(tables[0][maps[0][keys[0][i] - firsts[0]]] | ...) & interest: each
     tuple's cell in each attribute looked up and its reject row ORed in the same pass, no
     intermediate arrays.
@@ -242,7 +297,7 @@ def probe_into(tables, keys, firsts, maps, interest, out) -> int:
                    len(tables))
 
 
-def _read_only(keys: np.ndarray) -> np.ndarray:
+def _read_only(keys: NDArray[np.int64]) -> NDArray[np.int64]:
     """A read-only, C-contiguous view of `keys` (a copy where they are not contiguous):
     the batch's own columns are among the keys, writable or not (an Arrow column is read
     only), and the compiled probe indexes its tuple of keys by number, which needs the
@@ -252,8 +307,8 @@ def _read_only(keys: np.ndarray) -> np.ndarray:
     return view
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def ts_fault(stamps, last):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def ts_fault(stamps: NDArray[np.float64], last: float) -> int:  # pragma: no cover - compiled
     """The first row whose ts is not finite, or is below the one before it (row 0: below
     `last`); -1 when there is none. One branch-free (vectorized) pass, O(n); the row is
     looked for only when there is a fault."""
@@ -274,49 +329,36 @@ def ts_fault(stamps, last):  # pragma: no cover - compiled
     return -1
 
 
-@intrinsic
-def _trailing_zeros(typingctx, x):  # pragma: no cover - compiled
+@_intrinsic
+def _trailing_zeros(typingctx: Any, x: Any) -> Any:  # pragma: no cover - compiled
     """The number of trailing zero bits of a nonzero integer (one instruction)."""
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
     return x(x), codegen
 
 
-@intrinsic
-def _ones(typingctx, x):  # pragma: no cover - compiled
+@_intrinsic
+def _ones(typingctx: Any, x: Any) -> Any:  # pragma: no cover - compiled
     """The number of one bits of an integer (one instruction)."""
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.ctpop(args[0])
     return x(x), codegen
 
 
-@intrinsic
-def _words_at(typingctx, address):  # pragma: no cover - compiled
+@_intrinsic
+def _words_at(typingctx: Any, address: Any) -> Any:  # pragma: no cover - compiled
     """The address of an array's memory (ndarray.ctypes.data) as a uint64 pointer."""
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-    return types.CPointer(types.uint64)(types.int64), codegen
+    return cast(Any, types.CPointer)(types.uint64)(types.int64), codegen
 
 
-def address_table(arrays) -> np.ndarray:
-    """The chunk table a compiled kernel takes for a list of C-contiguous 2-d uint64
-    arrays (None for a gap: no rows): row i is (address, rows, columns) of arrays[i].
-    The caller keeps the arrays alive, and referenced, while the table is in use.
-    Passing one int64 array instead of a numba typed list of the arrays: a typed list
-    costs ~0.75 us to hand to a compiled call, an invocation's find takes two. O(k)."""
-    table = np.zeros((len(arrays), 3), np.int64)
-    for i, array in enumerate(arrays):
-        if array is not None:
-            assert array.dtype == np.uint64 and array.ndim == 2 and array.flags.c_contiguous
-            table[i] = (array.ctypes.data, array.shape[0], array.shape[1])
-    return table
-
-
-@njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _chunk_at(table, i):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _chunk_at(table: NDArray[np.int64], i: int) -> NDArray[np.uint64]:  # pragma: no cover
     """The array row i of an `address_table` describes (a C-contiguous view, no
     reference count taken)."""
-    return carray(_words_at(table[i, 0]), (table[i, 1], table[i, 2]))
+    chunk: NDArray[np.uint64] = carray(_words_at(table[i, 0]), (table[i, 1], table[i, 2]))
+    return chunk
 
 
 #: Above this many matches in 64 rows, writing all 64 positions branch-free is cheaper
@@ -324,8 +366,9 @@ def _chunk_at(table, i):  # pragma: no cover - compiled
 _DENSE = 16
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def _scan(words, mask, start, r0, r1, base, out, k):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _scan(words: NDArray[np.uint64], mask: np.uint64, start: int, r0: int, r1: int, base: int,
+          out: NDArray[np.int64], k: int) -> int:  # pragma: no cover - compiled
     """`word_positions` writing from out[k]; returns the new k. With start >= 0 the
     words are a SLICED row (see WORD_MAJOR) whose slot's bits begin at words[start]:
     each 64 rows' match mask is then one word of them (a ragged head or tail, fewer than
@@ -366,16 +409,8 @@ def _scan(words, mask, start, r0, r1, base, out, k):  # pragma: no cover - compi
     return k
 
 
-#: The form of a word row of a PSoup-P chunk, kept in its first padding word
-#: (row[cap]): WORD_MAJOR, one word per tuple (bit b of row[i]: slot 64 w + b, tuple
-#: i), as the probe writes it; or SLICED, each slot's bits contiguous (bit t of
-#: row[b * cap / 64 + g]: slot 64 w + b, tuple 64 g + t), as a find reads it best.
-WORD_MAJOR = 0
-SLICED = 1
-
-
-@njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _transpose64(block):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _transpose64(block: NDArray[np.uint64]) -> None:  # pragma: no cover - compiled
     """Transpose a 64 x 64 bit matrix in place (bit j of block[i] <-> bit i of block[j]):
     six rounds, each swapping the off-diagonal halves of every 2j x 2j sub-block."""
     j = 32
@@ -395,8 +430,8 @@ def _transpose64(block):  # pragma: no cover - compiled
         m ^= m << np.uint64(j)
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def slice_row(row, cap):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def slice_row(row: NDArray[np.uint64], cap: int) -> None:  # pragma: no cover - compiled
     """Turn a WORD_MAJOR chunk row (cap words, cap a multiple of 64, then its form word)
     SLICED in place: 64 x 64 bit blocks transposed, each slot's words gathered. O(cap)."""
     groups = cap // 64
@@ -412,27 +447,29 @@ def slice_row(row, cap):  # pragma: no cover - compiled
     row[cap] = SLICED
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def _ready(chunk, word, c, cap, sealed):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _ready(chunk: NDArray[np.uint64], word: int, c: int, cap: int,
+           sealed: int) -> NDArray[np.uint64]:  # pragma: no cover
     """Chunk c's word row `word` (chunk holding positions c * cap ...), first made
     SLICED when it is WORD_MAJOR, cap is a multiple of 64 and the probe writes no more
     of the chunk (its positions all below `sealed`): the first find over a sealed row
     pays one transposition of it, every later find reads cap / 64 words per slot."""
-    row = chunk[word]
+    row: NDArray[np.uint64] = chunk[word]
     if row[cap] == WORD_MAJOR and cap % 64 == 0 and (c + 1) * cap <= sealed:
         slice_row(row, cap)
     return row
 
 
-@njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _sliced_mask(row, start, r, r1):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _sliced_mask(row: NDArray[np.uint64], start: int, r: int,
+                 r1: int) -> np.uint64:  # pragma: no cover - compiled
     """The match mask of rows r ... min(r + 64, r1) - 1 of a SLICED row whose slot's
     words begin at row[start] (bit i: row r + i). Inlined into its callers: a call of a
     compiled function that passes an array pays its reference count (~14 ns here, for
     one word's work); measured, `chunk_select`'s find over a 32K window 10 -> 4 us."""
     g = r >> 6
     off = r & 63
-    m = row[start + g]
+    m: np.uint64 = row[start + g]
     if off:
         m >>= np.uint64(off)
         if 64 * (g + 1) < r1:
@@ -442,8 +479,9 @@ def _sliced_mask(row, start, r, r1):  # pragma: no cover - compiled
     return m
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def word_positions(words, mask, r0, r1, base, out):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def word_positions(words: NDArray[np.uint64], mask: np.uint64, r0: int, r1: int, base: int,
+                   out: NDArray[np.int64]) -> int:  # pragma: no cover - compiled
     """Write base + r for every row r0 <= r < r1 with words[r] & mask into out; returns
     how many. Rows go 64 at a time: their tests are gathered into one 64-bit match mask
     (a vectorized loop), then a sparse mask is walked match by match (trailing-zero
@@ -452,9 +490,10 @@ def word_positions(words, mask, r0, r1, base, out):  # pragma: no cover - compil
     return _scan(words, mask, -1, r0, r1, base, out, 0)
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def chunk_positions(chunks, k_first, cap, p0, p1, word, mask, sealed,
-                    out):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _chunk_positions(chunks: NDArray[np.int64], k_first: int, cap: int, p0: int, p1: int,
+                     word: int, mask: np.uint64, sealed: int,
+                     out: NDArray[np.int64]) -> int:  # pragma: no cover - compiled
     """`word_positions` over positions p0 <= p < p1 of a chunked bitmap in one call:
     chunk k (positions k * cap ...) is chunks[k - k_first], its word row `word` the
     bits (WORD_MAJOR or SLICED; a sealed WORD_MAJOR one, positions below `sealed`, is
@@ -479,8 +518,10 @@ def chunk_positions(chunks, k_first, cap, p0, p1, word, mask, sealed,
     return k
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def chunk_gather(blocks, k_first, cap, rows_of, positions, out):  # pragma: no cover
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _chunk_gather(blocks: NDArray[np.int64], k_first: int, cap: int,
+                  rows_of: NDArray[np.int64], positions: NDArray[np.int64],
+                  out: NDArray[np.uint64]) -> None:  # pragma: no cover - compiled
     """out[j, i] = the value of block row rows_of[j] at sorted position positions[i],
     chunk k's block being blocks[k - k_first]: several 8-byte columns of a chunked
     store, for positions across any number of chunks, in one call.
@@ -502,8 +543,9 @@ def chunk_gather(blocks, k_first, cap, rows_of, positions, out):  # pragma: no c
                 dst[t] = src[positions[t] - base]
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def _and_within(values, lo, hi, r0, r1, masks):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _and_within(values: NDArray[np.int64] | NDArray[np.float64], lo: float, hi: float, r0: int,
+                r1: int, masks: NDArray[np.uint64]) -> None:  # pragma: no cover - compiled
     """masks[q] &= the match mask of lo <= values[r] <= hi over rows r0 + 64q ... (64 at
     a time, a vectorized loop; the last group may be short). Compiled once for int64 and
     once for float64 values."""
@@ -523,8 +565,10 @@ def _and_within(values, lo, hi, r0, r1, masks):  # pragma: no cover - compiled
         masks[q] &= m
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def interval_scan(blocks, k_first, cap, p0, p1, ints, floats, out):  # pragma: no cover
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _interval_scan(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p1: int,
+                   ints: NDArray[np.int64], floats: NDArray[np.float64],
+                   out: NDArray[np.int64]) -> int:  # pragma: no cover
     """The positions p0 <= p < p1 of a chunked store (chunk k's block is
     blocks[k - k_first], as in `chunk_gather`) whose value in block row ints[0, j] lies
     in [lo, hi] for every j: as int64 [ints[2, j], ints[3, j]] or, where ints[1, j] is
@@ -562,15 +606,16 @@ def interval_scan(blocks, k_first, cap, p0, p1, ints, floats, out):  # pragma: n
     return k
 
 
-@intrinsic
-def _compress8(typingctx, src, i, bits, dst, k):  # pragma: no cover - compiled
+@_intrinsic
+def _compress8(typingctx: Any, src: Any, i: Any, bits: Any, dst: Any,
+               k: Any) -> Any:  # pragma: no cover - compiled
     """dst[k], dst[k + 1], ... = src[i + b] for each set bit b of the low 8 of `bits`,
     in order: an 8-value load and one masked compress-store (`vpcompressq` with
     AVX-512; LLVM expands it into scalar stores on targets without one). A register
     compress and a whole 8-value store (x86-only) measured no faster: the copy is bound
     by reading the window, not by this instruction. The caller
     guarantees src[i:i + 8] exists and dst has room for the bits' count."""
-    def codegen(context, builder, signature, args):
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         src_ty, _, _, dst_ty, _ = signature.args
         src_v = context.make_array(src_ty)(context, builder, args[0])
         dst_v = context.make_array(dst_ty)(context, builder, args[3])
@@ -597,9 +642,11 @@ def _compress8(typingctx, src, i, bits, dst, k):  # pragma: no cover - compiled
 _COMPRESS = 8
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def chunk_select(chunks, k_first, p0, p1, word, mask, sealed, blocks, b_first, cap,
-                 rows_of, positions):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _chunk_select(chunks: NDArray[np.int64], k_first: int, p0: int, p1: int, word: int,
+                  mask: np.uint64, sealed: int, blocks: NDArray[np.int64], b_first: int,
+                  cap: int, rows_of: NDArray[np.int64], positions: NDArray[np.int64]
+                  ) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:  # pragma: no cover
     """The find and the fetch of an invocation in one call: for the positions
     p0 <= p < p1 of a chunked bitmap whose bit (`word`, `mask`) is set (chunk k is
     chunks[k - k_first], as in `chunk_positions`), the values of block rows `rows_of`
@@ -655,8 +702,10 @@ def chunk_select(chunks, k_first, p0, p1, word, mask, sealed, blocks, b_first, c
     return _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of, positions), masks
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def marked_copy(masks, p0, p1, blocks, b_first, cap, rows_of):  # pragma: no cover
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _marked_copy(masks: NDArray[np.uint64], p0: int, p1: int, blocks: NDArray[np.int64],
+                 b_first: int, cap: int,
+                 rows_of: NDArray[np.int64]) -> NDArray[np.uint64]:  # pragma: no cover
     """The values of block rows `rows_of` at the matches `chunk_select` found (its
     masks, for the same p0, p1 and cap), as a new (len(rows_of), matches) array.
     O(columns x (p1 - p0) / 8) compress-stores at most, or O(columns x matches)."""
@@ -664,9 +713,27 @@ def marked_copy(masks, p0, p1, blocks, b_first, cap, rows_of):  # pragma: no cov
                         np.empty(0, np.int64))
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of,
-                 positions):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _marked_positions(m_row: NDArray[np.uint64], n_masks: int, base: int,
+                      positions: NDArray[np.int64],
+                      k: int) -> None:  # pragma: no cover - compiled
+    """positions[k], positions[k + 1], ... = base + r for each set bit r of the 64-row
+    masks m_row[:n_masks] (mask q's bit t: row 64 q + t), in order. O(matches)."""
+    one = np.uint64(1)
+    end = k
+    for q in range(n_masks):
+        m = m_row[q]
+        at = base + 64 * q
+        while m:
+            positions[end] = at + np.int64(_trailing_zeros(m))
+            end += 1
+            m &= m - one
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _copy_marked(masks: NDArray[np.uint64], p0: int, p1: int, blocks: NDArray[np.int64],
+                 b_first: int, cap: int, rows_of: NDArray[np.int64],
+                 positions: NDArray[np.int64]) -> NDArray[np.uint64]:  # pragma: no cover
     """`chunk_select`'s copy: each column through the 64-row masks, by compress-stores
     for a dense 64 rows (sequential loads, no index per value), value by value for a
     sparse one; the positions too, into `positions` unless it is empty."""
@@ -707,21 +774,16 @@ def _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of,
                         end += 1
                         m &= m - one
         if with_positions:
-            end = k
-            for q in range(n_masks):
-                m = m_row[q]
-                base = c * cap + r0 + 64 * q
-                while m:
-                    positions[end] = base + np.int64(_trailing_zeros(m))
-                    end += 1
-                    m &= m - one
+            _marked_positions(m_row, n_masks, c * cap + r0, positions, k)
         for q in range(n_masks):
             k += np.int64(_ones(m_row[q]))
     return out
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def write_column(table, cell_row, word, mask, accepts):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def write_column(table: NDArray[np.uint64], cell_row: NDArray[np.int64], word: int,
+                 mask: np.uint64,
+                 accepts: NDArray[np.bool_]) -> None:  # pragma: no cover - compiled
     """table[cell_row[c], word] gets bit `mask` set where accepts[c] is False, cleared
     where it is True: a query's column of reject bits, O(cells)."""
     keep = ~mask
@@ -733,8 +795,8 @@ def write_column(table, cell_row, word, mask, accepts):  # pragma: no cover - co
         table[row, word] = value
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def fingerprint(values):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def fingerprint(values: NDArray[np.int64]) -> tuple[int, int]:  # pragma: no cover - compiled
     """Two 64-bit lanes that tell int64 sequences apart: each value and its index mixed
     by two different splitmix64 finalizers, the first lane their sum, the second their
     xor (mod 2**64), each with the length folded in. Not cryptographic: an accidental
@@ -754,8 +816,9 @@ def fingerprint(values):  # pragma: no cover - compiled
     return s + n * np.uint64(0xD6E8FEB86659FD93), x ^ n
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def clear_bit(chunks, cap, word, mask):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _clear_bit(chunks: NDArray[np.int64], cap: int, word: int,
+               mask: np.uint64) -> None:  # pragma: no cover - compiled
     """Clear `mask` in word row `word` of every chunk of a chunked bitmap (as in
     `chunk_positions`; a chunk of `word` rows or fewer has no such bit and is skipped):
     one query's bits gone, in one call; in a SLICED row (see WORD_MAJOR) the slot's own
@@ -774,8 +837,9 @@ def clear_bit(chunks, cap, word, mask):  # pragma: no cover - compiled
                     row[j] &= keep
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def set_bits(chunks, k_first, cap, word, mask, positions):  # pragma: no cover - compiled
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _set_bits(chunks: NDArray[np.int64], k_first: int, cap: int, word: int, mask: np.uint64,
+              positions: NDArray[np.int64]) -> None:  # pragma: no cover - compiled
     """Set `mask` in word row `word` at each of the sorted positions p of a chunked bitmap
     (chunk k is chunks[k - k_first], as in `chunk_positions`): row `word` of chunk
     p // cap, column p % cap, a chunk the caller made wide enough; in a SLICED row the
@@ -797,3 +861,25 @@ def set_bits(chunks, k_first, cap, word, mask, positions):  # pragma: no cover -
             else:
                 row[r] |= mask
             i += 1
+
+
+
+# The kernels that walk chunks, at the package boundary: the compiled dispatchers
+# themselves (a Python wrapper reading AddressTable.table would add ~115 ns to a call
+# of ~450), typed to take the table's `handle`, which under this backend is its int64
+# table. The signatures match the numpy twins'.
+
+chunk_positions = cast("Callable[[Handle, int, int, int, int, int, np.uint64, int, "
+                       "NDArray[np.int64]], int]", _chunk_positions)
+chunk_gather = cast("Callable[[Handle, int, int, NDArray[np.int64], NDArray[np.int64], "
+                    "NDArray[np.uint64]], None]", _chunk_gather)
+interval_scan = cast("Callable[[Handle, int, int, int, int, NDArray[np.int64], "
+                     "NDArray[np.float64], NDArray[np.int64]], int]", _interval_scan)
+chunk_select = cast("Callable[[Handle, int, int, int, int, np.uint64, int, Handle, int, int, "
+                    "NDArray[np.int64], NDArray[np.int64]], "
+                    "tuple[NDArray[np.uint64], NDArray[np.uint64]]]", _chunk_select)
+marked_copy = cast("Callable[[NDArray[np.uint64], int, int, Handle, int, int, "
+                   "NDArray[np.int64]], NDArray[np.uint64]]", _marked_copy)
+clear_bit = cast("Callable[[Handle, int, int, np.uint64], None]", _clear_bit)
+set_bits = cast("Callable[[Handle, int, int, int, np.uint64, NDArray[np.int64]], None]",
+                _set_bits)
