@@ -175,7 +175,7 @@ class Server:
             engine.limits.max_factors = self.limits.max_factors
         for name in ("max_queries", "max_stream_bytes", "max_results_bytes"):
             if getattr(self.limits, name) is not None:
-                setattr(engine, name, getattr(self.limits, name))
+                setattr(engine.limits, name, getattr(self.limits, name))
 
     # ------------------------------------------------------------------ lifecycle
 
