@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 
 import psoup  # noqa: E402
+from psoup.options import MODE_NAMES, ModeName  # noqa: E402
 
-MODES = ("partial", "complete", "nomat")
+MODES: tuple[ModeName, ...] = MODE_NAMES
 LABELS = {"partial": "PSoup-P", "complete": "PSoup-C", "nomat": "NoMat", "duckdb": "DuckDB",
           "prepared": "DuckDB prepared", "numpy": "numpy scan"}
 KINDS = {"COUNT": "COUNT(*)", "SUM": "SUM(b)", "MAX": "MAX(c)"}

@@ -39,12 +39,14 @@ import floor  # noqa: E402
 
 import psoup  # noqa: E402
 from psoup.bits import aligned_zeros  # noqa: E402
+from psoup.options import ModeName  # noqa: E402
 from psoup.results.partial import ROW_PAD  # noqa: E402
 from psoup.stems.batch import make_batch  # noqa: E402
 
 #: (label, Engine mode, shared_index) per measured engine.
-VARIANTS = (("P_Shrd", "partial", True), ("P_Unshrd", "partial", False),
-            ("C_Shrd", "complete", True), ("C_Unshrd", "complete", False))
+VARIANTS: tuple[tuple[str, ModeName, bool], ...] = (
+    ("P_Shrd", "partial", True), ("P_Unshrd", "partial", False),
+    ("C_Shrd", "complete", True), ("C_Unshrd", "complete", False))
 RETAIN_ROWS = 200_000
 
 #: The targets of the ingest issue: (query count, what is checked).
@@ -78,7 +80,7 @@ class _Feeder:
         self.sent += self.batch
 
 
-def measure(mode: str, shared: bool, queries: list[str],
+def measure(mode: ModeName, shared: bool, queries: list[str],
             pool: list[dict[str, NDArray[np.int64]]], s: dict[str, Any],
             check: common.UnsharedNumpy | None = None) -> dict[str, Any]:
     """Register `queries`, warm up with one batch, then time batches (from the first:

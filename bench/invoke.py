@@ -40,10 +40,11 @@ import common  # noqa: E402  (bench/ is put on sys.path just above)
 import floor  # noqa: E402
 
 import psoup  # noqa: E402
-from psoup.stems.query_stem import SelectionPlan  # noqa: E402
+from psoup.options import MODE_NAMES, ModeName  # noqa: E402
+from psoup.plans import SelectionPlan  # noqa: E402
 from psoup.stems.span import Span  # noqa: E402
 
-MODES = ("partial", "complete", "nomat")
+MODES: tuple[ModeName, ...] = MODE_NAMES
 WORKLOADS = ("equality", "interval")
 LABELS = {"partial": "PSoup-P", "complete": "PSoup-C", "nomat": "NoMat", "duckdb": "DuckDB"}
 TABLE2_WINDOW = 1 << 15
@@ -83,7 +84,7 @@ def _duckdb(columns: dict[str, NDArray[np.int64]]) -> Any:
     return con
 
 
-def _psoup(mode: str, queries: list[tuple[str, int]], columns: dict[str, NDArray[np.int64]],
+def _psoup(mode: ModeName, queries: list[tuple[str, int]], columns: dict[str, NDArray[np.int64]],
            batch: int) -> tuple[psoup.Engine, list[str]]:
     """An engine of `mode` with the (WHERE clause, window) queries registered, then all
     tuples inserted. It reads every answer whole (answer_cache_bytes=0): these figures

@@ -44,12 +44,13 @@ import common  # noqa: E402  (bench/ is put on sys.path just above)
 
 import psoup  # noqa: E402
 from psoup.eddy.hybrid import join, separate_probe  # noqa: E402
+from psoup.options import MODE_NAMES, ModeName  # noqa: E402
 from psoup.query import compile_statement  # noqa: E402
 from psoup.query.model import Query  # noqa: E402
 from psoup.stems.batch import make_batch  # noqa: E402
 from psoup.stems.data_stem import DataSteM  # noqa: E402
 
-MODES = ("partial", "complete", "nomat")
+MODES: tuple[ModeName, ...] = MODE_NAMES
 LABELS = {"partial": "PSoup-P", "complete": "PSoup-C", "nomat": "NoMat", "duckdb": "DuckDB"}
 FIG8_TARGET = (576, 10.0)        # PSoup-P >= 10x faster than DuckDB at W = 576
 FIG11_TARGET = ("Eq/Ineq", 1.8)  # composite >= 1.8x faster than separate
@@ -155,7 +156,7 @@ def _fig8_data(n: int) -> dict[str, dict[str, NDArray[np.int64]]]:
     return {name: common.data_columns(gen, n) for name in "RS"}
 
 
-def _fig8_engine(mode: str, wheres: list[str], window: int,
+def _fig8_engine(mode: ModeName, wheres: list[str], window: int,
                  data: dict[str, dict[str, NDArray[np.int64]]]) -> tuple[psoup.Engine, list[str]]:
     eng = psoup.Engine(mode=mode)
     for name in "RS":

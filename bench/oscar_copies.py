@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 
 import psoup  # noqa: E402
-from psoup.stems.query_stem import SelectionPlan  # noqa: E402
+from psoup.plans import SelectionPlan  # noqa: E402
 
 HOUR = 3600.0
 START = 86400.0 * 19000              # a UTC midnight

@@ -35,11 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 
 import psoup  # noqa: E402
+from psoup.options import MODE_NAMES, ModeName  # noqa: E402
 
-MODES = ("partial", "complete", "nomat")
+MODES: tuple[ModeName, ...] = MODE_NAMES
 LABELS = {"partial": "PSoup-P", "complete": "PSoup-C", "nomat": "NoMat", "duckdb": "DuckDB"}
-VARIANTS = (("P_Shrd", "partial", True), ("P_Unshrd", "partial", False),
-            ("C_Shrd", "complete", True), ("C_Unshrd", "complete", False))
+VARIANTS: tuple[tuple[str, ModeName, bool], ...] = (
+    ("P_Shrd", "partial", True), ("P_Unshrd", "partial", False),
+    ("C_Shrd", "complete", True), ("C_Unshrd", "complete", False))
 CREATE = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT)"
 
 

@@ -71,60 +71,23 @@ DEFAULT_ANSWER_CACHE = 64 << 20
 class Engine:
     """An embedded psoup engine: register standing queries, insert data, invoke handles.
 
-    Args:
-        path: a directory for durable state (write-ahead log and Parquet archive);
-            None keeps everything in memory only. An existing directory is recovered.
-        mode: "partial" (PSoup-P: WHERE materialized as a bitmap, windows at invocation),
-            "complete" (PSoup-C: per-query result lists), or "nomat" (run at invocation).
-        clock: seconds since the epoch; used for `ts` when a producer gives none and for
-            NOW when an invocation gives none.
+    Args (docs/api.md, "Engine", has each in full):
+        path: the directory of the durable state (log, archive); None: in memory.
+        mode: "partial" (PSoup-P, the default), "complete" (PSoup-C) or "nomat".
+        clock: seconds since the epoch, for a batch's ts and an invocation's NOW.
         chunk_rows: tuples per storage chunk (the unit of expiry).
-        shared_index: False evaluates every query on its own for each batch instead of
-            probing the shared predicate index (the paper's "Unshrd" variant, for
-            benchmarks; answers are identical).
-        sync: with a path, when the log is forced to disk: "always" (before each call
-            returns), "group" (at commit(); the server commits once per group of
-            requests before replying to any) or "off" (survives a killed process, not a
-            power loss).
-        checkpoint_bytes: with a path, the log size at which the retained state is
-            written as a fresh log and the old one dropped.
-        checkpoint_seconds: with a path, the time after which the log is checkpointed
-            too once it has grown by 1 MiB since the last checkpoint (None: by size only).
-        progress: with a path, called as progress(bytes replayed, log bytes) about
-            every half second while the log is replayed at start, and once at its end.
-        routing: the order of a join's probes: "adaptive" (learned from the observed
-            fan-out of each step) or "fixed" (FROM order).
-        shared_joins: False joins each new batch once per join query instead of once
-            per group of join queries sharing streams and join factors (composite
-            tuples across queries, Sect. 5.4); for benchmarks, answers are identical.
-        max_factors: the most AND-ed factors a WHERE clause may have (None: no limit);
-            each is a row of the predicate index, so this bounds what one query costs
-            every later batch.
-        max_queries: the most standing queries at once (None: no limit); one more
-            register raises LimitError and changes nothing. `stats()["limits"]` shows
-            the count against it.
-        max_stream_bytes: the most bytes a stream retains (None: no limit), counted as
-            retained tuples x `row_bytes` (8 per INT, FLOAT, ts and tupleID, 1 per BOOL,
-            58 per TEXT); a batch that would pass it, after its RETAIN rule has expired
-            what it expires, raises LimitError and changes nothing.
-        max_ts: the latest ts a batch may carry (default MAX_TS, the year 5138; None: no
-            limit): a ts in milliseconds would otherwise be taken as seconds thousands
-            of years ahead, and every correct ts after it refused as decreasing.
-        max_results_bytes: the most memory of the results structures (None: no
-            limit; `stats()["memory"]["results"]`); a registration that could take them
-            past it (PSoup-P: the bitmap widened for its slot; PSoup-C: a position per
-            retained tuple) raises LimitError and changes nothing. Inserts are never
-            refused for it: bound the data with RETAIN and max_stream_bytes.
-        spark_master: the Spark master of history jobs (default local[*]).
-        spark_conf: Spark settings of history jobs ({"spark.executor.memory": "2g"}, ...),
-            over spark-defaults.conf and $PSOUP_SPARK_CONF (docs/durability.md).
-        max_producers: idempotent producers remembered (insert's `producer`); beyond
-            it the one idle longest is forgotten (psoup.producers).
-        answer_cache_bytes: the memory for the last answer of each selection query
-            whose window is large compared with it (least recently invoked dropped
-            first; 0 keeps none): the next invocation of a window that moved forward
-            then reads only the tuples that arrived since (psoup.results.recent).
-            `stats()["memory"]["answers"]` shows what it holds.
+        shared_index, shared_joins: False evaluates each query (each join) on its own.
+        sync: with a path, when the log reaches the disk: "always", "group", "off".
+        checkpoint_bytes, checkpoint_seconds: with a path, when the log is compacted.
+        progress: with a path, progress(bytes replayed, log bytes) during recovery.
+        routing: the order of a join's probes: "adaptive" or "fixed" (FROM order).
+        max_factors, max_queries, max_stream_bytes, max_ts, max_results_bytes: the
+            limits (psoup.limits); None lifts one.
+        spark_master, spark_conf: where history jobs run, and their Spark settings.
+        archive_budget, archive_policy: how much of the archive history jobs and
+            invocations read (psoup.archive.policy).
+        max_producers: idempotent producers remembered (psoup.producers).
+        answer_cache_bytes: memory for the queries' last answers (psoup.results.recent).
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
