@@ -21,7 +21,8 @@ from hypothesis import given
 from numpy.typing import NDArray
 
 import psoup
-from psoup.stems.query_stem import SelectionPlan
+from psoup.options import ModeName
+from psoup.plans import SelectionPlan
 from psoup.stems.span import Span
 from tests.support import Clock, always_reuse
 
@@ -45,7 +46,7 @@ def _sql(where: int, window: str) -> str:
            min_size=1, max_size=30),
        st.sampled_from([64 << 20, 400]))
 def test_reused_answers_equal_answers_read_whole(
-        mode: str, chunk_rows: int, retain: str, ops: list[tuple[Any, ...]], budget: int
+        mode: ModeName, chunk_rows: int, retain: str, ops: list[tuple[Any, ...]], budget: int
 ) -> None:
     clock = Clock(100.0)
     reused = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows,

@@ -12,6 +12,7 @@ from hypothesis import given
 from numpy.typing import NDArray
 
 import psoup
+from psoup.options import ModeName
 from psoup.results.cursors import _differ, _differ_columns, difference
 from psoup.results.result import Result
 from tests.answer_strategies import numeric_columns, two_answers
@@ -60,7 +61,7 @@ def test_rows_are_built_only_when_asked_for_and_then_kept(eng: psoup.Engine) -> 
 @pytest.mark.parametrize("mode", ["partial", "complete", "nomat"])
 @pytest.mark.parametrize("columns", ["a", "name, a", "ts, a"])
 def test_ts_and_tuple_ids_read_late_are_those_of_the_rows_even_after_they_expired(
-        mode: str, columns: str) -> None:
+        mode: ModeName, columns: str) -> None:
     """An answer's ts and tupleIDs may be taken from the stream only when first read
     (PSoup-P over a position range), or when retention drops a chunk, whichever comes
     first: they are those of the answer's rows however far retention has moved on and

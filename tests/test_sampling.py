@@ -29,12 +29,12 @@ from psoup.archive.parquet import Archive
 from psoup.archive.policy import ArchiveRead, Schedule
 from psoup.archive.sampling import draws_of
 from psoup.errors import QueryError
+from psoup.plans import SelectionPlan
 from psoup.query import compile_statement
 from psoup.query.model import Query, StreamSchema
 from psoup.results.aggregates import Aggregator
 from psoup.results.result import Result
 from psoup.server.protocol import decode_answer, encode_answer, pack_frame, unpack_payload
-from psoup.stems.query_stem import SelectionPlan
 from tests.oracles import binomial_p_value
 from tests.support import Clock
 

@@ -24,6 +24,7 @@ from psoup.archive.layout import part_path
 from psoup.archive.parquet import Archive
 from psoup.cli.main import main
 from psoup.errors import ArchiveError, ReplayError
+from psoup.options import ModeName
 from psoup.server import Server
 from psoup.spark import importer
 from psoup.spark.importer import import_files, parse_columns
@@ -86,7 +87,7 @@ def write_archive(
     return root
 
 
-def new_engine(mode: str = "partial", **kwargs: Any) -> tuple[psoup.Engine, list[str]]:
+def new_engine(mode: ModeName = "partial", **kwargs: Any) -> tuple[psoup.Engine, list[str]]:
     eng = psoup.Engine(mode=mode, clock=lambda: T0 + 10_000, **kwargs)
     for name, columns in (("R", R_COLUMNS), ("S", S_COLUMNS)):
         eng.create_stream(name, columns)
@@ -121,7 +122,7 @@ def row_counts(target: psoup.Engine) -> dict[str, int]:
 
 @pytest.mark.parametrize("mode", psoup.MODES)
 def test_replay_answers_exactly_like_live_arrival(
-        spark: SparkSession, tmp_path: Path, mode: str) -> None:
+        spark: SparkSession, tmp_path: Path, mode: ModeName) -> None:
     events = arrivals(1500)
     archive = write_archive(tmp_path / "arc", events)
     live, live_handles = new_engine(mode)

@@ -21,6 +21,7 @@ import pytest
 import psoup
 from psoup.errors import PSoupError
 from psoup.journal.wal import WriteAheadLog
+from psoup.options import SyncName
 
 RECORDS = [
     {"op": "create", "sql": "CREATE STREAM R (a INT)"},
@@ -29,7 +30,7 @@ RECORDS = [
 ]
 
 
-def opened(directory: Path, sync: str = "always") -> tuple[WriteAheadLog, list[Any]]:
+def opened(directory: Path, sync: SyncName = "always") -> tuple[WriteAheadLog, list[Any]]:
     """A log replayed to its end, and what the replay yielded."""
     wal = WriteAheadLog(directory, sync=sync)
     return wal, list(wal.replay())
@@ -262,7 +263,7 @@ def test_record_with_good_checksum_that_does_not_decode_is_corrupt(tmp_path: Pat
 # ---------------------------------------------------------------------- sync modes
 
 @pytest.mark.parametrize("sync", ["always", "group", "off"])
-def test_sync_modes_are_accepted_and_round_trip(tmp_path: Path, sync: str) -> None:
+def test_sync_modes_are_accepted_and_round_trip(tmp_path: Path, sync: SyncName) -> None:
     wal, _ = opened(tmp_path, sync)
     for record in RECORDS:
         wal.append(record)
@@ -280,8 +281,9 @@ def test_unknown_sync_mode_is_rejected(tmp_path: Path, sync: Any) -> None:  # no
 
 @pytest.mark.parametrize("sync, per_append, on_commit", [
     ("always", 1, 0), ("group", 0, 1), ("off", 0, 0)])
-def test_fsyncs_follow_the_sync_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str,
-                                     per_append: int, on_commit: int) -> None:
+def test_fsyncs_follow_the_sync_mode(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: SyncName, per_append: int,
+        on_commit: int) -> None:
     wal, _ = opened(tmp_path, sync)
     calls: list[int] = []
     real_fsync = os.fsync
