@@ -37,7 +37,7 @@ def error(sql: str) -> QueryError:
 # select items
 
 
-def test_count_star_is_source_0_column_star():
+def test_count_star_is_source_0_column_star() -> None:
     q = query("SELECT COUNT(*) FROM traffic")
     assert q.select == (SelectItem(0, "*", "count(*)", "count"),)
     assert q.columns == ["count(*)"]
@@ -57,7 +57,7 @@ def test_count_star_is_source_0_column_star():
      ("SUM(tupleID)", SelectItem(0, "tupleID", "sum(tupleID)", "sum")),
      ("AVG(ts)", SelectItem(0, "ts", "avg(ts)", "avg"))],
 )  # fmt: skip
-def test_each_aggregate_over_a_column(item, expected):
+def test_each_aggregate_over_a_column(item: str, expected: SelectItem) -> None:
     q = query(f"SELECT {item} FROM traffic")
     assert q.select == (expected,)
     assert q.aggregated
@@ -68,28 +68,28 @@ def test_each_aggregate_over_a_column(item, expected):
     [("count(*)", "count"), ("Count(*)", "count"), ("sum(speed)", "sum"),
      ("Avg(speed)", "avg"), ("mIn(speed)", "min"), ("MaX(speed)", "max")],
 )  # fmt: skip
-def test_function_names_are_case_insensitive_and_named_in_lower_case(item, agg):
+def test_function_names_are_case_insensitive_and_named_in_lower_case(item: str, agg: str) -> None:
     (got,) = query(f"SELECT {item} FROM traffic").select
     assert got.agg == agg
     assert got.name == agg + item[item.index("(") :]
 
 
 @pytest.mark.parametrize("column", ["road", "lane", "speed", "ts", "tupleID"])
-def test_count_takes_any_column_type(column):
+def test_count_takes_any_column_type(column: str) -> None:
     assert query(f"SELECT COUNT({column}) FROM traffic").select[0].agg == "count"
 
 
-def test_count_of_a_bool_column():
+def test_count_of_a_bool_column() -> None:
     q = query("SELECT count(flag) FROM R")
     assert q.select == (SelectItem(0, "flag", "count(flag)", "count"),)
 
 
-def test_as_renames_an_aggregate():
+def test_as_renames_an_aggregate() -> None:
     q = query("SELECT COUNT(*) AS n, AVG(speed) AS mean FROM traffic")
     assert q.select == (SelectItem(0, "*", "n", "count"), SelectItem(0, "speed", "mean", "avg"))
 
 
-def test_qualified_argument_in_a_one_stream_query_is_named_by_its_bare_column():
+def test_qualified_argument_in_a_one_stream_query_is_named_by_its_bare_column() -> None:
     q = query("SELECT SUM(traffic.speed), MAX(t.lane) FROM traffic t")
     assert q.select == (
         SelectItem(0, "speed", "sum(speed)", "sum"),
@@ -97,25 +97,25 @@ def test_qualified_argument_in_a_one_stream_query_is_named_by_its_bare_column():
     )
 
 
-def test_several_aggregates_keep_their_order():
+def test_several_aggregates_keep_their_order() -> None:
     q = query("SELECT MIN(speed), COUNT(*), MAX(speed), SUM(lane) FROM traffic")
     assert q.columns == ["min(speed)", "count(*)", "max(speed)", "sum(lane)"]
     assert [item.agg for item in q.select] == ["min", "count", "max", "sum"]
 
 
-def test_same_column_under_different_aggregates():
+def test_same_column_under_different_aggregates() -> None:
     q = query("SELECT MIN(a), MAX(a), AVG(a), SUM(a), COUNT(a) FROM R")
     assert [(i.column, i.agg) for i in q.select] == [
         ("a", "min"), ("a", "max"), ("a", "avg"), ("a", "sum"), ("a", "count")
     ]  # fmt: skip
 
 
-def test_spaces_and_lines_inside_an_aggregate():
+def test_spaces_and_lines_inside_an_aggregate() -> None:
     q = query("SELECT count ( * ), sum (\n speed ) FROM traffic")
     assert q.columns == ["count(*)", "sum(speed)"]
 
 
-def test_aggregate_names_are_not_reserved():
+def test_aggregate_names_are_not_reserved() -> None:
     q = query("SELECT count, sum(sum), count(count) AS n, by FROM C GROUP BY count, by")
     assert q.select == (
         SelectItem(0, "count", "count", None),
@@ -126,7 +126,7 @@ def test_aggregate_names_are_not_reserved():
     assert q.group_by == ((0, "count"), (0, "by"))
 
 
-def test_aggregate_with_where_and_window():
+def test_aggregate_with_where_and_window() -> None:
     q = query("SELECT AVG(speed) FROM traffic WHERE lane = 2 BEGIN NOW - 10 END NOW")
     (src,) = q.sources
     assert src.window == Window("range", TimeExpr(True, -10.0), TimeExpr(True, 0.0))
@@ -134,12 +134,12 @@ def test_aggregate_with_where_and_window():
     assert q.select == (SelectItem(0, "speed", "avg(speed)", "avg"),)
 
 
-def test_aggregate_with_a_per_stream_window():
+def test_aggregate_with_a_per_stream_window() -> None:
     q = query("SELECT COUNT(*) FROM traffic [ROWS 100]")
     assert q.sources[0].window == Window("rows", rows=100) and q.aggregated
 
 
-def test_distinct_with_aggregates_is_allowed():
+def test_distinct_with_aggregates_is_allowed() -> None:
     q = query("SELECT DISTINCT lane, COUNT(*) FROM traffic GROUP BY lane")
     assert q.distinct and q.aggregated
 
@@ -147,20 +147,20 @@ def test_distinct_with_aggregates_is_allowed():
 # GROUP BY
 
 
-def test_group_by_resolves_columns_in_written_order():
+def test_group_by_resolves_columns_in_written_order() -> None:
     q = query("SELECT road, lane, COUNT(*) FROM traffic GROUP BY road, lane")
     assert q.group_by == ((0, "road"), (0, "lane"))
     assert q.select[:2] == (SelectItem(0, "road", "road"), SelectItem(0, "lane", "lane"))
 
 
-def test_group_by_without_aggregates_is_aggregated():
+def test_group_by_without_aggregates_is_aggregated() -> None:
     q = query("SELECT lane FROM traffic GROUP BY lane")
     assert q.group_by == ((0, "lane"),)
     assert q.aggregated
     assert q.select == (SelectItem(0, "lane", "lane"),)
 
 
-def test_group_by_column_need_not_be_selected():
+def test_group_by_column_need_not_be_selected() -> None:
     q = query("SELECT COUNT(*) FROM traffic GROUP BY lane, road")
     assert q.group_by == ((0, "lane"), (0, "road"))
     assert q.columns == ["count(*)"]
@@ -173,26 +173,27 @@ def test_group_by_column_need_not_be_selected():
      ("road, lane, road", ((0, "road"), (0, "lane"))),
      ("t.lane, lane, t.road, road", ((0, "lane"), (0, "road")))],
 )  # fmt: skip
-def test_repeated_group_by_columns_are_folded_keeping_the_first(group_by, expected):
+def test_repeated_group_by_columns_are_folded_keeping_the_first(
+        group_by: str, expected: tuple[tuple[int, str], ...]) -> None:
     assert query(f"SELECT COUNT(*) FROM traffic t GROUP BY {group_by}").group_by == expected
 
 
 @pytest.mark.parametrize("column", ["ts", "tupleID", "road", "speed"])
-def test_group_by_any_column_type_including_implicit_ones(column):
+def test_group_by_any_column_type_including_implicit_ones(column: str) -> None:
     q = query(f"SELECT {column}, COUNT(*) FROM traffic GROUP BY {column}")
     assert q.group_by == ((0, column),)
 
 
-def test_group_by_bool_column():
+def test_group_by_bool_column() -> None:
     assert query("SELECT flag, MAX(x) FROM R GROUP BY flag").group_by == ((0, "flag"),)
 
 
-def test_selected_column_may_be_written_differently_from_its_group_by():
+def test_selected_column_may_be_written_differently_from_its_group_by() -> None:
     q = query("SELECT R.a, r.b, COUNT(*) FROM R r GROUP BY a, R.b")
     assert q.group_by == ((0, "a"), (0, "b"))
 
 
-def test_group_by_keyword_is_case_insensitive():
+def test_group_by_keyword_is_case_insensitive() -> None:
     assert query("select lane, count(*) from traffic group by lane").group_by == ((0, "lane"),)
 
 
@@ -204,7 +205,7 @@ def test_group_by_keyword_is_case_insensitive():
      "BEGIN NOW - 10 END NOW GROUP BY lane;",
      "GROUP BY lane;"],
 )  # fmt: skip
-def test_group_by_goes_after_where_before_or_after_begin_end(tail):
+def test_group_by_goes_after_where_before_or_after_begin_end(tail: str) -> None:
     q = query(f"SELECT lane, COUNT(*) FROM traffic {tail}")
     assert q.group_by == ((0, "lane"),)
     if "BEGIN" in tail:
@@ -216,7 +217,7 @@ def test_group_by_goes_after_where_before_or_after_begin_end(tail):
 # joins
 
 
-def test_join_aggregates_are_named_with_the_item_name():
+def test_join_aggregates_are_named_with_the_item_name() -> None:
     q = query("SELECT COUNT(*), SUM(x), AVG(S.c), MAX(R.a) FROM R, S WHERE R.a = S.a")
     assert q.select == (
         SelectItem(0, "*", "count(*)", "count"),
@@ -227,13 +228,13 @@ def test_join_aggregates_are_named_with_the_item_name():
     assert len(q.joins) == 1
 
 
-def test_join_aggregate_names_use_the_alias_not_the_written_qualifier():
+def test_join_aggregate_names_use_the_alias_not_the_written_qualifier() -> None:
     q = query("SELECT SUM(R.x), MIN(s2.c) FROM R r, S s1, S s2")
     assert q.columns == ["sum(r.x)", "min(s2.c)"]
     assert [i.source for i in q.select] == [0, 2]
 
 
-def test_self_join_aggregates_of_the_same_column_get_distinct_names():
+def test_self_join_aggregates_of_the_same_column_get_distinct_names() -> None:
     q = query("SELECT r1.a, MAX(r2.b), MIN(r2.b) FROM R r1, R r2 WHERE r1.a = r2.a "
               "GROUP BY r1.a")  # fmt: skip
     assert q.select == (
@@ -244,27 +245,27 @@ def test_self_join_aggregates_of_the_same_column_get_distinct_names():
     assert q.group_by == ((0, "a"),)
 
 
-def test_join_group_by_resolves_bare_and_qualified_columns():
+def test_join_group_by_resolves_bare_and_qualified_columns() -> None:
     q = query("SELECT S.a, label, COUNT(*) FROM R, S GROUP BY label, S.a, x")
     assert q.group_by == ((1, "label"), (1, "a"), (0, "x"))
     assert q.select[:2] == (SelectItem(1, "a", "a"), SelectItem(1, "label", "label"))
 
 
-def test_join_group_by_ambiguous_column_must_be_qualified():
+def test_join_group_by_ambiguous_column_must_be_qualified() -> None:
     assert "ambiguous column 'a'" in str(error("SELECT COUNT(*) FROM R, S GROUP BY a"))
 
 
-def test_join_plain_column_grouped_under_the_other_item_is_an_error():
+def test_join_plain_column_grouped_under_the_other_item_is_an_error() -> None:
     message = str(error("SELECT R.a, COUNT(*) FROM R, S GROUP BY S.a"))
     assert "column 'R.a' must appear in GROUP BY or be inside an aggregate" in message
 
 
-def test_join_as_name_clashing_with_a_plain_column_qualifies_it_as_before():
+def test_join_as_name_clashing_with_a_plain_column_qualifies_it_as_before() -> None:
     q = query("SELECT R.a, COUNT(*) AS a FROM R, S GROUP BY R.a")
     assert q.columns == ["R.a", "a"]
 
 
-def test_join_count_of_a_qualified_column():
+def test_join_count_of_a_qualified_column() -> None:
     q = query("SELECT COUNT(s.ok) FROM R r, S s")
     assert q.select == (SelectItem(1, "ok", "count(s.ok)", "count"),)
 
@@ -281,7 +282,7 @@ def test_join_count_of_a_qualified_column():
      "SELECT count FROM C",
      "SELECT * FROM traffic [PARTITION BY lane ROWS 5]"],
 )  # fmt: skip
-def test_plain_queries_are_not_aggregated(sql):
+def test_plain_queries_are_not_aggregated(sql: str) -> None:
     q = query(sql)
     assert not q.aggregated and q.group_by == ()
     assert all(item.agg is None for item in q.select)
@@ -299,7 +300,7 @@ def test_plain_queries_are_not_aggregated(sql):
      ("SELECT Max(R.name) FROM R", "MAX over TEXT column 'R.name' is not supported"),
      ("SELECT SUM(s.label) FROM R, S s", "SUM over TEXT column 's.label' is not supported")],
 )  # fmt: skip
-def test_numeric_aggregates_reject_text_and_bool_columns(sql, message):
+def test_numeric_aggregates_reject_text_and_bool_columns(sql: str, message: str) -> None:
     assert message in str(error(sql))
 
 
@@ -315,7 +316,7 @@ def test_numeric_aggregates_reject_text_and_bool_columns(sql, message):
       "column 'traffic.speed' must appear in GROUP BY"),
      ("SELECT ts, COUNT(*) FROM traffic", "column 'ts' must appear in GROUP BY")],
 )  # fmt: skip
-def test_plain_columns_of_an_aggregated_query_must_be_grouped(sql, message):
+def test_plain_columns_of_an_aggregated_query_must_be_grouped(sql: str, message: str) -> None:
     assert message in str(error(sql))
 
 
@@ -326,7 +327,7 @@ def test_plain_columns_of_an_aggregated_query_must_be_grouped(sql, message):
      ("SELECT R.*, COUNT(*) FROM R, S", "SELECT R.* cannot be used with aggregates"),
      ("SELECT COUNT(*), * FROM R", "SELECT * cannot be used")],
 )  # fmt: skip
-def test_star_with_aggregation_is_an_error(sql, message):
+def test_star_with_aggregation_is_an_error(sql: str, message: str) -> None:
     assert message in str(error(sql))
 
 
@@ -338,11 +339,11 @@ def test_star_with_aggregation_is_an_error(sql, message):
      ("SELECT COUNT(*) AS n, SUM(a) AS n FROM R", "n"),
      ("SELECT a, COUNT(*) AS a FROM R GROUP BY a", "a")],
 )  # fmt: skip
-def test_duplicate_output_names_are_an_error(sql, name):
+def test_duplicate_output_names_are_an_error(sql: str, name: str) -> None:
     assert f"duplicate output column '{name}' (rename one with AS)" in str(error(sql))
 
 
-def test_aliases_resolve_duplicate_default_names():
+def test_aliases_resolve_duplicate_default_names() -> None:
     q = query("SELECT SUM(a), sum(R.a) AS total FROM R")
     assert q.columns == ["sum(a)", "total"]
 
@@ -370,7 +371,7 @@ def test_aliases_resolve_duplicate_default_names():
      ("SELECT * FROM R [PARTITION BY count(a) ROWS 2]",
       "aggregates are not supported in PARTITION BY (count)")],
 )  # fmt: skip
-def test_unsupported_aggregate_forms_are_rejected_by_name(sql, message):
+def test_unsupported_aggregate_forms_are_rejected_by_name(sql: str, message: str) -> None:
     assert message in str(error(sql))
 
 
@@ -384,7 +385,7 @@ def test_unsupported_aggregate_forms_are_rejected_by_name(sql, message):
      ("SELECT COUNT(*) FROM traffic ORDER BY lane", "ORDER BY is not supported"),
      ("SELECT COUNT(*) FROM traffic LIMIT 1", "LIMIT is not supported")],
 )  # fmt: skip
-def test_having_and_order_by_stay_rejected(sql, message):
+def test_having_and_order_by_stay_rejected(sql: str, message: str) -> None:
     text = str(error(sql))
     assert message in text
     assert "needs aggregates" not in text
@@ -417,11 +418,11 @@ def test_having_and_order_by_stay_rejected(sql, message):
      ("SELECT COUNT(*) FROM R GROUP BY Q.a", "unknown stream or alias 'Q'"),
      ("SELECT a AS k, COUNT(*) FROM R GROUP BY k", "unknown column 'k'")],
 )  # fmt: skip
-def test_group_by_and_aggregate_syntax_errors(sql, message):
+def test_group_by_and_aggregate_syntax_errors(sql: str, message: str) -> None:
     assert message in str(error(sql))
 
 
-def test_group_by_is_reserved():
+def test_group_by_is_reserved() -> None:
     assert "reserved word 'group'" in str(error("CREATE STREAM G (group INT)"))
 
 
@@ -441,7 +442,7 @@ def test_group_by_is_reserved():
      ("SELECT COUNT(*) FROM traffic\n  GROUP BY lane HAVING lane > 1", 2, 17),
      ("SELECT COUNT(*) FROM traffic GROUP BY nope", 1, 39)],
 )  # fmt: skip
-def test_errors_carry_line_and_column(sql, line, column):
+def test_errors_carry_line_and_column(sql: str, line: int, column: int) -> None:
     err = error(sql)
     assert (err.line, err.column) == (line, column)
     assert str(err).startswith(f"line {line}, column {column}: ")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from psoup.locks import FairLock
 
 
-def _wait_for(predicate, timeout=5.0):
+def _wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
@@ -30,8 +31,8 @@ def _record(lock: FairLock, order: list[str], name: str) -> None:
         order.append(name)
 
 
-def test_waiters_get_the_lock_in_arrival_order():
-    lock, order = FairLock(), []
+def test_waiters_get_the_lock_in_arrival_order() -> None:
+    lock, order = FairLock(), list[str]()
     with lock:
         threads = [_queue_up(lock, order, name) for name in "abcde"]
     for thread in threads:
@@ -39,8 +40,8 @@ def test_waiters_get_the_lock_in_arrival_order():
     assert order == list("abcde")
 
 
-def test_a_releasing_thread_that_asks_again_goes_behind_the_waiters():
-    lock, order = FairLock(), []
+def test_a_releasing_thread_that_asks_again_goes_behind_the_waiters() -> None:
+    lock, order = FairLock(), list[str]()
     with lock:
         reader = _queue_up(lock, order, "reader")
     with lock:                   # the writer's next batch
@@ -49,8 +50,8 @@ def test_a_releasing_thread_that_asks_again_goes_behind_the_waiters():
     assert order == ["reader", "writer"]
 
 
-def test_the_lock_is_reentrant_and_released_only_by_the_outermost_exit():
-    lock, order = FairLock(), []
+def test_the_lock_is_reentrant_and_released_only_by_the_outermost_exit() -> None:
+    lock, order = FairLock(), list[str]()
     with lock:
         with lock:
             other = _queue_up(lock, order, "other")
@@ -59,7 +60,7 @@ def test_the_lock_is_reentrant_and_released_only_by_the_outermost_exit():
     assert order == ["other"] and not lock.held()
 
 
-def test_acquire_if_free_takes_a_free_lock_and_reenters():
+def test_acquire_if_free_takes_a_free_lock_and_reenters() -> None:
     lock = FairLock()
     assert lock.acquire_if_free() and lock.held()
     assert lock.acquire_if_free()                  # reentrant, like `with lock`
@@ -70,7 +71,7 @@ def test_acquire_if_free_takes_a_free_lock_and_reenters():
     lock.__exit__()
 
 
-def test_acquire_if_free_does_not_wait_for_a_held_lock():
+def test_acquire_if_free_does_not_wait_for_a_held_lock() -> None:
     lock, got = FairLock(), []
     with lock:
         other = threading.Thread(target=lambda: got.append(lock.acquire_if_free()))
@@ -79,7 +80,7 @@ def test_acquire_if_free_does_not_wait_for_a_held_lock():
     assert got == [False] and not other.is_alive()
 
 
-def test_acquire_if_free_does_not_overtake_a_waiting_ticket():
+def test_acquire_if_free_does_not_overtake_a_waiting_ticket() -> None:
     lock = FairLock()
     lock._next_ticket += 1                  # a ticket drawn, its thread not yet served
     assert not lock.acquire_if_free()

@@ -21,22 +21,25 @@ FIG2_QUERIES = {
 FIG2_TUPLES = {48: (4, 3), 49: (7, 1), 50: (3, 8), 51: (0, 0), 52: (8, 4)}
 QUERY_24 = "SELECT * FROM R WHERE a <= 4 AND b >= 3"
 
+# the engine, the handle of each paper query, and paper tupleID by engine tupleID
+Fig2 = tuple[psoup.Engine, dict[int, str], dict[int, int]]
+
 
 @pytest.fixture(params=psoup.MODES)
-def fig2(request):
+def fig2(request: pytest.FixtureRequest) -> Fig2:
     eng = psoup.Engine(mode=request.param, clock=lambda: 100.0)
     eng.execute("CREATE STREAM R (a INT, b INT)")
     handles = {qid: eng.register(sql) for qid, sql in FIG2_QUERIES.items()}
     ids = eng.insert("R", list(FIG2_TUPLES.values()), ts=[float(t) for t in FIG2_TUPLES])
-    tuple_of = dict(zip(ids.tolist(), FIG2_TUPLES))        # engine tupleID -> paper tupleID
+    tuple_of = dict(zip(ids.tolist(), FIG2_TUPLES, strict=True))  # engine tupleID -> paper tupleID
     return eng, handles, tuple_of
 
 
-def paper_ids(eng, handle, tuple_of):
+def paper_ids(eng: psoup.Engine, handle: str, tuple_of: dict[int, int]) -> list[int]:
     return [tuple_of[t] for t in eng.invoke(handle).tuple_ids.tolist()]
 
 
-def test_fig2_standing_queries_hold_their_matches(fig2):
+def test_fig2_standing_queries_hold_their_matches(fig2: Fig2) -> None:
     eng, handles, tuple_of = fig2
     assert paper_ids(eng, handles[20], tuple_of) == [48, 50]
     assert paper_ids(eng, handles[21], tuple_of) == []        # 52 has b = 4, 49 has b = 1
@@ -44,14 +47,14 @@ def test_fig2_standing_queries_hold_their_matches(fig2):
     assert paper_ids(eng, handles[23], tuple_of) == [48]
 
 
-def test_fig2_new_query_sees_old_data(fig2):
+def test_fig2_new_query_sees_old_data(fig2: Fig2) -> None:
     eng, _, tuple_of = fig2
     h24 = eng.register(QUERY_24)
     assert paper_ids(eng, h24, tuple_of) == [48, 50]
     assert eng.invoke(h24).rows == [(4, 3), (3, 8)]
 
 
-def test_fig3_new_data_probes_every_standing_query(fig2):
+def test_fig3_new_data_probes_every_standing_query(fig2: Fig2) -> None:
     eng, handles, tuple_of = fig2
     handles[24] = eng.register(QUERY_24)
     (new_id,) = eng.insert("R", [(5, 3)], ts=53.0).tolist()
@@ -60,7 +63,7 @@ def test_fig3_new_data_probes_every_standing_query(fig2):
     assert matched == {20, 21}
 
 
-def test_registration_order_does_not_change_results():
+def test_registration_order_does_not_change_results() -> None:
     """Duality: query-then-data and data-then-query give the same bits."""
     answers = []
     for query_first in (True, False):

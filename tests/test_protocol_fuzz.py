@@ -5,6 +5,8 @@ reply, and the server keeps serving a well-behaved client."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 import pytest
@@ -39,11 +41,11 @@ REQUEST = st.fixed_dictionaries(
 
 
 class _Wire:
-    def __init__(self, address):
+    def __init__(self, address: tuple[str, int]):
         self.address = address
-        self.sock = None
+        self.sock: socket.socket | None = None
 
-    def request(self, message) -> dict | None:
+    def request(self, message: object) -> dict[str, Any] | None:
         """Send one request and read its reply; None when the server closed the
         connection (as it does after a frame-level error), which then reconnects."""
         if self.sock is None:
@@ -56,7 +58,7 @@ class _Wire:
         except (TypeError, ValueError, OverflowError):
             return None
         self.sock.sendall(HEADER.pack(len(payload)) + payload)
-        reply = read_reply(self.sock)
+        reply: dict[str, Any] | None = read_reply(self.sock)
         if reply is None:
             self.sock.close()
             self.sock = None
@@ -64,7 +66,7 @@ class _Wire:
 
 
 @pytest.fixture(scope="module")
-def served():
+def served() -> Iterator[tuple[tuple[str, int], _Wire]]:
     engine = Engine(clock=Clock(1000.0))
     engine.execute("CREATE STREAM R (a INT, b FLOAT, name TEXT)")
     engine.register("SELECT a, name FROM R WHERE a > 1")
@@ -78,14 +80,15 @@ def served():
 @settings(max_examples=2000, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(REQUEST)
-def test_no_request_gets_an_internal_error(served, message):
+def test_no_request_gets_an_internal_error(served: tuple[tuple[str, int], _Wire],
+                                           message: object) -> None:
     _, wire = served
     reply = wire.request(message)
     if reply is not None and not reply.get("ok"):
         assert reply["error"]["code"] != "internal", (message, reply)
 
 
-def test_a_client_is_served_after_the_garbage(served):
+def test_a_client_is_served_after_the_garbage(served: tuple[tuple[str, int], _Wire]) -> None:
     address, _ = served
     with Client(f"{address[0]}:{address[1]}", token=TOKEN) as client:
         assert client.ping() == "pong"

@@ -9,13 +9,18 @@ exactly the same bits, whatever has been registered and removed before.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import hypothesis.strategies as st
 import numpy as np
 from hypothesis import given
+from numpy.typing import NDArray
 
 from psoup.bits import slot_rows
 from psoup.query import compile_statement
-from psoup.query.model import AttrPredicate, StreamSchema
+from psoup.query.model import AttrPredicate, Query, StreamSchema
+from psoup.query.normalize import AttrFactor, fold_column
 from psoup.stems.batch import make_batch
 from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import attr_mask, source_mask
@@ -24,8 +29,32 @@ from tests.strategies import VALUES, factors, schemas
 
 SCHEMA_STREAM = "R"
 
+#: Columns as a schema declares them, and the steps of a scenario: ("register", where),
+#: ("remove", a pick among the live slots) or ("probe", rows).
+Scenario = tuple[list[tuple[str, str]], list[tuple[str, Any]]]
 
-def _probe_columns(schema: StreamSchema, rows, first_tid: int) -> dict[str, np.ndarray]:
+
+def _schema(ddl: str) -> StreamSchema:
+    schema = compile_statement(ddl, {})
+    assert isinstance(schema, StreamSchema)
+    return schema
+
+
+def _query(sql: str, schema: StreamSchema) -> Query:
+    query = compile_statement(sql, {"R": schema})
+    assert isinstance(query, Query)
+    return query
+
+
+def _folded(factor: AttrFactor) -> AttrPredicate:
+    """The predicate of one satisfiable factor."""
+    pred = fold_column([factor])
+    assert pred is not None
+    return pred
+
+
+def _probe_columns(schema: StreamSchema, rows: Sequence[tuple[Any, ...]],
+                   first_tid: int) -> dict[str, NDArray[Any]]:
     batch = make_batch(schema, rows, [1000.0 + i for i in range(len(rows))], 0.0,
                        float("-inf"))
     columns = dict(batch.columns)
@@ -35,9 +64,9 @@ def _probe_columns(schema: StreamSchema, rows, first_tid: int) -> dict[str, np.n
 
 
 @st.composite
-def stem_scenarios(draw):
+def stem_scenarios(draw: st.DrawFn) -> Scenario:
     columns, _ = draw(schemas())
-    steps = []
+    steps: list[tuple[str, Any]] = []
     for _ in range(draw(st.integers(1, 25))):
         kind = draw(st.sampled_from(["register", "register", "register", "remove",
                                      "probe"]))
@@ -54,17 +83,17 @@ def stem_scenarios(draw):
 
 
 @given(stem_scenarios(), st.booleans())
-def test_probe_bits_equal_each_query_on_its_own(scenario, shared):
+def test_probe_bits_equal_each_query_on_its_own(scenario: Scenario, shared: bool) -> None:
     columns, steps = scenario
     ddl = "CREATE STREAM R (" + ", ".join(f"{c} {t.upper()}" for c, t in columns) + ")"
-    schema = compile_statement(ddl, {})
+    schema = _schema(ddl)
     stem = QuerySteM(shared=shared)
-    live: dict[int, object] = {}
+    live: dict[int, Query] = {}
     tid = 0
     for kind, arg in steps:
         if kind == "register":
             sql = "SELECT * FROM R" + (f" WHERE {arg}" if arg else "")
-            query = compile_statement(sql, {"R": schema})
+            query = _query(sql, schema)
             slot = stem.insert(query)
             assert slot not in live
             assert slot == min(set(range(len(live) + 1)) - set(live)), "lowest free slot"
@@ -87,15 +116,15 @@ def test_probe_bits_equal_each_query_on_its_own(scenario, shared):
         stem._check()
 
 
-def test_a_stream_nobody_queries_probes_to_zero_rows():
+def test_a_stream_nobody_queries_probes_to_zero_rows() -> None:
     stem = QuerySteM()
     assert stem.probe("S", {}, 3).tolist() == [[0], [0], [0]]
     assert not stem.interested("S")
 
 
-def test_slots_widen_the_bit_rows_by_whole_words_and_are_reused_lowest_first():
-    schema = compile_statement("CREATE STREAM R (a INT)", {})
-    query = compile_statement("SELECT a FROM R WHERE a > 1", {"R": schema})
+def test_slots_widen_the_bit_rows_by_whole_words_and_are_reused_lowest_first() -> None:
+    schema = _schema("CREATE STREAM R (a INT)")
+    query = _query("SELECT a FROM R WHERE a > 1", schema)
     stem = QuerySteM()
     slots = [stem.insert(query) for _ in range(65)]
     assert slots == list(range(65)) and stem.words == 2
@@ -105,19 +134,19 @@ def test_slots_widen_the_bit_rows_by_whole_words_and_are_reused_lowest_first():
     stem._check()
 
 
-def test_wide_tables_probe_exactly_and_keep_rows_off_power_of_two_strides():
+def test_wide_tables_probe_exactly_and_keep_rows_off_power_of_two_strides() -> None:
     # 4,500 queries (71 words) on two attributes: the reject tables grow past 8 cache
     # lines per row, to an odd number of lines, and the probe still gives each query's
     # own bits; removing some keeps it so
-    schema = compile_statement("CREATE STREAM R (a INT, b INT)", {})
+    schema = _schema("CREATE STREAM R (a INT, b INT)")
     gen = np.random.default_rng(5)
     ops = ["<", "<=", ">", ">=", "=", "!="]
     stem = QuerySteM()
-    live = {}
+    live: dict[int, Query] = {}
     for i in range(4500):
         sql = (f"SELECT * FROM R WHERE a {ops[i % 6]} {int(gen.integers(0, 40))}"
                + (f" AND b {ops[(i // 6) % 6]} {int(gen.integers(0, 40))}" if i % 3 else ""))
-        query = compile_statement(sql, {"R": schema})
+        query = _query(sql, schema)
         live[stem.insert(query)] = query
     for slot in range(0, 4500, 7):
         stem.remove(slot)
@@ -140,10 +169,10 @@ def test_wide_tables_probe_exactly_and_keep_rows_off_power_of_two_strides():
                 min_size=1, max_size=12),
        st.lists(st.integers(0, 11), max_size=6),
        st.lists(st.integers(-8, 8), min_size=1, max_size=100))
-def test_attribute_index_rejects_exactly_what_each_predicate_rejects(preds, removals, values):
-    from psoup.query.normalize import AttrFactor, fold_column
+def test_attribute_index_rejects_exactly_what_each_predicate_rejects(
+        preds: list[tuple[str, list[int]]], removals: list[int], values: list[int]) -> None:
     index = AttributeIndex("int")
-    live = {}
+    live: dict[int, AttrPredicate] = {}
     for slot, (op, constants) in enumerate(preds):
         value = tuple(constants) if op == "in" else constants[0]
         pred = fold_column([AttrFactor("a", "int", op, value)])
@@ -165,7 +194,7 @@ def test_attribute_index_rejects_exactly_what_each_predicate_rejects(preds, remo
         assert slot_rows(rejects, slot).tolist() == np.flatnonzero(~attr_mask(pred, arr)).tolist()
 
 
-def test_attribute_index_over_text_values_compares_by_code_point():
+def test_attribute_index_over_text_values_compares_by_code_point() -> None:
     index = AttributeIndex("text")
     index.add(0, AttrPredicate("t", "text", lo="b"))
     index.add(1, AttrPredicate("t", "text", eq=frozenset({"é"})))
@@ -186,10 +215,10 @@ _OPS = st.lists(st.one_of(
 
 
 @given(_OPS, st.sampled_from(["int", "float"]))
-def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(ops, ctype):
+def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(
+        ops: list[tuple[Any, ...]], ctype: str) -> None:
     """The query stream is a stream: constants split and merge cells between probes
     (over 64 integers a probe also builds and patches the direct value map)."""
-    from psoup.query.normalize import AttrFactor, fold_column
     index = AttributeIndex(ctype)
     live: dict[int, AttrPredicate] = {}
     kind = np.int64 if ctype == "int" else np.float64
@@ -216,34 +245,33 @@ def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(ops, 
         index._check()
 
 
-def test_a_new_constant_below_the_direct_map_leaves_the_map_alone():
+def test_a_new_constant_below_the_direct_map_leaves_the_map_alone() -> None:
     """Hypothesis found it: keys -3 and -1 both below a direct map over [0, 1] once made
     the patch's slice end negative, pointing value 0 at the new gap's row."""
-    from psoup.query.normalize import AttrFactor, fold_column
     index = AttributeIndex("int")
-    index.add(0, fold_column([AttrFactor("a", "int", "<", 0)]))
+    index.add(0, _folded(AttrFactor("a", "int", "<", 0)))
     values = np.array([0] * 63 + [1], np.int64)         # 64 values: the map is built
     index.probe(values, 1)
-    index.add(1, fold_column([AttrFactor("a", "int", "<", -2)]))
+    index.add(1, _folded(AttrFactor("a", "int", "<", -2)))
     index._check()
     assert slot_rows(index.probe(values, 1), 0).tolist() == list(range(64))
     assert slot_rows(index.probe(values, 1), 1).tolist() == list(range(64))
 
 
-def test_an_integer_attributes_reachable_rows_stay_together_and_rows_stay_narrow():
+def test_an_integer_attributes_reachable_rows_stay_together_and_rows_stay_narrow() -> None:
     """Every value 0..255 a constant, filed in random order: the rows the values reach
     (one constant's cell each, none of the gaps between consecutive constants) lie in a
     few runs of consecutive rows (the lower half of each doubling of the table), not in
-    every other row; and 10,000 slots (157 words) make rows 168 words wide (row_words of
-    157), not twice the width before the last widening."""
-    from psoup.query.normalize import AttrFactor, fold_column
+    every other row; and 10,000 slots (157 words) make rows the fewest odd number of whole
+    cache lines that hold them (21 lines, as row_words promises), not twice the width
+    before the last widening."""
     from psoup.stems.predicate_index import row_words
     index = AttributeIndex("int")
     order = np.random.default_rng(7).permutation(256)
     for slot, c in enumerate(order):
-        index.add(slot, fold_column([AttrFactor("a", "int", "<", int(c))]))
+        index.add(slot, _folded(AttrFactor("a", "int", "<", int(c))))
     for slot in range(256, 10_000):
-        index.add(slot, fold_column([AttrFactor("a", "int", ">=", int(order[slot % 256]))]))
+        index.add(slot, _folded(AttrFactor("a", "int", ">=", int(order[slot % 256]))))
     index._check()
     values = np.arange(256, dtype=np.int64)
     rows = np.unique(index.rows(values))
@@ -251,7 +279,11 @@ def test_an_integer_attributes_reachable_rows_stay_together_and_rows_stay_narrow
     runs = 1 + int((np.diff(rows) > 1).sum())
     assert runs <= 12, (runs, rows.tolist())           # one per doubling, at most
     words = (10_000 + 63) // 64
-    assert index.table(words).shape[1] == row_words(words) == 168
+    width = index.table(words).shape[1]
+    # whole cache lines of 8 words, an odd number of them (past 8 lines), and the fewest
+    # such that hold the bits: two lines fewer would not
+    assert width == row_words(words)
+    assert width % 8 == 0 and (width // 8) % 2 == 1 and words <= width < words + 2 * 8
     probe = index.probe(values, words)
     for slot in (0, 255, 9_999):
         rejects = set(slot_rows(probe, slot).tolist())
@@ -264,16 +296,17 @@ def test_an_integer_attributes_reachable_rows_stay_together_and_rows_stay_narrow
                           st.integers(-20, 60)), min_size=1, max_size=8),
        st.lists(st.tuples(st.integers(1, 120), st.integers(-30, 40), st.booleans()),
                 min_size=1, max_size=5))
-def test_batches_of_small_integers_probe_through_the_direct_maps(preds, batches):
+def test_batches_of_small_integers_probe_through_the_direct_maps(
+        preds: list[tuple[str, str, int]], batches: list[tuple[int, int, bool]]) -> None:
     """Batches of integers in a small range find their cells through each attribute's
     direct value -> row map (built by a batch of 64 or more); a batch with values past a
     map extends it, and one with a value far outside it (past DIRECT_MAP_LIMIT) is
     searched instead, the map kept."""
-    schema = compile_statement("CREATE STREAM R (a INT, b INT)", {})
+    schema = _schema("CREATE STREAM R (a INT, b INT)")
     stem = QuerySteM()
-    live = {}
+    live: dict[int, Query] = {}
     for column, op, c in preds:
-        query = compile_statement(f"SELECT * FROM R WHERE {column} {op} {c}", {"R": schema})
+        query = _query(f"SELECT * FROM R WHERE {column} {op} {c}", schema)
         live[stem.insert(query)] = query
     gen = np.random.default_rng(len(preds))
     tid = 0

@@ -11,11 +11,18 @@ the scenarios make it always reuse (`always_reuse`); the last tests use the mode
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import hypothesis.strategies as st
 import numpy as np
+import pytest
 from hypothesis import given
+from numpy.typing import NDArray
 
 import psoup
+from psoup.options import ModeName
+from psoup.plans import SelectionPlan
 from psoup.stems.span import Span
 from tests.support import Clock, always_reuse
 
@@ -38,14 +45,16 @@ def _sql(where: int, window: str) -> str:
            st.tuples(st.just("replace"), st.integers(0, 5), st.integers(0, 9))),
            min_size=1, max_size=30),
        st.sampled_from([64 << 20, 400]))
-def test_reused_answers_equal_answers_read_whole(mode, chunk_rows, retain, ops, budget):
+def test_reused_answers_equal_answers_read_whole(
+        mode: ModeName, chunk_rows: int, retain: str, ops: list[tuple[Any, ...]], budget: int
+) -> None:
     clock = Clock(100.0)
     reused = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows,
                           answer_cache_bytes=budget)
     whole = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows,
                          answer_cache_bytes=0)
     always_reuse(reused)
-    handles = []
+    handles: list[list[str]] = []
     for eng in (reused, whole):
         eng.execute(f"CREATE STREAM R (a INT, b FLOAT, t TEXT){retain}")
         handles.append([eng.register(_sql(i % 4, w)) for i, w in enumerate(WINDOWS)])
@@ -60,20 +69,21 @@ def test_reused_answers_equal_answers_read_whole(mode, chunk_rows, retain, ops, 
         elif op[0] == "invoke":
             now = clock.now + op[2]
             got, want = (eng.invoke(h[op[1]], now=now) for eng, h in zip((reused, whole),
-                                                                       handles))
+                                                                       handles, strict=True))
             assert got.rows == want.rows, (WINDOWS[op[1]], now)
             assert got.tuple_ids.tolist() == want.tuple_ids.tolist()
             assert got.ts.tolist() == want.ts.tolist()
             assert got.cursor is not None
         else:                          # the query leaves; a new one may take its slot
-            for eng, h in zip((reused, whole), handles):
+            for eng, h in zip((reused, whole), handles, strict=True):
                 eng.unregister(h[op[1]])
                 h[op[1]] = eng.register(_sql(op[2], WINDOWS[op[1]]))
         reused._check()
     assert reused.stats()["memory"]["answers"] <= budget
 
 
-def test_a_poll_of_a_large_window_reads_only_the_tuples_that_arrived_since():
+def test_a_poll_of_a_large_window_reads_only_the_tuples_that_arrived_since(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     eng = psoup.Engine(clock=lambda: 1000.0)
     eng.execute("CREATE STREAM R (a INT)")
     h = eng.register("SELECT a FROM R [ROWS 100000] WHERE a = 7")
@@ -82,10 +92,14 @@ def test_a_poll_of_a_large_window_reads_only_the_tuples_that_arrived_since():
     kept = eng._core.kept
     fetch, fetch_deferred = kept.fetch, kept.fetch_deferred
 
-    def spy(plan, span: Span, names, *later):
+    Columns = dict[str, NDArray[Any]]
+
+    def spy(plan: SelectionPlan, span: Span, names: Sequence[str], *later: Sequence[str]
+            ) -> Columns | tuple[Columns, Callable[[], Columns]]:
         spans.append(span.bounds())
         return (fetch_deferred if later else fetch)(plan, span, names, *later)
-    kept.fetch = kept.fetch_deferred = spy
+    monkeypatch.setattr(kept, "fetch", spy)
+    monkeypatch.setattr(kept, "fetch_deferred", spy)
     first = eng.invoke(h)
     eng.insert("R", {"a": np.arange(30) % 10}, ts=np.full(30, 600.0))
     second = eng.invoke(h)
@@ -101,7 +115,7 @@ def test_a_poll_of_a_large_window_reads_only_the_tuples_that_arrived_since():
     assert eng.stats()["memory"]["answers"] == 0, "a query's answer leaves with it"
 
 
-def test_an_answer_that_is_much_of_its_window_is_read_whole_each_time():
+def test_an_answer_that_is_much_of_its_window_is_read_whole_each_time() -> None:
     eng = psoup.Engine(clock=lambda: 1000.0)
     eng.execute("CREATE STREAM R (a INT)")
     h = eng.register("SELECT a FROM R [ROWS 100000] WHERE a >= 1")
@@ -110,7 +124,7 @@ def test_an_answer_that_is_much_of_its_window_is_read_whole_each_time():
     assert eng.stats()["memory"]["answers"] == 0, "copying it would cost more than a find"
 
 
-def test_the_budget_keeps_the_most_recently_invoked_answers():
+def test_the_budget_keeps_the_most_recently_invoked_answers() -> None:
     # answers of 100, 99, 98 and 97 rows over a 70,000-tuple window (worth keeping), each
     # 24 bytes a row (a, ts, tupleID): three fit the budget, the least recent leaves
     eng = psoup.Engine(clock=lambda: 1000.0, answer_cache_bytes=3 * 24 * 100)
@@ -124,8 +138,9 @@ def test_the_budget_keeps_the_most_recently_invoked_answers():
     eng._check()
 
 
-def test_answer_cache_bytes_is_checked():
-    for bad in (-1, 1.5, True, "64"):
+def test_answer_cache_bytes_is_checked() -> None:
+    bad_values: tuple[Any, ...] = (-1, 1.5, True, "64")   # wrong types are the point
+    for bad in bad_values:
         try:
             psoup.Engine(answer_cache_bytes=bad)
         except ValueError as exc:

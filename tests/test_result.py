@@ -3,18 +3,23 @@ and `since` over numeric columns keep and report what they do over rows."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given
+from numpy.typing import NDArray
 
 import psoup
+from psoup.options import ModeName
 from psoup.results.cursors import _differ, _differ_columns, difference
 from psoup.results.result import Result
 from tests.answer_strategies import numeric_columns, two_answers
 
 
 @pytest.fixture
-def eng():
+def eng() -> psoup.Engine:
     e = psoup.Engine(clock=lambda: 100.0)
     e.execute("CREATE STREAM R (a INT, x FLOAT, name TEXT, ok BOOL)")
     e.insert("R", [(1, 0.5, "p", True), (2, 1.5, "q", False), (1, 0.5, "p", True),
@@ -22,7 +27,7 @@ def eng():
     return e
 
 
-def _as_columns(result):
+def _as_columns(result: Result) -> dict[str, list[Any]]:
     return {name: [row[i] for row in result.rows] for i, name in enumerate(result.columns)}
 
 
@@ -33,7 +38,7 @@ def _as_columns(result):
     "SELECT a, COUNT(*) AS n, SUM(x) AS s FROM R GROUP BY a",
     "SELECT r1.a, r2.name FROM R r1, R r2 WHERE r1.a = r2.a",
 ])
-def test_columns_hold_what_the_rows_hold(eng, sql):
+def test_columns_hold_what_the_rows_hold(eng: psoup.Engine, sql: str) -> None:
     answer = eng.invoke(eng.register(sql), now=10.0)
     want = _as_columns(answer)
     got = answer.to_numpy()
@@ -46,7 +51,7 @@ def test_columns_hold_what_the_rows_hold(eng, sql):
     assert list(frame.columns) == answer.columns and len(frame) == len(answer)
 
 
-def test_rows_are_built_only_when_asked_for_and_then_kept(eng):
+def test_rows_are_built_only_when_asked_for_and_then_kept(eng: psoup.Engine) -> None:
     answer = eng.invoke(eng.register("SELECT a FROM R WHERE a < 5"), now=10.0)
     assert len(answer) == 3 and answer._rows is None     # the count needs no rows
     assert answer.rows == [(1,), (2,), (1,)]
@@ -56,7 +61,7 @@ def test_rows_are_built_only_when_asked_for_and_then_kept(eng):
 @pytest.mark.parametrize("mode", ["partial", "complete", "nomat"])
 @pytest.mark.parametrize("columns", ["a", "name, a", "ts, a"])
 def test_ts_and_tuple_ids_read_late_are_those_of_the_rows_even_after_they_expired(
-        mode, columns):
+        mode: ModeName, columns: str) -> None:
     """An answer's ts and tupleIDs may be taken from the stream only when first read
     (PSoup-P over a position range), or when retention drops a chunk, whichever comes
     first: they are those of the answer's rows however far retention has moved on and
@@ -82,10 +87,10 @@ def test_ts_and_tuple_ids_read_late_are_those_of_the_rows_even_after_they_expire
     e._core._check()
 
 
-def test_a_result_taking_ts_and_tuple_ids_late_asks_once_and_pickles_them():
+def test_a_result_taking_ts_and_tuple_ids_late_asks_once_and_pickles_them() -> None:
     calls = []
 
-    def identity():
+    def identity() -> tuple[NDArray[np.float64], NDArray[np.int64]]:
         calls.append(1)
         return np.array([1.0, 2.0]), np.array([10, 11])
     r = Result(["a"], None, None, None, values=[np.array([5, 6])], identity=identity)
@@ -98,25 +103,25 @@ def test_a_result_taking_ts_and_tuple_ids_late_asks_once_and_pickles_them():
     assert back.ts.tolist() == [1.0, 2.0] and back.tuple_ids.tolist() == [10, 11]
 
 
-def test_text_and_bool_columns_keep_their_types(eng):
+def test_text_and_bool_columns_keep_their_types(eng: psoup.Engine) -> None:
     got = eng.invoke(eng.register("SELECT name, ok FROM R"), now=10.0).to_numpy()
     assert got["name"].dtype == object and got["name"].tolist() == ["p", "q", "p", "r"]
     assert got["ok"].dtype == np.bool_
 
 
-def test_a_result_made_of_rows_converts_too():
+def test_a_result_made_of_rows_converts_too() -> None:
     r = Result(["a", "t"], [(1, "x"), (None, "y")], np.array([1.0, 2.0]), np.array([0, 1]))
     got = r.to_numpy()
     assert got["a"].tolist() == [1, None] and got["t"].tolist() == ["x", "y"]
     assert r.to_arrow().to_pydict() == {"a": [1, None], "t": ["x", "y"]}
 
 
-def _exact(rows):
+def _exact(rows: Iterable[Sequence[object]]) -> list[tuple[tuple[type, str], ...]]:
     """Rows as (type, repr) of each value: NaN equals NaN here, -0.0 is not 0.0."""
     return [tuple((type(v), repr(v)) for v in row) for row in rows]
 
 
-def _pair(columns):
+def _pair(columns: list[NDArray[Any]]) -> tuple[Result, Result]:
     """The same answer twice: held as columns, and as the rows they give."""
     n = len(columns[0])
     ts, ids = np.arange(n, dtype=float), np.arange(n) * 3
@@ -126,7 +131,8 @@ def _pair(columns):
 
 
 @given(numeric_columns())
-def test_distinct_on_numeric_columns_keeps_what_distinct_on_rows_keeps(columns):
+def test_distinct_on_numeric_columns_keeps_what_distinct_on_rows_keeps(
+        columns: list[NDArray[Any]]) -> None:
     columned, rowed = _pair(columns)
     got, want = columned.distinct(), rowed.distinct()
     assert got.values is not None                       # it stayed columns
@@ -135,24 +141,26 @@ def test_distinct_on_numeric_columns_keeps_what_distinct_on_rows_keeps(columns):
     assert got.tuple_ids.tolist() == want.tuple_ids.tolist()
 
 
-def test_distinct_over_text_falls_back_to_rows(eng):
+def test_distinct_over_text_falls_back_to_rows(eng: psoup.Engine) -> None:
     answer = eng.invoke(eng.register("SELECT DISTINCT a, name FROM R"), now=10.0)
     assert answer.rows == [(1, "p"), (2, "q"), (7, "r")]
     assert answer.tuple_ids.tolist() == [0, 1, 3]
 
 
 @given(two_answers())
-def test_changes_between_numeric_distinct_answers_equal_the_row_comparison(answers):
+def test_changes_between_numeric_distinct_answers_equal_the_row_comparison(
+        answers: tuple[list[NDArray[Any]], list[NDArray[Any]]]) -> None:
     got, want = [difference(a.distinct(), b.distinct(), distinct=True)
-                 for a, b in zip(*map(_pair, answers))]
-    for mine, theirs in zip(got, want):
+                 for a, b in zip(*map(_pair, answers), strict=True)]
+    for mine, theirs in zip(got, want, strict=True):
         assert mine.values is not None
         assert _exact(mine.rows) == _exact(theirs.rows)
         assert mine.tuple_ids.tolist() == theirs.tuple_ids.tolist()
 
 
 @given(two_answers())
-def test_multiset_difference_of_numeric_rows_equals_that_of_tuples(answers):
+def test_multiset_difference_of_numeric_rows_equals_that_of_tuples(
+        answers: tuple[list[NDArray[Any]], list[NDArray[Any]]]) -> None:
     old, new = answers
     rows = [_pair(columns)[1].rows for columns in (new, old)]
     got = _differ_columns(new, old)

@@ -7,6 +7,9 @@ the same engine answering from its tuples."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -15,11 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.typing import NDArray
 
 import psoup
 from psoup.archive.parquet import Archive
 from psoup.archive.rollups import GRAINS, Rollups, copy_path, pieces
 from psoup.errors import ArchiveError
+from psoup.plans import SelectionPlan
 from psoup.results.windows_table import archive_reach
 from tests.support import Clock
 
@@ -27,7 +32,8 @@ COLUMNS = [("a", "int"), ("x", "float"), ("name", "text")]
 NUMERIC = [("a", "int"), ("x", "float")]
 
 
-def rows(gen: np.random.Generator, first: int, n: int, t0: float, gaps: float) -> dict:
+def rows(gen: np.random.Generator, first: int, n: int, t0: float, gaps: float
+         ) -> dict[str, NDArray[Any]]:
     """n tuples from tupleID `first`, ts from `t0` by random steps of quarter seconds
     (mean `gaps` seconds), a wide INT a, a FLOAT x, a TEXT name."""
     steps = np.round(gen.exponential(gaps, n) * 4) / 4
@@ -37,7 +43,7 @@ def rows(gen: np.random.Generator, first: int, n: int, t0: float, gaps: float) -
             "name": np.array([f"n{t}" for t in tids], dtype=object)}
 
 
-def archived(tmp_path, seed: int, batches: int, n: int, gaps: float, flush_rows: int = 50
+def archived(tmp_path: Path, seed: int, batches: int, n: int, gaps: float, flush_rows: int = 50
              ) -> tuple[Archive, pa.Table]:
     """An archive of stream R under tmp_path/archive, its copies under
     tmp_path/aggregates, written in `batches` flushes of `n` rows; and every row."""
@@ -55,15 +61,15 @@ def archived(tmp_path, seed: int, batches: int, n: int, gaps: float, flush_rows:
     return arc, table
 
 
-def opened(tmp_path, **kwargs) -> Archive:
+def opened(tmp_path: Path, **kwargs: Any) -> Archive:
     return Archive(tmp_path / "archive", aggregates=tmp_path / "aggregates", **kwargs)
 
 
-def rollups(tmp_path) -> Rollups:
+def rollups(tmp_path: Path) -> Rollups:
     return Rollups(tmp_path / "archive", tmp_path / "aggregates")
 
 
-def oracle(table: pa.Table, grain: str) -> list[tuple]:
+def oracle(table: pa.Table, grain: str) -> list[tuple[Any, ...]]:
     """DuckDB's GROUP BY over the grain's buckets of `table`."""
     g = GRAINS[grain]
     con = duckdb.connect()
@@ -74,18 +80,18 @@ def oracle(table: pa.Table, grain: str) -> list[tuple]:
     ).fetchall()
 
 
-def merged(r: Rollups, grain: str) -> list[tuple]:
+def merged(r: Rollups, grain: str) -> list[tuple[Any, ...]]:
     got = r.buckets("R", grain, NUMERIC)
     (sa, la, ha), (sx, lx, hx) = got.columns["a"], got.columns["x"]
     return list(zip(got.bucket.tolist(), got.rows.tolist(), got.ts_max.tolist(),
                     sa.tolist(), la.tolist(), ha.tolist(), sx.tolist(), lx.tolist(),
-                    hx.tolist()))
+                    hx.tolist(), strict=True))
 
 
-def assert_same(got: list[tuple], want: list[tuple]) -> None:
+def assert_same(got: list[tuple[Any, ...]], want: list[tuple[Any, ...]]) -> None:
     """Equal rows; float sums (column 6) to 1e-9 relative (their rounding differs)."""
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g[:6] == w[:6] and g[7:] == w[7:], (g, w)
         assert math.isclose(g[6], w[6], rel_tol=1e-9, abs_tol=1e-9), (g, w)
 
@@ -95,16 +101,19 @@ def assert_same(got: list[tuple], want: list[tuple]) -> None:
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), batches=st.integers(1, 4),
        n=st.integers(1, 120), gaps=st.sampled_from([0.5, 20.0, 900.0, 20000.0]))
-def test_copies_equal_duckdb_group_by_over_the_same_buckets(tmp_path_factory, seed, batches,
-                                                            n, gaps):
+def test_copies_equal_duckdb_group_by_over_the_same_buckets(
+        tmp_path_factory: pytest.TempPathFactory, seed: int, batches: int, n: int,
+        gaps: float) -> None:
     arc, table = archived(tmp_path_factory.mktemp("arc"), seed, batches, n, gaps)
+    assert arc.rollups is not None
     arc.rollups._check()
     for grain in GRAINS:
         assert_same(merged(arc.rollups, grain), oracle(table, grain))
 
 
-def test_a_bucket_split_across_flushes_is_one_bucket(tmp_path):
+def test_a_bucket_split_across_flushes_is_one_bucket(tmp_path: Path) -> None:
     arc = opened(tmp_path, flush_rows=2)
+    assert arc.rollups is not None
     for k in (0, 2):                            # two flushes of two rows
         arc.add("R", COLUMNS, {"ts": np.array([0.0, 10.0, 20.0, 70.0])[k:k + 2],
                                "tupleID": np.arange(k, k + 2), "a": np.array([1, 2, 3, 4])[k:k + 2],
@@ -118,34 +127,35 @@ def test_a_bucket_split_across_flushes_is_one_bucket(tmp_path):
     assert got.columns["a"][0].tolist() == [6, 4]
 
 
-def test_int_sums_are_exact_beyond_int64(tmp_path):
+def test_int_sums_are_exact_beyond_int64(tmp_path: Path) -> None:
     arc = opened(tmp_path)
+    assert arc.rollups is not None
     arc.add("R", [("a", "int")], {"ts": np.arange(4.0), "tupleID": np.arange(4),
                                   "a": np.full(4, 2**62)})
     arc.flush()
     assert arc.rollups.buckets("R", "day", [("a", "int")]).columns["a"][0].tolist() == [2**64]
 
 
-def test_copies_live_outside_the_archive(tmp_path):
+def test_copies_live_outside_the_archive(tmp_path: Path) -> None:
     arc, _ = archived(tmp_path, 1, 2, 30, 20.0)
     assert (tmp_path / "aggregates" / "stream=R" / "grain=hour").is_dir()
     assert all(p.name.startswith("part-") for p in (tmp_path / "archive").rglob("*")
                if p.is_file())
     files = f"{tmp_path}/archive/**/*.parquet"
-    assert duckdb.sql(f"select count(*) from read_parquet('{files}', hive_partitioning=true)"
-                      ).fetchall() == [(60,)]
+    counted = duckdb.sql(f"select count(*) from read_parquet('{files}', hive_partitioning=true)")
+    assert counted is not None and counted.fetchall() == [(60,)]
     assert arc.read("R").num_rows == 60
 
 
 # ---------------------------------------------------------------------- build
 
-def _copies(root) -> dict[str, bytes]:
+def _copies(root: Path) -> dict[str, str]:
     folder = root / "aggregates"
     return {p.relative_to(folder).as_posix(): pq.read_table(p).to_pandas().to_json()
             for p in folder.rglob("*.parquet")}
 
 
-def test_build_writes_the_copies_a_flush_writes_and_is_idempotent(tmp_path):
+def test_build_writes_the_copies_a_flush_writes_and_is_idempotent(tmp_path: Path) -> None:
     arc, _ = archived(tmp_path, 2, 3, 40, 300.0)
     flushed = _copies(tmp_path)
     for path in (tmp_path / "aggregates").rglob("*.parquet"):
@@ -159,7 +169,7 @@ def test_build_writes_the_copies_a_flush_writes_and_is_idempotent(tmp_path):
     r._check()
 
 
-def test_build_summarizes_part_files_written_by_another_tool(tmp_path):
+def test_build_summarizes_part_files_written_by_another_tool(tmp_path: Path) -> None:
     folder = tmp_path / "archive" / "stream=S" / "date=1970-01-01"
     folder.mkdir(parents=True)
     table = pa.table({"ts": [1.0, 2.0, 3700.0], "tuple_id": pa.array([0, 1, 2], pa.int64()),
@@ -171,7 +181,7 @@ def test_build_summarizes_part_files_written_by_another_tool(tmp_path):
     assert got.bucket.tolist() == [0, 1] and got.columns["v"][0].tolist() == [4.0, 4.0]
 
 
-def test_a_part_file_not_of_its_dates_day_gets_no_copies(tmp_path):
+def test_a_part_file_not_of_its_dates_day_gets_no_copies(tmp_path: Path) -> None:
     folder = tmp_path / "archive" / "stream=S" / "date=1970-01-01"
     folder.mkdir(parents=True)
     for first, ts in ((0, [1.0, 86401.0]), (2, [86402.0, 86403.0]), (4, [5.0, 6.0])):
@@ -185,7 +195,7 @@ def test_a_part_file_not_of_its_dates_day_gets_no_copies(tmp_path):
     r._check()
 
 
-def test_build_removes_copies_whose_part_file_is_gone(tmp_path):
+def test_build_removes_copies_whose_part_file_is_gone(tmp_path: Path) -> None:
     arc, table = archived(tmp_path, 3, 2, 40, 60.0)
     last = max(tmp_path.glob("archive/stream=R/date=*/part-*.parquet"))
     last.unlink()
@@ -196,8 +206,9 @@ def test_build_removes_copies_whose_part_file_is_gone(tmp_path):
     r._check()
 
 
-def test_a_part_missing_a_copy_is_not_counted(tmp_path):
+def test_a_part_missing_a_copy_is_not_counted(tmp_path: Path) -> None:
     arc, table = archived(tmp_path, 4, 2, 30, 60.0, flush_rows=30)
+    assert arc.rollups is not None
     parts = arc.rollups.complete("R")
     copy_path(tmp_path / "aggregates", "R", "hour", *parts[0]).unlink()   # crashed midway
     r = rollups(tmp_path)
@@ -207,7 +218,7 @@ def test_a_part_missing_a_copy_is_not_counted(tmp_path):
     assert sum(r.buckets("R", "day", NUMERIC).rows) == parts[-1][1] - parts[1][0] + 1
 
 
-def test_a_null_in_an_imported_part_is_refused_by_name(tmp_path):
+def test_a_null_in_an_imported_part_is_refused_by_name(tmp_path: Path) -> None:
     folder = tmp_path / "archive" / "stream=S" / "date=1970-01-01"
     folder.mkdir(parents=True)
     pq.write_table(pa.table({"ts": [1.0], "tuple_id": pa.array([0], pa.int64()),
@@ -219,8 +230,9 @@ def test_a_null_in_an_imported_part_is_refused_by_name(tmp_path):
 
 # ---------------------------------------------------------------------- drop
 
-def test_dropping_a_stream_drops_its_copies(tmp_path):
+def test_dropping_a_stream_drops_its_copies(tmp_path: Path) -> None:
     arc, _ = archived(tmp_path, 5, 2, 30, 60.0)
+    assert arc.rollups is not None
     arc.add("S", [("b", "int")], {"ts": np.array([5.0]), "tupleID": np.array([999]),
                                   "b": np.array([1])})
     arc.flush()
@@ -236,7 +248,8 @@ def test_dropping_a_stream_drops_its_copies(tmp_path):
 @settings(max_examples=200, deadline=None)
 @given(begin=st.integers(-3 * 86400, 3 * 86400), length=st.integers(0, 4 * 86400),
        frac=st.sampled_from([0.0, 0.25, 0.5]))
-def test_pieces_are_whole_buckets_tiling_the_whole_minutes_of_a_window(begin, length, frac):
+def test_pieces_are_whole_buckets_tiling_the_whole_minutes_of_a_window(
+        begin: int, length: int, frac: float) -> None:
     lo, hi = begin + frac, begin + length + frac
     runs = pieces(lo, hi)
     a, b = math.ceil(lo / 60) * 60, math.floor(hi / 60) * 60
@@ -246,12 +259,13 @@ def test_pieces_are_whole_buckets_tiling_the_whole_minutes_of_a_window(begin, le
         assert runs == []
         return
     assert spans[0][0] == a and spans[-1][1] == b
-    assert all(x[1] == y[0] for x, y in zip(spans, spans[1:]))
+    assert all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False))
     assert len([g for g, *_ in runs if g == "day"]) <= 1
 
 
-def test_totals_over_an_aligned_window_equal_duckdb(tmp_path):
+def test_totals_over_an_aligned_window_equal_duckdb(tmp_path: Path) -> None:
     arc, table = archived(tmp_path, 6, 4, 200, 400.0)
+    assert arc.rollups is not None
     ts = table.column("ts").to_numpy()
     begin, end = math.ceil(ts[10] / 3600) * 3600.0, math.floor(ts[-10] / 3600) * 3600.0
     sub = arc.rollups.substitute("R", begin, end, NUMERIC)
@@ -260,6 +274,7 @@ def test_totals_over_an_aligned_window_equal_duckdb(tmp_path):
     con.register("src", table)
     want = con.execute(f"SELECT COUNT(*), SUM(a), MIN(a), MAX(x) FROM src WHERE ts >= {begin} "
                        f"AND ts < {end}").fetchone()
+    assert want is not None
     t = sub.totals
     assert (t["count"], t["sum"]["a"], t["min"]["a"], t["max"]["x"]) == want
 
@@ -270,28 +285,38 @@ AGGREGATES = "COUNT(*), SUM(a), AVG(x), MIN(a), MAX(x), COUNT(x)"
 START = 86400.0 * 19000 - 5000.0          # a few minutes before a UTC midnight
 
 
-def engine_with_history(state, windows: list[str], flush_rows: int = 40):
+def engine_with_history(state: Path, windows: list[str], flush_rows: int = 40
+                        ) -> tuple[psoup.Engine, list[str]]:
     """A durable engine on `state` with stream R (RETAIN 20 ROWS) and the aggregate
     query over each of `windows` registered and given an archive tier before any tuple
     arrives (what a history job over an empty archive gives, with no Spark pass)."""
-    eng = psoup.Engine(path=state, clock=Clock(START), chunk_rows=8)
+    eng = psoup.Engine(path=str(state), clock=Clock(START), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, x FLOAT, name TEXT) RETAIN 20 ROWS")
+    assert eng._durability.journal is not None
     eng._durability.journal.archive.flush_rows = flush_rows
     handles = [eng.register(f"SELECT {AGGREGATES} FROM R {w}") for w in windows]
     core = eng._core
-    slots = {core.plan(h).slot: h for h in handles}
+    slots = {_selection(eng, h).slot: h for h in handles}
     core.tiers.begin("R", list(slots))
     core.tiers.finish({"R": {slot: [] for slot in slots}}, slots)
     return eng, handles
 
 
-def fill(eng, gen: np.random.Generator, n: int, gaps: float, checkpoints: int) -> pa.Table:
+def _selection(eng: psoup.Engine, handle: str) -> SelectionPlan:
+    """The plan of one aggregate query over one stream."""
+    plan = eng._core.plan(handle)
+    assert isinstance(plan, SelectionPlan)
+    return plan
+
+
+def fill(eng: psoup.Engine, gen: np.random.Generator, n: int, gaps: float,
+         checkpoints: int) -> pa.Table:
     """Insert n tuples of R in batches (ts by random quarter-second steps of mean
     `gaps`, some equal), checkpointing `checkpoints` times on the way; every row."""
     every = []
     t0 = eng.stats()["streams"]["R"]["latest_ts"] or START
     cuts = sorted(gen.choice(np.arange(1, n), min(checkpoints, n - 1), replace=False))
-    for a, b in zip([0, *cuts], [*cuts, n]):
+    for a, b in zip([0, *cuts], [*cuts, n], strict=True):
         steps = np.round(gen.exponential(gaps, b - a) * 4) / 4
         ts = t0 + np.cumsum(steps)
         batch = {"a": gen.integers(-2**60, 2**60, b - a), "x": np.round(gen.normal(0, 9, b - a), 2),
@@ -303,14 +328,16 @@ def fill(eng, gen: np.random.Generator, n: int, gaps: float, checkpoints: int) -
     return pa.concat_tables(every)
 
 
-def duck(table: pa.Table, begin: float, end: float) -> tuple:
+def duck(table: pa.Table, begin: float, end: float) -> tuple[Any, ...]:
     con = duckdb.connect()
     con.register("src", table)
     where = "" if math.isinf(begin) else f"WHERE ts BETWEEN {begin!r} AND {end!r}"
-    return con.execute(f"SELECT {AGGREGATES} FROM src {where}").fetchone()
+    row = con.execute(f"SELECT {AGGREGATES} FROM src {where}").fetchone()
+    assert row is not None
+    return row
 
 
-def assert_answer(got: tuple, want: tuple) -> None:
+def assert_answer(got: tuple[Any, ...], want: tuple[Any, ...]) -> None:
     """COUNT, SUM over INT, MIN, MAX exact; AVG over FLOAT to 1e-9 relative."""
     assert (got[0], got[1], got[3], got[4], got[5]) == (want[0], want[1], want[3], want[4],
                                                         want[5]), (got, want)
@@ -319,10 +346,11 @@ def assert_answer(got: tuple, want: tuple) -> None:
         assert math.isclose(got[2], want[2], rel_tol=1e-9, abs_tol=1e-9), (got, want)
 
 
-def window_edges(draw, lo: float, hi: float) -> tuple[float, float]:
+def window_edges(draw: Callable[[st.SearchStrategy[float]], float], lo: float,
+                 hi: float) -> tuple[float, float]:
     """A window's edges within [lo - 1 h, hi + 1 h]: each a quarter second, or a
     minute, hour or day boundary."""
-    def edge():
+    def edge() -> float:
         t = draw(st.floats(lo - 3600, hi + 3600))
         unit = draw(st.sampled_from([0.25, 60, 3600, 86400]))
         return math.floor(t / unit) * unit
@@ -334,8 +362,9 @@ def window_edges(draw, lo: float, hi: float) -> tuple[float, float]:
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(30, 250),
        gaps=st.sampled_from([5.0, 90.0, 700.0]), checkpoints=st.integers(1, 6),
        data=st.data())
-def test_aggregates_over_copies_equal_duckdb_and_the_tuples(tmp_path_factory, seed, n, gaps,
-                                                           checkpoints, data):
+def test_aggregates_over_copies_equal_duckdb_and_the_tuples(
+        tmp_path_factory: pytest.TempPathFactory, seed: int, n: int, gaps: float,
+        checkpoints: int, data: st.DataObject) -> None:
     gen = np.random.default_rng(seed)
     span = n * gaps
     edges = [window_edges(data.draw, START, START + span) for _ in range(6)]
@@ -344,7 +373,8 @@ def test_aggregates_over_copies_equal_duckdb_and_the_tuples(tmp_path_factory, se
                                        flush_rows=int(gen.integers(10, 60)))
     table = fill(eng, gen, n, gaps, checkpoints)
     rollups = eng._core.answers.rollups
-    for handle, (a, b) in zip(handles, [(-math.inf, math.inf), *edges]):
+    assert rollups is not None
+    for handle, (a, b) in zip(handles, [(-math.inf, math.inf), *edges], strict=True):
         got = eng.invoke(handle).rows[0]
         assert_answer(got, duck(table, a, b))
         eng._core.answers.rollups = None
@@ -355,13 +385,13 @@ def test_aggregates_over_copies_equal_duckdb_and_the_tuples(tmp_path_factory, se
     eng.close()
 
 
-def test_an_aligned_window_reads_the_copies_and_not_the_tuples(tmp_path):
+def test_an_aligned_window_reads_the_copies_and_not_the_tuples(tmp_path: Path) -> None:
     day = 86400.0 * 19000
     eng, (handle,) = engine_with_history(tmp_path, [f"BEGIN {day - 7200} END {day + 3600}"])
     gen = np.random.default_rng(7)
     table = fill(eng, gen, 600, 30.0, 5)
     core, now = eng._core, eng._clock()
-    plan = core.plan(handle)
+    plan = _selection(eng, handle)
     sub = core.answers.substitute(plan, now)
     assert sub is not None and (sub.a, sub.b) == (day - 7200, day + 3600)
     reach = archive_reach(plan.query.sources[0].window, now)
@@ -371,7 +401,7 @@ def test_an_aligned_window_reads_the_copies_and_not_the_tuples(tmp_path):
     eng.close()
 
 
-def test_a_tuple_at_an_aligned_end_is_counted_once(tmp_path):
+def test_a_tuple_at_an_aligned_end_is_counted_once(tmp_path: Path) -> None:
     hour = 3600.0 * (19000 * 24)
     eng, (handle,) = engine_with_history(tmp_path, [f"BEGIN {hour - 3600} END {hour}"])
     ts = np.array([hour - 3600, hour - 1800, hour, hour, hour + 1] + [hour + 60.0] * 40)
@@ -384,20 +414,21 @@ def test_a_tuple_at_an_aligned_end_is_counted_once(tmp_path):
     eng.close()
 
 
-def test_a_query_with_where_or_group_by_reads_tuples(tmp_path):
-    eng = psoup.Engine(path=tmp_path)
+def test_a_query_with_where_or_group_by_reads_tuples(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path))
     eng.execute("CREATE STREAM R (a INT, x FLOAT) RETAIN 5 ROWS")
     core = eng._core
     for sql in ("SELECT COUNT(*) FROM R WHERE a > 1", "SELECT a, COUNT(*) FROM R GROUP BY a",
                 "SELECT MAX(ts) FROM R", "SELECT a FROM R"):
         plan = core.plan(eng.register(sql))
+        assert isinstance(plan, SelectionPlan)
         core.tiers.begin("R", [plan.slot])
         core.tiers.finish({"R": {plan.slot: []}}, {plan.slot: "h"})
         assert core.answers.substitute(plan, 0.0) is None, sql
     eng.close()
 
 
-def test_new_parts_count_in_answers_after_the_copies_were_read(tmp_path):
+def test_new_parts_count_in_answers_after_the_copies_were_read(tmp_path: Path) -> None:
     day = 86400.0 * 19000
     edges = [(-math.inf, math.inf), (day - 3600, day + 7200)]
     eng, handles = engine_with_history(tmp_path, ["", f"BEGIN {day - 3600} END {day + 7200}"])
@@ -406,28 +437,29 @@ def test_new_parts_count_in_answers_after_the_copies_were_read(tmp_path):
     for _ in range(4):
         tables.append(fill(eng, gen, 120, 30.0, 2))
         table = pa.concat_tables(tables)
-        for handle, (a, b) in zip(handles, edges):
+        for handle, (a, b) in zip(handles, edges, strict=True):
             assert_answer(eng.invoke(handle).rows[0], duck(table, a, b))
+        assert eng._core.answers.rollups is not None
         eng._core.answers.rollups._check()
     eng.close()
 
 
-def test_copies_answer_after_a_restart(tmp_path):
+def test_copies_answer_after_a_restart(tmp_path: Path) -> None:
     day = 86400.0 * 19000
     window = f"BEGIN {day - 7200} END {day + 3600}"
     eng, (handle,) = engine_with_history(tmp_path, [window])
     table = fill(eng, np.random.default_rng(3), 400, 40.0, 4)
     before = eng.invoke(handle).rows[0]
     eng.close()
-    eng = psoup.Engine(path=tmp_path)
+    eng = psoup.Engine(path=str(tmp_path))
     assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
     assert eng.invoke(handle).rows[0] == before
     assert_answer(before, duck(table, day - 7200, day + 3600))
     eng.close()
 
 
-def test_drop_stream_removes_the_copies_and_stats_show_them(tmp_path):
-    eng = psoup.Engine(path=tmp_path)
+def test_drop_stream_removes_the_copies_and_stats_show_them(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path))
     eng.execute("CREATE STREAM R (v INT) RETAIN 10 ROWS")
     eng.insert("R", {"v": np.arange(100)}, ts=np.arange(100) * 100.0)
     eng.checkpoint()
@@ -439,7 +471,7 @@ def test_drop_stream_removes_the_copies_and_stats_show_them(tmp_path):
     eng.close()
 
 
-def test_far_window_edges_are_clipped_to_the_copies(tmp_path):
+def test_far_window_edges_are_clipped_to_the_copies(tmp_path: Path) -> None:
     far = "BEGIN -100000000000000 END 100000000000000"
     eng, (handle,) = engine_with_history(tmp_path, [far])
     table = fill(eng, np.random.default_rng(5), 200, 200.0, 3)
@@ -448,18 +480,19 @@ def test_far_window_edges_are_clipped_to_the_copies(tmp_path):
     eng.close()
 
 
-def test_a_part_without_its_copies_is_answered_from_tuples(tmp_path):
+def test_a_part_without_its_copies_is_answered_from_tuples(tmp_path: Path) -> None:
     eng, handles = engine_with_history(tmp_path, ["", "BEGIN 0 END 10000000000"])
     table = fill(eng, np.random.default_rng(9), 300, 60.0, 4)
     eng.close()
     copies = sorted((tmp_path / "aggregates").rglob("agg-*.parquet"))
     copies[len(copies) // 2].unlink()                        # a crash before its write
     copies[0].with_name(copies[0].name + ".tmp").write_bytes(b"cut short")
-    eng = psoup.Engine(path=tmp_path)
+    eng = psoup.Engine(path=str(tmp_path))
     rollups = eng._core.answers.rollups
+    assert rollups is not None
     assert len(rollups.complete("R")) == len(rollups._parts["R"]) - 1
     assert not list((tmp_path / "aggregates").rglob("*.tmp"))
-    for handle, (a, b) in zip(handles, [(-math.inf, math.inf), (0, 1e10)]):
+    for handle, (a, b) in zip(handles, [(-math.inf, math.inf), (0, 1e10)], strict=True):
         assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
         assert_answer(eng.invoke(handle).rows[0], duck(table, a, b))
     rollups._check()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -24,15 +26,31 @@ import psoup
 from psoup.archive import rates, sampling
 from psoup.archive.layout import SAMPLE_COLUMN, arrow_schema, part_path
 from psoup.archive.parquet import Archive
-from psoup.errors import QueryError
-from psoup.query import compile_statement
-from psoup.results.aggregates import Aggregator
-from psoup.server.protocol import decode_answer, encode_answer, pack_frame, unpack_payload
+from psoup.archive.policy import ArchiveRead, Schedule
 from psoup.archive.sampling import draws_of
+from psoup.errors import QueryError
+from psoup.plans import SelectionPlan
+from psoup.query import compile_statement
+from psoup.query.model import Query, StreamSchema
+from psoup.results.aggregates import Aggregator
+from psoup.results.result import Result
+from psoup.server.protocol import decode_answer, encode_answer, pack_frame, unpack_payload
 from tests.oracles import binomial_p_value
 from tests.support import Clock
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+
+def _schema(ddl: str) -> StreamSchema:
+    schema = compile_statement(ddl, {})
+    assert isinstance(schema, StreamSchema)
+    return schema
+
+
+def _query(sql: str, schema: StreamSchema) -> Query:
+    query = compile_statement(sql, {"R": schema})
+    assert isinstance(query, Query)
+    return query
 
 
 def _table(n: int, first: int = 0) -> pa.Table:
@@ -43,7 +61,7 @@ def _table(n: int, first: int = 0) -> pa.Table:
 
 # ---------------------------------------------------------------------- the layout
 
-def test_each_row_group_holds_one_draw_range_in_tuple_id_order():
+def test_each_row_group_holds_one_draw_range_in_tuple_id_order() -> None:
     """Runs of 16,384 rows get 16 row groups of 64 draw values each; the last, shorter
     run fewer (7,232 rows: 4 groups of 256 values); every group in tupleID order."""
     sink = io.BytesIO()
@@ -67,15 +85,16 @@ def test_each_row_group_holds_one_draw_range_in_tuple_id_order():
 
 
 @pytest.mark.parametrize("rate", [1 / 16, 0.25, 0.3, 0.75])
-def test_a_sample_reads_only_the_row_groups_below_its_threshold(rate, monkeypatch):
+def test_a_sample_reads_only_the_row_groups_below_its_threshold(
+        rate: float, monkeypatch: pytest.MonkeyPatch) -> None:
     sink = io.BytesIO()
     sampling.write_runs(_table(4 * 16 * rates.MIN_GROUP_ROWS), np.random.default_rng(2), sink,
                         run_rows=16 * rates.MIN_GROUP_ROWS)
     whole = pq.read_table(sink)
-    read_groups = []
+    read_groups: list[int] = []
     real = pq.ParquetFile.read_row_groups
 
-    def spy(self, groups, *args, **kwargs):
+    def spy(self: pq.ParquetFile, groups: list[int], *args: Any, **kwargs: Any) -> pa.Table:
         read_groups.extend(groups)
         return real(self, groups, *args, **kwargs)
 
@@ -89,11 +108,11 @@ def test_a_sample_reads_only_the_row_groups_below_its_threshold(rate, monkeypatc
     assert len(read_groups) < pq.ParquetFile(sink).metadata.num_row_groups or rate == 1
 
 
-def pc_less(column, limit):
+def pc_less(column: pa.ChunkedArray, limit: int) -> pa.Array:
     return pa.array(column.to_numpy() < limit)
 
 
-def test_a_sample_is_uniform_per_stratum_by_a_binomial_test(tmp_path):
+def test_a_sample_is_uniform_per_stratum_by_a_binomial_test(tmp_path: Path) -> None:
     arc = Archive(tmp_path, seed=7)
     n = 200_000
     ids = np.arange(n)
@@ -117,15 +136,16 @@ def test_a_sample_is_uniform_per_stratum_by_a_binomial_test(tmp_path):
     assert binomial_p_value(int(skewed[: n // 10].sum()), n // 10, real) < 0.001
 
 
-def test_scaled_count_and_sum_intervals_cover_the_truth_in_93_percent_of_runs(tmp_path):
+def test_scaled_count_and_sum_intervals_cover_the_truth_in_93_percent_of_runs(
+        tmp_path: Path) -> None:
     """Archives of the same rows, each with its own seed: the 95% intervals of the COUNT
     and SUM estimates from a 10% sample plus exact live rows cover the truth in at least
     93% of 400 runs. (The first 100 seeds gave 94 and 92 of 100: a calibrated 95%
     interval passes "93 of 100" only about 80% of the time, so this asks 93% of 400,
     which it passes about 95% of the time, and which an interval of 90% coverage
     fails about 99% of the time.)"""
-    schema = compile_statement("CREATE STREAM R (a INT, g INT)", {})
-    query = compile_statement("SELECT COUNT(*), SUM(a) FROM R WHERE g < 3", {"R": schema})
+    schema = _schema("CREATE STREAM R (a INT, g INT)")
+    query = _query("SELECT COUNT(*), SUM(a) FROM R WHERE g < 3", schema)
     aggregator = Aggregator(query)
     gen = np.random.default_rng(11)
     n, live = 20_000, 500
@@ -152,7 +172,7 @@ def test_scaled_count_and_sum_intervals_cover_the_truth_in_93_percent_of_runs(tm
     assert min(covered.values()) >= 372, covered
 
 
-def test_a_part_file_without_draws_is_read_whole_and_hashed_for_samples():
+def test_a_part_file_without_draws_is_read_whole_and_hashed_for_samples() -> None:
     ids = np.arange(100_000, dtype=np.int64)
     drawn = draws_of(None, ids)
     assert drawn.min() >= 0 and drawn.max() < rates.SAMPLE_SPACE
@@ -172,50 +192,54 @@ def test_a_part_file_without_draws_is_read_whole_and_hashed_for_samples():
     ("SELECT * FROM R TABLESAMPLE BERNOULLI (5) REPEATABLE (1)", "REPEATABLE"),
     ("SELECT * FROM R r, R s TABLESAMPLE SYSTEM (5) WHERE r.a = s.a", "one stream"),
 ])
-def test_bad_tablesample_clauses_are_named(sql, error):
-    schema = compile_statement("CREATE STREAM R (a INT)", {})
+def test_bad_tablesample_clauses_are_named(sql: str, error: str) -> None:
+    schema = _schema("CREATE STREAM R (a INT)")
     with pytest.raises(QueryError, match=error.replace("(", r"\(").replace("[", r"\[")
                        .replace(")", r"\)").replace("]", r"\]")):
         compile_statement(sql, {"R": schema})
 
 
-def test_tablesample_rates_bernoulli_rows_system_whole_row_groups():
-    schema = compile_statement("CREATE STREAM R (a INT)", {})
-    q = compile_statement("SELECT * FROM R r [RANGE 1 HOUR] TABLESAMPLE SYSTEM (10)",
-                          {"R": schema})
+def test_tablesample_rates_bernoulli_rows_system_whole_row_groups() -> None:
+    schema = _schema("CREATE STREAM R (a INT)")
+    q = _query("SELECT * FROM R r [RANGE 1 HOUR] TABLESAMPLE SYSTEM (10)", schema)
     sample = q.sources[0].sample
+    assert sample is not None
     assert (sample.method, sample.fraction) == ("SYSTEM", 0.1)
     assert rates.sample_rate(sample.method, sample.fraction) == 2 / 16
     assert rates.sample_rate("BERNOULLI", 0.1) == 102 / 1024
-    full = compile_statement("SELECT * FROM R TABLESAMPLE BERNOULLI (100)", {"R": schema})
+    full = _query("SELECT * FROM R TABLESAMPLE BERNOULLI (100)", schema)
     assert full.sources[0].sample is None
 
 
-def test_fidelity_and_error_cross_the_wire():
+def test_fidelity_and_error_cross_the_wire() -> None:
     r = psoup.Result(["count(*)"], [(40.0,)], np.array([5.0]), np.array([-1]), cursor="c",
                      fidelity=[(-math.inf, 10.0, 0.25), (10.0, math.inf, 1.0)],
                      error={"count(*)": np.array([3.5])})
     back = decode_answer(unpack_payload(pack_frame(encode_answer(r))[4:]))
+    assert isinstance(back, Result)
     assert back.fidelity == r.fidelity and not back.exact
     assert back.error["count(*)"].tolist() == [3.5]
     exact = decode_answer(unpack_payload(pack_frame(encode_answer(
         psoup.Result(["a"], [(1,)], np.array([5.0]), np.array([3]))))[4:]))
+    assert isinstance(exact, Result)
     assert exact.exact and exact.error == {}
 
 
 # ---------------------------------------------------------------------- end to end
 
-def _engine(state, seed):
+def _engine(state: Path, seed: int
+            ) -> tuple[psoup.Engine, np.random.Generator, dict[str, list[Any]]]:
     """A durable engine at `state` holding 3,000 tuples of R, 64 retained: (it, the rows
     inserted as columns)."""
     gen = np.random.default_rng(seed)
-    eng = psoup.Engine(path=state, clock=Clock(0.0), chunk_rows=16)
+    eng = psoup.Engine(path=str(state), clock=Clock(0.0), chunk_rows=16)
     eng.execute("CREATE STREAM R (a INT, b FLOAT) RETAIN 64 ROWS")
-    rows: dict[str, list] = {}
+    rows: dict[str, list[Any]] = {}
     return eng, gen, rows
 
 
-def _fill(eng, gen, rows, start, n):
+def _fill(eng: psoup.Engine, gen: np.random.Generator, rows: dict[str, list[Any]],
+          start: float, n: int) -> None:
     ts = start + np.arange(n, dtype=float)
     batch = {"a": gen.integers(0, 10, n), "b": np.round(gen.random(n), 3)}
     tids = eng.insert("R", batch, ts=ts)
@@ -223,7 +247,7 @@ def _fill(eng, gen, rows, start, n):
         rows.setdefault(name, []).extend(values.tolist())
 
 
-def _oracle(rows, archive):
+def _oracle(rows: dict[str, list[Any]], archive: Path) -> duckdb.DuckDBPyConnection:
     """DuckDB: `src` every tuple inserted, with its draw (NULL if not archived)."""
     con = duckdb.connect()
     con.register("inserted", pa.table(rows))
@@ -236,7 +260,27 @@ def _oracle(rows, archive):
     return con
 
 
-def test_tablesample_answers_equal_duckdb_over_the_sample_plus_memory(tmp_path):
+def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
+    """The one row `sql` gives."""
+    row = con.execute(sql).fetchone()
+    assert row is not None
+    return row
+
+
+def _selection(eng: psoup.Engine, handle: str) -> SelectionPlan:
+    plan = eng._core.handles[handle]
+    assert isinstance(plan, SelectionPlan)
+    return plan
+
+
+def _sampled_below(eng: psoup.Engine, handle: str) -> int:
+    """The first tupleID the query's sampled tier did not read from the archive."""
+    sampled = eng._core.tiers.sampled(_selection(eng, handle).slot)
+    assert sampled is not None
+    return sampled.below
+
+
+def test_tablesample_answers_equal_duckdb_over_the_sample_plus_memory(tmp_path: Path) -> None:
     eng, gen, rows = _engine(tmp_path / "s", 3)
     h = {"count": eng.register("SELECT COUNT(*), SUM(a), AVG(b) FROM R TABLESAMPLE "
                                "BERNOULLI (30) WHERE a > 2"),
@@ -247,22 +291,22 @@ def test_tablesample_answers_equal_duckdb_over_the_sample_plus_memory(tmp_path):
     _fill(eng, gen, rows, 0, 3000)
     eng.evaluate_history()
     _fill(eng, gen, rows, 3000, 200)         # the tiers follow the horizon, exactly
-    below = min(eng._core.tiers.sampled(eng._core.handles[h["count"]].slot).below,
-                eng._core.tiers.sampled(eng._core.handles[h["rows"]].slot).below)
+    below = min(_sampled_below(eng, h["count"]), _sampled_below(eng, h["rows"]))
     con = _oracle(rows, tmp_path / "s" / "archive")
     now = 3200.0
     weight = f"CASE WHEN tid < {below} THEN 1024.0 / {rates.threshold(0.3)} ELSE 1 END"
     inside = f"(tid >= {below} OR draw < {rates.threshold(0.3)})"
-    count, total, var_c, var_s, avg = con.execute(
+    count, total, var_c, var_s, avg = _one(
+        con,
         f"SELECT SUM({weight}), SUM({weight} * a), SUM({weight} * {weight} - {weight}), "
         f"SUM(({weight} * {weight} - {weight}) * a * a), SUM({weight} * b) / SUM({weight}) "
-        f"FROM src WHERE a > 2 AND {inside}").fetchone()
+        f"FROM src WHERE a > 2 AND {inside}")
     got = eng.invoke(h["count"], now=now)
     assert got.rows[0][:2] == pytest.approx((count, total))
     assert got.rows[0][2] == pytest.approx(avg)
     assert got.error["count(*)"][0] == pytest.approx(1.96 * math.sqrt(var_c))
     assert got.error["sum(a)"][0] == pytest.approx(1.96 * math.sqrt(var_s))
-    (first_mem,) = con.execute(f"SELECT ts FROM src WHERE tid = {below}").fetchone()
+    (first_mem,) = _one(con, f"SELECT ts FROM src WHERE tid = {below}")
     assert got.fidelity == ((-math.inf, first_mem, rates.bernoulli_rate(0.3)),
                             (first_mem, math.inf, 1.0))
 
@@ -276,19 +320,19 @@ def test_tablesample_answers_equal_duckdb_over_the_sample_plus_memory(tmp_path):
     # 100 percent is the exact answer, over archive and memory
     exact = eng.invoke(h["exact"], now=now)
     assert exact.exact and exact.error == {}
-    assert exact.rows == [tuple(con.execute(
-        "SELECT COUNT(*), SUM(a) FROM src WHERE a > 2").fetchone())]
+    assert exact.rows == [tuple(_one(con, "SELECT COUNT(*), SUM(a) FROM src WHERE a > 2"))]
 
     # a restart keeps how the tiers were sampled
     eng.close()
-    again = psoup.Engine(path=tmp_path / "s", clock=Clock(now))
+    again = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(now))
     back = again.invoke(h["count"], now=now)
     assert back.rows == got.rows and back.fidelity == got.fidelity
     again._check()
     again.close()
 
 
-def test_a_query_that_finds_nothing_in_its_sample_keeps_its_rate_across_a_restart(tmp_path):
+def test_a_query_that_finds_nothing_in_its_sample_keeps_its_rate_across_a_restart(
+        tmp_path: Path) -> None:
     eng, gen, rows = _engine(tmp_path / "s", 4)
     h = eng.register("SELECT COUNT(*) FROM R TABLESAMPLE BERNOULLI (5) WHERE a > 100")
     _fill(eng, gen, rows, 0, 1000)
@@ -296,12 +340,13 @@ def test_a_query_that_finds_nothing_in_its_sample_keeps_its_rate_across_a_restar
     first = eng.invoke(h, now=1000.0)
     assert first.rows == [(0.0,)] and not first.exact
     eng.close()
-    again = psoup.Engine(path=tmp_path / "s", clock=Clock(1000.0))
+    again = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(1000.0))
     assert again.invoke(h, now=1000.0).fidelity == first.fidelity
     again.close()
 
 
-def test_reshape_rewrites_an_old_archive_and_samples_then_read_its_draws(tmp_path):
+def test_reshape_rewrites_an_old_archive_and_samples_then_read_its_draws(
+        tmp_path: Path) -> None:
     from psoup.spark.reshape import reshape
 
     root = tmp_path / "arc"
@@ -325,10 +370,10 @@ def test_reshape_rewrites_an_old_archive_and_samples_then_read_its_draws(tmp_pat
 
 # ---------------------------------------------------------------------- overload policy
 
-def test_a_budget_picks_the_largest_whole_row_group_rate_that_fits():
-    from psoup.archive.policy import ArchiveRead, Budget
+def test_a_budget_picks_the_largest_whole_row_group_rate_that_fits() -> None:
+    from psoup.archive.policy import Budget
 
-    def rate(rows, seconds, rps=1e6):
+    def rate(rows: int, seconds: float, rps: float = 1e6) -> float:
         (step,) = Budget(seconds).schedule(ArchiveRead("R", rows, 0, 0.0, 1.0, 2.0, rps))
         return step[1]
 
@@ -339,8 +384,8 @@ def test_a_budget_picks_the_largest_whole_row_group_rate_that_fits():
     assert rate(4 * 10**6, 1.0, rps=2e6) == 0.5        # a faster pass reads more
 
 
-def test_by_age_and_caps_and_bad_schedules():
-    from psoup.archive.policy import WHOLE, ArchiveRead, ByAge, capped, check_schedule
+def test_by_age_and_caps_and_bad_schedules() -> None:
+    from psoup.archive.policy import WHOLE, ByAge, capped, check_schedule
 
     read = ArchiveRead("R", 10, 80, 0.0, 9.0, 1000.0)
     schedule = ByAge([(100, 1.0), (500, 0.5)], older=0.1).schedule(read)
@@ -355,24 +400,25 @@ def test_by_age_and_caps_and_bad_schedules():
         ByAge([(0, 1.0)], older=0.5)
 
 
-def test_engine_refuses_two_policies_or_one_without_a_schedule(tmp_path):
+def test_engine_refuses_two_policies_or_one_without_a_schedule(tmp_path: Path) -> None:
     from psoup.archive.policy import ConstantRate
 
     with pytest.raises(ValueError, match="not both"):
         psoup.Engine(archive_budget=1.0, archive_policy=ConstantRate(0.5))
+    no_policy: Any = object()              # no schedule method: refused at run time
     with pytest.raises(ValueError, match="schedule"):
-        psoup.Engine(archive_policy=object())
+        psoup.Engine(archive_policy=no_policy)
     with pytest.raises(ValueError, match="positive"):
         psoup.Engine(archive_budget=0)
 
 
 class _Broken:
-    def schedule(self, read):
+    def schedule(self, read: ArchiveRead) -> Schedule:
         return ((0.0, 0.5),)                     # does not start at -inf
 
 
-def test_a_policy_that_fails_starts_no_job_and_changes_nothing(tmp_path):
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=16,
+def test_a_policy_that_fails_starts_no_job_and_changes_nothing(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=16,
                        archive_policy=_Broken())
     eng.execute("CREATE STREAM R (a INT) RETAIN 16 ROWS")
     h = eng.register("SELECT * FROM R")
@@ -386,15 +432,16 @@ def test_a_policy_that_fails_starts_no_job_and_changes_nothing(tmp_path):
     eng.close()
 
 
-def test_an_age_policy_reads_old_data_thinner_and_answers_say_so(tmp_path):
+def test_an_age_policy_reads_old_data_thinner_and_answers_say_so(tmp_path: Path) -> None:
     from psoup.archive.policy import ByAge
 
     now = 3000.0
     policy = ByAge([(1000, 1.0)], older=0.25)            # ts >= 2000 whole, older 25%
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(now), chunk_rows=16,
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(now), chunk_rows=16,
                        archive_policy=policy)
     eng.execute("CREATE STREAM R (a INT, b FLOAT) RETAIN 64 ROWS")
-    gen, rows = np.random.default_rng(8), {}
+    gen = np.random.default_rng(8)
+    rows: dict[str, list[Any]] = {}
     count = eng.register("SELECT COUNT(*), SUM(a) FROM R WHERE a > 2")
     listed = eng.register("SELECT a FROM R TABLESAMPLE BERNOULLI (10) WHERE a < 5 "
                           "BEGIN 500 END NOW")
@@ -402,15 +449,15 @@ def test_an_age_policy_reads_old_data_thinner_and_answers_say_so(tmp_path):
     eng.evaluate_history()
     assert eng.stats()["archive_reads"]["reduction"] == {"R": [[-math.inf, 0.25],
                                                                [2000.0, 1.0]]}
-    below = eng._core.tiers.sampled(eng._core.handles[count].slot).below
+    below = _sampled_below(eng, count)
     eng.close()
     # the policy applies to invocations' reads of the tiers too: read them whole here
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(now))
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(now))
     con = _oracle(rows, tmp_path / "s" / "archive")
     weight = f"CASE WHEN tid >= {below} OR ts >= 2000 THEN 1 ELSE 4 END"
     inside = f"(tid >= {below} OR ts >= 2000 OR draw < 256)"
-    want = con.execute(f"SELECT SUM({weight}), SUM({weight} * a) FROM src WHERE a > 2 "
-                       f"AND {inside}").fetchone()
+    want = _one(con, f"SELECT SUM({weight}), SUM({weight} * a) FROM src WHERE a > 2 "
+                     f"AND {inside}")
     got = eng.invoke(count, now=now)
     assert got.rows[0] == pytest.approx(want)
     assert got.fidelity == ((-math.inf, 2000.0, 0.25), (2000.0, math.inf, 1.0))
@@ -423,7 +470,8 @@ def test_an_age_policy_reads_old_data_thinner_and_answers_say_so(tmp_path):
     eng.close()
 
 
-def test_an_invocation_reads_a_sample_of_the_tier_when_the_policy_says_so(tmp_path):
+def test_an_invocation_reads_a_sample_of_the_tier_when_the_policy_says_so(
+        tmp_path: Path) -> None:
     """ConstantRate(0.25): the history job reads a quarter of the archive, and every
     invocation a quarter of the tier's files: the same archived tuples (a match keeps
     its tuple's draw, so the samples nest), a quarter of the matches found in memory
@@ -431,23 +479,24 @@ def test_an_invocation_reads_a_sample_of_the_tier_when_the_policy_says_so(tmp_pa
     from psoup.archive.policy import ConstantRate
 
     now = 3000.0
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(now), chunk_rows=16,
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(now), chunk_rows=16,
                        archive_policy=ConstantRate(0.25))
     eng.execute("CREATE STREAM R (a INT, b FLOAT) RETAIN 64 ROWS")
-    gen, rows = np.random.default_rng(9), {}
+    gen = np.random.default_rng(9)
+    rows: dict[str, list[Any]] = {}
     h = eng.register("SELECT COUNT(*), SUM(a) FROM R WHERE a > 2")
     _fill(eng, gen, rows, 0, 3000)
     eng.evaluate_history()
     _fill(eng, gen, rows, 3000, 300)          # the tier gains matches from memory
     eng.commit()
     eng.close()                               # saved: every match of the tier on disk
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(now + 300),
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(now + 300),
                        archive_policy=ConstantRate(0.25))
     stem = eng._core.stems["R"]
-    below = eng._core.tiers.sampled(eng._core.handles[h].slot).below
+    below = _sampled_below(eng, h)
     horizon = stem.tid_bound(stem.horizon)
     con = _oracle(rows, tmp_path / "s" / "archive")
-    slot = eng._core.handles[h].slot
+    slot = _selection(eng, h).slot
     files = [tmp_path / "s" / "tiers" / seg.name for seg in eng._core.tiers._tiers[slot].segments
              if seg.rows]
     tier = pa.concat_tables([pq.read_table(p, columns=["tupleID", SAMPLE_COLUMN])
@@ -457,10 +506,11 @@ def test_an_invocation_reads_a_sample_of_the_tier_when_the_policy_says_so(tmp_pa
     # memory: whole; the tier's saved files: their draws below 256, a quarter; its
     # matches not saved yet (in memory, found again when the log was replayed): whole
     weight = f"CASE WHEN tid >= {horizon} OR tid > {saved} THEN 1.0 ELSE 4.0 END"
-    want = con.execute(
+    want = _one(
+        con,
         f"SELECT SUM({weight}), SUM({weight} * a) FROM src LEFT JOIN tier t "
         f"ON t.tupleID = src.tid WHERE a > 2 AND (tid >= {horizon} OR tid > {saved} OR "
-        f"t.psoup_sample < 256)").fetchone()
+        f"t.psoup_sample < 256)")
     assert below <= saved < horizon
     got = eng.invoke(h, now=now + 300)
     assert got.rows[0] == pytest.approx(want)

@@ -12,10 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 import psoup
 from psoup import Client, Engine
@@ -25,9 +29,7 @@ from psoup.errors import CursorExpired, PSoupError, QueryError, SchemaError, Unk
 from psoup.results.result import Changes, Result
 from psoup.server import Limits, Server
 from psoup.server import server as server_module
-from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
-                                   pack_frame)
-
+from psoup.server.protocol import HEADER, PROTOCOL, ProtocolError, decode_answer, pack_frame
 from tests.support import Clock, read_reply
 
 TOKEN = "test-token"
@@ -35,14 +37,20 @@ LIMITS = Limits(max_frame_bytes=1 << 20, max_batch_rows=5_000, max_query_chars=2
                 max_factors=8, read_timeout=0.5)
 QUERY = "SELECT a, name FROM R WHERE a > 2 AND b <= 40 BEGIN NOW - 50 END NOW"
 
+#: A fixture's client factory: Client(address, token, timeout) with these keywords added.
+Connect = Callable[..., Client]
+#: What `populated` holds: the handle of QUERY, and snapshot() of the server's state.
+Snapshot = tuple[list[tuple[str, str]], list[tuple[Any, ...]], list[Any]]
+Populated = tuple[str, Callable[[], Snapshot]]
+
 
 @pytest.fixture
-def engine():
+def engine() -> Engine:
     return Engine(clock=Clock(1000.0))
 
 
 @pytest.fixture
-def server(engine):
+def server(engine: Engine) -> Iterator[Server]:
     srv = Server(engine, port=0, token=TOKEN, limits=LIMITS)
     srv.start_in_thread()
     yield srv
@@ -50,16 +58,17 @@ def server(engine):
 
 
 @pytest.fixture
-def address(server):
+def address(server: Server) -> str:
+    assert server.address is not None
     host, port = server.address
     return f"{host}:{port}"
 
 
 @pytest.fixture
-def connect(address):
+def connect(address: str) -> Iterator[Connect]:
     clients = []
 
-    def make(**kwargs):
+    def make(**kwargs: Any) -> Client:
         client = Client(address, token=TOKEN, timeout=5.0, **kwargs)
         clients.append(client)
         return client
@@ -68,31 +77,38 @@ def connect(address):
         client.close()
 
 
-def _rows(start, n):
+def _rows(start: int, n: int) -> tuple[list[tuple[int, int, str]], list[float]]:
     """n rows of R (a INT, b INT, name TEXT), with one timestamp each."""
     a = [(start + i) % 7 for i in range(n)]
     b = [(start + i) * 3 % 50 for i in range(n)]
     names = [f"n{start + i}" for i in range(n)]
     ts = [100.0 + start + i for i in range(n)]
-    return list(zip(a, b, names)), ts
+    return list(zip(a, b, names, strict=True)), ts
 
 
-def _setup(target):
+def _setup(target: Engine | Client) -> str:
     """The same stream and query on an Engine or a Client; returns the handle."""
     target.execute("CREATE STREAM R (a INT, b INT, name TEXT)")
     return target.register(QUERY)
 
 
-def client_address(client):
+def client_address(client: Client) -> str:
     return f"{client.host}:{client.port}"
 
 
-def _same(got, want):
+def _same(got: Result, want: Result) -> None:
     assert type(got) is type(want)
     assert got.columns == want.columns
     assert got.rows == want.rows
     assert got.ts.tolist() == want.ts.tolist()
     assert got.tuple_ids.tolist() == want.tuple_ids.tolist()
+
+
+def _decoded(wire: dict[str, Any]) -> Result:
+    """The answer of an `invoke` reply given no cursor."""
+    answer = decode_answer(wire)
+    assert isinstance(answer, Result)
+    return answer
 
 
 class Raw:
@@ -104,31 +120,36 @@ class Raw:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def request(self, op, args=None, request_id=1):
+    def request(self, op: str, args: dict[str, Any] | None = None, request_id: int = 1) -> Any:
         self.send(pack_frame({"id": request_id, "op": op, "args": args or {}}))
         return self.reply()
 
-    def hello(self):
+    def hello(self) -> dict[str, Any]:
         reply = self.request("hello", {"token": TOKEN, "protocol": PROTOCOL}, request_id=0)
         assert reply["ok"], reply
-        return reply["result"]
+        info: dict[str, Any] = reply["result"]
+        return info
 
-    def reply(self):
+    def reply(self) -> Any:
+        """The next reply as msgpack decoded it; None once the server closed."""
         return read_reply(self.sock)
 
     def at_eof(self) -> bool:
         return self.sock.recv(1) == b""
 
-    def close(self):
+    def close(self) -> None:
         self.sock.close()
 
 
+OpenRaw = Callable[[], Raw]
+
+
 @pytest.fixture
-def open_raw(address):
+def open_raw(address: str) -> Iterator[OpenRaw]:
     """Open raw connections to the server; closed after the test."""
     opened = []
 
-    def open_raw():
+    def open_raw() -> Raw:
         host, port = address.rsplit(":", 1)
         opened.append(Raw(socket.create_connection((host, int(port)), timeout=5.0)))
         return opened[-1]
@@ -138,14 +159,14 @@ def open_raw(address):
 
 
 @pytest.fixture
-def populated(connect):
+def populated(connect: Connect) -> Populated:
     """A server holding R, QUERY and 30 rows; returns (handle, snapshot())."""
     client = connect()
     handle = _setup(client)
     rows, ts = _rows(0, 30)
     client.insert("R", rows, ts=ts)
 
-    def snapshot():
+    def snapshot() -> Snapshot:
         with Client(client_address(client), token=TOKEN) as fresh:
             answer = fresh.invoke(handle, now=140.0)
             return fresh.queries(), answer.rows, answer.tuple_ids.tolist()
@@ -154,13 +175,14 @@ def populated(connect):
 
 # ---------------------------------------------------------------------- hello
 
-def test_wrong_token_is_refused(address):
+def test_wrong_token_is_refused(address: str) -> None:
     with pytest.raises(PSoupError) as err:
         Client(address, token="not-the-token")
     assert err.value.code == "auth"
 
 
-def test_a_refused_token_says_where_the_right_one_is(address, monkeypatch):
+def test_a_refused_token_says_where_the_right_one_is(
+        address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     host, port = address.rsplit(":", 1)
     monkeypatch.setenv("PSOUP_TOKEN", "stale")
     with pytest.raises(PSoupError) as err:
@@ -170,14 +192,14 @@ def test_a_refused_token_says_where_the_right_one_is(address, monkeypatch):
     assert str(token_path(host, int(port))) in message
 
 
-def test_no_op_is_served_before_hello(open_raw):
+def test_no_op_is_served_before_hello(open_raw: OpenRaw) -> None:
     raw = open_raw()
     reply = raw.request("queries")
     assert reply["ok"] is False and reply["error"]["code"] == "auth"
     assert raw.at_eof()
 
 
-def test_hello_names_the_server_and_its_limits(open_raw):
+def test_hello_names_the_server_and_its_limits(open_raw: OpenRaw) -> None:
     import psoup
     info = open_raw().hello()
     assert info["server"] == "psoup" and info["version"] == psoup.__version__
@@ -185,21 +207,22 @@ def test_hello_names_the_server_and_its_limits(open_raw):
     assert info["limits"]["max_batch_rows"] == LIMITS.max_batch_rows
 
 
-def test_a_hello_of_another_protocol_version_is_refused_and_closed(open_raw):
+def test_a_hello_of_another_protocol_version_is_refused_and_closed(open_raw: OpenRaw) -> None:
     raw = open_raw()
     reply = raw.request("hello", {"token": TOKEN}, request_id=0)      # version 1: rows
     assert reply["ok"] is False and reply["error"]["code"] == "protocol"
     assert "protocol 1" in reply["error"]["message"] and raw.at_eof()
 
 
-def test_a_client_and_server_of_other_protocol_versions_do_not_talk(monkeypatch, address):
+def test_a_client_and_server_of_other_protocol_versions_do_not_talk(
+        monkeypatch: pytest.MonkeyPatch, address: str) -> None:
     import psoup.client
     monkeypatch.setattr(psoup.client, "PROTOCOL", PROTOCOL + 1)
     with pytest.raises(PSoupError, match="protocol"):
         Client(address, token=TOKEN)
 
 
-def test_token_comes_from_the_environment(address, monkeypatch):
+def test_token_comes_from_the_environment(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PSOUP_TOKEN", TOKEN)
     with Client(address) as client:
         assert client.ping() == "pong"
@@ -207,7 +230,7 @@ def test_token_comes_from_the_environment(address, monkeypatch):
 
 # ---------------------------------------------------------------------- answers
 
-def test_disconnected_client_gets_the_embedded_answer(connect):
+def test_disconnected_client_gets_the_embedded_answer(connect: Connect) -> None:
     embedded = Engine(clock=Clock(1000.0))
     handle_here = _setup(embedded)
     registrar = connect()
@@ -225,7 +248,7 @@ def test_disconnected_client_gets_the_embedded_answer(connect):
     assert len(later.invoke(handle, now=160.0)) > 0
 
 
-def test_columns_fast_path_and_rows_give_the_same_answer(connect):
+def test_columns_fast_path_and_rows_give_the_same_answer(connect: Connect) -> None:
     client = connect()
     client.execute("CREATE STREAM P (a INT, x FLOAT, ok BOOL, name TEXT)")
     client.execute("CREATE STREAM Q (a INT, x FLOAT, ok BOOL, name TEXT)")
@@ -243,7 +266,7 @@ def test_columns_fast_path_and_rows_give_the_same_answer(connect):
     assert p.rows == q.rows and p.ts.tolist() == q.ts.tolist()
 
 
-def test_insert_returns_the_tuple_ids(connect):
+def test_insert_returns_the_tuple_ids(connect: Connect) -> None:
     client = connect()
     _setup(client)
     first = client.insert("R", *_rows(0, 3))
@@ -253,7 +276,7 @@ def test_insert_returns_the_tuple_ids(connect):
     assert second.tolist() == [3]
 
 
-def test_insert_beyond_the_server_batch_limit_is_split(connect):
+def test_insert_beyond_the_server_batch_limit_is_split(connect: Connect) -> None:
     client = connect()
     client.execute("CREATE STREAM S (a INT)")
     handle = client.register("SELECT a FROM S WHERE a >= 0")
@@ -263,7 +286,7 @@ def test_insert_beyond_the_server_batch_limit_is_split(connect):
     assert client.invoke(handle, now=float(n)).tuple_ids.tolist() == list(range(n))
 
 
-def test_failure_in_a_later_batch_names_the_stored_rows(connect):
+def test_failure_in_a_later_batch_names_the_stored_rows(connect: Connect) -> None:
     client = connect(batch_rows=10)
     client.execute("CREATE STREAM S (a INT)")
     with pytest.raises(SchemaError, match=r"rows 10\.\.19 of an insert of 25; rows 0\.\.9 "
@@ -272,8 +295,8 @@ def test_failure_in_a_later_batch_names_the_stored_rows(connect):
     assert client.stats()["streams"]["S"]["rows"] == 10
 
 
-def test_pipelined_requests_are_answered_in_order_and_reads_see_earlier_writes(open_raw,
-                                                                                 populated):
+def test_pipelined_requests_are_answered_in_order_and_reads_see_earlier_writes(
+        open_raw: OpenRaw, populated: Populated) -> None:
     handle, _ = populated
     raw = open_raw()
     raw.hello()
@@ -285,10 +308,11 @@ def test_pipelined_requests_are_answered_in_order_and_reads_see_earlier_writes(o
     replies = [raw.reply() for _ in frames]
     assert [r["id"] for r in replies] == [10, 11, 12]
     assert all(r["ok"] for r in replies), replies
-    assert (5, "late") in decode_answer(replies[1]["result"]).rows
+    assert (5, "late") in _decoded(replies[1]["result"]).rows
 
 
-def test_chained_batch_after_a_rejected_one_is_skipped(open_raw, populated):
+def test_chained_batch_after_a_rejected_one_is_skipped(
+        open_raw: OpenRaw, populated: Populated) -> None:
     _, snapshot = populated
     before = snapshot()
     raw = open_raw()
@@ -306,7 +330,8 @@ def test_chained_batch_after_a_rejected_one_is_skipped(open_raw, populated):
     assert raw.request("insert", good, request_id=4)["ok"]     # an unchained write resets
 
 
-def test_queries_and_stats_over_the_wire_equal_the_engines(engine, connect, populated):
+def test_queries_and_stats_over_the_wire_equal_the_engines(
+        engine: Engine, connect: Connect, populated: Populated) -> None:
     client = connect()
     assert client.queries() == engine.queries()
     stats = client.stats()
@@ -325,7 +350,8 @@ def test_queries_and_stats_over_the_wire_equal_the_engines(engine, connect, popu
     (pack_frame({"id": 5, "args": {}}), "bad_frame"),                # no op
     (HEADER.pack(LIMITS.max_frame_bytes + 1), "frame_too_large"),    # announced, not sent
 ])
-def test_bad_frame_gets_one_error_then_the_connection_closes(open_raw, populated, frame, code):
+def test_bad_frame_gets_one_error_then_the_connection_closes(
+        open_raw: OpenRaw, populated: Populated, frame: bytes, code: str) -> None:
     _, snapshot = populated
     before = snapshot()
     raw = open_raw()
@@ -337,7 +363,7 @@ def test_bad_frame_gets_one_error_then_the_connection_closes(open_raw, populated
     assert snapshot() == before
 
 
-def test_garbage_before_hello_is_refused(open_raw, populated):
+def test_garbage_before_hello_is_refused(open_raw: OpenRaw, populated: Populated) -> None:
     _, snapshot = populated
     before = snapshot()
     raw = open_raw()
@@ -347,7 +373,7 @@ def test_garbage_before_hello_is_refused(open_raw, populated):
     assert snapshot() == before
 
 
-def test_truncated_frame_then_eof_changes_nothing(open_raw, populated):
+def test_truncated_frame_then_eof_changes_nothing(open_raw: OpenRaw, populated: Populated) -> None:
     handle, snapshot = populated
     before = snapshot()
     raw = open_raw()
@@ -358,7 +384,7 @@ def test_truncated_frame_then_eof_changes_nothing(open_raw, populated):
     assert snapshot() == before
 
 
-def test_half_frame_times_out_and_closes(open_raw):
+def test_half_frame_times_out_and_closes(open_raw: OpenRaw) -> None:
     raw = open_raw()
     raw.hello()
     raw.send(HEADER.pack(100) + b"x" * 10)
@@ -367,7 +393,8 @@ def test_half_frame_times_out_and_closes(open_raw):
     assert time.monotonic() - started < LIMITS.read_timeout + 2
 
 
-def test_unknown_op_is_an_error_and_the_connection_stays(open_raw, populated):
+def test_unknown_op_is_an_error_and_the_connection_stays(
+        open_raw: OpenRaw, populated: Populated) -> None:
     _, snapshot = populated
     before = snapshot()
     raw = open_raw()
@@ -389,7 +416,8 @@ def test_unknown_op_is_an_error_and_the_connection_stays(open_raw, populated):
     ("create_stream", {"name": "T", "columns": [["a"]]}),
     ("register", {}),
 ])
-def test_bad_arguments_are_an_error_and_the_connection_stays(open_raw, populated, op, args):
+def test_bad_arguments_are_an_error_and_the_connection_stays(
+        open_raw: OpenRaw, populated: Populated, op: str, args: dict[str, Any]) -> None:
     _, snapshot = populated
     before = snapshot()
     raw = open_raw()
@@ -400,7 +428,8 @@ def test_bad_arguments_are_an_error_and_the_connection_stays(open_raw, populated
     assert snapshot() == before
 
 
-def test_limits_refuse_long_sql_too_many_factors_and_big_batches(open_raw, connect, populated):
+def test_limits_refuse_long_sql_too_many_factors_and_big_batches(
+        open_raw: OpenRaw, connect: Connect, populated: Populated) -> None:
     _, snapshot = populated
     before = snapshot()
     client = connect()
@@ -419,7 +448,7 @@ def test_limits_refuse_long_sql_too_many_factors_and_big_batches(open_raw, conne
     assert snapshot() == before
 
 
-def test_registrations_beyond_the_servers_max_queries_are_a_limit_error(engine):
+def test_registrations_beyond_the_servers_max_queries_are_a_limit_error(engine: Engine) -> None:
     srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_queries=1))
     host, port = srv.start_in_thread()
     try:
@@ -434,7 +463,7 @@ def test_registrations_beyond_the_servers_max_queries_are_a_limit_error(engine):
         srv.stop()
 
 
-def test_a_batch_beyond_the_servers_max_stream_bytes_is_a_limit_error(engine):
+def test_a_batch_beyond_the_servers_max_stream_bytes_is_a_limit_error(engine: Engine) -> None:
     srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_stream_bytes=24 * 10))
     host, port = srv.start_in_thread()
     try:
@@ -450,7 +479,7 @@ def test_a_batch_beyond_the_servers_max_stream_bytes_is_a_limit_error(engine):
         srv.stop()
 
 
-def test_connections_beyond_the_limit_are_refused(engine):
+def test_connections_beyond_the_limit_are_refused(engine: Engine) -> None:
     srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_connections=1))
     host, port = srv.start_in_thread()
     try:
@@ -463,7 +492,7 @@ def test_connections_beyond_the_limit_are_refused(engine):
         srv.stop()
 
 
-def test_before_hello_a_frame_may_hold_only_a_few_kib(open_raw):
+def test_before_hello_a_frame_may_hold_only_a_few_kib(open_raw: OpenRaw) -> None:
     raw = open_raw()
     raw.send(HEADER.pack(60 << 20))            # announces 60 MiB, under max_frame_bytes
     reply = raw.reply()
@@ -471,7 +500,7 @@ def test_before_hello_a_frame_may_hold_only_a_few_kib(open_raw):
     assert "before hello" in reply["error"]["message"] and raw.at_eof()
 
 
-def test_a_silent_connection_is_closed_after_the_hello_timeout(engine):
+def test_a_silent_connection_is_closed_after_the_hello_timeout(engine: Engine) -> None:
     srv = Server(engine, port=0, token=TOKEN, limits=Limits(hello_timeout=0.3))
     host, port = srv.start_in_thread()
     try:
@@ -484,7 +513,7 @@ def test_a_silent_connection_is_closed_after_the_hello_timeout(engine):
         srv.stop()
 
 
-def test_silent_connections_never_keep_a_client_out(engine):
+def test_silent_connections_never_keep_a_client_out(engine: Engine) -> None:
     """Sockets that never say hello count apart from authenticated connections, and
     beyond their own quota the oldest is closed: a client still gets in, and one
     already in is never disturbed."""
@@ -506,7 +535,7 @@ def test_silent_connections_never_keep_a_client_out(engine):
 
 # ---------------------------------------------------------------------- engine errors
 
-def test_bad_sql_raises_the_engines_query_error(connect, populated):
+def test_bad_sql_raises_the_engines_query_error(connect: Connect, populated: Populated) -> None:
     _, snapshot = populated
     before = snapshot()
     client = connect()
@@ -526,7 +555,9 @@ def test_bad_sql_raises_the_engines_query_error(connect, populated):
     ([(1, 2, "x")], 50.0),                # ts below the stream's latest
     ({"a": [1], "b": ["no"], "name": ["x"]}, 500.0),
 ])
-def test_bad_tuples_raise_the_engines_schema_error(connect, populated, rows, ts):
+def test_bad_tuples_raise_the_engines_schema_error(
+        connect: Connect, populated: Populated, rows: list[tuple[Any, ...]] | dict[str, list[Any]],
+        ts: float) -> None:
     _, snapshot = populated
     before = snapshot()
     with pytest.raises(SchemaError) as over_wire:
@@ -540,7 +571,7 @@ def test_bad_tuples_raise_the_engines_schema_error(connect, populated, rows, ts)
     assert snapshot() == before
 
 
-def test_unknown_handle_raises_unknown_handle(connect, populated):
+def test_unknown_handle_raises_unknown_handle(connect: Connect, populated: Populated) -> None:
     _, snapshot = populated
     before = snapshot()
     client = connect()
@@ -551,7 +582,7 @@ def test_unknown_handle_raises_unknown_handle(connect, populated):
     assert snapshot() == before
 
 
-def test_unregistered_handle_stops_working(connect, populated):
+def test_unregistered_handle_stops_working(connect: Connect, populated: Populated) -> None:
     handle, _ = populated
     client = connect()
     client.unregister(handle)
@@ -562,12 +593,12 @@ def test_unregistered_handle_stops_working(connect, populated):
 
 # ---------------------------------------------------------------------- cursors
 
-def test_changes_since_a_cursor_compose_to_the_new_answer(connect):
+def test_changes_since_a_cursor_compose_to_the_new_answer(connect: Connect) -> None:
     client = connect()
     handle = _setup(client)
     answer = client.invoke(handle, now=100.0)
     assert isinstance(answer, Result) and answer.cursor
-    seen = dict(zip(answer.tuple_ids.tolist(), answer.rows))
+    seen = dict(zip(answer.tuple_ids.tolist(), answer.rows, strict=True))
     cursor = answer.cursor
     for start in (0, 40, 80, 120):
         client.insert("R", *_rows(start, 40))
@@ -576,20 +607,21 @@ def test_changes_since_a_cursor_compose_to_the_new_answer(connect):
         assert isinstance(changes, Changes)
         for tid in changes.deleted.tuple_ids.tolist():
             del seen[tid]
-        seen.update(zip(changes.inserted.tuple_ids.tolist(), changes.inserted.rows))
+        seen.update(zip(changes.inserted.tuple_ids.tolist(), changes.inserted.rows, strict=True))
         full = client.invoke(handle, now=now)
-        assert sorted(seen.items()) == sorted(zip(full.tuple_ids.tolist(), full.rows))
+        assert sorted(seen.items()) == sorted(zip(full.tuple_ids.tolist(), full.rows, strict=True))
         assert len(changes.inserted) > 0
         cursor = changes.cursor
     assert len(changes.deleted) > 0
 
 
-def test_aggregate_changes_over_the_wire_count_equal_rows_of_two_groups(connect):
+def test_aggregate_changes_over_the_wire_count_equal_rows_of_two_groups(connect: Connect) -> None:
     client = connect()
     client.execute("CREATE STREAM G (g INT, x INT)")
     handle = client.register("SELECT COUNT(*) FROM G GROUP BY g BEGIN NOW - 50 END NOW")
     client.insert("G", [(1, 0)], ts=1.0)
     first = client.invoke(handle, now=10.0)
+    assert first.cursor is not None
     client.insert("G", [(2, 0)], ts=2.0)
     changes = client.invoke(handle, now=10.0, since=first.cursor)
     assert (changes.inserted.rows, changes.deleted.rows) == ([(1,)], [])
@@ -597,7 +629,7 @@ def test_aggregate_changes_over_the_wire_count_equal_rows_of_two_groups(connect)
     assert (gone.inserted.rows, gone.deleted.rows) == ([], [(1,), (1,)])
 
 
-def test_unknown_cursor_raises_cursor_expired(connect, populated):
+def test_unknown_cursor_raises_cursor_expired(connect: Connect, populated: Populated) -> None:
     handle, _ = populated
     with pytest.raises(CursorExpired):
         connect().invoke(handle, now=140.0, since="no-such-cursor")
@@ -606,12 +638,13 @@ def test_unknown_cursor_raises_cursor_expired(connect, populated):
 # ---------------------------------------------------------------------- reconnection
 
 @pytest.fixture
-def restart(engine, server):
+def restart(engine: Engine, server: Server) -> Iterator[Callable[[], None]]:
     """Stop the server (closing every connection) and serve the same engine again on the
     same port."""
     servers = []
 
-    def again():
+    def again() -> None:
+        assert server.address is not None
         host, port = server.address
         server.stop()
         servers.append(Server(engine, host, port, token=TOKEN, limits=LIMITS))
@@ -621,7 +654,8 @@ def restart(engine, server):
         srv.stop()
 
 
-def test_client_reconnects_for_a_read_after_the_server_drops_it(connect, restart):
+def test_client_reconnects_for_a_read_after_the_server_drops_it(
+        connect: Connect, restart: Callable[[], None]) -> None:
     client = connect()
     handle = _setup(client)
     client.insert("R", *_rows(0, 20))
@@ -630,7 +664,8 @@ def test_client_reconnects_for_a_read_after_the_server_drops_it(connect, restart
     _same(client.invoke(handle, now=130.0), before)
 
 
-def test_client_reconnects_for_a_write_after_the_server_drops_it(connect, restart):
+def test_client_reconnects_for_a_write_after_the_server_drops_it(
+        connect: Connect, restart: Callable[[], None]) -> None:
     client = connect()
     _setup(client)
     client.insert("R", *_rows(0, 20))
@@ -643,15 +678,15 @@ class LosingServer:
     """Answers hello, then loses the connection after reading the first request; later
     connections are answered normally. Records every request it read."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
-        self.requests = []
-        self.args = []
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.requests: list[str] = []
+        self.args: list[dict[str, Any]] = []
         self.connections = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
-    def _serve(self):
+    def _serve(self) -> None:
         while True:
             try:
                 conn, _ = self.listener.accept()
@@ -660,13 +695,14 @@ class LosingServer:
             self.connections += 1
             threading.Thread(target=self._talk, args=(conn, self.connections), daemon=True).start()
 
-    def _talk(self, conn, number):
+    def _talk(self, conn: socket.socket, number: int) -> None:
         raw = Raw(conn)
         with conn:
             while True:
                 message = raw.reply()
                 if message is None:
                     return
+                result: object
                 if message["op"] == "hello":
                     result = {"server": "psoup", "server_id": "x", "protocol": PROTOCOL,
                               "limits": {"max_frame_bytes": 1 << 20, "max_batch_rows": 1000}}
@@ -678,11 +714,11 @@ class LosingServer:
                     result = {"first": 0, "n": 1} if message["op"] == "insert" else "pong"
                 conn.sendall(pack_frame({"id": message["id"], "ok": True, "result": result}))
 
-    def close(self):
+    def close(self) -> None:
         self.listener.close()
 
 
-def test_read_whose_reply_is_lost_is_retried_once():
+def test_read_whose_reply_is_lost_is_retried_once() -> None:
     fake = LosingServer()
     try:
         with Client(fake.address, token="t") as client:
@@ -692,7 +728,7 @@ def test_read_whose_reply_is_lost_is_retried_once():
         fake.close()
 
 
-def test_write_whose_reply_is_lost_has_an_unknown_outcome():
+def test_write_whose_reply_is_lost_has_an_unknown_outcome() -> None:
     fake = LosingServer()
     try:
         with Client(fake.address, token="t") as client:
@@ -704,7 +740,7 @@ def test_write_whose_reply_is_lost_has_an_unknown_outcome():
         fake.close()
 
 
-def test_insert_whose_reply_is_lost_is_resent_with_the_same_key():
+def test_insert_whose_reply_is_lost_is_resent_with_the_same_key() -> None:
     fake = LosingServer()
     try:
         with Client(fake.address, token="t") as client:
@@ -716,9 +752,9 @@ def test_insert_whose_reply_is_lost_is_resent_with_the_same_key():
         fake.close()
 
 
-def test_server_unreachable_is_a_connection_error():
+def test_server_unreachable_is_a_connection_error() -> None:
     port = socket.create_server(("127.0.0.1", 0))
-    address = "127.0.0.1:%d" % port.getsockname()[1]
+    address = f"127.0.0.1:{port.getsockname()[1]}"
     port.close()
     with pytest.raises(ConnectionError):
         Client(address, token=TOKEN)
@@ -726,16 +762,17 @@ def test_server_unreachable_is_a_connection_error():
 
 # ---------------------------------------------------------------------- concurrency
 
-def test_concurrent_invocations_never_see_half_a_batch(connect):
+def test_concurrent_invocations_never_see_half_a_batch(connect: Connect) -> None:
     producer = connect()
     producer.execute("CREATE STREAM S (a INT)")
     handle = producer.register("SELECT a FROM S WHERE a >= 0")
     batches, size = 40, 100
-    failures, sizes = [], []
+    failures: list[int] = []
+    sizes: list[int] = []
     done = threading.Event()
     polling = threading.Barrier(4)
 
-    def poll():
+    def poll() -> None:
         with Client(client_address(producer), token=TOKEN) as reader:
             last, first = 0, True
             while True:
@@ -764,8 +801,8 @@ def test_concurrent_invocations_never_see_half_a_batch(connect):
     assert 0 in sizes and batches * size in sizes
 
 
-def test_reads_that_find_the_engine_busy_wait_for_it_and_answer_in_order(engine, open_raw,
-                                                                         populated):
+def test_reads_that_find_the_engine_busy_wait_for_it_and_answer_in_order(
+        engine: Engine, open_raw: OpenRaw, populated: Populated) -> None:
     handle, _ = populated
     want = engine.invoke(handle, now=140.0).rows
     raw = open_raw()
@@ -777,11 +814,11 @@ def test_reads_that_find_the_engine_busy_wait_for_it_and_answer_in_order(engine,
         time.sleep(0.1)
     replies = [raw.reply() for _ in range(6)]
     assert [r["id"] for r in replies] == list(range(6)) and all(r["ok"] for r in replies)
-    assert all(decode_answer(r["result"]).rows == want for r in replies[:5])
+    assert all(_decoded(r["result"]).rows == want for r in replies[:5])
 
 
-def test_a_slow_read_moves_off_the_event_loop_and_still_answers(connect, populated,
-                                                               monkeypatch):
+def test_a_slow_read_moves_off_the_event_loop_and_still_answers(
+        connect: Connect, populated: Populated, monkeypatch: pytest.MonkeyPatch) -> None:
     handle, snapshot = populated
     monkeypatch.setattr(server_module, "INLINE_SECONDS", -1.0)   # every read is "slow"
     client = connect()
@@ -791,7 +828,7 @@ def test_a_slow_read_moves_off_the_event_loop_and_still_answers(connect, populat
     assert first.rows == snapshot()[1]
 
 
-def test_an_in_memory_commit_does_not_wait_for_the_engine_lock(engine):
+def test_an_in_memory_commit_does_not_wait_for_the_engine_lock(engine: Engine) -> None:
     with engine.locked():
         done = threading.Thread(target=engine.commit)
         done.start()
@@ -802,28 +839,28 @@ def test_an_in_memory_commit_does_not_wait_for_the_engine_lock(engine):
 class CommitCountingEngine(Engine):
     """An Engine whose commits take a while and are counted, with the writes they cover."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(clock=Clock(1000.0))
-        self.events = []
+        self.events: list[str] = []
 
-    def insert(self, *args, **kwargs):
+    def insert(self, *args: Any, **kwargs: Any) -> NDArray[np.int64]:
         ids = super().insert(*args, **kwargs)
         self.events.append("insert")
         return ids
 
-    def commit(self):
+    def commit(self) -> None:
         time.sleep(0.02)
         self.events.append("commit")
 
 
-def test_writes_are_committed_in_groups_before_they_are_acknowledged():
+def test_writes_are_committed_in_groups_before_they_are_acknowledged() -> None:
     engine = CommitCountingEngine()
     engine.execute("CREATE STREAM S (a INT)")
     srv = Server(engine, port=0, token=TOKEN)
     host, port = srv.start_in_thread()
     acknowledged = []
 
-    def produce():
+    def produce() -> None:
         with Client(f"{host}:{port}", token=TOKEN) as client:
             for _ in range(5):
                 client.insert("S", [(1,)], ts=1.0)
@@ -845,13 +882,14 @@ def test_writes_are_committed_in_groups_before_they_are_acknowledged():
 
 # ---------------------------------------------------------------------- psoup serve
 
-def _start_service(tmp_path, *args):
+def _start_service(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str, int, str]:
     env = dict(os.environ, PSOUP_CONFIG_DIR=str(tmp_path / "config"))
     env.pop("PSOUP_TOKEN", None)
     code = ("import sys; from psoup.server import run_server; "
             "run_server(*sys.argv[1:2] or [None], port=0, echo=lambda s: print(s, flush=True))")
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env,
                             stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
     line = proc.stdout.readline()
     while line.startswith("recovering "):       # replay progress, on a slow machine
         line = proc.stdout.readline()
@@ -860,13 +898,15 @@ def _start_service(tmp_path, *args):
     return proc, match.group(1), int(match.group(2)), line
 
 
-def _stop_service(proc):
+def _stop_service(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGTERM)
+    assert proc.stdout is not None
     proc.stdout.close()
     assert proc.wait(timeout=10) == 0
 
 
-def test_serve_writes_a_private_token_file_and_removes_it_on_sigterm(tmp_path, monkeypatch):
+def test_serve_writes_a_private_token_file_and_removes_it_on_sigterm(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PSOUP_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.delenv("PSOUP_TOKEN", raising=False)
     proc, host, port, line = _start_service(tmp_path)
@@ -881,7 +921,7 @@ def test_serve_writes_a_private_token_file_and_removes_it_on_sigterm(tmp_path, m
     assert not path.exists()
 
 
-def test_serve_with_a_data_dir_keeps_handles_and_token_across_restarts(tmp_path):
+def test_serve_with_a_data_dir_keeps_handles_and_token_across_restarts(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc, host, port, _ = _start_service(tmp_path, str(data))
     try:
@@ -903,13 +943,13 @@ def test_serve_with_a_data_dir_keeps_handles_and_token_across_restarts(tmp_path)
         _stop_service(proc)
 
 
-def test_frames_are_msgpack_with_a_big_endian_length():
+def test_frames_are_msgpack_with_a_big_endian_length() -> None:
     frame = pack_frame({"id": 1, "op": "ping", "args": {}})
     assert frame[:4] == len(frame[4:]).to_bytes(4, "big")
     assert msgpack.unpackb(frame[4:], raw=False) == {"id": 1, "op": "ping", "args": {}}
 
 
-def test_join_answers_and_changes_cross_the_wire_with_a_tupleid_per_item(connect):
+def test_join_answers_and_changes_cross_the_wire_with_a_tupleid_per_item(connect: Connect) -> None:
     client = connect()
     client.execute("CREATE STREAM R (a INT)")
     client.execute("CREATE STREAM S (b INT)")
@@ -920,12 +960,14 @@ def test_join_answers_and_changes_cross_the_wire_with_a_tupleid_per_item(connect
     assert answer.columns == ["R.a", "S.b"]
     assert answer.rows == [(1, 1), (2, 2)]
     assert answer.tuple_ids.tolist() == [[0, 3], [1, 2]]
+    assert answer.cursor is not None
     client.insert("S", [(1,)], ts=4.0)
     changes = client.invoke(handle, now=5.0, since=answer.cursor)
     assert changes.inserted.tuple_ids.tolist() == [[0, 4]] and len(changes.deleted) == 0
 
 
-def test_aggregates_travel_with_nulls_and_big_sums_and_too_big_ones_fail_alone(connect):
+def test_aggregates_travel_with_nulls_and_big_sums_and_too_big_ones_fail_alone(
+        connect: Connect) -> None:
     client = connect()
     client.execute("CREATE STREAM G (k INT, v INT, f FLOAT)")
     grouped = client.register("SELECT k, COUNT(*), SUM(v), AVG(f) FROM G GROUP BY k")
@@ -945,7 +987,7 @@ def test_aggregates_travel_with_nulls_and_big_sums_and_too_big_ones_fail_alone(c
 
 # ---------------------------------------------------------------------- the catalog
 
-def test_show_and_describe_travel_as_results(connect, engine):
+def test_show_and_describe_travel_as_results(connect: Connect, engine: Engine) -> None:
     client = connect()
     handle = _setup(client)
     client.insert("R", *_rows(0, 3))
@@ -953,12 +995,14 @@ def test_show_and_describe_travel_as_results(connect, engine):
         got = client.execute(statement)
         assert isinstance(got, Result)
         want = engine.execute(statement)
+        assert isinstance(want, Result)
         assert (got.columns, got.rows) == (want.columns, want.rows)
-    assert client.execute("SHOW QUERIES").rows == [(handle, QUERY)]
+    shown = client.execute("SHOW QUERIES")
+    assert isinstance(shown, Result) and shown.rows == [(handle, QUERY)]
     assert client.streams() == ["R"] and client.describe("R") == engine.describe("R")
 
 
-def test_drop_stream_over_the_protocol(connect, engine):
+def test_drop_stream_over_the_protocol(connect: Connect, engine: Engine) -> None:
     client = connect()
     handle = _setup(client)
     with pytest.raises(QueryError, match=handle):
@@ -971,7 +1015,7 @@ def test_drop_stream_over_the_protocol(connect, engine):
     engine._check()
 
 
-def test_client_refuses_a_stream_name_that_is_not_one_name(connect):
+def test_client_refuses_a_stream_name_that_is_not_one_name(connect: Connect) -> None:
     client = connect()
     _setup(client)
     with pytest.raises(QueryError, match="not a stream name"):
@@ -998,7 +1042,7 @@ print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def test_a_server_process_keeps_the_memory_it_frees():
+def test_a_server_process_keeps_the_memory_it_frees() -> None:
     """`psoup serve` has glibc keep the memory its answers free: a round of large blocks
     allocated again faults no page in, where by default each round faults them all in
     again (the allocator handed them back to the kernel)."""

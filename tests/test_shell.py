@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from psoup.cli.handles import HandleStore
 from psoup.cli.main import main
@@ -30,7 +30,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "PYTHONPATH": str(ROOT), "INPUTRC": "/dev/null"}
 
 
-def _spawn(tmp_path: Path, *args: str) -> pexpect.spawn:
+def _spawn(tmp_path: Path, *args: str) -> pexpect.spawn[str]:
     # Ctrl-C must reach the shell even when the test runner was started in the
     # background (a shell's `cmd &` ignores SIGINT and SIGQUIT, and a child inherits that)
     child = pexpect.spawn(sys.executable, ["-m", "psoup.cli.main", *args], cwd=str(ROOT),
@@ -45,16 +45,22 @@ def _default_signals() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
-def _run(child: pexpect.spawn, line: str, *expected: str) -> str:
+def _run(child: pexpect.spawn[str], line: str, *expected: str) -> str:
     """Type `line`, wait for each of `expected` in order and the next prompt; returns
     what was printed in between."""
     child.sendline(line)
     seen = ""
     for text in expected:
         child.expect_exact(text)
-        seen += child.before + text
+        seen += _before(child) + text
     child.expect_exact(PROMPT)
-    return seen + child.before
+    return seen + _before(child)
+
+
+def _before(child: pexpect.spawn[str]) -> str:
+    """What the child printed before the text it was last expected to print."""
+    assert child.before is not None
+    return child.before
 
 
 @pytest.fixture
@@ -64,7 +70,7 @@ def readings(tmp_path: Path) -> Path:
     return rows
 
 
-def test_a_session_creates_ingests_registers_and_invokes(tmp_path, readings):
+def test_a_session_creates_ingests_registers_and_invokes(tmp_path: Path, readings: Path) -> None:
     child = _spawn(tmp_path, "shell")
     _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
     _run(child, f"\\ingest traffic {readings}", "3 rows into traffic")
@@ -79,7 +85,7 @@ def test_a_session_creates_ingests_registers_and_invokes(tmp_path, readings):
     assert child.exitstatus == 0
 
 
-def test_a_statement_may_span_lines(tmp_path):
+def test_a_statement_may_span_lines(tmp_path: Path) -> None:
     child = _spawn(tmp_path, "shell")
     _run(child, "CREATE STREAM r (a INT);", "CREATE STREAM")
     child.sendline("SELECT a")
@@ -92,7 +98,7 @@ def test_a_statement_may_span_lines(tmp_path):
     child.expect(pexpect.EOF)
 
 
-def test_an_error_is_one_line_and_the_shell_goes_on(tmp_path):
+def test_an_error_is_one_line_and_the_shell_goes_on(tmp_path: Path) -> None:
     child = _spawn(tmp_path, "shell")
     _run(child, "SELECT a FROM nowhere;", "error: ", "nowhere")
     _run(child, "\\nonsense", "error: unknown command \\nonsense")
@@ -103,7 +109,7 @@ def test_an_error_is_one_line_and_the_shell_goes_on(tmp_path):
     assert child.exitstatus == 0
 
 
-def test_format_and_timing_change_the_output(tmp_path):
+def test_format_and_timing_change_the_output(tmp_path: Path) -> None:
     child = _spawn(tmp_path, "shell")
     _run(child, "CREATE STREAM r (a INT, b TEXT);", "CREATE STREAM")
     _run(child, "\\format csv", "format csv")
@@ -114,7 +120,7 @@ def test_format_and_timing_change_the_output(tmp_path):
     child.expect(pexpect.EOF)
 
 
-def test_tab_completes_stream_and_column_names(tmp_path):
+def test_tab_completes_stream_and_column_names(tmp_path: Path) -> None:
     child = _spawn(tmp_path, "shell")
     _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
     child.send("SELECT spe\tFROM tra\t;\r")
@@ -126,7 +132,7 @@ def test_tab_completes_stream_and_column_names(tmp_path):
     child.expect(pexpect.EOF)
 
 
-def test_history_is_kept_across_sessions_for_the_owner_only(tmp_path):
+def test_history_is_kept_across_sessions_for_the_owner_only(tmp_path: Path) -> None:
     child = _spawn(tmp_path, "shell")
     _run(child, "SHOW STREAMS;", "(0 streams)")
     child.sendeof()
@@ -142,14 +148,14 @@ def test_history_is_kept_across_sessions_for_the_owner_only(tmp_path):
     again.expect(pexpect.EOF)
 
 
-def test_plain_psoup_on_a_terminal_is_the_shell(tmp_path):
+def test_plain_psoup_on_a_terminal_is_the_shell(tmp_path: Path) -> None:
     child = _spawn(tmp_path)
     _run(child, "\\help", "\\watch")
     child.sendeof()
     child.expect(pexpect.EOF)
 
 
-def test_a_data_dir_keeps_streams_and_queries_between_shells(tmp_path):
+def test_a_data_dir_keeps_streams_and_queries_between_shells(tmp_path: Path) -> None:
     state = tmp_path / "state"
     script = "CREATE STREAM r (a INT);\nSELECT a FROM r;\n"
     first = subprocess.run([sys.executable, "-m", "psoup.cli.main", "shell", "--data-dir",
@@ -163,7 +169,7 @@ def test_a_data_dir_keeps_streams_and_queries_between_shells(tmp_path):
     child.expect(pexpect.EOF)
 
 
-def test_a_script_on_stdin_runs_and_a_failure_sets_the_exit_code(tmp_path):
+def test_a_script_on_stdin_runs_and_a_failure_sets_the_exit_code(tmp_path: Path) -> None:
     script = "CREATE STREAM r (a INT);\nSELECT b FROM r;\n\\streams\n"
     done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "shell"], input=script,
                           capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
@@ -173,14 +179,14 @@ def test_a_script_on_stdin_runs_and_a_failure_sets_the_exit_code(tmp_path):
     assert "(1 stream)" in done.stdout and "CREATE STREAM" in done.stdout
 
 
-def test_plain_psoup_without_a_terminal_prints_its_help(tmp_path):
+def test_plain_psoup_without_a_terminal_prints_its_help(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "psoup.cli.main"], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
                           timeout=TIMEOUT)
     assert "Commands:" in done.stdout + done.stderr and "shell" in done.stdout + done.stderr
 
 
-def test_watch_shows_the_answer_until_ctrl_c(tmp_path, readings):
+def test_watch_shows_the_answer_until_ctrl_c(tmp_path: Path, readings: Path) -> None:
     child = _spawn(tmp_path, "shell")
     _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
     _run(child, "SELECT speed FROM traffic WHERE lane = 3;")
@@ -195,13 +201,14 @@ def test_watch_shows_the_answer_until_ctrl_c(tmp_path, readings):
     child.expect(pexpect.EOF)
 
 
-def test_against_a_server_names_from_the_handle_store_work(tmp_path, monkeypatch):
+def test_against_a_server_names_from_the_handle_store_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PSOUP_CONFIG_DIR", str(tmp_path / "config"))
     server = Server(Engine(), port=0, token="t0k3n")
     host, port = server.start_in_thread()
     address = f"{host}:{port}"
     try:
-        def psoup(*args: str, input: str | None = None):
+        def psoup(*args: str, input: str | None = None) -> Result:
             return CliRunner().invoke(main, ["--server", address, "--token", "t0k3n", *args],
                                       input=input)
         assert psoup("stream", "create", "r", "a INT").exit_code == 0

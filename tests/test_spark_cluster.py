@@ -8,6 +8,7 @@ process started is stopped by its process group."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,14 +17,16 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pyspark
 import pytest
 
-import pyspark
 from tests.support import python_without_psoup
 
 pytestmark = pytest.mark.cluster
@@ -33,14 +36,19 @@ COLUMNS = "lane INT, speed FLOAT, road TEXT"
 QUERIES = ["SELECT lane, speed, road FROM traffic WHERE speed < 30.0",
            "SELECT road, speed FROM traffic WHERE lane = 3 AND speed >= 50.0"]
 
+#: The cluster's URL, the environment for drivers, the log files, and each worker's
+#: process and work directory.
+Cluster = tuple[str, dict[str, str], list[Path], list[tuple[subprocess.Popen[bytes], Path]]]
+
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def _wait(predicate, seconds: float, what: str, logs: list[Path]) -> None:
+def _wait(predicate: Callable[[], bool], seconds: float, what: str, logs: list[Path]) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
@@ -51,7 +59,7 @@ def _wait(predicate, seconds: float, what: str, logs: list[Path]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """spark://127.0.0.1:PORT with two workers of one core each; yields (url, env for
     drivers, log files, the workers' processes and work directories)."""
     root = tmp_path_factory.mktemp("cluster")
@@ -86,15 +94,14 @@ def cluster(tmp_path_factory):
                     start_new_session=True))
             workers.append((started[-1], root / f"work-{i}"))
         for i in (1, 2):
-            _wait(lambda i=i: b"Successfully registered with master" in logs[i].read_bytes(),
-                  120, f"worker {i}'s registration", logs)
+            def registered(log: Path = logs[i]) -> bool:
+                return b"Successfully registered with master" in log.read_bytes()
+            _wait(registered, 120, f"worker {i}'s registration", logs)
         yield url, env, logs, workers
     finally:
         for proc in started:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for proc in started:
             try:
                 proc.wait(30)
@@ -103,12 +110,12 @@ def cluster(tmp_path_factory):
                 proc.wait()
 
 
-def _readings(n: int) -> list[dict]:
+def _readings(n: int) -> list[dict[str, Any]]:
     return [{"ts": T0 + i // 3, "lane": i % 5, "speed": round(5 + (i * 7.3) % 90, 1),
              "road": f"r{i % 7}"} for i in range(n)]
 
 
-def _duckdb(rows: list[dict], sql: str) -> list[tuple]:
+def _duckdb(rows: list[dict[str, Any]], sql: str) -> list[tuple[Any, ...]]:
     con = duckdb.connect()
     table = pa.Table.from_pylist(rows).cast(pa.schema([("ts", pa.float64()),
                                                        ("lane", pa.int32()),
@@ -123,8 +130,8 @@ def _running_task(work: Path) -> bool:
     return any(b"Running task" in p.read_bytes() for p in work.glob("app-*/*/stderr"))
 
 
-def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(cluster,
-                                                                          tmp_path):
+def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(
+        cluster: Cluster, tmp_path: Path) -> None:
     url, env, logs, workers = cluster
     n = 200_000
     rows = _readings(n)
@@ -149,7 +156,7 @@ def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(cluster
     archived = pq.ParquetDataset(str(tmp_path / "arc" / "stream=traffic")).read()
     assert archived.num_rows == n and not list(tmp_path.rglob("*.tmp"))
     assert sorted(zip(archived.column("ts").to_pylist(), archived.column("lane").to_pylist(),
-                      archived.column("speed").to_pylist())) == \
+                      archived.column("speed").to_pylist(), strict=True)) == \
         sorted((r["ts"], r["lane"], r["speed"]) for r in rows)
 
     # replay into an engine and evaluate history over its archive, in one driver
@@ -173,13 +180,13 @@ def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(cluster
     got = json.loads(said.strip().splitlines()[-1])
     assert got["replayed"] == n
     assert got["history"]["state"] == "done", got["history"].get("error")
-    for sql, answer in zip(QUERIES, got["answers"]):
+    for sql, answer in zip(QUERIES, got["answers"], strict=True):
         want = _duckdb(rows, sql)
         assert len(want) > 100
         assert [tuple(r) for r in answer] == want
 
 
-def _psoup_script(script: str, args: list[str], env: dict, cwd: Path,
+def _psoup_script(script: str, args: list[str], env: dict[str, str], cwd: Path,
                   logs: list[Path]) -> str:
     done = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=900)

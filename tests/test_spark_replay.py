@@ -4,8 +4,12 @@ the same tuples give when they arrive live (docs/durability.md, "Import and repl
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import duckdb
 import numpy as np
@@ -13,16 +17,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from numpy.typing import NDArray
 
 import psoup
-from psoup.archive.parquet import Archive, part_path
+from psoup.archive.layout import part_path
+from psoup.archive.parquet import Archive
 from psoup.cli.main import main
 from psoup.errors import ArchiveError, ReplayError
+from psoup.options import ModeName
 from psoup.server import Server
 from psoup.spark import importer
 from psoup.spark.importer import import_files, parse_columns
 from psoup.spark.replay import plan_replay, replay
 from tests.support import write
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")   # pyspark on pandas 3
 
@@ -38,13 +48,16 @@ QUERIES = [
     "SELECT name FROM R WHERE x BETWEEN 20.0 AND 30.0 BEGIN (NOW - 50 ROWS) END NOW",
 ]
 
+#: One tuple as it arrives: (stream, row, ts).
+Event = tuple[str, tuple[Any, ...], float]
 
-def arrivals(n: int, seed: int = 1, t0: float = T0 - 3600) -> list[tuple[str, tuple, float]]:
+
+def arrivals(n: int, seed: int = 1, t0: float = T0 - 3600) -> list[Event]:
     """n tuples of R and S in arrival order: ts never decreases over both (ties
     included), and the trace crosses midnight, so each stream spans two date partitions."""
     gen = np.random.default_rng(seed)
     ts = t0 + np.cumsum(gen.choice([0.0, 0.5, 9.0], n))
-    out = []
+    out: list[Event] = []
     for i in range(n):
         if gen.random() < 0.6:
             row = (int(gen.integers(0, 8)), int(gen.integers(0, 4)),
@@ -56,7 +69,8 @@ def arrivals(n: int, seed: int = 1, t0: float = T0 - 3600) -> list[tuple[str, tu
     return out
 
 
-def write_archive(root: Path, events, flush_rows: int = 300, first_tid: int = 0) -> Path:
+def write_archive(
+        root: Path, events: Sequence[Event], flush_rows: int = 300, first_tid: int = 0) -> Path:
     """events as an engine would archive them: global tupleIDs in arrival order, files of
     at most `flush_rows` rows per stream and day."""
     arc = Archive(root, flush_rows=flush_rows)
@@ -64,7 +78,8 @@ def write_archive(root: Path, events, flush_rows: int = 300, first_tid: int = 0)
         mine = [(first_tid + i, row, ts) for i, (s, row, ts) in enumerate(events) if s == stream]
         if not mine:
             continue
-        data = {"tupleID": np.array([m[0] for m in mine]), "ts": np.array([m[2] for m in mine])}
+        data: dict[str, NDArray[Any] | list[Any]] = {
+            "tupleID": np.array([m[0] for m in mine]), "ts": np.array([m[2] for m in mine])}
         for j, (name, _) in enumerate(columns):
             data[name] = [m[1][j] for m in mine]
         arc.add(stream, columns, data)
@@ -72,14 +87,14 @@ def write_archive(root: Path, events, flush_rows: int = 300, first_tid: int = 0)
     return root
 
 
-def new_engine(mode: str = "partial", **kwargs) -> tuple[psoup.Engine, list[str]]:
+def new_engine(mode: ModeName = "partial", **kwargs: Any) -> tuple[psoup.Engine, list[str]]:
     eng = psoup.Engine(mode=mode, clock=lambda: T0 + 10_000, **kwargs)
     for name, columns in (("R", R_COLUMNS), ("S", S_COLUMNS)):
         eng.create_stream(name, columns)
     return eng, [eng.register(sql) for sql in QUERIES]
 
 
-def feed(target, events) -> None:
+def feed(target: psoup.Engine, events: Sequence[Event]) -> None:
     """Insert events live, one insert per run of one stream."""
     start = 0
     for i in range(1, len(events) + 1):
@@ -89,7 +104,8 @@ def feed(target, events) -> None:
             start = i
 
 
-def answers(target, handles, nows) -> list:
+def answers(target: psoup.Engine | psoup.Client, handles: list[str], nows: list[float]
+            ) -> list[tuple[Any, ...]]:
     out = []
     for h in handles:
         for now in nows:
@@ -98,14 +114,15 @@ def answers(target, handles, nows) -> list:
     return out
 
 
-def row_counts(target) -> dict[str, int]:
+def row_counts(target: psoup.Engine) -> dict[str, int]:
     return {name: s["rows_total"] for name, s in target.stats()["streams"].items()}
 
 
 # ---------------------------------------------------------------------- replay
 
 @pytest.mark.parametrize("mode", psoup.MODES)
-def test_replay_answers_exactly_like_live_arrival(spark, tmp_path, mode):
+def test_replay_answers_exactly_like_live_arrival(
+        spark: SparkSession, tmp_path: Path, mode: ModeName) -> None:
     events = arrivals(1500)
     archive = write_archive(tmp_path / "arc", events)
     live, live_handles = new_engine(mode)
@@ -122,7 +139,8 @@ def test_replay_answers_exactly_like_live_arrival(spark, tmp_path, mode):
     assert row_counts(replayed) == row_counts(live)
 
 
-def test_replay_keeps_both_bounds_of_the_range_inclusive(spark, tmp_path):
+def test_replay_keeps_both_bounds_of_the_range_inclusive(
+        spark: SparkSession, tmp_path: Path) -> None:
     stamps = [T0 + t for t in (1, 2, 2, 3, 3, 3, 4, 4, 5)]
     events = [("R", (i, 0, 1.0, "n"), ts) for i, ts in enumerate(stamps)]
     archive = write_archive(tmp_path / "arc", events)
@@ -135,7 +153,8 @@ def test_replay_keeps_both_bounds_of_the_range_inclusive(spark, tmp_path):
     assert row_counts(eng) == {"R": 7, "S": 0}
 
 
-def test_replay_into_a_running_server_answers_like_live(spark, tmp_path):
+def test_replay_into_a_running_server_answers_like_live(
+        spark: SparkSession, tmp_path: Path) -> None:
     events = arrivals(600, seed=4)
     archive = write_archive(tmp_path / "arc", events)
     live, live_handles = new_engine()
@@ -153,7 +172,8 @@ def test_replay_into_a_running_server_answers_like_live(spark, tmp_path):
         server.stop()
 
 
-def test_replay_may_start_at_the_latest_ts_and_creates_missing_streams(spark, tmp_path):
+def test_replay_may_start_at_the_latest_ts_and_creates_missing_streams(
+        spark: SparkSession, tmp_path: Path) -> None:
     events = [("R", (i, i % 3, 2.5, "n"), T0 + i // 2) for i in range(10)]
     archive = write_archive(tmp_path / "arc", events)
     eng = psoup.Engine()
@@ -169,7 +189,7 @@ def test_replay_may_start_at_the_latest_ts_and_creates_missing_streams(spark, tm
     assert row_counts(fresh) == {"R": 2}
 
 
-def test_several_archives_replay_as_one(spark, tmp_path):
+def test_several_archives_replay_as_one(spark: SparkSession, tmp_path: Path) -> None:
     events = arrivals(400, seed=6)
     first = write_archive(tmp_path / "one", events[:250])
     second = write_archive(tmp_path / "two", events[250:], first_tid=250)
@@ -184,7 +204,8 @@ def test_several_archives_replay_as_one(spark, tmp_path):
 # ---------------------------------------------------------------------- the ordering rule
 
 @pytest.mark.parametrize("start", [None, T0 + 2.5])
-def test_replay_that_would_not_append_is_refused_before_anything(tmp_path, start):
+def test_replay_that_would_not_append_is_refused_before_anything(
+        tmp_path: Path, start: float | None) -> None:
     events = [("R", (i, 0, 1.0, "n"), T0 + i) for i in range(10)]
     archive = write_archive(tmp_path / "arc", events)
     eng = psoup.Engine()
@@ -207,7 +228,7 @@ def _part(root: Path, stream: str, table: pa.Table, first: int, last: int) -> Pa
     return path
 
 
-def _r_table(ts, tids, **override) -> pa.Table:
+def _r_table(ts: list[float], tids: list[int], **override: Any) -> pa.Table:
     n = len(ts)
     cols = {"ts": pa.array(ts, pa.float64()), "tuple_id": pa.array(tids, pa.int64()),
             "a": pa.array(range(n), pa.int64()), "b": pa.array([1] * n, pa.int64()),
@@ -238,8 +259,8 @@ def _r_table(ts, tids, **override) -> pa.Table:
     (lambda root: _part(root, "R", _r_table([T0, T0 + 1], [5, 6]), 5, 5),
      "holds tuple_id 6, outside the range 5..5 its name gives"),
 ])
-def test_bad_archive_is_reported_by_file_and_nothing_is_delivered(tmp_path, damage,
-                                                                   complaint):
+def test_bad_archive_is_reported_by_file_and_nothing_is_delivered(
+        tmp_path: Path, damage: Callable[[Path], Path], complaint: str) -> None:
     events = [("R", (i, 0, 1.0, "n"), T0 + 10 + i) for i in range(5)]
     archive = write_archive(tmp_path / "arc", events, first_tid=100)
     bad = damage(archive)
@@ -261,7 +282,8 @@ def _scribble(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("damage", [_truncate, _scribble])
-def test_damaged_parquet_file_is_reported_by_name(tmp_path, damage):
+def test_damaged_parquet_file_is_reported_by_name(
+        tmp_path: Path, damage: Callable[[bytes], bytes]) -> None:
     archive = write_archive(tmp_path / "arc", arrivals(2000), flush_rows=500)
     victim = sorted(archive.rglob("*.parquet"))[1]
     victim.write_bytes(damage(victim.read_bytes()))
@@ -271,7 +293,7 @@ def test_damaged_parquet_file_is_reported_by_name(tmp_path, damage):
     assert row_counts(eng) == {"R": 0, "S": 0}
 
 
-def test_overlapping_tuple_ids_across_archives_are_refused(tmp_path):
+def test_overlapping_tuple_ids_across_archives_are_refused(tmp_path: Path) -> None:
     events = arrivals(50)
     one = write_archive(tmp_path / "one", events)
     two = write_archive(tmp_path / "two", events)
@@ -279,13 +301,13 @@ def test_overlapping_tuple_ids_across_archives_are_refused(tmp_path):
         plan_replay([one, two], {})
 
 
-def test_unknown_stream_is_named(tmp_path):
+def test_unknown_stream_is_named(tmp_path: Path) -> None:
     archive = write_archive(tmp_path / "arc", arrivals(20))
     with pytest.raises(ArchiveError, match="no stream 'Q' in .* \\(streams there: R, S\\)"):
         plan_replay([archive], {}, streams=["Q"])
 
 
-def test_slices_hold_about_slice_rows_and_never_split_a_timestamp(tmp_path):
+def test_slices_hold_about_slice_rows_and_never_split_a_timestamp(tmp_path: Path) -> None:
     events = arrivals(3000, seed=9)
     archive = write_archive(tmp_path / "arc", events)
     plan = plan_replay([archive], {}, slice_rows=500)
@@ -299,7 +321,7 @@ def test_slices_hold_about_slice_rows_and_never_split_a_timestamp(tmp_path):
 
 # ---------------------------------------------------------------------- import
 
-def _traffic_rows(n: int, start: int = 0, t0: float = T0) -> list[dict]:
+def _traffic_rows(n: int, start: int = 0, t0: float = T0) -> list[dict[str, Any]]:
     """Readings in no particular ts order, with ties, spanning two days."""
     return [{"lane": i % 5, "speed": round(10 + (i * 7.3) % 80, 1), "road": f"r{i % 7}",
              "ts": t0 - 500 + ((i * 37) % 1000)} for i in range(start, start + n)]
@@ -310,7 +332,8 @@ TRAFFIC = "lane INT, speed FLOAT, road TEXT"
 
 @pytest.mark.parametrize("file_rows", [1 << 20, 97])     # 97: many sorted partitions
 def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
-        spark, tmp_path, monkeypatch, file_rows):
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        file_rows: int) -> None:
     monkeypatch.setattr(importer, "_FILE_ROWS", file_rows)
     root = tmp_path / "arc"
     old = Archive(root)
@@ -338,8 +361,8 @@ def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
         assert len(report.files) > 2                    # one per day of each partition
     seen = duckdb.sql(f"SELECT count(*), min(tuple_id), max(tuple_id), count(DISTINCT date) "
                       f"FROM read_parquet('{root}/*/*/*.parquet', hive_partitioning=true) "
-                      f"WHERE stream = 'traffic'").fetchall()
-    assert seen == [(602, 40, 641, 2)]
+                      f"WHERE stream = 'traffic'")
+    assert seen is not None and seen.fetchall() == [(602, 40, 641, 2)]
     plan_replay([root], {})                 # and replay's checks accept it
 
 
@@ -360,8 +383,8 @@ def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
     ("broken.jsonl", '{"lane": 1, "speed": 2.0, "road": "x", "ts": 5}\n{"lane": 1,\n',
      "cannot be read as jsonl (Expecting"),
 ])
-def test_import_error_names_file_and_column_and_writes_nothing(spark, tmp_path, name, text,
-                                                                complaint):
+def test_import_error_names_file_and_column_and_writes_nothing(
+        spark: SparkSession, tmp_path: Path, name: str, text: str, complaint: str) -> None:
     path = tmp_path / name
     path.write_text(text)
     root = tmp_path / "arc"
@@ -379,15 +402,16 @@ def test_import_error_names_file_and_column_and_writes_nothing(spark, tmp_path, 
      "column 'lane' holds 'one', which is not INT"),
     ("header.parquet", None, "no timestamp column 'ts'"),
 ])
-def test_import_checks_headers_and_first_rows_before_starting_spark(tmp_path, monkeypatch,
-                                                                     name, text, complaint):
+def test_import_checks_headers_and_first_rows_before_starting_spark(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, text: str | None,
+        complaint: str) -> None:
     """A wrong header or a plainly wrong type is reported in a moment, not after Spark
     has started."""
     import gzip
 
     from psoup.spark import session
 
-    def no_spark(*args, **kwargs):
+    def no_spark(*args: Any, **kwargs: Any) -> NoReturn:
         raise AssertionError("Spark was started")
     monkeypatch.setattr(session, "spark_session", no_spark)
     path = tmp_path / name
@@ -396,12 +420,13 @@ def test_import_checks_headers_and_first_rows_before_starting_spark(tmp_path, mo
     elif name.endswith(".parquet"):
         pq.write_table(pa.table({"lane": [1], "speed": [2.0], "road": ["x"], "t": [5.0]}), path)
     else:
+        assert text is not None
         path.write_text(text)
     with pytest.raises(ArchiveError, match=re.escape(complaint)):
         import_files([path], "traffic", parse_columns("traffic", TRAFFIC), tmp_path / "arc")
 
 
-def test_import_older_than_the_archive_is_refused(spark, tmp_path):
+def test_import_older_than_the_archive_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     root = tmp_path / "arc"
     columns = parse_columns("traffic", TRAFFIC)
     import_files([write(tmp_path / "new.csv", _traffic_rows(20, t0=T0 + 5000))], "traffic",
@@ -415,18 +440,18 @@ def test_import_older_than_the_archive_is_refused(spark, tmp_path):
     assert sorted(root.rglob("*.parquet")) == before
 
 
-def test_import_into_a_relative_directory_writes_under_the_absolute_one(spark, tmp_path,
-                                                                         monkeypatch):
+def test_import_into_a_relative_directory_writes_under_the_absolute_one(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # executors on a cluster have working directories of their own: they get the
     # archive root as an absolute path
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
     write(work / "in.csv", _traffic_rows(50))
-    seen = []
-    bind = importer.partial
+    seen: list[str] = []
+    bind = partial                      # what the importer binds its tasks' arguments with
 
-    def watched(fn, root, *rest):
+    def watched(fn: Callable[..., Any], root: str, *rest: Any) -> partial[Any]:
         seen.append(root)
         return bind(fn, root, *rest)
 
@@ -438,22 +463,22 @@ def test_import_into_a_relative_directory_writes_under_the_absolute_one(spark, t
     assert not list(work.rglob("*.tmp"))
 
 
-def test_an_import_that_fails_while_renaming_leaves_the_archive_as_it_was(spark, tmp_path,
-                                                                         monkeypatch):
+def test_an_import_that_fails_while_renaming_leaves_the_archive_as_it_was(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "arc"
     columns = parse_columns("traffic", TRAFFIC)
     import_files([write(tmp_path / "a.csv", _traffic_rows(30))], "traffic", columns, root)
     before = sorted(root.rglob("*"))
-    calls = []
-    real_replace = importer.os.replace
+    calls: list[str] = []
+    real_replace = os.replace           # the importer's, which is os's
 
-    def failing(src, dst):
+    def failing(src: str, dst: str) -> None:
         calls.append(dst)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
 
-    monkeypatch.setattr(importer.os, "replace", failing)
+    monkeypatch.setattr(os, "replace", failing)
     later = _traffic_rows(60, t0=T0 + 86_400)            # two days: two part files
     with pytest.raises(ArchiveError, match="No space left on device; none of the input was "
                                            "archived"):
@@ -463,7 +488,8 @@ def test_an_import_that_fails_while_renaming_leaves_the_archive_as_it_was(spark,
     assert Archive(root).read("traffic").num_rows == 30
 
 
-def test_an_import_whose_tasks_fail_leaves_no_temporary_files(spark, tmp_path, monkeypatch):
+def test_an_import_whose_tasks_fail_leaves_no_temporary_files(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importer, "_FILE_ROWS", 20)    # several tasks, some succeed
     root = tmp_path / "arc"
     blocker = root / "stream=traffic" / "date=2026-01-01"
@@ -477,7 +503,7 @@ def test_an_import_whose_tasks_fail_leaves_no_temporary_files(spark, tmp_path, m
     assert sorted(root.rglob("*")) == [blocker.parent, blocker]
 
 
-def test_import_reads_the_compressions_ingest_reads(spark, tmp_path):
+def test_import_reads_the_compressions_ingest_reads(spark: SparkSession, tmp_path: Path) -> None:
     """.csv.zst and .ndjson.gz, as `psoup ingest` takes them (psoup.formats)."""
     rows = _traffic_rows(60)
     files = []
@@ -501,8 +527,8 @@ def test_import_reads_the_compressions_ingest_reads(spark, tmp_path):
     ("a.csv.gz", "parquet", "compresses its pages itself"),
     ("a.xlsx", None, "cannot tell the format"),
 ])
-def test_import_refuses_what_ingest_refuses_before_spark_starts(tmp_path, name, fmt,
-                                                                complaint):
+def test_import_refuses_what_ingest_refuses_before_spark_starts(
+        tmp_path: Path, name: str, fmt: str | None, complaint: str) -> None:
     path = tmp_path / name
     path.write_bytes(b"x")
     with pytest.raises(ArchiveError, match=re.escape(complaint)):
@@ -514,35 +540,35 @@ class _StopAfter:
     """A target that rejects every insert after the first `ok`: a replay that stops part
     way, its last run cut short by a batch boundary inside one ts."""
 
-    def __init__(self, engine, ok: int):
+    def __init__(self, engine: psoup.Engine, ok: int):
         self.engine, self.ok = engine, ok
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         return self.engine.stats()
 
-    def create_stream(self, name, columns):
+    def create_stream(self, name: str, columns: Sequence[tuple[str, str]]) -> None:
         return self.engine.create_stream(name, columns)
 
-    def insert(self, stream, columns, ts):
+    def insert(self, stream: str, columns: Any, ts: Any) -> NDArray[np.int64]:
         if self.ok == 0:
             raise psoup.PSoupError("the connection was lost")
         self.ok -= 1
         return self.engine.insert(stream, columns, ts=ts)
 
 
-def stored(engine, stream: str = "R") -> list:
+def stored(engine: psoup.Engine, stream: str = "R") -> list[tuple[float, tuple[Any, ...]]]:
     h = engine.register(f"SELECT * FROM {stream}")
     got = engine.invoke(h, now=T0 + 10_000)
     engine.unregister(h)
-    return list(zip(got.ts.tolist(), got.rows))
+    return list(zip(got.ts.tolist(), got.rows, strict=True))
 
 
 @pytest.mark.parametrize("ok", [1, 2, 3, 5])
-def test_resume_after_a_replay_stopped_part_way_doubles_and_loses_nothing(spark, tmp_path,
-                                                                        ok):
+def test_resume_after_a_replay_stopped_part_way_doubles_and_loses_nothing(
+        spark: SparkSession, tmp_path: Path, ok: int) -> None:
     # five rows per ts and inserts of 2 rows: stopping after `ok` inserts leaves the
     # target part way through the rows of one ts
-    events = [("R", (i, i % 4, float(i), f"n{i}"), T0 + i // 5) for i in range(30)]
+    events: list[Event] = [("R", (i, i % 4, float(i), f"n{i}"), T0 + i // 5) for i in range(30)]
     events += [("S", (i % 4, i, i % 2 == 0), T0 + i // 3) for i in range(12)]
     events.sort(key=lambda e: e[2])
     archive = write_archive(tmp_path / "arc", events, flush_rows=7)
@@ -562,16 +588,17 @@ def test_resume_after_a_replay_stopped_part_way_doubles_and_loses_nothing(spark,
                                                      f"data up to ts {T0 + 5!r}")
 
 
-def test_resume_counts_the_rows_at_the_latest_ts_across_checkpoints_and_retention(tmp_path):
+def test_resume_counts_the_rows_at_the_latest_ts_across_checkpoints_and_retention(
+        tmp_path: Path) -> None:
     events = [("R", (i, 0, 1.0, "n"), T0 + i // 4) for i in range(12)]   # four per ts
     archive = write_archive(tmp_path / "arc", events)
     state = tmp_path / "state"
-    with psoup.Engine(path=state) as eng:
+    with psoup.Engine(path=str(state)) as eng:
         eng.execute("CREATE STREAM R (a INT, b INT, x FLOAT, name TEXT) RETAIN 2 ROWS")
         for _, row, ts in events[:7]:         # three of the four rows at T0 + 1
             eng.insert("R", [row], ts=ts)
         eng.checkpoint()
-    with psoup.Engine(path=state) as eng:
+    with psoup.Engine(path=str(state)) as eng:
         stream = eng.stats()["streams"]["R"]
         assert (stream["rows"], stream["latest_ts"], stream["rows_at_latest_ts"]) == \
             (2, T0 + 1, 3)
@@ -584,8 +611,9 @@ def test_resume_counts_the_rows_at_the_latest_ts_across_checkpoints_and_retentio
         eng._check()
 
 
-def test_resume_starts_each_stream_at_its_own_latest_ts_and_honours_the_range(tmp_path):
-    events = [("R", (i, 0, 1.0, "n"), T0 + i) for i in range(10)]
+def test_resume_starts_each_stream_at_its_own_latest_ts_and_honours_the_range(
+        tmp_path: Path) -> None:
+    events: list[Event] = [("R", (i, 0, 1.0, "n"), T0 + i) for i in range(10)]
     events += [("S", (0, i, True), T0 + i) for i in range(10)]
     archive = write_archive(tmp_path / "arc", sorted(events, key=lambda e: e[2]))
     eng = psoup.Engine()
@@ -604,7 +632,7 @@ def test_resume_starts_each_stream_at_its_own_latest_ts_and_honours_the_range(tm
 
 # ---------------------------------------------------------------------- the command line
 
-def test_a_refusal_says_which_rows_at_the_latest_ts_each_from_value_replays(tmp_path):
+def test_a_refusal_says_which_rows_at_the_latest_ts_each_from_value_replays(tmp_path: Path) -> None:
     events = [("R", (i, 0, 1.0, "n"), T0 + i // 2) for i in range(10)]   # two rows per ts
     archive = write_archive(tmp_path / "arc", events)
     eng = psoup.Engine()
@@ -620,7 +648,7 @@ def test_a_refusal_says_which_rows_at_the_latest_ts_each_from_value_replays(tmp_
     assert row_counts(eng) == {"R": 1}
 
 
-def test_a_refusal_says_when_the_archive_ends_before_the_targets_latest_ts(tmp_path):
+def test_a_refusal_says_when_the_archive_ends_before_the_targets_latest_ts(tmp_path: Path) -> None:
     archive = write_archive(tmp_path / "arc", [("R", (i, 0, 1.0, "n"), T0 + i)
                                                for i in range(3)])
     eng = psoup.Engine()
@@ -630,7 +658,7 @@ def test_a_refusal_says_when_the_archive_ends_before_the_targets_latest_ts(tmp_p
         replay([archive], eng)
 
 
-def test_a_start_after_the_archives_end_is_reported_not_silent(tmp_path):
+def test_a_start_after_the_archives_end_is_reported_not_silent(tmp_path: Path) -> None:
     archive = write_archive(tmp_path / "arc", [("R", (i, 0, 1.0, "n"), T0 + i)
                                                for i in range(3)])
     eng = psoup.Engine()
@@ -639,7 +667,7 @@ def test_a_start_after_the_archives_end_is_reported_not_silent(tmp_path):
                                                 f"before the start {T0 + 10!r}")
 
 
-def test_cli_imports_then_replays_into_a_data_dir(spark, tmp_path):
+def test_cli_imports_then_replays_into_a_data_dir(spark: SparkSession, tmp_path: Path) -> None:
     runner = CliRunner()
     data = write(tmp_path / "readings.csv", _traffic_rows(120))
     archive = tmp_path / "arc"
@@ -649,7 +677,7 @@ def test_cli_imports_then_replays_into_a_data_dir(spark, tmp_path):
     assert done.stdout.startswith(f"120 rows of traffic into {archive} (2 files, tupleIDs 0..119")
 
     state = tmp_path / "state"
-    with psoup.Engine(path=state) as eng:
+    with psoup.Engine(path=str(state)) as eng:
         eng.execute(f"CREATE STREAM traffic ({TRAFFIC})")
         eng.insert("traffic", [(9, 9.0, "live")], ts=T0 + 100)
         h = eng.register("SELECT road FROM traffic WHERE lane = 3")
@@ -663,17 +691,18 @@ def test_cli_imports_then_replays_into_a_data_dir(spark, tmp_path):
     want = [r for r in _traffic_rows(120) if T0 + 100 <= r["ts"] <= T0 + 480]
     assert done.stdout.startswith(f"{len(want)} rows replayed into {state} (traffic "
                                   f"{len(want)};")
-    with psoup.Engine(path=state) as eng:       # durable: the log holds the replay
+    with psoup.Engine(path=str(state)) as eng:  # durable: the log holds the replay
         got = eng.invoke(h, now=T0 + 500)
         assert len(got) == sum(r["lane"] == 3 for r in want)
         assert eng.stats()["streams"]["traffic"]["rows_total"] == 1 + len(want)
 
 
-def test_cli_resume_continues_a_replay_that_stopped_inside_one_ts(spark, tmp_path):
+def test_cli_resume_continues_a_replay_that_stopped_inside_one_ts(
+        spark: SparkSession, tmp_path: Path) -> None:
     events = [("R", (i, 0, 1.0, f"n{i}"), T0 + i // 3) for i in range(9)]   # three per ts
     archive = write_archive(tmp_path / "arc", events)
     state = tmp_path / "state"
-    with psoup.Engine(path=state) as eng:
+    with psoup.Engine(path=str(state)) as eng:
         eng.create_stream("R", R_COLUMNS)
         for _, row, ts in events[:4]:         # what a replay stopped after 4 rows left
             eng.insert("R", [row], ts=ts)
@@ -681,7 +710,7 @@ def test_cli_resume_continues_a_replay_that_stopped_inside_one_ts(spark, tmp_pat
                                      "--resume"])
     assert done.exit_code == 0, (done.output, done.exception)
     assert done.stdout.startswith(f"5 rows replayed into {state} (R 5;")
-    with psoup.Engine(path=state) as eng:
+    with psoup.Engine(path=str(state)) as eng:
         got = eng.invoke(eng.register("SELECT a, name FROM R"), now=T0 + 10)
         assert got.rows == [(row[0], row[3]) for _, row, _ in events]
         assert got.ts.tolist() == [ts for _, _, ts in events]
@@ -691,7 +720,7 @@ def test_cli_resume_continues_a_replay_that_stopped_inside_one_ts(spark, tmp_pat
     (["--data-dir", "state", "--server", "127.0.0.1:9"], "pass --data-dir or --server, not both"),
     (["--from", "10", "--to", "5"], "--from 10.0 is after --to 5.0"),
 ])
-def test_cli_replay_usage_errors(tmp_path, args, complaint):
+def test_cli_replay_usage_errors(tmp_path: Path, args: list[str], complaint: str) -> None:
     done = CliRunner().invoke(main, ["replay", str(tmp_path), *args])
     assert done.exit_code == 2
     assert complaint in done.stderr

@@ -5,6 +5,8 @@ refuses other settings instead of ignoring them, and Spark's failures said in on
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner
@@ -12,13 +14,15 @@ from click.testing import CliRunner
 from psoup.cli.main import main
 from psoup.errors import PSoupError
 from psoup.spark import session
-from psoup.spark.session import (package_zip, parse_conf, spark_error, spark_session,
-                                 spark_settings)
+from psoup.spark.session import package_zip, parse_conf, spark_error, spark_session, spark_settings
 from tests.support import python_without_psoup
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def test_settings_come_from_defaults_then_files_then_environment_then_arguments(
-        tmp_path, monkeypatch):
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "spark-defaults.conf").write_text(
         "# a comment\n"
         "spark.executor.memory   4g\n"
@@ -44,18 +48,19 @@ def test_settings_come_from_defaults_then_files_then_environment_then_arguments(
 
 @pytest.mark.parametrize("pair", ["executor.memory=2g", "spark.executor.memory", "=2g",
                                   "spark.executor.memory="])
-def test_a_malformed_setting_is_refused_by_name(pair):
+def test_a_malformed_setting_is_refused_by_name(pair: str) -> None:
     with pytest.raises(PSoupError, match=f"--conf: {pair!r} is not a Spark setting"):
         parse_conf([pair], "--conf")
 
 
-def test_a_malformed_environment_setting_names_the_variable(monkeypatch):
+def test_a_malformed_environment_setting_names_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PSOUP_SPARK_CONF", "spark.ok=1 oops")
     with pytest.raises(PSoupError, match="PSOUP_SPARK_CONF: 'oops' is not a Spark setting"):
         spark_settings()
 
 
-def test_a_running_session_refuses_another_master_or_setting(spark):
+def test_a_running_session_refuses_another_master_or_setting(spark: SparkSession) -> None:
     assert spark_session() is spark and spark_session("local[2]") is spark
     assert spark_session(conf={"spark.sql.session.timeZone": "UTC"}) is spark
     with pytest.raises(PSoupError, match=r"already runs in this process with master "
@@ -83,7 +88,7 @@ Caused by: org.apache.spark.SparkException: more Java
 """
 
 
-def test_an_executors_python_exception_is_the_gist_of_the_error():
+def test_an_executors_python_exception_is_the_gist_of_the_error() -> None:
     missing = RuntimeError(_EXECUTOR_FAILURE.format(
         raised="ModuleNotFoundError: No module named 'psoup'"))
     said = spark_error(missing)
@@ -100,8 +105,8 @@ def test_an_executors_python_exception_is_the_gist_of_the_error():
     ["replay", ".", "--conf", "memory=2g"],
     ["serve", "--spark-conf", "memory=2g"],
 ])
-def test_the_cli_refuses_a_malformed_setting_before_anything_starts(tmp_path, monkeypatch,
-                                                                    args):
+def test_the_cli_refuses_a_malformed_setting_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x.csv").write_text("ts,a\n1,2\n")
     monkeypatch.setattr(session, "spark_session", lambda *a, **k: pytest.fail("started"))
@@ -110,7 +115,7 @@ def test_the_cli_refuses_a_malformed_setting_before_anything_starts(tmp_path, mo
     assert "'memory=2g' is not a Spark setting: write spark.key=value" in done.stderr
 
 
-def test_the_shipped_zip_runs_psoup_in_a_python_without_it(tmp_path):
+def test_the_shipped_zip_runs_psoup_in_a_python_without_it(tmp_path: Path) -> None:
     python = python_without_psoup(tmp_path / "env")
     zipped = package_zip(tmp_path)
     assert package_zip(tmp_path) == zipped                   # the same sources: reused

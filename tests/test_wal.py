@@ -11,14 +11,17 @@ import subprocess
 import sys
 import textwrap
 import zlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
 
 import psoup
-from psoup.journal.wal import WriteAheadLog
 from psoup.errors import PSoupError
+from psoup.journal.wal import WriteAheadLog
+from psoup.options import SyncName
 
 RECORDS = [
     {"op": "create", "sql": "CREATE STREAM R (a INT)"},
@@ -27,13 +30,13 @@ RECORDS = [
 ]
 
 
-def opened(directory: Path, sync: str = "always") -> tuple[WriteAheadLog, list]:
+def opened(directory: Path, sync: SyncName = "always") -> tuple[WriteAheadLog, list[Any]]:
     """A log replayed to its end, and what the replay yielded."""
     wal = WriteAheadLog(directory, sync=sync)
     return wal, list(wal.replay())
 
 
-def written(directory: Path, records=RECORDS) -> list[int]:
+def written(directory: Path, records: Sequence[Any] = RECORDS) -> list[int]:
     """Write `records` into a fresh log; returns the byte offset where each one starts."""
     wal, _ = opened(directory)
     offsets = []
@@ -50,7 +53,7 @@ def segment(directory: Path, seq: int = 1) -> Path:
 
 # ---------------------------------------------------------------------- round trip
 
-def test_records_round_trip_with_bytes_and_nested_maps(tmp_path):
+def test_records_round_trip_with_bytes_and_nested_maps(tmp_path: Path) -> None:
     record = {"op": "insert", "blob": b"\x00\xff" * 100, "nested": {"a": [1, 2.5, None],
               "b": {"c": True, "d": "é"}}, 7: "int key"}
     wal, _ = opened(tmp_path)
@@ -59,12 +62,12 @@ def test_records_round_trip_with_bytes_and_nested_maps(tmp_path):
     assert opened(tmp_path)[1] == [record]
 
 
-def test_replay_after_reopen_returns_records_in_order(tmp_path):
+def test_replay_after_reopen_returns_records_in_order(tmp_path: Path) -> None:
     written(tmp_path)
     assert opened(tmp_path)[1] == RECORDS
 
 
-def test_appends_after_reopen_extend_the_log(tmp_path):
+def test_appends_after_reopen_extend_the_log(tmp_path: Path) -> None:
     written(tmp_path)
     wal, _ = opened(tmp_path)
     wal.append({"op": "unregister", "handle": "h1"})
@@ -72,7 +75,7 @@ def test_appends_after_reopen_extend_the_log(tmp_path):
     assert opened(tmp_path)[1] == RECORDS + [{"op": "unregister", "handle": "h1"}]
 
 
-def test_empty_directory_replays_nothing_and_starts_segment_one(tmp_path):
+def test_empty_directory_replays_nothing_and_starts_segment_one(tmp_path: Path) -> None:
     directory = tmp_path / "new" / "wal"
     wal, records = opened(directory)
     assert records == []
@@ -80,14 +83,14 @@ def test_empty_directory_replays_nothing_and_starts_segment_one(tmp_path):
     wal.close()
 
 
-def test_frame_is_length_crc_then_msgpack_payload(tmp_path):
+def test_frame_is_length_crc_then_msgpack_payload(tmp_path: Path) -> None:
     written(tmp_path, [{"op": "x"}])
     payload = msgpack.packb({"op": "x"}, use_bin_type=True)
     header = struct.pack(">II", len(payload), zlib.crc32(payload))
     assert segment(tmp_path).read_bytes() == header + payload
 
 
-def test_size_is_the_current_segment_in_bytes(tmp_path):
+def test_size_is_the_current_segment_in_bytes(tmp_path: Path) -> None:
     wal, _ = opened(tmp_path)
     for record in RECORDS:
         wal.append(record)
@@ -95,13 +98,13 @@ def test_size_is_the_current_segment_in_bytes(tmp_path):
     wal.close()
 
 
-def test_append_before_replay_is_refused(tmp_path):
+def test_append_before_replay_is_refused(tmp_path: Path) -> None:
     wal = WriteAheadLog(tmp_path)
     with pytest.raises(RuntimeError, match="replay"):
         wal.append({"op": "x"})
 
 
-def test_append_before_replay_is_exhausted_is_refused(tmp_path):
+def test_append_before_replay_is_exhausted_is_refused(tmp_path: Path) -> None:
     written(tmp_path)
     wal = WriteAheadLog(tmp_path)
     next(wal.replay())
@@ -109,14 +112,14 @@ def test_append_before_replay_is_exhausted_is_refused(tmp_path):
         wal.append({"op": "x"})
 
 
-def test_replay_runs_once(tmp_path):
+def test_replay_runs_once(tmp_path: Path) -> None:
     wal, _ = opened(tmp_path)
     with pytest.raises(RuntimeError, match="already replayed"):
         wal.replay()
     wal.close()
 
 
-def test_append_after_close_is_refused_and_close_is_idempotent(tmp_path):
+def test_append_after_close_is_refused_and_close_is_idempotent(tmp_path: Path) -> None:
     wal, _ = opened(tmp_path)
     wal.close()
     wal.close()
@@ -124,7 +127,7 @@ def test_append_after_close_is_refused_and_close_is_idempotent(tmp_path):
         wal.append({"op": "x"})
 
 
-def test_unpackable_record_is_rejected_and_nothing_is_written(tmp_path):
+def test_unpackable_record_is_rejected_and_nothing_is_written(tmp_path: Path) -> None:
     wal, _ = opened(tmp_path)
     wal.append(RECORDS[0])
     with pytest.raises(TypeError):
@@ -136,7 +139,8 @@ def test_unpackable_record_is_rejected_and_nothing_is_written(tmp_path):
 
 # ---------------------------------------------------------------------- torn tails
 
-def test_torn_tail_at_every_offset_of_the_last_record_is_truncated(tmp_path, caplog):
+def test_torn_tail_at_every_offset_of_the_last_record_is_truncated(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     source = tmp_path / "source"
     last = written(source)[-1]
     full = segment(source).read_bytes()
@@ -153,7 +157,7 @@ def test_torn_tail_at_every_offset_of_the_last_record_is_truncated(tmp_path, cap
         wal.close()
 
 
-def test_appending_after_a_torn_tail_works(tmp_path):
+def test_appending_after_a_torn_tail_works(tmp_path: Path) -> None:
     last = written(tmp_path)[-1]
     path = segment(tmp_path)
     path.write_bytes(path.read_bytes()[:last + 5])
@@ -163,7 +167,8 @@ def test_appending_after_a_torn_tail_works(tmp_path):
     assert opened(tmp_path)[1] == RECORDS[:-1] + [{"op": "after"}]
 
 
-def test_bad_checksum_on_the_last_record_is_a_torn_tail(tmp_path, caplog):
+def test_bad_checksum_on_the_last_record_is_a_torn_tail(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     last = written(tmp_path)[-1]
     path = segment(tmp_path)
     data = bytearray(path.read_bytes())
@@ -177,7 +182,7 @@ def test_bad_checksum_on_the_last_record_is_a_torn_tail(tmp_path, caplog):
     wal.close()
 
 
-def test_zero_filled_tail_is_a_torn_tail(tmp_path):
+def test_zero_filled_tail_is_a_torn_tail(tmp_path: Path) -> None:
     # After a power loss a filesystem may show the file's new length before its data.
     written(tmp_path)
     path = segment(tmp_path)
@@ -190,7 +195,8 @@ def test_zero_filled_tail_is_a_torn_tail(tmp_path):
     wal.close()
 
 
-def test_intact_log_is_not_touched_and_logs_nothing(tmp_path, caplog):
+def test_intact_log_is_not_touched_and_logs_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     written(tmp_path)
     before = segment(tmp_path).read_bytes()
     with caplog.at_level(logging.WARNING, logger="psoup.archive"):
@@ -212,7 +218,7 @@ def corrupt_middle(directory: Path) -> int:
     return offsets[1]
 
 
-def test_corrupt_record_in_the_middle_raises_naming_file_and_offset(tmp_path):
+def test_corrupt_record_in_the_middle_raises_naming_file_and_offset(tmp_path: Path) -> None:
     offset = corrupt_middle(tmp_path)
     wal = WriteAheadLog(tmp_path)
     with pytest.raises(PSoupError, match="corrupt") as info:
@@ -221,7 +227,7 @@ def test_corrupt_record_in_the_middle_raises_naming_file_and_offset(tmp_path):
     assert f"byte {offset}" in str(info.value)
 
 
-def test_corrupt_log_keeps_every_byte(tmp_path):
+def test_corrupt_log_keeps_every_byte(tmp_path: Path) -> None:
     corrupt_middle(tmp_path)
     before = segment(tmp_path).read_bytes()
     with pytest.raises(PSoupError):
@@ -229,7 +235,7 @@ def test_corrupt_log_keeps_every_byte(tmp_path):
     assert segment(tmp_path).read_bytes() == before
 
 
-def test_corrupt_log_is_not_opened_for_append(tmp_path):
+def test_corrupt_log_is_not_opened_for_append(tmp_path: Path) -> None:
     corrupt_middle(tmp_path)
     wal = WriteAheadLog(tmp_path)
     with pytest.raises(PSoupError):
@@ -238,7 +244,7 @@ def test_corrupt_log_is_not_opened_for_append(tmp_path):
         wal.append({"op": "x"})
 
 
-def test_records_before_the_corruption_are_yielded_first(tmp_path):
+def test_records_before_the_corruption_are_yielded_first(tmp_path: Path) -> None:
     corrupt_middle(tmp_path)
     seen = []
     with pytest.raises(PSoupError):
@@ -247,7 +253,7 @@ def test_records_before_the_corruption_are_yielded_first(tmp_path):
     assert seen == RECORDS[:1]
 
 
-def test_record_with_good_checksum_that_does_not_decode_is_corrupt(tmp_path):
+def test_record_with_good_checksum_that_does_not_decode_is_corrupt(tmp_path: Path) -> None:
     payload = b"\xc1"   # a msgpack byte that is never valid
     segment(tmp_path).write_bytes(struct.pack(">II", 1, zlib.crc32(payload)) + payload)
     with pytest.raises(PSoupError, match="does not decode"):
@@ -257,7 +263,7 @@ def test_record_with_good_checksum_that_does_not_decode_is_corrupt(tmp_path):
 # ---------------------------------------------------------------------- sync modes
 
 @pytest.mark.parametrize("sync", ["always", "group", "off"])
-def test_sync_modes_are_accepted_and_round_trip(tmp_path, sync):
+def test_sync_modes_are_accepted_and_round_trip(tmp_path: Path, sync: SyncName) -> None:
     wal, _ = opened(tmp_path, sync)
     for record in RECORDS:
         wal.append(record)
@@ -267,7 +273,7 @@ def test_sync_modes_are_accepted_and_round_trip(tmp_path, sync):
 
 
 @pytest.mark.parametrize("sync", ["sometimes", "ALWAYS", "", None])
-def test_unknown_sync_mode_is_rejected(tmp_path, sync):
+def test_unknown_sync_mode_is_rejected(tmp_path: Path, sync: Any) -> None:  # not only str
     with pytest.raises(ValueError, match="sync mode"):
         WriteAheadLog(tmp_path / "wal", sync=sync)
     assert not (tmp_path / "wal").exists()
@@ -275,11 +281,17 @@ def test_unknown_sync_mode_is_rejected(tmp_path, sync):
 
 @pytest.mark.parametrize("sync, per_append, on_commit", [
     ("always", 1, 0), ("group", 0, 1), ("off", 0, 0)])
-def test_fsyncs_follow_the_sync_mode(tmp_path, monkeypatch, sync, per_append, on_commit):
+def test_fsyncs_follow_the_sync_mode(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: SyncName, per_append: int,
+        on_commit: int) -> None:
     wal, _ = opened(tmp_path, sync)
-    calls = []
+    calls: list[int] = []
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or real_fsync(fd))
+
+    def counted_fsync(fd: int) -> None:
+        calls.append(fd)
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", counted_fsync)
     wal.append({"op": "x"})
     assert len(calls) == per_append
     calls.clear()
@@ -293,7 +305,7 @@ def test_fsyncs_follow_the_sync_mode(tmp_path, monkeypatch, sync, per_append, on
 
 # ---------------------------------------------------------------------- checkpoints
 
-def test_rotate_replaces_the_log_with_exactly_the_new_records(tmp_path):
+def test_rotate_replaces_the_log_with_exactly_the_new_records(tmp_path: Path) -> None:
     wal, _ = opened(tmp_path)
     for record in RECORDS:
         wal.append(record)
@@ -302,7 +314,7 @@ def test_rotate_replaces_the_log_with_exactly_the_new_records(tmp_path):
     assert opened(tmp_path)[1] == [{"op": "state", "next_tid": 9}, {"op": "create", "sql": "S"}]
 
 
-def test_appends_after_rotate_go_to_the_new_segment(tmp_path):
+def test_appends_after_rotate_go_to_the_new_segment(tmp_path: Path) -> None:
     wal, _ = opened(tmp_path)
     wal.append(RECORDS[0])
     wal.rotate(iter([{"op": "state"}]))
@@ -313,7 +325,7 @@ def test_appends_after_rotate_go_to_the_new_segment(tmp_path):
     assert opened(tmp_path)[1] == [{"op": "state"}, {"op": "after"}]
 
 
-def test_rotate_to_no_records_empties_the_log(tmp_path):
+def test_rotate_to_no_records_empties_the_log(tmp_path: Path) -> None:
     wal, _ = opened(tmp_path)
     wal.append(RECORDS[0])
     wal.rotate([])
@@ -322,8 +334,8 @@ def test_rotate_to_no_records_empties_the_log(tmp_path):
     assert opened(tmp_path)[1] == []
 
 
-def test_failed_rotate_keeps_the_old_log_in_use(tmp_path):
-    def records():
+def test_failed_rotate_keeps_the_old_log_in_use(tmp_path: Path) -> None:
+    def records() -> Iterator[dict[str, str]]:
         yield {"op": "state"}
         raise OSError("disk gone")
 
@@ -337,7 +349,7 @@ def test_failed_rotate_keeps_the_old_log_in_use(tmp_path):
     assert opened(tmp_path)[1] == RECORDS[:2]
 
 
-def test_crash_before_the_checkpoint_rename_replays_the_old_log(tmp_path):
+def test_crash_before_the_checkpoint_rename_replays_the_old_log(tmp_path: Path) -> None:
     written(tmp_path)
     (tmp_path / "wal-00000002.log.tmp").write_bytes(b"half a checkpoint")
     wal, records = opened(tmp_path)
@@ -346,7 +358,7 @@ def test_crash_before_the_checkpoint_rename_replays_the_old_log(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["wal-00000001.log"]
 
 
-def test_leftover_older_segment_is_removed(tmp_path):
+def test_leftover_older_segment_is_removed(tmp_path: Path) -> None:
     # A crash after the checkpoint's rename but before the old segment's deletion.
     old, new = tmp_path / "old", tmp_path / "new"
     written(old)
@@ -376,10 +388,11 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_sigkill_loses_no_acknowledged_record(tmp_path):
+def test_sigkill_loses_no_acknowledged_record(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(Path(psoup.__file__).parents[1]))
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)],
                              stdout=subprocess.PIPE, text=True, env=env)
+    assert child.stdout is not None
     acked = -1
     for line in child.stdout:
         acked = int(line)
