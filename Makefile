@@ -16,9 +16,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/psoup demo
 
+# The kernels' numpy twins run the kernel and differential tests first (numba never
+# imported by the engine), then the whole suite on the compiled kernels.
 test: $(STAMP)
 	$(BIN)/ruff check psoup tests bench
 	$(BIN)/mypy
+	PSOUP_KERNELS=numpy $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_kernels.py tests/test_differential.py
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
