@@ -55,7 +55,7 @@ def sql_literal(value: object) -> str:
     return repr(value)
 
 
-def insert_everywhere(engines: Mapping[str, Engine], oracle: Oracle, stream: str,
+def insert_everywhere(engines: Mapping[Any, Engine], oracle: Oracle, stream: str,
                       rows: list[tuple[Any, ...]], ts: list[float]) -> None:
     """Insert one batch into every engine, which must hand out the same tupleIDs, and
     into the oracle."""
@@ -68,7 +68,7 @@ def insert_everywhere(engines: Mapping[str, Engine], oracle: Oracle, stream: str
     oracle.insert(stream, rows, ts, tids)
 
 
-def insert_stepped(engines: Mapping[str, Engine], oracle: Oracle, clock: Clock,
+def insert_stepped(engines: Mapping[Any, Engine], oracle: Oracle, clock: Clock,
                    last_ts: dict[str, float], stream: str, rows: list[tuple[Any, ...]],
                    steps: Sequence[float], synced: bool = False) -> None:
     """Insert one batch everywhere, its ts advancing by `steps` from the stream's last ts
@@ -140,7 +140,7 @@ def free_port() -> int:
         return port
 
 
-def wait_listening(proc: subprocess.Popen[bytes], port: int, seconds: float = 15.0) -> None:
+def wait_listening(proc: subprocess.Popen[Any], port: int, seconds: float = 15.0) -> None:
     """Return once 127.0.0.1:port accepts connections; fail if `proc` exits first or
     `seconds` pass."""
     deadline = time.monotonic() + seconds
