@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,13 +27,13 @@ os.environ["PSOUP_SPARK_CONF"] = "spark.master=local[2]"
 
 
 @pytest.fixture
-def clock():
+def clock() -> Clock:
     """A settable clock at 1000.0 (tests.support.Clock) for an engine under test."""
     return Clock(1000.0)
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark() -> Iterator[Any]:
     """One local[2] SparkSession for the whole test run (it takes seconds to start),
     shared with psoup.spark's own jobs and stopped at the end."""
     pytest.importorskip("pyspark")

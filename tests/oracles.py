@@ -7,28 +7,42 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import duckdb
+
+from tests.support import Retain, Streams
+
+if TYPE_CHECKING:
+    from psoup.results.result import Changes, Result
+
+#: A join's answer in answer order: (rows, earliest ts of each, tupleIDs of each).
+JoinAnswer: TypeAlias = tuple[list[tuple[Any, ...]], list[float], list[tuple[int, ...]]]
+#: One row of a join's answer as (row, earliest ts, tupleIDs).
+Triple: TypeAlias = tuple[tuple[Any, ...], float, tuple[int, ...]]
+
 
 class Oracle:
     """DuckDB holding every tuple ever inserted; retention and windows spelled in SQL."""
 
-    def __init__(self, streams):
+    def __init__(self, streams: Streams) -> None:
         self.db = duckdb.connect()
-        self.retain = {}
+        self.retain: dict[str, Retain] = {}
         for name, (columns, retain) in streams.items():
             types = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN"}
             cols = ", ".join(f'"{c}" {types[t]}' for c, t in columns)
             self.db.execute(f'CREATE TABLE {name} (ts DOUBLE, "tupleID" BIGINT, {cols})')
             self.retain[name] = retain
 
-    def insert(self, stream, rows, ts, tids):
+    def insert(self, stream: str, rows: list[tuple[Any, ...]], ts: list[float],
+               tids: list[int]) -> None:
         width = len(rows[0]) + 2
         marks = ", ".join("?" * width)
         self.db.executemany(f"INSERT INTO {stream} VALUES ({marks})",
-                            [(t, i, *r) for t, i, r in zip(ts, tids, rows)])
+                            [(t, i, *r) for t, i, r in zip(ts, tids, rows, strict=True)])
 
-    def answer(self, spec, now):
+    def answer(self, spec: dict[str, Any], now: float) -> list[tuple[Any, ...]]:
         source = self.source(spec, now)
         where = " AND ".join(spec["where"]) or "TRUE"
         outs = ", ".join(f'"{c}"' for c in spec["outputs"])
@@ -39,11 +53,11 @@ class Oracle:
             sql = f'SELECT {outs} FROM {source} WHERE {where} ORDER BY ts, "tupleID"'
         return [tuple(r) for r in self.db.execute(sql).fetchall()]
 
-    def source(self, spec, now):
+    def source(self, spec: dict[str, Any], now: float) -> str:
         """The query's stream as DuckDB FROM text: retained, then windowed at `now`."""
         return f"({self.windowed(spec['stream'], spec['window'], now)}) AS w"
 
-    def windowed(self, stream, window, now):
+    def windowed(self, stream: str, window: tuple[Any, ...], now: float) -> str:
         """A SELECT of the stream's retained tuples in `window` at `now`."""
         retained = f"SELECT * FROM {stream}"
         retain = self.retain[stream]
@@ -68,20 +82,22 @@ class JoinOracle(Oracle):
     """DuckDB holding every tuple ever inserted (as the selection Oracle); each FROM
     item's retained, windowed tuples are a subquery, and DuckDB joins them."""
 
-    def join_answer(self, spec, now):
+    def join_answer(self, spec: dict[str, Any], now: float) -> JoinAnswer:
         """(rows, earliest ts, tupleID tuples) in answer order, DISTINCT applied."""
         items = spec["items"]
         n = len(items)
         sources = ", ".join(f"({self.windowed(s, w, now)}) AS x{i}"
-                            for i, (s, w) in enumerate(zip(items, spec["windows"])))
+                            for i, (s, w) in enumerate(zip(items, spec["windows"], strict=True)))
         outs = [f'x{i}."{c}"' for i, c in spec["outputs"]]
         earliest = "least(" + ", ".join(f"x{i}.ts" for i in range(n)) + ")"
         tids = [f'x{i}."tupleID"' for i in range(n)]
         where = " AND ".join(spec["where"]) or "TRUE"
         sql = (f"SELECT {', '.join(outs + [earliest] + tids)} FROM {sources} WHERE {where} "
                f"ORDER BY {', '.join([earliest] + tids)}")
-        rows, ts, ids = [], [], []
-        seen = set()
+        rows: list[tuple[Any, ...]] = []
+        ts: list[float] = []
+        ids: list[tuple[int, ...]] = []
+        seen: set[tuple[Any, ...]] = set()
         m = len(outs)
         for r in self.db.execute(sql).fetchall():
             row = tuple(r[:m])
@@ -95,7 +111,7 @@ class JoinOracle(Oracle):
         return rows, ts, ids
 
 
-def agg_value_ok(got, want) -> bool:
+def agg_value_ok(got: object, want: object) -> bool:
     if want is None or got is None:
         return got is None and want is None
     if isinstance(want, float) or isinstance(got, float):
@@ -104,13 +120,14 @@ def agg_value_ok(got, want) -> bool:
     return type(got) is type(want) and got == want
 
 
-def rows_match(got, want) -> bool:
+def rows_match(got: Sequence[Sequence[object]], want: Sequence[Sequence[object]]) -> bool:
     return len(got) == len(want) and all(
-        len(g) == len(w) and all(agg_value_ok(a, b) for a, b in zip(g, w))
-        for g, w in zip(got, want))
+        len(g) == len(w) and all(agg_value_ok(a, b) for a, b in zip(g, w, strict=True))
+        for g, w in zip(got, want, strict=True))
 
 
-def answer_aggregate(db, source, spec):
+def answer_aggregate(db: duckdb.DuckDBPyConnection, source: str,
+                     spec: dict[str, Any]) -> list[tuple[Any, ...]]:
     where = " AND ".join(spec["where"]) or "TRUE"
     sql = f"SELECT {spec['select']} FROM {source} WHERE {where}"
     if spec["keys"]:
@@ -122,27 +139,29 @@ def answer_aggregate(db, source, spec):
     return rows
 
 
-def expected_changes(old, new, distinct):
+def expected_changes(old: JoinAnswer, new: JoinAnswer,
+                     distinct: bool) -> tuple[list[Triple], list[Triple]]:
     """Istream/Dstream of two (rows, ts, ids) answers, keyed like psoup's cursors."""
-    def entries(answer):
+    def entries(answer: JoinAnswer) -> list[tuple[Any, tuple[Any, ...], float, tuple[int, ...]]]:
         rows, ts, ids = answer
         keys = rows if distinct else ids
-        return list(zip(keys, rows, ts, ids))
+        return list(zip(keys, rows, ts, ids, strict=True))
     old_e, new_e = entries(old), entries(new)
     old_k, new_k = {e[0] for e in old_e}, {e[0] for e in new_e}
     return [e[1:] for e in new_e if e[0] not in old_k], [e[1:] for e in old_e
                                                          if e[0] not in new_k]
 
 
-def as_triples(result):
+def as_triples(result: Result) -> list[Triple]:
     return list(zip(result.rows, result.ts.tolist(),
-                    [tuple(r) for r in result.tuple_ids.tolist()]))
+                    [tuple(r) for r in result.tuple_ids.tolist()], strict=True))
 
 
 #: A join scenario runs six engines (3 modes x 2 routings) and checks since-cursors too;
 
 
-def assert_changes_compose(before: list, changes, after: list, context) -> None:
+def assert_changes_compose(before: list[tuple[Any, ...]], changes: Changes,
+                           after: list[tuple[Any, ...]], context: object) -> None:
     """The `since` contract: applying a poll's `deleted` rows and then its `inserted`
     rows to the previous answer, as multisets, gives the new answer."""
     bag = Counter(before)

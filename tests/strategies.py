@@ -8,9 +8,22 @@ ask DuckDB the same question over the same window.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any, TypeAlias
+
 import hypothesis.strategies as st
 
-from tests.support import sql_literal
+from tests.support import Columns, Retain, Streams, sql_literal
+
+#: A query as (psoup SQL, the oracle's description of the same question).
+Query: TypeAlias = tuple[str, dict[str, Any]]
+#: A scenario: its streams, and the operations to run in order (each a tuple whose
+#: first item names the kind: "insert", "register", "invoke", ...).
+Scenario: TypeAlias = tuple[Streams, list[tuple[Any, ...]]]
+#: How a join query names FROM item i's column (item, column) -> SQL.
+Ref: TypeAlias = Callable[[int, str], str]
+#: A column of an aggregate's FROM items: (item, name, type).
+ItemColumn: TypeAlias = tuple[int, str, str]
 
 #: INT values beyond 2**53 (not exact as doubles) and at the ends of the int64 range,
 #: where a column plus an offset leaves it.
@@ -28,7 +41,7 @@ OPS = ["=", "!=", "<>", "<", "<=", ">", ">="]
 
 
 @st.composite
-def schemas(draw):
+def schemas(draw: st.DrawFn) -> tuple[Columns, Retain]:
     ncols = draw(st.integers(1, 4))
     types = draw(st.lists(st.sampled_from(["int", "int", "float", "text", "bool"]),
                           min_size=ncols, max_size=ncols))
@@ -43,7 +56,7 @@ def family(ctype: str) -> str:
 
 
 @st.composite
-def factors(draw, columns):
+def factors(draw: st.DrawFn, columns: Columns) -> tuple[str, str]:
     """(psoup SQL, DuckDB SQL) of one WHERE factor."""
     name, ctype = draw(st.sampled_from(columns + [("ts", "float"), ("tupleID", "int")]))
     quoted = f'"{name}"'
@@ -77,7 +90,7 @@ def factors(draw, columns):
     return f"{name} {op} {other}{offset}", f"{quoted} {op} {duck_other}"
 
 
-def offset_text(draw, ctype):
+def offset_text(draw: st.DrawFn, ctype: str) -> str:
     """` + c` or ` - c` after a numeric column, half of the time."""
     if family(ctype) == "num" and draw(st.booleans()):
         return f" {draw(st.sampled_from(['+', '-']))} {draw(st.sampled_from(OFFSETS))}"
@@ -94,7 +107,7 @@ def duck_shifted(quoted: str, ctype: str, offset: str) -> str:
 
 
 @st.composite
-def windows(draw, columns):
+def windows(draw: st.DrawFn, columns: Columns) -> tuple[str, str, tuple[Any, ...]]:
     """(psoup FROM suffix, psoup BEGIN/END clause, window spec for the oracle)."""
     kind = draw(st.sampled_from(["none", "sliding", "landmark", "snapshot", "rows",
                                  "cql_range", "cql_rows", "partition", "unbounded",
@@ -128,7 +141,7 @@ def windows(draw, columns):
 
 
 @st.composite
-def queries(draw, stream, columns):
+def queries(draw: st.DrawFn, stream: str, columns: Columns) -> Query:
     """A query as (psoup SQL, oracle description)."""
     names = [n for n, _ in columns]
     if draw(st.booleans()):
@@ -150,12 +163,12 @@ def queries(draw, stream, columns):
 
 
 @st.composite
-def scenarios(draw):
+def scenarios(draw: st.DrawFn) -> Scenario:
     streams = {"R": draw(schemas())}
     if draw(st.booleans()):
         streams["S"] = draw(schemas())
     nops = draw(st.integers(1, 14))
-    ops = []
+    ops: list[tuple[Any, ...]] = []
     for _ in range(nops):
         kind = draw(st.sampled_from(["insert", "insert", "register", "register", "invoke",
                                      "invoke", "unregister"]))
@@ -188,7 +201,7 @@ STREAMS = ("R", "S", "T")
 
 
 @st.composite
-def join_schemas(draw, stream):
+def join_schemas(draw: st.DrawFn, stream: str) -> tuple[Columns, Retain]:
     """Column 0 is always `k INT` (a join key every stream shares); the others are
     sometimes a shared name `v`, else a name of this stream only."""
     extra = draw(st.lists(st.sampled_from(["int", "int", "float", "text", "bool"]),
@@ -202,11 +215,11 @@ def join_schemas(draw, stream):
     return columns, retain
 
 
-def all_columns(columns):
+def all_columns(columns: Iterable[tuple[str, str]]) -> Columns:
     return list(columns) + [("ts", "float"), ("tupleID", "int")]
 
 
-def constant(draw, name, ctype):
+def constant(draw: st.DrawFn, name: str, ctype: str) -> object:
     if name == "ts":
         return draw(st.floats(995, 1040).map(lambda v: round(v * 2) / 2))
     if name == "tupleID":
@@ -222,27 +235,28 @@ def scale(name: str, ctype: str) -> str:
     return name if name in ("ts", "tupleID") else family(ctype)
 
 
-def pick_column(draw, columns):
+def pick_column(draw: st.DrawFn, columns: Columns) -> tuple[str, str]:
     """A declared column three times in four, else ts or tupleID."""
     if draw(st.integers(0, 3)):
         return draw(st.sampled_from(list(columns)))
     return draw(st.sampled_from([("ts", "float"), ("tupleID", "int")]))
 
 
-def partner(draw, name, ctype, cols):
+def partner(draw: st.DrawFn, name: str, ctype: str,
+            cols: list[tuple[str, str]]) -> tuple[str, str]:
     """A column of `cols` to compare with (name, ctype): mostly one of the same scale,
     sometimes any of the same family (k with ts: always or never true)."""
     same = [c for c in cols if scale(*c) == scale(name, ctype)]
     if not same or draw(st.integers(0, 9)) == 0:
         same = [c for c in cols if family(c[1]) == family(ctype)]
     equal = [c for c in same if c[0] == name]
-    if equal and draw(st.booleans()):
+    if bool(equal) and draw(st.booleans()):     # bool(): mypy infers draw's type from `equal`
         return equal[0]
     return draw(st.sampled_from(same))
 
 
 @st.composite
-def local_factor(draw, item, columns, ref):
+def local_factor(draw: st.DrawFn, item: int, columns: Columns, ref: Ref) -> tuple[str, str]:
     """(psoup SQL, DuckDB SQL) of a factor on FROM item `item` alone."""
     cols = all_columns(columns)
     name, ctype = pick_column(draw, columns)
@@ -271,7 +285,8 @@ def local_factor(draw, item, columns, ref):
 
 
 @st.composite
-def join_factor(draw, items, schemas, ref):
+def join_factor(draw: st.DrawFn, items: list[str], schemas: dict[str, Columns],
+                ref: Ref) -> tuple[str, str]:
     """(psoup SQL, DuckDB SQL) of a factor between two FROM items (either side first)."""
     i, j = draw(st.permutations(range(len(items))))[:2]
     # half of the factors compare the join keys (k with k), so that joins match often
@@ -291,7 +306,8 @@ def join_factor(draw, items, schemas, ref):
 
 
 @st.composite
-def join_windows(draw, items, schemas):
+def join_windows(draw: st.DrawFn, items: list[str],
+                 schemas: Streams) -> tuple[list[str], str, list[tuple[Any, ...]]]:
     """(per-item FROM suffixes, BEGIN/END clause, per-item window specs) in the format
     of tests/test_differential.py's `windows`."""
     k = draw(st.integers(0, 12))
@@ -301,49 +317,53 @@ def join_windows(draw, items, schemas):
     if scope == "none":
         return [""] * n, "", [("all",)] * n
     if scope == "global":
-        kind = draw(st.sampled_from(["sliding", "lagged", "landmark", "snapshot", "rows"]))
-        if kind == "sliding":
-            clause, spec = f"BEGIN NOW - {k} END NOW", ("range", ("now", -k), ("now", 0))
-        elif kind == "lagged":
-            clause, spec = (f"BEGIN (NOW - {k + 2}) END (NOW - 1)",
-                            ("range", ("now", -k - 2), ("now", -1)))
-        elif kind == "landmark":
-            clause, spec = f"BEGIN {a} END NOW", ("range", ("abs", a), ("now", 0))
-        elif kind == "snapshot":
-            lo, hi = min(a, b), max(a, b)
-            clause, spec = f"BEGIN {lo} END {hi}", ("range", ("abs", lo), ("abs", hi))
-        else:
-            clause, spec = f"BEGIN (NOW - {k % 6 + 1} ROWS) END NOW", ("rows", k % 6 + 1)
+        clause, spec = _global_window(draw, k, a, b)
         return [""] * n, clause, [spec] * n
     suffixes, specs = [], []
     for stream in items:
-        kind = draw(st.sampled_from(["none", "none", "cql_range", "cql_range", "cql_rows",
-                                     "partition", "unbounded", "cql_now"]))
-        k = draw(st.integers(0, 8))
-        if kind == "cql_range":
-            suffixes.append(f" [RANGE {k} SECONDS]")
-            specs.append(("range", ("now", -k), ("now", 0)))
-        elif kind == "cql_rows":
-            suffixes.append(f" [ROWS {k + 1}]")
-            specs.append(("rows", k + 1))
-        elif kind == "partition":
-            col = draw(st.sampled_from([c for c, _ in schemas[stream][0]]))
-            suffixes.append(f" [PARTITION BY {col} ROWS {k % 3 + 1}]")
-            specs.append(("partition", col, k % 3 + 1))
-        elif kind == "unbounded":
-            suffixes.append(" [RANGE UNBOUNDED]")
-            specs.append(("all",))
-        elif kind == "cql_now":
-            suffixes.append(" [NOW]")
-            specs.append(("range", ("now", 0), ("now", 0)))
-        else:
-            suffixes.append("")
-            specs.append(("all",))
+        suffix, spec = _item_window(draw, schemas[stream][0])
+        suffixes.append(suffix)
+        specs.append(spec)
     return suffixes, "", specs
 
 
+def _global_window(draw: st.DrawFn, k: int, a: int, b: int) -> tuple[str, tuple[Any, ...]]:
+    """(BEGIN/END clause, window spec) of a window over all FROM items at once."""
+    kind = draw(st.sampled_from(["sliding", "lagged", "landmark", "snapshot", "rows"]))
+    if kind == "sliding":
+        return f"BEGIN NOW - {k} END NOW", ("range", ("now", -k), ("now", 0))
+    if kind == "lagged":
+        return (f"BEGIN (NOW - {k + 2}) END (NOW - 1)",
+                ("range", ("now", -k - 2), ("now", -1)))
+    if kind == "landmark":
+        return f"BEGIN {a} END NOW", ("range", ("abs", a), ("now", 0))
+    if kind == "snapshot":
+        lo, hi = min(a, b), max(a, b)
+        return f"BEGIN {lo} END {hi}", ("range", ("abs", lo), ("abs", hi))
+    return f"BEGIN (NOW - {k % 6 + 1} ROWS) END NOW", ("rows", k % 6 + 1)
+
+
+def _item_window(draw: st.DrawFn, columns: Columns) -> tuple[str, tuple[Any, ...]]:
+    """(FROM suffix, window spec) of one FROM item's own window."""
+    kind = draw(st.sampled_from(["none", "none", "cql_range", "cql_range", "cql_rows",
+                                 "partition", "unbounded", "cql_now"]))
+    k = draw(st.integers(0, 8))
+    if kind == "cql_range":
+        return f" [RANGE {k} SECONDS]", ("range", ("now", -k), ("now", 0))
+    if kind == "cql_rows":
+        return f" [ROWS {k + 1}]", ("rows", k + 1)
+    if kind == "partition":
+        col = draw(st.sampled_from([c for c, _ in columns]))
+        return f" [PARTITION BY {col} ROWS {k % 3 + 1}]", ("partition", col, k % 3 + 1)
+    if kind == "unbounded":
+        return " [RANGE UNBOUNDED]", ("all",)
+    if kind == "cql_now":
+        return " [NOW]", ("range", ("now", 0), ("now", 0))
+    return "", ("all",)
+
+
 @st.composite
-def join_queries(draw, streams, base=None):
+def join_queries(draw: st.DrawFn, streams: Streams, base: dict[str, Any] | None = None) -> Query:
     """A 2- or 3-way join as (psoup SQL, oracle spec). Given the spec of an earlier
     one as `base`, a sibling: the same FROM list and join factors (so the engine puts
     both in one group) with other local factors, windows and outputs."""
@@ -351,27 +371,12 @@ def join_queries(draw, streams, base=None):
     schemas = {s: streams[s][0] for s in names}
     if base is not None:
         items, aliases, qualifier_choice = base["items"], base["aliases"], base["qualify"]
-        n = len(items)
     else:
-        n = draw(st.sampled_from([2, 2, 3]))
-        if len(names) >= n and draw(st.booleans()):       # distinct streams
-            items = draw(st.permutations(names))[:n]
-        else:                                              # any, so often a self-join
-            items = draw(st.lists(st.sampled_from(names), min_size=n, max_size=n))
-        aliases = []
-        for i, s in enumerate(items):
-            repeated = items.count(s) > 1
-            first = items.index(s) == i
-            if repeated and not (first and draw(st.booleans())):
-                aliases.append(f"{s.lower()}{i}")
-            elif not repeated and draw(st.booleans()):
-                aliases.append(f"{s.lower()}{i}")
-            else:
-                aliases.append(None)
-        qualifier_choice = [draw(st.booleans()) for _ in items]
-    item_names = [a or s for s, a in zip(items, aliases)]
+        items, aliases, qualifier_choice = _join_from(draw, names)
+    n = len(items)
+    item_names = [a or s for s, a in zip(items, aliases, strict=True)]
 
-    def ref(i, column):
+    def ref(i: int, column: str) -> str:
         """How the query names item i's column: qualified by its item name, by its
         stream's name when unambiguous, or bare when only one item has the column."""
         stream = items[i]
@@ -383,7 +388,7 @@ def join_queries(draw, streams, base=None):
         return f"{item_names[i]}.{column}"
 
     suffixes, clause, windows = draw(join_windows(items, streams))
-    where = []
+    where: list[tuple[str, str]] = []
     for i, s in enumerate(items):
         if draw(st.integers(0, 2)) == 0:      # a third of the items have local factors
             where += draw(st.lists(local_factor(i, schemas[s], ref), min_size=1, max_size=2))
@@ -395,35 +400,11 @@ def join_queries(draw, streams, base=None):
                               max_size=njoin))
     where += joins
     where = draw(st.permutations(where))
-    # the select list: *, one item's *, or columns (some renamed with AS)
-    shape = draw(st.sampled_from(["star", "star", "item_star", "columns", "columns"]))
-    if shape == "star":
-        select = "*"
-        outputs = [(i, c) for i, s in enumerate(items) for c, _ in schemas[s]]
-        out_names = [f"{item_names[i]}.{c}" for i, c in outputs]
-    elif shape == "item_star":
-        i = draw(st.integers(0, n - 1))
-        select = f"{item_names[i]}.*"
-        outputs = [(i, c) for c, _ in schemas[items[i]]]
-        out_names = [f"{item_names[i]}.{c}" for _, c in outputs]
-    else:
-        pool = [(i, c) for i, s in enumerate(items) for c, _ in all_columns(schemas[s])]
-        outputs = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4, unique=True))
-        renamed = [draw(st.booleans()) and draw(st.booleans()) for _ in outputs]
-        bare = [c for (i, c), r in zip(outputs, renamed) if not r]
-        out_names, parts = [], []
-        for pos, ((i, c), r) in enumerate(zip(outputs, renamed)):
-            if r:
-                out_names.append(f"o{pos}")
-                parts.append(f"{ref(i, c)} AS o{pos}")
-            else:
-                out_names.append(c if bare.count(c) == 1 else f"{item_names[i]}.{c}")
-                parts.append(ref(i, c))
-        select = ", ".join(parts)
+    select, outputs, out_names = _join_select(draw, items, item_names, schemas, ref)
     distinct = draw(st.booleans()) and draw(st.booleans())
     sql = (f"SELECT {'DISTINCT ' if distinct else ''}{select} FROM "
            + ", ".join(f"{s}{' ' + a if a else ''}{suffix}"
-                       for s, a, suffix in zip(items, aliases, suffixes)))
+                       for s, a, suffix in zip(items, aliases, suffixes, strict=True)))
     if where:
         sql += " WHERE " + " AND ".join(p for p, _ in where)
     if clause:
@@ -433,16 +414,69 @@ def join_queries(draw, streams, base=None):
                  "aliases": aliases, "qualify": qualifier_choice, "joins": joins}
 
 
-def batch_rows(columns, max_size=4):
+def _join_from(draw: st.DrawFn,
+               names: list[str]) -> tuple[list[str], list[str | None], list[bool]]:
+    """A new join's FROM list: (streams, their aliases or None, whether `ref` may name
+    each item's columns by stream or bare)."""
+    n = draw(st.sampled_from([2, 2, 3]))
+    if len(names) >= n and draw(st.booleans()):       # distinct streams
+        items = draw(st.permutations(names))[:n]
+    else:                                              # any, so often a self-join
+        items = draw(st.lists(st.sampled_from(names), min_size=n, max_size=n))
+    aliases: list[str | None] = []
+    for i, s in enumerate(items):
+        repeated = items.count(s) > 1
+        first = items.index(s) == i
+        if repeated and not (first and draw(st.booleans())) or not repeated and draw(st.booleans()):
+            aliases.append(f"{s.lower()}{i}")
+        else:
+            aliases.append(None)
+    qualifier_choice = [draw(st.booleans()) for _ in items]
+    return items, aliases, qualifier_choice
+
+
+def _join_select(draw: st.DrawFn, items: list[str], item_names: list[str],
+                 schemas: dict[str, Columns],
+                 ref: Ref) -> tuple[str, list[tuple[int, str]], list[str]]:
+    """The select list: *, one item's *, or columns (some renamed with AS), as (psoup
+    select list, (item, column) of each output, output names)."""
+    shape = draw(st.sampled_from(["star", "star", "item_star", "columns", "columns"]))
+    if shape == "star":
+        select = "*"
+        outputs = [(i, c) for i, s in enumerate(items) for c, _ in schemas[s]]
+        out_names = [f"{item_names[i]}.{c}" for i, c in outputs]
+    elif shape == "item_star":
+        i = draw(st.integers(0, len(items) - 1))
+        select = f"{item_names[i]}.*"
+        outputs = [(i, c) for c, _ in schemas[items[i]]]
+        out_names = [f"{item_names[i]}.{c}" for _, c in outputs]
+    else:
+        pool = [(i, c) for i, s in enumerate(items) for c, _ in all_columns(schemas[s])]
+        outputs = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4, unique=True))
+        renamed = [draw(st.booleans()) and draw(st.booleans()) for _ in outputs]
+        bare = [c for (i, c), r in zip(outputs, renamed, strict=True) if not r]
+        out_names, parts = [], []
+        for pos, ((i, c), r) in enumerate(zip(outputs, renamed, strict=True)):
+            if r:
+                out_names.append(f"o{pos}")
+                parts.append(f"{ref(i, c)} AS o{pos}")
+            else:
+                out_names.append(c if bare.count(c) == 1 else f"{item_names[i]}.{c}")
+                parts.append(ref(i, c))
+        select = ", ".join(parts)
+    return select, outputs, out_names
+
+
+def batch_rows(columns: Columns, max_size: int = 4) -> st.SearchStrategy[list[tuple[Any, ...]]]:
     return st.lists(st.tuples(*(JVALUES[t] for _, t in columns)), min_size=1,
                     max_size=max_size)
 
 
 @st.composite
-def join_scenarios(draw):
+def join_scenarios(draw: st.DrawFn) -> Scenario:
     nstreams = draw(st.integers(2, 3))
     streams = {s: draw(join_schemas(s)) for s in STREAMS[:nstreams]}
-    ops = []
+    ops: list[tuple[Any, ...]] = []
     if draw(st.booleans()):                # some data before anything else
         for stream in sorted(streams):
             rows = draw(batch_rows(streams[stream][0]))
@@ -462,7 +496,7 @@ def join_scenarios(draw):
             ops.append(("insert", stream, rows, steps, draw(st.integers(0, 3)) > 0))
         elif kind == "register":
             earlier = [op[1][1] for op in ops if op[0] == "register"]
-            if earlier and draw(st.booleans()):     # a sibling: same FROM list and joins
+            if bool(earlier) and draw(st.booleans()):    # a sibling: same FROM list and joins
                 base = draw(st.sampled_from(earlier))
                 ops.append(("register", draw(join_queries(streams, base))))
             else:
@@ -493,7 +527,10 @@ FUNCTIONS = ("COUNT", "SUM", "AVG", "MIN", "MAX")
 
 
 @st.composite
-def aggregate_select(draw, columns, ref, duck, pick, alias_keys=False):
+def aggregate_select(draw: st.DrawFn, columns: list[ItemColumn],
+                     ref: Callable[[ItemColumn], str], duck: Callable[[ItemColumn], str],
+                     pick: Callable[[ItemColumn, str | None], str],
+                     alias_keys: bool = False) -> tuple[str, str, str, list[str], list[str]]:
     """(psoup select list, GROUP BY clause, DuckDB select list, DuckDB GROUP BY keys,
     output names) for columns [(owner, name, type)]; `ref`/`duck` spell a column in
     psoup/DuckDB, `pick` names an aggregate's default output; with `alias_keys` the
@@ -501,7 +538,9 @@ def aggregate_select(draw, columns, ref, duck, pick, alias_keys=False):
     numeric = [c for c in columns if c[2] in ("int", "float")]
     keys = draw(st.lists(st.sampled_from(columns), max_size=2, unique=True))
     shown = [k for k in keys if draw(st.booleans())]
-    items, ducks, names = [], [], []        # items: (psoup expression, its alias)
+    items: list[tuple[str, str | None]] = []      # (psoup expression, its alias)
+    ducks: list[str] = []
+    names: list[str] = []
     for pos, k in enumerate(shown):
         items.append((ref(k), f"k{pos}" if alias_keys else None))
         ducks.append(duck(k))
@@ -530,7 +569,7 @@ def aggregate_select(draw, columns, ref, duck, pick, alias_keys=False):
 
 
 @st.composite
-def aggregate_queries(draw, stream, columns):
+def aggregate_queries(draw: st.DrawFn, stream: str, columns: Columns) -> Query:
     """A selection query with aggregates as (psoup SQL, spec for `answer_aggregate`)."""
     cols = [(0, n, t) for n, t in columns + [("ts", "float"), ("tupleID", "int")]]
     select, group, dselect, dkeys, names = draw(aggregate_select(
@@ -550,9 +589,9 @@ def aggregate_queries(draw, stream, columns):
 
 
 @st.composite
-def aggregate_scenarios(draw):
+def aggregate_scenarios(draw: st.DrawFn) -> Scenario:
     streams = {"R": draw(schemas())}
-    ops = []
+    ops: list[tuple[Any, ...]] = []
     for _ in range(draw(st.integers(1, 14))):
         kind = draw(st.sampled_from(["insert", "insert", "insert", "register", "register",
                                      "invoke", "unregister"]))
@@ -576,10 +615,10 @@ def aggregate_scenarios(draw):
 
 
 @st.composite
-def join_aggregate_scenarios(draw):
+def join_aggregate_scenarios(draw: st.DrawFn) -> Scenario:
     """A join scenario (tests/test_joins.py) whose join queries aggregate instead."""
     streams, ops = draw(join_scenarios())
-    out = []
+    out: list[tuple[Any, ...]] = []
     for op in ops:
         if op[0] == "register":
             out.append(("register", draw(as_aggregate(streams, op[1]))))
@@ -589,16 +628,21 @@ def join_aggregate_scenarios(draw):
 
 
 @st.composite
-def as_aggregate(draw, streams, query):
+def as_aggregate(draw: st.DrawFn, streams: Streams, query: Query) -> Query:
     """The join query with its select list replaced by aggregates and GROUP BY."""
     sql, spec = query
     items, aliases = spec["items"], spec["aliases"]
-    names = [a or s for s, a in zip(items, aliases)]
+    names = [a or s for s, a in zip(items, aliases, strict=True)]
     cols = [(i, c, t) for i, s in enumerate(items)
             for c, t in streams[s][0] + [("ts", "float"), ("tupleID", "int")]]
+
+    def pick(c: ItemColumn, fn: str | None) -> str:
+        assert fn is not None       # with alias_keys, group keys are not named by pick
+        return f"{fn.lower()}({names[c[0]]}.{c[1]})"
+
     select, group, dselect, dkeys, out = draw(aggregate_select(
         cols, lambda c: f"{names[c[0]]}.{c[1]}", lambda c: f'x{c[0]}."{c[1]}"',
-        lambda c, fn: f"{fn.lower()}({names[c[0]]}.{c[1]})", alias_keys=True))
+        pick, alias_keys=True))
     rest = sql[sql.index(" FROM "):]
     clause = ""
     if " BEGIN " in rest:

@@ -13,11 +13,24 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from psoup.errors import PSoupError
 from psoup.server.protocol import HEADER, unpack_payload
+
+if TYPE_CHECKING:
+    from psoup.client import Client
+    from psoup.engine import Engine
+    from tests.oracles import Oracle
+
+#: A stream's declared columns as (name, type) pairs ("int", "float", "text", "bool").
+Columns: TypeAlias = list[tuple[str, str]]
+#: A stream's RETAIN rule: ("rows", n) or ("secs", seconds), or None for none.
+Retain: TypeAlias = tuple[str, float] | None
+#: The streams of a scenario: name -> (columns, retention).
+Streams: TypeAlias = dict[str, tuple[Columns, Retain]]
 
 
 class Clock:
@@ -34,7 +47,7 @@ class Clock:
         return value
 
 
-def sql_literal(value) -> str:
+def sql_literal(value: object) -> str:
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"
     if isinstance(value, str):
@@ -42,21 +55,26 @@ def sql_literal(value) -> str:
     return repr(value)
 
 
-def insert_everywhere(engines, oracle, stream, rows, ts):
+def insert_everywhere(engines: Mapping[Any, Engine], oracle: Oracle, stream: str,
+                      rows: list[tuple[Any, ...]], ts: list[float]) -> None:
     """Insert one batch into every engine, which must hand out the same tupleIDs, and
     into the oracle."""
-    tids = None
+    tids: list[int] | None = None
     for eng in engines.values():
-        got = eng.insert(stream, rows, ts=ts).tolist()
+        got: list[int] = eng.insert(stream, rows, ts=ts).tolist()
         assert tids is None or got == tids
         tids = got
+    assert tids is not None
     oracle.insert(stream, rows, ts, tids)
 
 
-def insert_stepped(engines, oracle, clock, last_ts, stream, rows, steps, synced=False):
+def insert_stepped(engines: Mapping[Any, Engine], oracle: Oracle, clock: Clock,
+                   last_ts: dict[str, float], stream: str, rows: list[tuple[Any, ...]],
+                   steps: Sequence[float], synced: bool = False) -> None:
     """Insert one batch everywhere, its ts advancing by `steps` from the stream's last ts
     (from the clock's NOW too, when `synced`); moves `last_ts` and the clock along."""
-    ts, t = [], max(last_ts[stream], clock.now) if synced else last_ts[stream]
+    ts: list[float] = []
+    t = max(last_ts[stream], clock.now) if synced else last_ts[stream]
     for step in steps:
         t += step
         ts.append(t)
@@ -65,7 +83,7 @@ def insert_stepped(engines, oracle, clock, last_ts, stream, rows, steps, synced=
     insert_everywhere(engines, oracle, stream, rows, ts)
 
 
-def create(engine, streams):
+def create(engine: Engine, streams: Streams) -> None:
     for name, (columns, retain) in streams.items():
         cols = ", ".join(f"{c} {t.upper()}" for c, t in columns)
         clause = ""
@@ -75,7 +93,7 @@ def create(engine, streams):
         engine.execute(f"CREATE STREAM {name} ({cols}){clause}")
 
 
-def write(path: Path, rows: list[dict]) -> Path:
+def write(path: Path, rows: list[dict[str, Any]]) -> Path:
     """rows as a file whose format the extension names (.csv, .jsonl, else Parquet)."""
     if path.suffix == ".csv":
         with open(path, "w", newline="") as f:
@@ -118,10 +136,11 @@ SERVE = ("import sys; from psoup.server.server import run_server; "
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def wait_listening(proc: subprocess.Popen, port: int, seconds: float = 15.0) -> None:
+def wait_listening(proc: subprocess.Popen[Any], port: int, seconds: float = 15.0) -> None:
     """Return once 127.0.0.1:port accepts connections; fail if `proc` exits first or
     `seconds` pass."""
     deadline = time.monotonic() + seconds
@@ -135,7 +154,8 @@ def wait_listening(proc: subprocess.Popen, port: int, seconds: float = 15.0) -> 
             time.sleep(0.05)
 
 
-def start_server(data_dir, port, token, env) -> tuple[subprocess.Popen, Any]:
+def start_server(data_dir: Path, port: int, token: str,
+                 env: Mapping[str, str] | None) -> tuple[subprocess.Popen[bytes], Client]:
     """A server process on 127.0.0.1:port over data_dir (sync="group"), and a Client of
     it once it answers."""
     from psoup.client import Client
@@ -146,10 +166,12 @@ def start_server(data_dir, port, token, env) -> tuple[subprocess.Popen, Any]:
     while True:
         try:
             return proc, Client(f"127.0.0.1:{port}", token=token, timeout=10)
-        except PSoupError:
+        except PSoupError as err:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise AssertionError(f"server did not start: {proc.stderr.read().decode()}")
+                assert proc.stderr is not None
+                raise AssertionError(
+                    f"server did not start: {proc.stderr.read().decode()}") from err
             time.sleep(0.1)
 
 
@@ -172,7 +194,7 @@ def python_without_psoup(folder: Path) -> Path:
     return python
 
 
-def always_reuse(engine) -> None:
+def always_reuse(engine: Engine) -> None:
     """Have `engine` keep every selection answer it may and make the next one from it
     whenever the window moved forward (psoup.results.recent), however small the window:
     by default only large windows are worth it, which small test streams never reach."""

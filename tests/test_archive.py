@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
 
 import duckdb
 import numpy as np
@@ -13,14 +15,15 @@ import pytest
 
 from psoup.archive import parquet
 from psoup.archive.parquet import Archive
-from psoup.archive.sampling import in_order
+from psoup.archive.sampling import in_order, write_runs
 from psoup.errors import SchemaError
 
 COLUMNS = [("a", "int"), ("x", "float"), ("name", "text"), ("on", "bool")]
 DAY = datetime(2024, 3, 1, tzinfo=timezone.utc).timestamp()   # midnight, 2024-03-01 UTC
 
 
-def rows(first: int, last: int, t0: float = DAY + 3600.0, step: float = 1.0) -> dict:
+def rows(first: int, last: int, t0: float = DAY + 3600.0,
+         step: float = 1.0) -> dict[str, Any]:
     """Tuples first..last with a = 10 * tupleID, x = tupleID / 2, name = f"n{tupleID}",
     on = tupleID even, at ts = t0 + step * (tupleID - first)."""
     tids = np.arange(first, last + 1, dtype=np.int64)
@@ -35,7 +38,7 @@ def part(first: int, last: int) -> str:
 
 # ---------------------------------------------------------------------- layout
 
-def test_flush_writes_the_hive_layout_named_by_tuple_id_range(tmp_path):
+def test_flush_writes_the_hive_layout_named_by_tuple_id_range(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 2))
     assert arc.flush() == [tmp_path / "stream=R" / "date=2024-03-01" / part(0, 2)]
@@ -43,7 +46,7 @@ def test_flush_writes_the_hive_layout_named_by_tuple_id_range(tmp_path):
         f"stream=R/date=2024-03-01/{part(0, 2)}"]
 
 
-def test_rows_spanning_two_utc_days_go_to_two_files(tmp_path):
+def test_rows_spanning_two_utc_days_go_to_two_files(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(5, 8, t0=DAY - 1.0, step=0.5))   # 23:59:59 .. 00:00:00.5
     paths = arc.flush()
@@ -53,7 +56,7 @@ def test_rows_spanning_two_utc_days_go_to_two_files(tmp_path):
     assert in_order(pq.read_table(paths[1])).column("ts").to_pylist() == [DAY, DAY + 0.5]
 
 
-def test_each_stream_has_its_own_directory(tmp_path):
+def test_each_stream_has_its_own_directory(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 1))
     arc.add("S", [("b", "int")], {"ts": np.array([DAY]), "tupleID": np.array([2]),
@@ -62,7 +65,7 @@ def test_each_stream_has_its_own_directory(tmp_path):
     assert arc.streams() == ["R", "S"]
 
 
-def test_file_holds_ts_tuple_id_then_schema_columns_with_their_types(tmp_path):
+def test_file_holds_ts_tuple_id_then_schema_columns_with_their_types(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 2))
     schema = pq.read_schema(arc.flush()[0])
@@ -71,7 +74,7 @@ def test_file_holds_ts_tuple_id_then_schema_columns_with_their_types(tmp_path):
                             pa.bool_(), pa.int16()]
 
 
-def test_psoup_schema_is_in_the_parquet_metadata(tmp_path):
+def test_psoup_schema_is_in_the_parquet_metadata(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 0))
     metadata = pq.read_schema(arc.flush()[0]).metadata
@@ -79,7 +82,7 @@ def test_psoup_schema_is_in_the_parquet_metadata(tmp_path):
     assert json.loads(metadata[b"psoup.columns"]) == [list(c) for c in COLUMNS]
 
 
-def test_no_tmp_file_is_left_after_a_flush(tmp_path):
+def test_no_tmp_file_is_left_after_a_flush(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 3, t0=DAY - 2.0))
     arc.flush()
@@ -88,7 +91,7 @@ def test_no_tmp_file_is_left_after_a_flush(tmp_path):
 
 # ---------------------------------------------------------------------- read
 
-def test_read_returns_the_rows_in_tuple_id_order_with_their_types(tmp_path):
+def test_read_returns_the_rows_in_tuple_id_order_with_their_types(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 2, t0=DAY - 1.5))   # two days
     arc.flush()
@@ -101,7 +104,7 @@ def test_read_returns_the_rows_in_tuple_id_order_with_their_types(tmp_path):
     assert arc.read("R").schema.field("name").type == pa.string()
 
 
-def test_read_leaves_out_buffered_rows(tmp_path):
+def test_read_leaves_out_buffered_rows(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 1))
     arc.flush()
@@ -109,20 +112,20 @@ def test_read_leaves_out_buffered_rows(tmp_path):
     assert arc.read("R").column("tuple_id").to_pylist() == [0, 1]
 
 
-def test_read_of_a_stream_with_nothing_archived_is_empty(tmp_path):
+def test_read_of_a_stream_with_nothing_archived_is_empty(tmp_path: Path) -> None:
     table = Archive(tmp_path).read("R")
     assert table.num_rows == 0
     assert table.column_names == ["ts", "tuple_id"]
 
 
-def test_text_columns_may_come_as_lists(tmp_path):
+def test_text_columns_may_come_as_lists(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", [("name", "text")], {"ts": [DAY, DAY], "tupleID": [0, 1], "name": ["é", ""]})
     arc.flush()
     assert arc.read("R").column("name").to_pylist() == ["é", ""]
 
 
-def test_caller_arrays_may_be_reused_after_add(tmp_path):
+def test_caller_arrays_may_be_reused_after_add(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     data = rows(0, 2)
     arc.add("R", COLUMNS, data)
@@ -137,24 +140,28 @@ def test_caller_arrays_may_be_reused_after_add(tmp_path):
     assert table.column("on").to_pylist() == [True, False, True]
 
 
-def test_duckdb_reads_the_archive_with_hive_columns(tmp_path):
+def test_duckdb_reads_the_archive_with_hive_columns(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 3, t0=DAY - 2.0))
     arc.add("S", [("b", "float")], {"ts": np.array([DAY]), "tupleID": np.array([4]),
                                     "b": np.array([1.5])})
     arc.flush()
     files = f"{tmp_path}/**/*.parquet"
-    assert duckdb.sql(f"select count(*) from read_parquet('{files}', hive_partitioning=true, "
-                      f"union_by_name=true)").fetchall() == [(5,)]
-    got = duckdb.sql(f"select stream, cast(date as varchar), count(*) from read_parquet("
-                     f"'{tmp_path}/stream=R/**/*.parquet', hive_partitioning=true) "
-                     f"group by all order by all").fetchall()
+    counted = duckdb.sql(f"select count(*) from read_parquet('{files}', hive_partitioning=true, "
+                         f"union_by_name=true)")
+    assert counted is not None                  # a SELECT gives a relation
+    assert counted.fetchall() == [(5,)]
+    grouped = duckdb.sql(f"select stream, cast(date as varchar), count(*) from read_parquet("
+                         f"'{tmp_path}/stream=R/**/*.parquet', hive_partitioning=true) "
+                         f"group by all order by all")
+    assert grouped is not None
+    got = grouped.fetchall()
     assert got == [("R", "2024-02-29", 2), ("R", "2024-03-01", 2)]
 
 
 # ---------------------------------------------------------------------- buffering
 
-def test_rows_are_buffered_until_flush(tmp_path):
+def test_rows_are_buffered_until_flush(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 2))
     assert arc.buffered_rows == 3
@@ -162,7 +169,7 @@ def test_rows_are_buffered_until_flush(tmp_path):
     assert arc.high_water("R") == -1
 
 
-def test_a_stream_is_flushed_when_its_buffer_reaches_flush_rows(tmp_path):
+def test_a_stream_is_flushed_when_its_buffer_reaches_flush_rows(tmp_path: Path) -> None:
     arc = Archive(tmp_path, flush_rows=4)
     arc.add("R", COLUMNS, rows(0, 2))
     assert list(tmp_path.rglob("*.parquet")) == []
@@ -171,11 +178,11 @@ def test_a_stream_is_flushed_when_its_buffer_reaches_flush_rows(tmp_path):
     assert arc.buffered_rows == 0
 
 
-def test_flush_with_nothing_buffered_writes_nothing(tmp_path):
+def test_flush_with_nothing_buffered_writes_nothing(tmp_path: Path) -> None:
     assert Archive(tmp_path).flush() == []
 
 
-def test_a_new_schema_for_a_stream_flushes_the_old_rows_first(tmp_path):
+def test_a_new_schema_for_a_stream_flushes_the_old_rows_first(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", [("a", "int")], {"ts": [DAY], "tupleID": [0], "a": [1]})
     arc.add("R", [("a", "int"), ("b", "text")], {"ts": [DAY], "tupleID": [1], "a": [2],
@@ -186,7 +193,7 @@ def test_a_new_schema_for_a_stream_flushes_the_old_rows_first(tmp_path):
                                          {"ts": DAY, "tuple_id": 1, "a": 2, "b": "x"}]
 
 
-def test_rejected_rows_under_a_new_schema_leave_the_old_buffer_alone(tmp_path):
+def test_rejected_rows_under_a_new_schema_leave_the_old_buffer_alone(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", [("a", "int")], {"ts": [DAY], "tupleID": [0], "a": [1]})
     with pytest.raises(SchemaError):
@@ -197,7 +204,7 @@ def test_rejected_rows_under_a_new_schema_leave_the_old_buffer_alone(tmp_path):
 
 # ---------------------------------------------------------------------- high water
 
-def test_high_water_is_the_largest_flushed_tuple_id(tmp_path):
+def test_high_water_is_the_largest_flushed_tuple_id(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 4, t0=DAY - 2.0))
     arc.flush()
@@ -205,7 +212,7 @@ def test_high_water_is_the_largest_flushed_tuple_id(tmp_path):
     assert arc.high_water("S") == -1
 
 
-def test_high_water_survives_reopening(tmp_path):
+def test_high_water_survives_reopening(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 4, t0=DAY - 2.0))
     arc.add("S", COLUMNS, rows(10, 11))
@@ -215,7 +222,7 @@ def test_high_water_survives_reopening(tmp_path):
     assert again.streams() == ["R", "S"]
 
 
-def test_rows_already_archived_are_skipped_after_reopening(tmp_path):
+def test_rows_already_archived_are_skipped_after_reopening(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 4))
     arc.flush()
@@ -226,7 +233,7 @@ def test_rows_already_archived_are_skipped_after_reopening(tmp_path):
     assert again.read("R").column("tuple_id").to_pylist() == list(range(8))
 
 
-def test_rows_already_buffered_are_skipped(tmp_path):
+def test_rows_already_buffered_are_skipped(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 4))
     arc.add("R", COLUMNS, rows(0, 6))
@@ -235,7 +242,7 @@ def test_rows_already_buffered_are_skipped(tmp_path):
     assert arc.read("R").column("tuple_id").to_pylist() == list(range(7))
 
 
-def test_leftover_tmp_files_are_removed_on_open(tmp_path):
+def test_leftover_tmp_files_are_removed_on_open(tmp_path: Path) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 1))
     path = arc.flush()[0]
@@ -246,13 +253,15 @@ def test_leftover_tmp_files_are_removed_on_open(tmp_path):
     assert again.high_water("R") == 1
 
 
-def test_failed_flush_keeps_only_the_unwritten_rows(tmp_path, monkeypatch):
+def test_failed_flush_keeps_only_the_unwritten_rows(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     arc = Archive(tmp_path)
     arc.add("R", COLUMNS, rows(0, 3, t0=DAY - 2.0))   # two days: 0-1 and 2-3
-    real_write = parquet.write_runs
-    calls = []
+    real_write = write_runs                     # what parquet.write_runs is
+    calls: list[int] = []
 
-    def failing_second(table, rng, where, **kwargs):
+    def failing_second(table: pa.Table, rng: np.random.Generator, where: str | IO[bytes],
+                       **kwargs: Any) -> None:
         calls.append(table.num_rows)
         if len(calls) == 2:
             raise OSError("disk full")
@@ -280,7 +289,9 @@ def test_failed_flush_keeps_only_the_unwritten_rows(tmp_path, monkeypatch):
     ("R/../S", COLUMNS, rows(0, 2)),
 ], ids=["missing column", "short column", "tuple ids decrease", "nan ts", "text as int",
         "unknown type", "column named tuple_id", "bad stream name"])
-def test_bad_rows_are_rejected_and_change_nothing(tmp_path, stream, columns, data):
+def test_bad_rows_are_rejected_and_change_nothing(tmp_path: Path, stream: str,
+                                                 columns: list[tuple[str, str]],
+                                                 data: dict[str, Any]) -> None:
     arc = Archive(tmp_path)
     with pytest.raises(SchemaError):
         arc.add(stream, columns, data)

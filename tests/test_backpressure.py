@@ -9,6 +9,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeAlias
 
 import numpy as np
 import pytest
@@ -17,8 +19,10 @@ from psoup import Client, Engine
 from psoup.errors import Busy
 from psoup.server import Limits, Server
 from psoup.server.protocol import PROTOCOL, pack_frame
-
 from tests.support import Clock, read_reply
+
+#: The `served` fixture: make(limits, seconds=0.0, gate=None) -> (engine, server, address).
+Served: TypeAlias = Callable[..., tuple[Engine, Server, str]]
 
 TOKEN = "bp-token"
 
@@ -28,7 +32,7 @@ def _slowed(engine: Engine, seconds: float, gate: threading.Event | None = None)
     engine that cannot keep up would."""
     insert = engine.insert
 
-    def slow(*args, **kwargs):
+    def slow(*args: Any, **kwargs: Any) -> Any:
         if gate is not None:
             gate.wait(10)
         time.sleep(seconds)
@@ -37,10 +41,11 @@ def _slowed(engine: Engine, seconds: float, gate: threading.Event | None = None)
 
 
 @pytest.fixture
-def served():
-    servers = []
+def served() -> Iterator[Served]:
+    servers: list[tuple[Server, threading.Event | None]] = []
 
-    def make(limits: Limits, seconds: float = 0.0, gate: threading.Event | None = None):
+    def make(limits: Limits, seconds: float = 0.0,
+             gate: threading.Event | None = None) -> tuple[Engine, Server, str]:
         engine = Engine(clock=Clock(0.0))
         engine.execute("CREATE STREAM S (p INT, k INT)")
         _slowed(engine, seconds, gate)
@@ -55,11 +60,11 @@ def served():
         server.stop()
 
 
-def _batch(producer: int, start: int, n: int) -> dict:
+def _batch(producer: int, start: int, n: int) -> dict[str, Any]:
     return {"p": np.full(n, producer), "k": np.arange(start, start + n)}
 
 
-def test_producers_faster_than_ingest_are_held_back_and_lose_nothing(served):
+def test_producers_faster_than_ingest_are_held_back_and_lose_nothing(served: Served) -> None:
     """Three producers pipeline 120 batches each into an engine that takes 5 ms a batch
     (they could send ~10x faster): the queue never holds more than its limit, busy
     replies are sent, and every row arrives once, each producer's in order."""
@@ -93,7 +98,7 @@ def test_producers_faster_than_ingest_are_held_back_and_lose_nothing(served):
         assert keys.tolist() == list(range(rows * batches)), f"producer {p}"
 
 
-def test_a_busy_reply_says_when_to_come_back_and_applies_nothing(served):
+def test_a_busy_reply_says_when_to_come_back_and_applies_nothing(served: Served) -> None:
     """Over the wire: with the writer held up, an insert past the limit gets "busy" with
     retry_after, the one chained after it "skipped", and neither is ever applied;
     stats show the queue (its inserts, bytes and lag) meanwhile."""
@@ -101,7 +106,7 @@ def test_a_busy_reply_says_when_to_come_back_and_applies_nothing(served):
     engine, server, address = served(Limits(max_queued_bytes=200), gate=gate)
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as sock:
-        def send(request_id: int, op: str, args: dict) -> None:
+        def send(request_id: int, op: str, args: dict[str, Any]) -> None:
             sock.sendall(pack_frame({"id": request_id, "op": op, "args": args}))
         send(0, "hello", {"token": TOKEN, "protocol": PROTOCOL})
         assert read_reply(sock)["ok"]
@@ -122,7 +127,8 @@ def test_a_busy_reply_says_when_to_come_back_and_applies_nothing(served):
     assert engine._core.stem("S").rows(0, engine._core.stem("S").n)["p"].tolist() == [1]
 
 
-def test_the_client_gives_up_after_its_busy_timeout_and_nothing_is_applied(served):
+def test_the_client_gives_up_after_its_busy_timeout_and_nothing_is_applied(
+        served: Served) -> None:
     gate = threading.Event()
     engine, server, address = served(Limits(max_queued_bytes=200), gate=gate)
     with Client(address, token=TOKEN) as first, \
@@ -224,7 +230,7 @@ def _pushed(limit: int) -> tuple[int, int]:
         proc.wait()
 
 
-def test_memory_stays_bounded_while_producers_push_faster_than_ingest():
+def test_memory_stays_bounded_while_producers_push_faster_than_ingest() -> None:
     """Producers that send far faster than the engine applies and never wait: with a
     4 MiB queue the server's memory rises by no more than the queue plus the frames it
     may have read and not answered (max_in_flight per connection), the rest refused

@@ -30,7 +30,7 @@ PIECES = list("()[],.;*'\"-+<>=!0123456789 \n\tabcxyzRS_") + [
 
 
 @st.composite
-def mutated_sql(draw):
+def mutated_sql(draw: st.DrawFn) -> str:
     sql = draw(st.sampled_from(SQL))
     for _ in range(draw(st.integers(1, 4))):
         at = draw(st.integers(0, len(sql)))
@@ -76,14 +76,14 @@ def _engine() -> psoup.Engine:
     return eng
 
 
-def _state(eng: psoup.Engine):
+def _state(eng: psoup.Engine) -> tuple[object, ...]:
     return ([eng.invoke(h, now=2000.0).rows for h, _ in eng.queries()], eng.queries(),
             {k: (v["rows"], v["latest_ts"]) for k, v in eng.stats()["streams"].items()})
 
 
 @settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_sql())
-def test_mutated_sql_is_a_psoup_error_or_a_statement(sql):
+def test_mutated_sql_is_a_psoup_error_or_a_statement(sql: str) -> None:
     eng = _engine()
     before = _state(eng)
     try:
@@ -98,7 +98,7 @@ def test_mutated_sql_is_a_psoup_error_or_a_statement(sql):
 
 @settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ROWS, TS)
-def test_garbage_rows_are_a_psoup_error_and_change_nothing(rows, ts):
+def test_garbage_rows_are_a_psoup_error_and_change_nothing(rows: object, ts: object) -> None:
     eng = _engine()
     before = _state(eng)
     try:

@@ -18,27 +18,27 @@ from psoup.cli.main import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_demo_shows_every_window_kind():
+def test_demo_shows_every_window_kind() -> None:
     result = CliRunner().invoke(main, ["demo", "--rows", "2000"])
     assert result.exit_code == 0, result.output
     for kind in ("(sliding)", "(landmark)", "(snapshot)", "(CQL window)", "disconnects"):
         assert kind in result.output
 
 
-def test_demo_answers_agree_across_modes():
+def test_demo_answers_agree_across_modes() -> None:
     sizes = [run_demo(mode=m, rows=3000, echo=lambda _: None)
              for m in psoup.MODES]
     assert sizes[0] == sizes[1] == sizes[2]
     assert all(n > 0 for n in sizes[0].values())
 
 
-def test_bad_option_is_a_usage_error():
+def test_bad_option_is_a_usage_error() -> None:
     result = CliRunner().invoke(main, ["demo", "--mode", "fast"])
     assert result.exit_code == 2
     assert "fast" in result.output
 
 
-def test_bench_command_runs_every_suite_and_each_writes_its_reports():
+def test_bench_command_runs_every_suite_and_each_writes_its_reports() -> None:
     reports = {"ingest": ["ingest"], "register": ["register"],
                "invoke": ["invoke", "invoke_table2", "invoke_polls"],
                "joins": ["joins_fig8", "joins_fig11", "joins_sharing", "joins_routing"],
@@ -60,7 +60,7 @@ def test_bench_command_runs_every_suite_and_each_writes_its_reports():
             assert (ROOT / "bench" / "results" / f"{name}_quick.png").stat().st_size > 0
 
 
-def test_bench_command_rejects_an_unknown_suite_and_lists_the_known_ones():
+def test_bench_command_rejects_an_unknown_suite_and_lists_the_known_ones() -> None:
     result = CliRunner().invoke(main, ["bench", "fig99"])
     assert result.exit_code == 2
     assert "unknown benchmark suite 'fig99'" in result.output and "table2" in result.output
@@ -69,7 +69,7 @@ def test_bench_command_rejects_an_unknown_suite_and_lists_the_known_ones():
     assert re.search(r"^invoke\s+Fig. 7a/7b and Table 2.*table2", listed.output, re.M)
 
 
-def test_the_command_line_loads_neither_engine_nor_spark_nor_arrow_to_start():
+def test_the_command_line_loads_neither_engine_nor_spark_nor_arrow_to_start() -> None:
     """Every command starts by importing psoup.cli.main: the engine, the query compiler,
     pandas, pyarrow and Spark load only in the commands that use them (issue 16: every
     command used to take two seconds)."""
@@ -81,7 +81,7 @@ def test_the_command_line_loads_neither_engine_nor_spark_nor_arrow_to_start():
     assert loaded == "[]"
 
 
-def test_the_light_copies_of_engine_constants_agree_with_the_engine():
+def test_the_light_copies_of_engine_constants_agree_with_the_engine() -> None:
     from psoup.config import ENGINE_MODES, REPLAY_SLICE_ROWS
     from psoup.engine import MODES
     from psoup.spark.replay import SLICE_ROWS

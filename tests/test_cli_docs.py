@@ -88,6 +88,7 @@ def resolve(words: list[str]) -> tuple[list[click.Command], list[str]]:
             assert path[-1] is main, f"{words}: an option between subcommands"
             option = next((p for p in main.params if word in p.opts), None)
             assert option is not None, f"{words}: psoup has no option {word}"
+            assert isinstance(option, click.Option)     # psoup's own params are all options
             rest = rest[1 if option.is_flag else 2:]
             continue
         command = path[-1].get_command(ctx, word)
@@ -124,7 +125,7 @@ def all_shown() -> list[tuple[str, list[str]]]:
     return found
 
 
-def test_the_docs_show_commands_of_every_kind():
+def test_the_docs_show_commands_of_every_kind() -> None:
     shown = {resolve(words)[0][-1].name for _, words in all_shown()}
     assert {"serve", "create", "ingest", "register", "invoke", "watch", "shell", "history",
             "replay", "import", "unregister", "stats"} <= shown
@@ -132,7 +133,7 @@ def test_the_docs_show_commands_of_every_kind():
 
 @pytest.mark.parametrize("doc,words", all_shown(), ids=lambda v: " ".join(v)[:60]
                          if isinstance(v, list) else v)
-def test_every_shown_command_exists_with_the_options_shown(doc, words):
+def test_every_shown_command_exists_with_the_options_shown(doc: str, words: list[str]) -> None:
     path, rest = resolve(words)
     command = path[-1]
     assert not isinstance(command, click.Group) or not rest or rest[0].startswith("-"), \
@@ -140,12 +141,15 @@ def test_every_shown_command_exists_with_the_options_shown(doc, words):
     assert path[-1] is not main or not rest, f"{doc}: {' '.join(words)}: no such command"
     missing = options_shown(rest) - options_of(path)
     assert not missing, f"{doc}: {' '.join(words)}: no option {sorted(missing)}"
-    names = [c.name for c in path[1:]]
+    names: list[str] = []
+    for c in path[1:]:
+        assert c.name is not None       # resolve() found each by its name
+        names.append(c.name)
     helped = CliRunner().invoke(main, [*names, "--help"])
     assert helped.exit_code == 0, helped.output
 
 
-def test_every_option_a_command_section_names_exists():
+def test_every_option_a_command_section_names_exists() -> None:
     """An option in the prose of `### psoup CMD` is an option of CMD itself, or one of
     psoup's that the section writes before the command (`psoup --server ... CMD`)."""
     for doc in DOCS:
@@ -160,7 +164,7 @@ def test_every_option_a_command_section_names_exists():
                         f"{doc.name}: section {paths[0][-1].name} names {first}, which it lacks"
 
 
-def test_example_handles_look_like_real_ones():
+def test_example_handles_look_like_real_ones() -> None:
     """What `psoup register` prints in the examples, and the handles of the handle store
     example, are 40 hexadecimal digits, as real handles are."""
     text = (ROOT / "docs" / "cli.md").read_text()
@@ -180,7 +184,8 @@ def _env(config: Path, **more: str) -> dict[str, str]:
     return env
 
 
-def _serve(args: list[str], cwd: Path, env: dict[str, str], port: int) -> subprocess.Popen:
+def _serve(args: list[str], cwd: Path, env: dict[str, str],
+           port: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(PSOUP + args, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
@@ -194,8 +199,9 @@ def _serve(args: list[str], cwd: Path, env: dict[str, str], port: int) -> subpro
             time.sleep(0.05)
 
 
-def _stop(proc: subprocess.Popen) -> str:
+def _stop(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGTERM)
+    out: str
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     return out
@@ -207,7 +213,7 @@ def quick_start() -> list[list[str]]:
     return shown_commands(block.join(["```\n", "```\n"]))
 
 
-def test_readme_quick_start_runs(tmp_path):
+def test_readme_quick_start_runs(tmp_path: Path) -> None:
     """README's commands as shown, from a directory holding readings.csv: the server on
     a free port (PSOUP_SERVER tells the others), `watch` stopped after one poll and the
     shell fed a script."""
@@ -240,7 +246,7 @@ def test_readme_quick_start_runs(tmp_path):
 
 # ---------------------------------------------------------------------- how commands end
 
-def test_serve_takes_a_token_that_clients_must_present(tmp_path):
+def test_serve_takes_a_token_that_clients_must_present(tmp_path: Path) -> None:
     port = free_port()
     env = _env(tmp_path / "config")
     serve = _serve(["serve", "--port", str(port), "--token", "s3cret"], tmp_path, env, port)
@@ -257,7 +263,7 @@ def test_serve_takes_a_token_that_clients_must_present(tmp_path):
     assert "token as given" in out
 
 
-def test_watch_into_a_closed_pipe_exits_quietly(tmp_path):
+def test_watch_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
     port = free_port()
     env = _env(tmp_path / "config", PSOUP_SERVER=f"127.0.0.1:{port}")
     serve = _serve(["serve", "--port", str(port)], tmp_path, env, port)
@@ -277,7 +283,7 @@ def test_watch_into_a_closed_pipe_exits_quietly(tmp_path):
     assert code == 0 and err == ""
 
 
-def test_serve_that_cannot_bind_leaves_no_data_dir(tmp_path):
+def test_serve_that_cannot_bind_leaves_no_data_dir(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -291,7 +297,7 @@ def test_serve_that_cannot_bind_leaves_no_data_dir(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
-def test_serve_that_cannot_bind_keeps_an_existing_data_dir(tmp_path):
+def test_serve_that_cannot_bind_keeps_an_existing_data_dir(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "mine").write_text("keep")
     with socket.socket() as taken:

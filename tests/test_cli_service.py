@@ -12,17 +12,25 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeAlias
 
+import click
 import pytest
 from click.testing import CliRunner
+from click.testing import Result as CliResult
 
 from psoup import Engine
 from psoup.cli.handles import HandleStore
 from psoup.cli.main import main
 from psoup.config import parse_address, token_path
+from psoup.results.result import Result
 from psoup.server import Server
 from tests.support import Clock, wait_listening, write
+
+#: The `psoup` fixture: run(*args, input=None, runner=None) -> click's Result.
+Run: TypeAlias = Callable[..., CliResult]
 
 TOKEN = "cli-test-token"
 T0 = 1_767_225_600.0
@@ -31,9 +39,9 @@ SLOW = ("SELECT stationid, speed, note FROM traffic WHERE lane = 3 AND speed < 3
         "BEGIN NOW - 100 END NOW")
 
 
-def readings(n: int, t0: float = T0 - 100, start: int = 0) -> list[dict]:
+def readings(n: int, t0: float = T0 - 100, start: int = 0) -> list[dict[str, Any]]:
     """n traffic readings, one per second from t0; about a third are slow lane-3 ones."""
-    out = []
+    out: list[dict[str, Any]] = []
     for i in range(start, start + n):
         out.append({"lane": 3 if i % 3 == 0 else 1 + i % 8, "stationid": i % 9 + 1,
                     "speed": round(5.5 + (i * 7.3) % 60, 1),
@@ -42,7 +50,7 @@ def readings(n: int, t0: float = T0 - 100, start: int = 0) -> list[dict]:
 
 
 @pytest.fixture(autouse=True)
-def config_dir(tmp_path, monkeypatch):
+def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "config"
     monkeypatch.setenv("PSOUP_CONFIG_DIR", str(path))
     monkeypatch.delenv("PSOUP_SERVER", raising=False)
@@ -51,12 +59,12 @@ def config_dir(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def clock():
+def clock() -> Clock:
     return Clock(T0)
 
 
 @pytest.fixture
-def server(clock):
+def server(clock: Clock) -> Iterator[str]:
     srv = Server(Engine(clock=clock), port=0, token=TOKEN)
     host, port = srv.start_in_thread()
     yield f"{host}:{port}"
@@ -64,28 +72,29 @@ def server(clock):
 
 
 @pytest.fixture
-def psoup(server):
+def psoup(server: str) -> Run:
     """Run one `psoup` command against the test server; returns click's Result."""
 
-    def run(*args: str, input: bytes | str | None = None, runner: CliRunner | None = None):
+    def run(*args: str, input: bytes | str | None = None,
+            runner: CliRunner | None = None) -> CliResult:
         return (runner or CliRunner()).invoke(
             main, ["--server", server, "--token", TOKEN, *args], input=input)
     return run
 
 
 @pytest.fixture
-def traffic(psoup):
+def traffic(psoup: Run) -> str:
     done = psoup("stream", "create", "traffic", DDL_COLUMNS, "--retain", "1 hour")
     assert done.exit_code == 0, done.output
     return "traffic"
 
 
-def ok(result) -> str:
+def ok(result: CliResult) -> str:
     assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
     return result.stdout
 
 
-def embedded_answer(rows: list[dict], sql: str, now: float):
+def embedded_answer(rows: list[dict[str, Any]], sql: str, now: float) -> Result:
     eng = Engine(clock=lambda: now)
     eng.execute(f"CREATE STREAM traffic ({DDL_COLUMNS}) RETAIN 1 HOUR")
     eng.insert("traffic", [{k: v for k, v in r.items() if k != "ts"} for r in rows],
@@ -96,7 +105,8 @@ def embedded_answer(rows: list[dict], sql: str, now: float):
 # ---------------------------------------------------------------------- ingest
 
 @pytest.mark.parametrize("name", ["readings.csv", "readings.jsonl", "readings.parquet"])
-def test_ingested_file_answers_like_the_embedded_engine(psoup, traffic, tmp_path, name):
+def test_ingested_file_answers_like_the_embedded_engine(psoup: Run, traffic: str, tmp_path: Path,
+                                                        name: str) -> None:
     rows = readings(90)
     path = write(tmp_path / name, rows)
     assert ok(psoup("ingest", "traffic", str(path), "--batch-rows", "40")).startswith(
@@ -109,7 +119,8 @@ def test_ingested_file_answers_like_the_embedded_engine(psoup, traffic, tmp_path
     assert got["ts"] == want.ts.tolist()
 
 
-def test_csv_column_declared_text_stays_text_even_when_it_looks_numeric(psoup, tmp_path):
+def test_csv_column_declared_text_stays_text_even_when_it_looks_numeric(psoup: Run,
+                                                                        tmp_path: Path) -> None:
     ok(psoup("stream", "create", "stations", "id INT, zip TEXT"))
     path = tmp_path / "stations.csv"
     path.write_text("id,zip,ts\n1,02134,10\n2,10001,11\n")
@@ -119,7 +130,7 @@ def test_csv_column_declared_text_stays_text_even_when_it_looks_numeric(psoup, t
     assert got["rows"] == [["02134"], ["10001"]]
 
 
-def test_ingest_reads_csv_from_stdin(psoup, traffic, tmp_path):
+def test_ingest_reads_csv_from_stdin(psoup: Run, traffic: str, tmp_path: Path) -> None:
     rows = readings(30)
     data = write(tmp_path / "r.csv", rows).read_bytes()
     assert ok(psoup("ingest", "traffic", "-", input=data)).startswith("30 rows into traffic")
@@ -128,7 +139,8 @@ def test_ingest_reads_csv_from_stdin(psoup, traffic, tmp_path):
     assert got["rows"] == [list(r) for r in embedded_answer(rows, SLOW, T0).rows]
 
 
-def test_ingest_without_ts_column_uses_the_server_clock(psoup, traffic, tmp_path):
+def test_ingest_without_ts_column_uses_the_server_clock(psoup: Run, traffic: str,
+                                                        tmp_path: Path) -> None:
     path = tmp_path / "no_ts.jsonl"
     path.write_text('{"lane": 3, "stationid": 1, "speed": 2.5, "note": "x"}\n')
     ok(psoup("ingest", "traffic", str(path)))
@@ -136,8 +148,8 @@ def test_ingest_without_ts_column_uses_the_server_clock(psoup, traffic, tmp_path
     assert json.loads(ok(psoup("invoke", handle, "--format", "json")))["ts"] == [T0]
 
 
-def test_ingest_of_millisecond_timestamps_needs_ts_unit_and_then_matches(psoup, traffic,
-                                                                          tmp_path):
+def test_ingest_of_millisecond_timestamps_needs_ts_unit_and_then_matches(psoup: Run, traffic: str,
+                                                                          tmp_path: Path) -> None:
     """A ms clock without --ts-unit is refused whole, naming the unit; with it, the
     answer is the one of the same rows in seconds."""
     rows = readings(20)
@@ -150,12 +162,13 @@ def test_ingest_of_millisecond_timestamps_needs_ts_unit_and_then_matches(psoup, 
         "20 rows into traffic")
     handle = ok(psoup("register", SLOW)).strip()
     got = json.loads(ok(psoup("invoke", handle, "--format", "json")))
-    want = embedded_answer([dict(r, ts=m["ts"] / 1000) for r, m in zip(rows, in_ms)],
-                           SLOW, T0)
+    want = embedded_answer([dict(r, ts=m["ts"] / 1000)
+                            for r, m in zip(rows, in_ms, strict=True)], SLOW, T0)
     assert got["rows"] == [list(r) for r in want.rows] and got["ts"] == want.ts.tolist()
 
 
-def test_ingest_stops_at_a_bad_batch_and_says_what_went_in(psoup, traffic, tmp_path):
+def test_ingest_stops_at_a_bad_batch_and_says_what_went_in(psoup: Run, traffic: str,
+                                                           tmp_path: Path) -> None:
     path = write(tmp_path / "bad.csv", readings(10))
     lines = path.read_text().splitlines()
     lines[8] = "abc" + lines[8][lines[8].index(","):]          # input row 8: lane = abc
@@ -169,7 +182,8 @@ def test_ingest_stops_at_a_bad_batch_and_says_what_went_in(psoup, traffic, tmp_p
     assert stats["streams"]["traffic"]["rows"] == 6
 
 
-def test_ingest_names_a_column_the_stream_does_not_have(psoup, traffic, tmp_path):
+def test_ingest_names_a_column_the_stream_does_not_have(psoup: Run, traffic: str,
+                                                        tmp_path: Path) -> None:
     path = write(tmp_path / "r.csv", [dict(r, station="A") for r in readings(3)])
     done = psoup("ingest", "traffic", str(path))
     assert done.exit_code == 1
@@ -177,8 +191,8 @@ def test_ingest_names_a_column_the_stream_does_not_have(psoup, traffic, tmp_path
         in done.stderr
 
 
-def test_ingest_suggests_ts_column_for_a_timestamp_under_another_name(psoup, traffic,
-                                                                       tmp_path):
+def test_ingest_suggests_ts_column_for_a_timestamp_under_another_name(psoup: Run, traffic: str,
+                                                                       tmp_path: Path) -> None:
     rows = [{("time" if k == "ts" else k): v for k, v in r.items()} for r in readings(3)]
     done = psoup("ingest", "traffic", str(write(tmp_path / "r.csv", rows)))
     assert done.exit_code == 1 and "pass --ts-column time" in done.stderr
@@ -186,7 +200,7 @@ def test_ingest_suggests_ts_column_for_a_timestamp_under_another_name(psoup, tra
 
 
 def test_an_empty_csv_cell_names_its_line_and_column_and_says_there_are_no_nulls(
-        psoup, traffic, tmp_path):
+        psoup: Run, traffic: str, tmp_path: Path) -> None:
     path = tmp_path / "r.csv"
     path.write_text("lane,stationid,speed,note,ts\n1,2,3.5,ok,10\n1,,3.5,ok,11\n")
     done = psoup("ingest", "traffic", str(path))
@@ -194,14 +208,15 @@ def test_an_empty_csv_cell_names_its_line_and_column_and_says_there_are_no_nulls
     assert "line 3, column 'stationid': an empty cell, and psoup has no NULLs" in done.stderr
 
 
-def test_a_short_csv_row_names_its_line(psoup, traffic, tmp_path):
+def test_a_short_csv_row_names_its_line(psoup: Run, traffic: str, tmp_path: Path) -> None:
     path = tmp_path / "r.csv"
     path.write_text('lane,stationid,speed,note,ts\n1,2,3.5,"two\nlines",10\n1,2,3.5,11\n')
     done = psoup("ingest", "traffic", str(path))
     assert done.exit_code == 1 and "line 4 has 4 cells, the header 5" in done.stderr
 
 
-def test_ingest_of_an_unknown_extension_is_a_usage_error(psoup, traffic, tmp_path):
+def test_ingest_of_an_unknown_extension_is_a_usage_error(psoup: Run, traffic: str,
+                                                         tmp_path: Path) -> None:
     path = tmp_path / "readings.xlsx"
     path.write_text("x")
     done = psoup("ingest", "traffic", str(path))
@@ -219,7 +234,8 @@ def compressed(path: Path, codec: str) -> Path:
 
 @pytest.mark.parametrize("name,codec", [("r.csv", "zstd"), ("r.jsonl", "bz2"),
                                         ("r.ndjson", "gzip"), ("r.csv", "gzip")])
-def test_ingest_decompresses_gz_bz2_and_zst(psoup, traffic, tmp_path, name, codec):
+def test_ingest_decompresses_gz_bz2_and_zst(psoup: Run, traffic: str, tmp_path: Path, name: str,
+                                            codec: str) -> None:
     rows = readings(30)
     plain = write(tmp_path / "plain.jsonl" if name.endswith("json") else tmp_path / name, rows)
     path = compressed(plain.rename(tmp_path / name), codec)
@@ -234,16 +250,16 @@ def test_ingest_decompresses_gz_bz2_and_zst(psoup, traffic, tmp_path, name, code
     ("r.csv.lz4", [], ".lz4 compression is not supported"),
     ("r.parquet.gz", [], "compresses its pages itself"),
     ("r.gz", ["-o", "parquet"], "compresses its pages itself")])
-def test_ingest_refuses_unsupported_formats_and_compressions_clearly(psoup, traffic,
-                                                                   tmp_path, name, fmt, why):
+def test_ingest_refuses_unsupported_formats_and_compressions_clearly(
+        psoup: Run, traffic: str, tmp_path: Path, name: str, fmt: list[str], why: str) -> None:
     path = tmp_path / name
     path.write_bytes(b"x")
     done = psoup("ingest", "traffic", str(path), *fmt)
     assert done.exit_code == 2 and why in done.stderr, done.stderr
 
 
-def test_ingest_progress_shows_percentage_and_eta_of_a_named_file(psoup, traffic, tmp_path,
-                                                                 monkeypatch):
+def test_ingest_progress_shows_percentage_and_eta_of_a_named_file(
+        psoup: Run, traffic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import psoup.cli.main as cli
     monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: True)
     for name in ("r.csv", "r.parquet"):
@@ -262,7 +278,8 @@ def test_ingest_progress_shows_percentage_and_eta_of_a_named_file(psoup, traffic
 
 # ---------------------------------------------------------------------- named handles
 
-def test_named_handle_works_from_a_new_shell(psoup, traffic, tmp_path, server):
+def test_named_handle_works_from_a_new_shell(psoup: Run, traffic: str, tmp_path: Path,
+                                             server: str) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "r.csv", readings(30)))))
     handle = ok(psoup("register", SLOW, "--name", "slow-lane3", runner=CliRunner())).strip()
     # A new shell: a new runner and no --server; the name remembers where its query lives.
@@ -270,31 +287,35 @@ def test_named_handle_works_from_a_new_shell(psoup, traffic, tmp_path, server):
                                       "json"])
     assert json.loads(ok(later))["rows"] == \
         [list(r) for r in embedded_answer(readings(30), SLOW, T0).rows]
-    assert HandleStore().lookup("slow-lane3") | {"created": 0} == \
+    stored = HandleStore().lookup("slow-lane3")
+    assert stored is not None
+    assert stored | {"created": 0} == \
         {"server": server, "handle": handle, "sql": SLOW, "created": 0}
 
 
-def test_a_taken_name_needs_replace(psoup, traffic):
+def test_a_taken_name_needs_replace(psoup: Run, traffic: str) -> None:
     first = ok(psoup("register", SLOW, "--name", "slow")).strip()
     taken = psoup("register", SLOW, "--name", "slow")
     assert taken.exit_code == 1 and "--replace" in taken.stderr
     assert len(json.loads(ok(psoup("queries", "--format", "json")))["queries"]) == 1
     second = ok(psoup("register", SLOW, "--name", "slow", "--replace")).strip()
-    assert HandleStore().lookup("slow")["handle"] == second != first
+    stored = HandleStore().lookup("slow")
+    assert stored is not None
+    assert stored["handle"] == second != first
 
 
-def test_unknown_name_exits_1(psoup, traffic):
+def test_unknown_name_exits_1(psoup: Run, traffic: str) -> None:
     done = psoup("invoke", "no-such-name")
     assert done.exit_code == 1
     assert done.stderr.startswith("error: 'no-such-name' is neither a name")
 
 
-def test_handles_never_look_like_options(psoup, traffic):
+def test_handles_never_look_like_options(psoup: Run, traffic: str) -> None:
     handles = [ok(psoup("register", SLOW)).strip() for _ in range(20)]
     assert all(h[0] != "-" and len(h) >= 32 for h in handles)
 
 
-def test_unregister_forgets_the_name(psoup, traffic):
+def test_unregister_forgets_the_name(psoup: Run, traffic: str) -> None:
     ok(psoup("register", SLOW, "--name", "slow"))
     assert ok(psoup("unregister", "slow")).strip() == "unregistered slow"
     assert HandleStore().lookup("slow") is None
@@ -302,7 +323,7 @@ def test_unregister_forgets_the_name(psoup, traffic):
     assert psoup("invoke", "slow").exit_code == 1
 
 
-def test_queries_lists_names_handles_and_sql(psoup, traffic):
+def test_queries_lists_names_handles_and_sql(psoup: Run, traffic: str) -> None:
     handle = ok(psoup("register", SLOW, "--name", "slow")).strip()
     listing = ok(psoup("queries")).splitlines()
     assert listing[0].split() == ["name", "handle", "sql"]
@@ -311,7 +332,8 @@ def test_queries_lists_names_handles_and_sql(psoup, traffic):
 
 # ---------------------------------------------------------------------- invoke
 
-def test_changes_show_each_change_exactly_once(psoup, traffic, tmp_path, clock):
+def test_changes_show_each_change_exactly_once(psoup: Run, traffic: str, tmp_path: Path,
+                                               clock: Clock) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(30)))))
     ok(psoup("register", SLOW, "--name", "slow"))
     first = psoup("invoke", "slow", "--changes", "--format", "json")
@@ -333,7 +355,8 @@ def test_changes_show_each_change_exactly_once(psoup, traffic, tmp_path, clock):
     assert again["inserted"] == again["deleted"] == []
 
 
-def test_changes_table_marks_rows_and_notes_a_first_call(psoup, traffic, tmp_path):
+def test_changes_table_marks_rows_and_notes_a_first_call(psoup: Run, traffic: str,
+                                                         tmp_path: Path) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(9)))))
     ok(psoup("register", SLOW, "--name", "slow"))
     done = psoup("invoke", "slow", "--changes")
@@ -345,7 +368,8 @@ def test_changes_table_marks_rows_and_notes_a_first_call(psoup, traffic, tmp_pat
     assert csv_out.strip() == "change,stationid,speed,note"
 
 
-def test_an_expired_cursor_gives_the_whole_answer(psoup, traffic, tmp_path, server):
+def test_an_expired_cursor_gives_the_whole_answer(psoup: Run, traffic: str, tmp_path: Path,
+                                                  server: str) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(9)))))
     handle = ok(psoup("register", SLOW)).strip()
     HandleStore().set_cursor(server, handle, "forgotten-by-the-server")
@@ -353,7 +377,7 @@ def test_an_expired_cursor_gives_the_whole_answer(psoup, traffic, tmp_path, serv
     assert got["reset"] and len(got["inserted"]) == 3
 
 
-def test_json_answer_is_one_stable_document(psoup, traffic, tmp_path):
+def test_json_answer_is_one_stable_document(psoup: Run, traffic: str, tmp_path: Path) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(9)))))
     handle = ok(psoup("register", SLOW)).strip()
     out = [ok(psoup("invoke", handle, "--format", "json")) for _ in range(2)]
@@ -364,7 +388,7 @@ def test_json_answer_is_one_stable_document(psoup, traffic, tmp_path):
     assert docs[0]["cursor"] and docs[1]["cursor"]   # equal answers may share a cursor
 
 
-def test_invoke_now_resolves_the_window_then(psoup, traffic, tmp_path):
+def test_invoke_now_resolves_the_window_then(psoup: Run, traffic: str, tmp_path: Path) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(30)))))
     handle = ok(psoup("register", SLOW)).strip()
     got = json.loads(ok(psoup("invoke", handle, "--format", "json", "--now",
@@ -372,7 +396,8 @@ def test_invoke_now_resolves_the_window_then(psoup, traffic, tmp_path):
     assert got["rows"] == [list(r) for r in embedded_answer(readings(30), SLOW, T0 + 60).rows]
 
 
-def test_watch_prints_the_answer_then_changes(psoup, traffic, tmp_path, clock):
+def test_watch_prints_the_answer_then_changes(psoup: Run, traffic: str, tmp_path: Path,
+                                              clock: Clock) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(200)))))
     ok(psoup("register", SLOW, "--name", "slow"))
     clock.tick = 30.0               # each invocation sees the window 30 s further on
@@ -383,27 +408,27 @@ def test_watch_prints_the_answer_then_changes(psoup, traffic, tmp_path, clock):
     assert all(p["polled"] > time.time() - 60 for p in polls)
 
 
-def test_watch_table_stamps_each_poll(psoup, traffic, tmp_path):
+def test_watch_table_stamps_each_poll(psoup: Run, traffic: str, tmp_path: Path) -> None:
     ok(psoup("register", SLOW, "--name", "slow"))
     lines = ok(psoup("watch", "slow", "--every", "50ms", "--count", "2")).splitlines()
     assert lines[0].endswith("] 0 rows") and lines[-1].endswith("] no changes")
 
 
-def test_watch_rejects_a_bad_interval(psoup, traffic):
+def test_watch_rejects_a_bad_interval(psoup: Run, traffic: str) -> None:
     done = psoup("watch", "slow", "--every", "soon")
     assert done.exit_code == 2 and "30s" in done.stderr
 
 
 # ---------------------------------------------------------------------- errors
 
-def test_bad_sql_is_one_line_on_stderr(psoup, traffic):
+def test_bad_sql_is_one_line_on_stderr(psoup: Run, traffic: str) -> None:
     done = psoup("register", "SELECT x FROM traffic")
     assert done.exit_code == 1 and done.stdout == ""
     assert done.stderr.startswith("error: line 1, column 8: unknown column 'x'")
     assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
 
 
-def test_unreachable_server_exits_1_with_a_hint():
+def test_unreachable_server_exits_1_with_a_hint() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]          # free once closed: nothing listens there
@@ -413,31 +438,31 @@ def test_unreachable_server_exits_1_with_a_hint():
     assert "is `psoup serve` running?" in done.stderr and len(done.stderr.splitlines()) == 1
 
 
-def test_wrong_token_is_explained(server):
+def test_wrong_token_is_explained(server: str) -> None:
     done = CliRunner().invoke(main, ["--server", server, "--token", "nope", "queries"])
     assert done.exit_code == 1 and "refused the connection" in done.stderr
 
 
-def test_wrong_token_names_where_the_servers_token_is(server):
+def test_wrong_token_names_where_the_servers_token_is(server: str) -> None:
     done = CliRunner().invoke(main, ["--server", server, "--token", "nope", "queries"])
     path = token_path(*parse_address(server))
     assert str(path) in done.stderr and "PSOUP_TOKEN" in done.stderr
 
 
-def test_a_bad_retain_is_reported_against_the_option(psoup):
+def test_a_bad_retain_is_reported_against_the_option(psoup: Run) -> None:
     done = psoup("stream", "create", "s", "a INT", "--retain", "1 hourz")
     assert done.exit_code == 1
     assert "in --retain '1 hourz', at character 3: expected a unit" in done.stderr
     assert "CREATE STREAM" not in done.stderr and "column 2" not in done.stderr
 
 
-def test_a_bad_column_type_is_reported_against_the_columns_typed(psoup):
+def test_a_bad_column_type_is_reported_against_the_columns_typed(psoup: Run) -> None:
     done = psoup("stream", "create", "s", "a INT, b FLOT")
     assert done.exit_code == 1
     assert "in COLUMNS 'a INT, b FLOT', at character 10: unknown type 'FLOT'" in done.stderr
 
 
-def test_archive_import_reports_bad_columns_against_the_option(tmp_path):
+def test_archive_import_reports_bad_columns_against_the_option(tmp_path: Path) -> None:
     path = tmp_path / "r.csv"
     path.write_text("a,ts\n1,10\n")
     done = CliRunner().invoke(main, ["archive", "import", str(path), "--stream", "s",
@@ -446,19 +471,20 @@ def test_archive_import_reports_bad_columns_against_the_option(tmp_path):
     assert "in --columns 'a INT,', at its end: expected a column name" in done.stderr
 
 
-def test_bad_server_address_is_a_usage_error():
+def test_bad_server_address_is_a_usage_error() -> None:
     done = CliRunner().invoke(main, ["--server", "localhost:http", "queries"])
     assert done.exit_code == 2 and "port must be a number" in done.stderr
 
 
 # ---------------------------------------------------------------------- the handle store
 
-def test_handle_store_is_owner_only(psoup, traffic, config_dir):
+def test_handle_store_is_owner_only(psoup: Run, traffic: str, config_dir: Path) -> None:
     ok(psoup("register", SLOW, "--name", "slow"))
     assert stat.S_IMODE((config_dir / "handles.json").stat().st_mode) == 0o600
 
 
-def test_corrupt_handle_store_is_reported_and_kept(psoup, traffic, config_dir):
+def test_corrupt_handle_store_is_reported_and_kept(psoup: Run, traffic: str,
+                                                   config_dir: Path) -> None:
     config_dir.mkdir(parents=True, exist_ok=True)
     (config_dir / "handles.json").write_text('{"names": {"slow": ')
     done = psoup("register", SLOW, "--name", "other")
@@ -466,7 +492,7 @@ def test_corrupt_handle_store_is_reported_and_kept(psoup, traffic, config_dir):
     assert (config_dir / "handles.json").read_text() == '{"names": {"slow": '
 
 
-def test_concurrent_writers_lose_no_names(config_dir):
+def test_concurrent_writers_lose_no_names(config_dir: Path) -> None:
     def name(i: int) -> None:
         HandleStore().remember(f"q{i}", "127.0.0.1:7070", f"h{i}", "SELECT a FROM R")
 
@@ -480,7 +506,7 @@ def test_concurrent_writers_lose_no_names(config_dir):
 
 # ---------------------------------------------------------------------- the real command
 
-def test_console_script_serves_ingests_and_invokes(tmp_path, config_dir):
+def test_console_script_serves_ingests_and_invokes(tmp_path: Path, config_dir: Path) -> None:
     script = Path(sys.executable).with_name("psoup")
     psoup = [str(script)] if script.exists() else [sys.executable, "-m", "psoup.cli.main"]
     with socket.socket() as s:
@@ -514,7 +540,8 @@ def test_console_script_serves_ingests_and_invokes(tmp_path, config_dir):
     assert f"psoup on 127.0.0.1:{port} stopped after" in out and "closed cleanly" in out
 
 
-def test_serve_logs_each_request_at_debug_and_none_by_default(tmp_path, config_dir):
+def test_serve_logs_each_request_at_debug_and_none_by_default(tmp_path: Path,
+                                                              config_dir: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -539,7 +566,7 @@ def test_serve_logs_each_request_at_debug_and_none_by_default(tmp_path, config_d
 
 # ---------------------------------------------------------------------- the catalog
 
-def test_stream_list_shows_every_stream(psoup, traffic):
+def test_stream_list_shows_every_stream(psoup: Run, traffic: str) -> None:
     psoup("ingest", "traffic", "-", "--format", "jsonl",
           input="\n".join(json.dumps(r) for r in readings(3)))
     out = psoup("stream", "list")
@@ -553,7 +580,7 @@ def test_stream_list_shows_every_stream(psoup, traffic):
         "stream,columns,retain,rows,rows_total,latest_ts,queries"
 
 
-def test_stream_describe_shows_one_stream(psoup, traffic):
+def test_stream_describe_shows_one_stream(psoup: Run, traffic: str) -> None:
     out = psoup("stream", "describe", "traffic")
     assert out.exit_code == 0, out.output
     assert out.output.splitlines()[:3] == ["stream      traffic", f"columns     {DDL_COLUMNS}",
@@ -564,7 +591,8 @@ def test_stream_describe_shows_one_stream(psoup, traffic):
     assert missing.exit_code == 1 and "unknown stream 'nope'" in missing.output
 
 
-def test_stream_drop_is_refused_while_a_query_reads_it_unless_cascade(psoup, traffic):
+def test_stream_drop_is_refused_while_a_query_reads_it_unless_cascade(psoup: Run,
+                                                                      traffic: str) -> None:
     handle = psoup("register", SLOW, "--name", "slow").output.strip()
     refused = psoup("stream", "drop", "traffic")
     assert refused.exit_code == 1 and handle in refused.output and "CASCADE" in refused.output
@@ -575,7 +603,7 @@ def test_stream_drop_is_refused_while_a_query_reads_it_unless_cascade(psoup, tra
     assert "(0 streams)" in psoup("stream", "list").output
 
 
-def test_show_prints_a_querys_sql_and_statistics(psoup, traffic):
+def test_show_prints_a_querys_sql_and_statistics(psoup: Run, traffic: str) -> None:
     handle = psoup("register", SLOW, "--name", "slow").output.strip()
     psoup("ingest", "traffic", "-", "--format", "jsonl",
           input="\n".join(json.dumps(r) for r in readings(30)))
@@ -590,10 +618,12 @@ def test_show_prints_a_querys_sql_and_statistics(psoup, traffic):
 
 # ---------------------------------------------------------------------- output and options
 
-def test_o_is_the_short_option_of_format_on_every_command_that_has_it(psoup, traffic):
+def test_o_is_the_short_option_of_format_on_every_command_that_has_it(psoup: Run,
+                                                                      traffic: str) -> None:
     from psoup.cli.main import main as group
 
-    def commands(cmd, path=()):
+    def commands(cmd: click.Command, path: tuple[str, ...] = ()
+                 ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
         for name, sub in getattr(cmd, "commands", {}).items():
             yield from commands(sub, path + (name,))
         if not hasattr(cmd, "commands"):
@@ -606,7 +636,7 @@ def test_o_is_the_short_option_of_format_on_every_command_that_has_it(psoup, tra
 
 
 def test_invoke_table_starts_with_each_rows_time_in_utc_and_csv_keeps_seconds(
-        psoup, traffic, tmp_path):
+        psoup: Run, traffic: str, tmp_path: Path) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(9)))))
     handle = ok(psoup("register", SLOW)).strip()
     lines = ok(psoup("invoke", handle)).splitlines()
@@ -617,8 +647,8 @@ def test_invoke_table_starts_with_each_rows_time_in_utc_and_csv_keeps_seconds(
     assert json.loads(ok(psoup("invoke", handle, "-o", "json")))["ts"][0] == T0 - 100
 
 
-def test_limit_cuts_a_table_and_the_footer_says_how_many_rows_there_were(psoup, traffic,
-                                                                          tmp_path):
+def test_limit_cuts_a_table_and_the_footer_says_how_many_rows_there_were(psoup: Run, traffic: str,
+                                                                          tmp_path: Path) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(90)))))
     handle = ok(psoup("register", SLOW)).strip()
     n = len(json.loads(ok(psoup("invoke", handle, "-o", "json")))["rows"])
@@ -636,14 +666,14 @@ def test_limit_cuts_a_table_and_the_footer_says_how_many_rows_there_were(psoup, 
 
 
 def test_a_terminal_gets_100_rows_through_a_pager_unless_told_otherwise(
-        psoup, traffic, tmp_path, monkeypatch):
+        psoup: Run, traffic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import psoup.cli.main as cli
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(600, T0 - 700)))))
     handle = ok(psoup("register", "SELECT stationid, speed FROM traffic WHERE lane = 3")
                 ).strip()
     paged: list[str] = []
     monkeypatch.setattr(cli, "_stdout_is_terminal", lambda: True)
-    monkeypatch.setattr(cli.click, "echo_via_pager", lambda text: paged.append(text))
+    monkeypatch.setattr(click, "echo_via_pager", lambda text: paged.append(text))
     assert ok(psoup("invoke", handle)) == ""
     assert paged[0].splitlines()[-1] == "(250 rows, first 100 shown; --limit 0 for all)"
     assert len(paged[0].splitlines()) == 2 + 100 + 1
@@ -652,7 +682,7 @@ def test_a_terminal_gets_100_rows_through_a_pager_unless_told_otherwise(
     assert len(ok(psoup("invoke", handle, "-o", "csv")).splitlines()) == 1 + 250
 
 
-def test_watch_limits_the_rows_of_each_poll(psoup, traffic, tmp_path):
+def test_watch_limits_the_rows_of_each_poll(psoup: Run, traffic: str, tmp_path: Path) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(90)))))
     ok(psoup("register", SLOW, "--name", "slow"))
     n = len(json.loads(ok(psoup("invoke", "slow", "-o", "json")))["rows"])
@@ -668,7 +698,7 @@ MULTILINE = """SELECT stationid, speed
    BEGIN NOW - 100 END NOW"""
 
 
-def test_multi_line_sql_is_one_line_in_tables_and_whole_in_json(psoup, traffic):
+def test_multi_line_sql_is_one_line_in_tables_and_whole_in_json(psoup: Run, traffic: str) -> None:
     ok(psoup("register", MULTILINE, "--name", "multi"))
     ok(psoup("register", "SELECT stationid FROM traffic WHERE " +
              " AND ".join(f"speed <> {i}" for i in range(40))))
@@ -686,7 +716,8 @@ def test_multi_line_sql_is_one_line_in_tables_and_whole_in_json(psoup, traffic):
                for line in stats)
 
 
-def test_stats_and_stream_list_show_the_latest_ts_in_utc(psoup, traffic, tmp_path):
+def test_stats_and_stream_list_show_the_latest_ts_in_utc(psoup: Run, traffic: str,
+                                                         tmp_path: Path) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(3)))))
     assert "2025-12-31T23:58:22.000Z" in ok(psoup("stats"))
     assert "2025-12-31T23:58:22.000Z" in ok(psoup("stream", "list"))
@@ -694,7 +725,8 @@ def test_stats_and_stream_list_show_the_latest_ts_in_utc(psoup, traffic, tmp_pat
     assert ",1767225502.0," in ok(psoup("stream", "list", "-o", "csv"))
 
 
-def test_timestamps_in_errors_are_shown_in_utc_like_the_tables(psoup, traffic, tmp_path):
+def test_timestamps_in_errors_are_shown_in_utc_like_the_tables(psoup: Run, traffic: str,
+                                                               tmp_path: Path) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(3)))))
     done = psoup("ingest", "traffic", str(write(tmp_path / "b.csv", readings(1, T0 - 500))))
     assert done.exit_code == 1

@@ -9,9 +9,12 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 import psoup
 from psoup.client import Client
@@ -27,26 +30,28 @@ QUERIES = [
 ROWS = 150
 
 
-def _batch(i: int) -> tuple[dict, np.ndarray]:
+def _batch(i: int) -> tuple[dict[str, Any], NDArray[np.float64]]:
     gen = np.random.default_rng(i)
     cols = {"a": gen.integers(0, 100, ROWS), "b": gen.random(ROWS),
             "tag": [f"t{v}" for v in gen.integers(0, 7, ROWS)]}
     return cols, i + np.arange(ROWS) / ROWS
 
 
-def _answers(target, handles, now):
+def _answers(target: Client | psoup.Engine, handles: list[str],
+             now: float) -> list[tuple[list[int], list[tuple[Any, ...]]]]:
     results = [target.invoke(h, now=now) for h in handles]
     return [(r.tuple_ids.tolist(), r.rows) for r in results]
 
 
 @pytest.fixture
-def env(tmp_path):
+def env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ, PSOUP_CONFIG_DIR=str(tmp_path / "config"))
     env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), env.get("PYTHONPATH")] if p)
     return env
 
 
-def test_sigkill_mid_ingest_loses_nothing_acknowledged(tmp_path, env):
+def test_sigkill_mid_ingest_loses_nothing_acknowledged(tmp_path: Path,
+                                                       env: dict[str, str]) -> None:
     data_dir, port = tmp_path / "data", free_port()
     proc, client = start_server(data_dir, port, TOKEN, env)
     client.execute(DDL)

@@ -10,6 +10,8 @@ import os
 import pickle
 import stat
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 import psoup
 from psoup.errors import CursorExpired, CursorInvalid
 from psoup.results.cursors import SECRET_FILE
+from psoup.results.result import Changes, Result
 
 QUERIES = [
     "SELECT a FROM R WHERE b > 2 BEGIN NOW - 6 END NOW",
@@ -36,17 +39,18 @@ def _engine(retain: int = 14) -> psoup.Engine:
     return eng
 
 
-def _identities(result, sql: str) -> Counter:
+def _identities(result: Result, sql: str) -> Counter[Any]:
     """A row's identity in the answer (what `since` compares): its tupleID, its values
     in a DISTINCT answer, its group and values in an aggregated one."""
     if "DISTINCT" in sql:
         return Counter(result.rows)
     if "COUNT" in sql:
-        return Counter(zip(result.keys, result.rows))
-    return Counter(zip(result.tuple_ids.tolist(), result.rows))
+        assert result.keys is not None      # an aggregated answer has its groups' keys
+        return Counter(zip(result.keys, result.rows, strict=True))
+    return Counter(zip(result.tuple_ids.tolist(), result.rows, strict=True))
 
 
-def _assert_difference(changes, old, new, sql: str) -> None:
+def _assert_difference(changes: Changes, old: Result, new: Result, sql: str) -> None:
     before, after = _identities(old, sql), _identities(new, sql)
     assert _identities(changes.inserted, sql) == after - before
     assert _identities(changes.deleted, sql) == before - after
@@ -63,7 +67,8 @@ _step = st.one_of(
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(_step, max_size=40), st.sampled_from([0, 64 << 20]))
-def test_changes_are_the_difference_of_independently_computed_answers(steps, budget):
+def test_changes_are_the_difference_of_independently_computed_answers(
+        steps: list[tuple[Any, ...]], budget: int) -> None:
     """Random polls from any earlier cursor, between inserts, expiry (RETAIN 14 ROWS in
     chunks of 4) and invocations at increasing NOW. With the default budget no cursor
     expires; with none (only the newest answer kept) range windows are still recomputed,
@@ -71,7 +76,7 @@ def test_changes_are_the_difference_of_independently_computed_answers(steps, bud
     eng = _engine()
     eng._cursors.budget = budget
     handles = [eng.register(sql) for sql in QUERIES]
-    issued: list[list[tuple[str, object]]] = [[] for _ in QUERIES]   # (cursor, answer)
+    issued: list[list[tuple[str | None, Result]]] = [[] for _ in QUERIES]   # (cursor, answer)
     now = 10.0
     for step in steps:
         if step[0] == "insert":
@@ -90,6 +95,7 @@ def test_changes_are_the_difference_of_independently_computed_answers(steps, bud
             except CursorExpired as exc:
                 assert budget == 0 and "invoke without since" in str(exc)
                 continue
+            assert isinstance(changes, Changes)     # a str cursor (Result.cursor is Optional)
             _assert_difference(changes, old, new, QUERIES[q])
             issued[q].append((changes.cursor, new))
         eng._check()
@@ -99,7 +105,8 @@ def test_changes_are_the_difference_of_independently_computed_answers(steps, bud
     (64 << 20, QUERIES, 14),     # the default budget: whatever the query
     (0, QUERIES[:3], 40),        # none: windows inside retention are recomputed
 ])
-def test_a_hundred_pollers_never_see_an_expired_cursor(budget, queries, retain):
+def test_a_hundred_pollers_never_see_an_expired_cursor(budget: int, queries: list[str],
+                                                      retain: int) -> None:
     """100 pollers on few handles, each polling from its own last cursor in a random
     order while data arrives and expires: none gets cursor_expired, and the stored
     answers are per distinct answer, not per poller (none at all are needed for
@@ -109,7 +116,7 @@ def test_a_hundred_pollers_never_see_an_expired_cursor(budget, queries, retain):
     eng._cursors.budget = budget
     handles = [eng.register(sql) for sql in queries]
     now = 10.0
-    pollers = []
+    pollers: list[list[Any]] = []
     for i in range(100):
         q = i % len(handles)
         answer = eng.invoke(handles[q], now=now)
@@ -121,13 +128,14 @@ def test_a_hundred_pollers_never_see_an_expired_cursor(budget, queries, retain):
             q, cursor, old = pollers[i]
             new = eng.invoke(handles[q], now=now)
             changes = eng.invoke(handles[q], now=now, since=cursor)
+            assert isinstance(changes, Changes)
             _assert_difference(changes, old, new, queries[q])
             pollers[i][1:] = [changes.cursor, new]
         eng._check()
     assert len(eng._cursors._kept) <= (1 if budget == 0 else 2 * 9 * len(queries))
 
 
-def test_pollers_holding_one_answer_share_its_stored_copy():
+def test_pollers_holding_one_answer_share_its_stored_copy() -> None:
     eng = _engine()
     h = eng.register(QUERIES[4])                 # an aggregate: answered from a copy
     eng.insert("R", [(1, 1), (2, 2)], ts=10.0)
@@ -135,42 +143,44 @@ def test_pollers_holding_one_answer_share_its_stored_copy():
     assert len(cursors) == 1 and len(eng._cursors._kept) == 1
     eng.insert("R", [(1, 3)], ts=11.0)
     changes = eng.invoke(h, now=11.0, since=cursors.pop())
+    assert isinstance(changes, Changes)
     assert changes.inserted.rows == [(1, 2)] and changes.deleted.rows == [(1, 1)]
     eng._check()
 
 
-def test_stored_answers_stay_within_the_budget():
+def test_stored_answers_stay_within_the_budget() -> None:
     eng = _engine()
     eng._cursors.budget = 8000
     h = eng.register(QUERIES[4])
     for t in range(40):
         eng.insert("R", [(t, 1)], ts=10.0 + t)
-        eng.invoke(h, now=10.0 + t).cursor          # reading it stores the answer
+        _ = eng.invoke(h, now=10.0 + t).cursor      # reading it stores the answer
         eng._check()
     assert 1 < len(eng._cursors._kept) < 40
 
 
-def test_a_cursor_survives_a_restart(tmp_path):
-    with psoup.Engine(path=tmp_path, chunk_rows=4) as eng:
+def test_a_cursor_survives_a_restart(tmp_path: Path) -> None:
+    with psoup.Engine(path=str(tmp_path), chunk_rows=4) as eng:
         eng.execute("CREATE STREAM R (a INT, b INT) RETAIN 14 ROWS")
         h = eng.register(QUERIES[0])
         eng.insert("R", [(1, 3), (2, 4)], ts=10.0)
         first = eng.invoke(h, now=10.0)
     assert stat.S_IMODE(os.stat(tmp_path / SECRET_FILE).st_mode) == 0o600
-    with psoup.Engine(path=tmp_path, chunk_rows=4) as eng:
+    with psoup.Engine(path=str(tmp_path), chunk_rows=4) as eng:
         eng.insert("R", [(3, 5), (4, 0)], ts=14.0)
         changes = eng.invoke(h, now=17.0, since=first.cursor)
+        assert isinstance(changes, Changes)
         assert changes.inserted.rows == [(3,)] and changes.deleted.rows == [(1,), (2,)]
         again = eng.invoke(h, now=17.0, since=changes.cursor)
         assert len(again) == 0
 
 
-def test_a_stored_answer_does_not_survive_a_restart(tmp_path):
-    with psoup.Engine(path=tmp_path) as eng:
+def test_a_stored_answer_does_not_survive_a_restart(tmp_path: Path) -> None:
+    with psoup.Engine(path=str(tmp_path)) as eng:
         eng.execute("CREATE STREAM R (a INT, b INT)")
         h = eng.register(QUERIES[4])
         cursor = eng.invoke(h, now=10.0).cursor
-    with psoup.Engine(path=tmp_path) as eng:
+    with psoup.Engine(path=str(tmp_path)) as eng:
         with pytest.raises(CursorExpired, match="invoke without since") as err:
             eng.invoke(h, now=10.0, since=cursor)
         assert not isinstance(err.value, CursorInvalid)
@@ -189,11 +199,13 @@ def _flip(cursor: str, at: int) -> str:
     st.integers(0, 10 ** 4).map(lambda at: ("flip", at)),
     st.just(("other", 0)),
 ))
-def test_a_garbled_or_forged_cursor_is_refused_clearly(bad):
+def test_a_garbled_or_forged_cursor_is_refused_clearly(
+        bad: str | tuple[str, int] | None) -> None:
     eng = _engine()
     h, other = eng.register(QUERIES[0]), eng.register(QUERIES[3])
     eng.insert("R", [(1, 3)], ts=10.0)
     good = eng.invoke(h, now=10.0).cursor
+    assert good is not None
     if isinstance(bad, tuple):
         bad = _flip(good, bad[1]) if bad[0] == "flip" else eng.invoke(other, now=10.0).cursor
     with pytest.raises(CursorInvalid, match="not issued by this engine") as err:
@@ -203,7 +215,7 @@ def test_a_garbled_or_forged_cursor_is_refused_clearly(bad):
 
 
 @pytest.mark.parametrize("bad", [17, None, b"bytes", ["list"]])
-def test_a_cursor_that_is_no_string_is_refused_clearly(bad):
+def test_a_cursor_that_is_no_string_is_refused_clearly(bad: Any) -> None:
     eng = _engine()
     h = eng.register(QUERIES[0])
     with pytest.raises(CursorInvalid):
@@ -211,26 +223,27 @@ def test_a_cursor_that_is_no_string_is_refused_clearly(bad):
 
 
 @pytest.mark.parametrize("budget", [0, 64 << 20])
-def test_a_range_whose_tuples_left_memory_falls_back_to_the_stored_copy(budget):
+def test_a_range_whose_tuples_left_memory_falls_back_to_the_stored_copy(budget: int) -> None:
     eng = _engine()
     eng._cursors.budget = budget
     h = eng.register(QUERIES[3])                # everything retained: 14 rows
     eng.insert("R", [(1, 0), (2, 1)], ts=10.0)
     first = eng.invoke(h, now=10.0)
     assert first.cursor                         # issued (and the answer stored) now
-    eng.invoke(eng.register(QUERIES[0]), now=10.0).cursor   # the newest stored answer
+    _ = eng.invoke(eng.register(QUERIES[0]), now=10.0).cursor   # the newest stored answer
     eng.insert("R", [(3, v) for v in range(20)], ts=11.0)    # first's chunk is dropped
     if budget == 0:
         with pytest.raises(CursorExpired, match="left memory"):
             eng.invoke(h, now=11.0, since=first.cursor)
     else:
         changes = eng.invoke(h, now=11.0, since=first.cursor)
+        assert isinstance(changes, Changes)
         _assert_difference(changes, first, eng.invoke(h, now=11.0), QUERIES[3])
         assert changes.deleted.rows == [(0,), (1,)]
     eng._check()
 
 
-def test_a_cursor_is_issued_when_first_read_and_is_the_one_issued_at_once():
+def test_a_cursor_is_issued_when_first_read_and_is_the_one_issued_at_once() -> None:
     eng = _engine()
     h = eng.register(QUERIES[4])                 # an aggregate: answered from a copy
     eng.insert("R", [(1, 1), (2, 2)], ts=10.0)
@@ -247,6 +260,7 @@ def test_a_cursor_is_issued_when_first_read_and_is_the_one_issued_at_once():
     cursor = late.cursor                         # after later inserts, and close
     assert cursor == late.cursor and len(eng._cursors._kept) == 2
     changes = eng.invoke(h, now=11.0, since=cursor)
+    assert isinstance(changes, Changes)
     assert changes.inserted.rows == [(1, 2)] and changes.deleted.rows == [(1, 1)]
     assert changes.cursor == now.cursor
     kept = pickle.loads(pickle.dumps(eng.invoke(h, now=11.0)))    # issued when pickled

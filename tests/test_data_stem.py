@@ -6,15 +6,21 @@ append. The oracle is a plain list of every tuple appended, filtered in Python.
 
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 import hypothesis.strategies as st
 import numpy as np
 from hypothesis import given
 
 from psoup.query import compile_statement
+from psoup.query.model import Query, StreamSchema
 from psoup.stems.batch import make_batch
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.predicates import source_mask
 from psoup.stems.span import Span
+
+#: A stream's RETAIN clause, its batches as (rows of (a, t), ts steps), and chunk rows.
+History: TypeAlias = tuple[str, list[tuple[list[tuple[int, str]], list[float]]], int]
 
 
 def _stem(retain: str, chunk_rows: int) -> DataSteM:
@@ -23,10 +29,10 @@ def _stem(retain: str, chunk_rows: int) -> DataSteM:
 
 
 @st.composite
-def histories(draw):
+def histories(draw: st.DrawFn) -> History:
     retain = draw(st.sampled_from(["", " RETAIN 5 ROWS", " RETAIN 13 ROWS",
                                    " RETAIN 3 SECONDS", " RETAIN 10 SECONDS"]))
-    batches = []
+    batches: list[tuple[list[tuple[int, str]], list[float]]] = []
     for _ in range(draw(st.integers(1, 8))):
         n = draw(st.integers(1, 12))
         rows = [(draw(st.integers(0, 5)), draw(st.sampled_from(["x", "y", "é"])))
@@ -37,7 +43,7 @@ def histories(draw):
     return retain, batches, draw(st.sampled_from([1, 2, 3, 8]))
 
 
-def _retained(all_rows, retain):
+def _retained(all_rows: list[tuple[Any, ...]], retain: str) -> list[tuple[Any, ...]]:
     """The oracle's retained rows: (position, ts, tid, a, t)."""
     if retain.endswith("ROWS"):
         return all_rows[-int(retain.split()[1]):]
@@ -48,12 +54,13 @@ def _retained(all_rows, retain):
 
 
 @given(histories())
-def test_reads_probes_and_windows_match_the_retained_tuples(history):
+def test_reads_probes_and_windows_match_the_retained_tuples(history: History) -> None:
     retain, batches, chunk_rows = history
     stem = _stem(retain, chunk_rows)
-    all_rows, ts = [], 1000.0
+    all_rows: list[tuple[Any, ...]] = []
+    ts = 1000.0
     for rows, steps in batches:
-        stamps = []
+        stamps: list[float] = []
         for step in steps:
             ts += step
             stamps.append(ts)
@@ -84,6 +91,7 @@ def test_reads_probes_and_windows_match_the_retained_tuples(history):
         # a probe over a range and over an array of positions
         query = compile_statement("SELECT a FROM R WHERE a >= 2 AND t != 'y'",
                                   {"R": stem.schema})
+        assert isinstance(query, Query)
         source = query.sources[0]
         want = [r[0] for r in kept if r[3] >= 2 and r[4] != "y"]
         assert stem.probe(source).tolist() == want
@@ -92,13 +100,13 @@ def test_reads_probes_and_windows_match_the_retained_tuples(history):
         assert stem.probe(source, Span.of(every_other)).tolist() == \
             [p for p in want if p in set(every_other.tolist())]
         # PARTITION BY a ROWS 1: the newest retained tuple of each value of a
-        newest = {}
+        newest: dict[int, int] = {}
         for r in kept:
             newest[r[3]] = r[0]
         assert stem.partition_window(["a"], 1).tolist() == sorted(newest.values())
 
 
-def test_probe_with_a_value_index_agrees_with_a_scan():
+def test_probe_with_a_value_index_agrees_with_a_scan() -> None:
     """Sealed chunks sort each column on first use; a selective predicate reads the index
     instead of scanning (INDEX_SELECTIVITY)."""
     stem = _stem("", 64)
@@ -108,12 +116,13 @@ def test_probe_with_a_value_index_agrees_with_a_scan():
     stem.append(make_batch(stem.schema, cols, np.arange(640.0), 0.0, stem.last_ts),
                 np.arange(640))
     query = compile_statement("SELECT a FROM R WHERE a BETWEEN 10 AND 20", {"R": stem.schema})
+    assert isinstance(query, Query)
     got = stem.probe(query.sources[0])
     assert got.tolist() == np.flatnonzero(source_mask(query.sources[0], cols, 640)).tolist()
     stem._check()                                  # the built indices sort their chunks
 
 
-def test_oldest_tuple_id_is_the_first_held_in_memory():
+def test_oldest_tuple_id_is_the_first_held_in_memory() -> None:
     stem = _stem(" RETAIN 3 ROWS", 2)
     assert stem.oldest_tuple_id(default=42) == 42
     rows = [(i, "x") for i in range(7)]
@@ -122,10 +131,10 @@ def test_oldest_tuple_id_is_the_first_held_in_memory():
     assert (stem.horizon, stem.oldest, stem.oldest_tuple_id(0)) == (4, 4, 14)
 
 
-def test_dropped_chunks_are_reused_unless_their_memory_is_held_elsewhere():
+def test_dropped_chunks_are_reused_unless_their_memory_is_held_elsewhere() -> None:
     stem = _stem(" RETAIN 4 ROWS", 4)
 
-    def put(start):
+    def put(start: int) -> None:
         stem.append(make_batch(stem.schema, [(start + i, "x") for i in range(4)],
                                float(start), 0.0, stem.last_ts), np.arange(start, start + 4))
         stem._check()
@@ -151,13 +160,15 @@ _FACTORS = st.sampled_from([
 
 
 @given(st.data(), st.sampled_from([3, 64, 100, 256]), st.integers(1, 300))
-def test_a_probe_over_a_range_agrees_with_the_factors_evaluated_one_by_one(data, cap, n):
+def test_a_probe_over_a_range_agrees_with_the_factors_evaluated_one_by_one(
+        data: st.DataObject, cap: int, n: int) -> None:
     """The compiled interval scan of a range (INT and FLOAT columns, open and closed
     bounds, infinities, 64-row groups cut by chunk ends and by the range) with what it leaves to
     the checks after it (sets, `!=` lists, TEXT and BOOL columns, multi-column factors),
     against every factor tested in Python."""
     schema = compile_statement(
         "CREATE STREAM R (a INT, b INT, x FLOAT, t TEXT, ok BOOL) RETAIN 250 ROWS", {})
+    assert isinstance(schema, StreamSchema)
     stem = DataSteM(schema, cap)
     small = st.integers(-3, 3)
     floats = st.sampled_from([-1.5, -0.0, 0.0, 0.5, 1.0, 2.0, float("inf"), -float("inf")])
@@ -175,6 +186,7 @@ def test_a_probe_over_a_range_agrees_with_the_factors_evaluated_one_by_one(data,
                                   g=data.draw(st.sampled_from([0, 1, 2.5])))
                          for f in chosen)
     query = compile_statement(f"SELECT a FROM R WHERE {where}", {"R": schema})
+    assert isinstance(query, Query)
     source = query.sources[0]
     p0 = data.draw(st.integers(0, n))
     p1 = data.draw(st.integers(p0, n))

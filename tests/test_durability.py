@@ -7,13 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import psoup
 from psoup.archive.parquet import Archive
-
+from psoup.results.result import Changes, Result
 from tests.support import Clock
 
 QUERIES = [
@@ -35,17 +36,19 @@ def _feed(eng: psoup.Engine, rng: np.random.Generator, batches: int, t0: float) 
     return t
 
 
-def _answers(eng: psoup.Engine, handles: list[str], now: float) -> list[list[tuple]]:
+def _answers(eng: psoup.Engine, handles: list[str],
+             now: float) -> list[list[tuple[Any, ...]]]:
     results = [eng.invoke(h, now=now) for h in handles]
-    return [list(zip(r.tuple_ids.tolist(), r.rows)) for r in results]
+    return [list(zip(r.tuple_ids.tolist(), r.rows, strict=True)) for r in results]
 
 
 @pytest.mark.parametrize("mode", psoup.MODES)
 @pytest.mark.parametrize("checkpoint_bytes", [64 << 20, 4096])
-def test_restart_restores_streams_tuples_handles_and_answers(tmp_path, mode, checkpoint_bytes):
+def test_restart_restores_streams_tuples_handles_and_answers(tmp_path: Path, mode: str,
+                                                            checkpoint_bytes: int) -> None:
     ddl = "CREATE STREAM R (a INT, b INT, name TEXT) RETAIN 60 SECONDS"
-    kw = dict(mode=mode, chunk_rows=16, checkpoint_bytes=checkpoint_bytes)
-    eng = psoup.Engine(path=tmp_path, **kw)
+    kw: dict[str, Any] = dict(mode=mode, chunk_rows=16, checkpoint_bytes=checkpoint_bytes)
+    eng = psoup.Engine(path=str(tmp_path), **kw)
     twin = psoup.Engine(mode=mode, chunk_rows=16)         # never restarted
     for e in (eng, twin):
         e.execute(ddl)
@@ -57,7 +60,7 @@ def test_restart_restores_streams_tuples_handles_and_answers(tmp_path, mode, che
     twin.unregister(twin_handles.pop(0))
     eng.close()
 
-    back = psoup.Engine(path=tmp_path, **kw)
+    back = psoup.Engine(path=str(tmp_path), **kw)
     assert [h for h, _ in back.queries()] == handles
     assert _answers(back, handles, t) == _answers(twin, twin_handles, t)
     later = back.insert("R", [(9, 9, "z")], ts=t + 1)
@@ -65,7 +68,7 @@ def test_restart_restores_streams_tuples_handles_and_answers(tmp_path, mode, che
     assert _answers(back, handles, t + 1) == _answers(twin, twin_handles, t + 1)
 
 
-def test_engine_of_a_process_that_died_without_close_is_recovered(tmp_path):
+def test_engine_of_a_process_that_died_without_close_is_recovered(tmp_path: Path) -> None:
     script = ("import os, sys, psoup\n"
               "eng = psoup.Engine(path=sys.argv[1], sync='off')\n"
               "eng.execute('CREATE STREAM R (a INT)')\n"
@@ -75,11 +78,11 @@ def test_engine_of_a_process_that_died_without_close_is_recovered(tmp_path):
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
                           text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
     assert done.returncode == 0, done.stderr
-    back = psoup.Engine(path=tmp_path)
+    back = psoup.Engine(path=str(tmp_path))
     assert back.invoke(done.stdout.strip(), now=3.0).rows == [(2,), (3,)]
 
 
-def test_rates_after_a_restart_count_live_rows_not_the_recovered_ones(tmp_path):
+def test_rates_after_a_restart_count_live_rows_not_the_recovered_ones(tmp_path: Path) -> None:
     clock = Clock(1000.0)
     with psoup.Engine(path=str(tmp_path / "db"), clock=clock) as eng:
         eng.execute("CREATE STREAM R (a INT)")
@@ -93,8 +96,8 @@ def test_rates_after_a_restart_count_live_rows_not_the_recovered_ones(tmp_path):
         assert eng.stats()["streams"]["R"]["rows_total"] == 5010
 
 
-def test_rejected_calls_are_not_logged(tmp_path):
-    eng = psoup.Engine(path=tmp_path)
+def test_rejected_calls_are_not_logged(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path))
     eng.execute("CREATE STREAM R (a INT)")
     eng.insert("R", [(1,)], ts=5.0)
     with pytest.raises(psoup.SchemaError):
@@ -102,31 +105,31 @@ def test_rejected_calls_are_not_logged(tmp_path):
     with pytest.raises(psoup.QueryError):
         eng.register("SELECT nope FROM R")
     eng.close()
-    back = psoup.Engine(path=tmp_path)
+    back = psoup.Engine(path=str(tmp_path))
     assert back.queries() == []
     assert back.stats()["streams"]["R"]["rows"] == 1
     assert back.insert("R", [(3,)], ts=6.0).tolist() == [1]
 
 
-def test_engine_clock_timestamps_are_logged_not_reread(tmp_path):
+def test_engine_clock_timestamps_are_logged_not_reread(tmp_path: Path) -> None:
     clock = Clock(100.0)
-    eng = psoup.Engine(path=tmp_path, clock=clock)
+    eng = psoup.Engine(path=str(tmp_path), clock=clock)
     eng.execute("CREATE STREAM R (a INT)")
     h = eng.register("SELECT a FROM R BEGIN NOW - 5 END NOW")
     eng.insert("R", [(1,)])
     eng.close()
-    back = psoup.Engine(path=tmp_path, clock=Clock(500.0))
+    back = psoup.Engine(path=str(tmp_path), clock=Clock(500.0))
     assert back.invoke(h, now=102.0).ts.tolist() == [100.0]
 
 
-def test_everything_in_a_data_directory_is_owner_only_whatever_the_umask(tmp_path):
+def test_everything_in_a_data_directory_is_owner_only_whatever_the_umask(tmp_path: Path) -> None:
     import os
     import stat
     data = tmp_path / "data"
     (data / "wal").mkdir(parents=True, mode=0o755)        # as an older version left it
     old = os.umask(0o002)                                  # a permissive umask
     try:
-        eng = psoup.Engine(path=data, chunk_rows=4, checkpoint_bytes=1024)
+        eng = psoup.Engine(path=str(data), chunk_rows=4, checkpoint_bytes=1024)
         eng.execute("CREATE STREAM R (a INT, name TEXT) RETAIN 8 ROWS")
         for i in range(12):
             eng.insert("R", [(i * 4 + k, f"x{k}") for k in range(4)], ts=float(i))
@@ -140,14 +143,15 @@ def test_everything_in_a_data_directory_is_owner_only_whatever_the_umask(tmp_pat
     assert not opened, [(str(p.relative_to(data)), oct(p.stat().st_mode)) for p in opened]
 
 
-def test_a_failed_automatic_checkpoint_never_fails_the_write_before_it(tmp_path, monkeypatch):
+def test_a_failed_automatic_checkpoint_never_fails_the_write_before_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The write is applied and logged before its checkpoint runs: a checkpoint that
     fails (a full disk, say) is reported in stats, and the write stands, durable."""
-    eng = psoup.Engine(path=tmp_path, checkpoint_bytes=512)
+    eng = psoup.Engine(path=str(tmp_path), checkpoint_bytes=512)
     eng.execute("CREATE STREAM R (a INT)")
     handle = eng.register("SELECT a FROM R WHERE a > 0")
 
-    def full_disk(*args, **kwargs):
+    def full_disk(*args: Any, **kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(eng._durability.journal, "checkpoint", full_disk)
     ids = eng.insert("R", [(i,) for i in range(1, 60)], ts=1.0)      # due: it fails
@@ -159,24 +163,24 @@ def test_a_failed_automatic_checkpoint_never_fails_the_write_before_it(tmp_path,
     eng.insert("R", [(100,)], ts=2.0)             # the next write's checkpoint works
     assert eng.stats()["durability"]["checkpoint_error"] is None
     eng.close()
-    reopened = psoup.Engine(path=tmp_path)
+    reopened = psoup.Engine(path=str(tmp_path))
     assert len(reopened.invoke(handle, now=3.0)) == 60 # nothing lost, nothing twice
     reopened.close()
 
 
 @pytest.mark.parametrize("durable", [True, False])
 def test_a_change_that_fails_after_it_is_logged_stops_the_engine_and_says_so(
-        tmp_path, monkeypatch, durable):
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool) -> None:
     """A failure while a logged change is applied (a bug, memory running out) is never
     reported as a plain failure a caller would retry: the error says the change is
     durable, the engine refuses every later call, and the reopened engine holds the
     change exactly once."""
-    eng = psoup.Engine(path=tmp_path if durable else None)
+    eng = psoup.Engine(path=str(tmp_path) if durable else None)
     eng.execute("CREATE STREAM R (a INT)")
     handle = eng.register("SELECT a FROM R WHERE a > 0")
     eng.insert("R", [(1,), (2,)], ts=1.0)
 
-    def broken(*args, **kwargs):
+    def broken(*args: Any, **kwargs: Any) -> None:
         raise MemoryError("out of memory")
     monkeypatch.setattr(eng._core, "append", broken)
     with pytest.raises(psoup.ApplyFailed, match="do not send it again" if durable
@@ -190,19 +194,20 @@ def test_a_change_that_fails_after_it_is_logged_stops_the_engine_and_says_so(
             call()
     eng.close()
     if durable:
-        reopened = psoup.Engine(path=tmp_path)
+        reopened = psoup.Engine(path=str(tmp_path))
         assert sorted(reopened.invoke(handle, now=4.0).rows) == [(1,), (2,), (3,), (4,)]
         reopened.close()
 
 
-def test_a_slowly_growing_log_is_checkpointed_by_time(tmp_path, monkeypatch):
+def test_a_slowly_growing_log_is_checkpointed_by_time(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Past checkpoint_seconds, a log that grew by CHECKPOINT_MIN_GROWTH is rewritten
     as the retained state; with checkpoint_seconds=None only its size counts."""
     from psoup.journal import journal
     monkeypatch.setattr(journal, "CHECKPOINT_MIN_GROWTH", 2000)
     for seconds, rewritten in ((0.0, True), (None, False)):
         where = tmp_path / str(seconds)
-        eng = psoup.Engine(path=where, checkpoint_seconds=seconds)
+        eng = psoup.Engine(path=str(where), checkpoint_seconds=seconds)
         eng.execute("CREATE STREAM R (a INT) RETAIN 10 ROWS")
         handle = eng.register("SELECT a FROM R")
         sizes = []
@@ -211,18 +216,18 @@ def test_a_slowly_growing_log_is_checkpointed_by_time(tmp_path, monkeypatch):
             sizes.append(eng.stats()["durability"]["log_bytes"])
         assert (max(sizes) < 3 * 2000) == rewritten
         eng.close()
-        with psoup.Engine(path=where) as reopened:
+        with psoup.Engine(path=str(where)) as reopened:
             assert len(reopened.invoke(handle, now=50.0)) == 10
 
 
-def test_recovery_reports_its_progress_through_the_log(tmp_path):
-    eng = psoup.Engine(path=tmp_path)
+def test_recovery_reports_its_progress_through_the_log(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path))
     eng.execute("CREATE STREAM R (a INT)")
     for i in range(50):
         eng.insert("R", [(j,) for j in range(100)], ts=float(i))
     eng.close()
     calls: list[tuple[int, int]] = []
-    reopened = psoup.Engine(path=tmp_path, progress=lambda done, total: calls.append((done,
+    reopened = psoup.Engine(path=str(tmp_path), progress=lambda done, total: calls.append((done,
                                                                                       total)))
     size = reopened.stats()["durability"]["log_bytes"]
     assert calls and calls[-1] == (size, size) and size > 50 * 800
@@ -231,14 +236,14 @@ def test_recovery_reports_its_progress_through_the_log(tmp_path):
     reopened.close()
 
 
-def test_expired_tuples_are_archived_once(tmp_path):
-    eng = psoup.Engine(path=tmp_path, chunk_rows=4, checkpoint_bytes=2048)
+def test_expired_tuples_are_archived_once(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path), chunk_rows=4, checkpoint_bytes=2048)
     eng.execute("CREATE STREAM R (a INT, name TEXT) RETAIN 10 ROWS")
     for i in range(10):
         eng.insert("R", [(i * 5 + k, f"x{k}") for k in range(5)],
                    ts=[86400.0 * (i // 5) + i * 5 + k for k in range(5)])
     eng.close()
-    psoup.Engine(path=tmp_path).close()              # a recovery must not archive again
+    psoup.Engine(path=str(tmp_path)).close()              # a recovery must not archive again
     table = Archive(tmp_path / "archive").read("R")
     ids = table.column("tuple_id").to_pylist()
     assert ids == sorted(set(ids))
@@ -250,15 +255,15 @@ def test_expired_tuples_are_archived_once(tmp_path):
     assert days[0] == "date=1970-01-01" and days[-1] == "date=1970-01-02"
 
 
-def test_closed_engine_refuses_writes(tmp_path):
-    eng = psoup.Engine(path=tmp_path)
+def test_closed_engine_refuses_writes(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path))
     eng.execute("CREATE STREAM R (a INT)")
     eng.close()
     with pytest.raises(psoup.PSoupError, match="closed"):
         eng.insert("R", [(1,)])
 
 
-def test_cursor_changes_compose_to_the_difference_of_answers():
+def test_cursor_changes_compose_to_the_difference_of_answers() -> None:
     clock = Clock(0.0)
     eng = psoup.Engine(clock=clock, chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b INT) RETAIN 40 ROWS")
@@ -276,6 +281,7 @@ def test_cursor_changes_compose_to_the_difference_of_answers():
                 eng.insert("R", {"a": rng.integers(0, 4, n), "b": rng.integers(0, 6, n)})
             clock.now += float(rng.integers(0, 3))
             changes = eng.invoke(h, since=cursor)
+            assert isinstance(changes, Changes)     # a str cursor (Result.cursor is Optional)
             full = eng.invoke(h)
             assert not (_keyed(changes.inserted, key) & seen)
             assert _keyed(changes.deleted, key) <= seen
@@ -284,13 +290,13 @@ def test_cursor_changes_compose_to_the_difference_of_answers():
             cursor = changes.cursor
 
 
-def _keyed(result, key):
+def _keyed(result: Result, key: str) -> set[Any]:
     if key == "ids":
-        return set(zip(result.tuple_ids.tolist(), result.rows))
+        return set(zip(result.tuple_ids.tolist(), result.rows, strict=True))
     return set(result.rows)
 
 
-def test_unknown_cursor_is_refused():
+def test_unknown_cursor_is_refused() -> None:
     eng = psoup.Engine()
     eng.execute("CREATE STREAM R (a INT)")
     h = eng.register("SELECT a FROM R")
@@ -298,16 +304,16 @@ def test_unknown_cursor_is_refused():
         eng.invoke(h, since="made-up")
 
 
-def test_a_data_directory_is_open_in_one_engine_at_a_time(tmp_path):
-    first = psoup.Engine(path=tmp_path)
+def test_a_data_directory_is_open_in_one_engine_at_a_time(tmp_path: Path) -> None:
+    first = psoup.Engine(path=str(tmp_path))
     with pytest.raises(psoup.PSoupError, match="in use by another psoup engine"):
-        psoup.Engine(path=tmp_path)
+        psoup.Engine(path=str(tmp_path))
     first.close()
-    psoup.Engine(path=tmp_path).close()          # free again once closed
+    psoup.Engine(path=str(tmp_path)).close()          # free again once closed
 
 
-def test_join_queries_survive_a_restart(tmp_path):
-    eng = psoup.Engine(path=tmp_path, checkpoint_bytes=2048)
+def test_join_queries_survive_a_restart(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path), checkpoint_bytes=2048)
     eng.execute("CREATE STREAM R (a INT, b INT)")
     eng.execute("CREATE STREAM S (b INT, c INT)")
     h = eng.register("SELECT R.a, S.c FROM R, S WHERE R.b = S.b AND R.a < 5")
@@ -316,7 +322,7 @@ def test_join_queries_survive_a_restart(tmp_path):
         eng.insert("S", [(i % 3, i)], ts=float(2 * i + 1))
     before = eng.invoke(h, now=100.0)
     eng.close()
-    back = psoup.Engine(path=tmp_path)
+    back = psoup.Engine(path=str(tmp_path))
     after = back.invoke(h, now=100.0)
     assert len(before) > 20
     assert after.rows == before.rows
@@ -325,10 +331,10 @@ def test_join_queries_survive_a_restart(tmp_path):
 
 # ---------------------------------------------------------------- DROP STREAM
 
-def _dropped_and_recreated(path, **kw) -> str:
+def _dropped_and_recreated(path: Path, **kw: Any) -> str:
     """R (retaining 4 rows, so most of it archived) dropped with its query, then created
     again with other columns; returns the new query's handle."""
-    eng = psoup.Engine(path=path, chunk_rows=4, **kw)
+    eng = psoup.Engine(path=str(path), chunk_rows=4, **kw)
     eng.execute("CREATE STREAM R (a INT) RETAIN 4 ROWS")
     eng.register("SELECT a FROM R WHERE a > 1")
     eng.insert("R", [(i,) for i in range(20)], ts=50.0)
@@ -343,12 +349,12 @@ def _dropped_and_recreated(path, **kw) -> str:
 
 
 @pytest.mark.parametrize("checkpoint", [False, True])
-def test_drop_stream_survives_restart_and_checkpoint(tmp_path, checkpoint):
+def test_drop_stream_survives_restart_and_checkpoint(tmp_path: Path, checkpoint: bool) -> None:
     h = _dropped_and_recreated(tmp_path)
     if checkpoint:
-        with psoup.Engine(path=tmp_path, chunk_rows=4) as eng:
+        with psoup.Engine(path=str(tmp_path), chunk_rows=4) as eng:
             eng.checkpoint()
-    with psoup.Engine(path=tmp_path, chunk_rows=4) as eng:
+    with psoup.Engine(path=str(tmp_path), chunk_rows=4) as eng:
         eng._check()
         assert [q for q, _ in eng.queries()] == [h]
         assert eng.describe("R")["columns"] == "b TEXT"
@@ -356,10 +362,10 @@ def test_drop_stream_survives_restart_and_checkpoint(tmp_path, checkpoint):
         assert eng.describe("R")["rows"] == 2
 
 
-def test_drop_stream_removes_only_the_dropped_streams_archive(tmp_path):
+def test_drop_stream_removes_only_the_dropped_streams_archive(tmp_path: Path) -> None:
     _dropped_and_recreated(tmp_path)
     for _ in range(2):                   # replaying the drop spares the new stream's files
-        psoup.Engine(path=tmp_path, chunk_rows=4).close()
+        psoup.Engine(path=str(tmp_path), chunk_rows=4).close()
         archived = Archive(tmp_path / "archive").read("R")
         assert archived.column_names == ["ts", "tuple_id", "b"]
         assert archived.column("b").to_pylist() == list("uvwx")

@@ -11,6 +11,8 @@ comparisons"):
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import psoup
@@ -19,13 +21,15 @@ BIG = 2**62
 
 
 @pytest.fixture(params=psoup.MODES)
-def mode(request):
-    return request.param
+def mode(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
 
 
-def answers(mode, ddl, stream, batches, sql):
+def answers(mode: str, ddl: str, stream: str, batches: list[list[tuple[Any, ...]]],
+            sql: str) -> list[list[tuple[Any, ...]]]:
     """The query's rows when registered before the data and when registered after."""
-    out = []
+    out: list[list[tuple[Any, ...]]] = []
     for register_first in (True, False):
         eng = psoup.Engine(mode=mode)
         eng.execute(ddl)
@@ -37,7 +41,7 @@ def answers(mode, ddl, stream, batches, sql):
     return out
 
 
-def test_float_join_offset_is_evaluated_as_written(mode):
+def test_float_join_offset_is_evaluated_as_written(mode: str) -> None:
     # 1.575 + 1 == 2.575 in doubles, so b.x > a.x + 1 does not hold for (1.575, 2.575)
     assert 1.575 + 1 == 2.575 and 2.575 - 1 > 1.575
     before, after = answers(mode, "CREATE STREAM T (x FLOAT)", "T", [[(1.575,)], [(2.575,)]],
@@ -48,7 +52,7 @@ def test_float_join_offset_is_evaluated_as_written(mode):
     assert before == after == [(1.575, 2.575)]
 
 
-def test_float_column_offset_is_evaluated_as_written(mode):
+def test_float_column_offset_is_evaluated_as_written(mode: str) -> None:
     # 0.1 + 0.2 > 0.3 in doubles
     before, after = answers(mode, "CREATE STREAM T (x FLOAT, y FLOAT)", "T",
                             [[(0.3, 0.1), (0.30000000000000004, 0.1)]],
@@ -67,13 +71,14 @@ def test_float_column_offset_is_evaluated_as_written(mode):
     ("SELECT r1.a FROM R r1, R r2 WHERE r2.b > r1.a + 0.5", [(BIG,)]),     # 1 > 0.5
     ("SELECT r1.a FROM R r1, R r2 WHERE r2.b <= r1.a + 0.5", []),
 ])
-def test_int_compared_with_int_plus_a_float_offset_is_exact(mode, sql, want):
+def test_int_compared_with_int_plus_a_float_offset_is_exact(mode: str, sql: str,
+                                                            want: list[tuple[int]]) -> None:
     before, after = answers(mode, "CREATE STREAM R (a INT, b INT)", "R", [[(BIG, BIG + 1)]],
                             sql)
     assert before == after == want
 
 
-def test_int_plus_an_offset_beyond_int64_does_not_wrap(mode):
+def test_int_plus_an_offset_beyond_int64_does_not_wrap(mode: str) -> None:
     top = 2**63 - 1
     before, after = answers(mode, "CREATE STREAM R (a INT, b INT)", "R", [[(top, top)]],
                             "SELECT a FROM R WHERE a < b + 1")
@@ -100,7 +105,8 @@ def test_int_plus_an_offset_beyond_int64_does_not_wrap(mode):
     ("SELECT a FROM R WHERE a > x - 1", []),
     ("SELECT a FROM R WHERE a = x - 1", [(2**53 + 1,)]),
 ])
-def test_int_side_is_exact_then_rounded_once_against_a_float(mode, sql, want):
+def test_int_side_is_exact_then_rounded_once_against_a_float(mode: str, sql: str,
+                                                             want: list[tuple[int]]) -> None:
     before, after = answers(mode, "CREATE STREAM R (a INT, x FLOAT)", "R",
                             [[(2**53 + 1, float(2**53 + 2))]], sql)
     assert before == after == want

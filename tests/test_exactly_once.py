@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,18 +27,18 @@ KILLS = 5
 
 
 @pytest.fixture
-def env(tmp_path):
+def env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ, PSOUP_CONFIG_DIR=str(tmp_path / "config"))
     env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), env.get("PYTHONPATH")] if p)
     return env
 
 
-def _batch(b: int) -> dict:
+def _batch(b: int) -> dict[str, Any]:
     i = np.arange(b * ROWS, (b + 1) * ROWS)
     return {"i": i, "v": i * 0.5}
 
 
-def _stored(client) -> tuple[list[int], list[int]]:
+def _stored(client: Client) -> tuple[list[int], list[int]]:
     """(tupleIDs, values of i) of everything in R, in tupleID order."""
     handle = client.register("SELECT i FROM R")
     answer = client.invoke(handle, now=1e12)
@@ -45,19 +47,22 @@ def _stored(client) -> tuple[list[int], list[int]]:
     return answer.tuple_ids[order].tolist(), [answer.rows[k][0] for k in order]
 
 
-def _kill_and_restart(proc, client, data_dir, port, env):
+def _kill_and_restart(proc: subprocess.Popen[bytes], client: Client, data_dir: Path, port: int,
+                      env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Client]:
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     client.close()
     return start_server(data_dir, port, TOKEN, env)
 
 
-def _rows_in(client) -> int:
-    return client.stats()["streams"]["R"]["rows_total"]
+def _rows_in(client: Client) -> int:
+    rows: int = client.stats()["streams"]["R"]["rows_total"]
+    return rows
 
 
 @pytest.mark.parametrize("batch_rows", [ROWS, ROWS // 5], ids=["one-batch", "pipelined"])
-def test_client_insert_loop_survives_five_kills_exactly_once(tmp_path, env, batch_rows):
+def test_client_insert_loop_survives_five_kills_exactly_once(tmp_path: Path, env: dict[str, str],
+                                                             batch_rows: int) -> None:
     data_dir, port = tmp_path / "data", free_port()
     proc, client = start_server(data_dir, port, TOKEN, env)
     client.execute(DDL)
@@ -94,7 +99,7 @@ def test_client_insert_loop_survives_five_kills_exactly_once(tmp_path, env, batc
         proc.wait(30)
 
 
-def _ingest(path, port, env, *extra) -> subprocess.Popen:
+def _ingest(path: Path, port: int, env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "psoup.cli.main", "--server",
                              f"127.0.0.1:{port}", "--token", TOKEN, "ingest", "R", str(path),
                              "--batch-rows", str(ROWS), *extra],
@@ -102,13 +107,14 @@ def _ingest(path, port, env, *extra) -> subprocess.Popen:
 
 
 @pytest.fixture
-def readings(tmp_path):
+def readings(tmp_path: Path) -> tuple[int, Path]:
     n = 100 * ROWS
     return n, write(tmp_path / "r.csv", [{"i": k, "v": k * 0.5, "ts": float(k // ROWS)}
                                          for k in range(n)])
 
 
-def test_psoup_ingest_rides_out_server_kills(tmp_path, env, readings):
+def test_psoup_ingest_rides_out_server_kills(tmp_path: Path, env: dict[str, str],
+                                             readings: tuple[int, Path]) -> None:
     n, path = readings
     data_dir, port = tmp_path / "data", free_port()
     proc, client = start_server(data_dir, port, TOKEN, env)
@@ -131,7 +137,8 @@ def test_psoup_ingest_rides_out_server_kills(tmp_path, env, readings):
         proc.wait(30)
 
 
-def test_ingest_resume_after_the_server_and_the_ingest_were_killed(tmp_path, env, readings):
+def test_ingest_resume_after_the_server_and_the_ingest_were_killed(
+        tmp_path: Path, env: dict[str, str], readings: tuple[int, Path]) -> None:
     n, path = readings
     data_dir, port = tmp_path / "data", free_port()
     proc, client = start_server(data_dir, port, TOKEN, env)
@@ -156,7 +163,8 @@ def test_ingest_resume_after_the_server_and_the_ingest_were_killed(tmp_path, env
         proc.wait(30)
 
 
-def test_resume_without_an_unfinished_ingest_says_so(tmp_path, env, readings):
+def test_resume_without_an_unfinished_ingest_says_so(tmp_path: Path, env: dict[str, str],
+                                                     readings: tuple[int, Path]) -> None:
     _, path = readings
     port = free_port()
     proc, client = start_server(tmp_path / "data", port, TOKEN, env)

@@ -9,7 +9,10 @@ count the tuples in memory only, as documented.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -48,7 +51,8 @@ DUCK = {
 }
 
 
-def _fill(eng, gen, start, batches, rows):
+def _fill(eng: psoup.Engine, gen: np.random.Generator, start: float, batches: int,
+          rows: dict[str, list[Any]]) -> None:
     """Insert `batches` batches of 10 rows, ts from `start`; record them in `rows`
     (column -> list: ts, tid, a, b, t)."""
     for i in range(batches):
@@ -60,12 +64,13 @@ def _fill(eng, gen, start, batches, rows):
             rows.setdefault(name, []).extend(values.tolist())
 
 
-def _evaluated(state, seed):
+def _evaluated(state: Path, seed: int
+               ) -> tuple[np.random.Generator, dict[str, list[Any]], psoup.Engine, dict[str, str]]:
     """A durable engine at `state` with QUERIES registered over 300 tuples (35 retained)
     and their history evaluated: (its generator, the tuples inserted, it, handles)."""
     gen = np.random.default_rng(seed)
-    inserted: dict[str, list] = {}
-    eng = psoup.Engine(path=state, clock=Clock(0.0), chunk_rows=8)
+    inserted: dict[str, list[Any]] = {}
+    eng = psoup.Engine(path=str(state), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
     handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
     _fill(eng, gen, 0, 30, inserted)
@@ -73,14 +78,15 @@ def _evaluated(state, seed):
     return gen, inserted, eng, handles
 
 
-def _oracle(rows):
+def _oracle(rows: dict[str, list[Any]]) -> duckdb.DuckDBPyConnection:
     """DuckDB with `src` = every tuple inserted (ts, tid, a, b, t)."""
     con = duckdb.connect()
     con.register("src", pa.table(rows))
     return con
 
 
-def _check(eng, handles, con, now):
+def _check(eng: psoup.Engine, handles: dict[str, str], con: duckdb.DuckDBPyConnection,
+           now: float) -> None:
     for name, sql in DUCK.items():
         want = [tuple(r) for r in con.execute(sql.format(now=now)).fetchall()]
         got = eng.invoke(handles[name], now=now).rows
@@ -92,13 +98,14 @@ def _check(eng, handles, con, now):
 
 
 @pytest.mark.parametrize("mode", psoup.MODES)
-def test_hybrid_answers_equal_duckdb_over_archive_files_plus_memory(tmp_path, mode):
+def test_hybrid_answers_equal_duckdb_over_archive_files_plus_memory(tmp_path: Path,
+                                                                    mode: str) -> None:
     gen = np.random.default_rng(5)
     clock = Clock(0.0)
-    eng = psoup.Engine(path=tmp_path / "state", mode=mode, clock=clock, chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "state"), mode=mode, clock=clock, chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
     handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
-    inserted: dict[str, list] = {}
+    inserted: dict[str, list[Any]] = {}
     _fill(eng, gen, 0, 30, inserted)               # ts 0 .. 299; memory keeps ~35
     memory_before = eng.invoke(handles["all"], now=300.0).rows
     counts = eng.evaluate_history()
@@ -122,22 +129,23 @@ def test_hybrid_answers_equal_duckdb_over_archive_files_plus_memory(tmp_path, mo
     eng.close()
 
 
-def test_matches_go_through_files_not_through_sparks_driver(tmp_path, monkeypatch):
+def test_matches_go_through_files_not_through_sparks_driver(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The executors write the matches; the driver collects nothing (a billion archived
     tuples' matches would pass spark.driver.maxResultSize), and the staging files are
     gone once the job ends, done or failed."""
     from pyspark.sql import DataFrame
 
-    def collected(*args, **kwargs):
+    def collected(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("history collected its matches through Spark's driver")
 
     for name in ("toArrow", "_collect_as_arrow", "collect", "toPandas"):
         monkeypatch.setattr(DataFrame, name, collected, raising=False)
     gen = np.random.default_rng(8)
-    eng = psoup.Engine(path=tmp_path / "state", clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "state"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
     handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
-    inserted: dict[str, list] = {}
+    inserted: dict[str, list[Any]] = {}
     _fill(eng, gen, 0, 30, inserted)
     eng.evaluate_history()
     _check(eng, handles, _oracle(inserted), 300.0)
@@ -154,8 +162,8 @@ def test_matches_go_through_files_not_through_sparks_driver(tmp_path, monkeypatc
     eng.close()
 
 
-def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_path,
-                                                                          monkeypatch):
+def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Spark pass's matches go to segment files (here at most 7 a file, so each
     query's history is several), the engine keeps an index of them, not the matches,
     and an invocation reads only the files whose ts range meets its window; answers
@@ -166,7 +174,7 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_pa
     reads: list[str] = []
     real_read = tiers_module.ArchiveTiers._read
 
-    def counted(self, stream, seg, *limit):
+    def counted(self: Any, stream: str, seg: Any, *limit: Any) -> Any:
         reads.append(seg.name)
         return real_read(self, stream, seg, *limit)
 
@@ -200,14 +208,14 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(tmp_pa
     eng._check()
     eng.close()
 
-    reopened = psoup.Engine(path=state, clock=Clock(300.0), chunk_rows=8)
+    reopened = psoup.Engine(path=str(state), clock=Clock(300.0), chunk_rows=8)
     assert reopened._core.tiers.files(slot) == files and reopened._core.tiers.nbytes() == 0
     _check(reopened, handles, _oracle(inserted), 300.0)
     reopened.close()
 
 
-def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(tmp_path,
-                                                                           monkeypatch):
+def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The segment files a window needs are read before the engine's lock is taken for
     the answer (writers go on meanwhile); the answer, from the cache then, equals
     DuckDB's; a file damaged after it was indexed is still named by the invocation."""
@@ -222,7 +230,7 @@ def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(tmp_pa
     locked: list[bool] = []
     real = tiers_module.load_segment
 
-    def load(*args):
+    def load(*args: Any) -> Any:
         locked.append(eng._lock.held())
         return real(*args)
     monkeypatch.setattr(tiers_module, "load_segment", load)
@@ -238,11 +246,12 @@ def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(tmp_pa
     eng.close()
 
 
-def test_the_executors_files_are_split_into_one_sorted_file_per_query(tmp_path):
+def test_the_executors_files_are_split_into_one_sorted_file_per_query(tmp_path: Path) -> None:
     """`receive` splits each staged file by slot, sorting one that is not sorted by
     (slot, tupleID), skips empty files, and gives each slot its segments in tupleID
     order, with their ranges; overlapping runs of one slot are refused."""
     import pyarrow.parquet as pq
+
     from psoup.query.model import StreamSchema
     from psoup.spark.history import receive
 
@@ -250,7 +259,7 @@ def test_the_executors_files_are_split_into_one_sorted_file_per_query(tmp_path):
     staging = tmp_path / "staging"
     staging.mkdir()
 
-    def staged(name, slots, ids):
+    def staged(name: str, slots: list[int], ids: list[int]) -> None:
         pq.write_table(pa.table({"slot": slots, "tupleID": ids, "ts": [i / 2 for i in ids],
                                  "a": [10 * i for i in ids]},
                                 schema=pa.schema([("slot", pa.int64()), ("tupleID", pa.int64()),
@@ -274,22 +283,23 @@ def test_the_executors_files_are_split_into_one_sorted_file_per_query(tmp_path):
         receive(staging, tmp_path / "again", schema, [1, 2, 3])
 
 
-def test_a_job_whose_segments_cannot_be_moved_into_place_changes_nothing(tmp_path,
-                                                                         monkeypatch):
+def test_a_job_whose_segments_cannot_be_moved_into_place_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Installing a job's segments is all or nothing: a rename that fails on the second
     query leaves no tier visible (the first query's is dropped again; its file goes at
     the next checkpoint), the job failed with the error; the next job succeeds."""
     import pathlib
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     handles = [eng.register("SELECT a FROM R WHERE a > 2"),
                eng.register("SELECT a FROM R WHERE a < 7")]
-    inserted: dict[str, list] = {}
+    inserted: dict[str, list[Any]] = {}
     _fill(eng, np.random.default_rng(4), 0, 6, inserted)
     before = [eng.invoke(h, now=100.0).rows for h in handles]
-    real, moved = pathlib.Path.replace, []
+    real = pathlib.Path.replace
+    moved: list[Any] = []
 
-    def second_fails(self, target):
+    def second_fails(self: pathlib.Path, target: Any) -> pathlib.Path:
         if moved:
             raise OSError(28, "No space left on device")
         moved.append(target)
@@ -312,8 +322,8 @@ def test_a_job_whose_segments_cannot_be_moved_into_place_changes_nothing(tmp_pat
     eng.close()
 
 
-def test_a_damaged_segment_is_named_at_invocation(tmp_path):
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+def test_a_damaged_segment_is_named_at_invocation(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a FROM R WHERE a >= 0")
     _fill(eng, np.random.default_rng(3), 0, 6, {})
@@ -325,16 +335,20 @@ def test_a_damaged_segment_is_named_at_invocation(tmp_path):
     eng.close()
 
 
-def test_one_spark_pass_per_stream_evaluates_every_query(tmp_path, monkeypatch):
+def test_one_spark_pass_per_stream_evaluates_every_query(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from psoup.spark import history
-    calls = []
+    calls: list[int] = []
     real = history.evaluate
-    monkeypatch.setattr(history, "evaluate",
-                        lambda *a, **k: calls.append(len(a[4])) or real(*a, **k))
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+
+    def counting(*a: Any, **k: Any) -> Any:
+        calls.append(len(a[4]))
+        return real(*a, **k)
+    monkeypatch.setattr(history, "evaluate", counting)
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     handles = [eng.register(f"SELECT a FROM R WHERE a > {k}") for k in range(40)]
-    inserted: dict[str, list] = {}
+    inserted: dict[str, list[Any]] = {}
     _fill(eng, np.random.default_rng(1), 0, 8, inserted)
     counts = eng.evaluate_history()
     assert calls == [40]
@@ -350,12 +364,12 @@ def test_one_spark_pass_per_stream_evaluates_every_query(tmp_path, monkeypatch):
     eng.close()
 
 
-def test_history_needs_a_durable_engine_and_a_selection_query(tmp_path):
+def test_history_needs_a_durable_engine_and_a_selection_query(tmp_path: Path) -> None:
     eng = psoup.Engine()
     eng.execute("CREATE STREAM R (a INT)")
     with pytest.raises(PSoupError, match="history needs a durable engine"):
         eng.evaluate_history()
-    durable = psoup.Engine(path=tmp_path / "d")
+    durable = psoup.Engine(path=str(tmp_path / "d"))
     durable.execute("CREATE STREAM R (a INT)")
     durable.execute("CREATE STREAM S (a INT)")
     join = durable.register("SELECT R.a FROM R, S WHERE R.a = S.a")
@@ -364,19 +378,19 @@ def test_history_needs_a_durable_engine_and_a_selection_query(tmp_path):
     durable.close()
 
 
-def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp_path,
-                                                                           monkeypatch):
+def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tier its job failed to save (a full disk): the reopened engine evaluates the
     history of the queries that had one again, by itself, and refuses to answer them
     short meanwhile (HistoryPending); then the answer is the one from before the
     restart."""
     from psoup.archive.tiers import ArchiveTiers
 
-    def full(*args):
+    def full(*args: Any) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ArchiveTiers, "write", full)
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a, t FROM R WHERE a > 3")
     memory_only = eng.register("SELECT a FROM R WHERE a < 3")
@@ -386,7 +400,7 @@ def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp
     short = eng.invoke(memory_only, now=100.0).rows
     eng.close()
     monkeypatch.undo()
-    again = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    again = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     job = again.history_status()
     assert job["state"] in ("running", "done")
     if job["state"] == "running":
@@ -397,21 +411,22 @@ def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(tmp
     assert again.invoke(h, now=100.0).rows == whole
     again.unregister(h)
     again.close()
-    third = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
-    assert not third._history.jobs()                       # nothing left to evaluate
+    third = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
+    assert not third._history.jobs()              # nothing left to evaluate
     third.close()
 
 
 @pytest.mark.parametrize("mode", psoup.MODES)
-def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode):
+def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path: Path,
+                                                                  mode: str) -> None:
     """Tiers saved at checkpoints (each checkpoint saves the matches new
     since the last) come back at the next start without a Spark job, follow the horizon
     from there, and equal DuckDB over archive plus memory; an unregistered query's
     files go at the next checkpoint."""
     state = tmp_path / "s"
     gen = np.random.default_rng(11)
-    inserted: dict[str, list] = {}
-    eng = psoup.Engine(path=state, mode=mode, clock=Clock(0.0), chunk_rows=8)
+    inserted: dict[str, list[Any]] = {}
+    eng = psoup.Engine(path=str(state), mode=mode, clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
     handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
     _fill(eng, gen, 0, 30, inserted)
@@ -426,7 +441,7 @@ def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode
     assert not opened, "a data directory's files are its owner's only"
 
     for restart in range(2):
-        eng = psoup.Engine(path=state, mode=mode, clock=Clock(0.0), chunk_rows=8)
+        eng = psoup.Engine(path=str(state), mode=mode, clock=Clock(0.0), chunk_rows=8)
         assert not eng._history.jobs(), "restored, not evaluated again"
         _check(eng, handles, _oracle(inserted), 360.0 + 60 * restart)
         _fill(eng, gen, 360 + 60 * restart, 6, inserted)   # the tiers follow the horizon
@@ -436,7 +451,7 @@ def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode
         eng.close()
     assert len(list((state / "tiers").rglob("*.parquet"))) > len(saved)
 
-    eng = psoup.Engine(path=state, mode=mode, clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(state), mode=mode, clock=Clock(0.0), chunk_rows=8)
     gone = handles["all"]
     eng.unregister(gone)
     eng.checkpoint()
@@ -445,7 +460,8 @@ def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path, mode
     eng.close()
 
 
-def test_checkpoints_merge_small_segments_so_files_do_not_pile_up(tmp_path, monkeypatch):
+def test_checkpoints_merge_small_segments_so_files_do_not_pile_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each checkpoint saves what the tiers gained since the last; rewritten together
     with the last segments while they are no larger than what joins them (and within
     MERGE_ROWS), a tier keeps a few files, not one per checkpoint; the files replaced
@@ -474,20 +490,21 @@ def test_checkpoints_merge_small_segments_so_files_do_not_pile_up(tmp_path, monk
     assert len(tiers.files(slot)) <= from_spark + 6, tiers.files(slot)
     _check(eng, handles, _oracle(inserted), 460.0)
     eng.close()
-    eng = psoup.Engine(path=state, clock=Clock(460.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(state), clock=Clock(460.0), chunk_rows=8)
     assert not eng._history.jobs(), "restored, not evaluated again"
     _check(eng, handles, _oracle(inserted), 460.0)
     eng.close()
 
 
-def test_history_through_the_server_and_the_command_line(tmp_path, monkeypatch):
+def test_history_through_the_server_and_the_command_line(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
     from psoup.cli.main import main
     from psoup.server import Server
 
     monkeypatch.setenv("PSOUP_CONFIG_DIR", str(tmp_path / "config"))
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     srv = Server(eng, port=0, token="tok")
     host, port = srv.start_in_thread()
     try:
@@ -510,8 +527,8 @@ def test_history_through_the_server_and_the_command_line(tmp_path, monkeypatch):
         eng.close()
 
 
-def test_a_corrupt_archive_file_is_named_and_nothing_is_applied(tmp_path):
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+def test_a_corrupt_archive_file_is_named_and_nothing_is_applied(tmp_path: Path) -> None:
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     eng.execute("CREATE STREAM Q (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     hq = eng.register("SELECT a FROM Q WHERE a >= 0")
@@ -522,7 +539,9 @@ def test_a_corrupt_archive_file_is_named_and_nothing_is_applied(tmp_path):
         eng.insert("Q", {"a": np.arange(10), "b": np.zeros(10), "t": np.array(["q"] * 10,
                                                                               dtype=object)},
                    ts=np.arange(10.0) + 10 * i)
-    eng._durability.journal.archive.flush()
+    journal = eng._durability.journal
+    assert journal is not None
+    journal.archive.flush()
     victim = sorted((tmp_path / "s" / "archive" / "stream=R").rglob("*.parquet"))[0]
     victim.write_bytes(victim.read_bytes()[:40])                 # a torn file
     before = (eng.invoke(hq, now=100.0).rows, eng.invoke(hr, now=100.0).rows)
@@ -541,13 +560,16 @@ def test_a_corrupt_archive_file_is_named_and_nothing_is_applied(tmp_path):
     ("unsorted", r"ts decreases within \S+part-00000000000000000001-00000000000000000003"
                  r"\.parquet \(from 9001\.0 to 9000\.0\)"),
 ])
-def test_a_bad_archive_file_is_named_and_nothing_is_applied(tmp_path, damage, message):
+def test_a_bad_archive_file_is_named_and_nothing_is_applied(tmp_path: Path, damage: str,
+                                                            message: str) -> None:
     import pyarrow.parquet as pq
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a FROM R WHERE a >= 0")
     _fill(eng, np.random.default_rng(4), 0, 4, {})
-    eng._durability.journal.archive.flush()
+    journal = eng._durability.journal
+    assert journal is not None
+    journal.archive.flush()
     columns = {"ts": [9001.0, 9000.0, 9002.0] if damage == "unsorted" else [1.0, 2.0, 3.0],
                "tuple_id": [1, 2, 3], "a": [1, 2, 3], "b": [0.5] * 3, "t": ["x"] * 3}
     if damage == "missing":
@@ -566,10 +588,10 @@ def test_a_bad_archive_file_is_named_and_nothing_is_applied(tmp_path, damage, me
     eng.close()
 
 
-def test_unregistering_with_history_around(tmp_path):
+def test_unregistering_with_history_around(tmp_path: Path) -> None:
     """A join and a query with history unregistered while tiers exist; the stream's
     horizon hook goes with the last tier on it."""
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     eng.execute("CREATE STREAM S (a INT)")
     h = eng.register("SELECT a FROM R WHERE a > 3")
@@ -590,14 +612,14 @@ def test_unregistering_with_history_around(tmp_path):
 
 
 @pytest.fixture
-def gate(monkeypatch):
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     """Hold every Spark pass of a history job until `gate.go` is set (`gate.started` is
     set once one waits), so a test acts while the job runs, without timing."""
     from psoup.spark import history
     real = history.evaluate
     started, go = threading.Event(), threading.Event()
 
-    def held(*args, **kwargs):
+    def held(*args: Any, **kwargs: Any) -> Any:
         started.set()
         assert go.wait(120), "the test never let the history job go on"
         return real(*args, **kwargs)
@@ -607,17 +629,18 @@ def gate(monkeypatch):
     go.set()
 
 
-def _running(eng, job):
-    return eng.history_status(job)["state"] == "running"
+def _running(eng: psoup.Engine, job: str) -> bool:
+    running: bool = eng.history_status(job)["state"] == "running"
+    return running
 
 
 def test_writers_and_readers_go_on_while_history_runs_and_the_answer_equals_duckdb(
-        tmp_path, gate):
+        tmp_path: Path, gate: SimpleNamespace) -> None:
     gen = np.random.default_rng(8)
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
     handles = {name: eng.register(sql) for name, sql in QUERIES.items()}
-    inserted: dict[str, list] = {}
+    inserted: dict[str, list[Any]] = {}
     _fill(eng, gen, 0, 30, inserted)                     # ts 0 .. 299
     job = eng.history()
     assert gate.started.wait(60)
@@ -644,8 +667,9 @@ def test_writers_and_readers_go_on_while_history_runs_and_the_answer_equals_duck
     eng.close()
 
 
-def test_one_job_at_a_time_and_a_cancelled_job_changes_nothing(tmp_path, gate):
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+def test_one_job_at_a_time_and_a_cancelled_job_changes_nothing(tmp_path: Path,
+                                                               gate: SimpleNamespace) -> None:
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a, t FROM R WHERE a > 3")
     _fill(eng, np.random.default_rng(9), 0, 6, {})
@@ -667,14 +691,15 @@ def test_one_job_at_a_time_and_a_cancelled_job_changes_nothing(tmp_path, gate):
     eng.close()
 
 
-def test_a_failed_job_changes_nothing_and_says_why(tmp_path, monkeypatch):
+def test_a_failed_job_changes_nothing_and_says_why(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from psoup.spark import history
 
-    def broken(*args, **kwargs):
+    def broken(*args: Any, **kwargs: Any) -> None:
         raise PSoupError("history of stream R: the archive is on fire")
 
     monkeypatch.setattr(history, "evaluate", broken)
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a FROM R WHERE a >= 0")
     _fill(eng, np.random.default_rng(10), 0, 4, {})
@@ -690,10 +715,11 @@ def test_a_failed_job_changes_nothing_and_says_why(tmp_path, monkeypatch):
     eng.close()
 
 
-def test_history_over_the_wire_answers_at_once_and_runs_off_the_writer(tmp_path, gate):
+def test_history_over_the_wire_answers_at_once_and_runs_off_the_writer(
+        tmp_path: Path, gate: SimpleNamespace) -> None:
     from psoup.server import Server
 
-    eng = psoup.Engine(path=tmp_path / "s", clock=Clock(0.0), chunk_rows=8)
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
     srv = Server(eng, port=0, token="tok")
     host, port = srv.start_in_thread()
     try:
@@ -721,7 +747,7 @@ def test_history_over_the_wire_answers_at_once_and_runs_off_the_writer(tmp_path,
         eng.close()
 
 
-def test_spark_runs_below_the_servers_priority(spark):
+def test_spark_runs_below_the_servers_priority(spark: Any) -> None:
     """Spark's driver JVM, its executor threads and their Python workers run at
     niceness SPARK_NICENESS, so a history job yields the CPU to requests."""
     from pathlib import Path
@@ -730,8 +756,10 @@ def test_spark_runs_below_the_servers_priority(spark):
 
     from psoup.spark.session import SPARK_NICENESS
     spark.range(1000).selectExpr("sum(id)").collect()       # threads started since
-    pid = SparkContext._gateway.proc.pid
-    nice = []
+    gateway = SparkContext._gateway
+    assert gateway is not None                  # the session above started it
+    pid = gateway.proc.pid
+    nice: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             nice.append(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
@@ -740,16 +768,17 @@ def test_spark_runs_below_the_servers_priority(spark):
     assert nice and min(nice) >= SPARK_NICENESS
 
 
-def test_job_status_never_calls_spark_on_the_callers_thread(monkeypatch):
+def test_job_status_never_calls_spark_on_the_callers_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A server answers history_status on its event loop under the engine lock, so
     status() must not wait on the JVM: Spark's task counts come from the job's own
     watcher thread, started by the first status() while the job runs."""
     import psoup.spark.jobs as jobs
     import psoup.spark.session as session
 
-    callers = []
+    callers: list[threading.Thread] = []
 
-    def progress(group):
+    def progress(group: str) -> tuple[int, int]:
         callers.append(threading.current_thread())
         return 3, 8
 
@@ -765,6 +794,7 @@ def test_job_status_never_calls_spark_on_the_callers_thread(monkeypatch):
     assert job.status()["progress"] == {"message": "", "tasks_done": 3, "tasks": 8}
     assert callers and threading.current_thread() not in callers
     job.end("done", {"h": 1})
+    assert job._watcher is not None
     job._watcher.join(5)
     assert not job._watcher.is_alive()               # the watcher ends with the job
     assert "tasks" not in job.status()["progress"]

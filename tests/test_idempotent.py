@@ -3,6 +3,9 @@ however often it is sent, and the producer table survives restarts and checkpoin
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 import psoup
@@ -12,20 +15,20 @@ from psoup.producers import REMEMBERED
 DDL = "CREATE STREAM R (a INT)"
 
 
-def _engine(path=None, **kw) -> psoup.Engine:
+def _engine(path: Path | None = None, **kw: Any) -> psoup.Engine:
     eng = psoup.Engine(path=None if path is None else str(path), **kw)
     eng.execute(DDL)
     return eng
 
 
-def _count(eng) -> int:
+def _count(eng: psoup.Engine) -> int:
     h = eng.register("SELECT a FROM R")
     rows = eng.invoke(h, now=1e9).tuple_ids.tolist()
     eng.unregister(h)
     return len(rows)
 
 
-def test_duplicate_batch_returns_the_first_tuple_ids_and_changes_nothing():
+def test_duplicate_batch_returns_the_first_tuple_ids_and_changes_nothing() -> None:
     eng = _engine()
     first = eng.insert("R", [(1,), (2,)], ts=1.0, producer="p", seq=0).tolist()
     again = eng.insert("R", [(1,), (2,)], ts=1.0, producer="p", seq=0).tolist()
@@ -34,14 +37,14 @@ def test_duplicate_batch_returns_the_first_tuple_ids_and_changes_nothing():
     assert eng.last_seq("p") == 0
 
 
-def test_each_producer_counts_on_its_own():
+def test_each_producer_counts_on_its_own() -> None:
     eng = _engine()
     eng.insert("R", [(1,)], ts=1.0, producer="p", seq=0)
     assert eng.insert("R", [(2,)], ts=1.0, producer="q", seq=0).tolist() == [1]
     assert (eng.last_seq("p"), eng.last_seq("q"), eng.last_seq("never")) == (0, 0, -1)
 
 
-def test_a_gap_raises_naming_producer_expected_and_got():
+def test_a_gap_raises_naming_producer_expected_and_got() -> None:
     eng = _engine()
     eng.insert("R", [(1,)], ts=1.0, producer="p", seq=0)
     with pytest.raises(SequenceError, match=r"producer 'p': expected seq 1, got 3"):
@@ -49,13 +52,13 @@ def test_a_gap_raises_naming_producer_expected_and_got():
     assert _count(eng) == 1 and eng.last_seq("p") == 0
 
 
-def test_a_new_producer_starts_at_zero():
+def test_a_new_producer_starts_at_zero() -> None:
     eng = _engine()
     with pytest.raises(SequenceError, match="expected seq 0, got 1"):
         eng.insert("R", [(2,)], ts=2.0, producer="p", seq=1)
 
 
-def test_a_seq_older_than_what_is_remembered_raises():
+def test_a_seq_older_than_what_is_remembered_raises() -> None:
     eng = _engine()
     for seq in range(REMEMBERED + 2):
         eng.insert("R", [(seq,)], ts=float(seq), producer="p", seq=seq)
@@ -67,7 +70,7 @@ def test_a_seq_older_than_what_is_remembered_raises():
     assert [s for s, _, _ in eng._producers._table["p"]] == list(range(2, REMEMBERED + 2))
 
 
-def test_a_rejected_batch_does_not_use_up_its_seq():
+def test_a_rejected_batch_does_not_use_up_its_seq() -> None:
     eng = _engine()
     with pytest.raises(SchemaError):
         eng.insert("R", [("x",)], ts=1.0, producer="p", seq=0)
@@ -75,7 +78,7 @@ def test_a_rejected_batch_does_not_use_up_its_seq():
     assert eng.insert("R", [(1,)], ts=1.0, producer="p", seq=0).tolist() == [0]
 
 
-def test_an_empty_keyed_batch_takes_its_seq():
+def test_an_empty_keyed_batch_takes_its_seq() -> None:
     eng = _engine()
     assert eng.insert("R", [], ts=1.0, producer="p", seq=0).tolist() == []
     assert eng.last_seq("p") == 0
@@ -84,14 +87,14 @@ def test_an_empty_keyed_batch_takes_its_seq():
 
 @pytest.mark.parametrize("key", [{"producer": "p"}, {"seq": 0}, {"producer": "", "seq": 0},
                                  {"producer": "p", "seq": -1}, {"producer": "p", "seq": True}])
-def test_half_or_bad_key_is_rejected(key):
+def test_half_or_bad_key_is_rejected(key: dict[str, Any]) -> None:
     eng = _engine()
     with pytest.raises(SequenceError):
         eng.insert("R", [(1,)], ts=1.0, **key)
     assert _count(eng) == 0
 
 
-def test_the_producer_idle_longest_is_forgotten_beyond_max_producers():
+def test_the_producer_idle_longest_is_forgotten_beyond_max_producers() -> None:
     eng = _engine(max_producers=2)
     for p in ("a", "b"):
         eng.insert("R", [(1,)], ts=1.0, producer=p, seq=0)
@@ -100,7 +103,7 @@ def test_the_producer_idle_longest_is_forgotten_beyond_max_producers():
     assert (eng.last_seq("a"), eng.last_seq("b"), eng.last_seq("c")) == (1, -1, 0)
 
 
-def test_a_restart_keeps_the_producer_table(tmp_path):
+def test_a_restart_keeps_the_producer_table(tmp_path: Path) -> None:
     with _engine(tmp_path) as eng:
         eng.insert("R", [(1,), (2,)], ts=1.0, producer="p", seq=0)
         eng.insert("R", [(3,)], ts=2.0, producer="p", seq=1)
@@ -112,7 +115,7 @@ def test_a_restart_keeps_the_producer_table(tmp_path):
         assert eng.insert("R", [(4,)], ts=3.0, producer="p", seq=2).tolist() == [3]
 
 
-def test_a_checkpoint_keeps_the_producer_table(tmp_path):
+def test_a_checkpoint_keeps_the_producer_table(tmp_path: Path) -> None:
     with _engine(tmp_path, max_producers=3) as eng:
         for p in ("a", "b", "c"):
             eng.insert("R", [(1,)], ts=1.0, producer=p, seq=0)
@@ -126,7 +129,7 @@ def test_a_checkpoint_keeps_the_producer_table(tmp_path):
         assert _count(eng) == 5
 
 
-def test_a_client_forgotten_by_the_server_starts_again_at_seq_zero():
+def test_a_client_forgotten_by_the_server_starts_again_at_seq_zero() -> None:
     from psoup.client import Client
     from psoup.server import Server
 

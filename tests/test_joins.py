@@ -15,6 +15,8 @@ comments show the reasoning), never copied from psoup's output.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
 
 import hypothesis.strategies as st
 import numpy as np
@@ -22,37 +24,46 @@ import pytest
 from hypothesis import event, given, settings
 
 import psoup
+from psoup.results.result import Changes, Result
 from tests.oracles import JoinOracle, as_triples, expected_changes
-from tests.strategies import join_scenarios
+from tests.strategies import Scenario, join_scenarios
 from tests.support import Clock, create, insert_stepped
 
 ROUTINGS = ("adaptive", "fixed")
 ENGINE_KINDS = [(m, r) for m in psoup.MODES for r in ROUTINGS]
 
+#: The `make_engine` fixture: make(clock=None, chunk_rows=2) -> an engine of one kind.
+MakeEngine: TypeAlias = Callable[..., psoup.Engine]
+#: The `fig4` fixture: the engine, the handles of FIG4_QUERIES, tupleID -> paper ID.
+Fig4: TypeAlias = tuple[psoup.Engine, dict[int, str], dict[int, int]]
+#: The `rs` fixture: the engine, tupleID -> the test's name of the tuple.
+RS: TypeAlias = tuple[psoup.Engine, dict[int, str]]
+
 
 @pytest.fixture(params=ENGINE_KINDS, ids=[f"{m}-{r}" for m, r in ENGINE_KINDS])
-def make_engine(request):
+def make_engine(request: pytest.FixtureRequest) -> MakeEngine:
     """A factory of engines of one (mode, routing); chunk_rows=2 so that joins read
     across several storage chunks."""
     mode, routing = request.param
 
-    def make(clock=None, chunk_rows=2):
+    def make(clock: Clock | None = None, chunk_rows: int = 2) -> psoup.Engine:
         return psoup.Engine(mode=mode, routing=routing, clock=clock or Clock(100.0),
                             chunk_rows=chunk_rows)
     return make
 
 
-def pairs(result, paper_id):
+def pairs(result: Result, paper_id: Mapping[int, Any]) -> list[tuple[Any, ...]]:
     """The answer's tupleID combinations, translated to the test's own tuple names."""
     assert result.tuple_ids.dtype == np.int64
     assert result.tuple_ids.ndim == 2 and result.tuple_ids.shape[0] == len(result.rows)
     return [tuple(paper_id[t] for t in row) for row in result.tuple_ids.tolist()]
 
 
-def insert(eng, stream, named_rows, ts, names):
+def insert(eng: psoup.Engine, stream: str, named_rows: Mapping[Any, tuple[Any, ...]],
+           ts: float | list[float], names: dict[int, Any]) -> list[int]:
     """Insert rows and remember engine tupleID -> the test's name for each row."""
-    ids = eng.insert(stream, list(named_rows.values()), ts=ts).tolist()
-    names.update(zip(ids, named_rows))
+    ids: list[int] = eng.insert(stream, list(named_rows.values()), ts=ts).tolist()
+    names.update(zip(ids, named_rows, strict=True))
     return ids
 
 
@@ -73,7 +84,7 @@ QUERY_23 = "SELECT * FROM R, S WHERE R.a < 5 AND R.a > S.b AND S.b > 1"
 
 
 @pytest.fixture
-def fig4(make_engine):
+def fig4(make_engine: MakeEngine) -> Fig4:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -84,7 +95,7 @@ def fig4(make_engine):
     return eng, handles, names
 
 
-def test_fig4_standing_join_queries_hold_their_pairs(fig4):
+def test_fig4_standing_join_queries_hold_their_pairs(fig4: Fig4) -> None:
     eng, handles, names = fig4
     # 20, R.a = S.b: 50 (a=3) with 54 (b=3); 51 (a=2) with 52 (b=2). Earliest ts 50, 51.
     assert pairs(eng.invoke(handles[20]), names) == [(50, 54), (51, 52)]
@@ -95,7 +106,7 @@ def test_fig4_standing_join_queries_hold_their_pairs(fig4):
     assert [names[t] for t in eng.invoke(handles[22]).tuple_ids.tolist()] == [48, 50, 51]
 
 
-def test_fig4_new_join_query_over_stored_data(fig4):
+def test_fig4_new_join_query_over_stored_data(fig4: Fig4) -> None:
     eng, _, names = fig4
     h23 = eng.register(QUERY_23)
     got = eng.invoke(h23)
@@ -108,7 +119,7 @@ def test_fig4_new_join_query_over_stored_data(fig4):
     assert got.ts.tolist() == [48.0, 48.0, 50.0]          # the earliest component ts
 
 
-def test_fig5_new_r_tuple_joins_stored_s_tuples(fig4):
+def test_fig5_new_r_tuple_joins_stored_s_tuples(fig4: Fig4) -> None:
     eng, _, names = fig4
     h23 = eng.register(QUERY_23)
     insert(eng, "R", {55: (4,)}, 55.0, names)
@@ -120,14 +131,14 @@ def test_fig5_new_r_tuple_joins_stored_s_tuples(fig4):
     assert got.rows[-2:] == [(4, 2), (4, 3)]
 
 
-def test_fig5_new_r_tuple_failing_its_local_factor_adds_nothing(fig4):
+def test_fig5_new_r_tuple_failing_its_local_factor_adds_nothing(fig4: Fig4) -> None:
     eng, _, names = fig4
     h23 = eng.register(QUERY_23)
     insert(eng, "R", {55: (5,)}, 55.0, names)     # R.a < 5 fails: no hybrid struct
     assert pairs(eng.invoke(h23), names) == [(48, 52), (48, 54), (50, 52)]
 
 
-def test_fig5_new_s_tuple_joins_stored_r_tuples(fig4):
+def test_fig5_new_s_tuple_joins_stored_r_tuples(fig4: Fig4) -> None:
     eng, _, names = fig4
     h23 = eng.register(QUERY_23)
     insert(eng, "S", {55: (2,)}, 55.0, names)
@@ -138,7 +149,7 @@ def test_fig5_new_s_tuple_joins_stored_r_tuples(fig4):
     assert got.ts.tolist() == [48.0, 48.0, 48.0, 50.0, 50.0]
 
 
-def test_fig5_new_tuple_updates_every_standing_join_query(fig4):
+def test_fig5_new_tuple_updates_every_standing_join_query(fig4: Fig4) -> None:
     eng, handles, names = fig4
     handles[23] = eng.register(QUERY_23)
     insert(eng, "R", {55: (4,)}, 55.0, names)
@@ -167,14 +178,15 @@ DUALITY_QUERIES = [
 ]
 
 
-def duality_batches(seed: int):
+def duality_batches(seed: int) -> list[tuple[str, list[tuple[int, int]], list[float]]]:
     """Twelve batches of 1-4 rows, to R, S, T in turn, timestamps rising 0-0.5 s a row."""
     rng = random.Random(seed)
-    out, ts = [], 10.0
+    out: list[tuple[str, list[tuple[int, int]], list[float]]] = []
+    ts = 10.0
     for i in range(12):
         stream = "RST"[i % 3]
         rows = [(rng.randint(0, 3), rng.randint(0, 3)) for _ in range(rng.randint(1, 4))]
-        stamps = []
+        stamps: list[float] = []
         for _ in rows:
             ts += rng.choice([0.0, 0.5])
             stamps.append(ts)
@@ -184,7 +196,8 @@ def duality_batches(seed: int):
 
 @pytest.mark.parametrize("sql", DUALITY_QUERIES)
 @pytest.mark.parametrize("seed", [1, 3])
-def test_join_query_before_or_after_the_data_gives_the_same_answer(make_engine, sql, seed):
+def test_join_query_before_or_after_the_data_gives_the_same_answer(make_engine: MakeEngine,
+                                                                   sql: str, seed: int) -> None:
     batches = duality_batches(seed)
     answers = []
     for register_at in (0, len(batches) // 2, len(batches)):   # first, midway, last
@@ -216,7 +229,8 @@ SELF_PAIRS = {("t0", "t0"), ("t0", "t1"), ("t1", "t2"), ("t2", "t0"), ("t2", "t1
 
 
 @pytest.mark.parametrize("query_first", [True, False])
-def test_self_join_within_one_batch_includes_a_tuple_with_itself(make_engine, query_first):
+def test_self_join_within_one_batch_includes_a_tuple_with_itself(make_engine: MakeEngine,
+                                                                 query_first: bool) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT, b INT)")
     h = eng.register(SELF_JOIN) if query_first else None
@@ -233,7 +247,8 @@ def test_self_join_within_one_batch_includes_a_tuple_with_itself(make_engine, qu
 
 
 @pytest.mark.parametrize("register_at", [0, 1, 2])
-def test_self_join_across_batches_finds_every_pair_once(make_engine, register_at):
+def test_self_join_across_batches_finds_every_pair_once(make_engine: MakeEngine,
+                                                        register_at: int) -> None:
     """t0 arrives first (ts 1), then t1 and t2 together (ts 2); the query is registered
     before, between or after the batches. A pair of a new and an old tuple must appear
     once whichever of r1/r2 the new tuple plays, and new-new pairs once too."""
@@ -253,7 +268,8 @@ def test_self_join_across_batches_finds_every_pair_once(make_engine, register_at
     assert got.ts.tolist() == [1.0, 1.0, 1.0, 2.0, 2.0]
 
 
-def test_self_join_strict_inequality_excludes_the_tuple_with_itself(make_engine):
+def test_self_join_strict_inequality_excludes_the_tuple_with_itself(
+        make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     strict = eng.register("SELECT * FROM R r1, R r2 WHERE r1.a < r2.a")
@@ -268,7 +284,7 @@ def test_self_join_strict_inequality_excludes_the_tuple_with_itself(make_engine)
     assert pairs(eng.invoke(loose), names) == [("x", "x"), ("x", "y"), ("y", "y")]
 
 
-def test_self_join_items_have_their_own_local_factors(make_engine):
+def test_self_join_items_have_their_own_local_factors(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT, kind TEXT)")
     h = eng.register("SELECT r1.a, r2.a FROM R r1, R r2 "
@@ -284,7 +300,7 @@ def test_self_join_items_have_their_own_local_factors(make_engine):
     assert got.rows == [(1, 1), (1, 1), (2, 2)]
 
 
-def test_self_join_with_one_unaliased_item(make_engine):
+def test_self_join_with_one_unaliased_item(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT, b INT)")
     h = eng.register("SELECT * FROM R, R r2 WHERE R.a = r2.b")
@@ -299,7 +315,7 @@ def test_self_join_with_one_unaliased_item(make_engine):
 # N-way joins
 
 @pytest.fixture
-def rst(make_engine):
+def rst(make_engine: MakeEngine) -> psoup.Engine:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -307,7 +323,7 @@ def rst(make_engine):
     return eng
 
 
-def test_three_way_chain_join(rst):
+def test_three_way_chain_join(rst: psoup.Engine) -> None:
     eng = rst
     h = eng.register("SELECT * FROM R, S, T WHERE R.a = S.b AND S.b < T.c")
     names: dict[int, str] = {}
@@ -322,7 +338,7 @@ def test_three_way_chain_join(rst):
     assert got.tuple_ids.shape == (3, 3)
 
 
-def test_three_way_join_new_tuple_in_the_middle_item(rst):
+def test_three_way_join_new_tuple_in_the_middle_item(rst: psoup.Engine) -> None:
     eng = rst
     h = eng.register("SELECT * FROM R, S, T WHERE R.a = S.b AND S.b < T.c")
     names: dict[int, str] = {}
@@ -338,7 +354,7 @@ def test_three_way_join_new_tuple_in_the_middle_item(rst):
                                            ("r1", "s1", "t1")]
 
 
-def test_three_way_self_join(make_engine):
+def test_three_way_self_join(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     h = eng.register("SELECT x.a, y.a, z.a FROM R x, R y, R z WHERE x.a < y.a AND y.a < z.a")
@@ -351,7 +367,7 @@ def test_three_way_self_join(make_engine):
     assert got.columns == ["x.a", "y.a", "z.a"]
 
 
-def test_four_way_join(make_engine):
+def test_four_way_join(make_engine: MakeEngine) -> None:
     eng = make_engine()
     for s in "RSTU":
         eng.execute(f"CREATE STREAM {s} (k INT)")
@@ -369,7 +385,7 @@ def test_four_way_join(make_engine):
 # Join factors: offsets, inequalities, !=, TEXT, ts, cross products
 
 @pytest.fixture
-def rs(make_engine):
+def rs(make_engine: MakeEngine) -> RS:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT, f FLOAT, t TEXT)")
     eng.execute("CREATE STREAM S (b INT, g FLOAT, t TEXT)")
@@ -381,7 +397,8 @@ def rs(make_engine):
     return eng, names
 
 
-def by_earliest(combos, ts):
+def by_earliest(combos: list[tuple[str, str]],
+                ts: Mapping[str, float]) -> list[tuple[str, str]]:
     """Reference order: earliest component ts, then tupleIDs in FROM order (the names
     r1 < r2 < r3 and s1 < s2 < s3 follow insertion order, so tupleID order)."""
     return sorted(combos, key=lambda c: (min(ts[n] for n in c), c))
@@ -436,14 +453,14 @@ RS_B = {"s1": 2, "s2": 1, "s3": 4}
         ("R.a > 1 AND R.a = S.b AND S.g < 1", [("r3", "s3")]),
     ],
 )  # fmt: skip
-def test_join_factor(rs, where, expected):
+def test_join_factor(rs: RS, where: str, expected: list[tuple[str, str]]) -> None:
     eng, names = rs
     got = eng.invoke(eng.register(f"SELECT * FROM R, S WHERE {where}"))
     assert pairs(got, names) == by_earliest(expected, RS_TS)
     assert got.ts.tolist() == [min(RS_TS[n] for n in c) for c in by_earliest(expected, RS_TS)]
 
 
-def test_cross_product_without_join_factor(rs):
+def test_cross_product_without_join_factor(rs: RS) -> None:
     eng, names = rs
     got = eng.invoke(eng.register("SELECT R.a, S.b FROM R, S"))
     # 3 x 3 combinations. Earliest ts: 1 for every pair with r1 or s1 (5 pairs), ordered
@@ -456,7 +473,7 @@ def test_cross_product_without_join_factor(rs):
     assert got.rows[:3] == [(1, 2), (1, 1), (1, 4)]
 
 
-def test_cross_product_with_local_factors_only(rs):
+def test_cross_product_with_local_factors_only(rs: RS) -> None:
     eng, names = rs
     got = eng.invoke(eng.register("SELECT * FROM R, S WHERE R.a >= 3 AND S.g > 0.5"))
     # R: r2 (3), r3 (4); S: s1 (1.0), s2 (2.5). Earliest: (r2,s1) 1, (r3,s1) 1, (r2,s2) 2,
@@ -464,7 +481,7 @@ def test_cross_product_with_local_factors_only(rs):
     assert pairs(got, names) == [("r2", "s1"), ("r3", "s1"), ("r2", "s2"), ("r3", "s2")]
 
 
-def test_ts_in_a_join_factor(make_engine):
+def test_ts_in_a_join_factor(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -480,7 +497,7 @@ def test_ts_in_a_join_factor(make_engine):
     assert got.ts.tolist() == [9.0, 10.0, 10.0, 11.0, 12.0]
 
 
-def test_tuple_id_in_a_join_factor(make_engine):
+def test_tuple_id_in_a_join_factor(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     h = eng.register("SELECT * FROM R r1, R r2 WHERE r1.tupleID < r2.tupleID AND r1.a = r2.a")
@@ -490,7 +507,7 @@ def test_tuple_id_in_a_join_factor(make_engine):
     assert pairs(eng.invoke(h), names) == [("p", "q"), ("p", "v"), ("q", "v")]
 
 
-def test_bool_join_factor(make_engine):
+def test_bool_join_factor(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (x BOOL)")
     eng.execute("CREATE STREAM S (y BOOL)")
@@ -520,7 +537,8 @@ INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
         ("R.a = S.b - 1", []),
     ],
 )  # fmt: skip
-def test_join_factor_offset_does_not_wrap_around_int64(make_engine, where, expected):
+def test_join_factor_offset_does_not_wrap_around_int64(make_engine: MakeEngine, where: str,
+                                                       expected: list[tuple[str, str]]) -> None:
     """`R.a op S.b + c` compares numbers (docs/language.md), so S.b + c must not overflow:
     psoup adds the offset to the int64 column in numpy (psoup/eddy/hybrid.py, `target =
     target + shift` and `x + shift`), which wraps INT64_MAX + 1 to INT64_MIN."""
@@ -537,7 +555,7 @@ def test_join_factor_offset_does_not_wrap_around_int64(make_engine, where, expec
 # ----------------------------------------------------------------------------------
 # Projection, DISTINCT and windows over joins
 
-def test_distinct_keeps_the_first_combination(make_engine):
+def test_distinct_keeps_the_first_combination(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -554,7 +572,7 @@ def test_distinct_keeps_the_first_combination(make_engine):
     assert pairs(got, names) == [("r1", "s1"), ("r3", "s2")]
 
 
-def test_sliding_window_requires_every_component_inside(make_engine):
+def test_sliding_window_requires_every_component_inside(make_engine: MakeEngine) -> None:
     eng = make_engine(clock=Clock(10.0))
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -574,7 +592,7 @@ def test_sliding_window_requires_every_component_inside(make_engine):
         ("r1", "s2"), ("r1", "s6"), ("r5", "s2"), ("r5", "s6")]
 
 
-def test_snapshot_window_over_a_join(make_engine):
+def test_snapshot_window_over_a_join(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -586,7 +604,7 @@ def test_snapshot_window_over_a_join(make_engine):
     assert pairs(eng.invoke(h, now=50.0), names) == [("r3", "s2"), ("r3", "s5")]
 
 
-def test_rows_window_applies_to_each_stream(make_engine):
+def test_rows_window_applies_to_each_stream(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -600,7 +618,7 @@ def test_rows_window_applies_to_each_stream(make_engine):
     assert pairs(eng.invoke(selfj), names) == [("r2", "r2")]
 
 
-def test_per_item_windows(make_engine):
+def test_per_item_windows(make_engine: MakeEngine) -> None:
     eng = make_engine(clock=Clock(10.0))
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -624,7 +642,7 @@ def test_per_item_windows(make_engine):
     assert pairs(eng.invoke(part, now=4.0), names) == [("r2", "s4")]
 
 
-def test_retention_drops_combinations_with_an_expired_component(make_engine):
+def test_retention_drops_combinations_with_an_expired_component(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT) RETAIN 2 ROWS")
     eng.execute("CREATE STREAM S (b INT)")
@@ -642,8 +660,8 @@ def test_retention_drops_combinations_with_an_expired_component(make_engine):
 
 
 @pytest.mark.parametrize("retain", ["RETAIN 1 ROWS", "RETAIN 3 SECONDS"])
-def test_batch_that_expires_its_own_first_tuples_joins_only_the_retained_ones(make_engine,
-                                                                              retain):
+def test_batch_that_expires_its_own_first_tuples_joins_only_the_retained_ones(
+        make_engine: MakeEngine, retain: str) -> None:
     """A batch longer than S's retention pushes its own first tuples below the horizon
     (and, with chunk_rows=2, drops their chunks) before the join query sees it. The join
     must use the retained ones only; found by the differential test below, where the
@@ -660,7 +678,8 @@ def test_batch_that_expires_its_own_first_tuples_joins_only_the_retained_ones(ma
     assert pairs(eng.invoke(h), names) == [("r", "s5")]
 
 
-def test_unregistered_join_handle_stops_working_and_slots_are_reused(make_engine):
+def test_unregistered_join_handle_stops_working_and_slots_are_reused(
+        make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -679,7 +698,7 @@ def test_unregistered_join_handle_stops_working_and_slots_are_reused(make_engine
     assert [names[t] for t in eng.invoke(sel).tuple_ids.tolist()] == ["s0"]
 
 
-def test_contradictory_join_queries_match_nothing(make_engine):
+def test_contradictory_join_queries_match_nothing(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (b INT)")
@@ -698,14 +717,15 @@ def test_contradictory_join_queries_match_nothing(make_engine):
 # ----------------------------------------------------------------------------------
 # invoke(since=cursor) on a join query
 
-def keyed(result, distinct):
+def keyed(result: Result, distinct: bool) -> list[tuple[Any, ...]]:
     keys = result.rows if distinct else [tuple(r) for r in result.tuple_ids.tolist()]
     return list(zip(keys, result.rows, result.ts.tolist(),
-                    [tuple(r) for r in result.tuple_ids.tolist()]))
+                    [tuple(r) for r in result.tuple_ids.tolist()], strict=True))
 
 
 @pytest.mark.parametrize("distinct", [False, True])
-def test_since_cursor_changes_compose_to_the_answers(make_engine, distinct):
+def test_since_cursor_changes_compose_to_the_answers(make_engine: MakeEngine,
+                                                     distinct: bool) -> None:
     clock = Clock(10.0)
     eng = make_engine(clock=clock)
     eng.execute("CREATE STREAM R (a INT) RETAIN 4 ROWS")
@@ -748,7 +768,7 @@ def test_since_cursor_changes_compose_to_the_answers(make_engine, distinct):
     assert previous.rows == []
 
 
-def test_since_cursor_on_a_self_join_counts_each_pair(make_engine):
+def test_since_cursor_on_a_self_join_counts_each_pair(make_engine: MakeEngine) -> None:
     eng = make_engine()
     eng.execute("CREATE STREAM R (a INT, b INT)")
     h = eng.register(SELF_JOIN)
@@ -756,6 +776,7 @@ def test_since_cursor_on_a_self_join_counts_each_pair(make_engine):
     cursor = eng.invoke(h).cursor
     insert(eng, "R", {"t0": SELF_ROWS["t0"]}, 1.0, names)
     ch = eng.invoke(h, since=cursor)
+    assert isinstance(ch, Changes)          # a str cursor (Result.cursor is Optional)
     assert pairs(ch.inserted, names) == [("t0", "t0")] and len(ch.deleted) == 0
     insert(eng, "R", {"t1": SELF_ROWS["t1"], "t2": SELF_ROWS["t2"]}, 2.0, names)
     ch2 = eng.invoke(h, since=ch.cursor)
@@ -767,21 +788,22 @@ def test_since_cursor_on_a_self_join_counts_each_pair(make_engine):
 # ----------------------------------------------------------------------------------
 # Groups: join queries sharing streams and join factors share one structure (Sect. 5.4)
 
-def _group_engine(mode, shared=True):
+def _group_engine(mode: str, shared: bool = True) -> psoup.Engine:
     eng = psoup.Engine(mode=mode, clock=Clock(100.0), chunk_rows=4, shared_joins=shared)
     eng.execute("CREATE STREAM R (a INT, x INT)")
     eng.execute("CREATE STREAM S (b INT, y INT)")
     return eng
 
 
-def _brute(r_rows, s_rows, rx, sy):
+def _brute(r_rows: list[tuple[int, int]], s_rows: list[tuple[int, int]], rx: int,
+           sy: int) -> list[tuple[int, int]]:
     """Every (R index, S index) with R.a = S.b AND R.x > rx AND S.y < sy."""
     return [(i, j) for i, (a, x) in enumerate(r_rows) for j, (b, y) in enumerate(s_rows)
             if a == b and x > rx and y < sy]
 
 
 @pytest.mark.parametrize("mode", ["partial", "complete"])
-def test_siblings_share_one_group_and_each_gets_its_own_answer(mode):
+def test_siblings_share_one_group_and_each_gets_its_own_answer(mode: str) -> None:
     eng = _group_engine(mode)
     r_rows = [(1, 5), (2, 9), (1, 1), (3, 7)]
     s_rows = [(1, 0), (1, 8), (2, 3), (3, 9)]
@@ -797,13 +819,13 @@ def test_siblings_share_one_group_and_each_gets_its_own_answer(mode):
     sid += eng.insert("S", s_rows[2:], ts=3.0).tolist()
     groups = eng.stats()["join_groups"]
     assert len(groups) == 1                              # one structure for all three
-    for h, (rx, sy) in zip((h0, h1, h2), bounds):
+    for h, (rx, sy) in zip((h0, h1, h2), bounds, strict=True):
         want = _brute(r_rows, s_rows, rx, sy)
         got = eng.invoke(h, now=10.0).tuple_ids.tolist()
         assert sorted(map(tuple, got)) == sorted((rid[i], sid[j]) for i, j in want)
     # every combination is stored once: (R0, S0) serves h0 and h1 (found for h0 by a
     # batch and for h1 over old data), and the count is the union of the answers
-    union = set()
+    union: set[tuple[int, int]] = set()
     for rx, sy in bounds:
         union |= set(_brute(r_rows, s_rows, rx, sy))
     (group,) = groups.values()
@@ -812,7 +834,7 @@ def test_siblings_share_one_group_and_each_gets_its_own_answer(mode):
 
 
 @pytest.mark.parametrize("mode", ["partial", "complete"])
-def test_a_member_leaving_clears_its_bits_and_its_index_is_reused_clean(mode):
+def test_a_member_leaving_clears_its_bits_and_its_index_is_reused_clean(mode: str) -> None:
     eng = _group_engine(mode)
     sql = "SELECT R.a FROM R, S WHERE R.a = S.b AND R.x > {} AND S.y < 100"
     wide = eng.register(sql.format(0))
@@ -838,7 +860,7 @@ def test_a_member_leaving_clears_its_bits_and_its_index_is_reused_clean(mode):
 
 
 @pytest.mark.parametrize("shared", [True, False])
-def test_groups_of_more_than_64_members_match_each_query_alone(shared):
+def test_groups_of_more_than_64_members_match_each_query_alone(shared: bool) -> None:
     """Member bits span several words, and a batch regroups them from many slots."""
     rnd = random.Random(7)
     eng = _group_engine("partial", shared)
@@ -857,7 +879,7 @@ def test_groups_of_more_than_64_members_match_each_query_alone(shared):
     eng.insert("T", [(5,), (0,)], ts=2.0)
     assert len(eng.stats()["join_groups"]) == (1 if shared else 70)
     eng._check()
-    for h, (rx, sy) in zip(handles, bounds):
+    for h, (rx, sy) in zip(handles, bounds, strict=True):
         want = sorted((rid[i], sid[j]) for i, j in _brute(r_rows, s_rows, rx, sy))
         assert sorted(map(tuple, eng.invoke(h, now=5.0).tuple_ids.tolist())) == want
     assert eng.invoke(sel, now=5.0).rows == [(5,)]
@@ -869,12 +891,13 @@ def test_groups_of_more_than_64_members_match_each_query_alone(shared):
 #: A join scenario runs six engines (3 modes x 2 routings) and checks since-cursors too;
 #: a third of the profile's examples (PSOUP_EXAMPLES scales both this test and
 #: test_differential.py) keeps it to about 25 s in the ci profile.
-JOIN_EXAMPLES = max(10, settings.default.max_examples // 3)
+JOIN_EXAMPLES = max(10, settings().max_examples // 3)
 
 
 @settings(max_examples=JOIN_EXAMPLES)
 @given(join_scenarios(), st.sampled_from([2, 3, 8, 8192]))
-def test_joins_agree_with_duckdb_in_every_mode_and_routing(scenario, chunk_rows):
+def test_joins_agree_with_duckdb_in_every_mode_and_routing(scenario: Scenario,
+                                                           chunk_rows: int) -> None:
     streams, ops = scenario
     clock = Clock(1000.0)
     # the fixed-routing engines also join each query on its own (no groups)
@@ -886,34 +909,7 @@ def test_joins_agree_with_duckdb_in_every_mode_and_routing(scenario, chunk_rows)
     oracle = JoinOracle(streams)
     last_ts = {name: 1000.0 for name in streams}
     # live entries: [kind, handles per engine, spec, sql, cursors per engine, last answer]
-    live: list[list] = []
-
-    def check(entry, now, use_since):
-        kind, handles, spec, sql = entry[:4]
-        if kind == "select":
-            want = oracle.answer(spec, now)
-            for key, eng in engines.items():
-                assert eng.invoke(handles[key], now=now).rows == want, (key, sql, now)
-            return
-        want = oracle.join_answer(spec, now)
-        k = len(spec["items"])
-        event(f"{k}-way{' self-join' if len(set(spec['items'])) < k else ''}: "
-              f"{'no rows' if not want[0] else '1-9 rows' if len(want[0]) < 10 else '10+ rows'}")
-        for key, eng in engines.items():
-            if use_since and key in entry[4]:
-                changes = eng.invoke(handles[key], now=now, since=entry[4][key])
-                ins, dels = expected_changes(entry[5], want, spec["distinct"])
-                assert as_triples(changes.inserted) == ins, ("inserted", key, sql, now)
-                assert as_triples(changes.deleted) == dels, ("deleted", key, sql, now)
-            got = eng.invoke(handles[key], now=now)
-            assert got.columns == spec["names"], (key, sql)
-            assert got.rows == want[0], (key, sql, now)
-            assert got.ts.tolist() == want[1], (key, sql, now)
-            assert got.tuple_ids.dtype == np.int64, (key, sql)
-            assert got.tuple_ids.shape == (len(want[2]), k), (key, sql, now)
-            assert [tuple(r) for r in got.tuple_ids.tolist()] == want[2], (key, sql, now)
-            entry[4][key] = got.cursor
-        entry[5] = want
+    live: list[list[Any]] = []
 
     for op in ops:
         if op[0] == "insert":
@@ -924,11 +920,47 @@ def test_joins_agree_with_duckdb_in_every_mode_and_routing(scenario, chunk_rows)
             handles = {key: eng.register(sql) for key, eng in engines.items()}
             live.append([op[0], handles, spec, sql, {}, None])
         elif op[0] == "invoke" and live:
-            check(live[op[1] % len(live)], clock.now + op[2], op[3])
+            _check_join(engines, oracle, live[op[1] % len(live)], clock.now + op[2], op[3])
         elif op[0] == "unregister" and live:
             entry = live.pop(op[1] % len(live))
             for key, eng in engines.items():
                 eng.unregister(entry[1][key])
         elif op[0] == "invoke_all":
             for entry in live:
-                check(entry, clock.now + op[1], True)
+                _check_join(engines, oracle, entry, clock.now + op[1], True)
+
+
+def _check_join(engines: Mapping[tuple[str, str], psoup.Engine], oracle: JoinOracle,
+                entry: list[Any], now: float, use_since: bool) -> None:
+    kind, handles, spec, sql = entry[:4]
+    if kind == "select":
+        _check_selection(engines, oracle, handles, spec, sql, now)
+        return
+    want = oracle.join_answer(spec, now)
+    k = len(spec["items"])
+    event(f"{k}-way{' self-join' if len(set(spec['items'])) < k else ''}: "
+          f"{'no rows' if not want[0] else '1-9 rows' if len(want[0]) < 10 else '10+ rows'}")
+    for key, eng in engines.items():
+        if use_since and key in entry[4]:
+            changes = eng.invoke(handles[key], now=now, since=entry[4][key])
+            assert isinstance(changes, Changes)     # a str cursor (Result.cursor is Optional)
+            ins, dels = expected_changes(entry[5], want, spec["distinct"])
+            assert as_triples(changes.inserted) == ins, ("inserted", key, sql, now)
+            assert as_triples(changes.deleted) == dels, ("deleted", key, sql, now)
+        got = eng.invoke(handles[key], now=now)
+        assert got.columns == spec["names"], (key, sql)
+        assert got.rows == want[0], (key, sql, now)
+        assert got.ts.tolist() == want[1], (key, sql, now)
+        assert got.tuple_ids.dtype == np.int64, (key, sql)
+        assert got.tuple_ids.shape == (len(want[2]), k), (key, sql, now)
+        assert [tuple(r) for r in got.tuple_ids.tolist()] == want[2], (key, sql, now)
+        entry[4][key] = got.cursor
+    entry[5] = want
+
+
+def _check_selection(engines: Mapping[tuple[str, str], psoup.Engine], oracle: JoinOracle,
+                     handles: dict[tuple[str, str], str], spec: dict[str, Any], sql: str,
+                     now: float) -> None:
+    want = oracle.answer(spec, now)
+    for key, eng in engines.items():
+        assert eng.invoke(handles[key], now=now).rows == want, (key, sql, now)
