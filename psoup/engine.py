@@ -24,6 +24,7 @@ The services:
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -98,7 +99,7 @@ class Engine:
         [(1,)]
     """
 
-    def __init__(self, path: str | None = None, mode: ModeName = "partial",
+    def __init__(self, path: str | os.PathLike[str] | None = None, mode: ModeName = "partial",
                  clock: Callable[[], float] = time.time, chunk_rows: int = 8192,
                  shared_index: bool = True, sync: SyncName = "always",
                  checkpoint_bytes: int = 64 << 20, checkpoint_seconds: float | None = 3600.0,

@@ -28,6 +28,7 @@ import pytest
 from hypothesis import event, given, settings
 
 import psoup
+from psoup.options import ModeName
 from psoup.results.result import Changes
 from tests.oracles import JoinOracle, Oracle, answer_aggregate, assert_changes_compose, rows_match
 from tests.strategies import Scenario, aggregate_scenarios, join_aggregate_scenarios
@@ -270,7 +271,7 @@ def test_aggregates_agree_with_duckdb_in_every_mode(scenario: Scenario, chunk_ro
                 _check_aggregate(engines, oracle, entry, clock.now + op[1])
 
 
-def _check_aggregate(engines: Mapping[str, psoup.Engine], oracle: Oracle, entry: list[Any],
+def _check_aggregate(engines: Mapping[ModeName, psoup.Engine], oracle: Oracle, entry: list[Any],
                      now: float) -> None:
     handles, spec, sql, cursors = entry
     want = answer_aggregate(oracle.db, oracle.source(spec, now), spec)
@@ -320,7 +321,7 @@ def test_join_aggregates_agree_with_duckdb_in_every_mode(scenario: Scenario) -> 
                 _check_join_aggregate(engines, oracle, entry, clock.now + op[1])
 
 
-def _check_join_aggregate(engines: Mapping[str, psoup.Engine], oracle: JoinOracle,
+def _check_join_aggregate(engines: Mapping[ModeName, psoup.Engine], oracle: JoinOracle,
                           entry: JoinLive, now: float) -> None:
     handles, spec, sql, cursors = entry
     sources = ", ".join(f"({oracle.windowed(s, w, now)}) AS x{i}"

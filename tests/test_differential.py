@@ -19,6 +19,7 @@ import hypothesis.strategies as st
 from hypothesis import given
 
 import psoup
+from psoup.options import ModeName
 from psoup.results.result import Changes
 from tests.oracles import Oracle, assert_changes_compose
 from tests.strategies import Scenario, scenarios
@@ -67,7 +68,7 @@ def test_every_mode_agrees_with_duckdb(scenario: Scenario, chunk_rows: int,
         eng._check()
 
 
-def _check(engines: Mapping[str, psoup.Engine], oracle: Oracle, entry: Live,
+def _check(engines: Mapping[ModeName, psoup.Engine], oracle: Oracle, entry: Live,
            now: float) -> None:
     handles, spec, polled = entry
     want = oracle.answer(spec, now)

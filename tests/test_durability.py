@@ -14,6 +14,7 @@ import pytest
 
 import psoup
 from psoup.archive.parquet import Archive
+from psoup.options import ModeName
 from psoup.results.result import Changes, Result
 from tests.support import Clock
 
@@ -44,7 +45,7 @@ def _answers(eng: psoup.Engine, handles: list[str],
 
 @pytest.mark.parametrize("mode", psoup.MODES)
 @pytest.mark.parametrize("checkpoint_bytes", [64 << 20, 4096])
-def test_restart_restores_streams_tuples_handles_and_answers(tmp_path: Path, mode: str,
+def test_restart_restores_streams_tuples_handles_and_answers(tmp_path: Path, mode: ModeName,
                                                             checkpoint_bytes: int) -> None:
     ddl = "CREATE STREAM R (a INT, b INT, name TEXT) RETAIN 60 SECONDS"
     kw: dict[str, Any] = dict(mode=mode, chunk_rows=16, checkpoint_bytes=checkpoint_bytes)

@@ -17,12 +17,12 @@ from numpy.typing import NDArray
 
 from psoup.bits import slot_rows
 from psoup.eddy.eddy import Eddy
+from psoup.plans import SelectionPlan
 from psoup.query import compile_statement
 from psoup.query.model import Query, StreamSchema
 from psoup.results.base import Sink, SinkTable
 from psoup.stems.batch import Batch, make_batch
 from psoup.stems.data_stem import DataSteM
-from psoup.plans import SelectionPlan
 from psoup.stems.query_stem import QuerySteM
 
 #: The `world` fixture: R's schema, its Data SteM by name, the sink table, the eddy.
@@ -49,7 +49,7 @@ class Recorder(Sink):
     def on_unregister(self, slot: int) -> None:
         self.log.append((self.name, "unregister", slot))
 
-    def nbytes(self):
+    def nbytes(self) -> int:
         return 0
 
 
@@ -148,6 +148,6 @@ def test_expiry_reaches_the_sinks_of_the_stream(world: World) -> None:
 
 def test_an_entry_of_no_known_kind_is_refused(world: World) -> None:
     *_, eddy = world
-    eddy.ntp.append(object())
+    eddy.ntp.append(object())  # type: ignore[arg-type]  # no known kind, on purpose
     with pytest.raises(TypeError, match="no route"):
         eddy.run()

@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 
 import psoup
 from psoup import QueryError, SchemaError, UnknownHandle
+from psoup.options import ModeName
 from psoup.results.result import Result
 from tests.support import Clock
 
@@ -22,7 +23,7 @@ def mode(request: pytest.FixtureRequest) -> str:
     return name
 
 
-def make(mode: str, ddl: str = "CREATE STREAM R (a INT, b FLOAT, name TEXT)",
+def make(mode: ModeName, ddl: str = "CREATE STREAM R (a INT, b FLOAT, name TEXT)",
          chunk_rows: int = 4) -> tuple[psoup.Engine, Clock]:
     clock = Clock(1000.0)
     eng = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows)
@@ -38,7 +39,7 @@ def fill(eng: psoup.Engine, n: int = 20, t0: float = 1000.0) -> NDArray[np.int64
 
 # ---------------------------------------------------------------- windows
 
-def test_sliding_window_follows_now(mode: str) -> None:
+def test_sliding_window_follows_now(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT a FROM R BEGIN NOW - 3 END NOW")
     fill(eng)
@@ -46,7 +47,7 @@ def test_sliding_window_follows_now(mode: str) -> None:
     assert [r[0] for r in eng.invoke(h, now=1015.5)] == [13, 14, 15]
 
 
-def test_landmark_window_grows_from_a_fixed_point(mode: str) -> None:
+def test_landmark_window_grows_from_a_fixed_point(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT a FROM R WHERE a < 100 BEGIN 1016 END NOW")
     fill(eng)
@@ -55,28 +56,28 @@ def test_landmark_window_grows_from_a_fixed_point(mode: str) -> None:
     assert [r[0] for r in eng.invoke(h, now=1040.0)] == [16, 17, 18, 19, 0, 1, 2]
 
 
-def test_snapshot_window_is_fixed(mode: str) -> None:
+def test_snapshot_window_is_fixed(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT a FROM R BEGIN 1002 END 1004")
     fill(eng)
     assert eng.invoke(h, now=5000.0).rows == [(2,), (3,), (4,)]
 
 
-def test_iso_timestamp_window(mode: str) -> None:
+def test_iso_timestamp_window(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT a FROM R BEGIN '1970-01-01 00:16:45' END '1970-01-01T00:16:46Z'")
     fill(eng)
     assert eng.invoke(h).rows == [(5,), (6,)]
 
 
-def test_rows_window_takes_last_tuples_before_where(mode: str) -> None:
+def test_rows_window_takes_last_tuples_before_where(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT a FROM R WHERE a < 17 BEGIN (NOW - 5 ROWS) END NOW")
     fill(eng)
     assert eng.invoke(h).rows == [(15,), (16,)]
 
 
-def test_cql_windows(mode: str) -> None:
+def test_cql_windows(mode: ModeName) -> None:
     eng, _ = make(mode)
     rng = eng.register("SELECT a FROM R [RANGE 2 SECONDS]")
     rows = eng.register("SELECT a FROM R [ROWS 2]")
@@ -89,7 +90,7 @@ def test_cql_windows(mode: str) -> None:
     assert eng.invoke(part).rows == [("n2", 17), ("n0", 18), ("n1", 19)]
 
 
-def test_no_window_means_everything_retained(mode: str) -> None:
+def test_no_window_means_everything_retained(mode: ModeName) -> None:
     eng, _ = make(mode, "CREATE STREAM R (a INT, b FLOAT, name TEXT) RETAIN 6 ROWS")
     h = eng.register("SELECT a FROM R WHERE a >= 10")
     fill(eng)
@@ -98,7 +99,7 @@ def test_no_window_means_everything_retained(mode: str) -> None:
 
 # ---------------------------------------------------------------- retention, expiry
 
-def test_expired_tuples_leave_results(mode: str) -> None:
+def test_expired_tuples_leave_results(mode: ModeName) -> None:
     eng, _ = make(mode, "CREATE STREAM R (a INT, b FLOAT, name TEXT) RETAIN 5 SECONDS")
     h = eng.register("SELECT a FROM R WHERE a >= 0")
     fill(eng, n=10)
@@ -108,7 +109,7 @@ def test_expired_tuples_leave_results(mode: str) -> None:
     assert eng.stats()["streams"]["R"]["rows"] == 1
 
 
-def test_new_query_sees_only_retained_data(mode: str) -> None:
+def test_new_query_sees_only_retained_data(mode: ModeName) -> None:
     eng, _ = make(mode, "CREATE STREAM R (a INT, b FLOAT, name TEXT) RETAIN 3 ROWS")
     fill(eng, n=10)
     h = eng.register("SELECT a FROM R")
@@ -117,7 +118,7 @@ def test_new_query_sees_only_retained_data(mode: str) -> None:
 
 # ---------------------------------------------------------------- results
 
-def test_projection_distinct_and_aliases(mode: str) -> None:
+def test_projection_distinct_and_aliases(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT DISTINCT name AS who FROM R WHERE a >= 2")
     fill(eng, n=6)
@@ -127,21 +128,21 @@ def test_projection_distinct_and_aliases(mode: str) -> None:
     assert res.ts.tolist() == [1002.0, 1003.0, 1004.0]
 
 
-def test_ts_and_tuple_id_are_columns(mode: str) -> None:
+def test_ts_and_tuple_id_are_columns(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT tupleID, ts FROM R WHERE ts > 1003 AND tupleID < 6")
     ids = fill(eng, n=8)
     assert eng.invoke(h).rows == [(ids[4], 1004.0), (ids[5], 1005.0)]
 
 
-def test_multi_attribute_factor(mode: str) -> None:
+def test_multi_attribute_factor(mode: ModeName) -> None:
     eng, _ = make(mode, "CREATE STREAM R (a INT, b INT)")
     h = eng.register("SELECT a, b FROM R WHERE a < b - 1 AND a >= 0")
     eng.insert("R", [(0, 1), (0, 2), (3, 9), (-1, 5)], ts=1000.0)
     assert eng.invoke(h).rows == [(0, 2), (3, 9)]
 
 
-def test_results_are_ordered_by_ts_then_tuple_id(mode: str) -> None:
+def test_results_are_ordered_by_ts_then_tuple_id(mode: ModeName) -> None:
     eng, _ = make(mode, "CREATE STREAM R (a INT)")
     h = eng.register("SELECT a FROM R")
     ids = eng.insert("R", [(3,), (1,), (2,)], ts=[5.0, 5.0, 6.0])
@@ -153,7 +154,7 @@ def test_results_are_ordered_by_ts_then_tuple_id(mode: str) -> None:
 
 # ---------------------------------------------------------------- insert forms
 
-def test_insert_accepts_tuples_dicts_and_columns(mode: str) -> None:
+def test_insert_accepts_tuples_dicts_and_columns(mode: ModeName) -> None:
     eng, _ = make(mode, "CREATE STREAM R (a INT, name TEXT)")
     h = eng.register("SELECT a, name FROM R")
     eng.insert("R", [(1, "x")], ts=1.0)
@@ -162,7 +163,7 @@ def test_insert_accepts_tuples_dicts_and_columns(mode: str) -> None:
     assert eng.invoke(h, now=5.0).rows == [(1, "x"), (2, "y"), (3, "z"), (4, "w")]
 
 
-def test_insert_without_ts_uses_the_engine_clock(mode: str) -> None:
+def test_insert_without_ts_uses_the_engine_clock(mode: ModeName) -> None:
     eng, clock = make(mode, "CREATE STREAM R (a INT)")
     clock.now = 1234.5
     eng.insert("R", [(1,)])
@@ -170,7 +171,7 @@ def test_insert_without_ts_uses_the_engine_clock(mode: str) -> None:
     assert eng.invoke(h).ts.tolist() == [1234.5]
 
 
-def test_tuple_ids_increase_across_streams(mode: str) -> None:
+def test_tuple_ids_increase_across_streams(mode: ModeName) -> None:
     eng, _ = make(mode, "CREATE STREAM R (a INT)")
     eng.execute("CREATE STREAM S (a INT)")
     first = eng.insert("R", [(1,), (2,)], ts=1.0)
@@ -179,7 +180,7 @@ def test_tuple_ids_increase_across_streams(mode: str) -> None:
     assert first.tolist() + second.tolist() == sorted(set(first.tolist() + second.tolist()))
 
 
-def test_create_stream_from_python_matches_ddl(mode: str) -> None:
+def test_create_stream_from_python_matches_ddl(mode: ModeName) -> None:
     eng = psoup.Engine(mode=mode, clock=lambda: 0.0)
     eng.create_stream("S", {"b": "int", "c": "float"}, retain="2 rows")
     h = eng.register("SELECT b, c FROM S")
@@ -189,7 +190,7 @@ def test_create_stream_from_python_matches_ddl(mode: str) -> None:
 
 # ---------------------------------------------------------------- handles
 
-def test_handles_are_long_and_unguessable(mode: str) -> None:
+def test_handles_are_long_and_unguessable(mode: ModeName) -> None:
     eng, _ = make(mode)
     handles = {eng.register("SELECT a FROM R") for _ in range(20)}
     assert len(handles) == 20
@@ -221,7 +222,7 @@ def test_handle_randomness_is_never_handed_out_twice_even_across_a_fork() -> Non
         {mine[i:i + 40] for i in range(0, 200, 40)}
 
 
-def test_unregistered_handle_stops_working_and_slot_is_reused(mode: str) -> None:
+def test_unregistered_handle_stops_working_and_slot_is_reused(mode: ModeName) -> None:
     eng, _ = make(mode)
     fill(eng, n=5)
     old = eng.register("SELECT a FROM R WHERE a > 2")
@@ -235,7 +236,7 @@ def test_unregistered_handle_stops_working_and_slot_is_reused(mode: str) -> None
     assert eng.queries() == [(new, "SELECT a FROM R WHERE a < 2")]
 
 
-def test_unknown_handle_is_a_key_error_naming_it(mode: str) -> None:
+def test_unknown_handle_is_a_key_error_naming_it(mode: ModeName) -> None:
     eng, _ = make(mode)
     with pytest.raises(UnknownHandle, match="unknown handle 'nope'"):
         eng.invoke("nope")
@@ -243,14 +244,14 @@ def test_unknown_handle_is_a_key_error_naming_it(mode: str) -> None:
         eng.unregister("nope")
 
 
-def test_contradiction_registers_and_matches_nothing(mode: str) -> None:
+def test_contradiction_registers_and_matches_nothing(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT a FROM R WHERE a > 5 AND a < 3")
     fill(eng)
     assert eng.invoke(h).rows == []
 
 
-def test_stats_report_streams_queries_and_memory(mode: str) -> None:
+def test_stats_report_streams_queries_and_memory(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT a FROM R WHERE a < 3")
     fill(eng)
@@ -287,7 +288,7 @@ def snapshot(eng: psoup.Engine, handles: list[str]) -> tuple[object, ...]:
     ([(1, 1.0, "x")], float("inf"), "not a finite number"),
     ("abc", 1.0, "rows must be"),
 ])
-def test_bad_batch_is_rejected_whole(mode: str, rows: Any, ts: Any, message: str) -> None:
+def test_bad_batch_is_rejected_whole(mode: ModeName, rows: Any, ts: Any, message: str) -> None:
     eng, _ = make(mode)
     handles = [eng.register("SELECT a FROM R")]
     fill(eng)
@@ -309,7 +310,7 @@ def test_bad_batch_is_rejected_whole(mode: str, rows: Any, ts: Any, message: str
     ("SELECT a FROM R WHERE", "line 1"),
     ("CREATE STREAM R (a INT)", "already exists"),
 ])
-def test_bad_statement_is_rejected_and_registers_nothing(mode: str, sql: str,
+def test_bad_statement_is_rejected_and_registers_nothing(mode: ModeName, sql: str,
                                                         message: str) -> None:
     eng, _ = make(mode)
     handles = [eng.register("SELECT a FROM R")]
@@ -320,13 +321,13 @@ def test_bad_statement_is_rejected_and_registers_nothing(mode: str, sql: str,
     assert snapshot(eng, handles) == before
 
 
-def test_insert_into_unknown_stream_names_the_known_ones(mode: str) -> None:
+def test_insert_into_unknown_stream_names_the_known_ones(mode: ModeName) -> None:
     eng, _ = make(mode)
     with pytest.raises(QueryError, match=r"unknown stream 'X' \(streams: R\)"):
         eng.insert("X", [(1,)])
 
 
-def test_a_stream_or_statement_that_is_not_a_string_is_a_query_error(mode: str) -> None:
+def test_a_stream_or_statement_that_is_not_a_string_is_a_query_error(mode: ModeName) -> None:
     eng, _ = make(mode)
     handles = [eng.register("SELECT * FROM R WHERE a > 1")]
     eng.insert("R", [(2, 1.0, "x")], ts=1000.0)
@@ -341,7 +342,7 @@ def test_a_stream_or_statement_that_is_not_a_string_is_a_query_error(mode: str) 
     assert snapshot(eng, handles) == before
 
 
-def test_registrations_beyond_max_queries_are_refused_and_change_nothing(mode: str,
+def test_registrations_beyond_max_queries_are_refused_and_change_nothing(mode: ModeName,
                                                                         tmp_path: Path) -> None:
     eng = psoup.Engine(mode=mode, path=str(tmp_path), max_queries=2, clock=Clock(1000.0))
     eng.execute("CREATE STREAM R (a INT)")
@@ -466,13 +467,13 @@ def test_limits_must_be_positive_integers() -> None:
 
 def test_bad_mode_and_sync_are_rejected() -> None:
     with pytest.raises(ValueError, match="unknown mode"):
-        psoup.Engine(mode="fast")
+        psoup.Engine(mode="fast")  # type: ignore[arg-type]  # wrong on purpose
     with pytest.raises(ValueError, match="unknown sync"):
-        psoup.Engine(sync="sometimes")
+        psoup.Engine(sync="sometimes")  # type: ignore[arg-type]  # wrong on purpose
 
 
 @pytest.mark.parametrize("mode", ["partial", "complete"])
-def test_a_slot_a_join_left_reads_only_its_new_querys_matches(mode: str) -> None:
+def test_a_slot_a_join_left_reads_only_its_new_querys_matches(mode: ModeName) -> None:
     """PSoup-P's chunks hold the probe's bits of every slot on the stream (a join's
     local slots too); a slot reused by a selection must not inherit them."""
     eng = psoup.Engine(mode=mode, chunk_rows=16)
@@ -503,7 +504,7 @@ def test_many_queries_widen_the_bitmap_by_exact_words() -> None:
 
 # ---------------------------------------------------------------- the catalog
 
-def test_show_streams_lists_every_stream_with_its_counts(mode: str) -> None:
+def test_show_streams_lists_every_stream_with_its_counts(mode: ModeName) -> None:
     eng, _ = make(mode, "CREATE STREAM R (a INT, b FLOAT, name TEXT) RETAIN 2 HOURS")
     eng.execute("CREATE STREAM S (c BOOL) RETAIN 10 ROWS")
     eng.register("SELECT a FROM R WHERE a > 3")
@@ -518,7 +519,7 @@ def test_show_streams_lists_every_stream_with_its_counts(mode: str) -> None:
     assert eng.streams() == ["R", "S"]
 
 
-def test_describe_is_one_stream_of_show_streams(mode: str) -> None:
+def test_describe_is_one_stream_of_show_streams(mode: ModeName) -> None:
     eng, _ = make(mode)
     fill(eng, 3)
     described = eng.execute("DESCRIBE R")
@@ -527,7 +528,7 @@ def test_describe_is_one_stream_of_show_streams(mode: str) -> None:
     assert eng.describe("R")["latest_ts"] == 1002.0
 
 
-def test_show_queries_lists_handles_and_sql(mode: str) -> None:
+def test_show_queries_lists_handles_and_sql(mode: ModeName) -> None:
     eng, _ = make(mode)
     h = eng.register("SELECT a FROM R WHERE a > 3")
     shown = eng.execute("SHOW QUERIES")
@@ -535,7 +536,7 @@ def test_show_queries_lists_handles_and_sql(mode: str) -> None:
     assert shown.rows == [(h, "SELECT a FROM R WHERE a > 3")]
 
 
-def test_drop_stream_refused_while_queries_read_it_changes_nothing(mode: str) -> None:
+def test_drop_stream_refused_while_queries_read_it_changes_nothing(mode: ModeName) -> None:
     eng, _ = make(mode)
     eng.execute("CREATE STREAM S (c INT)")
     h = eng.register("SELECT * FROM R, S WHERE R.a = S.c")
@@ -548,7 +549,7 @@ def test_drop_stream_refused_while_queries_read_it_changes_nothing(mode: str) ->
     eng._check()
 
 
-def test_drop_stream_cascade_unregisters_its_queries_only(mode: str) -> None:
+def test_drop_stream_cascade_unregisters_its_queries_only(mode: ModeName) -> None:
     eng, _ = make(mode)
     eng.execute("CREATE STREAM S (c INT)")
     keep = eng.register("SELECT a FROM R WHERE a > 3")
@@ -565,7 +566,7 @@ def test_drop_stream_cascade_unregisters_its_queries_only(mode: str) -> None:
     eng._check()
 
 
-def test_a_stream_created_after_its_drop_starts_empty(mode: str) -> None:
+def test_a_stream_created_after_its_drop_starts_empty(mode: ModeName) -> None:
     eng, _ = make(mode)
     eng.register("SELECT a FROM R WHERE a > 3")
     fill(eng)
@@ -579,7 +580,7 @@ def test_a_stream_created_after_its_drop_starts_empty(mode: str) -> None:
     eng._check()
 
 
-def test_drop_of_an_unknown_stream_is_an_error(mode: str) -> None:
+def test_drop_of_an_unknown_stream_is_an_error(mode: ModeName) -> None:
     eng, _ = make(mode)
     with pytest.raises(QueryError, match="unknown stream 'S' \\(streams: R\\)"):
         eng.execute("DROP STREAM S")

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import psoup
+from psoup.options import ModeName
 
 BIG = 2**62
 
@@ -26,7 +27,7 @@ def mode(request: pytest.FixtureRequest) -> str:
     return name
 
 
-def answers(mode: str, ddl: str, stream: str, batches: list[list[tuple[Any, ...]]],
+def answers(mode: ModeName, ddl: str, stream: str, batches: list[list[tuple[Any, ...]]],
             sql: str) -> list[list[tuple[Any, ...]]]:
     """The query's rows when registered before the data and when registered after."""
     out: list[list[tuple[Any, ...]]] = []
@@ -41,7 +42,7 @@ def answers(mode: str, ddl: str, stream: str, batches: list[list[tuple[Any, ...]
     return out
 
 
-def test_float_join_offset_is_evaluated_as_written(mode: str) -> None:
+def test_float_join_offset_is_evaluated_as_written(mode: ModeName) -> None:
     # 1.575 + 1 == 2.575 in doubles, so b.x > a.x + 1 does not hold for (1.575, 2.575)
     assert 1.575 + 1 == 2.575 and 2.575 - 1 > 1.575
     before, after = answers(mode, "CREATE STREAM T (x FLOAT)", "T", [[(1.575,)], [(2.575,)]],
@@ -52,7 +53,7 @@ def test_float_join_offset_is_evaluated_as_written(mode: str) -> None:
     assert before == after == [(1.575, 2.575)]
 
 
-def test_float_column_offset_is_evaluated_as_written(mode: str) -> None:
+def test_float_column_offset_is_evaluated_as_written(mode: ModeName) -> None:
     # 0.1 + 0.2 > 0.3 in doubles
     before, after = answers(mode, "CREATE STREAM T (x FLOAT, y FLOAT)", "T",
                             [[(0.3, 0.1), (0.30000000000000004, 0.1)]],
@@ -71,14 +72,14 @@ def test_float_column_offset_is_evaluated_as_written(mode: str) -> None:
     ("SELECT r1.a FROM R r1, R r2 WHERE r2.b > r1.a + 0.5", [(BIG,)]),     # 1 > 0.5
     ("SELECT r1.a FROM R r1, R r2 WHERE r2.b <= r1.a + 0.5", []),
 ])
-def test_int_compared_with_int_plus_a_float_offset_is_exact(mode: str, sql: str,
+def test_int_compared_with_int_plus_a_float_offset_is_exact(mode: ModeName, sql: str,
                                                             want: list[tuple[int]]) -> None:
     before, after = answers(mode, "CREATE STREAM R (a INT, b INT)", "R", [[(BIG, BIG + 1)]],
                             sql)
     assert before == after == want
 
 
-def test_int_plus_an_offset_beyond_int64_does_not_wrap(mode: str) -> None:
+def test_int_plus_an_offset_beyond_int64_does_not_wrap(mode: ModeName) -> None:
     top = 2**63 - 1
     before, after = answers(mode, "CREATE STREAM R (a INT, b INT)", "R", [[(top, top)]],
                             "SELECT a FROM R WHERE a < b + 1")
@@ -105,7 +106,7 @@ def test_int_plus_an_offset_beyond_int64_does_not_wrap(mode: str) -> None:
     ("SELECT a FROM R WHERE a > x - 1", []),
     ("SELECT a FROM R WHERE a = x - 1", [(2**53 + 1,)]),
 ])
-def test_int_side_is_exact_then_rounded_once_against_a_float(mode: str, sql: str,
+def test_int_side_is_exact_then_rounded_once_against_a_float(mode: ModeName, sql: str,
                                                              want: list[tuple[int]]) -> None:
     before, after = answers(mode, "CREATE STREAM R (a INT, x FLOAT)", "R",
                             [[(2**53 + 1, float(2**53 + 2))]], sql)

@@ -25,6 +25,7 @@ import pytest
 import psoup
 from psoup.archive.sampling import in_order
 from psoup.errors import PSoupError, QueryError
+from psoup.options import ModeName
 from tests.support import Clock
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
@@ -99,7 +100,7 @@ def _check(eng: psoup.Engine, handles: dict[str, str], con: duckdb.DuckDBPyConne
 
 @pytest.mark.parametrize("mode", psoup.MODES)
 def test_hybrid_answers_equal_duckdb_over_archive_files_plus_memory(tmp_path: Path,
-                                                                    mode: str) -> None:
+                                                                    mode: ModeName) -> None:
     gen = np.random.default_rng(5)
     clock = Clock(0.0)
     eng = psoup.Engine(path=str(tmp_path / "state"), mode=mode, clock=clock, chunk_rows=8)
@@ -418,7 +419,7 @@ def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(
 
 @pytest.mark.parametrize("mode", psoup.MODES)
 def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path: Path,
-                                                                  mode: str) -> None:
+                                                                  mode: ModeName) -> None:
     """Tiers saved at checkpoints (each checkpoint saves the matches new
     since the last) come back at the next start without a Spark job, follow the horizon
     from there, and equal DuckDB over archive plus memory; an unregistered query's

@@ -24,12 +24,13 @@ import pytest
 from hypothesis import event, given, settings
 
 import psoup
+from psoup.options import ROUTING_NAMES, ModeName, RoutingName
 from psoup.results.result import Changes, Result
 from tests.oracles import JoinOracle, as_triples, expected_changes
 from tests.strategies import Scenario, join_scenarios
 from tests.support import Clock, create, insert_stepped
 
-ROUTINGS = ("adaptive", "fixed")
+ROUTINGS: tuple[RoutingName, ...] = ROUTING_NAMES
 ENGINE_KINDS = [(m, r) for m in psoup.MODES for r in ROUTINGS]
 
 #: The `make_engine` fixture: make(clock=None, chunk_rows=2) -> an engine of one kind.
@@ -788,7 +789,7 @@ def test_since_cursor_on_a_self_join_counts_each_pair(make_engine: MakeEngine) -
 # ----------------------------------------------------------------------------------
 # Groups: join queries sharing streams and join factors share one structure (Sect. 5.4)
 
-def _group_engine(mode: str, shared: bool = True) -> psoup.Engine:
+def _group_engine(mode: ModeName, shared: bool = True) -> psoup.Engine:
     eng = psoup.Engine(mode=mode, clock=Clock(100.0), chunk_rows=4, shared_joins=shared)
     eng.execute("CREATE STREAM R (a INT, x INT)")
     eng.execute("CREATE STREAM S (b INT, y INT)")
@@ -803,7 +804,7 @@ def _brute(r_rows: list[tuple[int, int]], s_rows: list[tuple[int, int]], rx: int
 
 
 @pytest.mark.parametrize("mode", ["partial", "complete"])
-def test_siblings_share_one_group_and_each_gets_its_own_answer(mode: str) -> None:
+def test_siblings_share_one_group_and_each_gets_its_own_answer(mode: ModeName) -> None:
     eng = _group_engine(mode)
     r_rows = [(1, 5), (2, 9), (1, 1), (3, 7)]
     s_rows = [(1, 0), (1, 8), (2, 3), (3, 9)]
@@ -834,7 +835,7 @@ def test_siblings_share_one_group_and_each_gets_its_own_answer(mode: str) -> Non
 
 
 @pytest.mark.parametrize("mode", ["partial", "complete"])
-def test_a_member_leaving_clears_its_bits_and_its_index_is_reused_clean(mode: str) -> None:
+def test_a_member_leaving_clears_its_bits_and_its_index_is_reused_clean(mode: ModeName) -> None:
     eng = _group_engine(mode)
     sql = "SELECT R.a FROM R, S WHERE R.a = S.b AND R.x > {} AND S.y < 100"
     wide = eng.register(sql.format(0))
@@ -930,7 +931,7 @@ def test_joins_agree_with_duckdb_in_every_mode_and_routing(scenario: Scenario,
                 _check_join(engines, oracle, entry, clock.now + op[1], True)
 
 
-def _check_join(engines: Mapping[tuple[str, str], psoup.Engine], oracle: JoinOracle,
+def _check_join(engines: Mapping[tuple[ModeName, RoutingName], psoup.Engine], oracle: JoinOracle,
                 entry: list[Any], now: float, use_since: bool) -> None:
     kind, handles, spec, sql = entry[:4]
     if kind == "select":
@@ -958,7 +959,8 @@ def _check_join(engines: Mapping[tuple[str, str], psoup.Engine], oracle: JoinOra
     entry[5] = want
 
 
-def _check_selection(engines: Mapping[tuple[str, str], psoup.Engine], oracle: JoinOracle,
+def _check_selection(engines: Mapping[tuple[ModeName, RoutingName], psoup.Engine],
+                     oracle: JoinOracle,
                      handles: dict[tuple[str, str], str], spec: dict[str, Any], sql: str,
                      now: float) -> None:
     want = oracle.answer(spec, now)

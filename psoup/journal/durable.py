@@ -18,6 +18,7 @@ and a failed apply stops it all the same.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -70,7 +71,8 @@ class Durability:
     Costs: each log call O(record); `checkpoint` O(retained tuples); `recover` O(log).
     """
 
-    def __init__(self, path: str | Path | None, sync: SyncName, checkpoint_bytes: int,
+    def __init__(self, path: str | os.PathLike[str] | None, sync: SyncName,
+                 checkpoint_bytes: int,
                  checkpoint_seconds: float | None):
         self.path = None if path is None else Path(path)
         self.journal = (None if path is None else

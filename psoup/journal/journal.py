@@ -115,7 +115,7 @@ class Journal:
             retained state, not days of records.
     """
 
-    def __init__(self, path: str | Path, sync: SyncName | Sync = "always",
+    def __init__(self, path: str | os.PathLike[str], sync: SyncName | Sync = "always",
                  checkpoint_bytes: int = 64 << 20, checkpoint_seconds: float | None = 3600.0):
         self.path = Path(path)
         make_dir(self.path, private=True)                           # tuples are private

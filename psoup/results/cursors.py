@@ -47,6 +47,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 import secrets
 import struct
 from collections import Counter, OrderedDict
@@ -285,7 +286,7 @@ def _size(answer: Result) -> int:
     return size + 64 * len(answer) * (len(answer.columns) + 1)
 
 
-def cursor_secret(directory: str | Path) -> bytes:
+def cursor_secret(directory: str | os.PathLike[str]) -> bytes:
     """The MAC key of the cursors of the engine whose data directory is `directory`:
     read from its `cursor.key`, made (owner-only, written whole and fsync'ed) when
     missing or unreadable. O(1).
