@@ -23,7 +23,7 @@ and checkpoints the table, so it survives restarts.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -120,4 +120,4 @@ class ProducerTable:
             seqs = [s for s, _, _ in batches]
             assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), (producer, seqs)
             ends = [(first, first + n) for _, first, n in batches]
-            assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:])), (producer, ends)
+            assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:], strict=False)), (producer, ends)

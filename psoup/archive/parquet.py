@@ -23,23 +23,29 @@ expired rows again without any being archived twice.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
-from numpy.typing import ArrayLike
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from numpy.typing import ArrayLike
 
-from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
-from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
-                                  TUPLE_ID_COLUMN,
-                                  arrow_schema, part_path)
+from psoup.archive.layout import (
+    ARROW_TYPES,
+    PART_NAME,
+    SECONDS_PER_DAY,
+    TS_COLUMN,
+    TUPLE_ID_COLUMN,
+    arrow_schema,
+    part_path,
+)
 from psoup.archive.rollups import Rollups
 from psoup.archive.sampling import in_order, write_runs
 from psoup.errors import SchemaError
+from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
 from psoup.query.model import TS, TUPLE_ID
 from psoup.stems.batch import DTYPES
 
@@ -221,7 +227,7 @@ class Archive:
         # SteM chunk's) memory before holding on to it.
         arrays = [pa.array(np.array(ts[start:]), pa.float64()),
                   pa.array(np.array(tids[start:]), pa.int64())]
-        for (name, ctype), column in zip(columns, values):
+        for (name, ctype), column in zip(columns, values, strict=True):
             part = column[start:]
             try:
                 arrays.append(pa.array(part if ctype == "text" else np.array(part),
@@ -275,7 +281,7 @@ class Archive:
         written: list[Path] = []
         done = 0
         try:
-            for a, b in zip(cuts, cuts[1:]):
+            for a, b in zip(cuts, cuts[1:], strict=False):
                 first, last = tids[a].as_py(), tids[b - 1].as_py()
                 path = part_path(self.root, stream, float(ts[a]), first, last)
                 date_dir = path.parent
@@ -398,14 +404,14 @@ def _checked(stream: str, columns: Sequence[tuple[str, str]],
         if name not in data:
             raise SchemaError(f"stream '{stream}': the rows to archive lack column '{name}'")
     arrays = []
-    for name, ctype in zip(names, ("int", "float", *(t for _, t in columns))):
+    for name, ctype in zip(names, ("int", "float", *(t for _, t in columns)), strict=True):
         try:
             arrays.append(np.asarray(data[name], dtype=DTYPES[ctype]))
         except (TypeError, ValueError) as e:
             raise SchemaError(f"stream '{stream}', column '{name}': not {ctype} values "
                               f"({e})") from None
     n = len(arrays[0]) if arrays[0].ndim == 1 else -1
-    for name, column in zip(names, arrays):
+    for name, column in zip(names, arrays, strict=True):
         if column.ndim != 1 or len(column) != n:
             raise SchemaError(f"stream '{stream}': columns to archive must be 1-d and of "
                               f"one length; '{name}' has shape {column.shape}")

@@ -43,16 +43,17 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from psoup.archive.layout import (PART_NAME, SAMPLE_COLUMN, TS_COLUMN, TUPLE_ID_COLUMN)
+from psoup.archive.layout import PART_NAME, SAMPLE_COLUMN, TS_COLUMN, TUPLE_ID_COLUMN
 from psoup.errors import ArchiveError
 from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
 
@@ -168,8 +169,8 @@ def summarize(table: pa.Table, grain: str) -> pa.Table:
             values = values.astype(np.int64, copy=False)
             high = reduce(np.add, values >> _LOW).tolist()
             low = reduce(np.add, values & _LOW_MASK).tolist()
-            columns[f"{name}_sum"] = pa.array([(h << _LOW) + lo for h, lo in zip(high, low)],
-                                              _INT_SUM)
+            columns[f"{name}_sum"] = pa.array(
+                [(h << _LOW) + lo for h, lo in zip(high, low, strict=True)], _INT_SUM)
             arrow = pa.int64()
         else:
             values = values.astype(np.float64, copy=False)
@@ -566,7 +567,7 @@ class Rollups:
         `Archive.drop` forgets the part files; called before it, so that a crash
         between the two leaves parts without copies, never copies without parts).
         O(copies of the stream)."""
-        for _, _, first, last, path in list(self._copy_files(stream)):
+        for _, _, _, last, path in list(self._copy_files(stream)):
             if last < below:
                 path.unlink()
         if (self.folder / f"stream={stream}").is_dir():
@@ -743,7 +744,7 @@ class Rollups:
         assert on_disk == {s: c for s, c in self._copies.items() if c}, "index of copies"
         for stream, parts in self._parts.items():
             ranges = sorted(parts)
-            assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])), stream
+            assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)), stream
             cov = self.coverage(stream)
             assert (cov.firsts <= cov.lasts).all() and (cov.lasts[:-1] < cov.firsts[1:]).all()
         assert self._cached == sum(b.nbytes() for b in self._cache.values()) <= CACHE_BYTES
@@ -751,10 +752,10 @@ class Rollups:
             assert part in self.complete(stream), "only complete parts are read"
             fresh = _decode(pq.read_table(copy_path(self.folder, stream, grain, *part)),
                             columns)
-            for a, b in zip(got[:4], fresh[:4]):
+            for a, b in zip(got[:4], fresh[:4], strict=True):
                 assert np.array_equal(a, b), "a cached copy equals its file"
             for c, _ in columns:
-                for a, b in zip(got.columns[c], fresh.columns[c]):
+                for a, b in zip(got.columns[c], fresh.columns[c], strict=True):
                     assert a.tolist() == b.tolist(), c
 
 

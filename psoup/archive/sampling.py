@@ -29,7 +29,8 @@ archive reshape` rewrites it in this layout.
 
 from __future__ import annotations
 
-from typing import IO, Sequence
+from collections.abc import Sequence
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -102,7 +103,7 @@ def write_run(writer, table: pa.Table, rng: np.random.Generator) -> None:
     order = np.argsort(group, kind="stable")         # stable: tupleID order in a group
     bounds = np.searchsorted(group[order], np.arange(groups + 1)).tolist()
     ordered = table.take(pa.array(order))
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in zip(bounds, bounds[1:], strict=False):
         if b > a:
             writer.write_table(ordered.slice(a, b - a), row_group_size=b - a)
 

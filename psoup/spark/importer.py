@@ -25,23 +25,31 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from psoup.archive.layout import (SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN, arrow_schema,
-                                  part_path, stream_columns)
+from psoup.archive.layout import (
+    SECONDS_PER_DAY,
+    TS_COLUMN,
+    TUPLE_ID_COLUMN,
+    arrow_schema,
+    part_path,
+    stream_columns,
+)
 from psoup.archive.parquet import Archive
 from psoup.archive.rollups import Rollups, folder_for
 from psoup.archive.sampling import sampled_schema, write_run
-from psoup.fsync import fsync_dir
 from psoup.errors import ArchiveError
 from psoup.formats import input_format
+from psoup.fsync import fsync_dir
 from psoup.spark.session import spark_error
 
 #: The input formats, and the file name endings that imply them.
@@ -123,7 +131,7 @@ def import_files(files: Sequence[str | Path], stream: str,
         formats = [input_format(f, fmt)[0] for f in files]
     except ValueError as exc:
         raise ArchiveError(str(exc)) from None
-    for path, fm in zip(files, formats):          # seconds, before Spark's start
+    for path, fm in zip(files, formats, strict=True):          # seconds, before Spark's start
         _preflight(Path(path), fm, columns, ts_column)
     archive = Archive(into)
     _check_archived_schema(archive, stream, columns)
@@ -132,7 +140,7 @@ def import_files(files: Sequence[str | Path], stream: str,
     from psoup.spark.session import spark_session
     spark = spark_session(master, conf)
     typed = [_typed(spark, Path(f), i, fm, columns, ts_column)
-             for i, (f, fm) in enumerate(zip(files, formats))]
+             for i, (f, fm) in enumerate(zip(files, formats, strict=True))]
     frame = typed[0]
     for other in typed[1:]:
         frame = frame.unionByName(other)
@@ -433,15 +441,11 @@ def _remove_written(root: Path, stream: str, first: int, last: int) -> None:
     for path in (root / f"stream={stream}").glob("date=*/part-*"):
         match = re.match(r"part-(\d{20})[-.]", path.name)
         if match and first <= int(match.group(1)) <= last:
-            try:
+            with suppress(OSError):
                 path.unlink()
-            except OSError:
-                pass
     for day in (root / f"stream={stream}").glob("date=*"):
-        try:
+        with suppress(OSError):
             day.rmdir()                 # only if the failed import left it empty
-        except OSError:
-            pass
 
 
 class _DayFile:
@@ -495,11 +499,12 @@ def _write_partition(root: str, stream: str, schema: pa.Schema,
         if not batch.num_rows:
             continue
         batch = pa.RecordBatch.from_arrays(
-            [col.cast(field.type) for col, field in zip(batch.columns, schema)], schema=schema)
+            [col.cast(field.type) for col, field in zip(batch.columns, schema, strict=True)],
+            schema=schema)
         ts = batch.column(0).to_numpy()
         days = np.floor_divide(ts, SECONDS_PER_DAY).astype(np.int64)
         cuts = [0, *(np.flatnonzero(days[1:] != days[:-1]) + 1).tolist(), len(days)]
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in zip(cuts, cuts[1:], strict=False):
             if current is not None and current.day != days[a]:
                 yield current.close()
                 current = None

@@ -15,9 +15,9 @@ sampled layout are skipped, on their footers).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from psoup.archive.layout import PART_NAME, check_part, stream_columns
 from psoup.errors import ArchiveError

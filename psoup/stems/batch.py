@@ -78,7 +78,7 @@ def _columns_of(schema: StreamSchema, rows: Any) -> dict[str, Any]:
         columns = {name: rows[name] for name in names}
         lengths = [len(values) for values in columns.values()]
         if lengths and lengths.count(lengths[0]) != len(lengths):
-            detail = ", ".join(f"{k}={v}" for k, v in zip(columns, lengths))
+            detail = ", ".join(f"{k}={v}" for k, v in zip(columns, lengths, strict=True))
             raise SchemaError(f"stream '{schema.name}': columns have different lengths ({detail})")
         return columns
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
@@ -92,13 +92,13 @@ def _columns_of(schema: StreamSchema, rows: Any) -> dict[str, Any]:
             _check_names(schema, r.keys(), f"row {i}")
         return {name: [r[name] for r in rows] for name in names}
     for i, r in enumerate(rows):
-        if isinstance(r, Mapping) or isinstance(r, (str, bytes)) or not isinstance(r, Sequence):
+        if isinstance(r, (Mapping, str, bytes)) or not isinstance(r, Sequence):
             raise SchemaError(f"stream '{schema.name}', row {i}: expected a tuple of "
                               f"{len(names)} values ({', '.join(names)}), got {r!r}")
         if len(r) != len(names):
             raise SchemaError(f"stream '{schema.name}', row {i}: expected {len(names)} values "
                               f"({', '.join(names)}), got {len(r)}")
-    return dict(zip(names, (list(c) for c in zip(*rows))))
+    return dict(zip(names, (list(c) for c in zip(*rows, strict=True)), strict=True))
 
 
 def _check_names(schema: StreamSchema, keys: Any, where: str) -> None:

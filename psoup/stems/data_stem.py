@@ -24,8 +24,9 @@ import math
 import sys
 import weakref
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -612,7 +613,8 @@ class DataSteM:
         if self._blocks is not None:
             table, blocks = self._blocks
             assert table[:, 0].tolist() == [c.block.ctypes.data for c in self._chunks] and \
-                all(b is c.block for b, c in zip(blocks, self._chunks)), "stale block list"
+                all(b is c.block for b, c in zip(blocks, self._chunks, strict=True)), \
+                "stale block list"
         assert len(self._spare) <= SPARE_CHUNKS and all(
             c.n == 0 and not c.index and all(c is not k for k in self._chunks)
             for c in self._spare), "a spare chunk is empty and not in use"
@@ -642,7 +644,7 @@ class DataSteM:
     def nbytes(self) -> int:
         total = 0
         for chunk in self._chunks:
-            for name, arr in chunk.cols.items():
+            for arr in chunk.cols.values():
                 total += arr.nbytes if arr.dtype != object else arr.nbytes + 50 * chunk.n
             for order, values in chunk.index.values():
                 total += order.nbytes + values.nbytes
@@ -660,10 +662,10 @@ def _typed(words: np.ndarray, names: Sequence[str], dtypes: Sequence[np.dtype]
     column i's dtype (no copy): the array viewed once per dtype, then a row of that view
     per column (an invocation's fixed cost: a view per column costs twice as much)."""
     if len(set(dtypes)) == 1:           # the common case: rows of one view
-        return dict(zip(names, words.view(dtypes[0])))
+        return dict(zip(names, words.view(dtypes[0]), strict=True))
     views: dict[np.dtype, np.ndarray] = {}
     out = {}
-    for i, (name, dt) in enumerate(zip(names, dtypes)):
+    for i, (name, dt) in enumerate(zip(names, dtypes, strict=True)):
         view = views.get(dt)
         if view is None:
             view = views[dt] = words.view(dt)
@@ -688,7 +690,7 @@ def chunk_runs(positions: np.ndarray, cap: int) -> Iterator[tuple[int, int, int]
     # one binary search per chunk boundary: O(chunks log n), not a pass over positions
     cuts = [0, *np.searchsorted(positions, np.arange(first + 1, last + 1) * cap).tolist(),
             len(positions)]
-    for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]), start=first):
+    for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True), start=first):
         if b > a:
             yield k, a, b
 
@@ -708,7 +710,7 @@ def _ranges(sorted_values: np.ndarray, pred: AttrPredicate) -> list[tuple[int, i
         keys = sorted(pred.eq)
         lo = np.searchsorted(sorted_values, keys, side="left")
         hi = np.searchsorted(sorted_values, keys, side="right")
-        return [(int(a), int(b)) for a, b in zip(lo, hi) if a < b]
+        return [(int(a), int(b)) for a, b in zip(lo, hi, strict=True) if a < b]
     a = 0 if pred.lo is None else int(np.searchsorted(
         sorted_values, pred.lo, side="right" if pred.lo_open else "left"))
     b = len(sorted_values) if pred.hi is None else int(np.searchsorted(

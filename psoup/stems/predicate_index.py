@@ -348,7 +348,7 @@ def _cell_samples(keys: np.ndarray) -> np.ndarray:
         return keys
     k = keys.astype(np.float64) if keys.dtype.kind == "f" else keys.astype(object)
     inner = [(a + b) / 2 if keys.dtype.kind == "f" else a + 1
-             for a, b in zip(k[:-1], k[1:]) if (b - a > 1 or keys.dtype.kind == "f")]
+             for a, b in zip(k[:-1], k[1:], strict=True) if (b - a > 1 or keys.dtype.kind == "f")]
     ends = [k[0] - 1, k[-1] + 1]
     values = sorted(set(list(k) + inner + ends))
     try:

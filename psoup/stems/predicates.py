@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Callable, Mapping
 
 import numpy as np
 
