@@ -11,7 +11,7 @@ Aggregates and GROUP BY are checked here too (docs/semantics.md, "Aggregates").
 from __future__ import annotations
 
 from collections import Counter
-from typing import Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
 
 from psoup.errors import QueryError
 from psoup.query.model import (
@@ -19,6 +19,7 @@ from psoup.query.model import (
     IMPLICIT_COLUMNS,
     Catalog,
     ColumnFactor,
+    ColumnType,
     JoinFactor,
     Query,
     Sample,
@@ -64,17 +65,21 @@ from psoup.query.syntax import (
 from psoup.query.timeparse import ROW, UNIT_SECONDS, timestamp_seconds
 from psoup.query.tokens import Pos
 
+_INT, _FLOAT, _TEXT, _BOOL = ColumnType.INT, ColumnType.FLOAT, ColumnType.TEXT, ColumnType.BOOL
+
 #: Accepted type names (upper case) -> the model's type.
 TYPE_NAMES = {
-    "INT": "int", "INTEGER": "int", "BIGINT": "int",
-    "FLOAT": "float", "DOUBLE": "float", "REAL": "float",
-    "TEXT": "text", "VARCHAR": "text", "STRING": "text",
-    "BOOL": "bool", "BOOLEAN": "bool",
+    "INT": _INT, "INTEGER": _INT, "BIGINT": _INT,
+    "FLOAT": _FLOAT, "DOUBLE": _FLOAT, "REAL": _FLOAT,
+    "TEXT": _TEXT, "VARCHAR": _TEXT, "STRING": _TEXT,
+    "BOOL": _BOOL, "BOOLEAN": _BOOL,
 }  # fmt: skip
 
+_NUMBERS = (_INT, _FLOAT)
 
-def parse_type(name: str) -> str:
-    """The model type ("int", "float", "text" or "bool") of a type name, in any case.
+
+def parse_type(name: str) -> ColumnType:
+    """The model type (a `ColumnType`) of a type name, in any case.
 
     Args:
         name: INT, INTEGER, BIGINT, FLOAT, DOUBLE, REAL, TEXT, VARCHAR, STRING, BOOL or
@@ -87,7 +92,7 @@ def parse_type(name: str) -> str:
         QueryError: an unknown type name; the message lists the known ones.
 
     Example:
-        >>> parse_type("Integer"), parse_type("double"), parse_type("BOOL")
+        >>> parse_type("Integer").value, parse_type("double").value, parse_type("BOOL").value
         ('int', 'float', 'bool')
     """
     return _type_at(name, None)
@@ -116,7 +121,7 @@ def check_retain(retain: Retain) -> tuple[float | None, int | None]:
 
 def check(
     statement: Statement, schemas: Mapping[str, StreamSchema], sql: str
-) -> Union[StreamSchema, Query, Catalog]:
+) -> StreamSchema | Query | Catalog:
     """Check a parsed statement against the existing streams.
 
     Args:
@@ -165,7 +170,7 @@ def _check_create(stmt: CreateStream, schemas: Mapping[str, StreamSchema]) -> St
     _check_name("stream", stmt.name, stmt.name_pos)
     if stmt.name in schemas:
         raise QueryError(f"stream '{stmt.name}' already exists", *stmt.name_pos)
-    columns: list[tuple[str, str]] = []
+    columns: list[tuple[str, ColumnType]] = []
     for col in stmt.columns:
         _check_name("column", col.name, col.pos)
         if col.name in IMPLICIT_COLUMNS:
@@ -204,7 +209,7 @@ def _check_select(stmt: Select, schemas: Mapping[str, StreamSchema], sql: str) -
     sources = []
     samples = [_sample(item, len(stmt.sources)) for item in stmt.sources]
     for schema, name, window, factors, sample in zip(scope.schemas, scope.names, windows,
-                                                     local, samples):
+                                                     local, samples, strict=True):
         predicates, column_factors = normalize_factors(factors)
         sources.append(Source(schema.name, name, window, predicates, column_factors,
                               sample))
@@ -287,7 +292,7 @@ class _Scope:
             raise QueryError(f"stream '{qualifier}' in '{display}' is not in FROM {listing}", *pos)
         raise QueryError(f"unknown stream or alias '{qualifier}' in '{display}' {listing}", *pos)
 
-    def resolve(self, ref: ColumnRef, within: int | None = None) -> tuple[int, str]:
+    def resolve(self, ref: ColumnRef, within: int | None = None) -> tuple[int, ColumnType]:
         """The FROM item whose column `ref` names, and the column's type.
 
         Args:
@@ -338,7 +343,7 @@ class _Scope:
     def _listing(self) -> str:
         return ", ".join(
             name if name == schema.name else f"{name} ({schema.name})"
-            for name, schema in zip(self.names, self.schemas)
+            for name, schema in zip(self.names, self.schemas, strict=True)
         )
 
 
@@ -524,7 +529,7 @@ def _check_grouping(
                 "columns instead",
                 *entry.pos,
             )
-    for entry, item in zip(entries, select):  # no `*`: one item per entry
+    for entry, item in zip(entries, select, strict=True):  # no `*`: one item per entry
         if isinstance(entry, SelectColumn) and (item.source, item.column) not in group_by:
             raise QueryError(
                 f"column '{entry.column.display}' must appear in GROUP BY or be inside an "
@@ -535,7 +540,7 @@ def _check_grouping(
 
 # WHERE
 
-_Local = Union[AttrFactor, ColumnFactor]
+_Local = AttrFactor | ColumnFactor
 
 
 def _factors(
@@ -569,7 +574,7 @@ def _factors(
 
 def _comparison(
     factor: Comparison, scope: _Scope
-) -> Union[tuple[int, _Local], JoinFactor, bool]:
+) -> tuple[int, _Local] | JoinFactor | bool:
     """A local factor with its FROM item's index, a join factor between two items, or
     True / False for a comparison of INT columns that always / never holds."""
     left, op, right = factor.left, factor.op, factor.right
@@ -602,7 +607,7 @@ def _comparison(
             )
         amount = right.amount.value
         offset = amount if right.sign == "+" else -amount  # type: ignore[assignment,operator]
-        if left_type == right_type == "int":
+        if left_type == right_type == _INT:
             exact = integer_offset(op, offset)
             if isinstance(exact, bool):
                 return exact
@@ -614,7 +619,7 @@ def _comparison(
 
 def _constant_factor(
     scope: _Scope, ref: ColumnRef, constants: Sequence[Literal]
-) -> tuple[int, str]:
+) -> tuple[int, ColumnType]:
     """Check `ref op c` for each constant c; return the column's FROM item and type."""
     index, ctype = scope.resolve(ref)
     for constant in constants:
@@ -627,8 +632,10 @@ def _constant_factor(
     return index, ctype
 
 
-def _kind(ctype: str) -> str:
-    return "number" if ctype in ("int", "float") else ctype
+def _kind(ctype: ColumnType) -> str:
+    """What a column compares with: "number" (INT and FLOAT), "text" or "bool", as
+    `_literal_kind` names a constant's."""
+    return "number" if ctype in _NUMBERS else ctype.value
 
 
 def _literal_kind(constant: Literal) -> str:
@@ -646,7 +653,7 @@ def _describe(constant: Literal) -> str:
     return constant.text.upper()
 
 
-def _type_at(name: str, pos: Pos | None) -> str:
+def _type_at(name: str, pos: Pos | None) -> ColumnType:
     ctype = TYPE_NAMES.get(name.upper()) if isinstance(name, str) else None
     if ctype is None:
         raise QueryError(

@@ -12,39 +12,86 @@ used: BOOL values are `bool`), `float` for FLOAT, `str` for TEXT.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import cached_property
-from typing import Any, Callable, Union
+from typing import Any
 
-Value = Union[int, float, str, bool]
+from psoup.options import ColumnTypeName
+
+Value = int | float | str | bool
 
 #: The range of an INT value (64-bit, as numpy's int64 stores it).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-#: The column types of the language, by their lowercase names.
-TYPES = ("int", "float", "text", "bool")
+
+
+class ColumnType(str, Enum):
+    """A column's type. Each value is the type's lowercase name, which the journal, the
+    protocol and `Engine.create_stream` use (`psoup.options.ColumnTypeName`); a member
+    equals, hashes, serializes and formats as that name.
+
+    Example:
+        >>> ColumnType("int") is ColumnType.INT, ColumnType.INT == "int", f"{ColumnType.BOOL}"
+        (True, True, 'bool')
+        >>> from psoup.options import COLUMN_TYPE_NAMES
+        >>> tuple(t.value for t in ColumnType) == COLUMN_TYPE_NAMES
+        True
+    """
+
+    INT = "int"
+    FLOAT = "float"
+    TEXT = "text"
+    BOOL = "bool"
+
+    # As the names they replace in messages and listings (Python 3.11 formats a mixed-in
+    # enum as "ColumnType.INT"); enum.StrEnum does this, but is not in Python 3.10.
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
+#: The column types of the language.
+TYPES = tuple(ColumnType)
 
 #: Columns every stream has besides its declared ones (docs/language.md, "Streams").
 TS = "ts"
 TUPLE_ID = "tupleID"
-IMPLICIT_COLUMNS = {TS: "float", TUPLE_ID: "int"}
+IMPLICIT_COLUMNS = {TS: ColumnType.FLOAT, TUPLE_ID: ColumnType.INT}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StreamSchema:
     """A stream declared by CREATE STREAM.
 
     Attributes:
         name: the stream's name.
         columns: (column name, type) pairs in declaration order; excludes ts and tupleID.
+            Given as types or their names ("int"), kept as types.
         retain_seconds: RETAIN n <time unit>, in seconds; None when not given.
         retain_rows: RETAIN n ROWS; None when not given. At most one of the two is set.
+
+    Example:
+        >>> StreamSchema("R", [("a", "int")]).columns == (("a", ColumnType.INT),)
+        True
     """
 
     name: str
-    columns: tuple[tuple[str, str], ...]
+    columns: tuple[tuple[str, ColumnType], ...]
     retain_seconds: float | None = None
     retain_rows: int | None = None
+
+    def __init__(self, name: str,
+                 columns: Iterable[tuple[str, ColumnType | ColumnTypeName]],
+                 retain_seconds: float | None = None, retain_rows: int | None = None):
+        # frozen: set once, here, as dataclasses' own __init__ would
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "columns", tuple((c, ColumnType(t)) for c, t in columns))
+        object.__setattr__(self, "retain_seconds", retain_seconds)
+        object.__setattr__(self, "retain_rows", retain_rows)
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -54,7 +101,7 @@ class StreamSchema:
     def name_set(self) -> frozenset[str]:
         return frozenset(self.names)
 
-    def type_of(self, column: str) -> str:
+    def type_of(self, column: str) -> ColumnType:
         """The type of a declared or implicit column (KeyError when unknown)."""
         for c, t in self.columns:
             if c == column:
@@ -111,17 +158,17 @@ class AttrPredicate:
 
     Attributes:
         column: the column's name (may be "ts" or "tupleID").
-        ctype: the column's type, one of TYPES.
+        ctype: the column's type.
     """
 
     column: str
-    ctype: str
+    ctype: ColumnType
     lo: Value | None = None
     lo_open: bool = False
     hi: Value | None = None
     hi_open: bool = False
-    eq: frozenset | None = None
-    ne: frozenset = field(default_factory=frozenset)
+    eq: frozenset[Value] | None = None
+    ne: frozenset[Value] = field(default_factory=frozenset)
     empty: bool = False
 
 

@@ -35,14 +35,16 @@ always does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import AbstractSet, Any, Sequence, Union
+from collections.abc import Sequence, Set
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from psoup.query.model import (
     INT64_MAX,
     INT64_MIN,
     AttrPredicate,
     ColumnFactor,
+    ColumnType,
     JoinFactor,
     Value,
 )
@@ -59,20 +61,20 @@ class AttrFactor:
 
     Attributes:
         column: the column's name.
-        ctype: the column's type, one of model.TYPES; `value`'s type agrees with it (a
-            number for INT and FLOAT, str for TEXT, bool for BOOL).
+        ctype: the column's type; `value`'s type agrees with it (a number for INT and
+            FLOAT, str for TEXT, bool for BOOL).
         op: one of = != <> < <= > >=, or "in" when `value` is the tuple of an IN list.
         value: the constant, or the constants of an IN list.
     """
 
     column: str
-    ctype: str
+    ctype: ColumnType
     op: str
-    value: Union[Value, tuple[Value, ...]]
+    value: Value | tuple[Value, ...]
 
 
 def normalize_factors(
-    factors: Sequence[Union[AttrFactor, ColumnFactor]],
+    factors: Sequence[AttrFactor | ColumnFactor],
 ) -> tuple[tuple[AttrPredicate, ...], tuple[ColumnFactor, ...]]:
     """Fold the factors of one source into its predicates and its column factors.
 
@@ -163,13 +165,31 @@ def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
                       eq=frozenset({2}), ne=frozenset(), empty=False)
     """
     column, ctype = factors[0].column, factors[0].ctype
-    lo: Any = None  # Any: the bounds are of the column's type, compared with each other
-    hi: Any = None
-    lo_open = hi_open = False
-    # eq: the admitted values (a frozenset once a BOOL column's two-value domain is used)
-    eq: AbstractSet[Any] | None = None
-    ne: set[Any] = set()
+    fold = _Fold()
     for factor in factors:
+        fold.add(ctype, factor)
+    return fold.predicate(column, ctype)
+
+
+@dataclass(slots=True)
+class _Fold:
+    """The intersection of one column's factors so far (`fold_column`).
+
+    Attributes:
+        lo, hi: the tightest bounds (None: unbounded), of the column's type (Any: they
+            are compared with each other and with the column's values).
+        eq: the admitted values of = and IN factors (None: no such factor yet).
+        ne: the values of != factors.
+    """
+
+    lo: Any = None
+    lo_open: bool = False
+    hi: Any = None
+    hi_open: bool = False
+    eq: Set[Any] | None = None
+    ne: set[Any] = field(default_factory=set)
+
+    def add(self, ctype: ColumnType, factor: AttrFactor) -> None:
         op = _canonical_op(factor.op)
         if op in ("=", "in"):
             values: tuple[Any, ...]
@@ -179,40 +199,47 @@ def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
             else:
                 values = (factor.value,)
             members = {m for m in (_member(ctype, v) for v in values) if m is not None}
-            eq = members if eq is None else eq & members
+            self.eq = members if self.eq is None else self.eq & members
         elif op == "!=":
             member = _member(ctype, factor.value)
             if member is not None:
-                ne.add(member)
+                self.ne.add(member)
         else:
             value, is_open = _bound(ctype, op, factor.value)
             if op in (">", ">="):
+                lo = self.lo
                 if lo is None or value > lo or (value == lo and is_open):
-                    lo, lo_open = value, is_open
-            elif hi is None or value < hi or (value == hi and is_open):
-                hi, hi_open = value, is_open
+                    self.lo, self.lo_open = value, is_open
+            elif self.hi is None or value < self.hi or (value == self.hi and is_open):
+                self.hi, self.hi_open = value, is_open
 
-    def admits(v: Value) -> bool:
-        above = lo is None or v > lo or (v == lo and not lo_open)
-        below = hi is None or v < hi or (v == hi and not hi_open)
+    def admits(self, v: Value) -> bool:
+        """Whether `v` lies within the bounds."""
+        lo, hi = self.lo, self.hi
+        above = lo is None or v > lo or (v == lo and not self.lo_open)
+        below = hi is None or v < hi or (v == hi and not self.hi_open)
         return above and below
 
-    if ctype == "bool":  # a two-value domain: always written as the set of admitted values
-        eq = _BOOLS if eq is None else eq
-    if eq is not None:
-        allowed = frozenset(v for v in eq if admits(v) and v not in ne)
-        if ctype == "bool" and allowed == _BOOLS:  # ({0, 1} == _BOOLS too, hence the type)
+    def predicate(self, column: str, ctype: ColumnType) -> AttrPredicate | None:
+        """The canonical predicate of the factors added (the module docstring)."""
+        eq = self.eq
+        if ctype == ColumnType.BOOL:  # a two-value domain: always the set of admitted values
+            eq = _BOOLS if eq is None else eq
+        if eq is not None:
+            allowed = frozenset(v for v in eq if self.admits(v) and v not in self.ne)
+            if ctype == ColumnType.BOOL and allowed == _BOOLS:  # ({0, 1} == _BOOLS too)
+                return None
+            return AttrPredicate(column, ctype, eq=allowed)
+        lo, lo_open, hi, hi_open = self.lo, self.lo_open, self.hi, self.hi_open
+        ne = {v for v in self.ne if self.admits(v)}
+        if _admits_nothing(ctype, lo, lo_open, hi, hi_open, ne):
+            return AttrPredicate(column, ctype, empty=True)
+        if ctype == ColumnType.INT:
+            lo = None if lo is not None and lo <= INT64_MIN else lo
+            hi = None if hi is not None and hi >= INT64_MAX else hi
+        if lo is None and hi is None and not ne:
             return None
-        return AttrPredicate(column, ctype, eq=allowed)
-    ne = {v for v in ne if admits(v)}
-    if _admits_nothing(ctype, lo, lo_open, hi, hi_open, ne):
-        return AttrPredicate(column, ctype, empty=True)
-    if ctype == "int":
-        lo = None if lo is not None and lo <= INT64_MIN else lo
-        hi = None if hi is not None and hi >= INT64_MAX else hi
-    if lo is None and hi is None and not ne:
-        return None
-    return AttrPredicate(column, ctype, lo, lo_open, hi, hi_open, ne=frozenset(ne))
+        return AttrPredicate(column, ctype, lo, lo_open, hi, hi_open, ne=frozenset(ne))
 
 
 def integer_offset(op: str, offset: int | float) -> tuple[str, int] | bool:
@@ -256,22 +283,22 @@ def _canonical_op(op: str) -> str:
     return "!=" if op == "<>" else op
 
 
-def _member(ctype: str, value: Any) -> Value | None:
+def _member(ctype: ColumnType, value: Any) -> Value | None:
     """`value` as a value of the column's type, or None when no value of it equals `value`."""
-    if ctype == "int":
+    if ctype == ColumnType.INT:
         if isinstance(value, float):
             if not value.is_integer():
                 return None
             value = int(value)
         return value if INT64_MIN <= value <= INT64_MAX else None
-    if ctype == "float":
+    if ctype == ColumnType.FLOAT:
         return float(value)
     return value
 
 
-def _bound(ctype: str, op: str, value: Any) -> tuple[Value, bool]:
+def _bound(ctype: ColumnType, op: str, value: Any) -> tuple[Value, bool]:
     """The bound (value, open) that `column op value` puts on the column (op: < <= > >=)."""
-    if ctype == "int":
+    if ctype == ColumnType.INT:
         # The integers above 2.5 are those >= 3: every INT bound comes out closed.
         if op == ">":
             return math.floor(value) + 1, False
@@ -280,15 +307,16 @@ def _bound(ctype: str, op: str, value: Any) -> tuple[Value, bool]:
         if op == "<":
             return math.ceil(value) - 1, False
         return math.floor(value), False
-    if ctype == "float":
+    if ctype == ColumnType.FLOAT:
         value = float(value)
     return value, op in ("<", ">")
 
 
-def _admits_nothing(ctype: str, lo: Any, lo_open: bool, hi: Any, hi_open: bool, ne: set) -> bool:
+def _admits_nothing(ctype: ColumnType, lo: Any, lo_open: bool, hi: Any, hi_open: bool,
+                    ne: set[Any]) -> bool:
     """Whether no value lies within the bounds and outside `ne` (exact for INT; for the
     other types, lo > hi or a single value that is excluded)."""
-    if ctype == "int":
+    if ctype == ColumnType.INT:
         first = INT64_MIN if lo is None else lo
         last = INT64_MAX if hi is None else hi
         return first > last or (

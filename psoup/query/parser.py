@@ -52,17 +52,7 @@ from psoup.query.syntax import (
     TimeSpec,
 )
 from psoup.query.timeparse import unit_name
-from psoup.query.tokens import (
-    EOF,
-    KEYWORD,
-    NAME,
-    NUMBER,
-    STRING,
-    UNSUPPORTED_KEYWORDS,
-    Pos,
-    Token,
-    tokenize,
-)
+from psoup.query.tokens import UNSUPPORTED_KEYWORDS, Pos, Token, TokenType, tokenize
 
 COMPARISON_OPS = ("=", "!=", "<>", "<", "<=", ">", ">=")
 
@@ -138,7 +128,7 @@ class _Parser:
 
     def _advance(self) -> Token:
         tok = self._tok
-        if tok.kind != EOF:
+        if tok.kind is not TokenType.EOF:
             self._i += 1
             self._tok = self._tokens[self._i]
         self._after = tok
@@ -148,7 +138,7 @@ class _Parser:
         """' after <the last consumed thing>', or '' at the start."""
         after = self._after
         if isinstance(after, Token):
-            after = after.text if after.kind == STRING else f"'{after.text}'"
+            after = after.text if after.kind is TokenType.STRING else f"'{after.text}'"
         return "" if after is None else f" after {after}"
 
     def _accept_word(self, word: str) -> Token | None:
@@ -165,7 +155,7 @@ class _Parser:
 
     def _fail(self, expected: str) -> NoReturn:
         tok = self._tok
-        if tok.kind == KEYWORD and tok.value in UNSUPPORTED_KEYWORDS:
+        if tok.kind is TokenType.KEYWORD and tok.value in UNSUPPORTED_KEYWORDS:
             raise QueryError(UNSUPPORTED_KEYWORDS[tok.value], *tok.pos)
         raise QueryError(f"expected {expected}{self._after_text()}, found {tok.describe()}",
                          *tok.pos)
@@ -178,14 +168,15 @@ class _Parser:
         """Consume an optional `;` and require the end of the input."""
         if self._accept_symbol(";"):
             expected = "the end of the statement (one statement at a time)"
-        if self._tok.kind != EOF:
+        if self._tok.kind is not TokenType.EOF:
             self._fail(expected)
 
     # statements
 
     def statement(self) -> Statement:
         tok = self._tok
-        if tok.kind == EOF or (tok.is_symbol(";") and self._peek(1).kind == EOF):
+        end = TokenType.EOF
+        if tok.kind is end or (tok.is_symbol(";") and self._peek(1).kind is end):
             raise QueryError("empty statement")
         if tok.is_word("CREATE"):
             return self._create()
@@ -238,7 +229,7 @@ class _Parser:
     def _column_def(self) -> ColumnDef:
         name, pos = self._name("a column name")
         type_tok = self._tok
-        if type_tok.kind != NAME:
+        if type_tok.kind is not TokenType.NAME:
             self._fail("a type (INT, FLOAT, TEXT or BOOL)")
         self._advance()
         return ColumnDef(pos, name, type_tok.text, type_tok.pos)
@@ -291,10 +282,10 @@ class _Parser:
 
     def _name(self, what: str) -> tuple[str, Pos]:
         tok = self._tok
-        if tok.kind == KEYWORD:
+        if tok.kind is TokenType.KEYWORD:
             raise QueryError(f"expected {what}{self._after_text()}, found the reserved word "
                              f"'{tok.text}'", *tok.pos)
-        if tok.kind != NAME:
+        if tok.kind is not TokenType.NAME:
             self._fail(what)
         self._advance()
         return tok.text, tok.pos
@@ -316,11 +307,11 @@ class _Parser:
 
     def _number(self, expected: str, signed: bool = False) -> Literal:
         tok = self._tok
-        if signed and tok.is_symbol("-") and self._peek(1).kind == NUMBER:
+        if signed and tok.is_symbol("-") and self._peek(1).kind is TokenType.NUMBER:
             self._advance()
             digits = self._advance()
             lit = Literal(tok.pos, -digits.value, "-" + digits.text)  # type: ignore[operator]
-        elif tok.kind == NUMBER:
+        elif tok.kind is TokenType.NUMBER:
             self._advance()
             lit = Literal(tok.pos, tok.value, tok.text)
         else:
@@ -331,7 +322,7 @@ class _Parser:
 
     def _constant(self, expected: str) -> Literal:
         tok = self._tok
-        if tok.kind == STRING:
+        if tok.kind is TokenType.STRING:
             self._advance()
             return Literal(tok.pos, tok.value, tok.text)
         if tok.is_word("TRUE", "FALSE"):
@@ -341,11 +332,11 @@ class _Parser:
 
     def _unit(self, expected: str, default: str | None) -> str:
         tok = self._tok
-        unit = unit_name(tok.text) if tok.kind == NAME else None
+        unit = unit_name(tok.text) if tok.kind is TokenType.NAME else None
         if unit is not None:
             self._advance()
             return unit
-        if default is None or tok.kind == NAME:
+        if default is None or tok.kind is TokenType.NAME:
             self._fail(expected)
         return default
 
@@ -355,12 +346,13 @@ class _Parser:
         tok = self._tok
         if self._accept_symbol("*"):
             return Star(tok.pos, None)
-        if tok.kind == NAME and self._peek(1).is_symbol(".") and self._peek(2).is_symbol("*"):
+        if (tok.kind is TokenType.NAME and self._peek(1).is_symbol(".")
+                and self._peek(2).is_symbol("*")):
             self._advance(), self._advance(), self._advance()
             return Star(tok.pos, tok.text)
-        if tok.kind not in (NAME, KEYWORD):
+        if tok.kind not in (TokenType.NAME, TokenType.KEYWORD):
             self._fail("a column or '*'")
-        if (tok.kind == NAME and tok.text.upper() in _AGGREGATE_NAMES
+        if (tok.kind is TokenType.NAME and tok.text.upper() in _AGGREGATE_NAMES
                 and self._peek(1).is_symbol("(")):
             function, argument, text = self._aggregate()
             alias = self._name("a name after AS")[0] if self._accept_word("AS") else None
@@ -382,13 +374,13 @@ class _Parser:
             if not AGGREGATES[function.lower()].star:
                 raise QueryError(f"{function}(*) is not supported: only COUNT takes *", *tok.pos)
             self._advance()
-        elif tok.kind in (NAME, KEYWORD):
+        elif tok.kind in (TokenType.NAME, TokenType.KEYWORD):
             argument = self._column_ref(
                 f"nested aggregates are not supported ({{name}} inside {name})"
             )
             if self._tok.is_symbol(*_ARITHMETIC, *COMPARISON_OPS):
                 raise _expression_error(function, self._tok.pos)
-        elif tok.kind in (NUMBER, STRING) or tok.is_symbol("(", *_ARITHMETIC):
+        elif tok.kind in (TokenType.NUMBER, TokenType.STRING) or tok.is_symbol("(", *_ARITHMETIC):
             raise _expression_error(function, tok.pos)
         else:
             self._fail("a column or '*'" if function == "COUNT" else "a column")
@@ -401,10 +393,10 @@ class _Parser:
         self._reject_subquery()
         stream, pos = self._name("a stream name")
         alias, alias_pos = None, None
-        if self._accept_word("AS") or self._tok.kind == NAME:
+        if self._accept_word("AS") or self._tok.kind is TokenType.NAME:
             alias, alias_pos = self._name("an alias")
         window = self._stream_window() if self._tok.is_symbol("[") else None
-        misplaced_alias = self._tok.kind == NAME or self._tok.is_word("AS")
+        misplaced_alias = self._tok.kind is TokenType.NAME or self._tok.is_word("AS")
         if window is not None and alias is None and misplaced_alias:
             raise QueryError(
                 f"the alias goes before the window: FROM {stream} alias [...]", *self._tok.pos
@@ -418,7 +410,7 @@ class _Parser:
     def _sample(self) -> SampleClause:
         pos = self._advance().pos
         method = self._tok
-        if not (method.kind == NAME and method.is_word("BERNOULLI", "SYSTEM")):
+        if not (method.kind is TokenType.NAME and method.is_word("BERNOULLI", "SYSTEM")):
             self._fail("BERNOULLI or SYSTEM")
         self._advance()
         self._expect_symbol("(", "'(' and a percentage")
@@ -510,7 +502,7 @@ class _Parser:
 
     def _operand(self) -> Operand:
         tok = self._tok
-        if tok.kind == NAME:
+        if tok.kind is TokenType.NAME:
             column = self._column_ref("aggregates are not supported in WHERE ({name})")
             sign = self._tok
             if not sign.is_symbol("+", "-"):
@@ -563,7 +555,7 @@ class _Parser:
             amount = self._number("a number")
             unit = self._unit(_ANY_UNITS, default="SECOND")
             return NowTime(tok.pos, self._text_since(start), sign, amount, unit)
-        if tok.kind == STRING:
+        if tok.kind is TokenType.STRING:
             self._advance()
             return TimeConstant(tok.pos, tok.text, Literal(tok.pos, tok.value, tok.text))
         value = self._number("a time (NOW, NOW - n [unit], epoch seconds or a quoted timestamp)",

@@ -13,7 +13,6 @@ about four times as much, ~10% of compiling a query.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from psoup.query.tokens import Pos
 
@@ -55,7 +54,7 @@ class Shifted:
     amount: Literal
 
 
-Operand = Union[ColumnRef, Literal, Shifted]
+Operand = ColumnRef | Literal | Shifted
 
 
 @dataclass(slots=True)
@@ -87,7 +86,7 @@ class InList:
     values: tuple[Literal, ...]
 
 
-Factor = Union[Comparison, Between, InList]
+Factor = Comparison | Between | InList
 
 
 @dataclass(slots=True)
@@ -154,7 +153,7 @@ class SelectAggregate:
     text: str
 
 
-SelectEntry = Union[Star, SelectColumn, SelectAggregate]
+SelectEntry = Star | SelectColumn | SelectAggregate
 
 
 @dataclass(slots=True)
@@ -182,7 +181,7 @@ class NowWindow:
     pos: Pos
 
 
-StreamWindow = Union[RangeWindow, RowsWindow, NowWindow]
+StreamWindow = RangeWindow | RowsWindow | NowWindow
 
 
 @dataclass(slots=True)
@@ -231,7 +230,7 @@ class TimeConstant:
     value: Literal
 
 
-TimeSpec = Union[NowTime, TimeConstant]
+TimeSpec = NowTime | TimeConstant
 
 
 @dataclass(slots=True)
@@ -270,4 +269,4 @@ class CatalogStatement:
     cascade: bool = False
 
 
-Statement = Union[CreateStream, Select, CatalogStatement]
+Statement = CreateStream | Select | CatalogStatement

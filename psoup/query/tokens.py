@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import math
 import re
+from enum import Enum
 from typing import NamedTuple
 
 from psoup.errors import QueryError
 
-NAME = "name"
-KEYWORD = "keyword"
-NUMBER = "number"
-STRING = "string"
-SYMBOL = "symbol"
-EOF = "eof"
+
+class TokenType(str, Enum):
+    """A token's kind (as sqlglot's TokenType): what the parser dispatches on."""
+
+    NAME = "name"
+    KEYWORD = "keyword"
+    NUMBER = "number"
+    STRING = "string"
+    SYMBOL = "symbol"
+    EOF = "eof"
+
+
+# The kinds by their former names, for code that imports them from here.
+NAME, KEYWORD, NUMBER = TokenType.NAME, TokenType.KEYWORD, TokenType.NUMBER
+STRING, SYMBOL, EOF = TokenType.STRING, TokenType.SYMBOL, TokenType.EOF
 
 #: Statement structure and constants; none of these can name a stream, alias or column.
 STRUCTURE_KEYWORDS = frozenset(
@@ -87,6 +97,11 @@ _TOKEN = re.compile("[^\\S\\n]*(?:" + "|".join([
 _SPACE = re.compile(r"[^\S\n]*")
 
 
+_WORDS = (TokenType.NAME, TokenType.KEYWORD)
+# the commonest kinds, as locals of the module for the tokenizer's loop
+_NAME, _KEYWORD, _SYMBOL = TokenType.NAME, TokenType.KEYWORD, TokenType.SYMBOL
+
+
 class Pos(NamedTuple):
     """Where a token starts: 1-based line and column."""
 
@@ -98,31 +113,31 @@ class Token(NamedTuple):
     """One token (a named tuple: made ~20 times per statement, so made cheaply).
 
     Attributes:
-        kind: NAME, KEYWORD, NUMBER, STRING, SYMBOL or EOF.
+        kind: the token's type.
         text: the token as written (a string literal keeps its quotes).
         value: int or float for a NUMBER, the unescaped text of a STRING, the upper-case
             keyword for a KEYWORD, else the text.
         pos: where the token starts.
     """
 
-    kind: str
+    kind: TokenType
     text: str
     value: int | float | str
     pos: Pos
 
     def is_word(self, *words: str) -> bool:
         """True for a name or keyword equal to one of `words` (upper case), ignoring case."""
-        return self.kind in (NAME, KEYWORD) and self.text.upper() in words
+        return self.kind in _WORDS and self.text.upper() in words
 
     def is_symbol(self, *symbols: str) -> bool:
         """True for a symbol among `symbols`."""
-        return self.kind == SYMBOL and self.text in symbols
+        return self.kind is TokenType.SYMBOL and self.text in symbols
 
     def describe(self) -> str:
         """The token as error messages quote it."""
-        if self.kind == EOF:
+        if self.kind is TokenType.EOF:
             return "the end of the statement"
-        if self.kind == STRING:
+        if self.kind is TokenType.STRING:
             return f"string {self.text}"
         return f"'{self.text}'"
 
@@ -136,7 +151,7 @@ def tokenize(sql: str) -> list[Token]:
         sql: the statement text.
 
     Returns:
-        The tokens in order; the last one has kind EOF.
+        The tokens in order; the last one has kind TokenType.EOF.
 
     Raises:
         QueryError: an unterminated string, a malformed number or an unexpected character.
@@ -160,16 +175,16 @@ def tokenize(sql: str) -> list[Token]:
         if kind == "word":
             upper = text.upper()
             pos = new(Pos, (line, i - line_start + 1))
-            append(new(Token, (KEYWORD, text, upper, pos)) if upper in RESERVED
-                   else new(Token, (NAME, text, text, pos)))
+            append(new(Token, (_KEYWORD, text, upper, pos)) if upper in RESERVED
+                   else new(Token, (_NAME, text, text, pos)))
         elif kind == "symbol":
-            append(new(Token, (SYMBOL, text, text, new(Pos, (line, i - line_start + 1)))))
+            append(new(Token, (_SYMBOL, text, text, new(Pos, (line, i - line_start + 1)))))
         elif kind == "number":
             pos = new(Pos, (line, i - line_start + 1))
             if _NUMBER_TAIL.match(sql, expect):
                 bad = _NUMBER_TAIL.match(sql, i)
                 raise QueryError(f"malformed number '{bad.group() if bad else text}'", *pos)
-            append(new(Token, (NUMBER, text, _number_value(text, pos), pos)))
+            append(new(Token, (TokenType.NUMBER, text, _number_value(text, pos), pos)))
         elif kind == "newline":
             line, line_start = line + 1, expect
         elif kind == "string":
@@ -177,7 +192,7 @@ def tokenize(sql: str) -> list[Token]:
             if "\n" in text:
                 line += text.count("\n")
                 line_start = i + text.rindex("\n") + 1
-            append(new(Token, (STRING, text, text[1:-1].replace("''", "'"), pos)))
+            append(new(Token, (TokenType.STRING, text, text[1:-1].replace("''", "'"), pos)))
         elif kind != "comment":
             raise QueryError("unterminated string: no closing single quote", line,
                              i - line_start + 1)
@@ -187,7 +202,7 @@ def tokenize(sql: str) -> list[Token]:
         c = sql[expect]
         hint = " (strings are in single quotes)" if c == '"' else ""
         raise QueryError(f"unexpected character '{c}'{hint}", line, expect - line_start + 1)
-    append(new(Token, (EOF, "", "", new(Pos, (line, len(sql) - line_start + 1)))))
+    append(new(Token, (TokenType.EOF, "", "", new(Pos, (line, len(sql) - line_start + 1)))))
     return tokens
 
 
