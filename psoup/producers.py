@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -98,11 +99,11 @@ class ProducerTable:
         while len(self._table) > self.max_producers:
             self._table.popitem(last=False)
 
-    def image(self) -> list[list]:
+    def image(self) -> list[list[Any]]:
         """The table as msgpack values, idle longest first (for a checkpoint)."""
         return [[p, [list(b) for b in batches]] for p, batches in self._table.items()]
 
-    def restore(self, image: Iterable[list]) -> None:
+    def restore(self, image: Iterable[list[Any]]) -> None:
         """Load what `image` wrote (recovery)."""
         for producer, batches in image:
             for seq, first, n in batches:

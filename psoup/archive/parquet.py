@@ -26,12 +26,13 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from psoup.archive.layout import (
     ARROW_TYPES,
@@ -46,7 +47,8 @@ from psoup.archive.rollups import Rollups
 from psoup.archive.sampling import in_order, write_runs
 from psoup.errors import SchemaError
 from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
-from psoup.query.model import TS, TUPLE_ID
+from psoup.options import ColumnTypeName
+from psoup.query.model import TS, TUPLE_ID, ColumnType
 from psoup.stems.batch import DTYPES
 
 
@@ -185,7 +187,7 @@ class Archive:
 
     # ------------------------------------------------------------------ write
 
-    def add(self, stream: str, columns: Sequence[tuple[str, str]],
+    def add(self, stream: str, columns: Sequence[tuple[str, ColumnType | ColumnTypeName]],
             data: Mapping[str, ArrayLike]) -> None:
         """Buffer the rows of `data` not archived yet; flush the stream when its buffer
         reaches `flush_rows`. O(rows), copying, so the caller may reuse its arrays.
@@ -215,8 +217,9 @@ class Archive:
             ...     arc.buffered_rows
             2
         """
-        schema = arrow_schema(stream, columns)
-        tids, ts, values = _checked(stream, columns, data)
+        schema = arrow_schema(stream, columns)        # checks the types too
+        typed = [(name, ColumnType(ctype)) for name, ctype in columns]
+        tids, ts, values = _checked(stream, typed, data)
         self._schemas[stream] = schema
         buf = self._buffers.get(stream)
         floor = max(self.high_water(stream), buf.last_tid if buf is not None else -1)
@@ -227,10 +230,10 @@ class Archive:
         # SteM chunk's) memory before holding on to it.
         arrays = [pa.array(np.array(ts[start:]), pa.float64()),
                   pa.array(np.array(tids[start:]), pa.int64())]
-        for (name, ctype), column in zip(columns, values, strict=True):
+        for (name, ctype), column in zip(typed, values, strict=True):
             part = column[start:]
             try:
-                arrays.append(pa.array(part if ctype == "text" else np.array(part),
+                arrays.append(pa.array(part if ctype == ColumnType.TEXT else np.array(part),
                                        ARROW_TYPES[ctype]))
             except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
                 raise SchemaError(f"stream '{stream}', column '{name}': {e}") from None
@@ -396,15 +399,17 @@ class Archive:
                        int(m.group(2)), path)
 
 
-def _checked(stream: str, columns: Sequence[tuple[str, str]],
-             data: Mapping[str, ArrayLike]) -> tuple[np.ndarray, np.ndarray, list]:
+def _checked(stream: str, columns: Sequence[tuple[str, ColumnType]],
+             data: Mapping[str, ArrayLike]
+             ) -> tuple[NDArray[np.int64], NDArray[np.float64], list[NDArray[Any]]]:
     """(tupleIDs, ts, schema columns) of `data`, as arrays of the archive's types."""
     names = (TUPLE_ID, TS, *(c for c, _ in columns))
     for name in names:
         if name not in data:
             raise SchemaError(f"stream '{stream}': the rows to archive lack column '{name}'")
     arrays = []
-    for name, ctype in zip(names, ("int", "float", *(t for _, t in columns)), strict=True):
+    types = (ColumnType.INT, ColumnType.FLOAT, *(t for _, t in columns))
+    for name, ctype in zip(names, types, strict=True):
         try:
             arrays.append(np.asarray(data[name], dtype=DTYPES[ctype]))
         except (TypeError, ValueError) as e:

@@ -52,10 +52,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from psoup.archive.layout import PART_NAME, SAMPLE_COLUMN, TS_COLUMN, TUPLE_ID_COLUMN
 from psoup.errors import ArchiveError
 from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
+from psoup.query.model import ColumnType
 
 #: The grains, coarsest first, and their length in seconds.
 GRAINS: dict[str, int] = {"day": 86400, "hour": 3600, "minute": 60}
@@ -97,23 +99,23 @@ def copy_path(folder: str | Path, stream: str, grain: str, first: int, last: int
             / f"agg-{first:020d}-{last:020d}.parquet")
 
 
-def numeric_columns(schema: pa.Schema) -> list[tuple[str, str]]:
-    """(name, "int" or "float") of the columns of a part file's schema that get
+def numeric_columns(schema: pa.Schema) -> list[tuple[str, ColumnType]]:
+    """(name, INT or FLOAT) of the columns of a part file's schema that get
     statistics: the stream's INT and FLOAT columns (not ts, tuple_id or the draws).
 
     Example:
         >>> numeric_columns(pa.schema([("ts", pa.float64()), ("tuple_id", pa.int64()),
         ...                            ("a", pa.int64()), ("s", pa.string())]))
-        [('a', 'int')]
+        [('a', <ColumnType.INT: 'int'>)]
     """
-    out = []
+    out: list[tuple[str, ColumnType]] = []
     for field in schema:
         if field.name in (TS_COLUMN, TUPLE_ID_COLUMN, SAMPLE_COLUMN):
             continue
         if pa.types.is_integer(field.type):
-            out.append((field.name, "int"))
+            out.append((field.name, ColumnType.INT))
         elif pa.types.is_floating(field.type):
-            out.append((field.name, "float"))
+            out.append((field.name, ColumnType.FLOAT))
     return out
 
 
@@ -165,7 +167,7 @@ def summarize(table: pa.Table, grain: str) -> pa.Table:
                                "psoup's archive has none")
         values = column.to_numpy(zero_copy_only=False)[order]
         columns[f"{name}_count"] = pa.array(counts, pa.int64())
-        if ctype == "int":
+        if ctype == ColumnType.INT:
             values = values.astype(np.int64, copy=False)
             high = reduce(np.add, values >> _LOW).tolist()
             low = reduce(np.add, values & _LOW_MASK).tolist()
@@ -281,7 +283,8 @@ class Substitute:
         """Which of these tuples (all in the window) the copies do not answer. O(n)."""
         m = minutes(ts)
         inside = (m >= round(self.a) // _MINUTE) & (m < round(self.b) // _MINUTE)
-        return ~(inside & self.coverage.covers(np.asarray(tids, np.int64)))
+        covered: NDArray[np.bool_] = self.coverage.covers(np.asarray(tids, np.int64))
+        return ~(inside & covered)
 
 
 class Buckets(NamedTuple):
@@ -305,30 +308,33 @@ class Buckets(NamedTuple):
         return own + per
 
 
-def _decode(table: pa.Table, columns: Sequence[tuple[str, str]]) -> Buckets:
+def _decode(table: pa.Table, columns: Sequence[tuple[str, ColumnType]]) -> Buckets:
     """A copy's buckets (a table of `summarize`'s columns), with the statistics of
     `columns`, as numpy (an INT column's sums as Python ints). O(buckets)."""
     def column(name: str) -> np.ndarray:
-        return table.column(name).to_numpy(zero_copy_only=False)
+        values: np.ndarray = table.column(name).to_numpy(zero_copy_only=False)  # pyarrow: Any
+        return values
 
     stats = {}
     for c, ctype in columns:
         sums = (np.array([int(v) for v in table.column(f"{c}_sum").to_pylist()], dtype=object)
-                if ctype == "int" else column(f"{c}_sum").astype(np.float64))
+                if ctype == ColumnType.INT else column(f"{c}_sum").astype(np.float64))
         stats[c] = (sums, column(f"{c}_min"), column(f"{c}_max"))
     return Buckets(column("bucket"), column("count"), column("ts_min"), column("ts_max"),
                    stats)
 
 
-def _combine(parts: Sequence[Buckets], columns: Sequence[tuple[str, str]]) -> Buckets:
+def _combine(parts: Sequence[Buckets],
+             columns: Sequence[tuple[str, ColumnType]]) -> Buckets:
     """The buckets of `parts` merged by bucket: counts and sums added, extremes kept.
     O(n log n) over their n buckets."""
     if not parts:
         empty = np.empty(0, np.int64)
+        ints = {c: t == ColumnType.INT for c, t in columns}
         return Buckets(empty, empty, np.empty(0), np.empty(0), {
-            c: (np.empty(0, object if t == "int" else np.float64),
-                np.empty(0, np.int64 if t == "int" else np.float64),
-                np.empty(0, np.int64 if t == "int" else np.float64)) for c, t in columns})
+            c: (np.empty(0, object if i else np.float64),
+                np.empty(0, np.int64 if i else np.float64),
+                np.empty(0, np.int64 if i else np.float64)) for c, i in ints.items()})
     keys = np.concatenate([p.bucket for p in parts])
     order = np.argsort(keys, kind="stable")
     keys = keys[order]
@@ -378,7 +384,10 @@ class Rollups:
         self._complete: dict[str, list[tuple[int, int]]] = {}
         self._coverage: dict[str, Coverage] = {}
         self._days: dict[str, tuple[np.ndarray, list[tuple[int, int]]]] = {}
-        self._cache: OrderedDict[tuple, Buckets] = OrderedDict()
+        # (stream, grain, part, columns) -> the part's copy, least recently used first
+        self._cache: OrderedDict[tuple[str, str, tuple[int, int],
+                                       tuple[tuple[str, ColumnType], ...]], Buckets] = \
+            OrderedDict()
         self._cached = 0
         #: bumped at every change of the index: what was derived from it is stale
         self.version = 0
@@ -581,7 +590,7 @@ class Rollups:
     # ------------------------------------------------------------------ read
 
     def _copy(self, stream: str, grain: str, part: tuple[int, int],
-              columns: tuple[tuple[str, str], ...]) -> Buckets:
+              columns: tuple[tuple[str, ColumnType], ...]) -> Buckets:
         """The `grain` copy of `stream`'s complete part `part`, decoded with the
         statistics of `columns`: from the cache, or O(its buckets) from its file.
 
@@ -611,7 +620,7 @@ class Rollups:
                 self._cached -= old.nbytes()
         return got
 
-    def buckets(self, stream: str, grain: str, columns: Sequence[tuple[str, str]]
+    def buckets(self, stream: str, grain: str, columns: Sequence[tuple[str, ColumnType]]
                 ) -> Buckets:
         """The `grain` buckets of all `stream`'s complete parts, merged by bucket (a
         bucket split across flushes is one row), with the statistics of `columns`
@@ -625,7 +634,7 @@ class Rollups:
                          for part in self.complete(stream)], cols)
 
     def substitute(self, stream: str, begin: float, end: float,
-                   columns: Sequence[tuple[str, str]]) -> Substitute | None:
+                   columns: Sequence[tuple[str, ColumnType]]) -> Substitute | None:
         """How the copies answer part of an aggregate over `stream`'s rows with
         begin <= ts <= end: a `Substitute` with the statistics of `columns` over the
         whole buckets inside the window (`pieces`, the window first clipped to the
@@ -657,8 +666,8 @@ class Rollups:
         return Substitute(begin, end, float(a), float(b), self.coverage(stream),
                           self.totals(stream, runs, cols), before, after)
 
-    def _minute_meets(self, stream: str, minute: int, columns: tuple[tuple[str, str], ...],
-                      test: Any) -> bool:
+    def _minute_meets(self, stream: str, minute: int,
+                      columns: tuple[tuple[str, ColumnType], ...], test: Any) -> bool:
         """Whether some complete part has rows in `minute` for which `test(copy,
         index)` holds."""
         day = minute * _MINUTE // GRAINS["day"]
@@ -670,7 +679,7 @@ class Rollups:
         return False
 
     def totals(self, stream: str, runs: Sequence[tuple[str, int, int]],
-               columns: Sequence[tuple[str, str]]) -> dict[str, Any]:
+               columns: Sequence[tuple[str, ColumnType]]) -> dict[str, Any]:
         """COUNT(*), the latest ts, and per column (name, type) of `columns` its SUM,
         MIN and MAX (None without rows) over the buckets `runs` ((grain, first, end)
         from `pieces`) of `stream`'s complete parts: {"count": n, "ts_max": t,
@@ -679,7 +688,7 @@ class Rollups:
         cols = tuple(columns)
         count = 0
         ts_max = -math.inf
-        sums: dict[str, Any] = {c: 0 if t == "int" else 0.0 for c, t in cols}
+        sums: dict[str, Any] = {c: 0 if t == ColumnType.INT else 0.0 for c, t in cols}
         mins: dict[str, Any] = {c: None for c, _ in cols}
         maxs: dict[str, Any] = {c: None for c, _ in cols}
         day = GRAINS["day"]
@@ -694,7 +703,8 @@ class Rollups:
                 ts_max = max(ts_max, float(got.ts_max[i:j].max()))
                 for c, ctype in cols:
                     s, lo, hi = got.columns[c]
-                    sums[c] += sum(s[i:j].tolist()) if ctype == "int" else float(np.sum(s[i:j]))
+                    sums[c] += (sum(s[i:j].tolist()) if ctype == ColumnType.INT
+                                else float(np.sum(s[i:j])))
                     low, high = lo[i:j].min().item(), hi[i:j].max().item()
                     mins[c] = low if mins[c] is None else min(mins[c], low)
                     maxs[c] = high if maxs[c] is None else max(maxs[c], high)

@@ -293,7 +293,8 @@ def _member(ctype: ColumnType, value: Any) -> Value | None:
         return value if INT64_MIN <= value <= INT64_MAX else None
     if ctype == ColumnType.FLOAT:
         return float(value)
-    return value
+    member: Value = value   # TEXT and BOOL: the checker matched the constant's type
+    return member
 
 
 def _bound(ctype: ColumnType, op: str, value: Any) -> tuple[Value, bool]:
@@ -326,4 +327,4 @@ def _admits_nothing(ctype: ColumnType, lo: Any, lo_open: bool, hi: Any, hi_open:
         return False
     if lo == hi:
         return lo_open or hi_open or lo in ne
-    return lo > hi
+    return bool(lo > hi)

@@ -60,6 +60,7 @@ from psoup.archive.layout import (
 from psoup.archive.sampling import in_order, is_sampled
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.errors import ArchiveError, PSoupError, ReplayError
+from psoup.query.model import ColumnType
 from psoup.spark.session import spark_error
 
 #: Rows per slice: the most the driver holds at once (about; see `plan_replay`).
@@ -89,7 +90,7 @@ class StreamPlan:
     """One stream of a replay: its schema, the target's state and the files to read."""
 
     name: str
-    columns: list[tuple[str, str]]
+    columns: list[tuple[str, ColumnType]]
     create: bool                  # the target lacks the stream: create it first
     latest_ts: float | None       # the target stream's latest ts (None: empty)
     start: float = -math.inf      # its rows with ts >= start are replayed ...
@@ -224,9 +225,9 @@ def _scan_stream(name: str, paths: list[Path], target: Mapping[str, Any] | None,
         if b.first <= a.last:
             raise ArchiveError(f"{b.path}: its tupleIDs {b.first}..{b.last} overlap those "
                                f"of {a.path} ({a.first}..{a.last})")
-    columns: list[tuple[str, str]] | None
-    if target is not None:
-        columns = list(target["columns"].items())
+    columns: list[tuple[str, ColumnType]] | None
+    if target is not None:          # Engine.stats(): the types by name over a connection
+        columns = [(c, ColumnType(t)) for c, t in target["columns"].items()]
     else:
         with _open(parts[0].path) as pf:
             columns = stream_columns(pf.schema_arrow)
@@ -301,10 +302,10 @@ class _Scan:
     """The order and value checks of one stream's files, batch by batch, and the
     sampling of its in-range timestamps."""
 
-    def __init__(self, stream: str, columns: Sequence[tuple[str, str]], lo: float,
+    def __init__(self, stream: str, columns: Sequence[tuple[str, ColumnType]], lo: float,
                  hi: float, every: int, plan: StreamPlan):
         self.stream, self.lo, self.hi, self.every, self.plan = stream, lo, hi, every, plan
-        self.floats = [c for c, t in columns if t == "float"]
+        self.floats = [c for c, t in columns if t == ColumnType.FLOAT]
         self.last: tuple[float, int, Path] | None = None   # ts, tupleID, file of the last row
 
     def skip(self, part: Part, span: tuple[float, float]) -> None:
@@ -513,7 +514,8 @@ def _collect(spark: Any, stream: StreamPlan, paths: Sequence[Path], lo: float, h
         keep = keep & (ts <= hi if closed else ts < hi)
     names = [TS_COLUMN, TUPLE_ID_COLUMN, *(c for c, _ in stream.columns)]
     ddl = ", ".join(f"`{c}` {SPARK_TYPES[t]}" for c, t in
-                    [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *stream.columns])
+                    [(TS_COLUMN, ColumnType.FLOAT), (TUPLE_ID_COLUMN, ColumnType.INT),
+                     *stream.columns])
     try:
         frame = (spark.read.schema(ddl).parquet(*(str(p.resolve()) for p in paths))
                  .where(keep)

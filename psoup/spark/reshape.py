@@ -111,7 +111,7 @@ def rewrite_part(path: str) -> int:
     target = Path(path)
     table = pq.read_table(target)
     if is_sampled(table.schema):
-        return table.num_rows
+        return int(table.num_rows)
     columns = stream_columns(table.schema)
     if columns is None:
         raise ValueError(f"{target}: no psoup schema in its metadata (psoup.columns)")
@@ -126,4 +126,4 @@ def rewrite_part(path: str) -> int:
     private = (target.stat().st_mode & 0o077) == 0
     write_whole(target, partial(write_runs, table, np.random.default_rng()), private)
     fsync_dir(target.parent)
-    return table.num_rows
+    return int(table.num_rows)

@@ -31,7 +31,15 @@ from typing import Any, Literal
 import numpy as np
 
 from psoup import kernels
-from psoup.query.model import INT64_MAX, INT64_MIN, TS, TUPLE_ID, AttrPredicate, Source
+from psoup.query.model import (
+    INT64_MAX,
+    INT64_MIN,
+    TS,
+    TUPLE_ID,
+    AttrPredicate,
+    Source,
+    StreamSchema,
+)
 from psoup.stems.batch import DTYPES, Batch
 from psoup.stems.predicates import attr_mask, source_mask
 from psoup.stems.span import Span
@@ -90,7 +98,7 @@ class DataSteM:
         (1, 3)
     """
 
-    def __init__(self, schema, chunk_rows: int = 8192):
+    def __init__(self, schema: StreamSchema, chunk_rows: int = 8192):
         self.schema = schema
         self.chunk_rows = chunk_rows
         self._dtypes = {name: DTYPES[t] for name, t in schema.columns}
@@ -108,7 +116,8 @@ class DataSteM:
         # the chunks' blocks as (a kernels.address_table, the blocks), or None
         self._blocks: tuple[np.ndarray, list[np.ndarray]] | None = None
         #: names asked of `take` -> (its 8-byte columns, their block rows, their dtypes)
-        self._gathers: dict[tuple[str, ...], tuple[list[str], np.ndarray, list]] = {}
+        self._gathers: dict[tuple[str, ...],
+                            tuple[list[str], np.ndarray, list[np.dtype[Any]]]] = {}
         self._heads: list[float] = []     # first ts of each chunk, for the time index
         self._tid_heads: list[int] = []   # first tupleID of each chunk, for lookups
         self._chunk0 = 0                  # chunk number of self._chunks[0]
@@ -417,7 +426,8 @@ class DataSteM:
             reader.settle()
         self._readers.clear()
 
-    def _gather(self, names: Sequence[str]) -> tuple[list[str], np.ndarray, list]:
+    def _gather(self, names: Sequence[str]
+                ) -> tuple[list[str], np.ndarray, list[np.dtype[Any]]]:
         """(the 8-byte columns among `names`, their rows in a chunk's block, their
         dtypes), kept per tuple of names: O(1) after the first time."""
         key = tuple(names)
@@ -558,9 +568,11 @@ class DataSteM:
         if len(positions) == 0 or (not source.predicates and not source.column_factors):
             return positions
         cols = self.take(_columns_used(source), positions)
-        return positions[source_mask(source, cols, len(positions))]
+        kept: np.ndarray = positions[source_mask(source, cols, len(positions))]
+        return kept
 
-    def _most_selective(self, preds: Sequence[AttrPredicate], p0: int, p1: int):
+    def _most_selective(self, preds: Sequence[AttrPredicate], p0: int, p1: int
+                        ) -> AttrPredicate | None:
         if not preds or p1 - p0 < 2 * self.chunk_rows:
             return None
         limit = INDEX_SELECTIVITY * (p1 - p0)

@@ -12,12 +12,13 @@ import math
 import operator
 from collections.abc import Callable, Mapping
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
 from psoup.query.model import INT64_MAX, INT64_MIN, AttrPredicate, ColumnFactor, Source
 
-COMPARE: dict[str, Callable] = {
+COMPARE: dict[str, Callable[[Any, Any], Any]] = {
     "=": operator.eq,
     "!=": operator.ne,
     "<": operator.lt,
@@ -185,5 +186,5 @@ def source_mask(source: Source, columns: Mapping[str, np.ndarray], n: int) -> np
     return np.ones(n, dtype=bool) if mask is None else mask
 
 
-def _as_array(values: frozenset, dtype: np.dtype) -> np.ndarray:
+def _as_array(values: frozenset[Any], dtype: np.dtype[Any]) -> np.ndarray:
     return np.array(sorted(values), dtype=dtype)
