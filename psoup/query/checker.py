@@ -28,6 +28,7 @@ from psoup.query.model import (
     StreamSchema,
     TimeExpr,
     Window,
+    WindowType,
 )
 from psoup.query.normalize import (
     FLIPPED,
@@ -62,7 +63,7 @@ from psoup.query.syntax import (
     StreamWindow,
     TimeSpec,
 )
-from psoup.query.timeparse import ROW, UNIT_SECONDS, timestamp_seconds
+from psoup.query.timeparse import ROW, UNIT_SECONDS, TimeUnit, timestamp_seconds
 from psoup.query.tokens import Pos
 
 _INT, _FLOAT, _TEXT, _BOOL = ColumnType.INT, ColumnType.FLOAT, ColumnType.TEXT, ColumnType.BOOL
@@ -368,7 +369,7 @@ def _windows(stmt: Select, scope: _Scope) -> list[Window]:
 
 def _stream_window(window: StreamWindow, scope: _Scope, index: int) -> Window:
     if isinstance(window, NowWindow):
-        return Window("range", TimeExpr(True, 0.0), TimeExpr(True, 0.0))
+        return Window(WindowType.RANGE, TimeExpr(True, 0.0), TimeExpr(True, 0.0))
     if isinstance(window, RangeWindow):
         if window.amount is None:
             return Window()
@@ -377,17 +378,17 @@ def _stream_window(window: StreamWindow, scope: _Scope, index: int) -> Window:
                 "RANGE takes a duration; use [ROWS n] for the last n tuples", *window.pos
             )
         seconds = _seconds(window.amount, window.unit)
-        return Window("range", TimeExpr(True, 0.0 - seconds), TimeExpr(True, 0.0))
+        return Window(WindowType.RANGE, TimeExpr(True, 0.0 - seconds), TimeExpr(True, 0.0))
     rows = _row_count(window.count, "ROWS")
     if not window.partition_by:
-        return Window("rows", rows=rows)
+        return Window(WindowType.ROWS, rows=rows)
     columns: list[str] = []
     for ref in window.partition_by:
         scope.resolve(ref, within=index)
         if ref.name in columns:
             raise QueryError(f"column '{ref.name}' appears twice in PARTITION BY", *ref.name_pos)
         columns.append(ref.name)
-    return Window("partition", rows=rows, partition_by=tuple(columns))
+    return Window(WindowType.PARTITION, rows=rows, partition_by=tuple(columns))
 
 
 def _begin_end(clause: BeginEnd) -> Window:
@@ -401,14 +402,14 @@ def _begin_end(clause: BeginEnd) -> Window:
             raise QueryError(
                 f"with BEGIN {begin.text}, END must be NOW, found {end.text}", *end.pos
             )
-        return Window("rows", rows=_row_count(begin.amount, "ROWS"))  # type: ignore[arg-type]
+        return Window(WindowType.ROWS, rows=_row_count(begin.amount, "ROWS"))  # type: ignore[arg-type]
     lo, hi = _time_expr(begin), _time_expr(end)
     if lo.relative == hi.relative and lo.value > hi.value:
         raise QueryError(
             f"BEGIN {begin.text} is after END {end.text}: the window is always empty",
             *clause.pos,
         )
-    return Window("range", lo, hi)
+    return Window(WindowType.RANGE, lo, hi)
 
 
 def _time_expr(spec: TimeSpec) -> TimeExpr:
@@ -430,7 +431,7 @@ def _time_expr(spec: TimeSpec) -> TimeExpr:
     return TimeExpr(False, float(value))
 
 
-def _seconds(amount: Literal, unit: str) -> float:
+def _seconds(amount: Literal, unit: TimeUnit) -> float:
     return float(amount.value * UNIT_SECONDS[unit])
 
 

@@ -120,22 +120,32 @@ class TimeExpr:
         return now + self.value if self.relative else self.value
 
 
-@dataclass(frozen=True)
-class Window:
-    """The input window of one FROM item, resolved against NOW only at invocation.
+class WindowType(str, Enum):
+    """What a window selects (`Window.kind`):
 
-    kinds:
-        "all":       everything retained (no BEGIN/END, or [RANGE UNBOUNDED]).
-        "range":     tuples with begin.resolve(now) <= ts <= end.resolve(now); [NOW] is a
-                     range whose both edges are NOW + 0; [RANGE 10 MINUTES] is NOW-600..NOW.
-        "rows":      the `rows` most recent tuples of the stream ([ROWS n], or
-                     BEGIN (NOW - n ROWS) END NOW).
-        "partition": the `rows` most recent tuples of each distinct value of the
-                     `partition_by` columns ([PARTITION BY a, b ROWS n]).
-    The window is taken first and WHERE filters inside it (docs/language.md, "Windows").
+        ALL:       everything retained (no BEGIN/END, or [RANGE UNBOUNDED]).
+        RANGE:     tuples with begin.resolve(now) <= ts <= end.resolve(now); [NOW] is a
+                   range whose both edges are NOW + 0; [RANGE 10 MINUTES] is NOW-600..NOW.
+        ROWS:      the `rows` most recent tuples of the stream ([ROWS n], or
+                   BEGIN (NOW - n ROWS) END NOW).
+        PARTITION: the `rows` most recent tuples of each distinct value of the
+                   `partition_by` columns ([PARTITION BY a, b ROWS n]).
     """
 
-    kind: str = "all"
+    ALL = "all"
+    RANGE = "range"
+    ROWS = "rows"
+    PARTITION = "partition"
+
+
+@dataclass(frozen=True)
+class Window:
+    """The input window of one FROM item, resolved against NOW only at invocation; its
+    `kind` says which of the other fields it uses (`WindowType`). The window is taken
+    first and WHERE filters inside it (docs/language.md, "Windows").
+    """
+
+    kind: WindowType = WindowType.ALL
     begin: TimeExpr | None = None
     end: TimeExpr | None = None
     rows: int | None = None
@@ -206,14 +216,21 @@ class JoinFactor:
     left_offset: int | float = 0
 
 
+class SampleMethod(str, Enum):
+    """A TABLESAMPLE method, by its keyword: BERNOULLI samples rows, SYSTEM whole row
+    groups of the archive (its fraction rounded up to what they hold)."""
+
+    BERNOULLI = "BERNOULLI"
+    SYSTEM = "SYSTEM"
+
+
 @dataclass(frozen=True)
 class Sample:
     """`TABLESAMPLE method (percent)` on a FROM item: the archived part of its stream is
     read as a uniform random sample of `fraction` (0 < fraction < 1) of its tuples;
-    tuples still in memory are read whole. BERNOULLI samples rows, SYSTEM whole row
-    groups of the archive (its fraction rounded up to what they hold)."""
+    tuples still in memory are read whole."""
 
-    method: str
+    method: SampleMethod
     fraction: float
 
 
@@ -330,19 +347,28 @@ class Query:
         probe of a batch serves selections and joins alike (PSoup Sect. 3.2.2).
 
         Example:
-            >>> q = Query("SELECT ...", (Source("R", "r", Window("rows", rows=5)),
+            >>> q = Query("SELECT ...", (Source("R", "r", Window(WindowType.ROWS, rows=5)),
             ...                          Source("S", "S", Window())), ())
-            >>> q.local(0).sql, q.local(0).sources[0].window.kind
-            ('SELECT ... [local to r]', 'all')
+            >>> q.local(0).sql, q.local(0).sources[0].window.kind is WindowType.ALL
+            ('SELECT ... [local to r]', True)
         """
         source = replace(self.sources[item], window=Window())
         return Query(f"{self.sql} [local to {source.alias}]", (source,), (),
                      contradiction=self.contradiction)
 
 
-#: What a catalog statement asks for (docs/language.md, "The catalog").
-SHOW_STREAMS, SHOW_QUERIES, DESCRIBE, DROP_STREAM = (
-    "show streams", "show queries", "describe", "drop stream")
+class CatalogAction(str, Enum):
+    """What a catalog statement asks for (docs/language.md, "The catalog")."""
+
+    SHOW_STREAMS = "show streams"
+    SHOW_QUERIES = "show queries"
+    DESCRIBE = "describe"
+    DROP_STREAM = "drop stream"
+
+
+# The actions by their former names, for code that imports them from here.
+SHOW_STREAMS, SHOW_QUERIES = CatalogAction.SHOW_STREAMS, CatalogAction.SHOW_QUERIES
+DESCRIBE, DROP_STREAM = CatalogAction.DESCRIBE, CatalogAction.DROP_STREAM
 
 
 @dataclass(frozen=True)
@@ -351,11 +377,11 @@ class Catalog:
     DROP STREAM stream [CASCADE]. The stream, when there is one, exists.
 
     Attributes:
-        action: SHOW_STREAMS, SHOW_QUERIES, DESCRIBE or DROP_STREAM.
+        action: what it asks for.
         stream: the stream described or dropped; None for SHOW.
         cascade: DROP STREAM ... CASCADE (unregister the queries reading the stream).
     """
 
-    action: str
+    action: CatalogAction
     stream: str | None = None
     cascade: bool = False

@@ -12,15 +12,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from psoup.errors import QueryError
-from psoup.query.model import (
-    AGGREGATES,
-    DESCRIBE,
-    DROP_STREAM,
-    INT64_MAX,
-    INT64_MIN,
-    SHOW_QUERIES,
-    SHOW_STREAMS,
-)
+from psoup.query.model import AGGREGATES, INT64_MAX, INT64_MIN, CatalogAction, SampleMethod
 from psoup.query.syntax import (
     BeginEnd,
     Between,
@@ -51,7 +43,7 @@ from psoup.query.syntax import (
     TimeConstant,
     TimeSpec,
 )
-from psoup.query.timeparse import unit_name
+from psoup.query.timeparse import TimeUnit, unit_name
 from psoup.query.tokens import UNSUPPORTED_KEYWORDS, Pos, Token, TokenType, tokenize
 
 COMPARISON_OPS = ("=", "!=", "<>", "<", "<=", ">", ">=")
@@ -103,7 +95,7 @@ def parse_retention(text: str) -> Retain:
 
     Example:
         >>> r = parse_retention("90 seconds")
-        >>> r.amount.value, r.unit
+        >>> r.amount.value, r.unit.value
         (90, 'SECOND')
     """
     parser = _Parser(tokenize(text))
@@ -192,10 +184,10 @@ class _Parser:
         verb = start.text.upper()
         if verb == "SHOW":
             if self._accept_word("STREAMS"):
-                action = SHOW_STREAMS
+                action = CatalogAction.SHOW_STREAMS
             else:
                 self._expect_word("QUERIES", "STREAMS or QUERIES")
-                action = SHOW_QUERIES
+                action = CatalogAction.SHOW_QUERIES
             self.end("the end of the statement")
             return CatalogStatement(start.pos, action)
         if verb == "DROP":
@@ -203,11 +195,12 @@ class _Parser:
         name, name_pos = self._name("a stream name")
         if verb == "DESCRIBE":
             self.end("the end of the statement")
-            return CatalogStatement(start.pos, DESCRIBE, name, name_pos)
+            return CatalogStatement(start.pos, CatalogAction.DESCRIBE, name, name_pos)
         cascade = self._accept_word("CASCADE") is not None
         self.end("the end of the statement" if cascade else
                  "CASCADE or the end of the statement")  # fmt: skip
-        return CatalogStatement(start.pos, DROP_STREAM, name, name_pos, cascade)
+        return CatalogStatement(start.pos, CatalogAction.DROP_STREAM, name, name_pos,
+                                cascade)
 
     def _create(self) -> CreateStream:
         start = self._advance()
@@ -330,7 +323,7 @@ class _Parser:
             return Literal(tok.pos, tok.value == "TRUE", tok.text)
         return self._number(expected, signed=True)
 
-    def _unit(self, expected: str, default: str | None) -> str:
+    def _unit(self, expected: str, default: TimeUnit | None) -> TimeUnit:
         tok = self._tok
         unit = unit_name(tok.text) if tok.kind is TokenType.NAME else None
         if unit is not None:
@@ -419,17 +412,17 @@ class _Parser:
         if self._tok.is_word("REPEATABLE"):
             raise QueryError("REPEATABLE is not supported: the archive's sample is drawn "
                              "once, when its rows are written", *self._tok.pos)
-        return SampleClause(pos, method.text.upper(), percent)
+        return SampleClause(pos, SampleMethod(method.text.upper()), percent)
 
     def _stream_window(self) -> StreamWindow:
         pos = self._advance().pos
         window: StreamWindow
         if self._accept_word("RANGE"):
             if self._accept_word("UNBOUNDED"):
-                window = RangeWindow(pos, None, "SECOND")
+                window = RangeWindow(pos, None, TimeUnit.SECOND)
             else:
                 amount = self._number("a number or UNBOUNDED")
-                window = RangeWindow(pos, amount, self._unit(_TIME_UNITS, default="SECOND"))
+                window = RangeWindow(pos, amount, self._unit(_TIME_UNITS, default=TimeUnit.SECOND))
         elif self._accept_word("ROWS"):
             window = RowsWindow(pos, self._number("a number of rows"), ())
         elif self._accept_word("PARTITION"):
@@ -550,10 +543,11 @@ class _Parser:
         tok = self._tok
         if self._accept_word("NOW"):
             if not self._tok.is_symbol("+", "-"):
-                return NowTime(tok.pos, self._text_since(start), None, None, "SECOND")
+                return NowTime(tok.pos, self._text_since(start), None, None,
+                               TimeUnit.SECOND)
             sign = self._advance().text
             amount = self._number("a number")
-            unit = self._unit(_ANY_UNITS, default="SECOND")
+            unit = self._unit(_ANY_UNITS, default=TimeUnit.SECOND)
             return NowTime(tok.pos, self._text_since(start), sign, amount, unit)
         if tok.kind is TokenType.STRING:
             self._advance()

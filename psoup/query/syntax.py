@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from psoup.query.model import CatalogAction, SampleMethod
+from psoup.query.timeparse import TimeUnit
 from psoup.query.tokens import Pos
 
 
@@ -105,7 +107,7 @@ class Retain:
 
     pos: Pos
     amount: Literal
-    unit: str
+    unit: TimeUnit
 
 
 @dataclass(slots=True)
@@ -162,7 +164,7 @@ class RangeWindow:
 
     pos: Pos
     amount: Literal | None
-    unit: str
+    unit: TimeUnit
 
 
 @dataclass(slots=True)
@@ -186,10 +188,10 @@ StreamWindow = RangeWindow | RowsWindow | NowWindow
 
 @dataclass(slots=True)
 class SampleClause:
-    """`TABLESAMPLE method (percent)`; method is BERNOULLI or SYSTEM (upper case)."""
+    """`TABLESAMPLE method (percent)`."""
 
     pos: Pos
-    method: str
+    method: SampleMethod
     percent: Literal
 
 
@@ -218,7 +220,7 @@ class NowTime:
     text: str
     sign: str | None
     amount: Literal | None
-    unit: str
+    unit: TimeUnit
 
 
 @dataclass(slots=True)
@@ -259,11 +261,11 @@ class Select:
 
 @dataclass(slots=True)
 class CatalogStatement:
-    """SHOW STREAMS, SHOW QUERIES, DESCRIBE name or DROP STREAM name [CASCADE]; `action`
-    is one of model's catalog actions, `name_pos` where the stream's name starts."""
+    """SHOW STREAMS, SHOW QUERIES, DESCRIBE name or DROP STREAM name [CASCADE];
+    `name_pos` is where the stream's name starts."""
 
     pos: Pos
-    action: str
+    action: CatalogAction
     name: str | None = None
     name_pos: Pos | None = None
     cascade: bool = False
