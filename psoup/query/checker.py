@@ -20,6 +20,7 @@ from psoup.query.model import (
     Catalog,
     ColumnFactor,
     ColumnType,
+    CompareOp,
     JoinFactor,
     Query,
     Sample,
@@ -32,7 +33,9 @@ from psoup.query.model import (
 )
 from psoup.query.normalize import (
     FLIPPED,
+    IN,
     AttrFactor,
+    compare_op,
     integer_offset,
     is_contradiction,
     normalize_factors,
@@ -146,8 +149,8 @@ def check(
         (2, ['a'])
         >>> j = check(parse("SELECT * FROM R r1, R r2 WHERE r2.a > r1.a + 1"), schemas, "...")
         >>> j.joins, j.columns  # doctest: +NORMALIZE_WHITESPACE
-        ((JoinFactor(left=0, left_column='a', op='<', right=1, right_column='a', offset=0,
-                     left_offset=1),), ['r1.a', 'r2.a'])
+        ((JoinFactor(left=0, left_column='a', op=<CompareOp.LT: '<'>, right=1,
+                     right_column='a', offset=0, left_offset=1),), ['r1.a', 'r2.a'])
     """
     if isinstance(statement, CreateStream):
         return _check_create(statement, schemas)
@@ -556,12 +559,12 @@ def _factors(
         if isinstance(factor, Between):
             index, ctype = _constant_factor(scope, factor.column, [factor.low, factor.high])
             name = factor.column.name
-            local[index].append(AttrFactor(name, ctype, ">=", factor.low.value))
-            local[index].append(AttrFactor(name, ctype, "<=", factor.high.value))
+            local[index].append(AttrFactor(name, ctype, CompareOp.GE, factor.low.value))
+            local[index].append(AttrFactor(name, ctype, CompareOp.LE, factor.high.value))
         elif isinstance(factor, InList):
             index, ctype = _constant_factor(scope, factor.column, factor.values)
             values = tuple(v.value for v in factor.values)
-            local[index].append(AttrFactor(factor.column.name, ctype, "in", values))
+            local[index].append(AttrFactor(factor.column.name, ctype, IN, values))
         else:
             checked = _comparison(factor, scope)
             if isinstance(checked, bool):
@@ -578,13 +581,14 @@ def _comparison(
 ) -> tuple[int, _Local] | JoinFactor | bool:
     """A local factor with its FROM item's index, a join factor between two items, or
     True / False for a comparison of INT columns that always / never holds."""
-    left, op, right = factor.left, factor.op, factor.right
+    left, right = factor.left, factor.right
     if isinstance(left, Literal) and isinstance(right, Literal):
         raise QueryError(
-            f"a factor must involve a column, but {left.text} {op} {right.text} compares "
-            "two constants",
+            f"a factor must involve a column, but {left.text} {factor.op} {right.text} "
+            "compares two constants",
             *factor.pos,
         )
+    op = compare_op(factor.op)
     if isinstance(left, Literal):
         left, op, right = right, FLIPPED[op], left
     assert isinstance(left, ColumnRef)  # the parser puts arithmetic on the right only

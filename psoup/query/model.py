@@ -182,15 +182,26 @@ class AttrPredicate:
     empty: bool = False
 
 
+class CompareOp(str, Enum):
+    """A comparison of two values, by its symbol (SQL's `<>` is NE, written `!=`)."""
+
+    EQ = "="
+    NE = "!="
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+
+
 @dataclass(frozen=True)
 class ColumnFactor:
     """A multi-attribute factor on one stream, `left op right + offset`, as written
-    (PSoup's predicateList). `op` is one of = != < <= > >= (<> is folded to !=); `offset`
-    is 0 for TEXT and BOOL columns (arithmetic on them is rejected by the checker), and
-    an integer when both columns are INT (`integer_offset`)."""
+    (PSoup's predicateList). `offset` is 0 for TEXT and BOOL columns (arithmetic on them
+    is rejected by the checker), and an integer when both columns are INT
+    (`integer_offset`)."""
 
     left: str
-    op: str
+    op: CompareOp
     right: str
     offset: int | float = 0
 
@@ -209,7 +220,7 @@ class JoinFactor:
 
     left: int
     left_column: str
-    op: str
+    op: CompareOp
     right: int
     right_column: str
     offset: int | float = 0

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from psoup.query.model import (
     INT64_MAX,
@@ -45,14 +45,31 @@ from psoup.query.model import (
     AttrPredicate,
     ColumnFactor,
     ColumnType,
+    CompareOp,
     JoinFactor,
     Value,
 )
 
 _BOOLS = frozenset({False, True})
 
+_EQ, _NE, _LT, _LE = CompareOp.EQ, CompareOp.NE, CompareOp.LT, CompareOp.LE
+_GT, _GE = CompareOp.GT, CompareOp.GE
+
 #: The operator that keeps a comparison true when its two sides swap (`a < b` is `b > a`).
-FLIPPED = {"=": "=", "!=": "!=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+FLIPPED = {_EQ: _EQ, _NE: _NE, _LT: _GT, _LE: _GE, _GT: _LT, _GE: _LE}
+
+#: An `AttrFactor`'s operator for an IN list.
+IN: Literal["in"] = "in"
+
+
+def compare_op(symbol: str) -> CompareOp:
+    """The comparison a symbol as written names (`<>` is `!=`).
+
+    Example:
+        >>> compare_op("<>") is CompareOp.NE, compare_op(">=") is CompareOp.GE
+        (True, True)
+    """
+    return _NE if symbol == "<>" else CompareOp(symbol)
 
 
 @dataclass(slots=True)
@@ -63,13 +80,13 @@ class AttrFactor:
         column: the column's name.
         ctype: the column's type; `value`'s type agrees with it (a number for INT and
             FLOAT, str for TEXT, bool for BOOL).
-        op: one of = != <> < <= > >=, or "in" when `value` is the tuple of an IN list.
+        op: the comparison, or IN ("in") when `value` is the tuple of an IN list.
         value: the constant, or the constants of an IN list.
     """
 
     column: str
     ctype: ColumnType
-    op: str
+    op: CompareOp | Literal["in"]
     value: Value | tuple[Value, ...]
 
 
@@ -89,13 +106,14 @@ def normalize_factors(
         as `!=` and exact repeats removed.
 
     Example:
+        >>> INT = ColumnType.INT
         >>> preds, cfs = normalize_factors([
-        ...     AttrFactor("a", "int", ">", 2.5), AttrFactor("a", "int", "<", 9),
-        ...     ColumnFactor("a", "<>", "b")])
+        ...     AttrFactor("a", INT, CompareOp.GT, 2.5), AttrFactor("a", INT, CompareOp.LT, 9),
+        ...     ColumnFactor("a", compare_op("<>"), "b")])
         >>> preds, cfs  # doctest: +NORMALIZE_WHITESPACE
-        ((AttrPredicate(column='a', ctype='int', lo=3, lo_open=False, hi=8, hi_open=False,
-                        eq=None, ne=frozenset(), empty=False),),
-         (ColumnFactor(left='a', op='!=', right='b', offset=0),))
+        ((AttrPredicate(column='a', ctype=<ColumnType.INT: 'int'>, lo=3, lo_open=False, hi=8,
+                        hi_open=False, eq=None, ne=frozenset(), empty=False),),
+         (ColumnFactor(left='a', op=<CompareOp.NE: '!='>, right='b', offset=0),))
     """
     by_column: dict[str, list[AttrFactor]] = {}
     column_factors: list[ColumnFactor] = []
@@ -103,7 +121,7 @@ def normalize_factors(
         if isinstance(factor, AttrFactor):
             by_column.setdefault(factor.column, []).append(factor)
         else:
-            factor = replace(factor, op=_canonical_op(factor.op))
+            factor = replace(factor, op=compare_op(factor.op))
             if factor not in column_factors:
                 column_factors.append(factor)
     folded = (fold_column(by_column[column]) for column in sorted(by_column))
@@ -126,16 +144,17 @@ def normalize_joins(factors: Sequence[JoinFactor]) -> tuple[JoinFactor, ...]:
         exact repeats (after orientation) removed.
 
     Example:
-        >>> normalize_joins([JoinFactor(1, "b", ">", 0, "a", 2),
-        ...                  JoinFactor(0, "a", "<>", 1, "b")])  # doctest: +NORMALIZE_WHITESPACE
-        (JoinFactor(left=0, left_column='a', op='<', right=1, right_column='b', offset=0,
-                    left_offset=2),
-         JoinFactor(left=0, left_column='a', op='!=', right=1, right_column='b', offset=0,
-                    left_offset=0))
+        >>> normalize_joins([JoinFactor(1, "b", CompareOp.GT, 0, "a", 2),
+        ...                  JoinFactor(0, "a", CompareOp.NE, 1, "b")])
+        ... # doctest: +NORMALIZE_WHITESPACE
+        (JoinFactor(left=0, left_column='a', op=<CompareOp.LT: '<'>, right=1,
+                    right_column='b', offset=0, left_offset=2),
+         JoinFactor(left=0, left_column='a', op=<CompareOp.NE: '!='>, right=1,
+                    right_column='b', offset=0, left_offset=0))
     """
     oriented: list[JoinFactor] = []
     for factor in factors:
-        op = _canonical_op(factor.op)
+        op = compare_op(factor.op)
         if factor.left > factor.right:
             # mirrored, each offset staying with its column: moving an offset across
             # (b > a + c as a < b - c) would round differently in floating point
@@ -159,10 +178,10 @@ def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
         accept every value of the column's type.
 
     Example:
-        >>> fold_column([AttrFactor("a", "int", "in", (1, 2.0, 2.5)),
-        ...              AttrFactor("a", "int", "!=", 1)])  # doctest: +NORMALIZE_WHITESPACE
-        AttrPredicate(column='a', ctype='int', lo=None, lo_open=False, hi=None, hi_open=False,
-                      eq=frozenset({2}), ne=frozenset(), empty=False)
+        >>> p = fold_column([AttrFactor("a", ColumnType.INT, IN, (1, 2.0, 2.5)),
+        ...                  AttrFactor("a", ColumnType.INT, CompareOp.NE, 1)])
+        >>> p.eq, p.lo, p.hi, p.ne, p.empty
+        (frozenset({2}), None, None, frozenset(), False)
     """
     column, ctype = factors[0].column, factors[0].ctype
     fold = _Fold()
@@ -190,23 +209,23 @@ class _Fold:
     ne: set[Any] = field(default_factory=set)
 
     def add(self, ctype: ColumnType, factor: AttrFactor) -> None:
-        op = _canonical_op(factor.op)
-        if op in ("=", "in"):
+        op = IN if factor.op == IN else compare_op(factor.op)
+        if op in (IN, _EQ):
             values: tuple[Any, ...]
-            if op == "in":
+            if op == IN:
                 assert isinstance(factor.value, tuple), "an IN factor holds its list's tuple"
                 values = factor.value
             else:
                 values = (factor.value,)
             members = {m for m in (_member(ctype, v) for v in values) if m is not None}
             self.eq = members if self.eq is None else self.eq & members
-        elif op == "!=":
+        elif op == _NE:
             member = _member(ctype, factor.value)
             if member is not None:
                 self.ne.add(member)
         else:
             value, is_open = _bound(ctype, op, factor.value)
-            if op in (">", ">="):
+            if op in (_GT, _GE):
                 lo = self.lo
                 if lo is None or value > lo or (value == lo and is_open):
                     self.lo, self.lo_open = value, is_open
@@ -242,7 +261,7 @@ class _Fold:
         return AttrPredicate(column, ctype, lo, lo_open, hi, hi_open, ne=frozenset(ne))
 
 
-def integer_offset(op: str, offset: int | float) -> tuple[str, int] | bool:
+def integer_offset(op: CompareOp, offset: int | float) -> tuple[CompareOp, int] | bool:
     """`x op y + offset` between INT values x and y, as a comparison with an integer
     offset, or True / False when it holds for every / no pair of integers.
 
@@ -250,23 +269,24 @@ def integer_offset(op: str, offset: int | float) -> tuple[str, int] | bool:
     holds and `d != 2.5` always does; an infinite offset decides every pair.
 
     Example:
-        >>> integer_offset("<", 0.5), integer_offset(">=", -0.5), integer_offset("=", 0.5)
-        (('<=', 0), ('>', -1), False)
-        >>> integer_offset("<", 2.0), integer_offset("!=", 1.5)
-        (('<', 2), True)
+        >>> [integer_offset(compare_op(op), c) for op, c in
+        ...  [("<", 0.5), (">=", -0.5), ("=", 0.5), ("<", 2.0), ("!=", 1.5)]]
+        ... # doctest: +NORMALIZE_WHITESPACE
+        [(<CompareOp.LE: '<='>, 0), (<CompareOp.GT: '>'>, -1), False,
+         (<CompareOp.LT: '<'>, 2), True]
     """
-    op = _canonical_op(op)
+    op = compare_op(op)
     if isinstance(offset, int):
         return op, offset
     if math.isinf(offset):
-        return {"=": False, "!=": True, "<": offset > 0, "<=": offset > 0, ">": offset < 0,
-                ">=": offset < 0}[op]
+        return {_EQ: False, _NE: True, _LT: offset > 0, _LE: offset > 0, _GT: offset < 0,
+                _GE: offset < 0}[op]
     if offset.is_integer():
         return op, int(offset)
-    if op in ("=", "!="):
-        return op == "!="
+    if op in (_EQ, _NE):
+        return op == _NE
     floor = math.floor(offset)
-    return ("<=", floor) if op in ("<", "<=") else (">", floor)
+    return (_LE, floor) if op in (_LT, _LE) else (_GT, floor)
 
 
 def is_contradiction(predicates: Sequence[AttrPredicate]) -> bool:
@@ -277,10 +297,6 @@ def is_contradiction(predicates: Sequence[AttrPredicate]) -> bool:
         True
     """
     return any(p.empty or (p.eq is not None and not p.eq) for p in predicates)
-
-
-def _canonical_op(op: str) -> str:
-    return "!=" if op == "<>" else op
 
 
 def _member(ctype: ColumnType, value: Any) -> Value | None:
@@ -297,20 +313,20 @@ def _member(ctype: ColumnType, value: Any) -> Value | None:
     return member
 
 
-def _bound(ctype: ColumnType, op: str, value: Any) -> tuple[Value, bool]:
+def _bound(ctype: ColumnType, op: CompareOp, value: Any) -> tuple[Value, bool]:
     """The bound (value, open) that `column op value` puts on the column (op: < <= > >=)."""
     if ctype == ColumnType.INT:
         # The integers above 2.5 are those >= 3: every INT bound comes out closed.
-        if op == ">":
+        if op == _GT:
             return math.floor(value) + 1, False
-        if op == ">=":
+        if op == _GE:
             return math.ceil(value), False
-        if op == "<":
+        if op == _LT:
             return math.ceil(value) - 1, False
         return math.floor(value), False
     if ctype == ColumnType.FLOAT:
         value = float(value)
-    return value, op in ("<", ">")
+    return value, op in (_LT, _GT)
 
 
 def _admits_nothing(ctype: ColumnType, lo: Any, lo_open: bool, hi: Any, hi_open: bool,
