@@ -45,6 +45,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -59,14 +60,30 @@ from psoup.errors import ArchiveError
 from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
 from psoup.query.model import ColumnType
 
+
+class Grain(str, Enum):
+    """A bucket length; its value names the copies' folders (grain=minute) and their
+    metadata, and a member formats as it."""
+
+    DAY = "day"
+    HOUR = "hour"
+    MINUTE = "minute"
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
 #: The grains, coarsest first, and their length in seconds.
-GRAINS: dict[str, int] = {"day": 86400, "hour": 3600, "minute": 60}
+GRAINS: dict[Grain, int] = {Grain.DAY: 86400, Grain.HOUR: 3600, Grain.MINUTE: 60}
 #: A copy's name: the tupleID range of its part file.
 COPY_NAME = re.compile(r"agg-(\d{20})-(\d{20})\.parquet\Z")
 #: Merged buckets kept decoded for the next reads, at most this many bytes in all.
 CACHE_BYTES = 32 << 20
 
-_MINUTE = GRAINS["minute"]
+_MINUTE = GRAINS[Grain.MINUTE]
 _LOW = 32
 _LOW_MASK = (1 << _LOW) - 1
 #: An INT bucket's sum is summed as two 32-bit halves in int64: exact below 2**31 rows.
@@ -87,12 +104,12 @@ def folder_for(root: str | Path) -> Path:
     return Path(root).parent / "aggregates"
 
 
-def copy_path(folder: str | Path, stream: str, grain: str, first: int, last: int) -> Path:
+def copy_path(folder: str | Path, stream: str, grain: Grain, first: int, last: int) -> Path:
     """Where the `grain` copy of `stream`'s part file of tupleIDs `first`..`last` lives
     under the copies' `folder`. O(1).
 
     Example:
-        >>> copy_path("aggregates", "R", "hour", 3, 9).as_posix()
+        >>> copy_path("aggregates", "R", Grain.HOUR, 3, 9).as_posix()
         'aggregates/stream=R/grain=hour/agg-00000000000000000003-00000000000000000009.parquet'
     """
     return (Path(folder) / f"stream={stream}" / f"grain={grain}"
@@ -131,7 +148,7 @@ def minutes(ts: np.ndarray) -> np.ndarray:
     return np.floor_divide(np.asarray(ts, np.float64), float(_MINUTE)).astype(np.int64)
 
 
-def summarize(table: pa.Table, grain: str) -> pa.Table:
+def summarize(table: pa.Table, grain: Grain) -> pa.Table:
     """The `grain` copy of a part file's rows (`table`: ts and the stream's columns, in
     any order): one row per bucket, in bucket order. O(n log n).
 
@@ -140,7 +157,7 @@ def summarize(table: pa.Table, grain: str) -> pa.Table:
 
     Example:
         >>> t = pa.table({"ts": [0.0, 30.0, 61.0], "a": [2, 5, 7]})
-        >>> summarize(t, "minute").to_pydict()["a_sum"]
+        >>> summarize(t, Grain.MINUTE).to_pydict()["a_sum"]
         [Decimal('7'), Decimal('7')]
     """
     ts = np.asarray(table.column(TS_COLUMN).to_numpy(), np.float64)
@@ -191,7 +208,7 @@ def _reduce(ufunc: np.ufunc, values: np.ndarray, starts: np.ndarray) -> np.ndarr
         return ufunc.reduceat(values, starts)
 
 
-def pieces(begin: float, end: float) -> list[tuple[str, int, int]]:
+def pieces(begin: float, end: float) -> list[tuple[Grain, int, int]]:
     """The whole buckets inside the window begin <= ts <= end, as (grain, first bucket,
     end bucket) runs: the span [A, B) of whole minutes in it (B: the minute holding
     `end` is left out, as rows at `end` itself are in the window but the rest of that
@@ -199,13 +216,13 @@ def pieces(begin: float, end: float) -> list[tuple[str, int, int]]:
     order. Infinite edges are not allowed (the caller clips them). O(1).
 
     Example:
-        >>> pieces(3540.0, 2 * 86400.0 + 120.0)
+        >>> [(str(g), first, end) for g, first, end in pieces(3540.0, 2 * 86400.0 + 120.0)]
         [('minute', 59, 60), ('hour', 1, 24), ('day', 1, 2), ('minute', 2880, 2882)]
     """
     a, b = math.ceil(begin / _MINUTE) * _MINUTE, math.floor(end / _MINUTE) * _MINUTE
-    out: list[tuple[str, int, int]] = []
+    out: list[tuple[Grain, int, int]] = []
 
-    def cover(lo: int, hi: int, grains: Sequence[str]) -> None:
+    def cover(lo: int, hi: int, grains: Sequence[Grain]) -> None:
         if lo >= hi:
             return
         grain, rest = grains[0], grains[1:]
@@ -371,7 +388,7 @@ class Rollups:
         >>> with tempfile.TemporaryDirectory() as d:
         ...     r = Rollups(Path(d) / "archive", Path(d) / "aggregates")
         ...     _ = r.add("R", pa.table({"ts": [0.0, 61.0], "a": [2, 5]}), 0, 1)
-        ...     r.buckets("R", "minute", [("a", "int")]).rows.tolist()
+        ...     r.buckets("R", Grain.MINUTE, [("a", ColumnType.INT)]).rows.tolist()
         [1, 1]
     """
 
@@ -380,12 +397,12 @@ class Rollups:
         self.folder = Path(folder)
         self.private = private
         self._parts: dict[str, dict[tuple[int, int], int]] = {}    # part -> its day
-        self._copies: dict[str, dict[tuple[int, int], set[str]]] = {}
+        self._copies: dict[str, dict[tuple[int, int], set[Grain]]] = {}
         self._complete: dict[str, list[tuple[int, int]]] = {}
         self._coverage: dict[str, Coverage] = {}
         self._days: dict[str, tuple[np.ndarray, list[tuple[int, int]]]] = {}
         # (stream, grain, part, columns) -> the part's copy, least recently used first
-        self._cache: OrderedDict[tuple[str, str, tuple[int, int],
+        self._cache: OrderedDict[tuple[str, Grain, tuple[int, int],
                                        tuple[tuple[str, ColumnType], ...]], Buckets] = \
             OrderedDict()
         self._cached = 0
@@ -413,13 +430,13 @@ class Rollups:
         for stream in {k[0] for k in self._cache} | set(self._complete):
             self._changed(stream)
 
-    def _copy_files(self, stream: str = "*") -> Iterator[tuple[str, str, int, int, Path]]:
+    def _copy_files(self, stream: str = "*") -> Iterator[tuple[str, Grain, int, int, Path]]:
         """(stream, grain, first, last, path) of every copy file of `stream`."""
         for path in self.folder.glob(f"stream={stream}/grain=*/agg-*.parquet"):
             m = COPY_NAME.match(path.name)
             grain = path.parent.name[len("grain="):]
             if m and grain in GRAINS:
-                yield (path.parent.parent.name[len("stream="):], grain, int(m.group(1)),
+                yield (path.parent.parent.name[len("stream="):], Grain(grain), int(m.group(1)),
                        int(m.group(2)), path)
 
     def _changed(self, stream: str, part: tuple[int, int] | None = None) -> None:
@@ -506,7 +523,7 @@ class Rollups:
             copies written before it stay; the part is not complete).
         """
         summaries = {grain: summarize(table, grain) for grain in GRAINS}
-        days = summaries["day"].column("bucket").to_pylist()
+        days = summaries[Grain.DAY].column("bucket").to_pylist()
         if len(days) != 1 or day not in (None, days[0]):
             for grain in GRAINS:
                 copy_path(self.folder, stream, grain, first, last).unlink(missing_ok=True)
@@ -589,7 +606,7 @@ class Rollups:
 
     # ------------------------------------------------------------------ read
 
-    def _copy(self, stream: str, grain: str, part: tuple[int, int],
+    def _copy(self, stream: str, grain: Grain, part: tuple[int, int],
               columns: tuple[tuple[str, ColumnType], ...]) -> Buckets:
         """The `grain` copy of `stream`'s complete part `part`, decoded with the
         statistics of `columns`: from the cache, or O(its buckets) from its file.
@@ -620,7 +637,7 @@ class Rollups:
                 self._cached -= old.nbytes()
         return got
 
-    def buckets(self, stream: str, grain: str, columns: Sequence[tuple[str, ColumnType]]
+    def buckets(self, stream: str, grain: Grain, columns: Sequence[tuple[str, ColumnType]]
                 ) -> Buckets:
         """The `grain` buckets of all `stream`'s complete parts, merged by bucket (a
         bucket split across flushes is one row), with the statistics of `columns`
@@ -649,7 +666,7 @@ class Rollups:
         if not len(days):
             return None
         cols = tuple(columns)
-        day = GRAINS["day"]
+        day = GRAINS[Grain.DAY]
         lo = max(begin, float(days[0]) * day)
         hi = min(end, float(days[-1] + 1) * day)
         runs = pieces(lo, hi) if lo <= hi else []
@@ -670,15 +687,15 @@ class Rollups:
                       columns: tuple[tuple[str, ColumnType], ...], test: Any) -> bool:
         """Whether some complete part has rows in `minute` for which `test(copy,
         index)` holds."""
-        day = minute * _MINUTE // GRAINS["day"]
+        day = minute * _MINUTE // GRAINS[Grain.DAY]
         for part in self._on_days(stream, day, day):
-            got = self._copy(stream, "minute", part, columns)
+            got = self._copy(stream, Grain.MINUTE, part, columns)
             k = int(np.searchsorted(got.bucket, minute))
             if k < len(got.bucket) and got.bucket[k] == minute and test(got, k):
                 return True
         return False
 
-    def totals(self, stream: str, runs: Sequence[tuple[str, int, int]],
+    def totals(self, stream: str, runs: Sequence[tuple[Grain, int, int]],
                columns: Sequence[tuple[str, ColumnType]]) -> dict[str, Any]:
         """COUNT(*), the latest ts, and per column (name, type) of `columns` its SUM,
         MIN and MAX (None without rows) over the buckets `runs` ((grain, first, end)
@@ -691,7 +708,7 @@ class Rollups:
         sums: dict[str, Any] = {c: 0 if t == ColumnType.INT else 0.0 for c, t in cols}
         mins: dict[str, Any] = {c: None for c, _ in cols}
         maxs: dict[str, Any] = {c: None for c, _ in cols}
-        day = GRAINS["day"]
+        day = GRAINS[Grain.DAY]
         for grain, first, stop in runs:
             g = GRAINS[grain]
             for part in self._on_days(stream, first * g // day, (stop * g - 1) // day):
