@@ -10,6 +10,7 @@ Aggregates and GROUP BY are checked here too (docs/semantics.md, "Aggregates").
 
 from __future__ import annotations
 
+import typing
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -79,7 +80,6 @@ TYPE_NAMES = {
     "BOOL": _BOOL, "BOOLEAN": _BOOL,
 }  # fmt: skip
 
-_NUMBERS = (_INT, _FLOAT)
 
 
 def parse_type(name: str) -> ColumnType:
@@ -637,13 +637,19 @@ def _constant_factor(
     return index, ctype
 
 
-def _kind(ctype: ColumnType) -> str:
-    """What a column compares with: "number" (INT and FLOAT), "text" or "bool", as
-    `_literal_kind` names a constant's."""
-    return "number" if ctype in _NUMBERS else ctype.value
+#: What a value compares with: a number (INT and FLOAT), a string or a boolean.
+_Kind = typing.Literal["number", "text", "bool"]
+
+_KINDS: dict[ColumnType, _Kind] = {_INT: "number", _FLOAT: "number", _TEXT: "text",
+                                   _BOOL: "bool"}
 
 
-def _literal_kind(constant: Literal) -> str:
+def _kind(ctype: ColumnType) -> _Kind:
+    """What a column compares with, as `_literal_kind` names a constant's."""
+    return _KINDS[ctype]
+
+
+def _literal_kind(constant: Literal) -> _Kind:
     if isinstance(constant.value, bool):
         return "bool"
     return "text" if isinstance(constant.value, str) else "number"

@@ -267,6 +267,14 @@ class Source:
     sample: Sample | None = None
 
 
+class Kept(str, Enum):
+    """What a group keeps for an aggregate besides its row count (`AggregateFunction`)."""
+
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+
+
 @dataclass(frozen=True)
 class AggregateFunction:
     """One aggregate function of the select list (PSoup Sect. 6), everything each layer
@@ -277,8 +285,8 @@ class AggregateFunction:
         numbers_only: its argument must be INT or FLOAT (else any type).
         star: it also takes `*` (COUNT(*)).
         keeps: what a group must keep for it besides its row count, by the structures
-            of psoup.results.aggregates: None (the count is enough), "sum" (prefix
-            sums), or "min" / "max" (an annotation of the ranked tree).
+            of psoup.results.aggregates: None (the count is enough), SUM (prefix sums),
+            or MIN / MAX (an annotation of the ranked tree).
         fold: the answer from a group's row count and what it keeps (None for an empty
             group's statistic): SQL's values, NULL (None) where it has none.
     """
@@ -286,7 +294,7 @@ class AggregateFunction:
     name: str
     numbers_only: bool
     star: bool
-    keeps: str | None
+    keeps: Kept | None
     fold: Callable[[int, Any], Any]
 
 
@@ -295,10 +303,10 @@ class AggregateFunction:
 #: in psoup.results.aggregates if it keeps something new).
 AGGREGATES: dict[str, AggregateFunction] = {f.name: f for f in (
     AggregateFunction("count", False, True, None, lambda n, _: n),
-    AggregateFunction("sum", True, False, "sum", lambda n, s: s if n else None),
-    AggregateFunction("avg", True, False, "sum", lambda n, s: s / n if n else None),
-    AggregateFunction("min", True, False, "min", lambda n, m: m if n else None),
-    AggregateFunction("max", True, False, "max", lambda n, m: m if n else None),
+    AggregateFunction("sum", True, False, Kept.SUM, lambda n, s: s if n else None),
+    AggregateFunction("avg", True, False, Kept.SUM, lambda n, s: s / n if n else None),
+    AggregateFunction("min", True, False, Kept.MIN, lambda n, m: m if n else None),
+    AggregateFunction("max", True, False, Kept.MAX, lambda n, m: m if n else None),
 )}
 
 
