@@ -48,7 +48,7 @@ from psoup.archive.parquet import Archive
 from psoup.archive.rollups import Rollups, folder_for
 from psoup.archive.sampling import sampled_schema, write_run
 from psoup.errors import ArchiveError
-from psoup.formats import input_format
+from psoup.formats import InputFormat, input_format
 from psoup.fsync import fsync_dir
 from psoup.options import ColumnTypeName
 from psoup.query.model import ColumnType
@@ -181,7 +181,7 @@ def _check_archived_schema(archive: Archive, stream: str,
 PREFLIGHT_ROWS = 1000
 
 
-def _preflight(path: Path, fmt: str, columns: Sequence[tuple[str, ColumnType]],
+def _preflight(path: Path, fmt: InputFormat, columns: Sequence[tuple[str, ColumnType]],
                ts_column: str) -> None:
     """Check a file's header (or first record) and the types of its first rows with
     pyarrow, so that a wrong header or a column of the wrong type is reported at once,
@@ -221,7 +221,7 @@ def _preflight(path: Path, fmt: str, columns: Sequence[tuple[str, ColumnType]],
                                        f"first {head.num_rows:,} rows)")
 
 
-def _head(path: Path, fmt: str, names: Sequence[str]) -> tuple[list[str], pa.Table | None]:
+def _head(path: Path, fmt: InputFormat, names: Sequence[str]) -> tuple[list[str], pa.Table | None]:
     """(the file's column names, its first rows of `names` as text or typed columns;
     None when it has no rows)."""
     import json
@@ -255,8 +255,8 @@ def _head(path: Path, fmt: str, names: Sequence[str]) -> tuple[list[str], pa.Tab
         [{n: None if r.get(n) is None else str(r.get(n)) for n in names} for r in rows])
 
 
-def _typed(spark: Any, path: Path, index: int, fmt: str, columns: Sequence[tuple[str, ColumnType]],
-           ts_column: str) -> Any:
+def _typed(spark: Any, path: Path, index: int, fmt: InputFormat,
+           columns: Sequence[tuple[str, ColumnType]], ts_column: str) -> Any:
     """The file as a DataFrame of ts, file index, row number (increasing in input order),
     the columns typed (NULL where a value does not fit) and, for the checks' messages,
     the columns as read."""
