@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence, Set
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from psoup.query.model import (
@@ -54,6 +54,7 @@ _BOOLS = frozenset({False, True})
 
 _EQ, _NE, _LT, _LE = CompareOp.EQ, CompareOp.NE, CompareOp.LT, CompareOp.LE
 _GT, _GE = CompareOp.GT, CompareOp.GE
+_INT, _FLOAT, _BOOL = ColumnType.INT, ColumnType.FLOAT, ColumnType.BOOL
 
 #: The operator that keeps a comparison true when its two sides swap (`a < b` is `b > a`).
 FLIPPED = {_EQ: _EQ, _NE: _NE, _LT: _GT, _LE: _GE, _GT: _LT, _GE: _LE}
@@ -62,14 +63,17 @@ FLIPPED = {_EQ: _EQ, _NE: _NE, _LT: _GT, _LE: _GE, _GT: _LT, _GE: _LE}
 IN: Literal["in"] = "in"
 
 
+_SYMBOLS = {**{op.value: op for op in CompareOp}, "<>": _NE}
+
+
 def compare_op(symbol: str) -> CompareOp:
-    """The comparison a symbol as written names (`<>` is `!=`).
+    """The comparison a symbol as written names (`<>` is `!=`); a member is itself.
 
     Example:
         >>> compare_op("<>") is CompareOp.NE, compare_op(">=") is CompareOp.GE
         (True, True)
     """
-    return _NE if symbol == "<>" else CompareOp(symbol)
+    return _SYMBOLS[symbol]
 
 
 @dataclass(slots=True)
@@ -184,81 +188,70 @@ def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
         (frozenset({2}), None, None, frozenset(), False)
     """
     column, ctype = factors[0].column, factors[0].ctype
-    fold = _Fold()
-    for factor in factors:
-        fold.add(ctype, factor)
-    return fold.predicate(column, ctype)
-
-
-@dataclass(slots=True)
-class _Fold:
-    """The intersection of one column's factors so far (`fold_column`).
-
-    Attributes:
-        lo, hi: the tightest bounds (None: unbounded), of the column's type (Any: they
-            are compared with each other and with the column's values).
-        eq: the admitted values of = and IN factors (None: no such factor yet).
-        ne: the values of != factors.
-    """
-
-    lo: Any = None
-    lo_open: bool = False
+    lo: Any = None  # Any: the bounds are of the column's type, compared with each other
     hi: Any = None
-    hi_open: bool = False
+    lo_open = hi_open = False
+    # eq: the admitted values (a frozenset once a BOOL column's two-value domain is used)
     eq: Set[Any] | None = None
-    ne: set[Any] = field(default_factory=set)
-
-    def add(self, ctype: ColumnType, factor: AttrFactor) -> None:
-        op = IN if factor.op == IN else compare_op(factor.op)
+    ne: set[Any] = set()
+    for factor in factors:
+        op = factor.op          # a member, or its symbol: equal to it (but <>)
+        if op == "<>":
+            op = _NE
         if op in (IN, _EQ):
-            values: tuple[Any, ...]
-            if op == IN:
-                assert isinstance(factor.value, tuple), "an IN factor holds its list's tuple"
-                values = factor.value
-            else:
-                values = (factor.value,)
-            members = {m for m in (_member(ctype, v) for v in values) if m is not None}
-            self.eq = members if self.eq is None else self.eq & members
+            members = _members(ctype, factor)
+            eq = members if eq is None else eq & members
         elif op == _NE:
             member = _member(ctype, factor.value)
             if member is not None:
-                self.ne.add(member)
+                ne.add(member)
         else:
             value, is_open = _bound(ctype, op, factor.value)
             if op in (_GT, _GE):
-                lo = self.lo
                 if lo is None or value > lo or (value == lo and is_open):
-                    self.lo, self.lo_open = value, is_open
-            elif self.hi is None or value < self.hi or (value == self.hi and is_open):
-                self.hi, self.hi_open = value, is_open
+                    lo, lo_open = value, is_open
+            elif hi is None or value < hi or (value == hi and is_open):
+                hi, hi_open = value, is_open
+    return _predicate(column, ctype, lo, lo_open, hi, hi_open, eq, ne)
 
-    def admits(self, v: Value) -> bool:
-        """Whether `v` lies within the bounds."""
-        lo, hi = self.lo, self.hi
-        above = lo is None or v > lo or (v == lo and not self.lo_open)
-        below = hi is None or v < hi or (v == hi and not self.hi_open)
+
+def _members(ctype: ColumnType, factor: AttrFactor) -> set[Value]:
+    """The values of the column's type that an = or IN factor admits."""
+    values: tuple[Any, ...]
+    if factor.op == IN:
+        assert isinstance(factor.value, tuple), "an IN factor holds its list's tuple"
+        values = factor.value
+    else:
+        values = (factor.value,)
+    return {m for m in (_member(ctype, v) for v in values) if m is not None}
+
+
+def _predicate(column: str, ctype: ColumnType, lo: Any, lo_open: bool, hi: Any,
+               hi_open: bool, eq: Set[Any] | None, ne: set[Any]) -> AttrPredicate | None:
+    """The canonical predicate of the folded bounds, admitted and excluded values (the
+    module docstring), or None when it admits every value."""
+
+    def admits(v: Value) -> bool:
+        above = lo is None or v > lo or (v == lo and not lo_open)
+        below = hi is None or v < hi or (v == hi and not hi_open)
         return above and below
 
-    def predicate(self, column: str, ctype: ColumnType) -> AttrPredicate | None:
-        """The canonical predicate of the factors added (the module docstring)."""
-        eq = self.eq
-        if ctype == ColumnType.BOOL:  # a two-value domain: always the set of admitted values
-            eq = _BOOLS if eq is None else eq
-        if eq is not None:
-            allowed = frozenset(v for v in eq if self.admits(v) and v not in self.ne)
-            if ctype == ColumnType.BOOL and allowed == _BOOLS:  # ({0, 1} == _BOOLS too)
-                return None
-            return AttrPredicate(column, ctype, eq=allowed)
-        lo, lo_open, hi, hi_open = self.lo, self.lo_open, self.hi, self.hi_open
-        ne = {v for v in self.ne if self.admits(v)}
-        if _admits_nothing(ctype, lo, lo_open, hi, hi_open, ne):
-            return AttrPredicate(column, ctype, empty=True)
-        if ctype == ColumnType.INT:
-            lo = None if lo is not None and lo <= INT64_MIN else lo
-            hi = None if hi is not None and hi >= INT64_MAX else hi
-        if lo is None and hi is None and not ne:
+    if ctype == _BOOL:  # a two-value domain: always written as the set of admitted values
+        eq = _BOOLS if eq is None else eq
+    if eq is not None:
+        allowed = frozenset(v for v in eq if admits(v) and v not in ne)
+        if ctype == _BOOL and allowed == _BOOLS:  # ({0, 1} == _BOOLS too, hence the type)
             return None
-        return AttrPredicate(column, ctype, lo, lo_open, hi, hi_open, ne=frozenset(ne))
+        return AttrPredicate(column, ctype, eq=allowed)
+    ne = {v for v in ne if admits(v)}
+    if _admits_nothing(ctype, lo, lo_open, hi, hi_open, ne):
+        return AttrPredicate(column, ctype, empty=True)
+    if ctype == _INT:
+        lo = None if lo is not None and lo <= INT64_MIN else lo
+        hi = None if hi is not None and hi >= INT64_MAX else hi
+    if lo is None and hi is None and not ne:
+        return None
+    return AttrPredicate(column, ctype, lo, lo_open, hi, hi_open, ne=frozenset(ne))
 
 
 def integer_offset(op: CompareOp, offset: int | float) -> tuple[CompareOp, int] | bool:
@@ -301,13 +294,13 @@ def is_contradiction(predicates: Sequence[AttrPredicate]) -> bool:
 
 def _member(ctype: ColumnType, value: Any) -> Value | None:
     """`value` as a value of the column's type, or None when no value of it equals `value`."""
-    if ctype == ColumnType.INT:
+    if ctype == _INT:
         if isinstance(value, float):
             if not value.is_integer():
                 return None
             value = int(value)
         return value if INT64_MIN <= value <= INT64_MAX else None
-    if ctype == ColumnType.FLOAT:
+    if ctype == _FLOAT:
         return float(value)
     member: Value = value   # TEXT and BOOL: the checker matched the constant's type
     return member
@@ -315,7 +308,7 @@ def _member(ctype: ColumnType, value: Any) -> Value | None:
 
 def _bound(ctype: ColumnType, op: CompareOp, value: Any) -> tuple[Value, bool]:
     """The bound (value, open) that `column op value` puts on the column (op: < <= > >=)."""
-    if ctype == ColumnType.INT:
+    if ctype == _INT:
         # The integers above 2.5 are those >= 3: every INT bound comes out closed.
         if op == _GT:
             return math.floor(value) + 1, False
@@ -324,7 +317,7 @@ def _bound(ctype: ColumnType, op: CompareOp, value: Any) -> tuple[Value, bool]:
         if op == _LT:
             return math.ceil(value) - 1, False
         return math.floor(value), False
-    if ctype == ColumnType.FLOAT:
+    if ctype == _FLOAT:
         value = float(value)
     return value, op in (_LT, _GT)
 
@@ -333,7 +326,7 @@ def _admits_nothing(ctype: ColumnType, lo: Any, lo_open: bool, hi: Any, hi_open:
                     ne: set[Any]) -> bool:
     """Whether no value lies within the bounds and outside `ne` (exact for INT; for the
     other types, lo > hi or a single value that is excluded)."""
-    if ctype == ColumnType.INT:
+    if ctype == _INT:
         first = INT64_MIN if lo is None else lo
         last = INT64_MAX if hi is None else hi
         return first > last or (
