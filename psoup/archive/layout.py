@@ -28,7 +28,6 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from psoup.errors import ArchiveError, SchemaError
-from psoup.options import ColumnTypeName
 from psoup.query.model import TS, TUPLE_ID, ColumnType
 from psoup.query.tokens import is_identifier
 
@@ -86,10 +85,10 @@ def stream_columns(schema: pa.Schema) -> list[tuple[str, ColumnType]] | None:
     return [(str(name), ColumnType(ctype)) for name, ctype in json.loads(raw)]
 
 
-def arrow_schema(stream: str,
-                 columns: Sequence[tuple[str, ColumnType | ColumnTypeName]]) -> pa.Schema:
+def arrow_schema(stream: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
     """The Arrow schema of a stream's part files, with the psoup schema as metadata
-    (each type by its name).
+    (each type by its name). `columns` pairs a name with a `ColumnType` or a type's name
+    ("int"): any string, checked here.
 
     Raises:
         SchemaError: a bad stream name, an unknown type, or a column named ts or tuple_id.

@@ -47,7 +47,6 @@ from psoup.archive.rollups import Rollups
 from psoup.archive.sampling import in_order, write_runs
 from psoup.errors import SchemaError
 from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
-from psoup.options import ColumnTypeName
 from psoup.query.model import TS, TUPLE_ID, ColumnType
 from psoup.stems.batch import DTYPES
 
@@ -187,7 +186,7 @@ class Archive:
 
     # ------------------------------------------------------------------ write
 
-    def add(self, stream: str, columns: Sequence[tuple[str, ColumnType | ColumnTypeName]],
+    def add(self, stream: str, columns: Sequence[tuple[str, str]],
             data: Mapping[str, ArrayLike]) -> None:
         """Buffer the rows of `data` not archived yet; flush the stream when its buffer
         reaches `flush_rows`. O(rows), copying, so the caller may reuse its arrays.
@@ -198,7 +197,8 @@ class Archive:
 
         Args:
             stream: the stream's name (an identifier).
-            columns: the stream's schema, (name, type) pairs; types int, float, text, bool.
+            columns: the stream's schema, (name, type) pairs; each type a ColumnType or
+                its name (int, float, text, bool), checked.
             data: "ts", "tupleID" and every schema column, all of one length, tupleIDs
                 increasing. Extra keys are ignored.
 

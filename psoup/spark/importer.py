@@ -50,7 +50,6 @@ from psoup.archive.sampling import sampled_schema, write_run
 from psoup.errors import ArchiveError
 from psoup.formats import InputFormat, input_format
 from psoup.fsync import fsync_dir
-from psoup.options import ColumnTypeName
 from psoup.query.model import ColumnType
 from psoup.spark.session import spark_error
 
@@ -99,7 +98,7 @@ def parse_columns(stream: str, text: str) -> list[tuple[str, ColumnType]]:
 
 
 def import_files(files: Sequence[str | Path], stream: str,
-                 columns: Sequence[tuple[str, ColumnType | ColumnTypeName]], into: str | Path,
+                 columns: Sequence[tuple[str, str]], into: str | Path,
                  ts_column: str = "ts", fmt: str | None = None,
                  master: str | None = None, conf: Mapping[str, str] | None = None
                  ) -> ImportReport:
@@ -108,7 +107,8 @@ def import_files(files: Sequence[str | Path], stream: str,
     Args:
         files: input files, read in this order (ties in ts keep it).
         stream: the stream's name.
-        columns: its schema, (name, type) pairs; `parse_columns` reads the CLI's form.
+        columns: its schema, (name, type) pairs, each type a ColumnType or its name
+            (checked); `parse_columns` reads the CLI's form.
         into: the archive root; created if missing.
         ts_column: the input column holding each row's timestamp.
         fmt: csv, jsonl (JSON lines; "json" and "ndjson" are accepted too) or parquet;
