@@ -8,7 +8,7 @@ module is the one place that spells that arithmetic.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

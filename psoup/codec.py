@@ -9,7 +9,8 @@ list is also accepted on decode, for clients that send Python values.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

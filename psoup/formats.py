@@ -12,29 +12,37 @@ itself), are refused by `input_format` with the reason.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, get_args
+
+#: An input format, by its canonical name (`--format` also takes ALIASES).
+InputFormat = Literal["csv", "jsonl", "parquet"]
+
+#: A compression codec both readers decompress.
+Codec = Literal["gzip", "bz2", "zstd"]
 
 #: The input formats.
-FORMATS = ("csv", "jsonl", "parquet")
+FORMATS: tuple[InputFormat, ...] = get_args(InputFormat)
 
 #: Other names a user may give a format.
-ALIASES = {"json": "jsonl", "ndjson": "jsonl"}
+ALIASES: dict[str, InputFormat] = {"json": "jsonl", "ndjson": "jsonl"}
 
 #: File extensions and the formats they imply.
-EXTENSIONS = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
-              ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+EXTENSIONS: dict[str, InputFormat] = {
+    ".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+    ".parquet": "parquet", ".pq": "parquet"}
 
 #: Seconds per unit of a numeric timestamp (`psoup ingest --ts-unit`).
 TS_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 #: Compression suffixes both readers decompress, and the codec each names.
-COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
+COMPRESSIONS: dict[str, Codec] = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
 
 #: Compression suffixes recognised, but read by neither (Hadoop's .lz4 and .snappy are
 #: its own block formats, not the lz4 and snappy tools' frames).
 UNREADABLE = (".lz4", ".snappy", ".deflate", ".xz", ".br", ".zip")
 
 
-def canonical(fmt: str) -> str:
+def canonical(fmt: str) -> InputFormat:
     """A format name or alias as one of FORMATS.
 
     Raises:
@@ -44,13 +52,17 @@ def canonical(fmt: str) -> str:
         >>> canonical("json"), canonical("CSV")
         ('jsonl', 'csv')
     """
-    name = ALIASES.get(fmt.lower(), fmt.lower())
-    if name not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r} (formats: {', '.join(FORMATS)})")
-    return name
+    name = fmt.lower()
+    alias = ALIASES.get(name)
+    if alias is not None:
+        return alias
+    for known in FORMATS:
+        if name == known:
+            return known
+    raise ValueError(f"unknown format {fmt!r} (formats: {', '.join(FORMATS)})")
 
 
-def guess_format(name: str | Path) -> str:
+def guess_format(name: str | Path) -> InputFormat:
     """The format a file name implies ("-", standard input, is CSV).
 
     Raises:
@@ -72,7 +84,7 @@ def guess_format(name: str | Path) -> str:
     return fmt
 
 
-def compression(name: str | Path) -> str | None:
+def compression(name: str | Path) -> Codec | None:
     """The codec a file name's compression suffix names ("gzip", "bz2", "zstd"), or None
     for an uncompressed file ("-", standard input, is never compressed).
 
@@ -92,7 +104,8 @@ def compression(name: str | Path) -> str | None:
     return COMPRESSIONS.get(suffix)
 
 
-def input_format(name: str | Path, fmt: str | None = None) -> tuple[str, str | None]:
+def input_format(name: str | Path, fmt: str | None = None
+                 ) -> tuple[InputFormat, Codec | None]:
     """The format (`fmt`, a name or alias, else guessed from the name) and compression
     of an input file, the one check `psoup ingest` and `psoup archive import` share.
 

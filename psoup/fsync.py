@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 
 def fsync_dir(directory: str | Path) -> None:

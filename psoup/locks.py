@@ -37,7 +37,7 @@ class FairLock:
         self._serving = 0
         self._waiting = 0
 
-    def __enter__(self) -> "FairLock":
+    def __enter__(self) -> FairLock:
         me = threading.get_ident()
         with self._mutex:
             if self._owner == me:

@@ -23,7 +23,8 @@ and checkpoints the table, so it survives restarts.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -98,11 +99,11 @@ class ProducerTable:
         while len(self._table) > self.max_producers:
             self._table.popitem(last=False)
 
-    def image(self) -> list[list]:
+    def image(self) -> list[list[Any]]:
         """The table as msgpack values, idle longest first (for a checkpoint)."""
         return [[p, [list(b) for b in batches]] for p, batches in self._table.items()]
 
-    def restore(self, image: Iterable[list]) -> None:
+    def restore(self, image: Iterable[list[Any]]) -> None:
         """Load what `image` wrote (recovery)."""
         for producer, batches in image:
             for seq, first, n in batches:
@@ -120,4 +121,4 @@ class ProducerTable:
             seqs = [s for s, _, _ in batches]
             assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), (producer, seqs)
             ends = [(first, first + n) for _, first, n in batches]
-            assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:])), (producer, ends)
+            assert all(a[1] <= b[0] for a, b in zip(ends, ends[1:], strict=False)), (producer, ends)

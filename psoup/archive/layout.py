@@ -19,22 +19,26 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from psoup.errors import ArchiveError, SchemaError
-from psoup.query.model import TS, TUPLE_ID
+from psoup.query.model import TS, TUPLE_ID, ColumnType
 from psoup.query.tokens import is_identifier
 
+_INT, _FLOAT, _TEXT, _BOOL = ColumnType.INT, ColumnType.FLOAT, ColumnType.TEXT, ColumnType.BOOL
+
 #: Arrow type of each psoup column type.
-ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "text": pa.string(),
-               "bool": pa.bool_()}
+ARROW_TYPES: dict[ColumnType, pa.DataType] = {
+    _INT: pa.int64(), _FLOAT: pa.float64(), _TEXT: pa.string(), _BOOL: pa.bool_()}
 
 #: Spark SQL type of each psoup column type.
-SPARK_TYPES = {"int": "BIGINT", "float": "DOUBLE", "text": "STRING", "bool": "BOOLEAN"}
+SPARK_TYPES = {_INT: "BIGINT", _FLOAT: "DOUBLE", _TEXT: "STRING", _BOOL: "BOOLEAN"}
 
 #: The archive's names for the implicit columns.
 TS_COLUMN, TUPLE_ID_COLUMN = "ts", "tuple_id"
@@ -65,21 +69,26 @@ def part_path(root: str | Path, stream: str, ts: float, first: int, last: int) -
     return Path(root) / f"stream={stream}" / f"date={day}" / name
 
 
-def stream_columns(schema: pa.Schema) -> list[tuple[str, str]] | None:
+def stream_columns(schema: pa.Schema) -> list[tuple[str, ColumnType]] | None:
     """The psoup schema a part file carries in its metadata, None if it has none.
 
+    Raises:
+        ValueError: a type that is not a psoup type (a file psoup did not write).
+
     Example:
-        >>> stream_columns(arrow_schema("R", [("a", "int"), ("s", "text")]))
-        [('a', 'int'), ('s', 'text')]
+        >>> [(c, t.value) for c, t in stream_columns(arrow_schema("R", [("a", "int")]))]
+        [('a', 'int')]
     """
     raw = (schema.metadata or {}).get(b"psoup.columns")
     if raw is None:
         return None
-    return [(str(name), str(ctype)) for name, ctype in json.loads(raw)]
+    return [(str(name), ColumnType(ctype)) for name, ctype in json.loads(raw)]
 
 
 def arrow_schema(stream: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
-    """The Arrow schema of a stream's part files, with the psoup schema as metadata.
+    """The Arrow schema of a stream's part files, with the psoup schema as metadata
+    (each type by its name). `columns` pairs a name with a `ColumnType` or a type's name
+    ("int"): any string, checked here.
 
     Raises:
         SchemaError: a bad stream name, an unknown type, or a column named ts or tuple_id.
@@ -94,24 +103,24 @@ def arrow_schema(stream: str, columns: Sequence[tuple[str, str]]) -> pa.Schema:
         if name in (TS_COLUMN, TUPLE_ID_COLUMN, SAMPLE_COLUMN):
             raise SchemaError(f"stream '{stream}': column '{name}' collides with the "
                               f"archive's own '{name}' column")
-        fields.append(pa.field(name, ARROW_TYPES[ctype]))
+        fields.append(pa.field(name, ARROW_TYPES[ColumnType(ctype)]))
     metadata = {b"psoup.stream": stream.encode(),
-                b"psoup.columns": json.dumps([[n, t] for n, t in columns]).encode()}
+                b"psoup.columns": json.dumps([[n, str(t)] for n, t in columns]).encode()}
     return pa.schema(fields, metadata=metadata)
 
 
-def part_columns(columns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+def part_columns(columns: Sequence[tuple[str, ColumnType]]) -> list[tuple[str, ColumnType]]:
     """(on-disk name, psoup type) of every column of a stream's part files, in order.
 
     Example:
-        >>> part_columns([("a", "int")])
+        >>> [(c, str(t)) for c, t in part_columns([("a", ColumnType.INT)])]
         [('ts', 'float'), ('tuple_id', 'int'), ('a', 'int')]
     """
-    return [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *columns]
+    return [(TS_COLUMN, _FLOAT), (TUPLE_ID_COLUMN, _INT), *columns]
 
 
 def check_part(schema: pa.Schema, path: Path, stream: str,
-               columns: Sequence[tuple[str, str]]) -> None:
+               columns: Sequence[tuple[str, ColumnType]]) -> None:
     """A part file's Arrow schema against the stream's: exactly its columns (ts, tuple_id
     and the declared ones), each of its Arrow type, and maybe the sampled layout's draws
     (SAMPLE_COLUMN, int16). O(columns).
@@ -138,15 +147,16 @@ def check_part(schema: pa.Schema, path: Path, stream: str,
                            f"'{stream}' ({declared})")
 
 
-def to_numpy(column: pa.Array | pa.ChunkedArray, ctype: str) -> np.ndarray:
+def to_numpy(column: pa.Array | pa.ChunkedArray, ctype: ColumnType) -> NDArray[Any]:
     """An Arrow column as the numpy array psoup keeps for its type (TEXT: Python str
     objects, so that comparisons are by code point).
 
     Example:
-        >>> to_numpy(pa.array(["x", "y"]), "text").dtype, to_numpy(pa.array([1]), "int")
+        >>> to_numpy(pa.array(["x"]), ColumnType.TEXT).dtype, to_numpy(pa.array([1]), _INT)
         (dtype('O'), array([1]))
     """
-    if ctype == "text":
+    if ctype == _TEXT:
         return np.array(column.to_pylist(), dtype=object)
     from psoup.stems.batch import DTYPES
-    return column.to_numpy(zero_copy_only=False).astype(DTYPES[ctype], copy=False)
+    values: NDArray[Any] = column.to_numpy(zero_copy_only=False)  # pyarrow: untyped
+    return values.astype(DTYPES[ctype], copy=False)

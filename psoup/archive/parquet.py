@@ -23,24 +23,31 @@ expired rows again without any being archived twice.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from numpy.typing import ArrayLike
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from numpy.typing import ArrayLike, NDArray
 
-from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
-from psoup.archive.layout import (ARROW_TYPES, PART_NAME, SECONDS_PER_DAY, TS_COLUMN,
-                                  TUPLE_ID_COLUMN,
-                                  arrow_schema, part_path)
+from psoup.archive.layout import (
+    ARROW_TYPES,
+    PART_NAME,
+    SECONDS_PER_DAY,
+    TS_COLUMN,
+    TUPLE_ID_COLUMN,
+    arrow_schema,
+    part_path,
+)
 from psoup.archive.rollups import Rollups
 from psoup.archive.sampling import in_order, write_runs
 from psoup.errors import SchemaError
-from psoup.query.model import TS, TUPLE_ID
+from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
+from psoup.query.model import TS, TUPLE_ID, ColumnType
 from psoup.stems.batch import DTYPES
 
 
@@ -190,7 +197,8 @@ class Archive:
 
         Args:
             stream: the stream's name (an identifier).
-            columns: the stream's schema, (name, type) pairs; types int, float, text, bool.
+            columns: the stream's schema, (name, type) pairs; each type a ColumnType or
+                its name (int, float, text, bool), checked.
             data: "ts", "tupleID" and every schema column, all of one length, tupleIDs
                 increasing. Extra keys are ignored.
 
@@ -209,8 +217,9 @@ class Archive:
             ...     arc.buffered_rows
             2
         """
-        schema = arrow_schema(stream, columns)
-        tids, ts, values = _checked(stream, columns, data)
+        schema = arrow_schema(stream, columns)        # checks the types too
+        typed = [(name, ColumnType(ctype)) for name, ctype in columns]
+        tids, ts, values = _checked(stream, typed, data)
         self._schemas[stream] = schema
         buf = self._buffers.get(stream)
         floor = max(self.high_water(stream), buf.last_tid if buf is not None else -1)
@@ -221,10 +230,10 @@ class Archive:
         # SteM chunk's) memory before holding on to it.
         arrays = [pa.array(np.array(ts[start:]), pa.float64()),
                   pa.array(np.array(tids[start:]), pa.int64())]
-        for (name, ctype), column in zip(columns, values):
+        for (name, ctype), column in zip(typed, values, strict=True):
             part = column[start:]
             try:
-                arrays.append(pa.array(part if ctype == "text" else np.array(part),
+                arrays.append(pa.array(part if ctype == ColumnType.TEXT else np.array(part),
                                        ARROW_TYPES[ctype]))
             except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
                 raise SchemaError(f"stream '{stream}', column '{name}': {e}") from None
@@ -275,7 +284,7 @@ class Archive:
         written: list[Path] = []
         done = 0
         try:
-            for a, b in zip(cuts, cuts[1:]):
+            for a, b in zip(cuts, cuts[1:], strict=False):
                 first, last = tids[a].as_py(), tids[b - 1].as_py()
                 path = part_path(self.root, stream, float(ts[a]), first, last)
                 date_dir = path.parent
@@ -390,22 +399,24 @@ class Archive:
                        int(m.group(2)), path)
 
 
-def _checked(stream: str, columns: Sequence[tuple[str, str]],
-             data: Mapping[str, ArrayLike]) -> tuple[np.ndarray, np.ndarray, list]:
+def _checked(stream: str, columns: Sequence[tuple[str, ColumnType]],
+             data: Mapping[str, ArrayLike]
+             ) -> tuple[NDArray[np.int64], NDArray[np.float64], list[NDArray[Any]]]:
     """(tupleIDs, ts, schema columns) of `data`, as arrays of the archive's types."""
     names = (TUPLE_ID, TS, *(c for c, _ in columns))
     for name in names:
         if name not in data:
             raise SchemaError(f"stream '{stream}': the rows to archive lack column '{name}'")
     arrays = []
-    for name, ctype in zip(names, ("int", "float", *(t for _, t in columns))):
+    types = (ColumnType.INT, ColumnType.FLOAT, *(t for _, t in columns))
+    for name, ctype in zip(names, types, strict=True):
         try:
             arrays.append(np.asarray(data[name], dtype=DTYPES[ctype]))
         except (TypeError, ValueError) as e:
             raise SchemaError(f"stream '{stream}', column '{name}': not {ctype} values "
                               f"({e})") from None
     n = len(arrays[0]) if arrays[0].ndim == 1 else -1
-    for name, column in zip(names, arrays):
+    for name, column in zip(names, arrays, strict=True):
         if column.ndim != 1 or len(column) != n:
             raise SchemaError(f"stream '{stream}': columns to archive must be 1-d and of "
                               f"one length; '{name}' has shape {column.shape}")

@@ -21,7 +21,8 @@ policy's (`capped`).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Protocol, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -165,7 +166,7 @@ def step_ranges(schedule: Schedule) -> list[tuple[float, float, float]]:
         [(-inf, 10.0, 0.05), (10.0, inf, 1.0)]
     """
     ends = [start for start, _ in schedule[1:]] + [math.inf]
-    return [(start, end, rate) for (start, rate), end in zip(schedule, ends)]
+    return [(start, end, rate) for (start, rate), end in zip(schedule, ends, strict=True)]
 
 
 def step_at(steps: Sequence[tuple[float, float]], ts: np.ndarray) -> np.ndarray:
@@ -206,7 +207,7 @@ def check_schedule(schedule: Schedule) -> Schedule:
     steps = tuple((float(a), float(r)) for a, r in schedule)
     if not steps or steps[0][0] != -math.inf:
         raise ValueError(f"a schedule starts at -inf: {schedule!r}")
-    if any(b[0] <= a[0] for a, b in zip(steps, steps[1:])):
+    if any(b[0] <= a[0] for a, b in zip(steps, steps[1:], strict=False)):
         raise ValueError(f"a schedule's steps go by increasing ts: {schedule!r}")
     if any(not 0.0 < r <= 1.0 for _, r in steps):
         raise ValueError(f"a schedule's rates are in (0, 1]: {schedule!r}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from psoup.query.model import SampleMethod
+
 #: Draws are uniform in [0, SAMPLE_SPACE): sample rates are multiples of its inverse.
 SAMPLE_SPACE = 1 << 10
 #: Row groups per run of a part file: a read of rate p reads ceil(p x this) of them.
@@ -53,11 +55,13 @@ def system_rate(rate: float) -> float:
     return min(SAMPLE_GROUPS, math.ceil(rate * SAMPLE_GROUPS - 1e-9)) / SAMPLE_GROUPS
 
 
-def sample_rate(method: str, fraction: float) -> float:
-    """The rate a TABLESAMPLE `method` (BERNOULLI or SYSTEM) of `fraction` reads at.
+def sample_rate(method: SampleMethod, fraction: float) -> float:
+    """The rate a TABLESAMPLE `method` of `fraction` reads at.
 
     Example:
-        >>> sample_rate("SYSTEM", 0.3), sample_rate("BERNOULLI", 0.25)
+        >>> sample_rate(SampleMethod.SYSTEM, 0.3), sample_rate(SampleMethod.BERNOULLI, 0.25)
         (0.3125, 0.25)
     """
-    return system_rate(fraction) if method == "SYSTEM" else bernoulli_rate(fraction)
+    if method == SampleMethod.SYSTEM:
+        return system_rate(fraction)
+    return bernoulli_rate(fraction)

@@ -43,27 +43,47 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
-from psoup.archive.layout import (PART_NAME, SAMPLE_COLUMN, TS_COLUMN, TUPLE_ID_COLUMN)
+from psoup.archive.layout import PART_NAME, SAMPLE_COLUMN, TS_COLUMN, TUPLE_ID_COLUMN
 from psoup.errors import ArchiveError
 from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
+from psoup.query.model import ColumnType
+
+
+class Grain(str, Enum):
+    """A bucket length; its value names the copies' folders (grain=minute) and their
+    metadata, and a member formats as it."""
+
+    DAY = "day"
+    HOUR = "hour"
+    MINUTE = "minute"
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
 
 #: The grains, coarsest first, and their length in seconds.
-GRAINS: dict[str, int] = {"day": 86400, "hour": 3600, "minute": 60}
+GRAINS: dict[Grain, int] = {Grain.DAY: 86400, Grain.HOUR: 3600, Grain.MINUTE: 60}
 #: A copy's name: the tupleID range of its part file.
 COPY_NAME = re.compile(r"agg-(\d{20})-(\d{20})\.parquet\Z")
 #: Merged buckets kept decoded for the next reads, at most this many bytes in all.
 CACHE_BYTES = 32 << 20
 
-_MINUTE = GRAINS["minute"]
+_MINUTE = GRAINS[Grain.MINUTE]
 _LOW = 32
 _LOW_MASK = (1 << _LOW) - 1
 #: An INT bucket's sum is summed as two 32-bit halves in int64: exact below 2**31 rows.
@@ -84,35 +104,35 @@ def folder_for(root: str | Path) -> Path:
     return Path(root).parent / "aggregates"
 
 
-def copy_path(folder: str | Path, stream: str, grain: str, first: int, last: int) -> Path:
+def copy_path(folder: str | Path, stream: str, grain: Grain, first: int, last: int) -> Path:
     """Where the `grain` copy of `stream`'s part file of tupleIDs `first`..`last` lives
     under the copies' `folder`. O(1).
 
     Example:
-        >>> copy_path("aggregates", "R", "hour", 3, 9).as_posix()
+        >>> copy_path("aggregates", "R", Grain.HOUR, 3, 9).as_posix()
         'aggregates/stream=R/grain=hour/agg-00000000000000000003-00000000000000000009.parquet'
     """
     return (Path(folder) / f"stream={stream}" / f"grain={grain}"
             / f"agg-{first:020d}-{last:020d}.parquet")
 
 
-def numeric_columns(schema: pa.Schema) -> list[tuple[str, str]]:
-    """(name, "int" or "float") of the columns of a part file's schema that get
+def numeric_columns(schema: pa.Schema) -> list[tuple[str, ColumnType]]:
+    """(name, INT or FLOAT) of the columns of a part file's schema that get
     statistics: the stream's INT and FLOAT columns (not ts, tuple_id or the draws).
 
     Example:
         >>> numeric_columns(pa.schema([("ts", pa.float64()), ("tuple_id", pa.int64()),
         ...                            ("a", pa.int64()), ("s", pa.string())]))
-        [('a', 'int')]
+        [('a', <ColumnType.INT: 'int'>)]
     """
-    out = []
+    out: list[tuple[str, ColumnType]] = []
     for field in schema:
         if field.name in (TS_COLUMN, TUPLE_ID_COLUMN, SAMPLE_COLUMN):
             continue
         if pa.types.is_integer(field.type):
-            out.append((field.name, "int"))
+            out.append((field.name, ColumnType.INT))
         elif pa.types.is_floating(field.type):
-            out.append((field.name, "float"))
+            out.append((field.name, ColumnType.FLOAT))
     return out
 
 
@@ -128,7 +148,7 @@ def minutes(ts: np.ndarray) -> np.ndarray:
     return np.floor_divide(np.asarray(ts, np.float64), float(_MINUTE)).astype(np.int64)
 
 
-def summarize(table: pa.Table, grain: str) -> pa.Table:
+def summarize(table: pa.Table, grain: Grain) -> pa.Table:
     """The `grain` copy of a part file's rows (`table`: ts and the stream's columns, in
     any order): one row per bucket, in bucket order. O(n log n).
 
@@ -137,7 +157,7 @@ def summarize(table: pa.Table, grain: str) -> pa.Table:
 
     Example:
         >>> t = pa.table({"ts": [0.0, 30.0, 61.0], "a": [2, 5, 7]})
-        >>> summarize(t, "minute").to_pydict()["a_sum"]
+        >>> summarize(t, Grain.MINUTE).to_pydict()["a_sum"]
         [Decimal('7'), Decimal('7')]
     """
     ts = np.asarray(table.column(TS_COLUMN).to_numpy(), np.float64)
@@ -164,12 +184,12 @@ def summarize(table: pa.Table, grain: str) -> pa.Table:
                                "psoup's archive has none")
         values = column.to_numpy(zero_copy_only=False)[order]
         columns[f"{name}_count"] = pa.array(counts, pa.int64())
-        if ctype == "int":
+        if ctype == ColumnType.INT:
             values = values.astype(np.int64, copy=False)
             high = reduce(np.add, values >> _LOW).tolist()
             low = reduce(np.add, values & _LOW_MASK).tolist()
-            columns[f"{name}_sum"] = pa.array([(h << _LOW) + lo for h, lo in zip(high, low)],
-                                              _INT_SUM)
+            columns[f"{name}_sum"] = pa.array(
+                [(h << _LOW) + lo for h, lo in zip(high, low, strict=True)], _INT_SUM)
             arrow = pa.int64()
         else:
             values = values.astype(np.float64, copy=False)
@@ -188,7 +208,7 @@ def _reduce(ufunc: np.ufunc, values: np.ndarray, starts: np.ndarray) -> np.ndarr
         return ufunc.reduceat(values, starts)
 
 
-def pieces(begin: float, end: float) -> list[tuple[str, int, int]]:
+def pieces(begin: float, end: float) -> list[tuple[Grain, int, int]]:
     """The whole buckets inside the window begin <= ts <= end, as (grain, first bucket,
     end bucket) runs: the span [A, B) of whole minutes in it (B: the minute holding
     `end` is left out, as rows at `end` itself are in the window but the rest of that
@@ -196,13 +216,13 @@ def pieces(begin: float, end: float) -> list[tuple[str, int, int]]:
     order. Infinite edges are not allowed (the caller clips them). O(1).
 
     Example:
-        >>> pieces(3540.0, 2 * 86400.0 + 120.0)
+        >>> [(str(g), first, end) for g, first, end in pieces(3540.0, 2 * 86400.0 + 120.0)]
         [('minute', 59, 60), ('hour', 1, 24), ('day', 1, 2), ('minute', 2880, 2882)]
     """
     a, b = math.ceil(begin / _MINUTE) * _MINUTE, math.floor(end / _MINUTE) * _MINUTE
-    out: list[tuple[str, int, int]] = []
+    out: list[tuple[Grain, int, int]] = []
 
-    def cover(lo: int, hi: int, grains: Sequence[str]) -> None:
+    def cover(lo: int, hi: int, grains: Sequence[Grain]) -> None:
         if lo >= hi:
             return
         grain, rest = grains[0], grains[1:]
@@ -280,7 +300,8 @@ class Substitute:
         """Which of these tuples (all in the window) the copies do not answer. O(n)."""
         m = minutes(ts)
         inside = (m >= round(self.a) // _MINUTE) & (m < round(self.b) // _MINUTE)
-        return ~(inside & self.coverage.covers(np.asarray(tids, np.int64)))
+        covered: NDArray[np.bool_] = self.coverage.covers(np.asarray(tids, np.int64))
+        return ~(inside & covered)
 
 
 class Buckets(NamedTuple):
@@ -304,30 +325,33 @@ class Buckets(NamedTuple):
         return own + per
 
 
-def _decode(table: pa.Table, columns: Sequence[tuple[str, str]]) -> Buckets:
+def _decode(table: pa.Table, columns: Sequence[tuple[str, ColumnType]]) -> Buckets:
     """A copy's buckets (a table of `summarize`'s columns), with the statistics of
     `columns`, as numpy (an INT column's sums as Python ints). O(buckets)."""
     def column(name: str) -> np.ndarray:
-        return table.column(name).to_numpy(zero_copy_only=False)
+        values: np.ndarray = table.column(name).to_numpy(zero_copy_only=False)  # pyarrow: Any
+        return values
 
     stats = {}
     for c, ctype in columns:
         sums = (np.array([int(v) for v in table.column(f"{c}_sum").to_pylist()], dtype=object)
-                if ctype == "int" else column(f"{c}_sum").astype(np.float64))
+                if ctype == ColumnType.INT else column(f"{c}_sum").astype(np.float64))
         stats[c] = (sums, column(f"{c}_min"), column(f"{c}_max"))
     return Buckets(column("bucket"), column("count"), column("ts_min"), column("ts_max"),
                    stats)
 
 
-def _combine(parts: Sequence[Buckets], columns: Sequence[tuple[str, str]]) -> Buckets:
+def _combine(parts: Sequence[Buckets],
+             columns: Sequence[tuple[str, ColumnType]]) -> Buckets:
     """The buckets of `parts` merged by bucket: counts and sums added, extremes kept.
     O(n log n) over their n buckets."""
     if not parts:
         empty = np.empty(0, np.int64)
+        ints = {c: t == ColumnType.INT for c, t in columns}
         return Buckets(empty, empty, np.empty(0), np.empty(0), {
-            c: (np.empty(0, object if t == "int" else np.float64),
-                np.empty(0, np.int64 if t == "int" else np.float64),
-                np.empty(0, np.int64 if t == "int" else np.float64)) for c, t in columns})
+            c: (np.empty(0, object if i else np.float64),
+                np.empty(0, np.int64 if i else np.float64),
+                np.empty(0, np.int64 if i else np.float64)) for c, i in ints.items()})
     keys = np.concatenate([p.bucket for p in parts])
     order = np.argsort(keys, kind="stable")
     keys = keys[order]
@@ -364,7 +388,7 @@ class Rollups:
         >>> with tempfile.TemporaryDirectory() as d:
         ...     r = Rollups(Path(d) / "archive", Path(d) / "aggregates")
         ...     _ = r.add("R", pa.table({"ts": [0.0, 61.0], "a": [2, 5]}), 0, 1)
-        ...     r.buckets("R", "minute", [("a", "int")]).rows.tolist()
+        ...     r.buckets("R", Grain.MINUTE, [("a", ColumnType.INT)]).rows.tolist()
         [1, 1]
     """
 
@@ -373,11 +397,14 @@ class Rollups:
         self.folder = Path(folder)
         self.private = private
         self._parts: dict[str, dict[tuple[int, int], int]] = {}    # part -> its day
-        self._copies: dict[str, dict[tuple[int, int], set[str]]] = {}
+        self._copies: dict[str, dict[tuple[int, int], set[Grain]]] = {}
         self._complete: dict[str, list[tuple[int, int]]] = {}
         self._coverage: dict[str, Coverage] = {}
         self._days: dict[str, tuple[np.ndarray, list[tuple[int, int]]]] = {}
-        self._cache: OrderedDict[tuple, Buckets] = OrderedDict()
+        # (stream, grain, part, columns) -> the part's copy, least recently used first
+        self._cache: OrderedDict[tuple[str, Grain, tuple[int, int],
+                                       tuple[tuple[str, ColumnType], ...]], Buckets] = \
+            OrderedDict()
         self._cached = 0
         #: bumped at every change of the index: what was derived from it is stale
         self.version = 0
@@ -403,13 +430,13 @@ class Rollups:
         for stream in {k[0] for k in self._cache} | set(self._complete):
             self._changed(stream)
 
-    def _copy_files(self, stream: str = "*") -> Iterator[tuple[str, str, int, int, Path]]:
+    def _copy_files(self, stream: str = "*") -> Iterator[tuple[str, Grain, int, int, Path]]:
         """(stream, grain, first, last, path) of every copy file of `stream`."""
         for path in self.folder.glob(f"stream={stream}/grain=*/agg-*.parquet"):
             m = COPY_NAME.match(path.name)
             grain = path.parent.name[len("grain="):]
             if m and grain in GRAINS:
-                yield (path.parent.parent.name[len("stream="):], grain, int(m.group(1)),
+                yield (path.parent.parent.name[len("stream="):], Grain(grain), int(m.group(1)),
                        int(m.group(2)), path)
 
     def _changed(self, stream: str, part: tuple[int, int] | None = None) -> None:
@@ -496,7 +523,7 @@ class Rollups:
             copies written before it stay; the part is not complete).
         """
         summaries = {grain: summarize(table, grain) for grain in GRAINS}
-        days = summaries["day"].column("bucket").to_pylist()
+        days = summaries[Grain.DAY].column("bucket").to_pylist()
         if len(days) != 1 or day not in (None, days[0]):
             for grain in GRAINS:
                 copy_path(self.folder, stream, grain, first, last).unlink(missing_ok=True)
@@ -566,7 +593,7 @@ class Rollups:
         `Archive.drop` forgets the part files; called before it, so that a crash
         between the two leaves parts without copies, never copies without parts).
         O(copies of the stream)."""
-        for _, _, first, last, path in list(self._copy_files(stream)):
+        for _, _, _, last, path in list(self._copy_files(stream)):
             if last < below:
                 path.unlink()
         if (self.folder / f"stream={stream}").is_dir():
@@ -579,8 +606,8 @@ class Rollups:
 
     # ------------------------------------------------------------------ read
 
-    def _copy(self, stream: str, grain: str, part: tuple[int, int],
-              columns: tuple[tuple[str, str], ...]) -> Buckets:
+    def _copy(self, stream: str, grain: Grain, part: tuple[int, int],
+              columns: tuple[tuple[str, ColumnType], ...]) -> Buckets:
         """The `grain` copy of `stream`'s complete part `part`, decoded with the
         statistics of `columns`: from the cache, or O(its buckets) from its file.
 
@@ -610,7 +637,7 @@ class Rollups:
                 self._cached -= old.nbytes()
         return got
 
-    def buckets(self, stream: str, grain: str, columns: Sequence[tuple[str, str]]
+    def buckets(self, stream: str, grain: Grain, columns: Sequence[tuple[str, ColumnType]]
                 ) -> Buckets:
         """The `grain` buckets of all `stream`'s complete parts, merged by bucket (a
         bucket split across flushes is one row), with the statistics of `columns`
@@ -624,7 +651,7 @@ class Rollups:
                          for part in self.complete(stream)], cols)
 
     def substitute(self, stream: str, begin: float, end: float,
-                   columns: Sequence[tuple[str, str]]) -> Substitute | None:
+                   columns: Sequence[tuple[str, ColumnType]]) -> Substitute | None:
         """How the copies answer part of an aggregate over `stream`'s rows with
         begin <= ts <= end: a `Substitute` with the statistics of `columns` over the
         whole buckets inside the window (`pieces`, the window first clipped to the
@@ -639,7 +666,7 @@ class Rollups:
         if not len(days):
             return None
         cols = tuple(columns)
-        day = GRAINS["day"]
+        day = GRAINS[Grain.DAY]
         lo = max(begin, float(days[0]) * day)
         hi = min(end, float(days[-1] + 1) * day)
         runs = pieces(lo, hi) if lo <= hi else []
@@ -656,20 +683,20 @@ class Rollups:
         return Substitute(begin, end, float(a), float(b), self.coverage(stream),
                           self.totals(stream, runs, cols), before, after)
 
-    def _minute_meets(self, stream: str, minute: int, columns: tuple[tuple[str, str], ...],
-                      test: Any) -> bool:
+    def _minute_meets(self, stream: str, minute: int,
+                      columns: tuple[tuple[str, ColumnType], ...], test: Any) -> bool:
         """Whether some complete part has rows in `minute` for which `test(copy,
         index)` holds."""
-        day = minute * _MINUTE // GRAINS["day"]
+        day = minute * _MINUTE // GRAINS[Grain.DAY]
         for part in self._on_days(stream, day, day):
-            got = self._copy(stream, "minute", part, columns)
+            got = self._copy(stream, Grain.MINUTE, part, columns)
             k = int(np.searchsorted(got.bucket, minute))
             if k < len(got.bucket) and got.bucket[k] == minute and test(got, k):
                 return True
         return False
 
-    def totals(self, stream: str, runs: Sequence[tuple[str, int, int]],
-               columns: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    def totals(self, stream: str, runs: Sequence[tuple[Grain, int, int]],
+               columns: Sequence[tuple[str, ColumnType]]) -> dict[str, Any]:
         """COUNT(*), the latest ts, and per column (name, type) of `columns` its SUM,
         MIN and MAX (None without rows) over the buckets `runs` ((grain, first, end)
         from `pieces`) of `stream`'s complete parts: {"count": n, "ts_max": t,
@@ -678,10 +705,10 @@ class Rollups:
         cols = tuple(columns)
         count = 0
         ts_max = -math.inf
-        sums: dict[str, Any] = {c: 0 if t == "int" else 0.0 for c, t in cols}
+        sums: dict[str, Any] = {c: 0 if t == ColumnType.INT else 0.0 for c, t in cols}
         mins: dict[str, Any] = {c: None for c, _ in cols}
         maxs: dict[str, Any] = {c: None for c, _ in cols}
-        day = GRAINS["day"]
+        day = GRAINS[Grain.DAY]
         for grain, first, stop in runs:
             g = GRAINS[grain]
             for part in self._on_days(stream, first * g // day, (stop * g - 1) // day):
@@ -693,7 +720,8 @@ class Rollups:
                 ts_max = max(ts_max, float(got.ts_max[i:j].max()))
                 for c, ctype in cols:
                     s, lo, hi = got.columns[c]
-                    sums[c] += sum(s[i:j].tolist()) if ctype == "int" else float(np.sum(s[i:j]))
+                    sums[c] += (sum(s[i:j].tolist()) if ctype == ColumnType.INT
+                                else float(np.sum(s[i:j])))
                     low, high = lo[i:j].min().item(), hi[i:j].max().item()
                     mins[c] = low if mins[c] is None else min(mins[c], low)
                     maxs[c] = high if maxs[c] is None else max(maxs[c], high)
@@ -743,7 +771,7 @@ class Rollups:
         assert on_disk == {s: c for s, c in self._copies.items() if c}, "index of copies"
         for stream, parts in self._parts.items():
             ranges = sorted(parts)
-            assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])), stream
+            assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)), stream
             cov = self.coverage(stream)
             assert (cov.firsts <= cov.lasts).all() and (cov.lasts[:-1] < cov.firsts[1:]).all()
         assert self._cached == sum(b.nbytes() for b in self._cache.values()) <= CACHE_BYTES
@@ -751,10 +779,10 @@ class Rollups:
             assert part in self.complete(stream), "only complete parts are read"
             fresh = _decode(pq.read_table(copy_path(self.folder, stream, grain, *part)),
                             columns)
-            for a, b in zip(got[:4], fresh[:4]):
+            for a, b in zip(got[:4], fresh[:4], strict=True):
                 assert np.array_equal(a, b), "a cached copy equals its file"
             for c, _ in columns:
-                for a, b in zip(got.columns[c], fresh.columns[c]):
+                for a, b in zip(got.columns[c], fresh.columns[c], strict=True):
                     assert a.tolist() == b.tolist(), c
 
 

@@ -29,10 +29,12 @@ archive reshape` rewrites it in this layout.
 
 from __future__ import annotations
 
-from typing import IO, Sequence
+from collections.abc import Sequence
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from psoup.archive.layout import SAMPLE_COLUMN, TUPLE_ID_COLUMN
 from psoup.archive.rates import MIN_GROUP_ROWS, SAMPLE_GROUPS, SAMPLE_SPACE
@@ -73,7 +75,7 @@ def write_runs(table: pa.Table, rng: np.random.Generator, sink: str | IO[bytes],
             write_run(writer, table.slice(a, run_rows), rng)
 
 
-def write_run(writer, table: pa.Table, rng: np.random.Generator) -> None:
+def write_run(writer: Any, table: pa.Table, rng: np.random.Generator) -> None:
     """Write `table` (rows in tupleID order) as one run of the sampled layout through
     an open `pq.ParquetWriter` of `sampled_schema`: its rows ordered by row group and
     then tupleID, one row group per `write_table` call. Rows keep the draws they carry
@@ -102,7 +104,7 @@ def write_run(writer, table: pa.Table, rng: np.random.Generator) -> None:
     order = np.argsort(group, kind="stable")         # stable: tupleID order in a group
     bounds = np.searchsorted(group[order], np.arange(groups + 1)).tolist()
     ordered = table.take(pa.array(order))
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in zip(bounds, bounds[1:], strict=False):
         if b > a:
             writer.write_table(ordered.slice(a, b - a), row_group_size=b - a)
 
@@ -152,14 +154,14 @@ def draws_of(raw: pa.Array | pa.ChunkedArray | None, tuple_ids: np.ndarray) -> n
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z ^= z >> np.uint64(31)
-    hashed = (z % np.uint64(SAMPLE_SPACE)).astype(np.int64)
+    hashed: NDArray[np.int64] = (z % np.uint64(SAMPLE_SPACE)).astype(np.int64)
     if raw is None:
         return hashed
-    have = raw.fill_null(-1).to_numpy().astype(np.int64)
+    have: NDArray[np.int64] = raw.fill_null(-1).to_numpy().astype(np.int64)  # pyarrow: Any
     return np.where(have >= 0, have, hashed)
 
 
-def read_below(path, columns: Sequence[str] | None = None, limit: int = SAMPLE_SPACE,
+def read_below(path: Any, columns: Sequence[str] | None = None, limit: int = SAMPLE_SPACE,
                key: str = TUPLE_ID_COLUMN, keep_draws: bool = False) -> pa.Table:
     """The rows of Parquet file `path` whose draw is below `limit` (all for
     SAMPLE_SPACE; `threshold(rate)` for the sample of a rate), `columns` of them (None:
@@ -198,7 +200,7 @@ def read_below(path, columns: Sequence[str] | None = None, limit: int = SAMPLE_S
     return _by_key(table, key).select([*columns] + ([SAMPLE_COLUMN] if keep_draws else []))
 
 
-def _lowest(pf, group: int) -> int:
+def _lowest(pf: Any, group: int) -> int:
     """The smallest draw in row group `group` of `pf` (0 without statistics)."""
     meta = pf.metadata.row_group(group)
     index = pf.schema_arrow.get_field_index(SAMPLE_COLUMN)

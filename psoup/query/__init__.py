@@ -9,9 +9,10 @@ docs/language.md; errors are `psoup.errors.QueryError` with a line and column.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
 
 from psoup.errors import LimitError, QueryError
+from psoup.options import ColumnTypeName
 from psoup.query.checker import check, check_retain, parse_type
 from psoup.query.model import Catalog, Query, StreamSchema
 from psoup.query.parser import parse, parse_retention
@@ -22,7 +23,7 @@ __all__ = ["compile_statement", "create_stream_sql", "parse_retain", "parse_type
 
 
 def compile_statement(sql: str, schemas: Mapping[str, StreamSchema],
-                      max_factors: int | None = None) -> Union[StreamSchema, Query, Catalog]:
+                      max_factors: int | None = None) -> StreamSchema | Query | Catalog:
     """Compile one statement against the existing streams.
 
     Args:
@@ -41,8 +42,8 @@ def compile_statement(sql: str, schemas: Mapping[str, StreamSchema],
 
     Example:
         >>> r = compile_statement("CREATE STREAM R (a INT, name TEXT) RETAIN 1 HOUR", {})
-        >>> r.columns, r.retain_seconds
-        ((('a', 'int'), ('name', 'text')), 3600.0)
+        >>> [(c, str(t)) for c, t in r.columns], r.retain_seconds
+        ([('a', 'int'), ('name', 'text')], 3600.0)
         >>> q = compile_statement("SELECT name FROM R WHERE a BETWEEN 1 AND 4", {"R": r})
         >>> q.columns, (q.sources[0].predicates[0].lo, q.sources[0].predicates[0].hi)
         (['name'], (1, 4))
@@ -77,9 +78,18 @@ def parse_retain(text: str) -> tuple[float | None, int | None]:
     return check_retain(parse_retention(text))
 
 
-def create_stream_sql(name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
-                      retain: str | None = None) -> str:
+def create_stream_sql(
+    name: str,
+    columns: Mapping[str, ColumnTypeName] | Sequence[tuple[str, ColumnTypeName]],
+    retain: str | None = None,
+) -> str:
     """The CREATE STREAM statement of a stream declared from Python values.
+
+    Args:
+        name: the stream's name.
+        columns: column name -> type name, in order. At run time any type name CREATE
+            STREAM takes is accepted (`parse_type`: "double" is FLOAT).
+        retain: the retention, as after RETAIN ("1 hour", "100 rows"); None: none.
 
     Raises:
         QueryError: a name that is not an identifier, or an unknown type name.

@@ -10,8 +10,9 @@ Aggregates and GROUP BY are checked here too (docs/semantics.md, "Aggregates").
 
 from __future__ import annotations
 
+import typing
 from collections import Counter
-from typing import Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
 
 from psoup.errors import QueryError
 from psoup.query.model import (
@@ -19,6 +20,8 @@ from psoup.query.model import (
     IMPLICIT_COLUMNS,
     Catalog,
     ColumnFactor,
+    ColumnType,
+    CompareOp,
     JoinFactor,
     Query,
     Sample,
@@ -27,10 +30,13 @@ from psoup.query.model import (
     StreamSchema,
     TimeExpr,
     Window,
+    WindowType,
 )
 from psoup.query.normalize import (
     FLIPPED,
+    IN,
     AttrFactor,
+    compare_op,
     integer_offset,
     is_contradiction,
     normalize_factors,
@@ -61,20 +67,23 @@ from psoup.query.syntax import (
     StreamWindow,
     TimeSpec,
 )
-from psoup.query.timeparse import ROW, UNIT_SECONDS, timestamp_seconds
+from psoup.query.timeparse import ROW, UNIT_SECONDS, TimeUnit, timestamp_seconds
 from psoup.query.tokens import Pos
+
+_INT, _FLOAT, _TEXT, _BOOL = ColumnType.INT, ColumnType.FLOAT, ColumnType.TEXT, ColumnType.BOOL
 
 #: Accepted type names (upper case) -> the model's type.
 TYPE_NAMES = {
-    "INT": "int", "INTEGER": "int", "BIGINT": "int",
-    "FLOAT": "float", "DOUBLE": "float", "REAL": "float",
-    "TEXT": "text", "VARCHAR": "text", "STRING": "text",
-    "BOOL": "bool", "BOOLEAN": "bool",
+    "INT": _INT, "INTEGER": _INT, "BIGINT": _INT,
+    "FLOAT": _FLOAT, "DOUBLE": _FLOAT, "REAL": _FLOAT,
+    "TEXT": _TEXT, "VARCHAR": _TEXT, "STRING": _TEXT,
+    "BOOL": _BOOL, "BOOLEAN": _BOOL,
 }  # fmt: skip
 
 
-def parse_type(name: str) -> str:
-    """The model type ("int", "float", "text" or "bool") of a type name, in any case.
+
+def parse_type(name: str) -> ColumnType:
+    """The model type (a `ColumnType`) of a type name, in any case.
 
     Args:
         name: INT, INTEGER, BIGINT, FLOAT, DOUBLE, REAL, TEXT, VARCHAR, STRING, BOOL or
@@ -87,7 +96,7 @@ def parse_type(name: str) -> str:
         QueryError: an unknown type name; the message lists the known ones.
 
     Example:
-        >>> parse_type("Integer"), parse_type("double"), parse_type("BOOL")
+        >>> parse_type("Integer").value, parse_type("double").value, parse_type("BOOL").value
         ('int', 'float', 'bool')
     """
     return _type_at(name, None)
@@ -116,7 +125,7 @@ def check_retain(retain: Retain) -> tuple[float | None, int | None]:
 
 def check(
     statement: Statement, schemas: Mapping[str, StreamSchema], sql: str
-) -> Union[StreamSchema, Query, Catalog]:
+) -> StreamSchema | Query | Catalog:
     """Check a parsed statement against the existing streams.
 
     Args:
@@ -140,8 +149,8 @@ def check(
         (2, ['a'])
         >>> j = check(parse("SELECT * FROM R r1, R r2 WHERE r2.a > r1.a + 1"), schemas, "...")
         >>> j.joins, j.columns  # doctest: +NORMALIZE_WHITESPACE
-        ((JoinFactor(left=0, left_column='a', op='<', right=1, right_column='a', offset=0,
-                     left_offset=1),), ['r1.a', 'r2.a'])
+        ((JoinFactor(left=0, left_column='a', op=<CompareOp.LT: '<'>, right=1,
+                     right_column='a', offset=0, left_offset=1),), ['r1.a', 'r2.a'])
     """
     if isinstance(statement, CreateStream):
         return _check_create(statement, schemas)
@@ -165,7 +174,7 @@ def _check_create(stmt: CreateStream, schemas: Mapping[str, StreamSchema]) -> St
     _check_name("stream", stmt.name, stmt.name_pos)
     if stmt.name in schemas:
         raise QueryError(f"stream '{stmt.name}' already exists", *stmt.name_pos)
-    columns: list[tuple[str, str]] = []
+    columns: list[tuple[str, ColumnType]] = []
     for col in stmt.columns:
         _check_name("column", col.name, col.pos)
         if col.name in IMPLICIT_COLUMNS:
@@ -204,7 +213,7 @@ def _check_select(stmt: Select, schemas: Mapping[str, StreamSchema], sql: str) -
     sources = []
     samples = [_sample(item, len(stmt.sources)) for item in stmt.sources]
     for schema, name, window, factors, sample in zip(scope.schemas, scope.names, windows,
-                                                     local, samples):
+                                                     local, samples, strict=True):
         predicates, column_factors = normalize_factors(factors)
         sources.append(Source(schema.name, name, window, predicates, column_factors,
                               sample))
@@ -287,7 +296,7 @@ class _Scope:
             raise QueryError(f"stream '{qualifier}' in '{display}' is not in FROM {listing}", *pos)
         raise QueryError(f"unknown stream or alias '{qualifier}' in '{display}' {listing}", *pos)
 
-    def resolve(self, ref: ColumnRef, within: int | None = None) -> tuple[int, str]:
+    def resolve(self, ref: ColumnRef, within: int | None = None) -> tuple[int, ColumnType]:
         """The FROM item whose column `ref` names, and the column's type.
 
         Args:
@@ -338,7 +347,7 @@ class _Scope:
     def _listing(self) -> str:
         return ", ".join(
             name if name == schema.name else f"{name} ({schema.name})"
-            for name, schema in zip(self.names, self.schemas)
+            for name, schema in zip(self.names, self.schemas, strict=True)
         )
 
 
@@ -363,7 +372,7 @@ def _windows(stmt: Select, scope: _Scope) -> list[Window]:
 
 def _stream_window(window: StreamWindow, scope: _Scope, index: int) -> Window:
     if isinstance(window, NowWindow):
-        return Window("range", TimeExpr(True, 0.0), TimeExpr(True, 0.0))
+        return Window(WindowType.RANGE, TimeExpr(True, 0.0), TimeExpr(True, 0.0))
     if isinstance(window, RangeWindow):
         if window.amount is None:
             return Window()
@@ -372,17 +381,17 @@ def _stream_window(window: StreamWindow, scope: _Scope, index: int) -> Window:
                 "RANGE takes a duration; use [ROWS n] for the last n tuples", *window.pos
             )
         seconds = _seconds(window.amount, window.unit)
-        return Window("range", TimeExpr(True, 0.0 - seconds), TimeExpr(True, 0.0))
+        return Window(WindowType.RANGE, TimeExpr(True, 0.0 - seconds), TimeExpr(True, 0.0))
     rows = _row_count(window.count, "ROWS")
     if not window.partition_by:
-        return Window("rows", rows=rows)
+        return Window(WindowType.ROWS, rows=rows)
     columns: list[str] = []
     for ref in window.partition_by:
         scope.resolve(ref, within=index)
         if ref.name in columns:
             raise QueryError(f"column '{ref.name}' appears twice in PARTITION BY", *ref.name_pos)
         columns.append(ref.name)
-    return Window("partition", rows=rows, partition_by=tuple(columns))
+    return Window(WindowType.PARTITION, rows=rows, partition_by=tuple(columns))
 
 
 def _begin_end(clause: BeginEnd) -> Window:
@@ -396,14 +405,14 @@ def _begin_end(clause: BeginEnd) -> Window:
             raise QueryError(
                 f"with BEGIN {begin.text}, END must be NOW, found {end.text}", *end.pos
             )
-        return Window("rows", rows=_row_count(begin.amount, "ROWS"))  # type: ignore[arg-type]
+        return Window(WindowType.ROWS, rows=_row_count(begin.amount, "ROWS"))  # type: ignore[arg-type]
     lo, hi = _time_expr(begin), _time_expr(end)
     if lo.relative == hi.relative and lo.value > hi.value:
         raise QueryError(
             f"BEGIN {begin.text} is after END {end.text}: the window is always empty",
             *clause.pos,
         )
-    return Window("range", lo, hi)
+    return Window(WindowType.RANGE, lo, hi)
 
 
 def _time_expr(spec: TimeSpec) -> TimeExpr:
@@ -425,7 +434,7 @@ def _time_expr(spec: TimeSpec) -> TimeExpr:
     return TimeExpr(False, float(value))
 
 
-def _seconds(amount: Literal, unit: str) -> float:
+def _seconds(amount: Literal, unit: TimeUnit) -> float:
     return float(amount.value * UNIT_SECONDS[unit])
 
 
@@ -524,7 +533,7 @@ def _check_grouping(
                 "columns instead",
                 *entry.pos,
             )
-    for entry, item in zip(entries, select):  # no `*`: one item per entry
+    for entry, item in zip(entries, select, strict=True):  # no `*`: one item per entry
         if isinstance(entry, SelectColumn) and (item.source, item.column) not in group_by:
             raise QueryError(
                 f"column '{entry.column.display}' must appear in GROUP BY or be inside an "
@@ -535,7 +544,7 @@ def _check_grouping(
 
 # WHERE
 
-_Local = Union[AttrFactor, ColumnFactor]
+_Local = AttrFactor | ColumnFactor
 
 
 def _factors(
@@ -550,12 +559,12 @@ def _factors(
         if isinstance(factor, Between):
             index, ctype = _constant_factor(scope, factor.column, [factor.low, factor.high])
             name = factor.column.name
-            local[index].append(AttrFactor(name, ctype, ">=", factor.low.value))
-            local[index].append(AttrFactor(name, ctype, "<=", factor.high.value))
+            local[index].append(AttrFactor(name, ctype, CompareOp.GE, factor.low.value))
+            local[index].append(AttrFactor(name, ctype, CompareOp.LE, factor.high.value))
         elif isinstance(factor, InList):
             index, ctype = _constant_factor(scope, factor.column, factor.values)
             values = tuple(v.value for v in factor.values)
-            local[index].append(AttrFactor(factor.column.name, ctype, "in", values))
+            local[index].append(AttrFactor(factor.column.name, ctype, IN, values))
         else:
             checked = _comparison(factor, scope)
             if isinstance(checked, bool):
@@ -569,16 +578,17 @@ def _factors(
 
 def _comparison(
     factor: Comparison, scope: _Scope
-) -> Union[tuple[int, _Local], JoinFactor, bool]:
+) -> tuple[int, _Local] | JoinFactor | bool:
     """A local factor with its FROM item's index, a join factor between two items, or
     True / False for a comparison of INT columns that always / never holds."""
-    left, op, right = factor.left, factor.op, factor.right
+    left, right = factor.left, factor.right
     if isinstance(left, Literal) and isinstance(right, Literal):
         raise QueryError(
-            f"a factor must involve a column, but {left.text} {op} {right.text} compares "
-            "two constants",
+            f"a factor must involve a column, but {left.text} {factor.op} {right.text} "
+            "compares two constants",
             *factor.pos,
         )
+    op = compare_op(factor.op)
     if isinstance(left, Literal):
         left, op, right = right, FLIPPED[op], left
     assert isinstance(left, ColumnRef)  # the parser puts arithmetic on the right only
@@ -602,7 +612,7 @@ def _comparison(
             )
         amount = right.amount.value
         offset = amount if right.sign == "+" else -amount  # type: ignore[assignment,operator]
-        if left_type == right_type == "int":
+        if left_type == right_type == _INT:
             exact = integer_offset(op, offset)
             if isinstance(exact, bool):
                 return exact
@@ -614,7 +624,7 @@ def _comparison(
 
 def _constant_factor(
     scope: _Scope, ref: ColumnRef, constants: Sequence[Literal]
-) -> tuple[int, str]:
+) -> tuple[int, ColumnType]:
     """Check `ref op c` for each constant c; return the column's FROM item and type."""
     index, ctype = scope.resolve(ref)
     for constant in constants:
@@ -627,11 +637,19 @@ def _constant_factor(
     return index, ctype
 
 
-def _kind(ctype: str) -> str:
-    return "number" if ctype in ("int", "float") else ctype
+#: What a value compares with: a number (INT and FLOAT), a string or a boolean.
+_Kind = typing.Literal["number", "text", "bool"]
+
+_KINDS: dict[ColumnType, _Kind] = {_INT: "number", _FLOAT: "number", _TEXT: "text",
+                                   _BOOL: "bool"}
 
 
-def _literal_kind(constant: Literal) -> str:
+def _kind(ctype: ColumnType) -> _Kind:
+    """What a column compares with, as `_literal_kind` names a constant's."""
+    return _KINDS[ctype]
+
+
+def _literal_kind(constant: Literal) -> _Kind:
     if isinstance(constant.value, bool):
         return "bool"
     return "text" if isinstance(constant.value, str) else "number"
@@ -646,7 +664,7 @@ def _describe(constant: Literal) -> str:
     return constant.text.upper()
 
 
-def _type_at(name: str, pos: Pos | None) -> str:
+def _type_at(name: str, pos: Pos | None) -> ColumnType:
     ctype = TYPE_NAMES.get(name.upper()) if isinstance(name, str) else None
     if ctype is None:
         raise QueryError(

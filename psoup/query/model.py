@@ -12,39 +12,86 @@ used: BOOL values are `bool`), `float` for FLOAT, `str` for TEXT.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from functools import cached_property
-from typing import Any, Callable, Union
+from typing import Any
 
-Value = Union[int, float, str, bool]
+from psoup.options import ColumnTypeName
+
+Value = int | float | str | bool
 
 #: The range of an INT value (64-bit, as numpy's int64 stores it).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-#: The column types of the language, by their lowercase names.
-TYPES = ("int", "float", "text", "bool")
+
+
+class ColumnType(str, Enum):
+    """A column's type. Each value is the type's lowercase name, which the journal, the
+    protocol and `Engine.create_stream` use (`psoup.options.ColumnTypeName`); a member
+    equals, hashes, serializes and formats as that name.
+
+    Example:
+        >>> ColumnType("int") is ColumnType.INT, ColumnType.INT == "int", f"{ColumnType.BOOL}"
+        (True, True, 'bool')
+        >>> from psoup.options import COLUMN_TYPE_NAMES
+        >>> tuple(t.value for t in ColumnType) == COLUMN_TYPE_NAMES
+        True
+    """
+
+    INT = "int"
+    FLOAT = "float"
+    TEXT = "text"
+    BOOL = "bool"
+
+    # As the names they replace in messages and listings (Python 3.11 formats a mixed-in
+    # enum as "ColumnType.INT"); enum.StrEnum does this, but is not in Python 3.10.
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
+#: The column types of the language.
+TYPES = tuple(ColumnType)
 
 #: Columns every stream has besides its declared ones (docs/language.md, "Streams").
 TS = "ts"
 TUPLE_ID = "tupleID"
-IMPLICIT_COLUMNS = {TS: "float", TUPLE_ID: "int"}
+IMPLICIT_COLUMNS = {TS: ColumnType.FLOAT, TUPLE_ID: ColumnType.INT}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StreamSchema:
     """A stream declared by CREATE STREAM.
 
     Attributes:
         name: the stream's name.
         columns: (column name, type) pairs in declaration order; excludes ts and tupleID.
+            Given as types or their names ("int"), kept as types.
         retain_seconds: RETAIN n <time unit>, in seconds; None when not given.
         retain_rows: RETAIN n ROWS; None when not given. At most one of the two is set.
+
+    Example:
+        >>> StreamSchema("R", [("a", "int")]).columns == (("a", ColumnType.INT),)
+        True
     """
 
     name: str
-    columns: tuple[tuple[str, str], ...]
+    columns: tuple[tuple[str, ColumnType], ...]
     retain_seconds: float | None = None
     retain_rows: int | None = None
+
+    def __init__(self, name: str,
+                 columns: Iterable[tuple[str, ColumnType | ColumnTypeName]],
+                 retain_seconds: float | None = None, retain_rows: int | None = None):
+        # frozen: set once, here, as dataclasses' own __init__ would
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "columns", tuple((c, ColumnType(t)) for c, t in columns))
+        object.__setattr__(self, "retain_seconds", retain_seconds)
+        object.__setattr__(self, "retain_rows", retain_rows)
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -54,7 +101,7 @@ class StreamSchema:
     def name_set(self) -> frozenset[str]:
         return frozenset(self.names)
 
-    def type_of(self, column: str) -> str:
+    def type_of(self, column: str) -> ColumnType:
         """The type of a declared or implicit column (KeyError when unknown)."""
         for c, t in self.columns:
             if c == column:
@@ -73,22 +120,32 @@ class TimeExpr:
         return now + self.value if self.relative else self.value
 
 
-@dataclass(frozen=True)
-class Window:
-    """The input window of one FROM item, resolved against NOW only at invocation.
+class WindowType(str, Enum):
+    """What a window selects (`Window.kind`):
 
-    kinds:
-        "all":       everything retained (no BEGIN/END, or [RANGE UNBOUNDED]).
-        "range":     tuples with begin.resolve(now) <= ts <= end.resolve(now); [NOW] is a
-                     range whose both edges are NOW + 0; [RANGE 10 MINUTES] is NOW-600..NOW.
-        "rows":      the `rows` most recent tuples of the stream ([ROWS n], or
-                     BEGIN (NOW - n ROWS) END NOW).
-        "partition": the `rows` most recent tuples of each distinct value of the
-                     `partition_by` columns ([PARTITION BY a, b ROWS n]).
-    The window is taken first and WHERE filters inside it (docs/language.md, "Windows").
+        ALL:       everything retained (no BEGIN/END, or [RANGE UNBOUNDED]).
+        RANGE:     tuples with begin.resolve(now) <= ts <= end.resolve(now); [NOW] is a
+                   range whose both edges are NOW + 0; [RANGE 10 MINUTES] is NOW-600..NOW.
+        ROWS:      the `rows` most recent tuples of the stream ([ROWS n], or
+                   BEGIN (NOW - n ROWS) END NOW).
+        PARTITION: the `rows` most recent tuples of each distinct value of the
+                   `partition_by` columns ([PARTITION BY a, b ROWS n]).
     """
 
-    kind: str = "all"
+    ALL = "all"
+    RANGE = "range"
+    ROWS = "rows"
+    PARTITION = "partition"
+
+
+@dataclass(frozen=True)
+class Window:
+    """The input window of one FROM item, resolved against NOW only at invocation; its
+    `kind` says which of the other fields it uses (`WindowType`). The window is taken
+    first and WHERE filters inside it (docs/language.md, "Windows").
+    """
+
+    kind: WindowType = WindowType.ALL
     begin: TimeExpr | None = None
     end: TimeExpr | None = None
     rows: int | None = None
@@ -111,29 +168,40 @@ class AttrPredicate:
 
     Attributes:
         column: the column's name (may be "ts" or "tupleID").
-        ctype: the column's type, one of TYPES.
+        ctype: the column's type.
     """
 
     column: str
-    ctype: str
+    ctype: ColumnType
     lo: Value | None = None
     lo_open: bool = False
     hi: Value | None = None
     hi_open: bool = False
-    eq: frozenset | None = None
-    ne: frozenset = field(default_factory=frozenset)
+    eq: frozenset[Value] | None = None
+    ne: frozenset[Value] = field(default_factory=frozenset)
     empty: bool = False
+
+
+class CompareOp(str, Enum):
+    """A comparison of two values, by its symbol (SQL's `<>` is NE, written `!=`)."""
+
+    EQ = "="
+    NE = "!="
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
 
 
 @dataclass(frozen=True)
 class ColumnFactor:
     """A multi-attribute factor on one stream, `left op right + offset`, as written
-    (PSoup's predicateList). `op` is one of = != < <= > >= (<> is folded to !=); `offset`
-    is 0 for TEXT and BOOL columns (arithmetic on them is rejected by the checker), and
-    an integer when both columns are INT (`integer_offset`)."""
+    (PSoup's predicateList). `offset` is 0 for TEXT and BOOL columns (arithmetic on them
+    is rejected by the checker), and an integer when both columns are INT
+    (`integer_offset`)."""
 
     left: str
-    op: str
+    op: CompareOp
     right: str
     offset: int | float = 0
 
@@ -152,21 +220,28 @@ class JoinFactor:
 
     left: int
     left_column: str
-    op: str
+    op: CompareOp
     right: int
     right_column: str
     offset: int | float = 0
     left_offset: int | float = 0
 
 
+class SampleMethod(str, Enum):
+    """A TABLESAMPLE method, by its keyword: BERNOULLI samples rows, SYSTEM whole row
+    groups of the archive (its fraction rounded up to what they hold)."""
+
+    BERNOULLI = "BERNOULLI"
+    SYSTEM = "SYSTEM"
+
+
 @dataclass(frozen=True)
 class Sample:
     """`TABLESAMPLE method (percent)` on a FROM item: the archived part of its stream is
     read as a uniform random sample of `fraction` (0 < fraction < 1) of its tuples;
-    tuples still in memory are read whole. BERNOULLI samples rows, SYSTEM whole row
-    groups of the archive (its fraction rounded up to what they hold)."""
+    tuples still in memory are read whole."""
 
-    method: str
+    method: SampleMethod
     fraction: float
 
 
@@ -192,6 +267,14 @@ class Source:
     sample: Sample | None = None
 
 
+class Kept(str, Enum):
+    """What a group keeps for an aggregate besides its row count (`AggregateFunction`)."""
+
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+
+
 @dataclass(frozen=True)
 class AggregateFunction:
     """One aggregate function of the select list (PSoup Sect. 6), everything each layer
@@ -202,8 +285,8 @@ class AggregateFunction:
         numbers_only: its argument must be INT or FLOAT (else any type).
         star: it also takes `*` (COUNT(*)).
         keeps: what a group must keep for it besides its row count, by the structures
-            of psoup.results.aggregates: None (the count is enough), "sum" (prefix
-            sums), or "min" / "max" (an annotation of the ranked tree).
+            of psoup.results.aggregates: None (the count is enough), SUM (prefix sums),
+            or MIN / MAX (an annotation of the ranked tree).
         fold: the answer from a group's row count and what it keeps (None for an empty
             group's statistic): SQL's values, NULL (None) where it has none.
     """
@@ -211,7 +294,7 @@ class AggregateFunction:
     name: str
     numbers_only: bool
     star: bool
-    keeps: str | None
+    keeps: Kept | None
     fold: Callable[[int, Any], Any]
 
 
@@ -220,10 +303,10 @@ class AggregateFunction:
 #: in psoup.results.aggregates if it keeps something new).
 AGGREGATES: dict[str, AggregateFunction] = {f.name: f for f in (
     AggregateFunction("count", False, True, None, lambda n, _: n),
-    AggregateFunction("sum", True, False, "sum", lambda n, s: s if n else None),
-    AggregateFunction("avg", True, False, "sum", lambda n, s: s / n if n else None),
-    AggregateFunction("min", True, False, "min", lambda n, m: m if n else None),
-    AggregateFunction("max", True, False, "max", lambda n, m: m if n else None),
+    AggregateFunction("sum", True, False, Kept.SUM, lambda n, s: s if n else None),
+    AggregateFunction("avg", True, False, Kept.SUM, lambda n, s: s / n if n else None),
+    AggregateFunction("min", True, False, Kept.MIN, lambda n, m: m if n else None),
+    AggregateFunction("max", True, False, Kept.MAX, lambda n, m: m if n else None),
 )}
 
 
@@ -283,19 +366,28 @@ class Query:
         probe of a batch serves selections and joins alike (PSoup Sect. 3.2.2).
 
         Example:
-            >>> q = Query("SELECT ...", (Source("R", "r", Window("rows", rows=5)),
+            >>> q = Query("SELECT ...", (Source("R", "r", Window(WindowType.ROWS, rows=5)),
             ...                          Source("S", "S", Window())), ())
-            >>> q.local(0).sql, q.local(0).sources[0].window.kind
-            ('SELECT ... [local to r]', 'all')
+            >>> q.local(0).sql, q.local(0).sources[0].window.kind is WindowType.ALL
+            ('SELECT ... [local to r]', True)
         """
         source = replace(self.sources[item], window=Window())
         return Query(f"{self.sql} [local to {source.alias}]", (source,), (),
                      contradiction=self.contradiction)
 
 
-#: What a catalog statement asks for (docs/language.md, "The catalog").
-SHOW_STREAMS, SHOW_QUERIES, DESCRIBE, DROP_STREAM = (
-    "show streams", "show queries", "describe", "drop stream")
+class CatalogAction(str, Enum):
+    """What a catalog statement asks for (docs/language.md, "The catalog")."""
+
+    SHOW_STREAMS = "show streams"
+    SHOW_QUERIES = "show queries"
+    DESCRIBE = "describe"
+    DROP_STREAM = "drop stream"
+
+
+# The actions by their former names, for code that imports them from here.
+SHOW_STREAMS, SHOW_QUERIES = CatalogAction.SHOW_STREAMS, CatalogAction.SHOW_QUERIES
+DESCRIBE, DROP_STREAM = CatalogAction.DESCRIBE, CatalogAction.DROP_STREAM
 
 
 @dataclass(frozen=True)
@@ -304,11 +396,11 @@ class Catalog:
     DROP STREAM stream [CASCADE]. The stream, when there is one, exists.
 
     Attributes:
-        action: SHOW_STREAMS, SHOW_QUERIES, DESCRIBE or DROP_STREAM.
+        action: what it asks for.
         stream: the stream described or dropped; None for SHOW.
         cascade: DROP STREAM ... CASCADE (unregister the queries reading the stream).
     """
 
-    action: str
+    action: CatalogAction
     stream: str | None = None
     cascade: bool = False

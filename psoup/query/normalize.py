@@ -35,22 +35,45 @@ always does.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, replace
-from typing import AbstractSet, Any, Sequence, Union
+from typing import Any, Literal
 
 from psoup.query.model import (
     INT64_MAX,
     INT64_MIN,
     AttrPredicate,
     ColumnFactor,
+    ColumnType,
+    CompareOp,
     JoinFactor,
     Value,
 )
 
 _BOOLS = frozenset({False, True})
 
+_EQ, _NE, _LT, _LE = CompareOp.EQ, CompareOp.NE, CompareOp.LT, CompareOp.LE
+_GT, _GE = CompareOp.GT, CompareOp.GE
+_INT, _FLOAT, _BOOL = ColumnType.INT, ColumnType.FLOAT, ColumnType.BOOL
+
 #: The operator that keeps a comparison true when its two sides swap (`a < b` is `b > a`).
-FLIPPED = {"=": "=", "!=": "!=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+FLIPPED = {_EQ: _EQ, _NE: _NE, _LT: _GT, _LE: _GE, _GT: _LT, _GE: _LE}
+
+#: An `AttrFactor`'s operator for an IN list.
+IN: Literal["in"] = "in"
+
+
+_SYMBOLS = {**{op.value: op for op in CompareOp}, "<>": _NE}
+
+
+def compare_op(symbol: str) -> CompareOp:
+    """The comparison a symbol as written names (`<>` is `!=`); a member is itself.
+
+    Example:
+        >>> compare_op("<>") is CompareOp.NE, compare_op(">=") is CompareOp.GE
+        (True, True)
+    """
+    return _SYMBOLS[symbol]
 
 
 @dataclass(slots=True)
@@ -59,20 +82,20 @@ class AttrFactor:
 
     Attributes:
         column: the column's name.
-        ctype: the column's type, one of model.TYPES; `value`'s type agrees with it (a
-            number for INT and FLOAT, str for TEXT, bool for BOOL).
-        op: one of = != <> < <= > >=, or "in" when `value` is the tuple of an IN list.
+        ctype: the column's type; `value`'s type agrees with it (a number for INT and
+            FLOAT, str for TEXT, bool for BOOL).
+        op: the comparison, or IN ("in") when `value` is the tuple of an IN list.
         value: the constant, or the constants of an IN list.
     """
 
     column: str
-    ctype: str
-    op: str
-    value: Union[Value, tuple[Value, ...]]
+    ctype: ColumnType
+    op: CompareOp | Literal["in"]
+    value: Value | tuple[Value, ...]
 
 
 def normalize_factors(
-    factors: Sequence[Union[AttrFactor, ColumnFactor]],
+    factors: Sequence[AttrFactor | ColumnFactor],
 ) -> tuple[tuple[AttrPredicate, ...], tuple[ColumnFactor, ...]]:
     """Fold the factors of one source into its predicates and its column factors.
 
@@ -87,13 +110,14 @@ def normalize_factors(
         as `!=` and exact repeats removed.
 
     Example:
+        >>> INT = ColumnType.INT
         >>> preds, cfs = normalize_factors([
-        ...     AttrFactor("a", "int", ">", 2.5), AttrFactor("a", "int", "<", 9),
-        ...     ColumnFactor("a", "<>", "b")])
+        ...     AttrFactor("a", INT, CompareOp.GT, 2.5), AttrFactor("a", INT, CompareOp.LT, 9),
+        ...     ColumnFactor("a", compare_op("<>"), "b")])
         >>> preds, cfs  # doctest: +NORMALIZE_WHITESPACE
-        ((AttrPredicate(column='a', ctype='int', lo=3, lo_open=False, hi=8, hi_open=False,
-                        eq=None, ne=frozenset(), empty=False),),
-         (ColumnFactor(left='a', op='!=', right='b', offset=0),))
+        ((AttrPredicate(column='a', ctype=<ColumnType.INT: 'int'>, lo=3, lo_open=False, hi=8,
+                        hi_open=False, eq=None, ne=frozenset(), empty=False),),
+         (ColumnFactor(left='a', op=<CompareOp.NE: '!='>, right='b', offset=0),))
     """
     by_column: dict[str, list[AttrFactor]] = {}
     column_factors: list[ColumnFactor] = []
@@ -101,7 +125,7 @@ def normalize_factors(
         if isinstance(factor, AttrFactor):
             by_column.setdefault(factor.column, []).append(factor)
         else:
-            factor = replace(factor, op=_canonical_op(factor.op))
+            factor = replace(factor, op=compare_op(factor.op))
             if factor not in column_factors:
                 column_factors.append(factor)
     folded = (fold_column(by_column[column]) for column in sorted(by_column))
@@ -124,16 +148,17 @@ def normalize_joins(factors: Sequence[JoinFactor]) -> tuple[JoinFactor, ...]:
         exact repeats (after orientation) removed.
 
     Example:
-        >>> normalize_joins([JoinFactor(1, "b", ">", 0, "a", 2),
-        ...                  JoinFactor(0, "a", "<>", 1, "b")])  # doctest: +NORMALIZE_WHITESPACE
-        (JoinFactor(left=0, left_column='a', op='<', right=1, right_column='b', offset=0,
-                    left_offset=2),
-         JoinFactor(left=0, left_column='a', op='!=', right=1, right_column='b', offset=0,
-                    left_offset=0))
+        >>> normalize_joins([JoinFactor(1, "b", CompareOp.GT, 0, "a", 2),
+        ...                  JoinFactor(0, "a", CompareOp.NE, 1, "b")])
+        ... # doctest: +NORMALIZE_WHITESPACE
+        (JoinFactor(left=0, left_column='a', op=<CompareOp.LT: '<'>, right=1,
+                    right_column='b', offset=0, left_offset=2),
+         JoinFactor(left=0, left_column='a', op=<CompareOp.NE: '!='>, right=1,
+                    right_column='b', offset=0, left_offset=0))
     """
     oriented: list[JoinFactor] = []
     for factor in factors:
-        op = _canonical_op(factor.op)
+        op = compare_op(factor.op)
         if factor.left > factor.right:
             # mirrored, each offset staying with its column: moving an offset across
             # (b > a + c as a < b - c) would round differently in floating point
@@ -157,57 +182,71 @@ def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
         accept every value of the column's type.
 
     Example:
-        >>> fold_column([AttrFactor("a", "int", "in", (1, 2.0, 2.5)),
-        ...              AttrFactor("a", "int", "!=", 1)])  # doctest: +NORMALIZE_WHITESPACE
-        AttrPredicate(column='a', ctype='int', lo=None, lo_open=False, hi=None, hi_open=False,
-                      eq=frozenset({2}), ne=frozenset(), empty=False)
+        >>> p = fold_column([AttrFactor("a", ColumnType.INT, IN, (1, 2.0, 2.5)),
+        ...                  AttrFactor("a", ColumnType.INT, CompareOp.NE, 1)])
+        >>> p.eq, p.lo, p.hi, p.ne, p.empty
+        (frozenset({2}), None, None, frozenset(), False)
     """
     column, ctype = factors[0].column, factors[0].ctype
     lo: Any = None  # Any: the bounds are of the column's type, compared with each other
     hi: Any = None
     lo_open = hi_open = False
     # eq: the admitted values (a frozenset once a BOOL column's two-value domain is used)
-    eq: AbstractSet[Any] | None = None
+    eq: Set[Any] | None = None
     ne: set[Any] = set()
     for factor in factors:
-        op = _canonical_op(factor.op)
-        if op in ("=", "in"):
-            values: tuple[Any, ...]
-            if op == "in":
-                assert isinstance(factor.value, tuple), "an IN factor holds its list's tuple"
-                values = factor.value
-            else:
-                values = (factor.value,)
-            members = {m for m in (_member(ctype, v) for v in values) if m is not None}
+        op = factor.op          # a member, or its symbol: equal to it (but <>)
+        if op == "<>":
+            op = _NE
+        if op in (IN, _EQ):
+            members = _members(ctype, factor)
             eq = members if eq is None else eq & members
-        elif op == "!=":
+        elif op == _NE:
             member = _member(ctype, factor.value)
             if member is not None:
                 ne.add(member)
         else:
             value, is_open = _bound(ctype, op, factor.value)
-            if op in (">", ">="):
+            if op in (_GT, _GE):
                 if lo is None or value > lo or (value == lo and is_open):
                     lo, lo_open = value, is_open
             elif hi is None or value < hi or (value == hi and is_open):
                 hi, hi_open = value, is_open
+    return _predicate(column, ctype, lo, lo_open, hi, hi_open, eq, ne)
+
+
+def _members(ctype: ColumnType, factor: AttrFactor) -> set[Value]:
+    """The values of the column's type that an = or IN factor admits."""
+    values: tuple[Any, ...]
+    if factor.op == IN:
+        assert isinstance(factor.value, tuple), "an IN factor holds its list's tuple"
+        values = factor.value
+    else:
+        values = (factor.value,)
+    return {m for m in (_member(ctype, v) for v in values) if m is not None}
+
+
+def _predicate(column: str, ctype: ColumnType, lo: Any, lo_open: bool, hi: Any,
+               hi_open: bool, eq: Set[Any] | None, ne: set[Any]) -> AttrPredicate | None:
+    """The canonical predicate of the folded bounds, admitted and excluded values (the
+    module docstring), or None when it admits every value."""
 
     def admits(v: Value) -> bool:
         above = lo is None or v > lo or (v == lo and not lo_open)
         below = hi is None or v < hi or (v == hi and not hi_open)
         return above and below
 
-    if ctype == "bool":  # a two-value domain: always written as the set of admitted values
+    if ctype == _BOOL:  # a two-value domain: always written as the set of admitted values
         eq = _BOOLS if eq is None else eq
     if eq is not None:
         allowed = frozenset(v for v in eq if admits(v) and v not in ne)
-        if ctype == "bool" and allowed == _BOOLS:  # ({0, 1} == _BOOLS too, hence the type)
+        if ctype == _BOOL and allowed == _BOOLS:  # ({0, 1} == _BOOLS too, hence the type)
             return None
         return AttrPredicate(column, ctype, eq=allowed)
     ne = {v for v in ne if admits(v)}
     if _admits_nothing(ctype, lo, lo_open, hi, hi_open, ne):
         return AttrPredicate(column, ctype, empty=True)
-    if ctype == "int":
+    if ctype == _INT:
         lo = None if lo is not None and lo <= INT64_MIN else lo
         hi = None if hi is not None and hi >= INT64_MAX else hi
     if lo is None and hi is None and not ne:
@@ -215,7 +254,7 @@ def fold_column(factors: Sequence[AttrFactor]) -> AttrPredicate | None:
     return AttrPredicate(column, ctype, lo, lo_open, hi, hi_open, ne=frozenset(ne))
 
 
-def integer_offset(op: str, offset: int | float) -> tuple[str, int] | bool:
+def integer_offset(op: CompareOp, offset: int | float) -> tuple[CompareOp, int] | bool:
     """`x op y + offset` between INT values x and y, as a comparison with an integer
     offset, or True / False when it holds for every / no pair of integers.
 
@@ -223,23 +262,24 @@ def integer_offset(op: str, offset: int | float) -> tuple[str, int] | bool:
     holds and `d != 2.5` always does; an infinite offset decides every pair.
 
     Example:
-        >>> integer_offset("<", 0.5), integer_offset(">=", -0.5), integer_offset("=", 0.5)
-        (('<=', 0), ('>', -1), False)
-        >>> integer_offset("<", 2.0), integer_offset("!=", 1.5)
-        (('<', 2), True)
+        >>> [integer_offset(compare_op(op), c) for op, c in
+        ...  [("<", 0.5), (">=", -0.5), ("=", 0.5), ("<", 2.0), ("!=", 1.5)]]
+        ... # doctest: +NORMALIZE_WHITESPACE
+        [(<CompareOp.LE: '<='>, 0), (<CompareOp.GT: '>'>, -1), False,
+         (<CompareOp.LT: '<'>, 2), True]
     """
-    op = _canonical_op(op)
+    op = compare_op(op)
     if isinstance(offset, int):
         return op, offset
     if math.isinf(offset):
-        return {"=": False, "!=": True, "<": offset > 0, "<=": offset > 0, ">": offset < 0,
-                ">=": offset < 0}[op]
+        return {_EQ: False, _NE: True, _LT: offset > 0, _LE: offset > 0, _GT: offset < 0,
+                _GE: offset < 0}[op]
     if offset.is_integer():
         return op, int(offset)
-    if op in ("=", "!="):
-        return op == "!="
+    if op in (_EQ, _NE):
+        return op == _NE
     floor = math.floor(offset)
-    return ("<=", floor) if op in ("<", "<=") else (">", floor)
+    return (_LE, floor) if op in (_LT, _LE) else (_GT, floor)
 
 
 def is_contradiction(predicates: Sequence[AttrPredicate]) -> bool:
@@ -252,43 +292,41 @@ def is_contradiction(predicates: Sequence[AttrPredicate]) -> bool:
     return any(p.empty or (p.eq is not None and not p.eq) for p in predicates)
 
 
-def _canonical_op(op: str) -> str:
-    return "!=" if op == "<>" else op
-
-
-def _member(ctype: str, value: Any) -> Value | None:
+def _member(ctype: ColumnType, value: Any) -> Value | None:
     """`value` as a value of the column's type, or None when no value of it equals `value`."""
-    if ctype == "int":
+    if ctype == _INT:
         if isinstance(value, float):
             if not value.is_integer():
                 return None
             value = int(value)
         return value if INT64_MIN <= value <= INT64_MAX else None
-    if ctype == "float":
+    if ctype == _FLOAT:
         return float(value)
-    return value
+    member: Value = value   # TEXT and BOOL: the checker matched the constant's type
+    return member
 
 
-def _bound(ctype: str, op: str, value: Any) -> tuple[Value, bool]:
+def _bound(ctype: ColumnType, op: CompareOp, value: Any) -> tuple[Value, bool]:
     """The bound (value, open) that `column op value` puts on the column (op: < <= > >=)."""
-    if ctype == "int":
+    if ctype == _INT:
         # The integers above 2.5 are those >= 3: every INT bound comes out closed.
-        if op == ">":
+        if op == _GT:
             return math.floor(value) + 1, False
-        if op == ">=":
+        if op == _GE:
             return math.ceil(value), False
-        if op == "<":
+        if op == _LT:
             return math.ceil(value) - 1, False
         return math.floor(value), False
-    if ctype == "float":
+    if ctype == _FLOAT:
         value = float(value)
-    return value, op in ("<", ">")
+    return value, op in (_LT, _GT)
 
 
-def _admits_nothing(ctype: str, lo: Any, lo_open: bool, hi: Any, hi_open: bool, ne: set) -> bool:
+def _admits_nothing(ctype: ColumnType, lo: Any, lo_open: bool, hi: Any, hi_open: bool,
+                    ne: set[Any]) -> bool:
     """Whether no value lies within the bounds and outside `ne` (exact for INT; for the
     other types, lo > hi or a single value that is excluded)."""
-    if ctype == "int":
+    if ctype == _INT:
         first = INT64_MIN if lo is None else lo
         last = INT64_MAX if hi is None else hi
         return first > last or (
@@ -298,4 +336,4 @@ def _admits_nothing(ctype: str, lo: Any, lo_open: bool, hi: Any, hi_open: bool, 
         return False
     if lo == hi:
         return lo_open or hi_open or lo in ne
-    return lo > hi
+    return bool(lo > hi)

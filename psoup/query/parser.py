@@ -12,15 +12,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from psoup.errors import QueryError
-from psoup.query.model import (
-    AGGREGATES,
-    DESCRIBE,
-    DROP_STREAM,
-    INT64_MAX,
-    INT64_MIN,
-    SHOW_QUERIES,
-    SHOW_STREAMS,
-)
+from psoup.query.model import AGGREGATES, INT64_MAX, INT64_MIN, CatalogAction, SampleMethod
 from psoup.query.syntax import (
     BeginEnd,
     Between,
@@ -51,18 +43,14 @@ from psoup.query.syntax import (
     TimeConstant,
     TimeSpec,
 )
-from psoup.query.timeparse import unit_name
-from psoup.query.tokens import (
-    EOF,
-    KEYWORD,
-    NAME,
-    NUMBER,
-    STRING,
-    UNSUPPORTED_KEYWORDS,
-    Pos,
-    Token,
-    tokenize,
-)
+from psoup.query.timeparse import TimeUnit, unit_name
+from psoup.query.tokens import UNSUPPORTED_KEYWORDS, Pos, Token, TokenType, tokenize
+
+# The token types as globals: the parser tests a token's type hundreds of times a
+# statement, and a global is read faster than an enum's attribute.
+_NAME, _KEYWORD, _NUMBER = TokenType.NAME, TokenType.KEYWORD, TokenType.NUMBER
+_STRING, _EOF = TokenType.STRING, TokenType.EOF
+_WORDS = (_NAME, _KEYWORD)
 
 COMPARISON_OPS = ("=", "!=", "<>", "<", "<=", ">", ">=")
 
@@ -113,7 +101,7 @@ def parse_retention(text: str) -> Retain:
 
     Example:
         >>> r = parse_retention("90 seconds")
-        >>> r.amount.value, r.unit
+        >>> r.amount.value, r.unit.value
         (90, 'SECOND')
     """
     parser = _Parser(tokenize(text))
@@ -138,7 +126,7 @@ class _Parser:
 
     def _advance(self) -> Token:
         tok = self._tok
-        if tok.kind != EOF:
+        if tok.kind is not _EOF:
             self._i += 1
             self._tok = self._tokens[self._i]
         self._after = tok
@@ -148,7 +136,7 @@ class _Parser:
         """' after <the last consumed thing>', or '' at the start."""
         after = self._after
         if isinstance(after, Token):
-            after = after.text if after.kind == STRING else f"'{after.text}'"
+            after = after.text if after.kind is _STRING else f"'{after.text}'"
         return "" if after is None else f" after {after}"
 
     def _accept_word(self, word: str) -> Token | None:
@@ -165,7 +153,7 @@ class _Parser:
 
     def _fail(self, expected: str) -> NoReturn:
         tok = self._tok
-        if tok.kind == KEYWORD and tok.value in UNSUPPORTED_KEYWORDS:
+        if tok.kind is _KEYWORD and tok.value in UNSUPPORTED_KEYWORDS:
             raise QueryError(UNSUPPORTED_KEYWORDS[tok.value], *tok.pos)
         raise QueryError(f"expected {expected}{self._after_text()}, found {tok.describe()}",
                          *tok.pos)
@@ -178,14 +166,14 @@ class _Parser:
         """Consume an optional `;` and require the end of the input."""
         if self._accept_symbol(";"):
             expected = "the end of the statement (one statement at a time)"
-        if self._tok.kind != EOF:
+        if self._tok.kind is not _EOF:
             self._fail(expected)
 
     # statements
 
     def statement(self) -> Statement:
         tok = self._tok
-        if tok.kind == EOF or (tok.is_symbol(";") and self._peek(1).kind == EOF):
+        if tok.kind is _EOF or (tok.is_symbol(";") and self._peek(1).kind is _EOF):
             raise QueryError("empty statement")
         if tok.is_word("CREATE"):
             return self._create()
@@ -201,10 +189,10 @@ class _Parser:
         verb = start.text.upper()
         if verb == "SHOW":
             if self._accept_word("STREAMS"):
-                action = SHOW_STREAMS
+                action = CatalogAction.SHOW_STREAMS
             else:
                 self._expect_word("QUERIES", "STREAMS or QUERIES")
-                action = SHOW_QUERIES
+                action = CatalogAction.SHOW_QUERIES
             self.end("the end of the statement")
             return CatalogStatement(start.pos, action)
         if verb == "DROP":
@@ -212,11 +200,12 @@ class _Parser:
         name, name_pos = self._name("a stream name")
         if verb == "DESCRIBE":
             self.end("the end of the statement")
-            return CatalogStatement(start.pos, DESCRIBE, name, name_pos)
+            return CatalogStatement(start.pos, CatalogAction.DESCRIBE, name, name_pos)
         cascade = self._accept_word("CASCADE") is not None
         self.end("the end of the statement" if cascade else
                  "CASCADE or the end of the statement")  # fmt: skip
-        return CatalogStatement(start.pos, DROP_STREAM, name, name_pos, cascade)
+        return CatalogStatement(start.pos, CatalogAction.DROP_STREAM, name, name_pos,
+                                cascade)
 
     def _create(self) -> CreateStream:
         start = self._advance()
@@ -238,7 +227,7 @@ class _Parser:
     def _column_def(self) -> ColumnDef:
         name, pos = self._name("a column name")
         type_tok = self._tok
-        if type_tok.kind != NAME:
+        if type_tok.kind is not _NAME:
             self._fail("a type (INT, FLOAT, TEXT or BOOL)")
         self._advance()
         return ColumnDef(pos, name, type_tok.text, type_tok.pos)
@@ -291,10 +280,10 @@ class _Parser:
 
     def _name(self, what: str) -> tuple[str, Pos]:
         tok = self._tok
-        if tok.kind == KEYWORD:
+        if tok.kind is _KEYWORD:
             raise QueryError(f"expected {what}{self._after_text()}, found the reserved word "
                              f"'{tok.text}'", *tok.pos)
-        if tok.kind != NAME:
+        if tok.kind is not _NAME:
             self._fail(what)
         self._advance()
         return tok.text, tok.pos
@@ -316,11 +305,11 @@ class _Parser:
 
     def _number(self, expected: str, signed: bool = False) -> Literal:
         tok = self._tok
-        if signed and tok.is_symbol("-") and self._peek(1).kind == NUMBER:
+        if signed and tok.is_symbol("-") and self._peek(1).kind is _NUMBER:
             self._advance()
             digits = self._advance()
             lit = Literal(tok.pos, -digits.value, "-" + digits.text)  # type: ignore[operator]
-        elif tok.kind == NUMBER:
+        elif tok.kind is _NUMBER:
             self._advance()
             lit = Literal(tok.pos, tok.value, tok.text)
         else:
@@ -331,7 +320,7 @@ class _Parser:
 
     def _constant(self, expected: str) -> Literal:
         tok = self._tok
-        if tok.kind == STRING:
+        if tok.kind is _STRING:
             self._advance()
             return Literal(tok.pos, tok.value, tok.text)
         if tok.is_word("TRUE", "FALSE"):
@@ -339,13 +328,13 @@ class _Parser:
             return Literal(tok.pos, tok.value == "TRUE", tok.text)
         return self._number(expected, signed=True)
 
-    def _unit(self, expected: str, default: str | None) -> str:
+    def _unit(self, expected: str, default: TimeUnit | None) -> TimeUnit:
         tok = self._tok
-        unit = unit_name(tok.text) if tok.kind == NAME else None
+        unit = unit_name(tok.text) if tok.kind is _NAME else None
         if unit is not None:
             self._advance()
             return unit
-        if default is None or tok.kind == NAME:
+        if default is None or tok.kind is _NAME:
             self._fail(expected)
         return default
 
@@ -355,12 +344,13 @@ class _Parser:
         tok = self._tok
         if self._accept_symbol("*"):
             return Star(tok.pos, None)
-        if tok.kind == NAME and self._peek(1).is_symbol(".") and self._peek(2).is_symbol("*"):
+        if (tok.kind is _NAME and self._peek(1).is_symbol(".")
+                and self._peek(2).is_symbol("*")):
             self._advance(), self._advance(), self._advance()
             return Star(tok.pos, tok.text)
-        if tok.kind not in (NAME, KEYWORD):
+        if tok.kind not in _WORDS:
             self._fail("a column or '*'")
-        if (tok.kind == NAME and tok.text.upper() in _AGGREGATE_NAMES
+        if (tok.kind is _NAME and tok.text.upper() in _AGGREGATE_NAMES
                 and self._peek(1).is_symbol("(")):
             function, argument, text = self._aggregate()
             alias = self._name("a name after AS")[0] if self._accept_word("AS") else None
@@ -382,13 +372,13 @@ class _Parser:
             if not AGGREGATES[function.lower()].star:
                 raise QueryError(f"{function}(*) is not supported: only COUNT takes *", *tok.pos)
             self._advance()
-        elif tok.kind in (NAME, KEYWORD):
+        elif tok.kind in _WORDS:
             argument = self._column_ref(
                 f"nested aggregates are not supported ({{name}} inside {name})"
             )
             if self._tok.is_symbol(*_ARITHMETIC, *COMPARISON_OPS):
                 raise _expression_error(function, self._tok.pos)
-        elif tok.kind in (NUMBER, STRING) or tok.is_symbol("(", *_ARITHMETIC):
+        elif tok.kind in (_NUMBER, _STRING) or tok.is_symbol("(", *_ARITHMETIC):
             raise _expression_error(function, tok.pos)
         else:
             self._fail("a column or '*'" if function == "COUNT" else "a column")
@@ -401,10 +391,10 @@ class _Parser:
         self._reject_subquery()
         stream, pos = self._name("a stream name")
         alias, alias_pos = None, None
-        if self._accept_word("AS") or self._tok.kind == NAME:
+        if self._accept_word("AS") or self._tok.kind is _NAME:
             alias, alias_pos = self._name("an alias")
         window = self._stream_window() if self._tok.is_symbol("[") else None
-        misplaced_alias = self._tok.kind == NAME or self._tok.is_word("AS")
+        misplaced_alias = self._tok.kind is _NAME or self._tok.is_word("AS")
         if window is not None and alias is None and misplaced_alias:
             raise QueryError(
                 f"the alias goes before the window: FROM {stream} alias [...]", *self._tok.pos
@@ -418,7 +408,7 @@ class _Parser:
     def _sample(self) -> SampleClause:
         pos = self._advance().pos
         method = self._tok
-        if not (method.kind == NAME and method.is_word("BERNOULLI", "SYSTEM")):
+        if not (method.kind is _NAME and method.is_word("BERNOULLI", "SYSTEM")):
             self._fail("BERNOULLI or SYSTEM")
         self._advance()
         self._expect_symbol("(", "'(' and a percentage")
@@ -427,17 +417,17 @@ class _Parser:
         if self._tok.is_word("REPEATABLE"):
             raise QueryError("REPEATABLE is not supported: the archive's sample is drawn "
                              "once, when its rows are written", *self._tok.pos)
-        return SampleClause(pos, method.text.upper(), percent)
+        return SampleClause(pos, SampleMethod(method.text.upper()), percent)
 
     def _stream_window(self) -> StreamWindow:
         pos = self._advance().pos
         window: StreamWindow
         if self._accept_word("RANGE"):
             if self._accept_word("UNBOUNDED"):
-                window = RangeWindow(pos, None, "SECOND")
+                window = RangeWindow(pos, None, TimeUnit.SECOND)
             else:
                 amount = self._number("a number or UNBOUNDED")
-                window = RangeWindow(pos, amount, self._unit(_TIME_UNITS, default="SECOND"))
+                window = RangeWindow(pos, amount, self._unit(_TIME_UNITS, default=TimeUnit.SECOND))
         elif self._accept_word("ROWS"):
             window = RowsWindow(pos, self._number("a number of rows"), ())
         elif self._accept_word("PARTITION"):
@@ -510,7 +500,7 @@ class _Parser:
 
     def _operand(self) -> Operand:
         tok = self._tok
-        if tok.kind == NAME:
+        if tok.kind is _NAME:
             column = self._column_ref("aggregates are not supported in WHERE ({name})")
             sign = self._tok
             if not sign.is_symbol("+", "-"):
@@ -558,12 +548,13 @@ class _Parser:
         tok = self._tok
         if self._accept_word("NOW"):
             if not self._tok.is_symbol("+", "-"):
-                return NowTime(tok.pos, self._text_since(start), None, None, "SECOND")
+                return NowTime(tok.pos, self._text_since(start), None, None,
+                               TimeUnit.SECOND)
             sign = self._advance().text
             amount = self._number("a number")
-            unit = self._unit(_ANY_UNITS, default="SECOND")
+            unit = self._unit(_ANY_UNITS, default=TimeUnit.SECOND)
             return NowTime(tok.pos, self._text_since(start), sign, amount, unit)
-        if tok.kind == STRING:
+        if tok.kind is _STRING:
             self._advance()
             return TimeConstant(tok.pos, tok.text, Literal(tok.pos, tok.value, tok.text))
         value = self._number("a time (NOW, NOW - n [unit], epoch seconds or a quoted timestamp)",

@@ -13,8 +13,9 @@ about four times as much, ~10% of compiling a query.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
+from psoup.query.model import CatalogAction, SampleMethod
+from psoup.query.timeparse import TimeUnit
 from psoup.query.tokens import Pos
 
 
@@ -55,7 +56,7 @@ class Shifted:
     amount: Literal
 
 
-Operand = Union[ColumnRef, Literal, Shifted]
+Operand = ColumnRef | Literal | Shifted
 
 
 @dataclass(slots=True)
@@ -87,7 +88,7 @@ class InList:
     values: tuple[Literal, ...]
 
 
-Factor = Union[Comparison, Between, InList]
+Factor = Comparison | Between | InList
 
 
 @dataclass(slots=True)
@@ -106,7 +107,7 @@ class Retain:
 
     pos: Pos
     amount: Literal
-    unit: str
+    unit: TimeUnit
 
 
 @dataclass(slots=True)
@@ -154,7 +155,7 @@ class SelectAggregate:
     text: str
 
 
-SelectEntry = Union[Star, SelectColumn, SelectAggregate]
+SelectEntry = Star | SelectColumn | SelectAggregate
 
 
 @dataclass(slots=True)
@@ -163,7 +164,7 @@ class RangeWindow:
 
     pos: Pos
     amount: Literal | None
-    unit: str
+    unit: TimeUnit
 
 
 @dataclass(slots=True)
@@ -182,15 +183,15 @@ class NowWindow:
     pos: Pos
 
 
-StreamWindow = Union[RangeWindow, RowsWindow, NowWindow]
+StreamWindow = RangeWindow | RowsWindow | NowWindow
 
 
 @dataclass(slots=True)
 class SampleClause:
-    """`TABLESAMPLE method (percent)`; method is BERNOULLI or SYSTEM (upper case)."""
+    """`TABLESAMPLE method (percent)`."""
 
     pos: Pos
-    method: str
+    method: SampleMethod
     percent: Literal
 
 
@@ -219,7 +220,7 @@ class NowTime:
     text: str
     sign: str | None
     amount: Literal | None
-    unit: str
+    unit: TimeUnit
 
 
 @dataclass(slots=True)
@@ -231,7 +232,7 @@ class TimeConstant:
     value: Literal
 
 
-TimeSpec = Union[NowTime, TimeConstant]
+TimeSpec = NowTime | TimeConstant
 
 
 @dataclass(slots=True)
@@ -260,14 +261,14 @@ class Select:
 
 @dataclass(slots=True)
 class CatalogStatement:
-    """SHOW STREAMS, SHOW QUERIES, DESCRIBE name or DROP STREAM name [CASCADE]; `action`
-    is one of model's catalog actions, `name_pos` where the stream's name starts."""
+    """SHOW STREAMS, SHOW QUERIES, DESCRIBE name or DROP STREAM name [CASCADE];
+    `name_pos` is where the stream's name starts."""
 
     pos: Pos
-    action: str
+    action: CatalogAction
     name: str | None = None
     name_pos: Pos | None = None
     cascade: bool = False
 
 
-Statement = Union[CreateStream, Select, CatalogStatement]
+Statement = CreateStream | Select | CatalogStatement

@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
+from enum import Enum
 
-#: Seconds per time unit, by canonical (singular, upper-case) name.
-UNIT_SECONDS = {"SECOND": 1, "MINUTE": 60, "HOUR": 3600, "DAY": 86400}
+
+class TimeUnit(str, Enum):
+    """A unit of a duration or a count, by its canonical (singular, upper-case) name."""
+
+    SECOND = "SECOND"
+    MINUTE = "MINUTE"
+    HOUR = "HOUR"
+    DAY = "DAY"
+    ROW = "ROW"
+
+
+#: Seconds per time unit.
+UNIT_SECONDS = {TimeUnit.SECOND: 1, TimeUnit.MINUTE: 60, TimeUnit.HOUR: 3600,
+                TimeUnit.DAY: 86400}
 
 #: The count unit of logical windows and row retention.
-ROW = "ROW"
+ROW = TimeUnit.ROW
+
+_UNITS = {unit.value: unit for unit in TimeUnit}
 
 _TIMESTAMP = re.compile(
     r"(?P<date>\d{4}-\d{2}-\d{2})"
@@ -23,21 +38,20 @@ _TIMESTAMP = re.compile(
 )
 
 
-def unit_name(word: str) -> str | None:
-    """The canonical name of a unit word (SECOND(S), MINUTE(S), HOUR(S), DAY(S), ROW(S)).
+def unit_name(word: str) -> TimeUnit | None:
+    """The unit a unit word names (SECOND(S), MINUTE(S), HOUR(S), DAY(S), ROW(S)).
 
     Args:
         word: the word as written, in any case.
 
     Returns:
-        "SECOND", "MINUTE", "HOUR", "DAY" or "ROW"; None when `word` is not a unit.
+        The unit; None when `word` is not a unit.
 
     Example:
         >>> unit_name("minutes"), unit_name("ROW"), unit_name("weeks")
-        ('MINUTE', 'ROW', None)
+        (<TimeUnit.MINUTE: 'MINUTE'>, <TimeUnit.ROW: 'ROW'>, None)
     """
-    singular = word.upper().removesuffix("S")
-    return singular if singular in UNIT_SECONDS or singular == ROW else None
+    return _UNITS.get(word.upper().removesuffix("S"))
 
 
 def timestamp_seconds(text: str) -> float:

@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import math
 import re
+from enum import Enum
 from typing import NamedTuple
 
 from psoup.errors import QueryError
 
-NAME = "name"
-KEYWORD = "keyword"
-NUMBER = "number"
-STRING = "string"
-SYMBOL = "symbol"
-EOF = "eof"
+
+class TokenType(str, Enum):
+    """A token's kind (as sqlglot's TokenType): what the parser dispatches on."""
+
+    NAME = "name"
+    KEYWORD = "keyword"
+    NUMBER = "number"
+    STRING = "string"
+    SYMBOL = "symbol"
+    EOF = "eof"
+
+
+# The kinds by their former names, for code that imports them from here.
+NAME, KEYWORD, NUMBER = TokenType.NAME, TokenType.KEYWORD, TokenType.NUMBER
+STRING, SYMBOL, EOF = TokenType.STRING, TokenType.SYMBOL, TokenType.EOF
 
 #: Statement structure and constants; none of these can name a stream, alias or column.
 STRUCTURE_KEYWORDS = frozenset(
@@ -70,8 +80,9 @@ def is_identifier(text: object) -> bool:
 _NUMBER_TAIL = re.compile(r"[A-Za-z0-9_.]+")
 
 #: One token (or a newline, or a comment) after any run of spaces: one regex match per
-#: token, its kind the name of the group that matched. Digits and letters are ASCII: any
-#: other character is refused by name. A quote that opens no whole string is `open`.
+#: token, told apart by the name of the group that matched. Digits and letters are
+#: ASCII: any other character is refused by name. A quote that opens no whole string is
+#: `open`.
 #: Words, the commonest tokens, are tried first (no other kind starts with a letter or
 #: _); a comment before the `-` symbol, a number before the `.` one.
 _TOKEN = re.compile("[^\\S\\n]*(?:" + "|".join([
@@ -87,6 +98,13 @@ _TOKEN = re.compile("[^\\S\\n]*(?:" + "|".join([
 _SPACE = re.compile(r"[^\S\n]*")
 
 
+# The types as globals (read faster than an enum's attribute, in the tokenizer's loop
+# and in the parser's tests of every token).
+_NAME, _KEYWORD, _NUMBER = TokenType.NAME, TokenType.KEYWORD, TokenType.NUMBER
+_STRING, _SYMBOL, _EOF = TokenType.STRING, TokenType.SYMBOL, TokenType.EOF
+_WORDS = (_NAME, _KEYWORD)
+
+
 class Pos(NamedTuple):
     """Where a token starts: 1-based line and column."""
 
@@ -98,31 +116,31 @@ class Token(NamedTuple):
     """One token (a named tuple: made ~20 times per statement, so made cheaply).
 
     Attributes:
-        kind: NAME, KEYWORD, NUMBER, STRING, SYMBOL or EOF.
+        kind: the token's type.
         text: the token as written (a string literal keeps its quotes).
         value: int or float for a NUMBER, the unescaped text of a STRING, the upper-case
             keyword for a KEYWORD, else the text.
         pos: where the token starts.
     """
 
-    kind: str
+    kind: TokenType
     text: str
     value: int | float | str
     pos: Pos
 
     def is_word(self, *words: str) -> bool:
         """True for a name or keyword equal to one of `words` (upper case), ignoring case."""
-        return self.kind in (NAME, KEYWORD) and self.text.upper() in words
+        return self.kind in _WORDS and self.text.upper() in words
 
     def is_symbol(self, *symbols: str) -> bool:
         """True for a symbol among `symbols`."""
-        return self.kind == SYMBOL and self.text in symbols
+        return self.kind is _SYMBOL and self.text in symbols
 
     def describe(self) -> str:
         """The token as error messages quote it."""
-        if self.kind == EOF:
+        if self.kind is _EOF:
             return "the end of the statement"
-        if self.kind == STRING:
+        if self.kind is _STRING:
             return f"string {self.text}"
         return f"'{self.text}'"
 
@@ -136,7 +154,7 @@ def tokenize(sql: str) -> list[Token]:
         sql: the statement text.
 
     Returns:
-        The tokens in order; the last one has kind EOF.
+        The tokens in order; the last one has kind TokenType.EOF.
 
     Raises:
         QueryError: an unterminated string, a malformed number or an unexpected character.
@@ -152,33 +170,33 @@ def tokenize(sql: str) -> list[Token]:
     new = tuple.__new__                 # Token(...) and Pos(...) without their Python __new__
     line, line_start, expect = 1, 0, 0
     for m in _TOKEN.finditer(sql):
-        kind = m.lastgroup or "symbol"    # every alternative is a named group
+        group = m.lastgroup or "symbol"   # the regex group that matched (each is named)
         if m.start() != expect:
             break                       # a character no token starts with, at `expect`
-        i, expect = m.span(kind)        # the token ends the match
+        i, expect = m.span(group)       # the token ends the match
         text = sql[i:expect]
-        if kind == "word":
+        if group == "word":
             upper = text.upper()
             pos = new(Pos, (line, i - line_start + 1))
-            append(new(Token, (KEYWORD, text, upper, pos)) if upper in RESERVED
-                   else new(Token, (NAME, text, text, pos)))
-        elif kind == "symbol":
-            append(new(Token, (SYMBOL, text, text, new(Pos, (line, i - line_start + 1)))))
-        elif kind == "number":
+            append(new(Token, (_KEYWORD, text, upper, pos)) if upper in RESERVED
+                   else new(Token, (_NAME, text, text, pos)))
+        elif group == "symbol":
+            append(new(Token, (_SYMBOL, text, text, new(Pos, (line, i - line_start + 1)))))
+        elif group == "number":
             pos = new(Pos, (line, i - line_start + 1))
             if _NUMBER_TAIL.match(sql, expect):
                 bad = _NUMBER_TAIL.match(sql, i)
                 raise QueryError(f"malformed number '{bad.group() if bad else text}'", *pos)
-            append(new(Token, (NUMBER, text, _number_value(text, pos), pos)))
-        elif kind == "newline":
+            append(new(Token, (_NUMBER, text, _number_value(text, pos), pos)))
+        elif group == "newline":
             line, line_start = line + 1, expect
-        elif kind == "string":
+        elif group == "string":
             pos = new(Pos, (line, i - line_start + 1))
             if "\n" in text:
                 line += text.count("\n")
                 line_start = i + text.rindex("\n") + 1
-            append(new(Token, (STRING, text, text[1:-1].replace("''", "'"), pos)))
-        elif kind != "comment":
+            append(new(Token, (_STRING, text, text[1:-1].replace("''", "'"), pos)))
+        elif group != "comment":
             raise QueryError("unterminated string: no closing single quote", line,
                              i - line_start + 1)
     spaces = _SPACE.match(sql, expect)
@@ -187,7 +205,7 @@ def tokenize(sql: str) -> list[Token]:
         c = sql[expect]
         hint = " (strings are in single quotes)" if c == '"' else ""
         raise QueryError(f"unexpected character '{c}'{hint}", line, expect - line_start + 1)
-    append(new(Token, (EOF, "", "", new(Pos, (line, len(sql) - line_start + 1)))))
+    append(new(Token, (_EOF, "", "", new(Pos, (line, len(sql) - line_start + 1)))))
     return tokens
 
 

@@ -25,24 +25,36 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from psoup.archive.layout import (SECONDS_PER_DAY, TS_COLUMN, TUPLE_ID_COLUMN, arrow_schema,
-                                  part_path, stream_columns)
+from psoup.archive.layout import (
+    SECONDS_PER_DAY,
+    TS_COLUMN,
+    TUPLE_ID_COLUMN,
+    arrow_schema,
+    part_path,
+    stream_columns,
+)
 from psoup.archive.parquet import Archive
 from psoup.archive.rollups import Rollups, folder_for
 from psoup.archive.sampling import sampled_schema, write_run
-from psoup.fsync import fsync_dir
 from psoup.errors import ArchiveError
-from psoup.formats import input_format
+from psoup.formats import InputFormat, input_format
+from psoup.fsync import fsync_dir
+from psoup.query.model import ColumnType
 from psoup.spark.session import spark_error
+
+_INT, _FLOAT, _TEXT, _BOOL = ColumnType.INT, ColumnType.FLOAT, ColumnType.TEXT, ColumnType.BOOL
+_NUMBERS = (_INT, _FLOAT)
 
 #: The input formats, and the file name endings that imply them.
 _FILE, _ROW, _PID, _MID = "_psoup_file", "_psoup_row", "_psoup_pid", "_psoup_mid"
@@ -66,7 +78,7 @@ class ImportReport:
         return self.rows / max(self.seconds, 1e-9)
 
 
-def parse_columns(stream: str, text: str) -> list[tuple[str, str]]:
+def parse_columns(stream: str, text: str) -> list[tuple[str, ColumnType]]:
     """A column list such as "lane INT, speed FLOAT, road TEXT", read by psoup's own
     CREATE STREAM grammar.
 
@@ -74,8 +86,8 @@ def parse_columns(stream: str, text: str) -> list[tuple[str, str]]:
         QueryError: bad syntax, an unknown type, a duplicate column.
 
     Example:
-        >>> parse_columns("traffic", "lane INT, speed FLOAT, road TEXT")
-        [('lane', 'int'), ('speed', 'float'), ('road', 'text')]
+        >>> parse_columns("traffic", "lane INT, road TEXT")
+        [('lane', <ColumnType.INT: 'int'>), ('road', <ColumnType.TEXT: 'text'>)]
     """
     from psoup.query import compile_statement
     from psoup.query.model import StreamSchema
@@ -95,7 +107,8 @@ def import_files(files: Sequence[str | Path], stream: str,
     Args:
         files: input files, read in this order (ties in ts keep it).
         stream: the stream's name.
-        columns: its schema, (name, type) pairs; `parse_columns` reads the CLI's form.
+        columns: its schema, (name, type) pairs, each type a ColumnType or its name
+            (checked); `parse_columns` reads the CLI's form.
         into: the archive root; created if missing.
         ts_column: the input column holding each row's timestamp.
         fmt: csv, jsonl (JSON lines; "json" and "ndjson" are accepted too) or parquet;
@@ -112,45 +125,45 @@ def import_files(files: Sequence[str | Path], stream: str,
             supported (psoup.formats.input_format), before Spark starts.
     """
     began = time.perf_counter()
-    columns = list(columns)
     schema = arrow_schema(stream, columns)         # checks the names and types
+    declared = [(name, ColumnType(ctype)) for name, ctype in columns]
     if not files:
         raise ArchiveError("no input files")
-    if ts_column in dict(columns):
+    if ts_column in dict(declared):
         raise ArchiveError(f"'{ts_column}' cannot be both the timestamp column and a "
                            f"column of stream '{stream}'")
     try:
         formats = [input_format(f, fmt)[0] for f in files]
     except ValueError as exc:
         raise ArchiveError(str(exc)) from None
-    for path, fm in zip(files, formats):          # seconds, before Spark's start
-        _preflight(Path(path), fm, columns, ts_column)
+    for path, fm in zip(files, formats, strict=True):          # seconds, before Spark's start
+        _preflight(Path(path), fm, declared, ts_column)
     archive = Archive(into)
-    _check_archived_schema(archive, stream, columns)
+    _check_archived_schema(archive, stream, declared)
     high, latest = archive.high_water(stream), archive.latest_ts(stream)
 
     from psoup.spark.session import spark_session
     spark = spark_session(master, conf)
-    typed = [_typed(spark, Path(f), i, fm, columns, ts_column)
-             for i, (f, fm) in enumerate(zip(files, formats))]
+    typed = [_typed(spark, Path(f), i, fm, declared, ts_column)
+             for i, (f, fm) in enumerate(zip(files, formats, strict=True))]
     frame = typed[0]
     for other in typed[1:]:
         frame = frame.unionByName(other)
-    rows, first_ts = _checked(frame, [Path(f) for f in files], columns, ts_column)
+    rows, first_ts = _checked(frame, [Path(f) for f in files], declared, ts_column)
     if rows == 0:
         return ImportReport(0, [], None, None, time.perf_counter() - began)
     if latest is not None and first_ts < latest:
         raise ArchiveError(f"{archive.root} holds stream '{stream}' up to ts {latest!r}, and "
                            f"the input begins at ts {first_ts!r}: an archived stream only "
                            "grows forward in time (import older data into another directory)")
-    written = _write(frame, rows, stream, columns, schema, archive.root, high + 1)
+    written = _write(frame, rows, stream, declared, schema, archive.root, high + 1)
     # the new part files' aggregate copies, beside the archive (psoup.archive.rollups)
     Rollups(archive.root, folder_for(archive.root)).build(stream)
     return ImportReport(rows, written, high + 1, high + rows, time.perf_counter() - began)
 
 
 def _check_archived_schema(archive: Archive, stream: str,
-                           columns: Sequence[tuple[str, str]]) -> None:
+                           columns: Sequence[tuple[str, ColumnType]]) -> None:
     """An archived stream keeps its columns: the new files must read with the old."""
     path = archive.last_part(stream)
     if path is None:
@@ -168,7 +181,7 @@ def _check_archived_schema(archive: Archive, stream: str,
 PREFLIGHT_ROWS = 1000
 
 
-def _preflight(path: Path, fmt: str, columns: Sequence[tuple[str, str]],
+def _preflight(path: Path, fmt: InputFormat, columns: Sequence[tuple[str, ColumnType]],
                ts_column: str) -> None:
     """Check a file's header (or first record) and the types of its first rows with
     pyarrow, so that a wrong header or a column of the wrong type is reported at once,
@@ -193,8 +206,8 @@ def _preflight(path: Path, fmt: str, columns: Sequence[tuple[str, str]],
         return
     for name, ctype in columns:
         values = head.column(name)
-        if ctype in ("int", "float") and not pa.types.is_integer(values.type) and \
-                not (ctype == "float" and pa.types.is_floating(values.type)):
+        if ctype in _NUMBERS and not pa.types.is_integer(values.type) and \
+                not (ctype == _FLOAT and pa.types.is_floating(values.type)):
             text = values.cast(pa.string()).to_pylist()
             for value in text:
                 if value is None:
@@ -203,12 +216,12 @@ def _preflight(path: Path, fmt: str, columns: Sequence[tuple[str, str]],
                     number = float(value)
                 except ValueError:
                     number = None
-                if number is None or (ctype == "int" and not number.is_integer()):
+                if number is None or (ctype == _INT and not number.is_integer()):
                     raise ArchiveError(f"{path}: {_problem(name, ctype, value)} (in its "
                                        f"first {head.num_rows:,} rows)")
 
 
-def _head(path: Path, fmt: str, names: Sequence[str]) -> tuple[list[str], pa.Table | None]:
+def _head(path: Path, fmt: InputFormat, names: Sequence[str]) -> tuple[list[str], pa.Table | None]:
     """(the file's column names, its first rows of `names` as text or typed columns;
     None when it has no rows)."""
     import json
@@ -242,8 +255,8 @@ def _head(path: Path, fmt: str, names: Sequence[str]) -> tuple[list[str], pa.Tab
         [{n: None if r.get(n) is None else str(r.get(n)) for n in names} for r in rows])
 
 
-def _typed(spark: Any, path: Path, index: int, fmt: str, columns: Sequence[tuple[str, str]],
-           ts_column: str) -> Any:
+def _typed(spark: Any, path: Path, index: int, fmt: InputFormat,
+           columns: Sequence[tuple[str, ColumnType]], ts_column: str) -> Any:
     """The file as a DataFrame of ts, file index, row number (increasing in input order),
     the columns typed (NULL where a value does not fit) and, for the checks' messages,
     the columns as read."""
@@ -296,26 +309,26 @@ def _numeric(kind: str) -> bool:
         kind.startswith("decimal")
 
 
-def _cast(F: Any, column: Any, kind: str, ctype: str, path: Path, name: str) -> Any:
+def _cast(F: Any, column: Any, kind: str, ctype: ColumnType, path: Path, name: str) -> Any:
     """`column` (of Spark type `kind`) as psoup type `ctype`; NULL where a value does not
     fit. A type that can never fit is an error at once."""
     if kind == "string":
-        if ctype == "text":
+        if ctype == _TEXT:
             return column
-        if ctype == "bool":
+        if ctype == _BOOL:
             lowered = F.lower(F.trim(column))
             return F.when(lowered == "true", True).when(lowered == "false", False)
-        return F.expr(f"try_cast(`{name}` AS {'BIGINT' if ctype == 'int' else 'DOUBLE'})")
-    fits = {"int": kind in ("tinyint", "smallint", "int", "bigint") or
+        return F.expr(f"try_cast(`{name}` AS {'BIGINT' if ctype == _INT else 'DOUBLE'})")
+    fits = {_INT: kind in ("tinyint", "smallint", "int", "bigint") or
             (kind.startswith("decimal") and kind.endswith(",0)")),
-            "float": _numeric(kind), "bool": kind == "boolean", "text": False}[ctype]
+            _FLOAT: _numeric(kind), _BOOL: kind == "boolean", _TEXT: False}[ctype]
     if not fits:
         raise ArchiveError(f"{path}: column '{name}' holds {kind}, which does not cast to "
                            f"{ctype.upper()}")
-    return column.cast({"int": "bigint", "float": "double", "bool": "boolean"}[ctype])
+    return column.cast({_INT: "bigint", _FLOAT: "double", _BOOL: "boolean"}[ctype])
 
 
-def _checked(frame: Any, paths: Sequence[Path], columns: Sequence[tuple[str, str]],
+def _checked(frame: Any, paths: Sequence[Path], columns: Sequence[tuple[str, ColumnType]],
              ts_column: str) -> tuple[int, float]:
     """(rows, smallest ts) of the typed files, after checking every value of every file
     in one Spark job (an aggregate per file).
@@ -331,7 +344,7 @@ def _checked(frame: Any, paths: Sequence[Path], columns: Sequence[tuple[str, str
                (F.abs(TS_COLUMN) == float("inf")))]
     for name, ctype in columns:
         bad = F.col(f"`{name}`").isNull()
-        if ctype == "float":
+        if ctype == _FLOAT:
             bad = bad | F.isnan(f"`{name}`")
         checks.append((name, name, bad))
     aggregates = [F.count(F.lit(1)), F.min(TS_COLUMN)]
@@ -355,7 +368,7 @@ def _checked(frame: Any, paths: Sequence[Path], columns: Sequence[tuple[str, str
     return rows, min((r[1] for r in results.values()), default=float("inf"))
 
 
-def _problem(name: str, ctype: str | None, example: Any) -> str:
+def _problem(name: str, ctype: ColumnType | None, example: Any) -> str:
     if ctype is None:
         if example is None:
             return f"timestamp column '{name}' has a missing value"
@@ -363,14 +376,14 @@ def _problem(name: str, ctype: str | None, example: Any) -> str:
                 "seconds since the epoch nor an ISO 8601 date-time")
     if example is None:
         return f"column '{name}' has a missing value (psoup has no NULLs)"
-    if ctype == "float" and str(example).strip().lower() == "nan":
+    if ctype == _FLOAT and str(example).strip().lower() == "nan":
         return f"column '{name}' holds NaN, which is not a value (psoup has no NULLs)"
     return f"column '{name}' holds {example!r}, which is not {ctype.upper()}"
 
 
 # ---------------------------------------------------------------------- writing
 
-def _write(frame: Any, rows: int, stream: str, columns: Sequence[tuple[str, str]],
+def _write(frame: Any, rows: int, stream: str, columns: Sequence[tuple[str, ColumnType]],
            schema: pa.Schema, root: Path, first_tid: int) -> list[Path]:
     """Sort, number and write the rows; returns the part files, in tupleID order.
 
@@ -433,15 +446,11 @@ def _remove_written(root: Path, stream: str, first: int, last: int) -> None:
     for path in (root / f"stream={stream}").glob("date=*/part-*"):
         match = re.match(r"part-(\d{20})[-.]", path.name)
         if match and first <= int(match.group(1)) <= last:
-            try:
+            with suppress(OSError):
                 path.unlink()
-            except OSError:
-                pass
     for day in (root / f"stream={stream}").glob("date=*"):
-        try:
+        with suppress(OSError):
             day.rmdir()                 # only if the failed import left it empty
-        except OSError:
-            pass
 
 
 class _DayFile:
@@ -495,11 +504,12 @@ def _write_partition(root: str, stream: str, schema: pa.Schema,
         if not batch.num_rows:
             continue
         batch = pa.RecordBatch.from_arrays(
-            [col.cast(field.type) for col, field in zip(batch.columns, schema)], schema=schema)
+            [col.cast(field.type) for col, field in zip(batch.columns, schema, strict=True)],
+            schema=schema)
         ts = batch.column(0).to_numpy()
         days = np.floor_divide(ts, SECONDS_PER_DAY).astype(np.int64)
         cuts = [0, *(np.flatnonzero(days[1:] != days[:-1]) + 1).tolist(), len(days)]
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in zip(cuts, cuts[1:], strict=False):
             if current is not None and current.day != days[a]:
                 yield current.close()
                 current = None

@@ -38,20 +38,29 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
-from psoup.archive.layout import (PART_NAME, SPARK_TYPES, TS_COLUMN, TUPLE_ID_COLUMN,
-                                  check_part, stream_columns)
+from psoup.archive.layout import (
+    PART_NAME,
+    SPARK_TYPES,
+    TS_COLUMN,
+    TUPLE_ID_COLUMN,
+    check_part,
+    stream_columns,
+)
 from psoup.archive.sampling import in_order, is_sampled
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.errors import ArchiveError, PSoupError, ReplayError
+from psoup.query.model import ColumnType
 from psoup.spark.session import spark_error
 
 #: Rows per slice: the most the driver holds at once (about; see `plan_replay`).
@@ -81,7 +90,7 @@ class StreamPlan:
     """One stream of a replay: its schema, the target's state and the files to read."""
 
     name: str
-    columns: list[tuple[str, str]]
+    columns: list[tuple[str, ColumnType]]
     create: bool                  # the target lacks the stream: create it first
     latest_ts: float | None       # the target stream's latest ts (None: empty)
     start: float = -math.inf      # its rows with ts >= start are replayed ...
@@ -212,13 +221,13 @@ def _parts_by_stream(root: Path) -> dict[str, list[Path]]:
 def _scan_stream(name: str, paths: list[Path], target: Mapping[str, Any] | None,
                  lo: float, hi: float, every: int, resume: bool) -> StreamPlan:
     parts = sorted((_part(p) for p in paths), key=lambda part: (part.first, part.last))
-    for a, b in zip(parts, parts[1:]):
+    for a, b in zip(parts, parts[1:], strict=False):
         if b.first <= a.last:
             raise ArchiveError(f"{b.path}: its tupleIDs {b.first}..{b.last} overlap those "
                                f"of {a.path} ({a.first}..{a.last})")
-    columns: list[tuple[str, str]] | None
-    if target is not None:
-        columns = list(target["columns"].items())
+    columns: list[tuple[str, ColumnType]] | None
+    if target is not None:          # Engine.stats(): the types by name over a connection
+        columns = [(c, ColumnType(t)) for c, t in target["columns"].items()]
     else:
         with _open(parts[0].path) as pf:
             columns = stream_columns(pf.schema_arrow)
@@ -293,10 +302,10 @@ class _Scan:
     """The order and value checks of one stream's files, batch by batch, and the
     sampling of its in-range timestamps."""
 
-    def __init__(self, stream: str, columns: Sequence[tuple[str, str]], lo: float,
+    def __init__(self, stream: str, columns: Sequence[tuple[str, ColumnType]], lo: float,
                  hi: float, every: int, plan: StreamPlan):
         self.stream, self.lo, self.hi, self.every, self.plan = stream, lo, hi, every, plan
-        self.floats = [c for c, t in columns if t == "float"]
+        self.floats = [c for c, t in columns if t == ColumnType.FLOAT]
         self.last: tuple[float, int, Path] | None = None   # ts, tupleID, file of the last row
 
     def skip(self, part: Part, span: tuple[float, float]) -> None:
@@ -310,18 +319,32 @@ class _Scan:
                 plan.after_latest = min(plan.after_latest, span[0])
 
     def batch(self, part: Part, batch: pa.RecordBatch) -> None:
-        path = part.path
+        self._check_nulls(part.path, batch)
+        tids = batch.column(TUPLE_ID_COLUMN).to_numpy()
+        ts = batch.column(TS_COLUMN).to_numpy()
+        if not len(ts):
+            return
+        self._check_values(part, batch, ts, tids)
+        self._check_order(part.path, ts, tids)
+        self.last = (float(ts[-1]), int(tids[-1]), part.path)
+        self._count_latest(ts)
+        self._sample(part, ts)
+
+    @staticmethod
+    def _check_nulls(path: Path, batch: pa.RecordBatch) -> None:
         tids = batch.column(TUPLE_ID_COLUMN)
-        for column, values in zip(batch.schema.names, batch.columns):
+        for column, values in zip(batch.schema.names, batch.columns, strict=True):
             if values.null_count:
                 row = int(pc.index(pc.is_null(values), True).as_py())
                 where = f" at tuple_id {tids[row]}" if column != TUPLE_ID_COLUMN else ""
                 raise ArchiveError(f"{path}: column '{column}' is NULL{where} (psoup has "
                                    "no NULLs)")
-        tids = tids.to_numpy()
-        ts = batch.column(TS_COLUMN).to_numpy()
-        if not len(ts):
-            return
+
+    def _check_values(self, part: Part, batch: pa.RecordBatch, ts: NDArray[np.float64],
+                      tids: NDArray[np.int64]) -> None:
+        """Finite ts, no NaN in a FLOAT column, and tupleIDs in the range the part's
+        name gives."""
+        path = part.path
         bad = np.flatnonzero(~np.isfinite(ts))
         if len(bad):
             raise ArchiveError(f"{path}: ts {ts[bad[0]]} at tuple_id {tids[bad[0]]} is not a "
@@ -335,6 +358,10 @@ class _Scan:
         if len(outside):
             raise ArchiveError(f"{path}: holds tuple_id {tids[outside[0]]}, outside the "
                                f"range {part.first}..{part.last} its name gives")
+
+    def _check_order(self, path: Path, ts: NDArray[np.float64],
+                     tids: NDArray[np.int64]) -> None:
+        """Increasing tupleIDs and non-decreasing ts, from the last row read on."""
         prev_ts, prev_tid = (self.last[0], self.last[1]) if self.last else (-math.inf, -1)
         up = np.flatnonzero(np.diff(tids, prepend=prev_tid) <= 0)
         if len(up):
@@ -346,7 +373,8 @@ class _Scan:
             i = down[0]
             before = None if i == 0 else (float(ts[i - 1]), int(tids[i - 1]))
             self._decreasing(path, ts[i], int(tids[i]), before)
-        self.last = (float(ts[-1]), int(tids[-1]), path)
+
+    def _count_latest(self, ts: NDArray[np.float64]) -> None:
         plan = self.plan
         plan.last_ts = max(plan.last_ts, float(ts[-1]))
         if plan.latest_ts is not None:
@@ -355,6 +383,10 @@ class _Scan:
             plan.at_latest += int(after - at)
             if after < len(ts):
                 plan.after_latest = min(plan.after_latest, float(ts[after]))
+
+    def _sample(self, part: Part, ts: NDArray[np.float64]) -> None:
+        """Every `every`-th in-range timestamp, counted across batches."""
+        plan = self.plan
         a, b = np.searchsorted(ts, self.lo, "left"), np.searchsorted(ts, self.hi, "right")
         if a >= b:
             return
@@ -434,7 +466,8 @@ def _slices(plans: Mapping[str, StreamPlan], every: int, slice_rows: int, lo: fl
     step = max(1, slice_rows // every)
     cuts = np.unique(np.sort(np.concatenate(samples))[step::step]).tolist()
     bounds = [lo, *(c for c in cuts if c > lo), hi]
-    return [(a, b, i == len(bounds) - 2) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    return [(a, b, i == len(bounds) - 2)
+            for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
 
 
 # ---------------------------------------------------------------------- stage 3: deliver
@@ -481,7 +514,8 @@ def _collect(spark: Any, stream: StreamPlan, paths: Sequence[Path], lo: float, h
         keep = keep & (ts <= hi if closed else ts < hi)
     names = [TS_COLUMN, TUPLE_ID_COLUMN, *(c for c, _ in stream.columns)]
     ddl = ", ".join(f"`{c}` {SPARK_TYPES[t]}" for c, t in
-                    [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *stream.columns])
+                    [(TS_COLUMN, ColumnType.FLOAT), (TUPLE_ID_COLUMN, ColumnType.INT),
+                     *stream.columns])
     try:
         frame = (spark.read.schema(ddl).parquet(*(str(p.resolve()) for p in paths))
                  .where(keep)
@@ -512,7 +546,7 @@ def _merged(pieces: list[tuple[StreamPlan, dict[str, np.ndarray]]], batch_rows: 
         cuts = [0, *(np.flatnonzero(order[1:] != order[:-1]) + 1).tolist(), len(order)]
         at = [0] * len(pieces)
         bounds = []
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in zip(cuts, cuts[1:], strict=False):
             i = int(order[a])
             bounds.append((i, at[i], at[i] + b - a))
             at[i] += b - a

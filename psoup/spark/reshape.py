@@ -15,9 +15,9 @@ sampled layout are skipped, on their footers).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from psoup.archive.layout import PART_NAME, check_part, stream_columns
 from psoup.errors import ArchiveError
@@ -111,7 +111,7 @@ def rewrite_part(path: str) -> int:
     target = Path(path)
     table = pq.read_table(target)
     if is_sampled(table.schema):
-        return table.num_rows
+        return int(table.num_rows)
     columns = stream_columns(table.schema)
     if columns is None:
         raise ValueError(f"{target}: no psoup schema in its metadata (psoup.columns)")
@@ -126,4 +126,4 @@ def rewrite_part(path: str) -> int:
     private = (target.stat().st_mode & 0o077) == 0
     write_whole(target, partial(write_runs, table, np.random.default_rng()), private)
     fsync_dir(target.parent)
-    return table.num_rows
+    return int(table.num_rows)

@@ -16,20 +16,24 @@ from typing import Any
 import numpy as np
 
 from psoup.errors import SchemaError
-from psoup.query.model import INT64_MAX, INT64_MIN, StreamSchema
+from psoup.query.model import INT64_MAX, INT64_MIN, ColumnType, StreamSchema
+
+_INT, _FLOAT, _TEXT, _BOOL = ColumnType.INT, ColumnType.FLOAT, ColumnType.TEXT, ColumnType.BOOL
 
 #: numpy storage dtype per column type; TEXT keeps Python str objects, so comparisons are
 #: by code point exactly as docs/language.md requires.
-DTYPES = {"int": np.dtype(np.int64), "float": np.dtype(np.float64),
-          "text": np.dtype(object), "bool": np.dtype(bool)}
-
-_PY_TYPES = {
-    "int": (int, np.integer),
-    "float": (int, float, np.integer, np.floating),
-    "text": (str, np.str_),
-    "bool": (bool, np.bool_),
+DTYPES: dict[ColumnType, np.dtype[Any]] = {
+    _INT: np.dtype(np.int64), _FLOAT: np.dtype(np.float64),
+    _TEXT: np.dtype(object), _BOOL: np.dtype(bool),
 }
-_ARRAY_KINDS = {"int": "iu", "float": "iuf", "text": "OUS", "bool": "b"}
+
+_PY_TYPES: dict[ColumnType, tuple[type, ...]] = {
+    _INT: (int, np.integer),
+    _FLOAT: (int, float, np.integer, np.floating),
+    _TEXT: (str, np.str_),
+    _BOOL: (bool, np.bool_),
+}
+_ARRAY_KINDS = {_INT: "iu", _FLOAT: "iuf", _TEXT: "OUS", _BOOL: "b"}
 
 
 @dataclass
@@ -78,7 +82,7 @@ def _columns_of(schema: StreamSchema, rows: Any) -> dict[str, Any]:
         columns = {name: rows[name] for name in names}
         lengths = [len(values) for values in columns.values()]
         if lengths and lengths.count(lengths[0]) != len(lengths):
-            detail = ", ".join(f"{k}={v}" for k, v in zip(columns, lengths))
+            detail = ", ".join(f"{k}={v}" for k, v in zip(columns, lengths, strict=True))
             raise SchemaError(f"stream '{schema.name}': columns have different lengths ({detail})")
         return columns
     if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
@@ -92,13 +96,13 @@ def _columns_of(schema: StreamSchema, rows: Any) -> dict[str, Any]:
             _check_names(schema, r.keys(), f"row {i}")
         return {name: [r[name] for r in rows] for name in names}
     for i, r in enumerate(rows):
-        if isinstance(r, Mapping) or isinstance(r, (str, bytes)) or not isinstance(r, Sequence):
+        if isinstance(r, (Mapping, str, bytes)) or not isinstance(r, Sequence):
             raise SchemaError(f"stream '{schema.name}', row {i}: expected a tuple of "
                               f"{len(names)} values ({', '.join(names)}), got {r!r}")
         if len(r) != len(names):
             raise SchemaError(f"stream '{schema.name}', row {i}: expected {len(names)} values "
                               f"({', '.join(names)}), got {len(r)}")
-    return dict(zip(names, (list(c) for c in zip(*rows))))
+    return dict(zip(names, (list(c) for c in zip(*rows, strict=True)), strict=True))
 
 
 def _check_names(schema: StreamSchema, keys: Any, where: str) -> None:
@@ -113,7 +117,7 @@ def _check_names(schema: StreamSchema, keys: Any, where: str) -> None:
                           f"(columns: {', '.join(names)})")
 
 
-def _check_column(stream: str, name: str, ctype: str, values: Any, n: int) -> np.ndarray:
+def _check_column(stream: str, name: str, ctype: ColumnType, values: Any, n: int) -> np.ndarray:
     dtype = DTYPES[ctype]
     if isinstance(values, np.ndarray):
         if values.ndim != 1:
@@ -124,7 +128,7 @@ def _check_column(stream: str, name: str, ctype: str, values: Any, n: int) -> np
                               f"values, got an array of {values.dtype}")
         if values.dtype.kind == "O":
             _check_objects(stream, name, ctype, values)
-        if ctype == "int" and values.dtype.kind == "u" and len(values) and \
+        if ctype == _INT and values.dtype.kind == "u" and len(values) and \
                 values.max() > INT64_MAX:
             raise SchemaError(f"stream '{stream}', column '{name}': value exceeds 64-bit INT")
         out = np.ascontiguousarray(values, dtype=dtype)  # no copy: nothing keeps it
@@ -137,7 +141,7 @@ def _check_column(stream: str, name: str, ctype: str, values: Any, n: int) -> np
             big = next(i for i, v in enumerate(values) if not INT64_MIN <= v <= INT64_MAX)
             raise SchemaError(f"stream '{stream}', row {big}, column '{name}': "
                               f"{values[big]} does not fit a 64-bit INT") from None
-    if ctype == "float" and len(out):
+    if ctype == _FLOAT and len(out):
         bad = np.flatnonzero(np.isnan(out))
         if len(bad):
             raise SchemaError(f"stream '{stream}', row {bad[0]}, column '{name}': NaN is not "
@@ -145,15 +149,15 @@ def _check_column(stream: str, name: str, ctype: str, values: Any, n: int) -> np
     return out
 
 
-def _check_objects(stream: str, name: str, ctype: str, values: Collection[Any]) -> None:
+def _check_objects(stream: str, name: str, ctype: ColumnType, values: Collection[Any]) -> None:
     allowed = _PY_TYPES[ctype]
     types = set(map(type, values))
     # bool is an int subclass: refuse it for INT and FLOAT unless the column is BOOL.
     if all(issubclass(t, allowed) for t in types) and (
-            ctype == "bool" or not any(issubclass(t, (bool, np.bool_)) for t in types)):
+            ctype == _BOOL or not any(issubclass(t, (bool, np.bool_)) for t in types)):
         return
     for i, v in enumerate(values):
-        if not isinstance(v, allowed) or (ctype != "bool" and isinstance(v, (bool, np.bool_))):
+        if not isinstance(v, allowed) or (ctype != _BOOL and isinstance(v, (bool, np.bool_))):
             raise SchemaError(f"stream '{stream}', row {i}, column '{name}': expected "
                               f"{ctype.upper()}, got {type(v).__name__} {v!r}")
 

@@ -24,13 +24,22 @@ import math
 import sys
 import weakref
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 
 from psoup import kernels
-from psoup.query.model import INT64_MAX, INT64_MIN, TS, TUPLE_ID, AttrPredicate, Source
+from psoup.query.model import (
+    INT64_MAX,
+    INT64_MIN,
+    TS,
+    TUPLE_ID,
+    AttrPredicate,
+    Source,
+    StreamSchema,
+)
 from psoup.stems.batch import DTYPES, Batch
 from psoup.stems.predicates import attr_mask, source_mask
 from psoup.stems.span import Span
@@ -89,7 +98,7 @@ class DataSteM:
         (1, 3)
     """
 
-    def __init__(self, schema, chunk_rows: int = 8192):
+    def __init__(self, schema: StreamSchema, chunk_rows: int = 8192):
         self.schema = schema
         self.chunk_rows = chunk_rows
         self._dtypes = {name: DTYPES[t] for name, t in schema.columns}
@@ -107,7 +116,8 @@ class DataSteM:
         # the chunks' blocks as (a kernels.address_table, the blocks), or None
         self._blocks: tuple[kernels.AddressTable, list[np.ndarray]] | None = None
         #: names asked of `take` -> (its 8-byte columns, their block rows, their dtypes)
-        self._gathers: dict[tuple[str, ...], tuple[list[str], np.ndarray, list]] = {}
+        self._gathers: dict[tuple[str, ...],
+                            tuple[list[str], np.ndarray, list[np.dtype[Any]]]] = {}
         self._heads: list[float] = []     # first ts of each chunk, for the time index
         self._tid_heads: list[int] = []   # first tupleID of each chunk, for lookups
         self._chunk0 = 0                  # chunk number of self._chunks[0]
@@ -417,7 +427,8 @@ class DataSteM:
             reader.settle()
         self._readers.clear()
 
-    def _gather(self, names: Sequence[str]) -> tuple[list[str], np.ndarray, list]:
+    def _gather(self, names: Sequence[str]
+                ) -> tuple[list[str], np.ndarray, list[np.dtype[Any]]]:
         """(the 8-byte columns among `names`, their rows in a chunk's block, their
         dtypes), kept per tuple of names: O(1) after the first time."""
         key = tuple(names)
@@ -558,9 +569,11 @@ class DataSteM:
         if len(positions) == 0 or (not source.predicates and not source.column_factors):
             return positions
         cols = self.take(_columns_used(source), positions)
-        return positions[source_mask(source, cols, len(positions))]
+        kept: np.ndarray = positions[source_mask(source, cols, len(positions))]
+        return kept
 
-    def _most_selective(self, preds: Sequence[AttrPredicate], p0: int, p1: int):
+    def _most_selective(self, preds: Sequence[AttrPredicate], p0: int, p1: int
+                        ) -> AttrPredicate | None:
         if not preds or p1 - p0 < 2 * self.chunk_rows:
             return None
         limit = INDEX_SELECTIVITY * (p1 - p0)
@@ -613,7 +626,8 @@ class DataSteM:
         if self._blocks is not None:
             table, blocks = self._blocks
             assert table.table[:, 0].tolist() == [c.block.ctypes.data for c in self._chunks] and \
-                all(b is c.block for b, c in zip(blocks, self._chunks)), "stale block list"
+                all(b is c.block for b, c in zip(blocks, self._chunks, strict=True)), \
+                "stale block list"
         assert len(self._spare) <= SPARE_CHUNKS and all(
             c.n == 0 and not c.index and all(c is not k for k in self._chunks)
             for c in self._spare), "a spare chunk is empty and not in use"
@@ -643,7 +657,7 @@ class DataSteM:
     def nbytes(self) -> int:
         total = 0
         for chunk in self._chunks:
-            for name, arr in chunk.cols.items():
+            for arr in chunk.cols.values():
                 total += arr.nbytes if arr.dtype != object else arr.nbytes + 50 * chunk.n
             for order, values in chunk.index.values():
                 total += order.nbytes + values.nbytes
@@ -661,10 +675,10 @@ def _typed(words: np.ndarray, names: Sequence[str], dtypes: Sequence[np.dtype]
     column i's dtype (no copy): the array viewed once per dtype, then a row of that view
     per column (an invocation's fixed cost: a view per column costs twice as much)."""
     if len(set(dtypes)) == 1:           # the common case: rows of one view
-        return dict(zip(names, words.view(dtypes[0])))
+        return dict(zip(names, words.view(dtypes[0]), strict=True))
     views: dict[np.dtype, np.ndarray] = {}
     out = {}
-    for i, (name, dt) in enumerate(zip(names, dtypes)):
+    for i, (name, dt) in enumerate(zip(names, dtypes, strict=True)):
         view = views.get(dt)
         if view is None:
             view = views[dt] = words.view(dt)
@@ -689,7 +703,7 @@ def chunk_runs(positions: np.ndarray, cap: int) -> Iterator[tuple[int, int, int]
     # one binary search per chunk boundary: O(chunks log n), not a pass over positions
     cuts = [0, *np.searchsorted(positions, np.arange(first + 1, last + 1) * cap).tolist(),
             len(positions)]
-    for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]), start=first):
+    for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:], strict=True), start=first):
         if b > a:
             yield k, a, b
 
@@ -709,7 +723,7 @@ def _ranges(sorted_values: np.ndarray, pred: AttrPredicate) -> list[tuple[int, i
         keys = sorted(pred.eq)
         lo = np.searchsorted(sorted_values, keys, side="left")
         hi = np.searchsorted(sorted_values, keys, side="right")
-        return [(int(a), int(b)) for a, b in zip(lo, hi) if a < b]
+        return [(int(a), int(b)) for a, b in zip(lo, hi, strict=True) if a < b]
     a = 0 if pred.lo is None else int(np.searchsorted(
         sorted_values, pred.lo, side="right" if pred.lo_open else "left"))
     b = len(sorted_values) if pred.hi is None else int(np.searchsorted(

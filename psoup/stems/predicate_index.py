@@ -45,7 +45,7 @@ import numpy as np
 
 from psoup import kernels
 from psoup.bits import WORD, aligned_zeros, bit_of
-from psoup.query.model import AttrPredicate
+from psoup.query.model import AttrPredicate, ColumnType
 from psoup.stems.batch import DTYPES
 
 #: Integer attributes whose values span fewer than this many values get a direct
@@ -104,7 +104,7 @@ class AttributeIndex:
         [1, 2]
     """
 
-    def __init__(self, ctype: str):
+    def __init__(self, ctype: ColumnType):
         self.dtype = DTYPES[ctype]
         self._uses: dict[Any, int] = {}                  # constant -> number of uses
         self._preds: dict[int, AttrPredicate] = {}
@@ -259,7 +259,8 @@ class AttributeIndex:
                 if hi - lo >= DIRECT_MAP_LIMIT:
                     return self._search(values)
                 self._direct = direct = (lo, self._search(np.arange(lo, hi + 1)))
-            return direct[1][values - direct[0]]
+            rows: np.ndarray = direct[1][values - direct[0]]
+            return rows
         return self._search(values)
 
     def _search(self, values: np.ndarray) -> np.ndarray:
@@ -299,7 +300,7 @@ class AttributeIndex:
         predicates' constants, sorted and counted once per use; every cell has its own
         live row; each slot's column rejects exactly what its predicate rejects at every
         key and between keys; unfiled slots have no bits; the direct map agrees."""
-        uses: dict = {}
+        uses: dict[Any, int] = {}
         for pred in self._preds.values():
             for c in _constants(pred):
                 uses[c] = uses.get(c, 0) + 1
@@ -330,7 +331,7 @@ class AttributeIndex:
             assert (rows == self._search(values)).all(), "the direct map is current"
 
 
-def _constants(pred: AttrPredicate) -> list:
+def _constants(pred: AttrPredicate) -> list[Any]:
     if pred.eq is not None:
         return list(pred.eq)
     return [c for c in (pred.lo, pred.hi) if c is not None] + list(pred.ne)
@@ -348,7 +349,7 @@ def _cell_samples(keys: np.ndarray) -> np.ndarray:
         return keys
     k = keys.astype(np.float64) if keys.dtype.kind == "f" else keys.astype(object)
     inner = [(a + b) / 2 if keys.dtype.kind == "f" else a + 1
-             for a, b in zip(k[:-1], k[1:]) if (b - a > 1 or keys.dtype.kind == "f")]
+             for a, b in zip(k[:-1], k[1:], strict=True) if (b - a > 1 or keys.dtype.kind == "f")]
     ends = [k[0] - 1, k[-1] + 1]
     values = sorted(set(list(k) + inner + ends))
     try:

@@ -10,20 +10,32 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
-from psoup.query.model import INT64_MAX, INT64_MIN, AttrPredicate, ColumnFactor, Source
+from psoup.query.model import (
+    INT64_MAX,
+    INT64_MIN,
+    AttrPredicate,
+    ColumnFactor,
+    CompareOp,
+    Source,
+)
 
-COMPARE: dict[str, Callable] = {
-    "=": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
+_EQ, _NE, _LT, _LE = CompareOp.EQ, CompareOp.NE, CompareOp.LT, CompareOp.LE
+_GT, _GE = CompareOp.GT, CompareOp.GE
+
+#: Each comparison as a function of two numpy arrays (or an array and a scalar).
+COMPARE: dict[CompareOp, Callable[[Any, Any], Any]] = {
+    _EQ: operator.eq,
+    _NE: operator.ne,
+    _LT: operator.lt,
+    _LE: operator.le,
+    _GT: operator.gt,
+    _GE: operator.ge,
 }
 
 
@@ -31,7 +43,8 @@ def attr_mask(pred: AttrPredicate, values: np.ndarray) -> np.ndarray:
     """Which of `values` satisfy `pred`: O(n) for intervals, O(n log k) for a k-value set.
 
     Example:
-        >>> p = AttrPredicate("a", "int", lo=2, hi=4)
+        >>> from psoup.query.model import ColumnType
+        >>> p = AttrPredicate("a", ColumnType.INT, lo=2, hi=4)
         >>> attr_mask(p, np.array([1, 2, 4, 5])).tolist()
         [False, True, True, False]
     """
@@ -60,7 +73,7 @@ def factor_mask(factor: ColumnFactor, left: np.ndarray, right: np.ndarray) -> np
     """Which rows satisfy the multi-attribute factor `left op right + offset`.
 
     Example:
-        >>> f = ColumnFactor("a", "<", "b", 3)
+        >>> f = ColumnFactor("a", CompareOp.LT, "b", 3)
         >>> factor_mask(f, np.array([1, 9]), np.array([0, 5])).tolist()
         [True, False]
     """
@@ -69,8 +82,8 @@ def factor_mask(factor: ColumnFactor, left: np.ndarray, right: np.ndarray) -> np
 
 #: Per operator, whether `left op right + offset` holds when the exact right-hand side
 #: lies above (True key) or below (False key) the int64 range.
-HOLDS_BEYOND = {"=": (False, False), "!=": (True, True), "<": (True, False),
-                "<=": (True, False), ">": (False, True), ">=": (False, True)}
+HOLDS_BEYOND = {_EQ: (False, False), _NE: (True, True), _LT: (True, False),
+                _LE: (True, False), _GT: (False, True), _GE: (False, True)}
 
 #: Integers up to this magnitude convert to a double exactly.
 _EXACT_IN_DOUBLE = 2**53
@@ -138,7 +151,7 @@ def as_double(values: np.ndarray, offset: int | float = 0) -> np.ndarray:
     return out
 
 
-def compare(op: str, left: np.ndarray, right: np.ndarray, offset: int | float = 0,
+def compare(op: CompareOp, left: np.ndarray, right: np.ndarray, offset: int | float = 0,
             left_offset: int | float = 0) -> np.ndarray:
     """`left + left_offset op right + offset` per row, as written (docs/semantics.md,
     "Values and comparisons"):
@@ -152,9 +165,9 @@ def compare(op: str, left: np.ndarray, right: np.ndarray, offset: int | float = 
     * TEXT and BOOL compare as they are (no offsets).
 
     Example:
-        >>> compare("<", np.array([0]), np.array([2**63 - 1]), 1).tolist()
+        >>> compare(CompareOp.LT, np.array([0]), np.array([2**63 - 1]), 1).tolist()
         [True]
-        >>> compare(">", np.array([2.575]), np.array([1.575]), 1).tolist()
+        >>> compare(CompareOp.GT, np.array([2.575]), np.array([1.575]), 1).tolist()
         [False]
     """
     kinds = left.dtype.kind + right.dtype.kind
@@ -185,5 +198,5 @@ def source_mask(source: Source, columns: Mapping[str, np.ndarray], n: int) -> np
     return np.ones(n, dtype=bool) if mask is None else mask
 
 
-def _as_array(values: frozenset, dtype: np.dtype) -> np.ndarray:
+def _as_array(values: frozenset[Any], dtype: np.dtype[Any]) -> np.ndarray:
     return np.array(sorted(values), dtype=dtype)

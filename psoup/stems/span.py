@@ -33,12 +33,12 @@ class Span:
         self.positions = positions
 
     @classmethod
-    def range(cls, lo: int, hi: int) -> "Span":
+    def range(cls, lo: int, hi: int) -> Span:
         """The positions lo, lo + 1, ..., hi - 1 (empty when hi <= lo)."""
         return cls(int(lo), int(hi))
 
     @classmethod
-    def of(cls, positions: np.ndarray) -> "Span":
+    def of(cls, positions: np.ndarray) -> Span:
         """An explicit sorted array of positions."""
         positions = np.asarray(positions, dtype=np.int64)
         lo, hi = (int(positions[0]), int(positions[-1]) + 1) if len(positions) else (0, 0)
