@@ -47,6 +47,7 @@ from psoup.options import (
     MODE_NAMES,
     ROUTING_NAMES,
     SYNC_NAMES,
+    ColumnTypeName,
     ModeName,
     RoutingName,
     SyncName,
@@ -173,8 +174,8 @@ class Engine:
             self._drop(stmt.stream, stmt.cascade)
             return None
 
-    def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
-                      retain: str | None = None) -> None:
+    def create_stream(self, name: str, columns: Mapping[str, ColumnTypeName]
+                      | Sequence[tuple[str, ColumnTypeName]], retain: str | None = None) -> None:
         """Declare a stream from Python values; the same as CREATE STREAM.
 
         Args:

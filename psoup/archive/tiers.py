@@ -49,7 +49,7 @@ from psoup.archive.policy import step_at
 from psoup.archive.rates import SAMPLE_SPACE
 from psoup.errors import PSoupError
 from psoup.fsync import make_dir, sync_file_system, write_whole
-from psoup.query.model import TS, TUPLE_ID
+from psoup.query.model import TS, TUPLE_ID, ColumnType
 from psoup.stems.data_stem import DataSteM
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class Unsaved(NamedTuple):
     handle: str
     tail: dict[str, np.ndarray]
     n: int
-    types: dict[str, str]
+    types: dict[str, ColumnType]
     merged: tuple[Segment, ...]
 
 
@@ -208,7 +208,7 @@ def read_footer(folder: Path, name: str, columns: list[str]) -> Segment:
 READ_RATE = "_read_rate"
 
 
-def load_segment(folder: Path, seg: Segment, types: Mapping[str, str],
+def load_segment(folder: Path, seg: Segment, types: Mapping[str, ColumnType],
                  limit: int = SAMPLE_SPACE, keep_draws: bool = False
                  ) -> dict[str, np.ndarray]:
     """The columns of segment `seg` under `folder` (`types`: column -> its type) in
@@ -239,7 +239,7 @@ def load_segment(folder: Path, seg: Segment, types: Mapping[str, str],
     return got
 
 
-def load_segments(folder: Path, wanted: list[tuple[Segment, dict[str, str], int]]
+def load_segments(folder: Path, wanted: list[tuple[Segment, dict[str, ColumnType], int]]
                   ) -> dict[str, dict[str, np.ndarray]]:
     """`load_segment` of each of `wanted` (as `ArchiveTiers.unread` lists them: the
     segment, its types, the draw limit of its read) by cache key (`cache_key`), leaving
@@ -560,7 +560,7 @@ class ArchiveTiers:
 
     def unread(self, slot: int, reach: Reach,
                reads: Mapping[str, int] | None = None, skip: Substitute | None = None
-               ) -> list[tuple[Segment, dict[str, str], int]]:
+               ) -> list[tuple[Segment, dict[str, ColumnType], int]]:
         """The segments (their column types, the draw limit of their read: `part`'s
         `reads`; the copies `skip` answer left out) `part` would read from their files
         now, not being in the cache: for a caller to `load_segments` them off the
@@ -585,10 +585,11 @@ class ArchiveTiers:
             if name not in self._cache:
                 self._cache_put(name, got)
 
-    def _types(self, stream: str) -> dict[str, str]:
+    def _types(self, stream: str) -> dict[str, ColumnType]:
         """Column -> type of the segments of a tier on `stream` (ts, tupleID, then the
         stream's columns, in that order)."""
-        return {TS: "float", TUPLE_ID: "int", **dict(self._stems[stream].schema.columns)}
+        return {TS: ColumnType.FLOAT, TUPLE_ID: ColumnType.INT,
+                **dict(self._stems[stream].schema.columns)}
 
     def _cache_put(self, name: str, got: dict[str, np.ndarray]) -> None:
         size = sum(v.nbytes for v in got.values())

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from psoup.query.model import JoinFactor, Query, Source
+from psoup.query.model import CompareOp, JoinFactor, Query, Source
+from psoup.query.normalize import FLIPPED
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.predicates import HOLDS_BEYOND, as_double, compare, shifted
 
 #: What `y rel t` must hold for the candidate value y when the join factor is seen from
 #: its right side (x op y + c  <=>  y flip(op) x - c).
-_FLIP = {"=": "=", "!=": "!=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Link:
     other: int
     other_column: str
     column: str
-    rel: str
+    rel: CompareOp
     x_offset: int | float
     y_offset: int | float
 
@@ -87,7 +87,7 @@ def oriented(factor: JoinFactor, new: int) -> Link:
     if factor.left == new:       # y + c1 op x + c2
         return Link(factor.right, factor.right_column, factor.left_column, factor.op,
                     factor.offset, factor.left_offset)
-    return Link(factor.left, factor.left_column, factor.right_column, _FLIP[factor.op],
+    return Link(factor.left, factor.left_column, factor.right_column, FLIPPED[factor.op],
                 factor.left_offset, factor.offset)
 
 

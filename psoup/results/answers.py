@@ -29,7 +29,7 @@ from psoup.archive.rates import SAMPLE_SPACE
 from psoup.archive.tiers import READ_RATE, ArchiveTiers, Sampled
 from psoup.errors import ArchiveError
 from psoup.plans import JoinPlan, Plan, SelectionPlan
-from psoup.query.model import TS, TUPLE_ID, Query
+from psoup.query.model import TS, TUPLE_ID, ColumnType, Query
 from psoup.results.aggregates import Aggregator
 from psoup.results.materialized import Materialized
 from psoup.results.recent import Recent, RecentAnswers
@@ -156,12 +156,13 @@ class Answers:
                 a is b or a == b for a, b in zip(self._substituted[0], key, strict=True)):
             return self._substituted[1]
         types = dict(self.stems[source.stream].schema.columns)
-        columns = [(c, types.get(c)) for _, c in Aggregator(query).needed]
-        if any(ctype not in ("int", "float") for _, ctype in columns):
+        needed = [(c, types.get(c)) for _, c in Aggregator(query).needed]
+        columns = [(c, t) for c, t in needed
+                   if t is not None and t in (ColumnType.INT, ColumnType.FLOAT)]
+        if len(columns) < len(needed):
             return None                 # ts, tupleID: the copies have no SUM of them
         try:
-            got = self.rollups.substitute(source.stream, *reach,
-                                          [(c, str(t)) for c, t in columns])
+            got = self.rollups.substitute(source.stream, *reach, columns)
         except ArchiveError as exc:
             log.warning("answering %s from tuples: %s", query.sql, exc)
             got = None

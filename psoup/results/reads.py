@@ -36,6 +36,7 @@ from psoup.archive.rates import SAMPLE_SPACE, threshold
 from psoup.archive.tiers import ArchiveTiers, Segment, load_segments
 from psoup.locks import FairLock
 from psoup.plans import Plan, SelectionPlan
+from psoup.query.model import ColumnType
 from psoup.results.windows_table import archive_reach
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ Begin = Callable[[], "tuple[Plan, float]"]
 #: What it does with the answer, still under the lock: the plan, the answer, its window.
 Finish = Callable[["Plan", "Result", "tuple[int, int] | None"], T]
 
-Wanted = list[tuple[Segment, dict[str, str], int]]
+Wanted = list[tuple[Segment, dict[str, ColumnType], int]]
 
 
 class Reads:

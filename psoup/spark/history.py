@@ -49,7 +49,7 @@ from psoup.archive.rates import GROUP_WIDTH, threshold
 from psoup.archive.sampling import draws_of, write_runs
 from psoup.errors import ArchiveError, PSoupError
 from psoup.fsync import make_dir, sync_file_system, write_whole
-from psoup.query.model import TS, TUPLE_ID, StreamSchema
+from psoup.query.model import TS, TUPLE_ID, ColumnType, StreamSchema
 from psoup.spark.session import spark_error
 
 if TYPE_CHECKING:
@@ -339,7 +339,8 @@ def evaluate(spark: Any, root: Path, ddl: str, schema: StreamSchema,
     layouts = [is_sampled(check_file(path, schema)) for path in files]
     names = [TS_COLUMN, TUPLE_ID_COLUMN, *[name for name, _ in schema.columns]]
     ddl_read = ", ".join(f"`{c}` {SPARK_TYPES[t]}" for c, t in
-                         [(TS_COLUMN, "float"), (TUPLE_ID_COLUMN, "int"), *schema.columns])
+                         [(TS_COLUMN, ColumnType.FLOAT), (TUPLE_ID_COLUMN, ColumnType.INT),
+                          *schema.columns])
     try:
         frame = (spark.read.schema(f"{ddl_read}, `{SAMPLE_COLUMN}` SMALLINT")
                  .parquet(str(folder))
@@ -364,7 +365,8 @@ def evaluate(spark: Any, root: Path, ddl: str, schema: StreamSchema,
                      f"{schema.name} are not in the sampled layout and are read whole "
                      "(psoup archive reshape rewrites them)")
     spark_schema = ", ".join(f"`{name}` {SPARK_TYPES[ctype]}" for name, ctype in
-                             [(SLOT, "int"), (TUPLE_ID_COLUMN, "int"), (TS_COLUMN, "float"),
+                             [(SLOT, ColumnType.INT), (TUPLE_ID_COLUMN, ColumnType.INT),
+                              (TS_COLUMN, ColumnType.FLOAT),
                               *schema.columns]) + f", `{SAMPLE_COLUMN}` SMALLINT"
     staging = root / STAGING / uuid.uuid4().hex
     try:
