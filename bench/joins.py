@@ -46,7 +46,7 @@ import psoup  # noqa: E402
 from psoup.eddy.hybrid import join, separate_probe  # noqa: E402
 from psoup.options import MODE_NAMES, ModeName  # noqa: E402
 from psoup.query import compile_statement  # noqa: E402
-from psoup.query.model import Query  # noqa: E402
+from psoup.query.model import Query, StreamSchema  # noqa: E402
 from psoup.stems.batch import make_batch  # noqa: E402
 from psoup.stems.data_stem import DataSteM  # noqa: E402
 
@@ -267,7 +267,9 @@ def bench_fig11(s: dict[str, Any]) -> list[dict[str, Any]]:
     gen = common.rng(21)
     stems: list[DataSteM] = []  # the two Data SteMs alone: Fig. 11 measures the join step
     for i, name in enumerate("RS"):
-        stem = DataSteM(compile_statement(CREATE[name], {}))
+        schema = compile_statement(CREATE[name], {})
+        assert isinstance(schema, StreamSchema)
+        stem = DataSteM(schema)
         batch = make_batch(stem.schema, common.data_columns(gen, n),
                            np.arange(n, dtype=np.float64), 0.0, stem.last_ts)
         stem.append(batch, np.arange(i * n, (i + 1) * n))

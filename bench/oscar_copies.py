@@ -122,12 +122,13 @@ def whole_archive(root: Path, aggregates: Path) -> dict[str, Any]:
     import duckdb
     import pyarrow.parquet as pq
 
-    from psoup.archive.rollups import Rollups
+    from psoup.archive.rollups import Grain, Rollups
     from psoup.archive.sampling import in_order
+    from psoup.query.model import ColumnType
 
     t0 = time.perf_counter()
     r = Rollups(root, aggregates)
-    got = r.buckets("S", "hour", [("v", "float")])
+    got = r.buckets("S", Grain.HOUR, [("v", ColumnType.FLOAT)])
     copies = dict(zip(got.bucket.tolist(), (got.columns["v"][0] / got.rows).tolist(),
                       strict=True))
     t_copies = time.perf_counter() - t0

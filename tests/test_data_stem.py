@@ -25,6 +25,7 @@ History: TypeAlias = tuple[str, list[tuple[list[tuple[int, str]], list[float]]],
 
 def _stem(retain: str, chunk_rows: int) -> DataSteM:
     schema = compile_statement(f"CREATE STREAM R (a INT, t TEXT){retain}", {})
+    assert isinstance(schema, StreamSchema)
     return DataSteM(schema, chunk_rows)
 
 

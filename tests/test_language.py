@@ -18,12 +18,15 @@ from psoup.query.model import (
     AttrPredicate,
     Catalog,
     ColumnFactor,
+    ColumnType,
+    CompareOp,
     Query,
     SelectItem,
     Source,
     StreamSchema,
     TimeExpr,
     Window,
+    WindowType,
 )
 from psoup.query.tokens import NUMBER, STRING, tokenize
 
@@ -114,7 +117,7 @@ def test_identifiers_are_case_sensitive() -> None:
 
 def test_comments_run_to_the_end_of_the_line() -> None:
     q = query("SELECT a -- the lane\nFROM R -- WHERE a = 1\nWHERE b = 2")
-    assert q.sources[0].predicates == (AttrPredicate("b", "int", eq=frozenset({2})),)
+    assert q.sources[0].predicates == (AttrPredicate("b", ColumnType.INT, eq=frozenset({2})),)
 
 
 def test_trailing_semicolon_is_optional() -> None:
@@ -264,7 +267,7 @@ def test_select_items_keep_their_order_and_as_names() -> None:
 def test_columns_may_be_qualified_by_the_stream_or_its_alias() -> None:
     q = query("SELECT t.lane, traffic.speed FROM traffic t WHERE t.lane = 1")
     assert q.select == (SelectItem(0, "lane", "lane"), SelectItem(0, "speed", "speed"))
-    assert q.sources[0].predicates == (AttrPredicate("lane", "int", eq=frozenset({1})),)
+    assert q.sources[0].predicates == (AttrPredicate("lane", ColumnType.INT, eq=frozenset({1})),)
 
 
 def test_qualified_star_expands_like_star() -> None:
@@ -322,28 +325,28 @@ def test_one_stream_query_does_not_qualify_clashing_names() -> None:
 
 
 def test_float_greater_than_is_an_open_lower_bound() -> None:
-    assert predicate("x > 2.5") == AttrPredicate("x", "float", lo=2.5, lo_open=True)
+    assert predicate("x > 2.5") == AttrPredicate("x", ColumnType.FLOAT, lo=2.5, lo_open=True)
 
 
 def test_constant_on_the_left_is_flipped() -> None:
-    assert predicate("2.5 < x") == AttrPredicate("x", "float", lo=2.5, lo_open=True)
-    assert predicate("2.5 >= x") == AttrPredicate("x", "float", hi=2.5)
+    assert predicate("2.5 < x") == AttrPredicate("x", ColumnType.FLOAT, lo=2.5, lo_open=True)
+    assert predicate("2.5 >= x") == AttrPredicate("x", ColumnType.FLOAT, hi=2.5)
 
 
 def test_bounds_on_one_column_intersect_to_the_tighter_ones() -> None:
     assert predicate("x > 1 AND x >= 3 AND x < 10 AND x <= 7") == AttrPredicate(
-        "x", "float", lo=3.0, hi=7.0
+        "x", ColumnType.FLOAT, lo=3.0, hi=7.0
     )
 
 
 def test_at_an_equal_bound_the_open_one_is_tighter() -> None:
     assert predicate("x >= 5 AND x > 5 AND x < 9 AND x <= 9") == AttrPredicate(
-        "x", "float", lo=5.0, lo_open=True, hi=9.0, hi_open=True
+        "x", ColumnType.FLOAT, lo=5.0, lo_open=True, hi=9.0, hi_open=True
     )
 
 
 def test_int_strict_bounds_become_closed() -> None:
-    assert predicate("a > 5 AND a < 9") == AttrPredicate("a", "int", lo=6, hi=8)
+    assert predicate("a > 5 AND a < 9") == AttrPredicate("a", ColumnType.INT, lo=6, hi=8)
 
 
 @pytest.mark.parametrize(
@@ -354,13 +357,13 @@ def test_int_strict_bounds_become_closed() -> None:
 def test_int_column_with_a_float_constant_gets_integer_bounds(
         factor: str, lo: int | None, hi: int | None) -> None:
     pred = predicate(factor)
-    assert pred == AttrPredicate("a", "int", lo=lo, hi=hi)
+    assert pred == AttrPredicate("a", ColumnType.INT, lo=lo, hi=hi)
     assert all(type(v) is int for v in (pred.lo, pred.hi) if v is not None)
 
 
 def test_int_equal_to_a_fraction_is_an_empty_set_and_a_contradiction() -> None:
     q = query("SELECT * FROM R WHERE a = 2.5")
-    assert q.sources[0].predicates == (AttrPredicate("a", "int", eq=frozenset()),)
+    assert q.sources[0].predicates == (AttrPredicate("a", ColumnType.INT, eq=frozenset()),)
     assert q.contradiction
 
 
@@ -370,14 +373,14 @@ def test_int_not_equal_to_a_fraction_always_holds_and_emits_nothing() -> None:
 
 def test_int_in_list_drops_fractions_and_makes_integral_floats_ints() -> None:
     pred = predicate("a IN (1, 2.0, 2.5)")
-    assert pred == AttrPredicate("a", "int", eq=frozenset({1, 2}))
+    assert pred == AttrPredicate("a", ColumnType.INT, eq=frozenset({1, 2}))
     assert pred.eq is not None
     assert all(type(v) is int for v in pred.eq)
 
 
 def test_float_column_takes_int_constants_as_floats() -> None:
     pred = predicate("x IN (1, 2.5) AND x != 3")
-    assert pred == AttrPredicate("x", "float", eq=frozenset({1.0, 2.5}))
+    assert pred == AttrPredicate("x", ColumnType.FLOAT, eq=frozenset({1.0, 2.5}))
     assert pred.eq is not None
     assert all(type(v) is float for v in pred.eq)
     assert type(predicate("x > 3").lo) is float
@@ -385,44 +388,48 @@ def test_float_column_takes_int_constants_as_floats() -> None:
 
 def test_equality_and_in_sets_intersect() -> None:
     assert predicate("a IN (1, 2, 3) AND a IN (2, 3, 4) AND a = 3") == AttrPredicate(
-        "a", "int", eq=frozenset({3})
+        "a", ColumnType.INT, eq=frozenset({3})
     )
 
 
 def test_eq_set_is_filtered_by_the_bounds_and_not_equals_which_are_then_dropped() -> None:
     assert predicate("a IN (1, 5, 7, 9, 12) AND a > 4 AND a <= 9 AND a != 7") == AttrPredicate(
-        "a", "int", eq=frozenset({5, 9})
+        "a", ColumnType.INT, eq=frozenset({5, 9})
     )
 
 
 def test_not_equal_values_outside_the_bounds_are_dropped() -> None:
     assert predicate("x != 1 AND x != 5 AND x != 20 AND x > 2 AND x < 10") == AttrPredicate(
-        "x", "float", lo=2.0, lo_open=True, hi=10.0, hi_open=True, ne=frozenset({5.0})
+        "x", ColumnType.FLOAT, lo=2.0, lo_open=True, hi=10.0, hi_open=True, ne=frozenset({5.0})
     )
 
 
 def test_diamond_and_bang_equal_are_the_same_operator() -> None:
-    assert predicate("a <> 3 AND a != 4") == AttrPredicate("a", "int", ne=frozenset({3, 4}))
+    assert predicate("a <> 3 AND a != 4") == AttrPredicate(
+        "a", ColumnType.INT, ne=frozenset({3, 4})
+    )
 
 
 def test_contradictory_bounds_are_empty_and_make_the_query_a_contradiction() -> None:
     q = query("SELECT * FROM R WHERE a > 5 AND a < 3")
-    assert q.sources[0].predicates == (AttrPredicate("a", "int", empty=True),)
+    assert q.sources[0].predicates == (AttrPredicate("a", ColumnType.INT, empty=True),)
     assert q.contradiction
 
 
 def test_int_bounds_with_no_integer_between_them_are_empty() -> None:
-    assert predicate("a > 3 AND a < 4") == AttrPredicate("a", "int", empty=True)
+    assert predicate("a > 3 AND a < 4") == AttrPredicate("a", ColumnType.INT, empty=True)
 
 
 def test_float_equal_bounds_with_an_open_end_are_empty() -> None:
-    assert predicate("x > 1 AND x <= 1") == AttrPredicate("x", "float", empty=True)
+    assert predicate("x > 1 AND x <= 1") == AttrPredicate("x", ColumnType.FLOAT, empty=True)
 
 
 def test_a_single_admitted_value_excluded_by_not_equal_is_empty() -> None:
-    assert predicate("x >= 1 AND x <= 1 AND x != 1") == AttrPredicate("x", "float", empty=True)
+    assert predicate("x >= 1 AND x <= 1 AND x != 1") == AttrPredicate(
+        "x", ColumnType.FLOAT, empty=True
+    )
     assert predicate("a >= 1 AND a <= 2 AND a != 1 AND a != 2") == AttrPredicate(
-        "a", "int", empty=True
+        "a", ColumnType.INT, empty=True
     )
 
 
@@ -433,25 +440,29 @@ def test_satisfiable_query_is_not_a_contradiction() -> None:
 
 def test_text_compares_with_text() -> None:
     assert predicate("name >= 'b' AND name < 'd'") == AttrPredicate(
-        "name", "text", lo="b", hi="d", hi_open=True
+        "name", ColumnType.TEXT, lo="b", hi="d", hi_open=True
     )
-    assert predicate("name = 'it''s'") == AttrPredicate("name", "text", eq=frozenset({"it's"}))
+    assert predicate("name = 'it''s'") == AttrPredicate(
+        "name", ColumnType.TEXT, eq=frozenset({"it's"})
+    )
 
 
 def test_bool_equality_is_a_set_of_bools() -> None:
     pred = predicate("flag = TRUE")
-    assert pred == AttrPredicate("flag", "bool", eq=frozenset({True}))
+    assert pred == AttrPredicate("flag", ColumnType.BOOL, eq=frozenset({True}))
     assert pred.eq is not None
     assert all(type(v) is bool for v in pred.eq)
 
 
 def test_bool_not_equal_becomes_the_other_value() -> None:
-    assert predicate("flag != true") == AttrPredicate("flag", "bool", eq=frozenset({False}))
+    assert predicate("flag != true") == AttrPredicate(
+        "flag", ColumnType.BOOL, eq=frozenset({False})
+    )
 
 
 def test_bool_excluding_both_values_is_a_contradiction() -> None:
     q = query("SELECT * FROM R WHERE flag != TRUE AND flag <> FALSE")
-    assert q.sources[0].predicates == (AttrPredicate("flag", "bool", eq=frozenset()),)
+    assert q.sources[0].predicates == (AttrPredicate("flag", ColumnType.BOOL, eq=frozenset()),)
     assert q.contradiction
 
 
@@ -460,20 +471,20 @@ def test_bool_in_both_values_restricts_nothing() -> None:
 
 
 def test_int_in_zero_and_one_is_a_restriction_unlike_bool_in_both_values() -> None:
-    assert predicate("a IN (0, 1)") == AttrPredicate("a", "int", eq=frozenset({0, 1}))
+    assert predicate("a IN (0, 1)") == AttrPredicate("a", ColumnType.INT, eq=frozenset({0, 1}))
 
 
 def test_bool_ordering_puts_false_before_true() -> None:
-    assert predicate("flag < TRUE") == AttrPredicate("flag", "bool", eq=frozenset({False}))
+    assert predicate("flag < TRUE") == AttrPredicate("flag", ColumnType.BOOL, eq=frozenset({False}))
     assert predicate("flag BETWEEN TRUE AND TRUE") == AttrPredicate(
-        "flag", "bool", eq=frozenset({True})
+        "flag", ColumnType.BOOL, eq=frozenset({True})
     )
     assert predicates("flag >= FALSE") == ()
     assert query("SELECT * FROM R WHERE flag > TRUE").contradiction
 
 
 def test_between_is_an_inclusive_pair_of_bounds() -> None:
-    assert predicate("x BETWEEN 1 AND 2.5") == AttrPredicate("x", "float", lo=1.0, hi=2.5)
+    assert predicate("x BETWEEN 1 AND 2.5") == AttrPredicate("x", ColumnType.FLOAT, lo=1.0, hi=2.5)
 
 
 def test_between_reversed_is_a_contradiction() -> None:
@@ -482,12 +493,12 @@ def test_between_reversed_is_a_contradiction() -> None:
 
 def test_in_list_is_an_equality_set() -> None:
     assert predicate("name IN ('a', 'b', 'a')") == AttrPredicate(
-        "name", "text", eq=frozenset({"a", "b"})
+        "name", ColumnType.TEXT, eq=frozenset({"a", "b"})
     )
 
 
 def test_negative_constants() -> None:
-    assert predicate("a > -3 AND a < - 1") == AttrPredicate("a", "int", lo=-2, hi=-2)
+    assert predicate("a > -3 AND a < - 1") == AttrPredicate("a", ColumnType.INT, lo=-2, hi=-2)
 
 
 def test_predicates_are_one_per_column_sorted_by_column() -> None:
@@ -496,15 +507,15 @@ def test_predicates_are_one_per_column_sorted_by_column() -> None:
 
 def test_ts_is_a_float_column_and_tupleid_an_int_column() -> None:
     assert predicates("ts >= 1700000000 AND tupleID > 5") == (
-        AttrPredicate("ts", "float", lo=1700000000.0),
-        AttrPredicate("tupleID", "int", lo=6),
+        AttrPredicate("ts", ColumnType.FLOAT, lo=1700000000.0),
+        AttrPredicate("tupleID", ColumnType.INT, lo=6),
     )
 
 
 def test_int_constants_beyond_64_bits_restrict_nothing_or_everything() -> None:
     assert predicates("a < 1e19 AND a > -1e19") == ()
-    assert predicate("a > 1e19") == AttrPredicate("a", "int", empty=True)
-    assert predicate("a = 1e19") == AttrPredicate("a", "int", eq=frozenset())
+    assert predicate("a > 1e19") == AttrPredicate("a", ColumnType.INT, empty=True)
+    assert predicate("a = 1e19") == AttrPredicate("a", ColumnType.INT, eq=frozenset())
 
 
 def test_integer_literal_beyond_64_bits_is_an_error() -> None:
@@ -513,9 +524,9 @@ def test_integer_literal_beyond_64_bits_is_an_error() -> None:
 
 def test_parentheses_around_factors_and_the_conjunction_are_accepted() -> None:
     assert predicates("((a > 1) AND (b < 2 AND x = 1))") == (
-        AttrPredicate("a", "int", lo=2),
-        AttrPredicate("b", "int", hi=1),
-        AttrPredicate("x", "float", eq=frozenset({1.0})),
+        AttrPredicate("a", ColumnType.INT, lo=2),
+        AttrPredicate("b", ColumnType.INT, hi=1),
+        AttrPredicate("x", ColumnType.FLOAT, eq=frozenset({1.0})),
     )
 
 
@@ -545,7 +556,7 @@ def test_comparing_two_constants_is_an_error() -> None:
 
 def test_column_comparison_is_a_column_factor() -> None:
     src = source("SELECT * FROM R WHERE a < b")
-    assert src.column_factors == (ColumnFactor("a", "<", "b", 0),)
+    assert src.column_factors == (ColumnFactor("a", CompareOp.LT, "b", 0),)
     assert src.predicates == ()
 
 
@@ -556,17 +567,17 @@ def test_column_comparison_is_a_column_factor() -> None:
 )
 def test_column_factor_offset_is_on_the_right(factor: str, offset: float) -> None:
     (cf,) = source(f"SELECT * FROM R WHERE {factor}").column_factors
-    assert cf == ColumnFactor(factor[0], "<", factor[4], offset)
+    assert cf == ColumnFactor(factor[0], CompareOp.LT, factor[4], offset)
     assert type(cf.offset) is type(offset)
 
 
 @pytest.mark.parametrize(
     "factor, folded",
-    [("a < b + 0.5", ColumnFactor("a", "<=", "b", 0)),       # a - b < 0.5: a - b <= 0
-     ("a <= b - 0.5", ColumnFactor("a", "<=", "b", -1)),     # a - b <= -0.5: <= -1
-     ("a > b + 2.5", ColumnFactor("a", ">", "b", 2)),        # a - b > 2.5: >= 3
-     ("a >= b - 2.5", ColumnFactor("a", ">", "b", -3)),      # a - b >= -2.5: >= -2
-     ("a = b + 2.0", ColumnFactor("a", "=", "b", 2))],
+    [("a < b + 0.5", ColumnFactor("a", CompareOp.LE, "b", 0)),       # a - b < 0.5: a - b <= 0
+     ("a <= b - 0.5", ColumnFactor("a", CompareOp.LE, "b", -1)),     # a - b <= -0.5: <= -1
+     ("a > b + 2.5", ColumnFactor("a", CompareOp.GT, "b", 2)),        # a - b > 2.5: >= 3
+     ("a >= b - 2.5", ColumnFactor("a", CompareOp.GT, "b", -3)),      # a - b >= -2.5: >= -2
+     ("a = b + 2.0", ColumnFactor("a", CompareOp.EQ, "b", 2))],
 )
 def test_fractional_offset_between_int_columns_is_an_integer_one(
         factor: str, folded: ColumnFactor) -> None:
@@ -586,24 +597,26 @@ def test_int_column_factor_every_integer_satisfies_is_dropped() -> None:
 
 
 def test_column_factor_folds_diamond_to_bang_equal() -> None:
-    assert source("SELECT * FROM R WHERE x <> y").column_factors == (ColumnFactor("x", "!=", "y"),)
+    assert source("SELECT * FROM R WHERE x <> y").column_factors == (
+        ColumnFactor("x", CompareOp.NE, "y"),
+    )
 
 
 def test_column_factor_may_compare_int_with_float_and_a_column_with_itself() -> None:
     assert source("SELECT * FROM R WHERE a >= x AND a = a").column_factors == (
-        ColumnFactor("a", ">=", "x"), ColumnFactor("a", "=", "a"))  # fmt: skip
+        ColumnFactor("a", CompareOp.GE, "x"), ColumnFactor("a", CompareOp.EQ, "a"))  # fmt: skip
 
 
 def test_column_factor_on_bool_columns() -> None:
     schemas = {"P": StreamSchema("P", (("f", "bool"), ("g", "bool")))}
     q = query("SELECT * FROM P WHERE f < g", schemas)
-    assert q.sources[0].column_factors == (ColumnFactor("f", "<", "g"),)
+    assert q.sources[0].column_factors == (ColumnFactor("f", CompareOp.LT, "g"),)
 
 
 def test_column_factor_on_text_columns() -> None:
     schemas = {"P": StreamSchema("P", (("s", "text"), ("t", "text")))}
     q = query("SELECT * FROM P WHERE s <= t", schemas)
-    assert q.sources[0].column_factors == (ColumnFactor("s", "<=", "t"),)
+    assert q.sources[0].column_factors == (ColumnFactor("s", CompareOp.LE, "t"),)
 
 
 def test_column_factor_type_mismatch_names_both_columns() -> None:
@@ -664,11 +677,11 @@ def test_now_in_where_is_rejected() -> None:
 
 
 def test_no_window_means_everything_retained() -> None:
-    assert window("") == Window("all")
+    assert window("") == Window(WindowType.ALL)
 
 
 def test_sliding_window_is_a_range_relative_to_now() -> None:
-    assert window("BEGIN NOW - 10 END NOW") == Window("range", relative(-10), relative(0))
+    assert window("BEGIN NOW - 10 END NOW") == Window(WindowType.RANGE, relative(-10), relative(0))
 
 
 @pytest.mark.parametrize(
@@ -682,11 +695,15 @@ def test_time_units_convert_to_seconds(edge: str, seconds: float) -> None:
 
 
 def test_time_expressions_may_be_parenthesized() -> None:
-    assert window("BEGIN (NOW - 10) END (NOW)") == Window("range", relative(-10), relative(0))
+    assert window("BEGIN (NOW - 10) END (NOW)") == Window(
+        WindowType.RANGE, relative(-10), relative(0)
+    )
 
 
 def test_landmark_window_begins_at_epoch_seconds() -> None:
-    assert window("BEGIN 1700000000 END NOW") == Window("range", absolute(1.7e9), relative(0))
+    assert window("BEGIN 1700000000 END NOW") == Window(
+        WindowType.RANGE, absolute(1.7e9), relative(0)
+    )
 
 
 @pytest.mark.parametrize(
@@ -702,7 +719,7 @@ def test_iso_timestamps_are_utc_unless_they_carry_an_offset(stamp: str, seconds:
 
 def test_snapshot_window_has_two_constant_edges() -> None:
     w = window("BEGIN 100 END '1970-01-01 00:02:00'")
-    assert w == Window("range", absolute(100), absolute(120))
+    assert w == Window(WindowType.RANGE, absolute(100), absolute(120))
     assert w.begin is not None and w.end is not None
     assert not w.begin.relative and not w.end.relative
 
@@ -724,7 +741,7 @@ def test_invalid_timestamp_is_an_error() -> None:
 
 
 def test_rows_window_from_begin_end() -> None:
-    assert window("BEGIN (NOW - 100 ROWS) END NOW") == Window("rows", rows=100)
+    assert window("BEGIN (NOW - 100 ROWS) END NOW") == Window(WindowType.ROWS, rows=100)
 
 
 def test_rows_window_needs_end_now() -> None:
@@ -749,14 +766,14 @@ def test_unknown_time_unit_is_an_error() -> None:
 
 @pytest.mark.parametrize(
     "spec, expected",
-    [("[RANGE 10 MINUTES]", Window("range", relative(-600), relative(0))),
-     ("[RANGE 10]", Window("range", relative(-10), relative(0))),
-     ("[RANGE UNBOUNDED]", Window("all")),
-     ("[ROWS 100]", Window("rows", rows=100)),
-     ("[PARTITION BY lane ROWS 5]", Window("partition", rows=5, partition_by=("lane",))),
+    [("[RANGE 10 MINUTES]", Window(WindowType.RANGE, relative(-600), relative(0))),
+     ("[RANGE 10]", Window(WindowType.RANGE, relative(-10), relative(0))),
+     ("[RANGE UNBOUNDED]", Window(WindowType.ALL)),
+     ("[ROWS 100]", Window(WindowType.ROWS, rows=100)),
+     ("[PARTITION BY lane ROWS 5]", Window(WindowType.PARTITION, rows=5, partition_by=("lane",))),
      ("[PARTITION BY road, t.lane ROWS 2]",
-      Window("partition", rows=2, partition_by=("road", "lane"))),
-     ("[NOW]", Window("range", relative(0), relative(0)))],
+      Window(WindowType.PARTITION, rows=2, partition_by=("road", "lane"))),
+     ("[NOW]", Window(WindowType.RANGE, relative(0), relative(0)))],
 )  # fmt: skip
 def test_per_stream_window(spec: str, expected: Window) -> None:
     assert source(f"SELECT * FROM traffic t {spec}").window == expected

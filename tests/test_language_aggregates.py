@@ -7,7 +7,7 @@ import pytest
 
 from psoup.errors import QueryError
 from psoup.query import compile_statement
-from psoup.query.model import Query, SelectItem, StreamSchema, TimeExpr, Window
+from psoup.query.model import Query, SelectItem, StreamSchema, TimeExpr, Window, WindowType
 
 TRAFFIC = StreamSchema(
     "traffic", (("lane", "int"), ("stationid", "int"), ("speed", "float"), ("road", "text"))
@@ -129,14 +129,14 @@ def test_aggregate_names_are_not_reserved() -> None:
 def test_aggregate_with_where_and_window() -> None:
     q = query("SELECT AVG(speed) FROM traffic WHERE lane = 2 BEGIN NOW - 10 END NOW")
     (src,) = q.sources
-    assert src.window == Window("range", TimeExpr(True, -10.0), TimeExpr(True, 0.0))
+    assert src.window == Window(WindowType.RANGE, TimeExpr(True, -10.0), TimeExpr(True, 0.0))
     assert src.predicates[0].column == "lane"
     assert q.select == (SelectItem(0, "speed", "avg(speed)", "avg"),)
 
 
 def test_aggregate_with_a_per_stream_window() -> None:
     q = query("SELECT COUNT(*) FROM traffic [ROWS 100]")
-    assert q.sources[0].window == Window("rows", rows=100) and q.aggregated
+    assert q.sources[0].window == Window(WindowType.ROWS, rows=100) and q.aggregated
 
 
 def test_distinct_with_aggregates_is_allowed() -> None:

@@ -13,12 +13,15 @@ from psoup.query import compile_statement
 from psoup.query.model import (
     AttrPredicate,
     ColumnFactor,
+    ColumnType,
+    CompareOp,
     JoinFactor,
     Query,
     SelectItem,
     StreamSchema,
     TimeExpr,
     Window,
+    WindowType,
 )
 
 R = StreamSchema(
@@ -69,13 +72,13 @@ def test_three_item_from_list_keeps_from_order_and_aliases() -> None:
 def test_self_join_names_one_stream_under_two_aliases() -> None:
     q = query("SELECT * FROM R r1, R r2 WHERE r1.a = r2.a")
     assert [(s.stream, s.alias) for s in q.sources] == [("R", "r1"), ("R", "r2")]
-    assert q.joins == (JoinFactor(0, "a", "=", 1, "a"),)
+    assert q.joins == (JoinFactor(0, "a", CompareOp.EQ, 1, "a"),)
 
 
 def test_self_join_may_leave_one_item_unaliased() -> None:
     q = query("SELECT * FROM R, R r2 WHERE R.b < r2.b")
     assert [s.alias for s in q.sources] == ["R", "r2"]
-    assert q.joins == (JoinFactor(0, "b", "<", 1, "b"),)
+    assert q.joins == (JoinFactor(0, "b", CompareOp.LT, 1, "b"),)
 
 
 def test_same_stream_twice_without_aliases_is_an_error() -> None:
@@ -113,8 +116,10 @@ def test_alias_after_the_window_is_an_error() -> None:
 def test_bare_column_names_the_only_item_that_has_it() -> None:
     q = query("SELECT lane, b FROM traffic, R WHERE speed > 1 AND x < 2")
     assert q.select == (SelectItem(0, "lane", "lane"), SelectItem(1, "b", "b"))
-    assert q.sources[0].predicates == (AttrPredicate("speed", "float", lo=1.0, lo_open=True),)
-    assert q.sources[1].predicates == (AttrPredicate("x", "float", hi=2.0, hi_open=True),)
+    assert q.sources[0].predicates == (
+        AttrPredicate("speed", ColumnType.FLOAT, lo=1.0, lo_open=True),
+    )
+    assert q.sources[1].predicates == (AttrPredicate("x", ColumnType.FLOAT, hi=2.0, hi_open=True),)
 
 
 def test_stream_name_qualifies_an_aliased_item_when_the_stream_appears_once() -> None:
@@ -183,38 +188,40 @@ def test_stream_name_of_a_self_joined_stream_is_an_error() -> None:
 
 def test_comparison_between_items_is_a_join_factor_not_a_local_one() -> None:
     q = query("SELECT * FROM R, S WHERE R.a = S.a")
-    assert q.joins == (JoinFactor(0, "a", "=", 1, "a", 0),)
+    assert q.joins == (JoinFactor(0, "a", CompareOp.EQ, 1, "a", 0),)
     assert all(s.predicates == () and s.column_factors == () for s in q.sources)
 
 
 def test_bare_columns_of_two_items_make_a_join_factor() -> None:
-    assert joins("b = lane", "R, traffic") == (JoinFactor(0, "b", "=", 1, "lane"),)
+    assert joins("b = lane", "R, traffic") == (JoinFactor(0, "b", CompareOp.EQ, 1, "lane"),)
 
 
 @pytest.mark.parametrize("op", ["=", "!=", "<", "<=", ">", ">="])
 def test_join_factor_in_from_order_keeps_its_operator(op: str) -> None:
-    assert joins(f"R.b {op} S.a") == (JoinFactor(0, "b", op, 1, "a"),)
+    assert joins(f"R.b {op} S.a") == (JoinFactor(0, "b", CompareOp(op), 1, "a"),)
 
 
 @pytest.mark.parametrize(
     "op, flipped",
-    [("<", ">"), ("<=", ">="), (">", "<"), (">=", "<="), ("=", "="), ("!=", "!="), ("<>", "!=")],
+    [("<", CompareOp.GT), ("<=", CompareOp.GE), (">", CompareOp.LT), (">=", CompareOp.LE),
+     ("=", CompareOp.EQ), ("!=", CompareOp.NE), ("<>", CompareOp.NE)],
 )
-def test_join_factor_with_the_later_item_on_the_left_swaps_and_flips(op: str, flipped: str) -> None:
+def test_join_factor_with_the_later_item_on_the_left_swaps_and_flips(
+        op: str, flipped: CompareOp) -> None:
     assert joins(f"S.a {op} R.b") == (JoinFactor(0, "b", flipped, 1, "a"),)
 
 
 def test_diamond_becomes_bang_equal_in_a_join_factor() -> None:
-    assert joins("R.b <> S.a") == (JoinFactor(0, "b", "!=", 1, "a"),)
+    assert joins("R.b <> S.a") == (JoinFactor(0, "b", CompareOp.NE, 1, "a"),)
 
 
 @pytest.mark.parametrize(
     "where, expected",
-    [("R.a < S.a + 3", JoinFactor(0, "a", "<", 1, "a", 3)),
-     ("R.a < S.a - 3", JoinFactor(0, "a", "<", 1, "a", -3)),
-     ("S.a < R.a + 3", JoinFactor(0, "a", ">", 1, "a", 0, 3)),
-     ("S.a < R.a - 3", JoinFactor(0, "a", ">", 1, "a", 0, -3)),
-     ("S.a >= R.b - -2", JoinFactor(0, "b", "<=", 1, "a", 0, 2))],
+    [("R.a < S.a + 3", JoinFactor(0, "a", CompareOp.LT, 1, "a", 3)),
+     ("R.a < S.a - 3", JoinFactor(0, "a", CompareOp.LT, 1, "a", -3)),
+     ("S.a < R.a + 3", JoinFactor(0, "a", CompareOp.GT, 1, "a", 0, 3)),
+     ("S.a < R.a - 3", JoinFactor(0, "a", CompareOp.GT, 1, "a", 0, -3)),
+     ("S.a >= R.b - -2", JoinFactor(0, "b", CompareOp.LE, 1, "a", 0, 2))],
 )  # fmt: skip
 def test_join_factor_offset_stays_with_its_column_when_the_sides_swap(
         where: str, expected: JoinFactor) -> None:
@@ -225,9 +232,9 @@ def test_join_factor_offset_stays_with_its_column_when_the_sides_swap(
 
 @pytest.mark.parametrize(
     "where, expected",
-    [("R.x = S.c + 0.5", JoinFactor(0, "x", "=", 1, "c", 0.5)),
-     ("S.c >= R.x + 0.5", JoinFactor(0, "x", "<=", 1, "c", 0, 0.5)),
-     ("S.c > R.a - 2.5", JoinFactor(0, "a", "<", 1, "c", 0, -2.5))],
+    [("R.x = S.c + 0.5", JoinFactor(0, "x", CompareOp.EQ, 1, "c", 0.5)),
+     ("S.c >= R.x + 0.5", JoinFactor(0, "x", CompareOp.LE, 1, "c", 0, 0.5)),
+     ("S.c > R.a - 2.5", JoinFactor(0, "a", CompareOp.LT, 1, "c", 0, -2.5))],
 )  # fmt: skip
 def test_float_offsets_stay_floats_when_a_float_is_compared(
         where: str, expected: JoinFactor) -> None:
@@ -238,10 +245,10 @@ def test_float_offsets_stay_floats_when_a_float_is_compared(
 
 @pytest.mark.parametrize(
     "where, expected",
-    [("R.a = S.a + 2.0", JoinFactor(0, "a", "=", 1, "a", 2)),
-     ("S.a > R.a - 2.5", JoinFactor(0, "a", "<", 1, "a", 0, -3)),   # S.a - R.a > -2.5
-     ("R.b < S.a + 0.5", JoinFactor(0, "b", "<=", 1, "a", 0)),      # R.b - S.a <= 0
-     ("R.b >= S.a - 0.5", JoinFactor(0, "b", ">", 1, "a", -1))],    # R.b - S.a >= 0
+    [("R.a = S.a + 2.0", JoinFactor(0, "a", CompareOp.EQ, 1, "a", 2)),
+     ("S.a > R.a - 2.5", JoinFactor(0, "a", CompareOp.LT, 1, "a", 0, -3)),   # S.a - R.a > -2.5
+     ("R.b < S.a + 0.5", JoinFactor(0, "b", CompareOp.LE, 1, "a", 0)),      # R.b - S.a <= 0
+     ("R.b >= S.a - 0.5", JoinFactor(0, "b", CompareOp.GT, 1, "a", -1))],    # R.b - S.a >= 0
 )  # fmt: skip
 def test_fractional_offsets_between_int_columns_become_integer_ones(
         where: str, expected: JoinFactor) -> None:
@@ -264,32 +271,32 @@ def test_an_int_join_factor_that_every_pair_satisfies_is_dropped(where: str) -> 
 
 def test_swapped_zero_float_offset_is_positive_zero() -> None:
     (factor,) = joins("S.c < R.x + 0.0")
-    assert factor == JoinFactor(0, "x", ">", 1, "c", 0, 0.0)
+    assert factor == JoinFactor(0, "x", CompareOp.GT, 1, "c", 0, 0.0)
     assert math.copysign(1.0, factor.left_offset) == 1.0
 
 
 def test_ts_and_tupleid_in_join_factors() -> None:
     assert joins("r2.ts > r1.ts + 10 AND r1.tupleID < r2.tupleID", "R r1, R r2") == (
-        JoinFactor(0, "ts", "<", 1, "ts", 0, 10),
-        JoinFactor(0, "tupleID", "<", 1, "tupleID"),
+        JoinFactor(0, "ts", CompareOp.LT, 1, "ts", 0, 10),
+        JoinFactor(0, "tupleID", CompareOp.LT, 1, "tupleID"),
     )
 
 
 def test_join_factor_may_compare_int_with_float() -> None:
-    assert joins("S.c <= R.a") == (JoinFactor(0, "a", ">=", 1, "c"),)
+    assert joins("S.c <= R.a") == (JoinFactor(0, "a", CompareOp.GE, 1, "c"),)
 
 
 def test_join_factors_of_a_three_way_join_name_their_items() -> None:
     assert joins("traffic.lane = R.a AND S.a < traffic.stationid", "R, S, traffic") == (
-        JoinFactor(0, "a", "=", 2, "lane"),
-        JoinFactor(1, "a", "<", 2, "stationid"),
+        JoinFactor(0, "a", CompareOp.EQ, 2, "lane"),
+        JoinFactor(1, "a", CompareOp.LT, 2, "stationid"),
     )
 
 
 def test_join_factors_keep_where_order_and_drop_repeats() -> None:
     assert joins("R.b > S.a AND R.a = S.a AND S.a < R.b AND R.a = S.a") == (
-        JoinFactor(0, "b", ">", 1, "a"),
-        JoinFactor(0, "a", "=", 1, "a"),
+        JoinFactor(0, "b", CompareOp.GT, 1, "a"),
+        JoinFactor(0, "a", CompareOp.EQ, 1, "a"),
     )
 
 
@@ -304,28 +311,30 @@ def test_contradictory_join_factors_are_kept_and_not_a_contradiction() -> None:
 def test_local_factors_stay_with_their_item() -> None:
     q = query("SELECT * FROM R r1, R r2 WHERE r1.a > 5 AND r2.a < 3 AND r1.a < r1.b")
     first, second = q.sources
-    assert first.predicates == (AttrPredicate("a", "int", lo=6),)
-    assert first.column_factors == (ColumnFactor("a", "<", "b"),)
-    assert second.predicates == (AttrPredicate("a", "int", hi=2),)
+    assert first.predicates == (AttrPredicate("a", ColumnType.INT, lo=6),)
+    assert first.column_factors == (ColumnFactor("a", CompareOp.LT, "b"),)
+    assert second.predicates == (AttrPredicate("a", ColumnType.INT, hi=2),)
     assert second.column_factors == ()
     assert q.joins == ()
 
 
 def test_column_factor_on_a_later_item_keeps_its_offset() -> None:
     q = query("SELECT * FROM S, R r WHERE r.x <= y - 1")
-    assert q.sources[1].column_factors == (ColumnFactor("x", "<=", "y", -1),)
+    assert q.sources[1].column_factors == (ColumnFactor("x", CompareOp.LE, "y", -1),)
     assert q.sources[0].column_factors == ()
 
 
 def test_between_and_in_go_to_their_item() -> None:
     q = query("SELECT * FROM R, S WHERE S.a BETWEEN 1 AND 3 AND R.name IN ('p', 'q')")
-    assert q.sources[0].predicates == (AttrPredicate("name", "text", eq=frozenset({"p", "q"})),)
-    assert q.sources[1].predicates == (AttrPredicate("a", "int", lo=1, hi=3),)
+    assert q.sources[0].predicates == (
+        AttrPredicate("name", ColumnType.TEXT, eq=frozenset({"p", "q"})),
+    )
+    assert q.sources[1].predicates == (AttrPredicate("a", ColumnType.INT, lo=1, hi=3),)
 
 
 def test_constant_on_the_left_goes_to_the_items_column() -> None:
     q = query("SELECT * FROM R, S WHERE 2 < S.c")
-    assert q.sources[1].predicates == (AttrPredicate("c", "float", lo=2.0, lo_open=True),)
+    assert q.sources[1].predicates == (AttrPredicate("c", ColumnType.FLOAT, lo=2.0, lo_open=True),)
 
 
 @pytest.mark.parametrize(
@@ -366,12 +375,12 @@ def test_offset_on_a_bool_column_across_items_is_an_error() -> None:
 
 
 def test_text_with_text_across_items_is_a_join_factor() -> None:
-    assert joins("S.label >= R.name") == (JoinFactor(0, "name", "<=", 1, "label"),)
+    assert joins("S.label >= R.name") == (JoinFactor(0, "name", CompareOp.LE, 1, "label"),)
 
 
 @pytest.mark.parametrize("op", ["=", "!=", "<"])
 def test_bool_with_bool_across_items_allows_what_a_one_stream_column_factor_allows(op: str) -> None:
-    assert joins(f"R.flag {op} S.ok") == (JoinFactor(0, "flag", op, 1, "ok"),)
+    assert joins(f"R.flag {op} S.ok") == (JoinFactor(0, "flag", CompareOp(op), 1, "ok"),)
 
 
 # output names
@@ -449,28 +458,29 @@ def test_select_distinct_over_a_join() -> None:
 
 def test_begin_end_applies_the_same_window_to_every_item() -> None:
     q = query("SELECT * FROM R, S, traffic BEGIN NOW - 10 END NOW")
-    assert [s.window for s in q.sources] == [Window("range", relative(-10), relative(0))] * 3
+    assert [s.window for s in q.sources] == [
+        Window(WindowType.RANGE, relative(-10), relative(0))] * 3
 
 
 def test_rows_begin_end_applies_to_every_item() -> None:
     q = query("SELECT * FROM R r1, R r2 BEGIN (NOW - 5 ROWS) END NOW")
-    assert [s.window for s in q.sources] == [Window("rows", rows=5)] * 2
+    assert [s.window for s in q.sources] == [Window(WindowType.ROWS, rows=5)] * 2
 
 
 def test_per_item_windows() -> None:
     q = query("SELECT * FROM R r [ROWS 10], S [RANGE 5 MINUTES], traffic")
     assert [s.window for s in q.sources] == [
-        Window("rows", rows=10),
-        Window("range", relative(-300), relative(0)),
-        Window("all"),
+        Window(WindowType.ROWS, rows=10),
+        Window(WindowType.RANGE, relative(-300), relative(0)),
+        Window(WindowType.ALL),
     ]
 
 
 def test_partition_by_names_its_own_items_columns() -> None:
     q = query("SELECT * FROM R r [PARTITION BY a ROWS 2], S s [PARTITION BY s.a, ok ROWS 3]")
     assert [s.window for s in q.sources] == [
-        Window("partition", rows=2, partition_by=("a",)),
-        Window("partition", rows=3, partition_by=("a", "ok")),
+        Window(WindowType.PARTITION, rows=2, partition_by=("a",)),
+        Window(WindowType.PARTITION, rows=3, partition_by=("a", "ok")),
     ]
 
 

@@ -10,7 +10,7 @@ exactly the same bits, whatever has been registered and removed before.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import hypothesis.strategies as st
 import numpy as np
@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from psoup.bits import slot_rows
 from psoup.query import compile_statement
-from psoup.query.model import AttrPredicate, Query, StreamSchema
+from psoup.query.model import AttrPredicate, ColumnType, CompareOp, Query, StreamSchema
 from psoup.query.normalize import AttrFactor, fold_column
 from psoup.stems.batch import make_batch
 from psoup.stems.predicate_index import AttributeIndex
@@ -164,18 +164,24 @@ def test_wide_tables_probe_exactly_and_keep_rows_off_power_of_two_strides() -> N
     stem._check()
 
 
-@given(st.lists(st.tuples(st.sampled_from(["<", "<=", ">", ">=", "=", "!=", "in"]),
+# In the order the strategies drew them as strings, so examples shrink the same way.
+_FACTOR_OPS: list[CompareOp | Literal["in"]] = [
+    CompareOp.LT, CompareOp.LE, CompareOp.GT, CompareOp.GE, CompareOp.EQ, CompareOp.NE, "in"]
+
+
+@given(st.lists(st.tuples(st.sampled_from(_FACTOR_OPS),
                           st.lists(st.integers(-5, 5), min_size=1, max_size=3)),
                 min_size=1, max_size=12),
        st.lists(st.integers(0, 11), max_size=6),
        st.lists(st.integers(-8, 8), min_size=1, max_size=100))
 def test_attribute_index_rejects_exactly_what_each_predicate_rejects(
-        preds: list[tuple[str, list[int]]], removals: list[int], values: list[int]) -> None:
-    index = AttributeIndex("int")
+        preds: list[tuple[CompareOp | Literal["in"], list[int]]], removals: list[int],
+        values: list[int]) -> None:
+    index = AttributeIndex(ColumnType.INT)
     live: dict[int, AttrPredicate] = {}
     for slot, (op, constants) in enumerate(preds):
         value = tuple(constants) if op == "in" else constants[0]
-        pred = fold_column([AttrFactor("a", "int", op, value)])
+        pred = fold_column([AttrFactor("a", ColumnType.INT, op, value)])
         if pred is None:
             continue
         index.add(slot, pred)
@@ -195,9 +201,9 @@ def test_attribute_index_rejects_exactly_what_each_predicate_rejects(
 
 
 def test_attribute_index_over_text_values_compares_by_code_point() -> None:
-    index = AttributeIndex("text")
-    index.add(0, AttrPredicate("t", "text", lo="b"))
-    index.add(1, AttrPredicate("t", "text", eq=frozenset({"é"})))
+    index = AttributeIndex(ColumnType.TEXT)
+    index.add(0, AttrPredicate("t", ColumnType.TEXT, lo="b"))
+    index.add(1, AttrPredicate("t", ColumnType.TEXT, eq=frozenset({"é"})))
     values = np.array(["a", "b", "z", "é"], dtype=object)
     rejects = index.probe(values, 1)
     assert slot_rows(rejects, 0).tolist() == [0]          # "a" < "b"; "é" > "z" > "b"
@@ -206,7 +212,7 @@ def test_attribute_index_over_text_values_compares_by_code_point() -> None:
 
 
 _OPS = st.lists(st.one_of(
-    st.tuples(st.just("add"), st.sampled_from(["<", "<=", ">", ">=", "=", "!=", "in"]),
+    st.tuples(st.just("add"), st.sampled_from(_FACTOR_OPS),
               st.lists(st.integers(-6, 40), min_size=1, max_size=3)),
     st.tuples(st.just("remove"), st.integers(0, 200)),
     st.tuples(st.just("probe"), st.lists(st.integers(-9, 45), min_size=1, max_size=150)
@@ -214,14 +220,14 @@ _OPS = st.lists(st.one_of(
     min_size=1, max_size=40)
 
 
-@given(_OPS, st.sampled_from(["int", "float"]))
+@given(_OPS, st.sampled_from([ColumnType.INT, ColumnType.FLOAT]))
 def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(
-        ops: list[tuple[Any, ...]], ctype: str) -> None:
+        ops: list[tuple[Any, ...]], ctype: ColumnType) -> None:
     """The query stream is a stream: constants split and merge cells between probes
     (over 64 integers a probe also builds and patches the direct value map)."""
     index = AttributeIndex(ctype)
     live: dict[int, AttrPredicate] = {}
-    kind = np.int64 if ctype == "int" else np.float64
+    kind = np.int64 if ctype is ColumnType.INT else np.float64
     for op in ops:
         if op[0] == "add":
             value = tuple(op[2]) if op[1] == "in" else op[2][0]
@@ -236,7 +242,7 @@ def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(
             index.remove(slot)
             del live[slot]
         elif op[0] == "probe":
-            arr = np.array(op[1], dtype=kind) / (1 if ctype == "int" else 2)
+            arr = np.array(op[1], dtype=kind) / (1 if ctype is ColumnType.INT else 2)
             arr = arr.astype(kind)
             rejects = index.probe(arr, max(live, default=0) // 64 + 1)
             for slot, pred in live.items():
@@ -248,11 +254,11 @@ def test_attribute_index_stays_exact_as_queries_come_and_go_between_probes(
 def test_a_new_constant_below_the_direct_map_leaves_the_map_alone() -> None:
     """Hypothesis found it: keys -3 and -1 both below a direct map over [0, 1] once made
     the patch's slice end negative, pointing value 0 at the new gap's row."""
-    index = AttributeIndex("int")
-    index.add(0, _folded(AttrFactor("a", "int", "<", 0)))
+    index = AttributeIndex(ColumnType.INT)
+    index.add(0, _folded(AttrFactor("a", ColumnType.INT, CompareOp.LT, 0)))
     values = np.array([0] * 63 + [1], np.int64)         # 64 values: the map is built
     index.probe(values, 1)
-    index.add(1, _folded(AttrFactor("a", "int", "<", -2)))
+    index.add(1, _folded(AttrFactor("a", ColumnType.INT, CompareOp.LT, -2)))
     index._check()
     assert slot_rows(index.probe(values, 1), 0).tolist() == list(range(64))
     assert slot_rows(index.probe(values, 1), 1).tolist() == list(range(64))
@@ -266,12 +272,13 @@ def test_an_integer_attributes_reachable_rows_stay_together_and_rows_stay_narrow
     cache lines that hold them (21 lines, as row_words promises), not twice the width
     before the last widening."""
     from psoup.stems.predicate_index import row_words
-    index = AttributeIndex("int")
+    index = AttributeIndex(ColumnType.INT)
     order = np.random.default_rng(7).permutation(256)
     for slot, c in enumerate(order):
-        index.add(slot, _folded(AttrFactor("a", "int", "<", int(c))))
+        index.add(slot, _folded(AttrFactor("a", ColumnType.INT, CompareOp.LT, int(c))))
     for slot in range(256, 10_000):
-        index.add(slot, _folded(AttrFactor("a", "int", ">=", int(order[slot % 256]))))
+        index.add(slot, _folded(
+            AttrFactor("a", ColumnType.INT, CompareOp.GE, int(order[slot % 256]))))
     index._check()
     values = np.arange(256, dtype=np.int64)
     rows = np.unique(index.rows(values))

@@ -22,14 +22,15 @@ from numpy.typing import NDArray
 
 import psoup
 from psoup.archive.parquet import Archive
-from psoup.archive.rollups import GRAINS, Rollups, copy_path, pieces
+from psoup.archive.rollups import GRAINS, Grain, Rollups, copy_path, pieces
 from psoup.errors import ArchiveError
 from psoup.plans import SelectionPlan
+from psoup.query.model import ColumnType
 from psoup.results.windows_table import archive_reach
 from tests.support import Clock
 
 COLUMNS = [("a", "int"), ("x", "float"), ("name", "text")]
-NUMERIC = [("a", "int"), ("x", "float")]
+NUMERIC = [("a", ColumnType.INT), ("x", ColumnType.FLOAT)]
 
 
 def rows(gen: np.random.Generator, first: int, n: int, t0: float, gaps: float
@@ -69,7 +70,7 @@ def rollups(tmp_path: Path) -> Rollups:
     return Rollups(tmp_path / "archive", tmp_path / "aggregates")
 
 
-def oracle(table: pa.Table, grain: str) -> list[tuple[Any, ...]]:
+def oracle(table: pa.Table, grain: Grain) -> list[tuple[Any, ...]]:
     """DuckDB's GROUP BY over the grain's buckets of `table`."""
     g = GRAINS[grain]
     con = duckdb.connect()
@@ -80,7 +81,7 @@ def oracle(table: pa.Table, grain: str) -> list[tuple[Any, ...]]:
     ).fetchall()
 
 
-def merged(r: Rollups, grain: str) -> list[tuple[Any, ...]]:
+def merged(r: Rollups, grain: Grain) -> list[tuple[Any, ...]]:
     got = r.buckets("R", grain, NUMERIC)
     (sa, la, ha), (sx, lx, hx) = got.columns["a"], got.columns["x"]
     return list(zip(got.bucket.tolist(), got.rows.tolist(), got.ts_max.tolist(),
@@ -119,10 +120,10 @@ def test_a_bucket_split_across_flushes_is_one_bucket(tmp_path: Path) -> None:
                                "tupleID": np.arange(k, k + 2), "a": np.array([1, 2, 3, 4])[k:k + 2],
                                "x": np.array([0.5, 1.5, 2.5, 3.5])[k:k + 2],
                                "name": np.array(list("pqrs"), dtype=object)[k:k + 2]})
-    per_part = [pq.read_table(copy_path(tmp_path / "aggregates", "R", "minute", f, f + 1))
+    per_part = [pq.read_table(copy_path(tmp_path / "aggregates", "R", Grain.MINUTE, f, f + 1))
                 .column("count").to_pylist() for f in (0, 2)]
     assert per_part == [[2], [1, 1]]             # minute 0 is in both parts' copies
-    got = arc.rollups.buckets("R", "minute", NUMERIC)
+    got = arc.rollups.buckets("R", Grain.MINUTE, NUMERIC)
     assert got.bucket.tolist() == [0, 1] and got.rows.tolist() == [3, 1]
     assert got.columns["a"][0].tolist() == [6, 4]
 
@@ -133,7 +134,8 @@ def test_int_sums_are_exact_beyond_int64(tmp_path: Path) -> None:
     arc.add("R", [("a", "int")], {"ts": np.arange(4.0), "tupleID": np.arange(4),
                                   "a": np.full(4, 2**62)})
     arc.flush()
-    assert arc.rollups.buckets("R", "day", [("a", "int")]).columns["a"][0].tolist() == [2**64]
+    assert (arc.rollups.buckets("R", Grain.DAY, [("a", ColumnType.INT)])
+            .columns["a"][0].tolist() == [2**64])
 
 
 def test_copies_live_outside_the_archive(tmp_path: Path) -> None:
@@ -177,7 +179,7 @@ def test_build_summarizes_part_files_written_by_another_tool(tmp_path: Path) -> 
     pq.write_table(table, folder / f"part-{0:020d}-{2:020d}.parquet")
     r = rollups(tmp_path)
     assert r.build("S") == 1
-    got = r.buckets("S", "hour", [("v", "float")])
+    got = r.buckets("S", Grain.HOUR, [("v", ColumnType.FLOAT)])
     assert got.bucket.tolist() == [0, 1] and got.columns["v"][0].tolist() == [4.0, 4.0]
 
 
@@ -202,7 +204,7 @@ def test_build_removes_copies_whose_part_file_is_gone(tmp_path: Path) -> None:
     r = rollups(tmp_path)
     assert r.build() == 0
     first, end = map(int, last.stem.split("-")[1:])
-    assert not copy_path(tmp_path / "aggregates", "R", "minute", first, end).exists()
+    assert not copy_path(tmp_path / "aggregates", "R", Grain.MINUTE, first, end).exists()
     r._check()
 
 
@@ -210,12 +212,12 @@ def test_a_part_missing_a_copy_is_not_counted(tmp_path: Path) -> None:
     arc, table = archived(tmp_path, 4, 2, 30, 60.0, flush_rows=30)
     assert arc.rollups is not None
     parts = arc.rollups.complete("R")
-    copy_path(tmp_path / "aggregates", "R", "hour", *parts[0]).unlink()   # crashed midway
+    copy_path(tmp_path / "aggregates", "R", Grain.HOUR, *parts[0]).unlink()   # crashed midway
     r = rollups(tmp_path)
     assert r.complete("R") == parts[1:]
     cov = r.coverage("R")
     assert cov.covers(np.array([parts[0][0], parts[1][0]])).tolist() == [False, True]
-    assert sum(r.buckets("R", "day", NUMERIC).rows) == parts[-1][1] - parts[1][0] + 1
+    assert sum(r.buckets("R", Grain.DAY, NUMERIC).rows) == parts[-1][1] - parts[1][0] + 1
 
 
 def test_a_null_in_an_imported_part_is_refused_by_name(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from psoup.archive.sampling import draws_of
 from psoup.errors import QueryError
 from psoup.plans import SelectionPlan
 from psoup.query import compile_statement
-from psoup.query.model import Query, StreamSchema
+from psoup.query.model import Query, SampleMethod, StreamSchema
 from psoup.results.aggregates import Aggregator
 from psoup.results.result import Result
 from psoup.server.protocol import decode_answer, encode_answer, pack_frame, unpack_payload
@@ -206,7 +206,7 @@ def test_tablesample_rates_bernoulli_rows_system_whole_row_groups() -> None:
     assert sample is not None
     assert (sample.method, sample.fraction) == ("SYSTEM", 0.1)
     assert rates.sample_rate(sample.method, sample.fraction) == 2 / 16
-    assert rates.sample_rate("BERNOULLI", 0.1) == 102 / 1024
+    assert rates.sample_rate(SampleMethod.BERNOULLI, 0.1) == 102 / 1024
     full = _query("SELECT * FROM R TABLESAMPLE BERNOULLI (100)", schema)
     assert full.sources[0].sample is None
 
