@@ -47,7 +47,6 @@ from psoup.options import (
     MODE_NAMES,
     ROUTING_NAMES,
     SYNC_NAMES,
-    ColumnTypeName,
     ModeName,
     RoutingName,
     SyncName,
@@ -174,13 +173,14 @@ class Engine:
             self._drop(stmt.stream, stmt.cascade)
             return None
 
-    def create_stream(self, name: str, columns: Mapping[str, ColumnTypeName]
-                      | Sequence[tuple[str, ColumnTypeName]], retain: str | None = None) -> None:
+    def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
+                      retain: str | None = None) -> None:
         """Declare a stream from Python values; the same as CREATE STREAM.
 
         Args:
             name: the stream's name (an identifier).
-            columns: column name -> type ("int", "float", "text", "bool"), in order.
+            columns: column name -> type ("int", "float", "text", "bool"; any name
+                CREATE STREAM takes), in order.
             retain: e.g. "1 hour" or "100000 rows"; None keeps everything.
         """
         self.execute(create_stream_sql(name, columns, retain))

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from psoup.errors import LimitError, QueryError
-from psoup.options import ColumnTypeName
 from psoup.query.checker import check, check_retain, parse_type
 from psoup.query.model import Catalog, Query, StreamSchema
 from psoup.query.parser import parse, parse_retention
@@ -80,7 +79,7 @@ def parse_retain(text: str) -> tuple[float | None, int | None]:
 
 def create_stream_sql(
     name: str,
-    columns: Mapping[str, ColumnTypeName] | Sequence[tuple[str, ColumnTypeName]],
+    columns: Mapping[str, str] | Sequence[tuple[str, str]],
     retain: str | None = None,
 ) -> str:
     """The CREATE STREAM statement of a stream declared from Python values.
