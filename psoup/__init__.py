@@ -17,9 +17,19 @@ Example:
 
 from typing import TYPE_CHECKING, Any
 
-from psoup.errors import (ApplyFailed, Busy, CursorExpired, CursorInvalid, HistoryPending,
-                          LimitError, PSoupError, QueryError, SchemaError, SequenceError,
-                          UnknownHandle)
+from psoup.errors import (
+    ApplyFailed,
+    Busy,
+    CursorExpired,
+    CursorInvalid,
+    HistoryPending,
+    LimitError,
+    PSoupError,
+    QueryError,
+    SchemaError,
+    SequenceError,
+    UnknownHandle,
+)
 
 if TYPE_CHECKING:
     from psoup.client import Client

@@ -7,7 +7,8 @@ one line that makes the object (docs/api.md). The server's operation table
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, overload
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import numpy as np
 

@@ -26,7 +26,8 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Mapping, Sequence, overload
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -35,8 +36,15 @@ from psoup.config import parse_address, token_path
 from psoup.errors import Busy, PSoupError, QueryError, SchemaError, SequenceError
 from psoup.results.result import Changes, Result
 from psoup.server.ops import OPS
-from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
-                                   error_of, pack_frame, unpack_payload)
+from psoup.server.protocol import (
+    HEADER,
+    PROTOCOL,
+    ProtocolError,
+    decode_answer,
+    error_of,
+    pack_frame,
+    unpack_payload,
+)
 
 #: Batches of one insert that may be in flight at once (sent, reply not yet read).
 PIPELINE = 4
@@ -134,7 +142,7 @@ class Client:
         handle, SHOW and DESCRIBE a Result."""
         value = self._request("execute", {"sql": sql})
         if not isinstance(value, Mapping):
-            return value
+            return cast("str | None", value)        # a handle, or None
         table = decode_answer(value)
         assert isinstance(table, Result), "a statement's table is an answer, not changes"
         return table
@@ -165,7 +173,8 @@ class Client:
 
     def register(self, sql: str) -> str:
         """Register a standing query; returns its handle."""
-        return self._request("register", {"sql": sql})
+        handle: str = self._request("register", {"sql": sql})
+        return handle
 
     def insert(self, stream: str, rows: Any, ts: Any = None) -> np.ndarray:
         """Insert rows into `stream`; returns their tupleIDs (numpy int64).
@@ -211,7 +220,8 @@ class Client:
     def last_seq(self, producer: str | None = None) -> int:
         """The seq of the last batch the server applied for `producer` (default: this
         client's); -1 if none."""
-        return self._request("last_seq", {"producer": producer or self.producer})
+        seq: int = self._request("last_seq", {"producer": producer or self.producer})
+        return seq
 
     @overload
     def invoke(self, handle: str, now: float | None = None, since: None = None) -> Result: ...
@@ -249,7 +259,7 @@ class Client:
                 the job failed or was cancelled.
         """
         args = {} if handles is None else {"handles": list(handles)}
-        job = self._request("history", args)["job"]
+        job: str = self._request("history", args)["job"]
         if wait:
             self.history_wait(job, poll=poll)
         return job
@@ -257,11 +267,14 @@ class Client:
     def history_status(self, job: str | None = None) -> dict[str, Any]:
         """A history job's status (Engine.history_status): state, progress, error,
         result; default: the server's latest job."""
-        return self._request("history_status", {} if job is None else {"job": job})
+        status: dict[str, Any] = self._request("history_status",
+                                               {} if job is None else {"job": job})
+        return status
 
     def history_cancel(self, job: str) -> dict[str, Any]:
         """Cancel a running history job (Engine.history_cancel); returns its status."""
-        return self._request("history_cancel", {"job": job})
+        status: dict[str, Any] = self._request("history_cancel", {"job": job})
+        return status
 
     def history_wait(self, job: str, timeout: float | None = None, poll: float = 0.5,
                      on_status: Callable[[dict[str, Any]], None] | None = None
@@ -290,7 +303,8 @@ class Client:
     def evaluate_history(self, handles: Sequence[str] | None = None) -> dict[str, int]:
         """Engine.evaluate_history on the server: start a job, wait for it and return
         handle -> archived matches."""
-        return self.history_wait(self.history(handles))["result"]
+        matches: dict[str, int] = self.history_wait(self.history(handles))["result"]
+        return matches
 
     def queries(self) -> list[tuple[str, str]]:
         """[(handle, sql), ...] in registration order."""
@@ -298,11 +312,13 @@ class Client:
 
     def stats(self) -> dict[str, Any]:
         """The server engine's statistics (Engine.stats)."""
-        return self._request("stats", {})
+        stats: dict[str, Any] = self._request("stats", {})
+        return stats
 
     def ping(self) -> str:
         """'pong', from a live, authenticated connection."""
-        return self._request("ping", {})
+        pong: str = self._request("ping", {})
+        return pong
 
     def close(self) -> None:
         """Close the connection; the client cannot be used afterwards. Idempotent."""
@@ -310,7 +326,7 @@ class Client:
             self._closed = True
             self._drop()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -431,7 +447,7 @@ class Client:
                 else:
                     skipped.append((start, stop))
                 return
-            except (_Broken, socket.timeout):
+            except (TimeoutError, _Broken):
                 self._drop()
                 broken = True
                 return
@@ -547,7 +563,7 @@ class Client:
                     finally:
                         if wait is not None and self._sock is sock:
                             sock.settimeout(self.timeout)
-                except socket.timeout:
+                except TimeoutError:
                     self._drop()
                     if idempotent:
                         raise ConnectionFailed(f"{op}: no reply from {self._where} within "
@@ -663,7 +679,7 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
     while got < n:
         try:
             k = sock.recv_into(view[got:])
-        except socket.timeout:
+        except TimeoutError:
             raise
         except OSError as exc:
             raise _Broken(f"the connection broke ({exc})") from None

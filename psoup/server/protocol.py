@@ -10,14 +10,25 @@ costs one memcpy per column, not a million msgpack objects.
 from __future__ import annotations
 
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 
 from psoup.codec import decode_array, encode_array
-from psoup.errors import (Busy, CursorExpired, HistoryPending, LimitError, PSoupError,
-                          QueryError, SchemaError, SequenceError, UnknownHandle)
+from psoup.errors import (
+    Busy,
+    CursorExpired,
+    HistoryPending,
+    LimitError,
+    PSoupError,
+    QueryError,
+    SchemaError,
+    SequenceError,
+    UnknownHandle,
+)
 from psoup.results.result import Changes, Result
 
 #: The frame header: the payload length, unsigned 32-bit big-endian.
@@ -77,7 +88,7 @@ def pack_frame(message: Any) -> bytes:
         >>> HEADER.unpack(frame[:4])[0] == len(frame) - 4
         True
     """
-    payload = msgpack.packb(message, use_bin_type=True, default=_default)
+    payload: bytes = msgpack.packb(message, use_bin_type=True, default=_default)
     return HEADER.pack(len(payload)) + payload
 
 
@@ -224,13 +235,13 @@ def _result_of(columns: list[str], part: Mapping[str, Any], cursor: str | None) 
     values = [decode_array(v) for v in part["values"]]
     if part.get("rows"):            # Python values (an aggregated answer's): its rows
         as_lists = [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
-        return Result(columns, list(zip(*as_lists)) if as_lists else [], ts, tuple_ids,
+        return Result(columns, list(zip(*as_lists, strict=True)) if as_lists else [], ts, tuple_ids,
                       cursor, keys=keys)
     return Result(columns, None, ts, tuple_ids, cursor, keys=keys,
                   values=[v if isinstance(v, np.ndarray) else _objects(v) for v in values])
 
 
-def _objects(values: list) -> np.ndarray:
+def _objects(values: list[Any]) -> NDArray[np.object_]:
     """A list (a TEXT column) as the object array the engine holds."""
     column = np.empty(len(values), dtype=object)
     column[:] = values

@@ -26,6 +26,7 @@ authenticates, pipelines, and groups commits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hmac
 import logging
@@ -36,11 +37,12 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import msgpack
 
@@ -50,8 +52,16 @@ from psoup.engine import DEFAULT_ANSWER_CACHE, Engine
 from psoup.errors import PSoupError
 from psoup.server.allocator import keep_freed_memory
 from psoup.server.ops import OPS, Limits, Op
-from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, error_reply, ok_reply,
-                                   pack_frame, request, unpack_payload)
+from psoup.server.protocol import (
+    HEADER,
+    PROTOCOL,
+    ProtocolError,
+    error_reply,
+    ok_reply,
+    pack_frame,
+    request,
+    unpack_payload,
+)
 
 log = logging.getLogger("psoup.server")
 
@@ -69,6 +79,12 @@ _POOLED_SECONDS = 1.0
 #: How long a batch of parked reads may hold the engine lock before a waiting write.
 BATCH_SECONDS = 0.005
 
+#: A write queued for the writer thread: its call, the future of its outcome (ok, value
+#: or exception), and its bytes in the ingest queue.
+_Write = tuple[Callable[[], Any], asyncio.Future[tuple[bool, Any]], int]
+#: What a batch of parked reads gives back: (reply future, frame, read key, CPU seconds).
+_Batch = list[tuple[asyncio.Future[bytes], bytes, tuple[str, Any], float]]
+
 
 class _Conversation:
     """One connection's pipeline: replies leave in request order; `last_write` is the
@@ -77,9 +93,10 @@ class _Conversation:
     batches of a rejected multi-batch insert are skipped, not applied."""
 
     def __init__(self, limit: int):
-        self.replies: asyncio.Queue = asyncio.Queue(limit)
-        self.sender: asyncio.Task | None = None
-        self.last_write: asyncio.Future | None = None
+        # None: the last reply was queued, the sender stops
+        self.replies: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue(limit)
+        self.sender: asyncio.Task[None] | None = None
+        self.last_write: asyncio.Future[bytes] | None = None
         self.chain_ok = True
         # its last insert was refused "busy": the ones it chained after it are refused
         # too, until one that does not chain (set and read on the event loop)
@@ -104,7 +121,7 @@ class _Conversation:
         except (ConnectionError, OSError, asyncio.TimeoutError):
             sender.cancel()
 
-    async def _last(self, sender: asyncio.Task) -> None:
+    async def _last(self, sender: asyncio.Task[None]) -> None:
         await self.replies.put(None)
         await sender
 
@@ -145,10 +162,10 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
-        self._connections: set[asyncio.Task] = set()    # authenticated
+        self._connections: set[asyncio.Task[Any]] = set()    # authenticated
         # not yet through their hello, oldest first (a dict keeps the order)
-        self._pending: dict[asyncio.Task, None] = {}
-        self._writes: asyncio.Queue | None = None
+        self._pending: dict[asyncio.Task[Any], None] = {}
+        self._writes: asyncio.Queue[_Write] | None = None
         self._read_pool: ThreadPoolExecutor | None = None
         self._write_pool: ThreadPoolExecutor | None = None
         # reads that took over INLINE_SECONDS: (op, handle) -> run them on the pool
@@ -157,7 +174,7 @@ class Server:
         # reads waiting for the engine lock, answered together by one read thread (a
         # deque: the loop appends while that thread takes from the front)
         self._parked: deque[tuple[Any, Op, Mapping[str, Any], tuple[str, Any],
-                                  asyncio.Future]] = deque()
+                                  asyncio.Future[bytes]]] = deque()
         self._batching = False
         self.requests = 0                # answered or refused since start, for the log
         # the ingest queue: inserts received and not yet applied (bytes, and when each
@@ -212,10 +229,8 @@ class Server:
         server is running. Idempotent; callable from any thread."""
         loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None:
-            try:
+            with contextlib.suppress(RuntimeError):     # the loop already closed
                 loop.call_soon_threadsafe(stopping.set)
-            except RuntimeError:  # the loop already closed
-                pass
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
@@ -444,10 +459,8 @@ class Server:
         await self._send(writer, error_reply(request_id, code, message))
         if writer.can_write_eof():
             writer.write_eof()
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(_discard(reader), _LINGER_SECONDS)
-        except asyncio.TimeoutError:
-            pass
 
     async def _send(self, writer: asyncio.StreamWriter, message: Any) -> None:
         await self._send_frame(writer, pack_frame(message))
@@ -472,7 +485,7 @@ class Server:
     # ------------------------------------------------------------------ requests
 
     def _read_now(self, request_id: Any, op: Any, args: Any,
-                  conv: _Conversation) -> bytes | asyncio.Future | None:
+                  conv: _Conversation) -> bytes | asyncio.Future[bytes] | None:
         """A read without a task or a thread of its own: its reply frame, run here on the
         event loop when the engine lock is free and nobody waits for it; else a future
         of it, parked for the next batch of reads. None when `_dispatch` must take it: a
@@ -531,7 +544,7 @@ class Server:
         done = self._loop.run_in_executor(self._read_pool, self._run_batch)
         done.add_done_callback(self._batch_done)
 
-    def _run_batch(self) -> list[tuple[asyncio.Future, bytes, tuple[str, Any], float]]:
+    def _run_batch(self) -> _Batch:
         """On a read thread: take the engine lock (in turn, behind the calls already
         waiting for it), then answer parked reads until none is left or BATCH_SECONDS
         have passed, so that a waiting write is held up by at most that."""
@@ -544,7 +557,7 @@ class Server:
                 out.append((reply, self._run_read(request_id, spec, args), key, cpu() - start))
         return out
 
-    def _batch_done(self, done: asyncio.Future) -> None:
+    def _batch_done(self, done: asyncio.Future[_Batch]) -> None:
         self._batching = False
         if done.cancelled():                 # the server is stopping
             return
@@ -556,7 +569,7 @@ class Server:
             self._next_batch()
 
     async def _dispatch(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                        after: asyncio.Future | None, size: int = 0, token: int = 0
+                        after: asyncio.Future[bytes] | None, size: int = 0, token: int = 0
                         ) -> bytes:
         """The reply frame of one authenticated request. A read waits for `after`, the
         last write its connection sent before it (a client reads its own writes); an
@@ -607,7 +620,7 @@ class Server:
                 "peak_bytes": self._queued_peak, "busy_replies": self._busy_replies}
 
     async def _dispatched(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                          after: asyncio.Future | None, size: int) -> bytes:
+                          after: asyncio.Future[bytes] | None, size: int) -> bytes:
         try:
             spec = OPS.get(op) if isinstance(op, str) else None
             if spec is None:
@@ -661,7 +674,7 @@ class Server:
             applied, took = sum(size for _, _, size in group), time.perf_counter() - began
             if applied and took > 0:          # smoothed, for a busy reply's retry_after
                 self._apply_rate = 0.8 * self._apply_rate + 0.2 * applied / took
-            for (_, done, _), outcome in zip(group, outcomes):
+            for (_, done, _), outcome in zip(group, outcomes, strict=True):
                 if not done.done():
                     done.set_result(outcome)
 
@@ -696,7 +709,7 @@ def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> A
 
 
 def _log_request(peer: Any, op: Any, began: float,
-                 reply: bytes | asyncio.Future | None) -> None:
+                 reply: bytes | asyncio.Future[bytes] | None) -> None:
     """One line when `reply` (a frame, or a future of one) is ready: the peer, the op,
     the outcome ("ok" or the error code) and the milliseconds since the request was
     read. Successes log at DEBUG, errors at INFO, so a server at its default level
@@ -843,12 +856,10 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         finally:
             engine.close()
         up = time.monotonic() - began
-        try:
+        with contextlib.suppress(OSError):  # the startup line's reader has gone (a pipe)
             echo(f"psoup on {bound_host}:{bound_port} stopped after {up // 3600:.0f}h"
                  f"{up % 3600 // 60:02.0f}m{up % 60:02.0f}s and {server.requests:,} requests"
                  f"{'' if data_dir is None else f'; data in {data_dir} closed cleanly'}")
-        except OSError:
-            pass        # the reader of the startup line has gone (a closed pipe)
     finally:
         for path in written:
             path.unlink(missing_ok=True)
