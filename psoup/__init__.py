@@ -15,6 +15,8 @@ Example:
     [('y',)]
 """
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
 from psoup.errors import (
@@ -30,13 +32,12 @@ from psoup.errors import (
     SequenceError,
     UnknownHandle,
 )
+from psoup.version import __version__
 
 if TYPE_CHECKING:
     from psoup.client import Client
     from psoup.engine import MODES, Engine
     from psoup.results.result import Result
-
-__version__ = "0.1.0"
 
 #: Imported on first use (PEP 562), so that `import psoup` (every CLI command) does not
 #: load the engine: name -> module.

@@ -30,10 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast, overload
 
 import numpy as np
+from numpy.typing import NDArray
 
 from psoup.codec import encode_array
 from psoup.config import parse_address, token_path
 from psoup.errors import Busy, PSoupError, QueryError, SchemaError, SequenceError
+from psoup.options import ColumnTypeName
 from psoup.results.result import Changes, Result
 from psoup.server.ops import OPS
 from psoup.server.protocol import (
@@ -165,7 +167,8 @@ class Client:
         assert isinstance(table, Result), "SHOW and DESCRIBE answer with a table"
         return table
 
-    def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
+    def create_stream(self, name: str, columns: Mapping[str, ColumnTypeName]
+                      | Sequence[tuple[str, ColumnTypeName]],
                       retain: str | None = None) -> None:
         """Declare a stream: column name -> type, in order; the same as CREATE STREAM."""
         wire = dict(columns) if isinstance(columns, Mapping) else [list(c) for c in columns]
@@ -176,7 +179,7 @@ class Client:
         handle: str = self._request("register", {"sql": sql})
         return handle
 
-    def insert(self, stream: str, rows: Any, ts: Any = None) -> np.ndarray:
+    def insert(self, stream: str, rows: Any, ts: Any = None) -> NDArray[np.int64]:
         """Insert rows into `stream`; returns their tupleIDs (numpy int64).
 
         Args:
@@ -339,7 +342,7 @@ class Client:
     # ------------------------------------------------------------------ inserts
 
     def _insert_rows(self, stream: str, rows: Any, ts: Any, start: int, stop: int | None,
-                     total: int | None, seq: int | None = None) -> np.ndarray:
+                     total: int | None, seq: int | None = None) -> NDArray[np.int64]:
         """Send rows[start:stop] (all of them when stop is None) as one batch, halving it
         while its frame is larger than the server accepts. The batch takes the next seq,
         or `seq` when it resends a batch sent before."""
@@ -398,7 +401,7 @@ class Client:
                 pause = min(pause * 2, 1.0)
 
     def _insert_pipelined(self, stream: str, rows: Any, ts: Any, n: int,
-                          size: int) -> np.ndarray:
+                          size: int) -> NDArray[np.int64]:
         """rows[0:n] as batches of `size`, up to PIPELINE of them in flight. Every batch
         after the first is sent with "chain", so the server skips it if an earlier one
         was rejected: the stored rows are always a prefix of the insert. A batch refused
@@ -407,7 +410,7 @@ class Client:
         the batches in doubt are sent again one by one with their keys (the server
         remembers more than PIPELINE batches per producer), then the rest."""
         with self._lock:
-            ids: list[np.ndarray] = []
+            ids: list[NDArray[np.int64]] = []
             spans = [(a, min(a + size, n)) for a in range(0, n, size)][::-1]
             deadline = None
             while True:
@@ -422,7 +425,7 @@ class Client:
                 spans = rest
 
     def _pipeline(self, stream: str, rows: Any, ts: Any, n: int,
-                  spans: list[tuple[int, int]], ids: list[np.ndarray]
+                  spans: list[tuple[int, int]], ids: list[NDArray[np.int64]]
                   ) -> tuple[Busy | None, list[tuple[int, int]]]:
         """Send `spans` (last first) as one pipelined run, the first unchained,
         appending the tupleIDs of each applied batch to `ids`. Returns (None, []), or

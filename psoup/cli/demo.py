@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from psoup.engine import Engine
+from psoup.options import ModeName
 from psoup.results.result import Changes, Result
 
 START = 1_767_225_600.0      # 2026-01-01 00:00:00 UTC
@@ -36,7 +37,7 @@ def traffic(rng: np.random.Generator, n: int,
     return cols, ts
 
 
-def run_demo(mode: str = "partial", rows: int = 20_000, seed: int = 7,
+def run_demo(mode: ModeName = "partial", rows: int = 20_000, seed: int = 7,
              echo: Callable[[str], None] = print) -> dict[str, int]:
     """Run the demo and return each query's final answer size (for tests)."""
     rng = np.random.default_rng(seed)

@@ -31,7 +31,6 @@ import click
 import numpy as np
 from click.core import ParameterSource
 
-from psoup import __version__
 from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
 from psoup.cli.output import (
     FORMATS,
@@ -50,12 +49,12 @@ from psoup.cli.polling import Interval, changes_since
 from psoup.cli.typed import Typed
 from psoup.client import Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, REPLAY_SLICE_ROWS, parse_address
-from psoup.config import ENGINE_MODES as MODES
 from psoup.errors import PSoupError, QueryError, UnknownHandle
 from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
-from psoup.journal.wal import SYNC_MODES
+from psoup.options import MODE_NAMES, SYNC_NAMES, ModeName, SyncName
 from psoup.results.result import Changes, Result
+from psoup.version import __version__
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
 
@@ -202,12 +201,12 @@ def main(ctx: click.Context, server: str, token: str | None) -> None:
 
 
 @main.command()
-@click.option("--mode", type=click.Choice(MODES), default="partial",
+@click.option("--mode", type=click.Choice(MODE_NAMES), default="partial",
               show_default=True, help="Engine mode: PSoup-P, PSoup-C or NoMat.")
 @click.option("--rows", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True,
               help="Traffic readings per phase of the demo.")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the synthetic trace.")
-def demo(mode: str, rows: int, seed: int) -> None:
+def demo(mode: ModeName, rows: int, seed: int) -> None:
     """Run the embedded engine on a synthetic traffic trace; no server needed.
 
     Registers sliding, landmark and snapshot queries, ingests readings, "disconnects"
@@ -222,10 +221,10 @@ def demo(mode: str, rows: int, seed: int) -> None:
               help="Run an embedded engine on this state directory (one no server has "
                    "open); without it, and without psoup --server, the engine lives in "
                    "memory for the session.")
-@click.option("--mode", type=click.Choice(MODES), default="partial", show_default=True,
+@click.option("--mode", type=click.Choice(MODE_NAMES), default="partial", show_default=True,
               help="The embedded engine's mode: PSoup-P, PSoup-C or NoMat.")
 @click.pass_context
-def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
+def shell(ctx: click.Context, data_dir: Path | None, mode: ModeName) -> None:
     """An interactive session: statements end with ';' (a SELECT prints its handle),
     meta-commands such as \\invoke, \\watch and \\streams start with a backslash
     (\\help lists them). With `psoup --server HOST:PORT shell` it talks to a server;
@@ -258,9 +257,9 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
               help="The address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
               show_default=True, help="The port to listen on (0 picks a free one).")
-@click.option("--mode", type=click.Choice(MODES), default="partial", show_default=True,
+@click.option("--mode", type=click.Choice(MODE_NAMES), default="partial", show_default=True,
               help="Engine mode: PSoup-P, PSoup-C or NoMat.")
-@click.option("--sync", type=click.Choice(SYNC_MODES), default="group", show_default=True,
+@click.option("--sync", type=click.Choice(SYNC_NAMES), default="group", show_default=True,
               help="When the log reaches the disk: every write, once per group of "
                    "writes, or when the OS decides.")
 @click.option("--max-queries", type=click.IntRange(1), default=None,
@@ -302,8 +301,8 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
                    "timeouts), info (also every failed request and lost connection), "
                    "debug (also every request).")
 @click.pass_obj
-def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
-          sync: str, max_queries: int | None, max_stream_bytes: int | None,
+def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: ModeName,
+          sync: SyncName, max_queries: int | None, max_stream_bytes: int | None,
           max_results_bytes: int | None, max_queued_bytes: int | None,
           spark_master: str | None,
           spark_conf: dict[str, str], archive_budget: float | None,

@@ -46,10 +46,10 @@ from typing import Any
 
 import msgpack
 
-import psoup
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
 from psoup.engine import DEFAULT_ANSWER_CACHE, Engine
 from psoup.errors import PSoupError
+from psoup.options import ModeName, SyncName
 from psoup.server.allocator import keep_freed_memory
 from psoup.server.ops import OPS, Limits, Op
 from psoup.server.protocol import (
@@ -62,6 +62,7 @@ from psoup.server.protocol import (
     request,
     unpack_payload,
 )
+from psoup.version import __version__
 
 log = logging.getLogger("psoup.server")
 
@@ -476,7 +477,7 @@ class Server:
 
     def _hello(self) -> dict[str, Any]:
         limits = asdict(self.limits)
-        return {"server": "psoup", "version": psoup.__version__, "protocol": PROTOCOL,
+        return {"server": "psoup", "version": __version__, "protocol": PROTOCOL,
                 "server_id": self.server_id,
                 "limits": {k: limits[k] for k in
                            ("max_frame_bytes", "max_batch_rows", "max_query_chars",
@@ -770,8 +771,8 @@ async def _discard(reader: asyncio.StreamReader) -> None:
 
 
 def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
-               port: int = DEFAULT_PORT, token: str | None = None, mode: str = "partial",
-               sync: str = "group", limits: Limits | None = None,
+               port: int = DEFAULT_PORT, token: str | None = None, mode: ModeName = "partial",
+               sync: SyncName = "group", limits: Limits | None = None,
                spark_master: str | None = None, echo: Callable[[str], Any] = print,
                spark_conf: Mapping[str, str] | None = None,
                archive_budget: float | None = None,
@@ -785,8 +786,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             generates one and writes it, owner-readable only, to `data_dir/token` (when
             there is a data dir) and to `psoup.config.token_path(host, port)`, where
             local clients look for it. The token itself is never printed.
-        mode: the engine mode (psoup.MODES).
-        sync: when the log reaches the disk (psoup.engine.SYNC_MODES); "group" commits
+        mode: the engine mode (psoup.options.ModeName).
+        sync: when the log reaches the disk (psoup.options.SyncName); "group" commits
             once per group of writes, before any of them is acknowledged.
         limits: request and connection limits.
         spark_master: the Spark master of history jobs (default local[*]); a client
@@ -847,7 +848,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                 where = ("in memory only (not durable)" if data_dir is None
                          else f"data in {data_dir}")
                 secret = f"token in {written[0]}" if written else "token as given"
-                echo(f"psoup {psoup.__version__} serving on {bound_host}:{bound_port}, "
+                echo(f"psoup {__version__} serving on {bound_host}:{bound_port}, "
                      f"{where}, mode {mode}, {secret}; Ctrl-C stops")
                 while not stop.wait(0.5):
                     pass
