@@ -37,10 +37,11 @@ from psoup.config import parse_address, token_path
 from psoup.errors import Busy, PSoupError, QueryError, SchemaError, SequenceError
 from psoup.options import ColumnTypeName
 from psoup.results.result import Changes, Result
-from psoup.server.ops import OPS
+from psoup.server.ops import OPS, OpName
 from psoup.server.protocol import (
     HEADER,
     PROTOCOL,
+    ErrorCode,
     ProtocolError,
     decode_answer,
     error_of,
@@ -142,7 +143,7 @@ class Client:
     def execute(self, sql: str) -> str | Result | None:
         """Run one statement: CREATE STREAM and DROP STREAM return None, SELECT its
         handle, SHOW and DESCRIBE a Result."""
-        value = self._request("execute", {"sql": sql})
+        value = self._request(OpName.EXECUTE, {"sql": sql})
         if not isinstance(value, Mapping):
             return cast("str | None", value)        # a handle, or None
         table = decode_answer(value)
@@ -159,7 +160,7 @@ class Client:
 
     def drop_stream(self, name: str, cascade: bool = False) -> None:
         """Drop stream `name` (DROP STREAM; Engine.drop_stream)."""
-        self._request("execute", {"sql": f"DROP STREAM {_name(name)}"
+        self._request(OpName.EXECUTE, {"sql": f"DROP STREAM {_name(name)}"
                                          + (" CASCADE" if cascade else "")})
 
     def _table(self, sql: str) -> Result:
@@ -172,11 +173,11 @@ class Client:
                       retain: str | None = None) -> None:
         """Declare a stream: column name -> type, in order; the same as CREATE STREAM."""
         wire = dict(columns) if isinstance(columns, Mapping) else [list(c) for c in columns]
-        self._request("create_stream", {"name": name, "columns": wire, "retain": retain})
+        self._request(OpName.CREATE_STREAM, {"name": name, "columns": wire, "retain": retain})
 
     def register(self, sql: str) -> str:
         """Register a standing query; returns its handle."""
-        handle: str = self._request("register", {"sql": sql})
+        handle: str = self._request(OpName.REGISTER, {"sql": sql})
         return handle
 
     def insert(self, stream: str, rows: Any, ts: Any = None) -> NDArray[np.int64]:
@@ -223,7 +224,7 @@ class Client:
     def last_seq(self, producer: str | None = None) -> int:
         """The seq of the last batch the server applied for `producer` (default: this
         client's); -1 if none."""
-        seq: int = self._request("last_seq", {"producer": producer or self.producer})
+        seq: int = self._request(OpName.LAST_SEQ, {"producer": producer or self.producer})
         return seq
 
     @overload
@@ -245,11 +246,11 @@ class Client:
             args["now"] = now
         if since is not None:
             args["since"] = since
-        return decode_answer(self._request("invoke", args))
+        return decode_answer(self._request(OpName.INVOKE, args))
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working."""
-        self._request("unregister", {"handle": handle})
+        self._request(OpName.UNREGISTER, {"handle": handle})
 
     def history(self, handles: Sequence[str] | None = None, wait: bool = False,
                 poll: float = 0.5) -> str:
@@ -262,7 +263,7 @@ class Client:
                 the job failed or was cancelled.
         """
         args = {} if handles is None else {"handles": list(handles)}
-        job: str = self._request("history", args)["job"]
+        job: str = self._request(OpName.HISTORY, args)["job"]
         if wait:
             self.history_wait(job, poll=poll)
         return job
@@ -270,13 +271,13 @@ class Client:
     def history_status(self, job: str | None = None) -> dict[str, Any]:
         """A history job's status (Engine.history_status): state, progress, error,
         result; default: the server's latest job."""
-        status: dict[str, Any] = self._request("history_status",
+        status: dict[str, Any] = self._request(OpName.HISTORY_STATUS,
                                                {} if job is None else {"job": job})
         return status
 
     def history_cancel(self, job: str) -> dict[str, Any]:
         """Cancel a running history job (Engine.history_cancel); returns its status."""
-        status: dict[str, Any] = self._request("history_cancel", {"job": job})
+        status: dict[str, Any] = self._request(OpName.HISTORY_CANCEL, {"job": job})
         return status
 
     def history_wait(self, job: str, timeout: float | None = None, poll: float = 0.5,
@@ -311,16 +312,16 @@ class Client:
 
     def queries(self) -> list[tuple[str, str]]:
         """[(handle, sql), ...] in registration order."""
-        return [tuple(pair) for pair in self._request("queries", {})]
+        return [tuple(pair) for pair in self._request(OpName.QUERIES, {})]
 
     def stats(self) -> dict[str, Any]:
         """The server engine's statistics (Engine.stats)."""
-        stats: dict[str, Any] = self._request("stats", {})
+        stats: dict[str, Any] = self._request(OpName.STATS, {})
         return stats
 
     def ping(self) -> str:
         """'pong', from a live, authenticated connection."""
-        pong: str = self._request("ping", {})
+        pong: str = self._request(OpName.PING, {})
         return pong
 
     def close(self) -> None:
@@ -352,9 +353,9 @@ class Client:
             part = dict(_slice_rows(rows, ts, start, stop), stream=stream,
                         producer=self.producer, seq=key)
             try:
-                reply = self._resend("insert", part)
+                reply = self._resend(OpName.INSERT, part)
             except ProtocolError as exc:
-                if exc.code == "frame_too_large" and own and stop is not None \
+                if exc.code == ErrorCode.FRAME_TOO_LARGE and own and stop is not None \
                         and stop - start > 1:
                     mid = (start + stop) // 2
                     return np.concatenate([
@@ -465,10 +466,10 @@ class Client:
             args = dict(_slice_rows(rows, ts, start, stop), stream=stream,
                         chain=chain, producer=self.producer, seq=key)
             self._next_id += 1
-            frame = pack_frame({"id": self._next_id, "op": "insert", "args": args})
+            frame = pack_frame({"id": self._next_id, "op": OpName.INSERT, "args": args})
             if len(frame) - HEADER.size > limit:
                 if stop - start == 1:
-                    failure = (ProtocolError("frame_too_large", f"row {start} alone "
+                    failure = (ProtocolError(ErrorCode.FRAME_TOO_LARGE, f"row {start} alone "
                                              f"exceeds the server's frame limit of "
                                              f"{limit} bytes"), start, stop, key)
                     break
@@ -540,8 +541,8 @@ class Client:
             try:
                 frame = pack_frame({"id": request_id, "op": op, "args": args})
             except (TypeError, ValueError, OverflowError) as exc:
-                raise ProtocolError("bad_args", f"{op}: cannot encode the arguments: "
-                                                f"{exc}") from None
+                raise ProtocolError(ErrorCode.BAD_ARGS, f"{op}: cannot encode the arguments: "
+                                                        f"{exc}") from None
             for attempt in (1, 2):
                 sock = self._live_socket()
                 limit = self.server["limits"]["max_frame_bytes"]
@@ -605,7 +606,7 @@ class Client:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._next_id += 1
         try:
-            sock.sendall(pack_frame({"id": self._next_id, "op": "hello",
+            sock.sendall(pack_frame({"id": self._next_id, "op": OpName.HELLO,
                                      "args": {"token": self._token, "protocol": PROTOCOL}}))
             self.server = self._result(self._receive(sock), self._next_id)
             spoken = self.server.get("protocol", 1) if isinstance(self.server, Mapping) else 1
@@ -618,8 +619,8 @@ class Client:
                                    f"{exc}") from None
         except PSoupError as exc:
             sock.close()
-            if exc.code == "auth":
-                raise ProtocolError("auth", f"{exc}: {self._token_hint()}") from None
+            if exc.code == ErrorCode.AUTH:
+                raise ProtocolError(ErrorCode.AUTH, f"{exc}: {self._token_hint()}") from None
             raise
         self._sock = sock
 

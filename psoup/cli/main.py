@@ -54,6 +54,7 @@ from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
 from psoup.options import MODE_NAMES, SYNC_NAMES, ModeName, SyncName
 from psoup.results.result import Changes, Result
+from psoup.server.protocol import ErrorCode
 from psoup.version import __version__
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
@@ -993,7 +994,7 @@ def _connected(server: str, token: str | None, target: Target | None = None,
         raise Failure(f"cannot reach psoup server at {server}: {why} (is `psoup serve` "
                       "running?)") from None
     except PSoupError as exc:
-        if exc.code != "auth":
+        if exc.code != ErrorCode.AUTH:
             raise
         raise Failure(f"the server at {server} refused the connection: {exc}") from None
     try:

@@ -51,10 +51,11 @@ from psoup.engine import DEFAULT_ANSWER_CACHE, Engine
 from psoup.errors import PSoupError
 from psoup.options import ModeName, SyncName
 from psoup.server.allocator import keep_freed_memory
-from psoup.server.ops import OPS, Limits, Op
+from psoup.server.ops import OPS, Limits, Op, OpName
 from psoup.server.protocol import (
     HEADER,
     PROTOCOL,
+    ErrorCode,
     ProtocolError,
     error_reply,
     ok_reply,
@@ -319,24 +320,24 @@ class Server:
                 except ProtocolError as exc:
                     await self._refuse(reader, writer, peer, None, exc.code, str(exc), conv)
                     return
-                if op == "hello" or not authenticated:
+                if op == OpName.HELLO or not authenticated:
                     if not self._hello_ok(op, args):
                         await self._refuse(
-                            reader, writer, peer, request_id, "auth",
-                            "wrong access token" if op == "hello" else
+                            reader, writer, peer, request_id, ErrorCode.AUTH,
+                            "wrong access token" if op == OpName.HELLO else
                             f"the first request must be hello with the access token, not "
                             f"{op!r}", conv)
                         return
                     if len(self._connections) >= self.limits.max_connections:
                         await self._refuse(
-                            reader, writer, peer, request_id, "limit",
+                            reader, writer, peer, request_id, ErrorCode.LIMIT,
                             f"the server has {self.limits.max_connections} connections open, "
                             "its limit; try again later", conv)
                         return
                     spoken = args.get("protocol", 1)
                     if spoken != PROTOCOL:
                         await self._refuse(
-                            reader, writer, peer, request_id, "protocol",
+                            reader, writer, peer, request_id, ErrorCode.PROTOCOL,
                             f"this client speaks protocol {spoken!r}, the server {PROTOCOL}: "
                             "install the same psoup version on both sides", conv)
                         return
@@ -355,7 +356,7 @@ class Server:
                 if isinstance(now, asyncio.Future):
                     await conv.replies.put(now)
                 elif now is None:
-                    size = len(payload) if op == "insert" else 0
+                    size = len(payload) if op == OpName.INSERT else 0
                     refused = self._refusal(request_id, args, size, conv) if size else None
                     if refused is not None:
                         _log_request(peer, op, began, refused)
@@ -432,7 +433,7 @@ class Server:
             head += await _within(reader, 4 - len(head), timeout)
             (size,) = HEADER.unpack(head)
             if size > most:
-                await self._refuse(reader, writer, peer, None, "frame_too_large",
+                await self._refuse(reader, writer, peer, None, ErrorCode.FRAME_TOO_LARGE,
                                    f"a frame of {size} bytes exceeds the limit of {most} "
                                    f"bytes{'' if idle else ' before hello'}", conv)
                 return None
@@ -472,7 +473,7 @@ class Server:
         await writer.drain()
 
     def _hello_ok(self, op: Any, args: Any) -> bool:
-        token = args.get("token") if op == "hello" and isinstance(args, Mapping) else None
+        token = args.get("token") if op == OpName.HELLO and isinstance(args, Mapping) else None
         return isinstance(token, str) and hmac.compare_digest(token.encode(), self._token)
 
     def _hello(self) -> dict[str, Any]:
@@ -525,7 +526,7 @@ class Server:
     def _run(self, spec: Op, parsed: dict[str, Any]) -> Any:
         """Run an operation on the engine; stats also tell the ingest queue's state."""
         value = spec.run(self.engine, parsed)
-        if spec.name == "stats":
+        if spec.name is OpName.STATS:
             value = {**value, "ingest_queue": self.queue_stats()}
         return value
 
@@ -591,7 +592,7 @@ class Server:
         it again; "skipped" for an insert chained after one refused so. O(1)."""
         chained = isinstance(args, Mapping) and bool(args.get("chain"))
         if chained and conv.refused:
-            return pack_frame(error_reply(request_id, "skipped", "not applied: an earlier "
+            return pack_frame(error_reply(request_id, ErrorCode.SKIPPED, "not applied: an earlier "
                                           "batch of the same insert was refused (busy)"))
         limit = self.limits.max_queued_bytes
         if self._queued_bytes and self._queued_bytes + size > limit:
@@ -599,7 +600,7 @@ class Server:
             self._busy_replies += 1
             wait = min(5.0, max(0.02, (self._queued_bytes + size - limit) / self._apply_rate))
             return pack_frame(error_reply(
-                request_id, "busy", f"the server is applying {self._queued_bytes:,} bytes "
+                request_id, ErrorCode.BUSY, f"the server is applying {self._queued_bytes:,} bytes "
                 f"of earlier inserts, its limit (max_queued_bytes={limit:,}); nothing was "
                 f"applied: send it again in {wait:.2f}s", retry_after=round(wait, 3)))
         conv.refused = False
@@ -625,10 +626,11 @@ class Server:
         try:
             spec = OPS.get(op) if isinstance(op, str) else None
             if spec is None:
-                raise ProtocolError("unknown_op", f"unknown op {op!r} (ops: hello, "
-                                                  f"{', '.join(OPS)})")
+                raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r} (ops: hello, "
+                                                          f"{', '.join(OPS)})")
             if not isinstance(args, Mapping):
-                raise ProtocolError("bad_args", f"args must be a map, not {type(args).__name__}")
+                raise ProtocolError(ErrorCode.BAD_ARGS,
+                                    f"args must be a map, not {type(args).__name__}")
             parsed = spec.parse(args, self.limits)
         except ProtocolError as exc:
             return pack_frame(error_reply(request_id, exc.code, str(exc)))
@@ -641,7 +643,7 @@ class Server:
             return await loop.run_in_executor(self._read_pool, self._reply, request_id,
                                               lambda: (True, apply()))
         done = loop.create_future()
-        chained = op == "insert" and bool(args.get("chain"))
+        chained = op == OpName.INSERT and bool(args.get("chain"))
         assert self._writes is not None, "requests are dispatched only while serving"
         await self._writes.put((partial(_in_chain, conv, chained, apply), done, size))
         outcome = await done
@@ -658,7 +660,7 @@ class Server:
             return pack_frame(error_reply(request_id, exc.code, str(exc)))
         except Exception as exc:
             log.exception("request %r failed", request_id)
-            return pack_frame(error_reply(request_id, "internal",
+            return pack_frame(error_reply(request_id, ErrorCode.INTERNAL,
                                           f"internal error: {type(exc).__name__}: {exc}"))
 
     async def _write_loop(self) -> None:
@@ -692,8 +694,9 @@ class Server:
                 self.engine.commit()
             except Exception as exc:
                 log.exception("commit failed")
-                failed = ProtocolError("internal", f"the change was applied but could not be "
-                                                   f"made durable: {type(exc).__name__}: {exc}")
+                failed = ProtocolError(ErrorCode.INTERNAL,
+                                       f"the change was applied but could not be "
+                                       f"made durable: {type(exc).__name__}: {exc}")
                 outcomes = [(False, failed) if ok else (ok, v) for ok, v in outcomes]
         return outcomes
 
@@ -701,8 +704,8 @@ def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> A
     """Apply one write on the writer thread, unless it continues an insert whose earlier
     batch was rejected (insert's "chain" argument)."""
     if chained and not conv.chain_ok:
-        raise ProtocolError("skipped", "not applied: an earlier batch of the same insert "
-                                       "was rejected")
+        raise ProtocolError(ErrorCode.SKIPPED, "not applied: an earlier batch of the same insert "
+                                               "was rejected")
     conv.chain_ok = False
     result = apply()
     conv.chain_ok = True
