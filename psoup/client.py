@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast, overload
 
 import numpy as np
@@ -70,6 +71,19 @@ class OutcomeUnknown(ConnectionFailed):
 
 class _Broken(Exception):
     """The connection ended (EOF or a socket error) while a reply was awaited."""
+
+
+@dataclass
+class _Run:
+    """One pipelined run of insert batches (`Client._pipeline`): the batches sent and
+    not yet answered (request id, start, stop, seq), the first refusal (error, start,
+    stop, seq), the batches answered after it (not applied), and whether the
+    connection broke."""
+
+    in_flight: deque[tuple[int, int, int, int]] = field(default_factory=deque)
+    failure: tuple[PSoupError, int, int, int] | None = None
+    skipped: list[tuple[int, int]] = field(default_factory=list)
+    broken: bool = False
 
 
 class Client:
@@ -434,33 +448,10 @@ class Client:
         raises any other refusal."""
         sock = self._live_socket()
         limit = self.server["limits"]["max_frame_bytes"]
-        in_flight: deque[tuple[int, int, int, int]] = deque()
-        failure: tuple[PSoupError, int, int, int] | None = None
-        skipped: list[tuple[int, int]] = []    # after the failed batch, not applied
-        broken = False
-
-        def collect() -> None:
-            nonlocal failure, broken
-            request_id, start, stop, key = in_flight[0]
-            try:
-                reply = self._result(self._receive(sock), request_id)
-            except PSoupError as exc:
-                in_flight.popleft()
-                if failure is None:
-                    failure = (exc, start, stop, key)
-                else:
-                    skipped.append((start, stop))
-                return
-            except (TimeoutError, _Broken):
-                self._drop()
-                broken = True
-                return
-            in_flight.popleft()
-            ids.append(np.arange(reply["first"], reply["first"] + reply["n"],
-                                 dtype=np.int64))
-
+        run = _Run()
+        in_flight = run.in_flight
         chain = False
-        while spans and failure is None and not broken:
+        while spans and run.failure is None and not run.broken:
             start, stop = spans.pop()
             key = self._next_seq()
             args = dict(_slice_rows(rows, ts, start, stop), stream=stream,
@@ -469,9 +460,10 @@ class Client:
             frame = pack_frame({"id": self._next_id, "op": OpName.INSERT, "args": args})
             if len(frame) - HEADER.size > limit:
                 if stop - start == 1:
-                    failure = (ProtocolError(ErrorCode.FRAME_TOO_LARGE, f"row {start} alone "
-                                             f"exceeds the server's frame limit of "
-                                             f"{limit} bytes"), start, stop, key)
+                    run.failure = (ProtocolError(ErrorCode.FRAME_TOO_LARGE,
+                                                 f"row {start} alone exceeds the server's "
+                                                 f"frame limit of {limit} bytes"),
+                                   start, stop, key)
                     break
                 mid = (start + stop) // 2
                 spans += [(mid, stop), (start, mid)]
@@ -483,22 +475,51 @@ class Client:
                 sock.sendall(frame)
             except OSError:
                 self._drop()
-                broken = True
+                run.broken = True
                 break
             if len(in_flight) >= PIPELINE:
-                collect()
-        while in_flight and not broken:
-            collect()
-        if failure is not None:
-            error, start, stop, key = failure
+                self._collect(sock, run, ids)
+        while in_flight and not run.broken:
+            self._collect(sock, run, ids)
+        return self._settle(run, stream, rows, ts, n, spans, ids)
+
+    def _collect(self, sock: socket.socket, run: _Run, ids: list[NDArray[np.int64]]) -> None:
+        """Read the reply to the oldest batch in flight: its tupleIDs go to `ids`, a
+        refusal to `run`; a connection that broke marks `run` broken."""
+        request_id, start, stop, key = run.in_flight[0]
+        try:
+            reply = self._result(self._receive(sock), request_id)
+        except PSoupError as exc:
+            run.in_flight.popleft()
+            if run.failure is None:
+                run.failure = (exc, start, stop, key)
+            else:
+                run.skipped.append((start, stop))
+            return
+        except (TimeoutError, _Broken):
+            self._drop()
+            run.broken = True
+            return
+        run.in_flight.popleft()
+        ids.append(np.arange(reply["first"], reply["first"] + reply["n"], dtype=np.int64))
+
+    def _settle(self, run: _Run, stream: str, rows: Any, ts: Any, n: int,
+                spans: list[tuple[int, int]], ids: list[NDArray[np.int64]]
+                ) -> tuple[Busy | None, list[tuple[int, int]]]:
+        """The end of a pipelined run (`_pipeline` says what it returns): a refusal
+        raised, or returned with the spans to send again when it was busy; after a
+        broken connection, the batches in doubt sent again one by one with their keys,
+        then the rest."""
+        if run.failure is not None:
+            error, start, stop, key = run.failure
             self._seq = key     # it and the chained batches after it were not applied
-            if isinstance(error, Busy) and not broken:
-                return error, spans + skipped[::-1] + [(start, stop)]
+            if isinstance(error, Busy) and not run.broken:
+                return error, spans + run.skipped[::-1] + [(start, stop)]
             if isinstance(error, SequenceError):
                 self._seq = None
             raise _in_batch(error, start, stop, n) from None
-        if broken:
-            for _, start, stop, key in in_flight:
+        if run.broken:
+            for _, start, stop, key in run.in_flight:
                 ids.append(self._insert_rows(stream, rows, ts, start, stop, n, seq=key))
             for start, stop in reversed(spans):
                 ids.append(self._insert_rows(stream, rows, ts, start, stop, n))
@@ -538,16 +559,12 @@ class Client:
                 raise PSoupError("this client is closed; open a new Client")
             self._next_id += 1
             request_id = self._next_id
-            try:
-                frame = pack_frame({"id": request_id, "op": op, "args": args})
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise ProtocolError(ErrorCode.BAD_ARGS, f"{op}: cannot encode the arguments: "
-                                                        f"{exc}") from None
+            frame = _request_frame(request_id, op, args)
             for attempt in (1, 2):
                 sock = self._live_socket()
                 limit = self.server["limits"]["max_frame_bytes"]
                 if len(frame) - HEADER.size > limit:
-                    raise ProtocolError("frame_too_large",
+                    raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
                                         f"a {op} request of {len(frame) - HEADER.size} bytes "
                                         f"exceeds the server's limit of {limit} bytes")
                 try:
@@ -560,21 +577,10 @@ class Client:
                         continue
                     raise ConnectionFailed(f"{op}: cannot send to {self._where}: {exc}") from exc
                 try:
-                    if wait is not None:             # a long request: wait longer
-                        sock.settimeout(wait)
-                    try:
-                        return self._result(self._receive(sock), request_id)
-                    finally:
-                        if wait is not None and self._sock is sock:
-                            sock.settimeout(self.timeout)
+                    return self._reply(sock, request_id, wait)
                 except TimeoutError:
                     self._drop()
-                    if idempotent:
-                        raise ConnectionFailed(f"{op}: no reply from {self._where} within "
-                                               f"{self.timeout:g}s") from None
-                    raise OutcomeUnknown(f"{op}: no reply from {self._where} within "
-                                         f"{self.timeout:g}s; the change may or may not have "
-                                         "been applied") from None
+                    raise self._no_reply(op, idempotent) from None
                 except _Broken as exc:
                     self._drop()
                     if idempotent and attempt == 1:
@@ -584,6 +590,26 @@ class Client:
                     raise OutcomeUnknown(f"{op}: {exc} after the request was sent; the change "
                                          "may or may not have been applied") from None
             raise AssertionError("unreachable")
+
+    def _reply(self, sock: socket.socket, request_id: int, wait: float | None) -> Any:
+        """The result of request `request_id`, waiting `wait` seconds for it (default:
+        the client's timeout)."""
+        if wait is not None:             # a long request: wait longer
+            sock.settimeout(wait)
+        try:
+            return self._result(self._receive(sock), request_id)
+        finally:
+            if wait is not None and self._sock is sock:
+                sock.settimeout(self.timeout)
+
+    def _no_reply(self, op: str, idempotent: bool) -> ConnectionFailed:
+        """The error of a request whose reply did not come within the timeout."""
+        if idempotent:
+            return ConnectionFailed(f"{op}: no reply from {self._where} within "
+                                    f"{self.timeout:g}s")
+        return OutcomeUnknown(f"{op}: no reply from {self._where} within "
+                              f"{self.timeout:g}s; the change may or may not have "
+                              "been applied")
 
     @property
     def _where(self) -> str:
@@ -675,6 +701,19 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     except (OSError, ValueError):
         return True
     return bool(readable)
+
+
+def _request_frame(request_id: int, op: str, args: dict[str, Any]) -> bytes:
+    """The frame of one request.
+
+    Raises:
+        ProtocolError: "bad_args" when msgpack cannot encode the arguments.
+    """
+    try:
+        return pack_frame({"id": request_id, "op": op, "args": args})
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(ErrorCode.BAD_ARGS, f"{op}: cannot encode the arguments: "
+                                                f"{exc}") from None
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:

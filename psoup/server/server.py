@@ -321,64 +321,19 @@ class Server:
                     await self._refuse(reader, writer, peer, None, exc.code, str(exc), conv)
                     return
                 if op == OpName.HELLO or not authenticated:
-                    if not self._hello_ok(op, args):
-                        await self._refuse(
-                            reader, writer, peer, request_id, ErrorCode.AUTH,
-                            "wrong access token" if op == OpName.HELLO else
-                            f"the first request must be hello with the access token, not "
-                            f"{op!r}", conv)
+                    authenticated = await self._greet(reader, writer, peer, request_id, op,
+                                                      args, began, conv)
+                    if not authenticated:
                         return
-                    if len(self._connections) >= self.limits.max_connections:
-                        await self._refuse(
-                            reader, writer, peer, request_id, ErrorCode.LIMIT,
-                            f"the server has {self.limits.max_connections} connections open, "
-                            "its limit; try again later", conv)
-                        return
-                    spoken = args.get("protocol", 1)
-                    if spoken != PROTOCOL:
-                        await self._refuse(
-                            reader, writer, peer, request_id, ErrorCode.PROTOCOL,
-                            f"this client speaks protocol {spoken!r}, the server {PROTOCOL}: "
-                            "install the same psoup version on both sides", conv)
-                        return
-                    authenticated = True
-                    task = asyncio.current_task()
-                    assert task is not None, "a connection runs in its own task"
-                    self._pending.pop(task, None)
-                    self._connections.add(task)
-                    hello = asyncio.get_running_loop().create_future()
-                    hello.set_result(pack_frame(ok_reply(request_id, self._hello())))
-                    _log_request(peer, op, began, hello)
-                    await conv.replies.put(hello)
                     continue
-                now = self._read_now(request_id, op, args, conv)
-                _log_request(peer, op, began, now)
-                if isinstance(now, asyncio.Future):
-                    await conv.replies.put(now)
-                elif now is None:
-                    size = len(payload) if op == OpName.INSERT else 0
-                    refused = self._refusal(request_id, args, size, conv) if size else None
-                    if refused is not None:
-                        _log_request(peer, op, began, refused)
-                        ready = asyncio.get_running_loop().create_future()
-                        ready.set_result(refused)
-                        await conv.replies.put(ready)
-                        continue
-                    dispatched = asyncio.ensure_future(self._dispatch(
-                        request_id, op, args, conv, conv.last_write, size,
-                        self._queued_token))
-                    _log_request(peer, op, began, dispatched)
-                    spec = OPS.get(op) if isinstance(op, str) else None
-                    if spec is not None and spec.write:
-                        conv.last_write = dispatched
-                    await conv.replies.put(dispatched)
+                reply = self._take(request_id, op, args, len(payload), conv, peer, began)
+                if isinstance(reply, asyncio.Future):
+                    await conv.replies.put(reply)
                 elif conv.owes_nothing():
-                    writer.write(now)
+                    writer.write(reply)
                     await writer.drain()
                 else:
-                    ready = asyncio.get_running_loop().create_future()
-                    ready.set_result(now)
-                    await conv.replies.put(ready)
+                    await conv.replies.put(_ready(reply))
         except asyncio.CancelledError:
             cancelled = True
             raise
@@ -387,6 +342,64 @@ class Server:
                 conv.sender.cancel()
             else:
                 await conv.finish(self.limits.read_timeout)
+
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     peer: Any, request_id: Any, op: Any, args: Any, began: float,
+                     conv: _Conversation) -> bool:
+        """Answer a hello (or refuse the request of a connection that has not said one):
+        whether the connection is now authenticated; if not, it was refused and is to
+        be closed."""
+        if not self._hello_ok(op, args):
+            await self._refuse(
+                reader, writer, peer, request_id, ErrorCode.AUTH,
+                "wrong access token" if op == OpName.HELLO else
+                f"the first request must be hello with the access token, not "
+                f"{op!r}", conv)
+            return False
+        if len(self._connections) >= self.limits.max_connections:
+            await self._refuse(
+                reader, writer, peer, request_id, ErrorCode.LIMIT,
+                f"the server has {self.limits.max_connections} connections open, "
+                "its limit; try again later", conv)
+            return False
+        spoken = args.get("protocol", 1)
+        if spoken != PROTOCOL:
+            await self._refuse(
+                reader, writer, peer, request_id, ErrorCode.PROTOCOL,
+                f"this client speaks protocol {spoken!r}, the server {PROTOCOL}: "
+                "install the same psoup version on both sides", conv)
+            return False
+        task = asyncio.current_task()
+        assert task is not None, "a connection runs in its own task"
+        self._pending.pop(task, None)
+        self._connections.add(task)
+        hello = _ready(pack_frame(ok_reply(request_id, self._hello())))
+        _log_request(peer, op, began, hello)
+        await conv.replies.put(hello)
+        return True
+
+    def _take(self, request_id: Any, op: Any, args: Any, size: int, conv: _Conversation,
+              peer: Any, began: float) -> bytes | asyncio.Future[bytes]:
+        """The reply to an authenticated request of `size` bytes: a frame when a read
+        was answered here and now (`_read_now`), else a future of it (a parked read, an
+        insert the ingest queue refused, or a dispatched request)."""
+        now = self._read_now(request_id, op, args, conv)
+        _log_request(peer, op, began, now)
+        if now is not None:
+            return now
+        if op != OpName.INSERT:
+            size = 0
+        refused = self._refusal(request_id, args, size, conv) if size else None
+        if refused is not None:
+            _log_request(peer, op, began, refused)
+            return _ready(refused)
+        dispatched = asyncio.ensure_future(self._dispatch(
+            request_id, op, args, conv, conv.last_write, size, self._queued_token))
+        _log_request(peer, op, began, dispatched)
+        spec = OPS.get(op) if isinstance(op, str) else None
+        if spec is not None and spec.write:
+            conv.last_write = dispatched
+        return dispatched
 
     @staticmethod
     async def _send_replies(writer: asyncio.StreamWriter, conv: _Conversation) -> None:
@@ -699,6 +712,13 @@ class Server:
                                        f"made durable: {type(exc).__name__}: {exc}")
                 outcomes = [(False, failed) if ok else (ok, v) for ok, v in outcomes]
         return outcomes
+
+def _ready(frame: bytes) -> asyncio.Future[bytes]:
+    """A reply that is ready, as the future the conversation's queue holds."""
+    ready: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    ready.set_result(frame)
+    return ready
+
 
 def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> Any:
     """Apply one write on the writer thread, unless it continues an insert whose earlier
