@@ -15,18 +15,29 @@ Example:
     [('y',)]
 """
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
-from psoup.errors import (ApplyFailed, Busy, CursorExpired, CursorInvalid, HistoryPending,
-                          LimitError, PSoupError, QueryError, SchemaError, SequenceError,
-                          UnknownHandle)
+from psoup.errors import (
+    ApplyFailed,
+    Busy,
+    CursorExpired,
+    CursorInvalid,
+    HistoryPending,
+    LimitError,
+    PSoupError,
+    QueryError,
+    SchemaError,
+    SequenceError,
+    UnknownHandle,
+)
+from psoup.version import __version__
 
 if TYPE_CHECKING:
     from psoup.client import Client
     from psoup.engine import MODES, Engine
     from psoup.results.result import Result
-
-__version__ = "0.1.0"
 
 #: Imported on first use (PEP 562), so that `import psoup` (every CLI command) does not
 #: load the engine: name -> module.

@@ -7,9 +7,13 @@ one line that makes the object (docs/api.md). The server's operation table
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, overload
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import numpy as np
+from numpy.typing import NDArray
+
+from psoup.options import ColumnTypeName
 
 if TYPE_CHECKING:
     from psoup.results.result import Changes, Result
@@ -26,11 +30,12 @@ class EngineAPI(Protocol):
 
     def drop_stream(self, name: str, cascade: bool = False) -> None: ...
 
-    def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
+    def create_stream(self, name: str, columns: Mapping[str, ColumnTypeName]
+                      | Sequence[tuple[str, ColumnTypeName]],
                       retain: str | None = None) -> None: ...
 
     def insert(self, stream: str, rows: Any, ts: Any = None, *, producer: str | None = None,
-               seq: int | None = None) -> np.ndarray: ...
+               seq: int | None = None) -> NDArray[np.int64]: ...
 
     def last_seq(self, producer: str) -> int: ...
 

@@ -26,17 +26,29 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Mapping, Sequence, overload
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast, overload
 
 import numpy as np
+from numpy.typing import NDArray
 
 from psoup.codec import encode_array
 from psoup.config import parse_address, token_path
 from psoup.errors import Busy, PSoupError, QueryError, SchemaError, SequenceError
+from psoup.options import ColumnTypeName
 from psoup.results.result import Changes, Result
-from psoup.server.ops import OPS
-from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, decode_answer,
-                                   error_of, pack_frame, unpack_payload)
+from psoup.server.ops import OPS, OpName
+from psoup.server.protocol import (
+    HEADER,
+    PROTOCOL,
+    ErrorCode,
+    ProtocolError,
+    decode_answer,
+    error_of,
+    pack_frame,
+    unpack_payload,
+)
 
 #: Batches of one insert that may be in flight at once (sent, reply not yet read).
 PIPELINE = 4
@@ -59,6 +71,19 @@ class OutcomeUnknown(ConnectionFailed):
 
 class _Broken(Exception):
     """The connection ended (EOF or a socket error) while a reply was awaited."""
+
+
+@dataclass
+class _Run:
+    """One pipelined run of insert batches (`Client._pipeline`): the batches sent and
+    not yet answered (request id, start, stop, seq), the first refusal (error, start,
+    stop, seq), the batches answered after it (not applied), and whether the
+    connection broke."""
+
+    in_flight: deque[tuple[int, int, int, int]] = field(default_factory=deque)
+    failure: tuple[PSoupError, int, int, int] | None = None
+    skipped: list[tuple[int, int]] = field(default_factory=list)
+    broken: bool = False
 
 
 class Client:
@@ -132,9 +157,9 @@ class Client:
     def execute(self, sql: str) -> str | Result | None:
         """Run one statement: CREATE STREAM and DROP STREAM return None, SELECT its
         handle, SHOW and DESCRIBE a Result."""
-        value = self._request("execute", {"sql": sql})
+        value = self._request(OpName.EXECUTE, {"sql": sql})
         if not isinstance(value, Mapping):
-            return value
+            return cast("str | None", value)        # a handle, or None
         table = decode_answer(value)
         assert isinstance(table, Result), "a statement's table is an answer, not changes"
         return table
@@ -149,7 +174,7 @@ class Client:
 
     def drop_stream(self, name: str, cascade: bool = False) -> None:
         """Drop stream `name` (DROP STREAM; Engine.drop_stream)."""
-        self._request("execute", {"sql": f"DROP STREAM {_name(name)}"
+        self._request(OpName.EXECUTE, {"sql": f"DROP STREAM {_name(name)}"
                                          + (" CASCADE" if cascade else "")})
 
     def _table(self, sql: str) -> Result:
@@ -157,17 +182,19 @@ class Client:
         assert isinstance(table, Result), "SHOW and DESCRIBE answer with a table"
         return table
 
-    def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
+    def create_stream(self, name: str, columns: Mapping[str, ColumnTypeName]
+                      | Sequence[tuple[str, ColumnTypeName]],
                       retain: str | None = None) -> None:
         """Declare a stream: column name -> type, in order; the same as CREATE STREAM."""
         wire = dict(columns) if isinstance(columns, Mapping) else [list(c) for c in columns]
-        self._request("create_stream", {"name": name, "columns": wire, "retain": retain})
+        self._request(OpName.CREATE_STREAM, {"name": name, "columns": wire, "retain": retain})
 
     def register(self, sql: str) -> str:
         """Register a standing query; returns its handle."""
-        return self._request("register", {"sql": sql})
+        handle: str = self._request(OpName.REGISTER, {"sql": sql})
+        return handle
 
-    def insert(self, stream: str, rows: Any, ts: Any = None) -> np.ndarray:
+    def insert(self, stream: str, rows: Any, ts: Any = None) -> NDArray[np.int64]:
         """Insert rows into `stream`; returns their tupleIDs (numpy int64).
 
         Args:
@@ -211,7 +238,8 @@ class Client:
     def last_seq(self, producer: str | None = None) -> int:
         """The seq of the last batch the server applied for `producer` (default: this
         client's); -1 if none."""
-        return self._request("last_seq", {"producer": producer or self.producer})
+        seq: int = self._request(OpName.LAST_SEQ, {"producer": producer or self.producer})
+        return seq
 
     @overload
     def invoke(self, handle: str, now: float | None = None, since: None = None) -> Result: ...
@@ -232,11 +260,11 @@ class Client:
             args["now"] = now
         if since is not None:
             args["since"] = since
-        return decode_answer(self._request("invoke", args))
+        return decode_answer(self._request(OpName.INVOKE, args))
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working."""
-        self._request("unregister", {"handle": handle})
+        self._request(OpName.UNREGISTER, {"handle": handle})
 
     def history(self, handles: Sequence[str] | None = None, wait: bool = False,
                 poll: float = 0.5) -> str:
@@ -249,7 +277,7 @@ class Client:
                 the job failed or was cancelled.
         """
         args = {} if handles is None else {"handles": list(handles)}
-        job = self._request("history", args)["job"]
+        job: str = self._request(OpName.HISTORY, args)["job"]
         if wait:
             self.history_wait(job, poll=poll)
         return job
@@ -257,11 +285,14 @@ class Client:
     def history_status(self, job: str | None = None) -> dict[str, Any]:
         """A history job's status (Engine.history_status): state, progress, error,
         result; default: the server's latest job."""
-        return self._request("history_status", {} if job is None else {"job": job})
+        status: dict[str, Any] = self._request(OpName.HISTORY_STATUS,
+                                               {} if job is None else {"job": job})
+        return status
 
     def history_cancel(self, job: str) -> dict[str, Any]:
         """Cancel a running history job (Engine.history_cancel); returns its status."""
-        return self._request("history_cancel", {"job": job})
+        status: dict[str, Any] = self._request(OpName.HISTORY_CANCEL, {"job": job})
+        return status
 
     def history_wait(self, job: str, timeout: float | None = None, poll: float = 0.5,
                      on_status: Callable[[dict[str, Any]], None] | None = None
@@ -290,19 +321,22 @@ class Client:
     def evaluate_history(self, handles: Sequence[str] | None = None) -> dict[str, int]:
         """Engine.evaluate_history on the server: start a job, wait for it and return
         handle -> archived matches."""
-        return self.history_wait(self.history(handles))["result"]
+        matches: dict[str, int] = self.history_wait(self.history(handles))["result"]
+        return matches
 
     def queries(self) -> list[tuple[str, str]]:
         """[(handle, sql), ...] in registration order."""
-        return [tuple(pair) for pair in self._request("queries", {})]
+        return [tuple(pair) for pair in self._request(OpName.QUERIES, {})]
 
     def stats(self) -> dict[str, Any]:
         """The server engine's statistics (Engine.stats)."""
-        return self._request("stats", {})
+        stats: dict[str, Any] = self._request(OpName.STATS, {})
+        return stats
 
     def ping(self) -> str:
         """'pong', from a live, authenticated connection."""
-        return self._request("ping", {})
+        pong: str = self._request(OpName.PING, {})
+        return pong
 
     def close(self) -> None:
         """Close the connection; the client cannot be used afterwards. Idempotent."""
@@ -310,7 +344,7 @@ class Client:
             self._closed = True
             self._drop()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -323,7 +357,7 @@ class Client:
     # ------------------------------------------------------------------ inserts
 
     def _insert_rows(self, stream: str, rows: Any, ts: Any, start: int, stop: int | None,
-                     total: int | None, seq: int | None = None) -> np.ndarray:
+                     total: int | None, seq: int | None = None) -> NDArray[np.int64]:
         """Send rows[start:stop] (all of them when stop is None) as one batch, halving it
         while its frame is larger than the server accepts. The batch takes the next seq,
         or `seq` when it resends a batch sent before."""
@@ -333,9 +367,9 @@ class Client:
             part = dict(_slice_rows(rows, ts, start, stop), stream=stream,
                         producer=self.producer, seq=key)
             try:
-                reply = self._resend("insert", part)
+                reply = self._resend(OpName.INSERT, part)
             except ProtocolError as exc:
-                if exc.code == "frame_too_large" and own and stop is not None \
+                if exc.code == ErrorCode.FRAME_TOO_LARGE and own and stop is not None \
                         and stop - start > 1:
                     mid = (start + stop) // 2
                     return np.concatenate([
@@ -382,7 +416,7 @@ class Client:
                 pause = min(pause * 2, 1.0)
 
     def _insert_pipelined(self, stream: str, rows: Any, ts: Any, n: int,
-                          size: int) -> np.ndarray:
+                          size: int) -> NDArray[np.int64]:
         """rows[0:n] as batches of `size`, up to PIPELINE of them in flight. Every batch
         after the first is sent with "chain", so the server skips it if an earlier one
         was rejected: the stored rows are always a prefix of the insert. A batch refused
@@ -391,7 +425,7 @@ class Client:
         the batches in doubt are sent again one by one with their keys (the server
         remembers more than PIPELINE batches per producer), then the rest."""
         with self._lock:
-            ids: list[np.ndarray] = []
+            ids: list[NDArray[np.int64]] = []
             spans = [(a, min(a + size, n)) for a in range(0, n, size)][::-1]
             deadline = None
             while True:
@@ -406,7 +440,7 @@ class Client:
                 spans = rest
 
     def _pipeline(self, stream: str, rows: Any, ts: Any, n: int,
-                  spans: list[tuple[int, int]], ids: list[np.ndarray]
+                  spans: list[tuple[int, int]], ids: list[NDArray[np.int64]]
                   ) -> tuple[Busy | None, list[tuple[int, int]]]:
         """Send `spans` (last first) as one pipelined run, the first unchained,
         appending the tupleIDs of each applied batch to `ids`. Returns (None, []), or
@@ -414,44 +448,22 @@ class Client:
         raises any other refusal."""
         sock = self._live_socket()
         limit = self.server["limits"]["max_frame_bytes"]
-        in_flight: deque[tuple[int, int, int, int]] = deque()
-        failure: tuple[PSoupError, int, int, int] | None = None
-        skipped: list[tuple[int, int]] = []    # after the failed batch, not applied
-        broken = False
-
-        def collect() -> None:
-            nonlocal failure, broken
-            request_id, start, stop, key = in_flight[0]
-            try:
-                reply = self._result(self._receive(sock), request_id)
-            except PSoupError as exc:
-                in_flight.popleft()
-                if failure is None:
-                    failure = (exc, start, stop, key)
-                else:
-                    skipped.append((start, stop))
-                return
-            except (_Broken, socket.timeout):
-                self._drop()
-                broken = True
-                return
-            in_flight.popleft()
-            ids.append(np.arange(reply["first"], reply["first"] + reply["n"],
-                                 dtype=np.int64))
-
+        run = _Run()
+        in_flight = run.in_flight
         chain = False
-        while spans and failure is None and not broken:
+        while spans and run.failure is None and not run.broken:
             start, stop = spans.pop()
             key = self._next_seq()
             args = dict(_slice_rows(rows, ts, start, stop), stream=stream,
                         chain=chain, producer=self.producer, seq=key)
             self._next_id += 1
-            frame = pack_frame({"id": self._next_id, "op": "insert", "args": args})
+            frame = pack_frame({"id": self._next_id, "op": OpName.INSERT, "args": args})
             if len(frame) - HEADER.size > limit:
                 if stop - start == 1:
-                    failure = (ProtocolError("frame_too_large", f"row {start} alone "
-                                             f"exceeds the server's frame limit of "
-                                             f"{limit} bytes"), start, stop, key)
+                    run.failure = (ProtocolError(ErrorCode.FRAME_TOO_LARGE,
+                                                 f"row {start} alone exceeds the server's "
+                                                 f"frame limit of {limit} bytes"),
+                                   start, stop, key)
                     break
                 mid = (start + stop) // 2
                 spans += [(mid, stop), (start, mid)]
@@ -463,22 +475,51 @@ class Client:
                 sock.sendall(frame)
             except OSError:
                 self._drop()
-                broken = True
+                run.broken = True
                 break
             if len(in_flight) >= PIPELINE:
-                collect()
-        while in_flight and not broken:
-            collect()
-        if failure is not None:
-            error, start, stop, key = failure
+                self._collect(sock, run, ids)
+        while in_flight and not run.broken:
+            self._collect(sock, run, ids)
+        return self._settle(run, stream, rows, ts, n, spans, ids)
+
+    def _collect(self, sock: socket.socket, run: _Run, ids: list[NDArray[np.int64]]) -> None:
+        """Read the reply to the oldest batch in flight: its tupleIDs go to `ids`, a
+        refusal to `run`; a connection that broke marks `run` broken."""
+        request_id, start, stop, key = run.in_flight[0]
+        try:
+            reply = self._result(self._receive(sock), request_id)
+        except PSoupError as exc:
+            run.in_flight.popleft()
+            if run.failure is None:
+                run.failure = (exc, start, stop, key)
+            else:
+                run.skipped.append((start, stop))
+            return
+        except (TimeoutError, _Broken):
+            self._drop()
+            run.broken = True
+            return
+        run.in_flight.popleft()
+        ids.append(np.arange(reply["first"], reply["first"] + reply["n"], dtype=np.int64))
+
+    def _settle(self, run: _Run, stream: str, rows: Any, ts: Any, n: int,
+                spans: list[tuple[int, int]], ids: list[NDArray[np.int64]]
+                ) -> tuple[Busy | None, list[tuple[int, int]]]:
+        """The end of a pipelined run (`_pipeline` says what it returns): a refusal
+        raised, or returned with the spans to send again when it was busy; after a
+        broken connection, the batches in doubt sent again one by one with their keys,
+        then the rest."""
+        if run.failure is not None:
+            error, start, stop, key = run.failure
             self._seq = key     # it and the chained batches after it were not applied
-            if isinstance(error, Busy) and not broken:
-                return error, spans + skipped[::-1] + [(start, stop)]
+            if isinstance(error, Busy) and not run.broken:
+                return error, spans + run.skipped[::-1] + [(start, stop)]
             if isinstance(error, SequenceError):
                 self._seq = None
             raise _in_batch(error, start, stop, n) from None
-        if broken:
-            for _, start, stop, key in in_flight:
+        if run.broken:
+            for _, start, stop, key in run.in_flight:
                 ids.append(self._insert_rows(stream, rows, ts, start, stop, n, seq=key))
             for start, stop in reversed(spans):
                 ids.append(self._insert_rows(stream, rows, ts, start, stop, n))
@@ -518,16 +559,12 @@ class Client:
                 raise PSoupError("this client is closed; open a new Client")
             self._next_id += 1
             request_id = self._next_id
-            try:
-                frame = pack_frame({"id": request_id, "op": op, "args": args})
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise ProtocolError("bad_args", f"{op}: cannot encode the arguments: "
-                                                f"{exc}") from None
+            frame = _request_frame(request_id, op, args)
             for attempt in (1, 2):
                 sock = self._live_socket()
                 limit = self.server["limits"]["max_frame_bytes"]
                 if len(frame) - HEADER.size > limit:
-                    raise ProtocolError("frame_too_large",
+                    raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
                                         f"a {op} request of {len(frame) - HEADER.size} bytes "
                                         f"exceeds the server's limit of {limit} bytes")
                 try:
@@ -540,21 +577,10 @@ class Client:
                         continue
                     raise ConnectionFailed(f"{op}: cannot send to {self._where}: {exc}") from exc
                 try:
-                    if wait is not None:             # a long request: wait longer
-                        sock.settimeout(wait)
-                    try:
-                        return self._result(self._receive(sock), request_id)
-                    finally:
-                        if wait is not None and self._sock is sock:
-                            sock.settimeout(self.timeout)
-                except socket.timeout:
+                    return self._reply(sock, request_id, wait)
+                except TimeoutError:
                     self._drop()
-                    if idempotent:
-                        raise ConnectionFailed(f"{op}: no reply from {self._where} within "
-                                               f"{self.timeout:g}s") from None
-                    raise OutcomeUnknown(f"{op}: no reply from {self._where} within "
-                                         f"{self.timeout:g}s; the change may or may not have "
-                                         "been applied") from None
+                    raise self._no_reply(op, idempotent) from None
                 except _Broken as exc:
                     self._drop()
                     if idempotent and attempt == 1:
@@ -564,6 +590,26 @@ class Client:
                     raise OutcomeUnknown(f"{op}: {exc} after the request was sent; the change "
                                          "may or may not have been applied") from None
             raise AssertionError("unreachable")
+
+    def _reply(self, sock: socket.socket, request_id: int, wait: float | None) -> Any:
+        """The result of request `request_id`, waiting `wait` seconds for it (default:
+        the client's timeout)."""
+        if wait is not None:             # a long request: wait longer
+            sock.settimeout(wait)
+        try:
+            return self._result(self._receive(sock), request_id)
+        finally:
+            if wait is not None and self._sock is sock:
+                sock.settimeout(self.timeout)
+
+    def _no_reply(self, op: str, idempotent: bool) -> ConnectionFailed:
+        """The error of a request whose reply did not come within the timeout."""
+        if idempotent:
+            return ConnectionFailed(f"{op}: no reply from {self._where} within "
+                                    f"{self.timeout:g}s")
+        return OutcomeUnknown(f"{op}: no reply from {self._where} within "
+                              f"{self.timeout:g}s; the change may or may not have "
+                              "been applied")
 
     @property
     def _where(self) -> str:
@@ -586,7 +632,7 @@ class Client:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._next_id += 1
         try:
-            sock.sendall(pack_frame({"id": self._next_id, "op": "hello",
+            sock.sendall(pack_frame({"id": self._next_id, "op": OpName.HELLO,
                                      "args": {"token": self._token, "protocol": PROTOCOL}}))
             self.server = self._result(self._receive(sock), self._next_id)
             spoken = self.server.get("protocol", 1) if isinstance(self.server, Mapping) else 1
@@ -599,8 +645,8 @@ class Client:
                                    f"{exc}") from None
         except PSoupError as exc:
             sock.close()
-            if exc.code == "auth":
-                raise ProtocolError("auth", f"{exc}: {self._token_hint()}") from None
+            if exc.code == ErrorCode.AUTH:
+                raise ProtocolError(ErrorCode.AUTH, f"{exc}: {self._token_hint()}") from None
             raise
         self._sock = sock
 
@@ -657,13 +703,26 @@ def _closed_by_peer(sock: socket.socket) -> bool:
     return bool(readable)
 
 
+def _request_frame(request_id: int, op: str, args: dict[str, Any]) -> bytes:
+    """The frame of one request.
+
+    Raises:
+        ProtocolError: "bad_args" when msgpack cannot encode the arguments.
+    """
+    try:
+        return pack_frame({"id": request_id, "op": op, "args": args})
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(ErrorCode.BAD_ARGS, f"{op}: cannot encode the arguments: "
+                                                f"{exc}") from None
+
+
 def _read_exactly(sock: socket.socket, n: int) -> bytes:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
         try:
             k = sock.recv_into(view[got:])
-        except socket.timeout:
+        except TimeoutError:
             raise
         except OSError as exc:
             raise _Broken(f"the connection broke ({exc})") from None

@@ -13,10 +13,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
-
-import psoup
+from typing import Any
 
 #: suite -> (script, what it measures), in the order `all` runs them.
 SUITES = {
@@ -48,7 +47,7 @@ class BenchError(Exception):
 
 def bench_dir() -> Path:
     """The repository's bench/ folder (present in a checkout, not in a wheel)."""
-    here = Path(psoup.__file__).resolve().parent.parent / "bench"
+    here = Path(__file__).resolve().parents[2] / "bench"     # psoup/cli/bench.py
     if not (here / "common.py").is_file():
         raise BenchError(f"the benchmark scripts are not at {here}: they live in the "
                          "repository's bench/ folder; run `psoup bench` from a checkout "
@@ -72,10 +71,11 @@ def resolve(names: Sequence[str]) -> list[str]:
     return [s for s in SUITES if s in wanted]
 
 
-def run(suites: Sequence[str], quick: bool, echo: Callable[[str], None]) -> list[dict]:
+def run(suites: Sequence[str], quick: bool,
+        echo: Callable[[str], None]) -> list[dict[str, Any]]:
     """Run each suite's script; returns one {suite, seconds, ok} per suite."""
     folder = bench_dir()
-    done = []
+    done: list[dict[str, Any]] = []
     for suite in suites:
         script, what = SUITES[suite]
         path = folder / script

@@ -9,11 +9,14 @@ is the same on every run and takes a second or two.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from psoup.engine import Engine
+from psoup.options import ModeName
 from psoup.results.result import Changes, Result
 
 START = 1_767_225_600.0      # 2026-01-01 00:00:00 UTC
@@ -21,17 +24,20 @@ STEP = 0.05                  # seconds between readings
 DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT) RETAIN 1 HOUR"
 
 
-def traffic(rng: np.random.Generator, n: int, t0: float) -> tuple[dict, np.ndarray]:
+def traffic(rng: np.random.Generator, n: int,
+            t0: float) -> tuple[dict[str, NDArray[Any]], NDArray[np.float64]]:
     """n readings starting at t0: columns and timestamps."""
     speed = np.clip(rng.normal(62.0, 9.0, n), 0, 100)
     jam = rng.random(n) < 0.04                        # rare congestion readings
     speed[jam] = rng.uniform(3, 25, jam.sum())
-    cols = {"lane": rng.integers(1, 9, n), "stationid": rng.integers(1, 10, n),
-            "speed": np.round(speed, 1)}
-    return cols, t0 + STEP * np.arange(n)
+    cols: dict[str, NDArray[Any]] = {"lane": rng.integers(1, 9, n),
+                                     "stationid": rng.integers(1, 10, n),
+                                     "speed": np.round(speed, 1)}
+    ts = t0 + STEP * np.arange(n, dtype=np.float64)
+    return cols, ts
 
 
-def run_demo(mode: str = "partial", rows: int = 20_000, seed: int = 7,
+def run_demo(mode: ModeName = "partial", rows: int = 20_000, seed: int = 7,
              echo: Callable[[str], None] = print) -> dict[str, int]:
     """Run the demo and return each query's final answer size (for tests)."""
     rng = np.random.default_rng(seed)
@@ -106,10 +112,10 @@ def show(eng: Engine, handles: dict[str, str], echo: Callable[[str], None],
         echo(f"\n  {name}: {len(res)} rows  (invoked at {_hms(now)} in {ms:.2f} ms)")
         header = ["ts"] + res.columns
         widths = [max(len(c), 9) for c in header]
-        echo("    " + "  ".join(c.rjust(w) for c, w in zip(header, widths)))
-        for ts, row in list(zip(res.ts.tolist(), res.rows))[-4:]:
+        echo("    " + "  ".join(c.rjust(w) for c, w in zip(header, widths, strict=True)))
+        for ts, row in list(zip(res.ts.tolist(), res.rows, strict=True))[-4:]:
             cells = [_hms(ts)] + [str(v) for v in row]
-            echo("    " + "  ".join(c.rjust(w) for c, w in zip(cells, widths)))
+            echo("    " + "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
         if len(res) > 4:
             echo(f"    ... ({len(res) - 4} earlier rows)")
     return sizes, cursors

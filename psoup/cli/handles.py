@@ -21,9 +21,10 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from psoup.config import config_dir, write_private
 from psoup.errors import PSoupError
@@ -67,11 +68,13 @@ class HandleStore:
 
     def lookup(self, name: str) -> dict[str, Any] | None:
         """The entry of `name` ({"server", "handle", "sql", "created"}), or None."""
-        return self._read()["names"].get(name)
+        entry: dict[str, Any] | None = self._read()["names"].get(name)
+        return entry
 
     def names(self) -> dict[str, dict[str, Any]]:
         """Every named handle: name -> entry."""
-        return self._read()["names"]
+        names: dict[str, dict[str, Any]] = self._read()["names"]
+        return names
 
     def remember(self, name: str, server: str, handle: str, sql: str,
                  replace: bool = False) -> dict[str, Any]:
@@ -106,7 +109,8 @@ class HandleStore:
 
     def cursor(self, server: str, handle: str) -> str | None:
         """The cursor of the last invocation of `handle` on `server`, or None."""
-        return self._read()["cursors"].get(server, {}).get(handle)
+        cursor: str | None = self._read()["cursors"].get(server, {}).get(handle)
+        return cursor
 
     def set_cursor(self, server: str, handle: str, cursor: str | None) -> None:
         """Remember `cursor` as the last one of `handle` on `server` (None forgets it)."""

@@ -33,14 +33,16 @@ import io
 import json
 import os
 import time
+from collections.abc import Callable, Iterator, Set
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, AbstractSet, Any, Callable, Iterator, cast
+from typing import IO, Any, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 from psoup.client import ConnectionFailed, OutcomeUnknown
 from psoup.config import config_dir, write_private
@@ -107,7 +109,7 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
            ts_column: str = "ts", ts_required: bool = False,
            progress: Callable[[int, float], None] | None = None, skip: int = 0,
            applied: Callable[[int, int], None] | None = None,
-           ts_unit: str = "s", declared: AbstractSet[str] | None = None) -> IngestReport:
+           ts_unit: str = "s", declared: Set[str] | None = None) -> IngestReport:
     """Send `batches` to `stream` one insert each; the ts column, if present, becomes ts.
 
     Args:
@@ -202,7 +204,8 @@ class ResumeFile:
     def load(self) -> dict[str, Any]:
         """The saved state; IngestError when there is nothing to resume."""
         try:
-            return json.loads(self.path.read_text())
+            state: dict[str, Any] = json.loads(self.path.read_text())
+            return state
         except FileNotFoundError:
             raise IngestError(f"nothing to resume: no unfinished ingest of {self.describe} "
                               "(it completed, or never started here)", 0) from None
@@ -238,7 +241,7 @@ class ResumeFile:
                           f"applied seq {last_seq} after batch {batches}", 0)
 
 
-def _check_columns(stream: str, columns: list[str], declared: AbstractSet[str] | None,
+def _check_columns(stream: str, columns: list[str], declared: Set[str] | None,
                    ts_column: str, ts_required: bool) -> None:
     """Refuse an input whose columns are not the stream's (plus the timestamp column),
     naming each stray and missing one, and suggesting --ts-column when the input has
@@ -332,9 +335,9 @@ def timestamps(values: Any, unit: str = "s") -> np.ndarray:
                       f"(all with a UTC offset or all without); got {sample!r}", 0)
 
 
-def _epoch_seconds(arr: pa.Array) -> np.ndarray:
+def _epoch_seconds(arr: pa.Array) -> NDArray[np.float64]:
     micros = pc.cast(pc.cast(arr, pa.timestamp("us", tz=arr.type.tz)), pa.int64())
-    return micros.to_numpy(zero_copy_only=False) / 1e6
+    return cast(NDArray[np.float64], micros.to_numpy(zero_copy_only=False) / 1e6)
 
 
 # ---------------------------------------------------------------------- readers
@@ -369,7 +372,7 @@ def _open(source: str | IO[bytes]) -> Iterator[IO[bytes]]:
 
 
 def _csv_batches(source: str | IO[bytes], batch_rows: int,
-                 text: AbstractSet[str] = frozenset(),
+                 text: Set[str] = frozenset(),
                  path: str | None = None) -> Iterator[dict[str, Any]]:
     import pyarrow.csv as pcsv
 
@@ -433,7 +436,7 @@ def _csv_line(path: str | None, row: int) -> str:
     return f"row {row + 1:,} after the header"
 
 
-def _typed_csv(table: pa.Table, text: AbstractSet[str], path: str | None,
+def _typed_csv(table: pa.Table, text: Set[str], path: str | None,
                before: int) -> dict[str, Any]:
     """A batch of CSV rows (rows `before`.. of the input) typed per column; an empty
     cell of a column that is not TEXT raises ValueError naming its line and column."""
@@ -464,7 +467,7 @@ def _typed_text(arr: pa.Array) -> Any:
 
 
 def _jsonl_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[str, Any]]:
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     with _open(source) as stream:
         for number, raw in enumerate(stream, 1):
             line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
@@ -490,11 +493,11 @@ def _jsonl_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[st
         yield _json_columns(rows)
 
 
-def _json_columns(rows: list[dict]) -> dict[str, Any]:
+def _json_columns(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {name: _typed_values([r[name] for r in rows]) for name in rows[0]}
 
 
-def _typed_values(values: list) -> Any:
+def _typed_values(values: list[Any]) -> Any:
     types = set(map(type, values))
     if types == {int}:
         try:

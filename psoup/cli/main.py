@@ -20,34 +20,50 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 import numpy as np
 from click.core import ParameterSource
 
-from psoup import __version__
-from psoup.cli.polling import Interval, changes_since
 from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
-from psoup.cli.output import (FORMATS, iso_times, one_line, render_changes, render_poll,
-                              render_record, render_records, render_result, render_stats,
-                              table, to_json)
+from psoup.cli.output import (
+    FORMATS,
+    iso_times,
+    one_line,
+    render_changes,
+    render_poll,
+    render_record,
+    render_records,
+    render_result,
+    render_stats,
+    table,
+    to_json,
+)
+from psoup.cli.polling import Interval, changes_since
 from psoup.cli.typed import Typed
 from psoup.client import Client, ConnectionFailed, OutcomeUnknown
-from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address
-from psoup.config import ENGINE_MODES as MODES
-from psoup.config import REPLAY_SLICE_ROWS
-from psoup.options import SYNC_NAMES
+from psoup.config import DEFAULT_HOST, DEFAULT_PORT, REPLAY_SLICE_ROWS, parse_address
 from psoup.errors import PSoupError, QueryError, UnknownHandle
 from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
+from psoup.options import MODE_NAMES, SYNC_NAMES, ModeName, SyncName
 from psoup.results.result import Changes, Result
+from psoup.server.protocol import ErrorCode
+from psoup.version import __version__
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
+
+if TYPE_CHECKING:   # generic from click 8.4 on; the package allows click 8.1
+    _IntType = click.ParamType[int]
+    _FloatType = click.ParamType[float]
+else:
+    _IntType = _FloatType = click.ParamType
 
 
 class Failure(click.ClickException):
@@ -63,7 +79,7 @@ class Failure(click.ClickException):
         click.echo(f"error: {self.message}", err=True)
 
 
-class ByteSize(click.ParamType):
+class ByteSize(_IntType):
     """A number of bytes: 1000000, 512M, 512MB, 2GiB (K, M, G, T are powers of 1,024).
 
     Example:
@@ -107,7 +123,7 @@ class Target:
     name: str | None
 
 
-class Instant(click.ParamType):
+class Instant(_FloatType):
     """A point in time: seconds since the epoch, or an ISO 8601 date-time (UTC unless it
     carries an offset)."""
 
@@ -186,12 +202,12 @@ def main(ctx: click.Context, server: str, token: str | None) -> None:
 
 
 @main.command()
-@click.option("--mode", type=click.Choice(MODES), default="partial",
+@click.option("--mode", type=click.Choice(MODE_NAMES), default="partial",
               show_default=True, help="Engine mode: PSoup-P, PSoup-C or NoMat.")
 @click.option("--rows", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True,
               help="Traffic readings per phase of the demo.")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the synthetic trace.")
-def demo(mode: str, rows: int, seed: int) -> None:
+def demo(mode: ModeName, rows: int, seed: int) -> None:
     """Run the embedded engine on a synthetic traffic trace; no server needed.
 
     Registers sliding, landmark and snapshot queries, ingests readings, "disconnects"
@@ -206,10 +222,10 @@ def demo(mode: str, rows: int, seed: int) -> None:
               help="Run an embedded engine on this state directory (one no server has "
                    "open); without it, and without psoup --server, the engine lives in "
                    "memory for the session.")
-@click.option("--mode", type=click.Choice(MODES), default="partial", show_default=True,
+@click.option("--mode", type=click.Choice(MODE_NAMES), default="partial", show_default=True,
               help="The embedded engine's mode: PSoup-P, PSoup-C or NoMat.")
 @click.pass_context
-def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
+def shell(ctx: click.Context, data_dir: Path | None, mode: ModeName) -> None:
     """An interactive session: statements end with ';' (a SELECT prints its handle),
     meta-commands such as \\invoke, \\watch and \\streams start with a backslash
     (\\help lists them). With `psoup --server HOST:PORT shell` it talks to a server;
@@ -242,7 +258,7 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
               help="The address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULT_PORT,
               show_default=True, help="The port to listen on (0 picks a free one).")
-@click.option("--mode", type=click.Choice(MODES), default="partial", show_default=True,
+@click.option("--mode", type=click.Choice(MODE_NAMES), default="partial", show_default=True,
               help="Engine mode: PSoup-P, PSoup-C or NoMat.")
 @click.option("--sync", type=click.Choice(SYNC_NAMES), default="group", show_default=True,
               help="When the log reaches the disk: every write, once per group of "
@@ -286,8 +302,8 @@ def shell(ctx: click.Context, data_dir: Path | None, mode: str) -> None:
                    "timeouts), info (also every failed request and lost connection), "
                    "debug (also every request).")
 @click.pass_obj
-def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: str,
-          sync: str, max_queries: int | None, max_stream_bytes: int | None,
+def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: ModeName,
+          sync: SyncName, max_queries: int | None, max_stream_bytes: int | None,
           max_results_bytes: int | None, max_queued_bytes: int | None,
           spark_master: str | None,
           spark_conf: dict[str, str], archive_budget: float | None,
@@ -443,7 +459,8 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
             source = click.open_file("-", "rb")
         elif fmt == "parquet":
             import pyarrow.parquet as pq
-            source, total = file, pq.ParquetFile(file).metadata.num_rows
+            source = file
+            total: int = pq.ParquetFile(file).metadata.num_rows
 
             def done(rows: int) -> float:
                 return rows / max(total, 1)
@@ -747,7 +764,8 @@ def queries(settings: Settings, fmt: str) -> None:
     with _connected(settings.server, settings.token) as client:
         rows = [(names.get(handle, ""), handle, sql) for handle, sql in client.queries()]
     if fmt == "json":
-        click.echo(to_json({"queries": [dict(zip(("name", "handle", "sql"), r)) for r in rows]}))
+        click.echo(to_json({"queries": [dict(zip(("name", "handle", "sql"), r, strict=True))
+                                        for r in rows]}))
     elif fmt == "csv":
         click.echo(render_result(Result(["name", "handle", "sql"], rows, np.empty(0),
                                         np.empty(0, np.int64)), "csv"))
@@ -956,7 +974,7 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
 
 def _spark_conf(param: click.Parameter, pairs: tuple[str, ...]) -> dict[str, str]:
     """--conf KEY=VALUE options as Spark settings, checked before Spark starts."""
-    from psoup.spark.session import parse_conf   # no pyspark import: only the parsing
+    from psoup.spark.session import parse_conf  # no pyspark import: only the parsing
     try:
         return parse_conf(pairs, param.opts[0])
     except PSoupError as exc:
@@ -976,7 +994,7 @@ def _connected(server: str, token: str | None, target: Target | None = None,
         raise Failure(f"cannot reach psoup server at {server}: {why} (is `psoup serve` "
                       "running?)") from None
     except PSoupError as exc:
-        if exc.code != "auth":
+        if exc.code != ErrorCode.AUTH:
             raise
         raise Failure(f"the server at {server} refused the connection: {exc}") from None
     try:

@@ -22,7 +22,8 @@ import json
 import math
 import re
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -172,11 +173,11 @@ def render_records(key: str, columns: Sequence[str], rows: Sequence[Sequence[Any
         '{"streams": [{"stream": "R", "retain": null}]}'
     """
     if fmt == "json":
-        return to_json({key: [dict(zip(columns, row)) for row in rows]})
+        return to_json({key: [dict(zip(columns, row, strict=True)) for row in rows]})
     if fmt == "csv":
         return _csv(columns, rows)
     n = len(rows)
-    shown = [[_shown(c, v) for c, v in zip(columns, row)] for row in rows]
+    shown = [[_shown(c, v) for c, v in zip(columns, row, strict=True)] for row in rows]
     return table(columns, shown) + f"\n({n} {key if n != 1 else key[:-1]})"
 
 
@@ -249,7 +250,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
     def line(values: Sequence[str], right: Sequence[bool]) -> str:
         return "  ".join(v.rjust(w) if r else v.ljust(w)
-                         for v, w, r in zip(values, widths, right)).rstrip()
+                         for v, w, r in zip(values, widths, right, strict=True)).rstrip()
 
     out = [line(columns, numeric)]
     if any(columns):
@@ -345,9 +346,9 @@ def _shown(column: str, value: Any) -> Any:
     return value
 
 
-def _stamped(result: Result, limit: int | None) -> list[tuple]:
+def _stamped(result: Result, limit: int | None) -> list[tuple[Any, ...]]:
     return [(iso_utc(t),) + tuple(r)
-            for t, r in zip(result.ts[:limit].tolist(), result.rows[:limit])]
+            for t, r in zip(result.ts[:limit].tolist(), result.rows[:limit], strict=True)]
 
 
 def _result_doc(result: Result, limit: int | None = None) -> dict[str, Any]:
@@ -363,12 +364,12 @@ def _changes_doc(changes: Changes, reset: bool, limit: int | None = None) -> dic
             "cursor": changes.cursor, "reset": reset}
 
 
-def _marked(changes: Changes, stamped: bool = False) -> list[tuple]:
+def _marked(changes: Changes, stamped: bool = False) -> list[tuple[Any, ...]]:
     """The changed rows, inserted ones (+) first; `stamped` puts each row's ts after
     the mark."""
     return [(mark,) + ((iso_utc(t),) if stamped else ()) + tuple(r)
             for mark, part in (("+", changes.inserted), ("-", changes.deleted))
-            for t, r in zip(part.ts.tolist(), part.rows)]
+            for t, r in zip(part.ts.tolist(), part.rows, strict=True)]
 
 
 def _flat(value: Any) -> str:

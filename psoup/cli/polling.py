@@ -5,7 +5,7 @@ to the whole answer."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -17,7 +17,13 @@ from psoup.results.result import Changes, Result
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-class Interval(click.ParamType):
+if TYPE_CHECKING:   # generic from click 8.4 on; the package allows click 8.1
+    _FloatType = click.ParamType[float]
+else:
+    _FloatType = click.ParamType
+
+
+class Interval(_FloatType):
     """A duration: "500ms", "30s", "2m", "1h", "1d", or a bare number of seconds."""
 
     name = "interval"

@@ -16,19 +16,28 @@ keeps a history across sessions; without one, the shell reads a script from stdi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, TextIO
 
 import click
 
 from psoup.cli.handles import HandleStore
-from psoup.cli.output import FORMATS, render_changes, render_poll, render_record, \
-    render_records, render_result, table
+from psoup.cli.output import (
+    FORMATS,
+    render_changes,
+    render_poll,
+    render_record,
+    render_records,
+    render_result,
+    table,
+)
 from psoup.config import config_dir
 from psoup.errors import PSoupError
 from psoup.results.result import Changes, Result
@@ -133,7 +142,8 @@ class Session:
             self.echo(answer)
         elif isinstance(answer, Result):
             if words[:1] == ["DESCRIBE"] and len(answer.rows) == 1:
-                self.echo(render_record(dict(zip(answer.columns, answer.rows[0])), self.fmt))
+                first = dict(zip(answer.columns, answer.rows[0], strict=True))
+                self.echo(render_record(first, self.fmt))
             elif words[:2] == ["SHOW", "QUERIES"]:
                 self._queries()
             else:
@@ -151,8 +161,10 @@ class Session:
         name, *args = command.split()
         if name in ("\\quit", "\\q"):
             return False
-        if name == "\\help":
-            self.echo(HELP.format(fmt=self.fmt, timing="on" if self.timing else "off"))
+        if name in _TAKES_HANDLE:
+            self._on_handle(name, args)
+        elif name in ("\\help", "\\format", "\\timing"):
+            self._setting(name, args)
         elif name == "\\streams":
             self._statement("SHOW STREAMS")
         elif name == "\\queries":
@@ -161,33 +173,41 @@ class Session:
             self._statement(f"DESCRIBE {_one(name, args, 'STREAM')}")
         elif name == "\\ingest":
             self._ingest(*_exactly(name, args, "STREAM FILE"))
-        elif name == "\\invoke":
-            handle = self._handle(args)
+        else:
+            raise ShellError(f"unknown command {name} (\\help lists the commands)")
+        return True
+
+    def _on_handle(self, name: str, args: list[str]) -> None:
+        """The meta-commands of one standing query (_TAKES_HANDLE)."""
+        if name == "\\watch":
+            self._watch(args)
+            return
+        handle = self._handle(args)
+        if name == "\\invoke":
             answer = self.backend.invoke(handle)
             self._cursors[handle] = answer.cursor
             self._remember_cursor(handle, answer.cursor)
             self.echo(render_result(answer, self.fmt))
         elif name == "\\changes":
-            self._changes(self._handle(args))
-        elif name == "\\watch":
-            self._watch(args)
-        elif name == "\\unregister":
-            handle = self._handle(args)
+            self._changes(handle)
+        else:
             self.backend.unregister(handle)
             self._forget(handle)
             self.echo(f"unregistered {handle}")
+
+    def _setting(self, name: str, args: list[str]) -> None:
+        """\\help, and the session's settings: \\format and \\timing."""
+        if name == "\\help":
+            self.echo(HELP.format(fmt=self.fmt, timing="on" if self.timing else "off"))
         elif name == "\\format":
             fmt = _one(name, args, "|".join(FORMATS))
             if fmt not in FORMATS:
                 raise ShellError(f"unknown format {fmt!r} (formats: {', '.join(FORMATS)})")
             self.fmt = fmt
             self.echo(f"format {fmt}")
-        elif name == "\\timing":
+        else:
             self.timing = not self.timing
             self.echo(f"timing {'on' if self.timing else 'off'}")
-        else:
-            raise ShellError(f"unknown command {name} (\\help lists the commands)")
-        return True
 
     def _queries(self) -> None:
         names = self._names()
@@ -365,10 +385,8 @@ def interactive(session: Session, prompt: str = "psoup> ",
 
     path = history_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    try:
+    with contextlib.suppress(OSError):
         readline.read_history_file(path)
-    except OSError:
-        pass
     readline.set_history_length(1000)
     readline.set_completer_delims(" \t\n,()=<>;")
     readline.set_completer(_completer(session, readline))

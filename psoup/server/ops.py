@@ -13,20 +13,22 @@ Each `Op` says what the server and the client must agree on:
 * `run`: the call on an `EngineAPI` (the engine), where `write` says; its value is the
   reply's result.
 
-A new operation is one `Op` here, the method it calls on `Engine` and `Client`, and its
-section in docs/protocol.md.
+A new operation is one `OpName` and one `Op` here, the method it calls on `Engine` and
+`Client`, and its section in docs/protocol.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from enum import Enum
+from typing import Any
 
 import numpy as np
 
 from psoup.api import EngineAPI
 from psoup.codec import decode_array, decode_columns
-from psoup.server.protocol import ProtocolError, encode_answer
+from psoup.server.protocol import ErrorCode, ProtocolError, encode_answer
 
 
 @dataclass(frozen=True)
@@ -88,11 +90,40 @@ class Limits:
     max_queued_bytes: int = 256 << 20
 
 
+class OpName(str, Enum):
+    """The operations' names, as requests carry them in `op`: `hello` (a connection's
+    first request, handled by the server itself) and one per entry of `OPS`. A member
+    equals, packs and prints as its string.
+
+    Example:
+        >>> OpName.INVOKE == "invoke", f"{OpName.INVOKE}"
+        (True, 'invoke')
+    """
+
+    HELLO = "hello"
+    PING = "ping"
+    CREATE_STREAM = "create_stream"
+    EXECUTE = "execute"
+    INSERT = "insert"
+    LAST_SEQ = "last_seq"
+    REGISTER = "register"
+    INVOKE = "invoke"
+    UNREGISTER = "unregister"
+    QUERIES = "queries"
+    STATS = "stats"
+    HISTORY = "history"
+    HISTORY_STATUS = "history_status"
+    HISTORY_CANCEL = "history_cancel"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Op:
     """One protocol operation (see the module docstring)."""
 
-    name: str
+    name: OpName
     write: bool
     idempotent: bool
     parse: Callable[[Mapping[str, Any], Limits], dict[str, Any]]
@@ -113,20 +144,20 @@ def arg(args: Mapping[str, Any], name: str, types: type | tuple[type, ...], what
     value = args.get(name)
     if value is None:
         if required:
-            raise ProtocolError("bad_args", f"missing argument '{name}' ({what})")
+            raise ProtocolError(ErrorCode.BAD_ARGS, f"missing argument '{name}' ({what})")
         return None
     allowed = types if isinstance(types, tuple) else (types,)
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-        raise ProtocolError("bad_args", f"argument '{name}' must be {what}, not "
-                                        f"{type(value).__name__}")
+        raise ProtocolError(ErrorCode.BAD_ARGS, f"argument '{name}' must be {what}, not "
+                                                f"{type(value).__name__}")
     return value
 
 
 def _sql(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
     sql = arg(args, "sql", str, "a SQL statement")
     if len(sql) > limits.max_query_chars:
-        raise ProtocolError("limit", f"a statement of {len(sql)} characters exceeds the "
-                                     f"limit of {limits.max_query_chars}")
+        raise ProtocolError(ErrorCode.LIMIT, f"a statement of {len(sql)} characters exceeds the "
+                                             f"limit of {limits.max_query_chars}")
     return {"sql": sql}
 
 
@@ -145,8 +176,8 @@ def _create_stream(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
     pairs = list(columns.items()) if isinstance(columns, Mapping) else columns
     if not all(isinstance(p, (list, tuple)) and len(p) == 2 and
                all(isinstance(x, str) for x in p) for p in pairs):
-        raise ProtocolError("bad_args", "argument 'columns' must hold [name, type] pairs "
-                                        "of strings")
+        raise ProtocolError(ErrorCode.BAD_ARGS, "argument 'columns' must hold [name, type] pairs "
+                                                "of strings")
     retain = arg(args, "retain", str, 'a retention such as "1 hour"', required=False)
     return {"name": name, "columns": [tuple(p) for p in pairs], "retain": retain}
 
@@ -154,8 +185,8 @@ def _create_stream(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
 def _insert(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
     stream = arg(args, "stream", str, "a stream name")
     if (args.get("rows") is None) == (args.get("columns") is None):
-        raise ProtocolError("bad_args", "insert takes exactly one of 'rows' (a list of "
-                                        "rows) and 'columns' (a map of encoded columns)")
+        raise ProtocolError(ErrorCode.BAD_ARGS, "insert takes exactly one of 'rows' (a list of "
+                                                "rows) and 'columns' (a map of encoded columns)")
     try:
         if args.get("rows") is not None:
             rows: Any = arg(args, "rows", list, "a list of rows")
@@ -170,15 +201,15 @@ def _insert(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
             raise ValueError(f"ts must be null, a number, a list or an encoded float64 "
                              f"array, not {type(ts).__name__}")
     except ValueError as exc:
-        raise ProtocolError("bad_args", str(exc)) from None
+        raise ProtocolError(ErrorCode.BAD_ARGS, str(exc)) from None
     if n > limits.max_batch_rows:
-        raise ProtocolError("limit", f"a batch of {n} rows exceeds the limit of "
-                                     f"{limits.max_batch_rows}; split it")
+        raise ProtocolError(ErrorCode.LIMIT, f"a batch of {n} rows exceeds the limit of "
+                                             f"{limits.max_batch_rows}; split it")
     producer = arg(args, "producer", str, "a producer id", required=False)
     seq = arg(args, "seq", int, "the batch's sequence number", required=False)
     if (producer is None) != (seq is None):
-        raise ProtocolError("bad_args", "insert takes both 'producer' and 'seq' (an "
-                                        "idempotency key) or neither")
+        raise ProtocolError(ErrorCode.BAD_ARGS, "insert takes both 'producer' and 'seq' (an "
+                                                "idempotency key) or neither")
     return {"stream": stream, "rows": rows, "ts": ts, "producer": producer, "seq": seq}
 
 
@@ -196,11 +227,12 @@ def _invoke(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
 def _history(args: Mapping[str, Any], limits: Limits) -> dict[str, Any]:
     handles = arg(args, "handles", list, "a list of handles", required=False)
     if handles is not None and not all(isinstance(h, str) for h in handles):
-        raise ProtocolError("bad_args", "argument 'handles' must be a list of handles")
+        raise ProtocolError(ErrorCode.BAD_ARGS, "argument 'handles' must be a list of handles")
     if "master" in args:
-        raise ProtocolError("bad_args", "argument 'master' is not accepted: the Spark master "
-                                        "is the server's configuration (psoup serve "
-                                        "--spark-master)")
+        raise ProtocolError(ErrorCode.BAD_ARGS,
+                            "argument 'master' is not accepted: the Spark master "
+                            "is the server's configuration (psoup serve "
+                            "--spark-master)")
     return {"handles": handles}
 
 
@@ -238,25 +270,25 @@ def plain(value: Any) -> Any:
 
 
 #: Every operation but `hello` (the first request of a connection, see docs/protocol.md).
-OPS: dict[str, Op] = {op.name: op for op in (
-    Op("ping", False, True, _nothing, lambda e, a: "pong"),
-    Op("create_stream", True, False, _create_stream,
+OPS: dict[str, Op] = {op.name.value: op for op in (
+    Op(OpName.PING, False, True, _nothing, lambda e, a: "pong"),
+    Op(OpName.CREATE_STREAM, True, False, _create_stream,
        lambda e, a: e.create_stream(a["name"], a["columns"], a["retain"])),
-    Op("execute", True, False, _sql, _executed),
-    Op("insert", True, False, _insert, _inserted),
-    Op("last_seq", False, True,
+    Op(OpName.EXECUTE, True, False, _sql, _executed),
+    Op(OpName.INSERT, True, False, _insert, _inserted),
+    Op(OpName.LAST_SEQ, False, True,
        lambda args, limits: {"producer": arg(args, "producer", str, "a producer id")},
        lambda e, a: e.last_seq(a["producer"])),
-    Op("register", True, False, _sql, lambda e, a: e.register(a["sql"])),
-    Op("invoke", False, True, _invoke,
+    Op(OpName.REGISTER, True, False, _sql, lambda e, a: e.register(a["sql"])),
+    Op(OpName.INVOKE, False, True, _invoke,
        lambda e, a: encode_answer(e.invoke(a["handle"], now=a["now"], since=a["since"]))),
-    Op("unregister", True, False, _handle, lambda e, a: e.unregister(a["handle"])),
-    Op("queries", False, True, _nothing, lambda e, a: e.queries()),
-    Op("stats", False, True, _nothing, lambda e, a: plain(e.stats())),
+    Op(OpName.UNREGISTER, True, False, _handle, lambda e, a: e.unregister(a["handle"])),
+    Op(OpName.QUERIES, False, True, _nothing, lambda e, a: e.queries()),
+    Op(OpName.STATS, False, True, _nothing, lambda e, a: plain(e.stats())),
     # history starts a job and answers at once: Spark runs on the job's thread, holding
     # neither the writer thread nor the engine's lock (psoup.spark.jobs)
-    Op("history", True, False, _history, lambda e, a: {"job": e.history(a["handles"])}),
-    Op("history_status", False, True, _job, lambda e, a: plain(e.history_status(a["job"]))),
-    Op("history_cancel", False, True, _job_required,
+    Op(OpName.HISTORY, True, False, _history, lambda e, a: {"job": e.history(a["handles"])}),
+    Op(OpName.HISTORY_STATUS, False, True, _job, lambda e, a: plain(e.history_status(a["job"]))),
+    Op(OpName.HISTORY_CANCEL, False, True, _job_required,
        lambda e, a: plain(e.history_cancel(a["job"]))),
 )}

@@ -10,14 +10,26 @@ costs one memcpy per column, not a million msgpack objects.
 from __future__ import annotations
 
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
 
 import msgpack
 import numpy as np
+from numpy.typing import NDArray
 
 from psoup.codec import decode_array, encode_array
-from psoup.errors import (Busy, CursorExpired, HistoryPending, LimitError, PSoupError,
-                          QueryError, SchemaError, SequenceError, UnknownHandle)
+from psoup.errors import (
+    Busy,
+    CursorExpired,
+    HistoryPending,
+    LimitError,
+    PSoupError,
+    QueryError,
+    SchemaError,
+    SequenceError,
+    UnknownHandle,
+)
 from psoup.results.result import Changes, Result
 
 #: The frame header: the payload length, unsigned 32-bit big-endian.
@@ -34,6 +46,43 @@ ERRORS: dict[str, type[PSoupError]] = {
 }
 
 
+class ErrorCode(str, Enum):
+    """The wire codes of the errors the protocol itself answers with (docs/protocol.md,
+    "Errors"); an engine error's code is its class's `code` (psoup.errors). A member
+    equals, packs and prints as its string, which is what travels.
+
+    Example:
+        >>> ErrorCode.BAD_ARGS == "bad_args", f"{ErrorCode.BAD_ARGS}"
+        (True, 'bad_args')
+    """
+
+    BAD_FRAME = "bad_frame"              # these four close the connection
+    FRAME_TOO_LARGE = "frame_too_large"
+    AUTH = "auth"
+    PROTOCOL = "protocol"
+    UNKNOWN_OP = "unknown_op"
+    BAD_ARGS = "bad_args"
+    LIMIT = "limit"
+    VALUE_RANGE = "value_range"
+    SKIPPED = "skipped"
+    BUSY = "busy"
+    INTERNAL = "internal"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AnswerKind(str, Enum):
+    """The `kind` of an invocation's answer on the wire: a whole answer (a Result) or
+    the changes since a cursor (Changes)."""
+
+    ANSWER = "answer"
+    CHANGES = "changes"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class ProtocolError(PSoupError):
     """A request the protocol rejects before the engine sees it (bad frame, unknown op,
     bad arguments, a limit, authentication), or an error reply with a code that names no
@@ -43,14 +92,14 @@ class ProtocolError(PSoupError):
         code: the wire code, e.g. "bad_args", "limit", "auth".
 
     Example:
-        >>> e = ProtocolError("limit", "batch of 5 rows exceeds the limit of 4")
+        >>> e = ProtocolError(ErrorCode.LIMIT, "batch of 5 rows exceeds the limit of 4")
         >>> e.code, str(e)
         ('limit', 'batch of 5 rows exceeds the limit of 4')
     """
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
-        self.code = code
+        self.code = str(code)       # an ErrorCode as its plain string, as the wire has it
 
 
 def _default(value: Any) -> Any:
@@ -60,7 +109,8 @@ def _default(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, int):          # msgpack's integers stop at 64 bits
-        raise ProtocolError("value_range", f"the integer {value} does not fit the protocol's "
+        raise ProtocolError(ErrorCode.VALUE_RANGE,
+                            f"the integer {value} does not fit the protocol's "
                             "64-bit integers (a SUM over INT beyond 2**64?); invoke the "
                             "query embedded, or sum a FLOAT column")
     raise TypeError(f"cannot send a value of type {type(value).__name__}")
@@ -77,7 +127,7 @@ def pack_frame(message: Any) -> bytes:
         >>> HEADER.unpack(frame[:4])[0] == len(frame) - 4
         True
     """
-    payload = msgpack.packb(message, use_bin_type=True, default=_default)
+    payload: bytes = msgpack.packb(message, use_bin_type=True, default=_default)
     return HEADER.pack(len(payload)) + payload
 
 
@@ -94,8 +144,8 @@ def unpack_payload(payload: bytes) -> Any:
     try:
         return msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError("bad_frame", f"undecodable msgpack payload of {len(payload)} "
-                                         f"bytes ({type(exc).__name__}: {exc})") from None
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"undecodable msgpack payload of {len(payload)} "
+                                                 f"bytes ({type(exc).__name__}: {exc})") from None
 
 
 def request(payload: bytes) -> tuple[Any, str, Mapping[str, Any]]:
@@ -110,12 +160,12 @@ def request(payload: bytes) -> tuple[Any, str, Mapping[str, Any]]:
     """
     message = unpack_payload(payload)
     if not isinstance(message, Mapping):
-        raise ProtocolError("bad_frame", f"a request must be a map, not "
-                                         f"{type(message).__name__}")
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"a request must be a map, not "
+                                                 f"{type(message).__name__}")
     missing = [key for key in ("id", "op") if key not in message]
     if missing:
-        raise ProtocolError("bad_frame", f"a request needs an id and an op (missing: "
-                                         f"{', '.join(missing)})")
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"a request needs an id and an op (missing: "
+                                                 f"{', '.join(missing)})")
     return message["id"], message["op"], message.get("args") or {}
 
 
@@ -127,7 +177,7 @@ def error_reply(request_id: Any, code: str, message: str, **extra: Any) -> dict[
     """An error reply; `extra` adds fields to its error map (a busy reply's
     `retry_after`)."""
     return {"id": request_id, "ok": False,
-            "error": {"code": code, "message": message, **extra}}
+            "error": {"code": str(code), "message": message, **extra}}
 
 
 def error_of(error: Any) -> PSoupError:
@@ -140,7 +190,7 @@ def error_of(error: Any) -> PSoupError:
         'limit'
     """
     if not isinstance(error, Mapping):
-        return ProtocolError("internal", f"malformed error reply: {error!r}")
+        return ProtocolError(ErrorCode.INTERNAL, f"malformed error reply: {error!r}")
     code, message = str(error.get("code", "error")), str(error.get("message", ""))
     if code == Busy.code:
         after = error.get("retry_after")
@@ -201,10 +251,10 @@ def encode_answer(answer: Result | Changes) -> dict[str, Any]:
         ('answer', '<i8', 'c')
     """
     if isinstance(answer, Changes):
-        return {"kind": "changes", "columns": answer.columns,
+        return {"kind": AnswerKind.CHANGES.value, "columns": answer.columns,
                 "inserted": _rows_part(answer.inserted), "deleted": _rows_part(answer.deleted),
                 "cursor": answer.cursor}
-    wire = {"kind": "answer", "columns": answer.columns, **_rows_part(answer),
+    wire = {"kind": AnswerKind.ANSWER.value, "columns": answer.columns, **_rows_part(answer),
             "cursor": answer.cursor}
     if not answer.exact:                # a TABLESAMPLE answer: its rates and errors
         wire["fidelity"] = [list(f) for f in answer.fidelity]
@@ -224,13 +274,13 @@ def _result_of(columns: list[str], part: Mapping[str, Any], cursor: str | None) 
     values = [decode_array(v) for v in part["values"]]
     if part.get("rows"):            # Python values (an aggregated answer's): its rows
         as_lists = [v.tolist() if isinstance(v, np.ndarray) else v for v in values]
-        return Result(columns, list(zip(*as_lists)) if as_lists else [], ts, tuple_ids,
+        return Result(columns, list(zip(*as_lists, strict=True)) if as_lists else [], ts, tuple_ids,
                       cursor, keys=keys)
     return Result(columns, None, ts, tuple_ids, cursor, keys=keys,
                   values=[v if isinstance(v, np.ndarray) else _objects(v) for v in values])
 
 
-def _objects(values: list) -> np.ndarray:
+def _objects(values: list[Any]) -> NDArray[np.object_]:
     """A list (a TEXT column) as the object array the engine holds."""
     column = np.empty(len(values), dtype=object)
     column[:] = values
@@ -248,7 +298,7 @@ def decode_answer(wire: Mapping[str, Any]) -> Result | Changes:
         ([(1,)], [5.0], [3], 'c')
     """
     columns = list(wire["columns"])
-    if wire["kind"] == "changes":
+    if wire["kind"] == AnswerKind.CHANGES:
         return Changes(columns, _result_of(columns, wire["inserted"], None),
                        _result_of(columns, wire["deleted"], None), wire["cursor"])
     result = _result_of(columns, wire, wire["cursor"])

@@ -26,6 +26,7 @@ authenticates, pipelines, and groups commits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import hmac
 import logging
@@ -36,22 +37,33 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import msgpack
 
-import psoup
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
 from psoup.engine import DEFAULT_ANSWER_CACHE, Engine
 from psoup.errors import PSoupError
+from psoup.options import ModeName, SyncName
 from psoup.server.allocator import keep_freed_memory
-from psoup.server.ops import OPS, Limits, Op
-from psoup.server.protocol import (HEADER, PROTOCOL, ProtocolError, error_reply, ok_reply,
-                                   pack_frame, request, unpack_payload)
+from psoup.server.ops import OPS, Limits, Op, OpName
+from psoup.server.protocol import (
+    HEADER,
+    PROTOCOL,
+    ErrorCode,
+    ProtocolError,
+    error_reply,
+    ok_reply,
+    pack_frame,
+    request,
+    unpack_payload,
+)
+from psoup.version import __version__
 
 log = logging.getLogger("psoup.server")
 
@@ -69,6 +81,12 @@ _POOLED_SECONDS = 1.0
 #: How long a batch of parked reads may hold the engine lock before a waiting write.
 BATCH_SECONDS = 0.005
 
+#: A write queued for the writer thread: its call, the future of its outcome (ok, value
+#: or exception), and its bytes in the ingest queue.
+_Write = tuple[Callable[[], Any], asyncio.Future[tuple[bool, Any]], int]
+#: What a batch of parked reads gives back: (reply future, frame, read key, CPU seconds).
+_Batch = list[tuple[asyncio.Future[bytes], bytes, tuple[str, Any], float]]
+
 
 class _Conversation:
     """One connection's pipeline: replies leave in request order; `last_write` is the
@@ -77,9 +95,10 @@ class _Conversation:
     batches of a rejected multi-batch insert are skipped, not applied."""
 
     def __init__(self, limit: int):
-        self.replies: asyncio.Queue = asyncio.Queue(limit)
-        self.sender: asyncio.Task | None = None
-        self.last_write: asyncio.Future | None = None
+        # None: the last reply was queued, the sender stops
+        self.replies: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue(limit)
+        self.sender: asyncio.Task[None] | None = None
+        self.last_write: asyncio.Future[bytes] | None = None
         self.chain_ok = True
         # its last insert was refused "busy": the ones it chained after it are refused
         # too, until one that does not chain (set and read on the event loop)
@@ -104,7 +123,7 @@ class _Conversation:
         except (ConnectionError, OSError, asyncio.TimeoutError):
             sender.cancel()
 
-    async def _last(self, sender: asyncio.Task) -> None:
+    async def _last(self, sender: asyncio.Task[None]) -> None:
         await self.replies.put(None)
         await sender
 
@@ -145,10 +164,10 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
-        self._connections: set[asyncio.Task] = set()    # authenticated
+        self._connections: set[asyncio.Task[Any]] = set()    # authenticated
         # not yet through their hello, oldest first (a dict keeps the order)
-        self._pending: dict[asyncio.Task, None] = {}
-        self._writes: asyncio.Queue | None = None
+        self._pending: dict[asyncio.Task[Any], None] = {}
+        self._writes: asyncio.Queue[_Write] | None = None
         self._read_pool: ThreadPoolExecutor | None = None
         self._write_pool: ThreadPoolExecutor | None = None
         # reads that took over INLINE_SECONDS: (op, handle) -> run them on the pool
@@ -157,7 +176,7 @@ class Server:
         # reads waiting for the engine lock, answered together by one read thread (a
         # deque: the loop appends while that thread takes from the front)
         self._parked: deque[tuple[Any, Op, Mapping[str, Any], tuple[str, Any],
-                                  asyncio.Future]] = deque()
+                                  asyncio.Future[bytes]]] = deque()
         self._batching = False
         self.requests = 0                # answered or refused since start, for the log
         # the ingest queue: inserts received and not yet applied (bytes, and when each
@@ -213,10 +232,8 @@ class Server:
         server is running. Idempotent; callable from any thread."""
         loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None:
-            try:
+            with contextlib.suppress(RuntimeError):     # the loop already closed
                 loop.call_soon_threadsafe(stopping.set)
-            except RuntimeError:  # the loop already closed
-                pass
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
@@ -304,65 +321,20 @@ class Server:
                 except ProtocolError as exc:
                     await self._refuse(reader, writer, peer, None, exc.code, str(exc), conv)
                     return
-                if op == "hello" or not authenticated:
-                    if not self._hello_ok(op, args):
-                        await self._refuse(
-                            reader, writer, peer, request_id, "auth",
-                            "wrong access token" if op == "hello" else
-                            f"the first request must be hello with the access token, not "
-                            f"{op!r}", conv)
+                if op == OpName.HELLO or not authenticated:
+                    authenticated = await self._greet(reader, writer, peer, request_id, op,
+                                                      args, began, conv)
+                    if not authenticated:
                         return
-                    if len(self._connections) >= self.limits.max_connections:
-                        await self._refuse(
-                            reader, writer, peer, request_id, "limit",
-                            f"the server has {self.limits.max_connections} connections open, "
-                            "its limit; try again later", conv)
-                        return
-                    spoken = args.get("protocol", 1)
-                    if spoken != PROTOCOL:
-                        await self._refuse(
-                            reader, writer, peer, request_id, "protocol",
-                            f"this client speaks protocol {spoken!r}, the server {PROTOCOL}: "
-                            "install the same psoup version on both sides", conv)
-                        return
-                    authenticated = True
-                    task = asyncio.current_task()
-                    assert task is not None, "a connection runs in its own task"
-                    self._pending.pop(task, None)
-                    self._connections.add(task)
-                    hello = asyncio.get_running_loop().create_future()
-                    hello.set_result(pack_frame(ok_reply(request_id, self._hello())))
-                    _log_request(peer, op, began, hello)
-                    await conv.replies.put(hello)
                     continue
-                now = self._read_now(request_id, op, args, conv)
-                _log_request(peer, op, began, now)
-                if isinstance(now, asyncio.Future):
-                    await conv.replies.put(now)
-                elif now is None:
-                    size = len(payload) if op == "insert" else 0
-                    refused = self._refusal(request_id, args, size, conv) if size else None
-                    if refused is not None:
-                        _log_request(peer, op, began, refused)
-                        ready = asyncio.get_running_loop().create_future()
-                        ready.set_result(refused)
-                        await conv.replies.put(ready)
-                        continue
-                    dispatched = asyncio.ensure_future(self._dispatch(
-                        request_id, op, args, conv, conv.last_write, size,
-                        self._queued_token))
-                    _log_request(peer, op, began, dispatched)
-                    spec = OPS.get(op) if isinstance(op, str) else None
-                    if spec is not None and spec.write:
-                        conv.last_write = dispatched
-                    await conv.replies.put(dispatched)
+                reply = self._take(request_id, op, args, len(payload), conv, peer, began)
+                if isinstance(reply, asyncio.Future):
+                    await conv.replies.put(reply)
                 elif conv.owes_nothing():
-                    writer.write(now)
+                    writer.write(reply)
                     await writer.drain()
                 else:
-                    ready = asyncio.get_running_loop().create_future()
-                    ready.set_result(now)
-                    await conv.replies.put(ready)
+                    await conv.replies.put(_ready(reply))
         except asyncio.CancelledError:
             cancelled = True
             raise
@@ -371,6 +343,64 @@ class Server:
                 conv.sender.cancel()
             else:
                 await conv.finish(self.limits.read_timeout)
+
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     peer: Any, request_id: Any, op: Any, args: Any, began: float,
+                     conv: _Conversation) -> bool:
+        """Answer a hello (or refuse the request of a connection that has not said one):
+        whether the connection is now authenticated; if not, it was refused and is to
+        be closed."""
+        if not self._hello_ok(op, args):
+            await self._refuse(
+                reader, writer, peer, request_id, ErrorCode.AUTH,
+                "wrong access token" if op == OpName.HELLO else
+                f"the first request must be hello with the access token, not "
+                f"{op!r}", conv)
+            return False
+        if len(self._connections) >= self.limits.max_connections:
+            await self._refuse(
+                reader, writer, peer, request_id, ErrorCode.LIMIT,
+                f"the server has {self.limits.max_connections} connections open, "
+                "its limit; try again later", conv)
+            return False
+        spoken = args.get("protocol", 1)
+        if spoken != PROTOCOL:
+            await self._refuse(
+                reader, writer, peer, request_id, ErrorCode.PROTOCOL,
+                f"this client speaks protocol {spoken!r}, the server {PROTOCOL}: "
+                "install the same psoup version on both sides", conv)
+            return False
+        task = asyncio.current_task()
+        assert task is not None, "a connection runs in its own task"
+        self._pending.pop(task, None)
+        self._connections.add(task)
+        hello = _ready(pack_frame(ok_reply(request_id, self._hello())))
+        _log_request(peer, op, began, hello)
+        await conv.replies.put(hello)
+        return True
+
+    def _take(self, request_id: Any, op: Any, args: Any, size: int, conv: _Conversation,
+              peer: Any, began: float) -> bytes | asyncio.Future[bytes]:
+        """The reply to an authenticated request of `size` bytes: a frame when a read
+        was answered here and now (`_read_now`), else a future of it (a parked read, an
+        insert the ingest queue refused, or a dispatched request)."""
+        now = self._read_now(request_id, op, args, conv)
+        _log_request(peer, op, began, now)
+        if now is not None:
+            return now
+        if op != OpName.INSERT:
+            size = 0
+        refused = self._refusal(request_id, args, size, conv) if size else None
+        if refused is not None:
+            _log_request(peer, op, began, refused)
+            return _ready(refused)
+        dispatched = asyncio.ensure_future(self._dispatch(
+            request_id, op, args, conv, conv.last_write, size, self._queued_token))
+        _log_request(peer, op, began, dispatched)
+        spec = OPS.get(op) if isinstance(op, str) else None
+        if spec is not None and spec.write:
+            conv.last_write = dispatched
+        return dispatched
 
     @staticmethod
     async def _send_replies(writer: asyncio.StreamWriter, conv: _Conversation) -> None:
@@ -417,7 +447,7 @@ class Server:
             head += await _within(reader, 4 - len(head), timeout)
             (size,) = HEADER.unpack(head)
             if size > most:
-                await self._refuse(reader, writer, peer, None, "frame_too_large",
+                await self._refuse(reader, writer, peer, None, ErrorCode.FRAME_TOO_LARGE,
                                    f"a frame of {size} bytes exceeds the limit of {most} "
                                    f"bytes{'' if idle else ' before hello'}", conv)
                 return None
@@ -445,10 +475,8 @@ class Server:
         await self._send(writer, error_reply(request_id, code, message))
         if writer.can_write_eof():
             writer.write_eof()
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(_discard(reader), _LINGER_SECONDS)
-        except asyncio.TimeoutError:
-            pass
 
     async def _send(self, writer: asyncio.StreamWriter, message: Any) -> None:
         await self._send_frame(writer, pack_frame(message))
@@ -459,12 +487,12 @@ class Server:
         await writer.drain()
 
     def _hello_ok(self, op: Any, args: Any) -> bool:
-        token = args.get("token") if op == "hello" and isinstance(args, Mapping) else None
+        token = args.get("token") if op == OpName.HELLO and isinstance(args, Mapping) else None
         return isinstance(token, str) and hmac.compare_digest(token.encode(), self._token)
 
     def _hello(self) -> dict[str, Any]:
         limits = asdict(self.limits)
-        return {"server": "psoup", "version": psoup.__version__, "protocol": PROTOCOL,
+        return {"server": "psoup", "version": __version__, "protocol": PROTOCOL,
                 "server_id": self.server_id,
                 "limits": {k: limits[k] for k in
                            ("max_frame_bytes", "max_batch_rows", "max_query_chars",
@@ -473,7 +501,7 @@ class Server:
     # ------------------------------------------------------------------ requests
 
     def _read_now(self, request_id: Any, op: Any, args: Any,
-                  conv: _Conversation) -> bytes | asyncio.Future | None:
+                  conv: _Conversation) -> bytes | asyncio.Future[bytes] | None:
         """A read without a task or a thread of its own: its reply frame, run here on the
         event loop when the engine lock is free and nobody waits for it; else a future
         of it, parked for the next batch of reads. None when `_dispatch` must take it: a
@@ -512,7 +540,7 @@ class Server:
     def _run(self, spec: Op, parsed: dict[str, Any]) -> Any:
         """Run an operation on the engine; stats also tell the ingest queue's state."""
         value = spec.run(self.engine, parsed)
-        if spec.name == "stats":
+        if spec.name is OpName.STATS:
             value = {**value, "ingest_queue": self.queue_stats()}
         return value
 
@@ -532,7 +560,7 @@ class Server:
         done = self._loop.run_in_executor(self._read_pool, self._run_batch)
         done.add_done_callback(self._batch_done)
 
-    def _run_batch(self) -> list[tuple[asyncio.Future, bytes, tuple[str, Any], float]]:
+    def _run_batch(self) -> _Batch:
         """On a read thread: take the engine lock (in turn, behind the calls already
         waiting for it), then answer parked reads until none is left or BATCH_SECONDS
         have passed, so that a waiting write is held up by at most that."""
@@ -545,7 +573,7 @@ class Server:
                 out.append((reply, self._run_read(request_id, spec, args), key, cpu() - start))
         return out
 
-    def _batch_done(self, done: asyncio.Future) -> None:
+    def _batch_done(self, done: asyncio.Future[_Batch]) -> None:
         self._batching = False
         if done.cancelled():                 # the server is stopping
             return
@@ -557,7 +585,7 @@ class Server:
             self._next_batch()
 
     async def _dispatch(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                        after: asyncio.Future | None, size: int = 0, token: int = 0
+                        after: asyncio.Future[bytes] | None, size: int = 0, token: int = 0
                         ) -> bytes:
         """The reply frame of one authenticated request. A read waits for `after`, the
         last write its connection sent before it (a client reads its own writes); an
@@ -578,7 +606,7 @@ class Server:
         it again; "skipped" for an insert chained after one refused so. O(1)."""
         chained = isinstance(args, Mapping) and bool(args.get("chain"))
         if chained and conv.refused:
-            return pack_frame(error_reply(request_id, "skipped", "not applied: an earlier "
+            return pack_frame(error_reply(request_id, ErrorCode.SKIPPED, "not applied: an earlier "
                                           "batch of the same insert was refused (busy)"))
         limit = self.limits.max_queued_bytes
         if self._queued_bytes and self._queued_bytes + size > limit:
@@ -586,7 +614,7 @@ class Server:
             self._busy_replies += 1
             wait = min(5.0, max(0.02, (self._queued_bytes + size - limit) / self._apply_rate))
             return pack_frame(error_reply(
-                request_id, "busy", f"the server is applying {self._queued_bytes:,} bytes "
+                request_id, ErrorCode.BUSY, f"the server is applying {self._queued_bytes:,} bytes "
                 f"of earlier inserts, its limit (max_queued_bytes={limit:,}); nothing was "
                 f"applied: send it again in {wait:.2f}s", retry_after=round(wait, 3)))
         conv.refused = False
@@ -608,14 +636,15 @@ class Server:
                 "peak_bytes": self._queued_peak, "busy_replies": self._busy_replies}
 
     async def _dispatched(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                          after: asyncio.Future | None, size: int) -> bytes:
+                          after: asyncio.Future[bytes] | None, size: int) -> bytes:
         try:
             spec = OPS.get(op) if isinstance(op, str) else None
             if spec is None:
-                raise ProtocolError("unknown_op", f"unknown op {op!r} (ops: hello, "
-                                                  f"{', '.join(OPS)})")
+                raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r} (ops: hello, "
+                                                          f"{', '.join(OPS)})")
             if not isinstance(args, Mapping):
-                raise ProtocolError("bad_args", f"args must be a map, not {type(args).__name__}")
+                raise ProtocolError(ErrorCode.BAD_ARGS,
+                                    f"args must be a map, not {type(args).__name__}")
             parsed = spec.parse(args, self.limits)
         except ProtocolError as exc:
             return pack_frame(error_reply(request_id, exc.code, str(exc)))
@@ -628,7 +657,7 @@ class Server:
             return await loop.run_in_executor(self._read_pool, self._reply, request_id,
                                               lambda: (True, apply()))
         done = loop.create_future()
-        chained = op == "insert" and bool(args.get("chain"))
+        chained = op == OpName.INSERT and bool(args.get("chain"))
         assert self._writes is not None, "requests are dispatched only while serving"
         await self._writes.put((partial(_in_chain, conv, chained, apply), done, size))
         outcome = await done
@@ -645,7 +674,7 @@ class Server:
             return pack_frame(error_reply(request_id, exc.code, str(exc)))
         except Exception as exc:
             log.exception("request %r failed", request_id)
-            return pack_frame(error_reply(request_id, "internal",
+            return pack_frame(error_reply(request_id, ErrorCode.INTERNAL,
                                           f"internal error: {type(exc).__name__}: {exc}"))
 
     async def _write_loop(self) -> None:
@@ -662,7 +691,7 @@ class Server:
             applied, took = sum(size for _, _, size in group), time.perf_counter() - began
             if applied and took > 0:          # smoothed, for a busy reply's retry_after
                 self._apply_rate = 0.8 * self._apply_rate + 0.2 * applied / took
-            for (_, done, _), outcome in zip(group, outcomes):
+            for (_, done, _), outcome in zip(group, outcomes, strict=True):
                 if not done.done():
                     done.set_result(outcome)
 
@@ -679,17 +708,25 @@ class Server:
                 self.engine.commit()
             except Exception as exc:
                 log.exception("commit failed")
-                failed = ProtocolError("internal", f"the change was applied but could not be "
-                                                   f"made durable: {type(exc).__name__}: {exc}")
+                failed = ProtocolError(ErrorCode.INTERNAL,
+                                       f"the change was applied but could not be "
+                                       f"made durable: {type(exc).__name__}: {exc}")
                 outcomes = [(False, failed) if ok else (ok, v) for ok, v in outcomes]
         return outcomes
+
+def _ready(frame: bytes) -> asyncio.Future[bytes]:
+    """A reply that is ready, as the future the conversation's queue holds."""
+    ready: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    ready.set_result(frame)
+    return ready
+
 
 def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> Any:
     """Apply one write on the writer thread, unless it continues an insert whose earlier
     batch was rejected (insert's "chain" argument)."""
     if chained and not conv.chain_ok:
-        raise ProtocolError("skipped", "not applied: an earlier batch of the same insert "
-                                       "was rejected")
+        raise ProtocolError(ErrorCode.SKIPPED, "not applied: an earlier batch of the same insert "
+                                               "was rejected")
     conv.chain_ok = False
     result = apply()
     conv.chain_ok = True
@@ -697,7 +734,7 @@ def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> A
 
 
 def _log_request(peer: Any, op: Any, began: float,
-                 reply: bytes | asyncio.Future | None) -> None:
+                 reply: bytes | asyncio.Future[bytes] | None) -> None:
     """One line when `reply` (a frame, or a future of one) is ready: the peer, the op,
     the outcome ("ok" or the error code) and the milliseconds since the request was
     read. Successes log at DEBUG, errors at INFO, so a server at its default level
@@ -758,8 +795,8 @@ async def _discard(reader: asyncio.StreamReader) -> None:
 
 
 def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
-               port: int = DEFAULT_PORT, token: str | None = None, mode: str = "partial",
-               sync: str = "group", limits: Limits | None = None,
+               port: int = DEFAULT_PORT, token: str | None = None, mode: ModeName = "partial",
+               sync: SyncName = "group", limits: Limits | None = None,
                spark_master: str | None = None, echo: Callable[[str], Any] = print,
                spark_conf: Mapping[str, str] | None = None,
                archive_budget: float | None = None,
@@ -773,8 +810,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             generates one and writes it, owner-readable only, to `data_dir/token` (when
             there is a data dir) and to `psoup.config.token_path(host, port)`, where
             local clients look for it. The token itself is never printed.
-        mode: the engine mode (psoup.MODES).
-        sync: when the log reaches the disk (psoup.engine.SYNC_MODES); "group" commits
+        mode: the engine mode (psoup.options.ModeName).
+        sync: when the log reaches the disk (psoup.options.SyncName); "group" commits
             once per group of writes, before any of them is acknowledged.
         limits: request and connection limits.
         spark_master: the Spark master of history jobs (default local[*]); a client
@@ -835,7 +872,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                 where = ("in memory only (not durable)" if data_dir is None
                          else f"data in {data_dir}")
                 secret = f"token in {written[0]}" if written else "token as given"
-                echo(f"psoup {psoup.__version__} serving on {bound_host}:{bound_port}, "
+                echo(f"psoup {__version__} serving on {bound_host}:{bound_port}, "
                      f"{where}, mode {mode}, {secret}; Ctrl-C stops")
                 while not stop.wait(0.5):
                     pass
@@ -844,12 +881,10 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         finally:
             engine.close()
         up = time.monotonic() - began
-        try:
+        with contextlib.suppress(OSError):  # the startup line's reader has gone (a pipe)
             echo(f"psoup on {bound_host}:{bound_port} stopped after {up // 3600:.0f}h"
                  f"{up % 3600 // 60:02.0f}m{up % 60:02.0f}s and {server.requests:,} requests"
                  f"{'' if data_dir is None else f'; data in {data_dir} closed cleanly'}")
-        except OSError:
-            pass        # the reader of the startup line has gone (a closed pipe)
     finally:
         for path in written:
             path.unlink(missing_ok=True)
