@@ -325,7 +325,7 @@ def test_a_cursor_is_issued_when_first_read_and_is_the_one_issued_at_once() -> N
     eng.close()
     cursor = late.cursor                         # after later inserts, and close
     assert cursor == late.cursor
-    assert _answerable(eng, h, [cursor, now.cursor], now=11.0) == 2, "both stored"
+    assert _answerable(eng, h, [str(cursor), str(now.cursor)], now=11.0) == 2, "both stored"
     changes = eng.invoke(h, now=11.0, since=cursor)
     assert isinstance(changes, Changes)
     assert changes.inserted.rows == [(1, 2)] and changes.deleted.rows == [(1, 1)]
