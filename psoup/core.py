@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from psoup.archive.tiers import ArchiveTiers
+from psoup.archive.tiers import ArchiveTiers, Sampled
 from psoup.bits import words_for
 from psoup.eddy.eddy import Eddy
 from psoup.eddy.routing import POLICIES
@@ -172,7 +172,9 @@ class Core:
         queries: dict[str, dict[str, Any]] = {
             handle: {"sql": plan.query.sql, "slot": plan.id,
                      "results": self._retained_matches(plan),
-                     "history": plan.id in self.tiers, "archived": self.tiers.count(plan.id)}
+                     "history": plan.id in self.tiers, "archived": self.tiers.count(plan.id),
+                     "tier_files": self.tiers.files(plan.id),
+                     "sampled_below": _below(self.tiers.sampled(plan.id))}
             for handle, plan in self.handles.items()}
         groups = self.kept.groups
         for handle, plan in self.handles.items():
@@ -216,3 +218,8 @@ class Core:
         assert self.query_stem.streams() <= streams, "no index of a dropped stream"
         assert self.kept.streams() <= streams, "nothing kept of a dropped stream"
         assert not self.eddy.ntp and not self.eddy.ttp, "the eddy's pools are drained"
+
+
+def _below(sampled: Sampled | None) -> int | None:
+    """The tupleID below which a tier's archived matches come from a sample (stats)."""
+    return None if sampled is None else sampled.below

@@ -1,7 +1,8 @@
 """Small helpers shared by test modules: a settable clock, SQL literals, creating the
 scenario's streams in an engine, inserting one batch everywhere, writing input files,
-reading a reply frame off a raw socket, running a real server process to kill, and a
-Python that has psoup's dependencies but not psoup (for Spark executors).
+reading a reply frame off a raw socket, running a real server process to kill, a
+Python that has psoup's dependencies but not psoup (for Spark executors), engines that
+always reuse their last answers, and the count of an engine's bit-sliced rows.
 """
 
 from __future__ import annotations
@@ -13,11 +14,17 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+import pytest
+
 from psoup.errors import PSoupError
+from psoup.kernels import SLICED
+from psoup.results import recent
+from psoup.results.partial import PartialResults
 from psoup.server.protocol import HEADER, unpack_payload
 
 if TYPE_CHECKING:
@@ -194,9 +201,30 @@ def python_without_psoup(folder: Path) -> Path:
     return python
 
 
-def always_reuse(engine: Engine) -> None:
-    """Have `engine` keep every selection answer it may and make the next one from it
-    whenever the window moved forward (psoup.results.recent), however small the window:
-    by default only large windows are worth it, which small test streams never reach."""
-    recent = engine._core.answers.recent
-    recent.skip_rows_per_ns, recent.fixed_ns = 1e-9, 0
+@contextmanager
+def always_reuse() -> Iterator[None]:
+    """Engines made in this block keep every selection answer they may and make the
+    next one from it whenever the window moved forward (psoup.results.recent), however
+    small the window: by default only large windows are worth it, which small test
+    streams never reach. An engine's answers take their cost model from the module's
+    constants when it is made, so engines made outside the block keep the real one."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(recent, "SKIP_ROWS_PER_NS", 1e-9)
+        patch.setattr(recent, "FIXED_NS", 0)
+        yield
+
+
+def sliced_rows(engine: Engine) -> int:
+    """How many word rows of a PSoup-P engine's bitmap chunks are bit-sliced
+    (psoup.kernels.slice_row). The one look inside an engine the tests take: slicing
+    changes the layout only, never an answer or a size any interface shows, so this
+    count is how tests/test_sliced_rows.py knows its answers came from sliced rows."""
+    selections = engine._core.kept.selections
+    assert isinstance(selections, PartialResults)
+    sliced = 0
+    for chunks in selections._bitmaps.values():
+        for chunk in chunks.values():
+            padded = chunk.base         # the chunk's rows with the form word after them
+            assert padded is not None
+            sliced += int((padded[:, selections.chunk_rows] == SLICED).sum())
+    return sliced

@@ -60,6 +60,12 @@ def served() -> Iterator[Served]:
         server.stop()
 
 
+def _stored(engine: Engine) -> dict[str, np.ndarray]:
+    """The rows S holds, in the order they were applied (they share one ts), as a
+    query over S answers them."""
+    return engine.invoke(engine.register("SELECT p, k FROM S")).to_numpy()
+
+
 def _batch(producer: int, start: int, n: int) -> dict[str, Any]:
     return {"p": np.full(n, producer), "k": np.arange(start, start + n)}
 
@@ -92,7 +98,7 @@ def test_producers_faster_than_ingest_are_held_back_and_lose_nothing(served: Ser
     assert queue["busy_replies"] > 0, "the producers were faster than the engine"
     assert queue["peak_bytes"] <= limit
     assert queue["inserts"] == queue["bytes"] == 0
-    stored = engine._core.stem("S").rows(0, engine._core.stem("S").n)
+    stored = _stored(engine)
     for p in range(3):
         keys = stored["k"][stored["p"] == p]
         assert keys.tolist() == list(range(rows * batches)), f"producer {p}"
@@ -124,7 +130,7 @@ def test_a_busy_reply_says_when_to_come_back_and_applies_nothing(served: Served)
     assert busy["error"]["code"] == "busy" and 0 < busy["error"]["retry_after"] <= 5
     assert "max_queued_bytes=200" in busy["error"]["message"]
     assert skipped["error"]["code"] == "skipped"
-    assert engine._core.stem("S").rows(0, engine._core.stem("S").n)["p"].tolist() == [1]
+    assert _stored(engine)["p"].tolist() == [1]
 
 
 def test_the_client_gives_up_after_its_busy_timeout_and_nothing_is_applied(
@@ -143,7 +149,7 @@ def test_the_client_gives_up_after_its_busy_timeout_and_nothing_is_applied(
         gate.set()
         held.join(5)
         second.insert("S", [(2, 0)], ts=1.0)    # the queue drained: taken at once
-    assert engine._core.stem("S").rows(0, engine._core.stem("S").n)["p"].tolist() == [1, 2]
+    assert _stored(engine)["p"].tolist() == [1, 2]
 
 
 #: A server process whose engine takes 20 ms more per insert (an engine that cannot keep

@@ -10,6 +10,9 @@ import os
 import pickle
 import stat
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import psoup
+import psoup.engine
 from psoup.errors import CursorExpired, CursorInvalid
-from psoup.results.cursors import SECRET_FILE
+from psoup.results.cursors import SECRET_FILE, CursorStore
 from psoup.results.result import Changes, Result
 
 QUERIES = [
@@ -33,10 +37,40 @@ QUERIES = [
 ]
 
 
-def _engine(retain: int = 14) -> psoup.Engine:
-    eng = psoup.Engine(clock=lambda: 0.0, chunk_rows=4)
+def _engine(retain: int = 14, budget: int | None = None) -> psoup.Engine:
+    """An engine over R; with `budget`, its cursor store keeps that many bytes of
+    answers instead of the default."""
+    with _cursor_budget(budget):
+        eng = psoup.Engine(clock=lambda: 0.0, chunk_rows=4)
     eng.execute(f"CREATE STREAM R (a INT, b INT) RETAIN {retain} ROWS")
     return eng
+
+
+@contextmanager
+def _cursor_budget(budget: int | None) -> Iterator[None]:
+    """Engines made meanwhile get a CursorStore of `budget` bytes (None: the default).
+    The engine has no option for it: the budget is the store's constructor argument,
+    so the test hands the engine a store class that has it bound."""
+    if budget is None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(psoup.engine, "CursorStore", partial(CursorStore, budget=budget))
+        yield
+
+
+def _answerable(eng: psoup.Engine, handle: str, cursors: list[str], now: float) -> int:
+    """How many of `cursors` (of an aggregate: answered from a stored copy only) a poll
+    still accepts. A poll whose current answer was read last stores nothing new, so
+    counting does not change what is kept."""
+    count = 0
+    for cursor in cursors:
+        try:
+            eng.invoke(handle, now=now, since=cursor)
+        except CursorExpired:
+            continue
+        count += 1
+    return count
 
 
 def _identities(result: Result, sql: str) -> Counter[Any]:
@@ -73,8 +107,7 @@ def test_changes_are_the_difference_of_independently_computed_answers(
     chunks of 4) and invocations at increasing NOW. With the default budget no cursor
     expires; with none (only the newest answer kept) range windows are still recomputed,
     and a cursor that expires changes nothing."""
-    eng = _engine()
-    eng._cursors.budget = budget
+    eng = _engine(budget=budget)
     handles = [eng.register(sql) for sql in QUERIES]
     issued: list[list[tuple[str | None, Result]]] = [[] for _ in QUERIES]   # (cursor, answer)
     now = 10.0
@@ -112,16 +145,19 @@ def test_a_hundred_pollers_never_see_an_expired_cursor(budget: int, queries: lis
     answers are per distinct answer, not per poller (none at all are needed for
     windows inside retention)."""
     rng = np.random.default_rng(7)
-    eng = _engine(retain)
-    eng._cursors.budget = budget
+    eng = _engine(retain, budget)
     handles = [eng.register(sql) for sql in queries]
     now = 10.0
     pollers: list[list[Any]] = []
+    issued: list[set[str]] = [set() for _ in handles]     # the cursors of each round
     for i in range(100):
         q = i % len(handles)
         answer = eng.invoke(handles[q], now=now)
         pollers.append([q, answer.cursor, answer])
+        issued[q].add(str(answer.cursor))
     for _ in range(8):
+        assert all(len(cursors) == 1 for cursors in issued), "one answer a round"
+        issued = [set() for _ in handles]
         eng.insert("R", {"a": rng.integers(0, 5, 2), "b": rng.integers(0, 6, 2)}, ts=now)
         now += float(rng.integers(1, 3))
         for i in rng.permutation(len(pollers)):
@@ -131,8 +167,12 @@ def test_a_hundred_pollers_never_see_an_expired_cursor(budget: int, queries: lis
             assert isinstance(changes, Changes)
             _assert_difference(changes, old, new, queries[q])
             pollers[i][1:] = [changes.cursor, new]
-        eng._check()
-    assert len(eng._cursors._kept) <= (1 if budget == 0 else 2 * 9 * len(queries))
+            issued[q].add(changes.cursor)
+        eng._check()       # with budget 0: only the newest answer stored
+    # All the pollers of a handle got the same cursor each round, and the store keeps
+    # one copy per distinct (handle, answer): at most one a handle per round, not one
+    # a poller, whichever the budget.
+    assert all(len(cursors) == 1 for cursors in issued)
 
 
 def test_pollers_holding_one_answer_share_its_stored_copy() -> None:
@@ -140,7 +180,7 @@ def test_pollers_holding_one_answer_share_its_stored_copy() -> None:
     h = eng.register(QUERIES[4])                 # an aggregate: answered from a copy
     eng.insert("R", [(1, 1), (2, 2)], ts=10.0)
     cursors = {eng.invoke(h, now=10.0).cursor for _ in range(50)}
-    assert len(cursors) == 1 and len(eng._cursors._kept) == 1
+    assert len(cursors) == 1
     eng.insert("R", [(1, 3)], ts=11.0)
     changes = eng.invoke(h, now=11.0, since=cursors.pop())
     assert isinstance(changes, Changes)
@@ -149,14 +189,42 @@ def test_pollers_holding_one_answer_share_its_stored_copy() -> None:
 
 
 def test_stored_answers_stay_within_the_budget() -> None:
-    eng = _engine()
-    eng._cursors.budget = 8000
+    """40 answers of an aggregate (answered from stored copies only), each read: the
+    budget holds the newest few, so the oldest cursors expire and the newest do not."""
+    eng = _engine(budget=8000)
     h = eng.register(QUERIES[4])
+    cursors = []
     for t in range(40):
         eng.insert("R", [(t, 1)], ts=10.0 + t)
-        _ = eng.invoke(h, now=10.0 + t).cursor      # reading it stores the answer
+        cursors.append(str(eng.invoke(h, now=10.0 + t).cursor))  # reading it stores it
         eng._check()
-    assert 1 < len(eng._cursors._kept) < 40
+    assert 1 < _answerable(eng, h, cursors, now=49.0) < 40
+    assert _answerable(eng, h, cursors[-2:], now=49.0) == 2, "the newest are kept"
+    with pytest.raises(CursorExpired, match="invoke without since"):
+        eng.invoke(h, now=49.0, since=cursors[0])
+    eng._check()
+
+
+def test_a_cursor_stores_nothing_until_read_nor_for_a_gone_handle() -> None:
+    """With room for one stored answer, another handle's stored answer stays answerable
+    while an answer's cursor is unread, and when a cursor is read for a handle that is
+    gone; reading one for a live handle takes its place."""
+    eng = _engine(budget=0)
+    h, kept = eng.register(QUERIES[4]), eng.register(QUERIES[4])
+    eng.insert("R", [(1, 1), (2, 2)], ts=10.0)
+    first = eng.invoke(kept, now=10.0).cursor
+    assert first is not None
+    late = eng.invoke(h, now=10.0)               # its cursor not read yet
+    gone = eng.register(QUERIES[4])
+    orphan = eng.invoke(gone, now=10.0)
+    eng.unregister(gone)
+    assert orphan.cursor
+    assert _answerable(eng, kept, [first], now=10.0) == 1, "nothing else stored"
+    assert late.cursor                           # stored now, in place of the other
+    assert _answerable(eng, h, [str(late.cursor)], now=10.0) == 1
+    with pytest.raises(CursorExpired):
+        eng.invoke(kept, now=10.0, since=first)
+    eng._check()
 
 
 def test_a_cursor_survives_a_restart(tmp_path: Path) -> None:
@@ -224,8 +292,7 @@ def test_a_cursor_that_is_no_string_is_refused_clearly(bad: Any) -> None:
 
 @pytest.mark.parametrize("budget", [0, 64 << 20])
 def test_a_range_whose_tuples_left_memory_falls_back_to_the_stored_copy(budget: int) -> None:
-    eng = _engine()
-    eng._cursors.budget = budget
+    eng = _engine(budget=budget)
     h = eng.register(QUERIES[3])                # everything retained: 14 rows
     eng.insert("R", [(1, 0), (2, 1)], ts=10.0)
     first = eng.invoke(h, now=10.0)
@@ -247,18 +314,18 @@ def test_a_cursor_is_issued_when_first_read_and_is_the_one_issued_at_once() -> N
     eng = _engine()
     h = eng.register(QUERIES[4])                 # an aggregate: answered from a copy
     eng.insert("R", [(1, 1), (2, 2)], ts=10.0)
-    late = eng.invoke(h, now=10.0)
-    assert not eng._cursors._kept               # nothing stored before the cursor is read
+    late = eng.invoke(h, now=10.0)               # its cursor not read yet (see above)
     eng.insert("R", [(1, 3)], ts=11.0)
     now = eng.invoke(h, now=11.0)
-    assert now.cursor and len(eng._cursors._kept) == 1
+    assert now.cursor
     gone = eng.register(QUERIES[0])
     orphan = eng.invoke(gone, now=11.0)
     eng.unregister(gone)
-    assert orphan.cursor and len(eng._cursors._kept) == 1   # not stored for a gone handle
+    assert orphan.cursor
     eng.close()
     cursor = late.cursor                         # after later inserts, and close
-    assert cursor == late.cursor and len(eng._cursors._kept) == 2
+    assert cursor == late.cursor
+    assert _answerable(eng, h, [str(cursor), str(now.cursor)], now=11.0) == 2, "both stored"
     changes = eng.invoke(h, now=11.0, since=cursor)
     assert isinstance(changes, Changes)
     assert changes.inserted.rows == [(1, 2)] and changes.deleted.rows == [(1, 1)]

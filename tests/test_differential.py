@@ -38,10 +38,10 @@ def test_every_mode_agrees_with_duckdb(scenario: Scenario, chunk_rows: int,
     # as windows move (64 MiB), or only the smallest kept, others dropped (200)
     streams, ops = scenario
     clock = Clock(1000.0)
-    engines = {m: psoup.Engine(mode=m, clock=clock, chunk_rows=chunk_rows,
-                               answer_cache_bytes=answer_cache_bytes) for m in psoup.MODES}
-    for eng in engines.values():
-        always_reuse(eng)
+    with always_reuse():
+        engines = {m: psoup.Engine(mode=m, clock=clock, chunk_rows=chunk_rows,
+                                   answer_cache_bytes=answer_cache_bytes)
+                   for m in psoup.MODES}
     for eng in engines.values():
         create(eng, streams)
     oracle = Oracle(streams)

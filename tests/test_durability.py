@@ -14,6 +14,8 @@ import pytest
 
 import psoup
 from psoup.archive.parquet import Archive
+from psoup.core import Core
+from psoup.journal.journal import Journal
 from psoup.options import ModeName
 from psoup.results.result import Changes, Result
 from tests.support import Clock
@@ -154,7 +156,7 @@ def test_a_failed_automatic_checkpoint_never_fails_the_write_before_it(
 
     def full_disk(*args: Any, **kwargs: Any) -> None:
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(eng._durability.journal, "checkpoint", full_disk)
+    monkeypatch.setattr(Journal, "checkpoint", full_disk)     # every journal's, here one
     ids = eng.insert("R", [(i,) for i in range(1, 60)], ts=1.0)      # due: it fails
     assert len(ids) == 59
     assert "No space left" in eng.stats()["durability"]["checkpoint_error"]
@@ -183,7 +185,7 @@ def test_a_change_that_fails_after_it_is_logged_stops_the_engine_and_says_so(
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise MemoryError("out of memory")
-    monkeypatch.setattr(eng._core, "append", broken)
+    monkeypatch.setattr(Core, "append", broken)               # every engine's, here one
     with pytest.raises(psoup.ApplyFailed, match="do not send it again" if durable
                        else "state is unknown") as failed:
         eng.insert("R", [(3,), (4,)], ts=2.0)

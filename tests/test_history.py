@@ -79,6 +79,25 @@ def _evaluated(state: Path, seed: int
     return gen, inserted, eng, handles
 
 
+def _tier_files(eng: psoup.Engine, handle: str) -> list[str]:
+    """The segment files of the query's archive tier under tiers/, oldest first."""
+    files: list[str] = eng.stats()["queries"][handle]["tier_files"]
+    return files
+
+
+def _meets(path: Path, begin: float, end: float) -> bool:
+    """Whether the tier file at `path` holds a match stamped within [begin, end]."""
+    ts = pa.parquet.read_table(path, columns=["ts"]).column("ts").to_numpy()
+    return len(ts) > 0 and ts.max() >= begin and ts.min() <= end
+
+
+def _no_job(eng: psoup.Engine) -> None:
+    """Assert that the engine started no history job (after a restart: nothing was
+    due to be evaluated again)."""
+    with pytest.raises(PSoupError, match="its latest: none yet"):
+        eng.history_status()
+
+
 def _oracle(rows: dict[str, list[Any]]) -> duckdb.DuckDBPyConnection:
     """DuckDB with `src` = every tuple inserted (ts, tid, a, b, t)."""
     con = duckdb.connect()
@@ -168,7 +187,8 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(
     """The Spark pass's matches go to segment files (here at most 7 a file, so each
     query's history is several), the engine keeps an index of them, not the matches,
     and an invocation reads only the files whose ts range meets its window; answers
-    equal DuckDB across segment boundaries, before and after a restart."""
+    equal DuckDB across segment boundaries, before and after a restart. The window is
+    read after the restart, when no file is in the cache."""
     from psoup.archive import tiers as tiers_module
     from psoup.spark import history
     monkeypatch.setattr(history, "SEGMENT_ROWS", 7)
@@ -182,36 +202,33 @@ def test_tiers_stay_on_disk_and_a_window_reads_only_the_segments_it_meets(
     monkeypatch.setattr(tiers_module.ArchiveTiers, "_read", counted)
     state = tmp_path / "s"
     gen, inserted, eng, handles = _evaluated(state, 13)
-    tiers = eng._core.tiers
-    slot = eng._core.handles[handles["all"]].id
-    files = tiers.files(slot)
-    assert len(files) >= 3 and tiers.nbytes() == 0     # an index; the matches on disk
+    files = _tier_files(eng, handles["all"])
+    assert len(files) >= 3 and eng.stats()["memory"]["history"] == 0   # an index only
     for name in files:           # each in the sampled layout, its row groups in order
         table = pa.parquet.read_table(state / "tiers" / name)
         ids = in_order(table, "tupleID").column("tupleID").to_numpy()
         assert len(ids) <= 7 and (np.diff(ids) > 0).all(), name
         assert sorted(table.column("tupleID").to_pylist()) == ids.tolist()
     _check(eng, handles, _oracle(inserted), 300.0)
-
-    # a window over ts 150..260 meets only the segments of "across" that overlap it
-    across = eng._core.handles[handles["across"]].id
-    reads.clear()
-    tiers._cache.clear()
-    tiers._cached = 0
-    eng.invoke(handles["across"], now=300.0)
-    meets = [s.name for s in tiers._tiers[across].segments if s.hi >= 150 and s.lo <= 260]
-    assert reads == meets and len(meets) < len(tiers.files(across))
-    with monkeypatch.context() as m:                     # the second time from the cache
-        m.setattr(pa.parquet, "read_table", lambda *a, **k: 1 / 0)
-        again = eng.invoke(handles["across"], now=300.0)
-    assert again.rows == eng.invoke(handles["across"], now=300.0).rows
-    assert 0 < tiers.nbytes() <= tiers_module.CACHE_BYTES
     eng._check()
     eng.close()
 
     reopened = psoup.Engine(path=str(state), clock=Clock(300.0), chunk_rows=8)
-    assert reopened._core.tiers.files(slot) == files and reopened._core.tiers.nbytes() == 0
+    assert _tier_files(reopened, handles["all"]) == files
+    assert reopened.stats()["memory"]["history"] == 0
+    # a window over ts 150..260 meets only the segments of "across" that overlap it
+    reads.clear()
+    reopened.invoke(handles["across"], now=300.0)
+    across = _tier_files(reopened, handles["across"])
+    meets = [name for name in across if _meets(state / "tiers" / name, 150, 260)]
+    assert reads == meets and len(meets) < len(across)
+    with monkeypatch.context() as m:                     # the second time from the cache
+        m.setattr(pa.parquet, "read_table", lambda *a, **k: 1 / 0)
+        again = reopened.invoke(handles["across"], now=300.0)
+    assert again.rows == reopened.invoke(handles["across"], now=300.0).rows
+    assert 0 < reopened.stats()["memory"]["history"] <= tiers_module.CACHE_BYTES
     _check(reopened, handles, _oracle(inserted), 300.0)
+    reopened._check()
     reopened.close()
 
 
@@ -219,15 +236,15 @@ def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The segment files a window needs are read before the engine's lock is taken for
     the answer (writers go on meanwhile); the answer, from the cache then, equals
-    DuckDB's; a file damaged after it was indexed is still named by the invocation."""
+    DuckDB's; a file damaged after it was indexed is still named by the invocation.
+    Each part runs on an engine just opened, when no file is in the cache."""
     from psoup.archive import tiers as tiers_module
     from psoup.spark import history
     monkeypatch.setattr(history, "SEGMENT_ROWS", 7)
     state = tmp_path / "s"
     gen, inserted, eng, handles = _evaluated(state, 19)
-    tiers = eng._core.tiers
-    tiers._cache.clear()
-    tiers._cached = 0
+    eng.close()
+    eng = psoup.Engine(path=str(state), clock=Clock(300.0), chunk_rows=8)
     locked: list[bool] = []
     real = tiers_module.load_segment
 
@@ -237,12 +254,12 @@ def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(
     monkeypatch.setattr(tiers_module, "load_segment", load)
     _check(eng, handles, _oracle(inserted), 300.0)
     assert locked and not any(locked), "every file was read off the lock"
-    slot = eng._core.handles[handles["across"]].id
-    victim = next(s for s in tiers._tiers[slot].segments if s.hi >= 150 and s.lo <= 260)
-    tiers._cache.clear()
-    tiers._cached = 0
-    (state / "tiers" / victim.name).write_bytes(b"not parquet")
-    with pytest.raises(PSoupError, match=victim.name):
+    eng.close()
+    eng = psoup.Engine(path=str(state), clock=Clock(300.0), chunk_rows=8)
+    victim = next(name for name in _tier_files(eng, handles["across"])
+                  if _meets(state / "tiers" / name, 150, 260))
+    (state / "tiers" / victim).write_bytes(b"not parquet")
+    with pytest.raises(PSoupError, match=victim):
         eng.invoke(handles["across"], now=300.0)
     eng.close()
 
@@ -311,7 +328,7 @@ def test_a_job_whose_segments_cannot_be_moved_into_place_changes_nothing(
         eng.evaluate_history()
     monkeypatch.undo()
     assert moved and [eng.invoke(h, now=100.0).rows for h in handles] == before
-    assert not any(eng._core.tiers.files(eng._core.handles[h].id) for h in handles)
+    assert not any(_tier_files(eng, h) for h in handles)
     assert not (tmp_path / "s" / "tiers" / ".incoming").exists()
     eng.checkpoint()                    # the file moved before the failure: named by no log
     assert not list((tmp_path / "s" / "tiers").rglob("*.parquet"))
@@ -329,7 +346,7 @@ def test_a_damaged_segment_is_named_at_invocation(tmp_path: Path) -> None:
     h = eng.register("SELECT a FROM R WHERE a >= 0")
     _fill(eng, np.random.default_rng(3), 0, 6, {})
     eng.evaluate_history([h])
-    name = eng._core.tiers.files(eng._core.handles[h].id)[0]
+    name = _tier_files(eng, h)[0]
     (tmp_path / "s" / "tiers" / name).write_bytes(b"not parquet")
     with pytest.raises(PSoupError, match=f"tier file .*{name}.* cannot be read"):
         eng.invoke(h, now=100.0)
@@ -413,7 +430,7 @@ def test_history_is_evaluated_again_after_a_restart_and_never_answered_short(
     again.unregister(h)
     again.close()
     third = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(0.0), chunk_rows=8)
-    assert not third._history.jobs()              # nothing left to evaluate
+    _no_job(third)                                # nothing left to evaluate
     third.close()
 
 
@@ -443,7 +460,7 @@ def test_a_checkpoint_saves_the_tiers_and_a_restart_restores_them(tmp_path: Path
 
     for restart in range(2):
         eng = psoup.Engine(path=str(state), mode=mode, clock=Clock(0.0), chunk_rows=8)
-        assert not eng._history.jobs(), "restored, not evaluated again"
+        _no_job(eng)                               # restored, not evaluated again
         _check(eng, handles, _oracle(inserted), 360.0 + 60 * restart)
         _fill(eng, gen, 360 + 60 * restart, 6, inserted)   # the tiers follow the horizon
         _check(eng, handles, _oracle(inserted), 420.0 + 60 * restart)
@@ -473,26 +490,24 @@ def test_checkpoints_merge_small_segments_so_files_do_not_pile_up(
     monkeypatch.setattr(tiers_module, "MERGE_ROWS", 40)
     state = tmp_path / "s"
     gen, inserted, eng, handles = _evaluated(state, 17)
-    tiers = eng._core.tiers
-    slot = eng._core.handles[handles["all"]].id
-    from_spark = len(tiers.files(slot))
+    from_spark = len(_tier_files(eng, handles["all"]))
     for k in range(16):                         # a checkpoint every 10 tuples
         _fill(eng, gen, 300 + 10 * k, 1, inserted)
         eng.checkpoint()
         eng._check()
     on_disk = sorted(p.relative_to(state / "tiers").as_posix()
                      for p in (state / "tiers").rglob("*.parquet"))
-    named = sorted(name for h in handles.values() if eng._core.handles[h].id in tiers
-                   for name in tiers.files(eng._core.handles[h].id))
+    named = sorted(name for h in handles.values() for name in _tier_files(eng, h))
     assert on_disk == named, "the files replaced are gone"
     rows = [pa.parquet.read_metadata(state / "tiers" / name).num_rows for name in on_disk]
     assert max(rows) <= 40
     # one file per checkpoint would be from_spark + 16 (the query matches in each)
-    assert len(tiers.files(slot)) <= from_spark + 6, tiers.files(slot)
+    kept = _tier_files(eng, handles["all"])
+    assert len(kept) <= from_spark + 6, kept
     _check(eng, handles, _oracle(inserted), 460.0)
     eng.close()
     eng = psoup.Engine(path=str(state), clock=Clock(460.0), chunk_rows=8)
-    assert not eng._history.jobs(), "restored, not evaluated again"
+    _no_job(eng)                                   # restored, not evaluated again
     _check(eng, handles, _oracle(inserted), 460.0)
     eng.close()
 
@@ -540,9 +555,7 @@ def test_a_corrupt_archive_file_is_named_and_nothing_is_applied(tmp_path: Path) 
         eng.insert("Q", {"a": np.arange(10), "b": np.zeros(10), "t": np.array(["q"] * 10,
                                                                               dtype=object)},
                    ts=np.arange(10.0) + 10 * i)
-    journal = eng._durability.journal
-    assert journal is not None
-    journal.archive.flush()
+    eng.checkpoint()                               # the archive's buffers written too
     victim = sorted((tmp_path / "s" / "archive" / "stream=R").rglob("*.parquet"))[0]
     victim.write_bytes(victim.read_bytes()[:40])                 # a torn file
     before = (eng.invoke(hq, now=100.0).rows, eng.invoke(hr, now=100.0).rows)
@@ -568,9 +581,7 @@ def test_a_bad_archive_file_is_named_and_nothing_is_applied(tmp_path: Path, dama
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 10 ROWS")
     h = eng.register("SELECT a FROM R WHERE a >= 0")
     _fill(eng, np.random.default_rng(4), 0, 4, {})
-    journal = eng._durability.journal
-    assert journal is not None
-    journal.archive.flush()
+    eng.checkpoint()                               # the archive's buffers written too
     columns = {"ts": [9001.0, 9000.0, 9002.0] if damage == "unsorted" else [1.0, 2.0, 3.0],
                "tuple_id": [1, 2, 3], "a": [1, 2, 3], "b": [0.5] * 3, "t": ["x"] * 3}
     if damage == "missing":

@@ -66,8 +66,14 @@ def test_a_seq_older_than_what_is_remembered_raises() -> None:
     with pytest.raises(SequenceError, match=f"expected seq {REMEMBERED + 2}, got 1"):
         eng.insert("R", [(1,)], ts=99.0, producer="p", seq=1)
     assert _count(eng) == REMEMBERED + 2
-    eng._check()                                  # the table kept its last batches only
-    assert [s for s, _, _ in eng._producers._table["p"]] == list(range(2, REMEMBERED + 2))
+    eng._check()
+    # the last REMEMBERED batches are answered as duplicates, the ones before refused
+    for seq in range(2, REMEMBERED + 2):
+        assert eng.insert("R", [(0,)], ts=99.0, producer="p", seq=seq).tolist() == [seq]
+    for seq in (0, 1):
+        with pytest.raises(SequenceError, match=f"got {seq}"):
+            eng.insert("R", [(0,)], ts=99.0, producer="p", seq=seq)
+    assert _count(eng) == REMEMBERED + 2
 
 
 def test_a_rejected_batch_does_not_use_up_its_seq() -> None:

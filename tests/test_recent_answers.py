@@ -23,6 +23,7 @@ from numpy.typing import NDArray
 import psoup
 from psoup.options import ModeName
 from psoup.plans import SelectionPlan
+from psoup.results.materialized import Materialized
 from psoup.stems.span import Span
 from tests.support import Clock, always_reuse
 
@@ -49,11 +50,11 @@ def test_reused_answers_equal_answers_read_whole(
         mode: ModeName, chunk_rows: int, retain: str, ops: list[tuple[Any, ...]], budget: int
 ) -> None:
     clock = Clock(100.0)
-    reused = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows,
-                          answer_cache_bytes=budget)
+    with always_reuse():
+        reused = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows,
+                              answer_cache_bytes=budget)
     whole = psoup.Engine(mode=mode, clock=clock, chunk_rows=chunk_rows,
                          answer_cache_bytes=0)
-    always_reuse(reused)
     handles: list[list[str]] = []
     for eng in (reused, whole):
         eng.execute(f"CREATE STREAM R (a INT, b FLOAT, t TEXT){retain}")
@@ -89,17 +90,19 @@ def test_a_poll_of_a_large_window_reads_only_the_tuples_that_arrived_since(
     h = eng.register("SELECT a FROM R [ROWS 100000] WHERE a = 7")
     eng.insert("R", {"a": np.arange(200_000) % 100}, ts=np.linspace(0.0, 500.0, 200_000))
     spans: list[tuple[int, int]] = []
-    kept = eng._core.kept
-    fetch, fetch_deferred = kept.fetch, kept.fetch_deferred
+    fetch, fetch_deferred = Materialized.fetch, Materialized.fetch_deferred
 
     Columns = dict[str, NDArray[Any]]
 
-    def spy(plan: SelectionPlan, span: Span, names: Sequence[str], *later: Sequence[str]
-            ) -> Columns | tuple[Columns, Callable[[], Columns]]:
+    def spy(kept: Materialized, plan: SelectionPlan, span: Span, names: Sequence[str],
+            *later: Sequence[str]) -> Columns | tuple[Columns, Callable[[], Columns]]:
         spans.append(span.bounds())
-        return (fetch_deferred if later else fetch)(plan, span, names, *later)
-    monkeypatch.setattr(kept, "fetch", spy)
-    monkeypatch.setattr(kept, "fetch_deferred", spy)
+        if later:
+            return fetch_deferred(kept, plan, span, names, *later)
+        return fetch(kept, plan, span, names)
+    # on the class: the find of every engine's results goes through it, here one's
+    monkeypatch.setattr(Materialized, "fetch", spy)
+    monkeypatch.setattr(Materialized, "fetch_deferred", spy)
     first = eng.invoke(h)
     eng.insert("R", {"a": np.arange(30) % 10}, ts=np.full(30, 600.0))
     second = eng.invoke(h)
@@ -133,8 +136,10 @@ def test_the_budget_keeps_the_most_recently_invoked_answers() -> None:
     eng.insert("R", {"a": np.arange(70_000)}, ts=1.0)
     for h in hs:
         eng.invoke(h)
-    assert eng.stats()["memory"]["answers"] == 24 * (99 + 98 + 97)
-    assert eng._core.answers.recent.slots() == [1, 2, 3], "the least recent left first"
+    assert eng.stats()["memory"]["answers"] == 24 * (99 + 98 + 97), \
+        "the least recent (100 rows) left first"
+    eng.invoke(hs[0])                # kept again, the least recent now hs[1]'s
+    assert eng.stats()["memory"]["answers"] == 24 * (100 + 98 + 97)
     eng._check()
 
 

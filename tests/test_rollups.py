@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,13 @@ from numpy.typing import NDArray
 
 import psoup
 from psoup.archive.parquet import Archive
-from psoup.archive.rollups import GRAINS, Grain, Rollups, copy_path, pieces
+from psoup.archive.rollups import GRAINS, Grain, Rollups, Substitute, copy_path, folder_for, pieces
+from psoup.archive.tiers import ArchiveTiers, Segment
 from psoup.errors import ArchiveError
-from psoup.plans import SelectionPlan
+from psoup.journal import journal
+from psoup.plans import Plan
 from psoup.query.model import ColumnType
-from psoup.results.windows_table import archive_reach
+from psoup.results.answers import Answers
 from tests.support import Clock
 
 COLUMNS = [("a", "int"), ("x", "float"), ("name", "text")]
@@ -289,26 +292,44 @@ START = 86400.0 * 19000 - 5000.0          # a few minutes before a UTC midnight
 
 def engine_with_history(state: Path, windows: list[str], flush_rows: int = 40
                         ) -> tuple[psoup.Engine, list[str]]:
-    """A durable engine on `state` with stream R (RETAIN 20 ROWS) and the aggregate
-    query over each of `windows` registered and given an archive tier before any tuple
-    arrives (what a history job over an empty archive gives, with no Spark pass)."""
-    eng = psoup.Engine(path=str(state), clock=Clock(START), chunk_rows=8)
+    """A durable engine on `state` with stream R (RETAIN 20 ROWS), whose archive
+    writes a part file every `flush_rows` rows, and the aggregate query over each of
+    `windows` registered and given an archive tier before any tuple arrives (a history
+    job over the empty archive, which finds nothing)."""
+    with pytest.MonkeyPatch.context() as patch:
+        # the engine has no option for it: its journal makes the Archive, whose
+        # constructor takes it
+        patch.setattr(journal, "Archive", partial(Archive, flush_rows=flush_rows))
+        eng = psoup.Engine(path=str(state), clock=Clock(START), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, x FLOAT, name TEXT) RETAIN 20 ROWS")
-    assert eng._durability.journal is not None
-    eng._durability.journal.archive.flush_rows = flush_rows
     handles = [eng.register(f"SELECT {AGGREGATES} FROM R {w}") for w in windows]
-    core = eng._core
-    slots = {_selection(eng, h).slot: h for h in handles}
-    core.tiers.begin("R", list(slots))
-    core.tiers.finish({"R": {slot: [] for slot in slots}}, slots)
+    assert eng.evaluate_history() == {h: 0 for h in handles}
+    assert all(eng.stats()["queries"][h]["history"] for h in handles)
     return eng, handles
 
 
-def _selection(eng: psoup.Engine, handle: str) -> SelectionPlan:
-    """The plan of one aggregate query over one stream."""
-    plan = eng._core.plan(handle)
-    assert isinstance(plan, SelectionPlan)
-    return plan
+def substitutes(monkeypatch: pytest.MonkeyPatch) -> list[Substitute | None]:
+    """What the copies answered (`Answers.substitute`) at each call from now on."""
+    got: list[Substitute | None] = []
+    real = Answers.substitute
+
+    def spy(answers: Answers, plan: Plan, now: float) -> Substitute | None:
+        got.append(real(answers, plan, now))
+        return got[-1]
+    monkeypatch.setattr(Answers, "substitute", spy)
+    return got
+
+
+def without_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on the copies answer nothing: answers read the tier's tuples, as an
+    engine without copies does."""
+    monkeypatch.setattr(Answers, "substitute", lambda *args: None)
+
+
+def check_copies(state: Path) -> None:
+    """The invariants of the copies an engine left on `state` (psoup.archive.rollups),
+    indexed afresh from its files."""
+    Rollups(state / "archive", folder_for(state / "archive"))._check()
 
 
 def fill(eng: psoup.Engine, gen: np.random.Generator, n: int, gaps: float,
@@ -374,59 +395,85 @@ def test_aggregates_over_copies_equal_duckdb_and_the_tuples(
     eng, handles = engine_with_history(tmp_path_factory.mktemp("eng"), windows,
                                        flush_rows=int(gen.integers(10, 60)))
     table = fill(eng, gen, n, gaps, checkpoints)
-    rollups = eng._core.answers.rollups
-    assert rollups is not None
+    state = eng.path
+    assert state is not None
     for handle, (a, b) in zip(handles, [(-math.inf, math.inf), *edges], strict=True):
         got = eng.invoke(handle).rows[0]
         assert_answer(got, duck(table, a, b))
-        eng._core.answers.rollups = None
-        assert_answer(got, eng.invoke(handle).rows[0])
-        eng._core.answers.rollups = rollups
-    rollups._check()
+        with pytest.MonkeyPatch.context() as patch:
+            without_copies(patch)
+            assert_answer(got, eng.invoke(handle).rows[0])
     eng._check()
     eng.close()
+    check_copies(state)
 
 
-def test_an_aligned_window_reads_the_copies_and_not_the_tuples(tmp_path: Path) -> None:
+def test_an_aligned_window_reads_the_copies_and_not_the_tuples(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copies answer the whole aligned window, so an invocation reads fewer of the
+    tier's segments than it must without them; both answers equal DuckDB's."""
     day = 86400.0 * 19000
     eng, (handle,) = engine_with_history(tmp_path, [f"BEGIN {day - 7200} END {day + 3600}"])
     gen = np.random.default_rng(7)
     table = fill(eng, gen, 600, 30.0, 5)
-    core, now = eng._core, eng._clock()
-    plan = _selection(eng, handle)
-    sub = core.answers.substitute(plan, now)
-    assert sub is not None and (sub.a, sub.b) == (day - 7200, day + 3600)
-    reach = archive_reach(plan.query.sources[0].window, now)
-    assert len(core.tiers.meeting(plan.slot, reach, sub)) < len(
-        core.tiers.meeting(plan.slot, reach))
+    met: list[list[str]] = []             # the segments each look-up gave
+    meeting = ArchiveTiers.meeting
+
+    def spy(tiers: ArchiveTiers, *args: Any) -> list[Segment]:
+        met.append([seg.name for seg in meeting(tiers, *args)])
+        return meeting(tiers, *args)
+    monkeypatch.setattr(ArchiveTiers, "meeting", spy)
+    subs = substitutes(monkeypatch)
     assert_answer(eng.invoke(handle).rows[0], duck(table, day - 7200, day + 3600))
+    assert subs and all(s is not None and (s.a, s.b) == (day - 7200, day + 3600)
+                        for s in subs)
+    with_copies = met[-1]
+    without_copies(monkeypatch)
+    assert_answer(eng.invoke(handle).rows[0], duck(table, day - 7200, day + 3600))
+    assert len(with_copies) < len(met[-1])
     eng.close()
 
 
-def test_a_tuple_at_an_aligned_end_is_counted_once(tmp_path: Path) -> None:
+def test_a_tuple_at_an_aligned_end_is_counted_once(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     hour = 3600.0 * (19000 * 24)
     eng, (handle,) = engine_with_history(tmp_path, [f"BEGIN {hour - 3600} END {hour}"])
     ts = np.array([hour - 3600, hour - 1800, hour, hour, hour + 1] + [hour + 60.0] * 40)
     eng.insert("R", {"a": np.arange(len(ts)), "x": np.ones(len(ts)),
                      "name": np.array(["n"] * len(ts), dtype=object)}, ts=ts)
     eng.checkpoint()
-    assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
+    subs = substitutes(monkeypatch)
     got = eng.invoke(handle).rows[0]
+    assert subs and all(s is not None for s in subs), "answered from the copies"
     assert got[:2] == (4, 0 + 1 + 2 + 3)
     eng.close()
 
 
-def test_a_query_with_where_or_group_by_reads_tuples(tmp_path: Path) -> None:
-    eng = psoup.Engine(path=str(tmp_path))
-    eng.execute("CREATE STREAM R (a INT, x FLOAT) RETAIN 5 ROWS")
-    core = eng._core
-    for sql in ("SELECT COUNT(*) FROM R WHERE a > 1", "SELECT a, COUNT(*) FROM R GROUP BY a",
-                "SELECT MAX(ts) FROM R", "SELECT a FROM R"):
-        plan = core.plan(eng.register(sql))
-        assert isinstance(plan, SelectionPlan)
-        core.tiers.begin("R", [plan.slot])
-        core.tiers.finish({"R": {plan.slot: []}}, {plan.slot: "h"})
-        assert core.answers.substitute(plan, 0.0) is None, sql
+def test_a_query_with_where_or_group_by_reads_tuples(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over an archive whose copies answer a plain aggregate, the copies answer nothing
+    of a query with WHERE, GROUP BY, an aggregate of ts, or no aggregate; each answer
+    equals DuckDB's over the tuples."""
+    eng, (plain,) = engine_with_history(tmp_path, [""])
+    others = {"SELECT COUNT(*) FROM R WHERE a > 1": "SELECT COUNT(*) FROM src WHERE a > 1",
+              "SELECT a, COUNT(*) FROM R GROUP BY a":
+                  "SELECT a, COUNT(*) FROM src GROUP BY a",
+              "SELECT MAX(ts) FROM R": "SELECT MAX(ts) FROM src",
+              "SELECT a FROM R": "SELECT a FROM src"}
+    handles = {sql: eng.register(sql) for sql in others}
+    assert eng.evaluate_history(list(handles.values())) == {h: 0 for h in handles.values()}
+    table = fill(eng, np.random.default_rng(2), 300, 60.0, 3)
+    subs = substitutes(monkeypatch)
+    eng.invoke(plain)
+    assert subs and all(s is not None for s in subs), "the copies answer a plain one"
+    con = duckdb.connect()
+    con.register("src", table)
+    for sql, handle in handles.items():
+        subs.clear()
+        got = eng.invoke(handle).rows
+        assert not any(subs), sql
+        want = [tuple(r) for r in con.execute(others[sql]).fetchall()]
+        assert sorted(got) == sorted(want), sql           # as multisets: ties in ts
     eng.close()
 
 
@@ -441,12 +488,12 @@ def test_new_parts_count_in_answers_after_the_copies_were_read(tmp_path: Path) -
         table = pa.concat_tables(tables)
         for handle, (a, b) in zip(handles, edges, strict=True):
             assert_answer(eng.invoke(handle).rows[0], duck(table, a, b))
-        assert eng._core.answers.rollups is not None
-        eng._core.answers.rollups._check()
+        check_copies(tmp_path)
     eng.close()
 
 
-def test_copies_answer_after_a_restart(tmp_path: Path) -> None:
+def test_copies_answer_after_a_restart(tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     day = 86400.0 * 19000
     window = f"BEGIN {day - 7200} END {day + 3600}"
     eng, (handle,) = engine_with_history(tmp_path, [window])
@@ -454,8 +501,9 @@ def test_copies_answer_after_a_restart(tmp_path: Path) -> None:
     before = eng.invoke(handle).rows[0]
     eng.close()
     eng = psoup.Engine(path=str(tmp_path))
-    assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
+    subs = substitutes(monkeypatch)
     assert eng.invoke(handle).rows[0] == before
+    assert subs and all(s is not None for s in subs), "answered from the copies"
     assert_answer(before, duck(table, day - 7200, day + 3600))
     eng.close()
 
@@ -473,16 +521,19 @@ def test_drop_stream_removes_the_copies_and_stats_show_them(tmp_path: Path) -> N
     eng.close()
 
 
-def test_far_window_edges_are_clipped_to_the_copies(tmp_path: Path) -> None:
+def test_far_window_edges_are_clipped_to_the_copies(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     far = "BEGIN -100000000000000 END 100000000000000"
     eng, (handle,) = engine_with_history(tmp_path, [far])
     table = fill(eng, np.random.default_rng(5), 200, 200.0, 3)
-    assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
+    subs = substitutes(monkeypatch)
     assert_answer(eng.invoke(handle).rows[0], duck(table, -1e14, 1e14))
+    assert subs and all(s is not None for s in subs), "answered from the copies"
     eng.close()
 
 
-def test_a_part_without_its_copies_is_answered_from_tuples(tmp_path: Path) -> None:
+def test_a_part_without_its_copies_is_answered_from_tuples(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     eng, handles = engine_with_history(tmp_path, ["", "BEGIN 0 END 10000000000"])
     table = fill(eng, np.random.default_rng(9), 300, 60.0, 4)
     eng.close()
@@ -490,12 +541,13 @@ def test_a_part_without_its_copies_is_answered_from_tuples(tmp_path: Path) -> No
     copies[len(copies) // 2].unlink()                        # a crash before its write
     copies[0].with_name(copies[0].name + ".tmp").write_bytes(b"cut short")
     eng = psoup.Engine(path=str(tmp_path))
-    rollups = eng._core.answers.rollups
-    assert rollups is not None
-    assert len(rollups.complete("R")) == len(rollups._parts["R"]) - 1
+    shown = eng.stats()["durability"]["aggregates"]["R"]
+    assert shown["complete_parts"] == shown["parts"] - 1
     assert not list((tmp_path / "aggregates").rglob("*.tmp"))
+    subs = substitutes(monkeypatch)
     for handle, (a, b) in zip(handles, [(-math.inf, math.inf), (0, 1e10)], strict=True):
-        assert eng._core.answers.substitute(eng._core.plan(handle), eng._clock()) is not None
+        subs.clear()
         assert_answer(eng.invoke(handle).rows[0], duck(table, a, b))
-    rollups._check()
+        assert subs and all(s is not None for s in subs), "the other parts' copies answer"
     eng.close()
+    check_copies(tmp_path)

@@ -29,7 +29,6 @@ from psoup.archive.parquet import Archive
 from psoup.archive.policy import ArchiveRead, Schedule
 from psoup.archive.sampling import draws_of
 from psoup.errors import QueryError
-from psoup.plans import SelectionPlan
 from psoup.query import compile_statement
 from psoup.query.model import Query, SampleMethod, StreamSchema
 from psoup.results.aggregates import Aggregator
@@ -267,17 +266,20 @@ def _one(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[Any, ...]:
     return row
 
 
-def _selection(eng: psoup.Engine, handle: str) -> SelectionPlan:
-    plan = eng._core.handles[handle]
-    assert isinstance(plan, SelectionPlan)
-    return plan
-
-
 def _sampled_below(eng: psoup.Engine, handle: str) -> int:
     """The first tupleID the query's sampled tier did not read from the archive."""
-    sampled = eng._core.tiers.sampled(_selection(eng, handle).slot)
-    assert sampled is not None
-    return sampled.below
+    below = eng.stats()["queries"][handle]["sampled_below"]
+    assert isinstance(below, int)
+    return below
+
+
+def _horizon(eng: psoup.Engine, stream: str) -> int:
+    """The first tupleID `stream` holds in memory: the least one a query without
+    history (and so memory only) answers with."""
+    handle = eng.register(f"SELECT ts FROM {stream}")
+    first = int(eng.invoke(handle).tuple_ids.min())
+    eng.unregister(handle)
+    return first
 
 
 def test_tablesample_answers_equal_duckdb_over_the_sample_plus_memory(tmp_path: Path) -> None:
@@ -492,13 +494,12 @@ def test_an_invocation_reads_a_sample_of_the_tier_when_the_policy_says_so(
     eng.close()                               # saved: every match of the tier on disk
     eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(now + 300),
                        archive_policy=ConstantRate(0.25))
-    stem = eng._core.stems["R"]
     below = _sampled_below(eng, h)
-    horizon = stem.tid_bound(stem.horizon)
+    horizon = _horizon(eng, "R")
     con = _oracle(rows, tmp_path / "s" / "archive")
-    slot = _selection(eng, h).slot
-    files = [tmp_path / "s" / "tiers" / seg.name for seg in eng._core.tiers._tiers[slot].segments
-             if seg.rows]
+    files = [tmp_path / "s" / "tiers" / name
+             for name in eng.stats()["queries"][h]["tier_files"]]
+    files = [path for path in files if pq.read_metadata(path).num_rows]
     tier = pa.concat_tables([pq.read_table(p, columns=["tupleID", SAMPLE_COLUMN])
                              for p in files])
     saved = int(pa.compute.max(tier.column("tupleID")).as_py())

@@ -10,23 +10,9 @@ import numpy as np
 from hypothesis import given, settings
 
 import psoup
-from psoup.kernels import SLICED
-from psoup.results.partial import PartialResults
+from tests.support import sliced_rows
 
 CHUNK = 64          # the smallest chunk whose rows can be sliced
-
-
-def _sliced_rows(eng: psoup.Engine) -> int:
-    """How many word rows of the engine's PSoup-P chunks are SLICED."""
-    selections = eng._core.kept.selections
-    assert isinstance(selections, PartialResults)
-    sliced = 0
-    for chunks in selections._bitmaps.values():
-        for chunk in chunks.values():
-            padded = chunk.base         # the chunk's rows with the form word after them
-            assert padded is not None
-            sliced += int((padded[:, CHUNK] == SLICED).sum())
-    return sliced
 
 
 def _engines(retain: str) -> tuple[psoup.Engine, psoup.Engine]:
@@ -46,9 +32,9 @@ def test_a_find_slices_only_sealed_rows_and_answers_alike_before_and_after() -> 
     columns = {"a": gen.integers(0, 100, 202), "b": np.arange(202)}
     for e in (eng, ref):        # the same tuples: 3 whole chunks, then 10 rows of a 4th
         e.insert("R", columns, ts=np.arange(202.0))
-    assert _sliced_rows(eng) == 0, "nothing is sliced before a find reads it"
+    assert sliced_rows(eng) == 0, "nothing is sliced before a find reads it"
     first = [eng.invoke(h, now=300.0).rows for h in mine]
-    assert _sliced_rows(eng) == 3, "the one word row of each sealed chunk, not the open one"
+    assert sliced_rows(eng) == 3, "the one word row of each sealed chunk, not the open one"
     assert first == [eng.invoke(h, now=300.0).rows for h in mine]       # read sliced
     assert first == [ref.invoke(h, now=300.0).rows for h in theirs]
     # a query registered now sets its bits in the sliced rows; one unregistered clears
