@@ -84,7 +84,7 @@ def test_ts_and_tuple_ids_read_late_are_those_of_the_rows_even_after_they_expire
     assert len(answer) == len(rows_wanted)
     again = e.invoke(h, now=10_000.0)
     assert not set(again.tuple_ids.tolist()) & set(answer.tuple_ids.tolist())
-    e._core._check()
+    e._check()
 
 
 def test_a_result_taking_ts_and_tuple_ids_late_asks_once_and_pickles_them() -> None:
