@@ -788,7 +788,18 @@ def show(settings: Settings, ref: str, fmt: str) -> None:
         numbers = client.stats()["queries"].get(target.handle)
     if numbers is None:
         raise Failure(_unknown(target, UnknownHandle(f"unknown handle {target.handle!r}")))
-    click.echo(render_record({"name": target.name, "handle": target.handle, **numbers}, fmt))
+    click.echo(render_record({"name": target.name, "handle": target.handle,
+                              **_shown(numbers)}, fmt))
+
+
+def _shown(numbers: dict[str, Any]) -> dict[str, Any]:
+    """A query's statistics as `psoup show` prints them: its archive tier as a count of
+    files, and nothing of a tier when it has none (no history)."""
+    shown = {k: v for k, v in numbers.items() if k not in ("tier_files", "sampled_below")}
+    if numbers.get("history"):
+        shown["tier_files"] = len(numbers.get("tier_files", []))
+        shown["sampled_below"] = numbers.get("sampled_below")
+    return shown
 
 
 @main.command(short_help="Show streams, queries and memory of the server.")
