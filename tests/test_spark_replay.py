@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 import psoup
 from psoup.archive.layout import part_path
 from psoup.archive.parquet import Archive
-from psoup.cli.main import main
+from psoup.cli.main import Failure, main
 from psoup.errors import ArchiveError, ReplayError
 from psoup.options import ModeName
 from psoup.server import Server
@@ -641,10 +641,14 @@ def test_a_refusal_says_which_rows_at_the_latest_ts_each_from_value_replays(tmp_
     with pytest.raises(ReplayError) as err:
         replay([archive], eng)
     message = str(err.value)
-    assert f"--from {T0 + 2!r} replays the archive's 2 rows at exactly that ts" in message
-    assert f"--from {T0 + 3!r} (the archive's next ts) skips all of them" in message
-    assert ("--resume continues exactly where the target stops: it skips as many of the "
-            f"archive's 2 rows at ts {T0 + 2!r} as stream 'R' holds at that ts") in message
+    assert (f"The archive has 2 rows of 'R' at ts {T0 + 2!r}: --resume skips those 'R' "
+            "holds; ") in message
+    assert f"--from {T0 + 2!r} replays all of them" in message
+    assert f"--from {T0 + 3!r}, the archive's next ts, skips them all" in message
+    shown = Failure(message).message                     # as the CLI prints it
+    assert "ts 2026-01-01T00:00:00.000Z (1767225600.0). The archive" in shown
+    assert "--from 2026-01-01T00:00:03.000Z (1767225603.0), the archive's next" in shown
+    assert len(shown) < 600
     assert row_counts(eng) == {"R": 1}
 
 

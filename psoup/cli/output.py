@@ -305,20 +305,24 @@ def iso_utc(ts: float | None) -> str:
 
 
 def iso_times(message: str) -> str:
-    """A message with every "ts SECONDS" in it shown as `iso_utc`, the seconds kept after
-    it (an error may ask to pass the exact value back as --from).
+    """A message with every "ts SECONDS" and "--from SECONDS" in it shown as `iso_utc`,
+    the seconds kept after it (the exact value, which --from also takes back), so that
+    one message shows its times in one form.
 
     Example:
         >>> iso_times("stream 'R' holds data up to ts 1767225600.25; ts 1e+20 is past")
         "stream 'R' holds data up to ts 2026-01-01T00:00:00.250Z (1767225600.25); ts 1e+20 is past"
+        >>> iso_times("start at ts 1767225600.0. --from 1767225601.5 skips them")
+        'start at ts 2026-01-01T00:00:00.000Z (1767225600.0). --from 2026-01-01T00:00:01.500Z (1767225601.5) skips them'
     """
     def shown(match: re.Match[str]) -> str:
-        text = iso_utc(float(match[1]))
-        return match[0] if not text.endswith("Z") else f"ts {text} ({match[1]})"
+        text = iso_utc(float(match[2]))
+        return match[0] if not text.endswith("Z") else f"{match[1]} {text} ({match[2]})"
     return _TS_IN_TEXT.sub(shown, message)
 
 
-_TS_IN_TEXT = re.compile(r"\bts (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?![\w.])")
+# a number that ends a sentence ("ts 5.0.") is a time too; "ts 5.0.1" is not
+_TS_IN_TEXT = re.compile(r"(\bts|--from) (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?!\w|\.\w)")
 
 
 def one_line(sql: str, width: int = 100) -> str:
