@@ -312,8 +312,10 @@ def iso_times(message: str) -> str:
     Example:
         >>> iso_times("stream 'R' holds data up to ts 1767225600.25; ts 1e+20 is past")
         "stream 'R' holds data up to ts 2026-01-01T00:00:00.250Z (1767225600.25); ts 1e+20 is past"
-        >>> iso_times("start at ts 1767225600.0. --from 1767225601.5 skips them")
-        'start at ts 2026-01-01T00:00:00.000Z (1767225600.0). --from 2026-01-01T00:00:01.500Z (1767225601.5) skips them'
+        >>> iso_times("it ends at ts 1767225600.0.")
+        'it ends at ts 2026-01-01T00:00:00.000Z (1767225600.0).'
+        >>> iso_times("--from 1767225601.5 skips it")
+        '--from 2026-01-01T00:00:01.500Z (1767225601.5) skips it'
     """
     def shown(match: re.Match[str]) -> str:
         text = iso_utc(float(match[2]))
