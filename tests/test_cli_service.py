@@ -177,6 +177,7 @@ def test_ingest_stops_at_a_bad_batch_and_says_what_went_in(psoup: Run, traffic: 
     assert done.exit_code == 1
     assert "6 rows ingested before it" in done.stderr and "(input rows 7-9)" in done.stderr
     assert "input row 8 holds 'abc'" in done.stderr
+    assert "'traffic', input row 7, column 'lane'" in done.stderr     # not the batch's row 0
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     stats = json.loads(ok(psoup("stats", "--format", "json")))
     assert stats["streams"]["traffic"]["rows"] == 6
