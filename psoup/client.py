@@ -149,8 +149,13 @@ class Client:
 
     def drop_stream(self, name: str, cascade: bool = False) -> None:
         """Drop stream `name` (DROP STREAM; Engine.drop_stream)."""
-        self._request("execute", {"sql": f"DROP STREAM {_name(name)}"
-                                         + (" CASCADE" if cascade else "")})
+        sql = f"DROP STREAM {_name(name)}"
+        try:
+            self._request("execute", {"sql": sql + (" CASCADE" if cascade else "")})
+        except QueryError as exc:
+            # the server suggests the statement; this call's caller passes an argument
+            raise QueryError(str(exc).replace(
+                f"{sql} CASCADE", f"drop_stream({name!r}, cascade=True)")) from None
 
     def _table(self, sql: str) -> Result:
         table = self.execute(sql)

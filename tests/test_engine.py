@@ -545,7 +545,9 @@ def test_drop_stream_refused_while_queries_read_it_changes_nothing(mode: ModeNam
     fill(eng, 5)
     with pytest.raises(QueryError) as info:
         eng.execute("DROP STREAM S")
-    assert h in str(info.value) and "CASCADE" in str(info.value)
+    assert h in str(info.value) and "use DROP STREAM S CASCADE to" in str(info.value)
+    with pytest.raises(QueryError, match=r"use drop_stream\('S', cascade=True\) to"):
+        eng.drop_stream("S")
     assert eng.streams() == ["R", "S"] and [q for q, _ in eng.queries()] == [h]
     assert eng.describe("R")["rows"] == 5
     eng._check()

@@ -1005,8 +1005,9 @@ def test_show_and_describe_travel_as_results(connect: Connect, engine: Engine) -
 def test_drop_stream_over_the_protocol(connect: Connect, engine: Engine) -> None:
     client = connect()
     handle = _setup(client)
-    with pytest.raises(QueryError, match=handle):
+    with pytest.raises(QueryError, match=handle) as info:
         client.drop_stream("R")
+    assert "use drop_stream('R', cascade=True) to" in str(info.value)
     assert client.execute("DROP STREAM R CASCADE") is None
     assert client.streams() == [] and client.queries() == []
     client.create_stream("R", {"z": "int"})

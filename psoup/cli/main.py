@@ -388,7 +388,11 @@ def stream_drop(settings: Settings, name: str, cascade: bool) -> None:
     store = HandleStore()
     with _connected(settings.server, settings.token) as client:
         before = {handle for handle, _ in client.queries()}
-        client.drop_stream(name, cascade)
+        try:
+            client.drop_stream(name, cascade)
+        except QueryError as exc:
+            raise Failure(str(exc).replace(f"drop_stream({name!r}, cascade=True)",
+                                           "--cascade")) from None
         gone = before - {handle for handle, _ in client.queries()}
     for handle in gone:
         store.forget_handle(settings.server, handle)
