@@ -617,7 +617,7 @@ class Client:
                                                            f"the token in {path} (stale?)")
         return (f"this client sent {sent}; a server on this machine started without "
                 f"--token leaves its token in {path}, else pass the server's token "
-                f"with --token or PSOUP_TOKEN")
+                f"{TOKEN_ADVICE}")
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -638,6 +638,10 @@ class Client:
         if reply.get("id") is None:
             self._drop()  # a frame-level error: the server closes the connection
         raise error_of(reply.get("error"))
+
+
+#: How a Python caller passes the token; the CLI puts its options in place of it.
+TOKEN_ADVICE = "as Client(..., token=...) or in the PSOUP_TOKEN environment variable"
 
 
 def _find_token(host: str, port: int) -> tuple[str | None, str]:

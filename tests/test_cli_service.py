@@ -447,7 +447,8 @@ def test_wrong_token_is_explained(server: str) -> None:
 def test_wrong_token_names_where_the_servers_token_is(server: str) -> None:
     done = CliRunner().invoke(main, ["--server", server, "--token", "nope", "queries"])
     path = token_path(*parse_address(server))
-    assert str(path) in done.stderr and "PSOUP_TOKEN" in done.stderr
+    assert str(path) in done.stderr and "with --token or PSOUP_TOKEN" in done.stderr
+    assert "Client(" not in done.stderr
 
 
 def test_a_bad_retain_is_reported_against_the_option(psoup: Run) -> None:

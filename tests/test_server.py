@@ -188,7 +188,8 @@ def test_a_refused_token_says_where_the_right_one_is(
     with pytest.raises(PSoupError) as err:
         Client(address)
     message = str(err.value)
-    assert "PSOUP_TOKEN" in message and "--token" in message
+    assert "pass the server's token as Client(..., token=...) or in the PSOUP_TOKEN " \
+        "environment variable" in message
     assert str(token_path(host, int(port))) in message
 
 

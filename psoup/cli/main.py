@@ -37,7 +37,7 @@ from psoup.cli.output import (FORMATS, iso_times, one_line, render_changes, rend
                               render_record, render_records, render_result, render_stats,
                               table, to_json)
 from psoup.cli.typed import Typed
-from psoup.client import Client, ConnectionFailed, OutcomeUnknown
+from psoup.client import TOKEN_ADVICE, Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address
 from psoup.config import ENGINE_MODES as MODES
 from psoup.config import REPLAY_SLICE_ROWS
@@ -982,7 +982,8 @@ def _connected(server: str, token: str | None, target: Target | None = None,
     except PSoupError as exc:
         if exc.code != "auth":
             raise
-        raise Failure(f"the server at {server} refused the connection: {exc}") from None
+        raise Failure(f"the server at {server} refused the connection: "
+                      + str(exc).replace(TOKEN_ADVICE, "with --token or PSOUP_TOKEN")) from None
     try:
         with client:
             yield client
