@@ -24,6 +24,7 @@ from click.testing import Result as CliResult
 from psoup import Engine
 from psoup.cli.handles import HandleStore
 from psoup.cli.main import main
+from psoup.client import Client
 from psoup.config import parse_address, token_path
 from psoup.results.result import Result
 from psoup.server import Server
@@ -298,11 +299,22 @@ def test_a_taken_name_needs_replace(psoup: Run, traffic: str) -> None:
     first = ok(psoup("register", SLOW, "--name", "slow")).strip()
     taken = psoup("register", SLOW, "--name", "slow")
     assert taken.exit_code == 1 and "--replace" in taken.stderr
+    assert f"is taken (handle {first} on " in taken.stderr            # the whole handle
     assert len(json.loads(ok(psoup("queries", "--format", "json")))["queries"]) == 1
     second = ok(psoup("register", SLOW, "--name", "slow", "--replace")).strip()
     stored = HandleStore().lookup("slow")
     assert stored is not None
     assert stored["handle"] == second != first
+
+
+def test_a_name_whose_handle_is_gone_shows_the_whole_handle(psoup: Run, traffic: str,
+                                                            server: str) -> None:
+    handle = ok(psoup("register", SLOW, "--name", "slow")).strip()
+    with Client(server, token=TOKEN) as client:
+        client.unregister(handle)
+    done = psoup("invoke", "slow")
+    assert done.exit_code == 1
+    assert f"the name 'slow' refers to handle {handle}, which the server" in done.stderr
 
 
 def test_unknown_name_exits_1(psoup: Run, traffic: str) -> None:

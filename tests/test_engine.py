@@ -242,6 +242,10 @@ def test_unknown_handle_is_a_key_error_naming_it(mode: ModeName) -> None:
         eng.invoke("nope")
     with pytest.raises(KeyError):
         eng.unregister("nope")
+    gone = eng.register("SELECT a FROM R")
+    eng.unregister(gone)
+    with pytest.raises(UnknownHandle, match=f"unknown handle '{gone}': not issued"):
+        eng.invoke(gone)                                  # the whole handle, not a prefix
 
 
 def test_contradiction_registers_and_matches_nothing(mode: ModeName) -> None:

@@ -999,7 +999,7 @@ def _unknown(target: Target | None, exc: UnknownHandle) -> str:
     if target is None:
         return str(exc)
     if target.name is not None:
-        return (f"the name '{target.name}' refers to handle {target.handle[:12]}..., which "
+        return (f"the name '{target.name}' refers to handle {target.handle}, which "
                 f"the server at {target.server} no longer knows (`psoup unregister "
                 f"{target.name}` forgets the name)")
     return (f"'{target.handle}' is neither a name in {HandleStore().path} nor a handle the "
