@@ -378,7 +378,7 @@ def test_changes_table_marks_rows_and_notes_a_first_call(psoup: Run, traffic: st
     assert [line.split()[0] for line in lines[2:-1]] == ["+"] * 3
     assert lines[-1] == "(3 inserted, 0 deleted)"
     csv_out = ok(psoup("invoke", "slow", "--changes", "--format", "csv"))
-    assert csv_out.strip() == "change,stationid,speed,note"
+    assert csv_out.strip() == "change,ts,stationid,speed,note"
 
 
 def test_an_expired_cursor_gives_the_whole_answer(psoup: Run, traffic: str, tmp_path: Path,
@@ -658,7 +658,12 @@ def test_invoke_table_starts_with_each_rows_time_in_utc_and_csv_keeps_seconds(
     assert lines[0].split() == ["ts", "stationid", "speed", "note"]
     assert lines[2].startswith("2025-12-31T23:58:20.000Z ")      # readings(9)[0]: T0 - 100
     rows = ok(psoup("invoke", handle, "-o", "csv")).splitlines()
-    assert rows[0] == "stationid,speed,note"
+    assert rows[0] == "ts,stationid,speed,note" and rows[1].startswith(f"{T0 - 100!r},")
+    polls = ok(psoup("watch", handle, "--every", "1s", "--count", "1", "-o", "csv"))
+    assert polls.splitlines()[0] == "polled,change,ts,stationid,speed,note"
+    assert f",+,{T0 - 100!r}," in polls.splitlines()[1]
+    listed = ok(psoup("queries", "-o", "csv")).splitlines()
+    assert listed[0] == "name,handle,sql" and listed[1].startswith(f",{handle},")
     assert json.loads(ok(psoup("invoke", handle, "-o", "json")))["ts"][0] == T0 - 100
 
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
 import click
-import numpy as np
 from click.core import ParameterSource
 
 from psoup import __version__
@@ -753,8 +752,7 @@ def queries(settings: Settings, fmt: str) -> None:
     if fmt == "json":
         click.echo(to_json({"queries": [dict(zip(("name", "handle", "sql"), r)) for r in rows]}))
     elif fmt == "csv":
-        click.echo(render_result(Result(["name", "handle", "sql"], rows, np.empty(0),
-                                        np.empty(0, np.int64)), "csv"))
+        click.echo(render_records("queries", ["name", "handle", "sql"], rows, "csv"))
     else:
         click.echo(table(["name", "handle", "sql"], [(n, h, one_line(q)) for n, h, q in rows]) +
                    f"\n({len(rows)} standing quer{'y' if len(rows) == 1 else 'ies'})")
