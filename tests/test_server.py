@@ -3,6 +3,7 @@ what a well-behaved client never sends (docs/protocol.md)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -175,10 +176,14 @@ def populated(connect: Connect) -> Populated:
 
 # ---------------------------------------------------------------------- hello
 
-def test_wrong_token_is_refused(address: str) -> None:
-    with pytest.raises(PSoupError) as err:
+def test_wrong_token_is_refused(address: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="psoup.server"), \
+            pytest.raises(PSoupError) as err:
         Client(address, token="not-the-token")
     assert err.value.code == "auth"
+    # the peer as the request lines name it (docs/cli.md, "Logging"): HOST:PORT
+    assert re.fullmatch(r"127\.0\.0\.1:\d+: auth: wrong access token; closing",
+                        caplog.messages[-1])
 
 
 def test_a_refused_token_says_where_the_right_one_is(
