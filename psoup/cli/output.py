@@ -384,10 +384,20 @@ def _marked(changes: Changes, stamped: bool = False, iso: bool = True) -> list[t
             for t, r in zip(part.ts.tolist(), part.rows)]
 
 
-def _flat(value: Any) -> str:
+def _flat(value: Any, nested: bool = False) -> str:
+    """A value on one line for people: a dict as "key value, ..." (a dict inside one in
+    parentheses, an empty one as "none"), None as "-", as tables show NULL.
+
+    Example:
+        >>> _flat({"policy": "Exact()", "reduction": {}, "max": None, "by": {"R": 320}})
+        'policy Exact(), reduction none, max -, by (R 320)'
+    """
     if isinstance(value, dict):
-        return ", ".join(f"{k} {_flat(v)}" for k, v in value.items())
-    return cell(value)
+        if not value:
+            return "none"
+        text = ", ".join(f"{k} {_flat(v, nested=True)}" for k, v in value.items())
+        return f"({text})" if nested else text
+    return "-" if value is None else cell(value)
 
 
 def to_json(document: Any) -> str:
