@@ -364,6 +364,10 @@ def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
                       f"WHERE stream = 'traffic'")
     assert seen is not None and seen.fetchall() == [(602, 40, 641, 2)]
     plan_replay([root], {})                 # and replay's checks accept it
+    for grain in ("minute", "hour", "day"):  # aggregate copies beside it (durability.md)
+        copies = {p.name for p in (tmp_path / "aggregates" / "stream=traffic" /
+                                   f"grain={grain}").glob("*.parquet")}
+        assert {p.name.replace("part-", "agg-", 1) for p in report.files} <= copies
 
 
 @pytest.mark.parametrize("name, text, complaint", [
