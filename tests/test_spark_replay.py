@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 import psoup
 from psoup.archive.layout import part_path
 from psoup.archive.parquet import Archive
-from psoup.cli.main import Failure, main
+from psoup.cli.main import Failure, main, replay_options
 from psoup.errors import ArchiveError, ReplayError
 from psoup.options import ModeName
 from psoup.server import Server
@@ -215,7 +215,7 @@ def test_replay_that_would_not_append_is_refused_before_anything(
         replay([archive], eng, start=start)
     message = str(err.value)
     assert "stream 'R' holds data up to ts 1767225605.5" in message
-    assert "--from 1767225605.5" in message
+    assert "start=1767225605.5 replays all of them" in message
     assert row_counts(eng) == {"R": 1}
 
 
@@ -645,11 +645,12 @@ def test_a_refusal_says_which_rows_at_the_latest_ts_each_from_value_replays(tmp_
     with pytest.raises(ReplayError) as err:
         replay([archive], eng)
     message = str(err.value)
-    assert (f"The archive has 2 rows of 'R' at ts {T0 + 2!r}: --resume skips those 'R' "
-            "holds; ") in message
-    assert f"--from {T0 + 2!r} replays all of them" in message
-    assert f"--from {T0 + 3!r}, the archive's next ts, skips them all" in message
-    shown = Failure(message).message                     # as the CLI prints it
+    assert (f"The archive has 2 rows of 'R' at ts {T0 + 2!r}: resume=True skips those "
+            "'R' holds; ") in message
+    assert f"start={T0 + 2!r} replays all of them" in message
+    assert f"start={T0 + 3!r}, the archive's next ts, skips them all" in message
+    shown = Failure(replay_options(message)).message     # as `psoup replay` prints it
+    assert ": --resume skips those 'R' holds; --from " in shown
     assert "ts 2026-01-01T00:00:00.000Z (1767225600.0). The archive" in shown
     assert "--from 2026-01-01T00:00:03.000Z (1767225603.0), the archive's next" in shown
     assert len(shown) < 600

@@ -41,7 +41,7 @@ from psoup.config import DEFAULT_HOST, DEFAULT_PORT, parse_address
 from psoup.config import ENGINE_MODES as MODES
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.options import SYNC_NAMES
-from psoup.errors import PSoupError, QueryError, UnknownHandle
+from psoup.errors import PSoupError, QueryError, ReplayError, UnknownHandle
 from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
 from psoup.results.result import Changes, Result
@@ -936,16 +936,19 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     run = partial(replaying.replay, streams=names, start=start, end=end, master=master,
                   slice_rows=slice_rows, progress=progress if sys.stderr.isatty() else None,
                   resume=resume, conf=spark_conf)
-    if data_dir is not None:
-        from psoup.engine import Engine
+    try:
+        if data_dir is not None:
+            from psoup.engine import Engine
 
-        with Engine(path=str(data_dir)) as engine:
-            report = run(archives, engine)
-        where = str(data_dir)
-    else:
-        where = server_option or settings.server
-        with _connected(where, token_option or settings.token) as client:
-            report = run(archives, client)
+            with Engine(path=str(data_dir)) as engine:
+                report = run(archives, engine)
+            where = str(data_dir)
+        else:
+            where = server_option or settings.server
+            with _connected(where, token_option or settings.token) as client:
+                report = run(archives, client)
+    except ReplayError as exc:
+        raise Failure(replay_options(str(exc))) from None
     if progress is not None:
         click.echo("\r\033[K", nl=False, err=True)
     into = ", ".join(f"{name} {rows:,}" for name, rows in report.streams.items()) or "none"
@@ -955,6 +958,17 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
 
 
 # ---------------------------------------------------------------------- helpers
+
+def replay_options(message: str) -> str:
+    """A replay refusal with replay()'s arguments named as this command's options.
+
+    Example:
+        >>> replay_options("resume=True skips them; start=5.0, the next ts, skips all")
+        '--resume skips them; --from 5.0, the next ts, skips all'
+    """
+    return re.sub(r"\bstart=(?=[-\d])", "--from ",
+                  message.replace("resume=True", "--resume"))
+
 
 def _spark_conf(param: click.Parameter, pairs: tuple[str, ...]) -> dict[str, str]:
     """--conf KEY=VALUE options as Spark settings, checked before Spark starts."""

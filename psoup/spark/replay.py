@@ -415,10 +415,11 @@ class _Scan:
 
 def _check_appends(plans: Mapping[str, StreamPlan]) -> None:
     """The ordering rule (module docstring, stage 2). The refusal says exactly what each
-    way on means for the archive's rows at the target's latest ts L: `--from L` delivers
+    way on means for the archive's rows at the target's latest ts L: `start=L` delivers
     all of them (after whatever the target holds at L: a replay that stopped part way may
-    have delivered some, which would then be doubled); `--from` the archive's next ts
-    after L skips all of them; and when the archive has nothing after L it says so."""
+    have delivered some, which would then be doubled); `start=` the archive's next ts
+    after L skips all of them; and when the archive has nothing after L it says so. It
+    names replay()'s arguments; `psoup replay` puts its options in their place."""
     late: list[StreamPlan] = []
     for plan in plans.values():
         if plan.rows == 0 or plan.latest_ts is None:
@@ -439,11 +440,11 @@ def _check_appends(plans: Mapping[str, StreamPlan]) -> None:
                           "to append (older rows are for historical evaluation)")
     latest = max(late, key=lambda p: p.latest_ts or -math.inf)
     resume, count = latest.latest_ts, latest.at_latest
-    ways = [f"--resume skips those '{latest.name}' holds",
-            f"--from {resume!r} replays all of them (any a stopped replay delivered are "
+    ways = [f"resume=True skips those '{latest.name}' holds",
+            f"start={resume!r} replays all of them (any a stopped replay delivered are "
             "doubled)"]
     if latest.after_latest < math.inf:
-        ways.append(f"--from {latest.after_latest!r}, the archive's next ts, skips them all")
+        ways.append(f"start={latest.after_latest!r}, the archive's next ts, skips them all")
     else:
         ways.append(f"the archive has no later row of '{latest.name}' (it ends at ts "
                     f"{latest.last_ts!r})")
