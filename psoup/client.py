@@ -174,8 +174,13 @@ class Client:
 
     def drop_stream(self, name: str, cascade: bool = False) -> None:
         """Drop stream `name` (DROP STREAM; Engine.drop_stream)."""
-        self._request(OpName.EXECUTE, {"sql": f"DROP STREAM {_name(name)}"
-                                         + (" CASCADE" if cascade else "")})
+        sql = f"DROP STREAM {_name(name)}"
+        try:
+            self._request(OpName.EXECUTE, {"sql": sql + (" CASCADE" if cascade else "")})
+        except QueryError as exc:
+            # the server suggests the statement; this call's caller passes an argument
+            raise QueryError(str(exc).replace(
+                f"{sql} CASCADE", f"drop_stream({name!r}, cascade=True)")) from None
 
     def _table(self, sql: str) -> Result:
         table = self.execute(sql)
@@ -658,7 +663,7 @@ class Client:
                                                            f"the token in {path} (stale?)")
         return (f"this client sent {sent}; a server on this machine started without "
                 f"--token leaves its token in {path}, else pass the server's token "
-                f"with --token or PSOUP_TOKEN")
+                f"{TOKEN_ADVICE}")
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -679,6 +684,10 @@ class Client:
         if reply.get("id") is None:
             self._drop()  # a frame-level error: the server closes the connection
         raise error_of(reply.get("error"))
+
+
+#: How a Python caller passes the token; the CLI puts its options in place of it.
+TOKEN_ADVICE = "as Client(..., token=...) or in the PSOUP_TOKEN environment variable"
 
 
 def _find_token(host: str, port: int) -> tuple[str | None, str]:

@@ -155,8 +155,12 @@ class Core:
     def plan(self, handle: str) -> Plan:
         plan = self.handles.get(handle) if isinstance(handle, str) else None
         if plan is None:
-            raise UnknownHandle(f"unknown handle {str(handle)[:12]!r}: not issued by this "
-                                "engine, or unregistered")
+            # whole, as the caller passed it (handles are 40 characters); only text far
+            # longer than any handle is cut
+            shown = repr(str(handle))
+            shown = shown if len(shown) <= 100 else shown[:97] + "..."
+            raise UnknownHandle(f"unknown handle {shown}: not issued by this engine, or "
+                                "unregistered")
         return plan
 
     # ------------------------------------------------------------------ introspection

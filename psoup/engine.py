@@ -230,7 +230,7 @@ class Engine:
         with self._lock:
             self._check_open()
             self._core.stem(name)
-            self._drop(name, cascade)
+            self._drop(name, cascade, f"drop_stream({name!r}, cascade=True)")
 
     # ------------------------------------------------------------------ data
 
@@ -503,11 +503,13 @@ class Engine:
         self._after_write()
         return handle
 
-    def _drop(self, name: str, cascade: bool) -> None:
-        """Refuse, or log and apply, the drop of an existing stream."""
+    def _drop(self, name: str, cascade: bool, how: str | None = None) -> None:
+        """Refuse, or log and apply, the drop of an existing stream; a refusal suggests
+        `how` to drop it with its queries (by default the statement that does)."""
         users = self._core.users(name)
         if users and not cascade:
-            raise QueryError(_read_by(name, users, self._core.handles))
+            raise QueryError(_read_by(name, users, self._core.handles,
+                                      how or f"DROP STREAM {name} CASCADE"))
         bound = self._core.next_tid
         self._durability.log_drop(name, users, bound)
         self._durability.apply(f"the drop of stream '{name}'",
@@ -570,14 +572,13 @@ def _cache_bytes(value: object) -> int:
     return value
 
 
-def _read_by(name: str, users: list[str], plans: Mapping[str, Plan]) -> str:
+def _read_by(name: str, users: list[str], plans: Mapping[str, Plan], how: str) -> str:
     """Why stream `name` cannot be dropped: the standing queries reading it."""
     shown = "; ".join(f"{h} ({plans[h].query.sql})" for h in users[:5])
     more = f"; and {len(users) - 5} more" if len(users) > 5 else ""
     return (f"stream '{name}' is read by {len(users)} standing "
             f"quer{'y' if len(users) == 1 else 'ies'}: {shown}{more}. "
-            f"Unregister them first, or DROP STREAM {name} CASCADE to "
-            "unregister them with it")
+            f"Unregister them first, or use {how} to unregister them with it")
 
 
 def _now(clock: Callable[[], float], now: float | None) -> float:

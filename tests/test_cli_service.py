@@ -24,6 +24,7 @@ from click.testing import Result as CliResult
 from psoup import Engine
 from psoup.cli.handles import HandleStore
 from psoup.cli.main import main
+from psoup.client import Client
 from psoup.config import parse_address, token_path
 from psoup.results.result import Result
 from psoup.server import Server
@@ -177,6 +178,7 @@ def test_ingest_stops_at_a_bad_batch_and_says_what_went_in(psoup: Run, traffic: 
     assert done.exit_code == 1
     assert "6 rows ingested before it" in done.stderr and "(input rows 7-9)" in done.stderr
     assert "input row 8 holds 'abc'" in done.stderr
+    assert "'traffic', input row 7, column 'lane'" in done.stderr     # not the batch's row 0
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     stats = json.loads(ok(psoup("stats", "--format", "json")))
     assert stats["streams"]["traffic"]["rows"] == 6
@@ -297,11 +299,22 @@ def test_a_taken_name_needs_replace(psoup: Run, traffic: str) -> None:
     first = ok(psoup("register", SLOW, "--name", "slow")).strip()
     taken = psoup("register", SLOW, "--name", "slow")
     assert taken.exit_code == 1 and "--replace" in taken.stderr
+    assert f"is taken (handle {first} on " in taken.stderr            # the whole handle
     assert len(json.loads(ok(psoup("queries", "--format", "json")))["queries"]) == 1
     second = ok(psoup("register", SLOW, "--name", "slow", "--replace")).strip()
     stored = HandleStore().lookup("slow")
     assert stored is not None
     assert stored["handle"] == second != first
+
+
+def test_a_name_whose_handle_is_gone_shows_the_whole_handle(psoup: Run, traffic: str,
+                                                            server: str) -> None:
+    handle = ok(psoup("register", SLOW, "--name", "slow")).strip()
+    with Client(server, token=TOKEN) as client:
+        client.unregister(handle)
+    done = psoup("invoke", "slow")
+    assert done.exit_code == 1
+    assert f"the name 'slow' refers to handle {handle}, which the server" in done.stderr
 
 
 def test_unknown_name_exits_1(psoup: Run, traffic: str) -> None:
@@ -365,7 +378,7 @@ def test_changes_table_marks_rows_and_notes_a_first_call(psoup: Run, traffic: st
     assert [line.split()[0] for line in lines[2:-1]] == ["+"] * 3
     assert lines[-1] == "(3 inserted, 0 deleted)"
     csv_out = ok(psoup("invoke", "slow", "--changes", "--format", "csv"))
-    assert csv_out.strip() == "change,stationid,speed,note"
+    assert csv_out.strip() == "change,ts,stationid,speed,note"
 
 
 def test_an_expired_cursor_gives_the_whole_answer(psoup: Run, traffic: str, tmp_path: Path,
@@ -446,7 +459,8 @@ def test_wrong_token_is_explained(server: str) -> None:
 def test_wrong_token_names_where_the_servers_token_is(server: str) -> None:
     done = CliRunner().invoke(main, ["--server", server, "--token", "nope", "queries"])
     path = token_path(*parse_address(server))
-    assert str(path) in done.stderr and "PSOUP_TOKEN" in done.stderr
+    assert str(path) in done.stderr and "with --token or PSOUP_TOKEN" in done.stderr
+    assert "Client(" not in done.stderr
 
 
 def test_a_bad_retain_is_reported_against_the_option(psoup: Run) -> None:
@@ -595,7 +609,8 @@ def test_stream_drop_is_refused_while_a_query_reads_it_unless_cascade(psoup: Run
                                                                       traffic: str) -> None:
     handle = psoup("register", SLOW, "--name", "slow").output.strip()
     refused = psoup("stream", "drop", "traffic")
-    assert refused.exit_code == 1 and handle in refused.output and "CASCADE" in refused.output
+    assert refused.exit_code == 1 and handle in refused.output
+    assert "use --cascade to" in refused.output and "CASCADE" not in refused.output
     done = psoup("stream", "drop", "traffic", "--cascade")
     assert done.exit_code == 0, done.output
     assert done.output.strip() == "dropped stream traffic and 1 standing query"
@@ -643,7 +658,12 @@ def test_invoke_table_starts_with_each_rows_time_in_utc_and_csv_keeps_seconds(
     assert lines[0].split() == ["ts", "stationid", "speed", "note"]
     assert lines[2].startswith("2025-12-31T23:58:20.000Z ")      # readings(9)[0]: T0 - 100
     rows = ok(psoup("invoke", handle, "-o", "csv")).splitlines()
-    assert rows[0] == "stationid,speed,note"
+    assert rows[0] == "ts,stationid,speed,note" and rows[1].startswith(f"{T0 - 100!r},")
+    polls = ok(psoup("watch", handle, "--every", "1s", "--count", "1", "-o", "csv"))
+    assert polls.splitlines()[0] == "polled,change,ts,stationid,speed,note"
+    assert f",+,{T0 - 100!r}," in polls.splitlines()[1]
+    listed = ok(psoup("queries", "-o", "csv")).splitlines()
+    assert listed[0] == "name,handle,sql" and listed[1].startswith(f",{handle},")
     assert json.loads(ok(psoup("invoke", handle, "-o", "json")))["ts"][0] == T0 - 100
 
 
@@ -719,7 +739,10 @@ def test_multi_line_sql_is_one_line_in_tables_and_whole_in_json(psoup: Run, traf
 def test_stats_and_stream_list_show_the_latest_ts_in_utc(psoup: Run, traffic: str,
                                                          tmp_path: Path) -> None:
     ok(psoup("ingest", "traffic", str(write(tmp_path / "a.csv", readings(3)))))
-    assert "2025-12-31T23:58:22.000Z" in ok(psoup("stats"))
+    shown = ok(psoup("stats"))
+    assert "2025-12-31T23:58:22.000Z" in shown
+    # sections read as text: an empty dict is "none", not "reduction ,"; None is "-"
+    assert " ," not in shown and "None" not in shown and "{" not in shown
     assert "2025-12-31T23:58:22.000Z" in ok(psoup("stream", "list"))
     assert "2025-12-31T23:58:22.000Z" in ok(psoup("stream", "describe", "traffic"))
     assert ",1767225502.0," in ok(psoup("stream", "list", "-o", "csv"))

@@ -242,6 +242,10 @@ def test_unknown_handle_is_a_key_error_naming_it(mode: ModeName) -> None:
         eng.invoke("nope")
     with pytest.raises(KeyError):
         eng.unregister("nope")
+    gone = eng.register("SELECT a FROM R")
+    eng.unregister(gone)
+    with pytest.raises(UnknownHandle, match=f"unknown handle '{gone}': not issued"):
+        eng.invoke(gone)                                  # the whole handle, not a prefix
 
 
 def test_contradiction_registers_and_matches_nothing(mode: ModeName) -> None:
@@ -278,8 +282,10 @@ def snapshot(eng: psoup.Engine, handles: list[str]) -> tuple[object, ...]:
     ([(1, 1.0, 5)], 1.0, "column 'name': expected TEXT, got int"),
     ([(1, float("nan"), "x")], 1.0, "NaN"),
     ([(2**70, 1.0, "x")], 1.0, "64-bit INT"),
-    ([{"a": 1, "b": 1.0}], 1.0, "missing column 'name'"),
-    ([{"a": 1, "b": 1.0, "name": "x", "zzz": 0}], 1.0, "unknown column 'zzz'"),
+    ([{"a": 1, "b": 1.0}], 1.0, "row 0 has no column 'name'"),
+    ([{"a": 1, "b": 1.0, "name": "x", "zzz": 0}], 1.0,
+     "row 0 has column 'zzz', which the stream lacks"),
+    ({"a": [1], "b": [1.0]}, 1.0, "the dict of columns has no column 'name'"),
     ({"a": np.array([1.5]), "b": [1.0], "name": ["x"]}, 1.0, "got an array of float64"),
     ({"a": [1, 2], "b": [1.0], "name": ["x"]}, 1.0, "different lengths"),
     ([(1, 1.0, "x")] * 2, [1.0], "got 1 timestamps for 2 rows"),
@@ -543,7 +549,9 @@ def test_drop_stream_refused_while_queries_read_it_changes_nothing(mode: ModeNam
     fill(eng, 5)
     with pytest.raises(QueryError) as info:
         eng.execute("DROP STREAM S")
-    assert h in str(info.value) and "CASCADE" in str(info.value)
+    assert h in str(info.value) and "use DROP STREAM S CASCADE to" in str(info.value)
+    with pytest.raises(QueryError, match=r"use drop_stream\('S', cascade=True\) to"):
+        eng.drop_stream("S")
     assert eng.streams() == ["R", "S"] and [q for q, _ in eng.queries()] == [h]
     assert eng.describe("R")["rows"] == 5
     eng._check()

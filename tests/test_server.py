@@ -3,6 +3,7 @@ what a well-behaved client never sends (docs/protocol.md)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -175,10 +176,14 @@ def populated(connect: Connect) -> Populated:
 
 # ---------------------------------------------------------------------- hello
 
-def test_wrong_token_is_refused(address: str) -> None:
-    with pytest.raises(PSoupError) as err:
+def test_wrong_token_is_refused(address: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="psoup.server"), \
+            pytest.raises(PSoupError) as err:
         Client(address, token="not-the-token")
     assert err.value.code == "auth"
+    # the peer as the request lines name it (docs/cli.md, "Logging"): HOST:PORT
+    assert re.fullmatch(r"127\.0\.0\.1:\d+: auth: wrong access token; closing",
+                        caplog.messages[-1])
 
 
 def test_a_refused_token_says_where_the_right_one_is(
@@ -188,7 +193,8 @@ def test_a_refused_token_says_where_the_right_one_is(
     with pytest.raises(PSoupError) as err:
         Client(address)
     message = str(err.value)
-    assert "PSOUP_TOKEN" in message and "--token" in message
+    assert "pass the server's token as Client(..., token=...) or in the PSOUP_TOKEN " \
+        "environment variable" in message
     assert str(token_path(host, int(port))) in message
 
 
@@ -1005,8 +1011,9 @@ def test_show_and_describe_travel_as_results(connect: Connect, engine: Engine) -
 def test_drop_stream_over_the_protocol(connect: Connect, engine: Engine) -> None:
     client = connect()
     handle = _setup(client)
-    with pytest.raises(QueryError, match=handle):
+    with pytest.raises(QueryError, match=handle) as info:
         client.drop_stream("R")
+    assert "use drop_stream('R', cascade=True) to" in str(info.value)
     assert client.execute("DROP STREAM R CASCADE") is None
     assert client.streams() == [] and client.queries() == []
     client.create_stream("R", {"z": "int"})

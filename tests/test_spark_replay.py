@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 import psoup
 from psoup.archive.layout import part_path
 from psoup.archive.parquet import Archive
-from psoup.cli.main import main
+from psoup.cli.main import Failure, main, replay_options
 from psoup.errors import ArchiveError, ReplayError
 from psoup.options import ModeName
 from psoup.server import Server
@@ -215,7 +215,7 @@ def test_replay_that_would_not_append_is_refused_before_anything(
         replay([archive], eng, start=start)
     message = str(err.value)
     assert "stream 'R' holds data up to ts 1767225605.5" in message
-    assert "--from 1767225605.5" in message
+    assert "start=1767225605.5 replays all of them" in message
     assert row_counts(eng) == {"R": 1}
 
 
@@ -364,6 +364,10 @@ def test_import_of_csv_json_and_parquet_reads_back_in_ts_then_input_order(
                       f"WHERE stream = 'traffic'")
     assert seen is not None and seen.fetchall() == [(602, 40, 641, 2)]
     plan_replay([root], {})                 # and replay's checks accept it
+    for grain in ("minute", "hour", "day"):  # aggregate copies beside it (durability.md)
+        copies = {p.name for p in (tmp_path / "aggregates" / "stream=traffic" /
+                                   f"grain={grain}").glob("*.parquet")}
+        assert {p.name.replace("part-", "agg-", 1) for p in report.files} <= copies
 
 
 @pytest.mark.parametrize("name, text, complaint", [
@@ -641,10 +645,15 @@ def test_a_refusal_says_which_rows_at_the_latest_ts_each_from_value_replays(tmp_
     with pytest.raises(ReplayError) as err:
         replay([archive], eng)
     message = str(err.value)
-    assert f"--from {T0 + 2!r} replays the archive's 2 rows at exactly that ts" in message
-    assert f"--from {T0 + 3!r} (the archive's next ts) skips all of them" in message
-    assert ("--resume continues exactly where the target stops: it skips as many of the "
-            f"archive's 2 rows at ts {T0 + 2!r} as stream 'R' holds at that ts") in message
+    assert (f"The archive has 2 rows of 'R' at ts {T0 + 2!r}: resume=True skips those "
+            "'R' holds; ") in message
+    assert f"start={T0 + 2!r} replays all of them" in message
+    assert f"start={T0 + 3!r}, the archive's next ts, skips them all" in message
+    shown = Failure(replay_options(message)).message     # as `psoup replay` prints it
+    assert ": --resume skips those 'R' holds; --from " in shown
+    assert "ts 2026-01-01T00:00:00.000Z (1767225600.0). The archive" in shown
+    assert "--from 2026-01-01T00:00:03.000Z (1767225603.0), the archive's next" in shown
+    assert len(shown) < 600
     assert row_counts(eng) == {"R": 1}
 
 

@@ -40,7 +40,7 @@ class HandleStoreError(PSoupError):
 
 def name_taken(name: str, entry: dict[str, Any]) -> HandleStoreError:
     """The error for naming a handle with a name that `entry` already holds."""
-    return HandleStoreError(f"the name '{name}' is taken (handle {entry['handle'][:12]}... "
+    return HandleStoreError(f"the name '{name}' is taken (handle {entry['handle']} "
                             f"on {entry['server']}); choose another or pass --replace")
 
 

@@ -32,6 +32,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Set
 from contextlib import contextmanager
@@ -169,7 +170,8 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
         except PSoupError as exc:
             raise IngestError(
                 f"{where} was rejected, none of it applied; {rows:,} rows ingested before "
-                f"it: {exc}{_text_hint(batch, str(exc), rows)}", rows) from None
+                f"it: {_input_rows(str(exc), rows)}{_text_hint(batch, str(exc), rows)}",
+                rows) from None
         rows += n
         count += 1
         if applied is not None:
@@ -273,6 +275,26 @@ def _check_columns(stream: str, columns: list[str], declared: Set[str] | None,
                           f"columns: {', '.join(sorted(declared or ()))}{lacks}); remove "
                           f"{'them' if len(extra) > 1 else 'it'} from the input or add "
                           f"{'them' if len(extra) > 1 else 'it'} to the stream", 0)
+
+
+def _input_rows(message: str, before: int) -> str:
+    """The server's `message` about an insert with its rows (counted from 0 in the
+    insert, as Python indexes a list) named as input rows (counted from 1 in the file),
+    the way every other ingest message counts them.
+
+    Example:
+        >>> _input_rows("stream 's', row 1: ts 2.0 is older than row 0's ts 3.0", 6)
+        "stream 's', input row 8: ts 2.0 is older than input row 7's ts 3.0"
+        >>> _input_rows("x (in rows 2..3 of an insert of 5; rows 0..1 were stored)", 0)
+        'x (in input rows 3-4 of an insert of 5; input rows 1-2 were stored)'
+    """
+    def shown(match: re.Match[str]) -> str:
+        first = f"input {match[1]} {before + int(match[2]) + 1:,}"
+        return first if match[3] is None else f"{first}-{before + int(match[3]) + 1:,}"
+    return _INSERT_ROWS.sub(shown, message)
+
+
+_INSERT_ROWS = re.compile(r"(?<!input )\b(rows?) (\d+)(?:\.\.(\d+))?\b")
 
 
 def _text_hint(batch: dict[str, Any], message: str, before: int) -> str:

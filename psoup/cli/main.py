@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import click
-import numpy as np
 from click.core import ParameterSource
 
 from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
@@ -47,9 +46,9 @@ from psoup.cli.output import (
 )
 from psoup.cli.polling import Interval, changes_since
 from psoup.cli.typed import Typed
-from psoup.client import Client, ConnectionFailed, OutcomeUnknown
+from psoup.client import TOKEN_ADVICE, Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, REPLAY_SLICE_ROWS, parse_address
-from psoup.errors import PSoupError, QueryError, UnknownHandle
+from psoup.errors import PSoupError, QueryError, ReplayError, UnknownHandle
 from psoup.formats import ALIASES, TS_UNITS, input_format
 from psoup.formats import FORMATS as INPUT_FORMATS
 from psoup.options import MODE_NAMES, SYNC_NAMES, ModeName, SyncName
@@ -404,7 +403,11 @@ def stream_drop(settings: Settings, name: str, cascade: bool) -> None:
     store = HandleStore()
     with _connected(settings.server, settings.token) as client:
         before = {handle for handle, _ in client.queries()}
-        client.drop_stream(name, cascade)
+        try:
+            client.drop_stream(name, cascade)
+        except QueryError as exc:
+            raise Failure(str(exc).replace(f"drop_stream({name!r}, cascade=True)",
+                                           "--cascade")) from None
         gone = before - {handle for handle, _ in client.queries()}
     for handle in gone:
         store.forget_handle(settings.server, handle)
@@ -767,8 +770,7 @@ def queries(settings: Settings, fmt: str) -> None:
         click.echo(to_json({"queries": [dict(zip(("name", "handle", "sql"), r, strict=True))
                                         for r in rows]}))
     elif fmt == "csv":
-        click.echo(render_result(Result(["name", "handle", "sql"], rows, np.empty(0),
-                                        np.empty(0, np.int64)), "csv"))
+        click.echo(render_records("queries", ["name", "handle", "sql"], rows, "csv"))
     else:
         click.echo(table(["name", "handle", "sql"], [(n, h, one_line(q)) for n, h, q in rows]) +
                    f"\n({len(rows)} standing quer{'y' if len(rows) == 1 else 'ies'})")
@@ -963,16 +965,19 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     run = partial(replaying.replay, streams=names, start=start, end=end, master=master,
                   slice_rows=slice_rows, progress=progress if sys.stderr.isatty() else None,
                   resume=resume, conf=spark_conf)
-    if data_dir is not None:
-        from psoup.engine import Engine
+    try:
+        if data_dir is not None:
+            from psoup.engine import Engine
 
-        with Engine(path=str(data_dir)) as engine:
-            report = run(archives, engine)
-        where = str(data_dir)
-    else:
-        where = server_option or settings.server
-        with _connected(where, token_option or settings.token) as client:
-            report = run(archives, client)
+            with Engine(path=str(data_dir)) as engine:
+                report = run(archives, engine)
+            where = str(data_dir)
+        else:
+            where = server_option or settings.server
+            with _connected(where, token_option or settings.token) as client:
+                report = run(archives, client)
+    except ReplayError as exc:
+        raise Failure(replay_options(str(exc))) from None
     if progress is not None:
         click.echo("\r\033[K", nl=False, err=True)
     into = ", ".join(f"{name} {rows:,}" for name, rows in report.streams.items()) or "none"
@@ -982,6 +987,17 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
 
 
 # ---------------------------------------------------------------------- helpers
+
+def replay_options(message: str) -> str:
+    """A replay refusal with replay()'s arguments named as this command's options.
+
+    Example:
+        >>> replay_options("resume=True skips them; start=5.0, the next ts, skips all")
+        '--resume skips them; --from 5.0, the next ts, skips all'
+    """
+    return re.sub(r"\bstart=(?=[-\d])", "--from ",
+                  message.replace("resume=True", "--resume"))
+
 
 def _spark_conf(param: click.Parameter, pairs: tuple[str, ...]) -> dict[str, str]:
     """--conf KEY=VALUE options as Spark settings, checked before Spark starts."""
@@ -1007,7 +1023,8 @@ def _connected(server: str, token: str | None, target: Target | None = None,
     except PSoupError as exc:
         if exc.code != ErrorCode.AUTH:
             raise
-        raise Failure(f"the server at {server} refused the connection: {exc}") from None
+        raise Failure(f"the server at {server} refused the connection: "
+                      + str(exc).replace(TOKEN_ADVICE, "with --token or PSOUP_TOKEN")) from None
     try:
         with client:
             yield client
@@ -1023,7 +1040,7 @@ def _unknown(target: Target | None, exc: UnknownHandle) -> str:
     if target is None:
         return str(exc)
     if target.name is not None:
-        return (f"the name '{target.name}' refers to handle {target.handle[:12]}..., which "
+        return (f"the name '{target.name}' refers to handle {target.handle}, which "
                 f"the server at {target.server} no longer knows (`psoup unregister "
                 f"{target.name}` forgets the name)")
     return (f"'{target.handle}' is neither a name in {HandleStore().path} nor a handle the "

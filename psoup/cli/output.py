@@ -36,7 +36,7 @@ FORMATS = ("table", "csv", "json")
 def render_result(result: Result, fmt: str, limit: int | None = None) -> str:
     """The whole answer of one invocation in `fmt` ("table", "csv" or "json").
 
-    A table starts with each row's ts (`iso_utc`). JSON is
+    A table starts with each row's ts (`iso_utc`), CSV with it in seconds. JSON is
     ``{"columns": [...], "rows": [[...], ...], "ts": [...], "cursor": "..."}``, ts in
     seconds. `limit` (None: all) keeps the first rows; the table's footer says how many
     there were (`cut_note`), CSV and JSON just end early.
@@ -58,12 +58,15 @@ def render_result(result: Result, fmt: str, limit: int | None = None) -> str:
         (2 rows, first 1 shown; --limit 0 for all)
         >>> render_result(r, "json", limit=1)
         '{"columns": ["a", "name"], "rows": [[1, "x"]], "ts": [5.0], "cursor": "c1"}'
+        >>> print(render_result(r, "csv"))
+        ts,a,name
+        5.0,1,x
+        6.5,2,y
     """
     if fmt == "json":
         return to_json(_result_doc(result, limit))
-    rows = result.rows[:limit]
     if fmt == "csv":
-        return _csv(list(result.columns), rows)
+        return _csv(["ts"] + list(result.columns), _stamped(result, limit, iso=False))
     n = len(result.rows)
     return (table(["ts"] + list(result.columns), _stamped(result, limit)) +
             f"\n({n:,} row{'' if n == 1 else 's'}{cut_note(n, limit)})")
@@ -76,7 +79,8 @@ def render_changes(changes: Changes, fmt: str, reset: bool = False,
     Args:
         changes: the invocation's changes.
         fmt: "table" (a first column of + and -, then ts), "csv" (a first column
-            "change") or "json" (``{"columns", "inserted", "deleted", "cursor", "reset"}``).
+            "change", then ts in seconds) or "json" (``{"columns", "inserted",
+            "deleted", "cursor", "reset"}``).
         reset: True when `changes.inserted` is the whole answer (there was no usable
             cursor), so a script must replace what it holds instead of applying a delta.
         limit: show at most this many changed rows (None: all), inserted ones first.
@@ -94,7 +98,8 @@ def render_changes(changes: Changes, fmt: str, reset: bool = False,
     if fmt == "json":
         return to_json(_changes_doc(changes, reset, limit))
     if fmt == "csv":
-        return _csv(["change"] + list(changes.columns), _marked(changes)[:limit])
+        return _csv(["change", "ts"] + list(changes.columns),
+                    _marked(changes, stamped=True, iso=False)[:limit])
     n = len(changes.inserted) + len(changes.deleted)
     return (table(["", "ts"] + list(changes.columns), _marked(changes, stamped=True)[:limit]) +
             f"\n({len(changes.inserted):,} inserted, {len(changes.deleted):,} deleted"
@@ -108,7 +113,7 @@ def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool,
     Table: a line ``[local time] N rows`` or ``[local time] +I -D`` and the rows (each
     with its ts), marked + and - for changes; at most `limit` rows per poll, and the
     line says when some were left out. CSV: one document across polls, columns "polled"
-    (epoch seconds) and "change", then the query's; the first answer's rows count as
+    (epoch seconds), "change" and "ts" (seconds), then the query's; the first answer's rows count as
     inserted, and the header comes with the first poll only. JSON: one document per line,
     the document of `render_result` or `render_changes` plus "polled".
 
@@ -116,7 +121,7 @@ def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool,
         >>> import numpy as np
         >>> r = Result(["a"], [(1,)], np.array([5.0]), np.array([1]), "c1")
         >>> render_poll(r, "csv", 100.0, first=True)
-        'polled,change,a\\n100.0,+,1'
+        'polled,change,ts,a\\n100.0,+,5.0,1'
     """
     if isinstance(answer, Result):
         empty = Result(answer.columns, [], np.empty(0), np.empty(0, np.int64))
@@ -129,8 +134,9 @@ def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool,
                else _changes_doc(answer, False, limit))
         return to_json({"polled": polled, **doc})
     if fmt == "csv":
-        text = _csv(["polled", "change"] + list(changes.columns),
-                    [(polled,) + row for row in _marked(changes)[:limit]])
+        text = _csv(["polled", "change", "ts"] + list(changes.columns),
+                    [(polled,) + row
+                     for row in _marked(changes, stamped=True, iso=False)[:limit]])
         return text if first else text.partition("\n")[2]
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(polled))
     if isinstance(answer, Result):
@@ -306,20 +312,26 @@ def iso_utc(ts: float | None) -> str:
 
 
 def iso_times(message: str) -> str:
-    """A message with every "ts SECONDS" in it shown as `iso_utc`, the seconds kept after
-    it (an error may ask to pass the exact value back as --from).
+    """A message with every "ts SECONDS" and "--from SECONDS" in it shown as `iso_utc`,
+    the seconds kept after it (the exact value, which --from also takes back), so that
+    one message shows its times in one form.
 
     Example:
         >>> iso_times("stream 'R' holds data up to ts 1767225600.25; ts 1e+20 is past")
         "stream 'R' holds data up to ts 2026-01-01T00:00:00.250Z (1767225600.25); ts 1e+20 is past"
+        >>> iso_times("it ends at ts 1767225600.0.")
+        'it ends at ts 2026-01-01T00:00:00.000Z (1767225600.0).'
+        >>> iso_times("--from 1767225601.5 skips it")
+        '--from 2026-01-01T00:00:01.500Z (1767225601.5) skips it'
     """
     def shown(match: re.Match[str]) -> str:
-        text = iso_utc(float(match[1]))
-        return match[0] if not text.endswith("Z") else f"ts {text} ({match[1]})"
+        text = iso_utc(float(match[2]))
+        return match[0] if not text.endswith("Z") else f"{match[1]} {text} ({match[2]})"
     return _TS_IN_TEXT.sub(shown, message)
 
 
-_TS_IN_TEXT = re.compile(r"\bts (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?![\w.])")
+# a number that ends a sentence ("ts 5.0.") is a time too; "ts 5.0.1" is not
+_TS_IN_TEXT = re.compile(r"(\bts|--from) (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(?!\w|\.\w)")
 
 
 def one_line(sql: str, width: int = 100) -> str:
@@ -346,8 +358,9 @@ def _shown(column: str, value: Any) -> Any:
     return value
 
 
-def _stamped(result: Result, limit: int | None) -> list[tuple[Any, ...]]:
-    return [(iso_utc(t),) + tuple(r)
+def _stamped(result: Result, limit: int | None, iso: bool = True) -> list[tuple[Any, ...]]:
+    """The rows with each one's ts in front: `iso_utc` for people, seconds for scripts."""
+    return [(iso_utc(t) if iso else t,) + tuple(r)
             for t, r in zip(result.ts[:limit].tolist(), result.rows[:limit], strict=True)]
 
 
@@ -364,18 +377,28 @@ def _changes_doc(changes: Changes, reset: bool, limit: int | None = None) -> dic
             "cursor": changes.cursor, "reset": reset}
 
 
-def _marked(changes: Changes, stamped: bool = False) -> list[tuple[Any, ...]]:
+def _marked(changes: Changes, stamped: bool = False, iso: bool = True) -> list[tuple[Any, ...]]:
     """The changed rows, inserted ones (+) first; `stamped` puts each row's ts after
-    the mark."""
-    return [(mark,) + ((iso_utc(t),) if stamped else ()) + tuple(r)
+    the mark (`iso_utc`, or seconds when not `iso`)."""
+    return [(mark,) + ((iso_utc(t) if iso else t,) if stamped else ()) + tuple(r)
             for mark, part in (("+", changes.inserted), ("-", changes.deleted))
             for t, r in zip(part.ts.tolist(), part.rows, strict=True)]
 
 
-def _flat(value: Any) -> str:
+def _flat(value: Any, nested: bool = False) -> str:
+    """A value on one line for people: a dict as "key value, ..." (a dict inside one in
+    parentheses, an empty one as "none"), None as "-", as tables show NULL.
+
+    Example:
+        >>> _flat({"policy": "Exact()", "reduction": {}, "max": None, "by": {"R": 320}})
+        'policy Exact(), reduction none, max -, by (R 320)'
+    """
     if isinstance(value, dict):
-        return ", ".join(f"{k} {_flat(v)}" for k, v in value.items())
-    return cell(value)
+        if not value:
+            return "none"
+        text = ", ".join(f"{k} {_flat(v, nested=True)}" for k, v in value.items())
+        return f"({text})" if nested else text
+    return "-" if value is None else cell(value)
 
 
 def to_json(document: Any) -> str:

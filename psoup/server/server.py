@@ -274,7 +274,7 @@ class Server:
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
+        peer = _peer_text(writer.get_extra_info("peername"))
         task = asyncio.current_task()
         assert task is not None, "asyncio runs each connection's callback in its own task"
         try:
@@ -749,9 +749,21 @@ def _log_request(peer: Any, op: Any, began: float,
     outcome = _outcome(reply)
     level = logging.DEBUG if outcome == "ok" else logging.INFO
     if log.isEnabledFor(level):
-        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else peer
-        log.log(level, "%s %s %s %.1fms", where, op, outcome,
+        log.log(level, "%s %s %s %.1fms", peer, op, outcome,
                 (time.perf_counter() - began) * 1000)
+
+
+def _peer_text(peer: Any) -> str:
+    """A connection's peer as every log line names it: HOST:PORT ([HOST]:PORT for IPv6).
+
+    Example:
+        >>> _peer_text(("127.0.0.1", 45746)), _peer_text(("::1", 7070, 0, 0))
+        ('127.0.0.1:45746', '[::1]:7070')
+    """
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return str(peer)
 
 
 def _outcome(frame: bytes) -> str:

@@ -464,7 +464,7 @@ def plan_jobs(core: Core, handles: Sequence[str] | None,
         plan = core.plan(handle)
         if isinstance(plan, JoinPlan):
             raise QueryError("history is evaluated for selection queries only; "
-                             f"{handle[:12]}... is a join")
+                             f"{handle} is a join")
         if plan.slot not in core.tiers:
             by_stream.setdefault(plan.query.sources[0].stream, []).append(plan)
     jobs = []

@@ -415,10 +415,11 @@ class _Scan:
 
 def _check_appends(plans: Mapping[str, StreamPlan]) -> None:
     """The ordering rule (module docstring, stage 2). The refusal says exactly what each
-    way on means for the archive's rows at the target's latest ts L: `--from L` delivers
+    way on means for the archive's rows at the target's latest ts L: `start=L` delivers
     all of them (after whatever the target holds at L: a replay that stopped part way may
-    have delivered some, which would then be doubled); `--from` the archive's next ts
-    after L skips all of them; and when the archive has nothing after L it says so."""
+    have delivered some, which would then be doubled); `start=` the archive's next ts
+    after L skips all of them; and when the archive has nothing after L it says so. It
+    names replay()'s arguments; `psoup replay` puts its options in their place."""
     late: list[StreamPlan] = []
     for plan in plans.values():
         if plan.rows == 0 or plan.latest_ts is None:
@@ -438,24 +439,18 @@ def _check_appends(plans: Mapping[str, StreamPlan]) -> None:
                           "already holds data as new as all of it, and there is nothing "
                           "to append (older rows are for historical evaluation)")
     latest = max(late, key=lambda p: p.latest_ts or -math.inf)
-    resume = latest.latest_ts
-    ways = [f"--resume continues exactly where the target stops: it skips as many of the "
-            f"archive's {latest.at_latest:,} row{'s' * (latest.at_latest != 1)} at ts "
-            f"{resume!r} as stream '{latest.name}' holds at that ts (those a replay that "
-            "stopped part way delivered)",
-            f"--from {resume!r} replays the archive's {latest.at_latest:,} row"
-            f"{'s' * (latest.at_latest != 1)} at exactly that ts of stream "
-            f"'{latest.name}' too (a replay that stopped part way may have delivered some "
-            "of them already: those would be doubled)"]
+    resume, count = latest.latest_ts, latest.at_latest
+    ways = [f"resume=True skips those '{latest.name}' holds",
+            f"start={resume!r} replays all of them (any a stopped replay delivered are "
+            "doubled)"]
     if latest.after_latest < math.inf:
-        ways.append(f"--from {latest.after_latest!r} (the archive's next ts) skips "
-                    "all of them")
+        ways.append(f"start={latest.after_latest!r}, the archive's next ts, skips them all")
     else:
         ways.append(f"the archive has no later row of '{latest.name}' (it ends at ts "
                     f"{latest.last_ts!r})")
-    raise ReplayError(f"replay only appends: {where}. Start the replay at ts {resume!r} "
-                      f"or later: {'; '.join(ways)}. Older rows are for historical "
-                      "evaluation")
+    raise ReplayError(f"replay only appends: {where}. The archive has {count:,} "
+                      f"row{'s' * (count != 1)} of '{latest.name}' at ts {resume!r}: "
+                      f"{'; '.join(ways)}. Older rows are for historical evaluation")
 
 
 def _slices(plans: Mapping[str, StreamPlan], every: int, slice_rows: int, lo: float,

@@ -78,7 +78,7 @@ def _columns_of(schema: StreamSchema, rows: Any) -> dict[str, Any]:
     names = schema.names
     if type(rows) is dict or isinstance(rows, Mapping):
         if rows.keys() != schema.name_set:
-            _check_names(schema, rows.keys(), "the column batch")
+            _check_names(schema, rows.keys(), "the dict of columns")
         columns = {name: rows[name] for name in names}
         lengths = [len(values) for values in columns.values()]
         if lengths and lengths.count(lengths[0]) != len(lengths):
@@ -109,12 +109,12 @@ def _check_names(schema: StreamSchema, keys: Any, where: str) -> None:
     names = schema.names
     missing = [n for n in names if n not in keys]
     if missing:
-        raise SchemaError(f"stream '{schema.name}', {where}: missing column '{missing[0]}' "
-                          f"(columns: {', '.join(names)})")
+        raise SchemaError(f"stream '{schema.name}': {where} has no column '{missing[0]}' "
+                          f"(the stream's columns: {', '.join(names)})")
     extra = [k for k in keys if k not in names]
     if extra:
-        raise SchemaError(f"stream '{schema.name}', {where}: unknown column '{extra[0]}' "
-                          f"(columns: {', '.join(names)})")
+        raise SchemaError(f"stream '{schema.name}': {where} has column '{extra[0]}', which "
+                          f"the stream lacks (its columns: {', '.join(names)})")
 
 
 def _check_column(stream: str, name: str, ctype: ColumnType, values: Any, n: int) -> np.ndarray:
