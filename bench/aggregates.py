@@ -11,7 +11,7 @@ scans the window's slice at each call: the selection into a preallocated mask, t
 count_nonzero, a masked product summed, or the maximum of np.where(mask, c, lowest).
 Every answer is checked against DuckDB's.
 
-Usage: python bench/aggregates.py [--quick]
+Usage: python bench/aggregates.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ WHERE = "a < 128"
 TARGET = (1 << 20, 100.0)        # PSoup-P >= 100x faster than DuckDB at W = 2^20
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"windows": [1 << 6, 1 << 8], "extra": 1 << 6, "repeat": 1, "batch": 64}
+    if level == "quick":
         return {"windows": [1 << 8, 1 << 10], "extra": 1 << 8, "repeat": 3, "batch": 256}
     return {"windows": [1 << k for k in range(10, 21, 2)], "extra": 1 << 14, "repeat": 20,
             "batch": 1 << 16}
@@ -159,8 +161,8 @@ def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    s = _settings(level)
     rows = bench(s)
     window, target = TARGET
     top = max(s["windows"])

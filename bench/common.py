@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -235,14 +235,35 @@ def run_for(threads: list[threading.Thread], stop: threading.Event, seconds: flo
     return time.perf_counter() - t0
 
 
-def quick_flag(doc: str) -> tuple[bool, str]:
-    """Parse a benchmark's command line (`--quick` only): (quick, report-name suffix)."""
+#: A run's sizes: "full" measures; "quick" (`--quick`) is a small run that still times
+#: something; "smoke" (`--smoke`, or PSOUP_BENCH_SMOKE=1 in the environment, which is how
+#: `psoup bench --quick` passes it on) only checks that a suite runs and writes its reports,
+#: in seconds (the tests run it).
+Level = Literal["full", "quick", "smoke"]
+
+#: The environment variable that turns every suite's run into a smoke run.
+SMOKE_ENV = "PSOUP_BENCH_SMOKE"
+
+_SUFFIXES: dict[Level, str] = {"full": "", "quick": "_quick", "smoke": "_smoke"}
+
+
+def size_flag(doc: str) -> tuple[Level, str]:
+    """Parse a benchmark's command line (`--quick`, `--smoke`): (level, report-name
+    suffix). The smoke level wins over --quick, so `psoup bench --quick` with
+    PSOUP_BENCH_SMOKE=1 runs every suite at smoke sizes."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny run (smoke test)")
-    quick = parser.parse_args().quick
-    return quick, "_quick" if quick else ""
+    parser.add_argument("--quick", action="store_true", help="a small run")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"a tiny run that only checks the wiring (also {SMOKE_ENV}=1)")
+    args = parser.parse_args()
+    level: Level = "full"
+    if args.smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0"):
+        level = "smoke"
+    elif args.quick:
+        level = "quick"
+    return level, _SUFFIXES[level]
 
 
 def machine_info() -> dict[str, Any]:

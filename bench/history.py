@@ -21,7 +21,7 @@ archive with 2 cores (local[2]) against 1 core (local[1] with every process pinn
 one CPU; target: >= 1.7x), against local[1] unpinned, and on a standalone cluster of two
 one-core workers started on 127.0.0.1.
 
-Usage: python bench/history.py [--quick] [--scale]
+Usage: python bench/history.py [--quick | --smoke] [--scale]
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ TARGET = 20.0          # psoup's pass >= 20x faster than one Spark SQL job per q
 DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT)"
 
 
-def _settings(quick: bool) -> dict[str, int]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, int]:
+    if level == "smoke":
+        return {"rows": 20_000, "queries": 8, "sample": 2, "file_rows": 10_000}
+    if level == "quick":
         return {"rows": 200_000, "queries": 64, "sample": 4, "file_rows": 100_000}
     return {"rows": 10_000_000, "queries": 1024, "sample": 12, "file_rows": 1_000_000}
 
@@ -345,11 +347,11 @@ def main() -> None:
     scaled = "--scale" in sys.argv
     if scaled:
         sys.argv.remove("--scale")
-    quick, suffix = common.quick_flag(__doc__)
-    if scaled:
-        scale(quick, suffix)
+    level, suffix = common.size_flag(__doc__)
+    if scaled:                      # a smoke run scales over the quick sizes
+        scale(level != "full", suffix)
         return
-    s = _settings(quick)
+    s = _settings(level)
     rows = bench(s)
     ratio = rows[2]["seconds"]
     common.report(f"history{suffix}", rows, [

@@ -18,7 +18,7 @@ With --large, P_Shrd alone is also measured at 10,000 and 100,000 queries (the o
 variants would take minutes per batch there), as above and once the retention is full
 (about a minute more, mostly registering 100,000 queries).
 
-Usage: python bench/ingest.py [--quick] [--large]
+Usage: python bench/ingest.py [--quick | --smoke] [--large]
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ RATE_TARGET = (1024, 500_000.0)      # P_Shrd >= 500,000 tuples/s at 1,024 queri
 LARGE_COUNTS = (10_000, 100_000)
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"counts": [4, 16], "batch": 500, "pool": 2, "min_time": 0.0,
+                "cap_shared": 0.05, "cap_unshared": 0.05}
+    if level == "quick":
         return {"counts": [16, 64], "batch": 2_000, "pool": 4, "min_time": 0.05,
                 "cap_shared": 0.2, "cap_unshared": 0.2}
     return {"counts": [128, 512, 1024, 4096], "batch": 10_000, "pool": 32,
@@ -271,8 +274,9 @@ def main() -> None:
     large = "--large" in sys.argv      # this script's own flag; common parses the rest
     if large:
         sys.argv.remove("--large")
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    quick = level != "full"
+    s = _settings(level)
 
     data_gen = common.rng(1)
     pool = [common.data_columns(data_gen, s["batch"]) for _ in range(s["pool"])]

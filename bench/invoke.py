@@ -20,7 +20,7 @@ by `tid >= n - W`, three ways: returning Python tuples as psoup's `Result.rows` 
 again would, prepared once and returning columns; the column forms are compared with
 PSoup-P's `Result.to_numpy()`. Every answer is checked against DuckDB's.
 
-Usage: python bench/invoke.py [--quick]
+Usage: python bench/invoke.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -57,8 +57,13 @@ DUCKDB_TARGET = 4.0         # a ~17K-row answer >= 4x faster than DuckDB prepare
 FIND_TARGET = 5.0           # psoup's find <= 5x the C bit-sliced floor at W = 2^16
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"windows": [1 << 5, 1 << 6], "extra": 16, "queries": 4, "repeat": 1,
+                "batch": 50, "table2_window": 1 << 6, "find_counts": [16],
+                "poll_batch": 8, "poll_rounds": 2,
+                "poll_shapes": [("interval, 1 factor", 1 << 6), ("equality, 1 factor", 1 << 7)]}
+    if level == "quick":
         return {"windows": [1 << 6, 1 << 8], "extra": 64, "queries": 8, "repeat": 2,
                 "batch": 100, "table2_window": 1 << 7, "find_counts": [64],
                 "poll_batch": 16, "poll_rounds": 3,
@@ -371,8 +376,9 @@ def _plot_table2(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    quick = level != "full"
+    s = _settings(level)
 
     n = max(s["windows"] + [s["table2_window"]]) + s["extra"]
     columns = common.data_columns(common.rng(3), n)

@@ -24,7 +24,7 @@ adaptive vs fixed routing, each against a peer or a baseline in the same run.
   selectivities swap halfway (S becomes the unselective link): ingest time per phase
   with the adaptive policy and with the fixed FROM order.
 
-Usage: python bench/joins.py [--quick]
+Usage: python bench/joins.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -58,8 +58,13 @@ _INEQ = ("<", "<=", ">", ">=")
 CREATE = {name: f"CREATE STREAM {name} (a INT, b INT, c INT, d INT)" for name in "RST"}
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"windows": [32, 64], "queries": 2, "repeat": 1, "fig11_rows": 500,
+                "fig11_queries": 3, "routing_batches": 3, "routing_batch": 100,
+                "routing_retain": 500, "sharing_counts": [1, 4], "sharing_retain": 200,
+                "sharing_batches": 2, "sharing_batch": 50}
+    if level == "quick":
         return {"windows": [64, 128], "queries": 4, "repeat": 2, "fig11_rows": 2_000,
                 "fig11_queries": 3, "routing_batches": 6, "routing_batch": 200,
                 "routing_retain": 2_000, "sharing_counts": [1, 8], "sharing_retain": 500,
@@ -390,8 +395,8 @@ def _plot_routing(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    s = _settings(level)
 
     fig8 = bench_fig8(s)
     window, target = FIG8_TARGET

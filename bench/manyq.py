@@ -11,7 +11,7 @@ preallocated masks with `out=`). psoup (PSoup-P) probes its predicate index once
 batch for all queries and records the matches in its Results Structure. All get the same
 batches; the matches are compared on the last batch.
 
-Usage: python bench/manyq.py [--quick]
+Usage: python bench/manyq.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ import psoup  # noqa: E402
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"counts": [100, 400], "batch": 200, "min_time": 0.0, "cap": 0.05}
+    if level == "quick":
         return {"counts": [1_000, 4_000], "batch": 1_000, "min_time": 0.1, "cap": 0.5}
     return {"counts": [10_000, 100_000], "batch": 4_000, "min_time": 1.0, "cap": 3.0}
 
@@ -150,8 +152,8 @@ def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    s = _settings(level)
     rows = bench(s)
     common.report(f"manyq{suffix}", rows, [
         ("queries", "queries", ",d"), ("psoup tuples/s", "psoup tuples/s", ",.0f"),

@@ -22,7 +22,7 @@ Target (issue 18): at 75% reduction, psoup's time <= 0.35x its time at 0%.
 Then the hourly averages from the archive's aggregate copies vs from its tuples
 (bench/oscar_copies.py), reported as bench/results/oscar_copies.json and .png.
 
-Usage: python bench/oscar.py [--quick]
+Usage: python bench/oscar.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ DDL = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT)"
 REDUCTIONS = [0, 25, 50, 75]
 
 
-def _settings(quick: bool) -> dict[str, int]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, int]:
+    if level == "smoke":
+        return {"rows": 20_000, "file_rows": 10_000, "repeat": 1}
+    if level == "quick":
         return {"rows": 400_000, "file_rows": 100_000, "repeat": 1}
     return {"rows": 10_000_000, "file_rows": 1_000_000, "repeat": 2}
 
@@ -154,8 +156,8 @@ def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    s = _settings(level)
     rows = bench(s)
     at75 = rows[-1]["psoup_x"]
     common.report(f"oscar{suffix}", rows, [
@@ -170,7 +172,7 @@ def main() -> None:
         f"{'met' if at75 <= TARGET else 'NOT met'}); the strawman at 75%: "
         f"{rows[-1]['strawman_x']:.2f}x",
     ], params=s)
-    oscar_copies.report_copies(quick, suffix)
+    oscar_copies.report_copies(level, suffix)
 
 
 if __name__ == "__main__":

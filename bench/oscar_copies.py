@@ -56,8 +56,10 @@ QUERY = "SELECT COUNT(*), AVG(v) FROM S [RANGE 1 HOUR]"
 EVERYTHING = "SELECT COUNT(*), AVG(v) FROM S"
 
 
-def _settings(quick: bool) -> dict[str, int]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, int]:
+    if level == "smoke":
+        return {"rows": 10_000, "days": 2, "batch": 2_000, "retain": 2_000, "repeat": 1}
+    if level == "quick":
         return {"rows": 100_000, "days": 2, "batch": 10_000, "retain": 10_000, "repeat": 2}
     return {"rows": 2_000_000, "days": 4, "batch": 50_000, "retain": 10_000, "repeat": 5}
 
@@ -222,9 +224,9 @@ def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.legend()
 
 
-def report_copies(quick: bool, suffix: str) -> None:
+def report_copies(level: common.Level, suffix: str) -> None:
     """Measure and report (bench/results/oscar_copies{suffix}.json and .png)."""
-    s = _settings(quick)
+    s = _settings(level)
     rows, extra = bench(s)
     common.report(f"oscar_copies{suffix}", rows, [
         ("what", "measurement", "s"), ("copies ms", "copies ms", ".2f"),

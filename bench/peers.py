@@ -30,7 +30,7 @@ must equal psoup's.
 
 A peer whose package is absent is skipped, with a note saying so.
 
-Usage: python bench/peers.py [--quick]
+Usage: python bench/peers.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -59,8 +59,10 @@ PATHWAY_ENV = "PSOUP_PATHWAY_PYTHON"
 SPARK_MEMORY = "4g"          # the driver's heap: the default 1g runs out at 1,024 queries
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"batch": 200, "files": {8: 1}, "data_tuples": 100, "filters_max": 8}
+    if level == "quick":
         return {"batch": 1_000, "files": {64: 2}, "data_tuples": 500, "filters_max": 64}
     # fewer files at 1,024 queries: Spark processes a few hundred tuples per second there;
     # Pathway's N-filter graph takes minutes to build beyond a few hundred filters
@@ -316,8 +318,8 @@ def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    s = _settings(level)
     notes: list[str] = []
     rows = bench(s, notes)
     notes += [

@@ -12,7 +12,7 @@ RETAIN_ROWS tuples retained):
 Targets (issue 14): interleaved total <= 2x apart; a step <= 5x a plain insert; the
 batch after an unregister <= 2x a steady batch.
 
-Usage: python bench/register.py [--quick]
+Usage: python bench/register.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ RETAIN_ROWS = 10_000
 TARGETS = {"interleaved/apart": 2.0, "step/insert": 5.0, "after unregister/steady": 2.0}
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"counts": [16, 32], "samples": 2}
+    if level == "quick":
         return {"counts": [64, 256], "samples": 5}
     return {"counts": [1_000, 4_096, 10_000], "samples": 30}
 
@@ -118,8 +120,9 @@ def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    quick = level != "full"
+    s = _settings(level)
     pool = [common.data_columns(common.rng(1), BATCH) for _ in range(64)]
     all_queries = common.selection_queries(common.rng(2), max(s["counts"]), "inequality")
     apart(all_queries[:8], pool)          # load the compiled kernels before any timing:

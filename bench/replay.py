@@ -18,7 +18,7 @@ Spark is started and warmed by one untimed read before anything is timed; each l
 the median of `repeat` runs, a fresh engine (queries registered) for each replay. The
 issue's target: replay at >= 50% of Spark's read rate.
 
-Usage: python bench/replay.py [--quick]
+Usage: python bench/replay.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ PER_SECOND = 50
 COLUMNS = [("lane", "int"), ("stationid", "int"), ("speed", "float")]
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"rows": 5_000, "queries": 10, "repeat": 1, "master": "local[*]"}
+    if level == "quick":
         return {"rows": 50_000, "queries": 100, "repeat": 3, "master": "local[*]"}
     return {"rows": 2_000_000, "queries": 100, "repeat": 3, "master": "local[*]"}
 
@@ -138,8 +140,9 @@ def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    quick = level != "full"
+    s = _settings(level)
     with tempfile.TemporaryDirectory(prefix="psoup-replay-") as tmp:
         rows = bench(s, Path(tmp) / "archive")
     ratio = rows[1]["rows/s"] / rows[0]["rows/s"]

@@ -21,7 +21,7 @@ Workload: the traffic stream of the paper's Sect. 5.5 (Table 3: lane 1-8, statio
   10,000-row batches); the server in memory and with a data
   directory (sync="group": fsynced before each reply).
 
-Usage: python bench/server.py [--quick]
+Usage: python bench/server.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -74,8 +74,12 @@ SERVE_WHOLE = SERVE.replace("echo=lambda s: None)", "echo=lambda s: None, "
                                                      "answer_cache_bytes=0)")
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"queries": 5, "prefill": 1_000, "clients": 2, "seconds": 1.0,
+                "ingest_batches": 2, "ingest_batch": 500, "large_tuples": 1_024,
+                "large_window": 512, "large_seconds": 0.2}
+    if level == "quick":
         return {"queries": 20, "prefill": 5_000, "clients": 8, "seconds": 1.0,
                 "ingest_batches": 5, "ingest_batch": 2_000, "large_tuples": 4_096,
                 "large_window": 2_048, "large_seconds": 0.5}
@@ -335,8 +339,9 @@ def _plot_ingest(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    quick = level != "full"
+    s = _settings(level)
 
     poll = bench_poll(s)
     notes = [

@@ -35,7 +35,7 @@ Workload: the traffic stream and queries of bench/server.py (Sect. 5.5's trace,
 
 Server and clients share the machine's cores (the clients are threads of this process).
 
-Usage: python bench/soak.py [--quick]
+Usage: python bench/soak.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -76,8 +76,13 @@ WARMUP_DDL = "CREATE STREAM warmup (lane INT, stationid INT, speed FLOAT) RETAIN
 _T = TypeVar("_T")
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"archive_rows": 20_000, "queries": 5, "pollers": 2, "window": 1.0,
+                "job_limit": 0.0, "masters": ["local[*]"],
+                "soak_pollers": 2, "churners": 1, "soak_seconds": 2.0,
+                "poll_every": 0.1, "soak_poll_every": 0.2}
+    if level == "quick":
         return {"archive_rows": 200_000, "queries": 20, "pollers": 4, "window": 2.0,
                 "job_limit": 0.0, "masters": ["local[*]"],
                 "soak_pollers": 6, "churners": 3, "soak_seconds": 3.0,
@@ -406,8 +411,8 @@ def main() -> None:
         if only not in ("history", "clients"):
             raise SystemExit("--only takes history or clients")
         del sys.argv[at:at + 2]
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    s = _settings(level)
     cores = f"{os.cpu_count()} cores shared by the server, Spark and the client threads"
 
     rows: list[dict[str, Any]] = []

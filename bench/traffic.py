@@ -17,7 +17,7 @@ each attribute's domain.
   into its bitmaps), the unshared baseline as a numpy user writes it
   (`common.UnsharedNumpy`: masks in place, row numbers per query, for each batch).
 
-Usage: python bench/traffic.py [--quick]
+Usage: python bench/traffic.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -45,8 +45,12 @@ VARIANTS: tuple[tuple[str, ModeName, bool], ...] = (
 CREATE = "CREATE STREAM traffic (lane INT, stationid INT, speed FLOAT)"
 
 
-def _settings(quick: bool) -> dict[str, Any]:
-    if quick:
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"windows": [100, 300], "queries": 4, "repeat": 1, "counts": [4, 16],
+                "arrival_windows": [100, 300], "batch": 300, "min_time": 0.0,
+                "cap": 0.05}
+    if level == "quick":
         return {"windows": [100, 1_000], "queries": 8, "repeat": 2, "counts": [16, 64],
                 "arrival_windows": [100, 1_000], "batch": 1_000, "min_time": 0.05,
                 "cap": 0.2}
@@ -206,8 +210,8 @@ def _plot_arrival(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def main() -> None:
-    quick, suffix = common.quick_flag(__doc__)
-    s = _settings(quick)
+    level, suffix = common.size_flag(__doc__)
+    s = _settings(level)
     response = bench_response(s)
     top = response[-1]
     common.report(f"traffic_response{suffix}", response, [

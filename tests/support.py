@@ -147,7 +147,7 @@ def free_port() -> int:
         return port
 
 
-def wait_listening(proc: subprocess.Popen[Any], port: int, seconds: float = 15.0) -> None:
+def wait_listening(proc: subprocess.Popen[Any], port: int, seconds: float = 60.0) -> None:
     """Return once 127.0.0.1:port accepts connections; fail if `proc` exits first or
     `seconds` pass."""
     deadline = time.monotonic() + seconds
@@ -172,7 +172,7 @@ def start_server(data_dir: Path, port: int, token: str,
     deadline = time.monotonic() + 60
     while True:
         try:
-            return proc, Client(f"127.0.0.1:{port}", token=token, timeout=10)
+            return proc, Client(f"127.0.0.1:{port}", token=token, timeout=60)
         except PSoupError as err:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()

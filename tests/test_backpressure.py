@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import pytest
@@ -27,6 +27,15 @@ Served: TypeAlias = Callable[..., tuple[Engine, Server, str]]
 TOKEN = "bp-token"
 
 
+def _until(predicate: Callable[[], bool], seconds: float = 60.0) -> None:
+    """Wait for `predicate`: a bound only a hang reaches, where a fixed sleep would be a
+    guess at how fast a loaded machine is."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 def _slowed(engine: Engine, seconds: float, gate: threading.Event | None = None) -> None:
     """Make each insert of `engine` take `seconds` longer (or wait for `gate`), as an
     engine that cannot keep up would."""
@@ -34,7 +43,7 @@ def _slowed(engine: Engine, seconds: float, gate: threading.Event | None = None)
 
     def slow(*args: Any, **kwargs: Any) -> Any:
         if gate is not None:
-            gate.wait(10)
+            gate.wait(120)           # the tests open it; the bound only ends a hang
         time.sleep(seconds)
         return insert(*args, **kwargs)
     engine.insert = slow                     # type: ignore[method-assign]
@@ -120,8 +129,10 @@ def test_a_busy_reply_says_when_to_come_back_and_applies_nothing(served: Served)
         send(2, "insert", {"stream": "S", "rows": [(2, i) for i in range(200)], "ts": 1.0})
         send(3, "insert", {"stream": "S", "rows": [(3, 3)], "ts": 1.0, "chain": True})
         with Client(address, token=TOKEN) as watcher:
-            time.sleep(0.2)
-            queue = watcher.stats()["ingest_queue"]
+            def seen() -> dict[str, Any]:
+                return cast(dict[str, Any], watcher.stats()["ingest_queue"])
+            _until(lambda: seen()["busy_replies"] == 1 and seen()["lag_s"] >= 0.1)
+            queue = seen()
         assert queue["inserts"] == 1 and 0 < queue["bytes"] <= 200
         assert queue["lag_s"] >= 0.1 and queue["busy_replies"] == 1
         gate.set()
@@ -141,11 +152,12 @@ def test_the_client_gives_up_after_its_busy_timeout_and_nothing_is_applied(
             Client(address, token=TOKEN, busy_timeout=0.3) as second:
         held = threading.Thread(target=first.insert, args=("S", [(1, 1)], 1.0))
         held.start()
-        time.sleep(0.1)
+        _until(lambda: server.queue_stats()["inserts"] == 1)    # the first is held up
         t0 = time.monotonic()
         with pytest.raises(Busy, match="busy_timeout"):
             second.insert("S", [(2, i) for i in range(200)], ts=1.0)
-        assert time.monotonic() - t0 < 2
+        # gave up after its 0.3 s, not once the queue drained (the gate holds it 120 s)
+        assert time.monotonic() - t0 < 20
         gate.set()
         held.join(5)
         second.insert("S", [(2, 0)], ts=1.0)    # the queue drained: taken at once

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 import psoup
@@ -38,26 +40,94 @@ def test_bad_option_is_a_usage_error() -> None:
     assert "fast" in result.output
 
 
-def test_bench_command_runs_every_suite_and_each_writes_its_reports() -> None:
-    reports = {"ingest": ["ingest"], "register": ["register"],
-               "invoke": ["invoke", "invoke_table2", "invoke_polls"],
-               "joins": ["joins_fig8", "joins_fig11", "joins_sharing", "joins_routing"],
-               "aggregates": ["aggregates"], "traffic": ["traffic_response", "traffic_arrival"],
-               "manyq": ["manyq"], "server": ["server_poll", "server_ingest"],
-               "soak": ["soak_history", "soak_clients"],
-               "replay": ["replay"], "history": ["history"]}
+#: The reports (bench/results/<name>_smoke.json and .png) each suite that runs without
+#: Spark writes; soak without Spark is its clients part (`--only clients`).
+SMOKE_REPORTS = {"ingest": ["ingest"], "register": ["register"],
+                 "invoke": ["invoke", "invoke_table2", "invoke_polls"],
+                 "joins": ["joins_fig8", "joins_fig11", "joins_sharing", "joins_routing"],
+                 "aggregates": ["aggregates"],
+                 "traffic": ["traffic_response", "traffic_arrival"],
+                 "manyq": ["manyq"], "server": ["server_poll", "server_ingest"]}
+
+#: Every script that picks its sizes through common.size_flag (the Spark suites included).
+SIZED_SCRIPTS = ["ingest", "register", "invoke", "joins", "aggregates", "traffic", "manyq",
+                 "server", "soak", "replay", "history", "oscar", "oscar_copies", "peers"]
+
+#: A bound on a whole smoke run that only a hang reaches: the smoke sizes take seconds
+#: per suite on a quiet 2-core machine, and a loaded one must not fail the test.
+HANG_SECONDS = 1200
+
+
+def _assert_smoke_reports(names: list[str], began: float) -> None:
+    for name in names:
+        path = ROOT / "bench" / "results" / f"{name}_smoke.json"
+        assert path.stat().st_mtime >= began - 1, f"{name} was not rewritten"
+        assert json.loads(path.read_text())["rows"], f"{name} has no rows"
+        assert (ROOT / "bench" / "results" / f"{name}_smoke.png").stat().st_size > 0
+
+
+def test_bench_command_runs_every_suite_without_spark_and_each_writes_its_reports() -> None:
+    """`psoup bench --quick` with PSOUP_BENCH_SMOKE=1 runs the suites at smoke sizes: the
+    wiring from the command to each script's reports, in seconds rather than minutes."""
+    env = {**os.environ, "PSOUP_BENCH_SMOKE": "1"}
     began = time.time()
-    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "bench", "--quick"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "bench", "--quick",
+                           *SMOKE_REPORTS], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=HANG_SECONDS)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     summary = done.stdout[done.stdout.rindex("suite"):]
-    for suite, names in reports.items():
+    for suite, names in SMOKE_REPORTS.items():
         assert re.search(rf"^{suite}\s+\d+\s+ok$", summary, re.M), summary
-        for name in names:
-            path = ROOT / "bench" / "results" / f"{name}_quick.json"
-            assert path.stat().st_mtime >= began - 1, f"{name} was not rewritten"
-            assert json.loads(path.read_text())["rows"]
-            assert (ROOT / "bench" / "results" / f"{name}_quick.png").stat().st_size > 0
+        _assert_smoke_reports(names, began)
+    clients = subprocess.run([sys.executable, "bench/soak.py", "--smoke", "--only", "clients"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=HANG_SECONDS)
+    assert clients.returncode == 0, clients.stdout[-2000:] + clients.stderr[-2000:]
+    _assert_smoke_reports(["soak_clients"], began)
+
+
+def test_bench_command_runs_one_spark_suite_at_smoke_sizes() -> None:
+    """replay, the lightest Spark suite (about 20 s, most of it Spark starting), stands
+    for the wiring the Spark suites share; the others are checked without Spark below."""
+    pytest.importorskip("pyspark")
+    env = {**os.environ, "PSOUP_BENCH_SMOKE": "1"}
+    began = time.time()
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "bench", "--quick",
+                           "replay"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=HANG_SECONDS)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.search(r"^replay\s+\d+\s+ok$", done.stdout, re.M), done.stdout[-2000:]
+    _assert_smoke_reports(["replay"], began)
+
+
+def test_every_bench_script_has_smoke_sizes_for_what_its_quick_run_sets() -> None:
+    """The other Spark suites (history, soak's history part, oscar, peers) are not run
+    here: each starts Spark. Their wiring is checked without it: the smoke level comes from
+    --smoke or PSOUP_BENCH_SMOKE, names its reports *_smoke, and every script's smoke
+    sizes set the same parameters as its quick ones, no larger."""
+    code = f"""
+import json, os, sys
+sys.path.insert(0, "bench")
+import importlib, common
+levels = {{}}
+for argv, smoke_env in ([], ""), (["--quick"], ""), (["--smoke"], ""), (["--quick"], "1"):
+    sys.argv = ["x", *argv]
+    os.environ[common.SMOKE_ENV] = smoke_env
+    levels[" ".join(argv) + " " + smoke_env] = common.size_flag("doc")
+sizes = {{}}
+for name in {SIZED_SCRIPTS!r}:
+    settings = importlib.import_module(name)._settings
+    sizes[name] = [settings("quick"), settings("smoke")]
+print(json.dumps({{"levels": levels, "sizes": sizes}}, default=str))
+"""
+    got = json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
+                                    capture_output=True, text=True).stdout)
+    assert got["levels"] == {" ": ["full", ""], "--quick ": ["quick", "_quick"],
+                             "--smoke ": ["smoke", "_smoke"], "--quick 1": ["smoke", "_smoke"]}
+    for name, (quick, smoke) in got["sizes"].items():
+        assert smoke.keys() == quick.keys(), name
+        for key, value in quick.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                assert smoke[key] <= value, (name, key)
 
 
 def test_bench_command_rejects_an_unknown_suite_and_lists_the_known_ones() -> None:

@@ -188,7 +188,7 @@ def _serve(args: list[str], cwd: Path, env: dict[str, str],
            port: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(PSOUP + args, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120            # a hang, not a slow start, fails
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -202,7 +202,7 @@ def _serve(args: list[str], cwd: Path, env: dict[str, str],
 def _stop(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGTERM)
     out: str
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     return out
 
@@ -276,7 +276,7 @@ def test_watch_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
         assert watch.stdout is not None and watch.stderr is not None
         watch.stdout.readline()             # the first poll arrived: `head -1` is done
         watch.stdout.close()
-        code = watch.wait(timeout=30)
+        code = watch.wait(timeout=120)
         err = watch.stderr.read().decode()
     finally:
         _stop(serve)

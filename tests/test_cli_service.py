@@ -548,7 +548,7 @@ def test_console_script_serves_ingests_and_invokes(tmp_path: Path, config_dir: P
                                if r["lane"] == 3 and r["speed"] < 30]
     finally:
         serve.send_signal(signal.SIGTERM)
-        out, err = serve.communicate(timeout=15)
+        out, err = serve.communicate(timeout=120)
     assert serve.returncode == 0, err
     assert f"serving on 127.0.0.1:{port}" in out
     assert f"psoup on 127.0.0.1:{port} stopped after" in out and "closed cleanly" in out
@@ -572,7 +572,7 @@ def test_serve_logs_each_request_at_debug_and_none_by_default(tmp_path: Path,
                                capture_output=True, timeout=60)
         finally:
             serve.send_signal(signal.SIGTERM)
-            logs[level] = serve.communicate(timeout=15)[1]
+            logs[level] = serve.communicate(timeout=120)[1]
     assert " queries ok " not in logs["warning"] and " register query " not in logs["warning"]
     assert " queries ok " in logs["debug"] and " register query " in logs["debug"]
     assert "ms" in logs["debug"].split(" queries ok ")[1].splitlines()[0]

@@ -72,7 +72,7 @@ def test_client_insert_loop_survives_five_kills_exactly_once(tmp_path: Path, env
 
     def produce() -> None:
         try:
-            with Client(f"127.0.0.1:{port}", token=TOKEN, timeout=10, retry=60,
+            with Client(f"127.0.0.1:{port}", token=TOKEN, timeout=60, retry=60,
                         batch_rows=batch_rows) as producer:
                 for b in range(batches):
                     returned[b] = producer.insert("R", _batch(b), ts=float(b)).tolist()

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from psoup.locks import FairLock
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+def _wait_for(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
+    # The bound only catches a hang: a thread starting on a loaded machine may be slow.
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
