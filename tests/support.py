@@ -23,6 +23,8 @@ import pytest
 
 from psoup.errors import PSoupError
 from psoup.kernels import SLICED
+from psoup.query import compile_statement
+from psoup.query.model import Query, StreamSchema
 from psoup.results import recent
 from psoup.results.partial import PartialResults
 from psoup.server.protocol import HEADER, unpack_payload
@@ -228,3 +230,17 @@ def sliced_rows(engine: Engine) -> int:
             assert padded is not None
             sliced += int((padded[:, selections.chunk_rows] == SLICED).sum())
     return sliced
+
+
+def compiled_schema(ddl: str) -> StreamSchema:
+    """The stream schema a CREATE STREAM statement declares."""
+    schema = compile_statement(ddl, {})
+    assert isinstance(schema, StreamSchema)
+    return schema
+
+
+def compiled_query(sql: str, schema: StreamSchema) -> Query:
+    """The checked query of a SELECT over stream R of `schema`."""
+    query = compile_statement(sql, {"R": schema})
+    assert isinstance(query, Query)
+    return query

@@ -18,7 +18,6 @@ from hypothesis import given
 from numpy.typing import NDArray
 
 from psoup.bits import slot_rows
-from psoup.query import compile_statement
 from psoup.query.model import AttrPredicate, ColumnType, CompareOp, Query, StreamSchema
 from psoup.query.normalize import AttrFactor, fold_column
 from psoup.stems.batch import make_batch
@@ -26,24 +25,13 @@ from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import attr_mask, source_mask
 from psoup.stems.query_stem import QuerySteM
 from tests.strategies import VALUES, factors, schemas
+from tests.support import compiled_query, compiled_schema
 
 SCHEMA_STREAM = "R"
 
 #: Columns as a schema declares them, and the steps of a scenario: ("register", where),
 #: ("remove", a pick among the live slots) or ("probe", rows).
 Scenario = tuple[list[tuple[str, str]], list[tuple[str, Any]]]
-
-
-def _schema(ddl: str) -> StreamSchema:
-    schema = compile_statement(ddl, {})
-    assert isinstance(schema, StreamSchema)
-    return schema
-
-
-def _query(sql: str, schema: StreamSchema) -> Query:
-    query = compile_statement(sql, {"R": schema})
-    assert isinstance(query, Query)
-    return query
 
 
 def _folded(factor: AttrFactor) -> AttrPredicate:
@@ -86,14 +74,14 @@ def stem_scenarios(draw: st.DrawFn) -> Scenario:
 def test_probe_bits_equal_each_query_on_its_own(scenario: Scenario, shared: bool) -> None:
     columns, steps = scenario
     ddl = "CREATE STREAM R (" + ", ".join(f"{c} {t.upper()}" for c, t in columns) + ")"
-    schema = _schema(ddl)
+    schema = compiled_schema(ddl)
     stem = QuerySteM(shared=shared)
     live: dict[int, Query] = {}
     tid = 0
     for kind, arg in steps:
         if kind == "register":
             sql = "SELECT * FROM R" + (f" WHERE {arg}" if arg else "")
-            query = _query(sql, schema)
+            query = compiled_query(sql, schema)
             slot = stem.insert(query)
             assert slot not in live
             assert slot == min(set(range(len(live) + 1)) - set(live)), "lowest free slot"
@@ -123,8 +111,8 @@ def test_a_stream_nobody_queries_probes_to_zero_rows() -> None:
 
 
 def test_slots_widen_the_bit_rows_by_whole_words_and_are_reused_lowest_first() -> None:
-    schema = _schema("CREATE STREAM R (a INT)")
-    query = _query("SELECT a FROM R WHERE a > 1", schema)
+    schema = compiled_schema("CREATE STREAM R (a INT)")
+    query = compiled_query("SELECT a FROM R WHERE a > 1", schema)
     stem = QuerySteM()
     slots = [stem.insert(query) for _ in range(65)]
     assert slots == list(range(65)) and stem.words == 2
@@ -138,7 +126,7 @@ def test_wide_tables_probe_exactly_and_keep_rows_off_power_of_two_strides() -> N
     # 4,500 queries (71 words) on two attributes: the reject tables grow past 8 cache
     # lines per row, to an odd number of lines, and the probe still gives each query's
     # own bits; removing some keeps it so
-    schema = _schema("CREATE STREAM R (a INT, b INT)")
+    schema = compiled_schema("CREATE STREAM R (a INT, b INT)")
     gen = np.random.default_rng(5)
     ops = ["<", "<=", ">", ">=", "=", "!="]
     stem = QuerySteM()
@@ -146,7 +134,7 @@ def test_wide_tables_probe_exactly_and_keep_rows_off_power_of_two_strides() -> N
     for i in range(4500):
         sql = (f"SELECT * FROM R WHERE a {ops[i % 6]} {int(gen.integers(0, 40))}"
                + (f" AND b {ops[(i // 6) % 6]} {int(gen.integers(0, 40))}" if i % 3 else ""))
-        query = _query(sql, schema)
+        query = compiled_query(sql, schema)
         live[stem.insert(query)] = query
     for slot in range(0, 4500, 7):
         stem.remove(slot)
@@ -309,11 +297,11 @@ def test_batches_of_small_integers_probe_through_the_direct_maps(
     direct value -> row map (built by a batch of 64 or more); a batch with values past a
     map extends it, and one with a value far outside it (past DIRECT_MAP_LIMIT) is
     searched instead, the map kept."""
-    schema = _schema("CREATE STREAM R (a INT, b INT)")
+    schema = compiled_schema("CREATE STREAM R (a INT, b INT)")
     stem = QuerySteM()
     live: dict[int, Query] = {}
     for column, op, c in preds:
-        query = _query(f"SELECT * FROM R WHERE {column} {op} {c}", schema)
+        query = compiled_query(f"SELECT * FROM R WHERE {column} {op} {c}", schema)
         live[stem.insert(query)] = query
     gen = np.random.default_rng(len(preds))
     tid = 0

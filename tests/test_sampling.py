@@ -30,26 +30,14 @@ from psoup.archive.policy import ArchiveRead, Schedule
 from psoup.archive.sampling import draws_of
 from psoup.errors import QueryError
 from psoup.query import compile_statement
-from psoup.query.model import Query, SampleMethod, StreamSchema
+from psoup.query.model import SampleMethod
 from psoup.results.aggregates import Aggregator
 from psoup.results.result import Result
 from psoup.server.protocol import decode_answer, encode_answer, pack_frame, unpack_payload
 from tests.oracles import binomial_p_value
-from tests.support import Clock
+from tests.support import Clock, compiled_query, compiled_schema
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
-
-
-def _schema(ddl: str) -> StreamSchema:
-    schema = compile_statement(ddl, {})
-    assert isinstance(schema, StreamSchema)
-    return schema
-
-
-def _query(sql: str, schema: StreamSchema) -> Query:
-    query = compile_statement(sql, {"R": schema})
-    assert isinstance(query, Query)
-    return query
 
 
 def _table(n: int, first: int = 0) -> pa.Table:
@@ -143,8 +131,8 @@ def test_scaled_count_and_sum_intervals_cover_the_truth_in_93_percent_of_runs(
     interval passes "93 of 100" only about 80% of the time, so this asks 93% of 400,
     which it passes about 95% of the time, and which an interval of 90% coverage
     fails about 99% of the time.)"""
-    schema = _schema("CREATE STREAM R (a INT, g INT)")
-    query = _query("SELECT COUNT(*), SUM(a) FROM R WHERE g < 3", schema)
+    schema = compiled_schema("CREATE STREAM R (a INT, g INT)")
+    query = compiled_query("SELECT COUNT(*), SUM(a) FROM R WHERE g < 3", schema)
     aggregator = Aggregator(query)
     gen = np.random.default_rng(11)
     n, live = 20_000, 500
@@ -192,21 +180,21 @@ def test_a_part_file_without_draws_is_read_whole_and_hashed_for_samples() -> Non
     ("SELECT * FROM R r, R s TABLESAMPLE SYSTEM (5) WHERE r.a = s.a", "one stream"),
 ])
 def test_bad_tablesample_clauses_are_named(sql: str, error: str) -> None:
-    schema = _schema("CREATE STREAM R (a INT)")
+    schema = compiled_schema("CREATE STREAM R (a INT)")
     with pytest.raises(QueryError, match=error.replace("(", r"\(").replace("[", r"\[")
                        .replace(")", r"\)").replace("]", r"\]")):
         compile_statement(sql, {"R": schema})
 
 
 def test_tablesample_rates_bernoulli_rows_system_whole_row_groups() -> None:
-    schema = _schema("CREATE STREAM R (a INT)")
-    q = _query("SELECT * FROM R r [RANGE 1 HOUR] TABLESAMPLE SYSTEM (10)", schema)
+    schema = compiled_schema("CREATE STREAM R (a INT)")
+    q = compiled_query("SELECT * FROM R r [RANGE 1 HOUR] TABLESAMPLE SYSTEM (10)", schema)
     sample = q.sources[0].sample
     assert sample is not None
     assert (sample.method, sample.fraction) == ("SYSTEM", 0.1)
     assert rates.sample_rate(sample.method, sample.fraction) == 2 / 16
     assert rates.sample_rate(SampleMethod.BERNOULLI, 0.1) == 102 / 1024
-    full = _query("SELECT * FROM R TABLESAMPLE BERNOULLI (100)", schema)
+    full = compiled_query("SELECT * FROM R TABLESAMPLE BERNOULLI (100)", schema)
     assert full.sources[0].sample is None
 
 

@@ -45,7 +45,6 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -59,21 +58,16 @@ from psoup.archive.layout import PART_NAME, SAMPLE_COLUMN, TS_COLUMN, TUPLE_ID_C
 from psoup.errors import ArchiveError
 from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
 from psoup.query.model import ColumnType
+from psoup.strenum import StrEnum
 
 
-class Grain(str, Enum):
+class Grain(StrEnum):
     """A bucket length; its value names the copies' folders (grain=minute) and their
     metadata, and a member formats as it."""
 
     DAY = "day"
     HOUR = "hour"
     MINUTE = "minute"
-
-    def __str__(self) -> str:
-        return str.__str__(self)
-
-    def __format__(self, spec: str) -> str:
-        return str.__format__(self, spec)
 
 
 #: The grains, coarsest first, and their length in seconds.

@@ -27,7 +27,6 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from psoup.errors import PSoupError
 from psoup.fsync import make_dir
 from psoup.journal.wal import Sync, WriteAheadLog
 from psoup.options import SyncName
+from psoup.strenum import StrEnum
 
 #: Retained rows per insert record of a checkpoint (bounds one record's size).
 CHECKPOINT_ROWS = 1 << 16
@@ -61,7 +61,7 @@ class StreamImage:
     at_latest: int = 0                  # rows ever stored at the latest ts (DataSteM)
 
 
-class RecordKind(str, Enum):
+class RecordKind(StrEnum):
     """What a log record does; its value is the record's "op" on disk."""
 
     CREATE = "create"

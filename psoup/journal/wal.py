@@ -29,7 +29,6 @@ import re
 import struct
 import zlib
 from collections.abc import Iterable, Iterator
-from enum import Enum
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -38,10 +37,11 @@ import msgpack
 from psoup.errors import PSoupError
 from psoup.fsync import file_mode, fsync_dir, make_dir
 from psoup.options import SYNC_NAMES, SyncName
+from psoup.strenum import StrEnum
 
 log = logging.getLogger("psoup.archive")
 
-class Sync(str, Enum):
+class Sync(StrEnum):
     """The durability modes: fsync per append, fsync per commit(), or never fsync."""
 
     ALWAYS = "always"

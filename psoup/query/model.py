@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from functools import cached_property
 from typing import Any
 
 from psoup.options import ColumnTypeName
+from psoup.strenum import StrEnum
 
 Value = int | float | str | bool
 
@@ -26,8 +26,7 @@ Value = int | float | str | bool
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-
-class ColumnType(str, Enum):
+class ColumnType(StrEnum):
     """A column's type. Each value is the type's lowercase name, which the journal, the
     protocol and `Engine.create_stream` use (`psoup.options.ColumnTypeName`); a member
     equals, hashes, serializes and formats as that name.
@@ -44,14 +43,6 @@ class ColumnType(str, Enum):
     FLOAT = "float"
     TEXT = "text"
     BOOL = "bool"
-
-    # As the names they replace in messages and listings (Python 3.11 formats a mixed-in
-    # enum as "ColumnType.INT"); enum.StrEnum does this, but is not in Python 3.10.
-    def __str__(self) -> str:
-        return str.__str__(self)
-
-    def __format__(self, spec: str) -> str:
-        return str.__format__(self, spec)
 
 
 #: The column types of the language.
@@ -120,7 +111,7 @@ class TimeExpr:
         return now + self.value if self.relative else self.value
 
 
-class WindowType(str, Enum):
+class WindowType(StrEnum):
     """What a window selects (`Window.kind`):
 
         ALL:       everything retained (no BEGIN/END, or [RANGE UNBOUNDED]).
@@ -152,7 +143,6 @@ class Window:
     partition_by: tuple[str, ...] = ()
 
 
-
 @dataclass(frozen=True)
 class AttrPredicate:
     """All single-attribute factors of one query on one column, folded into one set.
@@ -182,7 +172,7 @@ class AttrPredicate:
     empty: bool = False
 
 
-class CompareOp(str, Enum):
+class CompareOp(StrEnum):
     """A comparison of two values, by its symbol (SQL's `<>` is NE, written `!=`)."""
 
     EQ = "="
@@ -227,7 +217,7 @@ class JoinFactor:
     left_offset: int | float = 0
 
 
-class SampleMethod(str, Enum):
+class SampleMethod(StrEnum):
     """A TABLESAMPLE method, by its keyword: BERNOULLI samples rows, SYSTEM whole row
     groups of the archive (its fraction rounded up to what they hold)."""
 
@@ -267,7 +257,7 @@ class Source:
     sample: Sample | None = None
 
 
-class Kept(str, Enum):
+class Kept(StrEnum):
     """What a group keeps for an aggregate besides its row count (`AggregateFunction`)."""
 
     SUM = "sum"
@@ -376,7 +366,7 @@ class Query:
                      contradiction=self.contradiction)
 
 
-class CatalogAction(str, Enum):
+class CatalogAction(StrEnum):
     """What a catalog statement asks for (docs/language.md, "The catalog")."""
 
     SHOW_STREAMS = "show streams"

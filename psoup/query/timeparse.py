@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
-from enum import Enum
+
+from psoup.strenum import StrEnum
 
 
-class TimeUnit(str, Enum):
+class TimeUnit(StrEnum):
     """A unit of a duration or a count, by its canonical (singular, upper-case) name."""
 
     SECOND = "SECOND"

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-from enum import Enum
 from typing import NamedTuple
 
 from psoup.errors import QueryError
+from psoup.strenum import StrEnum
 
 
-class TokenType(str, Enum):
+class TokenType(StrEnum):
     """A token's kind (as sqlglot's TokenType): what the parser dispatches on."""
 
     NAME = "name"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ import numpy as np
 from psoup.api import EngineAPI
 from psoup.codec import decode_array, decode_columns
 from psoup.server.protocol import ErrorCode, ProtocolError, encode_answer
+from psoup.strenum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Limits:
     max_queued_bytes: int = 256 << 20
 
 
-class OpName(str, Enum):
+class OpName(StrEnum):
     """The operations' names, as requests carry them in `op`: `hello` (a connection's
     first request, handled by the server itself) and one per entry of `OPS`. A member
     equals, packs and prints as its string.
@@ -114,9 +114,6 @@ class OpName(str, Enum):
     HISTORY = "history"
     HISTORY_STATUS = "history_status"
     HISTORY_CANCEL = "history_cancel"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any
 
 import msgpack
@@ -31,6 +30,7 @@ from psoup.errors import (
     UnknownHandle,
 )
 from psoup.results.result import Changes, Result
+from psoup.strenum import StrEnum
 
 #: The frame header: the payload length, unsigned 32-bit big-endian.
 HEADER = struct.Struct(">I")
@@ -46,7 +46,7 @@ ERRORS: dict[str, type[PSoupError]] = {
 }
 
 
-class ErrorCode(str, Enum):
+class ErrorCode(StrEnum):
     """The wire codes of the errors the protocol itself answers with (docs/protocol.md,
     "Errors"); an engine error's code is its class's `code` (psoup.errors). A member
     equals, packs and prints as its string, which is what travels.
@@ -68,19 +68,13 @@ class ErrorCode(str, Enum):
     BUSY = "busy"
     INTERNAL = "internal"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class AnswerKind(str, Enum):
+class AnswerKind(StrEnum):
     """The `kind` of an invocation's answer on the wire: a whole answer (a Result) or
     the changes since a cursor (Changes)."""
 
     ANSWER = "answer"
     CHANGES = "changes"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class ProtocolError(PSoupError):
