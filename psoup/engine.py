@@ -132,10 +132,11 @@ class Engine:
         self._durability = Durability(path, choose("sync", sync, SYNC_NAMES),
                                       checkpoint_bytes, checkpoint_seconds)
         self._durability.attach(self._core)
-        self._reads = Reads(self._lock, self._core.answers, self._core.tiers,
-                            self.archive_policy)
         self._cursors = CursorStore(self._core.answers,
                                     None if path is None else cursor_secret(path))
+        self._reads = Reads(self._lock, self._core.answers, self._core.tiers,
+                            self.archive_policy, self._cursors,
+                            lambda handle: handle in self._core.handles)
         self._history = HistoryJobs(self._lock, self._core, self._durability.journal,
                                     self.archive_policy, clock, spark_master,
                                     spark_conf or {}, self._check_open, lambda: self._closed)
@@ -302,8 +303,7 @@ class Engine:
         one whose answer can no longer be rebuilt raises CursorExpired, and one this
         engine did not issue for this handle CursorInvalid.
         """
-        return self._reads.read(partial(self._begin_read, handle, now),
-                                partial(self._end_read, handle, since))
+        return self._reads.invoke(handle, partial(self._begin_read, handle, now), since)
 
     def _begin_read(self, handle: str, now: float | None) -> tuple[Plan, float]:
         """Under the lock, before an invocation reads: its plan and NOW."""
@@ -311,28 +311,6 @@ class Engine:
         at = _now(self._clock, now)
         self._history.check_pending(handle)
         return self._core.plan(handle), at
-
-    def _end_read(self, handle: str, since: str | None, plan: Plan, answer: Result,
-                  window: tuple[int, int] | None) -> Result | Changes:
-        """Under the lock, an invocation's answer: with its cursor, or as changes."""
-        if since is not None:
-            return self._cursors.changes(handle, plan, since, answer, window)
-        # made when first read (Result.defer_cursor): an invocation whose caller never
-        # polls with since does not pay for it
-        answer.defer_cursor(partial(self._issue_cursor, handle, window))
-        return answer
-
-    def _issue_cursor(self, handle: str, window: tuple[int, int] | None,
-                      answer: Result) -> None:
-        """Set the cursor of an answer `invoke` returned (on its first read), under the
-        lock: the cursor store is engine state. Its content depends only on the answer,
-        the window it came from and the engine's secret, so it is the cursor `invoke`
-        would have issued at once, even after `close` (a range cursor is valid for the
-        reopened engine). O(answer) the first time, O(1) after."""
-        with self._lock:
-            if not answer.cursor_issued:
-                self._cursors.issue(handle, answer, window,
-                                    remember=handle in self._core.handles)
 
     def unregister(self, handle: str) -> None:
         """Remove a standing query; its handle stops working and its slot is reused."""
@@ -447,14 +425,8 @@ class Engine:
             ...     held
             True
         """
-        if wait:
-            self._lock.__enter__()
-        held = wait or self._lock.acquire_if_free()
-        try:
+        with self._lock.holding(wait) as held:
             yield held
-        finally:
-            if held:
-                self._lock.__exit__()
 
     def commit(self) -> None:
         """Force the log to disk (what sync="group" defers); a no-op in memory (which

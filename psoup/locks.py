@@ -11,6 +11,8 @@ than one batch").
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -84,6 +86,19 @@ class FairLock:
                 self._serving += 1
                 if self._waiting:          # an uncontended release wakes no one
                     self._cond.notify_all()
+
+    @contextmanager
+    def holding(self, wait: bool = True) -> Iterator[bool]:
+        """Hold the lock for a block: yields True. With `wait=False` it is taken only if
+        no one holds it or waits for it, and the block gets False otherwise, at once."""
+        if wait:
+            self.__enter__()
+        held = wait or self.acquire_if_free()
+        try:
+            yield held
+        finally:
+            if held:
+                self.__exit__()
 
     def held(self) -> bool:
         """Whether the calling thread holds the lock."""

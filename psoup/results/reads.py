@@ -12,13 +12,15 @@ up by the disk (segment files never change once written):
 3. under the lock again: put them in the cache and answer (a file missed meanwhile is
    read there).
 
-The rates learnt in step 2 feed a Budget policy's next decision.
+The rates learnt in step 2 feed a Budget policy's next decision. The answer then gets
+its cursor, or is turned into the changes since a cursor (psoup.results.cursors).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -41,7 +43,8 @@ from psoup.results.windows_table import archive_reach
 
 if TYPE_CHECKING:
     from psoup.results.answers import Answers
-    from psoup.results.result import Result
+    from psoup.results.cursors import CursorStore
+    from psoup.results.result import Changes, Result
 
 T = TypeVar("T")
 
@@ -61,16 +64,49 @@ class Reads:
         answers: the engine's answers (psoup.results.answers).
         tiers: the engine's archive tiers.
         policy: how much of a tier an invocation reads (psoup.archive.policy).
+        cursors: the engine's cursor store (None: answers carry no cursor).
+        registered: whether a handle is still registered (its cursors are kept).
 
     Costs: O(segments the window meets) to plan a read, plus the answer's cost; the
     files not cached are read off the lock.
     """
 
     def __init__(self, lock: FairLock, answers: Answers, tiers: ArchiveTiers,
-                 policy: Policy):
+                 policy: Policy, cursors: CursorStore | None = None,
+                 registered: Callable[[str], bool] = lambda handle: True):
         self._lock, self.answers, self.tiers, self.policy = lock, answers, tiers, policy
+        self._cursors, self._registered = cursors, registered
         self.rate = DEFAULT_TIER_ROWS_PER_SECOND     # measured by reads of tier files
         self._rates: dict[Plan, float] = {}          # a query's last tier read rate
+
+    def invoke(self, handle: str, begin: Begin, since: str | None) -> Result | Changes:
+        """`handle`'s answer at the (plan, NOW) `begin` gives under the lock, with its
+        cursor; or, given `since`, the changes from that cursor's answer to this one."""
+        return self.read(begin, partial(self._answered, handle, since))
+
+    def _answered(self, handle: str, since: str | None, plan: Plan, answer: Result,
+                  window: tuple[int, int] | None) -> Result | Changes:
+        """Under the lock, an invocation's answer: with its cursor, or as changes."""
+        assert self._cursors is not None, "an engine's reads have its cursors"
+        if since is not None:
+            return self._cursors.changes(handle, plan, since, answer, window)
+        # made when first read (Result.defer_cursor): an invocation whose caller never
+        # polls with since does not pay for it
+        answer.defer_cursor(partial(self._issue_cursor, handle, window))
+        return answer
+
+    def _issue_cursor(self, handle: str, window: tuple[int, int] | None,
+                      answer: Result) -> None:
+        """Set the cursor of an answer `invoke` returned (on its first read), under the
+        lock: the cursor store is engine state. Its content depends only on the answer,
+        the window it came from and the engine's secret, so it is the cursor `invoke`
+        would have issued at once, even after the engine closed (a range cursor is valid
+        for the reopened engine). O(answer) the first time, O(1) after."""
+        assert self._cursors is not None
+        with self._lock:
+            if not answer.cursor_issued:
+                self._cursors.issue(handle, answer, window,
+                                    remember=self._registered(handle))
 
     def read(self, begin: Begin, finish: Finish[T]) -> T:
         """`finish(plan, answer, window)` of the answer at the (plan, NOW) `begin` gives,
