@@ -692,7 +692,7 @@ def test_cli_imports_then_replays_into_a_data_dir(spark: SparkSession, tmp_path:
         h = eng.register("SELECT road FROM traffic WHERE lane = 3")
     refused = runner.invoke(main, ["replay", str(archive), "--data-dir", str(state)])
     assert refused.exit_code == 1
-    assert "--from 1767225700.0" in refused.stderr
+    assert "--from 2026-01-01T00:01:40.000Z (1767225700.0)" in refused.stderr
 
     done = runner.invoke(main, ["replay", str(archive), "--data-dir", str(state),
                                 "--from", "1767225700.0", "--to", "2026-01-01T00:08:00"])
