@@ -46,7 +46,7 @@ def _slowed(engine: Engine, seconds: float, gate: threading.Event | None = None)
             gate.wait(120)           # the tests open it; the bound only ends a hang
         time.sleep(seconds)
         return insert(*args, **kwargs)
-    engine.insert = slow                     # type: ignore[method-assign]
+    engine.insert = slow  # type: ignore[method-assign]  # this engine's inserts made slow
 
 
 @pytest.fixture

@@ -144,10 +144,12 @@ class Journal:
     def insert(self, stream: str, first_tid: int, ts: np.ndarray,
                columns: Mapping[str, np.ndarray], producer: str | None = None,
                seq: int | None = None) -> None:
-        record = {"op": RecordKind.INSERT.value, "stream": stream, "tid0": int(first_tid),
-                  "ts": encode_array(ts), "cols": encode_columns(columns)}
+        record: dict[str, Any] = {"op": RecordKind.INSERT.value, "stream": stream,
+                                  "tid0": int(first_tid), "ts": encode_array(ts),
+                                  "cols": encode_columns(columns)}
         if producer is not None:
-            record.update(producer=producer, seq=int(seq))   # type: ignore[arg-type]
+            assert seq is not None, "a producer's batch carries its seq"
+            record.update(producer=producer, seq=int(seq))
         self.wal.append(record)
 
     def register(self, handle: str, sql: str) -> None:

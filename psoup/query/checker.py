@@ -405,7 +405,8 @@ def _begin_end(clause: BeginEnd) -> Window:
             raise QueryError(
                 f"with BEGIN {begin.text}, END must be NOW, found {end.text}", *end.pos
             )
-        return Window(WindowType.ROWS, rows=_row_count(begin.amount, "ROWS"))  # type: ignore[arg-type]
+        assert begin.amount is not None, "NOW - n ROWS has its n"
+        return Window(WindowType.ROWS, rows=_row_count(begin.amount, "ROWS"))
     lo, hi = _time_expr(begin), _time_expr(end)
     if lo.relative == hi.relative and lo.value > hi.value:
         raise QueryError(
@@ -611,7 +612,8 @@ def _comparison(
                 *right.pos,
             )
         amount = right.amount.value
-        offset = amount if right.sign == "+" else -amount  # type: ignore[assignment,operator]
+        assert isinstance(amount, (int, float)), "a shift is by a number (the parser reads one)"
+        offset = amount if right.sign == "+" else -amount
         if left_type == right_type == _INT:
             exact = integer_offset(op, offset)
             if isinstance(exact, bool):

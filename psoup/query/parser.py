@@ -308,7 +308,8 @@ class _Parser:
         if signed and tok.is_symbol("-") and self._peek(1).kind is _NUMBER:
             self._advance()
             digits = self._advance()
-            lit = Literal(tok.pos, -digits.value, "-" + digits.text)  # type: ignore[operator]
+            assert isinstance(digits.value, (int, float)), "a NUMBER token holds a number"
+            lit = Literal(tok.pos, -digits.value, "-" + digits.text)
         elif tok.kind is _NUMBER:
             self._advance()
             lit = Literal(tok.pos, tok.value, tok.text)
