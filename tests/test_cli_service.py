@@ -278,6 +278,233 @@ def test_ingest_progress_shows_percentage_and_eta_of_a_named_file(
     assert len(lines) == 5 and lines[-1].startswith("50 rows  ") and "%" not in piped.stderr
 
 
+def test_progress_rates_and_eta_follow_the_recent_pace() -> None:
+    from psoup.cli.ingest import Progress
+    now = [0.0]
+    meter = Progress(10_000, clock=lambda: now[0], window=10.0)
+    now[0] = 10.0                                   # a slow start: 100 bytes/s, 10 rows/s
+    assert meter.update(100, 1_000) == "100 rows  10%  ETA 00:01:30  10 rows/s"
+    for t in (11, 12, 13, 14):                      # then 2,000 bytes/s, 200 rows/s
+        now[0] = t
+        line = meter.update(100 + 200 * (t - 10), 1_000 + 2_000 * (t - 10))
+    # the rates reach back to the start while it is within the window: 9,000 bytes in
+    # 14 s, 1,000 bytes left -> 1.6 s, shown rounded up
+    assert line == "900 rows  90%  ETA 00:00:02  64 rows/s"
+    now[0] = 20.0                     # the start has left the window: from t=10 on
+    assert meter.update(1_000, 9_950) == "1,000 rows  99%  ETA 00:00:01  90 rows/s"
+    now[0] = 25.0                     # from t=14 on (the last sample 10 s old or more)
+    assert meter.update(1_000, 9_990) == "1,000 rows  99%  ETA 00:00:01  9 rows/s"
+    now[0] = 26.0                     # 100% only once all of the input is consumed
+    assert meter.update(1_010, 10_000) == "1,010 rows  100%  ETA 00:00:00  9 rows/s"
+
+
+def test_progress_window_drops_old_samples_and_stdin_has_no_share() -> None:
+    from psoup.cli.ingest import Progress
+    now = [0.0]
+    meter = Progress(1_000_000, clock=lambda: now[0], window=5.0)
+    for t in range(1, 11):                          # 1 s per batch of 1,000 rows
+        now[0] = t
+        line = meter.update(1_000 * t, 10_000 * t)
+    assert line == "10,000 rows  10%  ETA 00:01:30  1,000 rows/s"
+    now[0] = 20.0                     # a stall: from t=10 on, 10 times slower
+    assert meter.update(11_000, 110_000) == "11,000 rows  11%  ETA 00:14:50  100 rows/s"
+    piped = Progress(None, clock=lambda: now[0])
+    now[0] = 22.0
+    assert piped.update(500, 4_096) == "500 rows  250 rows/s"
+    resumed = Progress(1_000, clock=lambda: now[0])
+    now[0] = 30.0
+    resumed.restart(600)              # 600 bytes read past (already stored), not sent
+    now[0] = 32.0
+    assert resumed.update(50, 700) == "50 rows  70%  ETA 00:00:06  25 rows/s"
+
+
+@pytest.mark.parametrize("codec", [None, "gzip"])
+def test_csv_position_follows_the_rows_handed_out_not_the_read_ahead(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str | None) -> None:
+    """Arrow reads up to 32 blocks ahead: the position is where the rows handed out end."""
+    import psoup.cli.ingest as ingesting
+    monkeypatch.setattr(ingesting, "_CSV_BLOCK", 1 << 12)
+    path = write(tmp_path / "r.csv", readings(20_000))
+    lines = path.read_bytes().splitlines(keepends=True)
+    if codec is not None:
+        path = compressed(path, codec)
+    position = ingesting.Position()
+    seen: list[tuple[int, int]] = []
+    rows = 0
+    for batch in ingesting.read_batches(str(path), "csv", 2_000, position=position):
+        rows += len(batch["lane"])
+        seen.append((rows, position.done))
+    total = path.stat().st_size
+    assert position.total == total and seen[-1] == (20_000, total)
+    assert [d for _, d in seen] == sorted({d for _, d in seen})        # strictly rising
+    for done_rows, done in seen:
+        if codec is None:             # within a block of the end of the rows handed out
+            assert abs(done - sum(map(len, lines[:done_rows + 1]))) <= 1 << 12
+        else:                         # the file's position: within gzip's 8 KiB reads
+            assert abs(done - total * done_rows // 20_000) <= 1 << 14, (done_rows, done)
+
+
+def test_jsonl_and_parquet_positions(tmp_path: Path) -> None:
+    import psoup.cli.ingest as ingesting
+    for name, total in (("r.jsonl", None), ("r.parquet", 300)):
+        path = write(tmp_path / name, readings(300))
+        position = ingesting.Position()
+        done = [position.done for _ in ingesting.read_batches(
+            str(path), name.split(".")[1], 100, position=position)]
+        size = total or path.stat().st_size
+        assert position.total == size and done[-1] == size
+        assert done[0] < done[1] < size
+
+
+def test_a_resumed_ingest_measures_its_pace_from_where_it_starts_sending() -> None:
+    from psoup.cli.ingest import IngestInterrupted, ingest
+
+    class Sink:
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+
+        def insert(self, stream: str, batch: dict[str, Any], ts: Any = None) -> None:
+            self.sent.append(len(batch["a"]))
+
+    def batches(stop: int | None = None) -> Iterator[dict[str, Any]]:
+        for b in range(5):
+            if b == stop:
+                raise KeyboardInterrupt
+            yield {"a": [b] * 10}
+    sink, calls = Sink(), []
+    report = ingest(sink, "s", batches(), skip=2,
+                    progress=lambda rows, seconds: calls.append(rows))
+    assert calls == [0, 10, 20, 30] and sink.sent == [10, 10, 10]
+    assert (report.rows, report.batches, report.skipped) == (30, 3, 20)
+    with pytest.raises(IngestInterrupted) as stopped:   # still reading past stored rows
+        ingest(Sink(), "s", batches(stop=1), skip=2)
+    assert stopped.value.rows_done == 10 and not stopped.value.exact
+    with pytest.raises(IngestInterrupted) as stopped:
+        ingest(Sink(), "s", batches(stop=4), skip=2)
+    assert stopped.value.rows_done == 40 and stopped.value.exact
+    assert stopped.value.in_doubt is None
+
+def resume_files(config_dir: Path) -> list[str]:
+    """The resume state files (and their temporaries) of unfinished ingests."""
+    folder = config_dir / "ingest"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_a_finished_or_refused_ingest_leaves_no_resume_state(psoup: Run, traffic: str,
+                                                             tmp_path: Path,
+                                                             config_dir: Path) -> None:
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "r.csv", readings(30))),
+             "--batch-rows", "10"))
+    assert resume_files(config_dir) == []
+    bad = write(tmp_path / "bad.csv", readings(10))
+    bad.write_text(bad.read_text().replace("\n3,", "\nabc,", 1))       # a rejected batch
+    stray = write(tmp_path / "stray.csv", [dict(r, station="A") for r in readings(3)])
+    empty_cell = tmp_path / "empty.csv"
+    empty_cell.write_text("lane,stationid,speed,note,ts\n1,2,3.5,ok,10\n1,,3.5,ok,11\n")
+    for stream, path in (("traffic", bad), ("traffic", stray), ("traffic", empty_cell),
+                         ("nosuch", tmp_path / "r.csv")):
+        done = psoup("ingest", stream, str(path), "--batch-rows", "3")
+        assert done.exit_code == 1 and done.stderr.startswith("error: "), done.stderr
+        assert resume_files(config_dir) == [], (path, done.stderr)
+
+
+def interrupting(monkeypatch: pytest.MonkeyPatch, after: int) -> None:
+    """Ctrl-C from the reader of `psoup ingest`, once it has handed out `after` batches."""
+    import psoup.cli.ingest as ingesting
+    read = ingesting.read_batches
+
+    def read_then_interrupt(*args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        batches = read(*args, **kwargs)
+        for _ in range(after):
+            yield next(batches)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(ingesting, "read_batches", read_then_interrupt)
+
+
+def test_ctrl_c_says_what_is_stored_and_how_resume_continues(
+        psoup: Run, traffic: str, tmp_path: Path, config_dir: Path, server: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "r.csv", readings(50))
+    with monkeypatch.context() as patch:
+        interrupting(patch, after=3)
+        done = psoup("ingest", "traffic", str(path), "--batch-rows", "10")
+    assert done.exit_code == 130 and "Aborted" not in done.output
+    assert done.stderr.strip() == (
+        f"interrupted: 30 rows of {path} are stored; `psoup --server {server} --token TOKEN "
+        f"ingest traffic {path} --batch-rows 10 --resume` continues from row 31")
+    assert len(resume_files(config_dir)) == 1
+    stats = json.loads(ok(psoup("stats", "--format", "json")))
+    assert stats["streams"]["traffic"]["rows"] == 30
+    assert ok(psoup("ingest", "traffic", str(path), "--batch-rows", "10", "--resume")) \
+        .startswith("20 rows into traffic") and resume_files(config_dir) == []
+    handle = ok(psoup("register", SLOW)).strip()
+    got = json.loads(ok(psoup("invoke", handle, "--format", "json")))
+    assert got["rows"] == [list(r) for r in embedded_answer(readings(50), SLOW, T0).rows]
+
+
+def test_ctrl_c_before_anything_is_stored_leaves_no_state_and_stdin_says_so(
+        psoup: Run, traffic: str, tmp_path: Path, config_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "r.csv", readings(50))
+    with monkeypatch.context() as patch:
+        interrupting(patch, after=0)
+        done = psoup("ingest", "traffic", str(path))
+    assert done.exit_code == 130 and resume_files(config_dir) == []
+    assert done.stderr.strip() == f"interrupted: 0 rows of {path} are stored"
+    with monkeypatch.context() as patch:
+        interrupting(patch, after=2)
+        piped = psoup("ingest", "traffic", "-", "--batch-rows", "10", input=path.read_bytes())
+    assert piped.exit_code == 130
+    assert piped.stderr.strip() == "interrupted: 20 rows from stdin are stored"
+
+
+def test_ctrl_c_during_a_send_waits_for_its_reply(psoup: Run, traffic: str, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "r.csv", readings(50))
+    insert, calls = Client.insert, []
+
+    def insert_pressing_ctrl_c(self: Client, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGINT)      # while the batch is in flight
+        return insert(self, *args, **kwargs)
+    monkeypatch.setattr(Client, "insert", insert_pressing_ctrl_c)
+    done = psoup("ingest", "traffic", str(path), "--batch-rows", "10")
+    assert done.exit_code == 130, done.output
+    assert done.stderr.startswith(f"interrupted: 20 rows of {path} are stored; `psoup ")
+    assert done.stderr.rstrip().endswith("--resume` continues from row 21")
+    stats = json.loads(ok(psoup("stats", "--format", "json")))
+    assert stats["streams"]["traffic"]["rows"] == 20 and len(calls) == 2
+
+
+def test_ctrl_c_that_cuts_a_send_short_leaves_it_in_doubt_and_resume_sorts_it_out(
+        psoup: Run, traffic: str, tmp_path: Path, config_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "r.csv", readings(50))
+    insert, calls = Client.insert, []
+
+    def insert_then_interrupt(self: Client, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        result = insert(self, *args, **kwargs)
+        if len(calls) == 3:
+            raise KeyboardInterrupt                 # a second Ctrl-C, before the reply
+        return result
+    with monkeypatch.context() as patch:
+        patch.setattr(Client, "insert", insert_then_interrupt)
+        done = psoup("ingest", "traffic", str(path), "--batch-rows", "10")
+    assert done.exit_code == 130
+    assert done.stderr.startswith(
+        f"interrupted: 20 rows of {path} are stored, and batch 3 (input rows 21-30) was in "
+        "flight: it may or may not be; `psoup ")
+    assert done.stderr.rstrip().endswith(
+        "--resume` continues after the last batch the server applied, without duplicating")
+    assert len(resume_files(config_dir)) == 1
+    resumed = ok(psoup("ingest", "traffic", str(path), "--batch-rows", "10", "--resume"))
+    assert resumed.startswith("20 rows into traffic") and "; 30 rows were already stored" \
+        in resumed                    # the batch in doubt had been applied
+    stats = json.loads(ok(psoup("stats", "--format", "json")))
+    assert stats["streams"]["traffic"]["rows"] == 50 and resume_files(config_dir) == []
+
 # ---------------------------------------------------------------------- named handles
 
 def test_named_handle_works_from_a_new_shell(psoup: Run, traffic: str, tmp_path: Path,

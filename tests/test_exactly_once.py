@@ -157,6 +157,7 @@ def test_ingest_resume_after_the_server_and_the_ingest_were_killed(
         assert "already stored" in out.decode()
         tids, values = _stored(client)
         assert values == list(range(n)) and len(set(tids)) == n
+        assert list((tmp_path / "config" / "ingest").iterdir()) == []    # finished: no state
     finally:
         client.close()
         proc.send_signal(signal.SIGTERM)

@@ -20,7 +20,12 @@ offset). Without it the server's clock stamps each batch.
 Exactly once: the client keys every batch with its producer id and a batch number
 (psoup.producers), so a batch resent after a lost reply or a server restart is applied
 once. A `ResumeFile` keeps the producer id of an ingest of a named file, so
-`psoup ingest --resume` continues after the last batch the server applied.
+`psoup ingest --resume` continues after the last batch the server applied. Ctrl-C waits
+for the reply to the batch in flight, so an interrupted ingest knows what is stored.
+
+Progress: a `Position` follows how far through the input the batches handed out reach
+(not how far the readers have read ahead), and `Progress` makes the line a terminal
+shows from it: rows, rows/s and the time left at the pace of the last seconds.
 """
 
 from __future__ import annotations
@@ -31,13 +36,18 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import re
+import signal
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Set
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from types import FrameType
 from typing import IO, Any, cast
 
 import numpy as np
@@ -47,7 +57,7 @@ from numpy.typing import NDArray
 
 from psoup.client import ConnectionFailed, OutcomeUnknown
 from psoup.config import config_dir, write_private
-from psoup.errors import PSoupError
+from psoup.errors import Busy, PSoupError
 from psoup.formats import TS_UNITS, compression
 
 _CSV_BLOCK = 1 << 20          # bytes per CSV read; batches are cut from blocks by row count
@@ -59,13 +69,40 @@ class IngestError(PSoupError):
 
     Attributes:
         rows_done: rows applied before the failure (all of them stay in the stream).
+        resumable: the same ingest with --resume can continue (the server was away or
+            busy, or the ingest was interrupted); else the input or the stream has to
+            change first (a rejected batch, bad input).
     """
 
     code = "ingest"
 
-    def __init__(self, message: str, rows_done: int):
+    def __init__(self, message: str, rows_done: int, resumable: bool = False):
         super().__init__(message)
         self.rows_done = rows_done
+        self.resumable = resumable
+
+
+class IngestInterrupted(IngestError):
+    """Ctrl-C stopped an ingest between batches, or (a second Ctrl-C) while one was in
+    flight.
+
+    Attributes:
+        rows_done: input rows stored, counted from the first row of the input (a resumed
+            ingest's skipped rows included).
+        in_doubt: the batch in flight, e.g. "batch 3 (input rows 7-9)", when the
+            interruption came before its reply: it may or may not have been applied.
+        exact: False when a resumed ingest was stopped before it had read past the rows
+            already stored: then more than `rows_done` are.
+    """
+
+    def __init__(self, rows_done: int, in_doubt: str | None = None, exact: bool = True):
+        doubt = f"; {in_doubt}, in flight, may or may not have been applied" \
+            if in_doubt else ""
+        least = "" if exact else "at least "
+        super().__init__(f"interrupted: {least}{rows_done:,} input rows were stored{doubt}",
+                         rows_done, resumable=True)
+        self.in_doubt = in_doubt
+        self.exact = exact
 
 
 @dataclass
@@ -83,25 +120,111 @@ class IngestReport:
         return self.rows / max(self.seconds, 1e-9)
 
 
+class Position:
+    """How far through its input the batches `read_batches` has handed out reach.
+
+    `done` is in bytes of the file as stored (compressed, if it is), for Parquet in
+    rows; the reader sets it before it hands out each batch. `total` is the input's
+    size in the same unit (None: unknown, as for stdin). `tell` gives the file's
+    position (None: the reader counts the bytes it takes from its stream).
+
+    A reader may be well ahead of `done`: Arrow's CSV reader reads blocks ahead of the
+    rows it has parsed, so the file's own position says how much was read, not how much
+    went out.
+    """
+
+    def __init__(self, total: int | None = None, tell: Callable[[], int] | None = None):
+        self.total = total
+        self.tell = tell
+        self.done = 0
+
+
+class Progress:
+    """The progress line of an ingest: rows sent, rows/s, and when the input's size is
+    known the share of it consumed and the time left (the input left at the rate it was
+    consumed lately).
+
+    Rates are measured over the last `window` seconds (between the last two samples, if
+    further apart), so they follow the pace of the moment, not of the start.
+
+    Example:
+        >>> now = [0.0]
+        >>> meter = Progress(1000, clock=lambda: now[0])
+        >>> now[0] = 2.0
+        >>> meter.update(500, 200)
+        '500 rows  20%  ETA 00:00:08  250 rows/s'
+    """
+
+    def __init__(self, total: int | None, clock: Callable[[], float] = time.monotonic,
+                 window: float = 10.0):
+        self.total = total or None
+        self._clock = clock
+        self._window = window
+        self._samples: deque[tuple[float, int, int]] = deque()
+        self.restart(0)
+
+    def restart(self, done: int) -> None:
+        """Measure from now on, with `done` of the input consumed and no row sent (a
+        resumed ingest, once past the rows it skipped)."""
+        self._samples = deque([(self._clock(), 0, done)])
+
+    def update(self, rows: int, done: int) -> str:
+        """The line once `rows` rows are sent and `done` of the input consumed."""
+        now = self._clock()
+        self._samples.append((now, rows, done))
+        while len(self._samples) > 2 and now - self._samples[1][0] >= self._window:
+            self._samples.popleft()
+        return self.line()
+
+    def line(self) -> str:
+        (then, rows_then, done_then), (now, rows, done) = self._samples[0], self._samples[-1]
+        span = now - then
+        rate = f"{(rows - rows_then) / span:,.0f}" if span > 0 else "?"
+        if self.total is None:
+            return f"{rows:,} rows  {rate} rows/s"
+        left = max(self.total - done, 0)
+        speed = (done - done_then) / span if span > 0 else 0.0
+        eta = "?" if left and speed <= 0 else _hms(left / speed if left else 0)
+        # floored: 100% only once the whole input is consumed
+        share = min(done, self.total) * 100 // self.total
+        return f"{rows:,} rows  {share}%  ETA {eta}  {rate} rows/s"
+
+
+def _hms(seconds: float) -> str:
+    """Seconds as hours:minutes:seconds (hours past 24 too), rounded up: 00:00:00 only
+    when nothing is left.
+
+    Example:
+        >>> _hms(90061.4)
+        '25:01:02'
+    """
+    whole = math.ceil(seconds)
+    return f"{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
 def read_batches(source: str | IO[bytes], fmt: str, batch_rows: int,
                  declared: dict[str, str] | None = None,
-                 path: str | None = None) -> Iterator[dict[str, Any]]:
+                 path: str | None = None,
+                 position: Position | None = None) -> Iterator[dict[str, Any]]:
     """Batches of at most `batch_rows` rows from a file name or binary stream.
 
     `declared` (column -> psoup type, from the server's stats) keeps CSV columns the
     stream declares TEXT as text. `path`, the file a stream `source` reads, lets an error
-    in a CSV input name its line (the file is read again to find it).
+    in a CSV input name its line (the file is read again to find it). `position`, if
+    given, follows how far through the input the batches handed out reach (for a file
+    name it learns the file's size and position itself).
 
     Each batch maps column name -> numpy array or list; every column has the same length.
     Errors in the input raise IngestError (rows_done 0: the caller knows the real count).
     """
-    readers: dict[str, Callable[[str | IO[bytes], int], Iterator[dict[str, Any]]]]
+    readers: dict[str, Callable[[str | IO[bytes], int, Position],
+                                Iterator[dict[str, Any]]]]
     readers = {"csv": partial(_csv_batches, text={c for c, t in (declared or {}).items()
                                                    if t == "text"},
                               path=source if isinstance(source, str) else path),
                "jsonl": _jsonl_batches, "parquet": _parquet_batches}
     try:
-        yield from readers[fmt](source, batch_rows)
+        yield from readers[fmt](source, batch_rows, position or Position())
     except (pa.ArrowException, ValueError, UnicodeDecodeError) as exc:
         raise IngestError(f"bad {fmt} input: {exc}", 0) from None
 
@@ -122,7 +245,9 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
         ts_required: the input must have `ts_column` (the user named it).
         ts_unit: the unit of numeric timestamps: "s", "ms", "us" or "ns" (converted to
             seconds, which psoup takes).
-        progress: called after each batch with (rows so far, seconds so far).
+        progress: called after each batch sent with (rows sent so far, seconds so far),
+            and by a resumed ingest once with (0, seconds) when it has read past the
+            skipped batches and starts sending.
         skip: non-empty batches at the start that are already stored (a resumed
             ingest): read, counted in `skipped`, not sent.
         applied: called after each stored batch with (batches, rows) of the input so
@@ -130,63 +255,152 @@ def ingest(client: Any, stream: str, batches: Iterator[dict[str, Any]],
         declared: the stream's columns, when known: the input's columns are checked
             against them before anything is sent.
 
+    Ctrl-C (SIGINT, in the main thread) while a batch is in flight is held until its
+    reply is in, so that the batch is known to be applied or not; a second one is not
+    held.
+
     Raises:
         IngestError: a batch was rejected, its outcome stayed unknown, or the input broke
             off; the message says how many rows were ingested before and which rows of the
             input the batch held.
+        IngestInterrupted: Ctrl-C (KeyboardInterrupt); it says how many rows are stored.
     """
     began = time.perf_counter()
-    rows = count = skipped = 0
-    while True:
+    tally = _Tally()
+    flight = _Flight()
+    try:
+        with flight.armed():
+            while (batch := _next_batch(batches, tally.rows)) is not None:
+                n = len(next(iter(batch.values()))) if batch else 0
+                if n == 0:
+                    continue
+                if tally.count == 0:
+                    _check_columns(stream, list(batch), declared, ts_column, ts_required)
+                if tally.count < skip:
+                    tally.add(n, skipped=True)
+                    continue
+                if progress is not None and skip and tally.count == skip:
+                    progress(0, time.perf_counter() - began)
+                with flight.carrying(f"batch {tally.count + 1} (input rows "
+                                     f"{tally.rows + 1:,}-{tally.rows + n:,})"):
+                    _send(client, stream, batch, ts_column, ts_unit, flight.batch, tally.rows)
+                    flight.landed()
+                    tally.add(n)
+                    if applied is not None:
+                        applied(tally.count, tally.rows)
+                if flight.held:
+                    raise KeyboardInterrupt
+                if progress is not None:
+                    progress(tally.rows - tally.skipped, time.perf_counter() - began)
+    except KeyboardInterrupt:
+        raise IngestInterrupted(tally.rows, flight.batch if flight.doubt else None,
+                                exact=tally.count >= skip) from None
+    return IngestReport(tally.rows - tally.skipped, max(tally.count - skip, 0),
+                        time.perf_counter() - began, tally.skipped)
+
+
+@dataclass
+class _Tally:
+    """The input an ingest has got through: batches and rows, the skipped ones (stored
+    by the run a resumed ingest continues) included."""
+
+    count: int = 0
+    rows: int = 0
+    skipped: int = 0
+
+    def add(self, n: int, skipped: bool = False) -> None:
+        self.count += 1
+        self.rows += n
+        if skipped:
+            self.skipped += n
+
+
+class _Flight:
+    """Ctrl-C while a batch is in flight: held until the batch's reply is in (then the
+    batch is known to be stored or not); a second Ctrl-C, or one between batches,
+    interrupts at once."""
+
+    def __init__(self) -> None:
+        self.batch = ""              # the batch in flight, or the last one sent
+        self.active = False          # from sending a batch to its bookkeeping done
+        self.sending = False         # from sending a batch to its reply
+        self.held = False            # a Ctrl-C came while a batch was in flight
+        self.doubt = False           # an interruption cut a batch's round trip short
+
+    @contextmanager
+    def armed(self) -> Iterator[None]:
+        """Hold SIGINT while a batch is in flight, if this is the main thread and SIGINT
+        raises KeyboardInterrupt as usual (a caller's own handler is left alone)."""
+        if (threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
-            batch = next(batches, None)
-        except IngestError as exc:
-            raise IngestError(f"{exc} (somewhere after input row {rows:,}; {rows:,} rows "
-                              "ingested before it)", rows) from None
-        if batch is None:
-            break
-        n = len(next(iter(batch.values()))) if batch else 0
-        if n == 0:
-            continue
-        if count == 0:
-            _check_columns(stream, list(batch), declared, ts_column, ts_required)
-        if count < skip:
-            count += 1
-            rows += n
-            skipped += n
-            continue
-        where = f"batch {count + 1} (input rows {rows + 1:,}-{rows + n:,})"
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        if not self.active or self.held:
+            raise KeyboardInterrupt
+        self.held = True
+
+    @contextmanager
+    def carrying(self, batch: str) -> Iterator[None]:
+        """`batch` in flight: from sending it (`landed` once its reply is in) to the
+        bookkeeping after it."""
+        self.batch, self.active, self.sending = batch, True, True
         try:
-            ts = timestamps(batch.pop(ts_column), ts_unit) if ts_column in batch else None
-            client.insert(stream, batch, ts=ts)
-        except OutcomeUnknown as exc:
-            raise IngestError(
-                f"{where}: the server did not answer, so it may or may not have been "
-                f"applied; {rows:,} rows were ingested before it. Run the same command "
-                f"with --resume to continue without duplicating: {exc}", rows) from None
-        except ConnectionFailed as exc:
-            raise IngestError(f"{where} could not be sent, none of it applied; {rows:,} "
-                              f"rows ingested before it: {exc}", rows) from None
-        except PSoupError as exc:
-            raise IngestError(
-                f"{where} was rejected, none of it applied; {rows:,} rows ingested before "
-                f"it: {_input_rows(str(exc), rows)}{_text_hint(batch, str(exc), rows)}",
-                rows) from None
-        rows += n
-        count += 1
-        if applied is not None:
-            applied(count, rows)
-        if progress is not None:
-            progress(rows - skipped, time.perf_counter() - began)
-    return IngestReport(rows - skipped, count - skip if count > skip else 0,
-                        time.perf_counter() - began, skipped)
+            yield
+        except KeyboardInterrupt:
+            self.doubt = self.sending
+            raise
+        finally:
+            self.active = self.sending = False
+
+    def landed(self) -> None:
+        self.sending = False
+
+
+def _next_batch(batches: Iterator[dict[str, Any]], rows: int) -> dict[str, Any] | None:
+    """The next batch of the input (None at its end), its errors saying where they are."""
+    try:
+        return next(batches, None)
+    except IngestError as exc:
+        raise IngestError(f"{exc} (somewhere after input row {rows:,}; {rows:,} rows "
+                          "ingested before it)", rows) from None
+
+
+def _send(client: Any, stream: str, batch: dict[str, Any], ts_column: str, ts_unit: str,
+          where: str, rows: int) -> None:
+    """Insert one batch, `where` in the input, after `rows` rows stored; failures as
+    IngestError saying what is stored and whether --resume can continue."""
+    try:
+        ts = timestamps(batch.pop(ts_column), ts_unit) if ts_column in batch else None
+        client.insert(stream, batch, ts=ts)
+    except OutcomeUnknown as exc:
+        raise IngestError(
+            f"{where}: the server did not answer, so it may or may not have been "
+            f"applied; {rows:,} rows were ingested before it. Run the same command "
+            f"with --resume to continue without duplicating: {exc}", rows,
+            resumable=True) from None
+    except ConnectionFailed as exc:
+        raise IngestError(f"{where} could not be sent, none of it applied; {rows:,} "
+                          f"rows ingested before it: {exc}", rows, resumable=True) from None
+    except PSoupError as exc:
+        raise IngestError(          # a busy server refuses for a while, not for good
+            f"{where} was rejected, none of it applied; {rows:,} rows ingested before "
+            f"it: {_input_rows(str(exc), rows)}{_text_hint(batch, str(exc), rows)}",
+            rows, resumable=isinstance(exc, Busy)) from None
 
 
 class ResumeFile:
     """Where an ingest of a named file keeps what `--resume` needs: its producer id and
     how far it got. One file per (stream, file path, file size, batch rows), under the
-    config directory (a file that changed size is a new input); removed when the ingest
-    completes.
+    config directory (a file that changed size is a new input). `psoup ingest` removes
+    it when the ingest completes or is refused, and keeps it when --resume can continue
+    (IngestError.resumable).
 
     The server's last applied seq of the producer says where to resume; the file's own
     count (written after each batch) only tells how seqs map to batches when the client
@@ -384,21 +598,60 @@ def decompressed(raw: IO[bytes], codec: str | None) -> IO[bytes]:
 
 
 @contextmanager
-def _open(source: str | IO[bytes]) -> Iterator[IO[bytes]]:
-    """A file name opened (and decompressed by suffix), or a caller's stream left open."""
+def _open(source: str | IO[bytes], position: Position | None = None) -> Iterator[IO[bytes]]:
+    """A file name opened (and decompressed by suffix), or a caller's stream left open.
+    A `position` without a `tell` learns the opened file's size and position."""
     if not isinstance(source, str):
         yield source
         return
     with open(source, "rb") as raw, decompressed(raw, compression(source)) as stream:
+        if position is not None and position.tell is None:
+            position.tell = raw.tell
+            position.total = position.total or os.fstat(raw.fileno()).st_size
         yield stream
 
 
-def _csv_batches(source: str | IO[bytes], batch_rows: int,
+class _Marked(io.RawIOBase):
+    """A stream for Arrow's CSV reader that notes, after each read, how far through the
+    input it is. Arrow reads in a thread, blocks ahead of the batches it hands out, one
+    read per block: the block it hands out next ends at the oldest mark not taken."""
+
+    def __init__(self, stream: IO[bytes], tell: Callable[[], int] | None, header: int):
+        super().__init__()
+        self._stream = stream
+        self._tell = tell
+        self._read = header              # the position, when there is no `tell`
+        self._marks: deque[int] = deque()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self._read += len(data)
+        self._marks.append(self.now())
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def now(self) -> int:
+        """The input's position now (past what Arrow has read ahead)."""
+        return self._tell() if self._tell is not None else self._read
+
+    def next_block_end(self) -> int:
+        """Where the block Arrow hands out next ends in the input."""
+        return self._marks.popleft() if self._marks else self.now()
+
+
+def _csv_batches(source: str | IO[bytes], batch_rows: int, position: Position,
                  text: Set[str] = frozenset(),
                  path: str | None = None) -> Iterator[dict[str, Any]]:
     import pyarrow.csv as pcsv
 
-    with _open(source) as stream:
+    with _open(source, position) as stream:
         header = stream.readline()
         if not header.strip():
             return
@@ -410,16 +663,21 @@ def _csv_batches(source: str | IO[bytes], batch_rows: int,
         # inference looks at the first block only and fails on a later "62.5" in an INT guess.
         pending: list[pa.RecordBatch] = []
         held = done = 0
+        marked = _Marked(stream, position.tell, len(header))
+        start = end = marked.now()     # the input the rows held span (spread evenly)
         try:
             for block in pcsv.open_csv(   # reads its first block at once
-                    stream,
+                    marked,
                     read_options=pcsv.ReadOptions(column_names=names, block_size=_CSV_BLOCK),
                     convert_options=pcsv.ConvertOptions(
                         column_types={n: pa.string() for n in names})):
                 pending.append(block)
                 held += block.num_rows
+                end = marked.next_block_end()
                 while held >= batch_rows:
                     table = pa.Table.from_batches(pending)
+                    start += (end - start) * batch_rows // held
+                    position.done = start
                     yield _typed_csv(table.slice(0, batch_rows), text, path, done)
                     done += batch_rows
                     rest = table.slice(batch_rows)
@@ -429,6 +687,7 @@ def _csv_batches(source: str | IO[bytes], batch_rows: int,
                 raise
             raise ValueError(_ragged_row(path, len(names)) or str(exc)) from None
         if held:
+            position.done = end
             yield _typed_csv(pa.Table.from_batches(pending), text, path, done)
 
 
@@ -488,9 +747,10 @@ def _typed_text(arr: pa.Array) -> Any:
     return arr.to_pylist()
 
 
-def _jsonl_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[str, Any]]:
+def _jsonl_batches(source: str | IO[bytes], batch_rows: int,
+                   position: Position) -> Iterator[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with _open(source) as stream:
+    with _open(source, position) as stream:
         for number, raw in enumerate(stream, 1):
             line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             if not line.strip():
@@ -509,10 +769,18 @@ def _jsonl_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[st
                                  f"before it (not in both: {', '.join(differ)})")
             rows.append(row)
             if len(rows) == batch_rows:
+                _reached(position)
                 yield _json_columns(rows)
                 rows = []
-    if rows:
-        yield _json_columns(rows)
+        if rows:
+            _reached(position)
+            yield _json_columns(rows)
+
+
+def _reached(position: Position) -> None:
+    """The reader's position as the input consumed, where it has one (not a pipe)."""
+    if position.tell is not None:
+        position.done = position.tell()
 
 
 def _json_columns(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -533,12 +801,18 @@ def _typed_values(values: list[Any]) -> Any:
     return values
 
 
-def _parquet_batches(source: str | IO[bytes], batch_rows: int) -> Iterator[dict[str, Any]]:
+def _parquet_batches(source: str | IO[bytes], batch_rows: int,
+                     position: Position) -> Iterator[dict[str, Any]]:
+    """The batches of a Parquet file, `position` counted in rows (its footer has the
+    total: the file's bytes are pages of compressed columns, read in row groups)."""
     import pyarrow.parquet as pq
 
     if not isinstance(source, str):
         source = pa.BufferReader(source.read())      # Parquet needs to seek: its footer
-    for batch in pq.ParquetFile(source).iter_batches(batch_size=batch_rows):
+    parquet = pq.ParquetFile(source)
+    position.total = position.total or parquet.metadata.num_rows
+    for batch in parquet.iter_batches(batch_size=batch_rows):
+        position.done += batch.num_rows
         yield {name: _typed_arrow(batch.column(i)) for i, name in enumerate(batch.schema.names)}
 
 

@@ -10,18 +10,20 @@ Names given to handles and each handle's last cursor live in the handle store
 (`psoup.cli.handles`), so `psoup invoke slow-lane3 --changes` works from a new shell.
 
 Exit codes: 0 success, 1 an error the server reported or a failed connection (one line
-on stderr, no traceback), 2 a usage error (click's own).
+on stderr, no traceback), 2 a usage error (click's own), 130 an ingest interrupted by
+Ctrl-C (one line saying what is stored).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -57,6 +59,9 @@ from psoup.server.protocol import ErrorCode
 from psoup.version import __version__
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
+
+if TYPE_CHECKING:   # the ingest module (pyarrow) is imported only by the commands using it
+    from psoup.cli.ingest import IngestError, IngestInterrupted, IngestReport, Position, ResumeFile
 
 if TYPE_CHECKING:   # generic from click 8.4 on; the package allows click 8.1
     _IntType = click.ParamType[int]
@@ -444,7 +449,8 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
     the server rejects a batch, nothing of that batch is applied, the rows before it stay,
     and the error says how many went in and which rows the failed batch held. A batch
     whose reply is lost is sent again, and applied once; --resume continues a FILE whose
-    ingest stopped, without duplicating a row.
+    ingest stopped, without duplicating a row. Ctrl-C waits for the reply to the batch in
+    flight, says how many rows are stored and how --resume continues (exit code 130).
     """
     settings: Settings = ctx.obj
     try:
@@ -455,70 +461,140 @@ def ingest(ctx: click.Context, stream_name: str, file: str, fmt: str | None, bat
         raise click.BadParameter("--resume needs a named file, not stdin", param_hint="FILE")
     ts_required = ctx.get_parameter_source("ts_column") is not ParameterSource.DEFAULT
     from psoup.cli import ingest as ingesting
-    with ExitStack() as closing:
-        source: str | IO[bytes]
-        done: Callable[[int], float] | None = None
-        if file == "-":
-            source = click.open_file("-", "rb")
-        elif fmt == "parquet":
-            import pyarrow.parquet as pq
-            source = file
-            total: int = pq.ParquetFile(file).metadata.num_rows
-
-            def done(rows: int) -> float:
-                return rows / max(total, 1)
-        else:
-            # the bytes read of the file itself, compressed or not, say how far it got
-            raw = closing.enter_context(open(file, "rb"))
-            size = os.fstat(raw.fileno()).st_size
-            source = closing.enter_context(ingesting.decompressed(raw, codec))
-
-            def done(rows: int) -> float:
-                return raw.tell() / max(size, 1)
-        report = _ingest(settings, stream_name, file, source, fmt, batch_rows, ts_column,
-                         ts_required, ts_unit, resume, done)
+    try:
+        with _ingest_input(file, fmt, codec) as (source, position):
+            report = _ingest(settings, stream_name, file, source, fmt, batch_rows, ts_column,
+                             ts_required, ts_unit, resume, position)
+    except ingesting.IngestInterrupted as exc:
+        state = None if file == "-" else ingesting.ResumeFile(stream_name, file, batch_rows)
+        command = _resume_command(ctx) if state is not None and state.path.exists() else None
+        click.echo(_interrupted(exc, file, command), err=True)
+        raise click.exceptions.Exit(130) from None
     resumed = f"; {report.skipped:,} rows were already stored" if resume else ""
     click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream_name} "
                f"({report.rate:,.0f} rows/s){resumed}")
 
 
+@contextmanager
+def _ingest_input(file: str, fmt: str,
+                  codec: str | None) -> Iterator[tuple[str | IO[bytes], Position]]:
+    """FILE opened for `psoup ingest` (decompressed), and the `Position` that follows
+    how far through it the ingest got: in bytes of the file as stored (the file's own
+    position), for Parquet in rows; for stdin, of unknown size."""
+    from psoup.cli import ingest as ingesting
+    if file == "-":
+        yield click.open_file("-", "rb"), ingesting.Position()
+    elif fmt == "parquet":
+        import pyarrow.parquet as pq
+        yield file, ingesting.Position(pq.ParquetFile(file).metadata.num_rows)
+    else:
+        with open(file, "rb") as raw, ingesting.decompressed(raw, codec) as source:
+            yield source, ingesting.Position(os.fstat(raw.fileno()).st_size, raw.tell)
+
+
 def _ingest(settings: Settings, stream_name: str, file: str, source: str | IO[bytes],
             fmt: str, batch_rows: int, ts_column: str, ts_required: bool, ts_unit: str,
-            resume: bool, done: Callable[[int], float] | None) -> Any:
-    """`psoup ingest` once FILE is open: `done(rows)` is the fraction of it read (None:
-    unknown, stdin), for the progress line on a terminal."""
+            resume: bool, position: Position) -> IngestReport:
+    """`psoup ingest` once FILE is open: `position` follows how far through FILE the
+    batches sent reach, for the progress line on a terminal.
+
+    The resume state of FILE is removed when the ingest finishes or is refused (bad
+    input, a rejected batch: --resume would meet the same refusal), and kept when
+    --resume can continue: the server was away or busy, or Ctrl-C stopped the ingest
+    once something was stored.
+    """
     from psoup.cli import ingest as ingesting
 
+    meter = ingesting.Progress(position.total) if _stderr_is_terminal() else None
+
     def progress(rows: int, seconds: float) -> None:
-        _progress(rows, seconds, fraction=None if done is None else done(rows))
-    on_terminal = _stderr_is_terminal()
+        assert meter is not None
+        if rows == 0:                # a resumed ingest starts sending: rates from here
+            meter.restart(position.done)
+        else:
+            click.echo(f"\r{meter.update(rows, position.done)}\x1b[K", nl=False, err=True)
     state = None if file == "-" else ingesting.ResumeFile(stream_name, file, batch_rows)
     saved = state.load() if state is not None and resume else None
-    with _connected(settings.server, settings.token, batch_rows=batch_rows,
-                    producer=saved["producer"] if saved else None) as client:
-        skip = 0 if saved is None else ingesting.ResumeFile.resume_point(saved,
-                                                                         client.last_seq())
-        if state is not None and saved is None:
-            state.start(client.producer)
+    try:
+        with _connected(settings.server, settings.token, batch_rows=batch_rows,
+                        producer=saved["producer"] if saved else None) as client:
+            skip = 0 if saved is None else ingesting.ResumeFile.resume_point(
+                saved, client.last_seq())
+            if state is not None and saved is None:
+                state.start(client.producer)
 
-        def applied(batches: int, rows: int) -> None:
-            if state is not None:
-                state.save({"producer": client.producer, "batches": batches,
-                            "next_seq": client.next_seq})
+            def applied(batches: int, rows: int) -> None:
+                if state is not None:
+                    state.save({"producer": client.producer, "batches": batches,
+                                "next_seq": client.next_seq})
 
-        declared = client.stats()["streams"].get(stream_name, {}).get("columns")
-        report = ingesting.ingest(client, stream_name,
-                                  ingesting.read_batches(source, fmt, batch_rows, declared,
-                                                         None if file == "-" else file),
-                                  ts_column=ts_column, ts_required=ts_required,
-                                  progress=progress if on_terminal else None, skip=skip,
-                                  applied=applied, ts_unit=ts_unit,
-                                  declared=None if declared is None else set(declared))
+            declared = client.stats()["streams"].get(stream_name, {}).get("columns")
+            report = ingesting.ingest(
+                client, stream_name,
+                ingesting.read_batches(source, fmt, batch_rows, declared,
+                                       None if file == "-" else file, position),
+                ts_column=ts_column, ts_required=ts_required,
+                progress=progress if meter is not None else None, skip=skip,
+                applied=applied, ts_unit=ts_unit,
+                declared=None if declared is None else set(declared))
+    except KeyboardInterrupt:        # before the first batch: connecting, asking the server
+        raise _stopped(state, saved is None, ingesting.IngestInterrupted(
+            0, exact=saved is None)) from None
+    except ingesting.IngestError as exc:
+        raise _stopped(state, saved is None, exc) from None
+    finally:
+        if meter is not None:
+            click.echo("\r\033[K", nl=False, err=True)
     if state is not None:
         state.clear()
-    if on_terminal:
-        click.echo("\r\033[K", nl=False, err=True)
     return report
+
+
+def _stopped(state: ResumeFile | None, fresh: bool, exc: IngestError) -> IngestError:
+    """`exc`, which stopped an ingest, after removing the ingest's resume state
+    unless --resume can continue from it: a refusal would come again, and an ingest of
+    this run (`fresh`) interrupted before it stored a row leaves nothing to continue."""
+    from psoup.cli import ingest as ingesting
+    idle = (fresh and isinstance(exc, ingesting.IngestInterrupted)
+            and exc.rows_done == 0 and exc.in_doubt is None)
+    if state is not None and (not exc.resumable or idle):
+        state.clear()
+    return exc
+
+
+def _resume_command(ctx: click.Context) -> str:
+    """The command that continues the ingest `ctx` ran: the same STREAM, FILE and the
+    options given that the ingest depends on, and --resume. A --token given is shown as
+    TOKEN: the secret is not echoed."""
+    words = ["psoup"]
+    group = ctx.parent
+    if group is not None:
+        if group.get_parameter_source("server") is ParameterSource.COMMANDLINE:
+            words += ["--server", str(group.params["server"])]
+        if group.get_parameter_source("token") is ParameterSource.COMMANDLINE:
+            words += ["--token", "TOKEN"]
+    words += ["ingest", ctx.params["stream_name"], ctx.params["file"]]
+    for name, option in (("fmt", "--format"), ("batch_rows", "--batch-rows"),
+                         ("ts_column", "--ts-column"), ("ts_unit", "--ts-unit")):
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT:
+            words += [option, str(ctx.params[name])]
+    return shlex.join([*words, "--resume"])
+
+
+def _interrupted(exc: IngestInterrupted, file: str, command: str | None) -> str:
+    """What an ingest stopped by Ctrl-C says: the rows of FILE stored, and `command`,
+    which continues it (None: nothing to resume)."""
+    n = exc.rows_done
+    stored = (f"{'' if exc.exact else 'at least '}{n:,} row{'' if n == 1 else 's'} "
+              f"{'from stdin' if file == '-' else 'of ' + file} "
+              f"{'is' if n == 1 else 'are'} stored")
+    if exc.in_doubt:
+        stored += f", and {exc.in_doubt} was in flight: it may or may not be"
+    if command is None:
+        return f"interrupted: {stored}"
+    where = (f"from row {n + 1:,}" if exc.exact and not exc.in_doubt
+             else "after the last batch the server applied, without duplicating")
+    return f"interrupted: {stored}; `{command}` continues {where}"
 
 
 def _stderr_is_terminal() -> bool:
