@@ -278,6 +278,20 @@ def test_ingest_progress_shows_percentage_and_eta_of_a_named_file(
     assert len(lines) == 5 and lines[-1].startswith("50 rows  ") and "%" not in piped.stderr
 
 
+def test_register_over_a_large_store_says_so_first(psoup: Run, traffic: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import psoup.cli.main as cli
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "r.csv", readings(50)))))
+    monkeypatch.setattr(cli, "LARGE_STORE", 50)         # 50 retained tuples count as many
+    done = psoup("register", SLOW)
+    assert ok(done).strip() and done.stderr == "applying the query to 50 retained tuples…\n"
+    monkeypatch.setattr(cli, "LARGE_STORE", 51)
+    done = psoup("register", SLOW)
+    assert ok(done).strip() and done.stderr == ""
+    done = psoup("register", "SELECT * FROM nowhere")   # the server's error, nothing before
+    assert done.exit_code == 1 and "applying" not in done.stderr
+
+
 # ---------------------------------------------------------------------- named handles
 
 def test_named_handle_works_from_a_new_shell(psoup: Run, traffic: str, tmp_path: Path,
