@@ -750,8 +750,8 @@ def history(settings: Settings, refs: tuple[str, ...]) -> None:
     windows reach back past what memory holds (docs/semantics.md, "History").
 
     The job runs on the server (its Spark master: psoup serve --spark-master) while
-    ingest and queries go on; this starts it, waits for it showing its progress on a
-    terminal, and prints each query's archived matches. Ctrl-C cancels it, and then
+    ingest and queries go on; this starts it, waits for it showing its progress on
+    stderr, and prints each query's archived matches. Ctrl-C cancels it, and then
     nothing changes. The server needs psoup serve --data-dir; its first job starts Spark, which
     takes tens of seconds. See docs/cli.md, "psoup history"."""
     targets = [_resolve(settings, ref) for ref in refs]
@@ -984,7 +984,7 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     The archive is checked before anything is delivered (schemas against the target's
     streams, readable files, no NULL or NaN, ts non-decreasing in tupleID order); an
     error names the file. Rows get fresh tupleIDs; a stream the target lacks is created
-    with the archive's columns. Shows progress on a terminal.
+    with the archive's columns. Says what it is doing on stderr (a terminal or not).
     """
     if data_dir is not None and server_option is not None:
         raise click.UsageError("pass --data-dir or --server, not both")
