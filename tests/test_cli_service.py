@@ -505,6 +505,20 @@ def test_ctrl_c_that_cuts_a_send_short_leaves_it_in_doubt_and_resume_sorts_it_ou
     stats = json.loads(ok(psoup("stats", "--format", "json")))
     assert stats["streams"]["traffic"]["rows"] == 50 and resume_files(config_dir) == []
 
+def test_register_over_a_large_store_says_so_first(psoup: Run, traffic: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import psoup.cli.main as cli
+    ok(psoup("ingest", "traffic", str(write(tmp_path / "r.csv", readings(50)))))
+    monkeypatch.setattr(cli, "LARGE_STORE", 50)         # 50 retained tuples count as many
+    done = psoup("register", SLOW)
+    assert ok(done).strip() and done.stderr == "applying the query to 50 retained tuples…\n"
+    monkeypatch.setattr(cli, "LARGE_STORE", 51)
+    done = psoup("register", SLOW)
+    assert ok(done).strip() and done.stderr == ""
+    done = psoup("register", "SELECT * FROM nowhere")   # the server's error, nothing before
+    assert done.exit_code == 1 and "applying" not in done.stderr
+
+
 # ---------------------------------------------------------------------- named handles
 
 def test_named_handle_works_from_a_new_shell(psoup: Run, traffic: str, tmp_path: Path,

@@ -8,6 +8,7 @@ count the tuples in memory only, as documented.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -534,6 +535,8 @@ def test_history_through_the_server_and_the_command_line(tmp_path: Path,
                                          "history", wide])
         assert done.exit_code == 0, done.output
         assert f"{wide}  " in done.output and "50" in done.output    # 50 tuples left memory
+        # progress on stderr though it is no terminal: seconds, then the job's step
+        assert re.search(r"^\d+ s(, \d+/\d+ Spark tasks)?: \S", done.stderr, re.M), done.stderr
         assert len(client.invoke(wide, now=60.0)) == 60
         assert len(client.invoke(narrow, now=60.0)) == 0
         assert client.evaluate_history() == {narrow: 0}               # the rest, by default

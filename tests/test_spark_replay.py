@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -706,6 +708,23 @@ def test_cli_imports_then_replays_into_a_data_dir(spark: SparkSession, tmp_path:
         assert eng.stats()["streams"]["traffic"]["rows_total"] == 1 + len(want)
 
 
+def test_cli_import_says_on_a_captured_stderr_what_it_is_doing(tmp_path: Path) -> None:
+    # a process of its own: its Spark starts here, with the master it names
+    data = write(tmp_path / "readings.csv", _traffic_rows(120))
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "archive", "import",
+                           str(data), "--stream", "traffic", "--columns", TRAFFIC,
+                           "--into", str(tmp_path / "arc"), "--master", "local[1]"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("120 rows of traffic into")
+    said = [line for line in done.stderr.splitlines() if not re.search(r": \d+ s", line)]
+    want = ["1 input file checked (headers and first rows)", "starting Spark (local[1])…",
+            "Spark started in N s", "reading and checking every row (a Spark job)…",
+            "120 rows read and checked", "sorting and writing 120 rows (a Spark job)…",
+            "2 part files written"]
+    assert [re.sub(r"in \d+ s$", "in N s", line) for line in said] == want, done.stderr
+
+
 def test_cli_resume_continues_a_replay_that_stopped_inside_one_ts(
         spark: SparkSession, tmp_path: Path) -> None:
     events = [("R", (i, 0, 1.0, f"n{i}"), T0 + i // 3) for i in range(9)]   # three per ts
@@ -719,6 +738,7 @@ def test_cli_resume_continues_a_replay_that_stopped_inside_one_ts(
                                      "--resume"])
     assert done.exit_code == 0, (done.output, done.exception)
     assert done.stdout.startswith(f"5 rows replayed into {state} (R 5;")
+    assert done.stderr.startswith("archive checked: 5 rows to replay from 1 part file\n")
     with psoup.Engine(path=str(state)) as eng:
         got = eng.invoke(eng.register("SELECT a, name FROM R"), now=T0 + 10)
         assert got.rows == [(row[0], row[3]) for _, row, _ in events]

@@ -47,6 +47,7 @@ from psoup.cli.output import (
     to_json,
 )
 from psoup.cli.polling import Interval, changes_since
+from psoup.cli.progress import Progress
 from psoup.cli.typed import Typed
 from psoup.client import TOKEN_ADVICE, Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, REPLAY_SLICE_ROWS, parse_address
@@ -603,9 +604,14 @@ def _stderr_is_terminal() -> bool:
 
 def _progress(rows: int, seconds: float, total: int | None = None,
               fraction: float | None = None) -> None:
-    """A progress line on stderr, rewritten in place: rows so far and the rate, and when
-    the input's size is known (`total` rows, or the `fraction` of it read) the
-    percentage and the time left at this pace."""
+    """A progress line on stderr, rewritten in place (`_rows_line`)."""
+    click.echo(f"\r{_rows_line(rows, seconds, total, fraction)}\x1b[K", nl=False, err=True)
+
+
+def _rows_line(rows: int, seconds: float, total: int | None = None,
+               fraction: float | None = None) -> str:
+    """Rows so far and the rate, and when the input's size is known (`total` rows, or
+    the `fraction` of it read) the percentage and the time left at this pace."""
     rate = rows / max(seconds, 1e-9)
     of = "" if total is None else f" of {total:,}"
     if fraction is None and total:
@@ -616,7 +622,7 @@ def _progress(rows: int, seconds: float, total: int | None = None,
         left = seconds * (1 - fraction) / fraction if fraction > 0 else None
         eta = "?" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
         done = f"  {fraction:.0%}  ETA {eta}"
-    click.echo(f"\r{rows:,}{of} rows{done}  {rate:,.0f} rows/s\x1b[K", nl=False, err=True)
+    return f"{rows:,}{of} rows{done}  {rate:,.0f} rows/s"
 
 
 # ---------------------------------------------------------------------- handles
@@ -643,6 +649,7 @@ def register(settings: Settings, sql: str, name: str | None, replace: bool) -> N
     if name is not None and old is not None and not replace:   # (old is None without name)
         raise name_taken(name, old)
     with _connected(settings.server, settings.token) as client:
+        _announce_large(client, sql)
         handle = client.register(sql)
         if name is not None:
             try:
@@ -654,6 +661,30 @@ def register(settings: Settings, sql: str, name: str | None, replace: bool) -> N
         click.echo(f"note: '{name}' now names the new handle; the old one ({old['handle']}) "
                    "is still registered", err=True)
     click.echo(handle)
+
+
+#: Retained tuples from which `psoup register` says that it applies the new query to
+#: them (the server joins a new query with all the retained data before it answers).
+LARGE_STORE = 1_000_000
+
+
+def _announce_large(client: Client, sql: str) -> None:
+    """Say on stderr that registering `sql` applies it to many retained tuples (at least
+    LARGE_STORE), which takes a while: the count is the retained rows of the streams it
+    reads (DESCRIBE of each), asked before registering. Nothing when the SQL does not
+    parse or names an unknown stream: registering reports that."""
+    from psoup.query.parser import parse
+    from psoup.query.syntax import Select
+    try:
+        statement = parse(sql)
+        if not isinstance(statement, Select):
+            return
+        rows = sum(int(client.describe(name)["rows"])
+                   for name in {item.stream for item in statement.sources})
+    except PSoupError:
+        return
+    if rows >= LARGE_STORE:
+        click.echo(f"applying the query to {rows:,} retained tuples…", err=True)
 
 
 #: Rows of an answer a table on a terminal shows unless --limit says otherwise.
@@ -795,8 +826,8 @@ def history(settings: Settings, refs: tuple[str, ...]) -> None:
     windows reach back past what memory holds (docs/semantics.md, "History").
 
     The job runs on the server (its Spark master: psoup serve --spark-master) while
-    ingest and queries go on; this starts it, waits for it showing its progress on a
-    terminal, and prints each query's archived matches. Ctrl-C cancels it, and then
+    ingest and queries go on; this starts it, waits for it showing its progress on
+    stderr, and prints each query's archived matches. Ctrl-C cancels it, and then
     nothing changes. The server needs psoup serve --data-dir; its first job starts Spark, which
     takes tens of seconds. See docs/cli.md, "psoup history"."""
     targets = [_resolve(settings, ref) for ref in refs]
@@ -805,8 +836,9 @@ def history(settings: Settings, refs: tuple[str, ...]) -> None:
         job = client.history([t.handle for t in targets] or None)
         click.echo(f"history job {job}: evaluating over the archive (a Spark job on the "
                    "server); Ctrl-C cancels", err=True)
+        shown = Progress(tasks=None)
         try:
-            status = client.history_wait(job, on_status=_job_progress)
+            status = client.history_wait(job, on_status=partial(_job_progress, shown))
         except KeyboardInterrupt:
             client.history_cancel(job)
             raise Failure(f"history job {job} cancelled; nothing changed") from None
@@ -817,18 +849,16 @@ def history(settings: Settings, refs: tuple[str, ...]) -> None:
                      [[names.get(h, h), n] for h, n in status["result"].items()]))
 
 
-def _job_progress(status: dict[str, Any]) -> None:
-    """One progress line of a history job on a terminal's stderr, rewritten in place."""
-    if not sys.stderr.isatty():
-        return
+def _job_progress(shown: Progress, status: dict[str, Any]) -> None:
+    """A history job's progress on stderr (`shown`): rewritten in place on a terminal,
+    else a line every few seconds."""
     if status["state"] != "running":
-        click.echo("", err=True)
+        shown.end()
         return
     progress = status["progress"]
     tasks = (f", {progress['tasks_done']}/{progress['tasks']} Spark tasks"
              if progress.get("tasks") else "")
-    click.echo(f"\r{status['seconds']:.0f} s{tasks}: {progress['message'] or 'starting'}"
-               "\x1b[K", nl=False, err=True)
+    shown.update(f"{status['seconds']:.0f} s{tasks}: {progress['message'] or 'starting'}")
 
 
 @main.command(short_help="List the standing queries.")
@@ -946,8 +976,10 @@ def archive_import(files: tuple[Path, ...], stream_name: str, columns: str, ts_c
         typed = Typed([(None, "CREATE STREAM "), ("--stream", stream_name), (None, " ("),
                        ("--columns", columns), (None, ")")])
         raise Failure(typed.explain(str(exc))) from None
-    report = importing.import_files(files, stream_name, declared, into, ts_column=ts_column,
-                                    fmt=fmt, master=master, conf=spark_conf)
+    with Progress() as progress:
+        report = importing.import_files(files, stream_name, declared, into,
+                                        ts_column=ts_column, fmt=fmt, master=master,
+                                        conf=spark_conf, progress=progress)
     ids = "" if not report.rows else f", tupleIDs {report.first_tid}..{report.last_tid}"
     click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} of {stream_name} "
                f"into {into} ({len(report.files)} file{'' if len(report.files) == 1 else 's'}"
@@ -970,7 +1002,8 @@ def archive_reshape(root: Path, streams: str | None, master: str | None,
     """
     from psoup.spark.reshape import reshape
     names = None if streams is None else [s.strip() for s in streams.split(",") if s.strip()]
-    report = reshape(root, names, master, spark_conf, progress=lambda m: click.echo(m, err=True))
+    with Progress() as progress:
+        report = reshape(root, names, master, spark_conf, progress=progress)
     click.echo(f"{len(report.rewritten):,} part file{'' if len(report.rewritten) == 1 else 's'} "
                f"rewritten ({report.rows:,} rows), {report.already:,} already in the sampled "
                f"layout; {report.seconds:.1f} s")
@@ -1027,7 +1060,7 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
     The archive is checked before anything is delivered (schemas against the target's
     streams, readable files, no NULL or NaN, ts non-decreasing in tupleID order); an
     error names the file. Rows get fresh tupleIDs; a stream the target lacks is created
-    with the archive's columns. Shows progress on a terminal.
+    with the archive's columns. Says what it is doing on stderr (a terminal or not).
     """
     if data_dir is not None and server_option is not None:
         raise click.UsageError("pass --data-dir or --server, not both")
@@ -1035,27 +1068,25 @@ def replay(settings: Settings, archives: tuple[Path, ...], start: float | None,
         raise click.BadParameter(f"--from {start!r} is after --to {end!r}",
                                  param_hint="--from")
     names = None if streams is None else [n.strip() for n in streams.split(",") if n.strip()]
-    def progress(done: int, total: int, seconds: float) -> None:
-        _progress(done, seconds, total)
     from psoup.spark import replay as replaying
-    run = partial(replaying.replay, streams=names, start=start, end=end, master=master,
-                  slice_rows=slice_rows, progress=progress if sys.stderr.isatty() else None,
-                  resume=resume, conf=spark_conf)
-    try:
-        if data_dir is not None:
-            from psoup.engine import Engine
+    where = str(data_dir) if data_dir is not None else server_option or settings.server
+    with Progress() as shown:
+        def progress(done: int, total: int, seconds: float) -> None:
+            shown.update(f"replayed {_rows_line(done, seconds, total)}")
+        run = partial(replaying.replay, streams=names, start=start, end=end, master=master,
+                      slice_rows=slice_rows, progress=progress, resume=resume,
+                      conf=spark_conf, notes=shown)
+        try:
+            if data_dir is not None:
+                from psoup.engine import Engine
 
-            with Engine(path=str(data_dir)) as engine:
-                report = run(archives, engine)
-            where = str(data_dir)
-        else:
-            where = server_option or settings.server
-            with _connected(where, token_option or settings.token) as client:
-                report = run(archives, client)
-    except ReplayError as exc:
-        raise Failure(replay_options(str(exc))) from None
-    if progress is not None:
-        click.echo("\r\033[K", nl=False, err=True)
+                with Engine(path=str(data_dir)) as engine:
+                    report = run(archives, engine)
+            else:
+                with _connected(where, token_option or settings.token) as client:
+                    report = run(archives, client)
+        except ReplayError as exc:
+            raise Failure(replay_options(str(exc))) from None
     into = ", ".join(f"{name} {rows:,}" for name, rows in report.streams.items()) or "none"
     click.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} replayed into {where}"
                + (f" ({into}; {report.rate:,.0f} rows/s)" if report.rows else "")

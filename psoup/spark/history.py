@@ -107,7 +107,7 @@ def evaluate_jobs(root: Path, jobs: Sequence[Job], master: str | None = None,
         master, conf: the Spark master and settings (psoup.spark.session.spark_session).
     """
     from psoup.spark.session import spark_session
-    spark = spark_session(master, conf)
+    spark = spark_session(master, conf, progress)
     if group is not None:
         spark.sparkContext.setJobGroup(group, "psoup history", interruptOnCancel=True)
     found = {}

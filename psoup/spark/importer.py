@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -100,8 +100,8 @@ def parse_columns(stream: str, text: str) -> list[tuple[str, ColumnType]]:
 def import_files(files: Sequence[str | Path], stream: str,
                  columns: Sequence[tuple[str, str]], into: str | Path,
                  ts_column: str = "ts", fmt: str | None = None,
-                 master: str | None = None, conf: Mapping[str, str] | None = None
-                 ) -> ImportReport:
+                 master: str | None = None, conf: Mapping[str, str] | None = None,
+                 progress: Callable[[str], None] | None = None) -> ImportReport:
     """Archive the rows of `files` as stream `stream` under the archive root `into`.
 
     Args:
@@ -116,6 +116,8 @@ def import_files(files: Sequence[str | Path], stream: str,
             (.gz, .bz2, .zst; psoup.formats), which Spark reads by the suffix.
         master: the Spark master URL (None: local[*], or the session already running).
         conf: Spark settings (psoup.spark.session.spark_session).
+        progress: hears each phase as it begins ("…") and what it found (Spark's
+            start, the rows read and checked, the rows written), for a person waiting.
 
     Raises:
         ArchiveError: a file that lacks a column or holds a value that does not fit
@@ -142,21 +144,28 @@ def import_files(files: Sequence[str | Path], stream: str,
     _check_archived_schema(archive, stream, declared)
     high, latest = archive.high_water(stream), archive.latest_ts(stream)
 
+    say = progress or (lambda message: None)
+    say(f"{len(files)} input file{'' if len(files) == 1 else 's'} checked (headers and "
+        "first rows)")
     from psoup.spark.session import spark_session
-    spark = spark_session(master, conf)
+    spark = spark_session(master, conf, progress)
+    say("reading and checking every row (a Spark job)…")
     typed = [_typed(spark, Path(f), i, fm, declared, ts_column)
              for i, (f, fm) in enumerate(zip(files, formats, strict=True))]
     frame = typed[0]
     for other in typed[1:]:
         frame = frame.unionByName(other)
     rows, first_ts = _checked(frame, [Path(f) for f in files], declared, ts_column)
+    say(f"{rows:,} row{'' if rows == 1 else 's'} read and checked")
     if rows == 0:
         return ImportReport(0, [], None, None, time.perf_counter() - began)
     if latest is not None and first_ts < latest:
         raise ArchiveError(f"{archive.root} holds stream '{stream}' up to ts {latest!r}, and "
                            f"the input begins at ts {first_ts!r}: an archived stream only "
                            "grows forward in time (import older data into another directory)")
+    say(f"sorting and writing {rows:,} rows (a Spark job)…")
     written = _write(frame, rows, stream, declared, schema, archive.root, high + 1)
+    say(f"{len(written)} part file{'' if len(written) == 1 else 's'} written")
     # the new part files' aggregate copies, beside the archive (psoup.archive.rollups)
     Rollups(archive.root, folder_for(archive.root)).build(stream)
     return ImportReport(rows, written, high + 1, high + rows, time.perf_counter() - began)

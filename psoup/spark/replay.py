@@ -557,7 +557,8 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
            start: float | None = None, end: float | None = None, master: str | None = None,
            slice_rows: int = SLICE_ROWS, batch_rows: int = BATCH_ROWS,
            progress: Callable[[int, int, float], None] | None = None,
-           resume: bool = False, conf: Mapping[str, str] | None = None) -> ReplayReport:
+           resume: bool = False, conf: Mapping[str, str] | None = None,
+           notes: Callable[[str], None] | None = None) -> ReplayReport:
     """Deliver the archived rows with start <= ts <= end to `target`, in (ts, archived
     tupleID) order over all the streams.
 
@@ -578,6 +579,8 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
         resume: continue exactly where the target stops (see `plan_replay`): after a
             refusal, or a replay that stopped part way, nothing is doubled or skipped,
             provided the target's rows at its latest ts came from this archive, in order.
+        notes: hears the phases (the archive checked: rows and part files to replay;
+            Spark's start), for a person waiting; `progress` counts the rows.
 
     Raises:
         ArchiveError: the archive failed a check (nothing was delivered).
@@ -604,9 +607,13 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
     began = time.perf_counter()
     plan = plan_replay(archives, target.stats()["streams"], streams, start, end, slice_rows,
                        resume)
+    if notes is not None:
+        parts = sum(len(p.parts) for p in plan.streams.values())
+        notes(f"archive checked: {plan.rows:,} row{'' if plan.rows == 1 else 's'} to replay "
+              f"from {parts:,} part file{'' if parts == 1 else 's'}")
     if plan.slices:
         from psoup.spark.session import spark_session
-        spark = spark_session(master, conf)
+        spark = spark_session(master, conf, notes)
     for stream in plan.streams.values():
         if stream.create:
             target.create_stream(stream.name, stream.columns)

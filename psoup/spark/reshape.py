@@ -75,7 +75,7 @@ def reshape(root: str | Path, streams: Sequence[str] | None = None,
     rows = 0
     if todo:
         from psoup.spark.session import spark_session
-        spark = spark_session(master, conf)
+        spark = spark_session(master, conf, progress)
         try:
             counts = (spark.sparkContext.parallelize([str(p) for p in todo], len(todo))
                       .map(rewrite_part).collect())

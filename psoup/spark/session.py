@@ -17,7 +17,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -182,9 +183,12 @@ def spark_settings(master: str | None = None,
     return settings
 
 
-def spark_session(master: str | None = None, conf: Mapping[str, str] | None = None) -> Any:
+def spark_session(master: str | None = None, conf: Mapping[str, str] | None = None,
+                  progress: Callable[[str], None] | None = None) -> Any:
     """The process's SparkSession, started on first use with `spark_settings(master,
-    conf)` (default master local[*]; UI off, Arrow on, UTC).
+    conf)` (default master local[*]; UI off, Arrow on, UTC). When this call starts it,
+    `progress` hears "starting Spark (MASTER)…" before and "Spark started in N s" after
+    (the start takes tens of seconds).
 
     A process has one session. Once it runs, a `master` or a `conf` value other than
     the one it started with is refused, never silently ignored.
@@ -209,6 +213,9 @@ def spark_session(master: str | None = None, conf: Mapping[str, str] | None = No
         # cluster, PYSPARK_PYTHON names the workers' interpreter
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         settings = spark_settings(master, conf)
+        began = time.perf_counter()
+        if progress is not None:
+            progress(f"starting Spark ({settings['spark.master']})…")
         try:
             spark_conf = SparkConf().setAll(list(settings.items()))
             if SparkContext._active_spark_context is None:
@@ -232,6 +239,8 @@ def spark_session(master: str | None = None, conf: Mapping[str, str] | None = No
                 _session.stop()             # no session without psoup on its executors
                 _session = None
                 raise
+        if progress is not None:
+            progress(f"Spark started in {time.perf_counter() - began:.0f} s")
         return _session
 
 
@@ -334,6 +343,25 @@ def group_progress(group: str) -> tuple[int, int] | None:
                     total += stage.numTasks
         return done, total
     except Exception:               # the session stopping meanwhile: no progress to say
+        return None
+
+
+def running_tasks() -> tuple[int, int] | None:
+    """(tasks done, tasks) of the Spark stages running now, from Spark's status tracker;
+    None when no session runs (or one is starting) or Spark cannot say."""
+    session = _session
+    if session is None:
+        return None
+    try:
+        tracker = session.sparkContext.statusTracker()
+        done = total = 0
+        for stage_id in tracker.getActiveStageIds():
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None:
+                done += stage.numCompletedTasks
+                total += stage.numTasks
+        return done, total
+    except Exception:               # the session stopping meanwhile: nothing to say
         return None
 
 
