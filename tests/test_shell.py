@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
@@ -22,6 +24,8 @@ from psoup.server import Server
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "psoup> "
 TIMEOUT = 60
+#: The shell on an in-memory engine, whatever listens at the default address.
+SHELL = ("shell", "--in-memory")
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -30,12 +34,14 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "PYTHONPATH": str(ROOT), "INPUTRC": "/dev/null"}
 
 
-def _spawn(tmp_path: Path, *args: str) -> pexpect.spawn[str]:
+def _spawn(tmp_path: Path, *args: str, banner: str = "") -> pexpect.spawn[str]:
     # Ctrl-C must reach the shell even when the test runner was started in the
     # background (a shell's `cmd &` ignores SIGINT and SIGQUIT, and a child inherits that)
     child = pexpect.spawn(sys.executable, ["-m", "psoup.cli.main", *args], cwd=str(ROOT),
                           env=_env(tmp_path), encoding="utf-8", timeout=TIMEOUT,
                           dimensions=(40, 200), preexec_fn=_default_signals)
+    if banner:
+        child.expect_exact(banner)
     child.expect_exact(PROMPT)
     return child
 
@@ -71,7 +77,7 @@ def readings(tmp_path: Path) -> Path:
 
 
 def test_a_session_creates_ingests_registers_and_invokes(tmp_path: Path, readings: Path) -> None:
-    child = _spawn(tmp_path, "shell")
+    child = _spawn(tmp_path, *SHELL)
     _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
     _run(child, f"\\ingest traffic {readings}", "3 rows into traffic")
     out = _run(child, "SELECT speed FROM traffic WHERE lane = 3;")
@@ -86,7 +92,7 @@ def test_a_session_creates_ingests_registers_and_invokes(tmp_path: Path, reading
 
 
 def test_a_statement_may_span_lines(tmp_path: Path) -> None:
-    child = _spawn(tmp_path, "shell")
+    child = _spawn(tmp_path, *SHELL)
     _run(child, "CREATE STREAM r (a INT);", "CREATE STREAM")
     child.sendline("SELECT a")
     child.expect_exact("...> ")
@@ -99,7 +105,7 @@ def test_a_statement_may_span_lines(tmp_path: Path) -> None:
 
 
 def test_an_error_is_one_line_and_the_shell_goes_on(tmp_path: Path) -> None:
-    child = _spawn(tmp_path, "shell")
+    child = _spawn(tmp_path, *SHELL)
     _run(child, "SELECT a FROM nowhere;", "error: ", "nowhere")
     _run(child, "\\nonsense", "error: unknown command \\nonsense")
     _run(child, "CREATE STREAM r (a INT);", "CREATE STREAM")
@@ -110,7 +116,7 @@ def test_an_error_is_one_line_and_the_shell_goes_on(tmp_path: Path) -> None:
 
 
 def test_format_and_timing_change_the_output(tmp_path: Path) -> None:
-    child = _spawn(tmp_path, "shell")
+    child = _spawn(tmp_path, *SHELL)
     _run(child, "CREATE STREAM r (a INT, b TEXT);", "CREATE STREAM")
     _run(child, "\\format csv", "format csv")
     _run(child, "SHOW STREAMS;", "stream,columns,retain", 'r,"a INT, b TEXT"')
@@ -121,7 +127,7 @@ def test_format_and_timing_change_the_output(tmp_path: Path) -> None:
 
 
 def test_tab_completes_stream_and_column_names(tmp_path: Path) -> None:
-    child = _spawn(tmp_path, "shell")
+    child = _spawn(tmp_path, *SHELL)
     _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
     child.send("SELECT spe\tFROM tra\t;\r")
     child.expect_exact("SELECT speed FROM traffic ;")
@@ -133,14 +139,14 @@ def test_tab_completes_stream_and_column_names(tmp_path: Path) -> None:
 
 
 def test_history_is_kept_across_sessions_for_the_owner_only(tmp_path: Path) -> None:
-    child = _spawn(tmp_path, "shell")
+    child = _spawn(tmp_path, *SHELL)
     _run(child, "SHOW STREAMS;", "(0 streams)")
     child.sendeof()
     child.expect(pexpect.EOF)
     history = tmp_path / "config" / "shell_history"
     assert "SHOW STREAMS;" in history.read_text()
     assert stat.S_IMODE(history.stat().st_mode) == 0o600
-    again = _spawn(tmp_path, "shell")
+    again = _spawn(tmp_path, *SHELL)
     again.send("\x1b[A")                    # up arrow: the last line of the last session
     again.sendline("")
     again.expect_exact("(0 streams)")
@@ -171,7 +177,7 @@ def test_a_data_dir_keeps_streams_and_queries_between_shells(tmp_path: Path) -> 
 
 def test_a_script_on_stdin_runs_and_a_failure_sets_the_exit_code(tmp_path: Path) -> None:
     script = "CREATE STREAM r (a INT);\nSELECT b FROM r;\n\\streams\n"
-    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "shell"], input=script,
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL], input=script,
                           capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
                           timeout=TIMEOUT)
     assert done.returncode == 1
@@ -187,7 +193,7 @@ def test_plain_psoup_without_a_terminal_prints_its_help(tmp_path: Path) -> None:
 
 
 def test_watch_shows_the_answer_until_ctrl_c(tmp_path: Path, readings: Path) -> None:
-    child = _spawn(tmp_path, "shell")
+    child = _spawn(tmp_path, *SHELL)
     _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
     _run(child, "SELECT speed FROM traffic WHERE lane = 3;")
     child.sendline("\\watch 0.2s")
@@ -220,3 +226,65 @@ def test_against_a_server_names_from_the_handle_store_work(
         assert HandleStore().lookup("big") is None
     finally:
         server.stop()
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A server in this process with a stream r and a query named 'big' on it."""
+    monkeypatch.setenv("PSOUP_CONFIG_DIR", str(tmp_path / "config"))
+    running = Server(Engine(), port=0, token="t0k3n")
+    host, port = running.start_in_thread()
+    address = f"{host}:{port}"
+    try:
+        runner = CliRunner()
+        for args in (["stream", "create", "r", "a INT"],
+                     ["register", "SELECT a FROM r WHERE a > 1", "--name", "big"]):
+            done = runner.invoke(main, ["--server", address, "--token", "t0k3n", *args])
+            assert done.exit_code == 0, done.output
+        yield address
+    finally:
+        running.stop()
+
+
+def test_the_shell_says_which_server_and_takes_server_on_the_subcommand(
+        tmp_path: Path, server: str) -> None:
+    child = _spawn(tmp_path, "--token", "t0k3n", "shell", "--server", server,
+                   banner=f"psoup shell on the server at {server};")
+    _run(child, "\\invoke big", "(0 rows)")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+
+
+def test_the_shell_uses_the_default_server_when_one_answers(server: str) -> None:
+    done = CliRunner().invoke(main, ["--token", "t0k3n", "shell", "-c", "\\streams"],
+                              default_map={"server": server})
+    assert done.exit_code == 0, done.output
+    assert "(1 stream)" in done.stdout
+
+
+def test_without_a_server_the_shell_runs_an_in_memory_engine(tmp_path: Path) -> None:
+    with socket.socket() as probe:          # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    done = CliRunner().invoke(main, ["shell", "-c", "CREATE STREAM s (a INT)", "-c",
+                                     "\\streams"], default_map={"server": address})
+    assert done.exit_code == 0, done.output
+    assert "CREATE STREAM" in done.stdout and "(1 stream)" in done.stdout
+    child = _spawn(tmp_path, *SHELL, banner="psoup shell on an in-memory engine;")
+    child.sendline("\\quit")
+    child.expect(pexpect.EOF)
+
+
+def test_c_and_f_run_commands_then_leave(tmp_path: Path) -> None:
+    script = tmp_path / "script.sql"
+    script.write_text("SELECT a\nFROM r;\n\\queries\n")
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL, "-c",
+                           "CREATE STREAM r (a INT);", "-f", str(script)],
+                          capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
+                          timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("CREATE STREAM\n") and "(1 standing query)" in done.stdout
+    failed = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL, "-c",
+                             "SELECT a FROM nowhere"], capture_output=True, text=True,
+                            env=_env(tmp_path), cwd=ROOT, timeout=TIMEOUT)
+    assert failed.returncode == 1 and failed.stderr.startswith("error: ")

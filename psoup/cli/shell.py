@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import click
 
@@ -462,15 +462,23 @@ def _exactly(name: str, args: list[str], what: str) -> list[str]:
     return args
 
 
-def run_shell(backend: Any, server: str | None, where: str, stdin: TextIO | None = None) -> int:
-    """Run a shell on `backend`: interactive on a terminal, else a script from `stdin`
-    (default: the process's).
+def run_shell(backend: Any, server: str | None, where: str, stdin: TextIO | None = None,
+              commands: tuple[str, ...] = (), script: IO[str] | None = None) -> int:
+    """Run a shell on `backend`: the `commands` (each one statement or meta-command),
+    then the `script`, when there are any; else interactive on a terminal, else a script
+    from `stdin` (default: the process's). `where` names the backend in the banner.
 
     Returns:
         The exit code: 0, or 1 when a command of a script failed.
     """
     stdin = stdin or sys.stdin
     session = Session(backend, server, click.echo, _warn)
+    if commands or script is not None:
+        for command in commands:
+            session.run(iter(command.splitlines()))
+        if script is not None:
+            session.run(iter(script))
+        return 1 if session.failures else 0
     if stdin.isatty() and sys.stdout.isatty():
         click.echo(f"psoup shell on {where}; statements end with ';', \\help for help, "
                    "Ctrl-D leaves")
