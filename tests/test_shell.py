@@ -288,3 +288,17 @@ def test_c_and_f_run_commands_then_leave(tmp_path: Path) -> None:
                              "SELECT a FROM nowhere"], capture_output=True, text=True,
                             env=_env(tmp_path), cwd=ROOT, timeout=TIMEOUT)
     assert failed.returncode == 1 and failed.stderr.startswith("error: ")
+
+
+def test_help_quit_and_exit_need_no_backslash(tmp_path: Path) -> None:
+    child = _spawn(tmp_path, *SHELL)
+    _run(child, "help", "\\watch", "(or quit, exit, Ctrl-D)")
+    child.sendline("exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL],
+                          input="CREATE STREAM r (a INT);\nQUIT;\nSHOW STREAMS;\n",
+                          capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
+                          timeout=TIMEOUT)
+    assert done.returncode == 0 and done.stdout == "CREATE STREAM\n", done

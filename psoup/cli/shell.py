@@ -67,11 +67,13 @@ or left out for the query registered last):
   \\unregister [HANDLE]     drop a standing query
   \\format table|csv|json   how answers are printed (now: {fmt})
   \\timing                  print each command's time (now: {timing})
-  \\help                    this text
-  \\quit                    leave (or Ctrl-D)"""
+  \\help                    this text (or help)
+  \\quit                    leave (or quit, exit, Ctrl-D)"""
 
 _META = ("\\streams", "\\queries", "\\describe", "\\ingest", "\\invoke", "\\changes",
          "\\watch", "\\unregister", "\\format", "\\timing", "\\help", "\\quit", "\\q")
+#: Words that, alone on a line outside a statement, are meta-commands (as in psql).
+_BARE = {"help": "\\help", "quit": "\\quit", "exit": "\\quit"}
 _TAKES_STREAM = ("\\describe", "\\ingest")
 _TAKES_HANDLE = ("\\invoke", "\\changes", "\\watch", "\\unregister")
 
@@ -349,17 +351,23 @@ class Session:
 
 
 def statements(lines: Iterator[str]) -> Iterator[str]:
-    """Group input lines into commands: a meta-command is one line starting with `\\`,
-    a statement runs to the `;` that ends a line (its lines joined by newlines).
+    """Group input lines into commands: a meta-command is one line starting with `\\`
+    (or `help`, `quit` or `exit` alone), a statement runs to the `;` that ends a line
+    (its lines joined by newlines).
 
     Example:
         >>> list(statements(iter(["SHOW", "STREAMS;", "\\\\timing", "", "DESCRIBE R;"])))
         ['SHOW\\nSTREAMS;', '\\\\timing', 'DESCRIBE R;']
+        >>> list(statements(iter(["help", "exit;"])))
+        ['\\\\help', '\\\\quit']
     """
     pending: list[str] = []
     for line in lines:
         text = line.strip()
         if not pending and (not text or text.startswith("--")):
+            continue
+        if not pending and (bare := bare_command(text)) is not None:
+            yield bare
             continue
         if not pending and text.startswith("\\"):
             yield text
@@ -370,6 +378,16 @@ def statements(lines: Iterator[str]) -> Iterator[str]:
             pending = []
     if pending and "".join(pending).strip():
         yield "\n".join(pending).strip()
+
+
+def bare_command(text: str) -> str | None:
+    """The meta-command a line of `help`, `quit` or `exit` (any case, `;` or not) means.
+
+    Example:
+        >>> bare_command("Quit;"), bare_command("quit now")
+        ('\\\\quit', None)
+    """
+    return _BARE.get(text.strip().rstrip(";").strip().lower())
 
 
 def history_path() -> Path:
@@ -419,7 +437,7 @@ def _prompted(readline: Any, prompt: str, more: str) -> Iterator[str]:
             continue
         for line in typed.split("\n"):         # a bracketed paste arrives as one "line"
             text = line.strip()
-            if not pending and (text.startswith("\\") or not text):
+            if not pending and (text.startswith("\\") or not text or bare_command(text)):
                 yield line
                 started = readline.get_current_history_length()
                 continue
