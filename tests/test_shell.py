@@ -302,3 +302,43 @@ def test_help_quit_and_exit_need_no_backslash(tmp_path: Path) -> None:
                           capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
                           timeout=TIMEOUT)
     assert done.returncode == 0 and done.stdout == "CREATE STREAM\n", done
+
+
+def test_invoke_limits_and_pages_a_table_on_a_terminal_as_psoup_invoke_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    import click
+
+    import psoup.cli.shell as shell
+
+    printed: list[str] = []
+    paged: list[str] = []
+    monkeypatch.setattr(click, "echo_via_pager", paged.append)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda: os.terminal_size((80, 40)))
+    with Engine() as engine:
+        session = shell.Session(engine, None, printed.append, printed.append, terminal=True)
+        session.run(iter(["CREATE STREAM r (a INT);", "SELECT a FROM r;"]))
+        engine.insert("r", [(i,) for i in range(150)], ts=[float(i) for i in range(150)])
+        session.run_one("\\invoke")
+        assert "(150 rows, first 100 shown; --limit 0 for all)" in paged.pop()
+        session.run_one("\\invoke --limit 5")
+        assert printed[-1].endswith("(150 rows, first 5 shown; --limit 0 for all)")
+        session.run_one("\\invoke --limit 0")
+        assert paged.pop().endswith("(150 rows)\n")
+        session.run_one("\\invoke --limit many")
+        assert printed[-1] == "error: --limit takes a number of rows (0: all)"
+        session.terminal = False
+        session.run_one("\\invoke")
+        assert printed[-1].endswith("(150 rows)") and not paged
+
+
+def test_show_queries_prints_sql_on_one_line(tmp_path: Path) -> None:
+    child = _spawn(tmp_path, *SHELL)
+    _run(child, "CREATE STREAM r (a INT);", "CREATE STREAM")
+    child.sendline("SELECT a")
+    child.expect_exact("...> ")
+    _run(child, "  FROM r  WHERE a > 1;")
+    _run(child, "SHOW QUERIES;", "SELECT a FROM r WHERE a > 1", "(1 standing query)")
+    child.sendeof()
+    child.expect(pexpect.EOF)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ import click
 from psoup.cli.handles import HandleStore
 from psoup.cli.output import (
     FORMATS,
+    one_line,
     render_changes,
     render_poll,
     render_record,
@@ -61,8 +63,10 @@ or left out for the query registered last):
   \\queries                 the standing queries
   \\describe STREAM         one stream (DESCRIBE)
   \\ingest STREAM FILE      append the rows of a CSV, JSON lines or Parquet file
-  \\invoke [HANDLE]         the query's current answer
+  \\invoke [HANDLE]         the query's current answer; on a terminal a table shows
+                           the first 100 rows (--limit N: N, 0: all), paged if long
   \\changes [HANDLE]        what entered (+) and left (-) the answer since the last look
+                           (--limit N as for \\invoke)
   \\watch [HANDLE] [2s]     the answer, then its changes at every interval; Ctrl-C stops
   \\unregister [HANDLE]     drop a standing query
   \\format table|csv|json   how answers are printed (now: {fmt})
@@ -91,6 +95,9 @@ class Session:
         server: "host:port" of the server, None for an embedded engine; names from the
             handle store resolve only on the server they were registered on.
         echo: prints a line of output; `warn` one of errors.
+        terminal: whether a person reads the output on a terminal: then, as with
+            `psoup invoke`, a table shows at most DEFAULT_LIMIT rows unless `--limit`
+            says otherwise, and one taller than the terminal goes through a pager.
     """
 
     backend: Any
@@ -99,6 +106,7 @@ class Session:
     warn: Callable[[str], None]
     fmt: str = "table"
     timing: bool = False
+    terminal: bool = False
     last_handle: str | None = None
     failures: int = 0
     _cursors: dict[str, str | None] = field(default_factory=dict)
@@ -184,18 +192,44 @@ class Session:
         if name == "\\watch":
             self._watch(args)
             return
+        shown = self._limit(args) if name != "\\unregister" else None
         handle = self._handle(args)
         if name == "\\invoke":
             answer = self.backend.invoke(handle)
             self._cursors[handle] = answer.cursor
             self._remember_cursor(handle, answer.cursor)
-            self.echo(render_result(answer, self.fmt))
+            if self.fmt != "table" and shown is not None and len(answer) > shown:
+                self.warn(f"note: {len(answer):,} rows, first {shown:,} printed; "
+                          "--limit 0 for all")
+            self._page(render_result(answer, self.fmt, limit=shown))
         elif name == "\\changes":
-            self._changes(handle)
+            self._changes(handle, shown)
         else:
             self.backend.unregister(handle)
             self._forget(handle)
             self.echo(f"unregistered {handle}")
+
+    def _limit(self, args: list[str]) -> int | None:
+        """The most rows to print (None: all), as `psoup invoke` decides it; takes a
+        `--limit N` out of `args`."""
+        from psoup.cli.main import DEFAULT_LIMIT
+
+        if "--limit" not in args:
+            return DEFAULT_LIMIT if self.fmt == "table" and self.terminal else None
+        at = args.index("--limit")
+        if at + 1 == len(args) or not args[at + 1].isdigit():
+            raise ShellError("--limit takes a number of rows (0: all)")
+        limit = int(args[at + 1])
+        del args[at:at + 2]
+        return limit or None
+
+    def _page(self, text: str) -> None:
+        """Print `text`, through a pager when it is a table taller than the terminal."""
+        if (self.fmt == "table" and self.terminal and
+                text.count("\n") + 2 > shutil.get_terminal_size().lines):
+            click.echo_via_pager(text + "\n")
+        else:
+            self.echo(text)
 
     def _setting(self, name: str, args: list[str]) -> None:
         """\\help, and the session's settings: \\format and \\timing."""
@@ -216,12 +250,13 @@ class Session:
         by_handle = {e["handle"]: n for n, e in names.items()}
         rows = [(by_handle.get(h, ""), h, sql) for h, sql in self.backend.queries()]
         if self.fmt == "table":
-            self.echo(table(["name", "handle", "sql"], rows) + f"\n({len(rows)} standing "
+            shown = [(n, h, one_line(sql)) for n, h, sql in rows]
+            self.echo(table(["name", "handle", "sql"], shown) + f"\n({len(rows)} standing "
                       f"quer{'y' if len(rows) == 1 else 'ies'})")
         else:
             self.echo(render_records("queries", ["name", "handle", "sql"], rows, self.fmt))
 
-    def _changes(self, handle: str) -> None:
+    def _changes(self, handle: str, shown: int | None) -> None:
         from psoup.cli.polling import changes_since
 
         changes, reason = changes_since(self.backend, handle, self._cursor(handle), None)
@@ -229,7 +264,7 @@ class Session:
         self._remember_cursor(handle, changes.cursor)
         if reason is not None and self.fmt == "table":
             self.warn(f"note: {reason}; showing the whole answer as inserted rows")
-        self.echo(render_changes(changes, self.fmt, reset=reason is not None))
+        self._page(render_changes(changes, self.fmt, reset=reason is not None, limit=shown))
 
     def _watch(self, args: list[str]) -> None:
         from psoup.cli.polling import Interval, changes_since
@@ -498,6 +533,7 @@ def run_shell(backend: Any, server: str | None, where: str, stdin: TextIO | None
             session.run(iter(script))
         return 1 if session.failures else 0
     if stdin.isatty() and sys.stdout.isatty():
+        session.terminal = True
         click.echo(f"psoup shell on {where}; statements end with ';', \\help for help, "
                    "Ctrl-D leaves")
         interactive(session)
