@@ -342,3 +342,14 @@ def test_show_queries_prints_sql_on_one_line(tmp_path: Path) -> None:
     _run(child, "SHOW QUERIES;", "SELECT a FROM r WHERE a > 1", "(1 standing query)")
     child.sendeof()
     child.expect(pexpect.EOF)
+
+
+def test_a_caret_points_at_the_error(tmp_path: Path) -> None:
+    script = "CREATE STREAM r (a INT);\nSELECT a\n  FROM r WHERE b = 1;\n\\describe nowhere\n"
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL], input=script,
+                          capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
+                          timeout=TIMEOUT)
+    errors = done.stderr.splitlines()
+    assert errors[0].startswith("error: line 2, column 16: unknown column 'b'"), errors
+    assert errors[1:3] == ["  FROM r WHERE b = 1;", " " * 15 + "^"]
+    assert errors[3].startswith("error: ") and len(errors) == 4   # no caret for \\describe

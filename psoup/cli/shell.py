@@ -134,6 +134,9 @@ class Session:
             message = exc.message if isinstance(exc, click.ClickException) else \
                 (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
             self.warn(f"error: {' '.join(message.split())}")
+            if not command.startswith("\\"):
+                for line in caret(command, message):
+                    self.warn(line)
         except KeyboardInterrupt:
             self.warn("interrupted")
         if self.timing:
@@ -413,6 +416,24 @@ def statements(lines: Iterator[str]) -> Iterator[str]:
             pending = []
     if pending and "".join(pending).strip():
         yield "\n".join(pending).strip()
+
+
+def caret(statement: str, message: str) -> list[str]:
+    """The line of `statement` an error `message` ("line L, column C: ...") points at,
+    and a caret under that column; nothing when the message names no position.
+
+    Example:
+        >>> print("\\n".join(caret("SELECT a\\n FROM nowhere;", "line 2, column 7: unknown")))
+         FROM nowhere;
+              ^
+    """
+    found = re.match(r"line (\d+), column (\d+): ", message)
+    lines = statement.split("\n")
+    if found is None or not 0 < int(found[1]) <= len(lines):
+        return []
+    text = lines[int(found[1]) - 1]
+    before = text[:int(found[2]) - 1]
+    return [text, "".join(c if c == "\t" else " " for c in before) + "^"]
 
 
 def bare_command(text: str) -> str | None:
