@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -353,3 +354,27 @@ def test_a_caret_points_at_the_error(tmp_path: Path) -> None:
     assert errors[0].startswith("error: line 2, column 16: unknown column 'b'"), errors
     assert errors[1:3] == ["  FROM r WHERE b = 1;", " " * 15 + "^"]
     assert errors[3].startswith("error: ") and len(errors) == 4   # no caret for \\describe
+
+
+def test_ctrl_c_during_a_registration_still_prints_the_handle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import psoup.cli.shell as shell
+
+    printed: list[str] = []
+    with Engine() as engine:
+        session = shell.Session(engine, None, printed.append, printed.append)
+        session.run_one("CREATE STREAM r (a INT);")
+        register = engine.execute
+
+        def interrupted(sql: str) -> object:
+            os.kill(os.getpid(), signal.SIGINT)     # Ctrl-C while the engine works
+            return register(sql)
+
+        monkeypatch.setattr(engine, "execute", interrupted)
+        assert session.run_one("SELECT a FROM r;")
+        assert printed[-2] == "note: finishing this command; it cannot stop half way"
+        assert printed[-1] == session.last_handle
+        assert [h for h, _ in engine.queries()] == [session.last_handle]
+    with pytest.raises(KeyboardInterrupt):      # Ctrl-C works again after it
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)

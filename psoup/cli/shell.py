@@ -20,7 +20,9 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -149,7 +151,8 @@ class Session:
         self._catalog = None
         words = re.findall(r"\w+", sql.upper())
         gone_before = self._handles() if words[:2] == ["DROP", "STREAM"] else set()
-        answer = self.backend.execute(sql)
+        with self._whole():
+            answer = self.backend.execute(sql)
         if isinstance(answer, str):
             self.last_handle = answer
             self.echo(answer)
@@ -208,9 +211,31 @@ class Session:
         elif name == "\\changes":
             self._changes(handle, shown)
         else:
-            self.backend.unregister(handle)
+            with self._whole():
+                self.backend.unregister(handle)
             self._forget(handle)
             self.echo(f"unregistered {handle}")
+
+    @contextlib.contextmanager
+    def _whole(self) -> Iterator[None]:
+        """Hold Ctrl-C back until the block ends: a statement or an unregistration cut
+        short would leave the catalog changed with nothing said (a query registered,
+        its handle never printed), and an engine or a connection in an unknown state."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        pressed: list[int] = []
+
+        def hold(signum: int, frame: object) -> None:
+            if not pressed:
+                self.warn("note: finishing this command; it cannot stop half way")
+            pressed.append(signum)
+
+        before = signal.signal(signal.SIGINT, hold)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, before)
 
     def _limit(self, args: list[str]) -> int | None:
         """The most rows to print (None: all), as `psoup invoke` decides it; takes a
