@@ -378,3 +378,23 @@ def test_ctrl_c_during_a_registration_still_prints_the_handle(
     with pytest.raises(KeyboardInterrupt):      # Ctrl-C works again after it
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
+
+
+def test_tab_completes_streams_after_from_and_files_after_ingest(
+        tmp_path: Path, readings: Path) -> None:
+    child = _spawn(tmp_path, *SHELL)
+    _run(child, "CREATE STREAM traffic (lane INT, speed FLOAT);", "CREATE STREAM")
+    child.send("SELECT lane FROM tr\t;\r")          # not `true`
+    child.expect_exact("SELECT lane FROM traffic ;")
+    child.expect(r"[0-9a-f]{40}")
+    child.expect_exact(PROMPT)
+    (tmp_path / "more").mkdir()
+    child.send(f"\\ingest traffic {tmp_path}/mo\t")    # a directory: no space after it
+    child.expect_exact(f"{tmp_path}/more/")
+    child.send("\x15")                                 # Ctrl-U: start the line again
+    child.send(f"\\ingest traffic {tmp_path}/ro\t\r")
+    child.expect_exact(f"{readings} ")
+    child.expect_exact("3 rows into traffic")
+    child.expect_exact(PROMPT)
+    child.sendeof()
+    child.expect(pexpect.EOF)

@@ -17,6 +17,7 @@ keeps a history across sessions; without one, the shell reads a script from stdi
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import shutil
@@ -81,6 +82,8 @@ _META = ("\\streams", "\\queries", "\\describe", "\\ingest", "\\invoke", "\\chan
 #: Words that, alone on a line outside a statement, are meta-commands (as in psql).
 _BARE = {"help": "\\help", "quit": "\\quit", "exit": "\\quit"}
 _TAKES_STREAM = ("\\describe", "\\ingest")
+#: The keywords that start a part of a statement, for completion to know where it is.
+_CLAUSES = ("SELECT", "FROM", "WHERE", "GROUP", "BEGIN", "END", "TABLESAMPLE")
 _TAKES_HANDLE = ("\\invoke", "\\changes", "\\watch", "\\unregister")
 
 
@@ -373,23 +376,31 @@ class Session:
     # ------------------------------------------------------------------ completion
 
     def candidates(self, line: str, word: str) -> list[str]:
-        """What TAB offers for `word`, the last word of `line`: meta-commands, stream,
-        column and handle names, keywords (in the case the word is typed in).
+        """What TAB offers for `word`, the last word of `line`: meta-commands; stream
+        names where a stream goes (after FROM, DESCRIBE, DROP STREAM, \\describe,
+        \\ingest); file names after `\\ingest STREAM`; column names (of the streams the
+        statement names, if any) and keywords (in the case the word is typed in)
+        elsewhere in a statement; handles and names after the meta-commands that take
+        one.
 
         Example:
             >>> from psoup import Engine
             >>> s = Session(Engine(), None, print, print)
-            >>> s.run_one("CREATE STREAM traffic (lane INT, speed FLOAT);")
+            >>> s.run_one("CREATE STREAM traffic (lane INT, speed FLOAT, trend TEXT);")
             CREATE STREAM
             True
             >>> s.candidates("SELECT sp", "sp"), s.candidates("select * fr", "fr")
             (['speed'], ['from'])
-            >>> s.candidates("\\\\describe t", "t")
-            ['traffic']
+            >>> s.candidates("SELECT speed FROM tr", "tr"), s.candidates("\\\\describe t", "t")
+            (['traffic'], ['traffic'])
+            >>> s.candidates("SELECT * FROM traffic WHERE tr", "tr")
+            ['trend', 'true']
         """
         head = line.split()[0] if line.split() else ""
         if line.startswith("\\") and (line == word or " " not in line):
             names: list[str] = list(_META)
+        elif head == "\\ingest" and len(line.split()) - (line[-1:] != " ") >= 2:
+            return _paths(word)
         elif head in _TAKES_STREAM:
             names = list(self._streams())
         elif head in _TAKES_HANDLE:
@@ -397,12 +408,25 @@ class Session:
         elif line.startswith("\\"):
             names = list(FORMATS) if head == "\\format" else []
         else:
-            streams = self._streams()
-            columns = sorted({c for cols in streams.values() for c in cols} | {"ts", "tupleID"})
-            keywords = [k if word[:1].isupper() or not word else k.lower() for k in KEYWORDS]
-            names = list(streams) + columns + keywords
+            names = self._in_statement(line[:len(line) - len(word)], word)
         return sorted({n for n in names if n.startswith(word)} or
                       {n for n in names if n.lower().startswith(word.lower())})
+
+    def _in_statement(self, before: str, word: str) -> list[str]:
+        """The names that may come next in a statement after the text `before`."""
+        words = re.findall(r"\w+|,", before)
+        upper = [w.upper() for w in words]
+        streams = self._streams()
+        clauses = [w for w in upper if w in _CLAUSES]
+        in_from = clauses[-1:] == ["FROM"] and upper[-1:] in (["FROM"], [","])
+        if in_from or upper[-1:] == ["DESCRIBE"] or upper[-2:] == ["DROP", "STREAM"]:
+            return list(streams)
+        if upper[-2:] == ["CREATE", "STREAM"]:
+            return []
+        named = [streams[w] for w in words if w in streams] or list(streams.values())
+        columns = sorted({c for cols in named for c in cols} | {"ts", "tupleID"})
+        keywords = [k if word[:1].isupper() or not word else k.lower() for k in KEYWORDS]
+        return columns + keywords
 
     def _streams(self) -> dict[str, list[str]]:
         """stream -> column names, from SHOW STREAMS, cached until the next statement."""
@@ -544,11 +568,20 @@ def _completer(session: Session, readline: Any) -> Callable[[str, int], str | No
                 found[:] = session.candidates(line, word)
             except Exception:       # a completion must never end the shell
                 found[:] = []
-            if len(found) == 1:
-                found[0] += " "
+            if len(found) == 1 and not found[0].endswith("/"):
+                found[0] += " "         # a directory's name goes on with a file's
         return found[state] if state < len(found) else None
 
     return complete
+
+
+def _paths(word: str) -> list[str]:
+    """The files and directories (these ending in `/`) whose names start with `word`."""
+    found = []
+    for path in glob.glob(glob.escape(os.path.expanduser(word)) + "*"):
+        shown = word + path[len(os.path.expanduser(word)):]
+        found.append(shown + "/" if os.path.isdir(path) else shown)
+    return sorted(found)
 
 
 def _one(name: str, args: list[str], what: str) -> str:
