@@ -398,3 +398,38 @@ def test_tab_completes_streams_after_from_and_files_after_ingest(
     child.expect_exact(PROMPT)
     child.sendeof()
     child.expect(pexpect.EOF)
+
+
+def test_o_sends_answers_to_a_file_i_runs_one_and_x_shows_records(tmp_path: Path) -> None:
+    import psoup.cli.shell as shell
+
+    printed: list[str] = []
+    script = tmp_path / "script.sql"
+    script.write_text("CREATE STREAM r (a INT, b TEXT);\nSELECT a, b\n FROM r;\n\\quit\n")
+    out = tmp_path / "out.txt"
+    with Engine() as engine:
+        session = shell.Session(engine, None, printed.append, printed.append)
+        assert not session.run_one(f"\\i {script}")         # its \quit leaves the shell
+        engine.insert("r", [(1, "x"), (2, "y")], ts=[0.0, 1.0])
+        session.run(iter([f"\\o {out}", "\\invoke", "\\x", "\\invoke", "\\o", "\\streams"]))
+        assert printed[:3] == ["CREATE STREAM", session.last_handle,
+                               f"output to {out}"]
+        assert printed[3:5] == ["expanded display on", "output here"]
+        assert re.match(r"-\[ RECORD 1 \]-\nstream +r\ncolumns +a INT, b TEXT\n", printed[5])
+        assert printed[5].endswith("\n(1 stream)")
+        assert out.read_text() == (
+            "ts                        a  b\n"
+            "--                        -  -\n"
+            "1970-01-01T00:00:00.000Z  1  x\n"
+            "1970-01-01T00:00:01.000Z  2  y\n"
+            "(2 rows)\n"
+            "-[ RECORD 1 ]-\n"
+            "ts  1970-01-01T00:00:00.000Z\na   1\nb   x\n"
+            "-[ RECORD 2 ]-\n"
+            "ts  1970-01-01T00:00:01.000Z\na   2\nb   y\n"
+            "(2 rows)\n")
+        session.run_one(f"\\i {tmp_path / 'missing.sql'}")
+        assert printed[-1] == "error: No such file or directory"
+        script.write_text(f"\\i {script}\n")
+        session.run_one(f"\\i {script}")
+        assert printed[-1] == "error: \\i nested 16 deep: does a file include itself?"

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TextIO
@@ -74,14 +74,22 @@ or left out for the query registered last):
   \\unregister [HANDLE]     drop a standing query
   \\format table|csv|json   how answers are printed (now: {fmt})
   \\timing                  print each command's time (now: {timing})
+  \\x                       show each row of a table as a record (now: {expanded})
+  \\o [FILE]                send answers and tables to FILE (emptied first); \\o: here
+  \\i FILE                  run the statements and meta-commands in FILE
   \\help                    this text (or help)
   \\quit                    leave (or quit, exit, Ctrl-D)"""
 
 _META = ("\\streams", "\\queries", "\\describe", "\\ingest", "\\invoke", "\\changes",
-         "\\watch", "\\unregister", "\\format", "\\timing", "\\help", "\\quit", "\\q")
+         "\\watch", "\\unregister", "\\format", "\\timing", "\\x", "\\o", "\\i", "\\help",
+         "\\quit", "\\q")
 #: Words that, alone on a line outside a statement, are meta-commands (as in psql).
 _BARE = {"help": "\\help", "quit": "\\quit", "exit": "\\quit"}
 _TAKES_STREAM = ("\\describe", "\\ingest")
+#: The meta-commands that take a file name, and how many words come before it.
+_FILE_AFTER = {"\\ingest": 2, "\\i": 1, "\\o": 1}
+#: How deep \\i may nest: a file that includes itself stops there.
+_MAX_DEPTH = 16
 #: The keywords that start a part of a statement, for completion to know where it is.
 _CLAUSES = ("SELECT", "FROM", "WHERE", "GROUP", "BEGIN", "END", "TABLESAMPLE")
 _TAKES_HANDLE = ("\\invoke", "\\changes", "\\watch", "\\unregister")
@@ -99,7 +107,8 @@ class Session:
         backend: a `psoup.Engine` or a connected `psoup.client.Client`.
         server: "host:port" of the server, None for an embedded engine; names from the
             handle store resolve only on the server they were registered on.
-        echo: prints a line of output; `warn` one of errors.
+        echo: prints a line of output; `warn` one of errors. Answers, tables and what
+            a statement did go to `out` instead when it is set (`\\o FILE`).
         terminal: whether a person reads the output on a terminal: then, as with
             `psoup invoke`, a table shows at most DEFAULT_LIMIT rows unless `--limit`
             says otherwise, and one taller than the terminal goes through a pager.
@@ -112,18 +121,34 @@ class Session:
     fmt: str = "table"
     timing: bool = False
     terminal: bool = False
+    expanded: bool = False
+    out: IO[str] | None = None
     last_handle: str | None = None
     failures: int = 0
     _cursors: dict[str, str | None] = field(default_factory=dict)
     _catalog: dict[str, list[str]] | None = None
+    _depth: int = 0
+    _opened: contextlib.ExitStack[Any] = field(default_factory=contextlib.ExitStack)
 
     # ------------------------------------------------------------------ input
 
-    def run(self, lines: Iterator[str]) -> None:
-        """Run the statements and meta-commands in `lines` until they end or `\\quit`."""
-        for command in statements(lines):
-            if not self.run_one(command):
-                return
+    def run(self, lines: Iterator[str]) -> bool:
+        """Run the statements and meta-commands in `lines` until they end (True) or
+        `\\quit` (False)."""
+        return all(self.run_one(command) for command in statements(lines))
+
+    def close(self) -> None:
+        """Close the file `\\o` sends output to, if any."""
+        self._opened.close()
+        self.out = None
+
+    def _say(self, text: str) -> None:
+        """Print a command's output: an answer, a table, what a statement did."""
+        if self.out is None:
+            self.echo(text)
+        else:
+            self.out.write(text + "\n")
+            self.out.flush()
 
     def run_one(self, command: str) -> bool:
         """Run one statement or meta-command; False when it asks to leave."""
@@ -158,21 +183,22 @@ class Session:
             answer = self.backend.execute(sql)
         if isinstance(answer, str):
             self.last_handle = answer
-            self.echo(answer)
+            self._say(answer)
         elif isinstance(answer, Result):
             if words[:1] == ["DESCRIBE"] and len(answer.rows) == 1:
                 first = dict(zip(answer.columns, answer.rows[0], strict=True))
-                self.echo(render_record(first, self.fmt))
+                self._say(render_record(first, self.fmt))
             elif words[:2] == ["SHOW", "QUERIES"]:
                 self._queries()
             else:
                 key = "streams" if words[:2] == ["SHOW", "STREAMS"] else "rows"
-                self.echo(render_records(key, answer.columns, answer.rows, self.fmt))
+                self._say(self._records(answer.columns, answer.rows, render_records(
+                    key, answer.columns, answer.rows, self.fmt)))
         else:
             if gone_before:
                 for handle in gone_before - self._handles():
                     self._forget(handle)
-            self.echo(" ".join(words[:2]))
+            self._say(" ".join(words[:2]))
 
     # ------------------------------------------------------------------ meta-commands
 
@@ -182,8 +208,10 @@ class Session:
             return False
         if name in _TAKES_HANDLE:
             self._on_handle(name, args)
-        elif name in ("\\help", "\\format", "\\timing"):
+        elif name in ("\\help", "\\format", "\\timing", "\\x", "\\o"):
             self._setting(name, args)
+        elif name == "\\i":
+            return self._include(_one(name, args, "FILE"))
         elif name == "\\streams":
             self._statement("SHOW STREAMS")
         elif name == "\\queries":
@@ -210,14 +238,17 @@ class Session:
             if self.fmt != "table" and shown is not None and len(answer) > shown:
                 self.warn(f"note: {len(answer):,} rows, first {shown:,} printed; "
                           "--limit 0 for all")
-            self._page(render_result(answer, self.fmt, limit=shown))
+            rows = [(t, *r) for t, r in zip(answer.ts[:shown].tolist(), answer.rows[:shown],
+                                            strict=True)]
+            self._page(self._records(["ts", *answer.columns], rows,
+                                     render_result(answer, self.fmt, limit=shown)))
         elif name == "\\changes":
             self._changes(handle, shown)
         else:
             with self._whole():
                 self.backend.unregister(handle)
             self._forget(handle)
-            self.echo(f"unregistered {handle}")
+            self._say(f"unregistered {handle}")
 
     @contextlib.contextmanager
     def _whole(self) -> Iterator[None]:
@@ -240,6 +271,16 @@ class Session:
         finally:
             signal.signal(signal.SIGINT, before)
 
+    def _records(self, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                 text: str) -> str:
+        """`text`, a table of `rows` with its footer, or with `\\x` on the same rows as
+        records: a `-[ RECORD n ]-` line, then one `column  value` line per column."""
+        if not self.expanded or self.fmt != "table":
+            return text
+        blocks = [f"-[ RECORD {n} ]-" + "\n" + render_record(
+            dict(zip(columns, row, strict=True)), "table") for n, row in enumerate(rows, 1)]
+        return "\n".join([*blocks, text.rsplit("\n", 1)[-1]])
+
     def _limit(self, args: list[str]) -> int | None:
         """The most rows to print (None: all), as `psoup invoke` decides it; takes a
         `--limit N` out of `args`."""
@@ -256,25 +297,52 @@ class Session:
 
     def _page(self, text: str) -> None:
         """Print `text`, through a pager when it is a table taller than the terminal."""
-        if (self.fmt == "table" and self.terminal and
+        if (self.fmt == "table" and self.terminal and self.out is None and
                 text.count("\n") + 2 > shutil.get_terminal_size().lines):
             click.echo_via_pager(text + "\n")
         else:
-            self.echo(text)
+            self._say(text)
 
     def _setting(self, name: str, args: list[str]) -> None:
         """\\help, and the session's settings: \\format and \\timing."""
         if name == "\\help":
-            self.echo(HELP.format(fmt=self.fmt, timing="on" if self.timing else "off"))
+            self.echo(HELP.format(fmt=self.fmt, timing="on" if self.timing else "off",
+                                  expanded="on" if self.expanded else "off"))
         elif name == "\\format":
             fmt = _one(name, args, "|".join(FORMATS))
             if fmt not in FORMATS:
                 raise ShellError(f"unknown format {fmt!r} (formats: {', '.join(FORMATS)})")
             self.fmt = fmt
             self.echo(f"format {fmt}")
+        elif name == "\\o":
+            self._output(args)
+        elif name == "\\x":
+            self.expanded = not self.expanded
+            self.echo(f"expanded display {'on' if self.expanded else 'off'}")
         else:
             self.timing = not self.timing
             self.echo(f"timing {'on' if self.timing else 'off'}")
+
+    def _output(self, args: list[str]) -> None:
+        """\\o FILE: answers and tables go to FILE (emptied first); \\o: back here."""
+        if len(args) > 1:
+            raise ShellError("usage: \\o [FILE]")
+        opened = contextlib.ExitStack()
+        out = _opened_for_writing(args[0], opened) if args else None
+        self.close()
+        self.out, self._opened = out, opened
+        self.echo(f"output to {args[0]}" if args else "output here")
+
+    def _include(self, path: str) -> bool:
+        """\\i FILE: run the commands in FILE; False when one of them is `\\quit`."""
+        if self._depth >= _MAX_DEPTH:
+            raise ShellError(f"\\i nested {_MAX_DEPTH} deep: does a file include itself?")
+        with open(os.path.expanduser(path)) as script:
+            self._depth += 1
+            try:
+                return self.run(iter(script))
+            finally:
+                self._depth -= 1
 
     def _queries(self) -> None:
         names = self._names()
@@ -282,10 +350,11 @@ class Session:
         rows = [(by_handle.get(h, ""), h, sql) for h, sql in self.backend.queries()]
         if self.fmt == "table":
             shown = [(n, h, one_line(sql)) for n, h, sql in rows]
-            self.echo(table(["name", "handle", "sql"], shown) + f"\n({len(rows)} standing "
-                      f"quer{'y' if len(rows) == 1 else 'ies'})")
+            self._say(self._records(["name", "handle", "sql"], rows, table(
+                ["name", "handle", "sql"], shown) + f"\n({len(rows)} standing "
+                f"quer{'y' if len(rows) == 1 else 'ies'})"))
         else:
-            self.echo(render_records("queries", ["name", "handle", "sql"], rows, self.fmt))
+            self._say(render_records("queries", ["name", "handle", "sql"], rows, self.fmt))
 
     def _changes(self, handle: str, shown: int | None) -> None:
         from psoup.cli.polling import changes_since
@@ -295,7 +364,10 @@ class Session:
         self._remember_cursor(handle, changes.cursor)
         if reason is not None and self.fmt == "table":
             self.warn(f"note: {reason}; showing the whole answer as inserted rows")
-        self._page(render_changes(changes, self.fmt, reset=reason is not None, limit=shown))
+        rows = [(mark, t, *r) for mark, part in (("+", changes.inserted), ("-", changes.deleted))
+                for t, r in zip(part.ts.tolist(), part.rows, strict=True)][:shown]
+        self._page(self._records(["change", "ts", *changes.columns], rows, render_changes(
+            changes, self.fmt, reset=reason is not None, limit=shown)))
 
     def _watch(self, args: list[str]) -> None:
         from psoup.cli.polling import Interval, changes_since
@@ -309,7 +381,7 @@ class Session:
         try:
             while True:
                 self._cursors[handle] = answer.cursor
-                self.echo(render_poll(answer, self.fmt, time.time(), first=first))
+                self._say(render_poll(answer, self.fmt, time.time(), first=first))
                 first = False
                 time.sleep(every)
                 answer, reason = changes_since(self.backend, handle, answer.cursor, None)
@@ -332,7 +404,7 @@ class Session:
         declared = self.backend.stats()["streams"].get(stream, {}).get("columns")
         report = ingesting.ingest(self.backend, stream,
                                   ingesting.read_batches(path, fmt, 50_000, declared))
-        self.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream} "
+        self._say(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream} "
                   f"({report.rate:,.0f} rows/s)")
 
     # ------------------------------------------------------------------ handles
@@ -378,7 +450,7 @@ class Session:
     def candidates(self, line: str, word: str) -> list[str]:
         """What TAB offers for `word`, the last word of `line`: meta-commands; stream
         names where a stream goes (after FROM, DESCRIBE, DROP STREAM, \\describe,
-        \\ingest); file names after `\\ingest STREAM`; column names (of the streams the
+        \\ingest); file names after `\\ingest STREAM`, `\\i` and `\\o`; column names (of the streams the
         statement names, if any) and keywords (in the case the word is typed in)
         elsewhere in a statement; handles and names after the meta-commands that take
         one.
@@ -399,7 +471,7 @@ class Session:
         head = line.split()[0] if line.split() else ""
         if line.startswith("\\") and (line == word or " " not in line):
             names: list[str] = list(_META)
-        elif head == "\\ingest" and len(line.split()) - (line[-1:] != " ") >= 2:
+        elif len(line.split()) - (line[-1:] != " ") >= _FILE_AFTER.get(head, 99):
             return _paths(word)
         elif head in _TAKES_STREAM:
             names = list(self._streams())
@@ -575,6 +647,11 @@ def _completer(session: Session, readline: Any) -> Callable[[str, int], str | No
     return complete
 
 
+def _opened_for_writing(path: str, stack: contextlib.ExitStack[Any]) -> IO[str]:
+    """`path` (`~` expanded) emptied and open for writing until `stack` closes."""
+    return stack.enter_context(open(os.path.expanduser(path), "w"))
+
+
 def _paths(word: str) -> list[str]:
     """The files and directories (these ending in `/`) whose names start with `word`."""
     found = []
@@ -604,7 +681,12 @@ def run_shell(backend: Any, server: str | None, where: str, stdin: TextIO | None
         The exit code: 0, or 1 when a command of a script failed.
     """
     stdin = stdin or sys.stdin
-    session = Session(backend, server, click.echo, _warn)
+    with contextlib.closing(Session(backend, server, click.echo, _warn)) as session:
+        return _run_session(session, stdin, where, commands, script)
+
+
+def _run_session(session: Session, stdin: TextIO, where: str, commands: tuple[str, ...],
+                 script: IO[str] | None) -> int:
     if commands or script is not None:
         for command in commands:
             session.run(iter(command.splitlines()))
