@@ -433,3 +433,29 @@ def test_o_sends_answers_to_a_file_i_runs_one_and_x_shows_records(tmp_path: Path
         script.write_text(f"\\i {script}\n")
         session.run_one(f"\\i {script}")
         assert printed[-1] == "error: \\i nested 16 deep: does a file include itself?"
+
+
+def test_ingest_checks_the_columns_before_sending_any_row(tmp_path: Path) -> None:
+    import psoup.cli.shell as shell
+
+    printed: list[str] = []
+    stray = tmp_path / "stray.csv"
+    stray.write_text("ts,lane,colour\n100,3,red\n")
+    timed = tmp_path / "timed.csv"
+    timed.write_text("time,lane\n100,3\n101,4\n")
+    with Engine() as engine:
+        session = shell.Session(engine, None, printed.append, printed.append)
+        session.run_one("CREATE STREAM traffic (lane INT, speed FLOAT);")
+        session.run_one(f"\\ingest traffic {stray}")
+        assert printed[-1] == (
+            "error: the input has column 'colour', which stream 'traffic' does not have "
+            "(its columns: lane, speed; it lacks speed); remove it from the input or add "
+            "it to the stream")
+        session.run_one(f"\\ingest traffic {timed}")
+        assert printed[-1].endswith("if it holds the timestamps, pass --ts-column time")
+        assert engine.stats()["streams"]["traffic"]["rows"] == 0
+        session.run_one("CREATE STREAM lanes (lane INT);")
+        session.run_one(f"\\ingest lanes {timed} --ts-column time")
+        assert printed[-1].startswith("2 rows into lanes")
+        session.run_one(f"\\ingest lanes {timed} --ts-col time")
+        assert printed[-1] == "error: usage: \\ingest STREAM FILE [--ts-column COL]"

@@ -66,6 +66,7 @@ or left out for the query registered last):
   \\queries                 the standing queries
   \\describe STREAM         one stream (DESCRIBE)
   \\ingest STREAM FILE      append the rows of a CSV, JSON lines or Parquet file
+                           (--ts-column COL: the column of timestamps, if not ts)
   \\invoke [HANDLE]         the query's current answer; on a terminal a table shows
                            the first 100 rows (--limit N: N, 0: all), paged if long
   \\changes [HANDLE]        what entered (+) and left (-) the answer since the last look
@@ -219,7 +220,7 @@ class Session:
         elif name == "\\describe":
             self._statement(f"DESCRIBE {_one(name, args, 'STREAM')}")
         elif name == "\\ingest":
-            self._ingest(*_exactly(name, args, "STREAM FILE"))
+            self._ingest(args)
         else:
             raise ShellError(f"unknown command {name} (\\help lists the commands)")
         return True
@@ -392,10 +393,19 @@ class Session:
         finally:
             self._remember_cursor(handle, answer.cursor)
 
-    def _ingest(self, stream: str, path: str) -> None:
+    def _ingest(self, args: list[str]) -> None:
+        """\\ingest STREAM FILE [--ts-column COL], as `psoup ingest`: the file's columns
+        are checked against the stream's before any row is sent."""
         from psoup.cli import ingest as ingesting
         from psoup.formats import guess_format
 
+        ts_column = "ts"
+        if args[2:3] == ["--ts-column"] and len(args) == 4:
+            ts_column = args.pop()
+            args.pop()
+        if len(args) != 2:
+            raise ShellError("usage: \\ingest STREAM FILE [--ts-column COL]")
+        stream, path = args
         try:
             fmt = guess_format(path)
         except ValueError as exc:
@@ -403,7 +413,9 @@ class Session:
         self._catalog = None
         declared = self.backend.stats()["streams"].get(stream, {}).get("columns")
         report = ingesting.ingest(self.backend, stream,
-                                  ingesting.read_batches(path, fmt, 50_000, declared))
+                                  ingesting.read_batches(path, fmt, 50_000, declared),
+                                  ts_column=ts_column, ts_required=ts_column != "ts",
+                                  declared=None if declared is None else set(declared))
         self._say(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream} "
                   f"({report.rate:,.0f} rows/s)")
 
@@ -450,10 +462,10 @@ class Session:
     def candidates(self, line: str, word: str) -> list[str]:
         """What TAB offers for `word`, the last word of `line`: meta-commands; stream
         names where a stream goes (after FROM, DESCRIBE, DROP STREAM, \\describe,
-        \\ingest); file names after `\\ingest STREAM`, `\\i` and `\\o`; column names (of the streams the
-        statement names, if any) and keywords (in the case the word is typed in)
-        elsewhere in a statement; handles and names after the meta-commands that take
-        one.
+        \\ingest); file names after `\\ingest STREAM`, `\\i` and `\\o`; column names
+        (of the streams the statement names, if any) and keywords (in the case the word
+        is typed in) elsewhere in a statement; handles and names after the meta-commands
+        that take one.
 
         Example:
             >>> from psoup import Engine
