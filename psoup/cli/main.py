@@ -234,7 +234,7 @@ def _optional_address(ctx: click.Context, param: click.Parameter, value: str | N
               help="The embedded engine's mode: PSoup-P, PSoup-C or NoMat.")
 @click.option("-c", "--command", "commands", multiple=True, metavar="STATEMENT",
               help="Run this statement or meta-command, then leave (repeatable).")
-@click.option("-f", "--file", "script", type=click.File("r"), default=None,
+@click.option("-f", "--file", "script", type=click.File("r"), default=None, metavar="FILE",
               help="Run the statements and meta-commands in FILE, then leave.")
 @click.pass_context
 def shell(ctx: click.Context, server: str | None, data_dir: Path | None, in_memory: bool,
