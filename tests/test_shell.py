@@ -459,3 +459,18 @@ def test_ingest_checks_the_columns_before_sending_any_row(tmp_path: Path) -> Non
         assert printed[-1].startswith("2 rows into lanes")
         session.run_one(f"\\ingest lanes {timed} --ts-col time")
         assert printed[-1] == "error: usage: \\ingest STREAM FILE [--ts-column COL]"
+
+
+def test_a_name_of_another_server_says_where_it_lives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psoup.cli.shell as shell
+
+    monkeypatch.setenv("PSOUP_CONFIG_DIR", str(tmp_path / "config"))
+    HandleStore().remember("slow-lane3", "127.0.0.1:7070", "ab" * 20, "SELECT a FROM r")
+    printed: list[str] = []
+    with Engine() as engine:
+        session = shell.Session(engine, None, printed.append, printed.append)
+        session.run_one("\\invoke slow-lane3")
+    assert printed == ["error: 'slow-lane3' names a handle on the server at 127.0.0.1:7070, "
+                       "and this shell talks to an embedded engine (psoup shell --server "
+                       "127.0.0.1:7070)"]

@@ -291,7 +291,7 @@ def _answers(server: str, token: str | None) -> bool:
     except ConnectionFailed:
         return False
     except PSoupError:
-        return True
+        pass            # it answered, and refused: connecting again says why
     return True
 
 

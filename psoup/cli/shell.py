@@ -431,7 +431,15 @@ class Session:
                 raise ShellError("no query registered in this session yet: name a handle")
             return self.last_handle
         entry = self._names().get(args[0])
-        return entry["handle"] if entry is not None else args[0]
+        if entry is not None:
+            return str(entry["handle"])
+        elsewhere = HandleStore().lookup(args[0])
+        if elsewhere is not None and elsewhere["server"] != self.server:
+            here = f"the server at {self.server}" if self.server else "an embedded engine"
+            raise ShellError(f"'{args[0]}' names a handle on the server at "
+                             f"{elsewhere['server']}, and this shell talks to {here} "
+                             f"(psoup shell --server {elsewhere['server']})")
+        return args[0]
 
     def _handles(self) -> set[str]:
         return {handle for handle, _ in self.backend.queries()}
