@@ -35,11 +35,13 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "PYTHONPATH": str(ROOT), "INPUTRC": "/dev/null"}
 
 
-def _spawn(tmp_path: Path, *args: str, banner: str = "") -> pexpect.spawn[str]:
+def _spawn(tmp_path: Path, *args: str, banner: str = "",
+           env: dict[str, str] | None = None) -> pexpect.spawn[str]:
     # Ctrl-C must reach the shell even when the test runner was started in the
     # background (a shell's `cmd &` ignores SIGINT and SIGQUIT, and a child inherits that)
     child = pexpect.spawn(sys.executable, ["-m", "psoup.cli.main", *args], cwd=str(ROOT),
-                          env=_env(tmp_path), encoding="utf-8", timeout=TIMEOUT,
+                          env={**_env(tmp_path), **(env or {})}, encoding="utf-8",
+                          timeout=TIMEOUT,
                           dimensions=(40, 200), preexec_fn=_default_signals)
     if banner:
         child.expect_exact(banner)
@@ -155,8 +157,11 @@ def test_history_is_kept_across_sessions_for_the_owner_only(tmp_path: Path) -> N
     again.expect(pexpect.EOF)
 
 
-def test_plain_psoup_on_a_terminal_is_the_shell(tmp_path: Path) -> None:
-    child = _spawn(tmp_path)
+def test_plain_psoup_on_a_terminal_is_the_shell(tmp_path: Path, server: str) -> None:
+    # PSOUP_SERVER: the shell talks to the server it names, not to whatever may listen
+    # at the default address of this machine
+    child = _spawn(tmp_path, env={"PSOUP_SERVER": server, "PSOUP_TOKEN": "t0k3n"},
+                   banner=f"psoup shell on the server at {server};")
     _run(child, "\\help", "\\watch")
     child.sendeof()
     child.expect(pexpect.EOF)
