@@ -222,35 +222,83 @@ def demo(mode: ModeName, rows: int, seed: int) -> None:
     run_demo(mode=mode, rows=rows, seed=seed, echo=click.echo)
 
 
+def _optional_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    return None if value is None else _address(ctx, param, value)
+
+
 @main.command()
+@click.option("--server", "server", metavar="HOST:PORT", default=None,
+              callback=_optional_address,
+              help="The psoup server to talk to, as `psoup --server` (or PSOUP_SERVER).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run an embedded engine on this state directory (one no server has "
-                   "open); without it, and without psoup --server, the engine lives in "
-                   "memory for the session.")
+                   "open) instead of talking to a server.")
+@click.option("--in-memory", is_flag=True,
+              help="Run an embedded engine in memory for the session, even when a server "
+                   "answers at the default address.")
 @click.option("--mode", type=click.Choice(MODE_NAMES), default="partial", show_default=True,
               help="The embedded engine's mode: PSoup-P, PSoup-C or NoMat.")
+@click.option("-c", "--command", "commands", multiple=True, metavar="STATEMENT",
+              help="Run this statement or meta-command, then leave (repeatable).")
+@click.option("-f", "--file", "script", type=click.File("r"), default=None, metavar="FILE",
+              help="Run the statements and meta-commands in FILE, then leave.")
 @click.pass_context
-def shell(ctx: click.Context, data_dir: Path | None, mode: ModeName) -> None:
+def shell(ctx: click.Context, server: str | None, data_dir: Path | None, in_memory: bool,
+          mode: ModeName, commands: tuple[str, ...], script: IO[str] | None) -> None:
     """An interactive session: statements end with ';' (a SELECT prints its handle),
     meta-commands such as \\invoke, \\watch and \\streams start with a backslash
-    (\\help lists them). With `psoup --server HOST:PORT shell` it talks to a server;
-    otherwise to an embedded engine. Without a terminal it runs the script on stdin."""
+    (\\help lists them). It talks to the server every other command would use
+    (--server, PSOUP_SERVER, else the default address if a server answers there) and
+    says which on start; with none, to an in-memory engine. Without a terminal, or with
+    -c or -f, it runs those commands (or the script on stdin) and leaves."""
     from psoup.cli.shell import run_shell
 
     settings: Settings = ctx.obj
-    remote = ctx.find_root().get_parameter_source("server") in (
-        ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-    if remote and data_dir is not None:
-        raise click.UsageError("pass --data-dir or psoup --server, not both")
-    if remote:
-        with _connected(settings.server, settings.token) as client:
-            code = run_shell(client, settings.server, settings.server)
+    server, where = _shell_backend(ctx, server, data_dir, in_memory)
+    if server is not None:
+        with _connected(server, settings.token) as client:
+            code = run_shell(client, server, where, commands=commands, script=script)
     else:
         from psoup.engine import Engine
 
         with Engine(path=None if data_dir is None else str(data_dir), mode=mode) as engine:
-            code = run_shell(engine, None, str(data_dir) if data_dir else "an in-memory engine")
+            code = run_shell(engine, None, where, commands=commands, script=script)
     ctx.exit(code)
+
+
+def _shell_backend(ctx: click.Context, server: str | None, data_dir: Path | None,
+                   in_memory: bool) -> tuple[str | None, str]:
+    """The server the shell talks to (None: an embedded engine), and how its banner
+    names it: the shell's --server, else psoup --server or PSOUP_SERVER, else the
+    default address when a server answers there."""
+    settings: Settings = ctx.obj
+    if server is None and ctx.find_root().get_parameter_source("server") in (
+            ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+        server = settings.server
+    if (server is not None) + (data_dir is not None) + in_memory > 1:
+        raise click.UsageError("pass one of --server (or PSOUP_SERVER), --data-dir and "
+                               "--in-memory")
+    if data_dir is not None:
+        return None, str(data_dir)
+    if in_memory:
+        return None, "an in-memory engine"
+    if server is not None:
+        return server, f"the server at {server}"
+    if _answers(settings.server, settings.token):
+        return settings.server, f"the server at {settings.server}"
+    return None, f"an in-memory engine (no server answers at {settings.server})"
+
+
+def _answers(server: str, token: str | None) -> bool:
+    """Whether a psoup server listens at `server`; one that refuses this client counts
+    (connecting again then says why)."""
+    try:
+        Client(server, token=token, timeout=5.0).close()
+    except ConnectionFailed:
+        return False
+    except PSoupError:
+        pass            # it answered, and refused: connecting again says why
+    return True
 
 
 # ---------------------------------------------------------------------- the service

@@ -17,20 +17,25 @@ keeps a history across sessions; without one, the shell reads a script from stdi
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
+import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import click
 
 from psoup.cli.handles import HandleStore
 from psoup.cli.output import (
     FORMATS,
+    one_line,
     render_changes,
     render_poll,
     render_record,
@@ -61,18 +66,33 @@ or left out for the query registered last):
   \\queries                 the standing queries
   \\describe STREAM         one stream (DESCRIBE)
   \\ingest STREAM FILE      append the rows of a CSV, JSON lines or Parquet file
-  \\invoke [HANDLE]         the query's current answer
+                           (--ts-column COL: the column of timestamps, if not ts)
+  \\invoke [HANDLE]         the query's current answer; on a terminal a table shows
+                           the first 100 rows (--limit N: N, 0: all), paged if long
   \\changes [HANDLE]        what entered (+) and left (-) the answer since the last look
+                           (--limit N as for \\invoke)
   \\watch [HANDLE] [2s]     the answer, then its changes at every interval; Ctrl-C stops
   \\unregister [HANDLE]     drop a standing query
   \\format table|csv|json   how answers are printed (now: {fmt})
   \\timing                  print each command's time (now: {timing})
-  \\help                    this text
-  \\quit                    leave (or Ctrl-D)"""
+  \\x                       show each row of a table as a record (now: {expanded})
+  \\o [FILE]                send answers and tables to FILE (emptied first); \\o: here
+  \\i FILE                  run the statements and meta-commands in FILE
+  \\help                    this text (or help)
+  \\quit                    leave (or quit, exit, Ctrl-D)"""
 
 _META = ("\\streams", "\\queries", "\\describe", "\\ingest", "\\invoke", "\\changes",
-         "\\watch", "\\unregister", "\\format", "\\timing", "\\help", "\\quit", "\\q")
+         "\\watch", "\\unregister", "\\format", "\\timing", "\\x", "\\o", "\\i", "\\help",
+         "\\quit", "\\q")
+#: Words that, alone on a line outside a statement, are meta-commands (as in psql).
+_BARE = {"help": "\\help", "quit": "\\quit", "exit": "\\quit"}
 _TAKES_STREAM = ("\\describe", "\\ingest")
+#: The meta-commands that take a file name, and how many words come before it.
+_FILE_AFTER = {"\\ingest": 2, "\\i": 1, "\\o": 1}
+#: How deep \\i may nest: a file that includes itself stops there.
+_MAX_DEPTH = 16
+#: The keywords that start a part of a statement, for completion to know where it is.
+_CLAUSES = ("SELECT", "FROM", "WHERE", "GROUP", "BEGIN", "END", "TABLESAMPLE")
 _TAKES_HANDLE = ("\\invoke", "\\changes", "\\watch", "\\unregister")
 
 
@@ -88,7 +108,11 @@ class Session:
         backend: a `psoup.Engine` or a connected `psoup.client.Client`.
         server: "host:port" of the server, None for an embedded engine; names from the
             handle store resolve only on the server they were registered on.
-        echo: prints a line of output; `warn` one of errors.
+        echo: prints a line of output; `warn` one of errors. Answers, tables and what
+            a statement did go to `out` instead when it is set (`\\o FILE`).
+        terminal: whether a person reads the output on a terminal: then, as with
+            `psoup invoke`, a table shows at most DEFAULT_LIMIT rows unless `--limit`
+            says otherwise, and one taller than the terminal goes through a pager.
     """
 
     backend: Any
@@ -97,18 +121,35 @@ class Session:
     warn: Callable[[str], None]
     fmt: str = "table"
     timing: bool = False
+    terminal: bool = False
+    expanded: bool = False
+    out: IO[str] | None = None
     last_handle: str | None = None
     failures: int = 0
     _cursors: dict[str, str | None] = field(default_factory=dict)
     _catalog: dict[str, list[str]] | None = None
+    _depth: int = 0
+    _opened: contextlib.ExitStack[Any] = field(default_factory=contextlib.ExitStack)
 
     # ------------------------------------------------------------------ input
 
-    def run(self, lines: Iterator[str]) -> None:
-        """Run the statements and meta-commands in `lines` until they end or `\\quit`."""
-        for command in statements(lines):
-            if not self.run_one(command):
-                return
+    def run(self, lines: Iterator[str]) -> bool:
+        """Run the statements and meta-commands in `lines` until they end (True) or
+        `\\quit` (False)."""
+        return all(self.run_one(command) for command in statements(lines))
+
+    def close(self) -> None:
+        """Close the file `\\o` sends output to, if any."""
+        self._opened.close()
+        self.out = None
+
+    def _say(self, text: str) -> None:
+        """Print a command's output: an answer, a table, what a statement did."""
+        if self.out is None:
+            self.echo(text)
+        else:
+            self.out.write(text + "\n")
+            self.out.flush()
 
     def run_one(self, command: str) -> bool:
         """Run one statement or meta-command; False when it asks to leave."""
@@ -124,6 +165,9 @@ class Session:
             message = exc.message if isinstance(exc, click.ClickException) else \
                 (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
             self.warn(f"error: {' '.join(message.split())}")
+            if not command.startswith("\\"):
+                for line in caret(command, message):
+                    self.warn(line)
         except KeyboardInterrupt:
             self.warn("interrupted")
         if self.timing:
@@ -136,24 +180,26 @@ class Session:
         self._catalog = None
         words = re.findall(r"\w+", sql.upper())
         gone_before = self._handles() if words[:2] == ["DROP", "STREAM"] else set()
-        answer = self.backend.execute(sql)
+        with self._whole():
+            answer = self.backend.execute(sql)
         if isinstance(answer, str):
             self.last_handle = answer
-            self.echo(answer)
+            self._say(answer)
         elif isinstance(answer, Result):
             if words[:1] == ["DESCRIBE"] and len(answer.rows) == 1:
                 first = dict(zip(answer.columns, answer.rows[0], strict=True))
-                self.echo(render_record(first, self.fmt))
+                self._say(render_record(first, self.fmt))
             elif words[:2] == ["SHOW", "QUERIES"]:
                 self._queries()
             else:
                 key = "streams" if words[:2] == ["SHOW", "STREAMS"] else "rows"
-                self.echo(render_records(key, answer.columns, answer.rows, self.fmt))
+                self._say(self._records(answer.columns, answer.rows, render_records(
+                    key, answer.columns, answer.rows, self.fmt)))
         else:
             if gone_before:
                 for handle in gone_before - self._handles():
                     self._forget(handle)
-            self.echo(" ".join(words[:2]))
+            self._say(" ".join(words[:2]))
 
     # ------------------------------------------------------------------ meta-commands
 
@@ -163,8 +209,10 @@ class Session:
             return False
         if name in _TAKES_HANDLE:
             self._on_handle(name, args)
-        elif name in ("\\help", "\\format", "\\timing"):
+        elif name in ("\\help", "\\format", "\\timing", "\\x", "\\o"):
             self._setting(name, args)
+        elif name == "\\i":
+            return self._include(_one(name, args, "FILE"))
         elif name == "\\streams":
             self._statement("SHOW STREAMS")
         elif name == "\\queries":
@@ -172,7 +220,7 @@ class Session:
         elif name == "\\describe":
             self._statement(f"DESCRIBE {_one(name, args, 'STREAM')}")
         elif name == "\\ingest":
-            self._ingest(*_exactly(name, args, "STREAM FILE"))
+            self._ingest(args)
         else:
             raise ShellError(f"unknown command {name} (\\help lists the commands)")
         return True
@@ -182,44 +230,134 @@ class Session:
         if name == "\\watch":
             self._watch(args)
             return
+        shown = self._limit(args) if name != "\\unregister" else None
         handle = self._handle(args)
         if name == "\\invoke":
             answer = self.backend.invoke(handle)
             self._cursors[handle] = answer.cursor
             self._remember_cursor(handle, answer.cursor)
-            self.echo(render_result(answer, self.fmt))
+            if self.fmt != "table" and shown is not None and len(answer) > shown:
+                self.warn(f"note: {len(answer):,} rows, first {shown:,} printed; "
+                          "--limit 0 for all")
+            rows = [(t, *r) for t, r in zip(answer.ts[:shown].tolist(), answer.rows[:shown],
+                                            strict=True)]
+            self._page(self._records(["ts", *answer.columns], rows,
+                                     render_result(answer, self.fmt, limit=shown)))
         elif name == "\\changes":
-            self._changes(handle)
+            self._changes(handle, shown)
         else:
-            self.backend.unregister(handle)
+            with self._whole():
+                self.backend.unregister(handle)
             self._forget(handle)
-            self.echo(f"unregistered {handle}")
+            self._say(f"unregistered {handle}")
+
+    @contextlib.contextmanager
+    def _whole(self) -> Iterator[None]:
+        """Hold Ctrl-C back until the block ends: a statement or an unregistration cut
+        short would leave the catalog changed with nothing said (a query registered,
+        its handle never printed), and an engine or a connection in an unknown state."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        pressed: list[int] = []
+
+        def hold(signum: int, frame: object) -> None:
+            if not pressed:
+                self.warn("note: finishing this command; it cannot stop half way")
+            pressed.append(signum)
+
+        before = signal.signal(signal.SIGINT, hold)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, before)
+
+    def _records(self, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                 text: str) -> str:
+        """`text`, a table of `rows` with its footer, or with `\\x` on the same rows as
+        records: a `-[ RECORD n ]-` line, then one `column  value` line per column."""
+        if not self.expanded or self.fmt != "table":
+            return text
+        blocks = [f"-[ RECORD {n} ]-" + "\n" + render_record(
+            dict(zip(columns, row, strict=True)), "table") for n, row in enumerate(rows, 1)]
+        return "\n".join([*blocks, text.rsplit("\n", 1)[-1]])
+
+    def _limit(self, args: list[str]) -> int | None:
+        """The most rows to print (None: all), as `psoup invoke` decides it; takes a
+        `--limit N` out of `args`."""
+        from psoup.cli.main import DEFAULT_LIMIT
+
+        if "--limit" not in args:
+            return DEFAULT_LIMIT if self.fmt == "table" and self.terminal else None
+        at = args.index("--limit")
+        if at + 1 == len(args) or not args[at + 1].isdigit():
+            raise ShellError("--limit takes a number of rows (0: all)")
+        limit = int(args[at + 1])
+        del args[at:at + 2]
+        return limit or None
+
+    def _page(self, text: str) -> None:
+        """Print `text`, through a pager when it is a table taller than the terminal."""
+        if (self.fmt == "table" and self.terminal and self.out is None and
+                text.count("\n") + 2 > shutil.get_terminal_size().lines):
+            click.echo_via_pager(text + "\n")
+        else:
+            self._say(text)
 
     def _setting(self, name: str, args: list[str]) -> None:
         """\\help, and the session's settings: \\format and \\timing."""
         if name == "\\help":
-            self.echo(HELP.format(fmt=self.fmt, timing="on" if self.timing else "off"))
+            self.echo(HELP.format(fmt=self.fmt, timing="on" if self.timing else "off",
+                                  expanded="on" if self.expanded else "off"))
         elif name == "\\format":
             fmt = _one(name, args, "|".join(FORMATS))
             if fmt not in FORMATS:
                 raise ShellError(f"unknown format {fmt!r} (formats: {', '.join(FORMATS)})")
             self.fmt = fmt
             self.echo(f"format {fmt}")
+        elif name == "\\o":
+            self._output(args)
+        elif name == "\\x":
+            self.expanded = not self.expanded
+            self.echo(f"expanded display {'on' if self.expanded else 'off'}")
         else:
             self.timing = not self.timing
             self.echo(f"timing {'on' if self.timing else 'off'}")
+
+    def _output(self, args: list[str]) -> None:
+        """\\o FILE: answers and tables go to FILE (emptied first); \\o: back here."""
+        if len(args) > 1:
+            raise ShellError("usage: \\o [FILE]")
+        opened = contextlib.ExitStack()
+        out = _opened_for_writing(args[0], opened) if args else None
+        self.close()
+        self.out, self._opened = out, opened
+        self.echo(f"output to {args[0]}" if args else "output here")
+
+    def _include(self, path: str) -> bool:
+        """\\i FILE: run the commands in FILE; False when one of them is `\\quit`."""
+        if self._depth >= _MAX_DEPTH:
+            raise ShellError(f"\\i nested {_MAX_DEPTH} deep: does a file include itself?")
+        with open(os.path.expanduser(path)) as script:
+            self._depth += 1
+            try:
+                return self.run(iter(script))
+            finally:
+                self._depth -= 1
 
     def _queries(self) -> None:
         names = self._names()
         by_handle = {e["handle"]: n for n, e in names.items()}
         rows = [(by_handle.get(h, ""), h, sql) for h, sql in self.backend.queries()]
         if self.fmt == "table":
-            self.echo(table(["name", "handle", "sql"], rows) + f"\n({len(rows)} standing "
-                      f"quer{'y' if len(rows) == 1 else 'ies'})")
+            shown = [(n, h, one_line(sql)) for n, h, sql in rows]
+            self._say(self._records(["name", "handle", "sql"], rows, table(
+                ["name", "handle", "sql"], shown) + f"\n({len(rows)} standing "
+                f"quer{'y' if len(rows) == 1 else 'ies'})"))
         else:
-            self.echo(render_records("queries", ["name", "handle", "sql"], rows, self.fmt))
+            self._say(render_records("queries", ["name", "handle", "sql"], rows, self.fmt))
 
-    def _changes(self, handle: str) -> None:
+    def _changes(self, handle: str, shown: int | None) -> None:
         from psoup.cli.polling import changes_since
 
         changes, reason = changes_since(self.backend, handle, self._cursor(handle), None)
@@ -227,7 +365,10 @@ class Session:
         self._remember_cursor(handle, changes.cursor)
         if reason is not None and self.fmt == "table":
             self.warn(f"note: {reason}; showing the whole answer as inserted rows")
-        self.echo(render_changes(changes, self.fmt, reset=reason is not None))
+        rows = [(mark, t, *r) for mark, part in (("+", changes.inserted), ("-", changes.deleted))
+                for t, r in zip(part.ts.tolist(), part.rows, strict=True)][:shown]
+        self._page(self._records(["change", "ts", *changes.columns], rows, render_changes(
+            changes, self.fmt, reset=reason is not None, limit=shown)))
 
     def _watch(self, args: list[str]) -> None:
         from psoup.cli.polling import Interval, changes_since
@@ -241,7 +382,7 @@ class Session:
         try:
             while True:
                 self._cursors[handle] = answer.cursor
-                self.echo(render_poll(answer, self.fmt, time.time(), first=first))
+                self._say(render_poll(answer, self.fmt, time.time(), first=first))
                 first = False
                 time.sleep(every)
                 answer, reason = changes_since(self.backend, handle, answer.cursor, None)
@@ -252,10 +393,19 @@ class Session:
         finally:
             self._remember_cursor(handle, answer.cursor)
 
-    def _ingest(self, stream: str, path: str) -> None:
+    def _ingest(self, args: list[str]) -> None:
+        """\\ingest STREAM FILE [--ts-column COL], as `psoup ingest`: the file's columns
+        are checked against the stream's before any row is sent."""
         from psoup.cli import ingest as ingesting
         from psoup.formats import guess_format
 
+        ts_column = "ts"
+        if args[2:3] == ["--ts-column"] and len(args) == 4:
+            ts_column = args.pop()
+            args.pop()
+        if len(args) != 2:
+            raise ShellError("usage: \\ingest STREAM FILE [--ts-column COL]")
+        stream, path = args
         try:
             fmt = guess_format(path)
         except ValueError as exc:
@@ -263,8 +413,10 @@ class Session:
         self._catalog = None
         declared = self.backend.stats()["streams"].get(stream, {}).get("columns")
         report = ingesting.ingest(self.backend, stream,
-                                  ingesting.read_batches(path, fmt, 50_000, declared))
-        self.echo(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream} "
+                                  ingesting.read_batches(path, fmt, 50_000, declared),
+                                  ts_column=ts_column, ts_required=ts_column != "ts",
+                                  declared=None if declared is None else set(declared))
+        self._say(f"{report.rows:,} row{'' if report.rows == 1 else 's'} into {stream} "
                   f"({report.rate:,.0f} rows/s)")
 
     # ------------------------------------------------------------------ handles
@@ -279,7 +431,15 @@ class Session:
                 raise ShellError("no query registered in this session yet: name a handle")
             return self.last_handle
         entry = self._names().get(args[0])
-        return entry["handle"] if entry is not None else args[0]
+        if entry is not None:
+            return str(entry["handle"])
+        elsewhere = HandleStore().lookup(args[0])
+        if elsewhere is not None and elsewhere["server"] != self.server:
+            here = f"the server at {self.server}" if self.server else "an embedded engine"
+            raise ShellError(f"'{args[0]}' names a handle on the server at "
+                             f"{elsewhere['server']}, and this shell talks to {here} "
+                             f"(psoup shell --server {elsewhere['server']})")
+        return args[0]
 
     def _handles(self) -> set[str]:
         return {handle for handle, _ in self.backend.queries()}
@@ -308,23 +468,31 @@ class Session:
     # ------------------------------------------------------------------ completion
 
     def candidates(self, line: str, word: str) -> list[str]:
-        """What TAB offers for `word`, the last word of `line`: meta-commands, stream,
-        column and handle names, keywords (in the case the word is typed in).
+        """What TAB offers for `word`, the last word of `line`: meta-commands; stream
+        names where a stream goes (after FROM, DESCRIBE, DROP STREAM, \\describe,
+        \\ingest); file names after `\\ingest STREAM`, `\\i` and `\\o`; column names
+        (of the streams the statement names, if any) and keywords (in the case the word
+        is typed in) elsewhere in a statement; handles and names after the meta-commands
+        that take one.
 
         Example:
             >>> from psoup import Engine
             >>> s = Session(Engine(), None, print, print)
-            >>> s.run_one("CREATE STREAM traffic (lane INT, speed FLOAT);")
+            >>> s.run_one("CREATE STREAM traffic (lane INT, speed FLOAT, trend TEXT);")
             CREATE STREAM
             True
             >>> s.candidates("SELECT sp", "sp"), s.candidates("select * fr", "fr")
             (['speed'], ['from'])
-            >>> s.candidates("\\\\describe t", "t")
-            ['traffic']
+            >>> s.candidates("SELECT speed FROM tr", "tr"), s.candidates("\\\\describe t", "t")
+            (['traffic'], ['traffic'])
+            >>> s.candidates("SELECT * FROM traffic WHERE tr", "tr")
+            ['trend', 'true']
         """
         head = line.split()[0] if line.split() else ""
         if line.startswith("\\") and (line == word or " " not in line):
             names: list[str] = list(_META)
+        elif len(line.split()) - (line[-1:] != " ") >= _FILE_AFTER.get(head, 99):
+            return _paths(word)
         elif head in _TAKES_STREAM:
             names = list(self._streams())
         elif head in _TAKES_HANDLE:
@@ -332,12 +500,25 @@ class Session:
         elif line.startswith("\\"):
             names = list(FORMATS) if head == "\\format" else []
         else:
-            streams = self._streams()
-            columns = sorted({c for cols in streams.values() for c in cols} | {"ts", "tupleID"})
-            keywords = [k if word[:1].isupper() or not word else k.lower() for k in KEYWORDS]
-            names = list(streams) + columns + keywords
+            names = self._in_statement(line[:len(line) - len(word)], word)
         return sorted({n for n in names if n.startswith(word)} or
                       {n for n in names if n.lower().startswith(word.lower())})
+
+    def _in_statement(self, before: str, word: str) -> list[str]:
+        """The names that may come next in a statement after the text `before`."""
+        words = re.findall(r"\w+|,", before)
+        upper = [w.upper() for w in words]
+        streams = self._streams()
+        clauses = [w for w in upper if w in _CLAUSES]
+        in_from = clauses[-1:] == ["FROM"] and upper[-1:] in (["FROM"], [","])
+        if in_from or upper[-1:] == ["DESCRIBE"] or upper[-2:] == ["DROP", "STREAM"]:
+            return list(streams)
+        if upper[-2:] == ["CREATE", "STREAM"]:
+            return []
+        named = [streams[w] for w in words if w in streams] or list(streams.values())
+        columns = sorted({c for cols in named for c in cols} | {"ts", "tupleID"})
+        keywords = [k if word[:1].isupper() or not word else k.lower() for k in KEYWORDS]
+        return columns + keywords
 
     def _streams(self) -> dict[str, list[str]]:
         """stream -> column names, from SHOW STREAMS, cached until the next statement."""
@@ -349,17 +530,23 @@ class Session:
 
 
 def statements(lines: Iterator[str]) -> Iterator[str]:
-    """Group input lines into commands: a meta-command is one line starting with `\\`,
-    a statement runs to the `;` that ends a line (its lines joined by newlines).
+    """Group input lines into commands: a meta-command is one line starting with `\\`
+    (or `help`, `quit` or `exit` alone), a statement runs to the `;` that ends a line
+    (its lines joined by newlines).
 
     Example:
         >>> list(statements(iter(["SHOW", "STREAMS;", "\\\\timing", "", "DESCRIBE R;"])))
         ['SHOW\\nSTREAMS;', '\\\\timing', 'DESCRIBE R;']
+        >>> list(statements(iter(["help", "exit;"])))
+        ['\\\\help', '\\\\quit']
     """
     pending: list[str] = []
     for line in lines:
         text = line.strip()
         if not pending and (not text or text.startswith("--")):
+            continue
+        if not pending and (bare := bare_command(text)) is not None:
+            yield bare
             continue
         if not pending and text.startswith("\\"):
             yield text
@@ -370,6 +557,34 @@ def statements(lines: Iterator[str]) -> Iterator[str]:
             pending = []
     if pending and "".join(pending).strip():
         yield "\n".join(pending).strip()
+
+
+def caret(statement: str, message: str) -> list[str]:
+    """The line of `statement` an error `message` ("line L, column C: ...") points at,
+    and a caret under that column; nothing when the message names no position.
+
+    Example:
+        >>> print("\\n".join(caret("SELECT a\\n FROM nowhere;", "line 2, column 7: unknown")))
+         FROM nowhere;
+              ^
+    """
+    found = re.match(r"line (\d+), column (\d+): ", message)
+    lines = statement.split("\n")
+    if found is None or not 0 < int(found[1]) <= len(lines):
+        return []
+    text = lines[int(found[1]) - 1]
+    before = text[:int(found[2]) - 1]
+    return [text, "".join(c if c == "\t" else " " for c in before) + "^"]
+
+
+def bare_command(text: str) -> str | None:
+    """The meta-command a line of `help`, `quit` or `exit` (any case, `;` or not) means.
+
+    Example:
+        >>> bare_command("Quit;"), bare_command("quit now")
+        ('\\\\quit', None)
+    """
+    return _BARE.get(text.strip().rstrip(";").strip().lower())
 
 
 def history_path() -> Path:
@@ -419,7 +634,7 @@ def _prompted(readline: Any, prompt: str, more: str) -> Iterator[str]:
             continue
         for line in typed.split("\n"):         # a bracketed paste arrives as one "line"
             text = line.strip()
-            if not pending and (text.startswith("\\") or not text):
+            if not pending and (text.startswith("\\") or not text or bare_command(text)):
                 yield line
                 started = readline.get_current_history_length()
                 continue
@@ -445,11 +660,25 @@ def _completer(session: Session, readline: Any) -> Callable[[str, int], str | No
                 found[:] = session.candidates(line, word)
             except Exception:       # a completion must never end the shell
                 found[:] = []
-            if len(found) == 1:
-                found[0] += " "
+            if len(found) == 1 and not found[0].endswith("/"):
+                found[0] += " "         # a directory's name goes on with a file's
         return found[state] if state < len(found) else None
 
     return complete
+
+
+def _opened_for_writing(path: str, stack: contextlib.ExitStack[Any]) -> IO[str]:
+    """`path` (`~` expanded) emptied and open for writing until `stack` closes."""
+    return stack.enter_context(open(os.path.expanduser(path), "w"))
+
+
+def _paths(word: str) -> list[str]:
+    """The files and directories (these ending in `/`) whose names start with `word`."""
+    found = []
+    for path in glob.glob(glob.escape(os.path.expanduser(word)) + "*"):
+        shown = word + path[len(os.path.expanduser(word)):]
+        found.append(shown + "/" if os.path.isdir(path) else shown)
+    return sorted(found)
 
 
 def _one(name: str, args: list[str], what: str) -> str:
@@ -462,16 +691,30 @@ def _exactly(name: str, args: list[str], what: str) -> list[str]:
     return args
 
 
-def run_shell(backend: Any, server: str | None, where: str, stdin: TextIO | None = None) -> int:
-    """Run a shell on `backend`: interactive on a terminal, else a script from `stdin`
-    (default: the process's).
+def run_shell(backend: Any, server: str | None, where: str, stdin: TextIO | None = None,
+              commands: tuple[str, ...] = (), script: IO[str] | None = None) -> int:
+    """Run a shell on `backend`: the `commands` (each one statement or meta-command),
+    then the `script`, when there are any; else interactive on a terminal, else a script
+    from `stdin` (default: the process's). `where` names the backend in the banner.
 
     Returns:
         The exit code: 0, or 1 when a command of a script failed.
     """
     stdin = stdin or sys.stdin
-    session = Session(backend, server, click.echo, _warn)
+    with contextlib.closing(Session(backend, server, click.echo, _warn)) as session:
+        return _run_session(session, stdin, where, commands, script)
+
+
+def _run_session(session: Session, stdin: TextIO, where: str, commands: tuple[str, ...],
+                 script: IO[str] | None) -> int:
+    if commands or script is not None:
+        for command in commands:
+            session.run(iter(command.splitlines()))
+        if script is not None:
+            session.run(iter(script))
+        return 1 if session.failures else 0
     if stdin.isatty() and sys.stdout.isatty():
+        session.terminal = True
         click.echo(f"psoup shell on {where}; statements end with ';', \\help for help, "
                    "Ctrl-D leaves")
         interactive(session)
