@@ -484,6 +484,7 @@ class Page:
         self.server: subprocess.Popen[str] | None = None
         self.served: list[str] = []
         self.namespace: dict[str, Any] = {"__name__": "__docs__"}
+        self.engine = psoup.Engine()            # the SQL blocks' when no server runs
         bin_dir = directory / "bin"
         bin_dir.mkdir()
         (bin_dir / "psoup").write_text(
@@ -560,10 +561,18 @@ def check_output(block: Block, command: Command, done: subprocess.CompletedProce
 
 
 def run_sql(block: Block, page: Page) -> None:
-    """The statements, one per line or ended by `;`, as a `psoup shell` script: against
-    the page's server when it started one, else an embedded engine."""
+    """The statements, one per line or ended by `;`: against the page's server when it
+    started one (a `psoup shell` script), else the page's own embedded engine."""
     statements = [s.strip() for s in re.split(r";\s*$|\n(?=\S)", block.body, flags=re.M)]
-    script = "".join(s + ";\n" for s in statements if s and not s.startswith("--"))
+    statements = [s for s in statements if s and not s.startswith("--")]
+    if page.server is None:
+        for statement in statements:
+            try:
+                page.engine.execute(statement)
+            except psoup.PSoupError as exc:
+                raise AssertionError(f"{block}: {statement}: {exc}") from exc
+        return
+    script = "".join(s + ";\n" for s in statements)
     done = subprocess.run(PSOUP + ["shell"], cwd=page.dir, env=page.env, input=script,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{block}:\n{script}{done.stdout}{done.stderr}"
