@@ -582,6 +582,9 @@ def test_a_wrong_shown_value_fails() -> None:
     block = Block("page.md", 1, "python", "x = 2\nx + 1  # 3\nx * 2  # 5: a wrong value\n", "")
     with pytest.raises(AssertionError, match=r"page.md:4: shows 5, is 4"):
         run_python(block, {})
+    doctest_block = Block("page.md", 1, "python", ">>> 1 + 1\n3\n", "")
+    with pytest.raises(AssertionError, match="1 doctest failures"):
+        run_python(doctest_block, {})
     assert matches({"a": 1, "b": [2]}, {"b": (2,), "...": ...})
     assert not matches({"a": 1, "b": 2}, {"b": 2})
 
