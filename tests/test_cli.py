@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import psoup
-from psoup.cli.demo import run_demo
+from psoup.cli.demo import run_demo, write_samples
 from psoup.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +32,23 @@ def test_demo_answers_agree_across_modes() -> None:
              for m in psoup.MODES]
     assert sizes[0] == sizes[1] == sizes[2]
     assert all(n > 0 for n in sizes[0].values())
+
+
+def test_demo_writes_the_sample_files_up_to_now(tmp_path: Path) -> None:
+    """readings.csv ends at the moment it is written, so the docs' NOW - 10 MINUTES
+    windows have rows; old/ holds the two whole days before."""
+    now = 1_795_314_932.5                     # 2026-11-22T02:35:32.500Z
+    result = CliRunner().invoke(main, ["demo", "--write-samples", str(tmp_path)])
+    assert result.exit_code == 0 and result.output.count("wrote ") == 3, result.output
+    paths = write_samples(tmp_path, now=now)
+    assert [p.relative_to(tmp_path).as_posix() for p in paths] == \
+        ["readings.csv", "old/2026-11-20.csv", "old/2026-11-21.csv"]
+    readings = paths[0].read_text().splitlines()
+    assert readings[0] == "ts,lane,stationid,speed" and len(readings) == 12_001
+    assert readings[1].startswith("2026-11-22T02:25:32.5")
+    assert readings[-1].startswith("2026-11-22T02:35:32.4")
+    old = paths[1].read_text().splitlines()
+    assert old[1].startswith("2026-11-20T00:00:00.000Z,") and old[-1] < "2026-11-21"
 
 
 def test_bad_option_is_a_usage_error() -> None:

@@ -3,13 +3,15 @@
 The trace is shaped like the CalTrans loop-detector data of the PSoup paper (Table 3):
 readings of (lane 1-8, stationid 1-9, speed 0-100 mph) with most speeds near free flow and
 slow or very fast readings rare. Time is simulated, one reading every 50 ms, so the demo
-is the same on every run and takes a second or two.
+is the same on every run and takes a second or two. `write_samples` writes the same kind
+of readings as CSV files, stamped up to the present, for the examples of the docs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -123,3 +125,43 @@ def show(eng: Engine, handles: dict[str, str], echo: Callable[[str], None],
 
 def _hms(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ts))
+
+
+SAMPLE_ROWS = 12_000          # ten minutes of readings, one every STEP
+OLD_DAYS = 2                  # days of old/*.csv, the archive import's input
+OLD_ROWS = 1_000              # readings per old day
+
+
+def write_samples(directory: Path, now: float | None = None, seed: int = 7) -> list[Path]:
+    """The sample files the docs use: `readings.csv`, the ten minutes of readings that
+    end at `now` (so `NOW - 10 MINUTES` windows have rows), and `old/DAY.csv`, a reading
+    every minute and a half of each of the OLD_DAYS whole UTC days before now. Times are
+    ISO 8601 UTC; returns the paths written."""
+    now = time.time() if now is None else now
+    rng = np.random.default_rng(seed)
+    cols, ts = traffic(rng, SAMPLE_ROWS, now - SAMPLE_ROWS * STEP)
+    written = [_write_csv(directory / "readings.csv", cols, ts)]
+    today = now - now % 86_400
+    for back in range(OLD_DAYS, 0, -1):
+        day = today - back * 86_400
+        cols, _ = traffic(rng, OLD_ROWS, day)
+        stamps = day + (86_400 / OLD_ROWS) * np.arange(OLD_ROWS, dtype=np.float64)
+        name = time.strftime("%Y-%m-%d", time.gmtime(day)) + ".csv"
+        written.append(_write_csv(directory / "old" / name, cols, stamps))
+    return written
+
+
+def _write_csv(path: Path, cols: dict[str, NDArray[Any]],
+               ts: NDArray[np.float64]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["ts,lane,stationid,speed"]
+    lines += [f"{_iso(t)},{lane},{station},{speed}" for t, lane, station, speed in
+              zip(ts.tolist(), cols["lane"].tolist(), cols["stationid"].tolist(),
+                  cols["speed"].tolist(), strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _iso(ts: float) -> str:
+    ms = round(ts * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"

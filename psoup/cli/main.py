@@ -212,12 +212,21 @@ def main(ctx: click.Context, server: str, token: str | None) -> None:
 @click.option("--rows", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True,
               help="Traffic readings per phase of the demo.")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the synthetic trace.")
-def demo(mode: ModeName, rows: int, seed: int) -> None:
+@click.option("--write-samples", "samples", type=click.Path(file_okay=False, path_type=Path),
+              default=None, metavar="DIR",
+              help="Instead, write the docs' sample files into DIR: readings.csv (the last "
+                   "10 minutes) and old/DAY.csv (the 2 days before today).")
+def demo(mode: ModeName, rows: int, seed: int, samples: Path | None) -> None:
     """Run the embedded engine on a synthetic traffic trace; no server needed.
 
     Registers sliding, landmark and snapshot queries, ingests readings, "disconnects"
     while more data arrives, then invokes every handle and prints the answers.
     """
+    if samples is not None:
+        from psoup.cli.demo import write_samples
+        for path in write_samples(samples, seed=seed):
+            click.echo(f"wrote {path}")
+        return
     from psoup.cli.demo import run_demo
     run_demo(mode=mode, rows=rows, seed=seed, echo=click.echo)
 
