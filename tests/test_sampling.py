@@ -559,5 +559,8 @@ def test_a_segment_across_an_age_boundary_reads_its_recent_matches_whole(
     estimate = eng.invoke(count, now=now)
     assert estimate.fidelity == got.fidelity
     assert estimate.rows[0][0] == pytest.approx(len(young) + 4 * len(ids - young))
+    again = eng.invoke(listed, now=now)                     # the file's read, cached
+    assert again.tuple_ids.tolist() == got.tuple_ids.tolist()
+    assert eng.stats()["archive_reads"]["tier_reads"][listed] == 0.25
     eng._check()
     eng.close()
