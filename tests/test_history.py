@@ -249,9 +249,9 @@ def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(
     locked: list[bool] = []
     real = tiers_module.load_segment
 
-    def load(*args: Any) -> Any:
+    def load(*args: Any, **kwargs: Any) -> Any:
         locked.append(eng._lock.held())
-        return real(*args)
+        return real(*args, **kwargs)
     monkeypatch.setattr(tiers_module, "load_segment", load)
     _check(eng, handles, _oracle(inserted), 300.0)
     assert locked and not any(locked), "every file was read off the lock"

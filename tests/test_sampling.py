@@ -508,3 +508,47 @@ def test_an_invocation_reads_a_sample_of_the_tier_when_the_policy_says_so(
     assert eng.invoke(h, now=now + 300).rows == got.rows     # from the cache, the same
     eng._check()
     eng.close()
+
+
+def test_a_segment_across_an_age_boundary_reads_its_recent_matches_whole(
+        tmp_path: Path) -> None:
+    """ByAge at invocation: the history pass writes one segment holding matches on both
+    sides of the boundary (ts 100 at NOW 400); an invocation reads it in parts, each at
+    its own rate, so every match younger than 300 s is in the answer, and only the
+    older ones are a quarter of them."""
+    from psoup.archive.policy import ByAge
+
+    now = 400.0
+    eng = psoup.Engine(path=str(tmp_path / "s"), clock=Clock(now), chunk_rows=64,
+                       archive_policy=ByAge([(300, 1.0)], older=0.25))
+    eng.execute("CREATE STREAM R (a INT, b FLOAT) RETAIN 500 ROWS")
+    gen = np.random.default_rng(10)
+    rows: dict[str, list[Any]] = {}
+    listed = eng.register("SELECT a FROM R WHERE a < 5 BEGIN 50 END NOW")
+    count = eng.register("SELECT COUNT(*) FROM R WHERE a < 5 BEGIN 50 END NOW")
+    ts = np.arange(4000) / 10.0
+    batch = {"a": gen.integers(0, 10, 4000), "b": np.round(gen.random(4000), 3)}
+    tids = eng.insert("R", batch, ts=ts)
+    for name, values in (("ts", ts), ("tid", tids), *batch.items()):
+        rows.setdefault(name, []).extend(values.tolist())
+    eng.evaluate_history()
+    first, last = eng.stats()["queries"][listed]["tier_files"][0][-47:-8].split("-")
+    assert int(first) < 1000 < int(last)            # one file across ts 100 (tupleID 1000)
+    con = _oracle(rows, tmp_path / "s" / "archive")
+    young = {int(t) for (t,) in con.execute(
+        f"SELECT tid FROM src WHERE a < 5 AND ts >= 100 AND ts <= {now}").fetchall()}
+    old = {int(t) for (t,) in con.execute(
+        "SELECT tid FROM src WHERE a < 5 AND ts >= 50 AND ts < 100").fetchall()}
+    got = eng.invoke(listed, now=now)
+    ids = set(got.tuple_ids.tolist())
+    assert young <= ids, f"{len(young - ids)} of {len(young)} recent matches missing"
+    assert ids - young <= old and 0 < len(ids - young) < len(old)
+    assert got.fidelity == ((50.0, 100.0, 0.25), (100.0, now, 1.0))
+    estimate = eng.invoke(count, now=now)
+    assert estimate.fidelity == got.fidelity
+    assert estimate.rows[0][0] == pytest.approx(len(young) + 4 * len(ids - young))
+    again = eng.invoke(listed, now=now)                     # the file's read, cached
+    assert again.tuple_ids.tolist() == got.tuple_ids.tolist()
+    assert eng.stats()["archive_reads"]["tier_reads"][listed] == 0.25
+    eng._check()
+    eng.close()

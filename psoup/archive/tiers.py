@@ -207,6 +207,21 @@ def read_footer(folder: Path, name: str, columns: list[str]) -> Segment:
 #: (present only when some segment was read as a sample, `reads`).
 READ_RATE = "_read_rate"
 
+#: How a segment is read as a sample: (from ts, draw limit) steps in ts order, the
+#: first from -inf: a match is read when its draw is below the limit of its ts
+#: (psoup.archive.policy.step_at), so a segment that spans a boundary of the policy's
+#: schedule reads each side at its own rate.
+Limits = tuple[tuple[float, int], ...]
+
+#: A whole read.
+ALL: Limits = ((-math.inf, SAMPLE_SPACE),)
+
+
+def file_limit(limits: Limits) -> int:
+    """The draw limit a read of `limits` reads the segment's file at: the highest (the
+    rows of the lower steps are filtered from it by their draws)."""
+    return max(limit for _, limit in limits)
+
 
 def load_segment(folder: Path, seg: Segment, types: Mapping[str, ColumnType],
                  limit: int = SAMPLE_SPACE, keep_draws: bool = False
@@ -239,23 +254,43 @@ def load_segment(folder: Path, seg: Segment, types: Mapping[str, ColumnType],
     return got
 
 
-def load_segments(folder: Path, wanted: list[tuple[Segment, dict[str, ColumnType], int]]
+def load_segments(folder: Path, wanted: list[tuple[Segment, dict[str, ColumnType], Limits]]
                   ) -> dict[str, dict[str, np.ndarray]]:
     """`load_segment` of each of `wanted` (as `ArchiveTiers.unread` lists them: the
-    segment, its types, the draw limit of its read) by cache key (`cache_key`), leaving
+    segment, its types, the draw limits of its read) by cache key (`cache_key`), leaving
     out the ones that fail: reading them again under the lock raises the error where
     the answer needs it. O(what they read)."""
     out = {}
-    for seg, types, limit in wanted:
+    for seg, types, limits in wanted:
         with contextlib.suppress(PSoupError):
-            out[cache_key(seg.name, limit)] = load_segment(folder, seg, types, limit)
+            out[cache_key(seg.name, limits)] = load_segment(
+                folder, seg, types, file_limit(limits), keep_draws=len(limits) > 1)
     return out
 
 
-def cache_key(name: str, limit: int) -> str:
-    """The cache's key of segment `name` read below draw `limit`: its name for a whole
-    read, NAME@LIMIT for a sample."""
+def cache_key(name: str, limits: Limits) -> str:
+    """The cache's key of segment `name` read at `limits`: its name for a whole read,
+    NAME@LIMIT for a sample of one rate, NAME@LIMIT+draws for a read at the highest
+    limit of several that keeps the draws to filter by."""
+    limit = file_limit(limits)
+    if len(limits) > 1:
+        return f"{name}@{limit}+draws"
     return name if limit >= SAMPLE_SPACE else f"{name}@{limit}"
+
+
+def _sampled(columns: Mapping[str, np.ndarray], limits: Limits) -> dict[str, np.ndarray]:
+    """The rows of `columns` read at `limits` (its draws kept when they are several
+    steps), with the rate each was read at (READ_RATE), the draws dropped. O(n log
+    steps)."""
+    if len(limits) == 1:
+        rate = np.full(len(columns[TUPLE_ID]), limits[0][1] / SAMPLE_SPACE)
+        return {**columns, READ_RATE: rate}
+    from psoup.archive.layout import SAMPLE_COLUMN
+    limit = step_at(limits, columns[TS])
+    keep = columns[SAMPLE_COLUMN] < limit
+    got = {name: values[keep] for name, values in columns.items() if name != SAMPLE_COLUMN}
+    got[READ_RATE] = limit[keep] / SAMPLE_SPACE
+    return got
 
 
 def _between(columns: Mapping[str, np.ndarray], begin: float, end: float
@@ -494,16 +529,16 @@ class ArchiveTiers:
         self._hook(self._stream_of.pop(slot))
 
     def part(self, slot: int, reach: Reach,
-             reads: Mapping[str, int] | None = None, skip: Substitute | None = None
+             reads: Mapping[str, Limits] | None = None, skip: Substitute | None = None
              ) -> dict[str, np.ndarray] | None:
         """The slot's archived matches with a ts in `reach` (all columns, ts and
         tupleID included), or None when there are none or the window counts tuples in
         memory only (`reach` None). Reads the segments whose ts range meets `reach`, but for
         those whose every match the aggregate copies `skip` answer, and leaves out the
         matches `skip` answers; the segments named in `reads` it reads only for their
-        matches with a draw below the limit given there (a sample,
-        psoup.archive.sampling), and then the answer says at what rate each row was
-        read (READ_RATE; 1 for the tail, which is in memory).
+        matches with a draw below the limit given there for their ts (a sample,
+        psoup.archive.sampling: `Limits`), and then the answer says at what rate each
+        row was read (READ_RATE; 1 for the tail, which is in memory).
 
         Raises:
             PSoupError: a segment file is gone or damaged (naming it).
@@ -515,11 +550,9 @@ class ArchiveTiers:
         reads = reads or {}
         pieces = []
         for seg in self.meeting(slot, reach, skip):
-            limit = reads.get(seg.name, SAMPLE_SPACE)
-            got = _between(self._read(self._stream_of[slot], seg, limit), begin, end)
-            if reads:
-                got[READ_RATE] = np.full(len(got[TUPLE_ID]), limit / SAMPLE_SPACE)
-            pieces.append(got)
+            limits = reads.get(seg.name, ALL)
+            got = _between(self._read(self._stream_of[slot], seg, limits), begin, end)
+            pieces.append(_sampled(got, limits) if reads else got)
         if tier.tail:
             got = _between(tier.tail, begin, end)
             if reads:
@@ -543,25 +576,26 @@ class ArchiveTiers:
         begin, end = reach
         return [seg for seg in _meeting(tier.segments, begin, end, skip) if seg.rows]
 
-    def _read(self, stream: str, seg: Segment, limit: int = SAMPLE_SPACE
+    def _read(self, stream: str, seg: Segment, limits: Limits = ALL
               ) -> dict[str, np.ndarray]:
-        """A segment's columns (its matches with a draw below `limit`), from the cache
-        or from its file (kept in the cache, the least recently read ones leaving it
-        beyond CACHE_BYTES)."""
-        key = cache_key(seg.name, limit)
+        """A segment's columns (its matches with a draw below the highest of `limits`,
+        with their draws when there are several), from the cache or from its file (kept
+        in the cache, the least recently read ones leaving it beyond CACHE_BYTES)."""
+        key = cache_key(seg.name, limits)
         got = self._cache.get(key)
         if got is not None:
             self._cache.move_to_end(key)
             return got
         assert self.folder is not None
-        got = load_segment(self.folder, seg, self._types(stream), limit)
+        got = load_segment(self.folder, seg, self._types(stream), file_limit(limits),
+                           keep_draws=len(limits) > 1)
         self._cache_put(key, got)
         return got
 
     def unread(self, slot: int, reach: Reach,
-               reads: Mapping[str, int] | None = None, skip: Substitute | None = None
-               ) -> list[tuple[Segment, dict[str, ColumnType], int]]:
-        """The segments (their column types, the draw limit of their read: `part`'s
+               reads: Mapping[str, Limits] | None = None, skip: Substitute | None = None
+               ) -> list[tuple[Segment, dict[str, ColumnType], Limits]]:
+        """The segments (their column types, the draw limits of their read: `part`'s
         `reads`; the copies `skip` answer left out) `part` would read from their files
         now, not being in the cache: for a caller to `load_segments` them off the
         engine's lock and `prime` the cache with them. O(segments)."""
@@ -569,9 +603,9 @@ class ArchiveTiers:
         types = self._types(self._stream_of[slot]) if slot in self._stream_of else {}
         wanted = []
         for seg in self.meeting(slot, reach, skip):
-            limit = reads.get(seg.name, SAMPLE_SPACE)
-            if cache_key(seg.name, limit) not in self._cache:
-                wanted.append((seg, types, limit))
+            limits = reads.get(seg.name, ALL)
+            if cache_key(seg.name, limits) not in self._cache:
+                wanted.append((seg, types, limits))
         return wanted
 
     def cached(self, name: str) -> bool:

@@ -32,7 +32,8 @@ SUITES = {
     "replay": ("replay.py", "Spark replay rate vs Spark's own read rate"),
     "history": ("history.py", "1,024 queries over 10^7 archived tuples: one pass vs per query"),
     "oscar": ("oscar.py", "reduced archive reads: COUNT(*) at 0-75% reduction vs the "
-                          "strawman; hourly averages from the aggregate copies vs tuples"),
+                          "strawman and DuckDB, interval coverage; hourly averages "
+                          "from the aggregate copies vs tuples"),
 }
 
 #: The paper's names for the experiments, and other aliases.

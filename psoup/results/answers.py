@@ -26,7 +26,7 @@ import numpy as np
 
 from psoup.archive.policy import step_ranges
 from psoup.archive.rates import SAMPLE_SPACE
-from psoup.archive.tiers import READ_RATE, ArchiveTiers, Sampled
+from psoup.archive.tiers import ALL, READ_RATE, ArchiveTiers, Limits, Sampled
 from psoup.errors import ArchiveError
 from psoup.plans import JoinPlan, Plan, SelectionPlan
 from psoup.query.model import TS, TUPLE_ID, ColumnType, Query
@@ -91,7 +91,7 @@ class Answers:
         return self.answer_and_window(plan, now)[0]
 
     def answer_and_window(self, plan: Plan, now: float,
-                          reads: Mapping[str, int] | None = None
+                          reads: Mapping[str, Limits] | None = None
                           ) -> tuple[Result, tuple[int, int] | None]:
         """The query's current answer at `now`, and where it comes from as a tupleID
         range [lo, hi) of its stream: for a selection query without aggregates or
@@ -170,7 +170,7 @@ class Answers:
         return got
 
     def _selection(self, plan: SelectionPlan, now: float,
-                   reads: Mapping[str, int] | None = None
+                   reads: Mapping[str, Limits] | None = None
                    ) -> tuple[Result, tuple[int, int] | None]:
         """A selection query's answer in stages: the window (its span in memory and its
         tier's part), then the find and the fetch; each shortcut a named step."""
@@ -188,7 +188,7 @@ class Answers:
         return self._rows(plan, stem, span, tier), None
 
     def _tier_part(self, plan: SelectionPlan, now: float,
-                   reads: Mapping[str, int] | None) -> _TierPart:
+                   reads: Mapping[str, Limits] | None) -> _TierPart:
         """What the archive adds to the window at `now`: its matches there (`reads`:
         the segments read as samples), the part the aggregate copies answer, the tier's
         sample and the answer's fidelity; `_IN_MEMORY` for a query without a tier."""
@@ -307,11 +307,11 @@ class Answers:
                                           answer.tuple_ids))
 
     def _read_layer(self, plan: SelectionPlan, now: float,
-                    reads: Mapping[str, int] | None) -> list[tuple[float, float, float]]:
+                    reads: Mapping[str, Limits] | None) -> list[tuple[float, float, float]]:
         """The rates the tier's segments were read at (`reads`), as ts ranges: each
         segment's from its first match to the next segment's (the first one's from
         -inf, the last one's to the first tuple in memory): the tier has no match in
-        between."""
+        between; a segment read in parts (several limits) gives a range a part."""
         if not reads:
             return []
         stem = self.stems[plan.query.sources[0].stream]
@@ -320,8 +320,10 @@ class Answers:
         horizon = stem.ts_at(stem.horizon) if stem.horizon < stem.n else math.inf
         starts = [-math.inf] + [seg.lo for seg in segments[1:]]
         ends = starts[1:] + [horizon]
-        return [(start, end, reads.get(seg.name, SAMPLE_SPACE) / SAMPLE_SPACE)
-                for seg, start, end in zip(segments, starts, ends, strict=True)]
+        return [(max(start, a), min(end, b), limit / SAMPLE_SPACE)
+                for seg, start, end in zip(segments, starts, ends, strict=True)
+                for a, b, limit in step_ranges(reads.get(seg.name, ALL))
+                if max(start, a) < min(end, b)]
 
     def _join(self, plan: JoinPlan, now: float) -> Result:
         query = plan.query
@@ -398,8 +400,9 @@ def _inclusion(got: Mapping[str, np.ndarray], sample: Sampled | None,
                archived: Mapping[str, np.ndarray] | None) -> np.ndarray:
     """Each answer row's probability of having been read: for the archived rows (they
     come first in `got`), the tier's sample rate below its end (the tuples it was
-    built from) and the rate its segment was read at (READ_RATE), whichever is lower
-    (the draws are the same, so the samples nest); 1 for the rows from memory."""
+    built from) and the rate its part of its segment was read at (READ_RATE),
+    whichever is lower (the draws are the same, so the samples nest); 1 for the rows
+    from memory."""
     n = len(got[TS])
     rate = np.ones(n)
     k = 0 if not archived else len(archived[TS])

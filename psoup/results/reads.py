@@ -18,6 +18,7 @@ its cursor, or is turned into the changes since a cursor (psoup.results.cursors)
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -35,7 +36,7 @@ from psoup.archive.policy import (
     step_ranges,
 )
 from psoup.archive.rates import SAMPLE_SPACE, threshold
-from psoup.archive.tiers import ArchiveTiers, Segment, load_segments
+from psoup.archive.tiers import ArchiveTiers, Limits, Segment, load_segments
 from psoup.locks import FairLock
 from psoup.plans import Plan, SelectionPlan
 from psoup.query.model import ColumnType
@@ -53,7 +54,7 @@ Begin = Callable[[], "tuple[Plan, float]"]
 #: What it does with the answer, still under the lock: the plan, the answer, its window.
 Finish = Callable[["Plan", "Result", "tuple[int, int] | None"], T]
 
-Wanted = list[tuple[Segment, dict[str, ColumnType], int]]
+Wanted = list[tuple[Segment, dict[str, ColumnType], Limits]]
 
 
 class Reads:
@@ -112,7 +113,7 @@ class Reads:
         """`finish(plan, answer, window)` of the answer at the (plan, NOW) `begin` gives,
         each called under the lock; the tier's files it needs are read off it."""
         loaded: dict[str, dict[str, np.ndarray]] | None = None
-        reads: dict[str, int] | None = None
+        reads: dict[str, Limits] | None = None
         measured = 0.0
         while True:
             with self._lock:
@@ -142,23 +143,25 @@ class Reads:
                 "tier_reads": {h: self._rates[p] for h, p in handles.items()
                                if p in self._rates}}
 
-    def _sampled_reads(self, plan: Plan, at: float) -> dict[str, int] | None:
+    def _sampled_reads(self, plan: Plan, at: float) -> dict[str, Limits] | None:
         """How to read `plan`'s tier for an answer at `at` (`read_plan`), and its rate
         remembered for stats; None under the Exact policy."""
         if isinstance(self.policy, Exact):
             return None
         reads = self.read_plan(plan, at)
-        self._rates[plan] = 1.0 if not reads else min(reads.values()) / SAMPLE_SPACE
+        self._rates[plan] = 1.0 if not reads else min(
+            limit for limits in reads.values() for _, limit in limits) / SAMPLE_SPACE
         return reads
 
     def forget(self, plan: Plan) -> None:
         """A query left."""
         self._rates.pop(plan, None)
 
-    def read_plan(self, plan: Plan, now: float) -> dict[str, int] | None:
+    def read_plan(self, plan: Plan, now: float) -> dict[str, Limits] | None:
         """How to read the archive tier of `plan` for an answer at `now`: None to read
-        its segments whole, or segment name -> the draw limit of a sampled read, each
-        at the lowest rate the policy gives over its ts range, asked about the segments
+        its segments whole, or segment name -> the draw limits of a sampled read, the
+        policy's steps over its ts range (a segment across a step's boundary read in
+        parts, each at its own rate: `segment_limits`), asked about the segments
         the aggregate copies do not answer and the cache does not hold (ArchiveRead:
         their matches, bytes and ts range, at the measured rate). O(segments) (a stat a
         segment not in the cache).
@@ -183,12 +186,11 @@ class Reads:
         steps = ask(self.policy, read)
         if steps == WHOLE:
             return None
-        ranges = step_ranges(steps)       # each segment at the lowest rate over its ts
-        return {seg.name: threshold(min(rate for a, b, rate in ranges
-                                        if a <= seg.hi and seg.lo < b))
-                for seg in segments}
+        ranges = step_ranges(steps)
+        return {seg.name: segment_limits(ranges, seg.lo, seg.hi) for seg in segments}
 
-    def _unread(self, plan: Plan, now: float, reads: Mapping[str, int] | None) -> Wanted:
+    def _unread(self, plan: Plan, now: float, reads: Mapping[str, Limits] | None
+                ) -> Wanted:
         """The tier's segment files an answer of `plan` at `now` would read (none in
         the cache), those in `reads` as samples: ArchiveTiers.unread. O(segments)."""
         if not isinstance(plan, SelectionPlan) or plan.slot not in self.tiers:
@@ -196,3 +198,26 @@ class Reads:
         return self.tiers.unread(plan.slot, archive_reach(plan.query.sources[0].window, now),
                                  reads, self.answers.substitute(plan, now))
 
+
+
+def segment_limits(ranges: list[tuple[float, float, float]], lo: float, hi: float
+                   ) -> Limits:
+    """The draw limits of a read of a segment whose matches' ts are in [lo, hi] at the
+    rates of `ranges` (a schedule's `step_ranges`): the steps that meet [lo, hi], the
+    first from -inf, neighbours of one limit merged. O(steps).
+
+    Example:
+        >>> segment_limits([(-math.inf, 100.0, 0.25), (100.0, math.inf, 1.0)], 0.0, 50.0)
+        ((-inf, 256),)
+        >>> segment_limits([(-math.inf, 100.0, 0.25), (100.0, math.inf, 1.0)], 0.0, 150.0)
+        ((-inf, 256), (100.0, 1024))
+    """
+    out: list[tuple[float, int]] = []
+    for a, b, rate in ranges:
+        if a <= hi and lo < b:
+            limit = threshold(rate)
+            if not out:
+                out.append((-math.inf, limit))
+            elif out[-1][1] != limit:
+                out.append((a, limit))
+    return tuple(out)
