@@ -88,9 +88,11 @@ def _probe_inputs(q: int, n: int, seed: int) -> tuple[
 #: converted once), "called" (converted at each call too) or "in_c" (inside C).
 FloorTiming = Literal["once", "called", "in_c"]
 
-#: The in-C timing's work per reading: enough batches for a few milliseconds of loop,
-#: so that the clock's resolution and one reading's jitter do not count.
-IN_C_WORDS = 2_000_000
+#: The in-C timing's work per reading, in result words: about 16 batches at 1,024
+#: queries, a fraction of a millisecond; each reading short, as the other timings are, so
+#: that on a shared machine most readings fit between two preemptions (the clock, inside
+#: C, needs no more: one batch would do).
+IN_C_WORDS = 1 << 20
 
 
 def ingest_floor(q: int, timing: FloorTiming = "once") -> float | None:
@@ -117,7 +119,7 @@ def ingest_floor(q: int, timing: FloorTiming = "once") -> float | None:
     lib.reject_or4(*once)
     if timing == "in_c":
         reps = max(1, IN_C_WORDS // (BATCH * words))
-        seconds = [float(lib.reject_or4_timed(*once, reps)) for _ in range(9)]
+        seconds = [float(lib.reject_or4_timed(*once, reps)) for _ in range(15)]
         return reps * BATCH / float(np.median(seconds))
     if timing == "called":
         return BATCH / _median_seconds(lambda: lib.reject_or4(*arguments()))
