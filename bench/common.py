@@ -376,6 +376,18 @@ def size_flag(doc: str) -> tuple[Level, str]:
     return level, _SUFFIXES[level]
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name as Linux reports it (lscpu's "Model name"), else None."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def machine_info() -> dict[str, Any]:
     """Where the numbers were measured."""
     import matplotlib
@@ -383,6 +395,7 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor() or None,
+        "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": np.__version__,
