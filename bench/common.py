@@ -149,6 +149,116 @@ class UnsharedNumpy:
         return out
 
 
+_LOWEST, _HIGHEST = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+
+#: SharedNumpy keeps a direct value -> cell array for a column while its values span
+#: fewer than this (psoup's predicate index keeps its direct map under the same bound).
+DIRECT_SPAN = 1 << 16
+
+
+def _accepted(op: str, value: int) -> tuple[int, int]:
+    """The integers a factor `column op value` accepts, as inclusive bounds."""
+    return {"<": (_LOWEST, value - 1), "<=": (_LOWEST, value), ">": (value + 1, _HIGHEST),
+            ">=": (value, _HIGHEST), "=": (value, value)}[op]
+
+
+class SharedNumpy:
+    """The shared baseline as a numpy expert writes it, the structure psoup shares built
+    with numpy alone: per attribute, the queries' bounds sorted into cells and one bit
+    row per cell (query i is bit i % 64 of word i // 64) of the queries that accept it;
+    each batch then costs, per attribute, finding each value's cell, one gather of those
+    cells' rows, and a bitwise AND across attributes: an (n, ceil(Q/64)) uint64 array,
+    one row of match bits per tuple (the bits psoup records, in the C floor's layout).
+    The rows are a fresh array per batch (they are the batch's answer and outlive it);
+    the other gathers go into one reused array, with mode="clip" (with out=, np.take's
+    default mode gathers into a buffer first: 3x slower at 1,024 queries). Only the last
+    batch's rows are kept, as the unshared baseline keeps only its last matches. Integer
+    columns only (`a > v` is taken as `a >= v + 1`).
+
+    The cells' rows are cumulative: going up the cells, a query's bit turns on at the
+    cell where its accepted interval starts and off where it ends, so each table is the
+    running XOR (np.logical_xor.accumulate) of those toggles. A value's cell is
+    np.searchsorted of the value among the bounds; while a column's values seen so far
+    span fewer than DIRECT_SPAN values, a value -> cell array over that span (built by
+    np.searchsorted, widened when a value falls outside it) finds them with one gather
+    instead, as psoup's index does: a binary search per value costs several times the
+    rest of the batch at 1,024 queries. With direct=False every value is searched.
+
+    Example:
+        >>> s = SharedNumpy([[("a", ">", 1)], [("a", "<", 3), ("b", "=", 0)]])
+        >>> rows = s.insert({"a": np.arange(4), "b": np.zeros(4, int)})
+        >>> rows[:, 0].tolist(), s.matches(0).tolist(), s.matches(1).tolist()
+        ([2, 2, 3, 1], [2, 3], [0, 1, 2])
+    """
+
+    def __init__(self, queries: Sequence[Sequence[tuple[str, str, int]]],
+                 direct: bool = True):
+        self.words, self.direct = -(-len(queries) // 64), direct
+        columns = sorted({c for query in queries for c, _, _ in query})
+        if not columns:
+            raise ValueError("SharedNumpy needs at least one factor")
+        self.tables = [(c, *self._table(queries, c)) for c in columns]
+        #: per table: (the first value, the cell of each value from it on)
+        self.maps = [(0, np.empty(0, np.intp)) for _ in columns]
+        self.rows = np.empty((0, self.words), np.uint64)
+        self._spare = self.rows
+
+    def _table(self, queries: Sequence[Sequence[tuple[str, str, int]]],
+               column: str) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+        """(sorted cell bounds, one bit row per cell) for `column`: cell k holds the
+        values v with k bounds <= v (np.searchsorted's side="right")."""
+        lo = np.full(len(queries), _LOWEST, np.int64)
+        hi = np.full(len(queries), _HIGHEST, np.int64)
+        for i, query in enumerate(queries):
+            for c, op, value in query:
+                if c == column:         # several factors on one column: they intersect
+                    low, high = _accepted(op, value)
+                    lo[i], hi[i] = max(int(lo[i]), low), min(int(hi[i]), high)
+        live = np.flatnonzero(lo <= hi)          # an empty interval never turns on
+        ends = live[hi[live] < _HIGHEST]
+        bounds = np.unique(np.concatenate([lo[live][lo[live] > _LOWEST], hi[ends] + 1]))
+        toggles = np.zeros((len(bounds) + 1, 64 * self.words), dtype=bool)
+        toggles[np.searchsorted(bounds, lo[live], side="right"), live] = True
+        toggles[np.searchsorted(bounds, hi[ends] + 1, side="right"), ends] = True
+        accept = np.logical_xor.accumulate(toggles, axis=0)
+        packed = np.packbits(accept, axis=1, bitorder="little")
+        return bounds, packed.view(np.dtype("<u8")).astype(np.uint64, copy=False)
+
+    def cells(self, k: int, values: NDArray[np.int64]) -> NDArray[np.intp]:
+        """The cell of each of `values` in table k."""
+        bounds = self.tables[k][1]
+        if not self.direct:
+            return np.searchsorted(bounds, values, side="right")
+        first, cell = self.maps[k]
+        lo, hi = int(values.min()), int(values.max())
+        if lo < first or hi >= first + len(cell):
+            if len(cell):
+                lo, hi = min(lo, first), max(hi, first + len(cell) - 1)
+            if hi - lo >= DIRECT_SPAN:
+                return np.searchsorted(bounds, values, side="right")
+            first, cell = lo, np.searchsorted(bounds, np.arange(lo, hi + 1), side="right")
+            self.maps[k] = first, cell
+        return np.take(cell, values - first if first else values)
+
+    def insert(self, columns: dict[str, NDArray[Any]]) -> NDArray[np.uint64]:
+        n = len(next(iter(columns.values())))
+        if len(self._spare) != n:
+            self._spare = np.empty((n, self.words), np.uint64)
+        (c, _, table), *rest = self.tables
+        rows = np.take(table, self.cells(0, columns[c]), axis=0)
+        spare, land = self._spare, np.bitwise_and
+        for k, (c, _, table) in enumerate(rest, start=1):
+            np.take(table, self.cells(k, columns[c]), axis=0, out=spare, mode="clip")
+            land(rows, spare, out=rows)
+        self.rows = rows
+        return rows
+
+    def matches(self, query: int) -> NDArray[np.intp]:
+        """Query number `query`'s matches in the last batch, as its row numbers."""
+        bits = self.rows[:, query >> 6] >> np.uint64(query & 63)
+        return np.flatnonzero(bits & np.uint64(1))
+
+
 _PREPARED = itertools.count()
 
 
@@ -266,6 +376,18 @@ def size_flag(doc: str) -> tuple[Level, str]:
     return level, _SUFFIXES[level]
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name as Linux reports it (lscpu's "Model name"), else None."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def machine_info() -> dict[str, Any]:
     """Where the numbers were measured."""
     import matplotlib
@@ -273,6 +395,7 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor() or None,
+        "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": np.__version__,

@@ -3,8 +3,11 @@ report psoup as a fraction of it (a ratio is stable across noisy runs; a time is
 
 `ingest_floor(q)`: tuples/s of a C loop doing only the shared probe's work for q queries
 (bench/floor.c `reject_or4`, four attributes, 257 cells each, 4,096-tuple batches into
-one reused output), its arguments converted once; `ingest_floor(q, called=True)`: the
-same loop timed as the ingest issue's floor script times it, converting them at each call.
+one reused output), one ctypes call per batch, its arguments converted once;
+`ingest_floor(q, timing="called")`: the same loop timed as the ingest issue's first floor
+script timed it, converting them at each call; `ingest_floor(q, timing="in_c")`: the
+same loop timed inside C, one call for many batches (`reject_or4_timed`), the loop's own
+rate with no Python in it: the floor the targets are set against.
 `retaining_floor(q, batch, retain_rows)`: the same loop as an engine with a retention
 must run it, its results and tuples kept in rings as long as the retention (the memory
 they take, not the probe, then bounds it).
@@ -27,7 +30,7 @@ import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -47,6 +50,8 @@ def _library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(target))
     ptr, size = ctypes.c_void_p, ctypes.c_size_t
     lib.reject_or4.argtypes = [ptr] * 10 + [size, size]
+    lib.reject_or4_timed.argtypes = [ptr] * 10 + [size, size, size]
+    lib.reject_or4_timed.restype = ctypes.c_double
     lib.retain_or4.argtypes = [ptr] * 10 + [size, size, ptr, size, ptr, size, size]
     lib.column_positions.argtypes = [ptr, size, ptr]
     lib.column_positions.restype = size
@@ -79,12 +84,28 @@ def _probe_inputs(q: int, n: int, seed: int) -> tuple[
     return words, tables, rows, np.full(words, np.uint64(2**64 - 1))
 
 
-def ingest_floor(q: int, called: bool = False) -> float | None:
-    """Tuples per second of the bare shared probe for q queries, its arguments converted
-    once; with `called`, timed the way the ingest issue's own floor script times it,
-    against which its targets were set: each timed call converts its twelve arguments
-    (addresses through ctypes) and crosses into C, once per 4,096-tuple batch, which
-    costs about a third of the loop's time at 1,024 queries."""
+#: How `ingest_floor` times the loop: "once" (a ctypes call per batch, its arguments
+#: converted once), "called" (converted at each call too) or "in_c" (inside C).
+FloorTiming = Literal["once", "called", "in_c"]
+
+#: The in-C timing's work per reading, in result words: about 16 batches at 1,024
+#: queries, a fraction of a millisecond; each reading short, as the other timings are, so
+#: that on a shared machine most readings fit between two preemptions (the clock, inside
+#: C, needs no more: one batch would do).
+IN_C_WORDS = 1 << 20
+
+
+def ingest_floor(q: int, timing: FloorTiming = "once") -> float | None:
+    """Tuples per second of the bare shared probe for q queries.
+
+    Args:
+        timing: "once": a ctypes call per 4,096-tuple batch, its twelve arguments
+            converted once; "called": timed the way the ingest issue's first floor script
+            timed it, each call converting its arguments (addresses through ctypes) and
+            crossing into C, which costs 20-30% of the loop's time at 1,024 queries;
+            "in_c": the loop timed inside C around many batches in one call
+            (`reject_or4_timed`), no Python in the time: the loop's own rate.
+    """
     lib = _library()
     if lib is None:
         return None
@@ -96,7 +117,11 @@ def ingest_floor(q: int, called: bool = False) -> float | None:
                 _address(out), BATCH, words]
     once = arguments()
     lib.reject_or4(*once)
-    if called:
+    if timing == "in_c":
+        reps = max(1, IN_C_WORDS // (BATCH * words))
+        seconds = [float(lib.reject_or4_timed(*once, reps)) for _ in range(15)]
+        return reps * BATCH / float(np.median(seconds))
+    if timing == "called":
         return BATCH / _median_seconds(lambda: lib.reject_or4(*arguments()))
     return BATCH / _median_seconds(lambda: lib.reject_or4(*once))
 
@@ -162,6 +187,7 @@ def find_floor(q: int, window: int) -> dict[str, float] | None:
 if __name__ == "__main__":
     for count in [int(a) for a in sys.argv[1:]] or [1024, 4096, 10_000, 100_000]:
         print(json.dumps({"queries": count, "ingest_tuples_per_s": ingest_floor(count),
-                          "ingest_called_tuples_per_s": ingest_floor(count, called=True),
+                          "ingest_called_tuples_per_s": ingest_floor(count, "called"),
+                          "ingest_in_c_tuples_per_s": ingest_floor(count, "in_c"),
                           "retaining_tuples_per_s": retaining_floor(count, 10_000, 200_000),
                           **(find_floor(count, 1 << 16) or {})}))

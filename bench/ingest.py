@@ -5,10 +5,15 @@ inequality queries registered first, for PSoup-P and PSoup-C, each with the shar
 predicate index (Shrd) and with every query evaluated on its own (Unshrd), as the
 paper's four curves. psoup's Unshrd packs each query's mask into its bitmaps, most of its
 time; so the unshared baseline is also measured as a numpy user writes it
-(`common.UnsharedNumpy`: masks computed in place, matches kept as row numbers per query)
-on the same batches, its matches checked against PSoup-P's on the last batch.
+(`common.UnsharedNumpy`: masks computed in place, matches kept as row numbers per query),
+and so is the shared one (`common.SharedNumpy`: the same bit table per attribute as
+psoup's index, a cell per value, one row gather per attribute and an AND across them;
+also with np.searchsorted per value in place of the value -> cell map), on the same
+batches, their matches checked against PSoup-P's on the last batch.
 
-P_Shrd's rate with the retention full is set beside the C floor (bench/floor.py), and
+P_Shrd's rate with the retention full is set beside the C floor (bench/floor.py: the
+loop timed inside C, the target's; also one ctypes call per batch, and as called, its
+arguments converted at each call, the old column), and
 beside the least an insert orchestrated in Python costs on the same engine's structures
 (`least_python_insert`: the checks, the tupleIDs, a numpy copy per column and the
 engine's compiled probe, nothing else), which says how much of the gap to the floor is
@@ -83,14 +88,18 @@ class _Feeder:
         self.sent += self.batch
 
 
+#: The numpy baselines an engine's matches are checked against: (unshared, shared ones).
+Baselines = tuple[common.UnsharedNumpy, list[common.SharedNumpy]]
+
+
 def measure(mode: ModeName, shared: bool, queries: list[str],
             pool: list[dict[str, NDArray[np.int64]]], s: dict[str, Any],
-            check: common.UnsharedNumpy | None = None) -> dict[str, Any]:
+            check: Baselines | None = None) -> dict[str, Any]:
     """Register `queries`, warm up with one batch, then time batches (from the first:
     the retention's first fill is in them, each new results chunk fresh memory from the
     OS); with `check` (P_Shrd), time them again once RETAIN_ROWS tuples have expired
-    (chunks reused, as the floor reuses its output), and the matches must equal the
-    engine's on the last batch (a sample of the queries)."""
+    (chunks reused, as the floor reuses its output), and the baselines' matches must
+    equal the engine's on the last batch (a sample of the queries)."""
     eng = psoup.Engine(mode=mode, shared_index=shared)
     eng.execute(f"{common.CREATE_R} RETAIN {RETAIN_ROWS} ROWS")
     t0 = time.perf_counter()
@@ -112,17 +121,34 @@ def measure(mode: ModeName, shared: bool, queries: list[str],
             stats["streams"]["R"]["rows"] * -(-len(queries) // 64) * 8)
         least = least_python_insert(eng, pool, s)
     if check is not None:
-        first = feed.sent - s["batch"]
-        check.insert(pool[(first // s["batch"]) % len(pool)])
-        for i in range(0, len(queries), max(1, len(queries) // 64)):
-            got = eng.invoke(handles[i], now=float(feed.sent)).tuple_ids
-            if not np.array_equal(got[got >= first] - first, check.matches[i]):
-                raise AssertionError(f"query {i}: {mode} and the numpy baseline disagree")
+        _verify(eng, handles, feed.sent, pool[(feed.sent // s["batch"] - 1) % len(pool)],
+                check)
     eng.close()
     return {"rate": timing.calls * s["batch"] / timing.total, "batches": timing.calls,
             "median_batch_ms": 1e3 * timing.median, "register_s": register_s,
             "steady_rate": steady and steady.calls * s["batch"] / steady.total,
             "memory": memory, "least_rate": least}
+
+
+def _verify(eng: psoup.Engine, handles: Sequence[str], sent: int,
+            last: dict[str, NDArray[np.int64]], check: Baselines) -> None:
+    """The baselines' matches on the last batch (`last`, the tuples before `sent`) must
+    equal the engine's, for a sample of 64 queries; the shared baselines' rows all
+    equal."""
+    unshared, shared = check
+    first = sent - len(next(iter(last.values())))
+    unshared.insert(last)
+    for baseline in shared:
+        baseline.insert(last)
+        if not np.array_equal(baseline.rows, shared[0].rows):
+            raise AssertionError("the shared numpy baselines disagree")
+    for i in range(0, len(handles), max(1, len(handles) // 64)):
+        got = eng.invoke(handles[i], now=float(sent)).tuple_ids
+        got = got[got >= first] - first
+        if not np.array_equal(got, unshared.matches[i]):
+            raise AssertionError(f"query {i}: PSoup-P and the numpy baseline disagree")
+        if not np.array_equal(got, shared[0].matches(i)):
+            raise AssertionError(f"query {i}: PSoup-P and the shared numpy baseline disagree")
 
 
 def least_python_insert(eng: psoup.Engine, pool: list[dict[str, NDArray[np.int64]]],
@@ -188,11 +214,9 @@ def measure_large(queries: list[str], pool: list[dict[str, NDArray[np.int64]]],
             "steady_batches": steady.calls}
 
 
-def measure_numpy(queries: list[str], pool: list[dict[str, NDArray[np.int64]]],
-                  s: dict[str, Any]) -> tuple[common.UnsharedNumpy, float]:
-    """The tight unshared numpy baseline over the same batches: (baseline, tuples/s)."""
-    baseline = common.UnsharedNumpy([common.factors(q.split(" WHERE ", 1)[1])
-                                     for q in queries])
+def measure_numpy(baseline: common.UnsharedNumpy | common.SharedNumpy,
+                  pool: list[dict[str, NDArray[np.int64]]], s: dict[str, Any]) -> float:
+    """Tuples/s of a numpy baseline over the same batches."""
     sent = [0]
 
     def feed() -> None:
@@ -200,7 +224,7 @@ def measure_numpy(queries: list[str], pool: list[dict[str, NDArray[np.int64]]],
         sent[0] += 1
     feed()
     timing = common.timed(feed, repeat=3, min_time=s["min_time"], max_time=s["cap_unshared"])
-    return baseline, timing.calls * s["batch"] / timing.total
+    return timing.calls * int(s["batch"]) / timing.total
 
 
 def _verdicts(rows: list[dict[str, Any]]) -> list[str]:
@@ -216,7 +240,8 @@ def _verdicts(rows: list[dict[str, Any]]) -> list[str]:
         notes.append(f"against the tight numpy unshared baseline at {n:,} queries: "
                      f"{row['P Shrd/np Unshrd']:.1f}x (psoup's own Unshrd packs each "
                      f"query's mask into its bitmaps: numpy Unshrd is "
-                     f"{row['np_Unshrd'] / row['P_Unshrd']:.1f}x faster than P_Unshrd)")
+                     f"{row['np_Unshrd'] / row['P_Unshrd']:.1f}x faster than P_Unshrd); "
+                     f"against the shared numpy baseline {row['P Shrd/np Shrd']:.2f}x")
     n, target = RATE_TARGET
     row = by_count.get(n)
     got = f"{row['P_Shrd']:,.0f} tuples/s" if row else "not measured (quick run)"
@@ -225,19 +250,7 @@ def _verdicts(rows: list[dict[str, Any]]) -> list[str]:
                  f"{verdict}")
     for row in rows:
         if row["queries"] >= 1024 and row.get("P_Shrd/floor") is not None:
-            share = row["steady/floor called"]
-            notes.append(
-                f"target: P_Shrd >= 0.5 of the C floor at {row['queries']:,} queries, with "
-                f"the retention full and the floor timed as the issue's floor script times "
-                f"it (a ctypes call per 4,096 tuples): {share:.2f} -> "
-                f"{'PASS' if share >= 0.5 else 'MISS'}; against the bare loop "
-                f"{row['steady/floor']:.2f}; from the first batch (the retention's first "
-                f"fill in it) {row['P_Shrd/floor']:.2f} of the bare loop; against the C loop "
-                f"run as an engine with this retention must run it (its results and tuples "
-                f"kept, floor.retaining_floor) {row['steady/retaining']:.2f}; the least "
-                f"insert orchestrated in Python on the same structures (checks, tupleIDs, "
-                f"a numpy copy per column, the engine's probe; least_python_insert) "
-                f"{row['least/floor called']:.2f} of the floor as called")
+            notes.append(_floor_verdict(row))
     worst = max((row for row in rows if row.get("results memory")),
                 key=lambda row: row["results memory"], default=None)
     if worst is not None:
@@ -250,8 +263,31 @@ def _verdicts(rows: list[dict[str, Any]]) -> list[str]:
             "reuse, and word rows 1/32 ahead for new queries)")
     notes.append("numpy Unshrd: each query on its own, comparisons into preallocated masks "
                  "(out=), matches kept as row numbers per query (common.UnsharedNumpy); "
-                 "its matches equal PSoup-P's on the last batch")
+                 "numpy Shrd: the shared structure built with numpy (common.SharedNumpy: "
+                 "per attribute a bit row per cell of the queries' sorted bounds, each "
+                 "value's cell from a value -> cell map, one row gather per attribute and "
+                 "a bitwise AND across them, one row of match bits per tuple); numpy Shrd "
+                 "searchsorted: the same with np.searchsorted per value in place of the "
+                 "map; their matches equal PSoup-P's on the last batch; neither keeps more "
+                 "than its last batch's matches, psoup keeps the retention's")
     return notes
+
+
+def _floor_verdict(row: dict[str, Any]) -> str:
+    share = row["steady/floor in C"]
+    return (f"target: P_Shrd >= 0.5 of the C floor at {row['queries']:,} queries, with the "
+            f"retention full and the floor's loop timed inside C (no ctypes call in its "
+            f"time): {share:.2f} -> {'PASS' if share >= 0.5 else 'MISS'}; against the "
+            f"floor as called (a ctypes call per 4,096 tuples, its arguments converted "
+            f"each time, the old target's) {row['steady/floor called']:.2f}; against a "
+            f"call per batch, arguments converted once {row['steady/floor']:.2f}; from "
+            f"the first batch (the retention's first fill in it) "
+            f"{row['P_Shrd/floor in C']:.2f} of the floor in C; against the C loop run "
+            f"as an engine with this retention must run it (its results and tuples kept, "
+            f"floor.retaining_floor) {row['steady/retaining']:.2f}; the least insert "
+            f"orchestrated in Python on the same structures (checks, tupleIDs, a numpy "
+            f"copy per column, the engine's probe; least_python_insert) "
+            f"{row['least/floor in C']:.2f} of the floor in C")
 
 
 def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
@@ -261,6 +297,8 @@ def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
                 linestyle="-" if shared else "--")
     ax.plot(counts, [row["np_Unshrd"] for row in rows], marker="s", linestyle=":",
             color="k", label="numpy Unshrd (tight)")
+    ax.plot(counts, [row["np_Shrd"] for row in rows], marker="^", linestyle=":",
+            color="grey", label="numpy Shrd (same bit tables)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(counts, [f"{c:,}" for c in counts])
@@ -268,6 +306,106 @@ def _plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.set_ylabel("tuples / s ingested")
     ax.set_title("Ingest throughput (PSoup Fig. 9)")
     ax.legend()
+
+
+def measure_count(queries: list[str], pool: list[dict[str, NDArray[np.int64]]],
+                  s: dict[str, Any]) -> dict[str, Any]:
+    """One table row: the numpy baselines, then the four variants, over `queries`."""
+    row: dict[str, Any] = {"queries": len(queries)}
+    factor_lists = [common.factors(q.split(" WHERE ", 1)[1]) for q in queries]
+    unshared = common.UnsharedNumpy(factor_lists)
+    shared = [common.SharedNumpy(factor_lists), common.SharedNumpy(factor_lists, direct=False)]
+    row["np_Unshrd"] = measure_numpy(unshared, pool, s)
+    row["np_Shrd"] = measure_numpy(shared[0], pool, s)
+    row["np_Shrd search"] = measure_numpy(shared[1], pool, s)
+    for label, mode, is_shared in VARIANTS:
+        got = measure(mode, is_shared, queries, pool, s,
+                      check=(unshared, shared) if label == "P_Shrd" else None)
+        row[label] = got["rate"]
+        row[f"{label} batches"] = got["batches"]
+        row[f"{label} median batch ms"] = got["median_batch_ms"]
+        row[f"{label} register s"] = got["register_s"]
+        if label == "P_Shrd":
+            row["P_Shrd steady"] = got["steady_rate"]
+            row["results memory"] = got["memory"]
+            row["least insert"] = got["least_rate"]
+    row["P Shrd/Unshrd"] = row["P_Shrd"] / row["P_Unshrd"]
+    row["P Shrd/np Unshrd"] = row["P_Shrd"] / row["np_Unshrd"]
+    row["P Shrd/np Shrd"] = row["P_Shrd"] / row["np_Shrd"]
+    row["C Shrd/Unshrd"] = row["C_Shrd"] / row["C_Unshrd"]
+    row["P/C"] = row["P_Shrd"] / row["C_Shrd"]
+    _floors(row, s)
+    return row
+
+
+def _floors(row: dict[str, Any], s: dict[str, Any]) -> None:
+    """The C floors at the row's query count, and P_Shrd as a share of each."""
+    count = row["queries"]
+    row["floor"] = floor.ingest_floor(count)
+    row["floor called"] = floor.ingest_floor(count, "called")
+    row["floor in C"] = floor.ingest_floor(count, "in_c")
+    if row["floor"]:
+        row["P_Shrd/floor in C"] = row["P_Shrd"] / row["floor in C"]
+        row["P_Shrd/floor"] = row["P_Shrd"] / row["floor"]
+        row["steady/floor"] = row["P_Shrd steady"] / row["floor"]
+        row["steady/floor called"] = row["P_Shrd steady"] / row["floor called"]
+        row["steady/floor in C"] = row["P_Shrd steady"] / row["floor in C"]
+        row["retaining floor"] = floor.retaining_floor(count, s["batch"], RETAIN_ROWS)
+        row["steady/retaining"] = row["P_Shrd steady"] / row["retaining floor"]
+        row["least/floor called"] = row["least insert"] / row["floor called"]
+        row["least/floor in C"] = row["least insert"] / row["floor in C"]
+
+
+#: (key, header, format) of the printed table's columns.
+COLUMNS = [("queries", "queries", ",d")]
+COLUMNS += [(label, f"{label} tuples/s", ",.0f") for label, _, _ in VARIANTS]
+COLUMNS += [("np_Unshrd", "numpy Unshrd tuples/s", ",.0f"),
+            ("np_Shrd", "numpy Shrd tuples/s", ",.0f"),
+            ("np_Shrd search", "numpy Shrd searchsorted tuples/s", ",.0f"),
+            ("P Shrd/Unshrd", "P Shrd/Unshrd", ".1f"),
+            ("P Shrd/np Unshrd", "P Shrd/numpy Unshrd", ".1f"),
+            ("P Shrd/np Shrd", "P Shrd/numpy Shrd", ".2f"),
+            ("C Shrd/Unshrd", "C Shrd/Unshrd", ".1f"), ("P/C", "P/C (Shrd)", ".1f"),
+            ("P_Shrd steady", "P_Shrd full tuples/s", ",.0f"),
+            ("floor in C", "C floor in C", ",.0f"),
+            ("steady/floor in C", "P_Shrd full/floor in C", ".2f"),
+            ("floor", "C floor tuples/s", ",.0f"), ("P_Shrd/floor", "P_Shrd/floor", ".2f"),
+            ("steady/floor", "P_Shrd full/floor", ".2f"),
+            ("floor called", "C floor as called", ",.0f"),
+            ("steady/floor called", "P_Shrd full/floor as called", ".2f"),
+            ("retaining floor", "C retaining floor", ",.0f"),
+            ("steady/retaining", "P_Shrd full/retaining floor", ".2f"),
+            ("least insert", "least Python insert tuples/s", ",.0f"),
+            ("least/floor in C", "least Python insert/floor in C", ".2f"),
+            ("least/floor called", "least Python insert/floor as called", ".2f"),
+            ("results memory", "results B/(retained x ceil(Q/64) x 8)", ".3f")]
+COLUMNS += [(f"{label} register s", f"{label} reg s", ".2f") for label, _, _ in VARIANTS]
+
+
+def large_note(count: int, pool: list[dict[str, NDArray[np.int64]]],
+               s: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """P_Shrd at `count` queries (--large): its figures and the note that reports them."""
+    got = measure_large(common.selection_queries(common.rng(2), count, "inequality"),
+                        pool, s)
+    got["floor"] = floor.ingest_floor(count)
+    got["floor_called"] = floor.ingest_floor(count, "called")
+    got["floor_in_c"] = floor.ingest_floor(count, "in_c")
+    got["retaining_floor"] = floor.retaining_floor(count, s["batch"], RETAIN_ROWS)
+    share = ""
+    if got["floor"]:
+        steady = got["steady_rate"]
+        share = (f" = {got['rate'] / got['floor_in_c']:.2f} / "
+                 f"{steady / got['floor_in_c']:.2f} of the C floor timed in C "
+                 f"({got['floor_in_c']:,.0f} tuples/s; target 0.5 with the retention full: "
+                 f"{'PASS' if steady >= 0.5 * got['floor_in_c'] else 'MISS'}); "
+                 f"{steady / got['floor_called']:.2f} of the floor as called "
+                 f"({got['floor_called']:,.0f} tuples/s); "
+                 f"{steady / got['retaining_floor']:.2f} of the C retaining floor "
+                 f"({got['retaining_floor']:,.0f} tuples/s)")
+    return got, (f"P_Shrd at {count:,} queries (--large): {got['rate']:,.0f} tuples/s "
+                 f"measured as above ({got['batches']} batches, mostly the retention's "
+                 f"first fill), {got['steady_rate']:,.0f} tuples/s with the retention "
+                 f"full{share}; registering took {got['register_s']:.1f} s")
 
 
 def main() -> None:
@@ -281,80 +419,18 @@ def main() -> None:
     data_gen = common.rng(1)
     pool = [common.data_columns(data_gen, s["batch"]) for _ in range(s["pool"])]
     all_queries = common.selection_queries(common.rng(2), max(s["counts"]), "inequality")
-
-    rows: list[dict[str, Any]] = []
-    for count in s["counts"]:
-        row: dict[str, Any] = {"queries": count}
-        baseline, row["np_Unshrd"] = measure_numpy(all_queries[:count], pool, s)
-        for label, mode, shared in VARIANTS:
-            got = measure(mode, shared, all_queries[:count], pool, s,
-                          check=baseline if label == "P_Shrd" else None)
-            row[label] = got["rate"]
-            row[f"{label} batches"] = got["batches"]
-            row[f"{label} median batch ms"] = got["median_batch_ms"]
-            row[f"{label} register s"] = got["register_s"]
-            if label == "P_Shrd":
-                row["P_Shrd steady"] = got["steady_rate"]
-                row["results memory"] = got["memory"]
-                row["least insert"] = got["least_rate"]
-        row["P Shrd/Unshrd"] = row["P_Shrd"] / row["P_Unshrd"]
-        row["P Shrd/np Unshrd"] = row["P_Shrd"] / row["np_Unshrd"]
-        row["C Shrd/Unshrd"] = row["C_Shrd"] / row["C_Unshrd"]
-        row["P/C"] = row["P_Shrd"] / row["C_Shrd"]
-        row["floor"] = floor.ingest_floor(count)
-        row["floor called"] = floor.ingest_floor(count, called=True)
-        if row["floor"]:
-            row["P_Shrd/floor"] = row["P_Shrd"] / row["floor"]
-            row["steady/floor"] = row["P_Shrd steady"] / row["floor"]
-            row["steady/floor called"] = row["P_Shrd steady"] / row["floor called"]
-            row["retaining floor"] = floor.retaining_floor(count, s["batch"], RETAIN_ROWS)
-            row["steady/retaining"] = row["P_Shrd steady"] / row["retaining floor"]
-            row["least/floor called"] = row["least insert"] / row["floor called"]
-        rows.append(row)
-
-    columns = [("queries", "queries", ",d")]
-    columns += [(label, f"{label} tuples/s", ",.0f") for label, _, _ in VARIANTS]
-    columns += [("np_Unshrd", "numpy Unshrd tuples/s", ",.0f"),
-                ("P Shrd/Unshrd", "P Shrd/Unshrd", ".1f"),
-                ("P Shrd/np Unshrd", "P Shrd/numpy Unshrd", ".1f"),
-                ("C Shrd/Unshrd", "C Shrd/Unshrd", ".1f"), ("P/C", "P/C (Shrd)", ".1f"),
-                ("P_Shrd steady", "P_Shrd full tuples/s", ",.0f"),
-                ("floor", "C floor tuples/s", ",.0f"), ("P_Shrd/floor", "P_Shrd/floor", ".2f"),
-                ("steady/floor", "P_Shrd full/floor", ".2f"),
-                ("floor called", "C floor as called", ",.0f"),
-                ("steady/floor called", "P_Shrd full/floor as called", ".2f"),
-                ("retaining floor", "C retaining floor", ",.0f"),
-                ("steady/retaining", "P_Shrd full/retaining floor", ".2f"),
-                ("least insert", "least Python insert tuples/s", ",.0f"),
-                ("least/floor called", "least Python insert/floor as called", ".2f"),
-                ("results memory", "results B/(retained x ceil(Q/64) x 8)", ".3f")]
-    columns += [(f"{label} register s", f"{label} reg s", ".2f") for label, _, _ in VARIANTS]
+    rows = [measure_count(all_queries[:count], pool, s) for count in s["counts"]]
     notes = _verdicts(rows)
     measured_large: list[dict[str, Any]] = []
     for count in LARGE_COUNTS if large else ():
-        got = measure_large(common.selection_queries(common.rng(2), count, "inequality"),
-                            pool, s)
-        got["floor"] = floor.ingest_floor(count)
-        got["floor_called"] = floor.ingest_floor(count, called=True)
-        got["retaining_floor"] = floor.retaining_floor(count, s["batch"], RETAIN_ROWS)
+        got, note = large_note(count, pool, s)
         measured_large.append(got)
-        share = (f" = {got['rate'] / got['floor']:.2f} / {got['steady_rate'] / got['floor']:.2f}"
-                 f" of the bare C floor ({got['floor']:,.0f} tuples/s); with the retention "
-                 f"full {got['steady_rate'] / got['floor_called']:.2f} of the floor as "
-                 f"called ({got['floor_called']:,.0f} tuples/s; target 0.5: "
-                 f"{'PASS' if got['steady_rate'] >= 0.5 * got['floor_called'] else 'MISS'})"
-                 f"; {got['steady_rate'] / got['retaining_floor']:.2f} of the C retaining "
-                 f"floor ({got['retaining_floor']:,.0f} tuples/s)"
-                 if got["floor"] else "")
-        notes.append(f"P_Shrd at {count:,} queries (--large): {got['rate']:,.0f} tuples/s "
-                     f"measured as above ({got['batches']} batches, mostly the retention's "
-                     f"first fill), {got['steady_rate']:,.0f} tuples/s with the retention "
-                     f"full{share}; registering took {got['register_s']:.1f} s")
+        notes.append(note)
     params = {"batch_rows": s["batch"], "retain_rows": RETAIN_ROWS,
               "query_kind": "inequality", "min_time_s": s["min_time"],
               "cap_shared_s": s["cap_shared"], "cap_unshared_s": s["cap_unshared"],
               "seed": common.SEED, "quick": quick, "large": measured_large}
-    common.report(f"ingest{suffix}", rows, columns, _plot, notes=notes, params=params)
+    common.report(f"ingest{suffix}", rows, COLUMNS, _plot, notes=notes, params=params)
 
 
 if __name__ == "__main__":

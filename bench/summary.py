@@ -80,7 +80,8 @@ def section(name: str, title: str) -> str | None:
 
 def machine() -> str:
     info = common.machine_info()
-    return (f"Measured on: {info['platform']}, {info['cpu_count']} cores, Python "
+    cpu = f" ({info['cpu']})" if info.get("cpu") else ""
+    return (f"Measured on: {info['platform']}, {info['cpu_count']} cores{cpu}, Python "
             f"{info['python']}, numpy {info['numpy']}, DuckDB {info.get('duckdb', '-')}.")
 
 
