@@ -507,7 +507,7 @@ def test_ctrl_c_that_cuts_a_send_short_leaves_it_in_doubt_and_resume_sorts_it_ou
 
 def test_register_over_a_large_store_says_so_first(psoup: Run, traffic: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import psoup.cli.main as cli
+    import psoup.cli.progress as cli
     ok(psoup("ingest", "traffic", str(write(tmp_path / "r.csv", readings(50)))))
     monkeypatch.setattr(cli, "LARGE_STORE", 50)         # 50 retained tuples count as many
     done = psoup("register", SLOW)

@@ -479,3 +479,18 @@ def test_a_name_of_another_server_says_where_it_lives(
     assert printed == ["error: 'slow-lane3' names a handle on the server at 127.0.0.1:7070, "
                        "and this shell talks to an embedded engine (psoup shell --server "
                        "127.0.0.1:7070)"]
+
+
+@pytest.mark.parametrize(("large", "said"), [(3, True), (4, False)])
+def test_a_registration_over_a_large_store_says_so_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: int, said: bool) -> None:
+    import psoup.cli.progress as progress
+    monkeypatch.setattr(progress, "LARGE_STORE", large)  # as many retained tuples as "many"
+    rows = tmp_path / "a.csv"
+    rows.write_text("a\n1\n2\n3\n")
+    done = CliRunner().invoke(main, ["shell", "--in-memory", "-c", "CREATE STREAM s (a INT)",
+                                     "-c", f"\\ingest s {rows}",
+                                     "-c", "SELECT a FROM s WHERE a > 1"])
+    assert done.exit_code == 0, done.output
+    note = "applying the query to 3 retained tuples…\n"
+    assert (note in done.stderr) is said, done.stderr

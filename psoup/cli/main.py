@@ -47,7 +47,7 @@ from psoup.cli.output import (
     to_json,
 )
 from psoup.cli.polling import Interval, changes_since
-from psoup.cli.progress import Progress
+from psoup.cli.progress import Progress, announce_large
 from psoup.cli.typed import Typed
 from psoup.client import TOKEN_ADVICE, Client, ConnectionFailed, OutcomeUnknown
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, REPLAY_SLICE_ROWS, parse_address
@@ -706,7 +706,7 @@ def register(settings: Settings, sql: str, name: str | None, replace: bool) -> N
     if name is not None and old is not None and not replace:   # (old is None without name)
         raise name_taken(name, old)
     with _connected(settings.server, settings.token) as client:
-        _announce_large(client, sql)
+        announce_large(client, sql)
         handle = client.register(sql)
         if name is not None:
             try:
@@ -718,30 +718,6 @@ def register(settings: Settings, sql: str, name: str | None, replace: bool) -> N
         click.echo(f"note: '{name}' now names the new handle; the old one ({old['handle']}) "
                    "is still registered", err=True)
     click.echo(handle)
-
-
-#: Retained tuples from which `psoup register` says that it applies the new query to
-#: them (the server joins a new query with all the retained data before it answers).
-LARGE_STORE = 1_000_000
-
-
-def _announce_large(client: Client, sql: str) -> None:
-    """Say on stderr that registering `sql` applies it to many retained tuples (at least
-    LARGE_STORE), which takes a while: the count is the retained rows of the streams it
-    reads (DESCRIBE of each), asked before registering. Nothing when the SQL does not
-    parse or names an unknown stream: registering reports that."""
-    from psoup.query.parser import parse
-    from psoup.query.syntax import Select
-    try:
-        statement = parse(sql)
-        if not isinstance(statement, Select):
-            return
-        rows = sum(int(client.describe(name)["rows"])
-                   for name in {item.stream for item in statement.sources})
-    except PSoupError:
-        return
-    if rows >= LARGE_STORE:
-        click.echo(f"applying the query to {rows:,} retained tuples…", err=True)
 
 
 #: Rows of an answer a table on a terminal shows unless --limit says otherwise.

@@ -16,8 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any, Protocol
 
 import click
+
+from psoup.errors import PSoupError
 
 #: Seconds between two throttled lines (counts, heartbeat) off a terminal.
 EVERY = 5.0
@@ -121,3 +124,34 @@ class Progress:
         if self._thread is not None:
             self._thread.join()
         self.end()
+
+
+#: Retained tuples from which `psoup register` and the shell say that a new query is
+#: applied to them (the engine joins a new query with all the retained data before it
+#: answers).
+LARGE_STORE = 1_000_000
+
+
+class _Describes(Protocol):
+    """An engine or a client: what `announce_large` asks of it."""
+
+    def describe(self, name: str) -> dict[str, Any]: ...
+
+
+def announce_large(api: _Describes, sql: str) -> None:
+    """Say on stderr that registering `sql` applies it to many retained tuples (at least
+    LARGE_STORE), which takes a while: the count is the retained rows of the streams it
+    reads (DESCRIBE of each), asked before registering. Nothing when the SQL is no
+    SELECT, does not parse or names an unknown stream: registering reports that."""
+    from psoup.query.parser import parse
+    from psoup.query.syntax import Select
+    try:
+        statement = parse(sql)
+        if not isinstance(statement, Select):
+            return
+        rows = sum(int(api.describe(name)["rows"])
+                   for name in {item.stream for item in statement.sources})
+    except PSoupError:
+        return
+    if rows >= LARGE_STORE:
+        click.echo(f"applying the query to {rows:,} retained tuples…", err=True)

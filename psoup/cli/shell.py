@@ -43,6 +43,7 @@ from psoup.cli.output import (
     render_result,
     table,
 )
+from psoup.cli.progress import announce_large
 from psoup.config import config_dir
 from psoup.errors import PSoupError
 from psoup.results.result import Changes, Result
@@ -180,6 +181,8 @@ class Session:
         self._catalog = None
         words = re.findall(r"\w+", sql.upper())
         gone_before = self._handles() if words[:2] == ["DROP", "STREAM"] else set()
+        if words[:1] == ["SELECT"]:
+            announce_large(self.backend, sql)
         with self._whole():
             answer = self.backend.execute(sql)
         if isinstance(answer, str):
