@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -328,40 +328,35 @@ def cancel_group(group: str) -> None:
 def group_progress(group: str) -> tuple[int, int] | None:
     """(tasks done, tasks) of the Spark jobs of `group` so far, from Spark's status
     tracker; None when no session runs (or one is starting) or Spark cannot say."""
-    session = _session
-    if session is None:
-        return None
-    try:
-        tracker = session.sparkContext.statusTracker()
-        done = total = 0
+    def stages(tracker: Any) -> Iterator[int]:
         for job_id in tracker.getJobIdsForGroup(group):
             job = tracker.getJobInfo(job_id)
-            for stage_id in job.stageIds if job is not None else ():
-                stage = tracker.getStageInfo(stage_id)
-                if stage is not None:
-                    done += stage.numCompletedTasks
-                    total += stage.numTasks
-        return done, total
-    except Exception:               # the session stopping meanwhile: no progress to say
-        return None
+            yield from (job.stageIds if job is not None else ())
+    return _tasks(stages)
 
 
 def running_tasks() -> tuple[int, int] | None:
     """(tasks done, tasks) of the Spark stages running now, from Spark's status tracker;
     None when no session runs (or one is starting) or Spark cannot say."""
+    return _tasks(lambda tracker: tracker.getActiveStageIds())
+
+
+def _tasks(stages: Callable[[Any], Iterable[int]]) -> tuple[int, int] | None:
+    """(tasks done, tasks) of the stages `stages(tracker)` names; None when no session
+    runs or it stops meanwhile."""
     session = _session
     if session is None:
         return None
     try:
         tracker = session.sparkContext.statusTracker()
         done = total = 0
-        for stage_id in tracker.getActiveStageIds():
+        for stage_id in stages(tracker):
             stage = tracker.getStageInfo(stage_id)
             if stage is not None:
                 done += stage.numCompletedTasks
                 total += stage.numTasks
         return done, total
-    except Exception:               # the session stopping meanwhile: nothing to say
+    except Exception:               # the session stopping meanwhile: no progress to say
         return None
 
 
