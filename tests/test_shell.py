@@ -49,6 +49,14 @@ def _spawn(tmp_path: Path, *args: str, banner: str = "",
     return child
 
 
+def _piped(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`psoup ARGS` (the in-memory shell by default) run on `script` as its standard
+    input, not a terminal."""
+    return subprocess.run([sys.executable, "-m", "psoup.cli.main", *(args or SHELL)],
+                          input=script, capture_output=True, text=True, env=_env(tmp_path),
+                          cwd=ROOT, timeout=TIMEOUT)
+
+
 def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
@@ -170,9 +178,7 @@ def test_plain_psoup_on_a_terminal_is_the_shell(tmp_path: Path, server: str) -> 
 def test_a_data_dir_keeps_streams_and_queries_between_shells(tmp_path: Path) -> None:
     state = tmp_path / "state"
     script = "CREATE STREAM r (a INT);\nSELECT a FROM r;\n"
-    first = subprocess.run([sys.executable, "-m", "psoup.cli.main", "shell", "--data-dir",
-                            str(state)], input=script, capture_output=True, text=True,
-                           env=_env(tmp_path), cwd=ROOT, timeout=TIMEOUT)
+    first = _piped(tmp_path, script, "shell", "--data-dir", str(state))
     assert first.returncode == 0, first.stderr
     handle = first.stdout.split()[-1]
     child = _spawn(tmp_path, "shell", "--data-dir", str(state))
@@ -183,9 +189,7 @@ def test_a_data_dir_keeps_streams_and_queries_between_shells(tmp_path: Path) -> 
 
 def test_a_script_on_stdin_runs_and_a_failure_sets_the_exit_code(tmp_path: Path) -> None:
     script = "CREATE STREAM r (a INT);\nSELECT b FROM r;\n\\streams\n"
-    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL], input=script,
-                          capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
-                          timeout=TIMEOUT)
+    done = _piped(tmp_path, script)
     assert done.returncode == 1
     assert done.stderr.startswith("error: ") and "unknown column 'b'" in done.stderr
     assert "(1 stream)" in done.stdout and "CREATE STREAM" in done.stdout
@@ -284,15 +288,10 @@ def test_without_a_server_the_shell_runs_an_in_memory_engine(tmp_path: Path) -> 
 def test_c_and_f_run_commands_then_leave(tmp_path: Path) -> None:
     script = tmp_path / "script.sql"
     script.write_text("SELECT a\nFROM r;\n\\queries\n")
-    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL, "-c",
-                           "CREATE STREAM r (a INT);", "-f", str(script)],
-                          capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
-                          timeout=TIMEOUT)
+    done = _piped(tmp_path, "", *SHELL, "-c", "CREATE STREAM r (a INT);", "-f", str(script))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("CREATE STREAM\n") and "(1 standing query)" in done.stdout
-    failed = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL, "-c",
-                             "SELECT a FROM nowhere"], capture_output=True, text=True,
-                            env=_env(tmp_path), cwd=ROOT, timeout=TIMEOUT)
+    failed = _piped(tmp_path, "", *SHELL, "-c", "SELECT a FROM nowhere")
     assert failed.returncode == 1 and failed.stderr.startswith("error: ")
 
 
@@ -303,10 +302,7 @@ def test_help_quit_and_exit_need_no_backslash(tmp_path: Path) -> None:
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
-    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL],
-                          input="CREATE STREAM r (a INT);\nQUIT;\nSHOW STREAMS;\n",
-                          capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
-                          timeout=TIMEOUT)
+    done = _piped(tmp_path, "CREATE STREAM r (a INT);\nQUIT;\nSHOW STREAMS;\n")
     assert done.returncode == 0 and done.stdout == "CREATE STREAM\n", done
 
 
@@ -352,9 +348,7 @@ def test_show_queries_prints_sql_on_one_line(tmp_path: Path) -> None:
 
 def test_a_caret_points_at_the_error(tmp_path: Path) -> None:
     script = "CREATE STREAM r (a INT);\nSELECT a\n  FROM r WHERE b = 1;\n\\describe nowhere\n"
-    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", *SHELL], input=script,
-                          capture_output=True, text=True, env=_env(tmp_path), cwd=ROOT,
-                          timeout=TIMEOUT)
+    done = _piped(tmp_path, script)
     errors = done.stderr.splitlines()
     assert errors[0].startswith("error: line 2, column 16: unknown column 'b'"), errors
     assert errors[1:3] == ["  FROM r WHERE b = 1;", " " * 15 + "^"]
