@@ -65,7 +65,7 @@ class Reads:
         answers: the engine's answers (psoup.results.answers).
         tiers: the engine's archive tiers.
         policy: how much of a tier an invocation reads (psoup.archive.policy).
-        cursors: the engine's cursor store (None: answers carry no cursor).
+        cursors: the engine's cursor store.
         registered: whether a handle is still registered (its cursors are kept).
 
     Costs: O(segments the window meets) to plan a read, plus the answer's cost; the
@@ -73,8 +73,7 @@ class Reads:
     """
 
     def __init__(self, lock: FairLock, answers: Answers, tiers: ArchiveTiers,
-                 policy: Policy, cursors: CursorStore | None = None,
-                 registered: Callable[[str], bool] = lambda handle: True):
+                 policy: Policy, cursors: CursorStore, registered: Callable[[str], bool]):
         self._lock, self.answers, self.tiers, self.policy = lock, answers, tiers, policy
         self._cursors, self._registered = cursors, registered
         self.rate = DEFAULT_TIER_ROWS_PER_SECOND     # measured by reads of tier files
@@ -88,7 +87,6 @@ class Reads:
     def _answered(self, handle: str, since: str | None, plan: Plan, answer: Result,
                   window: tuple[int, int] | None) -> Result | Changes:
         """Under the lock, an invocation's answer: with its cursor, or as changes."""
-        assert self._cursors is not None, "an engine's reads have its cursors"
         if since is not None:
             return self._cursors.changes(handle, plan, since, answer, window)
         # made when first read (Result.defer_cursor): an invocation whose caller never
@@ -103,7 +101,6 @@ class Reads:
         the window it came from and the engine's secret, so it is the cursor `invoke`
         would have issued at once, even after the engine closed (a range cursor is valid
         for the reopened engine). O(answer) the first time, O(1) after."""
-        assert self._cursors is not None
         with self._lock:
             if not answer.cursor_issued:
                 self._cursors.issue(handle, answer, window,
