@@ -26,7 +26,7 @@ import numpy as np
 
 from psoup.archive.policy import step_ranges
 from psoup.archive.rates import SAMPLE_SPACE
-from psoup.archive.tiers import ALL, READ_RATE, ArchiveTiers, Limits, Sampled
+from psoup.archive.tiers import ALL, READ_RATE, ArchiveTiers, Limits, Reach, Sampled
 from psoup.errors import ArchiveError
 from psoup.plans import JoinPlan, Plan, SelectionPlan
 from psoup.query.model import TS, TUPLE_ID, ColumnType, Query
@@ -198,7 +198,7 @@ class Answers:
         substitute = self.substitute(plan, now)
         archived = self.tiers.part(plan.slot, reach, reads, substitute)
         sample = self.tiers.sampled(plan.slot)
-        fidelity = _fidelity(reach, _sample_layer(sample) + self._read_layer(plan, now, reads))
+        fidelity = _fidelity(reach, _sample_layer(sample) + self._read_layer(plan, reach, reads))
         return _TierPart(archived, substitute, sample, fidelity)
 
     def _indexed(self, plan: SelectionPlan, span: Span) -> Result | None:
@@ -306,7 +306,7 @@ class Answers:
         self.recent.put(plan.slot, Recent(plan.query, stem, p0, p1, values, answer.ts,
                                           answer.tuple_ids))
 
-    def _read_layer(self, plan: SelectionPlan, now: float,
+    def _read_layer(self, plan: SelectionPlan, reach: Reach,
                     reads: Mapping[str, Limits] | None) -> list[tuple[float, float, float]]:
         """The rates the tier's segments were read at (`reads`), as ts ranges: each
         segment's from its first match to the next segment's (the first one's from
@@ -315,8 +315,7 @@ class Answers:
         if not reads:
             return []
         stem = self.stems[plan.query.sources[0].stream]
-        segments = self.tiers.meeting(plan.slot,
-                                      archive_reach(plan.query.sources[0].window, now))
+        segments = self.tiers.meeting(plan.slot, reach)
         horizon = stem.ts_at(stem.horizon) if stem.horizon < stem.n else math.inf
         starts = [-math.inf] + [seg.lo for seg in segments[1:]]
         ends = starts[1:] + [horizon]
