@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from psoup.cli.output import iso_utc
 from psoup.engine import Engine
 from psoup.options import ModeName
 from psoup.results.result import Changes, Result
@@ -155,13 +156,8 @@ def _write_csv(path: Path, cols: dict[str, NDArray[Any]],
                ts: NDArray[np.float64]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = ["ts,lane,stationid,speed"]
-    lines += [f"{_iso(t)},{lane},{station},{speed}" for t, lane, station, speed in
+    lines += [f"{iso_utc(t)},{lane},{station},{speed}" for t, lane, station, speed in
               zip(ts.tolist(), cols["lane"].tolist(), cols["stationid"].tolist(),
                   cols["speed"].tolist(), strict=True)]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def _iso(ts: float) -> str:
-    ms = round(ts * 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
