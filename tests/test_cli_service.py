@@ -279,9 +279,9 @@ def test_ingest_progress_shows_percentage_and_eta_of_a_named_file(
 
 
 def test_progress_rates_and_eta_follow_the_recent_pace() -> None:
-    from psoup.cli.ingest import Progress
+    from psoup.cli.ingest import RateMeter
     now = [0.0]
-    meter = Progress(10_000, clock=lambda: now[0], window=10.0)
+    meter = RateMeter(10_000, clock=lambda: now[0], window=10.0)
     now[0] = 10.0                                   # a slow start: 100 bytes/s, 10 rows/s
     assert meter.update(100, 1_000) == "100 rows  10%  ETA 00:01:30  10 rows/s"
     for t in (11, 12, 13, 14):                      # then 2,000 bytes/s, 200 rows/s
@@ -299,19 +299,19 @@ def test_progress_rates_and_eta_follow_the_recent_pace() -> None:
 
 
 def test_progress_window_drops_old_samples_and_stdin_has_no_share() -> None:
-    from psoup.cli.ingest import Progress
+    from psoup.cli.ingest import RateMeter
     now = [0.0]
-    meter = Progress(1_000_000, clock=lambda: now[0], window=5.0)
+    meter = RateMeter(1_000_000, clock=lambda: now[0], window=5.0)
     for t in range(1, 11):                          # 1 s per batch of 1,000 rows
         now[0] = t
         line = meter.update(1_000 * t, 10_000 * t)
     assert line == "10,000 rows  10%  ETA 00:01:30  1,000 rows/s"
     now[0] = 20.0                     # a stall: from t=10 on, 10 times slower
     assert meter.update(11_000, 110_000) == "11,000 rows  11%  ETA 00:14:50  100 rows/s"
-    piped = Progress(None, clock=lambda: now[0])
+    piped = RateMeter(None, clock=lambda: now[0])
     now[0] = 22.0
     assert piped.update(500, 4_096) == "500 rows  250 rows/s"
-    resumed = Progress(1_000, clock=lambda: now[0])
+    resumed = RateMeter(1_000, clock=lambda: now[0])
     now[0] = 30.0
     resumed.restart(600)              # 600 bytes read past (already stored), not sent
     now[0] = 32.0

@@ -24,7 +24,7 @@ once. A `ResumeFile` keeps the producer id of an ingest of a named file, so
 for the reply to the batch in flight, so an interrupted ingest knows what is stored.
 
 Progress: a `Position` follows how far through the input the batches handed out reach
-(not how far the readers have read ahead), and `Progress` makes the line a terminal
+(not how far the readers have read ahead), and `RateMeter` makes the line a terminal
 shows from it: rows, rows/s and the time left at the pace of the last seconds.
 """
 
@@ -139,7 +139,7 @@ class Position:
         self.done = 0
 
 
-class Progress:
+class RateMeter:
     """The progress line of an ingest: rows sent, rows/s, and when the input's size is
     known the share of it consumed and the time left (the input left at the rate it was
     consumed lately).
@@ -149,7 +149,7 @@ class Progress:
 
     Example:
         >>> now = [0.0]
-        >>> meter = Progress(1000, clock=lambda: now[0])
+        >>> meter = RateMeter(1000, clock=lambda: now[0])
         >>> now[0] = 2.0
         >>> meter.update(500, 200)
         '500 rows  20%  ETA 00:00:08  250 rows/s'

@@ -563,7 +563,7 @@ def _ingest(settings: Settings, stream_name: str, file: str, source: str | IO[by
     """
     from psoup.cli import ingest as ingesting
 
-    meter = ingesting.Progress(position.total) if _stderr_is_terminal() else None
+    meter = ingesting.RateMeter(position.total) if _stderr_is_terminal() else None
 
     def progress(rows: int, seconds: float) -> None:
         assert meter is not None
