@@ -47,7 +47,7 @@ def table(columns: list[str], rows: list[tuple[Any, ...]]) -> Result:
     return Result(columns, rows, np.full(len(rows), np.nan), np.full(len(rows), -1, np.int64))
 
 
-def describe(core: Core, name: str) -> dict[str, Any]:
+def describe_stream(core: Core, name: str) -> dict[str, Any]:
     """What DESCRIBE shows of existing stream `name`, by CATALOG_COLUMNS. O(queries)."""
     stem = core.stems[name]
     schema = stem.schema
@@ -60,10 +60,10 @@ def describe(core: Core, name: str) -> dict[str, Any]:
 def answer_catalog(core: Core, stmt: Catalog) -> Result:
     """The table a SHOW or DESCRIBE statement answers (not DROP STREAM, a change)."""
     if stmt.action == SHOW_STREAMS:
-        return table(CATALOG_COLUMNS, [tuple(describe(core, name).values())
+        return table(CATALOG_COLUMNS, [tuple(describe_stream(core, name).values())
                                        for name in core.stems])
     if stmt.action == DESCRIBE:
         assert stmt.stream is not None, "DESCRIBE names a stream"
-        return table(CATALOG_COLUMNS, [tuple(describe(core, stmt.stream).values())])
+        return table(CATALOG_COLUMNS, [tuple(describe_stream(core, stmt.stream).values())])
     assert stmt.action == SHOW_QUERIES, stmt.action
     return table(["handle", "sql"], [(h, plan.query.sql) for h, plan in core.handles.items()])

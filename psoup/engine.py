@@ -36,7 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from psoup.archive.policy import Budget, Exact, Policy
-from psoup.catalog import answer_catalog, describe
+from psoup.catalog import answer_catalog, describe_stream
 from psoup.core import Core
 from psoup.entropy import token_hex
 from psoup.errors import PSoupError, QueryError, SequenceError
@@ -216,7 +216,7 @@ class Engine:
         """
         with self._lock:
             self._core.stem(name)
-            return describe(self._core, name)
+            return describe_stream(self._core, name)
 
     def drop_stream(self, name: str, cascade: bool = False) -> None:
         """Drop stream `name` and everything kept of it (DROP STREAM): its tuples in
