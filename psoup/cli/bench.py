@@ -34,6 +34,8 @@ SUITES = {
     "oscar": ("oscar.py", "reduced archive reads: COUNT(*) at 0-75% reduction vs the "
                           "strawman and DuckDB, interval coverage; hourly averages "
                           "from the aggregate copies vs tuples"),
+    "scale": ("scale.py", "one machine at a user's sizes: registration at 1M-16M rows vs "
+                          "DuckDB, stalls, restart, one core vs all cores"),
 }
 
 #: The paper's names for the experiments, and other aliases.
