@@ -24,6 +24,7 @@ from psoup.errors import (
     Busy,
     CursorExpired,
     CursorInvalid,
+    DiskFull,
     HistoryPending,
     LimitError,
     PSoupError,
@@ -56,4 +57,4 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["Engine", "Client", "MODES", "Result", "PSoupError", "QueryError", "SchemaError",
            "LimitError", "UnknownHandle", "CursorExpired", "CursorInvalid", "ApplyFailed",
-           "SequenceError", "HistoryPending", "Busy", "__version__"]
+           "SequenceError", "HistoryPending", "Busy", "DiskFull", "__version__"]

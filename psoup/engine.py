@@ -448,9 +448,11 @@ class Engine:
         """Flush the log and the archive; later writes raise PSoupError. A running
         history job is cancelled (and waited for, up to a minute). Idempotent."""
         with self._lock:
-            if not self._closed:
-                self._durability.close()
-            self._closed = True
+            try:
+                if not self._closed:
+                    self._durability.close()    # a failure (a full disk) closes it too
+            finally:
+                self._closed = True
         for job in self._history.jobs():
             job.cancel()
             job.wait(60.0)

@@ -6,6 +6,13 @@ before any structure is touched, and its message names the problem and where it 
 
 from __future__ import annotations
 
+import errno
+import os
+
+#: The errnos of a write the file system refused for want of space: the disk is full, or
+#: the user's quota is used up.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
 
 class PSoupError(Exception):
     """Base class of psoup's errors."""
@@ -60,6 +67,48 @@ class ApplyFailed(PSoupError):
     memory may hold part of the change; reopen it on the same path."""
 
     code = "apply_failed"
+
+
+class DiskFull(PSoupError):
+    """A write refused because the file system holding `path` is full (or a disk quota
+    is used up). Nothing of the write was applied, and nothing of it is applied later;
+    reads go on, and the same write succeeds once space is freed there (no restart).
+
+    Attributes:
+        path: the file or folder that could not be written ("" when not known: a
+            client has only the message).
+    """
+
+    code = "disk_full"
+
+    def __init__(self, message: str, path: str | os.PathLike[str] = ""):
+        super().__init__(message)
+        self.path = str(path)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc` is the operating system refusing a write for want of space.
+
+    Example:
+        >>> is_disk_full(OSError(errno.ENOSPC, "No space left on device")), \
+        ...     is_disk_full(OSError(errno.EACCES, "Permission denied"))
+        (True, False)
+    """
+    return isinstance(exc, DiskFull) or (isinstance(exc, OSError)
+                                         and exc.errno in DISK_FULL_ERRNOS)
+
+
+def disk_full(exc: OSError, path: str | os.PathLike[str], outcome: str) -> DiskFull:
+    """The DiskFull for `exc` (a disk-full OSError) met writing `path`; `outcome` says
+    what became of the write.
+
+    Example:
+        >>> str(disk_full(OSError(errno.ENOSPC, "No space left on device"), "/d/wal.log",
+        ...               "nothing was applied"))
+        'the disk is full: No space left on device writing /d/wal.log; nothing was applied'
+    """
+    reason = exc.strerror or os.strerror(exc.errno or errno.ENOSPC)
+    return DiskFull(f"the disk is full: {reason} writing {path}; {outcome}", path)
 
 
 class CursorExpired(PSoupError):

@@ -25,14 +25,20 @@ def write_whole(path: Path, write: Callable[[IO[bytes]], object],
     """Write a file whole: `write(f)` fills `path`.tmp (created with `file_mode`), which
     is flushed, fsync'ed and renamed onto `path`, so `path` never holds part of it. The
     caller fsyncs the directory to make the rename durable (or, with `fsync=False`, makes
-    the file and the rename durable later, with many others: `sync_file_system`)."""
+    the file and the rename durable later, with many others: `sync_file_system`). A
+    write that fails removes the .tmp."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode(private))
-    with open(fd, "wb") as f:
-        write(f)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
+    try:
+        with open(fd, "wb") as f:
+            write(f)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+    except BaseException:
+        # a file cut short by a full disk would hold on to what space it took
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 

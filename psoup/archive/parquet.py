@@ -22,7 +22,9 @@ expired rows again without any being archived twice.
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -45,10 +47,16 @@ from psoup.archive.layout import (
 )
 from psoup.archive.rollups import Rollups
 from psoup.archive.sampling import in_order, write_runs
-from psoup.errors import SchemaError
+from psoup.errors import DiskFull, SchemaError, disk_full, is_disk_full
 from psoup.fsync import fsync_dir, make_dir, prune_dir, write_whole
 from psoup.query.model import TS, TUPLE_ID, ColumnType
 from psoup.stems.batch import DTYPES
+
+log = logging.getLogger("psoup.archive")
+
+#: Seconds between attempts of the automatic flush after one failed (a full disk): each
+#: attempt writes up to a buffer's worth of Parquet before it fails.
+RETRY_SECONDS = 1.0
 
 
 class _Buffer:
@@ -100,6 +108,9 @@ class Archive:
         self._high: dict[str, int] = {}
         self._buffers: dict[str, _Buffer] = {}
         self._schemas: dict[str, pa.Schema] = {}   # last schema seen, for an empty read()
+        #: why the last flush failed (a full disk), None once one succeeds
+        self.error: str | None = None
+        self._retry_at = 0.0                       # no automatic flush before (monotonic)
         for tmp in self.root.rglob("*.tmp"):
             tmp.unlink()
         for stream, _, last, _ in self._part_files():
@@ -189,7 +200,9 @@ class Archive:
     def add(self, stream: str, columns: Sequence[tuple[str, str]],
             data: Mapping[str, ArrayLike]) -> None:
         """Buffer the rows of `data` not archived yet; flush the stream when its buffer
-        reaches `flush_rows`. O(rows), copying, so the caller may reuse its arrays.
+        reaches `flush_rows` (a flush that fails keeps the rows buffered and sets `error`
+        instead of raising: `_flush_due`). O(rows), copying, so the caller may reuse its
+        arrays.
 
         Rows whose tupleID is at most the stream's high water mark or the highest
         buffered tupleID are skipped, so replaying a log after a crash archives nothing
@@ -246,8 +259,24 @@ class Archive:
         buf.parts.append(pa.Table.from_arrays(arrays, schema=schema))
         buf.rows += len(tids) - start
         buf.last_tid = int(tids[-1])
-        if buf.rows >= self.flush_rows:
+        if buf.rows >= self.flush_rows and time.monotonic() >= self._retry_at:
+            self._flush_due(stream)
+
+    def _flush_due(self, stream: str) -> None:
+        """The flush `add` makes when a buffer is full. It runs inside a write that is
+        already logged, so a failure (a full disk) must not fail that write: the rows
+        stay buffered, in memory (and in the log, which no checkpoint drops before they
+        are archived), the failure is kept in `error` and logged, and a later `add`
+        (after RETRY_SECONDS) or `flush` tries again."""
+        try:
             self._flush_stream(stream)
+        except (OSError, DiskFull) as exc:
+            self.error = str(exc)
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            log.warning("archiving expired rows failed; they stay in memory and are "
+                        "archived later: %s", self.error)
+        else:
+            self.error = None
 
     def flush(self) -> list[Path]:
         """Write every buffered row: one file per stream and UTC day. O(buffered rows).
@@ -259,6 +288,10 @@ class Archive:
         Returns:
             The paths written, by stream and then day.
 
+        Raises:
+            DiskFull: the file system is full; OSError: another failure. The rows not
+                written stay buffered (those written are archived), for a later flush.
+
         Example:
             >>> import tempfile
             >>> with tempfile.TemporaryDirectory() as d:
@@ -269,8 +302,13 @@ class Archive:
             ['date=1970-01-01', 'date=1970-01-02']
         """
         written: list[Path] = []
-        for stream in sorted(self._buffers):
-            written += self._flush_stream(stream)
+        try:
+            for stream in sorted(self._buffers):
+                written += self._flush_stream(stream)
+        except (OSError, DiskFull) as exc:
+            self.error = str(exc)
+            raise
+        self.error, self._retry_at = None, 0.0
         return written
 
     def _flush_stream(self, stream: str) -> list[Path]:
@@ -290,12 +328,19 @@ class Archive:
                 date_dir = path.parent
                 make_dir(stream_dir, self.private)
                 make_dir(date_dir, self.private)
-                write_whole(path, partial(write_runs, table.slice(a, b - a), self._rng),
-                            self.private)
-                for directory in (date_dir, stream_dir, self.root):
-                    fsync_dir(directory)
-                if self.rollups is not None:
-                    self.rollups.add(stream, table.slice(a, b - a), first, last)
+                try:
+                    write_whole(path, partial(write_runs, table.slice(a, b - a),
+                                              self._rng), self.private)
+                    for directory in (date_dir, stream_dir, self.root):
+                        fsync_dir(directory)
+                    if self.rollups is not None:
+                        self.rollups.add(stream, table.slice(a, b - a), first, last)
+                except OSError as exc:
+                    if not is_disk_full(exc):
+                        raise
+                    raise disk_full(exc, path, f"{len(days) - done} rows of stream "
+                                    f"'{stream}' that left memory wait to be archived "
+                                    "(meanwhile they stay in memory, and in the log)") from exc
                 written.append(path)
                 self._high[stream] = last
                 done = b

@@ -79,6 +79,8 @@ class Durability:
                         Journal(path, sync, checkpoint_bytes, checkpoint_seconds))
         self.failure: str | None = None
         self.checkpoint_error: str | None = None
+        self._failures = 0          # automatic checkpoints failed in a row
+        self._retry_at = 0.0        # none is tried before (monotonic)
 
     def attach(self, core: Core) -> None:
         """Give `core` what it keeps on disk: where tiers are saved, the archive's
@@ -157,8 +159,10 @@ class Durability:
         """The automatic checkpoint after a write, when due. The write is applied and in
         the log by now, so it stands whatever happens here: a failed checkpoint (a full
         disk, say) is logged and shown in stats()["durability"], never raised as if the
-        write had failed; the next write tries again."""
-        if self.journal is None or not self.journal.checkpoint_due:
+        write had failed; the next write tries again, and after failures in a row the
+        first write 1, 2, 4 ... (at most 60) seconds later."""
+        if self.journal is None or not self.journal.checkpoint_due \
+                or time.monotonic() < self._retry_at:
             return
         try:
             checkpoint()
@@ -166,8 +170,13 @@ class Durability:
             self.checkpoint_error = f"{type(exc).__name__}: {exc}"
             log.warning("automatic checkpoint failed (the write before it is applied and "
                         "logged): %s", self.checkpoint_error)
+            # each attempt writes up to the whole state before it fails: on a disk that
+            # stays full, try again at growing intervals, not on every write
+            self._failures += 1
+            delay = 0.0 if self._failures == 1 else min(60.0, 2.0 ** (self._failures - 2))
+            self._retry_at = time.monotonic() + delay
         else:
-            self.checkpoint_error = None
+            self.checkpoint_error, self._failures, self._retry_at = None, 0, 0.0
 
     def checkpoint(self, core: Core, producers: ProducerTable,
                    pending: Callable[[str], bool]) -> None:
@@ -206,6 +215,7 @@ class Durability:
         out: dict[str, Any] = {"path": str(self.path), "sync": journal.wal.sync.value,
                                "log_bytes": journal.wal.size,
                                "checkpoint_error": self.checkpoint_error,
+                               "archive_error": journal.archive.error,
                                "archive_buffered_rows": journal.archive.buffered_rows}
         if journal.archive.rollups is not None:
             out["aggregates"] = journal.archive.rollups.stats()

@@ -240,10 +240,12 @@ class Journal:
 
     def close(self) -> None:
         try:
-            self.archive.flush()
-            self.wal.close()
+            self.archive.flush()    # what fails stays in the log, archived after a restart
         finally:
-            os.close(self._lock_fd)     # releases the flock
+            try:
+                self.wal.close()
+            finally:
+                os.close(self._lock_fd)     # releases the flock
 
 
 def _lock(path: Path) -> int:

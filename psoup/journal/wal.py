@@ -23,6 +23,7 @@ either the old log or the new one, never a mix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -30,11 +31,11 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import msgpack
 
-from psoup.errors import PSoupError
+from psoup.errors import DISK_FULL_ERRNOS, PSoupError, disk_full
 from psoup.fsync import file_mode, fsync_dir, make_dir
 from psoup.options import SYNC_NAMES, SyncName
 from psoup.strenum import StrEnum
@@ -115,6 +116,7 @@ class WriteAheadLog:
         #: (bytes read, bytes in the segment) while replay runs, for progress reports
         self.replayed = (0, 0)
         self._dirty = False       # bytes written since the last fsync
+        self._torn = False        # bytes past `_size` from a refused append, to cut off
         self._closed = False
 
     # ------------------------------------------------------------------ replay
@@ -230,6 +232,9 @@ class WriteAheadLog:
             RuntimeError: the log was not replayed yet, or is closed.
             TypeError: the record is not msgpack-able (nothing is written).
             ValueError: the packed record exceeds 4 GiB (nothing is written).
+            DiskFull: the file system is full (ENOSPC, EDQUOT); OSError: another write
+                or fsync failure. Either way the log is cut back to where it was, so the
+                record is not in it; the next append tries again.
 
         Example:
             >>> import tempfile
@@ -243,17 +248,36 @@ class WriteAheadLog:
         """
         fd = self._open_fd()
         frame = _frame(record)
+        if self._torn:
+            self._cut(fd)
         try:
             _write_all(fd, frame)
-        except OSError:
-            # A partial frame (disk full) followed by later appends would read as
-            # corruption in the middle of the log; cut it off while we know where it is.
-            os.ftruncate(fd, self._size)
-            raise
+            self._dirty = True
+            if self.sync is Sync.ALWAYS:
+                self._fsync()
+        except OSError as exc:
+            self._refuse(fd, exc)
         self._size += len(frame)
-        self._dirty = True
-        if self.sync is Sync.ALWAYS:
-            self._fsync()
+
+    def _refuse(self, fd: int, exc: OSError) -> NoReturn:
+        """After a failed write or fsync of the frame at `self._size`: cut the log back
+        to that offset, so that a replay never finds the refused record (nor a partial
+        frame followed by later appends: corruption in the middle of the log); if the
+        cut fails too, the next append makes it first. Raises DiskFull for a full disk,
+        else `exc`."""
+        self._torn = True
+        with contextlib.suppress(OSError):
+            self._cut(fd)
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise disk_full(exc, self.directory / _segment_name(self._seq),
+                            "this write was refused and nothing of it was applied; it "
+                            "succeeds once space is freed there (reads go on)") from exc
+        raise exc
+
+    def _cut(self, fd: int) -> None:
+        """Truncate the log to its last whole record; the next fsync makes it durable."""
+        os.ftruncate(fd, self._size)
+        self._torn, self._dirty = False, True
 
     def commit(self) -> None:
         """Fsync what was appended since the last fsync (no-op when sync is "off"). O(1)

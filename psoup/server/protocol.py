@@ -21,6 +21,7 @@ from psoup.codec import decode_array, encode_array
 from psoup.errors import (
     Busy,
     CursorExpired,
+    DiskFull,
     HistoryPending,
     LimitError,
     PSoupError,
@@ -42,7 +43,7 @@ PROTOCOL = 2
 #: Engine errors by wire code; any other code is a plain PSoupError carrying that code.
 ERRORS: dict[str, type[PSoupError]] = {
     cls.code: cls for cls in (QueryError, SchemaError, UnknownHandle, CursorExpired, LimitError,
-                               SequenceError, HistoryPending)
+                               SequenceError, HistoryPending, DiskFull)
 }
 
 
