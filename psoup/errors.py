@@ -90,9 +90,9 @@ def is_disk_full(exc: BaseException) -> bool:
     """Whether `exc` is the operating system refusing a write for want of space.
 
     Example:
-        >>> is_disk_full(OSError(errno.ENOSPC, "No space left on device")), \
-        ...     is_disk_full(OSError(errno.EACCES, "Permission denied"))
-        (True, False)
+        >>> [is_disk_full(OSError(code, os.strerror(code)))
+        ...  for code in (errno.ENOSPC, errno.EDQUOT, errno.EACCES)]
+        [True, True, False]
     """
     return isinstance(exc, DiskFull) or (isinstance(exc, OSError)
                                          and exc.errno in DISK_FULL_ERRNOS)

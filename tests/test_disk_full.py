@@ -48,11 +48,13 @@ class FullDisk:
     """Makes the disk look full while `full` is set: a write of the log stores part of
     its bytes and then fails (a short write, as a real full disk gives) unless `log` is
     cleared, an fsync fails when `fsync` is set too, and a Parquet file of the archive
-    fails part way unless `archive` is cleared. Counts the refusals."""
+    fails part way unless `archive` is cleared. Counts the refusals; `room` lets the
+    small writes through (a nearly full disk: a record fits, a checkpoint does not)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.full = False
         self.log = True
+        self.room = 0           # a write of the log this small still fits
         self.fsync = False
         self.archive = True
         self.refused = 0
@@ -60,7 +62,7 @@ class FullDisk:
         real_runs = sampling.write_runs          # what parquet.write_runs is
 
         def write_all(fd: int, data: bytes) -> None:
-            if not (self.full and self.log):
+            if not (self.full and self.log) or len(data) <= self.room:
                 real_write_all(fd, data)
                 return
             self.refused += 1
@@ -257,6 +259,34 @@ def test_rows_not_archived_when_the_engine_closes_are_archived_after_a_restart(
     Engine(path=str(data), chunk_rows=4).close()           # replays, and archives them
     ids = Archive(data / "archive").read("R").column("tuple_id").to_pylist()
     assert ids == list(range(len(ids))) and len(ids) >= 24 - 4 - 4
+
+
+def test_an_automatic_checkpoint_on_a_nearly_full_disk_is_reported_and_made_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disk: FullDisk) -> None:
+    now = [100.0]
+    monkeypatch.setattr(durable, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    data = tmp_path / "data"
+    eng = Engine(path=str(data), checkpoint_bytes=2048)
+    eng.execute("CREATE STREAM R (a INT, name TEXT)")
+    handle = eng.register(QUERY)
+    disk.full, disk.room = True, 512
+    for i in range(30):                        # past checkpoint_bytes: it is tried
+        eng.insert("R", _rows(i, 1), ts=float(i))
+    durability = eng.stats()["durability"]
+    assert durability["checkpoint_error"].startswith("DiskFull: the disk is full: No "
+                                                     "space left on device writing ")
+    assert str(data) in durability["checkpoint_error"]
+    assert durability["log_bytes"] > 2048      # the old log stays in use ...
+    assert [p.name for p in (data / "wal").iterdir()] == ["wal-00000001.log"]  # ... alone
+    disk.full = False
+    now[0] += 1.0                              # failed twice: tried again 1 s later
+    eng.insert("R", _rows(30, 1), ts=30.0)
+    durability = eng.stats()["durability"]
+    assert durability["checkpoint_error"] is None and durability["log_bytes"] < 2048
+    eng.close()
+    back = Engine(path=str(data))
+    assert [a for a, _ in back.invoke(handle, now=100.0).rows] == list(range(31))
+    back.close()
 
 
 def test_a_failing_automatic_checkpoint_is_retried_at_growing_intervals(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from psoup.errors import ApplyFailed
+from psoup.errors import ApplyFailed, disk_full, is_disk_full
 from psoup.journal.journal import Journal, Record, RecordKind, StreamImage
 from psoup.options import SyncName
 from psoup.plans import SelectionPlan
@@ -167,6 +167,9 @@ class Durability:
         try:
             checkpoint()
         except Exception as exc:    # the write stands, whatever the cause
+            if isinstance(exc, OSError) and is_disk_full(exc):   # name where, at least
+                exc = disk_full(exc, exc.filename or self.journal.path,
+                                "the checkpoint was not made")
             self.checkpoint_error = f"{type(exc).__name__}: {exc}"
             log.warning("automatic checkpoint failed (the write before it is applied and "
                         "logged): %s", self.checkpoint_error)
