@@ -373,6 +373,30 @@ def test_the_client_gets_disk_full_reads_go_on_and_writes_resume(
     back.close()
 
 
+def test_an_ingest_stopped_by_a_full_disk_says_so_and_resume_continues_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, disk: FullDisk,
+        served: tuple[Engine, str]) -> None:
+    monkeypatch.setenv("PSOUP_CONFIG_DIR", str(tmp_path / "config"))
+    engine, address = served
+    engine.execute("CREATE STREAM R (a INT, name TEXT)")
+    readings = tmp_path / "r.csv"
+    readings.write_text("a,name,ts\n" + "".join(f"{i},n{i},{i}\n" for i in range(30)))
+    command = ["--server", address, "--token", TOKEN, "ingest", "R", str(readings),
+               "--batch-rows", "10"]
+    disk.full = True
+    done = CliRunner().invoke(main, command)
+    assert done.exit_code == 1 and "Traceback" not in done.output
+    assert done.output.startswith("error: batch 1 (input rows 1-10) was refused, none of "
+                                  "it applied; 0 rows ingested before it: the disk is "
+                                  "full: No space left on device writing ")
+    assert done.output.rstrip().endswith("Once space is freed there, run the same command "
+                                         "with --resume to continue")
+    disk.full = False
+    done = CliRunner().invoke(main, [*command, "--resume"])
+    assert done.exit_code == 0, done.output
+    assert engine.describe("R")["rows"] == 30
+
+
 # ---------------------------------------------------------------------- a real tmpfs
 
 def _tmpfs_refusal(mountpoint: Path) -> str | None:

@@ -57,7 +57,7 @@ from numpy.typing import NDArray
 
 from psoup.client import ConnectionFailed, OutcomeUnknown
 from psoup.config import config_dir, write_private
-from psoup.errors import Busy, PSoupError
+from psoup.errors import Busy, DiskFull, PSoupError
 from psoup.formats import TS_UNITS, compression
 
 _CSV_BLOCK = 1 << 20          # bytes per CSV read; batches are cut from blocks by row count
@@ -69,9 +69,9 @@ class IngestError(PSoupError):
 
     Attributes:
         rows_done: rows applied before the failure (all of them stay in the stream).
-        resumable: the same ingest with --resume can continue (the server was away or
-            busy, or the ingest was interrupted); else the input or the stream has to
-            change first (a rejected batch, bad input).
+        resumable: the same ingest with --resume can continue (the server was away,
+            busy or out of disk space, or the ingest was interrupted); else the input
+            or the stream has to change first (a rejected batch, bad input).
     """
 
     code = "ingest"
@@ -388,6 +388,11 @@ def _send(client: Any, stream: str, batch: dict[str, Any], ts_column: str, ts_un
     except ConnectionFailed as exc:
         raise IngestError(f"{where} could not be sent, none of it applied; {rows:,} "
                           f"rows ingested before it: {exc}", rows, resumable=True) from None
+    except DiskFull as exc:         # refused until space is freed, not for good
+        raise IngestError(
+            f"{where} was refused, none of it applied; {rows:,} rows ingested before it: "
+            f"{exc}. Once space is freed there, run the same command with --resume to "
+            "continue", rows, resumable=True) from None
     except PSoupError as exc:
         raise IngestError(          # a busy server refuses for a while, not for good
             f"{where} was rejected, none of it applied; {rows:,} rows ingested before "
