@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 
 from psoup.codec import encode_array
 from psoup.config import parse_address, token_path
-from psoup.errors import Busy, PSoupError, QueryError, SchemaError, SequenceError
+from psoup.errors import Busy, DiskFull, PSoupError, QueryError, SchemaError, SequenceError
 from psoup.options import ColumnTypeName
 from psoup.results.result import Changes, Result
 from psoup.server.ops import OPS, OpName
@@ -771,6 +771,8 @@ def _in_batch(exc: PSoupError, start: int, stop: int | None, total: int | None) 
     message = f"{exc} (in rows {start}..{stop - 1} of an insert of {total}; {stored})"
     if isinstance(exc, ProtocolError):
         return ProtocolError(exc.code, message)
+    if isinstance(exc, DiskFull):
+        return DiskFull(message, exc.path)
     return type(exc)(message)
 
 

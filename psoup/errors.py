@@ -75,8 +75,8 @@ class DiskFull(PSoupError):
     reads go on, and the same write succeeds once space is freed there (no restart).
 
     Attributes:
-        path: the file or folder that could not be written ("" when not known: a
-            client has only the message).
+        path: the file or folder that could not be written, on the engine's machine
+            (a client's DiskFull has the server's; "" when not known).
     """
 
     code = "disk_full"

@@ -338,7 +338,7 @@ def served(tmp_path: Path) -> Iterator[tuple[Engine, str]]:
 def test_the_client_gets_disk_full_reads_go_on_and_writes_resume(
         tmp_path: Path, disk: FullDisk, served: tuple[Engine, str]) -> None:
     engine, address = served
-    with Client(address, token=TOKEN, timeout=WAIT) as client:
+    with Client(address, token=TOKEN, timeout=WAIT, batch_rows=2000) as client:
         client.execute("CREATE STREAM R (a INT, name TEXT)")
         handle = client.register(QUERY)
         client.insert("R", _rows(0, 4), ts=10.0)
@@ -346,9 +346,13 @@ def test_the_client_gets_disk_full_reads_go_on_and_writes_resume(
         with pytest.raises(DiskFull, match="the disk is full") as refused:
             client.insert("R", _rows(4, 4), ts=20.0)
         assert refused.value.code == "disk_full"
-        assert "wal-00000001.log" in str(refused.value)
+        assert refused.value.path == str(tmp_path / "data" / "wal" / "wal-00000001.log")
+        assert refused.value.path in str(refused.value)
         with pytest.raises(DiskFull):
             client.register("SELECT a FROM R WHERE a > 2")
+        with pytest.raises(DiskFull) as pipelined:           # in three batches
+            client.insert("R", _rows(100, 6_000), ts=30.0)
+        assert pipelined.value.path == refused.value.path
         assert len(client.invoke(handle, now=100.0)) == 4           # reads go on
         assert client.stats()["streams"]["R"]["rows"] == 4
         assert client.describe("R")["rows"] == 4

@@ -175,6 +175,17 @@ def error_reply(request_id: Any, code: str, message: str, **extra: Any) -> dict[
             "error": {"code": str(code), "message": message, **extra}}
 
 
+def error_fields(exc: PSoupError) -> dict[str, Any]:
+    """The fields an engine error adds to its reply's error map: a disk_full error's
+    `path` (the client's DiskFull has it too).
+
+    Example:
+        >>> error_fields(DiskFull("the disk is full: ...", "/d/wal")), error_fields(Busy("x"))
+        ({'path': '/d/wal'}, {})
+    """
+    return {"path": exc.path} if isinstance(exc, DiskFull) and exc.path else {}
+
+
 def error_of(error: Any) -> PSoupError:
     """The exception a client raises for an error reply's `error` map.
 
@@ -191,6 +202,8 @@ def error_of(error: Any) -> PSoupError:
         after = error.get("retry_after")
         return Busy(message, float(after) if isinstance(after, (int, float)) and
                     0 <= after <= 60 else 1.0)
+    if code == DiskFull.code:
+        return DiskFull(message, str(error.get("path", "")))
     cls = ERRORS.get(code)
     return cls(message) if cls is not None else ProtocolError(code, message)
 

@@ -57,6 +57,7 @@ from psoup.server.protocol import (
     PROTOCOL,
     ErrorCode,
     ProtocolError,
+    error_fields,
     error_reply,
     ok_reply,
     pack_frame,
@@ -671,7 +672,7 @@ class Server:
                 return pack_frame(ok_reply(request_id, value))
             raise value
         except PSoupError as exc:
-            return pack_frame(error_reply(request_id, exc.code, str(exc)))
+            return pack_frame(error_reply(request_id, exc.code, str(exc), **error_fields(exc)))
         except Exception as exc:
             log.exception("request %r failed", request_id)
             return pack_frame(error_reply(request_id, ErrorCode.INTERNAL,
