@@ -29,7 +29,7 @@ from psoup.archive.rates import SAMPLE_SPACE
 from psoup.archive.tiers import ALL, READ_RATE, ArchiveTiers, Limits, Reach, Sampled
 from psoup.errors import ArchiveError
 from psoup.plans import JoinPlan, Plan, SelectionPlan
-from psoup.query.model import TS, TUPLE_ID, ColumnType, Query
+from psoup.query.model import TS, TUPLE_ID, ColumnType, Query, WindowType
 from psoup.results.aggregates import Aggregator
 from psoup.results.materialized import Materialized, SelectionCut
 from psoup.results.recent import Recent, RecentAnswers
@@ -128,6 +128,9 @@ class Answers:
         structure reads only under the lock (PSoup-P's PARTITION BY). O(log n)."""
         if not isinstance(plan, SelectionPlan) or plan.query.aggregated or \
                 plan.slot in self.tiers:
+            return None
+        window = plan.query.sources[0].window
+        if window.kind is WindowType.PARTITION and not self.kept.selections.snapshots_arrays:
             return None
         span = self.windows.span(plan.slot, self.stems[plan.query.sources[0].stream], now)
         cut = self.kept.snapshot(plan, span)

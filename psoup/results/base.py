@@ -81,6 +81,9 @@ class ResultsStructure(Sink):
     """A selection structure: the matches of every selection slot of one engine."""
 
     keeps_rows = True
+    #: Whether `snapshot` takes every span, or only position ranges (the windows that
+    #: are none, PARTITION BY's, are then answered under the lock).
+    snapshots_arrays = True
 
     def admission_bytes(self, words: int, rows: int) -> int:
         """The most memory that registering one more query can add here at once: its

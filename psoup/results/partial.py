@@ -124,6 +124,8 @@ class PartialResults(ResultsStructure, ProbeTarget):
         [0, 2]
     """
 
+    snapshots_arrays = False
+
     def __init__(self, chunk_rows: int = 8192):
         self.chunk_rows = chunk_rows
         self._bitmaps: dict[str, dict[int, np.ndarray]] = {}
