@@ -296,11 +296,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
 
     def _close(self, cut: _BitmapCut) -> None:
         with self._open_lock:
-            cuts = self._open.get(cut.stream, [])
-            for i, other in enumerate(cuts):
-                if other is cut:
-                    del cuts[i]
-                    break
+            self._open[cut.stream].remove(cut)      # (a cut equals only itself)
 
     def _slice_rows(self, stream: str, word: int, p0: int, p1: int,
                     whole: bool = False) -> None:
@@ -313,6 +309,8 @@ class PartialResults(ResultsStructure, ProbeTarget):
             return
         k0, k1 = p0 // cap, min((p1 - 1) // cap + 1, self._written.get(stream, 0) // cap)
         lo, hi = self._sliced.get((stream, word), (0, 0))
+        if lo <= k0 and k1 <= hi and not whole:
+            return                      # (an invocation's usual case)
         start = hi if lo <= k0 <= hi and not whole else k0
         for k in range(start, k1):
             chunk = chunks.get(k)

@@ -20,7 +20,6 @@ searches instead of a scan, as the paper's per-attribute trees do.
 
 from __future__ import annotations
 
-import copy
 import math
 import sys
 import threading
@@ -431,10 +430,10 @@ class DataSteM:
         only rows past n, and reuses a dropped chunk only when nothing references its
         block (`_Chunk.unshared`): the snapshot holds every block it may read. O(1),
         plus O(chunks) once per chunk_rows tuples to list the blocks."""
-        view = copy.copy(self)
+        view = DataSteM.__new__(DataSteM)
+        view.__dict__.update(self.__dict__)         # (copy.copy takes twice as long)
         view._blocks = self._block_list()
         view._origin = self
-        view.on_expire = view.on_horizon = None
         return view
 
     @property
