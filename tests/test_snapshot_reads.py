@@ -23,9 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import psoup
+from psoup import kernels
 from psoup.errors import UnknownHandle
 from psoup.options import ModeName
 from psoup.results.answers import Answers
+from psoup.results.partial import PartialResults
 
 #: The polled queries: off the lock (selections; PARTITION BY off it but in PSoup-P),
 #: and under it (an aggregate, with history none), over windows that move and expire.
@@ -233,4 +235,30 @@ def test_a_read_sees_its_cut_whatever_expires_or_widens_meanwhile(
     got = eng.invoke(h)
     assert got.rows == expected.rows and got.tuple_ids.tolist() == expected.tuple_ids.tolist()
     assert eng.invoke(h).to_numpy()["a"].tolist() == [1] * 100
+    eng._check()
+
+
+def test_a_row_sliced_while_a_read_holds_its_chunk_is_sliced_in_a_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    eng = psoup.Engine(clock=lambda: 1000.0, chunk_rows=64)
+    eng.execute("CREATE STREAM R (a INT, c TEXT)")
+    h1 = eng.register("SELECT a FROM R WHERE a = 1")
+    h2 = eng.register("SELECT a FROM R WHERE a = 2")        # the same word row
+    eng.insert("R", {"a": np.arange(100) % 3, "c": np.array(["x"] * 100, object)})
+    expected = eng.invoke(h1).tuple_ids.tolist()
+    bitmap = eng._core.kept.selections
+    assert isinstance(bitmap, PartialResults)
+    held = bitmap._bitmaps["R"][1]          # unsealed at the cut: read word-major
+
+    def seal_and_slice() -> None:
+        eng.insert("R", {"a": np.arange(40) % 3, "c": np.array(["y"] * 40, object)})
+        assert len(eng.invoke(h2)) == 46     # its cut slices chunk 1's row
+    _meanwhile(monkeypatch, seal_and_slice)
+    assert eng.invoke(h1).tuple_ids.tolist() == expected
+    now = bitmap._bitmaps["R"][1]
+    assert now is not held, "the row was sliced in a copy of the chunk"
+    forms = [chunk.base[0, 64] for chunk in (held, now) if chunk.base is not None]
+    assert forms == [kernels.WORD_MAJOR, kernels.SLICED], "the read's chunk as it was"
+    assert eng.invoke(h1).tuple_ids.tolist() == \
+        [t for t in range(100) if t % 3 == 1] + [t for t in range(100, 140) if t % 3 == 2]
     eng._check()
