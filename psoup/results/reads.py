@@ -12,10 +12,10 @@ invocation begins again (it raises UnknownHandle if it was its own query), once 
 off the lock, then under it.
 
 Every other invocation is one step under the lock: resolve the window, find the
-matches, fetch their columns (psoup.results.answers). A query with history whose window reaches
-into its archive tier needs segment files that are not in the tier's cache; those are
-read here between two holds of the lock, so that writers and other readers are not held
-up by the disk (segment files never change once written):
+matches, fetch their columns (psoup.results.answers). A query with history whose
+window reaches into its archive tier needs segment files that are not in the tier's
+cache; those are read here between two holds of the lock, so that writers and other
+readers are not held up by the disk (segment files never change once written):
 
 1. under the lock: how to read the tier (whole, or sampled at the rates the archive
    policy gives, `_sampled_reads`) and which segment files are not cached;
@@ -68,7 +68,8 @@ _LOCKED = object()
 
 #: What `Reads.read`'s caller gets under the lock before a read: the plan and NOW.
 Begin = Callable[[], "tuple[Plan, float]"]
-#: What it does with the answer, still under the lock: the plan, the answer, its window.
+#: What it does with the answer, still under the lock (after it, for one read off the
+#: lock): the plan, the answer, its window.
 Finish = Callable[["Plan", "Result", "tuple[int, int] | None"], T]
 
 Wanted = list[tuple[Segment, dict[str, ColumnType], Limits]]
@@ -130,7 +131,8 @@ class Reads:
 
     def _answered(self, handle: str, since: str | None, plan: Plan, answer: Result,
                   window: tuple[int, int] | None) -> Result | Changes:
-        """Under the lock, an invocation's answer: with its cursor, or as changes."""
+        """An invocation's answer: with its cursor (made later, under the lock), or as
+        changes (under the lock)."""
         if since is not None:
             return self._cursors.changes(handle, plan, since, answer, window)
         # made when first read (Result.defer_cursor): an invocation whose caller never
