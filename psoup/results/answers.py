@@ -124,10 +124,11 @@ class Answers:
         `answer_and_window`, to call off the lock: what it reads stays as it was here,
         whatever writers do meanwhile, but an answer read while a query left (the
         `departures` changed) is to be thrown away. None for the queries answered
-        under the lock: joins, aggregates, queries with history, and windows the mode's
+        under the lock: joins, aggregates kept in an aggregate structure (their
+        structures change in place), queries with history, and windows the mode's
         structure reads only under the lock (PSoup-P's PARTITION BY). O(log n)."""
-        if not isinstance(plan, SelectionPlan) or plan.query.aggregated or \
-                plan.slot in self.tiers:
+        if not isinstance(plan, SelectionPlan) or plan.slot in self.tiers or \
+                plan.slot in self.kept.aggregates:
             return None
         window = plan.query.sources[0].window
         if window.kind is WindowType.PARTITION and not self.kept.selections.snapshots_arrays:
@@ -142,6 +143,9 @@ class Answers:
                   departures: int) -> tuple[Result, tuple[int, int] | None]:
         """Off the lock, `_selection`'s answer of a query without history from a cut."""
         try:
+            if plan.query.aggregated:           # (NoMat's: aggregated from the matches)
+                answer = self._aggregate(plan, span, _IN_MEMORY, cut)
+                return (answer.distinct() if plan.query.distinct else answer), None
             if span.is_range:
                 return self._in_range(plan, cut.stem, span, cut, departures)
             return self._rows(plan, cut.stem, span, _IN_MEMORY, cut), None
@@ -249,13 +253,16 @@ class Answers:
             return None
         return kept.index.answer(*span.bounds())
 
-    def _aggregate(self, plan: SelectionPlan, span: Span, tier: _TierPart) -> Result:
-        """An aggregate over the matches in `span` after the tier's (weighted by their
-        inclusion rates when read from a sample; the copies' totals added)."""
+    def _aggregate(self, plan: SelectionPlan, span: Span, tier: _TierPart,
+                   kept: Kept | None = None) -> Result:
+        """An aggregate over the matches in `span` (in `kept`, as in `_rows`) after the
+        tier's (weighted by their inclusion rates when read from a sample; the copies'
+        totals added)."""
         query = plan.query
         aggregator = Aggregator(query)
         needed = list(dict.fromkeys([c for _, c in aggregator.needed] + [TS, TUPLE_ID]))
-        got = _fetch(self.kept.fetch(plan, span, needed), tier.archived)
+        got = _fetch((self.kept if kept is None else kept).fetch(plan, span, needed),
+                     tier.archived)
         values = {(0, c): got[c] for _, c in aggregator.needed}
         weights = (None if tier.fidelity == EXACT
                    else 1.0 / _inclusion(got, tier.sample, tier.archived))

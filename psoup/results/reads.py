@@ -1,15 +1,15 @@
 """An invocation from start to answer, its find and fetch off the engine's lock.
 
-An invocation of a selection query without aggregates or history (and without `since`)
-holds the lock for a short step only: its plan and NOW, its window resolved, and a cut,
-the query's matches and its stream's tuples as they are now (`Answers.snapshot`). Its
-find and fetch then run off the lock, on the caller's thread, beside the writer and
-other readers, and see exactly what was committed before the cut: writers append past
-it and replace, never change in place, what a cut holds (psoup.stems.data_stem,
-psoup.results.partial). Should a query leave meanwhile (`Answers.departures`), its slot
-may have been cleared and taken under the read: the answer is thrown away and the
-invocation begins again (it raises UnknownHandle if it was its own query), once more
-off the lock, then under it.
+An invocation of a selection query without history (nor aggregates, but in NoMat, which
+has no aggregate structure), without `since`, holds the lock for a short step only: its
+plan and NOW, its window resolved, and a cut, the query's matches and its stream's
+tuples as they are now (`Answers.snapshot`). Its find and fetch then run off the lock,
+on the caller's thread, beside the writer and other readers, and see exactly what was
+committed before the cut: writers append past it and replace, never change in place,
+what a cut holds (psoup.stems.data_stem, psoup.results.partial). Should a query leave
+meanwhile (`Answers.departures`), its slot may have been cleared and taken under the
+read: the answer is thrown away and the invocation begins again (it raises
+UnknownHandle if it was its own query), once more off the lock, then under it.
 
 Every other invocation is one step under the lock: resolve the window, find the
 matches, fetch their columns (psoup.results.answers). A query with history whose
