@@ -67,7 +67,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("mode", ["partial", "complete", "nomat"])
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(scenario=scenarios())
 def test_every_answer_is_the_answer_at_a_commit(mode: ModeName,
                                                 scenario: dict[str, Any]) -> None:
