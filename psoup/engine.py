@@ -6,7 +6,9 @@ hands it to the service that does it. The rules it keeps:
 * every public method holds the engine's one lock for its whole effect, so each call is
   atomic with respect to the others (stream-prefix consistency across threads as well);
   a history job and an invocation reading archive files are the exceptions, holding it
-  to start and to finish, never while Spark runs or the disk is read;
+  to start and to finish, never while Spark runs or the disk is read, and so is an
+  invocation of a selection, which holds it to take a cut and then finds and fetches
+  its answer off it, on the snapshot of that moment (psoup.results.reads);
 * a change is checked first, then logged, then applied (psoup.journal.durable): a call
   that raises has changed nothing, and one that failed part way stops the engine.
 

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 import psoup
 from psoup.options import ModeName
 from psoup.plans import SelectionPlan
-from psoup.results.materialized import Materialized
+from psoup.results.materialized import Materialized, SelectionCut
 from psoup.stems.span import Span
 from tests.support import Clock, always_reuse
 
@@ -90,19 +90,24 @@ def test_a_poll_of_a_large_window_reads_only_the_tuples_that_arrived_since(
     h = eng.register("SELECT a FROM R [ROWS 100000] WHERE a = 7")
     eng.insert("R", {"a": np.arange(200_000) % 100}, ts=np.linspace(0.0, 500.0, 200_000))
     spans: list[tuple[int, int]] = []
-    fetch, fetch_deferred = Materialized.fetch, Materialized.fetch_deferred
 
     Columns = dict[str, NDArray[Any]]
 
-    def spy(kept: Materialized, plan: SelectionPlan, span: Span, names: Sequence[str],
-            *later: Sequence[str]) -> Columns | tuple[Columns, Callable[[], Columns]]:
-        spans.append(span.bounds())
-        if later:
-            return fetch_deferred(kept, plan, span, names, *later)
-        return fetch(kept, plan, span, names)
-    # on the class: the find of every engine's results goes through it, here one's
-    monkeypatch.setattr(Materialized, "fetch", spy)
-    monkeypatch.setattr(Materialized, "fetch_deferred", spy)
+    def spy(kind: type[Materialized | SelectionCut]) -> None:
+        fetch, fetch_deferred = kind.fetch, kind.fetch_deferred
+
+        def spied(kept: Any, plan: SelectionPlan, span: Span, names: Sequence[str],
+                  *later: Sequence[str]) -> Columns | tuple[Columns, Callable[[], Columns]]:
+            spans.append(span.bounds())
+            if later:
+                return fetch_deferred(kept, plan, span, names, *later)
+            return fetch(kept, plan, span, names)
+        monkeypatch.setattr(kind, "fetch", spied)
+        monkeypatch.setattr(kind, "fetch_deferred", spied)
+    # on the classes: the find of every engine's results goes through one of them (a
+    # snapshot's, for an invocation that reads off the lock), here one's
+    spy(Materialized)
+    spy(SelectionCut)
     first = eng.invoke(h)
     eng.insert("R", {"a": np.arange(30) % 10}, ts=np.full(30, 600.0))
     second = eng.invoke(h)

@@ -29,9 +29,9 @@ from psoup.archive.rates import SAMPLE_SPACE
 from psoup.archive.tiers import ALL, READ_RATE, ArchiveTiers, Limits, Reach, Sampled
 from psoup.errors import ArchiveError
 from psoup.plans import JoinPlan, Plan, SelectionPlan
-from psoup.query.model import TS, TUPLE_ID, ColumnType, Query
+from psoup.query.model import TS, TUPLE_ID, ColumnType, Query, WindowType
 from psoup.results.aggregates import Aggregator
-from psoup.results.materialized import Materialized
+from psoup.results.materialized import Materialized, SelectionCut
 from psoup.results.recent import Recent, RecentAnswers
 from psoup.results.result import EXACT, Result
 from psoup.results.windows_table import WindowsTable, archive_reach
@@ -80,6 +80,13 @@ class Answers:
         self._substituted: tuple[tuple[Query, float, int], Substitute | None] | None = None
         self.defer_identity = True
         self.recent = RecentAnswers(recent_bytes)
+        #: queries that began to leave (`depart`): an answer read off the lock while
+        #: this changed may mix a slot's bits before and after (psoup.results.reads)
+        self.departures = 0
+
+    def depart(self) -> None:
+        """A query is about to leave (before anything of it changes)."""
+        self.departures += 1
 
     def forget(self, plan: Plan) -> None:
         """Drop what is kept of a query that left (its slot may be reused)."""
@@ -108,6 +115,42 @@ class Answers:
         if plan.query.aggregated and plan.query.distinct:
             answer = answer.distinct()
         return answer, window
+
+    def snapshot(self, plan: Plan, now: float
+                 ) -> Callable[[], tuple[Result, tuple[int, int] | None]] | None:
+        """Under the lock, the short step of an invocation whose find and fetch run off
+        it: the window resolved at `now`, and the query's matches and stream's tuples
+        as they are now (`Materialized.snapshot`); returns the rest of
+        `answer_and_window`, to call off the lock: what it reads stays as it was here,
+        whatever writers do meanwhile, but an answer read while a query left (the
+        `departures` changed) is to be thrown away. None for the queries answered
+        under the lock: joins, aggregates kept in an aggregate structure (their
+        structures change in place), queries with history, and windows the mode's
+        structure reads only under the lock (PSoup-P's PARTITION BY). O(log n)."""
+        if not isinstance(plan, SelectionPlan) or plan.slot in self.tiers or \
+                plan.slot in self.kept.aggregates:
+            return None
+        window = plan.query.sources[0].window
+        if window.kind is WindowType.PARTITION and not self.kept.selections.snapshots_arrays:
+            return None
+        span = self.windows.span(plan.slot, self.stems[plan.query.sources[0].stream], now)
+        cut = self.kept.snapshot(plan, span)
+        if cut is None:
+            return None
+        return partial(self._read_cut, plan, cut, span, self.departures)
+
+    def _read_cut(self, plan: SelectionPlan, cut: SelectionCut, span: Span,
+                  departures: int) -> tuple[Result, tuple[int, int] | None]:
+        """Off the lock, `_selection`'s answer of a query without history from a cut."""
+        try:
+            if plan.query.aggregated:           # (NoMat's: aggregated from the matches)
+                answer = self._aggregate(plan, span, _IN_MEMORY, cut)
+                return (answer.distinct() if plan.query.distinct else answer), None
+            if span.is_range:
+                return self._in_range(plan, cut.stem, span, cut, departures)
+            return self._rows(plan, cut.stem, span, _IN_MEMORY, cut), None
+        finally:
+            cut.release()
 
     def recompute(self, plan: Plan, lo: int, hi: int) -> Result | None:
         """The answer `answer_and_window` described by [lo, hi), from the tuples memory still
@@ -210,13 +253,16 @@ class Answers:
             return None
         return kept.index.answer(*span.bounds())
 
-    def _aggregate(self, plan: SelectionPlan, span: Span, tier: _TierPart) -> Result:
-        """An aggregate over the matches in `span` after the tier's (weighted by their
-        inclusion rates when read from a sample; the copies' totals added)."""
+    def _aggregate(self, plan: SelectionPlan, span: Span, tier: _TierPart,
+                   kept: Kept | None = None) -> Result:
+        """An aggregate over the matches in `span` (in `kept`, as in `_rows`) after the
+        tier's (weighted by their inclusion rates when read from a sample; the copies'
+        totals added)."""
         query = plan.query
         aggregator = Aggregator(query)
         needed = list(dict.fromkeys([c for _, c in aggregator.needed] + [TS, TUPLE_ID]))
-        got = _fetch(self.kept.fetch(plan, span, needed), tier.archived)
+        got = _fetch((self.kept if kept is None else kept).fetch(plan, span, needed),
+                     tier.archived)
         values = {(0, c): got[c] for _, c in aggregator.needed}
         weights = (None if tier.fidelity == EXACT
                    else 1.0 / _inclusion(got, tier.sample, tier.archived))
@@ -227,52 +273,57 @@ class Answers:
         answer.fidelity = tier.fidelity
         return answer
 
-    def _in_range(self, plan: SelectionPlan, stem: DataSteM, span: Span
+    def _in_range(self, plan: SelectionPlan, stem: DataSteM, span: Span,
+                  kept: Kept | None = None, departures: int | None = None
                   ) -> tuple[Result, tuple[int, int]]:
         """The rows of a window of memory only that is a position range, and that range
-        as tupleIDs; made from the query's last answer where that pays (`_reused`)."""
+        as tupleIDs; made from the query's last answer where that pays (`_reused`).
+        `kept`, `departures`: a snapshot's read (`_read_cut`)."""
         p0, p1 = _held(span, stem)
         # (a window too small for reuse to pay even for an empty answer: read whole)
         query = plan.query
         reusable = (self.recent.enabled and not query.distinct and not query.contradiction
                     and self.recent.worth_reusing(p1 - p0, 0))
         window = (stem.tid_bound(p0), stem.tid_bound(p1))
-        reused = self._reused(plan, stem, p0, p1) if reusable else None
+        kept = self.kept if kept is None else kept
+        reused = self._reused(plan, stem, p0, p1, kept, departures) if reusable else None
         if reused is not None:
             return reused, window
-        answer = self._rows(plan, stem, span, _IN_MEMORY)
+        answer = self._rows(plan, stem, span, _IN_MEMORY, kept)
         if reusable:
-            self._remember(plan, stem, p0, p1, answer)
+            self._remember(plan, stem, p0, p1, answer, departures)
         return answer, window
 
-    def _rows(self, plan: SelectionPlan, stem: DataSteM, span: Span, tier: _TierPart
-              ) -> Result:
-        """Find the matches in `span`, fetch their columns after the tier's rows, and
-        project: ts and tupleIDs taken when first read where nothing needs them now."""
+    def _rows(self, plan: SelectionPlan, stem: DataSteM, span: Span, tier: _TierPart,
+              kept: Kept | None = None) -> Result:
+        """Find the matches in `span` (in `kept`: the mode's structure, or a snapshot
+        of it), fetch their columns after the tier's rows, and project: ts and tupleIDs
+        taken when first read where nothing needs them now."""
         query = plan.query
+        kept = self.kept if kept is None else kept
         if (not self.defer_identity or tier.archived or query.distinct or TS in plan.shown
                 or TUPLE_ID in plan.shown):
-            got = _fetch(self.kept.fetch(plan, span, plan.fetched), tier.archived)
+            got = _fetch(kept.fetch(plan, span, plan.fetched), tier.archived)
             answer = Result.build(query.columns, [got[name] for name in plan.selected],
                                   got[TS], got[TUPLE_ID], query.distinct)
         else:
-            got, rest = self.kept.fetch_deferred(plan, span, plan.shown, _IDENTITY)
+            got, rest = kept.fetch_deferred(plan, span, plan.shown, _IDENTITY)
             answer = Result.build(query.columns, [got[name] for name in plan.selected],
                                   None, None, False, identity=partial(_identity, rest))
             stem.defer(answer)
         answer.fidelity = tier.fidelity
         return answer
 
-    def _reused(self, plan: SelectionPlan, stem: DataSteM, p0: int, p1: int
-                ) -> Result | None:
+    def _reused(self, plan: SelectionPlan, stem: DataSteM, p0: int, p1: int, kept: Kept,
+                departures: int | None) -> Result | None:
         """The answer over positions [p0, p1) made from the query's last one, where the
         window moved forward over it and that is cheaper than reading it whole
         (`RecentAnswers.worth_reusing`): its rows still inside, then the matches
         among the tuples that arrived since. O(log answer) plus a find over the new
         tuples and O(answer) to join them; None when it does not apply."""
         query = plan.query
-        recent = self.recent.get(plan.slot, query, stem)
-        cut = recent.cut(p0, p1) if recent is not None else None
+        recent = self.recent.get(plan.slot, query, stem.origin)
+        cut = recent.cut(p0, p1, stem) if recent is not None else None
         if recent is None or cut is None:
             return None
         since = recent.p1
@@ -282,29 +333,33 @@ class Answers:
             copied = (len(recent.tuple_ids) - cut) * (len(recent.values) + 2)
             if not self.recent.worth_reusing(since - p0, copied):
                 return None
-            new = self.kept.fetch(plan, Span.range(since, p1), plan.fetched)
+            new = kept.fetch(plan, Span.range(since, p1), plan.fetched)
             values = {name: _joined(recent.values[name], cut, new[name])
                       for name in plan.shown}
             ts = _joined(recent.ts, cut, new[TS])
             tuple_ids = _joined(recent.tuple_ids, cut, new[TUPLE_ID])
         answer = Result.build(query.columns, [values[name] for name in plan.selected], ts,
                               tuple_ids, False)     # (makes the arrays read-only)
-        self._remember(plan, stem, p0, p1, answer, values)
+        self._remember(plan, stem, p0, p1, answer, departures, values)
         return answer
 
     def _remember(self, plan: SelectionPlan, stem: DataSteM, p0: int, p1: int,
-                  answer: Result, values: dict[str, np.ndarray] | None = None) -> None:
+                  answer: Result, departures: int | None,
+                  values: dict[str, np.ndarray] | None = None) -> None:
         """Keep `answer` (over positions [p0, p1)) for the query's next invocation if
         making that one from it could pay: an answer that is a large part of its window
-        is read whole each time (its ts and tupleIDs then stay deferred)."""
+        is read whole each time (its ts and tupleIDs then stay deferred). One read off
+        the lock (`departures` given) keeps it only if no query left since its cut:
+        the slot may be another query's by now."""
         if not self.recent.worth_reusing(p1 - p0, len(answer) * (len(plan.shown) + 2)):
             self.recent.forget(plan.slot)
             return
         if values is None:
             assert answer.values is not None
             values = dict(zip(plan.selected, answer.values, strict=True))
-        self.recent.put(plan.slot, Recent(plan.query, stem, p0, p1, values, answer.ts,
-                                          answer.tuple_ids))
+        still = None if departures is None else (lambda: departures == self.departures)
+        self.recent.put(plan.slot, Recent(plan.query, stem.origin, p0, p1, values, answer.ts,
+                                          answer.tuple_ids), still)
 
     def _read_layer(self, plan: SelectionPlan, reach: Reach,
                     reads: Mapping[str, Limits] | None) -> list[tuple[float, float, float]]:
@@ -342,6 +397,10 @@ class Answers:
         tuple_ids = np.column_stack([g[TUPLE_ID] for g in got])
         return Result.build(query.columns, projected, entries.earliest, tuple_ids,
                             query.distinct)
+
+
+#: Where a selection's matches are read: the mode's structure, or a snapshot of it.
+Kept = Materialized | SelectionCut
 
 
 class _TierPart(NamedTuple):

@@ -81,6 +81,9 @@ class ResultsStructure(Sink):
     """A selection structure: the matches of every selection slot of one engine."""
 
     keeps_rows = True
+    #: Whether `snapshot` takes every span, or only position ranges (the windows that
+    #: are none, PARTITION BY's, are then answered under the lock).
+    snapshots_arrays = True
 
     def admission_bytes(self, words: int, rows: int) -> int:
         """The most memory that registering one more query can add here at once: its
@@ -100,6 +103,13 @@ class ResultsStructure(Sink):
         """Sorted positions within `span` of the tuples that satisfy query `slot` (valid
         until the structure's next read: a structure may reuse the buffer)."""
         raise NotImplementedError
+
+    def snapshot(self, slot: int, source: Source, span: Span) -> Snapshot | None:
+        """Under the engine's lock: what an invocation of query `slot` over `span` reads
+        off the lock (psoup.results.reads), the matches as they are now whatever
+        changes meanwhile; None when this structure answers `span` only under the lock.
+        O(1) to O(chunks) here; the find is the snapshot's."""
+        return None
 
     def fetch(self, slot: int, source: Source, stem: DataSteM, span: Span,
               names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -124,6 +134,33 @@ def taken_now(got: dict[str, np.ndarray], later: Sequence[str]
     columns `later` moved out of it, returned by the function."""
     rest = {name: got.pop(name) for name in later}
     return got, lambda: rest
+
+
+class Snapshot:
+    """A selection slot's matches as its structure held them at an invocation's cut
+    (`ResultsStructure.snapshot`), read off the engine's lock together with a
+    `DataSteM.snapshot` taken at the same moment; `release` once read."""
+
+    __slots__ = ()
+
+    def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
+        """Sorted positions within `span` of the slot's matches at the cut."""
+        raise NotImplementedError
+
+    def fetch(self, slot: int, source: Source, stem: DataSteM, span: Span,
+              names: Sequence[str]) -> dict[str, np.ndarray]:
+        """As `ResultsStructure.fetch`, at the cut."""
+        return stem.take(names, self.matches(slot, source, stem, span))
+
+    def fetch_deferred(self, slot: int, source: Source, stem: DataSteM, span: Span,
+                       names: Sequence[str], later: Sequence[str]
+                       ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
+        """As `ResultsStructure.fetch_deferred`, at the cut."""
+        return taken_now(self.fetch(slot, source, stem, span, [*names, *later]), later)
+
+    def release(self) -> None:
+        """The read is over: the structure may change what it held in place again."""
+        return
 
 
 class SinkTable:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from psoup.query.model import Source
-from psoup.results.base import ResultsStructure
+from psoup.results.base import ResultsStructure, Snapshot
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.span import Span
 
@@ -83,6 +83,12 @@ class CompleteResults(ResultsStructure):
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
         return span.pick(self.positions(slot, source.stream))
 
+    def snapshot(self, slot: int, source: Source, span: Span) -> Snapshot | None:
+        """The query's list as it is now (consolidated here, under the lock): a batch
+        later appends a new piece, never changes this one. O(1), or O(list) to
+        consolidate the pieces since the last read (as `positions`)."""
+        return _ListCut(self.positions(slot, source.stream))
+
     def admission_bytes(self, words: int, rows: int) -> int:
         """A position (8 bytes) per retained tuple the new query may match."""
         return 8 * rows
@@ -95,3 +101,15 @@ class CompleteResults(ResultsStructure):
         for pieces in self._lists.values():
             arr = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
             assert (np.diff(arr) > 0).all(), "a query's results are in position order"
+
+
+class _ListCut(Snapshot):
+    """A query's positions at a cut (`CompleteResults.snapshot`)."""
+
+    __slots__ = ("positions",)
+
+    def __init__(self, positions: np.ndarray):
+        self.positions = positions
+
+    def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
+        return span.pick(self.positions)

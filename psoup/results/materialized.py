@@ -21,7 +21,7 @@ import numpy as np
 
 from psoup.plans import JoinPlan, Plan, SelectionPlan, filed
 from psoup.results.aggregates import AggregateSink
-from psoup.results.base import SinkTable, taken_now
+from psoup.results.base import SinkTable, Snapshot, taken_now
 from psoup.results.join_groups import Joiner, JoinGroups
 from psoup.results.joins import Combinations, ordered, stamped
 from psoup.results.modes import Mode
@@ -127,6 +127,18 @@ class Materialized:
             return taken_now(stem.take([*names, *later], np.empty(0, np.int64)), later)
         return self.selections.fetch_deferred(plan.slot, source, stem, span, names, later)
 
+    def snapshot(self, plan: SelectionPlan, span: Span) -> SelectionCut | None:
+        """Under the engine's lock: the query's matches in `span` and its stream's
+        tuples as they are now, for its find and fetch off the lock; None when its
+        structure reads `span` only under the lock (`ResultsStructure.snapshot`)."""
+        source = plan.query.sources[0]
+        held = None
+        if not plan.query.contradiction:
+            held = self.selections.snapshot(plan.slot, source, span)
+            if held is None:
+                return None
+        return SelectionCut(self.stems[source.stream].snapshot(), held)
+
     def join(self, plan: JoinPlan, spans: Sequence[Span]) -> Combinations:
         """The query's combinations whose every tuple lies in its item's span, in answer
         order: from its group, or (NoMat) joined now over the spans."""
@@ -167,3 +179,34 @@ class Materialized:
         free = getattr(self.selections, "_check_free", None)
         if free is not None:
             free(slots)
+
+
+class SelectionCut:
+    """A selection query's matches and its stream's tuples at an invocation's cut
+    (`Materialized.snapshot`): `fetch` and `fetch_deferred` as `Materialized`'s, read
+    off the engine's lock; `release` once read.
+
+    Attributes:
+        stem: the snapshot of the query's Data SteM (`DataSteM.snapshot`).
+    """
+
+    def __init__(self, stem: DataSteM, held: Snapshot | None):
+        self.stem, self._held = stem, held
+
+    def fetch(self, plan: SelectionPlan, span: Span, names: Sequence[str]
+              ) -> dict[str, np.ndarray]:
+        if self._held is None:                  # a contradiction matches nothing
+            return self.stem.take(names, np.empty(0, np.int64))
+        return self._held.fetch(plan.slot, plan.query.sources[0], self.stem, span, names)
+
+    def fetch_deferred(self, plan: SelectionPlan, span: Span, names: Sequence[str],
+                       later: Sequence[str]
+                       ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
+        if self._held is None:
+            return taken_now(self.stem.take([*names, *later], np.empty(0, np.int64)), later)
+        return self._held.fetch_deferred(plan.slot, plan.query.sources[0], self.stem, span,
+                                         names, later)
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._held.release()

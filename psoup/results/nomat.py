@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from psoup.query.model import Source
-from psoup.results.base import ResultsStructure
+from psoup.results.base import ResultsStructure, Snapshot
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.span import Span
 
@@ -28,5 +28,18 @@ class NoMatResults(ResultsStructure):
     def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
         return stem.probe(source, span)
 
+    def snapshot(self, slot: int, source: Source, span: Span) -> Snapshot | None:
+        """Nothing to hold: the probe reads the Data SteM's snapshot."""
+        return _Probe()
+
     def nbytes(self) -> int:
         return 0
+
+
+class _Probe(Snapshot):
+    """NoMat's find at a cut: the query evaluated over the snapshot's window."""
+
+    __slots__ = ()
+
+    def matches(self, slot: int, source: Source, stem: DataSteM, span: Span) -> np.ndarray:
+        return stem.probe(source, span)

@@ -40,6 +40,8 @@ reuse): 1.07x at 1,024 queries with 200,000 tuples retained.
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -47,7 +49,7 @@ import numpy as np
 from psoup import kernels
 from psoup.bits import DTYPE, bit_of
 from psoup.query.model import Source
-from psoup.results.base import ProbeTarget, ResultsStructure
+from psoup.results.base import ProbeTarget, ResultsStructure, Snapshot
 from psoup.stems.data_stem import DataSteM, chunk_runs
 from psoup.stems.span import Span
 
@@ -79,6 +81,39 @@ def _rows_for(words: int) -> int:
     return words + words // 32
 
 
+def _unheld(chunk: np.ndarray) -> bool:
+    """Whether nothing but the chunk itself references its padded array (no address
+    table of a snapshot being read, say), so that it can be reused."""
+    return sys.getrefcount(chunk.base) <= 2
+
+
+class _BitmapCut(Snapshot):
+    """A slot's bits as a snapshot reads them (`PartialResults.snapshot`): the bitmap as
+    the compiled finds take it, with nothing sealed, so that they slice no row."""
+
+    __slots__ = ("owner", "stream", "bitmap")
+
+    def __init__(self, owner: PartialResults, stream: str,
+                 bitmap: tuple[int, kernels.AddressTable, int]):
+        self.owner, self.stream, self.bitmap = owner, stream, bitmap
+
+    def fetch(self, slot: int, source: Source, stem: DataSteM, span: Span,
+              names: Sequence[str]) -> dict[str, np.ndarray]:
+        word, mask = bit_of(slot)
+        p0, p1 = span.bounds()
+        return stem.take_marked(names, self.bitmap, p0, p1, word, mask)[0]
+
+    def fetch_deferred(self, slot: int, source: Source, stem: DataSteM, span: Span,
+                       names: Sequence[str], later: Sequence[str]
+                       ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
+        word, mask = bit_of(slot)
+        p0, p1 = span.bounds()
+        return stem.take_marked(names, self.bitmap, p0, p1, word, mask, later)
+
+    def release(self) -> None:
+        self.owner._close(self)
+
+
 class PartialResults(ResultsStructure, ProbeTarget):
     """Bitmaps per stream (selection queries have one-stream FROM lists).
 
@@ -88,6 +123,8 @@ class PartialResults(ResultsStructure, ProbeTarget):
         >>> rs.column("R", 0, Span.range(0, 3)).tolist()
         [0, 2]
     """
+
+    snapshots_arrays = False
 
     def __init__(self, chunk_rows: int = 8192):
         self.chunk_rows = chunk_rows
@@ -102,6 +139,14 @@ class PartialResults(ResultsStructure, ProbeTarget):
         # per stream, the end of the positions the probe has written: chunks wholly
         # below it are sealed, and a find turns their rows bit-sliced (kernels._ready)
         self._written: dict[str, int] = {}
+        # the invocations reading off the engine's lock (`snapshot`), per stream: a
+        # chunk one of them may read is never sliced in place (it is copied first) nor
+        # reused; the lock because a reader leaves from its own thread
+        self._open: dict[str, list[_BitmapCut]] = {}
+        self._open_lock = threading.Lock()
+        # (stream, word) -> chunk numbers [lo, hi) whose word row is sliced (or is
+        # missing), so that a snapshot slices only the chunks sealed since
+        self._sliced: dict[tuple[str, int], tuple[int, int]] = {}
 
     def _chunk(self, stream: str, k: int, words: int, written_from: int = -1) -> np.ndarray:
         """Chunk k of `stream`, (>= words, chunk_rows); a new one is zero except from row
@@ -110,9 +155,11 @@ class PartialResults(ResultsStructure, ProbeTarget):
         chunk = chunks.get(k)
         if chunk is None or chunk.shape[0] < words:
             self._lists.pop(stream, None)
+            self._unsliced(stream, k)
         if chunk is None:
             spare = self._spare
-            while spare and not words <= spare[-1].shape[0] <= _rows_for(words):
+            while spare and not (words <= spare[-1].shape[0] <= _rows_for(words)
+                                 and _unheld(spare[-1])):
                 spare.pop()
             if spare:
                 chunk = chunks[k] = spare.pop()
@@ -196,6 +243,8 @@ class PartialResults(ResultsStructure, ProbeTarget):
         self._bitmaps.pop(stream, None)
         self._lists.pop(stream, None)
         self._written.pop(stream, None)     # a stream made again starts at position 0
+        for key in [key for key in self._sliced if key[0] == stream]:
+            del self._sliced[key]
 
     def _listed(self, stream: str) -> tuple[int, kernels.AddressTable]:
         """(first chunk number, the stream's chunks from it on as a kernels.address_table
@@ -213,11 +262,85 @@ class PartialResults(ResultsStructure, ProbeTarget):
                  for k in range(first, max(chunks, default=-1) + 1)]))
         return got
 
-    def _bitmap(self, stream: str) -> tuple[int, kernels.AddressTable, int]:
+    def _bitmap(self, stream: str, word: int, p0: int, p1: int
+                ) -> tuple[int, kernels.AddressTable, int]:
         """`_listed`, and the end of the positions the probe has written (the chunks
-        wholly below it are sealed), as the compiled finds take them."""
+        wholly below it are sealed), as the compiled finds over [p0, p1) of word row
+        `word` take them; they slice the sealed rows they read, so while a snapshot
+        is being read, the rows are sliced here first (a chunk it reads copied)."""
+        if self._open.get(stream):
+            self._slice_rows(stream, word, p0, p1, whole=True)
         first, listed = self._listed(stream)
         return first, listed, self._written.get(stream, 0)
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshot(self, slot: int, source: Source, span: Span) -> Snapshot | None:
+        """Under the engine's lock: the slot's bits as they are now, for a find off
+        the lock over a position range (None for other spans). The slot's word row is
+        sliced now in the sealed chunks of the span, so that the find off the lock
+        changes nothing (its kernels are told nothing is sealed); until the snapshot is
+        released, a chunk it holds is copied before a row of it is sliced, and not
+        reused once expired. O(chunks sealed since the last snapshot of the row)."""
+        if not span.is_range:
+            return None
+        stream = source.stream
+        word, _ = bit_of(slot)
+        p0, p1 = span.bounds()
+        self._slice_rows(stream, word, p0, p1)
+        first, listed = self._listed(stream)
+        cut = _BitmapCut(self, stream, (first, listed, 0))
+        with self._open_lock:
+            self._open.setdefault(stream, []).append(cut)
+        return cut
+
+    def _close(self, cut: _BitmapCut) -> None:
+        with self._open_lock:
+            self._open[cut.stream].remove(cut)      # (a cut equals only itself)
+
+    def _slice_rows(self, stream: str, word: int, p0: int, p1: int,
+                    whole: bool = False) -> None:
+        """Slice word row `word` of the sealed chunks meeting [p0, p1) (what the
+        compiled finds do on the way), copying first a chunk a snapshot holds; only
+        those sealed since the last call unless `whole`. O(chunks sliced)."""
+        cap = self.chunk_rows
+        chunks = self._bitmaps.get(stream)
+        if p1 <= p0 or cap % 64 or not chunks:
+            return
+        k0, k1 = p0 // cap, min((p1 - 1) // cap + 1, self._written.get(stream, 0) // cap)
+        lo, hi = self._sliced.get((stream, word), (0, 0))
+        if lo <= k0 and k1 <= hi and not whole:
+            return                      # (an invocation's usual case)
+        start = hi if lo <= k0 <= hi and not whole else k0
+        for k in range(start, k1):
+            chunk = chunks.get(k)
+            if chunk is None or chunk.shape[0] <= word or \
+                    _padded(chunk)[word, cap] != kernels.WORD_MAJOR:
+                continue
+            if self._held(stream, k, chunk):
+                chunk = chunks[k] = _padded(chunk).copy()[:, :cap]
+                self._lists.pop(stream, None)
+            kernels.slice_row(_padded(chunk)[word], cap)
+        if k1 > start:          # [k0, k1) is sliced now; with [lo, hi) where they meet
+            meet = lo <= k0 <= hi or k0 < lo <= k1
+            self._sliced[stream, word] = (min(lo, k0), max(hi, k1)) if meet else (k0, k1)
+
+    def _unsliced(self, stream: str, k: int) -> None:
+        """Chunk k of `stream` is new or wider: its rows may not be sliced."""
+        for key, (lo, hi) in list(self._sliced.items()):
+            if key[0] == stream and lo <= k < hi:
+                self._sliced[key] = (lo, k)
+
+    def _held(self, stream: str, k: int, chunk: np.ndarray) -> bool:
+        """Whether a snapshot being read holds chunk k of `stream`. O(snapshots)."""
+        with self._open_lock:
+            cuts = list(self._open.get(stream, ()))
+        base = _padded(chunk)
+        for cut in cuts:
+            first, listed, _ = cut.bitmap
+            if 0 <= k - first < len(listed) and listed.arrays[k - first] is base:
+                return True
+        return False
 
     def streams(self) -> set[str]:
         return set(self._bitmaps)
@@ -238,7 +361,8 @@ class PartialResults(ResultsStructure, ProbeTarget):
         assert stem.chunk_rows == self.chunk_rows, "bitmap chunks follow the stem's"
         word, mask = bit_of(slot)
         p0, p1 = span.bounds()
-        return stem.take_marked(names, self._bitmap(source.stream), p0, p1, word, mask)[0]
+        return stem.take_marked(names, self._bitmap(source.stream, word, p0, p1), p0, p1,
+                                word, mask)[0]
 
     def fetch_deferred(self, slot: int, source: Source, stem: DataSteM, span: Span,
                        names: Sequence[str], later: Sequence[str]
@@ -252,8 +376,8 @@ class PartialResults(ResultsStructure, ProbeTarget):
             return super().fetch_deferred(slot, source, stem, span, names, later)
         word, mask = bit_of(slot)
         p0, p1 = span.bounds()
-        return stem.take_marked(names, self._bitmap(source.stream), p0, p1, word, mask,
-                                later)
+        return stem.take_marked(names, self._bitmap(source.stream, word, p0, p1), p0, p1,
+                                word, mask, later)
 
     def column(self, stream: str, slot: int, span: Span) -> np.ndarray:
         """Positions in `span` whose bit `slot` is set. O(rows in span).
@@ -271,7 +395,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
                 return np.empty(0, np.int64)
             if len(self._found) < p1 - p0:
                 self._found = np.empty(p1 - p0, np.int64)
-            first, listed, sealed = self._bitmap(stream)
+            first, listed, sealed = self._bitmap(stream, word, p0, p1)
             found = kernels.chunk_positions(listed.handle, first, cap, p0, p1, word, mask, sealed,
                                             self._found)
             return self._found[:found]

@@ -1,10 +1,21 @@
-"""An invocation from start to answer, with the archive's files read off the engine's lock.
+"""An invocation from start to answer, its find and fetch off the engine's lock.
 
-Most invocations are one step under the lock: resolve the window, find the matches,
-fetch their columns (psoup.results.answers). A query with history whose window reaches
-into its archive tier needs segment files that are not in the tier's cache; those are
-read here between two holds of the lock, so that writers and other readers are not held
-up by the disk (segment files never change once written):
+An invocation of a selection query without history (nor aggregates, but in NoMat, which
+has no aggregate structure), without `since`, holds the lock for a short step only: its
+plan and NOW, its window resolved, and a cut, the query's matches and its stream's
+tuples as they are now (`Answers.snapshot`). Its find and fetch then run off the lock,
+on the caller's thread, beside the writer and other readers, and see exactly what was
+committed before the cut: writers append past it and replace, never change in place,
+what a cut holds (psoup.stems.data_stem, psoup.results.partial). Should a query leave
+meanwhile (`Answers.departures`), its slot may have been cleared and taken under the
+read: the answer is thrown away and the invocation begins again (it raises
+UnknownHandle if it was its own query), once more off the lock, then under it.
+
+Every other invocation is one step under the lock: resolve the window, find the
+matches, fetch their columns (psoup.results.answers). A query with history whose
+window reaches into its archive tier needs segment files that are not in the tier's
+cache; those are read here between two holds of the lock, so that writers and other
+readers are not held up by the disk (segment files never change once written):
 
 1. under the lock: how to read the tier (whole, or sampled at the rates the archive
    policy gives, `_sampled_reads`) and which segment files are not cached;
@@ -22,7 +33,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -49,9 +60,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+#: How many times an invocation reads off the lock before it reads under it, each
+#: thrown away when a query left meanwhile (`Reads._read_off_lock`).
+_OFF_LOCK_TRIES = 2
+_AGAIN = object()
+_LOCKED = object()
+
 #: What `Reads.read`'s caller gets under the lock before a read: the plan and NOW.
 Begin = Callable[[], "tuple[Plan, float]"]
-#: What it does with the answer, still under the lock: the plan, the answer, its window.
+#: What it does with the answer, still under the lock (after it, for one read off the
+#: lock): the plan, the answer, its window.
 Finish = Callable[["Plan", "Result", "tuple[int, int] | None"], T]
 
 Wanted = list[tuple[Segment, dict[str, ColumnType], Limits]]
@@ -81,12 +99,40 @@ class Reads:
 
     def invoke(self, handle: str, begin: Begin, since: str | None) -> Result | Changes:
         """`handle`'s answer at the (plan, NOW) `begin` gives under the lock, with its
-        cursor; or, given `since`, the changes from that cursor's answer to this one."""
-        return self.read(begin, partial(self._answered, handle, since))
+        cursor; or, given `since`, the changes from that cursor's answer to this one
+        (under the lock: the cursor store is engine state)."""
+        finish = partial(self._answered, handle, since)
+        if since is None:
+            for _ in range(_OFF_LOCK_TRIES):
+                done = self._read_off_lock(begin, finish)
+                if done is _LOCKED:
+                    break
+                if done is not _AGAIN:
+                    return cast("Result | Changes", done)
+        return self.read(begin, finish)
+
+    def _read_off_lock(self, begin: Begin, finish: Finish[T]) -> T | object:
+        """`read`, the find and fetch off the lock where the query allows (see the
+        module docstring); `_AGAIN` when a query left during the read, `_LOCKED` for a
+        query with history (`read` reads its tier's files off the lock)."""
+        with self._lock:
+            plan, at = begin()
+            off = self.answers.snapshot(plan, at)
+            if off is None:
+                if isinstance(plan, SelectionPlan) and plan.slot in self.tiers:
+                    return _LOCKED
+                answer, window = self.answers.answer_and_window(plan, at)
+                return finish(plan, answer, window)
+            departures = self.answers.departures
+        answer, window = off()
+        if self.answers.departures != departures:
+            return _AGAIN
+        return finish(plan, answer, window)
 
     def _answered(self, handle: str, since: str | None, plan: Plan, answer: Result,
                   window: tuple[int, int] | None) -> Result | Changes:
-        """Under the lock, an invocation's answer: with its cursor, or as changes."""
+        """An invocation's answer: with its cursor (made later, under the lock), or as
+        changes (under the lock)."""
         if since is not None:
             return self._cursors.changes(handle, plan, since, answer, window)
         # made when first read (Result.defer_cursor): an invocation whose caller never
@@ -151,7 +197,8 @@ class Reads:
         return reads
 
     def forget(self, plan: Plan) -> None:
-        """A query left."""
+        """A query leaves (called before anything of it changes)."""
+        self.answers.depart()
         self._rates.pop(plan, None)
 
     def read_plan(self, plan: Plan, now: float) -> dict[str, Limits] | None:

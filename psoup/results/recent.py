@@ -27,7 +27,9 @@ query, or a stream dropped and created again, never meets an old answer.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -66,15 +68,17 @@ class Recent(NamedTuple):
         return (sum(v.nbytes for v in self.values.values()) + self.ts.nbytes
                 + self.tuple_ids.nbytes)
 
-    def cut(self, q0: int, q1: int) -> int | None:
+    def cut(self, q0: int, q1: int, stem: DataSteM | None = None) -> int | None:
         """For a window now at [q0, q1): how many leading rows of this answer left it
         (the new matches start at p1), or None when this answer is no part of the new
-        one (the window moved back, or past it entirely). O(log answer)."""
+        one (the window moved back, or past it entirely). O(log answer). `stem`: the
+        Data SteM (or snapshot of it, `DataSteM.snapshot`) the window was resolved in;
+        by default this answer's."""
         if not self.p0 <= q0 <= self.p1 <= q1:
             return None
         if q0 == self.p0:
             return 0
-        first = self.stem.tid_bound(q0)
+        first = (self.stem if stem is None else stem).tid_bound(q0)
         return int(np.searchsorted(self.tuple_ids, first, side="left"))
 
 
@@ -82,6 +86,9 @@ class RecentAnswers:
     """slot -> its query's last answer (`Recent`), most recently used last, within a
     byte budget: putting one past it drops the least recently used first, and an answer
     larger than the whole budget is not kept. A budget of 0 keeps nothing.
+
+    Invocations reading off the engine's lock (psoup.results.reads) use it from their
+    threads: a lock of its own guards every change.
 
     Costs: `get`, `forget` O(1); `put` O(1) plus O(1) per entry dropped; memory at most
     `budget` bytes of answers (shared with the Results handed out while both live).
@@ -102,6 +109,7 @@ class RecentAnswers:
         self.nbytes = 0
         self.skip_rows_per_ns = SKIP_ROWS_PER_NS
         self.fixed_ns = FIXED_NS
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -115,15 +123,24 @@ class RecentAnswers:
 
     def get(self, slot: int, query: Query, stem: DataSteM) -> Recent | None:
         """The last answer kept for `slot`, if it was `query`'s over `stem`."""
-        recent = self._kept.get(slot)
-        if recent is None or recent.query is not query or recent.stem is not stem:
-            return None
-        self._kept.move_to_end(slot)
-        return recent
+        with self._lock:
+            recent = self._kept.get(slot)
+            if recent is None or recent.query is not query or recent.stem is not stem:
+                return None
+            self._kept.move_to_end(slot)
+            return recent
 
-    def put(self, slot: int, recent: Recent) -> None:
-        """Keep `recent` as `slot`'s last answer (replacing the one before)."""
-        self.forget(slot)
+    def put(self, slot: int, recent: Recent, still: Callable[[], bool] | None = None
+            ) -> None:
+        """Keep `recent` as `slot`'s last answer (replacing the one before); given
+        `still`, only if it holds (checked under the cache's lock, which `forget` takes:
+        a slot's query that leaves after the check has it forgotten)."""
+        with self._lock:
+            if still is None or still():
+                self._put(slot, recent)
+
+    def _put(self, slot: int, recent: Recent) -> None:
+        self._forget(slot)
         size = recent.nbytes
         if size > self.budget:
             return
@@ -135,6 +152,10 @@ class RecentAnswers:
 
     def forget(self, slot: int) -> None:
         """Drop `slot`'s answer (its query left; the slot may be reused)."""
+        with self._lock:
+            self._forget(slot)
+
+    def _forget(self, slot: int) -> None:
         old = self._kept.pop(slot, None)
         if old is not None:
             self.nbytes -= old.nbytes

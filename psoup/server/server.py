@@ -9,15 +9,19 @@ execute, insert, register, unregister) goes through one queue to one writer thre
 applies a group of queued writes one by one and then calls `Engine.commit()` once before
 replying to any of them (group commit: one fsync per group, and no reply before its
 change is on disk). A read (invoke, queries, stats, ping) runs on the event loop itself
-when the engine lock is free and nobody waits for it: the lock would serialize it with
-every other engine call anyway, and a thread hop costs more than a typical invocation
-(profiled under 100 polling clients, over half of the server's active time was that
-plumbing). A read that finds the lock taken is parked; one read thread takes the lock
-in turn and answers every parked read under that one hold (one hop for all of them, at
-most BATCH_SECONDS before a waiting write). A read that took over INLINE_SECONDS of CPU
-runs on a read thread of its own for a second, so large answers do not stall the loop.
-The lock makes each call atomic, so an invocation never sees half of a batch. Replies
-to one connection that are ready together leave in one write.
+when the engine lock is free and nobody waits for it: a thread hop costs more than a
+typical invocation (profiled under 100 polling clients, over half of the server's
+active time was that plumbing). An invocation that finds the lock taken goes to a read
+thread of its own: the engine holds its lock for the invocation's short first step
+only (psoup.results.reads), so invocations run beside the writer and each other, each
+on the snapshot of its cut. Any other read that finds the lock taken is parked; one read
+thread takes the lock in turn and answers every parked read under that one hold (one
+hop for all of them, at most BATCH_SECONDS before a waiting write). A read that took
+over INLINE_SECONDS of CPU runs on a read thread of its own for a second, so large
+answers do not stall the loop. The read threads are as many as the machine's cores (a
+`threads` limit, when there is one). Each invocation sees the engine between two
+writes, never half of a batch. Replies to one connection that are ready together leave
+in one write.
 
 What each operation takes and does is in psoup.server.ops; this module moves frames,
 authenticates, pipelines, and groups commits.
@@ -30,6 +34,7 @@ import contextlib
 import gc
 import hmac
 import logging
+import os
 import secrets
 import shutil
 import signal
@@ -246,7 +251,8 @@ class Server:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._writes = asyncio.Queue()
-        self._read_pool = ThreadPoolExecutor(2, thread_name_prefix="psoup-read")
+        self._read_pool = ThreadPoolExecutor(self._read_threads(),
+                                             thread_name_prefix="psoup-read")
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="psoup-write")
         listener = writer_task = None
         try:
@@ -270,6 +276,12 @@ class Server:
             self._read_pool.shutdown(wait=True, cancel_futures=True)
             self._write_pool.shutdown(wait=True, cancel_futures=True)
             self._loop = None
+
+    def _read_threads(self) -> int:
+        """The read pool's threads: the `threads` limit where one is set, else one per
+        core (at least 2: one may wait for the lock while another reads)."""
+        threads = getattr(self.limits, "threads", None)
+        return max(2, int(threads) if threads else os.cpu_count() or 2)
 
     # ------------------------------------------------------------------ connections
 
@@ -507,7 +519,9 @@ class Server:
         event loop when the engine lock is free and nobody waits for it; else a future
         of it, parked for the next batch of reads. None when `_dispatch` must take it: a
         write or an unknown op, a read after a write of its connection that is still
-        pending, or a read that took over INLINE_SECONDS here lately."""
+        pending, a read that took over INLINE_SECONDS here lately, or an invocation that
+        finds the lock taken (on a read thread, it waits for the lock only for its
+        first step, then reads beside the writer)."""
         spec = OPS.get(op) if isinstance(op, str) else None
         if spec is None or spec.write or not isinstance(args, Mapping):
             return None
@@ -525,6 +539,8 @@ class Server:
             if held:
                 frame = self._run_read(request_id, spec, args)
         if not held:
+            if spec.name is OpName.INVOKE:
+                return None             # to a read thread: it holds the lock briefly
             assert self._loop is not None, "reads are taken only while serving"
             parked = self._loop.create_future()
             self._parked.append((request_id, spec, args, key, parked))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import weakref
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
@@ -111,8 +112,12 @@ class DataSteM:
         #: dropped chunks nothing else references, reused by the next chunks (a fresh
         #: one costs an allocation and a page fault per 4 KiB on first write)
         self._spare: list[_Chunk] = []
-        #: answers that will still read columns from the chunks (`defer`)
+        #: answers that will still read columns from the chunks (`defer`); the lock
+        #: because reader threads add to it while the writer settles them
         self._readers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._readers_lock = threading.Lock()
+        #: the stem a `snapshot` was taken of (None: this is the stem itself)
+        self._origin: DataSteM | None = None
         # the chunks' blocks as (a kernels.address_table, the blocks), or None
         self._blocks: tuple[kernels.AddressTable, list[np.ndarray]] | None = None
         #: names asked of `take` -> (its 8-byte columns, their block rows, their dtypes)
@@ -148,11 +153,12 @@ class DataSteM:
         done = 0
         while done < batch.n:
             if not self._chunks or self._chunks[-1].n == cap:
-                self._chunks.append(self._spare.pop() if self._spare
-                                    else _Chunk(self._dtypes, self._wide, cap))
+                # new lists, never changed in place: a snapshot shares the old ones
+                self._chunks = [*self._chunks, self._spare.pop() if self._spare
+                                else _Chunk(self._dtypes, self._wide, cap)]
                 self._blocks = None
-                self._heads.append(float(batch.ts[done]))
-                self._tid_heads.append(int(tuple_ids[done]))
+                self._heads = [*self._heads, float(batch.ts[done])]
+                self._tid_heads = [*self._tid_heads, int(tuple_ids[done])]
             chunk = self._chunks[-1]
             take = min(cap - chunk.n, batch.n - done)
             r, cols, here = chunk.n, chunk.cols, slice(done, done + take)
@@ -196,10 +202,10 @@ class DataSteM:
                     chunk.n = 0
                     chunk.index.clear()
                     self._spare.append(chunk)
-            del self._chunks[:drop]
+            self._chunks = self._chunks[drop:]
             self._blocks = None
-            del self._heads[:drop]
-            del self._tid_heads[:drop]
+            self._heads = self._heads[drop:]
+            self._tid_heads = self._tid_heads[drop:]
             self._chunk0 += drop
 
     # ------------------------------------------------------------------ time index
@@ -307,8 +313,10 @@ class DataSteM:
         if position >= self.n:
             if not self._chunks:
                 return 0
-            last = self._chunks[-1]
-            return int(last.cols[TUPLE_ID][last.n - 1]) + 1
+            # the newest tuple by n, not by the last chunk's count: a snapshot's chunk
+            # goes on filling after it was taken
+            k, row = divmod(self.n - 1, self.chunk_rows)
+            return int(self._chunks[k - self._chunk0].cols[TUPLE_ID][row]) + 1
         k, row = divmod(position, self.chunk_rows)
         return int(self._chunks[k - self._chunk0].cols[TUPLE_ID][row])
 
@@ -414,18 +422,40 @@ class DataSteM:
                                               later_rows), later_wide, later_dtypes)
         return got, rest
 
+    def snapshot(self) -> DataSteM:
+        """The stem as it is now, for an invocation that reads off the engine's lock
+        (psoup.results.reads): its reads (`take`, `take_marked`, `probe`, `tid_bound`)
+        see positions [horizon, n) of now, whatever is appended or expired meanwhile.
+        The writer never changes a chunk list in place (it makes a new one), writes
+        only rows past n, and reuses a dropped chunk only when nothing references its
+        block (`_Chunk.unshared`): the snapshot holds every block it may read. O(1),
+        plus O(chunks) once per chunk_rows tuples to list the blocks."""
+        view = DataSteM.__new__(DataSteM)
+        view.__dict__.update(self.__dict__)         # (copy.copy takes twice as long)
+        view._blocks = self._block_list()
+        view._origin = self
+        return view
+
+    @property
+    def origin(self) -> DataSteM:
+        """The stem a snapshot was taken of (the stem itself when it is none)."""
+        return self if self._origin is None else self._origin
+
     def defer(self, reader: Any) -> None:
         """Note that `reader` (an answer whose `take_marked` columns are still to be
         taken, with a `settle()` that takes them) holds this stem's chunks: the next time
         retention drops a chunk, every such reader still alive settles first, so
         retention frees the chunks' memory as it always would, however long the answers
         live. O(1); O(readers alive) at that drop."""
-        self._readers.add(reader)
+        with self._readers_lock:
+            self._readers.add(reader)
 
     def _settle_readers(self) -> None:
-        for reader in list(self._readers):
+        with self._readers_lock:
+            readers = list(self._readers)
+            self._readers.clear()
+        for reader in readers:
             reader.settle()
-        self._readers.clear()
 
     def _gather(self, names: Sequence[str]
                 ) -> tuple[list[str], np.ndarray, list[np.dtype[Any]]]:
