@@ -245,7 +245,7 @@ def _plot(timeline: _Timeline, quiet: float, contended: float, end: float,
         ax.set_xlabel("seconds")
         ax.set_ylabel("latency per call, ms")
         ax.set_title("poller and producer latency, quiet then contended")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
     return plot
 
 

@@ -502,8 +502,13 @@ class Server:
         pool = self._encode_pool
         assert pool is not None, "replies are sent only while serving"
         if not conv.pieces:
-            writer.write(await loop.run_in_executor(pool, large.whole))
-            await writer.drain()
+            # written a piece's worth at a time too: the transport copies what the socket
+            # does not take at once, on the loop
+            whole = memoryview(await loop.run_in_executor(pool, large.whole))
+            step = max(self.limits.piece_bytes, 1 << 16)
+            for start in range(0, len(whole), step):
+                writer.write(whole[start:start + step])
+                await writer.drain()
             return
         frames = large.frames(self.limits.piece_bytes)
         following = loop.run_in_executor(pool, next, frames, None)
