@@ -22,14 +22,16 @@ while, at once:
 Reported: p50, p99 and max of each measured client in each window, and the contended
 p99 against the issue's target, max(5 x quiet p99, 100 ms) (ratio <= 1: met); the plot
 shows every call's latency over time with the contended window and the checkpoint
-marked. The clients are threads of this process and share the machine's cores with the
-server.
+marked. The measured clients are threads of this process, the contending ones threads
+of another (a 2M-row answer's decoding would otherwise hold the measured clients' GIL);
+all share the machine's cores with the server.
 
 Usage: python bench/scale_stall.py [--quick | --smoke]
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -45,9 +47,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402  (bench/ is put on sys.path just above)
-from server import _ServerProcess, readings  # noqa: E402
+from server import TOKEN, _ServerProcess, readings  # noqa: E402
 
 import psoup  # noqa: E402
+from psoup.client import Client  # noqa: E402
 
 BATCH, PRODUCE_EVERY, POLL_EVERY = 1_000, 0.02, 0.05
 #: The issue's target: contended p99 <= max(TARGET_FACTOR x quiet p99, TARGET_FLOOR s).
@@ -126,58 +129,82 @@ def _looped(stop: threading.Event, step: Callable[[], object]) -> None:
         step()
 
 
-def _run(server: _ServerProcess, s: dict[str, Any], small: str, large: str,
-         timeline: _Timeline) -> tuple[float, float, float]:
-    """The measured clients through warm-up, the quiet window and the contended one;
-    returns (quiet start, contended start, contended end) on the timeline."""
-    stop_all, stop_load = threading.Event(), threading.Event()
-    feed = np.random.default_rng(7)
-
-    def produce() -> None:
-        with server.client() as client:
-            _paced(stop_all, PRODUCE_EVERY, lambda: timeline.timed(
-                "producer", lambda: client.insert("traffic", readings(feed, BATCH))))
-
-    def poll() -> None:
-        with server.client() as client:
-            _paced(stop_all, POLL_EVERY, lambda: timeline.timed(
-                "poller", lambda: client.invoke(small)))
+def _load(address: str, large: str, t0: float, go: Any, stop: Any, out: Any) -> None:
+    """The contending clients, in a process of their own (so that decoding a 2M-row
+    answer does not hold the measured clients' GIL): once `go` is set and until `stop`
+    is, a reader invokes `large` again and again and a registrar registers and
+    unregisters REGISTERED in turn. Puts ({role: [(start - t0, seconds)]}, {role:
+    errors}) on `out`."""
+    timeline = _Timeline()
+    timeline.t0 = t0                # perf_counter is the machine's monotonic clock
 
     def read_large() -> None:
-        with server.client() as client:
-            _looped(stop_load, lambda: timeline.timed("large reader",
-                                                      lambda: client.invoke(large)))
+        with Client(address, token=TOKEN, timeout=600) as client:
+            _looped(stop, lambda: timeline.timed("large reader", lambda: client.invoke(large)))
 
     def register() -> None:
         k = [0]
 
-        def one(client: psoup.Client) -> None:
+        def one(client: Client) -> None:
             handle = timeline.timed("registrar", lambda: client.register(
                 REGISTERED[k[0] % len(REGISTERED)]))
             k[0] += 1
             if handle is not None:
                 client.unregister(handle)
-        with server.client() as client:
-            _looped(stop_load, lambda: one(client))
+        with Client(address, token=TOKEN, timeout=600) as client:
+            _looped(stop, lambda: one(client))
 
+    threads = [threading.Thread(target=read_large), threading.Thread(target=register)]
+    go.wait()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out.put((timeline.calls, timeline.errors))
+
+
+def _run(server: _ServerProcess, s: dict[str, Any], small: str, large: str,
+         timeline: _Timeline) -> tuple[float, float, float]:
+    """The measured clients through warm-up, the quiet window and the contended one;
+    returns (quiet start, contended start, contended end) on the timeline."""
+    stop = threading.Event()
+    feed = np.random.default_rng(7)
+
+    def produce() -> None:
+        with server.client() as client:
+            _paced(stop, PRODUCE_EVERY, lambda: timeline.timed(
+                "producer", lambda: client.insert("traffic", readings(feed, BATCH))))
+
+    def poll() -> None:
+        with server.client() as client:
+            _paced(stop, POLL_EVERY, lambda: timeline.timed(
+                "poller", lambda: client.invoke(small)))
+
+    spawn = multiprocessing.get_context("spawn")
+    go, stop_load, out = spawn.Event(), spawn.Event(), spawn.Queue()
+    load = spawn.Process(target=_load, args=(server.address, large, timeline.t0, go,
+                                             stop_load, out))
+    load.start()                    # its imports before the windows, its work on `go`
     measured = [threading.Thread(target=produce), threading.Thread(target=poll)]
-    load = [threading.Thread(target=read_large), threading.Thread(target=register)]
     for thread in measured:
         thread.start()
     time.sleep(s["warmup"])
     quiet = timeline.now()
     time.sleep(s["quiet"])
     contended = timeline.now()
-    for thread in load:
-        thread.start()
+    go.set()
     time.sleep(s["contended"] / 3)
     server.proc.send_signal(signal.SIGUSR1)         # a checkpoint, beside the rest
     time.sleep(s["contended"] * 2 / 3)
     end = timeline.now()
-    stop_all.set()
+    stop.set()
     stop_load.set()
-    for thread in measured + load:
+    calls, errors = out.get()
+    load.join()
+    for thread in measured:
         thread.join()
+    timeline.calls.update(calls)
+    timeline.errors.update(errors)
     return quiet, contended, end
 
 
