@@ -140,6 +140,28 @@ def test_a_client_that_did_not_ask_for_pieces_gets_one_frame(
     sock.close()
 
 
+@pytest.mark.parametrize("pieces", [True, False])
+def test_pipelined_replies_after_a_large_answer_keep_their_order(
+        engine: Engine, address: tuple[str, int], pieces: bool) -> None:
+    large = engine.register("SELECT a, b, name FROM R")
+    small = engine.register("SELECT a FROM R BEGIN (NOW - 2 ROWS) END NOW")
+    sock = _raw(address, pieces=pieces)
+    sock.sendall(b"".join(pack_frame({"id": i, "op": op, "args": args}) for i, op, args in (
+        (1, "invoke", {"handle": large, "now": ROWS}), (2, "ping", {}),
+        (3, "invoke", {"handle": small, "now": ROWS}), (4, "invoke", {"handle": large,
+                                                                       "now": ROWS}))))
+    replies = [_frames(sock, request_id) for request_id in (1, 2, 3, 4)]
+    assert [len(r) > 1 for r in replies] == [pieces, False, False, pieces]
+    assert replies[1][0]["result"] == "pong"
+    assert decode_answer(replies[2][0]["result"]).rows == [(a % 97,) for a in (ROWS - 2,
+                                                                               ROWS - 1)]
+    for frames in (replies[0], replies[3]):
+        whole = decode_answer(join_answers([f["result"] for f in frames]))
+        assert isinstance(whole, Result)
+        _same(whole, engine.invoke(large, now=ROWS))
+    sock.close()
+
+
 def test_another_client_is_answered_while_a_large_answer_is_on_its_way(
         engine: Engine, address: tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
     """The second piece of the large answer is held until the small invocation has been
