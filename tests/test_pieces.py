@@ -153,8 +153,9 @@ def test_pipelined_replies_after_a_large_answer_keep_their_order(
     replies = [_frames(sock, request_id) for request_id in (1, 2, 3, 4)]
     assert [len(r) > 1 for r in replies] == [pieces, False, False, pieces]
     assert replies[1][0]["result"] == "pong"
-    assert decode_answer(replies[2][0]["result"]).rows == [(a % 97,) for a in (ROWS - 2,
-                                                                               ROWS - 1)]
+    recent = decode_answer(replies[2][0]["result"])
+    assert isinstance(recent, Result)
+    assert recent.rows == [(a % 97,) for a in (ROWS - 2, ROWS - 1)]
     for frames in (replies[0], replies[3]):
         whole = decode_answer(join_answers([f["result"] for f in frames]))
         assert isinstance(whole, Result)
