@@ -17,14 +17,15 @@ while, at once:
 - a reader invokes the large query again and again (a 2M-row answer, full size);
 - a checkpoint runs (Engine.checkpoint, in the server process, started by SIGUSR1 a third
   into the window; the server's automatic checkpoints run as they fall due, in both
-  windows).
+  windows, and so do the archive's flushes of rows that left retention: the plot and
+  the notes mark both, timed in the server).
 
 Reported: p50, p99 and max of each measured client in each window, and the contended
 p99 against the issue's target, max(5 x quiet p99, 100 ms) (ratio <= 1: met); the plot
-shows every call's latency over time with the contended window and the checkpoint
-marked. The measured clients are threads of this process, the contending ones threads
-of another (a 2M-row answer's decoding would otherwise hold the measured clients' GIL);
-all share the machine's cores with the server.
+shows every call's latency over time with the contended window, the checkpoints and the
+archive flushes marked. The measured clients are threads of this process, the
+contending ones threads of another (a 2M-row answer's decoding would otherwise hold the
+measured clients' GIL); all share the machine's cores with the server.
 
 Usage: python bench/scale_stall.py [--quick | --smoke]
 """
@@ -59,28 +60,51 @@ SMALL = "SELECT stationid, speed FROM traffic WHERE lane = 3 BEGIN (NOW - 1000 R
 LARGE = "SELECT lane, stationid, speed FROM traffic WHERE lane <= 4"    # half the rows
 REGISTERED = ("SELECT lane, COUNT(*), AVG(speed) FROM traffic GROUP BY lane",
               "SELECT stationid, speed FROM traffic WHERE lane = 5 AND speed > 70")
-#: The environment variable naming the file where the server writes its checkpoints.
-CHECKPOINTS_ENV = "PSOUP_BENCH_CHECKPOINTS"
+#: The environment variable naming the file where the server writes its events.
+EVENTS_ENV = "PSOUP_BENCH_EVENTS"
 #: `psoup serve --data-dir D --sync group`, plus: SIGUSR1 runs Engine.checkpoint() on a
-#: thread of its own and appends "start (epoch seconds) duration" to $CHECKPOINTS_ENV.
+#: thread of its own; every checkpoint (that one, "requested", and the automatic ones,
+#: "checkpoint") and every archive flush of rows that left retention ("archive flush")
+#: appends "kind start-epoch-seconds duration" to $EVENTS_ENV. The hooks wrap internal
+#: methods (what the engine does is timed, not changed); one renamed since is not marked.
 SERVE = f"""
-import os, signal, sys, threading, time
+import importlib, os, signal, sys, threading, time
 import psoup.server.server as s
+def _timed(kind, fn):
+    def timed(*args, **kwargs):
+        began, t0 = time.time(), time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with open(os.environ[{EVENTS_ENV!r}], "a") as f:
+                f.write(f"{{kind.replace(' ', '_')}} {{began}} {{time.perf_counter() - t0}}\\n")
+    return timed
+for module, owner, name, kind in (("psoup.journal.durable", "Durability", "checkpoint",
+                                   "checkpoint"),
+                                  ("psoup.archive.parquet", "Archive", "_flush_stream",
+                                   "archive flush")):
+    try:
+        cls = getattr(importlib.import_module(module), owner)
+        setattr(cls, name, _timed(kind, getattr(cls, name)))
+    except (ImportError, AttributeError):
+        pass
 engines = []
 class _Recorded(s.Engine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         engines.append(self)
-def _checkpoint():
-    began, t0 = time.time(), time.perf_counter()
-    engines[0].checkpoint()
-    with open(os.environ[{CHECKPOINTS_ENV!r}], "a") as f:
-        f.write(f"{{began}} {{time.perf_counter() - t0}}\\n")
 s.Engine = _Recorded
-signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=_checkpoint).start())
+signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(
+    target=_timed("requested", lambda: engines[0].checkpoint())).start())
 s.run_server(sys.argv[1] or None, port=int(sys.argv[2]), token=sys.argv[3], sync="group",
              echo=lambda line: None)
 """
+#: How the plot marks the server's events, and what it calls them.
+EVENT_COLORS = {"requested": "tab:purple", "checkpoint": "tab:red",
+                "archive_flush": "tab:green"}
+EVENT_NAMES = {"requested": "requested checkpoint",
+               "checkpoint": "checkpoints (automatic and requested)",
+               "archive_flush": "archive flushes"}
 
 
 def _settings(level: common.Level) -> dict[str, Any]:
@@ -236,20 +260,20 @@ def _rows(timeline: _Timeline, quiet: float, contended: float,
     return rows
 
 
-def _checkpoints(path: Path, timeline: _Timeline) -> list[tuple[float, float]]:
-    """The checkpoints the server ran on SIGUSR1: (start on the timeline, seconds)."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().split("\n"):
-        if line.strip():
-            began, seconds = map(float, line.split())
-            out.append((began - timeline.epoch, seconds))
+def _events(path: Path, timeline: _Timeline) -> dict[str, list[tuple[float, float]]]:
+    """The server's events (EVENTS_ENV): kind -> [(start on the timeline, seconds)]."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    if path.is_file():
+        for line in path.read_text().split("\n"):
+            if line.strip():
+                kind, began, seconds = line.split()
+                out.setdefault(kind, []).append((float(began) - timeline.epoch,
+                                                 float(seconds)))
     return out
 
 
 def _plot(timeline: _Timeline, quiet: float, contended: float, end: float,
-          checkpoints: list[tuple[float, float]],
+          events: dict[str, list[tuple[float, float]]],
           targets: dict[str, float]) -> Callable[[Any, Sequence[dict[str, Any]]], None]:
     def plot(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
         colors = {"poller": "tab:blue", "producer": "tab:orange"}
@@ -263,11 +287,13 @@ def _plot(timeline: _Timeline, quiet: float, contended: float, end: float,
             if role in targets:
                 ax.axhline(1e3 * targets[role], color=color, ls="--", lw=0.8,
                            label=f"{role} target {1e3 * targets[role]:.0f} ms")
-        ax.axvspan(contended - quiet, end - quiet, color="tab:red", alpha=0.07,
-                   label="contended: registrations, large reads, a checkpoint")
-        for k, (began, seconds) in enumerate(checkpoints):
-            ax.axvspan(began - quiet, began - quiet + seconds, color="tab:purple", alpha=0.25,
-                       label="checkpoint" if k == 0 else None)
+        ax.axvspan(contended - quiet, end - quiet, color="tab:gray", alpha=0.08,
+                   label="contended: registrations, large reads")
+        for kind, color in EVENT_COLORS.items():
+            for k, (began, seconds) in enumerate(events.get(kind, [])):
+                if quiet <= began < end:
+                    ax.axvspan(began - quiet, began - quiet + max(seconds, 0.02), color=color,
+                               alpha=0.3, label=EVENT_NAMES[kind] if k == 0 else None)
         ax.set_yscale("log")
         ax.set_xlabel("seconds")
         ax.set_ylabel("latency per call, ms")
@@ -276,12 +302,28 @@ def _plot(timeline: _Timeline, quiet: float, contended: float, end: float,
     return plot
 
 
+def _event_notes(events: dict[str, list[tuple[float, float]]], quiet: float,
+                 contended: float, end: float) -> list[str]:
+    """One line per kind of server event: how many in each window, and how long."""
+    notes = []
+    for kind in ("checkpoint", "archive_flush"):
+        spans = events.get(kind, [])
+        counts = [sum(a <= t < b for t, _ in spans) for a, b in ((quiet, contended),
+                                                                   (contended, end))]
+        if sum(counts):
+            took = np.asarray([dt for t, dt in spans if quiet <= t < end])
+            notes.append(f"server {EVENT_NAMES[kind]}: {counts[0]} quiet, {counts[1]} "
+                         f"contended; {1e3 * np.median(took):,.0f} ms median, "
+                         f"{1e3 * took.max():,.0f} ms max")
+    return notes
+
+
 def main() -> None:
     level, suffix = common.size_flag(__doc__)
     s = _settings(level)
     tmp = tempfile.mkdtemp(prefix="psoup-stall-")
-    checkpoints_file = Path(tmp) / "checkpoints"
-    os.environ[CHECKPOINTS_ENV] = str(checkpoints_file)
+    events_file = Path(tmp) / "events"
+    os.environ[EVENTS_ENV] = str(events_file)
     retained = s["retained"]
     server = _ServerProcess(os.path.join(tmp, "state"), serve=SERVE)
     try:
@@ -301,7 +343,7 @@ def main() -> None:
         quiet, contended, end = _run(server, s, small, large, timeline)
     finally:
         server.stop()
-    checkpoints = _checkpoints(checkpoints_file, timeline)
+    events = _events(events_file, timeline)
     rows = _rows(timeline, quiet, contended, end)
     targets = {r["client"]: r["target_ms"] / 1e3 for r in rows if r["target_ms"]}
     notes = [f"{retained:,} rows retained (prefilled in {prefill_s:.1f} s), the large answer "
@@ -312,8 +354,9 @@ def main() -> None:
         if len(lat):
             notes.append(f"{role}: {len(lat)} calls, p50 {1e3 * np.percentile(lat, 50):,.0f} ms, "
                          f"max {1e3 * lat.max():,.0f} ms")
-    notes += [f"checkpoint on SIGUSR1: {seconds:.2f} s, at {began - contended:.1f} s into "
-              "the contended window" for began, seconds in checkpoints]
+    notes += [f"requested checkpoint (SIGUSR1): {seconds:.2f} s, at {began - contended:.1f} s "
+              "into the contended window" for began, seconds in events.get("requested", [])]
+    notes += _event_notes(events, quiet, contended, end)
     if timeline.errors:
         notes.append(f"errors: {timeline.errors}")
     notes.append(f"target: contended p99 <= max({TARGET_FACTOR:g} x quiet p99, "
@@ -323,7 +366,7 @@ def main() -> None:
         ("p50_ms", "p50 ms", ".1f"), ("p99_ms", "p99 ms", ".1f"), ("max_ms", "max ms", ".0f"),
         ("target_ms", "target ms", ".0f"), ("ratio", "p99/target", ".2f"),
         ("verdict", "target", "s"),
-    ], _plot(timeline, quiet, contended, end, checkpoints, targets), notes=notes,
+    ], _plot(timeline, quiet, contended, end, events, targets), notes=notes,
         params={**s, "large_rows": large_rows})
 
 
