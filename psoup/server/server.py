@@ -113,7 +113,11 @@ class _Large:
         """The answer's frames, each encoded when asked for: every piece but the last
         marked `"more": true`. A piece that cannot be encoded ends the reply with an
         error frame of the same id (the client drops the pieces before it)."""
-        pieces = answer_pieces(self.answer, piece_bytes)
+        pieces = _encoded_reply(self.request_id, partial(answer_pieces, self.answer,
+                                                          piece_bytes))
+        if isinstance(pieces, bytes):       # the error reply: nothing to cut
+            yield pieces
+            return
         last = len(pieces) - 1
         for i, piece in enumerate(pieces):
             frame = _encoded_reply(self.request_id, partial(self._piece, piece, i < last))
