@@ -93,7 +93,6 @@ BATCH_SECONDS = 0.005
 _R = TypeVar("_R")
 
 
-
 class _Large:
     """The reply to request `request_id` whose `answer` is too large for one frame of
     Limits.piece_bytes: the connection's sender encodes and sends it, in pieces to a
