@@ -46,6 +46,7 @@ from psoup.server.protocol import (
     ProtocolError,
     decode_answer,
     error_of,
+    join_answers,
     pack_frame,
     unpack_payload,
 )
@@ -602,10 +603,27 @@ class Client:
         if wait is not None:             # a long request: wait longer
             sock.settimeout(wait)
         try:
-            return self._result(self._receive(sock), request_id)
+            reply = self._receive(sock)
+            if isinstance(reply, Mapping) and reply.get("more") is True:
+                return self._pieces(sock, reply, request_id)
+            return self._result(reply, request_id)
         finally:
             if wait is not None and self._sock is sock:
                 sock.settimeout(self.timeout)
+
+    def _pieces(self, sock: socket.socket, reply: Mapping[str, Any], request_id: int) -> Any:
+        """The result of a reply sent in pieces (docs/protocol.md, "Large answers"),
+        `reply` its first frame: the frames up to the one without `more`, joined. An
+        error frame ends the reply: its error is raised, the pieces dropped."""
+        pieces = [self._result(reply, request_id)]
+        while reply.get("more") is True:
+            reply = self._receive(sock)
+            pieces.append(self._result(reply, request_id))  # raises unless a Mapping
+        try:
+            return join_answers(pieces)
+        except ProtocolError:
+            self._drop()
+            raise
 
     def _no_reply(self, op: str, idempotent: bool) -> ConnectionFailed:
         """The error of a request whose reply did not come within the timeout."""
@@ -638,7 +656,8 @@ class Client:
         self._next_id += 1
         try:
             sock.sendall(pack_frame({"id": self._next_id, "op": OpName.HELLO,
-                                     "args": {"token": self._token, "protocol": PROTOCOL}}))
+                                     "args": {"token": self._token, "protocol": PROTOCOL,
+                                              "pieces": True}}))
             self.server = self._result(self._receive(sock), self._next_id)
             spoken = self.server.get("protocol", 1) if isinstance(self.server, Mapping) else 1
             if spoken != PROTOCOL:

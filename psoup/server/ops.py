@@ -11,7 +11,8 @@ Each `Op` says what the server and the client must agree on:
 * `parse`: the arguments checked on the event loop, cheap (types, limits, zero-copy
   column decoding), returned as what `run` takes; a bad one is a `bad_args` reply;
 * `run`: the call on an `EngineAPI` (the engine), where `write` says; its value is the
-  reply's result.
+  reply's result; invoke's is the engine's Result or Changes, which the server encodes,
+  in one frame or, when it is large, in pieces (docs/protocol.md, "Large answers").
 
 A new operation is one `OpName` and one `Op` here, the method it calls on `Engine` and
 `Client`, and its section in docs/protocol.md.
@@ -27,7 +28,7 @@ import numpy as np
 
 from psoup.api import EngineAPI
 from psoup.codec import decode_array, decode_columns
-from psoup.server.protocol import ErrorCode, ProtocolError, encode_answer
+from psoup.server.protocol import PIECE_BYTES, ErrorCode, ProtocolError, encode_answer
 from psoup.strenum import StrEnum
 
 
@@ -71,6 +72,10 @@ class Limits:
             it again), and so does each insert its connection sent after it with
             "chain"; an insert into an empty queue is always taken. Memory then stays
             bounded when producers send faster than the engine applies.
+        piece_bytes: an answer estimated larger than this on the wire goes out as a
+            sequence of frames of about this size each, to a client that said it takes
+            them (hello's `pieces`); each is encoded off the event loop and the engine
+            lock just before it is sent, so other clients' replies go out in between.
     """
 
     max_frame_bytes: int = 64 << 20
@@ -88,6 +93,7 @@ class Limits:
     max_group_writes: int = 256
     max_in_flight: int = 16
     max_queued_bytes: int = 256 << 20
+    piece_bytes: int = PIECE_BYTES
 
 
 class OpName(StrEnum):
@@ -278,7 +284,7 @@ OPS: dict[str, Op] = {op.name.value: op for op in (
        lambda e, a: e.last_seq(a["producer"])),
     Op(OpName.REGISTER, True, False, _sql, lambda e, a: e.register(a["sql"])),
     Op(OpName.INVOKE, False, True, _invoke,
-       lambda e, a: encode_answer(e.invoke(a["handle"], now=a["now"], since=a["since"]))),
+       lambda e, a: e.invoke(a["handle"], now=a["now"], since=a["since"])),
     Op(OpName.UNREGISTER, True, False, _handle, lambda e, a: e.unregister(a["handle"])),
     Op(OpName.QUERIES, False, True, _nothing, lambda e, a: e.queries()),
     Op(OpName.STATS, False, True, _nothing, lambda e, a: plain(e.stats())),

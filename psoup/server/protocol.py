@@ -10,7 +10,8 @@ costs one memcpy per column, not a million msgpack objects.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -230,21 +231,25 @@ def _encode_values(column: Any) -> Any:
     return encode_array(np.array(column, dtype=dtype))
 
 
-def _rows_part(result: Result) -> dict[str, Any]:
+def _rows_part(result: Result, rows: slice | None = None) -> dict[str, Any]:
+    """The encoded rows of `result`, or of its rows `rows` only (a piece)."""
+    cut = slice(None) if rows is None else rows
     tuple_ids = np.asarray(result.tuple_ids, np.int64)
     values: list[Any] | None = result.values
     part: dict[str, Any] = {}
     if values is None:
-        rows = result.rows
-        values = [[row[i] for row in rows] for i in range(len(result.columns))]
+        kept = result.rows if rows is None else result.rows[cut]
+        values = [[row[i] for row in kept] for i in range(len(result.columns))]
         part["rows"] = True
+    elif rows is not None:
+        values = [v[cut] for v in values]
     part |= {"values": [_encode_values(v) for v in values],
-            "ts": encode_array(np.asarray(result.ts, np.float64)),
-            "tuple_ids": encode_array(tuple_ids.ravel())}
+            "ts": encode_array(np.asarray(result.ts, np.float64)[cut]),
+            "tuple_ids": encode_array(tuple_ids[cut].ravel())}
     if tuple_ids.ndim == 2:                  # a join: one tupleID per FROM item, row-major
         part["tuple_ids_per_row"] = tuple_ids.shape[1]
     if result.keys is not None:
-        part["keys"] = result.keys
+        part["keys"] = result.keys if rows is None else result.keys[cut]
     return part
 
 
@@ -258,17 +263,184 @@ def encode_answer(answer: Result | Changes) -> dict[str, Any]:
         >>> wire["kind"], wire["values"][0]["dtype"], wire["cursor"]
         ('answer', '<i8', 'c')
     """
+    return _encoded(answer, None, None)
+
+
+def _encoded(answer: Result | Changes, rows: slice | None,
+             deleted: slice | None) -> dict[str, Any]:
+    """`answer` encoded whole (`rows` and `deleted` None), or one piece of it: its rows
+    `rows` (of a Changes, the inserted rows `rows` and the deleted rows `deleted`)."""
     if isinstance(answer, Changes):
         return {"kind": AnswerKind.CHANGES.value, "columns": answer.columns,
-                "inserted": _rows_part(answer.inserted), "deleted": _rows_part(answer.deleted),
-                "cursor": answer.cursor}
-    wire = {"kind": AnswerKind.ANSWER.value, "columns": answer.columns, **_rows_part(answer),
-            "cursor": answer.cursor}
+                "inserted": _rows_part(answer.inserted, rows),
+                "deleted": _rows_part(answer.deleted, deleted), "cursor": answer.cursor}
+    wire = {"kind": AnswerKind.ANSWER.value, "columns": answer.columns,
+            **_rows_part(answer, rows), "cursor": answer.cursor}
     if not answer.exact:                # a TABLESAMPLE answer: its rates and errors
+        cut = slice(None) if rows is None else rows
         wire["fidelity"] = [list(f) for f in answer.fidelity]
-        wire["error"] = {name: encode_array(np.asarray(e, np.float64))
+        wire["error"] = {name: encode_array(np.asarray(e, np.float64)[cut])
                          for name, e in answer.error.items()}
     return wire
+
+
+# ---------------------------------------------------------------------- answers in pieces
+
+#: The default bound of one reply frame's answer, in bytes: an answer estimated larger
+#: goes out as a sequence of pieces of about this size each (to a client that accepts
+#: them; docs/protocol.md, "Large answers"). Measured on the 2-core EPYC of bench/results
+#: with a 2M-row answer of 3 numeric columns (76 MiB) and a 200K-row one with a TEXT
+#: column (7 MiB): a 1 MiB piece takes 0.14 ms (numeric) to 0.7 ms (text) to encode and
+#: pack, so another client's reply waits about that between two pieces, and all the
+#: pieces together cost 0.1-0.45x one frame of the whole answer (whose fresh 76 MiB
+#: buffer alone took 290 ms); 16 MiB pieces take 12-14 ms each, and 64 KiB pieces
+#: make 1,222 frames (and as many thread hops) of one answer.
+PIECE_BYTES = 1 << 20
+
+#: Bytes a value of each numpy kind takes on the wire (raw arrays; a bool is one byte).
+_ITEM_BYTES = {"b": 1, "i": 8, "u": 8, "f": 8}
+#: Values sampled to estimate the wire size of a column of Python values (TEXT): few,
+#: since every invocation's reply is estimated (16 cost ~1 us).
+_SAMPLE = 16
+
+
+def _column_bytes(column: Any) -> float:
+    """The estimated wire bytes of one value of `column` (a numpy array or a list): a
+    text value's length in characters (its UTF-8 bytes for ASCII) from a sample."""
+    if isinstance(column, np.ndarray) and column.dtype.kind in _ITEM_BYTES:
+        return _ITEM_BYTES[column.dtype.kind]
+    sample = column[::max(1, len(column) // _SAMPLE)][:_SAMPLE]
+    if not len(sample):
+        return 0.0
+    return 2 + sum(len(v) if type(v) is str else 8 for v in sample) / len(sample)
+
+
+def _row_bytes(result: Result) -> float:
+    """The estimated wire bytes of one row of `result`: its values, ts, tupleIDs, group
+    key and error estimates. O(columns), and a sample of each text column."""
+    tuple_ids = np.asarray(result.tuple_ids)
+    width = 8 + 8 * (tuple_ids.shape[1] if tuple_ids.ndim == 2 else 1) + 8 * len(result.error)
+    if result.keys is not None:
+        width += 2 + 9 * (len(result.keys[0]) if result.keys else 0)
+    if result.values is not None:
+        return width + sum(_column_bytes(v) for v in result.values)
+    rows = result.rows
+    return width + sum(_column_bytes([row[i] for row in rows[::max(1, len(rows) // _SAMPLE)]])
+                       for i in range(len(result.columns)))
+
+
+def answer_bytes(answer: Result | Changes) -> float:
+    """The estimated size of `answer` on the wire, in bytes (not counting the column
+    names and the cursor). O(columns), not O(rows).
+
+    Example:
+        >>> answer_bytes(Result(["a"], None, np.zeros(10), np.arange(10),
+        ...                     values=[np.arange(10)]))
+        240.0
+    """
+    if isinstance(answer, Changes):
+        return answer_bytes(answer.inserted) + answer_bytes(answer.deleted)
+    return float(len(answer) * _row_bytes(answer))
+
+
+def _spans(result: Result, piece_bytes: int) -> list[slice]:
+    """`result`'s rows cut into runs of about `piece_bytes` each (none when empty)."""
+    n = len(result)
+    per = max(1, int(piece_bytes // max(_row_bytes(result), 1.0))) if n else 1
+    return [slice(a, min(a + per, n)) for a in range(0, n, per)]
+
+
+def answer_pieces(answer: Result | Changes,
+                  piece_bytes: int = PIECE_BYTES) -> list[Callable[[], dict[str, Any]]]:
+    """`answer` as pieces of about `piece_bytes` each on the wire: one function per
+    piece, in order, each returning that piece encoded as an `invoke` result (the rows
+    of an answer, or the inserted then the deleted rows of changes, a run at a time).
+    Encoding happens when a function is called, so a server encodes a piece, sends it,
+    and only then encodes the next. `join_answers` of the pieces is `encode_answer` of
+    the whole. At least one piece, even for an empty answer.
+
+    Example:
+        >>> r = Result(["a"], None, np.zeros(5), np.arange(5), values=[np.arange(5)])
+        >>> pieces = answer_pieces(r, piece_bytes=48)
+        >>> [len(decode_array(p()["ts"])) for p in pieces]
+        [2, 2, 1]
+    """
+    none = slice(0, 0)
+    if isinstance(answer, Changes):
+        runs = ([(rows, none) for rows in _spans(answer.inserted, piece_bytes)]
+                + [(none, rows) for rows in _spans(answer.deleted, piece_bytes)])
+    else:
+        runs = [(rows, None) for rows in _spans(answer, piece_bytes)]
+    if len(runs) <= 1:
+        return [partial(encode_answer, answer)]
+    return [partial(_encoded, answer, rows, deleted) for rows, deleted in runs]
+
+
+def _joined_column(parts: list[Any]) -> Any:
+    """Encoded columns (pieces of one column) as one: raw bytes joined when every part
+    is a raw array of one dtype, else a list of the values."""
+    first = parts[0]
+    if all(isinstance(p, Mapping) for p in parts) and all(
+            p.get("dtype") == first.get("dtype") and isinstance(p.get("data"), bytes)
+            for p in parts):
+        return {"dtype": first["dtype"], "data": b"".join(p["data"] for p in parts)}
+    joined: list[Any] = []
+    for part in parts:
+        values = decode_array(part)
+        joined += values.tolist() if isinstance(values, np.ndarray) else values
+    return joined
+
+
+def _joined_rows(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The rows parts (`values`, `ts`, `tuple_ids`, `keys`) of pieces as one."""
+    width = len(parts[0]["values"])
+    if any(len(p["values"]) != width for p in parts):
+        raise ValueError("pieces with different numbers of columns")
+    joined: dict[str, Any] = {k: parts[0][k] for k in ("rows", "tuple_ids_per_row")
+                              if k in parts[0]}
+    joined["values"] = [_joined_column([p["values"][i] for p in parts]) for i in range(width)]
+    for key in ("ts", "tuple_ids"):
+        joined[key] = _joined_column([p[key] for p in parts])
+    if "keys" in parts[0]:
+        joined["keys"] = [key for p in parts for key in p["keys"]]
+    return joined
+
+
+def join_answers(pieces: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The `invoke` results of a reply sent in pieces as the one result they are parts
+    of (what `encode_answer` gives for the whole answer, up to how an aggregated
+    answer's columns are encoded); `decode_answer` takes it.
+
+    Raises:
+        ProtocolError: "bad_frame" when the pieces do not fit together (another kind,
+            other columns, another cursor, missing fields).
+
+    Example:
+        >>> r = Result(["a"], None, np.zeros(5), np.arange(5), values=[np.arange(5)])
+        >>> wire = join_answers([p() for p in answer_pieces(r, piece_bytes=48)])
+        >>> decode_answer(wire).rows
+        [(0,), (1,), (2,), (3,), (4,)]
+    """
+    try:
+        first = pieces[0]
+        same = ("kind", "columns", "cursor")
+        if any(any(p.get(k) != first.get(k) for k in same) for p in pieces):
+            raise ValueError("pieces of different answers")
+        joined = {k: first[k] for k in same}
+        if first["kind"] == AnswerKind.CHANGES:
+            for part in ("inserted", "deleted"):
+                joined[part] = _joined_rows([p[part] for p in pieces])
+            return joined
+        joined |= _joined_rows(pieces)
+        if "fidelity" in first:
+            joined["fidelity"] = first["fidelity"]
+            joined["error"] = {name: _joined_column([p["error"][name] for p in pieces])
+                               for name in first.get("error") or {}}
+        return joined
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"an answer in pieces that do not fit "
+                                                 f"together ({type(exc).__name__}: {exc})"
+                            ) from None
 
 
 def _result_of(columns: list[str], part: Mapping[str, Any], cursor: str | None) -> Result:

@@ -23,6 +23,11 @@ answers do not stall the loop. The read threads are as many as the machine's cor
 writes, never half of a batch. Replies to one connection that are ready together leave
 in one write.
 
+An answer larger than Limits.piece_bytes is not encoded where it was read: the
+connection's sender encodes it on the encoding thread, outside the engine lock, a piece
+at a time (to a client that takes pieces; else whole), writing each piece before the
+next is encoded, so the loop serves other connections between pieces.
+
 What each operation takes and does is in psoup.server.ops; this module moves frames,
 authenticates, pipelines, and groups commits.
 """
@@ -42,12 +47,12 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -55,6 +60,7 @@ from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
 from psoup.engine import DEFAULT_ANSWER_CACHE, Engine
 from psoup.errors import PSoupError
 from psoup.options import ModeName, SyncName
+from psoup.results.result import Changes, Result
 from psoup.server.allocator import keep_freed_memory
 from psoup.server.ops import OPS, Limits, Op, OpName
 from psoup.server.protocol import (
@@ -62,6 +68,9 @@ from psoup.server.protocol import (
     PROTOCOL,
     ErrorCode,
     ProtocolError,
+    answer_bytes,
+    answer_pieces,
+    encode_answer,
     error_fields,
     error_reply,
     ok_reply,
@@ -87,11 +96,54 @@ _POOLED_SECONDS = 1.0
 #: How long a batch of parked reads may hold the engine lock before a waiting write.
 BATCH_SECONDS = 0.005
 
+_R = TypeVar("_R")
+
+
+class _Large:
+    """The reply to request `request_id` whose `answer` is too large for one frame of
+    Limits.piece_bytes: the connection's sender encodes and sends it, in pieces to a
+    client that takes them (`frames`), else in one frame (`whole`), on the encoding
+    thread."""
+
+    def __init__(self, request_id: Any, answer: Result | Changes):
+        self.request_id = request_id
+        self.answer = answer
+
+    def whole(self) -> bytes:
+        """The answer in one frame (a client that did not ask for pieces)."""
+        return _encoded_reply(self.request_id, lambda: pack_frame(ok_reply(
+            self.request_id, encode_answer(self.answer))))
+
+    def frames(self, piece_bytes: int) -> Iterator[bytes]:
+        """The answer's frames, each encoded when asked for: every piece but the last
+        marked `"more": true`. A piece that cannot be encoded ends the reply with an
+        error frame of the same id (the client drops the pieces before it)."""
+        pieces = _encoded_reply(self.request_id, partial(answer_pieces, self.answer,
+                                                          piece_bytes))
+        if isinstance(pieces, bytes):       # the error reply: nothing to cut
+            yield pieces
+            return
+        last = len(pieces) - 1
+        for i, piece in enumerate(pieces):
+            frame = _encoded_reply(self.request_id, partial(self._piece, piece, i < last))
+            yield frame
+            if not _is_ok(frame):
+                return
+
+    def _piece(self, piece: Callable[[], dict[str, Any]], more: bool) -> bytes:
+        reply = ok_reply(self.request_id, piece())
+        if more:
+            reply["more"] = True
+        return pack_frame(reply)
+
+
+#: A reply as a connection's sender takes it: a frame, or a large answer to encode.
+_Reply = bytes | _Large
 #: A write queued for the writer thread: its call, the future of its outcome (ok, value
 #: or exception), and its bytes in the ingest queue.
 _Write = tuple[Callable[[], Any], asyncio.Future[tuple[bool, Any]], int]
-#: What a batch of parked reads gives back: (reply future, frame, read key, CPU seconds).
-_Batch = list[tuple[asyncio.Future[bytes], bytes, tuple[str, Any], float]]
+#: What a batch of parked reads gives back: (reply future, reply, read key, CPU seconds).
+_Batch = list[tuple[asyncio.Future[_Reply], _Reply, tuple[str, Any], float]]
 
 
 class _Conversation:
@@ -102,9 +154,10 @@ class _Conversation:
 
     def __init__(self, limit: int):
         # None: the last reply was queued, the sender stops
-        self.replies: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue(limit)
+        self.replies: asyncio.Queue[asyncio.Future[_Reply] | None] = asyncio.Queue(limit)
         self.sender: asyncio.Task[None] | None = None
-        self.last_write: asyncio.Future[bytes] | None = None
+        self.last_write: asyncio.Future[_Reply] | None = None
+        self.pieces = False     # its hello said it takes a large answer in pieces
         self.chain_ok = True
         # its last insert was refused "busy": the ones it chained after it are refused
         # too, until one that does not chain (set and read on the event loop)
@@ -176,13 +229,15 @@ class Server:
         self._writes: asyncio.Queue[_Write] | None = None
         self._read_pool: ThreadPoolExecutor | None = None
         self._write_pool: ThreadPoolExecutor | None = None
+        # encodes large answers, a piece at a time (_Large), outside the engine lock
+        self._encode_pool: ThreadPoolExecutor | None = None
         # reads that took over INLINE_SECONDS: (op, handle) -> run them on the pool
         # until this perf_counter time
         self._pooled: dict[tuple[str, Any], float] = {}
         # reads waiting for the engine lock, answered together by one read thread (a
         # deque: the loop appends while that thread takes from the front)
         self._parked: deque[tuple[Any, Op, Mapping[str, Any], tuple[str, Any],
-                                  asyncio.Future[bytes]]] = deque()
+                                  asyncio.Future[_Reply]]] = deque()
         self._batching = False
         self.requests = 0                # answered or refused since start, for the log
         # the ingest queue: inserts received and not yet applied (bytes, and when each
@@ -254,6 +309,7 @@ class Server:
         self._read_pool = ThreadPoolExecutor(self._read_threads(),
                                              thread_name_prefix="psoup-read")
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="psoup-write")
+        self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix="psoup-encode")
         listener = writer_task = None
         try:
             listener = await asyncio.start_server(self._connection, self.host, self.port)
@@ -275,6 +331,7 @@ class Server:
             # may close the engine right after.
             self._read_pool.shutdown(wait=True, cancel_futures=True)
             self._write_pool.shutdown(wait=True, cancel_futures=True)
+            self._encode_pool.shutdown(wait=True, cancel_futures=True)
             self._loop = None
 
     def _read_threads(self) -> int:
@@ -343,7 +400,7 @@ class Server:
                 reply = self._take(request_id, op, args, len(payload), conv, peer, began)
                 if isinstance(reply, asyncio.Future):
                     await conv.replies.put(reply)
-                elif conv.owes_nothing():
+                elif isinstance(reply, bytes) and conv.owes_nothing():
                     writer.write(reply)
                     await writer.drain()
                 else:
@@ -383,6 +440,7 @@ class Server:
                 f"this client speaks protocol {spoken!r}, the server {PROTOCOL}: "
                 "install the same psoup version on both sides", conv)
             return False
+        conv.pieces = args.get("pieces") is True
         task = asyncio.current_task()
         assert task is not None, "a connection runs in its own task"
         self._pending.pop(task, None)
@@ -393,7 +451,7 @@ class Server:
         return True
 
     def _take(self, request_id: Any, op: Any, args: Any, size: int, conv: _Conversation,
-              peer: Any, began: float) -> bytes | asyncio.Future[bytes]:
+              peer: Any, began: float) -> _Reply | asyncio.Future[_Reply]:
         """The reply to an authenticated request of `size` bytes: a frame when a read
         was answered here and now (`_read_now`), else a future of it (a parked read, an
         insert the ingest queue refused, or a dispatched request)."""
@@ -415,10 +473,10 @@ class Server:
             conv.last_write = dispatched
         return dispatched
 
-    @staticmethod
-    async def _send_replies(writer: asyncio.StreamWriter, conv: _Conversation) -> None:
+    async def _send_replies(self, writer: asyncio.StreamWriter, conv: _Conversation) -> None:
         """Write the replies in request order; those that are ready together leave in
-        one write (a pipelining client's replies cost one system call, not one each)."""
+        one write (a pipelining client's replies cost one system call, not one each); a
+        large answer after the frames before it, as `_send_large` does."""
         replies = conv.replies
         frames: list[bytes] = []
         while True:
@@ -439,9 +497,40 @@ class Server:
                 writer.write(b"".join(frames))
                 frames.clear()
                 await writer.drain()
-            frames.append(await pending)
+            reply = await pending
+            if isinstance(reply, bytes):
+                frames.append(reply)
+                continue
+            if frames:
+                writer.write(b"".join(frames))
+                frames.clear()
+            await self._send_large(writer, conv, reply)
         if frames:
             writer.write(b"".join(frames))
+            await writer.drain()
+
+    async def _send_large(self, writer: asyncio.StreamWriter, conv: _Conversation,
+                          large: _Large) -> None:
+        """Encode a large answer on the encoding thread and send it: in pieces, each
+        encoded while the one before it is being written (at most two in memory), or in
+        one frame to a client that did not ask for pieces."""
+        loop = asyncio.get_running_loop()
+        pool = self._encode_pool
+        assert pool is not None, "replies are sent only while serving"
+        if not conv.pieces:
+            # written a piece's worth at a time too: the transport copies what the socket
+            # does not take at once, on the loop
+            whole = memoryview(await loop.run_in_executor(pool, large.whole))
+            step = max(self.limits.piece_bytes, 1 << 16)
+            for start in range(0, len(whole), step):
+                writer.write(whole[start:start + step])
+                await writer.drain()
+            return
+        frames = large.frames(self.limits.piece_bytes)
+        following = loop.run_in_executor(pool, next, frames, None)
+        while (frame := await following) is not None:
+            following = loop.run_in_executor(pool, next, frames, None)
+            writer.write(frame)
             await writer.drain()
 
     async def _read_frame(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -506,7 +595,7 @@ class Server:
     def _hello(self) -> dict[str, Any]:
         limits = asdict(self.limits)
         return {"server": "psoup", "version": __version__, "protocol": PROTOCOL,
-                "server_id": self.server_id,
+                "server_id": self.server_id, "pieces": True,
                 "limits": {k: limits[k] for k in
                            ("max_frame_bytes", "max_batch_rows", "max_query_chars",
                             "max_factors")}}
@@ -514,7 +603,7 @@ class Server:
     # ------------------------------------------------------------------ requests
 
     def _read_now(self, request_id: Any, op: Any, args: Any,
-                  conv: _Conversation) -> bytes | asyncio.Future[bytes] | None:
+                  conv: _Conversation) -> _Reply | asyncio.Future[_Reply] | None:
         """A read without a task or a thread of its own: its reply frame, run here on the
         event loop when the engine lock is free and nobody waits for it; else a future
         of it, parked for the next batch of reads. None when `_dispatch` must take it: a
@@ -550,7 +639,7 @@ class Server:
         self._timed(key, time.thread_time() - start)
         return frame
 
-    def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any]) -> bytes:
+    def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any]) -> _Reply:
         return self._reply(request_id, lambda: (True, self._run(
             spec, spec.parse(args, self.limits))))
 
@@ -602,8 +691,8 @@ class Server:
             self._next_batch()
 
     async def _dispatch(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                        after: asyncio.Future[bytes] | None, size: int = 0, token: int = 0
-                        ) -> bytes:
+                        after: asyncio.Future[_Reply] | None, size: int = 0, token: int = 0
+                        ) -> _Reply:
         """The reply frame of one authenticated request. A read waits for `after`, the
         last write its connection sent before it (a client reads its own writes); an
         insert counts its `size` bytes in the ingest queue under `token` (`_refusal`
@@ -653,7 +742,7 @@ class Server:
                 "peak_bytes": self._queued_peak, "busy_replies": self._busy_replies}
 
     async def _dispatched(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                          after: asyncio.Future[bytes] | None, size: int) -> bytes:
+                          after: asyncio.Future[_Reply] | None, size: int) -> _Reply:
         try:
             spec = OPS.get(op) if isinstance(op, str) else None
             if spec is None:
@@ -680,19 +769,20 @@ class Server:
         outcome = await done
         return self._reply(request_id, lambda: outcome)
 
-    @staticmethod
-    def _reply(request_id: Any, run: Callable[[], tuple[bool, Any]]) -> bytes:
-        try:
+    def _reply(self, request_id: Any, run: Callable[[], tuple[bool, Any]]) -> _Reply:
+        """The reply to a request whose outcome `run` gives: its frame, or an answer
+        (invoke's Result or Changes) too large for one frame of piece_bytes, which the
+        connection's sender encodes (cheap to tell: an estimate, O(columns))."""
+        def encoded() -> _Reply:
             ok, value = run()
-            if ok:
-                return pack_frame(ok_reply(request_id, value))
-            raise value
-        except PSoupError as exc:
-            return pack_frame(error_reply(request_id, exc.code, str(exc), **error_fields(exc)))
-        except Exception as exc:
-            log.exception("request %r failed", request_id)
-            return pack_frame(error_reply(request_id, ErrorCode.INTERNAL,
-                                          f"internal error: {type(exc).__name__}: {exc}"))
+            if not ok:
+                raise value
+            if isinstance(value, (Result, Changes)):
+                if answer_bytes(value) > self.limits.piece_bytes:
+                    return _Large(request_id, value)
+                value = encode_answer(value)
+            return pack_frame(ok_reply(request_id, value))
+        return _encoded_reply(request_id, encoded)
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -731,11 +821,24 @@ class Server:
                 outcomes = [(False, failed) if ok else (ok, v) for ok, v in outcomes]
         return outcomes
 
-def _ready(frame: bytes) -> asyncio.Future[bytes]:
+def _ready(frame: _Reply) -> asyncio.Future[_Reply]:
     """A reply that is ready, as the future the conversation's queue holds."""
-    ready: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    ready: asyncio.Future[_Reply] = asyncio.get_running_loop().create_future()
     ready.set_result(frame)
     return ready
+
+
+def _encoded_reply(request_id: Any, encode: Callable[[], _R]) -> _R | bytes:
+    """What `encode` returns, or the error reply to request `request_id` for what it
+    raised (an engine error by its code; anything else is "internal", and logged)."""
+    try:
+        return encode()
+    except PSoupError as exc:
+        return pack_frame(error_reply(request_id, exc.code, str(exc), **error_fields(exc)))
+    except Exception as exc:
+        log.exception("request %r failed", request_id)
+        return pack_frame(error_reply(request_id, ErrorCode.INTERNAL,
+                                      f"internal error: {type(exc).__name__}: {exc}"))
 
 
 def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> Any:
@@ -751,7 +854,7 @@ def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> A
 
 
 def _log_request(peer: Any, op: Any, began: float,
-                 reply: bytes | asyncio.Future[bytes] | None) -> None:
+                 reply: _Reply | asyncio.Future[_Reply] | None) -> None:
     """One line when `reply` (a frame, or a future of one) is ready: the peer, the op,
     the outcome ("ok" or the error code) and the milliseconds since the request was
     read. Successes log at DEBUG, errors at INFO, so a server at its default level
@@ -763,7 +866,7 @@ def _log_request(peer: Any, op: Any, began: float,
             lambda done: None if done.cancelled() or done.exception() is not None
             else _log_request(peer, op, began, done.result()))
         return
-    outcome = _outcome(reply)
+    outcome = "ok" if isinstance(reply, _Large) else _outcome(reply)
     level = logging.DEBUG if outcome == "ok" else logging.INFO
     if log.isEnabledFor(level):
         log.log(level, "%s %s %s %.1fms", peer, op, outcome,
@@ -781,6 +884,11 @@ def _peer_text(peer: Any) -> str:
         host = str(peer[0])
         return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
     return str(peer)
+
+
+def _is_ok(frame: bytes) -> bool:
+    """Whether a reply frame is a success (reads its head only)."""
+    return _outcome(frame) == "ok"
 
 
 def _outcome(frame: bytes) -> str:
