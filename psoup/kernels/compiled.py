@@ -393,8 +393,9 @@ def _scan(words: NDArray[np.uint64], mask: np.uint64, start: int, r0: int, r1: i
         else:                           # the last rows: fewer than 64
             n = r1 - r
             m = zero
+            run = words[r:r1]           # (not words[r + i]: LLVM gathers that)
             for i in range(n):
-                m |= (one << np.uint64(i)) if (words[r + i] & mask) != zero else zero
+                m |= (one << np.uint64(i)) if (run[i] & mask) != zero else zero
         p = base + r
         if _ones(m) > _DENSE:
             for i in range(n):          # (not 64: out may end at the window's last row)
@@ -559,9 +560,9 @@ def _and_within(values: NDArray[np.int64] | NDArray[np.float64], lo: float, hi: 
             for t in range(64):
                 m |= (one << np.uint64(t)) if (run[t] >= lo) & (run[t] <= hi) else zero
         else:
+            run = values[r:r1]          # (not values[r + t]: LLVM gathers that)
             for t in range(r1 - r):
-                v = values[r + t]
-                m |= (one << np.uint64(t)) if (v >= lo) & (v <= hi) else zero
+                m |= (one << np.uint64(t)) if (run[t] >= lo) & (run[t] <= hi) else zero
         masks[q] &= m
 
 
@@ -606,40 +607,79 @@ def _interval_scan(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p
     return k
 
 
+def _vector_compress(context: Any) -> bool:
+    """Whether the code `context` compiles has AVX-512's register compress
+    (`vpcompressq`): its target's features name avx512f. A target named by CPU alone
+    (NUMBA_CPU_NAME with empty NUMBA_CPU_FEATURES) counts as without: slower, never
+    wrong."""
+    features = str(getattr(context.codegen(), "_tm_features", ""))
+    return "+avx512f" in features.split(",")
+
+
 @_intrinsic
 def _compress8(typingctx: Any, src: Any, i: Any, bits: Any, dst: Any,
                k: Any) -> Any:  # pragma: no cover - compiled
     """dst[k], dst[k + 1], ... = src[i + b] for each set bit b of the low 8 of `bits`,
-    in order: an 8-value load and one masked compress-store (`vpcompressq` with
-    AVX-512; LLVM expands it into scalar stores on targets without one). A register
-    compress and a whole 8-value store (x86-only) measured no faster: the copy is bound
-    by reading the window, not by this instruction. The caller
-    guarantees src[i:i + 8] exists and dst has room for the bits' count."""
+    in order, writing dst[k:k + 8] (past the copied values: the caller guarantees
+    dst[k:k + 8] exists and that what it holds past them is written again later).
+    With AVX-512, an 8-value load, a compress in registers and one whole 8-value store.
+    Not the compress-store to memory (`llvm.masked.compressstore`): Zen 4 microcodes
+    that form (a 16.6K-row invoke 0.55 ms rather than 0.065), and without AVX-512 LLVM
+    expands it into a branch per value. Without AVX-512, eight loads and eight stores,
+    each value stored at dst[k + the set bits below it]: no branch (LLVM's own
+    expansion of a register compress goes through the stack, 2x slower here).
+    The caller guarantees src[i:i + 8] exists."""
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         src_ty, _, _, dst_ty, _ = signature.args
         src_v = context.make_array(src_ty)(context, builder, args[0])
         dst_v = context.make_array(dst_ty)(context, builder, args[3])
-        vec = ir.VectorType(ir.IntType(64), 8)
-        lanes = ir.VectorType(ir.IntType(1), 8)
+        word = ir.IntType(64)
+        intp = context.get_value_type(types.intp)
         where = cgutils.get_item_pointer(context, builder, src_ty, src_v, [args[1]],
                                          wraparound=False)
-        values = builder.load(builder.bitcast(where, vec.as_pointer()), align=8)
-        mask = builder.bitcast(builder.trunc(args[2], ir.IntType(8)), lanes)
         to = cgutils.get_item_pointer(context, builder, dst_ty, dst_v, [args[4]],
                                       wraparound=False)
-        word = ir.IntType(64).as_pointer()
-        store = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [vec, word, lanes]),
-            "llvm.masked.compressstore.v8i64")
-        builder.call(store, [values, builder.bitcast(to, word), mask])
+        if _vector_compress(context):
+            vec = ir.VectorType(word, 8)
+            lanes = ir.VectorType(ir.IntType(1), 8)
+            values = builder.load(builder.bitcast(where, vec.as_pointer()), align=8)
+            mask = builder.bitcast(builder.trunc(args[2], ir.IntType(8)), lanes)
+            compress = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec, lanes, vec]),
+                "llvm.experimental.vector.compress.v8i64")
+            packed = builder.call(compress, [values, mask, ir.Constant(vec, ir.Undefined)])
+            builder.store(packed, builder.bitcast(to, vec.as_pointer()), align=8)
+            return context.get_dummy_value()
+        src_words = builder.bitcast(where, word.as_pointer())
+        dst_words = builder.bitcast(to, word.as_pointer())
+        at = ir.Constant(intp, 0)
+        for b in range(8):
+            value = builder.load(builder.gep(src_words, [ir.Constant(intp, b)]), align=8)
+            builder.store(value, builder.gep(dst_words, [at]), align=8)
+            bit = builder.and_(builder.lshr(args[2], ir.Constant(word, b)), ir.Constant(word, 1))
+            at = builder.add(at, bit if intp.width == 64 else builder.trunc(bit, intp))
         return context.get_dummy_value()
     return types.void(src, types.intp, types.uint64, dst, types.intp), codegen
 
 
-#: Above this many matches in 64 rows, a column's values are copied by eight
-#: compress-stores rather than one by one (measured, 6 columns over a 32K-row window:
-#: thresholds 8 and 16 alike, 4 slower at 7% density).
-_COMPRESS = 8
+@_intrinsic
+def _compress_from(typingctx: Any) -> Any:  # pragma: no cover - compiled
+    """Above this many matches in 64 rows, a column's values are copied eight at a time
+    (`_compress8`) rather than one by one, a constant of the target: with AVX-512 8
+    (measured, 6 columns over a 32K-row window: thresholds 8 and 16 alike, 4 slower at
+    7% density); without, where eight values cost eight stores whatever their matches,
+    `_COMPRESS_SCALAR`."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        threshold = 8 if _vector_compress(context) else _COMPRESS_SCALAR
+        return ir.Constant(context.get_value_type(types.intp), threshold)
+    return types.intp(), codegen
+
+
+#: `_compress_from` without AVX-512 (measured on this machine's CPU compiled for
+#: haswell, 6 columns over a 64K-row window, against the compress-store LLVM expands
+#: into a branch per value: 1.4x faster at 25% density, 3.6x at 50%, 0.9x at 90%;
+#: thresholds 8 and 40 slower at 25% and 50% respectively).
+_COMPRESS_SCALAR = 24
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
@@ -694,8 +734,9 @@ def _chunk_select(chunks: NDArray[np.int64], k_first: int, p0: int, p1: int, wor
                 for t in range(64):
                     m |= (one << np.uint64(t)) if (run[t] & mask) != zero else zero
             else:
+                run = bits[r:r1]        # (not bits[r + t]: LLVM gathers that)
                 for t in range(r1 - r):
-                    m |= (one << np.uint64(t)) if (bits[r + t] & mask) != zero else zero
+                    m |= (one << np.uint64(t)) if (run[t] & mask) != zero else zero
             m_row[q] = m
             q += 1
             r += 64
@@ -734,12 +775,15 @@ def _marked_positions(m_row: NDArray[np.uint64], n_masks: int, base: int,
 def _copy_marked(masks: NDArray[np.uint64], p0: int, p1: int, blocks: NDArray[np.int64],
                  b_first: int, cap: int, rows_of: NDArray[np.int64],
                  positions: NDArray[np.int64]) -> NDArray[np.uint64]:  # pragma: no cover
-    """`chunk_select`'s copy: each column through the 64-row masks, by compress-stores
-    for a dense 64 rows (sequential loads, no index per value), value by value for a
-    sparse one; the positions too, into `positions` unless it is empty."""
+    """`chunk_select`'s copy: each column through the 64-row masks, eight values at a
+    time (`_compress8`) for a dense 64 rows with 8 slots to spare after their values
+    (sequential loads, no index per value), value by value otherwise; the positions
+    too, into `positions` unless it is empty. A row's slots past the values copied so
+    far are written in order later, so what `_compress8` leaves there is overwritten."""
     one = np.uint64(1)
     low8 = np.uint64(255)
     c0 = p0 // cap
+    dense = _compress_from()
     total = 0
     for i in range(masks.shape[0]):
         for q in range(masks.shape[1]):
@@ -763,7 +807,8 @@ def _copy_marked(masks: NDArray[np.uint64], p0: int, p1: int, blocks: NDArray[np
             for q in range(n_masks):
                 m = m_row[q]
                 r = r0 + 64 * q
-                if np.int64(_ones(m)) > _COMPRESS and r + 64 <= cap:
+                count = np.int64(_ones(m))
+                if count > dense and r + 64 <= cap and end + count + 8 <= total:
                     for e in range(8):
                         byte = (m >> np.uint64(8 * e)) & low8
                         _compress8(src, r + 8 * e, byte, dst, end)
