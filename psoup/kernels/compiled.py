@@ -410,25 +410,69 @@ def _scan(words: NDArray[np.uint64], mask: np.uint64, start: int, r0: int, r1: i
     return k
 
 
-@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _transpose64(block: NDArray[np.uint64]) -> None:  # pragma: no cover - compiled
-    """Transpose a 64 x 64 bit matrix in place (bit j of block[i] <-> bit i of block[j]):
-    six rounds, each swapping the off-diagonal halves of every 2j x 2j sub-block."""
-    j = 32
-    m = np.uint64(0x00000000FFFFFFFF)
-    while j != 0:
-        shift = np.uint64(j)
-        k = 0
-        while k < 64:
-            for i in range(k, k + j):
-                a = block[i]
-                b = block[i + j]
-                t = ((a >> shift) ^ b) & m
-                block[i] = a ^ (t << shift)
-                block[i + j] = b ^ t
-            k += 2 * j
-        j //= 2
-        m ^= m << np.uint64(j)
+#: The six rounds of a 64 x 64 bit transposition (word i's bits `mask` swapped, shifted
+#: by `j`, with word i + j's): as rounds between 8-word vectors (j >= 8) and within them.
+_SWAPS = ((32, 0x00000000FFFFFFFF), (16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF),
+          (4, 0x0F0F0F0F0F0F0F0F), (2, 0x3333333333333333), (1, 0x5555555555555555))
+
+
+@_intrinsic
+def _slice_block(typingctx: Any, row: Any, g: Any, groups: Any,
+                 out: Any) -> Any:  # pragma: no cover - compiled
+    """out[b * groups + g] = bit column b of the 64 x 64 bit matrix row[64 g:64 g + 64]
+    (word t its row t), for b < 64: the block loaded as eight 8-word vectors,
+    transposed in registers in six rounds (each swapping the off-diagonal halves of
+    every 2j x 2j sub-block: j = 32, 16, 8 between vectors, 4, 2, 1 between lanes by
+    constant shuffles), and stored word by word. Written as loops over the block, LLVM
+    vectorized the narrow rounds and the strided stores into gathers and scatters,
+    which some CPUs run slowly (Intel's since the Downfall fix; scatters on AMD's).
+    Plain vector operations: without AVX-512 they are split into narrower ones."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        row_ty, _, _, out_ty = signature.args
+        row_v = context.make_array(row_ty)(context, builder, args[0])
+        out_v = context.make_array(out_ty)(context, builder, args[3])
+        word = ir.IntType(64)
+        vec = ir.VectorType(word, 8)
+        lane = ir.IntType(32)
+        intp = context.get_value_type(types.intp)
+        first = builder.mul(args[1], ir.Constant(intp, 64))
+        where = cgutils.get_item_pointer(context, builder, row_ty, row_v, [first],
+                                         wraparound=False)
+        words = builder.bitcast(where, vec.as_pointer())
+        v = [builder.load(builder.gep(words, [ir.Constant(intp, r)]), align=8)
+             for r in range(8)]
+
+        def splat(x: int) -> Any:
+            return ir.Constant(vec, [x] * 8)
+
+        for j, m in _SWAPS:
+            shift, mask = splat(j), splat(m)
+            if j >= 8:                  # vector r with vector r + j / 8, lane by lane
+                step = j // 8
+                for r in range(8):
+                    if r & step:
+                        continue
+                    t = builder.and_(builder.xor(builder.lshr(v[r], shift), v[r + step]), mask)
+                    v[r] = builder.xor(v[r], builder.shl(t, shift))
+                    v[r + step] = builder.xor(v[r + step], t)
+                continue
+            partner = ir.Constant(ir.VectorType(lane, 8), [i ^ j for i in range(8)])
+            low = ir.Constant(ir.VectorType(lane, 8), [i if not i & j else 8 + i
+                                                       for i in range(8)])
+            for r in range(8):          # lane i with lane i + j, i & j == 0
+                other = builder.shuffle_vector(v[r], v[r], partner)
+                t = builder.and_(builder.xor(builder.lshr(v[r], shift), other), mask)
+                back = builder.shuffle_vector(t, t, partner)
+                v[r] = builder.shuffle_vector(builder.xor(v[r], builder.shl(t, shift)),
+                                              builder.xor(v[r], back), low)
+        for b in range(64):
+            at = builder.add(builder.mul(ir.Constant(intp, b), args[2]), args[1])
+            where = cgutils.get_item_pointer(context, builder, out_ty, out_v, [at],
+                                             wraparound=False)
+            builder.store(builder.extract_element(v[b // 8], ir.Constant(lane, b % 8)),
+                          where)
+        return context.get_dummy_value()
+    return types.void(row, types.intp, types.intp, out), codegen
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
@@ -437,13 +481,8 @@ def slice_row(row: NDArray[np.uint64], cap: int) -> None:  # pragma: no cover - 
     SLICED in place: 64 x 64 bit blocks transposed, each slot's words gathered. O(cap)."""
     groups = cap // 64
     out = np.empty(cap, np.uint64)
-    block = np.empty(64, np.uint64)
     for g in range(groups):
-        for t in range(64):
-            block[t] = row[64 * g + t]
-        _transpose64(block)
-        for b in range(64):
-            out[b * groups + g] = block[b]
+        _slice_block(row, g, groups, out)
     row[:cap] = out
     row[cap] = SLICED
 
