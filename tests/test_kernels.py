@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
@@ -836,3 +837,117 @@ def test_an_unknown_backend_is_refused_naming_the_variable_and_the_choices() -> 
     assert done.returncode != 0
     assert "ValueError: PSOUP_KERNELS='cuda'" in done.stderr
     assert "'numba', 'numpy'" in done.stderr
+
+
+#: In a process of its own, compiled for the target its environment names (numba's
+#: NUMBA_CPU_NAME / NUMBA_CPU_FEATURES) with a fresh cache (numba inspects no cached
+#: code): the kernels whose code hangs on the target (the answer copy's compress, the
+#: transposition, the finds' ragged tails) against their twins at every density, then
+#: every compiled kernel's assembly searched for the forms some common x86-64 CPUs run
+#: slowly: a compress-store to memory (microcoded on Zen 4), gathers and scatters (slow
+#: on Intel's since the Downfall fix; scatters on AMD's).
+_TARGET_CHECK = r"""
+import json, re
+import numpy as np
+import pytest
+from numba.core.registry import CPUDispatcher
+from psoup.kernels import compiled, reference
+from psoup.kernels.layout import SLICED, WORD_MAJOR, AddressTable, Handle
+
+gen = np.random.default_rng(11)
+wrong = []
+cap, chunks = 256, 3
+for density in (0.0, 0.05, 0.3, 0.6, 0.9, 1.0):
+    for sealed in (0, chunks * cap):
+        bits = [gen.integers(0, 2**63, (2, cap + 8), dtype=np.uint64) for _ in range(chunks)]
+        for a in bits:
+            a[1, :cap] = (gen.random(cap) < density).astype(np.uint64)
+            a[:, cap] = WORD_MAJOR
+        blocks = [gen.integers(0, 2**63, (3, cap), dtype=np.uint64) for _ in range(chunks)]
+        p0 = int(gen.integers(0, cap))
+        p1 = int(gen.integers(p0, chunks * cap + 1))
+        rows_of = np.array([2, 0, 1, 2], np.int64)
+        mine, twin = [a.copy() for a in bits], [a.copy() for a in bits]
+        tables = [AddressTable(mine), AddressTable(twin), AddressTable(blocks)]
+        args = (p0, p1, 1, np.uint64(1), sealed)
+        got, got_masks = compiled.chunk_select(Handle(tables[0].table), 0, *args,
+                                               Handle(tables[2].table), 0, cap, rows_of,
+                                               np.empty(0, np.int64))
+        want, want_masks = reference.chunk_select(Handle(tables[1]), 0, *args,
+                                                  Handle(tables[2]), 0, cap, rows_of,
+                                                  np.empty(0, np.int64))
+        later = rows_of[::-1].copy()
+        same = (np.array_equal(got, want) and np.array_equal(got_masks, want_masks)
+                and all(np.array_equal(x, y) for x, y in zip(mine, twin))
+                and np.array_equal(
+                    compiled.marked_copy(got_masks, p0, p1, Handle(tables[2].table), 0, cap,
+                                         later),
+                    reference.marked_copy(want_masks, p0, p1, Handle(tables[2]), 0, cap,
+                                          later)))
+        if not same:
+            wrong.append(f"chunk_select at {density} (sealed {sealed})")
+        r0 = int(gen.integers(0, 70))
+        r1 = int(gen.integers(r0, cap + 1))
+        word_row = bits[0][1, :cap].copy()
+        outs = [np.full(cap + 1, -1, np.int64) for _ in range(2)]
+        found = [kernels.word_positions(word_row, np.uint64(1), r0, r1, 5, out)
+                 for kernels, out in ((compiled, outs[0]), (reference, outs[1]))]
+        if found[0] != found[1] or not np.array_equal(outs[0][:found[0]], outs[1][:found[1]]):
+            wrong.append(f"word_positions at {density}")
+        ints = np.array([[0, 2], [0, 0], [2**60, 0], [2**62, 2**62]], np.int64)
+        floats = np.zeros((2, 2))
+        found = [kernels.interval_scan(handle, 0, cap, p0, p1, ints, floats, out)
+                 for kernels, handle, out in ((compiled, Handle(tables[2].table), outs[0]),
+                                              (reference, Handle(tables[2]), outs[1]))]
+        if found[0] != found[1] or not np.array_equal(outs[0][:found[0]], outs[1][:found[1]]):
+            wrong.append(f"interval_scan at {density}")
+row = gen.integers(0, 2**64, cap + 1, dtype=np.uint64)
+row[cap] = WORD_MAJOR
+rows = [row.copy(), row.copy()]
+compiled.slice_row(rows[0], cap)
+reference.slice_row(rows[1], cap)
+if not np.array_equal(rows[0], rows[1]) or rows[0][cap] != SLICED:
+    wrong.append("slice_row")
+slow_form = re.compile(r"\bv\w*(gather|scatter)\w*|\bv\w*compress\w*\s+%\w+,\s*[^%\s]")
+slow = {}
+for name in dir(compiled):
+    kernel = getattr(compiled, name)
+    if isinstance(kernel, CPUDispatcher):
+        for asm in kernel.inspect_asm().values():
+            slow.setdefault(name, []).extend(
+                line.strip() for line in asm.splitlines() if slow_form.search(line))
+print(json.dumps({"wrong": wrong, "slow": {k: v for k, v in slow.items() if v}}))
+"""
+
+
+def _x86_features() -> set[str]:
+    """The host CPU's features as LLVM names them, enabled ones only ("avx2", ...); none
+    off x86-64."""
+    import llvmlite.binding as llvm
+    if llvm.get_process_triple().split("-")[0] not in ("x86_64", "amd64"):
+        return set()
+    return {f[1:] for f in llvm.get_host_cpu_features().flatten().split(",")
+            if f.startswith("+")}
+
+
+@pytest.mark.parametrize("target", ["host", "haswell"])
+def test_the_kernels_compiled_for_this_cpu_or_one_without_avx512_use_no_slow_form(
+        target: str, tmp_path: Path) -> None:
+    """On this CPU's target (AVX-512 here: the copy compresses in registers) and on
+    haswell's (AVX2, no AVX-512: it stores value by value, branch-free), the kernels
+    agree with their twins and no compiled kernel holds a compress-store to memory, a
+    gather or a scatter."""
+    features = _x86_features()
+    if target == "haswell" and "avx2" not in features:
+        pytest.skip("compiling for haswell needs an x86-64 CPU with AVX2 to run the code")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PSOUP_KERNELS", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    if target == "haswell":
+        env.update(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="+avx2")
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _TARGET_CHECK], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"wrong": [], "slow": {}}
