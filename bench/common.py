@@ -437,6 +437,21 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def cpu_line(info: dict[str, Any] | None = None) -> str:
+    """The CPU and the kernels' target in one line, for a report's notes: "AMD EPYC
+    (family 26 model 2), kernels numba compiled for znver5, with AVX-512"."""
+    info = info or machine_info()
+    cpu = info.get("cpu") or info.get("processor") or info["machine"]
+    if info.get("cpu_family"):
+        cpu += f" (family {info['cpu_family']} model {info['cpu_model']})"
+    kernels = info["kernels"]
+    target = kernels["backend"]
+    if "cpu" in kernels:
+        compress = "with" if kernels["avx512 compress"] else "without"
+        target += f" compiled for {kernels['cpu']}, {compress} AVX-512"
+    return f"{cpu}, kernels {target}"
+
+
 def _cell(value: Any, fmt: str) -> str:
     if value is None:
         return "-"

@@ -80,17 +80,9 @@ def section(name: str, title: str) -> str | None:
 
 def machine() -> str:
     info = common.machine_info()
-    cpu = f" ({info['cpu']})" if info.get("cpu") else ""
-    if info.get("cpu_family"):
-        cpu = cpu[:-1] + f", family {info['cpu_family']} model {info['cpu_model']})"
-    kernels = info["kernels"]
-    target = kernels["backend"]
-    if "cpu" in kernels:
-        compress = "with" if kernels["avx512 compress"] else "without"
-        target += f" compiled for {kernels['cpu']}, {compress} AVX-512"
-    return (f"Measured on: {info['platform']}, {info['cpu_count']} cores{cpu}, kernels "
-            f"{target}, Python {info['python']}, numpy {info['numpy']}, DuckDB "
-            f"{info.get('duckdb', '-')}. Each result's JSON holds the CPU's flags.")
+    return (f"Measured on: {info['platform']}, {info['cpu_count']} cores, "
+            f"{common.cpu_line(info)}, Python {info['python']}, numpy {info['numpy']}, "
+            f"DuckDB {info.get('duckdb', '-')}. Each result's JSON holds the CPU's flags.")
 
 
 def main() -> None:
