@@ -182,6 +182,45 @@ def _store_transposed8(typingctx: Any, tile: Any, t0: Any, w0: Any, keep: Any, o
     return types.void(tile, types.intp, types.intp, keep, out, types.intp), codegen
 
 
+@_intrinsic
+def _or_rows(typingctx: Any, o: Any, a: Any, b: Any, c: Any, d: Any, words: Any,
+             into: Any) -> Any:  # pragma: no cover - compiled
+    """o[:words] = a[:words] | b[:words] | c[:words] | d[:words] (`into` a literal True:
+    o[:words] |= them), 8 words at a time as vectors, the rest one by one. Written as a
+    loop in Python, LLVM checked at run time for each tuple that o overlaps none of the
+    rows, and with 16 words (1,024 queries) took its 4-word loop (measured, the probe of
+    8,192 tuples at 1,024 queries 87-93 us that way, 80-83 us this way)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        word = ir.IntType(64)
+        vec = ir.VectorType(word, 8)
+        intp = context.get_value_type(types.intp)
+        views = [context.make_array(signature.args[k])(context, builder, args[k])
+                 for k in range(5)]
+
+        def at(k: int, w: Any, kind: Any) -> Any:
+            where = cgutils.get_item_pointer(context, builder, signature.args[k], views[k],
+                                             [w], wraparound=False)
+            return builder.bitcast(where, kind.as_pointer())
+
+        def one_step(w: Any, kind: Any) -> None:
+            rows = [builder.load(at(k, w, kind), align=8) for k in (1, 2, 3, 4)]
+            value = builder.or_(builder.or_(rows[0], rows[1]), builder.or_(rows[2], rows[3]))
+            if signature.args[6].literal_value:
+                value = builder.or_(value, builder.load(at(0, w, kind), align=8))
+            builder.store(value, at(0, w, kind), align=8)
+        full = builder.and_(args[5], ir.Constant(intp, -8))
+        with cgutils.for_range_slice(builder, ir.Constant(intp, 0), full,
+                                     ir.Constant(intp, 8), intp) as (w, _):
+            one_step(w, vec)
+        with cgutils.for_range_slice(builder, full, args[5], ir.Constant(intp, 1),
+                                     intp) as (w, _):
+            one_step(w, word)
+        return context.get_dummy_value()
+    if not isinstance(into, types.BooleanLiteral):
+        return None
+    return types.void(o, a, b, c, d, types.intp, into), codegen
+
+
 @_njit(cache=True, nogil=True, boundscheck=False)
 def _aligned_from(out: NDArray[np.uint64]) -> int:  # pragma: no cover - compiled
     """The first tuple i from which out[w, i] is 64-byte aligned in every row w, or the
@@ -241,15 +280,13 @@ def _probe4(tables: tuple[NDArray[np.uint64], ...], keys: tuple[NDArray[np.int64
             b = tables[1][maps[1][keys[1][i] - firsts[1]]]
             c = tables[2][maps[2][keys[2][i] - firsts[2]]]
             d = tables[3][maps[3][keys[3][i] - firsts[3]]]
-            for w in range(words):
-                o[w] = a[w] | b[w] | c[w] | d[w]
+            _or_rows(o, a, b, c, d, words, False)
             for g in range(4, 4 * groups, 4):
                 a = tables[g][maps[g][keys[g][i] - firsts[g]]]
                 b = tables[g + 1][maps[g + 1][keys[g + 1][i] - firsts[g + 1]]]
                 c = tables[g + 2][maps[g + 2][keys[g + 2][i] - firsts[g + 2]]]
                 d = tables[g + 3][maps[g + 3][keys[g + 3][i] - firsts[g + 3]]]
-                for w in range(words):
-                    o[w] |= a[w] | b[w] | c[w] | d[w]
+                _or_rows(o, a, b, c, d, words, True)
         # 8 x 8 blocks through registers where out is aligned; the ragged rest word by word
         blocks = m // 8 * 8 if i0 >= aligned else 0
         for t0 in range(0, blocks, 8):
