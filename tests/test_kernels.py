@@ -842,7 +842,8 @@ def test_an_unknown_backend_is_refused_naming_the_variable_and_the_choices() -> 
 #: In a process of its own, compiled for the target its environment names (numba's
 #: NUMBA_CPU_NAME / NUMBA_CPU_FEATURES) with a fresh cache (numba inspects no cached
 #: code): the kernels whose code hangs on the target (the answer copy's compress, the
-#: transposition, the finds' ragged tails) against their twins at every density, then
+#: transposition, the finds' ragged tails, the probe's rows ORed as vectors) against
+#: their twins at every density, then
 #: every compiled kernel's assembly searched for the forms some common x86-64 CPUs run
 #: slowly: a compress-store to memory (microcoded on Zen 4), gathers and scatters (slow
 #: on Intel's since the Downfall fix; scatters on AMD's).
@@ -901,6 +902,17 @@ for density in (0.0, 0.05, 0.3, 0.6, 0.9, 1.0):
                                               (reference, Handle(tables[2]), outs[1]))]
         if found[0] != found[1] or not np.array_equal(outs[0][:found[0]], outs[1][:found[1]]):
             wrong.append(f"interval_scan at {density}")
+for words, attributes in ((3, 4), (16, 5), (21, 8)):
+    tables = tuple(gen.integers(0, 2**64, (9, words + 1), dtype=np.uint64)
+                   for _ in range(attributes))
+    keys = tuple(gen.integers(0, 9, 70) for _ in range(attributes))
+    maps = tuple(np.arange(9, dtype=np.int64) for _ in range(attributes))
+    interest = gen.integers(0, 2**64, words, dtype=np.uint64)
+    outs = [np.zeros((words, 70), np.uint64) for _ in range(2)]
+    for kernels, out in ((compiled, outs[0]), (reference, outs[1])):
+        kernels.probe_into(tables, keys, (0,) * attributes, maps, interest, out)
+    if not np.array_equal(outs[0], outs[1]):
+        wrong.append(f"probe_into of {words} words")
 row = gen.integers(0, 2**64, cap + 1, dtype=np.uint64)
 row[cap] = WORD_MAJOR
 rows = [row.copy(), row.copy()]
