@@ -162,7 +162,7 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data: st.DataObjec
                                                                chunks: int, word: int,
                                                                density: float) -> None:
     """`chunk_positions` then `chunk_gather`, for every density (sparse rows one by one,
-    dense ones by compress-stores) and chunk size (64-row runs cut by the chunk's end);
+    dense ones eight values at a time) and chunk size (64-row runs cut by the chunk's end);
     bitmap gaps, chunks too narrow for the word, and chunks with no data block have no
     matches. `marked_copy` takes other columns through the same matches. Sealed rows
     are made SLICED as they are read, and read so the second time alike."""
@@ -670,8 +670,8 @@ def _select_case(data: st.DataObject, gen: np.random.Generator, cap: int, chunks
 def test_chunk_select_compiled_and_twin_take_the_same_matches(
         data: st.DataObject, seed: int, cap: int, chunks: int, word: int, mask: np.uint64,
         density: float, columns: int, with_positions: bool) -> None:
-    """Every density (sparse 64-row runs one by one, dense ones by compress-stores in the
-    compiled kernel), chunks without a bitmap row or a data block: the same values,
+    """Every density (sparse 64-row runs one by one, dense ones eight values at a time in
+    the compiled kernel), chunks without a bitmap row or a data block: the same values,
     masks and positions, and the same rows made SLICED."""
     gen = np.random.default_rng(seed)
     arrays, first, blocks, b_first, p0, p1, sealed = _select_case(data, gen, cap, chunks,

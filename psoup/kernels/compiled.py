@@ -26,8 +26,8 @@ same name and signature in `psoup.kernels.reference`.
 * `chunk_gather`: the values of several 8-byte columns of a Data SteM at sorted
   positions across its chunks, in one call: O(columns x positions), no temporary arrays.
 * `chunk_select`: `chunk_positions` and `chunk_gather` in one call (an invocation's
-  find and fetch over a position range), dense runs of matches copied by
-  compress-stores, the positions never written unless asked for; `marked_copy`: more
+  find and fetch over a position range), dense runs of matches copied eight values at
+  a time (`_compress8`), the positions never written unless asked for; `marked_copy`: more
   columns through the same matches later, without the find.
 * `interval_scan`: the positions of a chunked store whose values lie in given closed
   intervals of several 8-byte columns (a new query's interval factors over the retained
@@ -777,7 +777,7 @@ def _chunk_select(chunks: NDArray[np.int64], k_first: int, p0: int, p1: int, wor
     `word_positions`), then each column is copied through them (`_copy_marked`).
     Measured, 6 columns of a 32K window, against `chunk_positions` then
     `chunk_gather`: 1.5-1.7x faster at 25-96% density, as fast at 1-9%. O(p1 - p0) word
-    tests plus O(columns x (p1 - p0) / 8) compress-stores at most, or
+    tests plus O(columns x (p1 - p0) / 8) eight-value copies at most, or
     O(columns x matches)."""
     one = np.uint64(1)
     zero = np.uint64(0)
@@ -825,7 +825,7 @@ def _marked_copy(masks: NDArray[np.uint64], p0: int, p1: int, blocks: NDArray[np
                  rows_of: NDArray[np.int64]) -> NDArray[np.uint64]:  # pragma: no cover
     """The values of block rows `rows_of` at the matches `chunk_select` found (its
     masks, for the same p0, p1 and cap), as a new (len(rows_of), matches) array.
-    O(columns x (p1 - p0) / 8) compress-stores at most, or O(columns x matches)."""
+    O(columns x (p1 - p0) / 8) eight-value copies at most, or O(columns x matches)."""
     return _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of,
                         np.empty(0, np.int64))
 
