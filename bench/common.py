@@ -376,27 +376,55 @@ def size_flag(doc: str) -> tuple[Level, str]:
     return level, _SUFFIXES[level]
 
 
-def _cpu_model() -> str | None:
-    """The CPU's model name as Linux reports it (lscpu's "Model name"), else None."""
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in Linux's /proc/cpuinfo ("model name", "flags",
+    "cpu family", "model", ...), or none where there is no such file."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break               # the first processor's fields end here
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return None
+    return fields
+
+
+def kernel_target() -> dict[str, Any]:
+    """The kernels the figures ran: the backend (PSOUP_KERNELS) and, for numba, the CPU
+    and the features LLVM compiled them for (numba's host CPU, or NUMBA_CPU_NAME and
+    NUMBA_CPU_FEATURES), the features as the enabled ones only. Numba is not imported
+    under the numpy backend."""
+    from psoup.kernels import BACKEND
+    target: dict[str, Any] = {"backend": BACKEND}
+    if BACKEND == "numba":
+        from numba.core.registry import cpu_target
+        codegen = cpu_target.target_context.codegen()
+        features = str(getattr(codegen, "_tm_features", ""))
+        target["cpu"] = str(codegen._get_host_cpu_name())
+        target["features"] = " ".join(f[1:] for f in features.split(",") if f.startswith("+"))
+        target["avx512 compress"] = "+avx512f" in features.split(",")
+    return target
 
 
 def machine_info() -> dict[str, Any]:
-    """Where the numbers were measured."""
+    """Where the numbers were measured: the CPU's model, family and flags (a kernel's
+    speed can hang on one instruction that CPUs run at very different speeds) and the
+    kernels' target among them."""
     import matplotlib
+    cpu = _cpuinfo()
     info = {
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor() or None,
-        "cpu": _cpu_model(),
+        "cpu": cpu.get("model name"),
+        "cpu_family": cpu.get("cpu family"),
+        "cpu_model": cpu.get("model"),
+        "cpu_flags": cpu.get("flags"),
         "cpu_count": os.cpu_count(),
+        "kernels": kernel_target(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "matplotlib": matplotlib.__version__,
@@ -407,6 +435,21 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         pass
     return info
+
+
+def cpu_line(info: dict[str, Any] | None = None) -> str:
+    """The CPU and the kernels' target in one line, for a report's notes: "AMD EPYC
+    (family 26 model 2), kernels numba compiled for znver5, with AVX-512"."""
+    info = info or machine_info()
+    cpu = info.get("cpu") or info.get("processor") or info["machine"]
+    if info.get("cpu_family"):
+        cpu += f" (family {info['cpu_family']} model {info['cpu_model']})"
+    kernels = info["kernels"]
+    target = kernels["backend"]
+    if "cpu" in kernels:
+        compress = "with" if kernels["avx512 compress"] else "without"
+        target += f" compiled for {kernels['cpu']}, {compress} AVX-512"
+    return f"{cpu}, kernels {target}"
 
 
 def _cell(value: Any, fmt: str) -> str:

@@ -387,7 +387,9 @@ def main() -> None:
     notes = ["answers of every mode matched DuckDB's row for row (PSoup-P's columns too)",
              f"DuckDB: {threads} threads, WHERE tid >= n - W AND (...), fetchall() as rows; "
              "fetchnumpy() against PSoup-P's Result.to_numpy() as columns, unprepared (the "
-             "old ratio) and prepared once (PREPARE/EXECUTE, the honest one)"]
+             "old ratio) and prepared once (PREPARE/EXECUTE, the honest one)",
+             f"CPU: {common.cpu_line()} (its flags in the JSON: a kernel's speed can hang on "
+             "one instruction that CPUs run at very different speeds)"]
     params = {"queries_per_row": s["queries"], "tuples": n, "repeat": s["repeat"],
               "insert_batch": s["batch"], "duckdb_threads": threads, "seed": common.SEED,
               "method": f"per query: {WARM_CALLS} untimed invocations (the first answer "

@@ -80,9 +80,9 @@ def section(name: str, title: str) -> str | None:
 
 def machine() -> str:
     info = common.machine_info()
-    cpu = f" ({info['cpu']})" if info.get("cpu") else ""
-    return (f"Measured on: {info['platform']}, {info['cpu_count']} cores{cpu}, Python "
-            f"{info['python']}, numpy {info['numpy']}, DuckDB {info.get('duckdb', '-')}.")
+    return (f"Measured on: {info['platform']}, {info['cpu_count']} cores, "
+            f"{common.cpu_line(info)}, Python {info['python']}, numpy {info['numpy']}, "
+            f"DuckDB {info.get('duckdb', '-')}. Each result's JSON holds the CPU's flags.")
 
 
 def main() -> None:

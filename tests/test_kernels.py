@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
@@ -161,7 +162,7 @@ def test_chunk_select_takes_the_columns_of_the_window_matches(data: st.DataObjec
                                                                chunks: int, word: int,
                                                                density: float) -> None:
     """`chunk_positions` then `chunk_gather`, for every density (sparse rows one by one,
-    dense ones by compress-stores) and chunk size (64-row runs cut by the chunk's end);
+    dense ones eight values at a time) and chunk size (64-row runs cut by the chunk's end);
     bitmap gaps, chunks too narrow for the word, and chunks with no data block have no
     matches. `marked_copy` takes other columns through the same matches. Sealed rows
     are made SLICED as they are read, and read so the second time alike."""
@@ -669,8 +670,8 @@ def _select_case(data: st.DataObject, gen: np.random.Generator, cap: int, chunks
 def test_chunk_select_compiled_and_twin_take_the_same_matches(
         data: st.DataObject, seed: int, cap: int, chunks: int, word: int, mask: np.uint64,
         density: float, columns: int, with_positions: bool) -> None:
-    """Every density (sparse 64-row runs one by one, dense ones by compress-stores in the
-    compiled kernel), chunks without a bitmap row or a data block: the same values,
+    """Every density (sparse 64-row runs one by one, dense ones eight values at a time in
+    the compiled kernel), chunks without a bitmap row or a data block: the same values,
     masks and positions, and the same rows made SLICED."""
     gen = np.random.default_rng(seed)
     arrays, first, blocks, b_first, p0, p1, sealed = _select_case(data, gen, cap, chunks,
@@ -836,3 +837,135 @@ def test_an_unknown_backend_is_refused_naming_the_variable_and_the_choices() -> 
     assert done.returncode != 0
     assert "ValueError: PSOUP_KERNELS='cuda'" in done.stderr
     assert "'numba', 'numpy'" in done.stderr
+
+
+#: In a process of its own, compiled for the target its environment names (numba's
+#: NUMBA_CPU_NAME / NUMBA_CPU_FEATURES) with a fresh cache (numba inspects no cached
+#: code): the kernels whose code hangs on the target (the answer copy's compress, the
+#: transposition, the finds' ragged tails, the probe's rows ORed as vectors) against
+#: their twins at every density, then
+#: every compiled kernel's assembly searched for the forms some common x86-64 CPUs run
+#: slowly: a compress-store to memory (microcoded on Zen 4), gathers and scatters (slow
+#: on Intel's since the Downfall fix; scatters on AMD's).
+_TARGET_CHECK = r"""
+import json, re
+import numpy as np
+import pytest
+from numba.core.registry import CPUDispatcher
+from psoup.kernels import compiled, reference
+from psoup.kernels.layout import SLICED, WORD_MAJOR, AddressTable, Handle
+
+gen = np.random.default_rng(11)
+wrong = []
+cap, chunks = 256, 3
+for density in (0.0, 0.05, 0.3, 0.6, 0.9, 1.0):
+    for sealed in (0, chunks * cap):
+        bits = [gen.integers(0, 2**63, (2, cap + 8), dtype=np.uint64) for _ in range(chunks)]
+        for a in bits:
+            a[1, :cap] = (gen.random(cap) < density).astype(np.uint64)
+            a[:, cap] = WORD_MAJOR
+        blocks = [gen.integers(0, 2**63, (3, cap), dtype=np.uint64) for _ in range(chunks)]
+        p0 = int(gen.integers(0, cap))
+        p1 = int(gen.integers(p0, chunks * cap + 1))
+        rows_of = np.array([2, 0, 1, 2], np.int64)
+        mine, twin = [a.copy() for a in bits], [a.copy() for a in bits]
+        tables = [AddressTable(mine), AddressTable(twin), AddressTable(blocks)]
+        args = (p0, p1, 1, np.uint64(1), sealed)
+        got, got_masks = compiled.chunk_select(Handle(tables[0].table), 0, *args,
+                                               Handle(tables[2].table), 0, cap, rows_of,
+                                               np.empty(0, np.int64))
+        want, want_masks = reference.chunk_select(Handle(tables[1]), 0, *args,
+                                                  Handle(tables[2]), 0, cap, rows_of,
+                                                  np.empty(0, np.int64))
+        later = rows_of[::-1].copy()
+        same = (np.array_equal(got, want) and np.array_equal(got_masks, want_masks)
+                and all(np.array_equal(x, y) for x, y in zip(mine, twin))
+                and np.array_equal(
+                    compiled.marked_copy(got_masks, p0, p1, Handle(tables[2].table), 0, cap,
+                                         later),
+                    reference.marked_copy(want_masks, p0, p1, Handle(tables[2]), 0, cap,
+                                          later)))
+        if not same:
+            wrong.append(f"chunk_select at {density} (sealed {sealed})")
+        r0 = int(gen.integers(0, 70))
+        r1 = int(gen.integers(r0, cap + 1))
+        word_row = bits[0][1, :cap].copy()
+        outs = [np.full(cap + 1, -1, np.int64) for _ in range(2)]
+        found = [kernels.word_positions(word_row, np.uint64(1), r0, r1, 5, out)
+                 for kernels, out in ((compiled, outs[0]), (reference, outs[1]))]
+        if found[0] != found[1] or not np.array_equal(outs[0][:found[0]], outs[1][:found[1]]):
+            wrong.append(f"word_positions at {density}")
+        ints = np.array([[0, 2], [0, 0], [2**60, 0], [2**62, 2**62]], np.int64)
+        floats = np.zeros((2, 2))
+        found = [kernels.interval_scan(handle, 0, cap, p0, p1, ints, floats, out)
+                 for kernels, handle, out in ((compiled, Handle(tables[2].table), outs[0]),
+                                              (reference, Handle(tables[2]), outs[1]))]
+        if found[0] != found[1] or not np.array_equal(outs[0][:found[0]], outs[1][:found[1]]):
+            wrong.append(f"interval_scan at {density}")
+for words, attributes in ((3, 4), (16, 5), (21, 8)):
+    tables = tuple(gen.integers(0, 2**64, (9, words + 1), dtype=np.uint64)
+                   for _ in range(attributes))
+    keys = tuple(gen.integers(0, 9, 70) for _ in range(attributes))
+    maps = tuple(np.arange(9, dtype=np.int64) for _ in range(attributes))
+    interest = gen.integers(0, 2**64, words, dtype=np.uint64)
+    outs = [np.zeros((words, 70), np.uint64) for _ in range(2)]
+    for kernels, out in ((compiled, outs[0]), (reference, outs[1])):
+        kernels.probe_into(tables, keys, (0,) * attributes, maps, interest, out)
+    if not np.array_equal(outs[0], outs[1]):
+        wrong.append(f"probe_into of {words} words")
+row = gen.integers(0, 2**64, cap + 1, dtype=np.uint64)
+row[cap] = WORD_MAJOR
+rows = [row.copy(), row.copy()]
+compiled.slice_row(rows[0], cap)
+reference.slice_row(rows[1], cap)
+if not np.array_equal(rows[0], rows[1]) or rows[0][cap] != SLICED:
+    wrong.append("slice_row")
+slow_form = re.compile(r"\bv\w*(gather|scatter)\w*|\bv\w*compress\w*\s+%\w+,\s*[^%\s]")
+slow = {}
+for name in dir(compiled):
+    kernel = getattr(compiled, name)
+    if isinstance(kernel, CPUDispatcher):
+        for asm in kernel.inspect_asm().values():
+            slow.setdefault(name, []).extend(
+                line.strip() for line in asm.splitlines() if slow_form.search(line))
+print(json.dumps({"wrong": wrong, "slow": {k: v for k, v in slow.items() if v}}))
+"""
+
+
+def _x86_features() -> set[str]:
+    """The host CPU's features as LLVM names them, enabled ones only ("avx2", ...); none
+    off x86-64."""
+    import llvmlite.binding as llvm
+    if llvm.get_process_triple().split("-")[0] not in ("x86_64", "amd64"):
+        return set()
+    return {f[1:] for f in llvm.get_host_cpu_features().flatten().split(",")
+            if f.startswith("+")}
+
+
+#: Targets other than this CPU's: (LLVM's CPU name, the features given with it, the
+#: feature this CPU needs to run the code).
+_TARGETS = {"haswell": ("+avx2", "avx2"),
+            "skylake-avx512": ("+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512cd", "avx512f")}
+
+
+@pytest.mark.parametrize("target", ["host", "haswell", "skylake-avx512"])
+def test_the_kernels_compiled_for_this_cpu_or_another_use_no_slow_form(
+        target: str, tmp_path: Path) -> None:
+    """On this CPU's target, on haswell's (AVX2, no AVX-512: the copy stores value by
+    value, branch-free) and on an Intel AVX-512 one (LLVM's cost model tuned for Intel:
+    the copy compresses in registers), the kernels agree with their twins and no
+    compiled kernel holds a compress-store to memory, a gather or a scatter."""
+    if target in _TARGETS and _TARGETS[target][1] not in _x86_features():
+        pytest.skip(f"code compiled for {target} needs an x86-64 CPU with "
+                    f"{_TARGETS[target][1]} to run")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PSOUP_KERNELS", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    if target in _TARGETS:
+        env.update(NUMBA_CPU_NAME=target, NUMBA_CPU_FEATURES=_TARGETS[target][0])
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _TARGET_CHECK], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"wrong": [], "slow": {}}

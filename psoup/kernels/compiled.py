@@ -26,8 +26,8 @@ same name and signature in `psoup.kernels.reference`.
 * `chunk_gather`: the values of several 8-byte columns of a Data SteM at sorted
   positions across its chunks, in one call: O(columns x positions), no temporary arrays.
 * `chunk_select`: `chunk_positions` and `chunk_gather` in one call (an invocation's
-  find and fetch over a position range), dense runs of matches copied by
-  compress-stores, the positions never written unless asked for; `marked_copy`: more
+  find and fetch over a position range), dense runs of matches copied eight values at
+  a time (`_compress8`), the positions never written unless asked for; `marked_copy`: more
   columns through the same matches later, without the find.
 * `interval_scan`: the positions of a chunked store whose values lie in given closed
   intervals of several 8-byte columns (a new query's interval factors over the retained
@@ -182,6 +182,45 @@ def _store_transposed8(typingctx: Any, tile: Any, t0: Any, w0: Any, keep: Any, o
     return types.void(tile, types.intp, types.intp, keep, out, types.intp), codegen
 
 
+@_intrinsic
+def _or_rows(typingctx: Any, o: Any, a: Any, b: Any, c: Any, d: Any, words: Any,
+             into: Any) -> Any:  # pragma: no cover - compiled
+    """o[:words] = a[:words] | b[:words] | c[:words] | d[:words] (`into` a literal True:
+    o[:words] |= them), 8 words at a time as vectors, the rest one by one. Written as a
+    loop in Python, LLVM checked at run time for each tuple that o overlaps none of the
+    rows, and with 16 words (1,024 queries) took its 4-word loop (measured, the probe of
+    8,192 tuples at 1,024 queries 87-93 us that way, 80-83 us this way)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        word = ir.IntType(64)
+        vec = ir.VectorType(word, 8)
+        intp = context.get_value_type(types.intp)
+        views = [context.make_array(signature.args[k])(context, builder, args[k])
+                 for k in range(5)]
+
+        def at(k: int, w: Any, kind: Any) -> Any:
+            where = cgutils.get_item_pointer(context, builder, signature.args[k], views[k],
+                                             [w], wraparound=False)
+            return builder.bitcast(where, kind.as_pointer())
+
+        def one_step(w: Any, kind: Any) -> None:
+            rows = [builder.load(at(k, w, kind), align=8) for k in (1, 2, 3, 4)]
+            value = builder.or_(builder.or_(rows[0], rows[1]), builder.or_(rows[2], rows[3]))
+            if signature.args[6].literal_value:
+                value = builder.or_(value, builder.load(at(0, w, kind), align=8))
+            builder.store(value, at(0, w, kind), align=8)
+        full = builder.and_(args[5], ir.Constant(intp, -8))
+        with cgutils.for_range_slice(builder, ir.Constant(intp, 0), full,
+                                     ir.Constant(intp, 8), intp) as (w, _):
+            one_step(w, vec)
+        with cgutils.for_range_slice(builder, full, args[5], ir.Constant(intp, 1),
+                                     intp) as (w, _):
+            one_step(w, word)
+        return context.get_dummy_value()
+    if not isinstance(into, types.BooleanLiteral):
+        return None
+    return types.void(o, a, b, c, d, types.intp, into), codegen
+
+
 @_njit(cache=True, nogil=True, boundscheck=False)
 def _aligned_from(out: NDArray[np.uint64]) -> int:  # pragma: no cover - compiled
     """The first tuple i from which out[w, i] is 64-byte aligned in every row w, or the
@@ -241,15 +280,13 @@ def _probe4(tables: tuple[NDArray[np.uint64], ...], keys: tuple[NDArray[np.int64
             b = tables[1][maps[1][keys[1][i] - firsts[1]]]
             c = tables[2][maps[2][keys[2][i] - firsts[2]]]
             d = tables[3][maps[3][keys[3][i] - firsts[3]]]
-            for w in range(words):
-                o[w] = a[w] | b[w] | c[w] | d[w]
+            _or_rows(o, a, b, c, d, words, False)
             for g in range(4, 4 * groups, 4):
                 a = tables[g][maps[g][keys[g][i] - firsts[g]]]
                 b = tables[g + 1][maps[g + 1][keys[g + 1][i] - firsts[g + 1]]]
                 c = tables[g + 2][maps[g + 2][keys[g + 2][i] - firsts[g + 2]]]
                 d = tables[g + 3][maps[g + 3][keys[g + 3][i] - firsts[g + 3]]]
-                for w in range(words):
-                    o[w] |= a[w] | b[w] | c[w] | d[w]
+                _or_rows(o, a, b, c, d, words, True)
         # 8 x 8 blocks through registers where out is aligned; the ragged rest word by word
         blocks = m // 8 * 8 if i0 >= aligned else 0
         for t0 in range(0, blocks, 8):
@@ -393,8 +430,9 @@ def _scan(words: NDArray[np.uint64], mask: np.uint64, start: int, r0: int, r1: i
         else:                           # the last rows: fewer than 64
             n = r1 - r
             m = zero
+            run = words[r:r1]           # (not words[r + i]: LLVM gathers that)
             for i in range(n):
-                m |= (one << np.uint64(i)) if (words[r + i] & mask) != zero else zero
+                m |= (one << np.uint64(i)) if (run[i] & mask) != zero else zero
         p = base + r
         if _ones(m) > _DENSE:
             for i in range(n):          # (not 64: out may end at the window's last row)
@@ -409,25 +447,69 @@ def _scan(words: NDArray[np.uint64], mask: np.uint64, start: int, r0: int, r1: i
     return k
 
 
-@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _transpose64(block: NDArray[np.uint64]) -> None:  # pragma: no cover - compiled
-    """Transpose a 64 x 64 bit matrix in place (bit j of block[i] <-> bit i of block[j]):
-    six rounds, each swapping the off-diagonal halves of every 2j x 2j sub-block."""
-    j = 32
-    m = np.uint64(0x00000000FFFFFFFF)
-    while j != 0:
-        shift = np.uint64(j)
-        k = 0
-        while k < 64:
-            for i in range(k, k + j):
-                a = block[i]
-                b = block[i + j]
-                t = ((a >> shift) ^ b) & m
-                block[i] = a ^ (t << shift)
-                block[i + j] = b ^ t
-            k += 2 * j
-        j //= 2
-        m ^= m << np.uint64(j)
+#: The six rounds of a 64 x 64 bit transposition (word i's bits `mask` swapped, shifted
+#: by `j`, with word i + j's): as rounds between 8-word vectors (j >= 8) and within them.
+_SWAPS = ((32, 0x00000000FFFFFFFF), (16, 0x0000FFFF0000FFFF), (8, 0x00FF00FF00FF00FF),
+          (4, 0x0F0F0F0F0F0F0F0F), (2, 0x3333333333333333), (1, 0x5555555555555555))
+
+
+@_intrinsic
+def _slice_block(typingctx: Any, row: Any, g: Any, groups: Any,
+                 out: Any) -> Any:  # pragma: no cover - compiled
+    """out[b * groups + g] = bit column b of the 64 x 64 bit matrix row[64 g:64 g + 64]
+    (word t its row t), for b < 64: the block loaded as eight 8-word vectors,
+    transposed in registers in six rounds (each swapping the off-diagonal halves of
+    every 2j x 2j sub-block: j = 32, 16, 8 between vectors, 4, 2, 1 between lanes by
+    constant shuffles), and stored word by word. Written as loops over the block, LLVM
+    vectorized the narrow rounds and the strided stores into gathers and scatters,
+    which some CPUs run slowly (Intel's since the Downfall fix; scatters on AMD's).
+    Plain vector operations: without AVX-512 they are split into narrower ones."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        row_ty, _, _, out_ty = signature.args
+        row_v = context.make_array(row_ty)(context, builder, args[0])
+        out_v = context.make_array(out_ty)(context, builder, args[3])
+        word = ir.IntType(64)
+        vec = ir.VectorType(word, 8)
+        lane = ir.IntType(32)
+        intp = context.get_value_type(types.intp)
+        first = builder.mul(args[1], ir.Constant(intp, 64))
+        where = cgutils.get_item_pointer(context, builder, row_ty, row_v, [first],
+                                         wraparound=False)
+        words = builder.bitcast(where, vec.as_pointer())
+        v = [builder.load(builder.gep(words, [ir.Constant(intp, r)]), align=8)
+             for r in range(8)]
+
+        def splat(x: int) -> Any:
+            return ir.Constant(vec, [x] * 8)
+
+        for j, m in _SWAPS:
+            shift, mask = splat(j), splat(m)
+            if j >= 8:                  # vector r with vector r + j / 8, lane by lane
+                step = j // 8
+                for r in range(8):
+                    if r & step:
+                        continue
+                    t = builder.and_(builder.xor(builder.lshr(v[r], shift), v[r + step]), mask)
+                    v[r] = builder.xor(v[r], builder.shl(t, shift))
+                    v[r + step] = builder.xor(v[r + step], t)
+                continue
+            partner = ir.Constant(ir.VectorType(lane, 8), [i ^ j for i in range(8)])
+            low = ir.Constant(ir.VectorType(lane, 8), [i if not i & j else 8 + i
+                                                       for i in range(8)])
+            for r in range(8):          # lane i with lane i + j, i & j == 0
+                other = builder.shuffle_vector(v[r], v[r], partner)
+                t = builder.and_(builder.xor(builder.lshr(v[r], shift), other), mask)
+                back = builder.shuffle_vector(t, t, partner)
+                v[r] = builder.shuffle_vector(builder.xor(v[r], builder.shl(t, shift)),
+                                              builder.xor(v[r], back), low)
+        for b in range(64):
+            at = builder.add(builder.mul(ir.Constant(intp, b), args[2]), args[1])
+            where = cgutils.get_item_pointer(context, builder, out_ty, out_v, [at],
+                                             wraparound=False)
+            builder.store(builder.extract_element(v[b // 8], ir.Constant(lane, b % 8)),
+                          where)
+        return context.get_dummy_value()
+    return types.void(row, types.intp, types.intp, out), codegen
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
@@ -436,13 +518,8 @@ def slice_row(row: NDArray[np.uint64], cap: int) -> None:  # pragma: no cover - 
     SLICED in place: 64 x 64 bit blocks transposed, each slot's words gathered. O(cap)."""
     groups = cap // 64
     out = np.empty(cap, np.uint64)
-    block = np.empty(64, np.uint64)
     for g in range(groups):
-        for t in range(64):
-            block[t] = row[64 * g + t]
-        _transpose64(block)
-        for b in range(64):
-            out[b * groups + g] = block[b]
+        _slice_block(row, g, groups, out)
     row[:cap] = out
     row[cap] = SLICED
 
@@ -559,9 +636,9 @@ def _and_within(values: NDArray[np.int64] | NDArray[np.float64], lo: float, hi: 
             for t in range(64):
                 m |= (one << np.uint64(t)) if (run[t] >= lo) & (run[t] <= hi) else zero
         else:
+            run = values[r:r1]          # (not values[r + t]: LLVM gathers that)
             for t in range(r1 - r):
-                v = values[r + t]
-                m |= (one << np.uint64(t)) if (v >= lo) & (v <= hi) else zero
+                m |= (one << np.uint64(t)) if (run[t] >= lo) & (run[t] <= hi) else zero
         masks[q] &= m
 
 
@@ -606,40 +683,79 @@ def _interval_scan(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p
     return k
 
 
+def _vector_compress(context: Any) -> bool:
+    """Whether the code `context` compiles has AVX-512's register compress
+    (`vpcompressq`): its target's features name avx512f. A target named by CPU alone
+    (NUMBA_CPU_NAME with empty NUMBA_CPU_FEATURES) counts as without: slower, never
+    wrong."""
+    features = str(getattr(context.codegen(), "_tm_features", ""))
+    return "+avx512f" in features.split(",")
+
+
 @_intrinsic
 def _compress8(typingctx: Any, src: Any, i: Any, bits: Any, dst: Any,
                k: Any) -> Any:  # pragma: no cover - compiled
     """dst[k], dst[k + 1], ... = src[i + b] for each set bit b of the low 8 of `bits`,
-    in order: an 8-value load and one masked compress-store (`vpcompressq` with
-    AVX-512; LLVM expands it into scalar stores on targets without one). A register
-    compress and a whole 8-value store (x86-only) measured no faster: the copy is bound
-    by reading the window, not by this instruction. The caller
-    guarantees src[i:i + 8] exists and dst has room for the bits' count."""
+    in order, writing dst[k:k + 8] (past the copied values: the caller guarantees
+    dst[k:k + 8] exists and that what it holds past them is written again later).
+    With AVX-512, an 8-value load, a compress in registers and one whole 8-value store.
+    Not the compress-store to memory (`llvm.masked.compressstore`): Zen 4 microcodes
+    that form (a 16.6K-row invoke 0.55 ms rather than 0.065), and without AVX-512 LLVM
+    expands it into a branch per value. Without AVX-512, eight loads and eight stores,
+    each value stored at dst[k + the set bits below it]: no branch (LLVM's own
+    expansion of a register compress goes through the stack, 2x slower here).
+    The caller guarantees src[i:i + 8] exists."""
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         src_ty, _, _, dst_ty, _ = signature.args
         src_v = context.make_array(src_ty)(context, builder, args[0])
         dst_v = context.make_array(dst_ty)(context, builder, args[3])
-        vec = ir.VectorType(ir.IntType(64), 8)
-        lanes = ir.VectorType(ir.IntType(1), 8)
+        word = ir.IntType(64)
+        intp = context.get_value_type(types.intp)
         where = cgutils.get_item_pointer(context, builder, src_ty, src_v, [args[1]],
                                          wraparound=False)
-        values = builder.load(builder.bitcast(where, vec.as_pointer()), align=8)
-        mask = builder.bitcast(builder.trunc(args[2], ir.IntType(8)), lanes)
         to = cgutils.get_item_pointer(context, builder, dst_ty, dst_v, [args[4]],
                                       wraparound=False)
-        word = ir.IntType(64).as_pointer()
-        store = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [vec, word, lanes]),
-            "llvm.masked.compressstore.v8i64")
-        builder.call(store, [values, builder.bitcast(to, word), mask])
+        if _vector_compress(context):
+            vec = ir.VectorType(word, 8)
+            lanes = ir.VectorType(ir.IntType(1), 8)
+            values = builder.load(builder.bitcast(where, vec.as_pointer()), align=8)
+            mask = builder.bitcast(builder.trunc(args[2], ir.IntType(8)), lanes)
+            compress = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec, lanes, vec]),
+                "llvm.experimental.vector.compress.v8i64")
+            packed = builder.call(compress, [values, mask, ir.Constant(vec, ir.Undefined)])
+            builder.store(packed, builder.bitcast(to, vec.as_pointer()), align=8)
+            return context.get_dummy_value()
+        src_words = builder.bitcast(where, word.as_pointer())
+        dst_words = builder.bitcast(to, word.as_pointer())
+        at = ir.Constant(intp, 0)
+        for b in range(8):
+            value = builder.load(builder.gep(src_words, [ir.Constant(intp, b)]), align=8)
+            builder.store(value, builder.gep(dst_words, [at]), align=8)
+            bit = builder.and_(builder.lshr(args[2], ir.Constant(word, b)), ir.Constant(word, 1))
+            at = builder.add(at, bit if intp.width == 64 else builder.trunc(bit, intp))
         return context.get_dummy_value()
     return types.void(src, types.intp, types.uint64, dst, types.intp), codegen
 
 
-#: Above this many matches in 64 rows, a column's values are copied by eight
-#: compress-stores rather than one by one (measured, 6 columns over a 32K-row window:
-#: thresholds 8 and 16 alike, 4 slower at 7% density).
-_COMPRESS = 8
+@_intrinsic
+def _compress_from(typingctx: Any) -> Any:  # pragma: no cover - compiled
+    """Above this many matches in 64 rows, a column's values are copied eight at a time
+    (`_compress8`) rather than one by one, a constant of the target: with AVX-512 8
+    (measured, 6 columns over a 32K-row window: thresholds 8 and 16 alike, 4 slower at
+    7% density); without, where eight values cost eight stores whatever their matches,
+    `_COMPRESS_SCALAR`."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        threshold = 8 if _vector_compress(context) else _COMPRESS_SCALAR
+        return ir.Constant(context.get_value_type(types.intp), threshold)
+    return types.intp(), codegen
+
+
+#: `_compress_from` without AVX-512 (measured on this machine's CPU compiled for
+#: haswell, 6 columns over a 64K-row window, against the compress-store LLVM expands
+#: into a branch per value: 1.4x faster at 25% density, 3.6x at 50%, 0.9x at 90%;
+#: thresholds 8 and 40 slower at 25% and 50% respectively).
+_COMPRESS_SCALAR = 24
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
@@ -661,7 +777,7 @@ def _chunk_select(chunks: NDArray[np.int64], k_first: int, p0: int, p1: int, wor
     `word_positions`), then each column is copied through them (`_copy_marked`).
     Measured, 6 columns of a 32K window, against `chunk_positions` then
     `chunk_gather`: 1.5-1.7x faster at 25-96% density, as fast at 1-9%. O(p1 - p0) word
-    tests plus O(columns x (p1 - p0) / 8) compress-stores at most, or
+    tests plus O(columns x (p1 - p0) / 8) eight-value copies at most, or
     O(columns x matches)."""
     one = np.uint64(1)
     zero = np.uint64(0)
@@ -694,8 +810,9 @@ def _chunk_select(chunks: NDArray[np.int64], k_first: int, p0: int, p1: int, wor
                 for t in range(64):
                     m |= (one << np.uint64(t)) if (run[t] & mask) != zero else zero
             else:
+                run = bits[r:r1]        # (not bits[r + t]: LLVM gathers that)
                 for t in range(r1 - r):
-                    m |= (one << np.uint64(t)) if (bits[r + t] & mask) != zero else zero
+                    m |= (one << np.uint64(t)) if (run[t] & mask) != zero else zero
             m_row[q] = m
             q += 1
             r += 64
@@ -708,7 +825,7 @@ def _marked_copy(masks: NDArray[np.uint64], p0: int, p1: int, blocks: NDArray[np
                  rows_of: NDArray[np.int64]) -> NDArray[np.uint64]:  # pragma: no cover
     """The values of block rows `rows_of` at the matches `chunk_select` found (its
     masks, for the same p0, p1 and cap), as a new (len(rows_of), matches) array.
-    O(columns x (p1 - p0) / 8) compress-stores at most, or O(columns x matches)."""
+    O(columns x (p1 - p0) / 8) eight-value copies at most, or O(columns x matches)."""
     return _copy_marked(masks, p0, p1, blocks, b_first, cap, rows_of,
                         np.empty(0, np.int64))
 
@@ -734,12 +851,15 @@ def _marked_positions(m_row: NDArray[np.uint64], n_masks: int, base: int,
 def _copy_marked(masks: NDArray[np.uint64], p0: int, p1: int, blocks: NDArray[np.int64],
                  b_first: int, cap: int, rows_of: NDArray[np.int64],
                  positions: NDArray[np.int64]) -> NDArray[np.uint64]:  # pragma: no cover
-    """`chunk_select`'s copy: each column through the 64-row masks, by compress-stores
-    for a dense 64 rows (sequential loads, no index per value), value by value for a
-    sparse one; the positions too, into `positions` unless it is empty."""
+    """`chunk_select`'s copy: each column through the 64-row masks, eight values at a
+    time (`_compress8`) for a dense 64 rows with 8 slots to spare after their values
+    (sequential loads, no index per value), value by value otherwise; the positions
+    too, into `positions` unless it is empty. A row's slots past the values copied so
+    far are written in order later, so what `_compress8` leaves there is overwritten."""
     one = np.uint64(1)
     low8 = np.uint64(255)
     c0 = p0 // cap
+    dense = _compress_from()
     total = 0
     for i in range(masks.shape[0]):
         for q in range(masks.shape[1]):
@@ -763,7 +883,8 @@ def _copy_marked(masks: NDArray[np.uint64], p0: int, p1: int, blocks: NDArray[np
             for q in range(n_masks):
                 m = m_row[q]
                 r = r0 + 64 * q
-                if np.int64(_ones(m)) > _COMPRESS and r + 64 <= cap:
+                count = np.int64(_ones(m))
+                if count > dense and r + 64 <= cap and end + count + 8 <= total:
                     for e in range(8):
                         byte = (m >> np.uint64(8 * e)) & low8
                         _compress8(src, r + 8 * e, byte, dst, end)

@@ -401,7 +401,7 @@ class DataSteM:
         to `defer`, so that it lets them go when retention drops one.
 
         O(p1 - p0) bit tests plus O(len(names) x matches) (dense runs of matches
-        copied 8 values per compress-store); the function O(len(later) x matches)."""
+        copied 8 values at a time); the function O(len(later) x matches)."""
         wide, rows_of, dtypes = self._gather(names)
         narrow = len(wide) < len(names)
         positions = np.empty(p1 - p0, np.int64) if narrow else _NO_POSITIONS
