@@ -774,6 +774,67 @@ def test_set_bits_compiled_and_twin_set_the_same_bits(
     assert _same_arrays(mine, twin)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.data(), SEEDS, st.integers(0, 4), TWIN_CAPS, st.integers(1, 4), st.integers(0, 6))
+def test_chunk_scatter_compiled_and_twin_group_the_same_columns(
+        data: st.DataObject, seed: int, rows_of_n: int, cap: int, chunks: int,
+        span: int) -> None:
+    """Sorted positions across chunks, grouped by keys of a small range through a remap
+    (or all in one group), into room that starts at each group's cursor."""
+    gen = np.random.default_rng(seed)
+    blocks = _blocks(gen, 3, cap, chunks)
+    first = data.draw(st.integers(0, 3))
+    rows_of = gen.integers(0, 3, rows_of_n).astype(np.int64)
+    count = data.draw(st.integers(0, chunks * cap))
+    positions = np.sort(gen.choice(chunks * cap, count, replace=False)).astype(np.int64) \
+        + first * cap
+    lo = int(gen.integers(-5, 5))
+    if span == 0:
+        keys, remap, groups = np.empty(0, np.int64), np.zeros(1, np.int64), 1
+    else:
+        keys = gen.integers(lo, lo + span, count).astype(np.int64)
+        remap = gen.permutation(span).astype(np.int64)
+        groups = span
+    sizes = np.bincount(np.zeros(count, np.int64) if span == 0 else remap[keys - lo],
+                        minlength=groups)
+    room = sizes + gen.integers(0, 3, groups)
+    cursors = np.cumsum(room) - room
+    _mine, mine_h, _twin, twin_h, _tables = _twin_tables(blocks)
+    dsts = [np.zeros((1 + rows_of_n, int(room.sum())), np.uint64) for _ in range(2)]
+    moved = [cursors.astype(np.int64), cursors.astype(np.int64)]
+    compiled.chunk_scatter(mine_h, first, cap, rows_of, positions, keys, lo, remap,
+                           moved[0], dsts[0])
+    reference.chunk_scatter(twin_h, first, cap, rows_of, positions, keys, lo, remap,
+                            moved[1], dsts[1])
+    assert np.array_equal(dsts[0], dsts[1])
+    assert np.array_equal(moved[0], moved[1]) and np.array_equal(moved[0], cursors + sizes)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-20, 20), max_size=200), st.integers(-25, 0))
+def test_key_counts_compiled_and_twin_count_the_same_keys(keys: list[int], lo: int) -> None:
+    values = np.array([max(k, lo) for k in keys], np.int64)
+    counts = [np.zeros(41, np.int64) for _ in range(2)]
+    compiled.key_counts(values, lo, counts[0])
+    reference.key_counts(values, lo, counts[1])
+    assert np.array_equal(counts[0], counts[1])
+    assert np.array_equal(counts[0], np.bincount(values - lo, minlength=41))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                          st.sampled_from([1e17, -1e17, 0.1, 1.0, -0.0])), max_size=100),
+       st.floats(-1e6, 1e6), st.floats(-1e-6, 1e-6))
+def test_float_prefix_compiled_and_twin_sum_to_the_same_bits(values: list[float], s0: float,
+                                                             e0: float) -> None:
+    """Bit for bit: the same operations in the same order (NaN where either has NaN)."""
+    array = np.array(values, np.float64)
+    outs = [np.zeros((len(array), 2)) for _ in range(2)]
+    compiled.float_prefix(array, s0, e0, outs[0])
+    reference.float_prefix(array, s0, e0, outs[1])
+    assert np.array_equal(outs[0], outs[1], equal_nan=True)
+
+
 # ---------------------------------------------------------------- the engine on numpy
 
 _WORKLOAD = r"""

@@ -69,8 +69,9 @@ from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, H
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
            "chunk_gather", "chunk_positions", "chunk_select", "clear_bit", "fingerprint",
-           "interval_scan", "marked_copy", "probe_into", "set_bits", "slice_row",
-           "ts_fault", "word_positions", "write_column"]
+           "chunk_scatter", "float_prefix", "interval_scan", "key_counts", "marked_copy",
+           "probe_into", "set_bits", "slice_row", "ts_fault", "word_positions",
+           "write_column"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -883,3 +884,72 @@ marked_copy = cast("Callable[[NDArray[np.uint64], int, int, Handle, int, int, "
 clear_bit = cast("Callable[[Handle, int, int, np.uint64], None]", _clear_bit)
 set_bits = cast("Callable[[Handle, int, int, int, np.uint64, NDArray[np.int64]], None]",
                 _set_bits)
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def key_counts(keys: NDArray[np.int64], lo: int,
+               counts: NDArray[np.int64]) -> None:  # pragma: no cover - compiled
+    """counts[v - lo] += 1 for each value v of `keys` (each within [lo, lo + len(counts)),
+    as the caller checked): the group sizes of a GROUP BY on a small INT range, whose
+    keys index their groups directly. O(n)."""
+    for i in range(len(keys)):
+        counts[keys[i] - lo] += 1
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _chunk_scatter(blocks: NDArray[np.int64], k_first: int, cap: int,
+                   rows_of: NDArray[np.int64], positions: NDArray[np.int64],
+                   keys: NDArray[np.int64], lo: int, remap: NDArray[np.int64],
+                   cursors: NDArray[np.int64],
+                   dst: NDArray[np.uint64]) -> None:  # pragma: no cover - compiled
+    """`chunk_gather` and a stable counting sort by group in one pass: the tuple at
+    sorted position positions[i] (chunk k's block being blocks[k - k_first]) goes to
+    column j = cursors[g] of `dst`, g = remap[keys[i] - lo] (group 0 for every tuple
+    when `keys` is empty), and cursors[g] moves on by one; dst[0, j] is the position,
+    dst[1 + r, j] the value of block row rows_of[r]. A group keeps its tuples in
+    position order. Per chunk run, the destinations are found first, then each column
+    is copied in a loop of its own. O((1 + len(rows_of)) x len(positions))."""
+    n = len(positions)
+    one_group = len(keys) == 0
+    dest = np.empty(cap, np.int64)
+    i = 0
+    while i < n:
+        c = positions[i] // cap
+        block = _chunk_at(blocks, c - k_first)
+        base = c * cap
+        j0 = i
+        while i < n and positions[i] < base + cap:
+            g = 0 if one_group else remap[keys[i] - lo]
+            dest[i - j0] = cursors[g]
+            cursors[g] += 1
+            i += 1
+        out = dst[0]
+        for t in range(j0, i):
+            out[dest[t - j0]] = np.uint64(positions[t])
+        for r in range(len(rows_of)):
+            src = block[rows_of[r]]
+            out = dst[1 + r]
+            for t in range(j0, i):
+                out[dest[t - j0]] = src[positions[t] - base]
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def float_prefix(values: NDArray[np.float64], s0: float, e0: float,
+                 out: NDArray[np.float64]) -> None:  # pragma: no cover - compiled
+    """out[i] = (s, e) after values[:i + 1] from the prefix row (s0, e0): s the running
+    sum as float64 rounds it step by step, e the running sum of each step's exact
+    rounding error (Knuth's TwoSum), exactly as psoup.results.aggregates._extend_prefix
+    computes it with numpy (the same operations in the same order). O(n), one pass."""
+    before = s0
+    err = e0
+    for i in range(len(values)):
+        v = values[i]
+        after = before + v
+        part = after - before
+        err += (before - (after - part)) + (v - part)
+        out[i, 0] = after
+        out[i, 1] = err
+        before = after
+chunk_scatter = cast("Callable[[Handle, int, int, NDArray[np.int64], NDArray[np.int64], "
+                     "NDArray[np.int64], int, NDArray[np.int64], NDArray[np.int64], "
+                     "NDArray[np.uint64]], None]", _chunk_scatter)

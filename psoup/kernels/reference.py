@@ -22,8 +22,9 @@ from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, H
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
            "chunk_gather", "chunk_positions", "chunk_select", "clear_bit", "fingerprint",
-           "interval_scan", "marked_copy", "probe_into", "set_bits", "slice_row",
-           "ts_fault", "word_positions", "write_column"]
+           "chunk_scatter", "float_prefix", "interval_scan", "key_counts", "marked_copy",
+           "probe_into", "set_bits", "slice_row", "ts_fault", "word_positions",
+           "write_column"]
 
 _U64 = 2**64 - 1
 
@@ -335,3 +336,45 @@ def set_bits(chunks: Handle, k_first: int, cap: int, word: int, mask: np.uint64,
                              np.left_shift(np.uint64(1), (r & 63).astype(np.uint64)))
         else:
             row[r] |= mask
+
+
+def key_counts(keys: NDArray[np.int64], lo: int, counts: NDArray[np.int64]) -> None:
+    """counts[v - lo] += 1 for each value v of `keys` (each within range). O(n)."""
+    counts += np.bincount(keys - lo, minlength=len(counts)).astype(np.int64)
+
+
+def chunk_scatter(blocks: Handle, k_first: int, cap: int, rows_of: NDArray[np.int64],
+                  positions: NDArray[np.int64], keys: NDArray[np.int64], lo: int,
+                  remap: NDArray[np.int64], cursors: NDArray[np.int64],
+                  dst: NDArray[np.uint64]) -> None:
+    """The tuple at sorted position positions[i] to column cursors[g] of `dst`,
+    g = remap[keys[i] - lo] (group 0 for all when `keys` is empty), in position order
+    within a group: dst[0] the position, dst[1 + r] block row rows_of[r]; cursors move
+    on past their group's tuples. O((1 + len(rows_of)) x n log n)."""
+    n = len(positions)
+    values = np.empty((len(rows_of), n), np.uint64)
+    chunk_gather(blocks, k_first, cap, rows_of, positions, values)
+    codes = np.zeros(n, np.int64) if len(keys) == 0 else remap[keys - lo]
+    order = np.argsort(codes, kind="stable")
+    counts = np.bincount(codes, minlength=len(cursors)).astype(np.int64)
+    firsts = np.cumsum(counts) - counts
+    rank = np.arange(n) - np.repeat(firsts, counts)
+    dest = np.empty(n, np.int64)
+    dest[order] = cursors[codes[order]] + rank
+    dst[0, dest] = positions.view(np.uint64)
+    dst[1:, dest] = values
+    cursors += counts
+
+
+def float_prefix(values: NDArray[np.float64], s0: float, e0: float,
+                 out: NDArray[np.float64]) -> None:
+    """out[i] = the compensated prefix (s, e) after values[:i + 1] from (s0, e0): s the
+    running float64 sum, e the running sum of each step's TwoSum rounding error. O(n)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        running = np.cumsum(np.concatenate(([s0], values)))
+        before, after = running[:-1], running[1:]
+        part = after - before
+        errors = (before - (after - part)) + (values - part)
+        errors[:1] += e0
+        out[:, 0] = after
+        np.cumsum(errors, out=out[:, 1])

@@ -57,12 +57,14 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Literal, Protocol
 
 import numpy as np
 from sortedcontainers import SortedDict
 
+from psoup import kernels
 from psoup.bits import slot_rows
 from psoup.query.model import AGGREGATES, TS, AggregateFunction, Query
 from psoup.results.base import Sink
@@ -122,6 +124,12 @@ class _Buffer:
             self._reallocate(2 * len(self))
         return moved
 
+    def adopt(self, data: np.ndarray, n: int) -> None:
+        """Take `data` as the storage (not copied), its first n entries live: an empty
+        buffer given what a bulk load wrote, room to grow included."""
+        assert self.start == self.stop == 0, "only an empty buffer adopts storage"
+        self.data, self.stop = data, n
+
     def _reallocate(self, capacity: int) -> None:
         data = np.empty((max(capacity, _MIN_CAPACITY), *self.data.shape[1:]), self.data.dtype)
         n = len(self)
@@ -166,6 +174,19 @@ class PrefixSums:
             self._rebase()
         else:
             self._prefix.append(_extend_prefix(self._prefix.live[-1], values))
+
+    def adopt(self, storage: np.ndarray, n: int) -> None:
+        """Start from the first n of `storage` (values, with room to grow after them; a
+        FLOAT column keeps it as its values, not copied). O(n): the prefix is summed
+        once, as `append` would sum it."""
+        assert len(self) == 0, "only empty sums adopt values"
+        prefix = np.empty((len(storage) + 1, 2), self._prefix.data.dtype)
+        prefix[0] = 0
+        _extend_prefix(prefix[0], storage[:n], prefix[1:n + 1])
+        if self._values is not None:
+            self._values.adopt(storage, n)
+        self._prefix = _Buffer(prefix.dtype, (2,))
+        self._prefix.adopt(prefix, n + 1)
 
     def drop(self, k: int) -> None:
         """Forget the k oldest values. Amortized O(k)."""
@@ -592,6 +613,21 @@ class _Group:
         for (c, _), suffix in self.suffixes.items():
             suffix.append(values[c])
 
+    def adopt(self, storage: Mapping[Column | str, np.ndarray], n: int) -> None:
+        """Start from the first n entries of each of `storage`'s arrays (positions and
+        ts under those names, then the needed columns; room to grow after them), kept,
+        not copied: a bulk load's group (`AggregateIndex.load`)."""
+        positions = storage["positions"]
+        self.last = int(positions[n - 1])
+        self.positions.adopt(positions, n)
+        self.ts.adopt(storage[TS], n)
+        for c, sums in self.sums.items():
+            sums.adopt(storage[c], n)
+        for c, tree in self.trees.items():
+            tree.append(storage[c][:n])
+        for (c, _), suffix in self.suffixes.items():
+            suffix.append(storage[c][:n])
+
     def extreme(self, column: Column, op: str, i: int, j: int) -> int | float:
         """MIN or MAX of results [i, j): from the suffix run when j is the newest."""
         if j == len(self.positions):
@@ -675,6 +711,41 @@ class AggregateIndex:
         for g in np.argsort(positions[np.asarray(bounds[1:]) - 1]).tolist():
             self._recent[keys[g]] = None
             self._recent.move_to_end(keys[g])
+
+    def load(self, positions: np.ndarray, keys: list[np.ndarray], dtypes: list[np.dtype],
+             scatter: Callable[[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray], None]
+             ) -> None:
+        """`append` into an empty index of the results at sorted `positions`, whose
+        GROUP BY columns are `keys`; `scatter(keys, lo, remap, cursors, dst)` writes
+        them grouped into the rows of `dst` (`DataSteM.scatter`: the positions, then
+        ts and the `needed` columns, of `dtypes`, all 8 bytes wide). A new query's
+        matches over the retained tuples: grouped and copied in one compiled pass (a
+        counting sort; a small INT key range numbers its groups directly, other keys by
+        a sort) into storage each group then keeps, with half as much room again to
+        grow. O(k + G) for a small INT range or no GROUP BY, O(k log k) otherwise."""
+        assert not self._groups, "a bulk load starts an index"
+        k = len(positions)
+        if k == 0:
+            return
+        agg = self.aggregator
+        names: list[Column | str] = ["positions", TS, *agg.needed]
+        keys_of, lo, remap, sizes, found = _bulk_groups(keys, k)
+        room = sizes + sizes // 2 + _MIN_CAPACITY
+        ends = np.cumsum(room)
+        offsets = ends - room
+        storage = np.empty((len(names), int(ends[-1])), np.uint64)
+        scatter(keys_of, lo, remap, offsets.copy(), storage)
+        typed = [storage[0].view(np.int64),
+                 *(storage[r + 1].view(dt) for r, dt in enumerate(dtypes))]
+        lasts = np.empty(len(found), np.int64)
+        for g, (key, a, b, n) in enumerate(zip(found, offsets.tolist(), ends.tolist(),
+                                                 sizes.tolist(), strict=True)):
+            here = {name: typed[r][a:b] for r, name in enumerate(names)}
+            group = self._groups[key] = _Group(agg, here)
+            group.adopt(here, n)
+            lasts[g] = group.last
+        for g in np.argsort(lasts).tolist():
+            self._recent[found[g]] = None
 
     def expire(self, horizon: int) -> None:
         """Drop the results below `horizon`: groups left empty go now, O(log G) each; the
@@ -764,34 +835,32 @@ def _numeric(values: np.ndarray) -> np.ndarray:
 
 def _prefix_of(values: np.ndarray) -> np.ndarray:
     """The len(values) + 1 prefix rows of `values`, from a zero row (see _extend_prefix)."""
-    zero = np.zeros((1, 2), np.int64 if values.dtype.kind in "iu" else np.float64)
-    return np.vstack((zero, _extend_prefix(zero[0], values)))
+    prefix = np.empty((len(values) + 1, 2), np.int64 if values.dtype.kind in "iu" else np.float64)
+    prefix[0] = 0
+    _extend_prefix(prefix[0], values, prefix[1:])
+    return prefix
 
 
-def _extend_prefix(last: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """The prefix rows that follow the row `last` over `values`, one per value.
+def _extend_prefix(last: np.ndarray, values: np.ndarray,
+                   out: np.ndarray | None = None) -> np.ndarray:
+    """The prefix rows that follow the row `last` over `values`, one per value (written
+    into `out`, a (len(values), 2) array of last's dtype, when given).
 
     INT: (sum of v >> 32, sum of v & (2**32 - 1)), in int64; wraparound is harmless since
     only differences are read (see _range_sum). FLOAT: (s, e) where s is the running sum
-    as np.cumsum rounds it, sequentially, and e the running sum of each step's exact
-    rounding error (Knuth's TwoSum), so s + e carries the prefix to about 2**-106.
+    as float64 rounds it, sequentially, and e the running sum of each step's exact
+    rounding error (Knuth's TwoSum), so s + e carries the prefix to about 2**-106 (one
+    compiled pass, `kernels.float_prefix`).
     """
-    steps = np.empty((len(values), 2), last.dtype)
+    steps = np.empty((len(values), 2), last.dtype) if out is None else out
     if last.dtype.kind == "i":
         values = values.astype(np.int64, copy=False)
         np.right_shift(values, _LOW, out=steps[:, 0])
         np.bitwise_and(values, _LOW_MASK, out=steps[:, 1])
         steps[:1] += last
         return np.cumsum(steps, axis=0, out=steps)
-    values = values.astype(np.float64, copy=False)
-    with np.errstate(over="ignore", invalid="ignore"):     # inf: see _range_sum
-        running = np.cumsum(np.concatenate((last[:1], values)))
-        before, after = running[:-1], running[1:]
-        part = after - before
-        errors = (before - (after - part)) + (values - part)
-        errors[:1] += last[1]
-        steps[:, 0] = after
-        np.cumsum(errors, out=steps[:, 1])
+    kernels.float_prefix(values.astype(np.float64, copy=False), float(last[0]),
+                         float(last[1]), steps)
     return steps
 
 
@@ -840,6 +909,36 @@ def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tu
     return codes, list(zip(*(column[first].tolist() for column in columns), strict=True))
 
 
+#: A GROUP BY on one INT column whose keys span at most this many values (or as many as
+#: the rows grouped) numbers its groups by key - min, with no sort.
+_DIRECT_SPAN = 1 << 16
+
+
+def _bulk_groups(columns: list[np.ndarray], n: int
+                 ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, list[tuple[Any, ...]]]:
+    """What `kernels.group_scatter` takes to group n rows by the key `columns` (none:
+    one group): (keys, lo, remap: group number = remap[key - lo], each group's size, the
+    groups' keys as tuples in ascending order). O(n) for no key or one INT key of a
+    small range, else `_group_codes`' sort."""
+    if not columns:
+        return (np.empty(0, np.int64), 0, np.zeros(1, np.int64),
+                np.array([n], np.int64), [()])
+    if len(columns) == 1 and columns[0].dtype == np.int64:
+        key = columns[0]
+        lo, hi = int(key.min()), int(key.max())
+        if hi - lo < max(_DIRECT_SPAN, n):
+            counts = np.zeros(hi - lo + 1, np.int64)
+            kernels.key_counts(key, lo, counts)
+            present = np.flatnonzero(counts)
+            remap = np.zeros(len(counts), np.int64)
+            remap[present] = np.arange(len(present))
+            return (key, lo, remap, counts[present],
+                    [(v,) for v in (present + lo).tolist()])
+    codes, keys = _group_codes(columns, n)
+    return (codes, 0, np.arange(len(keys), dtype=np.int64),
+            np.bincount(codes, minlength=len(keys)).astype(np.int64), keys)
+
+
 class AggregateSink(Sink):
     """The Sink of one aggregated selection query: its matches, as the eddy finds them,
     appended to its AggregateIndex with the columns the index reads (Sect. 6: kept as
@@ -863,6 +962,13 @@ class AggregateSink(Sink):
         self.columns = [column for _, column in self.index.aggregator.needed]
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
+        names = [TS, *self.columns]
+        dtypes = self.stem.wide_dtypes(names)
+        if dtypes is not None and not len(self.index):
+            keys = self.stem.take([c for _, c in self.index.aggregator.group_by], positions)
+            self.index.load(positions, list(keys.values()), dtypes,
+                            partial(self.stem.scatter, names, positions))
+            return
         values = self.stem.take(self.columns + [TS], positions)
         self.index.append(positions, {c: values[c] for c in self.columns}, values[TS])
 

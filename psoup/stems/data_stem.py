@@ -377,6 +377,23 @@ class DataSteM:
             got = _typed(words, wide, dtypes)
         return self._narrow(names, positions, got)
 
+    def wide_dtypes(self, names: Sequence[str]) -> list[np.dtype[Any]] | None:
+        """The dtypes of `names` when every one is an 8-byte column (INT, FLOAT, ts,
+        tupleID), else None."""
+        wide, _, dtypes = self._gather(names)
+        return dtypes if len(wide) == len(names) else None
+
+    def scatter(self, names: Sequence[str], positions: np.ndarray, keys: np.ndarray,
+                lo: int, remap: np.ndarray, cursors: np.ndarray, dst: np.ndarray) -> None:
+        """The sorted retained `positions` and the 8-byte columns `names` at them into
+        the rows of `dst`, grouped: `kernels.chunk_scatter` over this stem's chunks (see
+        there). O((1 + len(names)) x len(positions))."""
+        wide, rows_of, _ = self._gather(names)
+        assert len(wide) == len(names), "only 8-byte columns are scattered"
+        kernels.chunk_scatter(self._block_list()[0].handle, self._chunk0, self.chunk_rows,
+                              rows_of, np.ascontiguousarray(positions, np.int64), keys, lo,
+                              remap, cursors, dst)
+
     def take_marked(self, names: Sequence[str], bitmap: tuple[int, Any, int], p0: int,
                     p1: int, word: int, mask: np.uint64, later: Sequence[str] = ()
                     ) -> tuple[dict[str, np.ndarray], Callable[[], dict[str, np.ndarray]]]:
@@ -499,11 +516,15 @@ class DataSteM:
             return np.empty(0, np.int64)
         if not source.predicates and not source.column_factors:
             return np.arange(p0, p1, dtype=np.int64)
-        best = self._most_selective(source.predicates, p0, p1)
+        intervals, rest = self._intervals(source)
+        # factors that are all intervals are one compiled scan, which beats the value
+        # index's Python loop over the chunks (measured, 1M tuples: 1-2 ms where the
+        # index's estimate alone took 1.5 ms)
+        best = (None if intervals is not None and not rest and not source.column_factors
+                else self._most_selective(source.predicates, p0, p1))
         if best is not None:
             candidates = self._index_positions(best, p0, p1)
             return self._filter(source, candidates)
-        intervals, rest = self._intervals(source)
         if intervals is None:
             parts = []
             names = _columns_used(source)
@@ -531,6 +552,11 @@ class DataSteM:
         for pred in source.predicates:
             row = self._wide.get(pred.column)
             is_float = self._dtypes[pred.column].kind == "f"
+            point = _point(pred, is_float)
+            if row is not None and point is not None:     # `= v`: the interval [v, v]
+                ints.append((row, 1, 0, 0) if is_float else (row, 0, int(point), int(point)))
+                floats.append((float(point), float(point)) if is_float else (0.0, 0.0))
+                continue
             if (row is None or pred.empty or pred.eq is not None
                     or (pred.lo is None and pred.hi is None)
                     or (not is_float and (pred.lo_open or pred.hi_open))):
@@ -713,6 +739,20 @@ def _columns_used(source: Source) -> list[str]:
     for f in source.column_factors:
         names.update((f.left, f.right))
     return sorted(names)
+
+
+def _point(pred: AttrPredicate, is_float: bool) -> int | float | None:
+    """The one value an `=` factor accepts, as the column's type compares it (None when
+    it accepts none or several, or an INT beyond int64)."""
+    if pred.empty or pred.eq is None or len(pred.eq) != 1:
+        return None
+    (value,) = pred.eq
+    if is_float:
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or \
+            not INT64_MIN <= int(value) <= INT64_MAX:
+        return None
+    return int(value)
 
 
 def _ranges(sorted_values: np.ndarray, pred: AttrPredicate) -> list[tuple[int, int]]:
