@@ -741,7 +741,7 @@ class AggregateIndex:
         for g, (key, a, b, n) in enumerate(zip(found, offsets.tolist(), ends.tolist(),
                                                  sizes.tolist(), strict=True)):
             here = {name: typed[r][a:b] for r, name in enumerate(names)}
-            group = self._groups[key] = _Group(agg, here)
+            group = self._groups[key] = _Group(agg, {c: here[c] for c in agg.needed})
             group.adopt(here, n)
             lasts[g] = group.last
         for g in np.argsort(lasts).tolist():
