@@ -918,8 +918,22 @@ def _chunk_scatter(blocks: NDArray[np.int64], k_first: int, cap: int,
         block = _chunk_at(blocks, c - k_first)
         base = c * cap
         j0 = i
+        if one_group:               # one run of destinations: plain copies
+            while i < n and positions[i] < base + cap:
+                i += 1
+            at = cursors[0] - j0
+            cursors[0] += i - j0
+            out = dst[0]
+            for t in range(j0, i):
+                out[at + t] = np.uint64(positions[t])
+            for r in range(len(rows_of)):
+                src = block[rows_of[r]]
+                out = dst[1 + r]
+                for t in range(j0, i):
+                    out[at + t] = src[positions[t] - base]
+            continue
         while i < n and positions[i] < base + cap:
-            g = 0 if one_group else remap[keys[i] - lo]
+            g = remap[keys[i] - lo]
             dest[i - j0] = cursors[g]
             cursors[g] += 1
             i += 1
