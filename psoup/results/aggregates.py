@@ -960,8 +960,25 @@ class AggregateSink(Sink):
         self.slot = slot
         self.stem = stem
         self.columns = [column for _, column in self.index.aggregator.needed]
+        # an index built ahead, off the engine's lock, from the matches below a position
+        # (`adopt`), which `on_register` completes
+        self._ahead: tuple[AggregateIndex, int] | None = None
+
+    def adopt(self, index: AggregateIndex, below: int) -> None:
+        """Take `index`, built by `index_over` from the matches below position `below`,
+        as what `on_register` completes with the later matches."""
+        self._ahead = (index, below)
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
+        if self._ahead is not None:
+            (self.index, below), self._ahead = self._ahead, None
+            self.index.expire(self.stem.horizon)
+            positions = positions[np.searchsorted(positions, below):]
+            if len(positions):
+                values = self.stem.take(self.columns + [TS], positions)
+                self.index.append(positions, {c: values[c] for c in self.columns},
+                                  values[TS])
+            return
         names = [TS, *self.columns]
         dtypes = self.stem.wide_dtypes(names)
         if dtypes is not None and not len(self.index):
@@ -987,3 +1004,13 @@ class AggregateSink(Sink):
 
     def nbytes(self) -> int:
         return self.index.nbytes()
+
+
+def index_over(query: Query, stem: DataSteM, positions: np.ndarray) -> AggregateIndex:
+    """The AggregateIndex of aggregated `query` over its matches at `positions` of
+    `stem` (a snapshot of the stream, read off the engine's lock), built as
+    `AggregateSink.on_register` builds it. O(matches), a sort for other than one
+    small-range INT key."""
+    sink = AggregateSink(query, -1, stem)
+    sink.on_register(-1, stem.schema.name, positions)
+    return sink.index

@@ -20,6 +20,7 @@ searches instead of a scan, as the paper's per-attribute trees do.
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import weakref
@@ -135,6 +136,8 @@ class DataSteM:
         #: while they are still readable (`rows(old, new, expired=True)`): the archive
         #: tier of queries with history takes their matches from them.
         self.on_horizon: Callable[[int, int], None] | None = None
+        #: a snapshot's references to its chunks' columns (`snapshot`); empty otherwise
+        self._held: list[dict[str, np.ndarray]] = []
 
     # ----------------------------------------------------------------- insert, expire
 
@@ -201,6 +204,26 @@ class DataSteM:
             del self._heads[:drop]
             del self._tid_heads[:drop]
             self._chunk0 += drop
+
+    def snapshot(self) -> DataSteM:
+        """A copy of this stem as it is now, to read off the engine's lock while the
+        original goes on taking batches: its own lists of the chunks that hold positions
+        [horizon, n) now, sharing their memory (below n it is never written again), and
+        a reference to every chunk's columns, so that retention, should it drop a chunk
+        meanwhile, cannot reuse its memory under a reader (`_Chunk.unshared`); dropping
+        the snapshot lets them go. Its own reads only (probe, take, scatter): it takes no
+        batches and calls no callbacks. O(chunks)."""
+        snap = copy.copy(self)
+        snap._chunks = list(self._chunks)
+        snap._heads = list(self._heads)
+        snap._tid_heads = list(self._tid_heads)
+        snap._spare = []
+        snap._readers = weakref.WeakSet()
+        snap._gathers = {}
+        snap._blocks = None
+        snap.on_expire = snap.on_horizon = None
+        snap._held = [dict(chunk.cols) for chunk in snap._chunks]
+        return snap
 
     # ------------------------------------------------------------------ time index
 
