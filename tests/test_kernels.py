@@ -774,52 +774,80 @@ def test_set_bits_compiled_and_twin_set_the_same_bits(
     assert _same_arrays(mine, twin)
 
 
+def _int_blocks(gen: np.random.Generator, cap: int, n: int, lo: int,
+                span: int) -> list[NDArray[np.uint64]]:
+    """`_blocks` whose row 2 holds int64 keys in [lo, lo + span)."""
+    blocks = _blocks(gen, 3, cap, n)
+    for block in blocks:
+        block[2] = gen.integers(lo, lo + max(span, 1), cap).astype(np.int64).view(np.uint64)
+    return blocks
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.data(), SEEDS, st.integers(0, 4), TWIN_CAPS, st.integers(1, 4), st.integers(0, 6))
+@given(st.data(), SEEDS, st.integers(0, 4), TWIN_CAPS, st.integers(1, 4), st.integers(0, 6),
+       st.sampled_from(["none", "row", "keys"]))
 def test_chunk_scatter_compiled_and_twin_group_the_same_columns(
         data: st.DataObject, seed: int, rows_of_n: int, cap: int, chunks: int,
-        span: int) -> None:
+        span: int, keyed: str) -> None:
     """Sorted positions across chunks, grouped by keys of a small range through a remap
-    (or all in one group), into room that starts at each group's cursor."""
+    (read from a chunk row, or given per tuple), or all in one group, into room that
+    starts at each group's cursor."""
     gen = np.random.default_rng(seed)
-    blocks = _blocks(gen, 3, cap, chunks)
+    lo = int(gen.integers(-5, 5))
+    blocks = _int_blocks(gen, cap, chunks, lo, span)
     first = data.draw(st.integers(0, 3))
     rows_of = gen.integers(0, 3, rows_of_n).astype(np.int64)
     count = data.draw(st.integers(0, chunks * cap))
     positions = np.sort(gen.choice(chunks * cap, count, replace=False)).astype(np.int64) \
         + first * cap
-    lo = int(gen.integers(-5, 5))
-    if span == 0:
-        keys, remap, groups = np.empty(0, np.int64), np.zeros(1, np.int64), 1
+    span = max(span, 1)
+    remap = gen.permutation(span).astype(np.int64)
+    key_row, keys = -1, np.empty(0, np.int64)
+    if keyed == "none":
+        codes, groups = np.zeros(count, np.int64), 1
     else:
-        keys = gen.integers(lo, lo + span, count).astype(np.int64)
-        remap = gen.permutation(span).astype(np.int64)
-        groups = span
-    sizes = np.bincount(np.zeros(count, np.int64) if span == 0 else remap[keys - lo],
-                        minlength=groups)
+        values = np.empty((1, count), np.uint64)
+        reference.chunk_gather(Handle(AddressTable(blocks)), first, cap,
+                               np.array([2], np.int64), positions, values)
+        codes, groups = remap[values[0].view(np.int64) - lo], span
+        if keyed == "row":
+            key_row = 2
+        else:
+            keys = values[0].view(np.int64).copy()
+    sizes = np.bincount(codes, minlength=groups)
     room = sizes + gen.integers(0, 3, groups)
     cursors = np.cumsum(room) - room
     _mine, mine_h, _twin, twin_h, _tables = _twin_tables(blocks)
     dsts = [np.zeros((1 + rows_of_n, int(room.sum())), np.uint64) for _ in range(2)]
     moved = [cursors.astype(np.int64), cursors.astype(np.int64)]
-    compiled.chunk_scatter(mine_h, first, cap, rows_of, positions, keys, lo, remap,
+    compiled.chunk_scatter(mine_h, first, cap, rows_of, positions, key_row, keys, lo, remap,
                            moved[0], dsts[0])
-    reference.chunk_scatter(twin_h, first, cap, rows_of, positions, keys, lo, remap,
+    reference.chunk_scatter(twin_h, first, cap, rows_of, positions, key_row, keys, lo, remap,
                             moved[1], dsts[1])
     assert np.array_equal(dsts[0], dsts[1])
     assert np.array_equal(moved[0], moved[1]) and np.array_equal(moved[0], cursors + sizes)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(-20, 20), max_size=200), st.integers(-25, 0))
-def test_key_counts_compiled_and_twin_count_the_same_keys(keys: list[int], lo: int) -> None:
-    values = np.array([max(k, lo) for k in keys], np.int64)
-    span = 21 - lo                          # every key lies in [lo, lo + span)
-    counts = [np.zeros(span, np.int64) for _ in range(2)]
-    compiled.key_counts(values, lo, counts[0])
-    reference.key_counts(values, lo, counts[1])
-    assert np.array_equal(counts[0], counts[1])
-    assert np.array_equal(counts[0], np.bincount(values - lo, minlength=span))
+@given(st.data(), SEEDS, TWIN_CAPS, st.integers(1, 4), st.integers(0, 40))
+def test_chunk_key_range_and_counts_compiled_and_twin_agree(
+        data: st.DataObject, seed: int, cap: int, chunks: int, span: int) -> None:
+    gen = np.random.default_rng(seed)
+    lo = int(gen.integers(-20, 20))
+    blocks = _int_blocks(gen, cap, chunks, lo, span)
+    first = data.draw(st.integers(0, 3))
+    count = data.draw(st.integers(0, chunks * cap))
+    positions = np.sort(gen.choice(chunks * cap, count, replace=False)).astype(np.int64) \
+        + first * cap
+    _mine, mine_h, _twin, twin_h, _tables = _twin_tables(blocks)
+    found = compiled.chunk_key_range(mine_h, first, cap, 2, positions)
+    assert found == reference.chunk_key_range(twin_h, first, cap, 2, positions)
+    low, high = found
+    assert count or (low, high) == (0, -1)
+    counts = [np.zeros(high - low + 1, np.int64) for _ in range(2)]
+    compiled.chunk_key_counts(mine_h, first, cap, 2, positions, low, counts[0])
+    reference.chunk_key_counts(twin_h, first, cap, 2, positions, low, counts[1])
+    assert np.array_equal(counts[0], counts[1]) and counts[0].sum() == count
 
 
 @settings(max_examples=100, deadline=None)

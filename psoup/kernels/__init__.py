@@ -33,6 +33,8 @@ if BACKEND == "numba":
         Handle,
         address_table,
         chunk_gather,
+        chunk_key_counts,
+        chunk_key_range,
         chunk_positions,
         chunk_scatter,
         chunk_select,
@@ -40,7 +42,6 @@ if BACKEND == "numba":
         fingerprint,
         float_prefix,
         interval_scan,
-        key_counts,
         marked_copy,
         probe_into,
         set_bits,
@@ -58,6 +59,8 @@ else:
         Handle,
         address_table,
         chunk_gather,
+        chunk_key_counts,
+        chunk_key_range,
         chunk_positions,
         chunk_scatter,
         chunk_select,
@@ -65,7 +68,6 @@ else:
         fingerprint,
         float_prefix,
         interval_scan,
-        key_counts,
         marked_copy,
         probe_into,
         set_bits,
@@ -76,7 +78,7 @@ else:
     )
 
 __all__ = ["BACKEND", "BACKENDS", "BACKEND_VARIABLE", "SLICED", "TILE_WORDS", "WORD_MAJOR",
-           "AddressTable", "Handle", "address_table", "chunk_gather", "chunk_positions",
-           "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
-           "interval_scan", "key_counts", "marked_copy", "probe_into", "set_bits",
-           "slice_row", "ts_fault", "word_positions", "write_column"]
+           "AddressTable", "Handle", "address_table", "chunk_gather", "chunk_key_counts",
+           "chunk_key_range", "chunk_positions", "chunk_scatter", "chunk_select", "clear_bit",
+           "fingerprint", "float_prefix", "interval_scan", "marked_copy", "probe_into",
+           "set_bits", "slice_row", "ts_fault", "word_positions", "write_column"]

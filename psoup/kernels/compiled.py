@@ -68,10 +68,10 @@ from numpy.typing import NDArray
 from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
-           "chunk_gather", "chunk_positions", "chunk_select", "clear_bit", "fingerprint",
-           "chunk_scatter", "float_prefix", "interval_scan", "key_counts", "marked_copy",
-           "probe_into", "set_bits", "slice_row", "ts_fault", "word_positions",
-           "write_column"]
+           "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
+           "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
+           "interval_scan", "marked_copy", "probe_into", "set_bits", "slice_row",
+           "ts_fault", "word_positions", "write_column"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -887,30 +887,101 @@ set_bits = cast("Callable[[Handle, int, int, int, np.uint64, NDArray[np.int64]],
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
-def key_counts(keys: NDArray[np.int64], lo: int,
-               counts: NDArray[np.int64]) -> None:  # pragma: no cover - compiled
-    """counts[v - lo] += 1 for each value v of `keys` (each within [lo, lo + len(counts)),
-    as the caller checked): the group sizes of a GROUP BY on a small INT range, whose
-    keys index their groups directly. O(n)."""
-    for i in range(len(keys)):
-        counts[keys[i] - lo] += 1
+def _chunk_key_range(blocks: NDArray[np.int64], k_first: int, cap: int, row: int,
+                     positions: NDArray[np.int64]) -> tuple[int, int]:  # pragma: no cover
+    """(min, max) of the int64 values of block row `row` at the sorted `positions` of a
+    chunked store (as in `chunk_gather`; (0, -1) for none). O(len(positions))."""
+    n = len(positions)
+    lo = np.int64(0)
+    hi = np.int64(-1)
+    if n:
+        lo = hi = _chunk_at(blocks, positions[0] // cap - k_first)[row].view(
+            np.int64)[positions[0] % cap]
+    i = 0
+    while i < n:
+        c = positions[i] // cap
+        values = _chunk_at(blocks, c - k_first)[row].view(np.int64)
+        base = c * cap
+        while i < n and positions[i] < base + cap:
+            v = values[positions[i] - base]
+            lo = min(lo, v)
+            hi = max(hi, v)
+            i += 1
+    return lo, hi
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _chunk_key_counts(blocks: NDArray[np.int64], k_first: int, cap: int, row: int,
+                      positions: NDArray[np.int64], lo: int,
+                      counts: NDArray[np.int64]) -> None:  # pragma: no cover - compiled
+    """counts[v - lo] += 1 for the int64 value v of block row `row` at each sorted
+    position (each within [lo, lo + len(counts)), as `chunk_key_range` found): the
+    group sizes of a GROUP BY on a small INT range, read in place. O(len(positions))."""
+    n = len(positions)
+    i = 0
+    while i < n:
+        c = positions[i] // cap
+        values = _chunk_at(blocks, c - k_first)[row].view(np.int64)
+        base = c * cap
+        while i < n and positions[i] < base + cap:
+            counts[values[positions[i] - base] - lo] += 1
+            i += 1
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _run_destinations(keys: NDArray[np.int64], by_position: bool, positions: NDArray[np.int64],
+                      j0: int, j1: int, base: int, lo: int, remap: NDArray[np.int64],
+                      cursors: NDArray[np.int64],
+                      dest: NDArray[np.int64]) -> None:  # pragma: no cover - compiled
+    """dest[t - j0] = the next column of tuple t's group, for t in [j0, j1): its key is
+    keys[positions[t] - base] (a chunk's key row) or keys[t]."""
+    for t in range(j0, j1):
+        g = remap[(keys[positions[t] - base] if by_position else keys[t]) - lo]
+        dest[t - j0] = cursors[g]
+        cursors[g] += 1
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _copy_run(block: NDArray[np.uint64], rows_of: NDArray[np.int64],
+              positions: NDArray[np.int64], j0: int, j1: int, base: int,
+              dest: NDArray[np.int64], at: int,
+              dst: NDArray[np.uint64]) -> None:  # pragma: no cover - compiled
+    """The positions [j0, j1) of one chunk and its rows rows_of there into the columns
+    dest[t - j0] of dst (at + t when at >= 0: one run, plain copies)."""
+    out = dst[0]
+    if at >= 0:
+        for t in range(j0, j1):
+            out[at + t] = np.uint64(positions[t])
+    else:
+        for t in range(j0, j1):
+            out[dest[t - j0]] = np.uint64(positions[t])
+    for r in range(len(rows_of)):
+        src = block[rows_of[r]]
+        out = dst[1 + r]
+        if at >= 0:
+            for t in range(j0, j1):
+                out[at + t] = src[positions[t] - base]
+        else:
+            for t in range(j0, j1):
+                out[dest[t - j0]] = src[positions[t] - base]
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
 def _chunk_scatter(blocks: NDArray[np.int64], k_first: int, cap: int,
-                   rows_of: NDArray[np.int64], positions: NDArray[np.int64],
+                   rows_of: NDArray[np.int64], positions: NDArray[np.int64], key_row: int,
                    keys: NDArray[np.int64], lo: int, remap: NDArray[np.int64],
                    cursors: NDArray[np.int64],
                    dst: NDArray[np.uint64]) -> None:  # pragma: no cover - compiled
     """`chunk_gather` and a stable counting sort by group in one pass: the tuple at
     sorted position positions[i] (chunk k's block being blocks[k - k_first]) goes to
-    column j = cursors[g] of `dst`, g = remap[keys[i] - lo] (group 0 for every tuple
-    when `keys` is empty), and cursors[g] moves on by one; dst[0, j] is the position,
-    dst[1 + r, j] the value of block row rows_of[r]. A group keeps its tuples in
-    position order. Per chunk run, the destinations are found first, then each column
-    is copied in a loop of its own. O((1 + len(rows_of)) x len(positions))."""
+    column j = cursors[g] of `dst`, g = remap[key - lo], and cursors[g] moves on by
+    one; the key is the int64 value of block row `key_row` there when key_row >= 0,
+    else keys[i], and every tuple is in group 0 when `keys` is empty too. dst[0, j] is
+    the position, dst[1 + r, j] the value of block row rows_of[r]. A group keeps its
+    tuples in position order. Per chunk run, the destinations are found first, then
+    each column is copied in a loop of its own. O((1 + len(rows_of)) x len(positions))."""
     n = len(positions)
-    one_group = len(keys) == 0
+    one_group = key_row < 0 and len(keys) == 0
     dest = np.empty(cap, np.int64)
     i = 0
     while i < n:
@@ -918,33 +989,18 @@ def _chunk_scatter(blocks: NDArray[np.int64], k_first: int, cap: int,
         block = _chunk_at(blocks, c - k_first)
         base = c * cap
         j0 = i
+        while i < n and positions[i] < base + cap:
+            i += 1
+        at = -1
         if one_group:               # one run of destinations: plain copies
-            while i < n and positions[i] < base + cap:
-                i += 1
             at = cursors[0] - j0
             cursors[0] += i - j0
-            out = dst[0]
-            for t in range(j0, i):
-                out[at + t] = np.uint64(positions[t])
-            for r in range(len(rows_of)):
-                src = block[rows_of[r]]
-                out = dst[1 + r]
-                for t in range(j0, i):
-                    out[at + t] = src[positions[t] - base]
-            continue
-        while i < n and positions[i] < base + cap:
-            g = remap[keys[i] - lo]
-            dest[i - j0] = cursors[g]
-            cursors[g] += 1
-            i += 1
-        out = dst[0]
-        for t in range(j0, i):
-            out[dest[t - j0]] = np.uint64(positions[t])
-        for r in range(len(rows_of)):
-            src = block[rows_of[r]]
-            out = dst[1 + r]
-            for t in range(j0, i):
-                out[dest[t - j0]] = src[positions[t] - base]
+        elif key_row >= 0:
+            _run_destinations(block[key_row].view(np.int64), True, positions, j0, i, base,
+                              lo, remap, cursors, dest)
+        else:
+            _run_destinations(keys, False, positions, j0, i, base, lo, remap, cursors, dest)
+        _copy_run(block, rows_of, positions, j0, i, base, dest, at, dst)
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
@@ -964,6 +1020,10 @@ def float_prefix(values: NDArray[np.float64], s0: float, e0: float,
         out[i, 0] = after
         out[i, 1] = err
         before = after
-chunk_scatter = cast("Callable[[Handle, int, int, NDArray[np.int64], NDArray[np.int64], "
+chunk_key_range = cast("Callable[[Handle, int, int, int, NDArray[np.int64]], "
+                       "tuple[int, int]]", _chunk_key_range)
+chunk_key_counts = cast("Callable[[Handle, int, int, int, NDArray[np.int64], int, "
+                        "NDArray[np.int64]], None]", _chunk_key_counts)
+chunk_scatter = cast("Callable[[Handle, int, int, NDArray[np.int64], NDArray[np.int64], int, "
                      "NDArray[np.int64], int, NDArray[np.int64], NDArray[np.int64], "
                      "NDArray[np.uint64]], None]", _chunk_scatter)

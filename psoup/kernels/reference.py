@@ -21,10 +21,10 @@ from numpy.typing import NDArray
 from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
-           "chunk_gather", "chunk_positions", "chunk_select", "clear_bit", "fingerprint",
-           "chunk_scatter", "float_prefix", "interval_scan", "key_counts", "marked_copy",
-           "probe_into", "set_bits", "slice_row", "ts_fault", "word_positions",
-           "write_column"]
+           "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
+           "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
+           "interval_scan", "marked_copy", "probe_into", "set_bits", "slice_row",
+           "ts_fault", "word_positions", "write_column"]
 
 _U64 = 2**64 - 1
 
@@ -338,22 +338,44 @@ def set_bits(chunks: Handle, k_first: int, cap: int, word: int, mask: np.uint64,
             row[r] |= mask
 
 
-def key_counts(keys: NDArray[np.int64], lo: int, counts: NDArray[np.int64]) -> None:
-    """counts[v - lo] += 1 for each value v of `keys` (each within range). O(n)."""
-    counts += np.bincount(keys - lo, minlength=len(counts)).astype(np.int64)
+def chunk_key_range(blocks: Handle, k_first: int, cap: int, row: int,
+                    positions: NDArray[np.int64]) -> tuple[int, int]:
+    """(min, max) of the int64 values of block row `row` at the sorted positions ((0, -1)
+    for none). O(len(positions))."""
+    if len(positions) == 0:
+        return 0, -1
+    values = np.empty((1, len(positions)), np.uint64)
+    chunk_gather(blocks, k_first, cap, np.array([row], np.int64), positions, values)
+    keys = values[0].view(np.int64)
+    return int(keys.min()), int(keys.max())
+
+
+def chunk_key_counts(blocks: Handle, k_first: int, cap: int, row: int,
+                     positions: NDArray[np.int64], lo: int, counts: NDArray[np.int64]) -> None:
+    """counts[v - lo] += 1 for the int64 value v of block row `row` at each sorted
+    position (each within range). O(len(positions))."""
+    values = np.empty((1, len(positions)), np.uint64)
+    chunk_gather(blocks, k_first, cap, np.array([row], np.int64), positions, values)
+    counts += np.bincount(values[0].view(np.int64) - lo,
+                          minlength=len(counts)).astype(np.int64)
 
 
 def chunk_scatter(blocks: Handle, k_first: int, cap: int, rows_of: NDArray[np.int64],
-                  positions: NDArray[np.int64], keys: NDArray[np.int64], lo: int,
-                  remap: NDArray[np.int64], cursors: NDArray[np.int64],
+                  positions: NDArray[np.int64], key_row: int, keys: NDArray[np.int64],
+                  lo: int, remap: NDArray[np.int64], cursors: NDArray[np.int64],
                   dst: NDArray[np.uint64]) -> None:
     """The tuple at sorted position positions[i] to column cursors[g] of `dst`,
-    g = remap[keys[i] - lo] (group 0 for all when `keys` is empty), in position order
-    within a group: dst[0] the position, dst[1 + r] block row rows_of[r]; cursors move
-    on past their group's tuples. O((1 + len(rows_of)) x n log n)."""
+    g = remap[key - lo], the key block row `key_row` there when key_row >= 0, else
+    keys[i] (group 0 for all when `keys` is empty too), in position order within a
+    group: dst[0] the position, dst[1 + r] block row rows_of[r]; cursors move on past
+    their group's tuples. O((1 + len(rows_of)) x n log n)."""
     n = len(positions)
-    values = np.empty((len(rows_of), n), np.uint64)
-    chunk_gather(blocks, k_first, cap, rows_of, positions, values)
+    values = np.empty((len(rows_of) + 1, n), np.uint64)
+    chunk_gather(blocks, k_first, cap, np.array([*rows_of.tolist(), max(key_row, 0)], np.int64),
+                 positions, values)
+    if key_row >= 0:
+        keys = values[-1].view(np.int64)
+    values = values[:-1]
     codes = np.zeros(n, np.int64) if len(keys) == 0 else remap[keys - lo]
     order = np.argsort(codes, kind="stable")
     counts = np.bincount(codes, minlength=len(cursors)).astype(np.int64)

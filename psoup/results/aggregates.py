@@ -712,40 +712,43 @@ class AggregateIndex:
             self._recent[keys[g]] = None
             self._recent.move_to_end(keys[g])
 
-    def load(self, positions: np.ndarray, keys: list[np.ndarray], dtypes: list[np.dtype],
-             scatter: Callable[[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray], None]
-             ) -> None:
-        """`append` into an empty index of the results at sorted `positions`, whose
-        GROUP BY columns are `keys`; `scatter(keys, lo, remap, cursors, dst)` writes
-        them grouped into the rows of `dst` (`DataSteM.scatter`: the positions, then
-        ts and the `needed` columns, of `dtypes`, all 8 bytes wide). A new query's
-        matches over the retained tuples: grouped and copied in one compiled pass (a
-        counting sort; a small INT key range numbers its groups directly, other keys by
-        a sort) into storage each group then keeps, with half as much room again to
-        grow. O(k + G) for a small INT range or no GROUP BY, O(k log k) otherwise."""
+    def load(self, sizes: np.ndarray, keys: list[tuple[Any, ...]], dtypes: list[np.dtype],
+             scatter: Callable[[np.ndarray, np.ndarray], None]) -> None:
+        """`append` into an empty index of results in groups of `sizes` under `keys` (in
+        ascending key order); `scatter(cursors, dst)` writes them grouped into the rows
+        of `dst` (`DataSteM.scatter`: the positions, then ts and the `stored` columns,
+        of `dtypes`, all 8 bytes wide), group g's from column cursors[g] on. A new
+        query's matches over the retained tuples, grouped and copied in one compiled
+        pass into storage each group then keeps, with half as much room again to grow.
+        O(k + G) for k results in G groups."""
         assert not self._groups, "a bulk load starts an index"
-        k = len(positions)
-        if k == 0:
+        if not len(sizes) or not sizes.sum():
             return
         agg = self.aggregator
-        names: list[Column | str] = ["positions", TS, *agg.needed]
-        keys_of, lo, remap, sizes, found = _bulk_groups(keys, k)
+        names: list[Column | str] = ["positions", TS, *self.stored]
         room = sizes + sizes // 2 + _MIN_CAPACITY
         ends = np.cumsum(room)
         offsets = ends - room
         storage = np.empty((len(names), int(ends[-1])), np.uint64)
-        scatter(keys_of, lo, remap, offsets.copy(), storage)
+        scatter(offsets.copy(), storage)
         typed = [storage[0].view(np.int64),
                  *(storage[r + 1].view(dt) for r, dt in enumerate(dtypes))]
-        lasts = np.empty(len(found), np.int64)
-        for g, (key, a, b, n) in enumerate(zip(found, offsets.tolist(), ends.tolist(),
+        lasts = np.empty(len(keys), np.int64)
+        for g, (key, a, b, n) in enumerate(zip(keys, offsets.tolist(), ends.tolist(),
                                                  sizes.tolist(), strict=True)):
             here = {name: typed[r][a:b] for r, name in enumerate(names)}
-            group = self._groups[key] = _Group(agg, {c: here[c] for c in agg.needed})
+            group = self._groups[key] = _Group(agg, {c: here[c] for c in self.stored})
             group.adopt(here, n)
             lasts[g] = group.last
         for g in np.argsort(lasts).tolist():
-            self._recent[found[g]] = None
+            self._recent[keys[g]] = None
+
+    @property
+    def stored(self) -> list[Column]:
+        """The columns whose values the groups keep per result (the arguments of SUM,
+        AVG, MIN and MAX; a GROUP BY column only when it is one), in `needed` order."""
+        agg = self.aggregator
+        return [c for c in agg.needed if c in agg.sums or c in agg.extremes]
 
     def expire(self, horizon: int) -> None:
         """Drop the results below `horizon`: groups left empty go now, O(log G) each; the
@@ -914,29 +917,34 @@ def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tu
 _DIRECT_SPAN = 1 << 16
 
 
-def _bulk_groups(columns: list[np.ndarray], n: int
-                 ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, list[tuple[Any, ...]]]:
-    """What `kernels.group_scatter` takes to group n rows by the key `columns` (none:
-    one group): (keys, lo, remap: group number = remap[key - lo], each group's size, the
-    groups' keys as tuples in ascending order). O(n) for no key or one INT key of a
-    small range, else `_group_codes`' sort."""
-    if not columns:
-        return (np.empty(0, np.int64), 0, np.zeros(1, np.int64),
-                np.array([n], np.int64), [()])
-    if len(columns) == 1 and columns[0].dtype == np.int64:
-        key = columns[0]
-        lo, hi = int(key.min()), int(key.max())
+def _bulk_groups(stem: DataSteM, names: list[str], positions: np.ndarray
+                 ) -> tuple[np.ndarray, list[tuple[Any, ...]], dict[str, Any]]:
+    """How `DataSteM.scatter` groups the tuples at `positions` by the columns `names`
+    (none: one group): (each group's size, the groups' keys as tuples in ascending
+    order, scatter's grouping arguments). One INT column of a small range is read in
+    place and numbered by key - min, O(n); other keys are gathered and sorted
+    (`_group_codes`), O(n log n)."""
+    n = len(positions)
+    if not names:
+        return (np.array([n], np.int64), [()],
+                {"key": None, "keys": np.empty(0, np.int64), "lo": 0,
+                 "remap": np.zeros(1, np.int64)})
+    if len(names) == 1 and stem.wide_dtypes(names) == [np.dtype(np.int64)]:
+        lo, hi = stem.key_range(names[0], positions)
         if hi - lo < max(_DIRECT_SPAN, n):
             counts = np.zeros(hi - lo + 1, np.int64)
-            kernels.key_counts(key, lo, counts)
+            stem.key_counts(names[0], positions, lo, counts)
             present = np.flatnonzero(counts)
             remap = np.zeros(len(counts), np.int64)
             remap[present] = np.arange(len(present))
-            return (key, lo, remap, counts[present],
-                    [(v,) for v in (present + lo).tolist()])
-    codes, keys = _group_codes(columns, n)
-    return (codes, 0, np.arange(len(keys), dtype=np.int64),
-            np.bincount(codes, minlength=len(keys)).astype(np.int64), keys)
+            return (counts[present], [(v,) for v in (present + lo).tolist()],
+                    {"key": names[0], "keys": np.empty(0, np.int64), "lo": lo,
+                     "remap": remap})
+    columns = stem.take(names, positions)
+    codes, keys = _group_codes([_numeric(columns[name]) for name in names], n)
+    return (np.bincount(codes, minlength=len(keys)).astype(np.int64), keys,
+            {"key": None, "keys": codes, "lo": 0,
+             "remap": np.arange(len(keys), dtype=np.int64)})
 
 
 class AggregateSink(Sink):
@@ -979,12 +987,13 @@ class AggregateSink(Sink):
                 self.index.append(positions, {c: values[c] for c in self.columns},
                                   values[TS])
             return
-        names = [TS, *self.columns]
+        names = [TS, *(column for _, column in self.index.stored)]
         dtypes = self.stem.wide_dtypes(names)
-        if dtypes is not None and not len(self.index):
-            keys = self.stem.take([c for _, c in self.index.aggregator.group_by], positions)
-            self.index.load(positions, list(keys.values()), dtypes,
-                            partial(self.stem.scatter, names, positions))
+        if dtypes is not None and not len(self.index) and len(positions):
+            sizes, keys, grouping = _bulk_groups(
+                self.stem, [c for _, c in self.index.aggregator.group_by], positions)
+            self.index.load(sizes, keys, dtypes,
+                            partial(self.stem.scatter, names, positions, **grouping))
             return
         values = self.stem.take(self.columns + [TS], positions)
         self.index.append(positions, {c: values[c] for c in self.columns}, values[TS])

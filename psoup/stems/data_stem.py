@@ -406,16 +406,33 @@ class DataSteM:
         wide, _, dtypes = self._gather(names)
         return dtypes if len(wide) == len(names) else None
 
-    def scatter(self, names: Sequence[str], positions: np.ndarray, keys: np.ndarray,
-                lo: int, remap: np.ndarray, cursors: np.ndarray, dst: np.ndarray) -> None:
+    def key_range(self, name: str, positions: np.ndarray) -> tuple[int, int]:
+        """(min, max) of INT column `name` at the sorted retained `positions`, read in
+        place. O(n)."""
+        return kernels.chunk_key_range(self._block_list()[0].handle, self._chunk0,
+                                       self.chunk_rows, self._wide[name], positions)
+
+    def key_counts(self, name: str, positions: np.ndarray, lo: int,
+                   counts: np.ndarray) -> None:
+        """counts[v - lo] += 1 for the value v of INT column `name` at each sorted
+        retained position (within [lo, lo + len(counts))), read in place. O(n)."""
+        kernels.chunk_key_counts(self._block_list()[0].handle, self._chunk0, self.chunk_rows,
+                                 self._wide[name], positions, lo, counts)
+
+    def scatter(self, names: Sequence[str], positions: np.ndarray, cursors: np.ndarray,
+                dst: np.ndarray, *, key: str | None, keys: np.ndarray, lo: int,
+                remap: np.ndarray) -> None:
         """The sorted retained `positions` and the 8-byte columns `names` at them into
-        the rows of `dst`, grouped: `kernels.chunk_scatter` over this stem's chunks (see
-        there). O((1 + len(names)) x len(positions))."""
+        the rows of `dst`, grouped (`kernels.chunk_scatter`): the group of a tuple is
+        remap[k - lo], k its value of INT column `key`, else keys[i] (all in group 0
+        when `keys` is empty too), its column the group's next from `cursors`.
+        O((1 + len(names)) x len(positions))."""
         wide, rows_of, _ = self._gather(names)
         assert len(wide) == len(names), "only 8-byte columns are scattered"
         kernels.chunk_scatter(self._block_list()[0].handle, self._chunk0, self.chunk_rows,
-                              rows_of, np.ascontiguousarray(positions, np.int64), keys, lo,
-                              remap, cursors, dst)
+                              rows_of, np.ascontiguousarray(positions, np.int64),
+                              -1 if key is None else self._wide[key], keys, lo, remap,
+                              cursors, dst)
 
     def take_marked(self, names: Sequence[str], bitmap: tuple[int, Any, int], p0: int,
                     p1: int, word: int, mask: np.uint64, later: Sequence[str] = ()
