@@ -18,6 +18,7 @@ import pytest
 import psoup
 from psoup import core
 from psoup.options import ModeName
+from psoup.stems import halves
 
 N = 1_000_000
 MODES: tuple[ModeName, ...] = ("partial", "complete", "nomat")
@@ -203,4 +204,22 @@ def test_a_stream_made_anew_during_the_scan_is_registered_afresh(
     monkeypatch.setattr(core.Ahead, "run", run_then_recreate)
     handle = eng.register(SELECTIONS[0])
     assert sorted(eng.invoke(handle, now=3.0).rows) == [(3, 1.0), (3, 2.0)]
+    eng._check()
+
+
+def test_a_registration_split_between_threads_answers_as_duckdb(
+        duck: Any, data: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan split in three parts on the pool's threads (psoup.stems.halves): the
+    same answers as DuckDB's."""
+    monkeypatch.setattr(halves, "PARALLEL_ROWS", 4096)
+    monkeypatch.setattr(halves, "THREADS", 3)
+    eng = psoup.Engine(mode="complete")
+    eng.execute("CREATE STREAM traffic (lane INT, zone INT, speed FLOAT)")
+    _fill(eng, data)
+    for sql in AGGREGATES:
+        _same_rows(eng.invoke(eng.register(sql), now=float(N)).rows,
+                   duck.execute(sql).fetchall())
+    for sql in SELECTIONS:
+        _same_rows(eng.invoke(eng.register(sql), now=float(N)).rows,
+                   duck.execute(sql).fetchall())
     eng._check()

@@ -69,6 +69,7 @@ from psoup.bits import slot_rows
 from psoup.query.model import AGGREGATES, TS, AggregateFunction, Query
 from psoup.results.base import Sink
 from psoup.results.result import Result
+from psoup.stems import halves
 from psoup.stems.data_stem import DataSteM
 
 #: The ranked tree's fan-out: a range reads fewer than 2B entries per level and an append
@@ -733,14 +734,21 @@ class AggregateIndex:
         scatter(offsets.copy(), storage)
         typed = [storage[0].view(np.int64),
                  *(storage[r + 1].view(dt) for r, dt in enumerate(dtypes))]
-        lasts = np.empty(len(keys), np.int64)
-        for g, (key, a, b, n) in enumerate(zip(keys, offsets.tolist(), ends.tolist(),
-                                                 sizes.tolist(), strict=True)):
+        bounds = list(zip(offsets.tolist(), ends.tolist(), sizes.tolist(), strict=True))
+
+        def build(at: tuple[int, int, int]) -> _Group:
+            a, b, n = at
             here = {name: typed[r][a:b] for r, name in enumerate(names)}
-            group = self._groups[key] = _Group(agg, {c: here[c] for c in self.stored})
-            group.adopt(here, n)
-            lasts[g] = group.last
-        for g in np.argsort(lasts).tolist():
+            group = _Group(agg, {c: here[c] for c in self.stored})
+            group.adopt(here, n)        # the prefix sums: a compiled pass per group
+            return group
+        threads = halves.THREADS if int(sizes.sum()) >= halves.PARALLEL_ROWS else 1
+        batches = [bounds[i::threads] for i in range(threads)]      # groups dealt round
+        built = halves.each(lambda batch: [build(at) for at in batch], batches)
+        groups = [built[g % threads][g // threads] for g in range(len(bounds))]
+        for key, group in zip(keys, groups, strict=True):
+            self._groups[key] = group
+        for g in np.argsort([group.last for group in groups]).tolist():
             self._recent[keys[g]] = None
 
     @property
@@ -917,34 +925,57 @@ def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tu
 _DIRECT_SPAN = 1 << 16
 
 
-def _bulk_groups(stem: DataSteM, names: list[str], positions: np.ndarray
-                 ) -> tuple[np.ndarray, list[tuple[Any, ...]], dict[str, Any]]:
+def _bulk_groups(stem: DataSteM, names: list[str], positions: np.ndarray,
+                 parts: list[tuple[int, int]]
+                 ) -> tuple[list[np.ndarray], list[tuple[Any, ...]], dict[str, Any]]:
     """How `DataSteM.scatter` groups the tuples at `positions` by the columns `names`
-    (none: one group): (each group's size, the groups' keys as tuples in ascending
-    order, scatter's grouping arguments). One INT column of a small range is read in
-    place and numbered by key - min, O(n); other keys are gathered and sorted
-    (`_group_codes`), O(n log n)."""
+    (none: one group), each of `parts` (bounds in `positions`) on a thread of its own:
+    (per part, each group's size in it; the groups' keys as tuples in ascending order;
+    scatter's grouping arguments, `keys` aligned with `positions`). One INT column of a
+    small range is read in place and numbered by key - min, O(n); other keys are
+    gathered and sorted (`_group_codes`), O(n log n)."""
     n = len(positions)
     if not names:
-        return (np.array([n], np.int64), [()],
+        return ([np.array([b - a], np.int64) for a, b in parts], [()],
                 {"key": None, "keys": np.empty(0, np.int64), "lo": 0,
                  "remap": np.zeros(1, np.int64)})
     if len(names) == 1 and stem.wide_dtypes(names) == [np.dtype(np.int64)]:
-        lo, hi = stem.key_range(names[0], positions)
+        name = names[0]
+        ranges = [r for r in halves.each(
+            lambda ab: stem.key_range(name, positions[ab[0]:ab[1]]), parts) if r[0] <= r[1]]
+        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
         if hi - lo < max(_DIRECT_SPAN, n):
-            counts = np.zeros(hi - lo + 1, np.int64)
-            stem.key_counts(names[0], positions, lo, counts)
-            present = np.flatnonzero(counts)
-            remap = np.zeros(len(counts), np.int64)
+            def count(ab: tuple[int, int]) -> np.ndarray:
+                counts = np.zeros(hi - lo + 1, np.int64)
+                stem.key_counts(name, positions[ab[0]:ab[1]], lo, counts)
+                return counts
+            counted = halves.each(count, parts)
+            present = np.flatnonzero(sum(counted))
+            remap = np.zeros(hi - lo + 1, np.int64)
             remap[present] = np.arange(len(present))
-            return (counts[present], [(v,) for v in (present + lo).tolist()],
-                    {"key": names[0], "keys": np.empty(0, np.int64), "lo": lo,
-                     "remap": remap})
+            return ([c[present] for c in counted], [(v,) for v in (present + lo).tolist()],
+                    {"key": name, "keys": np.empty(0, np.int64), "lo": lo, "remap": remap})
     columns = stem.take(names, positions)
     codes, keys = _group_codes([_numeric(columns[name]) for name in names], n)
-    return (np.bincount(codes, minlength=len(keys)).astype(np.int64), keys,
-            {"key": None, "keys": codes, "lo": 0,
-             "remap": np.arange(len(keys), dtype=np.int64)})
+    return ([np.bincount(codes[a:b], minlength=len(keys)).astype(np.int64) for a, b in parts],
+            keys, {"key": None, "keys": codes, "lo": 0,
+                   "remap": np.arange(len(keys), dtype=np.int64)})
+
+
+def _scatter_parts(stem: DataSteM, names: list[str], positions: np.ndarray,
+                   parts: list[tuple[int, int]], sizes: list[np.ndarray],
+                   grouping: dict[str, Any], cursors: np.ndarray, dst: np.ndarray) -> None:
+    """`DataSteM.scatter` of each part of `positions` on a thread of its own, a part's
+    groups starting where the earlier parts' end."""
+    starts = [cursors + sum(sizes[:i], np.zeros_like(cursors)) for i in range(len(parts))]
+    keys = grouping["keys"]
+
+    def one(i: int) -> None:
+        a, b = parts[i]
+        stem.scatter(names, positions[a:b], starts[i], dst, key=grouping["key"],
+                     keys=keys[a:b] if len(keys) else keys, lo=grouping["lo"],
+                     remap=grouping["remap"])
+    halves.each(one, range(len(parts)))
 
 
 class AggregateSink(Sink):
@@ -954,7 +985,8 @@ class AggregateSink(Sink):
 
     Example:
         >>> from psoup.query.model import SelectItem, Source, StreamSchema, Window
-        >>> from psoup.stems.data_stem import DataSteM
+        >>> from psoup.stems import halves
+from psoup.stems.data_stem import DataSteM
         >>> q = Query("", (Source("R", "R", Window()),), (SelectItem(0, "a", "sum(a)", "sum"),))
         >>> sink = AggregateSink(q, 0, DataSteM(StreamSchema("R", (("a", "int"),))))
         >>> batch = {"a": np.array([4, 5]), "ts": np.array([1.0, 2.0])}
@@ -990,10 +1022,12 @@ class AggregateSink(Sink):
         names = [TS, *(column for _, column in self.index.stored)]
         dtypes = self.stem.wide_dtypes(names)
         if dtypes is not None and not len(self.index) and len(positions):
+            parts = halves.split(positions)
             sizes, keys, grouping = _bulk_groups(
-                self.stem, [c for _, c in self.index.aggregator.group_by], positions)
-            self.index.load(sizes, keys, dtypes,
-                            partial(self.stem.scatter, names, positions, **grouping))
+                self.stem, [c for _, c in self.index.aggregator.group_by], positions, parts)
+            self.index.load(np.sum(sizes, axis=0), keys, dtypes,
+                            partial(_scatter_parts, self.stem, names, positions, parts,
+                                    sizes, grouping))
             return
         values = self.stem.take(self.columns + [TS], positions)
         self.index.append(positions, {c: values[c] for c in self.columns}, values[TS])
