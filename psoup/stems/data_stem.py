@@ -41,6 +41,7 @@ from psoup.query.model import (
     Source,
     StreamSchema,
 )
+from psoup.stems import halves
 from psoup.stems.batch import DTYPES, Batch
 from psoup.stems.predicates import attr_mask, source_mask
 from psoup.stems.span import Span
@@ -572,12 +573,27 @@ class DataSteM:
                 cols = {name: chunk.cols[name][r0:r1] for name in names}
                 parts.append(np.flatnonzero(source_mask(source, cols, r1 - r0)) + (base + r0))
             return np.concatenate(parts) if parts else np.empty(0, np.int64)
-        out = np.empty(p1 - p0, np.int64)
-        found = kernels.interval_scan(self._block_list()[0].handle, self._chunk0,
-                                      self.chunk_rows, p0, p1, *intervals, out)
+        out = self._interval_scan(p0, p1, intervals)
         if not rest and not source.column_factors:
-            return out[:found]
-        return self._filter(replace(source, predicates=rest), out[:found])
+            return out
+        return self._filter(replace(source, predicates=rest), out)
+
+    def _interval_scan(self, p0: int, p1: int,
+                       intervals: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """`kernels.interval_scan` over [p0, p1), a long range in parts on the cores
+        (psoup.stems.halves), each part's matches written at its own offset and then
+        moved up behind the parts before it. O(p1 - p0)."""
+        out = np.empty(p1 - p0, np.int64)
+        table = self._block_list()[0].handle
+        parts = halves.ranges(p0, p1, self.chunk_rows)
+        found = halves.each(lambda ab: kernels.interval_scan(
+            table, self._chunk0, self.chunk_rows, ab[0], ab[1], *intervals,
+            out[ab[0] - p0:]), parts)
+        k = found[0]
+        for (a, _), count in zip(parts[1:], found[1:], strict=True):
+            out[k:k + count] = out[a - p0:a - p0 + count]
+            k += count
+        return out[:k]
 
     def _intervals(self, source: Source) -> tuple[tuple[np.ndarray, np.ndarray] | None,
                                                   tuple[AttrPredicate, ...]]:

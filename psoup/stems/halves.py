@@ -40,6 +40,17 @@ def split(positions: np.ndarray, threads: int | None = None) -> list[tuple[int, 
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
+def ranges(p0: int, p1: int, align: int, threads: int | None = None) -> list[tuple[int, int]]:
+    """[a, b) parts of about equal size covering [p0, p1), cut at multiples of `align`
+    (one part below PARALLEL_ROWS or with one thread), in order."""
+    k = THREADS if threads is None else threads
+    if p1 - p0 < PARALLEL_ROWS or k < 2:
+        return [(p0, p1)]
+    cuts = sorted({p0, p1, *(min(p1, max(p0, (p0 + (p1 - p0) * i // k) // align * align))
+                             for i in range(1, k))})
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
+
+
 def each(fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
     """[fn(item) for item in items], the items on the pool's threads when there are
     several (the first exception raised is raised here, after all have finished)."""
