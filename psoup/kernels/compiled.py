@@ -902,11 +902,18 @@ def _chunk_key_range(blocks: NDArray[np.int64], k_first: int, cap: int, row: int
         c = positions[i] // cap
         values = _chunk_at(blocks, c - k_first)[row].view(np.int64)
         base = c * cap
+        j0 = i
         while i < n and positions[i] < base + cap:
-            v = values[positions[i] - base]
+            i += 1
+        r0 = positions[j0] - base
+        if positions[i - 1] - base - r0 == i - 1 - j0:      # a contiguous run
+            lo = min(lo, values[r0:r0 + i - j0].min())
+            hi = max(hi, values[r0:r0 + i - j0].max())
+            continue
+        for t in range(j0, i):
+            v = values[positions[t] - base]
             lo = min(lo, v)
             hi = max(hi, v)
-            i += 1
     return lo, hi
 
 
@@ -923,9 +930,16 @@ def _chunk_key_counts(blocks: NDArray[np.int64], k_first: int, cap: int, row: in
         c = positions[i] // cap
         values = _chunk_at(blocks, c - k_first)[row].view(np.int64)
         base = c * cap
+        j0 = i
         while i < n and positions[i] < base + cap:
-            counts[values[positions[i] - base] - lo] += 1
             i += 1
+        r0 = positions[j0] - base
+        if positions[i - 1] - base - r0 == i - 1 - j0:      # a contiguous run
+            for r in range(r0, r0 + i - j0):
+                counts[values[r] - lo] += 1
+            continue
+        for t in range(j0, i):
+            counts[values[positions[t] - base] - lo] += 1
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
