@@ -92,7 +92,7 @@ class Core:
         stem = self.stems[query.sources[0].stream]
         if stem.retained < OFF_LOCK_ROWS:
             return None
-        return Ahead(query, stem, stem.snapshot())
+        return Ahead(query, stem, stem.copy_for_scan())
 
     def register(self, query: Query, handle: str, ahead: Ahead | None = None) -> None:
         """File `query` under `handle` and join it with the retained data; with `ahead`
@@ -255,8 +255,8 @@ OFF_LOCK_ROWS = 1 << 16
 class Ahead:
     """The long part of registering a single-stream query over a large store, done off
     the engine's lock (`run`): the query's matches among the positions [horizon, n0)
-    a snapshot of its stream held when it was taken (`DataSteM.snapshot`, under the
-    lock), and for an aggregated query its AggregateIndex over them. Core.register then
+    that a copy of its stream made under the lock holds (`DataSteM.copy_for_scan`), and
+    for an aggregated query its AggregateIndex over them. Core.register then
     applies it under the lock, probing only the positions from n0 on.
 
     Attributes:

@@ -137,7 +137,7 @@ class DataSteM:
         #: while they are still readable (`rows(old, new, expired=True)`): the archive
         #: tier of queries with history takes their matches from them.
         self.on_horizon: Callable[[int, int], None] | None = None
-        #: a snapshot's references to its chunks' columns (`snapshot`); empty otherwise
+        #: a copy for a scan: its references to its chunks' columns (`copy_for_scan`)
         self._held: list[dict[str, np.ndarray]] = []
 
     # ----------------------------------------------------------------- insert, expire
@@ -206,7 +206,7 @@ class DataSteM:
             del self._tid_heads[:drop]
             self._chunk0 += drop
 
-    def snapshot(self) -> DataSteM:
+    def copy_for_scan(self) -> DataSteM:
         """A copy of this stem as it is now, to read off the engine's lock while the
         original goes on taking batches: its own lists of the chunks that hold positions
         [horizon, n) now, sharing their memory (below n it is never written again), and
