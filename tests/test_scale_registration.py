@@ -223,3 +223,28 @@ def test_a_registration_split_between_threads_answers_as_duckdb(
         _same_rows(eng.invoke(eng.register(sql), now=float(N)).rows,
                    duck.execute(sql).fetchall())
     eng._check()
+
+
+def test_a_copy_for_a_scan_keeps_its_chunks_from_reuse_by_retention() -> None:
+    """Batches that expire every chunk the copy holds (and would recycle their memory
+    for the next chunks) leave the copy's tuples as they were."""
+    from psoup.query.model import Source, StreamSchema, Window
+    from psoup.stems.batch import make_batch
+    from psoup.stems.data_stem import DataSteM
+
+    schema = StreamSchema("R", (("a", "int"),), retain_rows=64)
+    stem = DataSteM(schema, chunk_rows=16)
+
+    def add(first: int, n: int) -> None:
+        rows = [(first + i,) for i in range(n)]
+        stem.append(make_batch(schema, rows, [float(first + i) for i in range(n)], 0,
+                               stem.last_ts), np.arange(first, first + n))
+    add(0, 64)
+    copy = stem.copy_for_scan()
+    for first in range(64, 320, 16):          # every chunk the copy holds expires, and
+        add(first, 16)                        # dropped chunks are reused by the next
+    assert stem.horizon > copy.n
+    every = copy.probe(Source("R", "R", Window()))
+    assert every.tolist() == list(range(copy.horizon, copy.n))
+    assert copy.take(["a"], every)["a"].tolist() == list(range(copy.horizon, copy.n))
+    stem._check()
