@@ -125,11 +125,13 @@ class _Buffer:
             self._reallocate(2 * len(self))
         return moved
 
-    def adopt(self, data: np.ndarray, n: int) -> None:
-        """Take `data` as the storage (not copied), its first n entries live: an empty
-        buffer given what a bulk load wrote, room to grow included."""
-        assert self.start == self.stop == 0, "only an empty buffer adopts storage"
-        self.data, self.stop = data, n
+    @classmethod
+    def of(cls, data: np.ndarray, n: int) -> _Buffer:
+        """A buffer on `data` (not copied), its first n entries live: what a bulk load
+        wrote, room to grow included."""
+        buffer = cls.__new__(cls)
+        buffer.data, buffer.start, buffer.stop = data, 0, n
+        return buffer
 
     def _reallocate(self, capacity: int) -> None:
         data = np.empty((max(capacity, _MIN_CAPACITY), *self.data.shape[1:]), self.data.dtype)
@@ -176,18 +178,19 @@ class PrefixSums:
         else:
             self._prefix.append(_extend_prefix(self._prefix.live[-1], values))
 
-    def adopt(self, storage: np.ndarray, n: int) -> None:
-        """Start from the first n of `storage` (values, with room to grow after them; a
+    @classmethod
+    def of(cls, storage: np.ndarray, n: int) -> PrefixSums:
+        """The sums of the first n of `storage` (values, with room to grow after them; a
         FLOAT column keeps it as its values, not copied). O(n): the prefix is summed
         once, as `append` would sum it."""
-        assert len(self) == 0, "only empty sums adopt values"
-        prefix = np.empty((len(storage) + 1, 2), self._prefix.data.dtype)
+        sums = cls.__new__(cls)
+        exact = storage.dtype.kind in "iu"
+        prefix = np.empty((len(storage) + 1, 2), np.int64 if exact else np.float64)
         prefix[0] = 0
         _extend_prefix(prefix[0], storage[:n], prefix[1:n + 1])
-        if self._values is not None:
-            self._values.adopt(storage, n)
-        self._prefix = _Buffer(prefix.dtype, (2,))
-        self._prefix.adopt(prefix, n + 1)
+        sums._values = None if exact else _Buffer.of(storage, n)
+        sums._prefix = _Buffer.of(prefix, n + 1)
+        return sums
 
     def drop(self, k: int) -> None:
         """Forget the k oldest values. Amortized O(k)."""
@@ -614,20 +617,28 @@ class _Group:
         for (c, _), suffix in self.suffixes.items():
             suffix.append(values[c])
 
-    def adopt(self, storage: Mapping[Column | str, np.ndarray], n: int) -> None:
-        """Start from the first n entries of each of `storage`'s arrays (positions and
-        ts under those names, then the needed columns; room to grow after them), kept,
+    @classmethod
+    def of(cls, aggregator: Aggregator, storage: Mapping[Column | str, np.ndarray],
+           n: int) -> _Group:
+        """A group of the first n entries of each of `storage`'s arrays (positions and
+        ts under those names, then the columns it keeps; room to grow after them), kept,
         not copied: a bulk load's group (`AggregateIndex.load`)."""
+        group = cls.__new__(cls)
         positions = storage["positions"]
-        self.last = int(positions[n - 1])
-        self.positions.adopt(positions, n)
-        self.ts.adopt(storage[TS], n)
-        for c, sums in self.sums.items():
-            sums.adopt(storage[c], n)
-        for c, tree in self.trees.items():
+        group.last = int(positions[n - 1])
+        group.horizon = 0
+        group.positions = _Buffer.of(positions, n)
+        group.ts = _Buffer.of(storage[TS], n)
+        group.sums = {c: PrefixSums.of(storage[c], n) for c in aggregator.sums}
+        group.trees = {c: RankedTree(storage[c].dtype, ops)
+                       for c, ops in aggregator.extremes.items()}
+        group.suffixes = {(c, op): SuffixExtremes(storage[c].dtype, op)
+                          for c, ops in aggregator.extremes.items() for op in ops}
+        for c, tree in group.trees.items():
             tree.append(storage[c][:n])
-        for (c, _), suffix in self.suffixes.items():
+        for (c, _), suffix in group.suffixes.items():
             suffix.append(storage[c][:n])
+        return group
 
     def extreme(self, column: Column, op: str, i: int, j: int) -> int | float:
         """MIN or MAX of results [i, j): from the suffix run when j is the newest."""
@@ -737,17 +748,13 @@ class AggregateIndex:
         bounds = list(zip(offsets.tolist(), ends.tolist(), sizes.tolist(), strict=True))
 
         def build(at: tuple[int, int, int]) -> _Group:
-            a, b, n = at
-            here = {name: typed[r][a:b] for r, name in enumerate(names)}
-            group = _Group(agg, {c: here[c] for c in self.stored})
-            group.adopt(here, n)        # the prefix sums: a compiled pass per group
-            return group
+            a, b, n = at            # the prefix sums: a compiled pass per group
+            return _Group.of(agg, {name: typed[r][a:b] for r, name in enumerate(names)}, n)
         threads = halves.THREADS if int(sizes.sum()) >= halves.PARALLEL_ROWS else 1
         batches = [bounds[i::threads] for i in range(threads)]      # groups dealt round
         built = halves.each(lambda batch: [build(at) for at in batch], batches)
         groups = [built[g % threads][g // threads] for g in range(len(bounds))]
-        for key, group in zip(keys, groups, strict=True):
-            self._groups[key] = group
+        self._groups.update(zip(keys, groups, strict=True))     # one sort, not G inserts
         for g in np.argsort([group.last for group in groups]).tolist():
             self._recent[keys[g]] = None
 
