@@ -248,7 +248,7 @@ class Core:
 
 #: Retained tuples from which a registration scans them off the engine's lock (`Ahead`);
 #: below it the one hold is short enough (measured, 64K tuples: a selection registered
-#: in 0.14 ms, a GROUP BY in 0.9 ms; the snapshot and the second hold add 0.03-0.1 ms).
+#: in 0.14 ms, a GROUP BY in 0.9 ms; the copy and the second hold add 0.03-0.1 ms).
 OFF_LOCK_ROWS = 1 << 16
 
 
@@ -260,28 +260,28 @@ class Ahead:
     applies it under the lock, probing only the positions from n0 on.
 
     Attributes:
-        stem: the stream's Data SteM when the snapshot was taken (the caller checks it
-            is still the stream's before applying).
+        stem: the stream's Data SteM when it was copied (the caller checks it is
+            still the stream's before applying).
         n0: the positions below it were read.
         positions: the matches below n0 (None until `run`).
         index: the aggregated query's index over them (None otherwise).
     """
 
-    def __init__(self, query: Query, stem: DataSteM, snapshot: DataSteM):
-        self.query, self.stem, self.n0 = query, stem, snapshot.n
-        self._snapshot: DataSteM | None = snapshot
+    def __init__(self, query: Query, stem: DataSteM, copy: DataSteM):
+        self.query, self.stem, self.n0 = query, stem, copy.n
+        self._copy: DataSteM | None = copy
         self.positions: np.ndarray | None = None
         self.index: AggregateIndex | None = None
 
     def run(self) -> None:
-        """Probe the snapshot and build the index: O(retained), touching nothing shared
-        but the snapshot's chunks; lets the snapshot go after."""
-        snapshot = self._snapshot
-        assert snapshot is not None, "an Ahead runs once"
-        self.positions = snapshot.probe(self.query.sources[0])
+        """Probe the copy and build the index: O(retained), touching nothing shared but
+        the copy's chunks; lets the copy go after."""
+        copy = self._copy
+        assert copy is not None, "an Ahead runs once"
+        self.positions = copy.probe(self.query.sources[0])
         if self.query.aggregated:
-            self.index = index_over(self.query, snapshot, self.positions)
-        self._snapshot = None
+            self.index = index_over(self.query, copy, self.positions)
+        self._copy = None
 
 
 def _below(sampled: Sampled | None) -> int | None:

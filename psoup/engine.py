@@ -485,8 +485,7 @@ class Engine:
 
     def _ahead(self, query: Query) -> Ahead | None:
         """Under the lock: the part of registering `query` to run off it (None: all of
-        it in this hold), after the checks that refuse it (so that a refusal costs no
-        scan)."""
+        it in this hold), the limits checked now, so that a refusal costs no scan."""
         ahead = self._core.ahead(query)
         if ahead is not None:
             self.limits.admit(self._core, query)
@@ -494,10 +493,10 @@ class Engine:
 
     def _register_ahead(self, sql: str, query: Query, ahead: Ahead) -> str:
         """Register `query` (compiled from `sql`) holding the lock only at both ends:
-        `ahead` scans the snapshot of its stream off the lock, then under it the
+        `ahead` scans the copy of its stream off the lock, then under it the
         registration is checked again, logged and applied with the rows that arrived
         meanwhile (Core.register). A stream dropped or made anew meanwhile is no longer
-        the snapshot's: then the statement is compiled and registered afresh in this
+        the one copied: then the statement is compiled and registered afresh in this
         hold, as if it had come now (refused if the stream is gone)."""
         ahead.run()
         with self._lock:

@@ -65,7 +65,8 @@ class DataEntry:
 class QueryEntry:
     """A new query: (slot, query) pairs to file, one per FROM item for a join.
     `found`: per stream, (n0, the sorted matches below position n0) found ahead, off
-    the engine's lock, over a snapshot; the probe then covers positions from n0 on."""
+    the engine's lock, over a copy of the stream; the probe then covers positions from
+    n0 on."""
 
     plan: Plan
     interest: InterestList
@@ -203,7 +204,7 @@ class Eddy:
     def _probe(self, stream: str, query: Query, ahead: tuple[int, np.ndarray] | None
                ) -> np.ndarray:
         """The matches of `query` among `stream`'s retained tuples: `ahead`'s (the
-        matches below n0, found over a snapshot) still retained, and the probe's of the
+        matches below n0, found over a copy of the stream) still retained, and the probe's of the
         positions from n0 on, which arrived since (a registration off the lock)."""
         stem = self.data_stems[stream]
         if ahead is None:
