@@ -992,8 +992,7 @@ class AggregateSink(Sink):
 
     Example:
         >>> from psoup.query.model import SelectItem, Source, StreamSchema, Window
-        >>> from psoup.stems import halves
-from psoup.stems.data_stem import DataSteM
+        >>> from psoup.stems.data_stem import DataSteM
         >>> q = Query("", (Source("R", "R", Window()),), (SelectItem(0, "a", "sum(a)", "sum"),))
         >>> sink = AggregateSink(q, 0, DataSteM(StreamSchema("R", (("a", "int"),))))
         >>> batch = {"a": np.array([4, 5]), "ts": np.array([1.0, 2.0])}
@@ -1058,7 +1057,7 @@ from psoup.stems.data_stem import DataSteM
 
 def index_over(query: Query, stem: DataSteM, positions: np.ndarray) -> AggregateIndex:
     """The AggregateIndex of aggregated `query` over its matches at `positions` of
-    `stem` (a snapshot of the stream, read off the engine's lock), built as
+    `stem` (a copy of the stream, read off the engine's lock), built as
     `AggregateSink.on_register` builds it. O(matches), a sort for other than one
     small-range INT key."""
     sink = AggregateSink(query, -1, stem)
