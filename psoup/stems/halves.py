@@ -32,7 +32,12 @@ _pool_lock = threading.Lock()
 
 def split(positions: np.ndarray, threads: int | None = None) -> list[tuple[int, int]]:
     """[a, b) bounds of about equal parts of `positions` (one part below
-    PARALLEL_ROWS or with one thread), in order."""
+    PARALLEL_ROWS or with one thread), in order.
+
+    Example:
+        >>> split(np.arange(10)), split(np.arange(3 << 20), threads=2)
+        ([(0, 10)], [(0, 1572864), (1572864, 3145728)])
+    """
     n, k = len(positions), THREADS if threads is None else threads
     if n < PARALLEL_ROWS or k < 2:
         return [(0, n)]
@@ -42,7 +47,12 @@ def split(positions: np.ndarray, threads: int | None = None) -> list[tuple[int, 
 
 def ranges(p0: int, p1: int, align: int, threads: int | None = None) -> list[tuple[int, int]]:
     """[a, b) parts of about equal size covering [p0, p1), cut at multiples of `align`
-    (one part below PARALLEL_ROWS or with one thread), in order."""
+    (one part below PARALLEL_ROWS or with one thread), in order.
+
+    Example:
+        >>> ranges(5, 3_000_005, 8192, threads=2)
+        [(5, 1499136), (1499136, 3000005)]
+    """
     k = THREADS if threads is None else threads
     if p1 - p0 < PARALLEL_ROWS or k < 2:
         return [(p0, p1)]
