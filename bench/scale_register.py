@@ -51,8 +51,8 @@ def _settings(level: common.Level) -> dict[str, Any]:
     if level == "smoke":
         return {"sizes": [20_000], "repeat": 1}
     if level == "quick":
-        return {"sizes": [1_000_000], "repeat": 5}
-    return {"sizes": [1_000_000, 4_000_000, 16_000_000], "repeat": 7}
+        return {"sizes": [1_000_000], "repeat": 9}
+    return {"sizes": [1_000_000, 4_000_000, 16_000_000], "repeat": 9}
 
 
 def _columns(n: int) -> dict[str, np.ndarray]:
