@@ -29,7 +29,7 @@ from psoup.eddy.routing import POLICIES
 from psoup.errors import QueryError, UnknownHandle
 from psoup.plans import JoinPlan, Plan, SelectionPlan
 from psoup.query.model import Query, StreamSchema
-from psoup.results.aggregates import AggregateIndex, index_over
+from psoup.results.aggregates import AggregateIndex, index_over, scanned_index
 from psoup.results.answers import Answers
 from psoup.results.base import SinkTable
 from psoup.results.materialized import Materialized
@@ -278,10 +278,15 @@ class Ahead:
         the copy's chunks; lets the copy go after."""
         copy = self._copy
         assert copy is not None, "an Ahead runs once"
+        self._copy = None
+        if self.query.aggregated:
+            scanned = scanned_index(self.query, copy)
+            if scanned is not None:
+                self.positions, self.index = scanned
+                return
         self.positions = copy.probe(self.query.sources[0])
         if self.query.aggregated:
             self.index = index_over(self.query, copy, self.positions)
-        self._copy = None
 
 
 def _below(sampled: Sampled | None) -> int | None:

@@ -623,7 +623,8 @@ def test_chunk_gather_compiled_and_twin_take_the_same_values(
 def test_interval_scan_compiled_and_twin_find_the_same_positions(
         data: st.DataObject, seed: int, cap: int, chunks: int, intervals: int) -> None:
     """Int64 and float64 closed intervals (NaN in none, infinite bounds), one to four
-    of them, over windows cut anywhere in the chunks."""
+    of them, over windows cut anywhere in the chunks; `interval_gather` finds the same
+    positions and takes the rows' values at them."""
     gen = np.random.default_rng(seed)
     rows = 3
     blocks = _blocks(gen, rows, cap, chunks)
@@ -647,6 +648,15 @@ def test_interval_scan_compiled_and_twin_find_the_same_positions(
     want = reference.interval_scan(twin_h, first, cap, p0, p1, ints, floats, outs[1])
     assert got == want and type(got) is type(want) is int
     assert np.array_equal(outs[0][:got], outs[1][:want])
+    rows_of = gen.integers(0, rows, data.draw(st.integers(0, 3))).astype(np.int64)
+    gathered = [np.zeros((1 + len(rows_of), p1 - p0 + 1), np.uint64) for _ in range(2)]
+    got = compiled.interval_gather(mine_h, first, cap, p0, p1, ints, floats, rows_of,
+                                   gathered[0])
+    want = reference.interval_gather(twin_h, first, cap, p0, p1, ints, floats, rows_of,
+                                     gathered[1])
+    assert got == want == len(outs[1][:want])
+    assert np.array_equal(gathered[0][:, :got], gathered[1][:, :want])
+    assert np.array_equal(gathered[0][0, :got].view(np.int64), outs[1][:want])
 
 
 def _select_case(data: st.DataObject, gen: np.random.Generator, cap: int, chunks: int,

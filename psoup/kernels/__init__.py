@@ -41,6 +41,7 @@ if BACKEND == "numba":
         clear_bit,
         fingerprint,
         float_prefix,
+        interval_gather,
         interval_scan,
         marked_copy,
         probe_into,
@@ -67,6 +68,7 @@ else:
         clear_bit,
         fingerprint,
         float_prefix,
+        interval_gather,
         interval_scan,
         marked_copy,
         probe_into,
@@ -80,5 +82,6 @@ else:
 __all__ = ["BACKEND", "BACKENDS", "BACKEND_VARIABLE", "SLICED", "TILE_WORDS", "WORD_MAJOR",
            "AddressTable", "Handle", "address_table", "chunk_gather", "chunk_key_counts",
            "chunk_key_range", "chunk_positions", "chunk_scatter", "chunk_select", "clear_bit",
-           "fingerprint", "float_prefix", "interval_scan", "marked_copy", "probe_into",
-           "set_bits", "slice_row", "ts_fault", "word_positions", "write_column"]
+           "fingerprint", "float_prefix", "interval_gather", "interval_scan", "marked_copy",
+           "probe_into", "set_bits", "slice_row", "ts_fault", "word_positions",
+           "write_column"]

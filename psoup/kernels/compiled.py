@@ -70,8 +70,8 @@ from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, H
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
            "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
            "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
-           "interval_scan", "marked_copy", "probe_into", "set_bits", "slice_row",
-           "ts_fault", "word_positions", "write_column"]
+           "interval_gather", "interval_scan", "marked_copy", "probe_into", "set_bits",
+           "slice_row", "ts_fault", "word_positions", "write_column"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -1021,6 +1021,52 @@ def _chunk_scatter(blocks: NDArray[np.int64], k_first: int, cap: int,
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
+def _interval_gather(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p1: int,
+                     ints: NDArray[np.int64], floats: NDArray[np.float64],
+                     rows_of: NDArray[np.int64],
+                     out: NDArray[np.uint64]) -> int:  # pragma: no cover - compiled
+    """`interval_scan` and `chunk_gather` in one pass: for each position p0 <= p < p1
+    whose values lie in the intervals (as `interval_scan` takes them), out[0, k] = p
+    and out[1 + r, k] = its value of block row rows_of[r], k counting the matches from
+    0 (out has room for p1 - p0); returns how many. Each chunk's rows are read while
+    still in the cache from its tests. O((p1 - p0) x intervals + matches x rows)."""
+    one = np.uint64(1)
+    zero = np.uint64(0)
+    masks = np.empty((cap + 63) // 64, np.uint64)
+    k = 0
+    if p1 <= p0:
+        return 0
+    for c in range(p0 // cap, (p1 - 1) // cap + 1):
+        block = _chunk_at(blocks, c - k_first)
+        base = c * cap
+        r0 = max(p0 - base, 0)
+        r1 = min(p1 - base, cap)
+        groups = (r1 - r0 + 63) // 64
+        masks[:groups] = ~zero
+        for j in range(ints.shape[1]):
+            row = block[ints[0, j]]
+            if ints[1, j]:
+                _and_within(row.view(np.float64), floats[0, j], floats[1, j], r0, r1, masks)
+            else:
+                _and_within(row.view(np.int64), ints[2, j], ints[3, j], r0, r1, masks)
+        k0 = k
+        positions = out[0]
+        for q in range(groups):
+            m = masks[q]
+            p = base + r0 + 64 * q
+            while m:
+                positions[k] = np.uint64(p + np.int64(_trailing_zeros(m)))
+                k += 1
+                m &= m - one
+        for r in range(len(rows_of)):
+            src = block[rows_of[r]]
+            dst = out[1 + r]
+            for t in range(k0, k):
+                dst[t] = src[np.int64(positions[t]) - base]
+    return k
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
 def float_prefix(values: NDArray[np.float64], s0: float, e0: float,
                  out: NDArray[np.float64]) -> None:  # pragma: no cover - compiled
     """out[i] = (s, e) after values[:i + 1] from the prefix row (s0, e0): s the running
@@ -1037,6 +1083,9 @@ def float_prefix(values: NDArray[np.float64], s0: float, e0: float,
         out[i, 0] = after
         out[i, 1] = err
         before = after
+interval_gather = cast("Callable[[Handle, int, int, int, int, NDArray[np.int64], "
+                       "NDArray[np.float64], NDArray[np.int64], NDArray[np.uint64]], int]",
+                       _interval_gather)
 chunk_key_range = cast("Callable[[Handle, int, int, int, NDArray[np.int64]], "
                        "tuple[int, int]]", _chunk_key_range)
 chunk_key_counts = cast("Callable[[Handle, int, int, int, NDArray[np.int64], int, "

@@ -23,8 +23,8 @@ from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, H
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
            "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
            "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
-           "interval_scan", "marked_copy", "probe_into", "set_bits", "slice_row",
-           "ts_fault", "word_positions", "write_column"]
+           "interval_gather", "interval_scan", "marked_copy", "probe_into", "set_bits",
+           "slice_row", "ts_fault", "word_positions", "write_column"]
 
 _U64 = 2**64 - 1
 
@@ -206,6 +206,20 @@ def interval_scan(blocks: Handle, k_first: int, cap: int, p0: int, p1: int,
         found = np.flatnonzero(inside) + (c * cap + r0)
         out[k:k + len(found)] = found
         k += len(found)
+    return k
+
+
+def interval_gather(blocks: Handle, k_first: int, cap: int, p0: int, p1: int,
+                    ints: NDArray[np.int64], floats: NDArray[np.float64],
+                    rows_of: NDArray[np.int64], out: NDArray[np.uint64]) -> int:
+    """`interval_scan`'s positions into out[0] and the values of block rows rows_of at
+    them into out[1:]; returns how many. O((p1 - p0) x intervals + matches x rows)."""
+    found = np.empty(max(p1 - p0, 0), np.int64)
+    k = interval_scan(blocks, k_first, cap, p0, p1, ints, floats, found)
+    out[0, :k] = found[:k].view(np.uint64)
+    values = np.empty((len(rows_of), k), np.uint64)
+    chunk_gather(blocks, k_first, cap, rows_of, found[:k], values)
+    out[1:, :k] = values
     return k
 
 

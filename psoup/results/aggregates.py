@@ -736,13 +736,30 @@ class AggregateIndex:
         assert not self._groups, "a bulk load starts an index"
         if not len(sizes) or not sizes.sum():
             return
-        agg = self.aggregator
-        names: list[Column | str] = ["positions", TS, *self.stored]
         room = sizes + sizes // 2 + _MIN_CAPACITY
         ends = np.cumsum(room)
         offsets = ends - room
-        storage = np.empty((len(names), int(ends[-1])), np.uint64)
+        storage = np.empty((2 + len(self.stored), int(ends[-1])), np.uint64)
         scatter(offsets.copy(), storage)
+        self._adopt(storage, offsets, ends, sizes, keys, dtypes)
+
+    def load_one(self, storage: np.ndarray, n: int, dtypes: list[np.dtype]) -> None:
+        """`load` of results already in one group's order in the first n columns of
+        `storage` (rows as `load` writes them; the columns after them are room to grow):
+        a query without GROUP BY, its matches found and taken in one pass
+        (`DataSteM.probe_gather`). O(n)."""
+        assert not self._groups and not self.aggregator.group_by, "one group, from empty"
+        if n:
+            self._adopt(storage, np.zeros(1, np.int64), np.array([storage.shape[1]]),
+                        np.array([n]), [()], dtypes)
+
+    def _adopt(self, storage: np.ndarray, offsets: np.ndarray, ends: np.ndarray,
+               sizes: np.ndarray, keys: list[tuple[Any, ...]], dtypes: list[np.dtype]
+               ) -> None:
+        """The groups of `load`: group g on columns offsets[g] to ends[g] of `storage`,
+        its first sizes[g] live."""
+        agg = self.aggregator
+        names: list[Column | str] = ["positions", TS, *self.stored]
         typed = [storage[0].view(np.int64),
                  *(storage[r + 1].view(dt) for r, dt in enumerate(dtypes))]
         bounds = list(zip(offsets.tolist(), ends.tolist(), sizes.tolist(), strict=True))
@@ -1063,3 +1080,25 @@ def index_over(query: Query, stem: DataSteM, positions: np.ndarray) -> Aggregate
     sink = AggregateSink(query, -1, stem)
     sink.on_register(-1, stem.schema.name, positions)
     return sink.index
+
+
+def scanned_index(query: Query, stem: DataSteM) -> tuple[np.ndarray, AggregateIndex] | None:
+    """The matches of aggregated `query` (without GROUP BY) among `stem`'s retained
+    tuples and its AggregateIndex over them, both from one pass over the chunks
+    (`DataSteM.probe_gather`: the positions, ts and summed columns taken as the factors
+    are tested, into the storage the index then keeps; the positions are its row 0).
+    None when the query groups, or when that pass does not apply (a factor that is
+    not an interval): then `probe` and `index_over`. O(retained + matches)."""
+    index = AggregateIndex(Aggregator(query))
+    names = [TS, *(column for _, column in index.stored)]
+    dtypes = stem.wide_dtypes(names)
+    if index.aggregator.group_by or dtypes is None:
+        return None
+    got = stem.probe_gather(query.sources[0], names)
+    if got is None:
+        return None
+    storage, n = got
+    if storage.shape[1] > 2 * (n + n // 2 + _MIN_CAPACITY):      # mostly room: trim it
+        storage = storage[:, :n + n // 2 + _MIN_CAPACITY].copy()
+    index.load_one(storage, n, dtypes)
+    return storage[0, :n].view(np.int64), index

@@ -595,6 +595,35 @@ class DataSteM:
             k += count
         return out[:k]
 
+    def probe_gather(self, source: Source, names: Sequence[str]
+                     ) -> tuple[np.ndarray, int] | None:
+        """`probe` over everything retained and `take` of the 8-byte columns `names` at
+        the matches, in one compiled pass (`kernels.interval_gather`, the columns read
+        while each chunk is in the cache from its tests; a long range in parts on the
+        cores): (a uint64 array whose row 0 holds the matches' positions and rows 1..
+        the columns' values, with room for every retained tuple; the number of
+        matches). None when a factor is not an interval (or a single `=`) on an 8-byte
+        column, or a column is not 8 bytes wide: then `probe`, then `take`.
+        O(retained x factors + matches x columns)."""
+        wide, rows_of, _ = self._gather(names)
+        intervals, rest = self._intervals(source)
+        if len(wide) < len(names) or intervals is None or rest or source.column_factors:
+            return None
+        p0, p1 = self.horizon, self.n
+        out = np.empty((1 + len(names), max(p1 - p0, 0)), np.uint64)
+        if p1 <= p0:
+            return out, 0
+        table = self._block_list()[0].handle
+        parts = halves.ranges(p0, p1, self.chunk_rows)
+        found = halves.each(lambda ab: kernels.interval_gather(
+            table, self._chunk0, self.chunk_rows, ab[0], ab[1], *intervals, rows_of,
+            out[:, ab[0] - p0:]), parts)
+        k = found[0]
+        for (a, _), count in zip(parts[1:], found[1:], strict=True):
+            out[:, k:k + count] = out[:, a - p0:a - p0 + count]
+            k += count
+        return out, k
+
     def _intervals(self, source: Source) -> tuple[tuple[np.ndarray, np.ndarray] | None,
                                                   tuple[AttrPredicate, ...]]:
         """`source`'s interval factors on 8-byte columns as `interval_scan`'s arguments
