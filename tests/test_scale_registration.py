@@ -248,3 +248,13 @@ def test_a_copy_for_a_scan_keeps_its_chunks_from_reuse_by_retention() -> None:
     assert every.tolist() == list(range(copy.horizon, copy.n))
     assert copy.take(["a"], every)["a"].tolist() == list(range(copy.horizon, copy.n))
     stem._check()
+
+
+def test_a_scan_is_split_into_ordered_parts_cut_at_chunk_boundaries(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(halves, "PARALLEL_ROWS", 4)
+    assert halves.split(np.arange(10), threads=3) == [(0, 3), (3, 6), (6, 10)]
+    assert halves.split(np.arange(3), threads=3) == [(0, 3)]
+    assert halves.ranges(5, 3_000_005, 8192, threads=2) == [(5, 1499136), (1499136, 3000005)]
+    assert halves.ranges(0, 10, 8192, threads=2) == [(0, 10)]      # no boundary inside
+    assert halves.each(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]

@@ -2,8 +2,13 @@
 registration over millions of retained tuples (its probe, grouping and copies are
 compiled kernels that release the GIL, so threads run them side by side).
 
-Below PARALLEL_ROWS a scan stays on the calling thread: handing work to a pool and
-waiting for it costs tens of microseconds, what a kernel does with ~100K tuples.
+Below PARALLEL_ROWS a scan stays on the calling thread. On the 2-core machine these
+were measured on, shared with other work, splitting did not pay: registrations over 4M
+tuples ran from 1.5x faster to 2x slower split than whole, from run to run (a selection
+the same, an aggregate 1.3x slower, a GROUP BY either way), since the other core was
+seldom free; at 1M, split was slower. So by default nothing is split (PARALLEL_ROWS is
+beyond any store); a machine with cores to spare lowers it (1M is where a pool's hand-off,
+tens of microseconds, is lost in the scan).
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import numpy as np
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
-#: Positions from which a scan is split between the cores.
-PARALLEL_ROWS = 1 << 20
+#: Positions from which a scan is split between the cores (see the module docstring).
+PARALLEL_ROWS = 1 << 62
 
 #: Threads a scan is split between: the cores this process may run on.
 THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
@@ -35,8 +40,8 @@ def split(positions: np.ndarray, threads: int | None = None) -> list[tuple[int, 
     PARALLEL_ROWS or with one thread), in order.
 
     Example:
-        >>> split(np.arange(10)), split(np.arange(3 << 20), threads=2)
-        ([(0, 10)], [(0, 1572864), (1572864, 3145728)])
+        >>> split(np.arange(10), threads=2)
+        [(0, 10)]
     """
     n, k = len(positions), THREADS if threads is None else threads
     if n < PARALLEL_ROWS or k < 2:
@@ -50,8 +55,8 @@ def ranges(p0: int, p1: int, align: int, threads: int | None = None) -> list[tup
     (one part below PARALLEL_ROWS or with one thread), in order.
 
     Example:
-        >>> ranges(5, 3_000_005, 8192, threads=2)
-        [(5, 1499136), (1499136, 3000005)]
+        >>> ranges(5, 3_000_005, 8192, threads=1)
+        [(5, 3000005)]
     """
     k = THREADS if threads is None else threads
     if p1 - p0 < PARALLEL_ROWS or k < 2:
