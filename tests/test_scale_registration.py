@@ -258,3 +258,34 @@ def test_a_scan_is_split_into_ordered_parts_cut_at_chunk_boundaries(
     assert halves.ranges(5, 3_000_005, 8192, threads=2) == [(5, 1499136), (1499136, 3000005)]
     assert halves.ranges(0, 10, 8192, threads=2) == [(0, 10)]      # no boundary inside
     assert halves.each(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
+
+
+def test_a_registration_refused_after_its_scan_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another registration takes the last query the limit allows while the scan runs:
+    the second hold refuses this one (LimitError) and the engine is as it was, its log
+    included (a durable engine reopened holds only the other query)."""
+    import tempfile
+
+    from psoup.errors import LimitError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        eng = psoup.Engine(path=f"{tmp}/db", max_queries=1)
+        eng.execute("CREATE STREAM traffic (lane INT, zone INT, speed FLOAT)")
+        _fill(eng, _columns(100_000, 5))
+        run = core.Ahead.run
+        other: list[str] = []
+
+        def run_then_register(self: core.Ahead) -> None:
+            run(self)
+            monkeypatch.setattr(core, "OFF_LOCK_ROWS", 1 << 40)    # the other: one hold
+            other.append(eng.register("SELECT lane FROM traffic WHERE lane = 1"))
+        monkeypatch.setattr(core.Ahead, "run", run_then_register)
+        with pytest.raises(LimitError, match="max_queries=1"):
+            eng.register(SELECTIONS[0])
+        assert [h for h, _ in eng.queries()] == other
+        eng._check()
+        eng.close()
+        again = psoup.Engine(path=f"{tmp}/db")
+        assert [h for h, _ in again.queries()] == other
+        again.close()
