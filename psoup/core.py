@@ -29,6 +29,7 @@ from psoup.eddy.routing import POLICIES
 from psoup.errors import QueryError, UnknownHandle
 from psoup.plans import JoinPlan, Plan, SelectionPlan
 from psoup.query.model import Query, StreamSchema
+from psoup.results.aggregates import AggregateIndex, index_over, scanned_index
 from psoup.results.answers import Answers
 from psoup.results.base import SinkTable
 from psoup.results.materialized import Materialized
@@ -81,7 +82,22 @@ class Core:
         self.stems[schema.name] = stem
         self.ddl[schema.name] = sql
 
-    def register(self, query: Query, handle: str) -> None:
+    def ahead(self, query: Query) -> Ahead | None:
+        """What a registration of `query` can do off the engine's lock (`Ahead`), or None
+        when it is all done in one hold: a join, NoMat (nothing is probed), a
+        contradiction, or fewer than OFF_LOCK_ROWS retained tuples. Under the lock;
+        O(chunks)."""
+        if len(query.sources) != 1 or not self.kept.materializes or query.contradiction:
+            return None
+        stem = self.stems[query.sources[0].stream]
+        if stem.retained < OFF_LOCK_ROWS:
+            return None
+        return Ahead(query, stem, stem.copy_for_scan())
+
+    def register(self, query: Query, handle: str, ahead: Ahead | None = None) -> None:
+        """File `query` under `handle` and join it with the retained data; with `ahead`
+        (run off the lock, its stream still the one it read), only the tuples that
+        arrived since it read are probed, and what left retention since is dropped."""
         allocate = self.query_stem.allocate
         plan: Plan
         if len(query.sources) > 1:
@@ -92,7 +108,13 @@ class Core:
             plan = SelectionPlan(allocate(), query)
         self.windows.add(plan.id, tuple(s.window for s in query.sources))
         self.kept.add(plan)
-        self.eddy.submit_query(plan)
+        found = None
+        if ahead is not None and ahead.positions is not None:
+            assert self.stems[ahead.stem.schema.name] is ahead.stem, "revalidated by the caller"
+            found = {ahead.stem.schema.name: (ahead.n0, ahead.positions)}
+            if ahead.index is not None:
+                self.kept.aggregates[plan.id].adopt(ahead.index, ahead.n0)
+        self.eddy.submit_query(plan, found)
         self.eddy.run()
         self.handles[handle] = plan
 
@@ -222,6 +244,49 @@ class Core:
         assert self.query_stem.streams() <= streams, "no index of a dropped stream"
         assert self.kept.streams() <= streams, "nothing kept of a dropped stream"
         assert not self.eddy.ntp and not self.eddy.ttp, "the eddy's pools are drained"
+
+
+#: Retained tuples from which a registration scans them off the engine's lock (`Ahead`);
+#: below it the one hold is short enough (measured, 64K tuples: a selection registered
+#: in 0.14 ms, a GROUP BY in 0.9 ms; the copy and the second hold add 0.03-0.1 ms).
+OFF_LOCK_ROWS = 1 << 16
+
+
+class Ahead:
+    """The long part of registering a single-stream query over a large store, done off
+    the engine's lock (`run`): the query's matches among the positions [horizon, n0)
+    that a copy of its stream made under the lock holds (`DataSteM.copy_for_scan`), and
+    for an aggregated query its AggregateIndex over them. Core.register then
+    applies it under the lock, probing only the positions from n0 on.
+
+    Attributes:
+        stem: the stream's Data SteM when it was copied (the caller checks it is
+            still the stream's before applying).
+        n0: the positions below it were read.
+        positions: the matches below n0 (None until `run`).
+        index: the aggregated query's index over them (None otherwise).
+    """
+
+    def __init__(self, query: Query, stem: DataSteM, copy: DataSteM):
+        self.query, self.stem, self.n0 = query, stem, copy.n
+        self._copy: DataSteM | None = copy
+        self.positions: np.ndarray | None = None
+        self.index: AggregateIndex | None = None
+
+    def run(self) -> None:
+        """Probe the copy and build the index: O(retained), touching nothing shared but
+        the copy's chunks; lets the copy go after."""
+        copy = self._copy
+        assert copy is not None, "an Ahead runs once"
+        self._copy = None
+        if self.query.aggregated:
+            scanned = scanned_index(self.query, copy)
+            if scanned is not None:
+                self.positions, self.index = scanned
+                return
+        self.positions = copy.probe(self.query.sources[0])
+        if self.query.aggregated:
+            self.index = index_over(self.query, copy, self.positions)
 
 
 def _below(sampled: Sampled | None) -> int | None:

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from psoup.archive.policy import Budget, Exact, Policy
 from psoup.catalog import answer_catalog, describe_stream
-from psoup.core import Core
+from psoup.core import Ahead, Core
 from psoup.entropy import token_hex
 from psoup.errors import PSoupError, QueryError, SequenceError
 from psoup.journal.durable import Durability
@@ -169,12 +169,16 @@ class Engine:
                 self._effects.create(stmt, sql)
                 return None
             if isinstance(stmt, Query):
-                return self._register(stmt)
-            if stmt.action != DROP_STREAM:
-                return answer_catalog(self._core, stmt)
-            assert stmt.stream is not None, "DROP STREAM names a stream"
-            self._drop(stmt.stream, stmt.cascade)
-            return None
+                ahead = self._ahead(stmt)
+                if ahead is None:
+                    return self._register(stmt)
+            else:
+                if stmt.action != DROP_STREAM:
+                    return answer_catalog(self._core, stmt)
+                assert stmt.stream is not None, "DROP STREAM names a stream"
+                self._drop(stmt.stream, stmt.cascade)
+                return None
+        return self._register_ahead(sql, stmt, ahead)
 
     def create_stream(self, name: str, columns: Mapping[str, str] | Sequence[tuple[str, str]],
                       retain: str | None = None) -> None:
@@ -200,7 +204,10 @@ class Engine:
             if not isinstance(stmt, Query):
                 raise QueryError("register() takes a SELECT statement; use execute() for "
                                  "CREATE STREAM")
-            return self._register(stmt)
+            ahead = self._ahead(stmt)
+            if ahead is None:
+                return self._register(stmt)
+        return self._register_ahead(sql, stmt, ahead)
 
     def streams(self) -> list[str]:
         """The streams' names, in creation order."""
@@ -471,13 +478,40 @@ class Engine:
         return compile_statement(sql, self._core.schemas(),
                                  max_factors=self.limits.max_factors)
 
-    def _register(self, query: Query) -> str:
+    def _register(self, query: Query, ahead: Ahead | None = None) -> str:
         self.limits.admit(self._core, query)
         handle = token_hex(20)      # 160 bits; hex never looks like an option
         self._durability.log_register(handle, query.sql)
-        self._durability.apply("the registration", partial(self._core.register, query, handle))
+        self._durability.apply("the registration",
+                               partial(self._core.register, query, handle, ahead))
         self._after_write()
         return handle
+
+    def _ahead(self, query: Query) -> Ahead | None:
+        """Under the lock: the part of registering `query` to run off it (None: all of
+        it in this hold), the limits checked now, so that a refusal costs no scan."""
+        ahead = self._core.ahead(query)
+        if ahead is not None:
+            self.limits.admit(self._core, query)
+        return ahead
+
+    def _register_ahead(self, sql: str, query: Query, ahead: Ahead) -> str:
+        """Register `query` (compiled from `sql`) holding the lock only at both ends:
+        `ahead` scans the copy of its stream off the lock, then under it the
+        registration is checked again, logged and applied with the rows that arrived
+        meanwhile (Core.register). A stream dropped or made anew meanwhile is no longer
+        the one copied: then the statement is compiled and registered afresh in this
+        hold, as if it had come now (refused if the stream is gone)."""
+        ahead.run()
+        with self._lock:
+            self._check_open()
+            stream = query.sources[0].stream
+            if self._core.stems.get(stream) is not ahead.stem:
+                stmt = self._compile(sql)
+                if not isinstance(stmt, Query):
+                    raise QueryError("register() takes a SELECT statement")
+                return self._register(stmt)
+            return self._register(query, ahead)
 
     def _drop(self, name: str, cascade: bool, how: str | None = None) -> None:
         """Refuse, or log and apply, the drop of an existing stream; a refusal suggests

@@ -624,7 +624,8 @@ def test_chunk_gather_compiled_and_twin_take_the_same_values(
 def test_interval_scan_compiled_and_twin_find_the_same_positions(
         data: st.DataObject, seed: int, cap: int, chunks: int, intervals: int) -> None:
     """Int64 and float64 closed intervals (NaN in none, infinite bounds), one to four
-    of them, over windows cut anywhere in the chunks."""
+    of them, over windows cut anywhere in the chunks; `interval_gather` finds the same
+    positions and takes the rows' values at them."""
     gen = np.random.default_rng(seed)
     rows = 3
     blocks = _blocks(gen, rows, cap, chunks)
@@ -648,6 +649,15 @@ def test_interval_scan_compiled_and_twin_find_the_same_positions(
     want = reference.interval_scan(twin_h, first, cap, p0, p1, ints, floats, outs[1])
     assert got == want and type(got) is type(want) is int
     assert np.array_equal(outs[0][:got], outs[1][:want])
+    rows_of = gen.integers(0, rows, data.draw(st.integers(0, 3))).astype(np.int64)
+    gathered = [np.zeros((1 + len(rows_of), p1 - p0 + 1), np.uint64) for _ in range(2)]
+    got = compiled.interval_gather(mine_h, first, cap, p0, p1, ints, floats, rows_of,
+                                   gathered[0])
+    want = reference.interval_gather(twin_h, first, cap, p0, p1, ints, floats, rows_of,
+                                     gathered[1])
+    assert got == want == len(outs[1][:want])
+    assert np.array_equal(gathered[0][:, :got], gathered[1][:, :want])
+    assert np.array_equal(gathered[0][0, :got].view(np.int64), outs[1][:want])
 
 
 def _select_case(data: st.DataObject, gen: np.random.Generator, cap: int, chunks: int,
@@ -773,6 +783,96 @@ def test_set_bits_compiled_and_twin_set_the_same_bits(
     compiled.set_bits(mine_h, k_first, cap, word, mask, positions)
     reference.set_bits(twin_h, k_first, cap, word, mask, positions)
     assert _same_arrays(mine, twin)
+
+
+def _int_blocks(gen: np.random.Generator, cap: int, n: int, lo: int,
+                span: int) -> list[NDArray[np.uint64]]:
+    """`_blocks` whose row 2 holds int64 keys in [lo, lo + span)."""
+    blocks = _blocks(gen, 3, cap, n)
+    for block in blocks:
+        block[2] = gen.integers(lo, lo + max(span, 1), cap).astype(np.int64).view(np.uint64)
+    return blocks
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), SEEDS, st.integers(0, 4), TWIN_CAPS, st.integers(1, 4), st.integers(0, 6),
+       st.sampled_from(["none", "row", "keys"]))
+def test_chunk_scatter_compiled_and_twin_group_the_same_columns(
+        data: st.DataObject, seed: int, rows_of_n: int, cap: int, chunks: int,
+        span: int, keyed: str) -> None:
+    """Sorted positions across chunks, grouped by keys of a small range through a remap
+    (read from a chunk row, or given per tuple), or all in one group, into room that
+    starts at each group's cursor."""
+    gen = np.random.default_rng(seed)
+    lo = int(gen.integers(-5, 5))
+    blocks = _int_blocks(gen, cap, chunks, lo, span)
+    first = data.draw(st.integers(0, 3))
+    rows_of = gen.integers(0, 3, rows_of_n).astype(np.int64)
+    count = data.draw(st.integers(0, chunks * cap))
+    positions = np.sort(gen.choice(chunks * cap, count, replace=False)).astype(np.int64) \
+        + first * cap
+    span = max(span, 1)
+    remap = gen.permutation(span).astype(np.int64)
+    key_row, keys = -1, np.empty(0, np.int64)
+    if keyed == "none":
+        codes, groups = np.zeros(count, np.int64), 1
+    else:
+        values = np.empty((1, count), np.uint64)
+        reference.chunk_gather(Handle(AddressTable(blocks)), first, cap,
+                               np.array([2], np.int64), positions, values)
+        codes, groups = remap[values[0].view(np.int64) - lo], span
+        if keyed == "row":
+            key_row = 2
+        else:
+            keys = values[0].view(np.int64).copy()
+    sizes = np.bincount(codes, minlength=groups)
+    room = sizes + gen.integers(0, 3, groups)
+    cursors = np.cumsum(room) - room
+    _mine, mine_h, _twin, twin_h, _tables = _twin_tables(blocks)
+    dsts = [np.zeros((1 + rows_of_n, int(room.sum())), np.uint64) for _ in range(2)]
+    moved = [cursors.astype(np.int64), cursors.astype(np.int64)]
+    compiled.chunk_scatter(mine_h, first, cap, rows_of, positions, key_row, keys, lo, remap,
+                           moved[0], dsts[0])
+    reference.chunk_scatter(twin_h, first, cap, rows_of, positions, key_row, keys, lo, remap,
+                            moved[1], dsts[1])
+    assert np.array_equal(dsts[0], dsts[1])
+    assert np.array_equal(moved[0], moved[1]) and np.array_equal(moved[0], cursors + sizes)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data(), SEEDS, TWIN_CAPS, st.integers(1, 4), st.integers(0, 40))
+def test_chunk_key_range_and_counts_compiled_and_twin_agree(
+        data: st.DataObject, seed: int, cap: int, chunks: int, span: int) -> None:
+    gen = np.random.default_rng(seed)
+    lo = int(gen.integers(-20, 20))
+    blocks = _int_blocks(gen, cap, chunks, lo, span)
+    first = data.draw(st.integers(0, 3))
+    count = data.draw(st.integers(0, chunks * cap))
+    positions = np.sort(gen.choice(chunks * cap, count, replace=False)).astype(np.int64) \
+        + first * cap
+    _mine, mine_h, _twin, twin_h, _tables = _twin_tables(blocks)
+    found = compiled.chunk_key_range(mine_h, first, cap, 2, positions)
+    assert found == reference.chunk_key_range(twin_h, first, cap, 2, positions)
+    low, high = found
+    assert count or (low, high) == (0, -1)
+    counts = [np.zeros(high - low + 1, np.int64) for _ in range(2)]
+    compiled.chunk_key_counts(mine_h, first, cap, 2, positions, low, counts[0])
+    reference.chunk_key_counts(twin_h, first, cap, 2, positions, low, counts[1])
+    assert np.array_equal(counts[0], counts[1]) and counts[0].sum() == count
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                          st.sampled_from([1e17, -1e17, 0.1, 1.0, -0.0])), max_size=100),
+       st.floats(-1e6, 1e6), st.floats(-1e-6, 1e-6))
+def test_float_prefix_compiled_and_twin_sum_to_the_same_bits(values: list[float], s0: float,
+                                                             e0: float) -> None:
+    """Bit for bit: the same operations in the same order (NaN where either has NaN)."""
+    array = np.array(values, np.float64)
+    outs = [np.zeros((len(array), 2)) for _ in range(2)]
+    compiled.float_prefix(array, s0, e0, outs[0])
+    reference.float_prefix(array, s0, e0, outs[1])
+    assert np.array_equal(outs[0], outs[1], equal_nan=True)
 
 
 # ---------------------------------------------------------------- the engine on numpy

@@ -40,6 +40,7 @@ from psoup.results.base import SinkTable
 from psoup.stems.batch import Batch
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.query_stem import QuerySteM
+from psoup.stems.span import Span
 
 QUERY_STEM = "query"
 
@@ -62,10 +63,14 @@ class DataEntry:
 
 @dataclass
 class QueryEntry:
-    """A new query: (slot, query) pairs to file, one per FROM item for a join."""
+    """A new query: (slot, query) pairs to file, one per FROM item for a join.
+    `found`: per stream, (n0, the sorted matches below position n0) found ahead, off
+    the engine's lock, over a copy of the stream; the probe then covers positions from
+    n0 on."""
 
     plan: Plan
     interest: InterestList
+    found: Mapping[str, tuple[int, np.ndarray]] | None = None
 
 
 @dataclass
@@ -112,10 +117,11 @@ class Eddy:
         self.ntp.append(entry)
         return entry
 
-    def submit_query(self, plan: Plan) -> QueryEntry:
+    def submit_query(self, plan: Plan,
+                     found: Mapping[str, tuple[int, np.ndarray]] | None = None) -> QueryEntry:
         probes = ([s.stream for s in plan.query.sources]
                   if self.materializes and not plan.query.contradiction else [])
-        entry = QueryEntry(plan, InterestList(QUERY_STEM, probes))
+        entry = QueryEntry(plan, InterestList(QUERY_STEM, probes), found)
         self.ntp.append(entry)
         return entry
 
@@ -190,9 +196,23 @@ class Eddy:
         if not entry.interest.probes:
             return
         for (slot, query), dest in zip(pairs, entry.interest.probes, strict=False):
-            positions = self.data_stems[dest].probe(query.sources[0])
+            ahead = None if entry.found is None else entry.found.get(dest)
+            positions = self._probe(dest, query, ahead)
             for sink in self.sinks.of_slot(slot):
                 self.ttp.append(partial(sink.on_register, slot, dest, positions))
+
+    def _probe(self, stream: str, query: Query, ahead: tuple[int, np.ndarray] | None
+               ) -> np.ndarray:
+        """The matches of `query` among `stream`'s retained tuples: `ahead`'s (the
+        matches below n0, found over a copy of the stream) still retained, and the probe's of the
+        positions from n0 on, which arrived since (a registration off the lock)."""
+        stem = self.data_stems[stream]
+        if ahead is None:
+            return stem.probe(query.sources[0])
+        n0, below = ahead
+        kept = below[np.searchsorted(below, stem.horizon):]
+        after = stem.probe(query.sources[0], Span.range(n0, stem.n))
+        return np.concatenate((kept, after)) if len(after) else kept
 
     def _remove(self, entry: RemovalEntry) -> None:
         for slot, _ in filed(entry.plan):

@@ -21,9 +21,10 @@ from numpy.typing import NDArray
 from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
-           "chunk_gather", "chunk_positions", "chunk_select", "clear_bit", "fingerprint",
-           "interval_scan", "marked_copy", "probe_into", "set_bits", "slice_row",
-           "ts_fault", "word_positions", "write_column"]
+           "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
+           "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
+           "interval_gather", "interval_scan", "marked_copy", "probe_into", "set_bits",
+           "slice_row", "ts_fault", "word_positions", "write_column"]
 
 _U64 = 2**64 - 1
 
@@ -208,6 +209,20 @@ def interval_scan(blocks: Handle, k_first: int, cap: int, p0: int, p1: int,
     return k
 
 
+def interval_gather(blocks: Handle, k_first: int, cap: int, p0: int, p1: int,
+                    ints: NDArray[np.int64], floats: NDArray[np.float64],
+                    rows_of: NDArray[np.int64], out: NDArray[np.uint64]) -> int:
+    """`interval_scan`'s positions into out[0] and the values of block rows rows_of at
+    them into out[1:]; returns how many. O((p1 - p0) x intervals + matches x rows)."""
+    found = np.empty(max(p1 - p0, 0), np.int64)
+    k = interval_scan(blocks, k_first, cap, p0, p1, ints, floats, found)
+    out[0, :k] = found[:k].view(np.uint64)
+    values = np.empty((len(rows_of), k), np.uint64)
+    chunk_gather(blocks, k_first, cap, rows_of, found[:k], values)
+    out[1:, :k] = values
+    return k
+
+
 def _select_masks(chunks: AddressTable, k_first: int, p0: int, p1: int, word: int,
                   mask: np.uint64, sealed: int, blocks: AddressTable, b_first: int,
                   cap: int) -> NDArray[np.uint64]:
@@ -335,3 +350,67 @@ def set_bits(chunks: Handle, k_first: int, cap: int, word: int, mask: np.uint64,
                              np.left_shift(np.uint64(1), (r & 63).astype(np.uint64)))
         else:
             row[r] |= mask
+
+
+def chunk_key_range(blocks: Handle, k_first: int, cap: int, row: int,
+                    positions: NDArray[np.int64]) -> tuple[int, int]:
+    """(min, max) of the int64 values of block row `row` at the sorted positions ((0, -1)
+    for none). O(len(positions))."""
+    if len(positions) == 0:
+        return 0, -1
+    values = np.empty((1, len(positions)), np.uint64)
+    chunk_gather(blocks, k_first, cap, np.array([row], np.int64), positions, values)
+    keys = values[0].view(np.int64)
+    return int(keys.min()), int(keys.max())
+
+
+def chunk_key_counts(blocks: Handle, k_first: int, cap: int, row: int,
+                     positions: NDArray[np.int64], lo: int, counts: NDArray[np.int64]) -> None:
+    """counts[v - lo] += 1 for the int64 value v of block row `row` at each sorted
+    position (each within range). O(len(positions))."""
+    values = np.empty((1, len(positions)), np.uint64)
+    chunk_gather(blocks, k_first, cap, np.array([row], np.int64), positions, values)
+    counts += np.bincount(values[0].view(np.int64) - lo,
+                          minlength=len(counts)).astype(np.int64)
+
+
+def chunk_scatter(blocks: Handle, k_first: int, cap: int, rows_of: NDArray[np.int64],
+                  positions: NDArray[np.int64], key_row: int, keys: NDArray[np.int64],
+                  lo: int, remap: NDArray[np.int64], cursors: NDArray[np.int64],
+                  dst: NDArray[np.uint64]) -> None:
+    """The tuple at sorted position positions[i] to column cursors[g] of `dst`,
+    g = remap[key - lo], the key block row `key_row` there when key_row >= 0, else
+    keys[i] (group 0 for all when `keys` is empty too), in position order within a
+    group: dst[0] the position, dst[1 + r] block row rows_of[r]; cursors move on past
+    their group's tuples. O((1 + len(rows_of)) x n log n)."""
+    n = len(positions)
+    values = np.empty((len(rows_of) + 1, n), np.uint64)
+    chunk_gather(blocks, k_first, cap, np.array([*rows_of.tolist(), max(key_row, 0)], np.int64),
+                 positions, values)
+    if key_row >= 0:
+        keys = values[-1].view(np.int64)
+    values = values[:-1]
+    codes = np.zeros(n, np.int64) if len(keys) == 0 else remap[keys - lo]
+    order = np.argsort(codes, kind="stable")
+    counts = np.bincount(codes, minlength=len(cursors)).astype(np.int64)
+    firsts = np.cumsum(counts) - counts
+    rank = np.arange(n) - np.repeat(firsts, counts)
+    dest = np.empty(n, np.int64)
+    dest[order] = cursors[codes[order]] + rank
+    dst[0, dest] = positions.view(np.uint64)
+    dst[1:, dest] = values
+    cursors += counts
+
+
+def float_prefix(values: NDArray[np.float64], s0: float, e0: float,
+                 out: NDArray[np.float64]) -> None:
+    """out[i] = the compensated prefix (s, e) after values[:i + 1] from (s0, e0): s the
+    running float64 sum, e the running sum of each step's TwoSum rounding error. O(n)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        running = np.cumsum(np.concatenate(([s0], values)))
+        before, after = running[:-1], running[1:]
+        part = after - before
+        errors = (before - (after - part)) + (values - part)
+        errors[:1] += e0
+        out[:, 0] = after
+        np.cumsum(errors, out=out[:, 1])

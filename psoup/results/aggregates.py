@@ -57,16 +57,19 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Literal, Protocol
 
 import numpy as np
 from sortedcontainers import SortedDict
 
+from psoup import kernels
 from psoup.bits import slot_rows
 from psoup.query.model import AGGREGATES, TS, AggregateFunction, Query
 from psoup.results.base import Sink
 from psoup.results.result import Result
+from psoup.stems import halves
 from psoup.stems.data_stem import DataSteM
 
 #: The ranked tree's fan-out: a range reads fewer than 2B entries per level and an append
@@ -122,6 +125,14 @@ class _Buffer:
             self._reallocate(2 * len(self))
         return moved
 
+    @classmethod
+    def of(cls, data: np.ndarray, n: int) -> _Buffer:
+        """A buffer on `data` (not copied), its first n entries live: what a bulk load
+        wrote, room to grow included."""
+        buffer = cls.__new__(cls)
+        buffer.data, buffer.start, buffer.stop = data, 0, n
+        return buffer
+
     def _reallocate(self, capacity: int) -> None:
         data = np.empty((max(capacity, _MIN_CAPACITY), *self.data.shape[1:]), self.data.dtype)
         n = len(self)
@@ -166,6 +177,20 @@ class PrefixSums:
             self._rebase()
         else:
             self._prefix.append(_extend_prefix(self._prefix.live[-1], values))
+
+    @classmethod
+    def of(cls, storage: np.ndarray, n: int) -> PrefixSums:
+        """The sums of the first n of `storage` (values, with room to grow after them; a
+        FLOAT column keeps it as its values, not copied). O(n): the prefix is summed
+        once, as `append` would sum it."""
+        sums = cls.__new__(cls)
+        exact = storage.dtype.kind in "iu"
+        prefix = np.empty((len(storage) + 1, 2), np.int64 if exact else np.float64)
+        prefix[0] = 0
+        _extend_prefix(prefix[0], storage[:n], prefix[1:n + 1])
+        sums._values = None if exact else _Buffer.of(storage, n)
+        sums._prefix = _Buffer.of(prefix, n + 1)
+        return sums
 
     def drop(self, k: int) -> None:
         """Forget the k oldest values. Amortized O(k)."""
@@ -592,6 +617,29 @@ class _Group:
         for (c, _), suffix in self.suffixes.items():
             suffix.append(values[c])
 
+    @classmethod
+    def of(cls, aggregator: Aggregator, storage: Mapping[Column | str, np.ndarray],
+           n: int) -> _Group:
+        """A group of the first n entries of each of `storage`'s arrays (positions and
+        ts under those names, then the columns it keeps; room to grow after them), kept,
+        not copied: a bulk load's group (`AggregateIndex.load`)."""
+        group = cls.__new__(cls)
+        positions = storage["positions"]
+        group.last = int(positions[n - 1])
+        group.horizon = 0
+        group.positions = _Buffer.of(positions, n)
+        group.ts = _Buffer.of(storage[TS], n)
+        group.sums = {c: PrefixSums.of(storage[c], n) for c in aggregator.sums}
+        group.trees = {c: RankedTree(storage[c].dtype, ops)
+                       for c, ops in aggregator.extremes.items()}
+        group.suffixes = {(c, op): SuffixExtremes(storage[c].dtype, op)
+                          for c, ops in aggregator.extremes.items() for op in ops}
+        for c, tree in group.trees.items():
+            tree.append(storage[c][:n])
+        for (c, _), suffix in group.suffixes.items():
+            suffix.append(storage[c][:n])
+        return group
+
     def extreme(self, column: Column, op: str, i: int, j: int) -> int | float:
         """MIN or MAX of results [i, j): from the suffix run when j is the newest."""
         if j == len(self.positions):
@@ -675,6 +723,64 @@ class AggregateIndex:
         for g in np.argsort(positions[np.asarray(bounds[1:]) - 1]).tolist():
             self._recent[keys[g]] = None
             self._recent.move_to_end(keys[g])
+
+    def load(self, sizes: np.ndarray, keys: list[tuple[Any, ...]], dtypes: list[np.dtype],
+             scatter: Callable[[np.ndarray, np.ndarray], None]) -> None:
+        """`append` into an empty index of results in groups of `sizes` under `keys` (in
+        ascending key order); `scatter(cursors, dst)` writes them grouped into the rows
+        of `dst` (`DataSteM.scatter`: the positions, then ts and the `stored` columns,
+        of `dtypes`, all 8 bytes wide), group g's from column cursors[g] on. A new
+        query's matches over the retained tuples, grouped and copied in one compiled
+        pass into storage each group then keeps, with half as much room again to grow.
+        O(k + G) for k results in G groups."""
+        assert not self._groups, "a bulk load starts an index"
+        if not len(sizes) or not sizes.sum():
+            return
+        room = sizes + sizes // 2 + _MIN_CAPACITY
+        ends = np.cumsum(room)
+        offsets = ends - room
+        storage = np.empty((2 + len(self.stored), int(ends[-1])), np.uint64)
+        scatter(offsets.copy(), storage)
+        self._adopt(storage, offsets, ends, sizes, keys, dtypes)
+
+    def load_one(self, storage: np.ndarray, n: int, dtypes: list[np.dtype]) -> None:
+        """`load` of results already in one group's order in the first n columns of
+        `storage` (rows as `load` writes them; the columns after them are room to grow):
+        a query without GROUP BY, its matches found and taken in one pass
+        (`DataSteM.probe_gather`). O(n)."""
+        assert not self._groups and not self.aggregator.group_by, "one group, from empty"
+        if n:
+            self._adopt(storage, np.zeros(1, np.int64), np.array([storage.shape[1]]),
+                        np.array([n]), [()], dtypes)
+
+    def _adopt(self, storage: np.ndarray, offsets: np.ndarray, ends: np.ndarray,
+               sizes: np.ndarray, keys: list[tuple[Any, ...]], dtypes: list[np.dtype]
+               ) -> None:
+        """The groups of `load`: group g on columns offsets[g] to ends[g] of `storage`,
+        its first sizes[g] live."""
+        agg = self.aggregator
+        names: list[Column | str] = ["positions", TS, *self.stored]
+        typed = [storage[0].view(np.int64),
+                 *(storage[r + 1].view(dt) for r, dt in enumerate(dtypes))]
+        bounds = list(zip(offsets.tolist(), ends.tolist(), sizes.tolist(), strict=True))
+
+        def build(at: tuple[int, int, int]) -> _Group:
+            a, b, n = at            # the prefix sums: a compiled pass per group
+            return _Group.of(agg, {name: typed[r][a:b] for r, name in enumerate(names)}, n)
+        threads = halves.THREADS if int(sizes.sum()) >= halves.PARALLEL_ROWS else 1
+        batches = [bounds[i::threads] for i in range(threads)]      # groups dealt round
+        built = halves.each(lambda batch: [build(at) for at in batch], batches)
+        groups = [built[g % threads][g // threads] for g in range(len(bounds))]
+        self._groups.update(zip(keys, groups, strict=True))     # one sort, not G inserts
+        for g in np.argsort([group.last for group in groups]).tolist():
+            self._recent[keys[g]] = None
+
+    @property
+    def stored(self) -> list[Column]:
+        """The columns whose values the groups keep per result (the arguments of SUM,
+        AVG, MIN and MAX; a GROUP BY column only when it is one), in `needed` order."""
+        agg = self.aggregator
+        return [c for c in agg.needed if c in agg.sums or c in agg.extremes]
 
     def expire(self, horizon: int) -> None:
         """Drop the results below `horizon`: groups left empty go now, O(log G) each; the
@@ -764,34 +870,32 @@ def _numeric(values: np.ndarray) -> np.ndarray:
 
 def _prefix_of(values: np.ndarray) -> np.ndarray:
     """The len(values) + 1 prefix rows of `values`, from a zero row (see _extend_prefix)."""
-    zero = np.zeros((1, 2), np.int64 if values.dtype.kind in "iu" else np.float64)
-    return np.vstack((zero, _extend_prefix(zero[0], values)))
+    prefix = np.empty((len(values) + 1, 2), np.int64 if values.dtype.kind in "iu" else np.float64)
+    prefix[0] = 0
+    _extend_prefix(prefix[0], values, prefix[1:])
+    return prefix
 
 
-def _extend_prefix(last: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """The prefix rows that follow the row `last` over `values`, one per value.
+def _extend_prefix(last: np.ndarray, values: np.ndarray,
+                   out: np.ndarray | None = None) -> np.ndarray:
+    """The prefix rows that follow the row `last` over `values`, one per value (written
+    into `out`, a (len(values), 2) array of last's dtype, when given).
 
     INT: (sum of v >> 32, sum of v & (2**32 - 1)), in int64; wraparound is harmless since
     only differences are read (see _range_sum). FLOAT: (s, e) where s is the running sum
-    as np.cumsum rounds it, sequentially, and e the running sum of each step's exact
-    rounding error (Knuth's TwoSum), so s + e carries the prefix to about 2**-106.
+    as float64 rounds it, sequentially, and e the running sum of each step's exact
+    rounding error (Knuth's TwoSum), so s + e carries the prefix to about 2**-106 (one
+    compiled pass, `kernels.float_prefix`).
     """
-    steps = np.empty((len(values), 2), last.dtype)
+    steps = np.empty((len(values), 2), last.dtype) if out is None else out
     if last.dtype.kind == "i":
         values = values.astype(np.int64, copy=False)
         np.right_shift(values, _LOW, out=steps[:, 0])
         np.bitwise_and(values, _LOW_MASK, out=steps[:, 1])
         steps[:1] += last
         return np.cumsum(steps, axis=0, out=steps)
-    values = values.astype(np.float64, copy=False)
-    with np.errstate(over="ignore", invalid="ignore"):     # inf: see _range_sum
-        running = np.cumsum(np.concatenate((last[:1], values)))
-        before, after = running[:-1], running[1:]
-        part = after - before
-        errors = (before - (after - part)) + (values - part)
-        errors[:1] += last[1]
-        steps[:, 0] = after
-        np.cumsum(errors, out=steps[:, 1])
+    kernels.float_prefix(values.astype(np.float64, copy=False), float(last[0]),
+                         float(last[1]), steps)
     return steps
 
 
@@ -840,6 +944,64 @@ def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tu
     return codes, list(zip(*(column[first].tolist() for column in columns), strict=True))
 
 
+#: A GROUP BY on one INT column whose keys span at most this many values (or as many as
+#: the rows grouped) numbers its groups by key - min, with no sort.
+_DIRECT_SPAN = 1 << 16
+
+
+def _bulk_groups(stem: DataSteM, names: list[str], positions: np.ndarray,
+                 parts: list[tuple[int, int]]
+                 ) -> tuple[list[np.ndarray], list[tuple[Any, ...]], dict[str, Any]]:
+    """How `DataSteM.scatter` groups the tuples at `positions` by the columns `names`
+    (none: one group), each of `parts` (bounds in `positions`) on a thread of its own:
+    (per part, each group's size in it; the groups' keys as tuples in ascending order;
+    scatter's grouping arguments, `keys` aligned with `positions`). One INT column of a
+    small range is read in place and numbered by key - min, O(n); other keys are
+    gathered and sorted (`_group_codes`), O(n log n)."""
+    n = len(positions)
+    if not names:
+        return ([np.array([b - a], np.int64) for a, b in parts], [()],
+                {"key": None, "keys": np.empty(0, np.int64), "lo": 0,
+                 "remap": np.zeros(1, np.int64)})
+    if len(names) == 1 and stem.wide_dtypes(names) == [np.dtype(np.int64)]:
+        name = names[0]
+        ranges = [r for r in halves.each(
+            lambda ab: stem.key_range(name, positions[ab[0]:ab[1]]), parts) if r[0] <= r[1]]
+        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        if hi - lo < max(_DIRECT_SPAN, n):
+            def count(ab: tuple[int, int]) -> np.ndarray:
+                counts = np.zeros(hi - lo + 1, np.int64)
+                stem.key_counts(name, positions[ab[0]:ab[1]], lo, counts)
+                return counts
+            counted = halves.each(count, parts)
+            present = np.flatnonzero(sum(counted))
+            remap = np.zeros(hi - lo + 1, np.int64)
+            remap[present] = np.arange(len(present))
+            return ([c[present] for c in counted], [(v,) for v in (present + lo).tolist()],
+                    {"key": name, "keys": np.empty(0, np.int64), "lo": lo, "remap": remap})
+    columns = stem.take(names, positions)
+    codes, keys = _group_codes([_numeric(columns[name]) for name in names], n)
+    return ([np.bincount(codes[a:b], minlength=len(keys)).astype(np.int64) for a, b in parts],
+            keys, {"key": None, "keys": codes, "lo": 0,
+                   "remap": np.arange(len(keys), dtype=np.int64)})
+
+
+def _scatter_parts(stem: DataSteM, names: list[str], positions: np.ndarray,
+                   parts: list[tuple[int, int]], sizes: list[np.ndarray],
+                   grouping: dict[str, Any], cursors: np.ndarray, dst: np.ndarray) -> None:
+    """`DataSteM.scatter` of each part of `positions` on a thread of its own, a part's
+    groups starting where the earlier parts' end."""
+    starts = [cursors + sum(sizes[:i], np.zeros_like(cursors)) for i in range(len(parts))]
+    keys = grouping["keys"]
+
+    def one(i: int) -> None:
+        a, b = parts[i]
+        stem.scatter(names, positions[a:b], starts[i], dst, key=grouping["key"],
+                     keys=keys[a:b] if len(keys) else keys, lo=grouping["lo"],
+                     remap=grouping["remap"])
+    halves.each(one, range(len(parts)))
+
+
 class AggregateSink(Sink):
     """The Sink of one aggregated selection query: its matches, as the eddy finds them,
     appended to its AggregateIndex with the columns the index reads (Sect. 6: kept as
@@ -861,8 +1023,35 @@ class AggregateSink(Sink):
         self.slot = slot
         self.stem = stem
         self.columns = [column for _, column in self.index.aggregator.needed]
+        # an index built ahead, off the engine's lock, from the matches below a position
+        # (`adopt`), which `on_register` completes
+        self._ahead: tuple[AggregateIndex, int] | None = None
+
+    def adopt(self, index: AggregateIndex, below: int) -> None:
+        """Take `index`, built by `index_over` from the matches below position `below`,
+        as what `on_register` completes with the later matches."""
+        self._ahead = (index, below)
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
+        if self._ahead is not None:
+            (self.index, below), self._ahead = self._ahead, None
+            self.index.expire(self.stem.horizon)
+            positions = positions[np.searchsorted(positions, below):]
+            if len(positions):
+                values = self.stem.take(self.columns + [TS], positions)
+                self.index.append(positions, {c: values[c] for c in self.columns},
+                                  values[TS])
+            return
+        names = [TS, *(column for _, column in self.index.stored)]
+        dtypes = self.stem.wide_dtypes(names)
+        if dtypes is not None and not len(self.index) and len(positions):
+            parts = halves.split(positions)
+            sizes, keys, grouping = _bulk_groups(
+                self.stem, [c for _, c in self.index.aggregator.group_by], positions, parts)
+            self.index.load(np.sum(sizes, axis=0), keys, dtypes,
+                            partial(_scatter_parts, self.stem, names, positions, parts,
+                                    sizes, grouping))
+            return
         values = self.stem.take(self.columns + [TS], positions)
         self.index.append(positions, {c: values[c] for c in self.columns}, values[TS])
 
@@ -881,3 +1070,35 @@ class AggregateSink(Sink):
 
     def nbytes(self) -> int:
         return self.index.nbytes()
+
+
+def index_over(query: Query, stem: DataSteM, positions: np.ndarray) -> AggregateIndex:
+    """The AggregateIndex of aggregated `query` over its matches at `positions` of
+    `stem` (a copy of the stream, read off the engine's lock), built as
+    `AggregateSink.on_register` builds it. O(matches), a sort for other than one
+    small-range INT key."""
+    sink = AggregateSink(query, -1, stem)
+    sink.on_register(-1, stem.schema.name, positions)
+    return sink.index
+
+
+def scanned_index(query: Query, stem: DataSteM) -> tuple[np.ndarray, AggregateIndex] | None:
+    """The matches of aggregated `query` (without GROUP BY) among `stem`'s retained
+    tuples and its AggregateIndex over them, both from one pass over the chunks
+    (`DataSteM.probe_gather`: the positions, ts and summed columns taken as the factors
+    are tested, into the storage the index then keeps; the positions are its row 0).
+    None when the query groups, or when that pass does not apply (a factor that is
+    not an interval): then `probe` and `index_over`. O(retained + matches)."""
+    index = AggregateIndex(Aggregator(query))
+    names = [TS, *(column for _, column in index.stored)]
+    dtypes = stem.wide_dtypes(names)
+    if index.aggregator.group_by or dtypes is None:
+        return None
+    got = stem.probe_gather(query.sources[0], names)
+    if got is None:
+        return None
+    storage, n = got
+    if storage.shape[1] > 2 * (n + n // 2 + _MIN_CAPACITY):      # mostly room: trim it
+        storage = storage[:, :n + n // 2 + _MIN_CAPACITY].copy()
+    index.load_one(storage, n, dtypes)
+    return storage[0, :n].view(np.int64), index

@@ -215,9 +215,10 @@ class PartialResults(ResultsStructure, ProbeTarget):
         chunks = self._bitmaps.setdefault(stream, {})
         if len(positions):
             first, last = int(positions[0]) // cap, int(positions[-1]) // cap
-            for k in range(first, last + 1):        # the chunks holding a match
-                if k in (first, last) or \
-                        positions[np.searchsorted(positions, k * cap)] < (k + 1) * cap:
+            cuts = np.searchsorted(positions, np.arange(first, last + 2) * cap)
+            for k in (np.flatnonzero(np.diff(cuts)) + first).tolist():  # holding a match
+                chunk = chunks.get(k)
+                if chunk is None or chunk.shape[0] <= word:
                     self._chunk(stream, k, word + 1)    # made wide enough for the bit
         if chunks:
             k_first, listed = self._listed(stream)
