@@ -40,14 +40,16 @@ window meets are read, each decoded once into a bounded cache.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -83,6 +85,9 @@ _LOW_MASK = (1 << _LOW) - 1
 #: An INT bucket's sum is summed as two 32-bit halves in int64: exact below 2**31 rows.
 _MAX_BUCKET_ROWS = (1 << 31) - 1
 _INT_SUM = pa.decimal128(38, 0)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def folder_for(root: str | Path) -> Path:
@@ -363,14 +368,26 @@ def _combine(parts: Sequence[Buckets],
                    merged(np.maximum, [p.ts_max for p in parts]), stats)
 
 
+def _locked(method: Callable[Concatenate[Rollups, _P], _R]
+            ) -> Callable[Concatenate[Rollups, _P], _R]:
+    """`method` under the index's lock (`Rollups._lock`, reentrant)."""
+    def locked(self: Rollups, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    functools.update_wrapper(locked, method)
+    return locked
+
+
 class Rollups:
     """The windowed-aggregate copies of one archive (see the module docstring).
 
     Keeps an index of the part files (each with its UTC day: a part file holds one day
     of its stream) and their copies, by stream: O(part files) memory; and the decoded
     copies read last (at most CACHE_BYTES). An aggregate over a window reads only the
-    copies of the parts of the days the window meets. Not thread-safe: the archive's
-    owner serializes calls, as for `psoup.archive.parquet.Archive`.
+    copies of the parts of the days the window meets. The index and the cache are
+    under a lock of their own: an engine's archive writes copies on its flusher thread
+    (`write`, off every lock) and indexes them there (`publish`, a short step), while
+    the engine's threads read them; a read sees a part complete or not at all.
 
     Args:
         root: the archive directory (its part files are read, never written).
@@ -400,6 +417,7 @@ class Rollups:
                                        tuple[tuple[str, ColumnType], ...]], Buckets] = \
             OrderedDict()
         self._cached = 0
+        self._lock = threading.RLock()
         #: bumped at every change of the index: what was derived from it is stale
         self.version = 0
         if self.folder.is_dir():
@@ -409,6 +427,7 @@ class Rollups:
 
     # ------------------------------------------------------------------ index
 
+    @_locked
     def refresh(self) -> None:
         """Index the part files and copies on disk again (after another process wrote
         the archive). O(files)."""
@@ -444,6 +463,7 @@ class Rollups:
                     if k[0] == stream and (part is None or k[2] == part)]:
             self._cached -= self._cache.pop(key).nbytes()
 
+    @_locked
     def complete(self, stream: str) -> list[tuple[int, int]]:
         """The tupleID ranges of `stream`'s part files that have all their copies,
         sorted. O(parts log parts), then O(1) until the index changes."""
@@ -454,6 +474,7 @@ class Rollups:
                 r for r in self._parts.get(stream, {}) if len(copies.get(r, ())) == len(GRAINS))
         return got
 
+    @_locked
     def coverage(self, stream: str) -> Coverage:
         """The tupleIDs the copies of `stream` answer: runs of consecutive complete
         parts. O(parts log parts), then O(1) until the index changes."""
@@ -516,32 +537,53 @@ class Rollups:
             ArchiveError: see `summarize`. OSError: a file could not be written (the
             copies written before it stay; the part is not complete).
         """
+        written, found = self.write(stream, table, first, last, day)
+        self.publish(stream, first, last, found)
+        return written
+
+    def write(self, stream: str, table: pa.Table, first: int, last: int,
+              day: int | None = None) -> tuple[list[Path], int | None]:
+        """The file half of `add`: the copies written (or, for rows not of one day,
+        removed) and the part's day (None: it gets no copies), the index untouched, so
+        that a flush beside the engine's writer writes them off every lock and makes
+        them visible with `publish`, at once. O(rows log rows).
+
+        Raises:
+            as `add`.
+        """
         summaries = {grain: summarize(table, grain) for grain in GRAINS}
         days = summaries[Grain.DAY].column("bucket").to_pylist()
         if len(days) != 1 or day not in (None, days[0]):
             for grain in GRAINS:
                 copy_path(self.folder, stream, grain, first, last).unlink(missing_ok=True)
-            self._copies.get(stream, {}).pop((first, last), None)
-            self._changed(stream, (first, last))
-            return []
+            return [], None
         written = []
         stream_dir = self.folder / f"stream={stream}"
         make_dir(self.folder, self.private)
         make_dir(stream_dir, self.private)
-        self._parts.setdefault(stream, {})[(first, last)] = days[0]
-        self._changed(stream, (first, last))
         for grain, summary in summaries.items():
             path = copy_path(self.folder, stream, grain, first, last)
             make_dir(path.parent, self.private)
             write_whole(path, partial(pq.write_table, summary), self.private)
             fsync_dir(path.parent)
-            self._copies.setdefault(stream, {}).setdefault((first, last), set()).add(grain)
             written.append(path)
         fsync_dir(stream_dir)
         fsync_dir(self.folder)
-        self._changed(stream, (first, last))
-        return written
+        return written, int(days[0])
 
+    def publish(self, stream: str, first: int, last: int, day: int | None) -> None:
+        """Index the copies `write` wrote of the part first..last (day None: it has
+        none). O(cache) under the index's lock: a reader sees the part complete or
+        not at all."""
+        with self._lock:
+            if day is None:
+                self._copies.get(stream, {}).pop((first, last), None)
+            else:
+                self._parts.setdefault(stream, {})[(first, last)] = day
+                self._copies.setdefault(stream, {})[(first, last)] = set(GRAINS)
+            self._changed(stream, (first, last))
+
+    @_locked
     def build(self, stream: str | None = None, rebuild: bool = False) -> int:
         """Write the copies of the part files of `stream` (default: every stream) that
         lack one (`rebuild`: of every part file), each from the part file alone, and
@@ -582,6 +624,7 @@ class Rollups:
                 self._changed(name, (first, last))
         return built
 
+    @_locked
     def drop(self, stream: str, below: int) -> None:
         """Forget the copies of `stream`'s part files of tupleIDs below `below` (as
         `Archive.drop` forgets the part files; called before it, so that a crash
@@ -631,6 +674,7 @@ class Rollups:
                 self._cached -= old.nbytes()
         return got
 
+    @_locked
     def buckets(self, stream: str, grain: Grain, columns: Sequence[tuple[str, ColumnType]]
                 ) -> Buckets:
         """The `grain` buckets of all `stream`'s complete parts, merged by bucket (a
@@ -644,6 +688,7 @@ class Rollups:
         return _combine([self._copy(stream, grain, part, cols)
                          for part in self.complete(stream)], cols)
 
+    @_locked
     def substitute(self, stream: str, begin: float, end: float,
                    columns: Sequence[tuple[str, ColumnType]]) -> Substitute | None:
         """How the copies answer part of an aggregate over `stream`'s rows with
@@ -689,6 +734,7 @@ class Rollups:
                 return True
         return False
 
+    @_locked
     def totals(self, stream: str, runs: Sequence[tuple[Grain, int, int]],
                columns: Sequence[tuple[str, ColumnType]]) -> dict[str, Any]:
         """COUNT(*), the latest ts, and per column (name, type) of `columns` its SUM,
@@ -732,6 +778,7 @@ class Rollups:
         """Bytes of decoded copies held in memory (the cache)."""
         return self._cached
 
+    @_locked
     def stats(self) -> dict[str, dict[str, int]]:
         """Per stream with copies: its complete parts, all its parts, and the copy
         files' bytes. O(copy files)."""
@@ -744,6 +791,7 @@ class Rollups:
                            "bytes": self.disk_bytes(stream)}
         return out
 
+    @_locked
     def _check(self) -> None:
         """Assert the invariants (for tests): the index equals the files on disk; the
         parts of a stream never overlap; a copy's buckets are sorted and unique, its

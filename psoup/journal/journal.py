@@ -121,8 +121,9 @@ class Journal:
         make_dir(self.path, private=True)                           # tuples are private
         self._lock_fd = _lock(self.path / "lock")
         self.wal = WriteAheadLog(self.path / "wal", Sync(sync))
+        # its flusher writes expired rows beside the writer (docs/durability.md)
         self.archive = Archive(self.path / "archive", private=True,
-                               aggregates=folder_for(self.path / "archive"))
+                               aggregates=folder_for(self.path / "archive"), background=True)
         shutil.rmtree(self.tiers_path / INCOMING, ignore_errors=True)   # of a job cut short
         self.checkpoint_bytes = checkpoint_bytes
         self.checkpoint_seconds = checkpoint_seconds
@@ -243,6 +244,7 @@ class Journal:
             self.archive.flush()    # what fails stays in the log, archived after a restart
         finally:
             try:
+                self.archive.close()        # its flusher, idle by now
                 self.wal.close()
             finally:
                 os.close(self._lock_fd)     # releases the flock
