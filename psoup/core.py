@@ -18,6 +18,7 @@ cursors for `since`), and recovery replays the journal straight into a Core.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -81,8 +82,11 @@ class Core:
         self.stems[schema.name] = stem
         self.ddl[schema.name] = sql
 
-    def register(self, query: Query, handle: str) -> None:
-        allocate = self.query_stem.allocate
+    def register(self, query: Query, handle: str, slots: tuple[int, ...] = ()) -> None:
+        """Register `query` under `handle`, in the slots the Query SteM hands out, or in
+        `slots` (a checkpoint's restore: QuerySteM.restore_slots follows)."""
+        allocate = self.query_stem.allocate if not slots else partial(
+            _take, list(slots), self.query_stem.reserve)
         plan: Plan
         if len(query.sources) > 1:
             slots = tuple(allocate() for _ in query.sources)
@@ -222,6 +226,13 @@ class Core:
         assert self.query_stem.streams() <= streams, "no index of a dropped stream"
         assert self.kept.streams() <= streams, "nothing kept of a dropped stream"
         assert not self.eddy.ntp and not self.eddy.ttp, "the eddy's pools are drained"
+
+
+def _take(slots: list[int], reserve: Callable[[int], None]) -> int:
+    """The next of `slots`, reserved in the Query SteM (Core.register's given slots)."""
+    slot = slots.pop(0)
+    reserve(slot)
+    return slot
 
 
 def _below(sampled: Sampled | None) -> int | None:

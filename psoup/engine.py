@@ -40,6 +40,7 @@ from psoup.catalog import answer_catalog, describe_stream
 from psoup.core import Core
 from psoup.entropy import token_hex
 from psoup.errors import PSoupError, QueryError, SequenceError
+from psoup.journal.checkpoint import Cut
 from psoup.journal.durable import Durability
 from psoup.limits import MAX_TS, Limits
 from psoup.locks import FairLock
@@ -438,15 +439,30 @@ class Engine:
                 self._durability.commit()
 
     def checkpoint(self) -> None:
-        """Write the retained state as a fresh log and drop the old one (done on its own
-        when the log outgrows `checkpoint_bytes`). O(retained tuples)."""
-        with self._lock:
-            self._check_open()
-            self._durability.checkpoint(self._core, self._producers, self._history.pending)
+        """Write the whole state as a checkpoint, and drop the log before it; returns
+        once the checkpoint is valid (a background one that runs is waited for first).
+        Automatic checkpoints (when the log outgrows `checkpoint_bytes`) run in the
+        background instead. Either kind holds the lock only to take its cut (O(chunks +
+        queries)) and to end; other calls go on while its files are written. O(state)."""
+        durability = self._durability
+        while True:
+            durability.wait_checkpoint()
+            with self._lock:
+                self._check_open()
+                if durability.checkpointing:        # a background one began meanwhile
+                    continue
+                cut = durability.cut(self._core, self._producers, self._history.pending)
+                break
+        if cut is not None:
+            durability.checkpoint(cut, self._lock)
 
     def close(self) -> None:
         """Flush the log and the archive; later writes raise PSoupError. A running
-        history job is cancelled (and waited for, up to a minute). Idempotent."""
+        history job is cancelled (and waited for, up to a minute), a checkpoint being
+        written is finished. Idempotent."""
+        with self._lock:
+            self._durability.stop()
+        self._durability.wait_checkpoint()
         with self._lock:
             if not self._closed:
                 self._durability.close()
@@ -489,7 +505,11 @@ class Engine:
         self._after_write()
 
     def _after_write(self) -> None:
-        self._durability.after_write(self.checkpoint)
+        self._durability.after_write(self._cut, self._lock)
+
+    def _cut(self) -> Cut | None:
+        """An automatic checkpoint's cut (under the lock)."""
+        return self._durability.cut(self._core, self._producers, self._history.pending)
 
     def _check_open(self) -> None:
         self._durability.check_running()
