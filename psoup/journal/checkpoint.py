@@ -42,6 +42,8 @@ import contextlib
 import logging
 import os
 import re
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +74,9 @@ VERSION = 1
 
 _MANIFEST = re.compile(r"manifest-(\d{8,})\.mp\Z")
 _WRITE = 64 << 20          # bytes per write call (each releases the GIL)
+
+#: The GIL's switch interval while a checkpoint is read back (see `restore`).
+SWITCH_INTERVAL = 0.0002
 
 
 def _manifest_name(number: int) -> str:
@@ -333,27 +338,103 @@ def _read_array(path: Path, array: NDArray[Any]) -> NDArray[Any]:
 
 @dataclass
 class Restore:
-    """What `restore` did, for a caller that times it: seconds reading the files, in
-    the queries (Query SteM, windows, sinks) and rebuilding structures from the data."""
+    """What `restore` did, for a caller that times it: seconds reading the files (on a
+    thread of their own, beside the rest), in the queries (Query SteM, windows, sinks),
+    rebuilding structures from the data, and in all."""
 
     read: float = 0.0
     queries: float = 0.0
     rebuilt: float = 0.0
+    total: float = 0.0
     bytes: int = 0
     handles: int = 0
+
+
+class _Prefetch(threading.Thread):
+    """Reads a checkpoint's files into fresh arrays (the Data SteMs' first, then the
+    results structure's), releasing the GIL in each read, while the caller registers
+    the queries. Raises nothing: `data` and `rest` re-raise what failed."""
+
+    def __init__(self, manifest: Mapping[str, Any], folder: Path, cap: int,
+                 wide: Mapping[str, int]):
+        super().__init__(name="psoup-checkpoint-read", daemon=True)
+        self.manifest, self.folder, self.cap, self.wide = manifest, folder, cap, wide
+        self.blocks: dict[str, list[tuple[NDArray[np.uint64], bytes]]] = {}
+        self.bits: dict[str, dict[int, NDArray[np.uint64]]] = {}
+        self.positions: NDArray[np.int64] | None = None
+        self.bytes = 0
+        self.seconds = 0.0
+        self._data = threading.Event()
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        began = time.perf_counter()
+        try:
+            self._read_data()
+            self._data.set()
+            self._read_rest()
+        except BaseException as exc:     # handed to the caller, in its thread
+            self._error = exc
+        finally:
+            self._data.set()
+            self.seconds = time.perf_counter() - began
+
+    def _read_data(self) -> None:
+        folder, cap = self.folder, self.cap
+        for stream in self.manifest["streams"]:
+            got = self.blocks[stream["name"]] = []
+            for _, _, _, data, text in stream["chunks"]:
+                block = _read_array(folder / data, np.empty((self.wide[stream["name"]], cap),
+                                                            np.uint64))
+                raw = _read_bytes(folder / text) if text else b""
+                self.bytes += block.nbytes + len(raw)
+                got.append((block, raw))
+
+    def _read_rest(self) -> None:
+        folder, cap = self.folder, self.cap
+        for stream in self.manifest["streams"]:
+            if stream["bits"] is None:
+                continue
+            got = self.bits[stream["name"]] = {}
+            for k, _, words, _, file in stream["bits"]["chunks"]:
+                array = np.empty((int(words), cap + ROW_PAD), np.uint64)
+                got[int(k)] = _read_array(folder / file, array)
+                self.bytes += array.nbytes
+        complete = self.manifest.get("complete")
+        if complete:
+            count = sum(int(c) for c in complete["counts"])
+            self.positions = _read_array(folder / complete["file"], np.empty(count, np.int64))
+            self.bytes += self.positions.nbytes
+
+    def data(self) -> None:
+        """Wait for the Data SteMs' files."""
+        self._data.wait()
+        if self._error is not None:
+            raise self._error
+
+    def rest(self) -> None:
+        """Wait for every file."""
+        self.join()
+        if self._error is not None:
+            raise self._error
 
 
 def restore(core: Core, manifest: Mapping[str, Any], folder: Path,
             create: Callable[[StreamSchema, str], None]) -> Restore:
     """Put the checkpoint of `manifest` into the empty `core`: streams (through
-    `create`, as a live CREATE STREAM), queries in their slots, chunks, the results
-    structure, then the aggregates and joins rebuilt from the data. The producers,
-    tiers and history are the caller's (`manifest["producers"]`, ...). O(files read +
-    queries), plus the rebuilt queries' registrations over the data.
+    `create`, as a live CREATE STREAM), the queries whose matches the files hold in
+    their slots (before the data: each meets no tuples), the chunks, the queries whose
+    structures are rebuilt from the data (aggregates, joins) through the ordinary
+    registration, and last the results structure's chunks (which hold the rebuilt
+    queries' bits too, as they were). The files are read on a thread of their own
+    meanwhile. The producers, tiers and history are the caller's
+    (`manifest["producers"]`, ...). O(files read + queries), plus the rebuilt queries'
+    registrations over the data.
 
     Raises:
         PSoupError: a file is missing or damaged.
     """
+    began = time.perf_counter()
     timing = Restore()
     if int(manifest["chunk_rows"]) != core.chunk_rows:
         raise PSoupError(f"the checkpoint in {folder} has chunks of {manifest['chunk_rows']} "
@@ -362,23 +443,34 @@ def restore(core: Core, manifest: Mapping[str, Any], folder: Path,
         stmt = compile_statement(stream["ddl"], core.schemas())
         assert isinstance(stmt, StreamSchema)
         create(stmt, stream["ddl"])
-    started = time.perf_counter()
-    later = _register(core, manifest["handles"], rebuilt=False)
-    timing.queries = time.perf_counter() - started
-    started = time.perf_counter()
-    for stream in manifest["streams"]:
-        timing.bytes += _restore_stream(core, stream, folder)
-    if manifest.get("complete"):
-        timing.bytes += _restore_complete(core, manifest["complete"], folder)
-    timing.read = time.perf_counter() - started
-    started = time.perf_counter()
-    _register(core, later, rebuilt=True)
+    files = _Prefetch(manifest, folder, core.chunk_rows,
+                      {name: len(stem.wide) for name, stem in core.stems.items()})
+    # The reader takes the GIL between its reads; while this thread registers queries
+    # it would wait the whole switch interval (5 ms) each time, for thousands of files.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    files.start()
+    try:
+        started = time.perf_counter()
+        later = _register(core, manifest["handles"], rebuilt=False)
+        timing.queries = time.perf_counter() - started
+        files.data()
+        for stream in manifest["streams"]:
+            _restore_stream(core, stream, files.blocks[stream["name"]])
+        started = time.perf_counter()
+        _register(core, later, rebuilt=True)
+        timing.rebuilt = time.perf_counter() - started
+    finally:
+        files.join()
+        sys.setswitchinterval(interval)
+    files.rest()
+    _restore_results(core, manifest, files)
     order = [h for h, _, _ in manifest["handles"]]
     core.handles = {h: core.handles[h] for h in order}
     core.query_stem.restore_slots(int(manifest["next_slot"]), int(manifest["words"]))
     core.next_tid = max(core.next_tid, int(manifest["next_tid"]))
-    timing.rebuilt = time.perf_counter() - started
-    timing.handles = len(order)
+    timing.read, timing.bytes, timing.handles = files.seconds, files.bytes, len(order)
+    timing.total = time.perf_counter() - began
     return timing
 
 
@@ -405,36 +497,35 @@ def _rebuilt(core: Core, query: Query) -> bool:
             and (len(query.sources) > 1 or query.aggregated))
 
 
-def _restore_stream(core: Core, stream: Mapping[str, Any], folder: Path) -> int:
-    stem = core.stem(stream["name"])
-    cap, wide = stem.chunk_rows, len(stem.wide)
-    blocks, narrow, rows = [], [], []
-    done = 0
-    for _, _, n, data, text in stream["chunks"]:
-        block = _read_array(folder / data, np.empty((wide, cap), np.uint64))
-        blocks.append(block)
-        done += block.nbytes
-        cols: dict[str, Any] = {}
-        if text:
-            raw = _read_bytes(folder / text)
-            done += len(raw)
-            cols = {c: _column(v) for c, v in
-                    msgpack.unpackb(raw, raw=False, strict_map_key=False).items()}
-        narrow.append(cols)
-        rows.append(int(n))
-    stem.restore(StemImage(int(stream["chunk0"]), int(stream["n"]), int(stream["horizon"]),
-                           float(stream["last_ts"]), int(stream["at_last_ts"]),
-                           int(stream["rows_total"]), blocks, narrow, rows))
-    bits = stream["bits"]
+def _restore_stream(core: Core, stream: Mapping[str, Any],
+                    blocks: Sequence[tuple[NDArray[np.uint64], bytes]]) -> None:
+    narrow = []
+    for _, raw in blocks:
+        narrow.append({} if not raw else {
+            c: _column(v) for c, v in msgpack.unpackb(raw, raw=False,
+                                                      strict_map_key=False).items()})
+    core.stem(stream["name"]).restore(StemImage(
+        int(stream["chunk0"]), int(stream["n"]), int(stream["horizon"]),
+        float(stream["last_ts"]), int(stream["at_last_ts"]), int(stream["rows_total"]),
+        [block for block, _ in blocks], narrow, [int(c[2]) for c in stream["chunks"]]))
+
+
+def _restore_results(core: Core, manifest: Mapping[str, Any], files: _Prefetch) -> None:
+    """PSoup-P's bitmap chunks, or PSoup-C's lists, into the selection structure."""
     selections = core.kept.selections
-    if bits is not None and isinstance(selections, PartialResults):
-        padded = {}
-        for k, _, words, _, file in bits["chunks"]:
-            array = np.empty((int(words), cap + ROW_PAD), np.uint64)
-            padded[int(k)] = _read_array(folder / file, array)
-            done += array.nbytes
-        selections.restore(stream["name"], int(bits["written"]), padded)
-    return done
+    if isinstance(selections, PartialResults):
+        for stream in manifest["streams"]:
+            if stream["bits"] is not None:
+                selections.restore(stream["name"], int(stream["bits"]["written"]),
+                                   files.bits[stream["name"]])
+    complete = manifest.get("complete")
+    if complete and isinstance(selections, CompleteResults):
+        assert files.positions is not None
+        counts = [int(c) for c in complete["counts"]]
+        ends = np.cumsum(counts).tolist()
+        lists = {int(slot): files.positions[end - count:end]
+                 for slot, count, end in zip(complete["slots"], counts, ends, strict=True)}
+        selections.restore(lists, {str(s): int(h) for s, h in complete["horizons"].items()})
 
 
 def _column(value: Any) -> NDArray[Any]:
@@ -452,15 +543,3 @@ def _read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise PSoupError(f"checkpoint file {path} cannot be read ({exc})") from None
-
-
-def _restore_complete(core: Core, complete: Mapping[str, Any], folder: Path) -> int:
-    selections = core.kept.selections
-    assert isinstance(selections, CompleteResults), "PSoup-C's lists for PSoup-C"
-    counts = [int(c) for c in complete["counts"]]
-    positions = _read_array(folder / complete["file"], np.empty(sum(counts), np.int64))
-    ends = np.cumsum(counts)
-    lists = {int(slot): positions[end - count:end]
-             for slot, count, end in zip(complete["slots"], counts, ends.tolist(), strict=True)}
-    selections.restore(lists, {str(s): int(h) for s, h in complete["horizons"].items()})
-    return int(positions.nbytes)

@@ -305,10 +305,11 @@ class Durability:
                     str(h): [str(f) for f in files] for h, files in manifest["tiers"].items()}))
             if manifest["history"]:
                 effects.history_due([str(h) for h in manifest["history"]])
-            log.info("checkpoint %s read back: %.0f MB in %.2f s, %d queries in %.2f s, "
-                     "structures rebuilt in %.2f s", manifest["number"],
-                     self.restored.bytes / 1e6, self.restored.read, self.restored.handles,
-                     self.restored.queries, self.restored.rebuilt)
+            done = self.restored
+            log.info("checkpoint %s read back in %.2f s: %.0f MB of files in %.2f s, %d "
+                     "queries in %.2f s, structures rebuilt in %.2f s", manifest["number"],
+                     done.total, done.bytes / 1e6, done.read, done.handles, done.queries,
+                     done.rebuilt)
         wal, shown = journal.wal, time.monotonic()
         for record in journal.replay():
             replay.apply(record)
