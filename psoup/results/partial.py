@@ -311,12 +311,6 @@ class PartialResults(ResultsStructure, ProbeTarget):
         self._written[stream] = written
         self._lists.pop(stream, None)
 
-    def clear_slots(self, slots: Sequence[int]) -> None:
-        """Clear these slots' bits everywhere (a checkpoint's chunks may hold bits a
-        registration set after its cut, in slots free at the cut). O(retained) each."""
-        for slot in slots:
-            self.on_unregister(slot)
-
     def admission_bytes(self, words: int, rows: int) -> int:
         """The widening a slot needing `words` words brings, once every retained chunk
         holds it (its own matches widen some at once, later batches the rest); the
