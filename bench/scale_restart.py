@@ -11,8 +11,10 @@ engine's own files are cold; without root the cache is warm, and the report says
 
 * restart: a new process from its start to the first answered invoke (Python and
   psoup imported, Engine(path) reading the checkpoint back and replaying the log after
-  it, then the invoke), with the checkpoint's part of it: its files (read on a thread
-  of their own), its queries registered meanwhile, the aggregates rebuilt;
+  it, then the invoke), with the checkpoint's part of it: its files mapped (their pages
+  read when first touched, a thread having the kernel read them ahead), its queries
+  registered, the aggregates rebuilt; and when the read-ahead of every file had ended
+  (files cached: from then on no page of the state waits for the disk);
 * read files: reading every file the checkpoint's manifest names, sequentially, into
   memory (the floor a restart is compared with: target <= 2x);
 * log only: the same engine restarted from its log alone, as before checkpoints held
@@ -102,8 +104,11 @@ first = len(eng.invoke(handles[0], now=1e12))
 answered = time.time()
 answers = [first] + [len(eng.invoke(h, now=1e12)) for h in handles[1:]]
 r = eng._durability.restored
+if r is not None and r.readahead is not None:
+    r.readahead.join()
+cached = time.time()
 print(json.dumps({"began": began, "imported": opened0, "opened": opened, "answered": answered,
-                  "answers": answers,
+                  "answers": answers, "cached": cached,
                   "restore": None if r is None else {"read": r.read, "queries": r.queries,
                                                      "rebuilt": r.rebuilt, "bytes": r.bytes,
                                                      "total": r.total}}))
@@ -208,6 +213,7 @@ def _row(kind: str, s: dict[str, Any], got: dict[str, Any], read_s: float | None
             "restart s": restart, "import s": got["imported"] - got["spawned"],
             "open s": got["opened"] - got["imported"],
             "first invoke s": got["answered"] - got["opened"],
+            "cached s": got["cached"] - got["spawned"] if got["restore"] else None,
             "restore s": r.get("total"), "files read s": r.get("read"),
             "queries s": r.get("queries"),
             "rebuilt s": r.get("rebuilt"),
@@ -241,6 +247,7 @@ def main() -> None:
         ("from", "restart from", "s"), ("rows", "tuples", ",d"), ("queries", "queries", ",d"),
         ("restart s", "SIGKILL->answer s", ".2f"), ("import s", "import s", ".2f"),
         ("open s", "Engine() s", ".2f"), ("first invoke s", "1st invoke s", ".3f"),
+        ("cached s", "files cached s", ".2f"),
         ("restore s", "checkpoint s", ".2f"), ("files read s", "its files", ".2f"),
         ("queries s", "its queries", ".2f"),
         ("rebuilt s", "rebuilt", ".2f"), ("MB", "files MB", ",.0f"),

@@ -30,19 +30,23 @@ A full chunk's data file and, when no query was registered or unregistered since
 previous checkpoint's cut, a full bitmap chunk's file are the previous checkpoint's,
 named again rather than written again: an ingest-only engine writes its new chunks.
 
-Recovery (`restore`) creates the streams, registers the queries in their slots before
-the data (each meets no tuples: O(factors)), reads the chunks back into place, and then
-registers the queries whose structures are rebuilt from the data (aggregates, joins)
-through the ordinary path. Then the log after the checkpoint is replayed.
+Recovery (`restore`) maps the files copy-on-write (MAP_PRIVATE: a page is read when
+first touched, while a thread has the kernel read them all ahead, and a write changes
+the process's copy, never the file; files are never written once named by a manifest),
+creates the streams, registers the queries in their slots before the data (each meets
+no tuples: O(factors)), puts the chunks in place, registers
+the queries whose structures are rebuilt from the data (aggregates, joins) through the
+ordinary path, and installs the results structure's chunks. Then the log after the
+checkpoint is replayed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -75,8 +79,6 @@ VERSION = 1
 _MANIFEST = re.compile(r"manifest-(\d{8,})\.mp\Z")
 _WRITE = 64 << 20          # bytes per write call (each releases the GIL)
 
-#: The GIL's switch interval while a checkpoint is read back (see `restore`).
-SWITCH_INTERVAL = 0.0002
 
 
 def _manifest_name(number: int) -> str:
@@ -317,30 +319,63 @@ def files_of(manifest: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _read_array(path: Path, array: NDArray[Any]) -> NDArray[Any]:
-    """Fill `array` (C-contiguous) from the file at `path`, which holds exactly it."""
-    view = array.data.cast("B")
+def _mapped(path: Path, shape: tuple[int, ...], dtype: type[np.generic]) -> NDArray[Any]:
+    """The file at `path`, which holds exactly an array of `shape`, mapped copy-on-write
+    (MAP_PRIVATE): its pages are read when first touched (a `_Readahead` brings them in
+    meanwhile), and a write changes this process's copy, never the file. O(1).
+
+    Raises:
+        PSoupError: the file is missing or not of that size."""
+    want = int(np.prod(shape)) * np.dtype(dtype).itemsize
     try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size != len(view):
-                raise ValueError(f"{size} bytes where {len(view)} are expected")
-            done = 0
-            while done < len(view):
-                got = f.readinto(view[done:])
-                if not got:
-                    raise ValueError("the file ends early")
-                done += got
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size != want:
+                raise ValueError(f"{size} bytes where {want} are expected")
+            if not size:
+                return np.empty(shape, dtype)
+            view = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
     except (OSError, ValueError) as exc:
         raise PSoupError(f"checkpoint file {path} cannot be read ({exc})") from None
-    return array
+    out: NDArray[Any] = np.ndarray(shape, dtype, buffer=view)
+    return out
+
+
+class _Readahead(threading.Thread):
+    """Asks the kernel to read a checkpoint's files into the page cache, one after the
+    other (posix_fadvise WILLNEED, which releases the GIL), while the restart maps them
+    and registers the queries; a file gone meanwhile is skipped."""
+
+    def __init__(self, paths: list[Path]):
+        super().__init__(name="psoup-checkpoint-readahead", daemon=True)
+        self.paths = paths
+        self.seconds = 0.0
+
+    def run(self) -> None:
+        began = time.perf_counter()
+        for path in self.paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        self.seconds = time.perf_counter() - began
 
 
 @dataclass
 class Restore:
-    """What `restore` did, for a caller that times it: seconds reading the files (on a
-    thread of their own, beside the rest), in the queries (Query SteM, windows, sinks),
-    rebuilding structures from the data, and in all."""
+    """What `restore` did, for a caller that times it: seconds mapping the files, in the
+    queries (Query SteM, windows, sinks), rebuilding structures from the data, and in
+    all; the bytes mapped; the thread reading them ahead (join it to wait for it)."""
 
     read: float = 0.0
     queries: float = 0.0
@@ -348,88 +383,20 @@ class Restore:
     total: float = 0.0
     bytes: int = 0
     handles: int = 0
-
-
-class _Prefetch(threading.Thread):
-    """Reads a checkpoint's files into fresh arrays (the Data SteMs' first, then the
-    results structure's), releasing the GIL in each read, while the caller registers
-    the queries. Raises nothing: `data` and `rest` re-raise what failed."""
-
-    def __init__(self, manifest: Mapping[str, Any], folder: Path, cap: int,
-                 wide: Mapping[str, int]):
-        super().__init__(name="psoup-checkpoint-read", daemon=True)
-        self.manifest, self.folder, self.cap, self.wide = manifest, folder, cap, wide
-        self.blocks: dict[str, list[tuple[NDArray[np.uint64], bytes]]] = {}
-        self.bits: dict[str, dict[int, NDArray[np.uint64]]] = {}
-        self.positions: NDArray[np.int64] | None = None
-        self.bytes = 0
-        self.seconds = 0.0
-        self._data = threading.Event()
-        self._error: BaseException | None = None
-
-    def run(self) -> None:
-        began = time.perf_counter()
-        try:
-            self._read_data()
-            self._data.set()
-            self._read_rest()
-        except BaseException as exc:     # handed to the caller, in its thread
-            self._error = exc
-        finally:
-            self._data.set()
-            self.seconds = time.perf_counter() - began
-
-    def _read_data(self) -> None:
-        folder, cap = self.folder, self.cap
-        for stream in self.manifest["streams"]:
-            got = self.blocks[stream["name"]] = []
-            for _, _, _, data, text in stream["chunks"]:
-                block = _read_array(folder / data, np.empty((self.wide[stream["name"]], cap),
-                                                            np.uint64))
-                raw = _read_bytes(folder / text) if text else b""
-                self.bytes += block.nbytes + len(raw)
-                got.append((block, raw))
-
-    def _read_rest(self) -> None:
-        folder, cap = self.folder, self.cap
-        for stream in self.manifest["streams"]:
-            if stream["bits"] is None:
-                continue
-            got = self.bits[stream["name"]] = {}
-            for k, _, words, _, file in stream["bits"]["chunks"]:
-                array = np.empty((int(words), cap + ROW_PAD), np.uint64)
-                got[int(k)] = _read_array(folder / file, array)
-                self.bytes += array.nbytes
-        complete = self.manifest.get("complete")
-        if complete:
-            count = sum(int(c) for c in complete["counts"])
-            self.positions = _read_array(folder / complete["file"], np.empty(count, np.int64))
-            self.bytes += self.positions.nbytes
-
-    def data(self) -> None:
-        """Wait for the Data SteMs' files."""
-        self._data.wait()
-        if self._error is not None:
-            raise self._error
-
-    def rest(self) -> None:
-        """Wait for every file."""
-        self.join()
-        if self._error is not None:
-            raise self._error
+    readahead: threading.Thread | None = None     # still reading ahead, maybe
 
 
 def restore(core: Core, manifest: Mapping[str, Any], folder: Path,
             create: Callable[[StreamSchema, str], None]) -> Restore:
     """Put the checkpoint of `manifest` into the empty `core`: streams (through
     `create`, as a live CREATE STREAM), the queries whose matches the files hold in
-    their slots (before the data: each meets no tuples), the chunks, the queries whose
-    structures are rebuilt from the data (aggregates, joins) through the ordinary
-    registration, and last the results structure's chunks (which hold the rebuilt
-    queries' bits too, as they were). The files are read on a thread of their own
-    meanwhile. The producers, tiers and history are the caller's
-    (`manifest["producers"]`, ...). O(files read + queries), plus the rebuilt queries'
-    registrations over the data.
+    their slots (before the data: each meets no tuples), the chunks (mapped, a thread
+    having the kernel read them ahead meanwhile), the queries whose structures are rebuilt from the
+    data (aggregates, joins) through the ordinary registration, and last the results
+    structure's chunks (which hold the rebuilt queries' bits too, as they were). The
+    producers, tiers and history are the caller's (`manifest["producers"]`, ...).
+    O(files + queries), plus the rebuilt queries' registrations over the data; the
+    files' pages are read as they are touched.
 
     Raises:
         PSoupError: a file is missing or damaged.
@@ -439,37 +406,30 @@ def restore(core: Core, manifest: Mapping[str, Any], folder: Path,
     if int(manifest["chunk_rows"]) != core.chunk_rows:
         raise PSoupError(f"the checkpoint in {folder} has chunks of {manifest['chunk_rows']} "
                          f"rows; open the engine with chunk_rows={manifest['chunk_rows']}")
+    timing.readahead = _Readahead([folder / name for name in files_of(manifest)])
+    timing.readahead.start()
     for stream in manifest["streams"]:
         stmt = compile_statement(stream["ddl"], core.schemas())
         assert isinstance(stmt, StreamSchema)
         create(stmt, stream["ddl"])
-    files = _Prefetch(manifest, folder, core.chunk_rows,
-                      {name: len(stem.wide) for name, stem in core.stems.items()})
-    # The reader takes the GIL between its reads; while this thread registers queries
-    # it would wait the whole switch interval (5 ms) each time, for thousands of files.
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    files.start()
-    try:
-        started = time.perf_counter()
-        later = _register(core, manifest["handles"], rebuilt=False)
-        timing.queries = time.perf_counter() - started
-        files.data()
-        for stream in manifest["streams"]:
-            _restore_stream(core, stream, files.blocks[stream["name"]])
-        started = time.perf_counter()
-        _register(core, later, rebuilt=True)
-        timing.rebuilt = time.perf_counter() - started
-    finally:
-        files.join()
-        sys.setswitchinterval(interval)
-    files.rest()
-    _restore_results(core, manifest, files)
+    started = time.perf_counter()
+    later = _register(core, manifest["handles"], rebuilt=False)
+    timing.queries = time.perf_counter() - started
+    started = time.perf_counter()
+    for stream in manifest["streams"]:
+        timing.bytes += _restore_stream(core, stream, folder)
+    timing.read = time.perf_counter() - started
+    started = time.perf_counter()
+    _register(core, later, rebuilt=True)
+    timing.rebuilt = time.perf_counter() - started
+    started = time.perf_counter()
+    timing.bytes += _restore_results(core, manifest, folder)
+    timing.read += time.perf_counter() - started
     order = [h for h, _, _ in manifest["handles"]]
     core.handles = {h: core.handles[h] for h in order}
     core.query_stem.restore_slots(int(manifest["next_slot"]), int(manifest["words"]))
     core.next_tid = max(core.next_tid, int(manifest["next_tid"]))
-    timing.read, timing.bytes, timing.handles = files.seconds, files.bytes, len(order)
+    timing.handles = len(order)
     timing.total = time.perf_counter() - began
     return timing
 
@@ -497,35 +457,49 @@ def _rebuilt(core: Core, query: Query) -> bool:
             and (len(query.sources) > 1 or query.aggregated))
 
 
-def _restore_stream(core: Core, stream: Mapping[str, Any],
-                    blocks: Sequence[tuple[NDArray[np.uint64], bytes]]) -> None:
-    narrow = []
-    for _, raw in blocks:
-        narrow.append({} if not raw else {
-            c: _column(v) for c, v in msgpack.unpackb(raw, raw=False,
-                                                      strict_map_key=False).items()})
-    core.stem(stream["name"]).restore(StemImage(
+def _restore_stream(core: Core, stream: Mapping[str, Any], folder: Path) -> int:
+    """A stream's chunks into its (empty) Data SteM; returns the bytes mapped."""
+    stem = core.stem(stream["name"])
+    shape = (len(stem.wide), stem.chunk_rows)
+    blocks, narrow, done = [], [], 0
+    for _, _, _, data, text in stream["chunks"]:
+        blocks.append(_mapped(folder / data, shape, np.uint64))
+        done += blocks[-1].nbytes
+        cols: dict[str, NDArray[Any]] = {}
+        if text:
+            raw = _read_bytes(folder / text)
+            cols = {c: _column(v) for c, v in
+                    msgpack.unpackb(raw, raw=False, strict_map_key=False).items()}
+        narrow.append(cols)
+    stem.restore(StemImage(
         int(stream["chunk0"]), int(stream["n"]), int(stream["horizon"]),
         float(stream["last_ts"]), int(stream["at_last_ts"]), int(stream["rows_total"]),
-        [block for block, _ in blocks], narrow, [int(c[2]) for c in stream["chunks"]]))
+        blocks, narrow, [int(c[2]) for c in stream["chunks"]]))
+    return done
 
 
-def _restore_results(core: Core, manifest: Mapping[str, Any], files: _Prefetch) -> None:
-    """PSoup-P's bitmap chunks, or PSoup-C's lists, into the selection structure."""
-    selections = core.kept.selections
+def _restore_results(core: Core, manifest: Mapping[str, Any], folder: Path) -> int:
+    """PSoup-P's bitmap chunks, or PSoup-C's lists, into the selection structure;
+    returns the bytes mapped."""
+    selections, cap, done = core.kept.selections, core.chunk_rows, 0
     if isinstance(selections, PartialResults):
         for stream in manifest["streams"]:
-            if stream["bits"] is not None:
-                selections.restore(stream["name"], int(stream["bits"]["written"]),
-                                   files.bits[stream["name"]])
+            if stream["bits"] is None:
+                continue
+            padded = {int(k): _mapped(folder / file, (int(words), cap + ROW_PAD), np.uint64)
+                      for k, _, words, _, file in stream["bits"]["chunks"]}
+            done += sum(array.nbytes for array in padded.values())
+            selections.restore(stream["name"], int(stream["bits"]["written"]), padded)
     complete = manifest.get("complete")
     if complete and isinstance(selections, CompleteResults):
-        assert files.positions is not None
         counts = [int(c) for c in complete["counts"]]
+        positions = _mapped(folder / complete["file"], (sum(counts),), np.int64)
         ends = np.cumsum(counts).tolist()
-        lists = {int(slot): files.positions[end - count:end]
+        lists = {int(slot): positions[end - count:end]
                  for slot, count, end in zip(complete["slots"], counts, ends, strict=True)}
         selections.restore(lists, {str(s): int(h) for s, h in complete["horizons"].items()})
+        done += positions.nbytes
+    return done
 
 
 def _column(value: Any) -> NDArray[Any]:

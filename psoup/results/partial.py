@@ -303,10 +303,10 @@ class PartialResults(ResultsStructure, ProbeTarget):
 
     def restore(self, stream: str, written: int, padded: Mapping[int, np.ndarray]) -> None:
         """Take back a stream's chunks from a checkpoint: each a padded array as `image`
-        gave it ((word rows, chunk_rows + ROW_PAD) uint64, C-contiguous, its own memory).
-        O(chunks)."""
+        gave it ((word rows, chunk_rows + ROW_PAD) uint64, C-contiguous, its own memory
+        or a mapped file's). O(chunks)."""
         for k, base in padded.items():
-            assert base.shape[1] == self.chunk_rows + ROW_PAD and base.base is None
+            assert base.shape[1] == self.chunk_rows + ROW_PAD and base.flags.c_contiguous
             self._bitmaps.setdefault(stream, {})[k] = base[:, :self.chunk_rows]
         self._written[stream] = written
         self._lists.pop(stream, None)
