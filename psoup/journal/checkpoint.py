@@ -357,13 +357,16 @@ class _Readahead(threading.Thread):
 
     def run(self) -> None:
         began = time.perf_counter()
+        advise = getattr(os, "posix_fadvise", None)     # not on macOS: pages read on use
+        if advise is None:
+            return
         for path in self.paths:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError:
                 continue
             try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             except OSError:
                 pass
             finally:
