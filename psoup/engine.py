@@ -443,12 +443,23 @@ class Engine:
         once the checkpoint is valid (a background one that runs is waited for first).
         Automatic checkpoints (when the log outgrows `checkpoint_bytes`) run in the
         background instead. Either kind holds the lock only to take its cut (O(chunks +
-        queries)) and to end; other calls go on while its files are written. O(state)."""
+        queries)) and to end; other calls go on while its files are written. O(state).
+
+        Raises:
+            OSError: a file could not be written (the previous checkpoint stays valid).
+            PSoupError: called inside `locked()` while a background checkpoint is being
+                written (it needs the lock to end).
+        """
         durability = self._durability
+        outer = self._lock.held()       # inside locked(): a background one cannot end
         while True:
-            durability.wait_checkpoint()
+            if not outer:
+                durability.wait_checkpoint()
             with self._lock:
                 self._check_open()
+                if durability.checkpointing and outer:
+                    raise PSoupError("a checkpoint is being written in the background; "
+                                     "call checkpoint() outside locked() to wait for it")
                 if durability.checkpointing:        # a background one began meanwhile
                     continue
                 cut = durability.cut(self._core, self._producers, self._history.pending)
@@ -462,7 +473,8 @@ class Engine:
         written is finished. Idempotent."""
         with self._lock:
             self._durability.stop()
-        self._durability.wait_checkpoint()
+        if not self._lock.held():       # inside locked(), a background one ends later
+            self._durability.wait_checkpoint()
         with self._lock:
             if not self._closed:
                 self._durability.close()
