@@ -218,6 +218,7 @@ def test_a_slowly_growing_log_is_checkpointed_by_time(tmp_path: Path,
         sizes = []
         for i in range(40):
             eng.insert("R", [(j,) for j in range(20)], ts=float(i))
+            eng._durability.wait_checkpoint()     # automatic ones run in the background
             sizes.append(eng.stats()["durability"]["log_bytes"])
         assert (max(sizes) < 3 * 2000) == rewritten
         eng.close()
