@@ -43,14 +43,13 @@ checkpoint is replayed.
 from __future__ import annotations
 
 import contextlib
-import logging
 import mmap
 import os
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,14 +70,11 @@ from psoup.stems.data_stem import StemImage
 if TYPE_CHECKING:
     from psoup.core import Core
 
-log = logging.getLogger("psoup.engine")
-
 #: The manifest format this code writes and reads.
 VERSION = 1
 
 _MANIFEST = re.compile(r"manifest-(\d{8,})\.mp\Z")
 _WRITE = 64 << 20          # bytes per write call (each releases the GIL)
-
 
 
 def _manifest_name(number: int) -> str:
@@ -91,7 +87,6 @@ class StreamCut:
 
     ddl: str
     wide: list[str]
-    narrow: list[str]
     image: StemImage
     bits: tuple[int, dict[int, NDArray[np.uint64]]] | None = None
 
@@ -114,22 +109,19 @@ class Cut:
     tiers: dict[str, list[str]]
     complete: tuple[dict[int, list[NDArray[np.int64]]], dict[str, int]] | None = None
     frozen: PartialResults | None = None
-    written: list[str] = field(default_factory=list)    # files written (not reused)
     manifest: dict[str, Any] | None = None              # once written
 
 
 def take(core: Core, number: int, wal: int, edits: int, producers: list[Any],
          history: list[str], tiers: dict[str, list[str]]) -> Cut:
     """The cut: references to the state of `core` (no array is copied). Under the
-    engine's lock; PSoup-P's bitmap stays frozen until `Cut.release`. O(chunks +
+    engine's lock; PSoup-P's bitmap stays frozen until `release`. O(chunks +
     queries)."""
     selections = core.kept.selections
     bits = selections.image() if isinstance(selections, PartialResults) else {}
     streams = {}
     for name, stem in core.stems.items():
-        wide = stem.wide
-        narrow = [c for c, _ in stem.schema.columns if c not in wide]
-        streams[name] = StreamCut(core.ddl[name], wide, narrow, stem.image(), bits.get(name))
+        streams[name] = StreamCut(core.ddl[name], stem.wide, stem.image(), bits.get(name))
     handles = [(h, plan.query.sql, tuple(slot for slot, _ in filed(plan)))
                for h, plan in core.handles.items()]
     cut = Cut(number, wal, edits, core.chunk_rows, streams, handles,
@@ -197,13 +189,11 @@ def _write_stream(cut: Cut, folder: Path, name: str, stream: StreamCut,
         stem = f"{name}.{k}.{tid0}.{cut.number}"
         data = f"d.{stem}.raw"
         _write_array(folder / data, block)
-        cut.written.append(data)
         text = ""
         if narrow:
             text = f"n.{stem}.mp"
             _write_file(folder / text, msgpack.packb(
                 {c: encode_array(v[:rows]) for c, v in narrow.items()}, use_bin_type=True))
-            cut.written.append(text)
         chunks.append([k, tid0, rows, data, text])
     out: dict[str, Any] = {
         "name": name, "ddl": stream.ddl, "chunk0": image.chunk0, "n": image.n,
@@ -232,7 +222,6 @@ def _write_bits(cut: Cut, folder: Path, name: str,
             continue
         file = f"b.{name}.{k}.{tid0}.{cut.number}.raw"
         _write_array(folder / file, padded)
-        cut.written.append(file)
         out.append([k, tid0, int(padded.shape[0]), sealed, file])
     return {"written": written, "chunks": out}
 
@@ -244,7 +233,6 @@ def _write_complete(cut: Cut, folder: Path) -> dict[str, Any]:
     parts = [np.concatenate(lists[s]) if lists[s] else np.empty(0, np.int64) for s in slots]
     file = f"c.{cut.number}.raw"
     _write_array(folder / file, np.concatenate(parts) if parts else np.empty(0, np.int64))
-    cut.written.append(file)
     return {"file": file, "slots": slots, "counts": [len(p) for p in parts],
             "horizons": horizons}
 
