@@ -409,3 +409,24 @@ def test_background_checkpoints_beside_a_writer_lose_and_duplicate_nothing(
             assert _answer(back.invoke(handle, now=1e9)) == _answer(ref.invoke(other, now=1e9))
         again = back.insert("R", batches[-1], ts=599.0, producer="p", seq=599)
         assert again[0] == 599 * 50, "a batch sent again is recognised, not applied twice"
+
+
+@pytest.mark.parametrize("mode", psoup.MODES)
+def test_an_engine_opened_with_other_chunks_takes_the_tuples_the_ordinary_way(
+        tmp_path: Path, mode: ModeName) -> None:
+    """The files hold chunks of the checkpoint's `chunk_rows`; an engine opened with
+    another size inserts the retained tuples again, every query registered first, and
+    answers as before. What left retention was archived at the checkpoint's cut."""
+    twin = Twin(tmp_path / "state", mode)
+    for sql in QUERIES:
+        twin.register(sql)
+    for i in range(15):
+        twin.insert(i, 37)
+    twin.durable.checkpoint()
+    twin.insert(99, 20)
+    twin.durable.close()
+    archived = psoup.Engine(path=str(twin.path), mode=mode, chunk_rows=CHUNK * 4,
+                            clock=twin._clock)
+    twin.durable = archived
+    twin.check()
+    twin.close()

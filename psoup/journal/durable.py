@@ -40,7 +40,7 @@ from psoup.options import SyncName
 from psoup.plans import SelectionPlan
 from psoup.producers import ProducerTable
 from psoup.query import compile_statement
-from psoup.query.model import Query, StreamSchema
+from psoup.query.model import TS, Query, StreamSchema
 from psoup.stems.batch import make_batch
 
 if TYPE_CHECKING:
@@ -240,6 +240,10 @@ class Durability:
         if journal is None:
             return None
         assert self._cut is None, "one checkpoint at a time"
+        for name, stem in core.stems.items():     # left retention, still held: archived
+            held = stem.rows(0, stem.horizon, expired=True)
+            if len(held[TS]):
+                journal.archive.add(name, stem.schema.columns, held)
         saved = core.tiers.save(journal.tiers_path,
                                 {plan.id: h for h, plan in core.handles.items()
                                  if plan.id in core.tiers})

@@ -638,6 +638,10 @@ class DataSteM:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def dtype(self, column: str) -> np.dtype[Any]:
+        """The storage dtype of a column (ts and tupleID included)."""
+        return self._dtypes[column]
+
     @property
     def wide(self) -> list[str]:
         """The 8-byte columns, in the order of their rows in a chunk's block."""
