@@ -243,8 +243,14 @@ class Journal:
             OSError: a file could not be written; the previous checkpoint and the log
                 after it stay valid.
         """
-        cut.manifest = checkpoints.write(cut, self.checkpoint_path, self.manifest)
-        # the older checkpoint's files: no other checkpoint runs until `finish`
+        try:
+            cut.manifest = checkpoints.write(cut, self.checkpoint_path, self.manifest)
+        except BaseException:
+            # its own files, which may be what filled the disk (the previous
+            # checkpoint's stay: no other checkpoint runs until `finish`)
+            checkpoints.collect(self.checkpoint_path, self.manifest)
+            raise
+        # the older checkpoint's files
         checkpoints.collect(self.checkpoint_path, cut.manifest)
 
     def finish(self, cut: checkpoints.Cut) -> None:
