@@ -34,10 +34,9 @@ Recovery (`restore`) maps the files copy-on-write (MAP_PRIVATE: a page is read w
 first touched, while a thread has the kernel read them all ahead, and a write changes
 the process's copy, never the file; files are never written once named by a manifest),
 creates the streams, registers the queries in their slots before the data (each meets
-no tuples: O(factors)), puts the chunks in place, registers
-the queries whose structures are rebuilt from the data (aggregates, joins) through the
-ordinary path, and installs the results structure's chunks. Then the log after the
-checkpoint is replayed.
+no tuples: O(factors)), puts the chunks of data and of the results structure in place,
+and registers the queries whose structures are rebuilt from the data (aggregates,
+joins) through the ordinary path. Then the log after the checkpoint is replayed.
 """
 
 from __future__ import annotations
@@ -383,10 +382,10 @@ def restore(core: Core, manifest: Mapping[str, Any], folder: Path,
     """Put the checkpoint of `manifest` into the empty `core`: streams (through
     `create`, as a live CREATE STREAM), the queries whose matches the files hold in
     their slots (before the data: each meets no tuples), the chunks (mapped, a thread
-    having the kernel read them ahead meanwhile), the queries whose structures are
-    rebuilt from the data (aggregates, joins) through the ordinary registration, and
-    last the results structure's chunks (which hold the rebuilt queries' bits too, as
-    they were). The producers, tiers and history are the caller's
+    having the kernel read them ahead meanwhile), the results structure's chunks, and
+    then the queries whose structures are rebuilt from the data (aggregates, joins)
+    through the ordinary registration (their bits, in the chunks read back already, are
+    set again). The producers, tiers and history are the caller's
     (`manifest["producers"]`, ...). O(files + queries), plus the rebuilt queries'
     registrations over the data; the files' pages are read as they are touched.
 
@@ -415,14 +414,14 @@ def restore(core: Core, manifest: Mapping[str, Any], folder: Path,
             timing.bytes += _restore_stream(core, stream, folder)
         else:
             timing.bytes += _reinsert(core, stream, folder, int(manifest["chunk_rows"]))
+    if same:
+        timing.bytes += _restore_results(core, manifest, folder)
     timing.read = time.perf_counter() - started
+    # over the results structure read back, which holds their bits already: each
+    # registration sets them again in the chunks that are there, allocating none
     started = time.perf_counter()
     _register(core, later, rebuilt=True)
     timing.rebuilt = time.perf_counter() - started
-    started = time.perf_counter()
-    if same:
-        timing.bytes += _restore_results(core, manifest, folder)
-    timing.read += time.perf_counter() - started
     order = [h for h, _, _ in manifest["handles"]]
     core.handles = {h: core.handles[h] for h in order}
     core.query_stem.restore_slots(int(manifest["next_slot"]), int(manifest["words"]))
