@@ -82,11 +82,11 @@ class Core:
         self.stems[schema.name] = stem
         self.ddl[schema.name] = sql
 
-    def register(self, query: Query, handle: str, slots: tuple[int, ...] = ()) -> None:
+    def register(self, query: Query, handle: str, in_slots: tuple[int, ...] = ()) -> None:
         """Register `query` under `handle`, in the slots the Query SteM hands out, or in
-        `slots` (a checkpoint's restore: QuerySteM.restore_slots follows)."""
-        allocate = self.query_stem.allocate if not slots else partial(
-            _take, list(slots), self.query_stem.reserve)
+        `in_slots` (a checkpoint's restore: QuerySteM.restore_slots follows)."""
+        allocate = self.query_stem.allocate if not in_slots else partial(
+            _take, list(in_slots), self.query_stem.reserve)
         plan: Plan
         if len(query.sources) > 1:
             slots = tuple(allocate() for _ in query.sources)

@@ -252,8 +252,8 @@ class Durability:
         return self._cut
 
     def checkpoint(self, cut: checkpoints.Cut, lock: AbstractContextManager[Any]) -> None:
-        """Write the files of `cut` (made by `cut`) in the calling thread, off `lock`, and
-        end it under `lock`: Engine.checkpoint, which returns once it is valid.
+        """Write the files of `cut` (taken by `Durability.cut`) in the calling thread, off
+        `lock`, and end it under `lock`: Engine.checkpoint, which returns once it is valid.
 
         Raises:
             OSError: a file could not be written (the previous checkpoint stays valid).
