@@ -18,6 +18,7 @@ cursors for `since`), and recovery replays the journal straight into a Core.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -94,11 +95,15 @@ class Core:
             return None
         return Ahead(query, stem, stem.copy_for_scan())
 
-    def register(self, query: Query, handle: str, ahead: Ahead | None = None) -> None:
+    def register(self, query: Query, handle: str, ahead: Ahead | None = None,
+                 in_slots: tuple[int, ...] = ()) -> None:
         """File `query` under `handle` and join it with the retained data; with `ahead`
         (run off the lock, its stream still the one it read), only the tuples that
-        arrived since it read are probed, and what left retention since is dropped."""
-        allocate = self.query_stem.allocate
+        arrived since it read are probed, and what left retention since is dropped. The
+        slots are the Query SteM's next, or `in_slots` (a checkpoint's restore:
+        QuerySteM.restore_slots follows)."""
+        allocate = self.query_stem.allocate if not in_slots else partial(
+            _take, list(in_slots), self.query_stem.reserve)
         plan: Plan
         if len(query.sources) > 1:
             slots = tuple(allocate() for _ in query.sources)
@@ -287,6 +292,13 @@ class Ahead:
         self.positions = copy.probe(self.query.sources[0])
         if self.query.aggregated:
             self.index = index_over(self.query, copy, self.positions)
+
+
+def _take(slots: list[int], reserve: Callable[[int], None]) -> int:
+    """The next of `slots`, reserved in the Query SteM (Core.register's given slots)."""
+    slot = slots.pop(0)
+    reserve(slot)
+    return slot
 
 
 def _below(sampled: Sampled | None) -> int | None:

@@ -42,6 +42,7 @@ from psoup.catalog import answer_catalog, describe_stream
 from psoup.core import Ahead, Core
 from psoup.entropy import token_hex
 from psoup.errors import PSoupError, QueryError, SequenceError
+from psoup.journal.checkpoint import Cut
 from psoup.journal.durable import Durability
 from psoup.limits import MAX_TS, Limits
 from psoup.locks import FairLock
@@ -447,15 +448,42 @@ class Engine:
                 self._durability.commit()
 
     def checkpoint(self) -> None:
-        """Write the retained state as a fresh log and drop the old one (done on its own
-        when the log outgrows `checkpoint_bytes`). O(retained tuples)."""
-        with self._lock:
-            self._check_open()
-            self._durability.checkpoint(self._core, self._producers, self._history.pending)
+        """Write the whole state as a checkpoint, and drop the log before it; returns
+        once the checkpoint is valid (a background one that runs is waited for first).
+        Automatic checkpoints (when the log outgrows `checkpoint_bytes`) run in the
+        background instead. Either kind holds the lock only to take its cut (O(chunks +
+        queries)) and to end; other calls go on while its files are written. O(state).
+
+        Raises:
+            OSError: a file could not be written (the previous checkpoint stays valid).
+            PSoupError: called inside `locked()` while a background checkpoint is being
+                written (it needs the lock to end).
+        """
+        durability = self._durability
+        outer = self._lock.held()       # inside locked(): a background one cannot end
+        while True:
+            if not outer:
+                durability.wait_checkpoint()
+            with self._lock:
+                self._check_open()
+                if durability.checkpointing and outer:
+                    raise PSoupError("a checkpoint is being written in the background; "
+                                     "call checkpoint() outside locked() to wait for it")
+                if durability.checkpointing:        # a background one began meanwhile
+                    continue
+                cut = durability.cut(self._core, self._producers, self._history.pending)
+                break
+        if cut is not None:
+            durability.checkpoint(cut, self._lock)
 
     def close(self) -> None:
         """Flush the log and the archive; later writes raise PSoupError. A running
-        history job is cancelled (and waited for, up to a minute). Idempotent."""
+        history job is cancelled (and waited for, up to a minute), a checkpoint being
+        written is finished. Idempotent."""
+        with self._lock:
+            self._durability.stop()
+        if not self._lock.held():       # inside locked(), a background one ends later
+            self._durability.wait_checkpoint()
         with self._lock:
             try:
                 if not self._closed:
@@ -527,7 +555,11 @@ class Engine:
         self._after_write()
 
     def _after_write(self) -> None:
-        self._durability.after_write(self.checkpoint)
+        self._durability.after_write(self._cut, self._lock)
+
+    def _cut(self) -> Cut | None:
+        """An automatic checkpoint's cut (under the lock)."""
+        return self._durability.cut(self._core, self._producers, self._history.pending)
 
     def _check_open(self) -> None:
         self._durability.check_running()

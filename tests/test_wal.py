@@ -372,6 +372,49 @@ def test_leftover_older_segment_is_removed(tmp_path: Path) -> None:
     assert [p.name for p in new.iterdir()] == ["wal-00000002.log"]
 
 
+def test_switch_keeps_the_older_segments_until_dropped(tmp_path: Path) -> None:
+    """A checkpoint beside the writer switches the log at its cut: the records after it
+    go to the next segment, replay from a segment reads it and every later one in order,
+    and the segments before a valid checkpoint's are dropped."""
+    wal, _ = opened(tmp_path)
+    wal.append(RECORDS[0])
+    assert wal.switch() == 2
+    wal.append(RECORDS[1])
+    assert wal.switch() == 3                      # a checkpoint that failed, then another
+    wal.append(RECORDS[2])
+    assert wal.seq == 3 and wal.total > wal.size > 0
+    wal.close()
+    again = WriteAheadLog(tmp_path)
+    assert list(again.replay(first=1)) == RECORDS          # no checkpoint valid yet
+    again.append({"op": "unregister", "handle": "h1"})
+    again.drop_before(3)                                   # checkpoint 3 is valid
+    assert again.total == again.size
+    again.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wal-00000003.log"]
+    newest = WriteAheadLog(tmp_path)
+    assert list(newest.replay(first=3)) == [RECORDS[2], {"op": "unregister", "handle": "h1"}]
+    newest.close()
+
+
+def test_replay_from_a_segment_drops_the_ones_before_it(tmp_path: Path) -> None:
+    """A crash after a checkpoint's manifest but before its log was dropped: replay from
+    the segment it names, the older ones deleted; a segment not there yet is begun."""
+    wal, _ = opened(tmp_path)
+    wal.append(RECORDS[0])
+    wal.switch()
+    wal.append(RECORDS[1])
+    wal.close()
+    again = WriteAheadLog(tmp_path)
+    assert list(again.replay(first=2)) == [RECORDS[1]]
+    again.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["wal-00000002.log"]
+    later = WriteAheadLog(tmp_path)
+    assert list(later.replay(first=5)) == []
+    later.append(RECORDS[2])
+    later.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["wal-00000005.log"]
+
+
 # ---------------------------------------------------------------------- a real crash
 
 CHILD = textwrap.dedent("""

@@ -8,8 +8,11 @@ The rules this module keeps (docs/durability.md):
   call) rather than let it answer from a state that is neither before nor after: the
   change is durable, and a new engine on the same path applies it whole;
 * an automatic checkpoint that fails never fails the write before it (that write is
-  applied and logged; a caller retrying it would duplicate it);
-* recovery redoes each record through the same effects as the live calls.
+  applied and logged; a caller retrying it would duplicate it); it runs beside the
+  writer: its cut under the engine's lock, its files on a thread of its own, its end
+  under the lock again (psoup.journal.checkpoint);
+* recovery reads the newest checkpoint back and redoes each record after it through
+  the same effects as the live calls.
 
 An engine in memory has a `Durability` too, with no journal: its log calls do nothing,
 and a failed apply stops it all the same.
@@ -19,8 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,12 +34,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from psoup.errors import ApplyFailed, disk_full, is_disk_full
-from psoup.journal.journal import Journal, Record, RecordKind, StreamImage
+from psoup.journal import checkpoint as checkpoints
+from psoup.journal.journal import Journal, Record, RecordKind
 from psoup.options import SyncName
 from psoup.plans import SelectionPlan
 from psoup.producers import ProducerTable
 from psoup.query import compile_statement
-from psoup.query.model import Query, StreamSchema
+from psoup.query.model import TS, Query, StreamSchema
 from psoup.stems.batch import make_batch
 
 if TYPE_CHECKING:
@@ -68,7 +74,8 @@ class Durability:
         failure: why the engine stopped (None while it runs).
         checkpoint_error: what made the last automatic checkpoint fail (None: it did not).
 
-    Costs: each log call O(record); `checkpoint` O(retained tuples); `recover` O(log).
+    Costs: each log call O(record); a checkpoint's cut O(chunks + queries) under the
+    lock, its files O(state) off it; `recover` O(checkpoint files + log after them).
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, sync: SyncName,
@@ -81,6 +88,11 @@ class Durability:
         self.checkpoint_error: str | None = None
         self._failures = 0          # automatic checkpoints failed in a row
         self._retry_at = 0.0        # none is tried before (monotonic)
+        #: what reading the checkpoint back took at recovery (None: no checkpoint)
+        self.restored: checkpoints.Restore | None = None
+        self._cut: checkpoints.Cut | None = None     # the checkpoint being written
+        self._thread: threading.Thread | None = None  # the background one's
+        self._stopped = False                          # closing: no new background one
 
     def attach(self, core: Core) -> None:
         """Give `core` what it keeps on disk: where tiers are saved, the archive's
@@ -155,51 +167,116 @@ class Durability:
         if self.failure is not None:
             raise ApplyFailed(f"this engine stopped: {self.failure}")
 
-    def after_write(self, checkpoint: Callable[[], None]) -> None:
-        """The automatic checkpoint after a write, when due. The write is applied and in
-        the log by now, so it stands whatever happens here: a failed checkpoint (a full
+    def after_write(self, take: Callable[[], checkpoints.Cut | None],
+                    lock: AbstractContextManager[Any]) -> None:
+        """The automatic checkpoint after a write, when due and none runs: `take` makes
+        its cut now (under the engine's lock, which the caller holds), and a thread
+        writes its files and then ends it under `lock`. The write is applied and in the
+        log by now, so it stands whatever happens here: a failed checkpoint (a full
         disk, say) is logged and shown in stats()["durability"], never raised as if the
-        write had failed; the next write tries again, and after failures in a row the
+        write had failed; a later write tries again, and after failures in a row the
         first write 1, 2, 4 ... (at most 60) seconds later."""
-        if self.journal is None or not self.journal.checkpoint_due \
-                or time.monotonic() < self._retry_at:
+        journal = self.journal
+        if journal is None or self._cut is not None or self._stopped \
+                or not journal.checkpoint_due or time.monotonic() < self._retry_at:
             return
         try:
-            checkpoint()
+            cut = take()
         except Exception as exc:    # the write stands, whatever the cause
-            if isinstance(exc, OSError) and is_disk_full(exc):   # name where, at least
-                exc = disk_full(exc, exc.filename or self.journal.path,
-                                "the checkpoint was not made")
-            self.checkpoint_error = f"{type(exc).__name__}: {exc}"
-            log.warning("automatic checkpoint failed (the write before it is applied and "
-                        "logged): %s", self.checkpoint_error)
-            # each attempt writes up to the whole state before it fails: on a disk that
-            # stays full, try again at growing intervals, not on every write
-            self._failures += 1
-            delay = 0.0 if self._failures == 1 else min(60.0, 2.0 ** (self._failures - 2))
-            self._retry_at = time.monotonic() + delay
-        else:
-            self.checkpoint_error, self._failures, self._retry_at = None, 0, 0.0
-
-    def checkpoint(self, core: Core, producers: ProducerTable,
-                   pending: Callable[[str], bool]) -> None:
-        """Write the retained state as a fresh log and drop the old one; the tiers that
-        are visible are saved, and the handles whose history is `pending` are evaluated
-        again after a restart. O(retained tuples)."""
-        if self.journal is None:
+            self._failed(exc)
             return
-        images = {name: StreamImage(core.ddl[name], stem.schema.columns,
-                                    stem.rows(stem.horizon, stem.n),
-                                    stem.rows(0, stem.horizon, expired=True),
-                                    stem.at_last_ts)
-                  for name, stem in core.stems.items()}
-        handles = [(h, plan.query.sql) for h, plan in core.handles.items()]
-        saved = core.tiers.save(self.journal.tiers_path,
+        if cut is None:
+            return
+        self._thread = threading.Thread(target=self._background, args=(cut, lock),
+                                        name="psoup-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _background(self, cut: checkpoints.Cut, lock: AbstractContextManager[Any]) -> None:
+        assert self.journal is not None
+        error: Exception | None = None
+        try:
+            self.journal.checkpoint(cut)
+        except Exception as exc:    # reported, as the write that started it stands
+            error = exc
+        with lock:
+            try:
+                self._end(cut)
+            except Exception as exc:
+                error = error or exc
+            if error is None:
+                self.checkpoint_error, self._failures, self._retry_at = None, 0, 0.0
+            else:
+                self._failed(error)
+
+    def _failed(self, exc: BaseException) -> None:
+        if isinstance(exc, OSError) and is_disk_full(exc):   # name where, at least
+            assert self.journal is not None
+            exc = disk_full(exc, exc.filename or self.journal.path,
+                            "the checkpoint was not made")
+        self.checkpoint_error = f"{type(exc).__name__}: {exc}"
+        log.warning("automatic checkpoint failed (the write before it is applied and "
+                    "logged): %s", self.checkpoint_error)
+        # each attempt writes up to the whole state before it fails: on a disk that
+        # stays full, try again at growing intervals, not on every write
+        self._failures += 1
+        delay = 0.0 if self._failures == 1 else min(60.0, 2.0 ** (self._failures - 2))
+        self._retry_at = time.monotonic() + delay
+
+    def _end(self, cut: checkpoints.Cut) -> None:
+        self._cut = None
+        assert self.journal is not None
+        self.journal.finish(cut)
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether a checkpoint is being written (under the engine's lock)."""
+        return self._cut is not None
+
+    def wait_checkpoint(self) -> None:
+        """Wait for the background checkpoint, if one runs. Without the engine's lock
+        (its end takes it)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def stop(self) -> None:
+        """Start no more background checkpoints (the engine closes)."""
+        self._stopped = True
+
+    def cut(self, core: Core, producers: ProducerTable,
+            pending: Callable[[str], bool]) -> checkpoints.Cut | None:
+        """Take a checkpoint's cut (under the engine's lock, none running): the tiers that
+        are visible are saved, and the handles whose history is `pending` are evaluated
+        again after a restart. None in memory. O(chunks + queries)."""
+        journal = self.journal
+        if journal is None:
+            return None
+        assert self._cut is None, "one checkpoint at a time"
+        for name, stem in core.stems.items():     # left retention, still held: archived
+            held = stem.rows(0, stem.horizon, expired=True)
+            if len(held[TS]):
+                journal.archive.add(name, stem.schema.columns, held)
+        saved = core.tiers.save(journal.tiers_path,
                                 {plan.id: h for h, plan in core.handles.items()
                                  if plan.id in core.tiers})
         history = [h for h in core.handles if pending(h)]
-        self.journal.checkpoint(images, core.next_tid, handles, producers.image(), history,
-                                saved)
+        self._cut = journal.cut(core, producers.image(), history, saved)
+        return self._cut
+
+    def checkpoint(self, cut: checkpoints.Cut, lock: AbstractContextManager[Any]) -> None:
+        """Write the files of `cut` (taken by `Durability.cut`) in the calling thread, off
+        `lock`, and end it under `lock`: Engine.checkpoint, which returns once it is valid.
+
+        Raises:
+            OSError: a file could not be written (the previous checkpoint stays valid).
+        """
+        assert self.journal is not None
+        try:
+            self.journal.checkpoint(cut)
+        finally:
+            with lock:
+                self._end(cut)
+        self.checkpoint_error = None
 
     def commit(self) -> None:
         """Force the log to disk (what sync="group" defers)."""
@@ -228,14 +305,30 @@ class Durability:
 
     def recover(self, core: Core, producers: ProducerTable, effects: Effects,
                 progress: Callable[[int, int], None] | None) -> None:
-        """Replay the log into `core` (O(its size): a checkpointed log is the retained
-        state with the queries first, so each batch probes them all at once), calling
+        """Read the newest checkpoint back into `core` (psoup.journal.checkpoint.restore)
+        and replay the log after it (O(checkpoint files + that log)), calling
         `progress(bytes replayed, log bytes)` about every half second and at the end."""
-        if self.journal is None:
+        journal = self.journal
+        if journal is None:
             return
-        replay = _Replay(core, producers, effects, self.journal.tiers_path)
-        wal, shown = self.journal.wal, time.monotonic()
-        for record in self.journal.replay():
+        replay = _Replay(core, producers, effects, journal.tiers_path)
+        manifest = journal.load()
+        if manifest is not None:
+            self.restored = checkpoints.restore(core, manifest, journal.checkpoint_path,
+                                                effects.create)
+            producers.restore(manifest["producers"])
+            if manifest["tiers"]:
+                replay.apply(Record(RecordKind.TIERS, tiers={
+                    str(h): [str(f) for f in files] for h, files in manifest["tiers"].items()}))
+            if manifest["history"]:
+                effects.history_due([str(h) for h in manifest["history"]])
+            done = self.restored
+            log.info("checkpoint %s read back in %.2f s: %.0f MB of files in %.2f s, %d "
+                     "queries in %.2f s, structures rebuilt in %.2f s", manifest["number"],
+                     done.total, done.bytes / 1e6, done.read, done.handles, done.queries,
+                     done.rebuilt)
+        wal, shown = journal.wal, time.monotonic()
+        for record in journal.replay():
             replay.apply(record)
             if progress is not None and time.monotonic() - shown >= 0.5:
                 progress(*wal.replayed)

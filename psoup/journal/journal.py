@@ -7,13 +7,15 @@ the log is replayed through the engine's ordinary paths, so the rebuilt Data Ste
 Query SteM and Results Structure are the ones the original calls built (duality makes
 the order of queries and data irrelevant to the result bits, but the replay keeps it).
 
-A checkpoint bounds the log: once it outgrows `checkpoint_bytes`, what is retained is
-written as a fresh log segment (stream definitions, retained tuples with their
-tupleIDs, the tupleID counter, handles with their SQL) and the old segment is dropped.
-Tuples that left retention go to the Parquet archive first, so nothing acknowledged
-lives only in the dropped segment.
+A checkpoint bounds the log: once it outgrows `checkpoint_bytes`, the whole state is
+written as files (psoup.journal.checkpoint: the chunks of data and results as they are
+in memory, the handles, the counters) while the log goes on in a new segment, and the
+segments before the checkpoint are dropped once its manifest makes it valid; recovery
+reads the files back and replays the log after them. Tuples that left retention go to
+the Parquet archive first, so nothing acknowledged lives only in a dropped segment.
 
-Layout: DIR/wal/wal-NNNNNNNN.log, DIR/archive/stream=NAME/date=YYYY-MM-DD/*.parquet,
+Layout: DIR/wal/wal-NNNNNNNN.log, DIR/checkpoint/ (manifest-NNNNNNNN.mp and the files it
+names), DIR/archive/stream=NAME/date=YYYY-MM-DD/*.parquet,
 the archive's windowed-aggregate copies under DIR/aggregates (psoup.archive.rollups),
 and DIR/lock, held (flock) by the one process that has the directory open: two engines
 appending to one log would corrupt it.
@@ -25,10 +27,10 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,27 +40,17 @@ from psoup.archive.tiers import INCOMING
 from psoup.codec import decode_array, decode_columns, encode_array, encode_columns
 from psoup.errors import PSoupError
 from psoup.fsync import make_dir
+from psoup.journal import checkpoint as checkpoints
 from psoup.journal.wal import Sync, WriteAheadLog
 from psoup.options import SyncName
 from psoup.strenum import StrEnum
 
-#: Retained rows per insert record of a checkpoint (bounds one record's size).
-CHECKPOINT_ROWS = 1 << 16
+if TYPE_CHECKING:
+    from psoup.core import Core
 
 #: A checkpoint by time needs the log to have grown this much since the last one (a
 #: quiet engine is not rewritten for a few records).
 CHECKPOINT_MIN_GROWTH = 1 << 20
-
-
-@dataclass
-class StreamImage:
-    """What a checkpoint keeps of one stream."""
-
-    ddl: str                           # the CREATE STREAM statement
-    columns: Sequence[tuple[str, str]]  # the schema, for the archive
-    retained: Mapping[str, np.ndarray]  # retained rows: schema columns, ts, tupleID
-    expired: Mapping[str, np.ndarray]   # rows past retention still held in memory
-    at_latest: int = 0                  # rows ever stored at the latest ts (DataSteM)
 
 
 class RecordKind(StrEnum):
@@ -129,18 +121,46 @@ class Journal:
         self.checkpoint_seconds = checkpoint_seconds
         self._last_checkpoint = time.monotonic()
         self._base: int | None = None       # log size after the last checkpoint (or replay)
+        #: registrations, unregistrations, creates and drops logged so far (a checkpoint
+        #: reuses the bitmap files of the one before when none came between their cuts)
+        self.edits = 0
+        #: the newest valid checkpoint's manifest (None: none yet), read at recovery
+        self.manifest: dict[str, Any] | None = None
+        self._tier_files: set[str] | None = None    # tier files logged since a cut
 
     # ------------------------------------------------------------------ recovery
 
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where checkpoints are written (psoup.journal.checkpoint)."""
+        return self.path / "checkpoint"
+
+    def load(self) -> dict[str, Any] | None:
+        """The newest checkpoint's manifest (None: none), left-overs removed.
+
+        Raises:
+            PSoupError: the manifest cannot be read."""
+        self.manifest = checkpoints.newest(self.checkpoint_path)
+        checkpoints.collect(self.checkpoint_path, self.manifest)
+        if self.manifest is not None:
+            self.edits = int(self.manifest["edits"])
+        return self.manifest
+
     def replay(self) -> Iterator[Record]:
-        """The logged changes in order. O(size of the log)."""
-        for raw in self.wal.replay():
-            yield _decode(raw, self.path / "wal")
+        """The logged changes after the checkpoint `load` found (all of them without
+        one), in order. O(size of that log)."""
+        first = 0 if self.manifest is None else int(self.manifest["wal"])
+        for raw in self.wal.replay(first):
+            record = _decode(raw, self.path / "wal")
+            if record.op in _EDITS:
+                self.edits += 1
+            yield record
 
     # ------------------------------------------------------------------ logging
 
     def create(self, sql: str) -> None:
         self.wal.append({"op": RecordKind.CREATE.value, "sql": sql})
+        self.edits += 1
 
     def insert(self, stream: str, first_tid: int, ts: np.ndarray,
                columns: Mapping[str, np.ndarray], producer: str | None = None,
@@ -155,9 +175,11 @@ class Journal:
 
     def register(self, handle: str, sql: str) -> None:
         self.wal.append({"op": RecordKind.REGISTER.value, "handle": handle, "sql": sql})
+        self.edits += 1
 
     def unregister(self, handle: str) -> None:
         self.wal.append({"op": RecordKind.UNREGISTER.value, "handle": handle})
+        self.edits += 1
 
     def history(self, handles: Sequence[str]) -> None:
         """These queries have an archive tier now: evaluate their history again after a
@@ -169,12 +191,15 @@ class Journal:
         of this point of the log: a restart restores them here."""
         self.wal.append({"op": RecordKind.TIERS.value,
                          "tiers": {h: list(f) for h, f in tiers.items()}})
+        if self._tier_files is not None:            # a checkpoint is being written
+            self._tier_files.update(name for files in tiers.values() for name in files)
 
     def drop(self, stream: str, handles: Sequence[str], next_tid: int) -> None:
         """Log DROP STREAM: one record for the stream and the queries it takes along,
         so that a crash leaves all of them or none."""
         self.wal.append({"op": RecordKind.DROP.value, "stream": stream, "handles": list(handles),
                          "next_tid": int(next_tid)})
+        self.edits += 1
 
     def expired(self, stream: str, columns: Sequence[tuple[str, str]],
                 data: Mapping[str, np.ndarray]) -> None:
@@ -186,7 +211,10 @@ class Journal:
 
     @property
     def checkpoint_due(self) -> bool:
-        size = self.wal.size
+        """Whether the log since the last valid checkpoint has outgrown
+        `checkpoint_bytes`, or grown by CHECKPOINT_MIN_GROWTH and `checkpoint_seconds`
+        passed. O(1)."""
+        size = self.wal.total
         if size >= self.checkpoint_bytes:
             return True
         if self._base is None:
@@ -195,22 +223,49 @@ class Journal:
                 and size - self._base >= CHECKPOINT_MIN_GROWTH
                 and time.monotonic() - self._last_checkpoint >= self.checkpoint_seconds)
 
-    def checkpoint(self, streams: Mapping[str, StreamImage], next_tid: int,
-                   handles: Iterable[tuple[str, str]], producers: list[Any] | None = None,
-                   history: Sequence[str] = (),
-                   tiers: Mapping[str, list[str]] | None = None) -> None:
-        """Archive what left retention, then replace the log by the retained state
-        (with the idempotent producers' table, psoup.producers, the archive tiers saved
-        under tiers/ by handle, and the handles whose history is to be evaluated again),
-        then remove the tier files the new log no longer names."""
-        for name, image in streams.items():
-            if len(image.expired["ts"]):
-                self.archive.add(name, image.columns, image.expired)
+    def cut(self, core: Core, producers: list[Any], history: Sequence[str],
+            tiers: Mapping[str, list[str]]) -> checkpoints.Cut:
+        """A checkpoint's cut, under the engine's lock: what left retention is flushed to
+        the archive, the log switches to a new segment (the records after the cut), and
+        the state is taken by reference (psoup.journal.checkpoint.take). O(chunks +
+        queries), plus the archive's flush."""
         self.archive.flush()
-        self.wal.rotate(_image_records(streams, next_tid, handles, producers or [],
-                                       list(history), dict(tiers or {})))
-        self._base, self._last_checkpoint = self.wal.size, time.monotonic()
-        self._collect_tiers({name for files in (tiers or {}).values() for name in files})
+        number = 1 + (0 if self.manifest is None else int(self.manifest["number"]))
+        seq = self.wal.switch()
+        self._tier_files = set()
+        return checkpoints.take(core, number, seq, self.edits, producers, list(history),
+                                {h: list(f) for h, f in tiers.items()})
+
+    def checkpoint(self, cut: checkpoints.Cut) -> None:
+        """Write the cut's files and manifest (off the engine's lock): from then on the
+        checkpoint is valid. O(state written).
+
+        Raises:
+            OSError: a file could not be written; the previous checkpoint and the log
+                after it stay valid.
+        """
+        try:
+            cut.manifest = checkpoints.write(cut, self.checkpoint_path, self.manifest)
+        except BaseException:
+            # its own files, which may be what filled the disk (the previous
+            # checkpoint's stay: no other checkpoint runs until `finish`)
+            checkpoints.collect(self.checkpoint_path, self.manifest)
+            raise
+        # the older checkpoint's files
+        checkpoints.collect(self.checkpoint_path, cut.manifest)
+
+    def finish(self, cut: checkpoints.Cut) -> None:
+        """After the cut's files (under the engine's lock): once its manifest is written,
+        the log before the cut and the tier files no longer named are removed. Either way
+        the cut is released. O(files)."""
+        checkpoints.release(cut)
+        kept, self._tier_files = self._tier_files or set(), None
+        if cut.manifest is None:
+            return
+        self.manifest = cut.manifest
+        self.wal.drop_before(cut.wal)
+        self._base, self._last_checkpoint = self.wal.total, time.monotonic()
+        self._collect_tiers(kept | {name for files in cut.tiers.values() for name in files})
 
     @property
     def tiers_path(self) -> Path:
@@ -250,6 +305,11 @@ class Journal:
                 os.close(self._lock_fd)     # releases the flock
 
 
+#: The records that change the queries or streams (`Journal.edits` counts them).
+_EDITS = frozenset((RecordKind.CREATE, RecordKind.REGISTER, RecordKind.UNREGISTER,
+                    RecordKind.DROP))
+
+
 def _lock(path: Path) -> int:
     """Hold an exclusive lock on `path` for this process, or say who holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -264,38 +324,6 @@ def _lock(path: Path) -> int:
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd
-
-
-def _image_records(streams: Mapping[str, StreamImage], next_tid: int,
-                   handles: Iterable[tuple[str, str]], producers: list[Any], history: list[str],
-                   tiers: dict[str, list[str]]) -> Iterator[dict[str, Any]]:
-    for image in streams.values():
-        yield {"op": RecordKind.CREATE.value, "sql": image.ddl}
-    # Queries before data: replayed, each registration meets no tuples (O(cells)), and
-    # each batch then probes all of them at once, O(rows x queries / 64), instead of
-    # each query searching every retained tuple (duality: the same results).
-    yield {"op": RecordKind.STATE.value, "next_tid": int(next_tid)}
-    if producers:
-        yield {"op": RecordKind.PRODUCERS.value, "table": producers}
-    for handle, sql in handles:
-        yield {"op": RecordKind.REGISTER.value, "handle": handle, "sql": sql}
-    # the tiers before the data: their matches are those below the horizon, and the
-    # retained tuples replayed below never move it
-    if tiers:
-        yield {"op": RecordKind.TIERS.value, "tiers": tiers}
-    if history:
-        yield {"op": RecordKind.HISTORY.value, "handles": history}
-    for name, image in streams.items():
-        data = image.retained
-        names = [c for c, _ in image.columns]
-        for a in range(0, len(data["ts"]), CHECKPOINT_ROWS):
-            b = a + CHECKPOINT_ROWS
-            yield {"op": RecordKind.INSERT.value, "stream": name,
-                   "tids": encode_array(data["tupleID"][a:b]),
-                   "ts": encode_array(data["ts"][a:b]),
-                   "cols": encode_columns({c: data[c][a:b] for c in names})}
-        if len(data["ts"]):
-            yield {"op": RecordKind.LATEST.value, "stream": name, "rows": int(image.at_latest)}
 
 
 def _decode(raw: Any, where: Path) -> Record:

@@ -16,9 +16,12 @@ at most one incomplete frame, at the end: a *torn tail*, which replay cuts off. 
 frame with good data after it cannot come from a crash, so replay refuses to guess and
 raises instead of dropping acknowledged records.
 
-A checkpoint (`WriteAheadLog.rotate`) writes the engine's state as segment seq+1 beside
-the old one and renames it into place; the rename is the commit point, so a crash leaves
-either the old log or the new one, never a mix.
+A checkpoint of the engine (psoup.journal.checkpoint) *switches* the log at its cut
+(`switch`): later records go to segment seq+1 while the checkpoint's files are written,
+and once it is valid the segments before the cut are dropped (`drop_before`); replay then
+starts at the segment its checkpoint names (`replay(first=...)`). `rotate` is the older
+checkpoint, the state written as one segment renamed into place (a crash leaves either
+the old log or the new one, never a mix).
 """
 
 from __future__ import annotations
@@ -113,7 +116,8 @@ class WriteAheadLog:
         self._fd: int | None = None
         self._seq = 0
         self._size = 0
-        #: (bytes read, bytes in the segment) while replay runs, for progress reports
+        self._earlier = 0         # bytes in the segments older than the live one
+        #: (bytes read, bytes in the segments replayed) while replay runs, for progress
         self.replayed = (0, 0)
         self._dirty = False       # bytes written since the last fsync
         self._torn = False        # bytes past `_size` from a refused append, to cut off
@@ -121,11 +125,13 @@ class WriteAheadLog:
 
     # ------------------------------------------------------------------ replay
 
-    def replay(self) -> Iterator[Any]:
-        """The records of the newest segment, in append order; then the log is open.
+    def replay(self, first: int | None = None) -> Iterator[Any]:
+        """The records of the newest segment (or, given `first`, of every segment from
+        number `first` on, in order), in append order; then the log is open.
 
         Cleans up after a crash first: leftover temp files and segments older than the
-        newest (a checkpoint renamed but not yet pruned) are deleted, and a torn tail is
+        newest (a checkpoint renamed but not yet pruned) are deleted, or with `first` the
+        segments before it (a checkpoint valid but not yet pruned), and a torn tail is
         truncated (and a warning logged). Must be exhausted once before `append`.
         O(size of the log), read in blocks of 1 MiB.
 
@@ -151,29 +157,45 @@ class WriteAheadLog:
             raise RuntimeError("the write-ahead log is closed")
         if self._fd is not None:
             raise RuntimeError("the write-ahead log was already replayed")
-        return self._replay()
+        return self._replay(first)
 
-    def _replay(self) -> Iterator[Any]:
+    def _replay(self, first: int | None) -> Iterator[Any]:
         directory = self.directory
         for tmp in directory.glob(f"wal-*.log{_TMP_SUFFIX}"):
             tmp.unlink()
-        segments = sorted((int(m.group(1)), p) for p in directory.iterdir()
-                          if (m := _SEGMENT.match(p.name)))
-        if segments:
-            self._seq, path = segments[-1]
-            # The newest segment exists only once its checkpoint was complete and renamed
-            # into place, so the older ones are already superseded.
-            for _, older in segments[:-1]:
+        segments = self._segments()
+        # Without `first`, the newest segment exists only once its checkpoint was
+        # complete and renamed into place, so the older ones are already superseded.
+        keep = segments[-1:] if first is None else [s for s in segments if s[0] >= first]
+        for seq, older in segments:
+            if (seq, older) not in keep:
                 older.unlink()
-            yield from self._read_segment(path)
+        sizes = [path.stat().st_size for _, path in keep]
+        done = 0
+        for (seq, path), size in zip(keep, sizes, strict=True):
+            self._seq = seq
+            for record, at in self._read_segment(path):
+                self.replayed = (done + at, sum(sizes))
+                yield record
+            done += size
+        if keep:
+            path = keep[-1][1]
+            self._earlier = sum(p.stat().st_size for _, p in keep[:-1])
         else:
-            self._seq, path = 1, directory / _segment_name(1)
+            self._seq = max(1, first or 1)
+            path = directory / _segment_name(self._seq)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, file_mode(True))
         os.fchmod(self._fd, 0o600)                  # a segment an older version made 0644
         self._size = os.fstat(self._fd).st_size
         fsync_dir(directory)
 
-    def _read_segment(self, path: Path) -> Iterator[Any]:
+    def _segments(self) -> list[tuple[int, Path]]:
+        """(number, path) of every segment in the directory, oldest first."""
+        return sorted((int(m.group(1)), p) for p in self.directory.iterdir()
+                      if (m := _SEGMENT.match(p.name)))
+
+    def _read_segment(self, path: Path) -> Iterator[tuple[Any, int]]:
+        """(record, offset after it) of each whole record of the segment at `path`."""
         file_size = path.stat().st_size
         offset = 0   # start of the next frame
         with open(path, "rb", buffering=_BLOCK) as f:
@@ -203,8 +225,7 @@ class WriteAheadLog:
                     raise PSoupError(f"write-ahead log {path} is corrupt: the record at byte "
                                      f"{offset} passes its checksum but does not decode "
                                      f"({e})") from None
-                self.replayed = (end, file_size)
-                yield record
+                yield record, end
                 offset = end
         if offset < file_size:
             self._truncate(path, offset, file_size)
@@ -381,12 +402,70 @@ class WriteAheadLog:
         fsync_dir(directory)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         os.close(old_fd)
-        self._seq, self._size, self._dirty = seq, size, False
+        self._seq, self._size, self._dirty, self._earlier = seq, size, False, 0
         for p in directory.iterdir():
             m = _SEGMENT.match(p.name)
             if m and int(m.group(1)) < seq:
                 p.unlink()
         fsync_dir(directory)
+
+    @property
+    def seq(self) -> int:
+        """The number of the live segment. O(1)."""
+        return self._seq
+
+    @property
+    def total(self) -> int:
+        """Bytes in every segment kept: the live one and those a checkpoint that is not
+        yet valid still needs. O(1)."""
+        return self._earlier + self._size
+
+    def switch(self) -> int:
+        """Start segment seq+1, empty, for the records that follow; the older segments
+        stay (replay reads them in order) until `drop_before`. What was appended to the
+        old one is fsynced first (unless sync is "off"), so that a power loss never keeps
+        a later record and loses an earlier one. Returns the new segment's number. O(1).
+
+        Raises:
+            RuntimeError: the log was not replayed yet, or is closed.
+
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as d:
+            ...     wal = WriteAheadLog(d)
+            ...     _ = list(wal.replay())
+            ...     wal.append({"i": 0})
+            ...     wal.switch()
+            ...     wal.append({"i": 1})
+            ...     wal.close()
+            ...     wal = WriteAheadLog(d)
+            ...     list(wal.replay(first=1))
+            ...     wal.close()
+            2
+            [{'i': 0}, {'i': 1}]
+        """
+        old_fd = self._open_fd()
+        self.commit()
+        seq = self._seq + 1
+        path = self.directory / _segment_name(seq)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC,
+                     file_mode(True))
+        fsync_dir(self.directory)
+        self._fd = fd
+        os.close(old_fd)
+        self._earlier += self._size
+        self._seq, self._size, self._dirty = seq, 0, False
+        return seq
+
+    def drop_before(self, seq: int) -> None:
+        """Delete the segments numbered below `seq` (a checkpoint holds what they
+        logged). O(segments)."""
+        for number, path in self._segments():
+            if number < seq:
+                path.unlink(missing_ok=True)
+        fsync_dir(self.directory)
+        self._earlier = sum(p.stat().st_size for number, p in self._segments()
+                            if number < self._seq)
 
     def close(self) -> None:
         """Commit and close; calling it again does nothing. O(1).

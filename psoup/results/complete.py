@@ -89,6 +89,16 @@ class CompleteResults(ResultsStructure):
         consolidate the pieces since the last read (as `positions`)."""
         return _ListCut(self.positions(slot, source.stream))
 
+    def image(self) -> tuple[dict[int, list[np.ndarray]], dict[str, int]]:
+        """(slot -> its list's pieces, stream -> horizon), copies of the containers only:
+        the pieces are never written once appended. A checkpoint's cut, O(slots)."""
+        return {slot: list(pieces) for slot, pieces in self._lists.items()}, dict(self._horizons)
+
+    def restore(self, lists: Mapping[int, np.ndarray], horizons: Mapping[str, int]) -> None:
+        """Take back the lists and horizons of a checkpoint. O(slots)."""
+        self._lists.update({slot: [positions] for slot, positions in lists.items()})
+        self._horizons.update(horizons)
+
     def admission_bytes(self, words: int, rows: int) -> int:
         """A position (8 bytes) per retained tuple the new query may match."""
         return 8 * rows

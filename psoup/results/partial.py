@@ -147,6 +147,10 @@ class PartialResults(ResultsStructure, ProbeTarget):
         # (stream, word) -> chunk numbers [lo, hi) whose word row is sliced (or is
         # missing), so that a snapshot slices only the chunks sealed since
         self._sliced: dict[tuple[str, int], tuple[int, int]] = {}
+        #: while a checkpoint writes the chunks out (psoup.journal.checkpoint): no find
+        #: turns a row bit-sliced in place and no expired chunk is reused, so that the
+        #: chunks it holds change only where the log after its cut repairs them
+        self.frozen = False
 
     def _chunk(self, stream: str, k: int, words: int, written_from: int = -1) -> np.ndarray:
         """Chunk k of `stream`, (>= words, chunk_rows); a new one is zero except from row
@@ -235,7 +239,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
     def on_expire(self, stream: str, horizon: int) -> None:
         chunks = self._bitmaps.get(stream, {})
         for k in [k for k in chunks if (k + 1) * self.chunk_rows <= horizon]:
-            if len(self._spare) < self._spares:
+            if len(self._spare) < self._spares and not self.frozen:
                 self._spare.append(chunks[k])
             del chunks[k]
             self._lists.pop(stream, None)
@@ -272,7 +276,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
         if self._open.get(stream):
             self._slice_rows(stream, word, p0, p1, whole=True)
         first, listed = self._listed(stream)
-        return first, listed, self._written.get(stream, 0)
+        return first, listed, 0 if self.frozen else self._written.get(stream, 0)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -413,6 +417,24 @@ class PartialResults(ResultsStructure, ProbeTarget):
             else:
                 parts.append(rows[(row[rows] & mask) != 0] + k * cap)
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def image(self) -> dict[str, tuple[int, dict[int, np.ndarray]]]:
+        """stream -> (the end of the positions the probe has written, chunk number -> the
+        chunk's padded array (rows' forms included)), by reference: a checkpoint's cut.
+        O(chunks)."""
+        return {stream: (self._written.get(stream, 0),
+                         {k: _padded(chunk) for k, chunk in chunks.items()})
+                for stream, chunks in self._bitmaps.items()}
+
+    def restore(self, stream: str, written: int, padded: Mapping[int, np.ndarray]) -> None:
+        """Take back a stream's chunks from a checkpoint: each a padded array as `image`
+        gave it ((word rows, chunk_rows + ROW_PAD) uint64, C-contiguous, its own memory
+        or a mapped file's). O(chunks)."""
+        for k, base in padded.items():
+            assert base.shape[1] == self.chunk_rows + ROW_PAD and base.flags.c_contiguous
+            self._bitmaps.setdefault(stream, {})[k] = base[:, :self.chunk_rows]
+        self._written[stream] = written
+        self._lists.pop(stream, None)
 
     def admission_bytes(self, words: int, rows: int) -> int:
         """The widening a slot needing `words` words brings, once every retained chunk

@@ -27,7 +27,7 @@ import threading
 import weakref
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -61,8 +61,9 @@ class _Chunk:
 
     __slots__ = ("cols", "block", "n", "index")
 
-    def __init__(self, dtypes: dict[str, np.dtype], wide: dict[str, int], cap: int):
-        self.block = np.empty((len(wide), cap), dtype=np.uint64)
+    def __init__(self, dtypes: dict[str, np.dtype], wide: dict[str, int], cap: int,
+                 block: np.ndarray | None = None):
+        self.block = np.empty((len(wide), cap), dtype=np.uint64) if block is None else block
         self.cols = {name: self.block[wide[name]].view(dt) if name in wide
                      else np.empty(cap, dtype=dt) for name, dt in dtypes.items()}
         self.n = 0
@@ -85,6 +86,24 @@ class _Chunk:
             order = np.argsort(values, kind="stable").astype(np.int32)
             got = self.index[column] = (order, values[order])
         return got
+
+
+@dataclass
+class StemImage:
+    """A Data SteM's chunks and counters as of a checkpoint's cut (`DataSteM.image`), or
+    as read back for `DataSteM.restore`. It holds the chunks' arrays themselves: full
+    chunks never change, the last one only past `rows`, and a chunk referenced here is
+    never reused for new rows (`_Chunk.unshared`)."""
+
+    chunk0: int                                 # chunk number of blocks[0]
+    n: int
+    horizon: int
+    last_ts: float
+    at_last_ts: int
+    rows_total: int
+    blocks: list[np.ndarray]                    # each chunk's (wide columns, cap) block
+    narrow: list[dict[str, np.ndarray]]         # each chunk's TEXT and BOOL columns
+    rows: list[int]                             # rows each chunk held at the cut
 
 
 class DataSteM:
@@ -757,6 +776,48 @@ class DataSteM:
         rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
         newest_first = order[rank < k]
         return np.sort(p1 - 1 - newest_first).astype(np.int64)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def dtype(self, column: str) -> np.dtype[Any]:
+        """The storage dtype of a column (ts and tupleID included)."""
+        return self._dtypes[column]
+
+    @property
+    def wide(self) -> list[str]:
+        """The 8-byte columns, in the order of their rows in a chunk's block."""
+        return list(self._wide)
+
+    def image(self) -> StemImage:
+        """The stream's held chunks and counters, by reference (a checkpoint's cut, under
+        the engine's lock). O(chunks)."""
+        narrow = [name for name in self._dtypes if name not in self._wide]
+        chunks = self._chunks
+        return StemImage(self._chunk0, self.n, self.horizon, self.last_ts, self.at_last_ts,
+                         self.rows_total, [c.block for c in chunks],
+                         [{name: c.cols[name] for name in narrow} for c in chunks],
+                         [c.n for c in chunks])
+
+    def restore(self, image: StemImage) -> None:
+        """Take back an empty stem's chunks from a checkpoint: `image.blocks` become the
+        chunks' blocks as they are (each (wide columns, chunk_rows), rows past its count
+        unused), the other columns are copied. No callback runs (what they did was done
+        before the checkpoint). O(chunks) plus the TEXT and BOOL values."""
+        assert not self._chunks and self.n == 0, "a checkpoint restores an empty stem"
+        cap = self.chunk_rows
+        for block, narrow, rows in zip(image.blocks, image.narrow, image.rows, strict=True):
+            assert block.shape == (len(self._wide), cap) and block.dtype == np.uint64
+            chunk = _Chunk(self._dtypes, self._wide, cap, block)
+            for name, values in narrow.items():
+                chunk.cols[name][:rows] = values[:rows]
+            chunk.n = rows
+            self._chunks.append(chunk)
+            self._heads.append(float(chunk.cols[TS][0]))
+            self._tid_heads.append(int(chunk.cols[TUPLE_ID][0]))
+        self._blocks = None
+        self._chunk0, self.n, self.horizon = image.chunk0, image.n, image.horizon
+        self.last_ts, self.at_last_ts = image.last_ts, image.at_last_ts
+        self.rows_total = image.rows_total
 
     def _check(self) -> None:
         """Assert the structure's invariants (for tests). O(retained)."""

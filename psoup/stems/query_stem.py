@@ -112,6 +112,20 @@ class QuerySteM:
         self.words = max(self.words, words_for(slot + 1))
         self._next = max(self._next, slot + 1)
 
+    def restore_slots(self, next_slot: int, words: int) -> None:
+        """After queries were inserted in the slots a checkpoint gave them (`reserve`):
+        every slot below `next_slot` that holds none is free again, and the bit rows are
+        `words` wide (at least), as they were at the checkpoint, so that the next
+        `allocate` hands out what it would have. O(slots log slots)."""
+        self._next = max(self._next, next_slot)
+        self._free = sorted(set(range(self._next)) - set(self.queries))
+        self.words = max(self.words, words)
+
+    @property
+    def next_slot(self) -> int:
+        """One past the highest slot ever handed out (what `restore_slots` takes)."""
+        return self._next
+
     def insert(self, query: Query, slot: int | None = None) -> int:
         """File `query`'s factors in `slot` (allocated if None) and return the slot.
         O(factors * log constants)."""
