@@ -30,7 +30,7 @@ from psoup.archive import parquet, sampling
 from psoup.archive.parquet import Archive
 from psoup.cli.main import main
 from psoup.errors import DiskFull
-from psoup.journal import durable, wal
+from psoup.journal import checkpoint, durable, wal
 from psoup.journal.journal import Journal
 from psoup.server import Server
 from tests.support import Clock
@@ -60,6 +60,7 @@ class FullDisk:
         self.refused = 0
         real_write_all, real_fsync = wal._write_all, os.fsync
         real_runs = sampling.write_runs          # what parquet.write_runs is
+        real_file = checkpoint._write_file       # a checkpoint's files
 
         def write_all(fd: int, data: bytes) -> None:
             if not (self.full and self.log) or len(data) <= self.room:
@@ -68,6 +69,14 @@ class FullDisk:
             self.refused += 1
             os.write(fd, data[:len(data) // 2])
             raise _no_space()
+
+        def write_file(path: Path, data: bytes | memoryview) -> None:
+            if not (self.full and self.log) or len(data) <= self.room:
+                real_file(path, data)
+                return
+            self.refused += 1
+            real_file(path, bytes(data[:len(data) // 2]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
         def fsync(fd: int) -> None:
             if self.full and self.fsync:
@@ -86,6 +95,7 @@ class FullDisk:
         monkeypatch.setattr(wal, "_write_all", write_all)
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(parquet, "write_runs", write_runs)
+        monkeypatch.setattr(checkpoint, "_write_file", write_file)
 
 
 @pytest.fixture
@@ -275,15 +285,19 @@ def test_an_automatic_checkpoint_on_a_nearly_full_disk_is_reported_and_made_late
     disk.full, disk.room = True, 512
     for i in range(30):                        # past checkpoint_bytes: it is tried
         eng.insert("R", _rows(i, 1), ts=float(i))
+        eng._durability.wait_checkpoint()      # automatic ones run in the background
     durability = eng.stats()["durability"]
     assert durability["checkpoint_error"].startswith("DiskFull: the disk is full: No "
                                                      "space left on device writing ")
     assert str(data) in durability["checkpoint_error"]
-    assert durability["log_bytes"] > 2048      # the old log stays in use ...
-    assert [p.name for p in (data / "wal").iterdir()] == ["wal-00000001.log"]  # ... alone
+    # no checkpoint was made: the log from the start is all kept (the cuts of the failed
+    # ones only moved the writes after them to segments of their own)
+    assert (data / "wal" / "wal-00000001.log").exists()
+    assert not list((data / "checkpoint").glob("manifest*"))
     disk.full = False
     now[0] += 1.0                              # failed twice: tried again 1 s later
     eng.insert("R", _rows(30, 1), ts=30.0)
+    eng._durability.wait_checkpoint()
     durability = eng.stats()["durability"]
     assert durability["checkpoint_error"] is None and durability["log_bytes"] < 2048
     eng.close()
@@ -310,14 +324,17 @@ def test_a_failing_automatic_checkpoint_is_retried_at_growing_intervals(
     monkeypatch.setattr(Journal, "checkpoint", full)
     for step in range(40):                    # a write every 0.25 s for 10 s
         eng.insert("R", [(step,)], ts=float(step))
+        eng._durability.wait_checkpoint()     # automatic ones run in the background
         now[0] += 0.25
     assert "DiskFull" in eng.stats()["durability"]["checkpoint_error"]
     assert np.diff(attempts).tolist() == [0.25, 1.0, 2.0, 4.0]   # then 1, 2, 4 s later
     failing[0] = False
     eng.insert("R", [(99,)], ts=99.0)         # not due yet: no attempt
+    eng._durability.wait_checkpoint()
     assert len(attempts) == 5
     now[0] += 8.0
     eng.insert("R", [(100,)], ts=100.0)       # due: it works, and says so
+    eng._durability.wait_checkpoint()
     assert len(attempts) == 6
     assert eng.stats()["durability"]["checkpoint_error"] is None
     eng.close()
