@@ -30,6 +30,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, overload
@@ -209,6 +210,48 @@ class Engine:
             if ahead is None:
                 return self._register(stmt)
         return self._register_ahead(sql, stmt, ahead)
+
+    def prepare_register(self, sql: str) -> PreparedRegistration | None:
+        """The long part of registering SELECT `sql` over a large store, done on the
+        caller's thread: compile it and take a copy of its stream (a short hold of the
+        lock), then scan the copy off the lock; `finish_register` ends it. For a server
+        that scans on a thread of its own and ends the registration where it applies
+        writes. None when a registration of `sql` is best done whole in one hold
+        (`register` or `execute`: a small store, a join, NoMat), or `sql` is not a
+        SELECT. Changes nothing: an error (the compiler's, a limit's, the scan's) is
+        raised here and nothing is registered.
+
+        Example:
+            >>> eng = Engine()
+            >>> eng.execute("CREATE STREAM R (a INT)")
+            >>> eng.prepare_register("SELECT a FROM R") is None      # a small store
+            True
+        """
+        with self._lock:
+            self._check_open()
+            stmt = self._compile(sql)
+            if not isinstance(stmt, Query):
+                return None
+            ahead = self._ahead(stmt)
+            if ahead is None:
+                return None
+        ahead.run()
+        return PreparedRegistration(sql, stmt, ahead)
+
+    def finish_register(self, prepared: PreparedRegistration) -> str:
+        """End a registration `prepare_register` scanned for: in one short hold of the
+        lock, check it again, log it and apply it with the rows that arrived since its
+        copy; returns its handle, as `register` does. Raises what `register` raises
+        (the stream dropped meanwhile, a limit reached meanwhile)."""
+        with self._lock:
+            self._check_open()
+            query, ahead = prepared.query, prepared.ahead
+            if self._core.stems.get(query.sources[0].stream) is not ahead.stem:
+                stmt = self._compile(prepared.sql)
+                if not isinstance(stmt, Query):
+                    raise QueryError("register() takes a SELECT statement")
+                return self._register(stmt)
+            return self._register(query, ahead)
 
     def streams(self) -> list[str]:
         """The streams' names, in creation order."""
@@ -531,15 +574,7 @@ class Engine:
         the one copied: then the statement is compiled and registered afresh in this
         hold, as if it had come now (refused if the stream is gone)."""
         ahead.run()
-        with self._lock:
-            self._check_open()
-            stream = query.sources[0].stream
-            if self._core.stems.get(stream) is not ahead.stem:
-                stmt = self._compile(sql)
-                if not isinstance(stmt, Query):
-                    raise QueryError("register() takes a SELECT statement")
-                return self._register(stmt)
-            return self._register(query, ahead)
+        return self.finish_register(PreparedRegistration(sql, query, ahead))
 
     def _drop(self, name: str, cascade: bool, how: str | None = None) -> None:
         """Refuse, or log and apply, the drop of an existing stream; a refusal suggests
@@ -565,6 +600,16 @@ class Engine:
         self._durability.check_running()
         if self._closed:
             raise PSoupError("this engine is closed; open a new Engine on its path")
+
+
+@dataclass(frozen=True)
+class PreparedRegistration:
+    """A registration scanned off the engine's lock (`Engine.prepare_register`), to be
+    ended by `Engine.finish_register`: its statement, compiled, and its scan."""
+
+    sql: str
+    query: Query
+    ahead: Ahead
 
 
 class _Effects:

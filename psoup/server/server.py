@@ -8,7 +8,13 @@ Concurrency: one asyncio loop owns the sockets. Every mutating request (create_s
 execute, insert, register, unregister) goes through one queue to one writer thread, which
 applies a group of queued writes one by one and then calls `Engine.commit()` once before
 replying to any of them (group commit: one fsync per group, and no reply before its
-change is on disk). A read (invoke, queries, stats, ping) runs on the event loop itself
+change is on disk). A registration (register, or execute of a SELECT) first scans the
+retained rows on a registration thread (Engine.prepare_register: the engine lock held
+only to copy the stream), after its connection's earlier writes are applied; then only
+its short end (checked again, logged, applied with the rows that arrived meanwhile:
+Engine.finish_register) goes through the writer's queue, so the inserts of other
+clients are applied while it scans, and its connection's later writes join the queue
+after it. A read (invoke, queries, stats, ping) runs on the event loop itself
 when the engine lock is free and nobody waits for it: a thread hop costs more than a
 typical invocation (profiled under 100 polling clients, over half of the server's
 active time was that plumbing). An invocation that finds the lock taken goes to a read
@@ -96,6 +102,11 @@ _POOLED_SECONDS = 1.0
 #: How long a batch of parked reads may hold the engine lock before a waiting write.
 BATCH_SECONDS = 0.005
 
+#: Threads that scan registrations over a large store: two, so that a small registration
+#: does not wait behind one long scan (and a third scan waits rather than taking more
+#: memory for its copy and matches).
+REGISTER_THREADS = 2
+
 _R = TypeVar("_R")
 
 
@@ -142,6 +153,9 @@ _Reply = bytes | _Large
 #: A write queued for the writer thread: its call, the future of its outcome (ok, value
 #: or exception), and its bytes in the ingest queue.
 _Write = tuple[Callable[[], Any], asyncio.Future[tuple[bool, Any]], int]
+#: A write's turn to join the writer's queue (`_turn`): the future of the connection's
+#: write before it joining it (None: it has), and its own.
+_Turn = tuple[asyncio.Future[None] | None, asyncio.Future[None]]
 #: What a batch of parked reads gives back: (reply future, reply, read key, CPU seconds).
 _Batch = list[tuple[asyncio.Future[_Reply], _Reply, tuple[str, Any], float]]
 
@@ -157,6 +171,8 @@ class _Conversation:
         self.replies: asyncio.Queue[asyncio.Future[_Reply] | None] = asyncio.Queue(limit)
         self.sender: asyncio.Task[None] | None = None
         self.last_write: asyncio.Future[_Reply] | None = None
+        # set once its last write that keeps its turn by hand joined the writer's queue
+        self.queued: asyncio.Future[None] | None = None
         self.pieces = False     # its hello said it takes a large answer in pieces
         self.chain_ok = True
         # its last insert was refused "busy": the ones it chained after it are refused
@@ -231,6 +247,9 @@ class Server:
         self._write_pool: ThreadPoolExecutor | None = None
         # encodes large answers, a piece at a time (_Large), outside the engine lock
         self._encode_pool: ThreadPoolExecutor | None = None
+        # scans registrations over a large store (Engine.prepare_register), so that
+        # the writer thread only ends them (Engine.finish_register)
+        self._register_pool: ThreadPoolExecutor | None = None
         # reads that took over INLINE_SECONDS: (op, handle) -> run them on the pool
         # until this perf_counter time
         self._pooled: dict[tuple[str, Any], float] = {}
@@ -310,6 +329,8 @@ class Server:
                                              thread_name_prefix="psoup-read")
         self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="psoup-write")
         self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix="psoup-encode")
+        self._register_pool = ThreadPoolExecutor(REGISTER_THREADS,
+                                                 thread_name_prefix="psoup-register")
         listener = writer_task = None
         try:
             listener = await asyncio.start_server(self._connection, self.host, self.port)
@@ -332,6 +353,7 @@ class Server:
             self._read_pool.shutdown(wait=True, cancel_futures=True)
             self._write_pool.shutdown(wait=True, cancel_futures=True)
             self._encode_pool.shutdown(wait=True, cancel_futures=True)
+            self._register_pool.shutdown(wait=True, cancel_futures=True)
             self._loop = None
 
     def _read_threads(self) -> int:
@@ -465,11 +487,13 @@ class Server:
         if refused is not None:
             _log_request(peer, op, began, refused)
             return _ready(refused)
-        dispatched = asyncio.ensure_future(self._dispatch(
-            request_id, op, args, conv, conv.last_write, size, self._queued_token))
-        _log_request(peer, op, began, dispatched)
         spec = OPS.get(op) if isinstance(op, str) else None
-        if spec is not None and spec.write:
+        write = spec is not None and spec.write
+        turn = _turn(conv, op) if write else None
+        dispatched = asyncio.ensure_future(self._dispatch(
+            request_id, op, args, conv, conv.last_write, size, self._queued_token, turn))
+        _log_request(peer, op, began, dispatched)
+        if write:
             conv.last_write = dispatched
         return dispatched
 
@@ -691,15 +715,18 @@ class Server:
             self._next_batch()
 
     async def _dispatch(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                        after: asyncio.Future[_Reply] | None, size: int = 0, token: int = 0
-                        ) -> _Reply:
+                        after: asyncio.Future[_Reply] | None, size: int = 0, token: int = 0,
+                        turn: _Turn | None = None) -> _Reply:
         """The reply frame of one authenticated request. A read waits for `after`, the
         last write its connection sent before it (a client reads its own writes); an
         insert counts its `size` bytes in the ingest queue under `token` (`_refusal`
-        took them) until it is answered."""
+        took them) until it is answered; a write with a `turn` joins the writer's queue
+        in it (`_turn`)."""
         try:
-            return await self._dispatched(request_id, op, args, conv, after, size)
+            return await self._dispatched(request_id, op, args, conv, after, size, turn)
         finally:
+            if turn is not None:
+                _pass_turn(turn)
             if size:
                 self._queued_bytes -= size
                 del self._queued_at[token]
@@ -742,7 +769,8 @@ class Server:
                 "peak_bytes": self._queued_peak, "busy_replies": self._busy_replies}
 
     async def _dispatched(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
-                          after: asyncio.Future[_Reply] | None, size: int) -> _Reply:
+                          after: asyncio.Future[_Reply] | None, size: int,
+                          turn: _Turn | None) -> _Reply:
         try:
             spec = OPS.get(op) if isinstance(op, str) else None
             if spec is None:
@@ -755,19 +783,46 @@ class Server:
         except ProtocolError as exc:
             return pack_frame(error_reply(request_id, exc.code, str(exc)))
         write = spec.write
-        apply = partial(self._run, spec, parsed)
+        apply: Callable[[], Any] = partial(self._run, spec, parsed)
         loop = asyncio.get_running_loop()
         if not write:
             if after is not None:
                 await asyncio.wait([after])
             return await loop.run_in_executor(self._read_pool, self._reply, request_id,
                                               lambda: (True, apply()))
+        if turn is not None:
+            if _scans(spec, parsed):
+                apply = await self._prepared(spec, parsed, after)
+            if turn[0] is not None:
+                await asyncio.wait([turn[0]])
         done = loop.create_future()
         chained = op == OpName.INSERT and bool(args.get("chain"))
         assert self._writes is not None, "requests are dispatched only while serving"
         await self._writes.put((partial(_in_chain, conv, chained, apply), done, size))
+        if turn is not None:
+            _pass_turn(turn)
         outcome = await done
         return self._reply(request_id, lambda: outcome)
+
+    async def _prepared(self, spec: Op, parsed: dict[str, Any],
+                        after: asyncio.Future[_Reply] | None) -> Callable[[], Any]:
+        """The write that applies a registration (register, or execute of a SELECT) once
+        its scan has run on a registration thread (Engine.prepare_register), after the
+        connection's earlier writes (it compiles against them): ending it
+        (Engine.finish_register), or the whole op where the engine registers in one
+        hold, or raising what the scan raised (nothing changed; the writer's queue keeps
+        the connection's writes in order and replies after the commit)."""
+        if after is not None:
+            await asyncio.wait([after])
+        assert self._register_pool is not None, "requests are dispatched only while serving"
+        try:
+            prepared = await asyncio.get_running_loop().run_in_executor(
+                self._register_pool, self.engine.prepare_register, parsed["sql"])
+        except Exception as exc:
+            return partial(_raise, exc)
+        if prepared is None:
+            return partial(self._run, spec, parsed)
+        return partial(self.engine.finish_register, prepared)
 
     def _reply(self, request_id: Any, run: Callable[[], tuple[bool, Any]]) -> _Reply:
         """The reply to a request whose outcome `run` gives: its frame, or an answer
@@ -839,6 +894,50 @@ def _encoded_reply(request_id: Any, encode: Callable[[], _R]) -> _R | bytes:
         log.exception("request %r failed", request_id)
         return pack_frame(error_reply(request_id, ErrorCode.INTERNAL,
                                       f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def _turn(conv: _Conversation, op: Any) -> _Turn | None:
+    """The place of a write in its connection's order for the writer's queue, when that
+    order needs keeping by hand: a registration scans before it joins the queue (on a
+    registration thread), and the connection's later writes must not join it first (a
+    client could see it: a drop applied before the registration sent earlier, a limit
+    taken by a later query). None for a write that joins the queue in its turn anyway
+    (none of its connection's writes is still scanning): the dispatches of one
+    connection put their writes in the order they were read."""
+    earlier = conv.queued
+    if earlier is not None and earlier.done():
+        earlier = conv.queued = None
+    if earlier is None and op not in (OpName.REGISTER, OpName.EXECUTE):
+        return None
+    mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    conv.queued = mine
+    return earlier, mine
+
+
+def _pass_turn(turn: _Turn) -> None:
+    """The connection's next write may join the writer's queue: now if the one before
+    this (`turn[0]`) has joined it, else once it has (idempotent)."""
+    earlier, mine = turn
+    if mine.done():
+        return
+    if earlier is None or earlier.done():
+        mine.set_result(None)
+    else:
+        earlier.add_done_callback(lambda _: None if mine.done() else mine.set_result(None))
+
+
+def _scans(spec: Op, parsed: Mapping[str, Any]) -> bool:
+    """Whether a write registers a query, so that its scan runs on a registration
+    thread: register, and an execute whose statement starts with SELECT (a comment
+    before it, say, leaves it to the writer thread whole, which is only slower)."""
+    if spec.name is OpName.REGISTER:
+        return True
+    return spec.name is OpName.EXECUTE and parsed["sql"].lstrip()[:6].upper() == "SELECT"
+
+
+def _raise(exc: Exception) -> None:
+    """On the writer thread: the outcome of a registration whose scan raised `exc`."""
+    raise exc
 
 
 def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> Any:
