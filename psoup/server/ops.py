@@ -4,8 +4,8 @@ Each `Op` says what the server and the client must agree on:
 
 * `write`: the server applies it on its one writer thread and commits the log before
   replying (group commit; a registration scans the retained rows on a registration
-  thread first, and the writer only ends it); reads run on the event loop when the engine is idle, else
-  together on a read thread;
+  thread first, and the writer only ends it); reads run on the event loop when the
+  engine is idle, else together on a read thread;
 * `idempotent`: a client may send it again when the connection broke before the reply
   (reads, and cancelling a history job); a non-idempotent write whose reply was lost
   has an unknown outcome;
