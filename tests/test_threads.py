@@ -26,7 +26,7 @@ from psoup.results.partial import PartialResults
 from psoup.stems.query_stem import QuerySteM
 from psoup.workers import Workers, check_threads, default_threads
 from tests.strategies import Scenario, scenarios
-from tests.support import Clock, compiled_query, compiled_schema, create
+from tests.support import Clock, Streams, compiled_query, compiled_schema, create
 from tests.test_query_stem import Scenario as StemScenario
 from tests.test_query_stem import _probe_columns, stem_scenarios
 
@@ -202,7 +202,7 @@ def _workload_ops(gen: np.random.Generator, joins: bool) -> list[tuple[Any, ...]
 def test_aggregates_and_joins_answer_alike_on_one_thread_and_three(mode: ModeName,
                                                                    joins: bool) -> None:
     columns = [("a", "int"), ("b", "float"), ("c", "text")]
-    streams = {"R": (columns, ("rows", 500)), "S": (columns, None)}
+    streams: Streams = {"R": (columns, ("rows", 500)), "S": (columns, None)}
     ops = _workload_ops(np.random.default_rng(11 + joins), joins)
     _same_with_threads((streams, ops), mode, 64)
 
