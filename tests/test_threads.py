@@ -16,11 +16,13 @@ from typing import Any
 import hypothesis.strategies as st
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from numpy.typing import NDArray
 
 import psoup
 import psoup.stems.query_stem as query_stem
+from psoup.cli.main import main
 from psoup.options import ModeName
 from psoup.results.partial import PartialResults
 from psoup.stems.query_stem import QuerySteM
@@ -243,3 +245,55 @@ def test_a_failing_share_raises_once_every_share_has_ended() -> None:
     assert sorted(ended) == [1, 2]
     assert workers.run([lambda: 7, lambda: 8, lambda: 9]) == [7, 8, 9]
     workers.close()
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _seen_threads(monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> list[Any]:
+    """Replace target.name by a recorder of the `threads` it is called with."""
+    seen: list[Any] = []
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("threads"))
+        return {}
+    monkeypatch.setattr(target, name, record)
+    return seen
+
+
+@pytest.mark.parametrize("given_", [[], ["--threads", "1"], ["--threads", "4"]])
+def test_serve_and_demo_pass_threads_on(monkeypatch: pytest.MonkeyPatch,
+                                        given_: list[str]) -> None:
+    import psoup.cli.demo
+    import psoup.server
+    served = _seen_threads(monkeypatch, psoup.server, "run_server")
+    demoed = _seen_threads(monkeypatch, psoup.cli.demo, "run_demo")
+    runner = CliRunner()
+    assert runner.invoke(main, ["serve", "--port", "0", *given_]).exit_code == 0
+    assert runner.invoke(main, ["demo", *given_]).exit_code == 0
+    want = int(given_[1]) if given_ else None        # None: the engine takes the cores
+    assert served == [want] and demoed == [want]
+
+
+def test_the_shell_runs_its_engine_on_the_threads_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    import psoup.engine
+    made: list[int] = []
+
+    class Recorded(psoup.engine.Engine):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self._core.query_stem.workers.threads)
+    monkeypatch.setattr(psoup.engine, "Engine", Recorded)
+    result = CliRunner().invoke(main, ["shell", "--in-memory", "--threads", "3", "-c",
+                                       "CREATE STREAM R (a INT);"])
+    assert result.exit_code == 0, result.output
+    assert made == [3]
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["demo"],
+                                     ["shell", "--in-memory", "-c", "SHOW STREAMS;"]])
+@pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
+def test_bad_thread_counts_are_usage_errors(command: list[str], bad: str) -> None:
+    result = CliRunner().invoke(main, [*command, "--threads", bad])
+    assert result.exit_code == 2
+    assert "--threads" in result.output

@@ -812,7 +812,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                spark_master: str | None = None, echo: Callable[[str], Any] = print,
                spark_conf: Mapping[str, str] | None = None,
                archive_budget: float | None = None,
-               answer_cache_bytes: int = DEFAULT_ANSWER_CACHE) -> None:
+               answer_cache_bytes: int = DEFAULT_ANSWER_CACHE,
+               threads: int | None = None) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -833,6 +834,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             reads a sample instead (`Engine`'s archive_budget; None: read it all).
         answer_cache_bytes: memory for the queries' last answers, which their next
             invocations reuse (`Engine`'s answer_cache_bytes; 0 keeps none).
+        threads: the threads a large batch's probe is split over (`Engine`'s threads;
+            None: the cores this process may run on).
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
 
     The process's C allocator keeps the memory it frees (psoup.server.allocator).
@@ -861,7 +864,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync,
                         progress=recovering, spark_master=spark_master,
                         spark_conf=spark_conf, archive_budget=archive_budget,
-                        answer_cache_bytes=answer_cache_bytes)
+                        answer_cache_bytes=answer_cache_bytes, threads=threads)
         try:
             # what exists by now (the modules, numba's compiler, the recovered engine)
             # lives as long as the process: full collections skip it from here on (one
