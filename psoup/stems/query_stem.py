@@ -234,8 +234,7 @@ class QuerySteM:
         tables = tuple([index.table(words) for index, _ in indexed])
         keys, firsts, maps = map(list, zip(*[index.keys(v) for index, v in indexed],
                                            strict=True))
-        shares = self._shares(pieces, words)
-        if len(shares) > 1:
+        if self.workers.threads > 1 and len(shares := self._shares(pieces, words)) > 1:
             self._probe_shares(indexed, tables, keys, firsts, maps, interest, shares)
             return
         for a, b, out in pieces:
