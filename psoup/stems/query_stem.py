@@ -15,6 +15,13 @@ Probing with a batch of a stream's tuples yields one Results Structure row per t
 the interested slots, minus those some attribute index rejects, minus those whose
 predicateList factors fail. This replaces the paper's per-query countdown array
 (Sect. 4.2.2) with bitwise operations over 64 queries per machine word.
+
+A large batch's probe is split by tuples over the engine's threads (`Workers`): each
+thread probes its own tuples into their own words of the results, the compiled kernel
+releasing the GIL, and the probe returns when all are done. Whatever changes the index
+(a direct map widened for values it has not seen) happens on the calling thread,
+between the threads' calls. Only a share of at least `PROBE_SPLIT` words per thread is
+worth a thread.
 """
 
 from __future__ import annotations
