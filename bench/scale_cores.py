@@ -3,7 +3,7 @@ core with one thread, against all the cores this process may use, in the same ru
 
 - ingest: tuples/s through `Engine.insert` (PSoup-P, in memory) with 1,024 / 10^4 /
   10^5 standing queries of the Fig. 9 workload (1-4 inequality factors over R's four
-  INT columns), batches of 32,768 tuples (8,192 at 10^5 queries, whose results are
+  INT columns), batches of 32,768 tuples (16,384 at 10^5 queries, whose results are
   12.5 KB per tuple), RETAIN two batches. One child process per query count registers
   the queries once, then is timed in turns: pinned to one core
   (`os.sched_setaffinity`) with the engine's probe on one thread (threads=1, today's
@@ -65,11 +65,11 @@ def _settings(level: common.Level) -> dict[str, Any]:
                 "probe_rounds": 3, "queries": 5, "prefill": 1_000, "clients": 2,
                 "seconds": 0.5}
     if level == "quick":
-        return {"counts": [1_024, 10_000, 100_000], "batch": 32_768, "large_batch": 8_192,
+        return {"counts": [1_024, 10_000, 100_000], "batch": 32_768, "large_batch": 16_384,
                 "min_time": 0.5, "cap": 1.0, "turns": 2, "probe_counts": [1_024, 10_000],
                 "probe_sizes": [2_048, 8_192, 32_768], "probe_rounds": 40,
                 "queries": 200, "prefill": 100_000, "clients": 20, "seconds": 2.0}
-    return {"counts": [1_024, 10_000, 100_000], "batch": 32_768, "large_batch": 8_192,
+    return {"counts": [1_024, 10_000, 100_000], "batch": 32_768, "large_batch": 16_384,
             "min_time": 2.0, "cap": 4.0, "turns": 3, "probe_counts": [1_024, 10_000],
             "probe_sizes": [1_024, 2_048, 4_096, 8_192, 16_384, 32_768, 65_536],
             "probe_rounds": 200, "queries": 200, "prefill": 100_000, "clients": 100,
