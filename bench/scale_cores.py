@@ -7,7 +7,7 @@ core with one thread, against all the cores this process may use, in the same ru
   12.5 KB per tuple), RETAIN two batches. One child process per query count registers
   the queries once, then is timed in turns: pinned to one core
   (`os.sched_setaffinity`) with the engine's probe on one thread (threads=1, today's
-  engine), and unpinned with a thread per core (the engine's default), two turns each,
+  engine), and unpinned with a thread per core (the engine's default), in turns,
   the best of each kept. Also the cores each used (process CPU time / wall time).
   Targets: >= 1.8x at 10^5 queries, >= 1.4x at 10^4.
 - probe: the probe alone (`QuerySteM.probe_into` into PSoup-P's chunks) of n tuples at
