@@ -41,9 +41,14 @@ from psoup.stems.predicates import factor_mask, source_mask
 from psoup.workers import Workers
 
 #: The least work (a batch's tuples x its bit rows' words) each thread's share of a
-#: probe must hold for the probe to be split across threads: below it, handing shares to
-#: the pool and waiting for them costs more than the threads save. Measured
-#: (bench/scale_cores.py's probe, 4 attributes, this 2-core AMD EPYC): see PROBE_SPLIT.
+#: probe must hold for the probe to be split across threads: below it, waking a thread
+#: and waiting for it (20-50 us here) costs about what the split saves. Measured with
+#: bench/scale_cores.py's probe (Fig. 9 queries, 4 attributes, into PSoup-P's chunks;
+#: 2-core AMD EPYC shared with other work, so the fastest of many alternated calls),
+#: split in two against one thread: at 1,024 queries 0.74x at 2^16 words per thread,
+#: 0.97-1.29x at 2^17, 1.19-1.29x at 2^18, 1.43-1.57x at 2^19; at 10^4 queries
+#: 0.99x at 2^17, 1.29x at 2^18 (4,096 tuples), 1.37x at 2^19, 1.73x at 2^20 and
+#: 1.77-1.88x at 2^21 (32,768 tuples). So from 2^18 a split gains a fifth or more.
 PROBE_SPLIT = 1 << 18
 
 #: Tuples of a share start on a multiple of this (8 words, a cache line, from where the
