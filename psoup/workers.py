@@ -1,4 +1,4 @@
-"""The threads the engine spreads one large step over (issue 37, "every core").
+"""The threads the engine spreads one large step over.
 
 The compiled kernels release the GIL (numba's `nogil=True`), so a probe of a large batch
 split by tuples runs on as many cores as there are threads: each thread writes its own

@@ -334,14 +334,12 @@ class QuerySteM:
                    for index in sq.attrs.values())
 
 
-
-
 def _aligned_lead(out: np.ndarray) -> int:
     """Tuples of a word-major piece before the first whose words start a cache line (0
     where a tuple's words are not contiguous in a row)."""
     if out.ndim != 2 or out.shape[1] == 0 or out.strides[1] != out.itemsize:
         return 0
-    return (-out.ctypes.data % 64) // out.itemsize % _LINE_TUPLES
+    return (-out.ctypes.data % 64) // out.itemsize
 
 
 def _probe_pieces(tables: tuple[np.ndarray, ...], keys: tuple[np.ndarray, ...],
