@@ -3,10 +3,10 @@
 The compiled kernels release the GIL (numba's `nogil=True`), so a probe of a large batch
 split by tuples runs on as many cores as there are threads: each thread writes its own
 tuples' columns of the results, and nothing shared is written by two of them. `Workers`
-holds the pool: the caller runs the first share itself and waits for the others, so a
-split step still returns only once it is wholly done (the Eddy's stream-prefix
-consistency is untouched). With one thread nothing is split and no pool exists: the
-engine does exactly what it did before threads came.
+holds the pool: the caller and the pool's threads take the shares one at a time, and
+the caller returns only once every share is done, so a split step is still one step
+(the Eddy's stream-prefix consistency is untouched). With one thread nothing is split
+and no pool exists: the engine does exactly what it did before threads came.
 
 `Engine(threads=...)`, `psoup serve --threads`: the number of threads (default
 `default_threads()`, the cores this process may run on); `check_threads` refuses what is
@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import Generic, TypeVar, cast
 
 _T = TypeVar("_T")
 
@@ -65,9 +65,11 @@ class Workers:
         self._lock = threading.Lock()       # one pool, whoever asks for it first
 
     def run(self, tasks: Sequence[Callable[[], _T]]) -> list[_T]:
-        """Each task's result, in order: the first run on the calling thread, the others
-        on the pool's, all finished when this returns. An exception of any task is
-        raised here, once every task has ended (none is left writing)."""
+        """Each task's result, in order, all finished when this returns. The calling
+        thread and the pool's take the tasks in turn, each the next one not yet taken:
+        a pool thread that a busy core holds back takes fewer, or none (the caller does
+        not wait for a thread that has not started one). An exception of a task is
+        raised here once every task taken has ended (none is left writing)."""
         if len(tasks) <= 1 or self.threads == 1:
             return [task() for task in tasks]
         pool = self._pool
@@ -77,13 +79,14 @@ class Workers:
                 if pool is None:
                     pool = self._pool = ThreadPoolExecutor(
                         self.threads - 1, thread_name_prefix="psoup-worker")
-        futures: list[Future[_T]] = [pool.submit(task) for task in tasks[1:]]
-        try:
-            first = tasks[0]()
-        finally:
-            for future in futures:      # wait for all, even when the first raised
-                future.exception()
-        return [first] + [future.result() for future in futures]
+        batch = _Batch(tasks)
+        for _ in range(min(self.threads, len(tasks)) - 1):
+            pool.submit(batch.work)
+        batch.work()
+        batch.done.wait()
+        if batch.errors:
+            raise batch.errors[0]
+        return batch.results
 
     def close(self) -> None:
         """Stop the pool's threads (a later `run` starts them again)."""
@@ -91,3 +94,35 @@ class Workers:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+class _Batch(Generic[_T]):
+    """One `Workers.run`: its tasks, taken one at a time by whichever thread asks
+    first, their results, and an event set when the last task taken has ended."""
+
+    def __init__(self, tasks: Sequence[Callable[[], _T]]):
+        self.tasks = tasks
+        self.results: list[_T] = [cast(_T, None)] * len(tasks)
+        self.errors: list[BaseException] = []
+        self.done = threading.Event()
+        self._next = 0
+        self._left = len(tasks)
+        self._lock = threading.Lock()
+
+    def work(self) -> None:
+        """Run tasks not yet taken until none is left."""
+        while True:
+            with self._lock:
+                i = self._next
+                if i >= len(self.tasks):
+                    return
+                self._next = i + 1
+            try:
+                self.results[i] = self.tasks[i]()
+            except BaseException as exc:    # raised by run, on the calling thread
+                self.errors.append(exc)
+            finally:
+                with self._lock:
+                    self._left -= 1
+                    if not self._left:
+                        self.done.set()

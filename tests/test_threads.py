@@ -10,7 +10,9 @@ machine's cores are used as well.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import hypothesis.strategies as st
@@ -107,7 +109,7 @@ def test_shares_are_whole_lines_and_cover_the_batch_once() -> None:
     results = PartialResults(8192)
     pieces = results.destination("R", 8000, 1000, 4)      # two pieces, 192 + 808 tuples
     shares = stem._shares(pieces, 4)
-    assert len(shares) == 3
+    assert len(shares) == 3 * query_stem.SHARES_PER_THREAD
     covered = sorted((a, b) for share in shares for a, b, _ in share)
     assert covered[0][0] == 0 and covered[-1][1] == 1000
     assert all(b == c for (_, b), (c, _) in zip(covered[:-1], covered[1:], strict=True))
@@ -124,6 +126,8 @@ def test_below_the_threshold_nothing_is_split(monkeypatch: pytest.MonkeyPatch) -
     pieces = PartialResults(8192).destination("R", 0, 8192, 16)
     assert len(stem._shares(pieces, 16)) == 1                   # 2^17 words: one share
     assert len(stem._shares(PartialResults(8192).destination("R", 0, 32768, 16), 16)) == 2
+    assert len(stem._shares(PartialResults(8192).destination("R", 0, 65536, 157), 157)) == \
+        2 * query_stem.SHARES_PER_THREAD                   # 2^23 words: as many as taken
 
 
 # ---------------------------------------------------------------- whole engines
@@ -212,13 +216,22 @@ def test_aggregates_and_joins_answer_alike_on_one_thread_and_three(mode: ModeNam
 # ---------------------------------------------------------------- the option
 
 
-def test_threads_default_to_the_cores_and_one_is_todays_engine() -> None:
+def test_threads_default_to_the_cores_and_one_is_todays_engine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     assert default_threads() >= 1
     with psoup.Engine() as eng:
         assert eng._core.query_stem.workers.threads == default_threads()
     with psoup.Engine(threads=1) as eng:
-        assert eng._core.query_stem.workers.threads == 1
-        assert len(eng._core.query_stem._shares([(0, 10**6, np.empty((4, 0)))], 4)) == 1
+        stem = eng._core.query_stem
+        assert stem.workers.threads == 1
+
+        def no_shares(*args: Any) -> Any:
+            raise AssertionError("one thread asks for no shares")
+        monkeypatch.setattr(stem, "_shares", no_shares)
+        eng.execute("CREATE STREAM R (a INT)")
+        h = eng.register("SELECT a FROM R WHERE a > 5")
+        eng.insert("R", {"a": np.arange(10_000)}, ts=1.0)
+        assert len(eng.invoke(h, now=1.0).rows) == 10_000 - 6
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, None])
@@ -228,6 +241,26 @@ def test_bad_thread_counts_are_refused(bad: Any) -> None:
     if bad is not None:             # (None is Engine's default: the cores)
         with pytest.raises(ValueError, match="threads must be a whole number >= 1"):
             psoup.Engine(threads=bad)
+
+
+def test_the_calling_thread_does_every_share_a_held_back_thread_does_not_take() -> None:
+    # the pool's thread is held until the caller has taken every task: the caller runs
+    # them all and does not wait for the thread, which then finds nothing left
+    workers = Workers(2)
+    gate = threading.Event()
+    workers.run([lambda: 0, lambda: 0])         # the pool's thread exists and is idle
+    assert workers._pool is not None
+    workers._pool.submit(gate.wait)             # ... and is now busy
+    ran: list[str] = []
+
+    def task(i: int) -> int:
+        ran.append(threading.current_thread().name)
+        return i
+    got = workers.run([partial(task, i) for i in range(6)])
+    assert got == list(range(6))
+    assert ran == [threading.current_thread().name] * 6
+    gate.set()
+    workers.close()
 
 
 def test_a_failing_share_raises_once_every_share_has_ended() -> None:

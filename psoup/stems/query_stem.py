@@ -20,8 +20,8 @@ A large batch's probe is split by tuples over the engine's threads (`Workers`): 
 thread probes its own tuples into their own words of the results, the compiled kernel
 releasing the GIL, and the probe returns when all are done. Whatever changes the index
 (a direct map widened for values it has not seen) happens on the calling thread,
-between the threads' calls. Only a share of at least `PROBE_SPLIT` words per thread is
-worth a thread.
+between the threads' calls. Only a share of at least `PROBE_SPLIT` words is worth
+handing to a thread.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import factor_mask, source_mask
 from psoup.workers import Workers
 
-#: The least work (a batch's tuples x its bit rows' words) each thread's share of a
-#: probe must hold for the probe to be split across threads: below it, waking a thread
+#: The least work (a batch's tuples x its bit rows' words) each share of a split
+#: probe holds (a probe of less than twice this is not split): below it, waking a thread
 #: and waiting for it (20-50 us here) costs about what the split saves. Measured with
 #: bench/scale_cores.py's probe (Fig. 9 queries, 4 attributes, into PSoup-P's chunks;
 #: 2-core AMD EPYC shared with other work, so the fastest of many alternated calls),
@@ -50,6 +50,11 @@ from psoup.workers import Workers
 #: 0.99x at 2^17, 1.29x at 2^18 (4,096 tuples), 1.37x at 2^19, 1.73x at 2^20 and
 #: 1.77-1.88x at 2^21 (32,768 tuples). So from 2^18 a split gains a fifth or more.
 PROBE_SPLIT = 1 << 18
+
+#: A split probe's shares per thread (each of at least PROBE_SPLIT words): the threads
+#: take them in turn, so a thread a busy core holds back takes fewer, and the others
+#: are not left waiting for its half.
+SHARES_PER_THREAD = 4
 
 #: Tuples of a share start on a multiple of this (8 words, a cache line, from where the
 #: piece's rows are aligned), so no two threads write the same line of a result row.
@@ -257,12 +262,12 @@ class QuerySteM:
 
     def _shares(self, pieces: Sequence[tuple[int, int, np.ndarray]],
                 words: int) -> list[list[tuple[int, int, np.ndarray]]]:
-        """The pieces cut into one list per thread of about equal tuples, each holding
-        at least PROBE_SPLIT words of results (one list: the probe is not split). A cut
-        falls on a cache line of the piece's rows, so each thread writes whole lines of
-        its own. O(pieces + threads)."""
+        """The pieces cut into lists of about equal tuples, up to SHARES_PER_THREAD per
+        thread, each holding at least PROBE_SPLIT words of results (one list: the probe
+        is not split). A cut falls on a cache line of the piece's rows, so each share
+        writes whole lines of its own. O(pieces + shares)."""
         n = sum(b - a for a, b, _ in pieces)
-        parts = min(self.workers.threads, n * words // PROBE_SPLIT)
+        parts = min(self.workers.threads * SHARES_PER_THREAD, n * words // PROBE_SPLIT)
         if parts <= 1:
             return [list(pieces)]
         cuts: list[int] = []
