@@ -45,6 +45,9 @@ ORDER = [
     ("history_scale", "Historical evaluation: driver memory vs archive size, 1 vs 2 cores"),
     ("oscar", "Reduced archive reads (Remembrance of Streams Past, Fig. 12)"),
     ("oscar_copies", "Hourly averages from the archive's aggregate copies vs tuples"),
+    ("scale_cores", "One core against every core: ingest at 1,024 to 10^5 queries"),
+    ("scale_cores_probe", "One core against every core: the probe alone, where a split pays"),
+    ("scale_cores_server", "One core against every core: 100 polling clients and a producer"),
 ]
 
 

@@ -41,6 +41,7 @@ from psoup.stems.batch import Batch
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.query_stem import QuerySteM
 from psoup.stems.span import Span
+from psoup.workers import Workers
 
 
 class Core:
@@ -52,7 +53,7 @@ class Core:
     """
 
     def __init__(self, mode: str, chunk_rows: int, shared_index: bool, routing: str,
-                 shared_joins: bool, answer_cache_bytes: int = 0):
+                 shared_joins: bool, answer_cache_bytes: int = 0, threads: int = 1):
         self.mode = mode
         self.chunk_rows = chunk_rows
         self.stems: dict[str, DataSteM] = {}
@@ -62,7 +63,7 @@ class Core:
         # rows each stream held when recovery ended: a restart's replay of the log is
         # no ingest, so stats' rates count only what came after it
         self.recovered: dict[str, int] = {}
-        self.query_stem = QuerySteM(shared=shared_index)
+        self.query_stem = QuerySteM(shared=shared_index, workers=Workers(threads))
         sinks = SinkTable()
         self.eddy = Eddy(self.stems, self.query_stem, sinks, MODES[mode].materializes,
                          POLICIES[routing]())

@@ -65,6 +65,7 @@ from psoup.results.reads import Reads
 from psoup.results.result import Changes, Result
 from psoup.spark.jobs import HistoryJobs
 from psoup.stems.batch import make_batch
+from psoup.workers import check_threads, default_threads
 
 #: The engine modes of PSoup Sect. 5: PSoup-P (default), PSoup-C and NoMat.
 MODES = MODE_NAMES
@@ -93,6 +94,8 @@ class Engine:
             invocations read (psoup.archive.policy).
         max_producers: idempotent producers remembered (psoup.producers).
         answer_cache_bytes: memory for the queries' last answers (psoup.results.recent).
+        threads: the threads a large batch's probe is split over (psoup.workers);
+            None: the cores this process may run on. 1 splits nothing.
 
     Example:
         >>> eng = Engine(clock=lambda: 100.0)
@@ -115,7 +118,7 @@ class Engine:
                  spark_master: str | None = None, max_producers: int = 10_000,
                  spark_conf: Mapping[str, str] | None = None,
                  archive_budget: float | None = None, archive_policy: Policy | None = None,
-                 answer_cache_bytes: int = DEFAULT_ANSWER_CACHE):
+                 answer_cache_bytes: int = DEFAULT_ANSWER_CACHE, threads: int | None = None):
         self.mode = choose("mode", mode, MODE_NAMES)
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be positive")
@@ -127,7 +130,11 @@ class Engine:
         self.archive_policy = _archive_policy(archive_budget, archive_policy)
         self._core = Core(self.mode, chunk_rows, shared_index,
                           choose("routing", routing, ROUTING_NAMES), shared_joins,
-                          _cache_bytes(answer_cache_bytes))
+                          _cache_bytes(answer_cache_bytes),
+                          default_threads() if threads is None else check_threads(threads))
+        #: The threads this engine works on: a large batch's probe is split over them
+        #: (psoup.workers), and a server runs as many invocations at once.
+        self.threads = self._core.query_stem.workers.threads
         self._clock = clock
         self._lock = FairLock()
         self._producers = ProducerTable(max_producers)
@@ -533,6 +540,7 @@ class Engine:
                     self._durability.close()    # a failure (a full disk) closes it too
             finally:
                 self._closed = True
+                self._core.query_stem.workers.close()
         for job in self._history.jobs():
             job.cancel()
             job.wait(60.0)

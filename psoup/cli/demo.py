@@ -41,11 +41,13 @@ def traffic(rng: np.random.Generator, n: int,
 
 
 def run_demo(mode: ModeName = "partial", rows: int = 20_000, seed: int = 7,
-             echo: Callable[[str], None] = print) -> dict[str, int]:
-    """Run the demo and return each query's final answer size (for tests)."""
+             echo: Callable[[str], None] = print,
+             threads: int | None = None) -> dict[str, int]:
+    """Run the demo and return each query's final answer size (for tests); `threads`
+    is the engine's (None: the cores)."""
     rng = np.random.default_rng(seed)
     clock = {"now": START}
-    eng = Engine(mode=mode, clock=lambda: clock["now"])
+    eng = Engine(mode=mode, clock=lambda: clock["now"], threads=threads)
     eng.execute(DDL)
     echo(f"psoup demo  (mode: {mode}; one traffic reading every {STEP * 1000:.0f} ms, "
          "simulated time)\n")

@@ -206,6 +206,13 @@ def main(ctx: click.Context, server: str, token: str | None) -> None:
     ctx.obj = Settings(server, token)
 
 
+#: `--threads` of the commands that run an engine (`Engine`'s threads).
+_threads_option = click.option(
+    "--threads", type=click.IntRange(1), default=None, metavar="N",
+    help="Threads a large batch's probe is split over (default: the cores this process "
+         "may run on; 1: one thread).")
+
+
 @main.command()
 @click.option("--mode", type=click.Choice(MODE_NAMES), default="partial",
               show_default=True, help="Engine mode: PSoup-P, PSoup-C or NoMat.")
@@ -216,7 +223,9 @@ def main(ctx: click.Context, server: str, token: str | None) -> None:
               default=None, metavar="DIR",
               help="Instead, write the docs' sample files into DIR: readings.csv (the last "
                    "10 minutes) and old/DAY.csv (the 2 days before today).")
-def demo(mode: ModeName, rows: int, seed: int, samples: Path | None) -> None:
+@_threads_option
+def demo(mode: ModeName, rows: int, seed: int, samples: Path | None,
+         threads: int | None) -> None:
     """Run the embedded engine on a synthetic traffic trace; no server needed.
 
     Registers sliding, landmark and snapshot queries, ingests readings, "disconnects"
@@ -228,7 +237,7 @@ def demo(mode: ModeName, rows: int, seed: int, samples: Path | None) -> None:
             click.echo(f"wrote {path}")
         return
     from psoup.cli.demo import run_demo
-    run_demo(mode=mode, rows=rows, seed=seed, echo=click.echo)
+    run_demo(mode=mode, rows=rows, seed=seed, echo=click.echo, threads=threads)
 
 
 def _optional_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -251,9 +260,11 @@ def _optional_address(ctx: click.Context, param: click.Parameter, value: str | N
               help="Run this statement or meta-command, then leave (repeatable).")
 @click.option("-f", "--file", "script", type=click.File("r"), default=None, metavar="FILE",
               help="Run the statements and meta-commands in FILE, then leave.")
+@_threads_option
 @click.pass_context
 def shell(ctx: click.Context, server: str | None, data_dir: Path | None, in_memory: bool,
-          mode: ModeName, commands: tuple[str, ...], script: IO[str] | None) -> None:
+          mode: ModeName, commands: tuple[str, ...], script: IO[str] | None,
+          threads: int | None) -> None:
     """An interactive session: statements end with ';' (a SELECT prints its handle),
     meta-commands such as \\invoke, \\watch and \\streams start with a backslash
     (\\help lists them). It talks to the server every other command would use
@@ -270,7 +281,8 @@ def shell(ctx: click.Context, server: str | None, data_dir: Path | None, in_memo
     else:
         from psoup.engine import Engine
 
-        with Engine(path=None if data_dir is None else str(data_dir), mode=mode) as engine:
+        with Engine(path=None if data_dir is None else str(data_dir), mode=mode,
+                    threads=threads) as engine:
             code = run_shell(engine, None, where, commands=commands, script=script)
     ctx.exit(code)
 
@@ -363,13 +375,15 @@ def _answers(server: str, token: str | None) -> bool:
               help="What the server logs on stderr: warning (refused connections, "
                    "timeouts), info (also every failed request and lost connection), "
                    "debug (also every request).")
+@_threads_option
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: ModeName,
           sync: SyncName, max_queries: int | None, max_stream_bytes: int | None,
           max_results_bytes: int | None, max_queued_bytes: int | None,
           spark_master: str | None,
           spark_conf: dict[str, str], archive_budget: float | None,
-          answer_cache_bytes: int, token_option: str | None, log_level: str) -> None:
+          answer_cache_bytes: int, token_option: str | None, log_level: str,
+          threads: int | None) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
@@ -396,7 +410,8 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
                                             **({} if max_queued_bytes is None else
                                                {"max_queued_bytes": max_queued_bytes})),
                    spark_master=spark_master, spark_conf=spark_conf, echo=click.echo,
-                   archive_budget=archive_budget, answer_cache_bytes=answer_cache_bytes)
+                   archive_budget=archive_budget, answer_cache_bytes=answer_cache_bytes,
+                   threads=threads)
     except OSError as exc:
         raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 

@@ -24,8 +24,8 @@ on the snapshot of its cut. Any other read that finds the lock taken is parked; 
 thread takes the lock in turn and answers every parked read under that one hold (one
 hop for all of them, at most BATCH_SECONDS before a waiting write). A read that took
 over INLINE_SECONDS of CPU runs on a read thread of its own for a second, so large
-answers do not stall the loop. The read threads are as many as the machine's cores (a
-`threads` limit, when there is one). Each invocation sees the engine between two
+answers do not stall the loop. The read threads are as many as the engine's threads
+(`--threads`, by default the cores). Each invocation sees the engine between two
 writes, never half of a batch. Replies to one connection that are ready together leave
 in one write.
 
@@ -45,7 +45,6 @@ import contextlib
 import gc
 import hmac
 import logging
-import os
 import secrets
 import shutil
 import signal
@@ -357,10 +356,9 @@ class Server:
             self._loop = None
 
     def _read_threads(self) -> int:
-        """The read pool's threads: the `threads` limit where one is set, else one per
-        core (at least 2: one may wait for the lock while another reads)."""
-        threads = getattr(self.limits, "threads", None)
-        return max(2, int(threads) if threads else os.cpu_count() or 2)
+        """The read pool's threads: the engine's (`--threads`, by default one per core),
+        at least 2: one may wait for the lock while another reads."""
+        return max(2, self.engine.threads)
 
     # ------------------------------------------------------------------ connections
 
@@ -1036,7 +1034,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                spark_master: str | None = None, echo: Callable[[str], Any] = print,
                spark_conf: Mapping[str, str] | None = None,
                archive_budget: float | None = None,
-               answer_cache_bytes: int = DEFAULT_ANSWER_CACHE) -> None:
+               answer_cache_bytes: int = DEFAULT_ANSWER_CACHE,
+               threads: int | None = None) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -1057,6 +1056,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             reads a sample instead (`Engine`'s archive_budget; None: read it all).
         answer_cache_bytes: memory for the queries' last answers, which their next
             invocations reuse (`Engine`'s answer_cache_bytes; 0 keeps none).
+        threads: the threads a large batch's probe is split over (`Engine`'s threads;
+            None: the cores this process may run on).
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
 
     The process's C allocator keeps the memory it frees (psoup.server.allocator).
@@ -1085,7 +1086,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
         engine = Engine(path=None if data_dir is None else str(data_dir), mode=mode, sync=sync,
                         progress=recovering, spark_master=spark_master,
                         spark_conf=spark_conf, archive_budget=archive_budget,
-                        answer_cache_bytes=answer_cache_bytes)
+                        answer_cache_bytes=answer_cache_bytes, threads=threads)
         try:
             # what exists by now (the modules, numba's compiler, the recovered engine)
             # lives as long as the process: full collections skip it from here on (one

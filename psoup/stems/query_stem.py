@@ -15,12 +15,21 @@ Probing with a batch of a stream's tuples yields one Results Structure row per t
 the interested slots, minus those some attribute index rejects, minus those whose
 predicateList factors fail. This replaces the paper's per-query countdown array
 (Sect. 4.2.2) with bitwise operations over 64 queries per machine word.
+
+A large batch's probe is split by tuples over the engine's threads (`Workers`): each
+thread probes its own tuples into their own words of the results, the compiled kernel
+releasing the GIL, and the probe returns when all are done. Whatever changes the index
+(a direct map widened for values it has not seen) happens on the calling thread,
+between the threads' calls. Only a share of at least `PROBE_SPLIT` words is worth
+handing to a thread.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -29,6 +38,27 @@ from psoup.bits import DTYPE, bit_row, set_bit, widened, words_for
 from psoup.query.model import ColumnFactor, Query
 from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import factor_mask, source_mask
+from psoup.workers import Workers
+
+#: The least work (a batch's tuples x its bit rows' words) each share of a split
+#: probe holds (a probe of less than twice this is not split): below it, waking a thread
+#: and waiting for it (20-50 us here) costs about what the split saves. Measured with
+#: bench/scale_cores.py's probe (Fig. 9 queries, 4 attributes, into PSoup-P's chunks;
+#: 2-core AMD EPYC shared with other work, so the fastest of many alternated calls),
+#: split in two against one thread: at 1,024 queries 0.74x at 2^16 words per thread,
+#: 0.97-1.29x at 2^17, 1.19-1.29x at 2^18, 1.43-1.57x at 2^19; at 10^4 queries
+#: 0.99x at 2^17, 1.29x at 2^18 (4,096 tuples), 1.37x at 2^19, 1.73x at 2^20 and
+#: 1.77-1.88x at 2^21 (32,768 tuples). So from 2^18 a split gains a fifth or more.
+PROBE_SPLIT = 1 << 18
+
+#: A split probe's shares per thread (each of at least PROBE_SPLIT words): the threads
+#: take them in turn, so a thread a busy core holds back takes fewer, and the others
+#: are not left waiting for its half.
+SHARES_PER_THREAD = 4
+
+#: Tuples of a share start on a multiple of this (8 words, a cache line, from where the
+#: piece's rows are aligned), so no two threads write the same line of a result row.
+_LINE_TUPLES = 8
 
 
 class _StreamQueries:
@@ -79,8 +109,10 @@ class QuerySteM:
         [0, 1]
     """
 
-    def __init__(self, shared: bool = True):
+    def __init__(self, shared: bool = True, workers: Workers | None = None):
         self.shared = shared
+        #: The threads a large batch's probe is split over (`PROBE_SPLIT`).
+        self.workers = workers if workers is not None else Workers(1)
         self.queries: dict[int, Query] = {}
         self._free: list[int] = []
         self._next = 0
@@ -233,11 +265,59 @@ class QuerySteM:
         tables = tuple([index.table(words) for index, _ in indexed])
         keys, firsts, maps = map(list, zip(*[index.keys(v) for index, v in indexed],
                                            strict=True))
+        if self.workers.threads > 1 and len(shares := self._shares(pieces, words)) > 1:
+            self._probe_shares(indexed, tables, keys, firsts, maps, interest, shares)
+            return
         for a, b, out in pieces:
             while (g := kernels.probe_into(tables, tuple([k[a:b] for k in keys]),
                                            tuple(firsts), tuple(maps), interest, out)) >= 0:
                 index, values = indexed[g]      # a value its direct map has not seen
                 keys[g], firsts[g], maps[g] = index.keys(values, direct_map=False)
+
+    def _shares(self, pieces: Sequence[tuple[int, int, np.ndarray]],
+                words: int) -> list[list[tuple[int, int, np.ndarray]]]:
+        """The pieces cut into lists of about equal tuples, up to SHARES_PER_THREAD per
+        thread, each holding at least PROBE_SPLIT words of results (one list: the probe
+        is not split). A cut falls on a cache line of the piece's rows, so each share
+        writes whole lines of its own. O(pieces + shares)."""
+        n = sum(b - a for a, b, _ in pieces)
+        parts = min(self.workers.threads * SHARES_PER_THREAD, n * words // PROBE_SPLIT)
+        if parts <= 1:
+            return [list(pieces)]
+        cuts: list[int] = []
+        for j in range(1, parts):
+            at = n * j // parts
+            for a, b, out in pieces:
+                if a < at < b:          # (a cut between two pieces is on a line)
+                    lead = _aligned_lead(out)
+                    at = a + lead + round((at - a - lead) / _LINE_TUPLES) * _LINE_TUPLES
+                    at = min(max(at, a), b)
+                    break
+            if 0 < at < n and (not cuts or at > cuts[-1]):
+                cuts.append(at)
+        shares: list[list[tuple[int, int, np.ndarray]]] = [[] for _ in range(len(cuts) + 1)]
+        for a, b, out in pieces:
+            bounds = [a] + [c for c in cuts if a < c < b] + [b]
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+                shares[bisect.bisect_right(cuts, lo)].append((lo, hi, out[:, lo - a:hi - a]))
+        return [share for share in shares if share]
+
+    def _probe_shares(self, indexed: list[tuple[AttributeIndex, np.ndarray]],
+                      tables: tuple[np.ndarray, ...], keys: list[np.ndarray],
+                      firsts: list[int], maps: list[np.ndarray], interest: np.ndarray,
+                      shares: list[list[tuple[int, int, np.ndarray]]]) -> None:
+        """`_probe_indexed`'s calls, one list of pieces per thread (`_shares`: disjoint
+        tuples, so disjoint words of the results). A piece whose keys fall outside a
+        direct map wrote nothing; the keys are then looked up otherwise here, on the
+        calling thread alone (it changes the index), and those pieces probed again."""
+        while shares:
+            probe = partial(_probe_pieces, tables, tuple(keys), tuple(firsts), tuple(maps),
+                            interest)
+            missed = self.workers.run([partial(probe, share) for share in shares])
+            for g in sorted({g for share in missed for _, g in share}):
+                index, values = indexed[g]      # a value its direct map has not seen
+                keys[g], firsts[g], maps[g] = index.keys(values, direct_map=False)
+            shares = [[piece for piece, _ in share] for share in missed if share]
 
     def _probe_unshared(self, stream: str, sq: _StreamQueries,
                         columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
@@ -273,3 +353,25 @@ class QuerySteM:
                    for index in sq.attrs.values())
 
 
+def _aligned_lead(out: np.ndarray) -> int:
+    """Tuples of a word-major piece before the first whose words start a cache line (0
+    where a tuple's words are not contiguous in a row)."""
+    if out.ndim != 2 or out.shape[1] == 0 or out.strides[1] != out.itemsize:
+        return 0
+    return (-out.ctypes.data % 64) // out.itemsize
+
+
+def _probe_pieces(tables: tuple[np.ndarray, ...], keys: tuple[np.ndarray, ...],
+                  firsts: tuple[int, ...], maps: tuple[np.ndarray, ...],
+                  interest: np.ndarray, pieces: Sequence[tuple[int, int, np.ndarray]]
+                  ) -> list[tuple[tuple[int, int, np.ndarray], int]]:
+    """One thread's share of a probe: each piece probed (the compiled kernel releases
+    the GIL); returns the pieces left unwritten, each with the table whose keys fell
+    outside its direct map."""
+    missed = []
+    for a, b, out in pieces:
+        g = kernels.probe_into(tables, tuple([k[a:b] for k in keys]), firsts, maps,
+                               interest, out)
+        if g >= 0:
+            missed.append(((a, b, out), g))
+    return missed

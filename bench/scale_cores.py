@@ -1,0 +1,336 @@
+"""One core against every core (issue 37, "every core"): the same code pinned to one
+core with one thread, against all the cores this process may use, in the same run.
+
+- ingest: tuples/s through `Engine.insert` (PSoup-P, in memory) with 1,024 / 10^4 /
+  10^5 standing queries of the Fig. 9 workload (1-4 inequality factors over R's four
+  INT columns), batches of 32,768 tuples (16,384 at 10^5 queries, whose results are
+  12.5 KB per tuple), RETAIN two batches. One child process per query count registers
+  the queries once, then is timed in turns: pinned to one core
+  (`os.sched_setaffinity`) with the engine's probe on one thread (threads=1, today's
+  engine), and unpinned with a thread per core (the engine's default), in turns,
+  the best of each kept. Also the cores each used (process CPU time / wall time), and
+  the rate of the fastest batch of each (on a machine other processes share, the
+  batches that met a free core: the ratios of the verdicts are the throughputs').
+  Targets: >= 1.8x at 10^5 queries, >= 1.4x at 10^4.
+- probe: the probe alone (`QuerySteM.probe_into` into PSoup-P's chunks) of n tuples at
+  1,024 and 10^4 queries, on one thread and split over every core, single calls in
+  alternation, the fastest of each kept (a core busy with another process now and then
+  does not hide what the split does when it is free). Where the split starts to pay
+  is the engine's threshold, `psoup.stems.query_stem.PROBE_SPLIT` (work per thread,
+  tuples x words of results).
+- server: bench/server.py's poll (100 polling clients invoking random handles of 200
+  traffic queries over a 100K-tuple stream, one producer inserting 1,000-row batches):
+  the server's process pinned to one core with --threads 1 against unpinned with the
+  default; invokes/s and the producer's rows/s. Target: >= 1.5x invokes/s, rows/s not
+  lower. The invocations run on the engine's writer thread until invocations on reader
+  threads exist; the producer's batches are far below the probe's split threshold.
+
+The machine's other load shows in these ratios (a busy second core gives the split
+nothing): run it on a quiet machine.
+
+Usage: python bench/scale_cores.py [--quick | --smoke]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402  (bench/ is put on sys.path just above)
+
+import psoup  # noqa: E402
+import psoup.stems.query_stem as query_stem  # noqa: E402
+from psoup.query import compile_statement  # noqa: E402
+from psoup.query.model import Query, StreamSchema  # noqa: E402
+from psoup.results.partial import PartialResults  # noqa: E402
+from psoup.workers import Workers, default_threads  # noqa: E402
+
+#: The issue's targets: (query count, all cores / one core) for ingest, and the server's.
+INGEST_TARGETS = {100_000: 1.8, 10_000: 1.4}
+SERVER_TARGET = 1.5
+
+
+def _settings(level: common.Level) -> dict[str, Any]:
+    if level == "smoke":
+        return {"counts": [64, 256], "batch": 1_024, "large_batch": 512, "min_time": 0.0,
+                "cap": 0.05, "turns": 1, "probe_counts": [64], "probe_sizes": [256, 1_024],
+                "probe_rounds": 3, "queries": 5, "prefill": 1_000, "clients": 2,
+                "seconds": 0.5}
+    if level == "quick":
+        return {"counts": [1_024, 10_000, 100_000], "batch": 32_768, "large_batch": 16_384,
+                "min_time": 0.5, "cap": 1.0, "turns": 2, "probe_counts": [1_024, 10_000],
+                "probe_sizes": [2_048, 8_192, 32_768], "probe_rounds": 40,
+                "queries": 200, "prefill": 100_000, "clients": 20, "seconds": 2.0}
+    return {"counts": [1_024, 10_000, 100_000], "batch": 32_768, "large_batch": 16_384,
+            "min_time": 2.0, "cap": 4.0, "turns": 3, "probe_counts": [1_024, 10_000],
+            "probe_sizes": [1_024, 2_048, 4_096, 8_192, 16_384, 32_768, 65_536],
+            "probe_rounds": 200, "queries": 200, "prefill": 100_000, "clients": 100,
+            "seconds": 10.0}
+
+
+def _one_core() -> set[int]:
+    return {min(os.sched_getaffinity(0))}
+
+
+# ---------------------------------------------------------------- ingest
+
+
+def ingest_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a child process: register `count` queries, then time ingest pinned to one
+    core with one thread and unpinned with a thread per core, in turns."""
+    every = os.sched_getaffinity(0)
+    count, batch = spec["count"], spec["batch"]
+    eng = psoup.Engine(threads=1)
+    eng.execute(f"{common.CREATE_R} RETAIN {2 * batch} ROWS")
+    t0 = time.perf_counter()
+    for sql in common.selection_queries(common.rng(72), count, "inequality"):
+        eng.register(sql)
+    register_s = time.perf_counter() - t0
+    gen = common.rng(71)
+    pool = [common.data_columns(gen, batch) for _ in range(4)]
+    sent = [0]
+
+    def feed() -> None:
+        cols = pool[(sent[0] // batch) % len(pool)]
+        eng.insert("R", cols, ts=np.arange(sent[0], sent[0] + batch, dtype=float))
+        sent[0] += batch
+    # the engine's own Workers, swapped between turns: one thread (what Engine(threads=1)
+    # holds) and one per core (Engine's default); the queries are registered once
+    stem = eng._core.query_stem
+    workers = {"one": Workers(1), "all": Workers(len(every))}
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(spec["turns"]):
+        for label in ("one", "all"):
+            os.sched_setaffinity(0, _one_core() if label == "one" else every)
+            stem.workers = workers[label]
+            for _ in range(3):                # fill the retention; warm the pool
+                feed()
+            with common.settled():
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                t = common.timed(feed, repeat=3, min_time=spec["min_time"],
+                                 max_time=spec["cap"])
+                cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+            rate = t.calls * batch / t.total
+            fastest = batch / min(t.times)
+            got = best.setdefault(label, {"rate": 0.0, "cores": 0.0, "fastest": 0.0})
+            if rate > got["rate"]:
+                got.update(rate=rate, cores=cores)
+            got["fastest"] = max(got["fastest"], fastest)
+    os.sched_setaffinity(0, every)
+    workers["all"].close()
+    eng.close()
+    return {"register_s": register_s, "threads": len(every), **{
+        f"{label} {key}": value for label, got in best.items() for key, value in got.items()}}
+
+
+def bench_ingest(s: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for count in s["counts"]:
+        batch = s["large_batch"] if count >= 100_000 else s["batch"]
+        spec = {"count": count, "batch": batch, "turns": s["turns"],
+                "min_time": s["min_time"], "cap": s["cap"]}
+        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import scale_cores; "
+                "print(json.dumps(scale_cores.ingest_child(json.loads(sys.argv[2]))))")
+        done = subprocess.run([sys.executable, "-c", code, str(common.BENCH_DIR),
+                               json.dumps(spec)], check=True, capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(common.ROOT)))
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        row = {"queries": count, "batch": batch, **got,
+               "ratio": got["all rate"] / got["one rate"],
+               "fastest ratio": got["all fastest"] / got["one fastest"]}
+        rows.append(row)
+        print(f"  {count:,} queries: one core {got['one rate']:,.0f} tuples/s, all "
+              f"{got['all rate']:,.0f} ({row['ratio']:.2f}x)", flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------- the probe alone
+
+
+def bench_probe(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """The probe alone, one thread against split over every core at each size (the
+    split forced, whatever PROBE_SPLIT says)."""
+    threads = default_threads()
+    schema = compile_statement(common.CREATE_R, {})
+    assert isinstance(schema, StreamSchema)
+    schemas = {"R": schema}
+    rows = []
+    split = query_stem.PROBE_SPLIT
+    one, every = Workers(1), Workers(threads)
+    try:
+        for count in s["probe_counts"]:
+            stem = query_stem.QuerySteM()
+            for sql in common.selection_queries(common.rng(72), count, "inequality"):
+                query = compile_statement(sql, schemas)
+                assert isinstance(query, Query)
+                stem.insert(query)
+            for n in s["probe_sizes"]:
+                rows.append(_probe_row(stem, count, n, one, every, s["probe_rounds"]))
+    finally:
+        query_stem.PROBE_SPLIT = split
+        every.close()
+    return rows
+
+
+def _probe_row(stem: query_stem.QuerySteM, count: int, n: int, one: Workers,
+               every: Workers, rounds: int) -> dict[str, Any]:
+    cols = common.data_columns(common.rng(1), n)
+    pieces = PartialResults(8192).destination("R", 0, n, stem.words)
+    best = {"one": float("inf"), "all": float("inf")}
+    clock = time.perf_counter
+    for _ in range(rounds):
+        for label, workers, threshold in (("one", one, 1 << 62), ("all", every, 1)):
+            stem.workers = workers
+            query_stem.PROBE_SPLIT = threshold
+            t0 = clock()
+            stem.probe_into("R", cols, pieces)
+            best[label] = min(best[label], clock() - t0)
+    return {"queries": count, "tuples": n, "work": n * stem.words,
+            "per thread": n * stem.words // every.threads,
+            "one us": best["one"] * 1e6, "all us": best["all"] * 1e6,
+            "ratio": best["one"] / best["all"]}
+
+
+# ---------------------------------------------------------------- the server
+
+
+def _serve(pinned: bool) -> str:
+    """`run_server` in a child process, pinned to one core with one thread, or not."""
+    pin = f"os.sched_setaffinity(0, {_one_core()!r}); " if pinned else ""
+    threads = "1" if pinned else "None"
+    return ("import os, sys; " + pin + "from psoup.server.server import run_server; "
+            "run_server(None, port=int(sys.argv[2]), token=sys.argv[3], "
+            f"echo=lambda s: None, threads={threads})")
+
+
+def bench_server(s: dict[str, Any]) -> list[dict[str, Any]]:
+    import server as served  # bench/server.py: its server process and its pollers
+    gen = common.rng(1)
+    sql = served.traffic_queries(gen, s["queries"])
+    prefill = served.readings(gen, s["prefill"])
+    now = time.time()
+    ts = np.linspace(now - 60.0, now, s["prefill"])
+    rows = []
+    for label, pinned in (("one core, --threads 1", True), ("all cores", False)):
+        process = served._ServerProcess(serve=_serve(pinned))
+        try:
+            with process.client() as setup:
+                handles = served._setup(setup, sql, prefill, ts)
+            row = served._poll(process, handles, s["clients"], True, s["seconds"])
+        finally:
+            process.stop()
+        row.update(server=label, queries=s["queries"])
+        rows.append(row)
+        print(f"  {label}: {row['invokes_per_s']:,.0f} invokes/s, "
+              f"{row['ingest_rows_per_s']:,.0f} rows/s", flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+
+def _plot_ingest(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
+    counts = [r["queries"] for r in rows]
+    ax.plot(counts, [r["one rate"] for r in rows], marker="o", label="one core, 1 thread")
+    ax.plot(counts, [r["all rate"] for r in rows], marker="s", label="every core")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("standing queries")
+    ax.set_ylabel("tuples / s ingested")
+    ax.set_title("Ingest on one core and on every core")
+    ax.legend()
+
+
+def _plot_probe(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
+    for count in sorted({r["queries"] for r in rows}):
+        mine = [r for r in rows if r["queries"] == count]
+        ax.plot([r["per thread"] for r in mine], [r["ratio"] for r in mine], marker="o",
+                label=f"{count:,} queries")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.axvline(query_stem.PROBE_SPLIT, color="red", linestyle="--",
+               label="PROBE_SPLIT (the engine splits from here)")
+    ax.set_xscale("log")
+    ax.set_xlabel("words of results per thread (tuples x words / threads)")
+    ax.set_ylabel("one thread's time / split time")
+    ax.set_title("The probe split over every core")
+    ax.legend()
+
+
+def _plot_server(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
+    ax.bar([r["server"] for r in rows], [r["invokes_per_s"] for r in rows])
+    ax.set_ylabel("invokes / s")
+    ax.set_title("100 polling clients and a producer")
+
+
+INGEST_COLUMNS = [
+    ("queries", "queries", ",d"), ("batch", "batch", ",d"),
+    ("one rate", "one core tuples/s", ",.0f"), ("one cores", "cores used", ".2f"),
+    ("all rate", "every core tuples/s", ",.0f"), ("all cores", "cores used", ".2f"),
+    ("ratio", "every/one", ".2f"), ("one fastest", "one core, fastest batch tuples/s", ",.0f"),
+    ("all fastest", "every core, fastest batch tuples/s", ",.0f"),
+    ("fastest ratio", "every/one, fastest batch", ".2f"), ("register_s", "register s", ".1f")]
+PROBE_COLUMNS = [
+    ("queries", "queries", ",d"), ("tuples", "tuples", ",d"),
+    ("per thread", "words per thread", ",d"), ("one us", "one thread us", ",.0f"),
+    ("all us", "split us", ",.0f"), ("ratio", "one/split", ".2f")]
+SERVER_COLUMNS = [
+    ("server", "server", "s"), ("clients", "clients", "d"),
+    ("invokes_per_s", "invokes/s", ",.0f"), ("p50_ms", "p50 ms", ".2f"),
+    ("p99_ms", "p99 ms", ".1f"), ("ingest_rows_per_s", "producer rows/s", ",.0f")]
+
+
+def _verdicts(rows: Sequence[dict[str, Any]], server: Sequence[dict[str, Any]]) -> list[str]:
+    out = []
+    for row in rows:
+        target = INGEST_TARGETS.get(row["queries"])
+        if target is not None:
+            out.append(f"target: ingest every core >= {target}x one core at "
+                       f"{row['queries']:,} queries: {row['ratio']:.2f}x -> "
+                       f"{'PASS' if row['ratio'] >= target else 'MISS'}")
+    if len(server) == 2:
+        one, every = server
+        ratio = every["invokes_per_s"] / one["invokes_per_s"]
+        rows_ok = every["ingest_rows_per_s"] >= one["ingest_rows_per_s"]
+        out.append(f"target: server every core >= {SERVER_TARGET}x invokes/s of one core, "
+                   f"producer rows/s not lower: {ratio:.2f}x, rows/s "
+                   f"{every['ingest_rows_per_s']:,.0f} vs {one['ingest_rows_per_s']:,.0f} -> "
+                   f"{'PASS' if ratio >= SERVER_TARGET and rows_ok else 'MISS'}")
+    return out
+
+
+def main() -> None:
+    level, suffix = common.size_flag(__doc__ or "")
+    s = _settings(level)
+    print(f"probe alone, one thread vs {default_threads()}", flush=True)
+    probe = bench_probe(s)
+    print("ingest", flush=True)
+    ingest = bench_ingest(s)
+    print("server", flush=True)
+    server = bench_server(s)
+    notes = _verdicts(ingest, server) + [
+        f"cores: {default_threads()} ({common.machine_info()['cpu']}); the machine's other "
+        "load lowers every ratio",
+        f"PROBE_SPLIT = {query_stem.PROBE_SPLIT:,} words per thread: the engine splits a "
+        "probe whose share per thread reaches it",
+        "server: invocations run on the engine's writer thread (no reader threads yet); "
+        "the producer's 1,000-row batches are below the split threshold"]
+    common.report(f"scale_cores_probe{suffix}", probe, PROBE_COLUMNS, _plot_probe,
+                  params=s)
+    common.report(f"scale_cores_server{suffix}", server, SERVER_COLUMNS, _plot_server,
+                  params=s)
+    common.report(f"scale_cores{suffix}", ingest, INGEST_COLUMNS, _plot_ingest, notes=notes,
+                  params=s)
+
+
+if __name__ == "__main__":
+    main()
