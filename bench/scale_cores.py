@@ -22,8 +22,10 @@ core with one thread, against all the cores this process may use, in the same ru
   traffic queries over a 100K-tuple stream, one producer inserting 1,000-row batches):
   the server's process pinned to one core with --threads 1 against unpinned with the
   default; invokes/s and the producer's rows/s. Target: >= 1.5x invokes/s, rows/s not
-  lower. The invocations run on the engine's writer thread until invocations on reader
-  threads exist; the producer's batches are far below the probe's split threshold.
+  lower. With every core, an invocation that finds the engine busy reads its snapshot
+  on one of the server's read threads (as many as --threads) beside the writer; with
+  --threads 1 the read pool still has 2 threads but one core. The producer's batches
+  are far below the probe's split threshold.
 
 The machine's other load shows in these ratios (a busy second core gives the split
 nothing): run it on a quiet machine.
@@ -322,8 +324,9 @@ def main() -> None:
         "load lowers every ratio",
         f"PROBE_SPLIT = {query_stem.PROBE_SPLIT:,} words per thread: the engine splits a "
         "probe whose share per thread reaches it",
-        "server: invocations run on the engine's writer thread (no reader threads yet); "
-        "the producer's 1,000-row batches are below the split threshold"]
+        "server: invocations that find the engine busy read their snapshot on the read "
+        "threads beside the writer; the producer's 1,000-row batches are below the split "
+        "threshold"]
     common.report(f"scale_cores_probe{suffix}", probe, PROBE_COLUMNS, _plot_probe,
                   params=s)
     common.report(f"scale_cores_server{suffix}", server, SERVER_COLUMNS, _plot_server,

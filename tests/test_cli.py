@@ -65,12 +65,13 @@ SMOKE_REPORTS = {"ingest": ["ingest"], "register": ["register"],
                  "aggregates": ["aggregates"],
                  "traffic": ["traffic_response", "traffic_arrival"],
                  "manyq": ["manyq"], "server": ["server_poll", "server_ingest"],
-                 "scale": ["scale_register"]}
+                 "scale": ["scale_register", "scale_stall", "scale_restart", "scale_cores",
+                           "scale_cores_probe", "scale_cores_server"]}
 
 #: Every script that picks its sizes through common.size_flag (the Spark suites included).
 SIZED_SCRIPTS = ["ingest", "register", "invoke", "joins", "aggregates", "traffic", "manyq",
                  "server", "soak", "replay", "history", "oscar", "oscar_copies", "peers",
-                 "scale_register"]
+                 "scale_register", "scale_stall", "scale_restart", "scale_cores"]
 
 #: A bound on a whole smoke run that only a hang reaches: the smoke sizes take seconds
 #: per suite on a quiet 2-core machine, and a loaded one must not fail the test.
