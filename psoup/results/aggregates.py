@@ -592,24 +592,29 @@ class _Part(Protocol):
 
 class _Group:
     """One group's results: positions and ts, a PrefixSums per SUM/AVG column and a
-    RankedTree per MIN/MAX column, all indexed alike (relative to the oldest live row)."""
+    RankedTree per MIN/MAX column, all indexed alike (relative to the oldest live row).
+    `ts` is None in an index that reads ts from its stream by position
+    (`AggregateIndex.ts_at`)."""
 
-    def __init__(self, aggregator: Aggregator, values: Mapping[Column, np.ndarray]):
+    def __init__(self, aggregator: Aggregator, values: Mapping[Column, np.ndarray],
+                 keep_ts: bool = True):
         self.last = -1                      # the position of the group's latest result
         self.horizon = 0                    # the horizon it was last trimmed to
         self.positions = _Buffer(np.dtype(np.int64))
-        self.ts = _Buffer(np.dtype(np.float64))
+        self.ts: _Buffer | None = _Buffer(np.dtype(np.float64)) if keep_ts else None
         self.sums = {c: PrefixSums(values[c].dtype) for c in aggregator.sums}
         self.trees = {c: RankedTree(values[c].dtype, ops)
                       for c, ops in aggregator.extremes.items()}
         self.suffixes = {(c, op): SuffixExtremes(values[c].dtype, op)
                          for c, ops in aggregator.extremes.items() for op in ops}
 
-    def append(self, positions: np.ndarray, ts: np.ndarray,
+    def append(self, positions: np.ndarray, ts: np.ndarray | None,
                values: Mapping[Column, np.ndarray]) -> None:
         self.last = int(positions[-1])
         self.positions.append(positions)
-        self.ts.append(ts)
+        if self.ts is not None:
+            assert ts is not None, "a group that keeps ts is given them"
+            self.ts.append(ts)
         for c, sums in self.sums.items():
             sums.append(values[c])
         for c, tree in self.trees.items():
@@ -621,14 +626,15 @@ class _Group:
     def of(cls, aggregator: Aggregator, storage: Mapping[Column | str, np.ndarray],
            n: int) -> _Group:
         """A group of the first n entries of each of `storage`'s arrays (positions and
-        ts under those names, then the columns it keeps; room to grow after them), kept,
-        not copied: a bulk load's group (`AggregateIndex.load`)."""
+        ts under those names, ts only if the group keeps them, then the columns it keeps;
+        room to grow after them), kept, not copied: a bulk load's group
+        (`AggregateIndex.load`)."""
         group = cls.__new__(cls)
         positions = storage["positions"]
         group.last = int(positions[n - 1])
         group.horizon = 0
         group.positions = _Buffer.of(positions, n)
-        group.ts = _Buffer.of(storage[TS], n)
+        group.ts = _Buffer.of(storage[TS], n) if TS in storage else None
         group.sums = {c: PrefixSums.of(storage[c], n) for c in aggregator.sums}
         group.trees = {c: RankedTree(storage[c].dtype, ops)
                        for c, ops in aggregator.extremes.items()}
@@ -639,6 +645,12 @@ class _Group:
         for (c, _), suffix in group.suffixes.items():
             suffix.append(storage[c][:n])
         return group
+
+    def ts_of(self, j: int) -> float:
+        """The ts of live result j (a group that keeps them)."""
+        assert self.ts is not None, "the index reads ts by position"
+        value: float = self.ts.data[self.ts.start + j].item()
+        return value
 
     def extreme(self, column: Column, op: str, i: int, j: int) -> int | float:
         """MIN or MAX of results [i, j): from the suffix run when j is the newest."""
@@ -654,13 +666,14 @@ class _Group:
         k = int(np.searchsorted(self.positions.live, horizon))
         if k:
             self.positions.drop(k)
-            self.ts.drop(k)
+            if self.ts is not None:
+                self.ts.drop(k)
             for part in self._parts():
                 part.drop(k)
 
     def nbytes(self) -> int:
         parts = self._parts()
-        return (self.positions.data.nbytes + self.ts.data.nbytes
+        return (self.positions.data.nbytes + (0 if self.ts is None else self.ts.data.nbytes)
                 + sum(part.nbytes() for part in parts))
 
     def _parts(self) -> tuple[_Part, ...]:
@@ -685,30 +698,38 @@ class AggregateIndex:
         ([(1, 20, 20)], [(0, None, None)])
     """
 
-    def __init__(self, aggregator: Aggregator):
+    def __init__(self, aggregator: Aggregator,
+                 ts_at: Callable[[np.ndarray], np.ndarray] | None = None):
         self.aggregator = aggregator
+        # the ts of retained positions, read from the stream (ts never decrease along
+        # it, so a range's latest ts is its last result's): then the groups keep no ts,
+        # 8 bytes a result less to copy at registration and per batch. None: they do.
+        self.ts_at = ts_at
         self._groups: SortedDict[tuple[Any, ...], _Group] = SortedDict()  # by key tuple
         # the keys by increasing position of their group's latest result, for expiry
         self._recent: OrderedDict[tuple[Any, ...], None] = OrderedDict()
         self._horizon = 0
 
     def append(self, positions: np.ndarray, values: Mapping[str, np.ndarray],
-               ts: np.ndarray) -> None:
+               ts: np.ndarray | None) -> None:
         """Add results. `positions` are increasing and above every earlier one; `values`
-        holds the needed columns by name, aligned with them. O(k log k) to group k
-        results, then amortized O(k + G' B log_B n) for the G' groups they touch."""
+        holds the needed columns by name, aligned with them, and `ts` their ts (unread,
+        may be None, with `ts_at`). O(k log k) to group k results, then amortized
+        O(k + G' B log_B n) for the G' groups they touch."""
         k = len(positions)
         if k == 0:
             return
         agg = self.aggregator
+        keep_ts = self.ts_at is None
         positions = np.asarray(positions, dtype=np.int64)
-        ts = np.asarray(ts, dtype=np.float64)
+        ts = np.asarray(ts, dtype=np.float64) if keep_ts else None
         columns = {c: _numeric(values[c[1]]) for c in agg.needed}
         codes, keys = _group_codes([columns[c] for c in agg.group_by], k)
         bounds = [0, k]
         if len(keys) > 1:
             order = np.argsort(codes, kind="stable")
-            positions, ts = positions[order], ts[order]
+            positions = positions[order]
+            ts = None if ts is None else ts[order]
             columns = {c: v[order] for c, v in columns.items()}
             bounds = np.r_[0, np.cumsum(np.bincount(codes))].tolist()
         groups = self._groups
@@ -716,10 +737,11 @@ class AggregateIndex:
             a, b = bounds[g], bounds[g + 1]
             group = groups.get(key)
             if group is None:
-                group = groups[key] = _Group(agg, columns)
+                group = groups[key] = _Group(agg, columns, keep_ts)
             else:
                 group.expire(self._horizon)
-            group.append(positions[a:b], ts[a:b], {c: v[a:b] for c, v in columns.items()})
+            group.append(positions[a:b], None if ts is None else ts[a:b],
+                         {c: v[a:b] for c, v in columns.items()})
         for g in np.argsort(positions[np.asarray(bounds[1:]) - 1]).tolist():
             self._recent[keys[g]] = None
             self._recent.move_to_end(keys[g])
@@ -729,7 +751,8 @@ class AggregateIndex:
         """`append` into an empty index of results in groups of `sizes` under `keys` (in
         ascending key order); `scatter(cursors, dst)` writes them grouped into the rows
         of `dst` (`DataSteM.scatter`: the positions, then ts and the `stored` columns,
-        of `dtypes`, all 8 bytes wide), group g's from column cursors[g] on. A new
+        of `dtypes`, all 8 bytes wide; no ts with `ts_at`), group g's from column
+        cursors[g] on. A new
         query's matches over the retained tuples, grouped and copied in one compiled
         pass into storage each group then keeps, with half as much room again to grow.
         O(k + G) for k results in G groups."""
@@ -739,7 +762,7 @@ class AggregateIndex:
         room = sizes + sizes // 2 + _MIN_CAPACITY
         ends = np.cumsum(room)
         offsets = ends - room
-        storage = np.empty((2 + len(self.stored), int(ends[-1])), np.uint64)
+        storage = np.empty((len(self.rows), int(ends[-1])), np.uint64)
         scatter(offsets.copy(), storage)
         self._adopt(storage, offsets, ends, sizes, keys, dtypes)
 
@@ -759,7 +782,7 @@ class AggregateIndex:
         """The groups of `load`: group g on columns offsets[g] to ends[g] of `storage`,
         its first sizes[g] live."""
         agg = self.aggregator
-        names: list[Column | str] = ["positions", TS, *self.stored]
+        names: list[Column | str] = ["positions", *self.rows[1:]]
         typed = [storage[0].view(np.int64),
                  *(storage[r + 1].view(dt) for r, dt in enumerate(dtypes))]
         bounds = list(zip(offsets.tolist(), ends.tolist(), sizes.tolist(), strict=True))
@@ -774,6 +797,12 @@ class AggregateIndex:
         self._groups.update(zip(keys, groups, strict=True))     # one sort, not G inserts
         for g in np.argsort([group.last for group in groups]).tolist():
             self._recent[keys[g]] = None
+
+    @property
+    def rows(self) -> list[Column | str]:
+        """What a bulk load's storage holds per result, row by row: "positions", then
+        TS unless the index reads ts by position (`ts_at`), then the `stored` columns."""
+        return ["positions", *([TS] if self.ts_at is None else []), *self.stored]
 
     @property
     def stored(self) -> list[Column]:
@@ -801,7 +830,7 @@ class AggregateIndex:
         agg = self.aggregator
         if not agg.group_by:
             return self._single(p0, p1)
-        keys, counts, last = [], [], []
+        keys, counts, last, ends = [], [], [], []
         sums: dict[Column, list[Any]] = {c: [] for c in agg.sums}
         extremes: dict[tuple[Column, str], list[Any]] = {
             (c, op): [] for c, ops in agg.extremes.items() for op in ops}
@@ -813,13 +842,18 @@ class AggregateIndex:
                 continue
             keys.append(key)
             counts.append(j - i)
-            last.append(group.ts.data[group.ts.start + j - 1])
+            if self.ts_at is None:
+                last.append(group.ts_of(j - 1))
+            else:
+                ends.append(int(live[j - 1]))
             for c, prefix in group.sums.items():
                 sums[c].append(prefix.range_sum(i, j))
             for c in group.trees:
                 for op in agg.extremes[c]:
                     extremes[(c, op)].append(group.extreme(c, op, i, j))
-        return agg._result(keys, counts, sums, extremes, np.array(last, dtype=np.float64))
+        ts = np.array(last, dtype=np.float64) if self.ts_at is None else \
+            self._ts(np.array(ends, dtype=np.int64))
+        return agg._result(keys, counts, sums, extremes, ts)
 
     def _single(self, p0: int, p1: int) -> Result:
         """`answer` without GROUP BY: one row, built straight from the one group."""
@@ -843,9 +877,14 @@ class AggregateIndex:
             else:
                 kept = group.extreme(arg, function.keeps, i, j)
             row.append(function.fold(j - i, kept))
-        return Result(agg.query.columns, [tuple(row)],
-                      np.array([group.ts.data[group.ts.start + j - 1]]), np.array([-1]),
-                      keys=[()])
+        ts = np.array([group.ts_of(j - 1)]) if self.ts_at is None else \
+            self._ts(live[j - 1:j])
+        return Result(agg.query.columns, [tuple(row)], ts, np.array([-1]), keys=[()])
+
+    def _ts(self, positions: np.ndarray) -> np.ndarray:
+        """`ts_at` of live positions, as float64."""
+        assert self.ts_at is not None, "read by position only with ts_at"
+        return np.asarray(self.ts_at(positions), dtype=np.float64)
 
     def nbytes(self) -> int:
         return sum(group.nbytes() for group in self._groups.values())
@@ -1009,17 +1048,21 @@ class AggregateSink(Sink):
 
     Example:
         >>> from psoup.query.model import SelectItem, Source, StreamSchema, Window
+        >>> from psoup.stems.batch import make_batch
         >>> from psoup.stems.data_stem import DataSteM
         >>> q = Query("", (Source("R", "R", Window()),), (SelectItem(0, "a", "sum(a)", "sum"),))
-        >>> sink = AggregateSink(q, 0, DataSteM(StreamSchema("R", (("a", "int"),))))
-        >>> batch = {"a": np.array([4, 5]), "ts": np.array([1.0, 2.0])}
-        >>> sink.on_insert("R", 0, np.array([[1], [1]], dtype="<u8"), batch)
+        >>> stem = DataSteM(StreamSchema("R", (("a", "int"),)))
+        >>> sink = AggregateSink(q, 0, stem)
+        >>> batch = make_batch(stem.schema, [(4,), (5,)], [1.0, 2.0], 0, stem.last_ts)
+        >>> stem.append(batch, np.array([0, 1]))
+        0
+        >>> sink.on_insert("R", 0, np.array([[1], [1]], dtype="<u8"), batch.columns)
         >>> sink.index.answer(0, 2).rows
         [(9,)]
     """
 
     def __init__(self, query: Query, slot: int, stem: DataSteM):
-        self.index = AggregateIndex(Aggregator(query))
+        self.index = AggregateIndex(Aggregator(query), self.ts_at)
         self.slot = slot
         self.stem = stem
         self.columns = [column for _, column in self.index.aggregator.needed]
@@ -1032,17 +1075,22 @@ class AggregateSink(Sink):
         as what `on_register` completes with the later matches."""
         self._ahead = (index, below)
 
+    def ts_at(self, positions: np.ndarray) -> np.ndarray:
+        """The ts of retained `positions` (sorted), read from the stream: what the index
+        answers with as a group's latest."""
+        return self.stem.take([TS], positions)[TS]
+
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         if self._ahead is not None:
             (self.index, below), self._ahead = self._ahead, None
+            self.index.ts_at = self.ts_at       # it read the copy's
             self.index.expire(self.stem.horizon)
             positions = positions[np.searchsorted(positions, below):]
             if len(positions):
-                values = self.stem.take(self.columns + [TS], positions)
-                self.index.append(positions, {c: values[c] for c in self.columns},
-                                  values[TS])
+                values = self.stem.take(self.columns, positions)
+                self.index.append(positions, values, None)
             return
-        names = [TS, *(column for _, column in self.index.stored)]
+        names = [c if isinstance(c, str) else c[1] for c in self.index.rows[1:]]
         dtypes = self.stem.wide_dtypes(names)
         if dtypes is not None and not len(self.index) and len(positions):
             parts = halves.split(positions)
@@ -1052,8 +1100,7 @@ class AggregateSink(Sink):
                             partial(_scatter_parts, self.stem, names, positions, parts,
                                     sizes, grouping))
             return
-        values = self.stem.take(self.columns + [TS], positions)
-        self.index.append(positions, {c: values[c] for c in self.columns}, values[TS])
+        self.index.append(positions, self.stem.take(self.columns, positions), None)
 
     def on_insert(self, stream: str, p0: int, bits: np.ndarray,
                   batch: Mapping[str, np.ndarray]) -> None:
@@ -1062,8 +1109,7 @@ class AggregateSink(Sink):
         keep = positions >= self.stem.horizon           # a batch longer than retention
         rows, positions = rows[keep], positions[keep]
         self.index.expire(self.stem.horizon)
-        self.index.append(positions, {c: batch[c][rows] for c in self.columns},
-                          batch[TS][rows])
+        self.index.append(positions, {c: batch[c][rows] for c in self.columns}, None)
 
     def on_expire(self, stream: str, horizon: int) -> None:
         self.index.expire(horizon)
@@ -1085,12 +1131,12 @@ def index_over(query: Query, stem: DataSteM, positions: np.ndarray) -> Aggregate
 def scanned_index(query: Query, stem: DataSteM) -> tuple[np.ndarray, AggregateIndex] | None:
     """The matches of aggregated `query` (without GROUP BY) among `stem`'s retained
     tuples and its AggregateIndex over them, both from one pass over the chunks
-    (`DataSteM.probe_gather`: the positions, ts and summed columns taken as the factors
+    (`DataSteM.probe_gather`: the positions and summed columns taken as the factors
     are tested, into the storage the index then keeps; the positions are its row 0).
     None when the query groups, or when that pass does not apply (a factor that is
     not an interval): then `probe` and `index_over`. O(retained + matches)."""
-    index = AggregateIndex(Aggregator(query))
-    names = [TS, *(column for _, column in index.stored)]
+    index = AggregateIndex(Aggregator(query), AggregateSink(query, -1, stem).ts_at)
+    names = [c if isinstance(c, str) else c[1] for c in index.rows[1:]]
     dtypes = stem.wide_dtypes(names)
     if index.aggregator.group_by or dtypes is None:
         return None
