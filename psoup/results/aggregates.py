@@ -599,6 +599,7 @@ class _Group:
     def __init__(self, aggregator: Aggregator, values: Mapping[Column, np.ndarray],
                  keep_ts: bool = True):
         self.last = -1                      # the position of the group's latest result
+        self.last_ts = math.nan             # its ts, when `ts` is None
         self.horizon = 0                    # the horizon it was last trimmed to
         self.positions = _Buffer(np.dtype(np.int64))
         self.ts: _Buffer | None = _Buffer(np.dtype(np.float64)) if keep_ts else None
@@ -632,6 +633,7 @@ class _Group:
         group = cls.__new__(cls)
         positions = storage["positions"]
         group.last = int(positions[n - 1])
+        group.last_ts = math.nan
         group.horizon = 0
         group.positions = _Buffer.of(positions, n)
         group.ts = _Buffer.of(storage[TS], n) if TS in storage else None
@@ -742,7 +744,11 @@ class AggregateIndex:
                 group.expire(self._horizon)
             group.append(positions[a:b], None if ts is None else ts[a:b],
                          {c: v[a:b] for c, v in columns.items()})
-        for g in np.argsort(positions[np.asarray(bounds[1:]) - 1]).tolist():
+        ends = positions[np.asarray(bounds[1:]) - 1]
+        if not keep_ts:             # each touched group's newest ts, read once per batch
+            for key, latest in zip(keys, self._ts(ends).tolist(), strict=True):
+                groups[key].last_ts = latest
+        for g in np.argsort(ends).tolist():
             self._recent[keys[g]] = None
             self._recent.move_to_end(keys[g])
 
@@ -794,6 +800,10 @@ class AggregateIndex:
         batches = [bounds[i::threads] for i in range(threads)]      # groups dealt round
         built = halves.each(lambda batch: [build(at) for at in batch], batches)
         groups = [built[g % threads][g // threads] for g in range(len(bounds))]
+        if self.ts_at is not None:
+            lasts = self._ts(np.array([group.last for group in groups], np.int64))
+            for group, latest in zip(groups, lasts.tolist(), strict=True):
+                group.last_ts = latest
         self._groups.update(zip(keys, groups, strict=True))     # one sort, not G inserts
         for g in np.argsort([group.last for group in groups]).tolist():
             self._recent[keys[g]] = None
@@ -830,7 +840,7 @@ class AggregateIndex:
         agg = self.aggregator
         if not agg.group_by:
             return self._single(p0, p1)
-        keys, counts, last, ends = [], [], [], []
+        keys, counts, last = [], [], []
         sums: dict[Column, list[Any]] = {c: [] for c in agg.sums}
         extremes: dict[tuple[Column, str], list[Any]] = {
             (c, op): [] for c, ops in agg.extremes.items() for op in ops}
@@ -842,18 +852,13 @@ class AggregateIndex:
                 continue
             keys.append(key)
             counts.append(j - i)
-            if self.ts_at is None:
-                last.append(group.ts_of(j - 1))
-            else:
-                ends.append(int(live[j - 1]))
+            last.append(self._latest(group, live, j))
             for c, prefix in group.sums.items():
                 sums[c].append(prefix.range_sum(i, j))
             for c in group.trees:
                 for op in agg.extremes[c]:
                     extremes[(c, op)].append(group.extreme(c, op, i, j))
-        ts = np.array(last, dtype=np.float64) if self.ts_at is None else \
-            self._ts(np.array(ends, dtype=np.int64))
-        return agg._result(keys, counts, sums, extremes, ts)
+        return agg._result(keys, counts, sums, extremes, np.array(last, dtype=np.float64))
 
     def _single(self, p0: int, p1: int) -> Result:
         """`answer` without GROUP BY: one row, built straight from the one group."""
@@ -877,9 +882,17 @@ class AggregateIndex:
             else:
                 kept = group.extreme(arg, function.keeps, i, j)
             row.append(function.fold(j - i, kept))
-        ts = np.array([group.ts_of(j - 1)]) if self.ts_at is None else \
-            self._ts(live[j - 1:j])
-        return Result(agg.query.columns, [tuple(row)], ts, np.array([-1]), keys=[()])
+        return Result(agg.query.columns, [tuple(row)],
+                      np.array([self._latest(group, live, j)]), np.array([-1]), keys=[()])
+
+    def _latest(self, group: _Group, live: np.ndarray, j: int) -> float:
+        """The ts of `group`'s live result j - 1 (`live`: its positions): kept, or the
+        group's newest (known), or read by position."""
+        if self.ts_at is None:
+            return group.ts_of(j - 1)
+        if j == len(live):
+            return group.last_ts
+        return float(self._ts(live[j - 1:j])[0])
 
     def _ts(self, positions: np.ndarray) -> np.ndarray:
         """`ts_at` of live positions, as float64."""
@@ -1041,6 +1054,10 @@ def _scatter_parts(stem: DataSteM, names: list[str], positions: np.ndarray,
     halves.each(one, range(len(parts)))
 
 
+#: Up to this many ts are read by position one at a time (`AggregateSink.ts_at`).
+_FEW_TS = 16
+
+
 class AggregateSink(Sink):
     """The Sink of one aggregated selection query: its matches, as the eddy finds them,
     appended to its AggregateIndex with the columns the index reads (Sect. 6: kept as
@@ -1077,8 +1094,11 @@ class AggregateSink(Sink):
 
     def ts_at(self, positions: np.ndarray) -> np.ndarray:
         """The ts of retained `positions` (sorted), read from the stream: what the index
-        answers with as a group's latest."""
-        return self.stem.take([TS], positions)[TS]
+        answers with as a group's latest. A few are read one by one (O(1) each, cheaper
+        than a gather's set-up on an invocation's path)."""
+        if len(positions) > _FEW_TS:
+            return self.stem.take([TS], positions)[TS]
+        return np.array([self.stem.ts_at(p) for p in positions.tolist()], np.float64)
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         if self._ahead is not None:
