@@ -1041,11 +1041,15 @@ def _chunk_key_range(blocks: NDArray[np.int64], k_first: int, cap: int, row: int
 @_njit(cache=True, nogil=True, boundscheck=False)
 def _chunk_key_counts(blocks: NDArray[np.int64], k_first: int, cap: int, row: int,
                       positions: NDArray[np.int64], lo: int,
-                      counts: NDArray[np.int64]) -> None:  # pragma: no cover - compiled
+                      counts: NDArray[np.int64]) -> int:  # pragma: no cover - compiled
     """counts[v - lo] += 1 for the int64 value v of block row `row` at each sorted
-    position (each within [lo, lo + len(counts)), as `chunk_key_range` found): the
-    group sizes of a GROUP BY on a small INT range, read in place. O(len(positions))."""
+    position within [lo, lo + len(counts)): the group sizes of a GROUP BY on a small
+    INT range, read in place. Returns how many values lay outside (not counted), so
+    that a table placed by a guess, without `chunk_key_range`'s pass, can be checked.
+    O(len(positions))."""
     n = len(positions)
+    size = np.uint64(len(counts))
+    outside = 0
     i = 0
     while i < n:
         c = positions[i] // cap
@@ -1057,10 +1061,19 @@ def _chunk_key_counts(blocks: NDArray[np.int64], k_first: int, cap: int, row: in
         r0 = positions[j0] - base
         if positions[i - 1] - base - r0 == i - 1 - j0:      # a contiguous run
             for r in range(r0, r0 + i - j0):
-                counts[values[r] - lo] += 1
+                k = values[r] - lo
+                if np.uint64(k) < size:
+                    counts[k] += 1
+                else:
+                    outside += 1
             continue
         for t in range(j0, i):
-            counts[values[positions[t] - base] - lo] += 1
+            k = values[positions[t] - base] - lo
+            if np.uint64(k) < size:
+                counts[k] += 1
+            else:
+                outside += 1
+    return outside
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
@@ -1212,7 +1225,7 @@ interval_gather = cast("Callable[[Handle, int, int, int, int, NDArray[np.int64],
 chunk_key_range = cast("Callable[[Handle, int, int, int, NDArray[np.int64]], "
                        "tuple[int, int]]", _chunk_key_range)
 chunk_key_counts = cast("Callable[[Handle, int, int, int, NDArray[np.int64], int, "
-                        "NDArray[np.int64]], None]", _chunk_key_counts)
+                        "NDArray[np.int64]], int]", _chunk_key_counts)
 chunk_scatter = cast("Callable[[Handle, int, int, NDArray[np.int64], NDArray[np.int64], int, "
                      "NDArray[np.int64], int, NDArray[np.int64], NDArray[np.int64], "
                      "NDArray[np.uint64]], None]", _chunk_scatter)

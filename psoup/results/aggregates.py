@@ -1015,27 +1015,55 @@ def _bulk_groups(stem: DataSteM, names: list[str], positions: np.ndarray,
         return ([np.array([b - a], np.int64) for a, b in parts], [()],
                 {"key": None, "keys": np.empty(0, np.int64), "lo": 0,
                  "remap": np.zeros(1, np.int64)})
-    if len(names) == 1 and stem.wide_dtypes(names) == [np.dtype(np.int64)]:
-        name = names[0]
-        ranges = [r for r in halves.each(
-            lambda ab: stem.key_range(name, positions[ab[0]:ab[1]]), parts) if r[0] <= r[1]]
-        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        if hi - lo < max(_DIRECT_SPAN, n):
-            def count(ab: tuple[int, int]) -> np.ndarray:
-                counts = np.zeros(hi - lo + 1, np.int64)
-                stem.key_counts(name, positions[ab[0]:ab[1]], lo, counts)
-                return counts
-            counted = halves.each(count, parts)
-            present = np.flatnonzero(sum(counted))
-            remap = np.zeros(hi - lo + 1, np.int64)
-            remap[present] = np.arange(len(present))
-            return ([c[present] for c in counted], [(v,) for v in (present + lo).tolist()],
-                    {"key": name, "keys": np.empty(0, np.int64), "lo": lo, "remap": remap})
+    direct = _direct_counts(stem, names[0], positions, parts) \
+        if len(names) == 1 and stem.wide_dtypes(names) == [np.dtype(np.int64)] else None
+    if direct is not None:
+        lo, counted = direct
+        present = np.flatnonzero(sum(counted))
+        remap = np.zeros(len(counted[0]), np.int64)
+        remap[present] = np.arange(len(present))
+        return ([c[present] for c in counted], [(v,) for v in (present + lo).tolist()],
+                {"key": names[0], "keys": np.empty(0, np.int64), "lo": lo, "remap": remap})
     columns = stem.take(names, positions)
     codes, keys = _group_codes([_numeric(columns[name]) for name in names], n)
     return ([np.bincount(codes[a:b], minlength=len(keys)).astype(np.int64) for a, b in parts],
             keys, {"key": None, "keys": codes, "lo": 0,
                    "remap": np.arange(len(keys), dtype=np.int64)})
+
+
+#: The keys at this many first positions place a guessed table (`_direct_counts`).
+_SAMPLE = 4096
+
+
+def _direct_counts(stem: DataSteM, name: str, positions: np.ndarray,
+                   parts: list[tuple[int, int]]) -> tuple[int, list[np.ndarray]] | None:
+    """(lo, per part the count of each value lo + k of INT column `name` at
+    `positions`) when the values span less than max(_DIRECT_SPAN, n), else None. When
+    the first _SAMPLE keys span little, a table of _DIRECT_SPAN around them is counted
+    at once, one pass over the keys; only if a key falls outside it is their range
+    found first (`DataSteM.key_range`), then counted: two passes."""
+    n = len(positions)
+
+    def count(lo: int, size: int) -> tuple[list[np.ndarray], int]:
+        def one(ab: tuple[int, int]) -> tuple[np.ndarray, int]:
+            counts = np.zeros(size, np.int64)
+            return counts, stem.key_counts(name, positions[ab[0]:ab[1]], lo, counts)
+        counted = halves.each(one, parts)
+        return [c for c, _ in counted], sum(missed for _, missed in counted)
+
+    low, high = stem.key_range(name, positions[:_SAMPLE])
+    if n > _SAMPLE and high - low < _DIRECT_SPAN // 4 and abs(low) < 1 << 62:
+        lo = low - (_DIRECT_SPAN - (high - low)) // 2
+        counted, missed = count(lo, _DIRECT_SPAN)
+        if not missed:
+            return lo, counted
+    if n > _SAMPLE:
+        ranges = [r for r in halves.each(
+            lambda ab: stem.key_range(name, positions[ab[0]:ab[1]]), parts) if r[0] <= r[1]]
+        low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    if high - low >= max(_DIRECT_SPAN, n):
+        return None
+    return low, count(low, high - low + 1)[0]
 
 
 def _scatter_parts(stem: DataSteM, names: list[str], positions: np.ndarray,
@@ -1093,11 +1121,12 @@ class AggregateSink(Sink):
         self._ahead = (index, below)
 
     def ts_at(self, positions: np.ndarray) -> np.ndarray:
-        """The ts of retained `positions` (sorted), read from the stream: what the index
-        answers with as a group's latest. A few are read one by one (O(1) each, cheaper
-        than a gather's set-up on an invocation's path)."""
+        """The ts of retained `positions` (in any order: the groups' newest in key
+        order), read from the stream: what the index answers with as a group's latest. A
+        few are read one by one (O(1) each, cheaper than a gather's set-up on an
+        invocation's path)."""
         if len(positions) > _FEW_TS:
-            return self.stem.take([TS], positions)[TS]
+            return self.stem.take([TS], positions, any_order=True)[TS]
         return np.array([self.stem.ts_at(p) for p in positions.tolist()], np.float64)
 
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
