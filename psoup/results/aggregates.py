@@ -1082,8 +1082,19 @@ def _scatter_parts(stem: DataSteM, names: list[str], positions: np.ndarray,
     halves.each(one, range(len(parts)))
 
 
-#: Up to this many ts are read by position one at a time (`AggregateSink.ts_at`).
+#: Up to this many ts are read by position one at a time (`_stem_ts`).
 _FEW_TS = 16
+
+
+def _stem_ts(stem: DataSteM, positions: np.ndarray) -> np.ndarray:
+    """The ts of retained `positions` of `stem` (in any order: the groups' newest in key
+    order): an AggregateIndex's `ts_at`, bound to the stem alone (bound to its sink, it
+    would make a cycle, sink to index to sink, and the index's arrays would outlive an
+    unregister until the garbage collector's next pass). A few are read one by one
+    (O(1) each, cheaper than a gather's set-up on an invocation's path)."""
+    if len(positions) > _FEW_TS:
+        return stem.take([TS], positions, any_order=True)[TS]
+    return np.array([stem.ts_at(p) for p in positions.tolist()], np.float64)
 
 
 class AggregateSink(Sink):
@@ -1107,7 +1118,7 @@ class AggregateSink(Sink):
     """
 
     def __init__(self, query: Query, slot: int, stem: DataSteM):
-        self.index = AggregateIndex(Aggregator(query), self.ts_at)
+        self.index = AggregateIndex(Aggregator(query), partial(_stem_ts, stem))
         self.slot = slot
         self.stem = stem
         self.columns = [column for _, column in self.index.aggregator.needed]
@@ -1120,19 +1131,10 @@ class AggregateSink(Sink):
         as what `on_register` completes with the later matches."""
         self._ahead = (index, below)
 
-    def ts_at(self, positions: np.ndarray) -> np.ndarray:
-        """The ts of retained `positions` (in any order: the groups' newest in key
-        order), read from the stream: what the index answers with as a group's latest. A
-        few are read one by one (O(1) each, cheaper than a gather's set-up on an
-        invocation's path)."""
-        if len(positions) > _FEW_TS:
-            return self.stem.take([TS], positions, any_order=True)[TS]
-        return np.array([self.stem.ts_at(p) for p in positions.tolist()], np.float64)
-
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         if self._ahead is not None:
             (self.index, below), self._ahead = self._ahead, None
-            self.index.ts_at = self.ts_at       # it read the copy's
+            self.index.ts_at = partial(_stem_ts, self.stem)     # it read the copy's
             self.index.expire(self.stem.horizon)
             positions = positions[np.searchsorted(positions, below):]
             if len(positions):
@@ -1184,7 +1186,7 @@ def scanned_index(query: Query, stem: DataSteM) -> tuple[np.ndarray, AggregateIn
     are tested, into the storage the index then keeps; the positions are its row 0).
     None when the query groups, or when that pass does not apply (a factor that is
     not an interval): then `probe` and `index_over`. O(retained + matches)."""
-    index = AggregateIndex(Aggregator(query), AggregateSink(query, -1, stem).ts_at)
+    index = AggregateIndex(Aggregator(query), partial(_stem_ts, stem))
     names = [c if isinstance(c, str) else c[1] for c in index.rows[1:]]
     dtypes = stem.wide_dtypes(names)
     if index.aggregator.group_by or dtypes is None:
