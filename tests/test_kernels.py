@@ -856,9 +856,18 @@ def test_chunk_key_range_and_counts_compiled_and_twin_agree(
     low, high = found
     assert count or (low, high) == (0, -1)
     counts = [np.zeros(high - low + 1, np.int64) for _ in range(2)]
-    compiled.chunk_key_counts(mine_h, first, cap, 2, positions, low, counts[0])
-    reference.chunk_key_counts(twin_h, first, cap, 2, positions, low, counts[1])
+    assert compiled.chunk_key_counts(mine_h, first, cap, 2, positions, low, counts[0]) == 0
+    assert reference.chunk_key_counts(twin_h, first, cap, 2, positions, low, counts[1]) == 0
     assert np.array_equal(counts[0], counts[1]) and counts[0].sum() == count
+    # a table that misses keys at both ends counts the others and says how many it missed
+    shift = data.draw(st.integers(0, max(high - low, 0)))
+    part = [np.zeros(max(high - low - 1, 0), np.int64) for _ in range(2)]
+    missed = [kernel.chunk_key_counts(h, first, cap, 2, positions, low + shift, c)
+              for kernel, h, c in ((compiled, mine_h, part[0]), (reference, twin_h, part[1]))]
+    assert missed[0] == missed[1] == count - part[0].sum()
+    assert np.array_equal(part[0], part[1])
+    within = counts[0][shift:shift + len(part[0])]
+    assert np.array_equal(part[0][:len(within)], within) and not part[0][len(within):].any()
 
 
 @settings(max_examples=100, deadline=None)

@@ -289,3 +289,26 @@ def test_a_registration_refused_after_its_scan_changes_nothing(
         again = psoup.Engine(path=f"{tmp}/db")
         assert [h for h, _ in again.queries()] == other
         again.close()
+
+
+@pytest.mark.parametrize("mode", ["partial", "complete"])
+def test_a_group_by_of_many_groups_answers_each_groups_latest_ts(mode: ModeName) -> None:
+    """A hundred thousand groups, their keys narrow over the first few thousand
+    rows and wide after (the bulk load's guessed key table misses, and counts again):
+    rows and each group's latest ts as NoMat's, at registration's end, after a batch,
+    and at a NOW before the newest tuples (a ts read by position)."""
+    n, rng = 100_000, np.random.default_rng(11)
+    keys = np.r_[rng.integers(0, 8, 5000), rng.integers(-10**6, 10**6, n - 5000)]
+    later = rng.integers(-10**6, 10**6, 1000)
+    sql = "SELECT k, COUNT(*), SUM(v), MAX(v) FROM t GROUP BY k"
+    got = []
+    for m in (mode, "nomat"):
+        eng = psoup.Engine(mode=m)
+        eng.execute("CREATE STREAM t (k INT, v FLOAT)")
+        eng.insert("t", {"k": keys, "v": np.arange(n) * 0.5}, ts=np.arange(n, dtype=float))
+        h = eng.register(sql)
+        answers = [eng.invoke(h, now=float(n))]
+        eng.insert("t", {"k": later, "v": np.ones(1000)}, ts=np.arange(n, n + 1000.0))
+        answers += [eng.invoke(h, now=float(n + 1000)), eng.invoke(h, now=float(n // 2))]
+        got.append([(a.rows, a.ts.tolist()) for a in answers])
+    assert got[0] == got[1]

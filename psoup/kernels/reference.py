@@ -365,13 +365,16 @@ def chunk_key_range(blocks: Handle, k_first: int, cap: int, row: int,
 
 
 def chunk_key_counts(blocks: Handle, k_first: int, cap: int, row: int,
-                     positions: NDArray[np.int64], lo: int, counts: NDArray[np.int64]) -> None:
+                     positions: NDArray[np.int64], lo: int, counts: NDArray[np.int64]) -> int:
     """counts[v - lo] += 1 for the int64 value v of block row `row` at each sorted
-    position (each within range). O(len(positions))."""
+    position within [lo, lo + len(counts)); returns how many lay outside.
+    O(len(positions))."""
     values = np.empty((1, len(positions)), np.uint64)
     chunk_gather(blocks, k_first, cap, np.array([row], np.int64), positions, values)
-    counts += np.bincount(values[0].view(np.int64) - lo,
-                          minlength=len(counts)).astype(np.int64)
+    at = values[0].view(np.int64) - np.int64(lo)       # wraps as the compiled kernel's
+    inside = at.view(np.uint64) < np.uint64(len(counts))
+    counts += np.bincount(at[inside], minlength=len(counts)).astype(np.int64)
+    return int(len(at) - np.count_nonzero(inside))
 
 
 def chunk_scatter(blocks: Handle, k_first: int, cap: int, rows_of: NDArray[np.int64],

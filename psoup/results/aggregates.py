@@ -592,24 +592,30 @@ class _Part(Protocol):
 
 class _Group:
     """One group's results: positions and ts, a PrefixSums per SUM/AVG column and a
-    RankedTree per MIN/MAX column, all indexed alike (relative to the oldest live row)."""
+    RankedTree per MIN/MAX column, all indexed alike (relative to the oldest live row).
+    `ts` is None in an index that reads ts from its stream by position
+    (`AggregateIndex.ts_at`)."""
 
-    def __init__(self, aggregator: Aggregator, values: Mapping[Column, np.ndarray]):
+    def __init__(self, aggregator: Aggregator, values: Mapping[Column, np.ndarray],
+                 keep_ts: bool = True):
         self.last = -1                      # the position of the group's latest result
+        self.last_ts = math.nan             # its ts, when `ts` is None
         self.horizon = 0                    # the horizon it was last trimmed to
         self.positions = _Buffer(np.dtype(np.int64))
-        self.ts = _Buffer(np.dtype(np.float64))
+        self.ts: _Buffer | None = _Buffer(np.dtype(np.float64)) if keep_ts else None
         self.sums = {c: PrefixSums(values[c].dtype) for c in aggregator.sums}
         self.trees = {c: RankedTree(values[c].dtype, ops)
                       for c, ops in aggregator.extremes.items()}
         self.suffixes = {(c, op): SuffixExtremes(values[c].dtype, op)
                          for c, ops in aggregator.extremes.items() for op in ops}
 
-    def append(self, positions: np.ndarray, ts: np.ndarray,
+    def append(self, positions: np.ndarray, ts: np.ndarray | None,
                values: Mapping[Column, np.ndarray]) -> None:
         self.last = int(positions[-1])
         self.positions.append(positions)
-        self.ts.append(ts)
+        if self.ts is not None:
+            assert ts is not None, "a group that keeps ts is given them"
+            self.ts.append(ts)
         for c, sums in self.sums.items():
             sums.append(values[c])
         for c, tree in self.trees.items():
@@ -621,14 +627,16 @@ class _Group:
     def of(cls, aggregator: Aggregator, storage: Mapping[Column | str, np.ndarray],
            n: int) -> _Group:
         """A group of the first n entries of each of `storage`'s arrays (positions and
-        ts under those names, then the columns it keeps; room to grow after them), kept,
-        not copied: a bulk load's group (`AggregateIndex.load`)."""
+        ts under those names, ts only if the group keeps them, then the columns it keeps;
+        room to grow after them), kept, not copied: a bulk load's group
+        (`AggregateIndex.load`)."""
         group = cls.__new__(cls)
         positions = storage["positions"]
         group.last = int(positions[n - 1])
+        group.last_ts = math.nan
         group.horizon = 0
         group.positions = _Buffer.of(positions, n)
-        group.ts = _Buffer.of(storage[TS], n)
+        group.ts = _Buffer.of(storage[TS], n) if TS in storage else None
         group.sums = {c: PrefixSums.of(storage[c], n) for c in aggregator.sums}
         group.trees = {c: RankedTree(storage[c].dtype, ops)
                        for c, ops in aggregator.extremes.items()}
@@ -639,6 +647,12 @@ class _Group:
         for (c, _), suffix in group.suffixes.items():
             suffix.append(storage[c][:n])
         return group
+
+    def ts_of(self, j: int) -> float:
+        """The ts of live result j (a group that keeps them)."""
+        assert self.ts is not None, "the index reads ts by position"
+        value: float = self.ts.data[self.ts.start + j].item()
+        return value
 
     def extreme(self, column: Column, op: str, i: int, j: int) -> int | float:
         """MIN or MAX of results [i, j): from the suffix run when j is the newest."""
@@ -654,13 +668,14 @@ class _Group:
         k = int(np.searchsorted(self.positions.live, horizon))
         if k:
             self.positions.drop(k)
-            self.ts.drop(k)
+            if self.ts is not None:
+                self.ts.drop(k)
             for part in self._parts():
                 part.drop(k)
 
     def nbytes(self) -> int:
         parts = self._parts()
-        return (self.positions.data.nbytes + self.ts.data.nbytes
+        return (self.positions.data.nbytes + (0 if self.ts is None else self.ts.data.nbytes)
                 + sum(part.nbytes() for part in parts))
 
     def _parts(self) -> tuple[_Part, ...]:
@@ -685,30 +700,38 @@ class AggregateIndex:
         ([(1, 20, 20)], [(0, None, None)])
     """
 
-    def __init__(self, aggregator: Aggregator):
+    def __init__(self, aggregator: Aggregator,
+                 ts_at: Callable[[np.ndarray], np.ndarray] | None = None):
         self.aggregator = aggregator
+        # the ts of retained positions, read from the stream (ts never decrease along
+        # it, so a range's latest ts is its last result's): then the groups keep no ts,
+        # 8 bytes a result less to copy at registration and per batch. None: they do.
+        self.ts_at = ts_at
         self._groups: SortedDict[tuple[Any, ...], _Group] = SortedDict()  # by key tuple
         # the keys by increasing position of their group's latest result, for expiry
         self._recent: OrderedDict[tuple[Any, ...], None] = OrderedDict()
         self._horizon = 0
 
     def append(self, positions: np.ndarray, values: Mapping[str, np.ndarray],
-               ts: np.ndarray) -> None:
+               ts: np.ndarray | None) -> None:
         """Add results. `positions` are increasing and above every earlier one; `values`
-        holds the needed columns by name, aligned with them. O(k log k) to group k
-        results, then amortized O(k + G' B log_B n) for the G' groups they touch."""
+        holds the needed columns by name, aligned with them, and `ts` their ts (unread,
+        may be None, with `ts_at`). O(k log k) to group k results, then amortized
+        O(k + G' B log_B n) for the G' groups they touch."""
         k = len(positions)
         if k == 0:
             return
         agg = self.aggregator
+        keep_ts = self.ts_at is None
         positions = np.asarray(positions, dtype=np.int64)
-        ts = np.asarray(ts, dtype=np.float64)
+        ts = np.asarray(ts, dtype=np.float64) if keep_ts else None
         columns = {c: _numeric(values[c[1]]) for c in agg.needed}
         codes, keys = _group_codes([columns[c] for c in agg.group_by], k)
         bounds = [0, k]
         if len(keys) > 1:
             order = np.argsort(codes, kind="stable")
-            positions, ts = positions[order], ts[order]
+            positions = positions[order]
+            ts = None if ts is None else ts[order]
             columns = {c: v[order] for c, v in columns.items()}
             bounds = np.r_[0, np.cumsum(np.bincount(codes))].tolist()
         groups = self._groups
@@ -716,11 +739,16 @@ class AggregateIndex:
             a, b = bounds[g], bounds[g + 1]
             group = groups.get(key)
             if group is None:
-                group = groups[key] = _Group(agg, columns)
+                group = groups[key] = _Group(agg, columns, keep_ts)
             else:
                 group.expire(self._horizon)
-            group.append(positions[a:b], ts[a:b], {c: v[a:b] for c, v in columns.items()})
-        for g in np.argsort(positions[np.asarray(bounds[1:]) - 1]).tolist():
+            group.append(positions[a:b], None if ts is None else ts[a:b],
+                         {c: v[a:b] for c, v in columns.items()})
+        ends = positions[np.asarray(bounds[1:]) - 1]
+        if not keep_ts:             # each touched group's newest ts, read once per batch
+            for key, latest in zip(keys, self._ts(ends).tolist(), strict=True):
+                groups[key].last_ts = latest
+        for g in np.argsort(ends).tolist():
             self._recent[keys[g]] = None
             self._recent.move_to_end(keys[g])
 
@@ -729,7 +757,8 @@ class AggregateIndex:
         """`append` into an empty index of results in groups of `sizes` under `keys` (in
         ascending key order); `scatter(cursors, dst)` writes them grouped into the rows
         of `dst` (`DataSteM.scatter`: the positions, then ts and the `stored` columns,
-        of `dtypes`, all 8 bytes wide), group g's from column cursors[g] on. A new
+        of `dtypes`, all 8 bytes wide; no ts with `ts_at`), group g's from column
+        cursors[g] on. A new
         query's matches over the retained tuples, grouped and copied in one compiled
         pass into storage each group then keeps, with half as much room again to grow.
         O(k + G) for k results in G groups."""
@@ -739,7 +768,7 @@ class AggregateIndex:
         room = sizes + sizes // 2 + _MIN_CAPACITY
         ends = np.cumsum(room)
         offsets = ends - room
-        storage = np.empty((2 + len(self.stored), int(ends[-1])), np.uint64)
+        storage = np.empty((len(self.rows), int(ends[-1])), np.uint64)
         scatter(offsets.copy(), storage)
         self._adopt(storage, offsets, ends, sizes, keys, dtypes)
 
@@ -759,7 +788,7 @@ class AggregateIndex:
         """The groups of `load`: group g on columns offsets[g] to ends[g] of `storage`,
         its first sizes[g] live."""
         agg = self.aggregator
-        names: list[Column | str] = ["positions", TS, *self.stored]
+        names: list[Column | str] = ["positions", *self.rows[1:]]
         typed = [storage[0].view(np.int64),
                  *(storage[r + 1].view(dt) for r, dt in enumerate(dtypes))]
         bounds = list(zip(offsets.tolist(), ends.tolist(), sizes.tolist(), strict=True))
@@ -771,9 +800,19 @@ class AggregateIndex:
         batches = [bounds[i::threads] for i in range(threads)]      # groups dealt round
         built = halves.each(lambda batch: [build(at) for at in batch], batches)
         groups = [built[g % threads][g // threads] for g in range(len(bounds))]
+        if self.ts_at is not None:
+            lasts = self._ts(np.array([group.last for group in groups], np.int64))
+            for group, latest in zip(groups, lasts.tolist(), strict=True):
+                group.last_ts = latest
         self._groups.update(zip(keys, groups, strict=True))     # one sort, not G inserts
         for g in np.argsort([group.last for group in groups]).tolist():
             self._recent[keys[g]] = None
+
+    @property
+    def rows(self) -> list[Column | str]:
+        """What a bulk load's storage holds per result, row by row: "positions", then
+        TS unless the index reads ts by position (`ts_at`), then the `stored` columns."""
+        return ["positions", *([TS] if self.ts_at is None else []), *self.stored]
 
     @property
     def stored(self) -> list[Column]:
@@ -813,7 +852,7 @@ class AggregateIndex:
                 continue
             keys.append(key)
             counts.append(j - i)
-            last.append(group.ts.data[group.ts.start + j - 1])
+            last.append(self._latest(group, live, j))
             for c, prefix in group.sums.items():
                 sums[c].append(prefix.range_sum(i, j))
             for c in group.trees:
@@ -844,8 +883,21 @@ class AggregateIndex:
                 kept = group.extreme(arg, function.keeps, i, j)
             row.append(function.fold(j - i, kept))
         return Result(agg.query.columns, [tuple(row)],
-                      np.array([group.ts.data[group.ts.start + j - 1]]), np.array([-1]),
-                      keys=[()])
+                      np.array([self._latest(group, live, j)]), np.array([-1]), keys=[()])
+
+    def _latest(self, group: _Group, live: np.ndarray, j: int) -> float:
+        """The ts of `group`'s live result j - 1 (`live`: its positions): kept, or the
+        group's newest (known), or read by position."""
+        if self.ts_at is None:
+            return group.ts_of(j - 1)
+        if j == len(live):
+            return group.last_ts
+        return float(self._ts(live[j - 1:j])[0])
+
+    def _ts(self, positions: np.ndarray) -> np.ndarray:
+        """`ts_at` of live positions, as float64."""
+        assert self.ts_at is not None, "read by position only with ts_at"
+        return np.asarray(self.ts_at(positions), dtype=np.float64)
 
     def nbytes(self) -> int:
         return sum(group.nbytes() for group in self._groups.values())
@@ -963,27 +1015,55 @@ def _bulk_groups(stem: DataSteM, names: list[str], positions: np.ndarray,
         return ([np.array([b - a], np.int64) for a, b in parts], [()],
                 {"key": None, "keys": np.empty(0, np.int64), "lo": 0,
                  "remap": np.zeros(1, np.int64)})
-    if len(names) == 1 and stem.wide_dtypes(names) == [np.dtype(np.int64)]:
-        name = names[0]
-        ranges = [r for r in halves.each(
-            lambda ab: stem.key_range(name, positions[ab[0]:ab[1]]), parts) if r[0] <= r[1]]
-        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        if hi - lo < max(_DIRECT_SPAN, n):
-            def count(ab: tuple[int, int]) -> np.ndarray:
-                counts = np.zeros(hi - lo + 1, np.int64)
-                stem.key_counts(name, positions[ab[0]:ab[1]], lo, counts)
-                return counts
-            counted = halves.each(count, parts)
-            present = np.flatnonzero(sum(counted))
-            remap = np.zeros(hi - lo + 1, np.int64)
-            remap[present] = np.arange(len(present))
-            return ([c[present] for c in counted], [(v,) for v in (present + lo).tolist()],
-                    {"key": name, "keys": np.empty(0, np.int64), "lo": lo, "remap": remap})
+    direct = _direct_counts(stem, names[0], positions, parts) \
+        if len(names) == 1 and stem.wide_dtypes(names) == [np.dtype(np.int64)] else None
+    if direct is not None:
+        lo, counted = direct
+        present = np.flatnonzero(sum(counted))
+        remap = np.zeros(len(counted[0]), np.int64)
+        remap[present] = np.arange(len(present))
+        return ([c[present] for c in counted], [(v,) for v in (present + lo).tolist()],
+                {"key": names[0], "keys": np.empty(0, np.int64), "lo": lo, "remap": remap})
     columns = stem.take(names, positions)
     codes, keys = _group_codes([_numeric(columns[name]) for name in names], n)
     return ([np.bincount(codes[a:b], minlength=len(keys)).astype(np.int64) for a, b in parts],
             keys, {"key": None, "keys": codes, "lo": 0,
                    "remap": np.arange(len(keys), dtype=np.int64)})
+
+
+#: The keys at this many first positions place a guessed table (`_direct_counts`).
+_SAMPLE = 4096
+
+
+def _direct_counts(stem: DataSteM, name: str, positions: np.ndarray,
+                   parts: list[tuple[int, int]]) -> tuple[int, list[np.ndarray]] | None:
+    """(lo, per part the count of each value lo + k of INT column `name` at
+    `positions`) when the values span less than max(_DIRECT_SPAN, n), else None. When
+    the first _SAMPLE keys span little, a table of _DIRECT_SPAN around them is counted
+    at once, one pass over the keys; only if a key falls outside it is their range
+    found first (`DataSteM.key_range`), then counted: two passes."""
+    n = len(positions)
+
+    def count(lo: int, size: int) -> tuple[list[np.ndarray], int]:
+        def one(ab: tuple[int, int]) -> tuple[np.ndarray, int]:
+            counts = np.zeros(size, np.int64)
+            return counts, stem.key_counts(name, positions[ab[0]:ab[1]], lo, counts)
+        counted = halves.each(one, parts)
+        return [c for c, _ in counted], sum(missed for _, missed in counted)
+
+    low, high = stem.key_range(name, positions[:_SAMPLE])
+    if n > _SAMPLE and high - low < _DIRECT_SPAN // 4 and abs(low) < 1 << 62:
+        lo = low - (_DIRECT_SPAN - (high - low)) // 2
+        counted, missed = count(lo, _DIRECT_SPAN)
+        if not missed:
+            return lo, counted
+    if n > _SAMPLE:
+        ranges = [r for r in halves.each(
+            lambda ab: stem.key_range(name, positions[ab[0]:ab[1]]), parts) if r[0] <= r[1]]
+        low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    if high - low >= max(_DIRECT_SPAN, n):
+        return None
+    return low, count(low, high - low + 1)[0]
 
 
 def _scatter_parts(stem: DataSteM, names: list[str], positions: np.ndarray,
@@ -1002,6 +1082,21 @@ def _scatter_parts(stem: DataSteM, names: list[str], positions: np.ndarray,
     halves.each(one, range(len(parts)))
 
 
+#: Up to this many ts are read by position one at a time (`_stem_ts`).
+_FEW_TS = 16
+
+
+def _stem_ts(stem: DataSteM, positions: np.ndarray) -> np.ndarray:
+    """The ts of retained `positions` of `stem` (in any order: the groups' newest in key
+    order): an AggregateIndex's `ts_at`, bound to the stem alone (bound to its sink, it
+    would make a cycle, sink to index to sink, and the index's arrays would outlive an
+    unregister until the garbage collector's next pass). A few are read one by one
+    (O(1) each, cheaper than a gather's set-up on an invocation's path)."""
+    if len(positions) > _FEW_TS:
+        return stem.take([TS], positions, any_order=True)[TS]
+    return np.array([stem.ts_at(p) for p in positions.tolist()], np.float64)
+
+
 class AggregateSink(Sink):
     """The Sink of one aggregated selection query: its matches, as the eddy finds them,
     appended to its AggregateIndex with the columns the index reads (Sect. 6: kept as
@@ -1009,17 +1104,21 @@ class AggregateSink(Sink):
 
     Example:
         >>> from psoup.query.model import SelectItem, Source, StreamSchema, Window
+        >>> from psoup.stems.batch import make_batch
         >>> from psoup.stems.data_stem import DataSteM
         >>> q = Query("", (Source("R", "R", Window()),), (SelectItem(0, "a", "sum(a)", "sum"),))
-        >>> sink = AggregateSink(q, 0, DataSteM(StreamSchema("R", (("a", "int"),))))
-        >>> batch = {"a": np.array([4, 5]), "ts": np.array([1.0, 2.0])}
-        >>> sink.on_insert("R", 0, np.array([[1], [1]], dtype="<u8"), batch)
+        >>> stem = DataSteM(StreamSchema("R", (("a", "int"),)))
+        >>> sink = AggregateSink(q, 0, stem)
+        >>> batch = make_batch(stem.schema, [(4,), (5,)], [1.0, 2.0], 0, stem.last_ts)
+        >>> stem.append(batch, np.array([0, 1]))
+        0
+        >>> sink.on_insert("R", 0, np.array([[1], [1]], dtype="<u8"), batch.columns)
         >>> sink.index.answer(0, 2).rows
         [(9,)]
     """
 
     def __init__(self, query: Query, slot: int, stem: DataSteM):
-        self.index = AggregateIndex(Aggregator(query))
+        self.index = AggregateIndex(Aggregator(query), partial(_stem_ts, stem))
         self.slot = slot
         self.stem = stem
         self.columns = [column for _, column in self.index.aggregator.needed]
@@ -1035,14 +1134,14 @@ class AggregateSink(Sink):
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         if self._ahead is not None:
             (self.index, below), self._ahead = self._ahead, None
+            self.index.ts_at = partial(_stem_ts, self.stem)     # it read the copy's
             self.index.expire(self.stem.horizon)
             positions = positions[np.searchsorted(positions, below):]
             if len(positions):
-                values = self.stem.take(self.columns + [TS], positions)
-                self.index.append(positions, {c: values[c] for c in self.columns},
-                                  values[TS])
+                values = self.stem.take(self.columns, positions)
+                self.index.append(positions, values, None)
             return
-        names = [TS, *(column for _, column in self.index.stored)]
+        names = [c if isinstance(c, str) else c[1] for c in self.index.rows[1:]]
         dtypes = self.stem.wide_dtypes(names)
         if dtypes is not None and not len(self.index) and len(positions):
             parts = halves.split(positions)
@@ -1052,8 +1151,7 @@ class AggregateSink(Sink):
                             partial(_scatter_parts, self.stem, names, positions, parts,
                                     sizes, grouping))
             return
-        values = self.stem.take(self.columns + [TS], positions)
-        self.index.append(positions, {c: values[c] for c in self.columns}, values[TS])
+        self.index.append(positions, self.stem.take(self.columns, positions), None)
 
     def on_insert(self, stream: str, p0: int, bits: np.ndarray,
                   batch: Mapping[str, np.ndarray]) -> None:
@@ -1062,8 +1160,7 @@ class AggregateSink(Sink):
         keep = positions >= self.stem.horizon           # a batch longer than retention
         rows, positions = rows[keep], positions[keep]
         self.index.expire(self.stem.horizon)
-        self.index.append(positions, {c: batch[c][rows] for c in self.columns},
-                          batch[TS][rows])
+        self.index.append(positions, {c: batch[c][rows] for c in self.columns}, None)
 
     def on_expire(self, stream: str, horizon: int) -> None:
         self.index.expire(horizon)
@@ -1085,12 +1182,12 @@ def index_over(query: Query, stem: DataSteM, positions: np.ndarray) -> Aggregate
 def scanned_index(query: Query, stem: DataSteM) -> tuple[np.ndarray, AggregateIndex] | None:
     """The matches of aggregated `query` (without GROUP BY) among `stem`'s retained
     tuples and its AggregateIndex over them, both from one pass over the chunks
-    (`DataSteM.probe_gather`: the positions, ts and summed columns taken as the factors
+    (`DataSteM.probe_gather`: the positions and summed columns taken as the factors
     are tested, into the storage the index then keeps; the positions are its row 0).
     None when the query groups, or when that pass does not apply (a factor that is
     not an interval): then `probe` and `index_over`. O(retained + matches)."""
-    index = AggregateIndex(Aggregator(query))
-    names = [TS, *(column for _, column in index.stored)]
+    index = AggregateIndex(Aggregator(query), partial(_stem_ts, stem))
+    names = [c if isinstance(c, str) else c[1] for c in index.rows[1:]]
     dtypes = stem.wide_dtypes(names)
     if index.aggregator.group_by or dtypes is None:
         return None

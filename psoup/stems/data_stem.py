@@ -441,10 +441,11 @@ class DataSteM:
                                        self.chunk_rows, self._wide[name], positions)
 
     def key_counts(self, name: str, positions: np.ndarray, lo: int,
-                   counts: np.ndarray) -> None:
+                   counts: np.ndarray) -> int:
         """counts[v - lo] += 1 for the value v of INT column `name` at each sorted
-        retained position (within [lo, lo + len(counts))), read in place. O(n)."""
-        kernels.chunk_key_counts(self._block_list()[0].handle, self._chunk0, self.chunk_rows,
+        retained position within [lo, lo + len(counts)), read in place; returns how
+        many values lay outside. O(n)."""
+        return kernels.chunk_key_counts(self._block_list()[0].handle, self._chunk0, self.chunk_rows,
                                  self._wide[name], positions, lo, counts)
 
     def scatter(self, names: Sequence[str], positions: np.ndarray, cursors: np.ndarray,
