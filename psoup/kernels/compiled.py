@@ -644,6 +644,24 @@ def _and_within(values: NDArray[np.int64] | NDArray[np.float64], lo: float, hi: 
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
+def _interval_masks(block: NDArray[np.uint64], r0: int, r1: int, ints: NDArray[np.int64],
+                    floats: NDArray[np.float64],
+                    masks: NDArray[np.uint64]) -> int:  # pragma: no cover - compiled
+    """The match masks of rows [r0, r1) of one chunk's block against the intervals (as
+    `interval_scan` takes them), 64 rows a mask from masks[0]; returns how many masks.
+    O((r1 - r0) x intervals)."""
+    groups = (r1 - r0 + 63) // 64
+    masks[:groups] = ~np.uint64(0)
+    for j in range(ints.shape[1]):
+        row = block[ints[0, j]]
+        if ints[1, j]:
+            _and_within(row.view(np.float64), floats[0, j], floats[1, j], r0, r1, masks)
+        else:
+            _and_within(row.view(np.int64), ints[2, j], ints[3, j], r0, r1, masks)
+    return groups
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
 def _interval_scan(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p1: int,
                    ints: NDArray[np.int64], floats: NDArray[np.float64],
                    out: NDArray[np.int64]) -> int:  # pragma: no cover
@@ -656,7 +674,6 @@ def _interval_scan(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p
     ANDed into the chunk's masks; the matches are then written by trailing-zero counts.
     O((p1 - p0) x intervals) tests, O(matches) writes."""
     one = np.uint64(1)
-    zero = np.uint64(0)
     masks = np.empty((cap + 63) // 64, np.uint64)
     k = 0
     if p1 <= p0:
@@ -666,14 +683,7 @@ def _interval_scan(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p
         base = c * cap
         r0 = max(p0 - base, 0)
         r1 = min(p1 - base, cap)
-        groups = (r1 - r0 + 63) // 64
-        masks[:groups] = ~zero
-        for j in range(ints.shape[1]):
-            row = block[ints[0, j]]
-            if ints[1, j]:
-                _and_within(row.view(np.float64), floats[0, j], floats[1, j], r0, r1, masks)
-            else:
-                _and_within(row.view(np.int64), ints[2, j], ints[3, j], r0, r1, masks)
+        groups = _interval_masks(block, r0, r1, ints, floats, masks)
         for q in range(groups):
             m = masks[q]
             p = base + r0 + 64 * q
@@ -1167,7 +1177,6 @@ def _interval_gather(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int,
     0 (out has room for p1 - p0); returns how many. Each chunk's rows are read while
     still in the cache from its tests. O((p1 - p0) x intervals + matches x rows)."""
     one = np.uint64(1)
-    zero = np.uint64(0)
     masks = np.empty((cap + 63) // 64, np.uint64)
     k = 0
     if p1 <= p0:
@@ -1177,14 +1186,7 @@ def _interval_gather(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int,
         base = c * cap
         r0 = max(p0 - base, 0)
         r1 = min(p1 - base, cap)
-        groups = (r1 - r0 + 63) // 64
-        masks[:groups] = ~zero
-        for j in range(ints.shape[1]):
-            row = block[ints[0, j]]
-            if ints[1, j]:
-                _and_within(row.view(np.float64), floats[0, j], floats[1, j], r0, r1, masks)
-            else:
-                _and_within(row.view(np.int64), ints[2, j], ints[3, j], r0, r1, masks)
+        groups = _interval_masks(block, r0, r1, ints, floats, masks)
         k0 = k
         positions = out[0]
         for q in range(groups):
