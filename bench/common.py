@@ -332,6 +332,16 @@ def timed(fn: Callable[[], Any], repeat: int = 5, min_time: float = 0.0,
     return Timing(times)
 
 
+def paced(stop: threading.Event, every: float, step: Callable[[], object]) -> None:
+    """Call `step` every `every` seconds until `stop` (late calls do not burst to catch
+    up): an open-loop client, such as a producer or a poller at a fixed rate."""
+    due = time.monotonic()
+    while not stop.is_set():
+        step()
+        due = max(due + every, time.monotonic())
+        stop.wait(due - time.monotonic())
+
+
 def run_for(threads: list[threading.Thread], stop: threading.Event, seconds: float) -> float:
     """Start `threads`, let them run `seconds`, set `stop` (a threading.Event they
     watch) and join them; returns the seconds from the first start to the last join."""

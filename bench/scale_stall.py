@@ -139,15 +139,6 @@ class _Timeline:
         return time.perf_counter() - self.t0
 
 
-def _paced(stop: threading.Event, every: float, step: Callable[[], object]) -> None:
-    """Call `step` every `every` seconds until `stop` (late calls do not burst)."""
-    due = time.monotonic()
-    while not stop.is_set():
-        step()
-        due = max(due + every, time.monotonic())
-        stop.wait(due - time.monotonic())
-
-
 def _looped(stop: threading.Event, step: Callable[[], object]) -> None:
     while not stop.is_set():
         step()
@@ -196,12 +187,12 @@ def _run(server: _ServerProcess, s: dict[str, Any], small: str, large: str,
 
     def produce() -> None:
         with server.client() as client:
-            _paced(stop, PRODUCE_EVERY, lambda: timeline.timed(
+            common.paced(stop, PRODUCE_EVERY, lambda: timeline.timed(
                 "producer", lambda: client.insert("traffic", readings(feed, BATCH))))
 
     def poll() -> None:
         with server.client() as client:
-            _paced(stop, POLL_EVERY, lambda: timeline.timed(
+            common.paced(stop, POLL_EVERY, lambda: timeline.timed(
                 "poller", lambda: client.invoke(small)))
 
     spawn = multiprocessing.get_context("spawn")

@@ -93,15 +93,6 @@ def _settings(level: common.Level) -> dict[str, Any]:
             "poll_every": 0.1, "soak_poll_every": 0.5}
 
 
-def _paced(stop: threading.Event, every: float, step: Callable[[], object]) -> None:
-    """Call `step` every `every` seconds until `stop` (no bursts to catch up when late)."""
-    due = time.monotonic()
-    while not stop.is_set():
-        step()
-        due = max(due + every, time.monotonic())
-        stop.wait(due - time.monotonic())
-
-
 def _code(exc: Exception) -> str:
     """The wire code of a psoup error (client-side errors have theirs), else the type."""
     return getattr(exc, "code", None) or type(exc).__name__
@@ -152,14 +143,14 @@ def _window(server: _ServerProcess, handles: list[str], pollers: int, seconds: f
     def produce() -> None:
         feed = np.random.default_rng(7)
         with server.client() as client:
-            _paced(stop, PRODUCE_EVERY,
+            common.paced(stop, PRODUCE_EVERY,
                    lambda: timed_call(inserts, lambda: client.insert(
                        "traffic", readings(feed, BATCH))))
 
     def poll(k: int) -> None:
         pick = np.random.default_rng(k)
         with server.client() as client:
-            _paced(stop, every, lambda: timed_call(invokes[k], lambda: client.invoke(
+            common.paced(stop, every, lambda: timed_call(invokes[k], lambda: client.invoke(
                 handles[int(pick.integers(len(handles)))])))
 
     def monitor() -> None:
@@ -333,7 +324,7 @@ def bench_soak(s: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]
                 feed, tally = np.random.default_rng(155), tallies["producer"]
                 with Client(server.address, token=TOKEN, timeout=60,
                             producer=producer_id) as client:
-                    _paced(stop, PRODUCE_EVERY, lambda: tally.call(
+                    common.paced(stop, PRODUCE_EVERY, lambda: tally.call(
                         lambda: client.insert("traffic", readings(feed, BATCH))))
 
             def poll(k: int) -> None:
@@ -359,7 +350,7 @@ def bench_soak(s: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]
                         cursors[handle] = out.cursor
 
                 with client:
-                    _paced(stop, s["soak_poll_every"] * (0.5 + pick.random()), step)
+                    common.paced(stop, s["soak_poll_every"] * (0.5 + pick.random()), step)
 
             threads = [threading.Thread(target=produce)]
             threads += [threading.Thread(target=poll, args=(k,))
