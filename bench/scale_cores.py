@@ -78,7 +78,7 @@ def _settings(level: common.Level) -> dict[str, Any]:
         return {"counts": [64, 256], "batch": 1_024, "large_batch": 512, "min_time": 0.0,
                 "cap": 0.05, "turns": 1, "probe_counts": [64], "probe_sizes": [256, 1_024],
                 "probe_rounds": 3, "queries": 5, "prefill": 1_000, "clients": 2,
-                "seconds": 0.5, "rate": 5, "lead": 2.0}
+                "seconds": 0.5, "rate": 5, "lead": 1.0}
     if level == "quick":
         return {"counts": [1_024, 10_000, 100_000], "batch": 32_768, "large_batch": 16_384,
                 "min_time": 0.5, "cap": 1.0, "turns": 2, "probe_counts": [1_024, 10_000],
