@@ -18,29 +18,38 @@ core with one thread, against all the cores this process may use, in the same ru
   does not hide what the split does when it is free). Where the split starts to pay
   is the engine's threshold, `psoup.stems.query_stem.PROBE_SPLIT` (work per thread,
   tuples x words of results).
-- server: bench/server.py's poll (100 polling clients invoking random handles of 200
-  traffic queries over a 100K-tuple stream, one producer inserting 1,000-row batches):
-  the server's process pinned to one core with --threads 1 against unpinned with the
-  default; invokes/s and the producer's rows/s. Target: >= 1.5x invokes/s, rows/s not
-  lower. With every core, an invocation that finds the engine busy reads its snapshot
-  on one of the server's read threads (as many as --threads) beside the writer; with
-  --threads 1 the read pool still has 2 threads but one core. The producer's batches
-  are far below the probe's split threshold.
+- server: 100 polling connections invoking random handles of 200 traffic queries
+  (bench/server.py's workload) over a 100K-tuple stream, and one producer inserting
+  1,000-row batches at a fixed pace (20 a second: 20,000 rows/s, which both servers
+  take, so "rows/s not lower" is checked on the rate achieved), against the server's
+  process pinned to one core with --threads 1 and unpinned with the default. The load
+  is cheap so that it does not measure itself: the pollers are connections on one
+  asyncio loop in a process of their own, each with one invoke in flight, the request
+  frames encoded once per handle, the replies not decoded (the length read, the body
+  skipped, the ok flag checked in place); the producer is `psoup.Client` in another
+  process. Only the server is pinned; on a 2-core machine the generator (about 0.15 of
+  a core) and the producer share the cores with the unpinned server. Reported:
+  invokes/s, p50/p99, error replies, the producer's rows/s and insert latency, and the
+  cores the server and the generator used. Target: >= 1.5x invokes/s, rows/s not
+  lower. `--server-only` runs just this part.
 
 The machine's other load shows in these ratios (a busy second core gives the split
 nothing): run it on a quiet machine.
 
-Usage: python bench/scale_cores.py [--quick | --smoke]
+Usage: python bench/scale_cores.py [--quick | --smoke] [--server-only]
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +61,11 @@ import common  # noqa: E402  (bench/ is put on sys.path just above)
 
 import psoup  # noqa: E402
 import psoup.stems.query_stem as query_stem  # noqa: E402
+from psoup.client import Client  # noqa: E402
 from psoup.query import compile_statement  # noqa: E402
 from psoup.query.model import Query, StreamSchema  # noqa: E402
 from psoup.results.partial import PartialResults  # noqa: E402
+from psoup.server.protocol import HEADER, PROTOCOL, pack_frame, unpack_payload  # noqa: E402
 from psoup.workers import Workers, default_threads  # noqa: E402
 
 #: The issue's targets: (query count, all cores / one core) for ingest, and the server's.
@@ -67,17 +78,18 @@ def _settings(level: common.Level) -> dict[str, Any]:
         return {"counts": [64, 256], "batch": 1_024, "large_batch": 512, "min_time": 0.0,
                 "cap": 0.05, "turns": 1, "probe_counts": [64], "probe_sizes": [256, 1_024],
                 "probe_rounds": 3, "queries": 5, "prefill": 1_000, "clients": 2,
-                "seconds": 0.5}
+                "seconds": 0.5, "rate": 5, "lead": 1.0}
     if level == "quick":
         return {"counts": [1_024, 10_000, 100_000], "batch": 32_768, "large_batch": 16_384,
                 "min_time": 0.5, "cap": 1.0, "turns": 2, "probe_counts": [1_024, 10_000],
                 "probe_sizes": [2_048, 8_192, 32_768], "probe_rounds": 40,
-                "queries": 200, "prefill": 100_000, "clients": 20, "seconds": 2.0}
+                "queries": 200, "prefill": 100_000, "clients": 100, "seconds": 5.0,
+                "rate": 20, "lead": 4.0}
     return {"counts": [1_024, 10_000, 100_000], "batch": 32_768, "large_batch": 16_384,
             "min_time": 2.0, "cap": 4.0, "turns": 3, "probe_counts": [1_024, 10_000],
             "probe_sizes": [1_024, 2_048, 4_096, 8_192, 16_384, 32_768, 65_536],
             "probe_rounds": 200, "queries": 200, "prefill": 100_000, "clients": 100,
-            "seconds": 10.0}
+            "seconds": 10.0, "rate": 20, "lead": 4.0}
 
 
 def _one_core() -> set[int]:
@@ -215,8 +227,198 @@ def _serve(pinned: bool) -> str:
             f"echo=lambda s: None, threads={threads})")
 
 
+#: The start of a successful reply to a pre-encoded request of id 1: a map of three
+#: ("id", "ok", "result", in the order `ok_reply` builds it) with ok = true. An error
+#: reply has "ok": false there, so comparing these bytes checks each reply without
+#: decoding it.
+_OK_PREFIX = b"\x83\xa2id\x01\xa2ok\xc3"
+
+
+class _Poller(asyncio.Protocol):
+    """One polling connection: says hello, then invokes random handles closed-loop (one
+    request in flight), its request frames encoded once, its replies only measured
+    (length read, body skipped, the ok flag checked in place)."""
+
+    def __init__(self, frames: list[bytes], hello: bytes, seed: int,
+                 ready: asyncio.Future[None]):
+        self.frames, self.hello, self.ready = frames, hello, ready
+        self.pick = random.Random(seed)
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.sent = 0.0
+        self.latencies: list[float] = []     # seconds per call, with its end time
+        self.ends: list[float] = []
+        self.errors = 0
+        self.stop_at = float("inf")
+        self.warming = 2
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(self.hello)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while len(self.buf) >= 4:
+            size = HEADER.unpack_from(self.buf)[0]
+            if len(self.buf) < 4 + size:
+                return
+            ok = self.buf[4:4 + len(_OK_PREFIX)] == _OK_PREFIX
+            if not ok and self.errors == 0:
+                print(f"error reply: {unpack_payload(bytes(self.buf[4:4 + size]))!r}",
+                      file=sys.stderr, flush=True)
+            del self.buf[:4 + size]
+            self._replied(ok)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # the server closing a connection before the end counts as an error reply
+        if not self.ready.done():
+            self.ready.set_exception(RuntimeError(f"connection lost during hello: {exc}"))
+        elif time.perf_counter() < self.stop_at:
+            self.errors += 1
+            print(f"a polling connection was lost: {exc}", file=sys.stderr, flush=True)
+
+    def _replied(self, ok: bool) -> None:
+        now = time.perf_counter()
+        if self.warming:                # the hello's reply, then one untimed invoke's
+            self.warming -= 1
+            if not ok:
+                self.ready.set_exception(RuntimeError("hello or first invoke refused"))
+            elif self.warming:
+                self.invoke()
+            else:
+                self.ready.set_result(None)
+            return
+        self.errors += not ok
+        self.latencies.append(now - self.sent)
+        self.ends.append(now)
+        if now < self.stop_at:
+            self.invoke()
+
+    def invoke(self) -> None:
+        assert self.transport is not None
+        self.sent = time.perf_counter()
+        self.transport.write(self.frames[self.pick.randrange(len(self.frames))])
+
+
+def _same(poller: _Poller) -> Callable[[], _Poller]:
+    return lambda: poller
+
+
+async def _poll_all(spec: dict[str, Any]) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    host, port = spec["address"].rsplit(":", 1)
+    hello = pack_frame({"id": 1, "op": "hello", "args": {"token": spec["token"],
+                                                          "protocol": PROTOCOL}})
+    frames = [pack_frame({"id": 1, "op": "invoke", "args": {"handle": h}})
+              for h in spec["handles"]]
+    pollers = []
+    for k in range(spec["clients"]):
+        ready: asyncio.Future[None] = loop.create_future()
+        poller = _Poller(frames, hello, k, ready)
+        transport, _ = await loop.create_connection(_same(poller), host, int(port))
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP,
+                                                      socket.TCP_NODELAY, 1)
+        await ready
+        pollers.append(poller)
+    await asyncio.sleep(max(0.0, spec["start_at"] - time.time()))
+    late = time.time() - spec["start_at"]
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    t1 = t0 + spec["seconds"]
+    for poller in pollers:
+        poller.stop_at = t1
+        poller.invoke()
+    await asyncio.sleep(spec["seconds"])
+    cpu = time.process_time() - cpu0
+    await asyncio.sleep(0.2)                      # the calls in flight at the end
+    for poller in pollers:
+        assert poller.transport is not None
+        poller.transport.close()
+    lat = np.array([x for p in pollers for x, end in zip(p.latencies, p.ends, strict=True)
+                    if end <= t1])
+    p50, p99 = np.percentile(lat, [50, 99]) if len(lat) else (np.nan, np.nan)
+    return {"calls": len(lat), "invokes_per_s": len(lat) / spec["seconds"],
+            "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3,
+            "errors": sum(p.errors for p in pollers), "clients": spec["clients"],
+            "generator_cores": cpu / spec["seconds"], "poll_late_s": late}
+
+
+def poll_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a child process: `clients` polling connections on one asyncio loop from
+    `start_at` (wall clock) for `seconds`; the cores it used meanwhile too."""
+    return asyncio.run(_poll_all(spec))
+
+
+def produce_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a child process: 1,000-row batches through `psoup.Client` at `rate` batches a
+    second (a fixed schedule; a late batch is sent at once, not skipped), from
+    `start_at` for `seconds`."""
+    import server as served
+    feed = np.random.default_rng(99)
+    batches = [served.readings(feed, spec["batch"]) for _ in range(16)]
+    inserts: list[float] = []
+    with Client(spec["address"], token=spec["token"], timeout=60) as client:
+        time.sleep(max(0.0, spec["start_at"] - time.time()))
+        t0 = time.perf_counter()
+        period = 1.0 / spec["rate"]
+        sent = 0
+        while True:
+            due = t0 + sent * period
+            now = time.perf_counter()
+            if due >= t0 + spec["seconds"]:
+                break
+            if due > now:
+                time.sleep(due - now)
+            began = time.perf_counter()
+            client.insert("traffic", batches[sent % len(batches)])
+            inserts.append(time.perf_counter() - began)
+            sent += 1
+        elapsed = max(time.perf_counter() - t0, spec["seconds"])
+    p50, p99 = np.percentile(inserts, [50, 99]) if inserts else (np.nan, np.nan)
+    return {"ingest_rows_per_s": sent * spec["batch"] / elapsed,
+            # every batch due in the run is sent, late or not: a late one stretches it
+            "offered_rows_per_s": sent * spec["batch"] / spec["seconds"],
+            "insert_p50_ms": p50 * 1e3, "insert_p99_ms": p99 * 1e3}
+
+
+def _child(function: str, spec: dict[str, Any]) -> subprocess.Popen[str]:
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import scale_cores; "
+            f"print(json.dumps(scale_cores.{function}(json.loads(sys.argv[2]))))")
+    return subprocess.Popen([sys.executable, "-c", code, str(common.BENCH_DIR),
+                             json.dumps(spec)], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(common.ROOT)))
+
+
+def _result(child: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = child.communicate(timeout=600)
+    if child.returncode != 0:
+        raise RuntimeError(f"a load child failed (exit {child.returncode})")
+    got: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return got
+
+
+def _measure(process: Any, handles: list[str], s: dict[str, Any]) -> dict[str, Any]:
+    """The pollers and the paced producer, each in its own process, against `process`
+    for s["seconds"], and the server's CPU over that time (from /proc)."""
+    import server as served
+    start_at = time.time() + s["lead"]
+    common_spec = {"address": process.address, "token": served.TOKEN,
+                   "start_at": start_at, "seconds": s["seconds"]}
+    poller = _child("poll_child", {**common_spec, "handles": handles,
+                                   "clients": s["clients"]})
+    producer = _child("produce_child", {**common_spec, "rate": s["rate"], "batch": 1_000})
+    time.sleep(max(0.0, start_at - time.time()))
+    before = served._proc_counters(process.proc.pid)
+    time.sleep(s["seconds"])
+    after = served._proc_counters(process.proc.pid)
+    row = {**_result(poller), **_result(producer), "server_cores": None}
+    if before is not None and after is not None:
+        row["server_cores"] = (after[0] - before[0]) / s["seconds"]
+    return row
+
+
 def bench_server(s: dict[str, Any]) -> list[dict[str, Any]]:
-    import server as served  # bench/server.py: its server process and its pollers
+    import server as served  # bench/server.py: its server process, data and queries
     gen = common.rng(1)
     sql = served.traffic_queries(gen, s["queries"])
     prefill = served.readings(gen, s["prefill"])
@@ -228,13 +430,15 @@ def bench_server(s: dict[str, Any]) -> list[dict[str, Any]]:
         try:
             with process.client() as setup:
                 handles = served._setup(setup, sql, prefill, ts)
-            row = served._poll(process, handles, s["clients"], True, s["seconds"])
+            row = _measure(process, handles, s)
         finally:
             process.stop()
         row.update(server=label, queries=s["queries"])
         rows.append(row)
-        print(f"  {label}: {row['invokes_per_s']:,.0f} invokes/s, "
-              f"{row['ingest_rows_per_s']:,.0f} rows/s", flush=True)
+        print(f"  {label}: {row['invokes_per_s']:,.0f} invokes/s (p50 {row['p50_ms']:.2f} "
+              f"ms, p99 {row['p99_ms']:.1f} ms), {row['ingest_rows_per_s']:,.0f} rows/s, "
+              f"server {row['server_cores'] or 0:.2f} cores, generator "
+              f"{row['generator_cores']:.2f}", flush=True)
     return rows
 
 
@@ -288,7 +492,23 @@ PROBE_COLUMNS = [
 SERVER_COLUMNS = [
     ("server", "server", "s"), ("clients", "clients", "d"),
     ("invokes_per_s", "invokes/s", ",.0f"), ("p50_ms", "p50 ms", ".2f"),
-    ("p99_ms", "p99 ms", ".1f"), ("ingest_rows_per_s", "producer rows/s", ",.0f")]
+    ("p99_ms", "p99 ms", ".1f"), ("errors", "error replies", "d"),
+    ("ingest_rows_per_s", "producer rows/s", ",.0f"),
+    ("offered_rows_per_s", "paced at rows/s", ",.0f"),
+    ("insert_p50_ms", "insert p50 ms", ".2f"), ("insert_p99_ms", "insert p99 ms", ".1f"),
+    ("server_cores", "server cores used", ".2f"),
+    ("generator_cores", "generator cores used", ".2f")]
+_SERVER_NOTES = [
+    "server: the pollers are connections on one asyncio loop in a process of their own, "
+    "each with one invoke in flight, its request frames encoded once and its replies "
+    "not decoded (the ok flag checked in place); the producer, in another process, "
+    "inserts 1,000-row batches at a fixed pace through psoup.Client. Only the server is "
+    "pinned; the generator and the producer share the machine's cores with it in both "
+    "runs (on 2 cores, the generator's CPU is taken from what the unpinned server could "
+    "use)",
+    "server cores used: its CPU time (from /proc) / wall time over the run; invocations "
+    "that find the engine busy read their snapshot on the read threads beside the "
+    "writer"]
 
 
 def _verdicts(rows: Sequence[dict[str, Any]], server: Sequence[dict[str, Any]]) -> list[str]:
@@ -311,25 +531,28 @@ def _verdicts(rows: Sequence[dict[str, Any]], server: Sequence[dict[str, Any]]) 
 
 
 def main() -> None:
+    only_server = "--server-only" in sys.argv      # common.size_flag knows no such flag
+    if only_server:
+        sys.argv.remove("--server-only")
     level, suffix = common.size_flag(__doc__ or "")
     s = _settings(level)
+    print("server", flush=True)
+    server = bench_server(s)
+    server_notes = _verdicts([], server) + _SERVER_NOTES
+    common.report(f"scale_cores_server{suffix}", server, SERVER_COLUMNS, _plot_server,
+                  notes=server_notes, params=s)
+    if only_server:
+        return
     print(f"probe alone, one thread vs {default_threads()}", flush=True)
     probe = bench_probe(s)
     print("ingest", flush=True)
     ingest = bench_ingest(s)
-    print("server", flush=True)
-    server = bench_server(s)
     notes = _verdicts(ingest, server) + [
         f"cores: {default_threads()} ({common.machine_info()['cpu']}); the machine's other "
         "load lowers every ratio",
         f"PROBE_SPLIT = {query_stem.PROBE_SPLIT:,} words per thread: the engine splits a "
-        "probe whose share per thread reaches it",
-        "server: invocations that find the engine busy read their snapshot on the read "
-        "threads beside the writer; the producer's 1,000-row batches are below the split "
-        "threshold"]
+        "probe whose share per thread reaches it"] + _SERVER_NOTES
     common.report(f"scale_cores_probe{suffix}", probe, PROBE_COLUMNS, _plot_probe,
-                  params=s)
-    common.report(f"scale_cores_server{suffix}", server, SERVER_COLUMNS, _plot_server,
                   params=s)
     common.report(f"scale_cores{suffix}", ingest, INGEST_COLUMNS, _plot_ingest, notes=notes,
                   params=s)
