@@ -2,7 +2,8 @@
 scenario's streams in an engine, inserting one batch everywhere, writing input files,
 reading a reply frame off a raw socket, running a real server process to kill, a
 Python that has psoup's dependencies but not psoup (for Spark executors), engines that
-always reuse their last answers, and the count of an engine's bit-sliced rows.
+always reuse their last answers, the count of an engine's bit-sliced rows, and the
+wait for an engine's automatic checkpoint.
 """
 
 from __future__ import annotations
@@ -244,3 +245,11 @@ def compiled_query(sql: str, schema: StreamSchema) -> Query:
     query = compile_statement(sql, {"R": schema})
     assert isinstance(query, Query)
     return query
+
+
+def checkpointed(engine: Engine) -> None:
+    """Wait until the automatic checkpoint `engine` is writing in the background (if
+    any) has ended, so that its outcome shows in stats()["durability"]. Tests only: the
+    API's checkpoint() is synchronous, and nothing a user does waits for an automatic
+    one."""
+    engine._durability.wait_checkpoint()

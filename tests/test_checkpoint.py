@@ -26,6 +26,7 @@ from psoup.journal import checkpoint as checkpoints
 from psoup.journal.journal import Journal
 from psoup.options import ModeName
 from psoup.results.result import Changes
+from tests.support import checkpointed
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 16
@@ -392,7 +393,7 @@ def test_background_checkpoints_beside_a_writer_lose_and_duplicate_nothing(
         churner.join()
     assert not errors, errors
     assert cuts["taken"] >= 2, "checkpoints ran beside the writer"
-    eng._durability.wait_checkpoint()
+    checkpointed(eng)
     assert eng.stats()["durability"]["checkpoint_error"] is None
     late = eng.register("SELECT a FROM R WHERE b = 3")
     copy = tmp_path / "crashed"

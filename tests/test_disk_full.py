@@ -33,7 +33,7 @@ from psoup.errors import DiskFull
 from psoup.journal import checkpoint, durable, wal
 from psoup.journal.journal import Journal
 from psoup.server import Server
-from tests.support import Clock
+from tests.support import Clock, checkpointed
 
 TOKEN = "test-token"
 WAIT = 60.0
@@ -285,7 +285,7 @@ def test_an_automatic_checkpoint_on_a_nearly_full_disk_is_reported_and_made_late
     disk.full, disk.room = True, 512
     for i in range(30):                        # past checkpoint_bytes: it is tried
         eng.insert("R", _rows(i, 1), ts=float(i))
-        eng._durability.wait_checkpoint()      # automatic ones run in the background
+        checkpointed(eng)      # automatic ones run in the background
     durability = eng.stats()["durability"]
     assert durability["checkpoint_error"].startswith("DiskFull: the disk is full: No "
                                                      "space left on device writing ")
@@ -297,7 +297,7 @@ def test_an_automatic_checkpoint_on_a_nearly_full_disk_is_reported_and_made_late
     disk.full = False
     now[0] += 1.0                              # failed twice: tried again 1 s later
     eng.insert("R", _rows(30, 1), ts=30.0)
-    eng._durability.wait_checkpoint()
+    checkpointed(eng)
     durability = eng.stats()["durability"]
     assert durability["checkpoint_error"] is None and durability["log_bytes"] < 2048
     eng.close()
@@ -324,17 +324,17 @@ def test_a_failing_automatic_checkpoint_is_retried_at_growing_intervals(
     monkeypatch.setattr(Journal, "checkpoint", full)
     for step in range(40):                    # a write every 0.25 s for 10 s
         eng.insert("R", [(step,)], ts=float(step))
-        eng._durability.wait_checkpoint()     # automatic ones run in the background
+        checkpointed(eng)     # automatic ones run in the background
         now[0] += 0.25
     assert "DiskFull" in eng.stats()["durability"]["checkpoint_error"]
     assert np.diff(attempts).tolist() == [0.25, 1.0, 2.0, 4.0]   # then 1, 2, 4 s later
     failing[0] = False
     eng.insert("R", [(99,)], ts=99.0)         # not due yet: no attempt
-    eng._durability.wait_checkpoint()
+    checkpointed(eng)
     assert len(attempts) == 5
     now[0] += 8.0
     eng.insert("R", [(100,)], ts=100.0)       # due: it works, and says so
-    eng._durability.wait_checkpoint()
+    checkpointed(eng)
     assert len(attempts) == 6
     assert eng.stats()["durability"]["checkpoint_error"] is None
     eng.close()

@@ -18,7 +18,7 @@ from psoup.core import Core
 from psoup.journal.journal import Journal
 from psoup.options import ModeName
 from psoup.results.result import Changes, Result
-from tests.support import Clock
+from tests.support import Clock, checkpointed
 
 QUERIES = [
     "SELECT * FROM R WHERE a > 3",
@@ -159,13 +159,13 @@ def test_a_failed_automatic_checkpoint_never_fails_the_write_before_it(
     monkeypatch.setattr(Journal, "checkpoint", full_disk)     # every journal's, here one
     ids = eng.insert("R", [(i,) for i in range(1, 60)], ts=1.0)      # due: it fails
     assert len(ids) == 59
-    eng._durability.wait_checkpoint()             # automatic ones run in the background
+    checkpointed(eng)             # automatic ones run in the background
     assert "No space left" in eng.stats()["durability"]["checkpoint_error"]
     with pytest.raises(OSError):
         eng.checkpoint()                          # asked for explicitly, it raises
     monkeypatch.undo()
     eng.insert("R", [(100,)], ts=2.0)             # the next write's checkpoint works
-    eng._durability.wait_checkpoint()
+    checkpointed(eng)
     assert eng.stats()["durability"]["checkpoint_error"] is None
     eng.close()
     reopened = psoup.Engine(path=str(tmp_path))
@@ -218,7 +218,7 @@ def test_a_slowly_growing_log_is_checkpointed_by_time(tmp_path: Path,
         sizes = []
         for i in range(40):
             eng.insert("R", [(j,) for j in range(20)], ts=float(i))
-            eng._durability.wait_checkpoint()     # automatic ones run in the background
+            checkpointed(eng)     # automatic ones run in the background
             sizes.append(eng.stats()["durability"]["log_bytes"])
         assert (max(sizes) < 3 * 2000) == rewritten
         eng.close()
