@@ -13,13 +13,13 @@ tens of microseconds, is lost in the scan).
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, wait
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
+
+from psoup.workers import Workers, default_threads
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -28,11 +28,10 @@ _R = TypeVar("_R")
 PARALLEL_ROWS = 1 << 62
 
 #: Threads a scan is split between: the cores this process may run on.
-THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-    (os.cpu_count() or 1)
+THREADS = default_threads()
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+#: The pool the parts run on (made on first use, as psoup.workers makes it).
+_workers = Workers(THREADS)
 
 
 def split(positions: np.ndarray, threads: int | None = None) -> list[tuple[int, int]]:
@@ -67,20 +66,7 @@ def ranges(p0: int, p1: int, align: int, threads: int | None = None) -> list[tup
 
 
 def each(fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
-    """[fn(item) for item in items], the items on the pool's threads when there are
-    several (the first exception raised is raised here, after all have finished)."""
-    items = list(items)
-    if len(items) < 2:
-        return [fn(item) for item in items]
-    pool = _executor()
-    futures = [pool.submit(fn, item) for item in items]
-    wait(futures)
-    return [future.result() for future in futures]
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="psoup-scan")
-        return _pool
+    """[fn(item) for item in items], the items taken in turn by this thread and the
+    pool's (`Workers.run`; the first exception raised is raised here, after every part
+    taken has finished)."""
+    return _workers.run([partial(fn, item) for item in items])
