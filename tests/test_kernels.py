@@ -7,11 +7,13 @@ in a process of its own, never importing numba and answering as the default back
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -883,6 +885,98 @@ def test_float_prefix_compiled_and_twin_sum_to_the_same_bits(values: list[float]
     reference.float_prefix(array, s0, e0, outs[1])
     assert np.array_equal(outs[0], outs[1], equal_nan=True)
 
+
+
+def _fold_cells(gen: np.random.Generator, kind: str, blocks_n: int, groups: int,
+                what: str) -> list[NDArray[Any]]:
+    """Cell arrays for `block_fold` (counts, last, sums, mins, maxs), some already
+    holding values; those `what` leaves out have no rows."""
+    dt = np.dtype(np.float64 if kind == "float" else np.int64)
+    counts = gen.integers(0, 3, (blocks_n, groups)).astype(np.int64)
+    last = gen.integers(-1, 5, (blocks_n, groups)).astype(np.int64)
+    sums = (gen.normal(0, 1e3, (blocks_n, groups, 2)) if kind == "float"
+            else gen.integers(-2**40, 2**40, (blocks_n, groups, 2))).astype(dt)
+    mins = np.full((blocks_n, groups), np.inf if kind == "float" else 2**63 - 1, dt)
+    maxs = np.full((blocks_n, groups), -np.inf if kind == "float" else -2**63, dt)
+    cells = [counts, last, sums, mins, maxs]
+    keep = {"count": (0, 1), "sum": (2,), "extremes": (3, 4), "all": (0, 1, 2, 3, 4)}[what]
+    return [a if i in keep else np.empty((0,) * a.ndim, dt if i >= 2 else np.int64)
+            for i, a in enumerate(cells)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), SEEDS, st.sampled_from(["float", "int"]), st.integers(0, 6),
+       st.integers(1, 4), st.integers(0, 5), st.booleans(),
+       st.sampled_from(["count", "sum", "extremes", "all"]))
+def test_block_fold_compiled_and_twin_fill_the_same_cells(
+        data: st.DataObject, seed: int, kind: str, log_b: int, chunks: int, span: int,
+        keyed: bool, what: str) -> None:
+    """Bit for bit, cells that held values before included; and the counts, sums and
+    extremes are those of the rows (the sums exact for INT, to rounding for FLOAT)."""
+    gen = np.random.default_rng(seed)
+    cap = 64
+    lo = int(gen.integers(-20, 20))
+    blocks = _int_blocks(gen, cap, chunks, lo, span)
+    for block in blocks:        # row 1: the values, FLOAT or INT (wide, to test halves)
+        block[1] = (gen.normal(0, 1e6, cap) if kind == "float"
+                    else gen.integers(-2**62, 2**62, cap)).view(np.uint64)
+    first = data.draw(st.integers(0, 3))
+    count = data.draw(st.integers(0, chunks * cap))
+    positions = np.sort(gen.choice(chunks * cap, count, replace=False)).astype(np.int64) \
+        + first * cap
+    b_first = (first * cap) >> log_b
+    blocks_n = ((first + chunks) * cap >> log_b) - b_first
+    groups = max(span, 1) if keyed else 1
+    cells = _fold_cells(gen, kind, blocks_n, groups, what)
+    before = [a.copy() for a in cells]
+    twin_cells = [a.copy() for a in cells]
+    _mine, mine_h, _twin, twin_h, _tables = _twin_tables(blocks)
+    key_row = 2 if keyed else -1
+    compiled.block_fold(mine_h, first, cap, positions, key_row, lo, 1, log_b, b_first, *cells)
+    reference.block_fold(twin_h, first, cap, positions, key_row, lo, 1, log_b, b_first,
+                         *twin_cells)
+    for a, b in zip(cells, twin_cells, strict=True):
+        assert np.array_equal(a, b)
+    # against the rows themselves
+    values = np.empty((2, count), np.uint64)
+    reference.chunk_gather(twin_h, first, cap, np.array([2, 1], np.int64), positions, values)
+    g = values[0].view(np.int64) - lo if keyed else np.zeros(count, np.int64)
+    b = (positions >> log_b) - b_first
+    v = values[1].view(np.float64 if kind == "float" else np.int64)
+    counts, last, sums, mins, maxs = cells
+    for cb, cg in {(int(x), int(y)) for x, y in zip(b, g, strict=True)}:
+        here = (b == cb) & (g == cg)
+        if counts.shape[0]:
+            assert counts[cb, cg] - before[0][cb, cg] == here.sum()
+            assert last[cb, cg] == positions[here].max()
+        if sums.shape[0] and kind == "int":
+            hi, lo_ = (sums[cb, cg] - before[2][cb, cg]).tolist()
+            assert ((hi << 32) + lo_ - sum(v[here].tolist())) % 2**64 == 0
+        if sums.shape[0] and kind == "float":
+            got = sums[cb, cg, 0] + sums[cb, cg, 1]
+            want = math.fsum([*before[2][cb, cg].tolist(), *v[here].tolist()])
+            assert abs(got - want) <= 1e-12 * (abs(want) + np.abs(v[here]).sum() + 1e3)
+        if mins.shape[0]:
+            assert mins[cb, cg] == min(v[here].min(), before[3][cb, cg])
+            assert maxs[cb, cg] == max(v[here].max(), before[4][cb, cg])
+
+
+@settings(max_examples=100, deadline=None)
+@given(SEEDS, st.integers(0, 20), st.integers(1, 4))
+def test_block_prefix_compiled_and_twin_sum_to_the_same_bits(seed: int, k: int,
+                                                              groups: int) -> None:
+    gen = np.random.default_rng(seed)
+    sums = gen.normal(0, 1, (k, groups, 2)) * 10.0 ** gen.integers(-3, 17, (k, groups, 2))
+    start = gen.normal(0, 1e3, (groups, 2))
+    outs = [np.zeros((k, groups, 2)) for _ in range(2)]
+    compiled.block_prefix(sums, start, outs[0])
+    reference.block_prefix(sums, start, outs[1])
+    assert np.array_equal(outs[0], outs[1])
+    for g in range(groups):     # each prefix is the blocks' compensated total
+        for b in range(k):
+            want = math.fsum([*start[g].tolist(), *sums[:b + 1, g].ravel().tolist()])
+            got = outs[0][b, g, 0] + outs[0][b, g, 1]
+            assert abs(got - want) <= 1e-12 * (abs(want) + np.abs(sums[:b + 1, g]).sum())
 
 # ---------------------------------------------------------------- the engine on numpy
 

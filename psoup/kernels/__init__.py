@@ -32,6 +32,8 @@ if BACKEND == "numba":
         AddressTable,
         Handle,
         address_table,
+        block_fold,
+        block_prefix,
         chunk_gather,
         chunk_key_counts,
         chunk_key_range,
@@ -59,6 +61,8 @@ else:
         AddressTable,
         Handle,
         address_table,
+        block_fold,
+        block_prefix,
         chunk_gather,
         chunk_key_counts,
         chunk_key_range,
@@ -80,7 +84,7 @@ else:
     )
 
 __all__ = ["BACKEND", "BACKENDS", "BACKEND_VARIABLE", "SLICED", "TILE_WORDS", "WORD_MAJOR",
-           "AddressTable", "Handle", "address_table", "chunk_gather", "chunk_key_counts",
+           "AddressTable", "Handle", "address_table", "block_fold", "block_prefix", "chunk_gather", "chunk_key_counts",
            "chunk_key_range", "chunk_positions", "chunk_scatter", "chunk_select", "clear_bit",
            "fingerprint", "float_prefix", "interval_gather", "interval_scan", "marked_copy",
            "probe_into", "set_bits", "slice_row", "ts_fault", "word_positions",

@@ -61,14 +61,14 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils as _cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 from numba.np.numpy_support import carray
 from numpy.typing import NDArray
 
 from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
-           "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
+           "block_fold", "block_prefix", "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
            "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
            "interval_gather", "interval_scan", "marked_copy", "probe_into", "set_bits",
            "slice_row", "ts_fault", "word_positions", "write_column"]
@@ -1204,6 +1204,202 @@ def _interval_gather(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int,
     return k
 
 
+
+def _step(s: Any, e: Any, v: Any) -> Any:  # pragma: no cover - typed below
+    """A running sum (s, e) after value v, as `block_fold` keeps one: only compiled
+    code calls it."""
+    raise NotImplementedError("compiled only")
+
+
+@overload(_step, inline="always")
+def _step_typed(s: Any, e: Any, v: Any) -> Any:  # pragma: no cover
+    """`_step` for the sum's dtype: FLOAT one TwoSum step (s the running float64 sum,
+    e the running sum of each step's rounding error), INT the two 32-bit halves (s the
+    sum of v >> 32, e of v & (2**32 - 1))."""
+    if isinstance(s, types.Float):
+        def step_float(s: Any, e: Any, v: Any) -> Any:
+            a = s + v
+            part = a - s
+            return a, e + ((s - (a - part)) + (v - part))
+        return step_float
+
+    def step_int(s: Any, e: Any, v: Any) -> Any:
+        return s + (v >> 32), e + (v & 0xFFFFFFFF)
+    return step_int
+
+
+def _values_like(row: Any, like: Any) -> Any:  # pragma: no cover - typed below
+    """A block row read as the dtype of `like`: only compiled code calls it."""
+    raise NotImplementedError("compiled only")
+
+
+@overload(_values_like, inline="always")
+def _values_like_typed(row: Any, like: Any) -> Any:  # pragma: no cover
+    if isinstance(like.dtype, types.Float):
+        def as_float(row: Any, like: Any) -> Any:
+            return row.view(np.float64)
+        return as_float
+
+    def as_int(row: Any, like: Any) -> Any:
+        return row.view(np.int64)
+    return as_int
+
+
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _flush_block(b: int, groups: int, counting: bool, summing: bool,
+                 counts: NDArray[np.int64], local: NDArray[np.int64],
+                 last: NDArray[np.int64], latest: NDArray[np.int64], sums: Any,
+                 s: Any, e: Any) -> None:  # pragma: no cover - compiled
+    """Add one block's running counts and sums (of the groups it had rows of) into its
+    cells and zero them. A sum (s, e) joins its cell's (S, E) as S' = S + s rounded and
+    E' = E + (the TwoSum error of that step) + e; for INT the error is 0, so each half
+    adds to its half."""
+    for g in range(groups):
+        if not local[g]:
+            continue
+        if counting:
+            counts[b, g] += local[g]
+            last[b, g] = latest[g]
+        local[g] = 0
+        if summing:
+            x = sums[b, g, 0]
+            v = s[g]
+            a = x + v
+            part = a - x
+            sums[b, g, 1] += (x - (a - part)) + (v - part)
+            sums[b, g, 1] += e[g]
+            sums[b, g, 0] = a
+            s[g] = 0
+            e[g] = 0
+
+
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _fold_keyed(positions: NDArray[np.int64], i: int, j: int, base: int,
+                keys: NDArray[np.int64], lo: int, values: Any, b: int, counting: bool,
+                summing: bool, low: bool, high: bool, local: NDArray[np.int64],
+                latest: NDArray[np.int64], s: Any, e: Any, mins: Any,
+                maxs: Any) -> None:  # pragma: no cover - compiled
+    """`block_fold` of positions[i:j], one block's, into the per-group running values."""
+    for t in range(i, j):
+        p = positions[t]
+        r = p - base
+        g = keys[r] - lo
+        local[g] += 1
+        latest[g] = p
+        if summing or low or high:
+            v = values[r]
+            if summing:
+                s[g], e[g] = _step(s[g], e[g], v)
+            if low and v < mins[b, g]:
+                mins[b, g] = v
+            if high and v > maxs[b, g]:
+                maxs[b, g] = v
+
+
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _fold_one(positions: NDArray[np.int64], i: int, j: int, base: int, values: Any,
+              b: int, counting: bool, summing: bool, low: bool, high: bool,
+              local: NDArray[np.int64], latest: NDArray[np.int64], s: Any, e: Any,
+              mins: Any, maxs: Any) -> None:  # pragma: no cover - compiled
+    """`_fold_keyed` of one group (no GROUP BY), its running values in registers."""
+    count = local[0]
+    at = latest[0]
+    total = s[0]
+    error = e[0]
+    low_v = mins[b, 0] if low else values[0]      # (unused without MIN)
+    high_v = maxs[b, 0] if high else values[0]
+    for t in range(i, j):
+        p = positions[t]
+        v = values[p - base]
+        count += 1
+        at = p
+        if summing:
+            total, error = _step(total, error, v)
+        low_v = min(low_v, v)
+        high_v = max(high_v, v)
+    local[0] = count
+    latest[0] = at
+    s[0] = total
+    e[0] = error
+    if low:
+        mins[b, 0] = low_v
+    if high:
+        maxs[b, 0] = high_v
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
+                positions: NDArray[np.int64], key_row: int, lo: int,
+                value_row: int, log_b: int, b_first: int,
+                counts: NDArray[np.int64], last: NDArray[np.int64], sums: Any,
+                mins: Any, maxs: Any) -> None:  # pragma: no cover - compiled
+    """Fold the tuples at sorted `positions` into per-block, per-group cells: the
+    block of position p is (p >> log_b) - b_first (a block lies within one chunk), its
+    group k - lo for its value k of INT block row `key_row` (group 0 for all when
+    key_row < 0; the caller has made room for every group). A cell array with no rows is skipped: counts[b, g] += 1 and
+    last[b, g] = p (the latest position); with the value v of block row `value_row`,
+    read as the dtype of `sums`, `mins` and `maxs` (all float64 or all int64):
+    sums[b, g] += v, mins[b, g] / maxs[b, g] lowered / raised to v.
+
+    Sums: FLOAT a pair, the float64 running sum and the running sum of each step's
+    TwoSum error; INT the sums of v >> 32 and of v & (2**32 - 1), int64s that may
+    wrap. Each block's rows in this call are summed per group from (0, 0) in position
+    order, then added to the cell as `_flush_block` says (the numpy twin does the
+    same steps in the same order). O(len(positions)), read in place; the per-group
+    running counts and sums stay in arrays of the groups' size, written to the cells
+    once per block."""
+    n = len(positions)
+    counting = counts.shape[0] > 0
+    summing = sums.shape[0] > 0
+    low = mins.shape[0] > 0
+    high = maxs.shape[0] > 0
+    keyed = key_row >= 0
+    groups = max(counts.shape[1], sums.shape[1], mins.shape[1], maxs.shape[1])
+    local = np.zeros(groups, np.int64)
+    latest = np.zeros(groups, np.int64)
+    s = np.zeros(groups, sums.dtype)
+    e = np.zeros(groups, sums.dtype)
+    i = 0
+    while i < n:
+        c = positions[i] // cap
+        block = _chunk_at(blocks, c - k_first)
+        keys = block[max(key_row, 0)].view(np.int64)
+        values = _values_like(block[max(value_row, 0)], sums)
+        base = c * cap
+        while i < n and positions[i] < base + cap:
+            b = (positions[i] >> log_b) - b_first
+            end = min(n, i + (1 << log_b))      # a block's positions, at most
+            j = i + np.searchsorted(positions[i:end], (b + b_first + 1) << log_b)
+            if keyed:
+                _fold_keyed(positions, i, j, base, keys, lo, values, b, counting, summing,
+                            low, high, local, latest, s, e, mins, maxs)
+            else:
+                _fold_one(positions, i, j, base, values, b, counting, summing, low, high,
+                          local, latest, s, e, mins, maxs)
+            i = j
+            _flush_block(b, groups, counting, summing, counts, local, last, latest, sums,
+                         s, e)
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def block_prefix(sums: NDArray[np.float64], start: NDArray[np.float64],
+                 out: NDArray[np.float64]) -> None:  # pragma: no cover - compiled
+    """out[b, g] = the compensated prefix (s, e) of FLOAT block sums sums[:b + 1, g]
+    (each a pair as `block_fold` keeps it) from start[g]: s the running float64 sum of
+    the blocks' s, e the running sum of each step's TwoSum error and the blocks' e.
+    O(blocks x groups)."""
+    for g in range(sums.shape[1]):
+        s = start[g, 0]
+        e = start[g, 1]
+        for b in range(sums.shape[0]):
+            v = sums[b, g, 0]
+            a = s + v
+            part = a - s
+            e += (s - (a - part)) + (v - part)
+            e += sums[b, g, 1]
+            s = a
+            out[b, g, 0] = s
+            out[b, g, 1] = e
+
+
 @_njit(cache=True, nogil=True, boundscheck=False)
 def float_prefix(values: NDArray[np.float64], s0: float, e0: float,
                  out: NDArray[np.float64]) -> None:  # pragma: no cover - compiled
@@ -1231,3 +1427,6 @@ chunk_key_counts = cast("Callable[[Handle, int, int, int, NDArray[np.int64], int
 chunk_scatter = cast("Callable[[Handle, int, int, NDArray[np.int64], NDArray[np.int64], int, "
                      "NDArray[np.int64], int, NDArray[np.int64], NDArray[np.int64], "
                      "NDArray[np.uint64]], None]", _chunk_scatter)
+block_fold = cast("Callable[[Handle, int, int, NDArray[np.int64], int, int, "
+                  "int, int, int, NDArray[np.int64], NDArray[np.int64], NDArray[Any], "
+                  "NDArray[Any], NDArray[Any]], None]", _block_fold)

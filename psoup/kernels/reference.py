@@ -14,6 +14,7 @@ only what the count covers: callers read out[:count] and nothing else.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,7 +22,7 @@ from numpy.typing import NDArray
 from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
-           "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
+           "block_fold", "block_prefix", "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
            "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
            "interval_gather", "interval_scan", "marked_copy", "probe_into", "set_bits",
            "slice_row", "ts_fault", "word_positions", "write_column"]
@@ -417,3 +418,76 @@ def float_prefix(values: NDArray[np.float64], s0: float, e0: float,
         errors[:1] += e0
         out[:, 0] = after
         np.cumsum(errors, out=out[:, 1])
+
+
+def block_fold(blocks: Handle, k_first: int, cap: int, positions: NDArray[np.int64],
+               key_row: int, lo: int, value_row: int, log_b: int, b_first: int,
+               counts: NDArray[np.int64], last: NDArray[np.int64], sums: NDArray[Any],
+               mins: NDArray[Any], maxs: NDArray[Any]) -> None:
+    """The tuples at sorted `positions` folded into cells [block, group]: block
+    (p >> log_b) - b_first, group k - lo for the INT value k of block row `key_row`
+    (0 without one). Skipping the cell arrays without rows: counts += the cell's
+    rows, last = its latest position, sums += the sum of its values of block row
+    `value_row` (read as sums' dtype; FLOAT a compensated pair summed from (0, 0) in
+    position order and then added to the cell's by one TwoSum step, INT the sums of
+    the 32-bit halves), mins / maxs lowered / raised. O(n log n) and a loop over the
+    cells a FLOAT sum touches."""
+    n = len(positions)
+    if not n:
+        return
+    got = np.empty((2, n), np.uint64)
+    chunk_gather(blocks, k_first, cap, np.array([max(key_row, 0), max(value_row, 0)], np.int64),
+                 positions, got)
+    groups = max(counts.shape[1], sums.shape[1], mins.shape[1], maxs.shape[1])
+    g = got[0].view(np.int64) - np.int64(lo) if key_row >= 0 else np.zeros(n, np.int64)
+    cells = ((positions >> log_b) - b_first) * groups + g
+    order = np.argsort(cells, kind="stable")
+    found, starts, sizes = np.unique(cells[order], return_index=True, return_counts=True)
+    b, g = np.divmod(found, groups)
+    values = got[1].view(sums.dtype)[order]
+    if counts.shape[0]:
+        counts[b, g] += sizes
+        last[b, g] = positions[order][starts + sizes - 1]
+    if mins.shape[0]:
+        mins[b, g] = np.minimum(mins[b, g], np.minimum.reduceat(values, starts))
+    if maxs.shape[0]:
+        maxs[b, g] = np.maximum(maxs[b, g], np.maximum.reduceat(values, starts))
+    if not sums.shape[0]:
+        return
+    if sums.dtype.kind == "i":
+        with np.errstate(over="ignore"):
+            sums[b, g, 0] += np.add.reduceat(values >> 32, starts)
+            sums[b, g, 1] += np.add.reduceat(values & 0xFFFFFFFF, starts)
+        return
+    for cb, cg, a, k in zip(b.tolist(), g.tolist(), starts.tolist(), sizes.tolist(),
+                            strict=True):
+        run = np.empty((k, 2))
+        float_prefix(values[a:a + k], 0.0, 0.0, run)
+        with np.errstate(over="ignore", invalid="ignore"):
+            x, (v, e) = sums[cb, cg, 0], run[-1]
+            total = x + v
+            part = total - x
+            sums[cb, cg, 1] += (x - (total - part)) + (v - part)
+            sums[cb, cg, 1] += e
+            sums[cb, cg, 0] = total
+
+
+def block_prefix(sums: NDArray[np.float64], start: NDArray[np.float64],
+                 out: NDArray[np.float64]) -> None:
+    """out[b, g] = the compensated prefix of FLOAT block sums sums[:b + 1, g] from
+    start[g]: the running float64 sum of the blocks' s, and the running sum of each
+    step's TwoSum error then the block's e, in that order. O(blocks x groups)."""
+    k = sums.shape[0]
+    if not k:
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        running = np.cumsum(np.concatenate((start[None, :, 0], sums[:, :, 0])), axis=0)
+        before, after = running[:-1], running[1:]
+        part = after - before
+        steps = np.empty((2 * k + 1, sums.shape[1]))
+        steps[0] = start[:, 1]
+        steps[1::2] = (before - (after - part)) + (sums[:, :, 0] - part)
+        steps[2::2] = sums[:, :, 1]
+        errors = np.cumsum(steps, axis=0)
+    out[:, :, 0] = after
+    out[:, :, 1] = errors[2::2]
