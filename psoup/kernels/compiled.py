@@ -68,7 +68,8 @@ from numpy.typing import NDArray
 from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
-           "block_fold", "block_prefix", "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
+           "block_fold", "block_prefix", "chunk_gather", "chunk_key_counts", "chunk_key_range",
+           "chunk_positions",
            "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
            "interval_gather", "interval_scan", "marked_copy", "probe_into", "set_bits",
            "slice_row", "ts_fault", "word_positions", "write_column"]
@@ -1335,9 +1336,9 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
     """Fold the tuples at sorted `positions` into per-block, per-group cells: the
     block of position p is (p >> log_b) - b_first (a block lies within one chunk), its
     group k - lo for its value k of INT block row `key_row` (group 0 for all when
-    key_row < 0; the caller has made room for every group). A cell array with no rows is skipped: counts[b, g] += 1 and
-    last[b, g] = p (the latest position); with the value v of block row `value_row`,
-    read as the dtype of `sums`, `mins` and `maxs` (all float64 or all int64):
+    key_row < 0; the caller has made room for every group). A cell array with no rows
+    is skipped: counts[b, g] += 1 and last[b, g] = p (the latest position); with the
+    value v of block row `value_row`, read as the dtype of `sums`, `mins` and `maxs` (all float64 or all int64):
     sums[b, g] += v, mins[b, g] / maxs[b, g] lowered / raised to v.
 
     Sums: FLOAT a pair, the float64 running sum and the running sum of each step's

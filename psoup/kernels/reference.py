@@ -22,7 +22,8 @@ from numpy.typing import NDArray
 from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
-           "block_fold", "block_prefix", "chunk_gather", "chunk_key_counts", "chunk_key_range", "chunk_positions",
+           "block_fold", "block_prefix", "chunk_gather", "chunk_key_counts", "chunk_key_range",
+           "chunk_positions",
            "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
            "interval_gather", "interval_scan", "marked_copy", "probe_into", "set_bits",
            "slice_row", "ts_fault", "word_positions", "write_column"]
