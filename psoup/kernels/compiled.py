@@ -1338,8 +1338,9 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
     group k - lo for its value k of INT block row `key_row` (group 0 for all when
     key_row < 0; the caller has made room for every group). A cell array with no rows
     is skipped: counts[b, g] += 1 and last[b, g] = p (the latest position); with the
-    value v of block row `value_row`, read as the dtype of `sums`, `mins` and `maxs` (all float64 or all int64):
-    sums[b, g] += v, mins[b, g] / maxs[b, g] lowered / raised to v.
+    value v of block row `value_row`, read as the dtype of `sums`, `mins` and `maxs`
+    (all float64 or all int64): sums[b, g] += v, mins[b, g] / maxs[b, g] lowered /
+    raised to v.
 
     Sums: FLOAT a pair, the float64 running sum and the running sum of each step's
     TwoSum error; INT the sums of v >> 32 and of v & (2**32 - 1), int64s that may
