@@ -33,6 +33,7 @@ from psoup.query.model import Query, StreamSchema
 from psoup.results.aggregates import AggregateIndex, index_over, scanned_index
 from psoup.results.answers import Answers
 from psoup.results.base import SinkTable
+from psoup.results.blocks import BlockIndex
 from psoup.results.materialized import Materialized
 from psoup.results.modes import MODES
 from psoup.results.result import Result
@@ -277,7 +278,7 @@ class Ahead:
         self.query, self.stem, self.n0 = query, stem, copy.n
         self._copy: DataSteM | None = copy
         self.positions: np.ndarray | None = None
-        self.index: AggregateIndex | None = None
+        self.index: AggregateIndex | BlockIndex | None = None
 
     def run(self) -> None:
         """Probe the copy and build the index: O(retained), touching nothing shared but

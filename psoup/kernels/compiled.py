@@ -1334,7 +1334,8 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
                 counts: NDArray[np.int64], last: NDArray[np.int64], sums: Any,
                 mins: Any, maxs: Any) -> None:  # pragma: no cover - compiled
     """Fold the tuples at sorted `positions` into per-block, per-group cells: the
-    block of position p is (p >> log_b) - b_first (a block lies within one chunk), its
+    block of position p is (p >> log_b) - b_first (a block across chunks is folded
+    chunk by chunk, its cells flushed after each), its
     group k - lo for its value k of INT block row `key_row` (group 0 for all when
     key_row < 0; the caller has made room for every group). A cell array with no rows
     is skipped: counts[b, g] += 1 and last[b, g] = p (the latest position); with the
@@ -1369,8 +1370,9 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
         base = c * cap
         while i < n and positions[i] < base + cap:
             b = (positions[i] >> log_b) - b_first
-            end = min(n, i + (1 << log_b))      # a block's positions, at most
-            j = i + np.searchsorted(positions[i:end], (b + b_first + 1) << log_b)
+            end = min(n, i + min(1 << log_b, cap))     # a block's positions, at most
+            j = i + np.searchsorted(positions[i:end], min((b + b_first + 1) << log_b,
+                                                          base + cap))
             if keyed:
                 _fold_keyed(positions, i, j, base, keys, lo, values, b, counting, summing,
                             low, high, local, latest, s, e, mins, maxs)

@@ -430,17 +430,28 @@ def block_fold(blocks: Handle, k_first: int, cap: int, positions: NDArray[np.int
     (0 without one). Skipping the cell arrays without rows: counts += the cell's
     rows, last = its latest position, sums += the sum of its values of block row
     `value_row` (read as sums' dtype; FLOAT a compensated pair summed from (0, 0) in
-    position order and then added to the cell's by one TwoSum step, INT the sums of
-    the 32-bit halves), mins / maxs lowered / raised. O(n log n) and a loop over the
-    cells a FLOAT sum touches."""
+    position order, chunk by chunk, each chunk's then added to the cell's by one TwoSum
+    step; INT the sums of the 32-bit halves), mins / maxs lowered / raised. O(n log n)
+    and a loop over the chunks and the cells a FLOAT sum touches."""
     n = len(positions)
     if not n:
         return
     got = np.empty((2, n), np.uint64)
     chunk_gather(blocks, k_first, cap, np.array([max(key_row, 0), max(value_row, 0)], np.int64),
                  positions, got)
+    starts = np.flatnonzero(np.r_[True, np.diff(positions // cap) != 0]).tolist()
+    for a, b in zip(starts, [*starts[1:], n], strict=True):
+        _fold_chunk(positions[a:b], got[:, a:b], key_row >= 0, lo, log_b, b_first,
+                    counts, last, sums, mins, maxs)
+
+
+def _fold_chunk(positions: NDArray[np.int64], got: NDArray[np.uint64], keyed: bool, lo: int,
+                log_b: int, b_first: int, counts: NDArray[np.int64], last: NDArray[np.int64],
+                sums: NDArray[Any], mins: NDArray[Any], maxs: NDArray[Any]) -> None:
+    """`block_fold` of one chunk's positions, their key and value words in `got`."""
+    n = len(positions)
     groups = max(counts.shape[1], sums.shape[1], mins.shape[1], maxs.shape[1])
-    g = got[0].view(np.int64) - np.int64(lo) if key_row >= 0 else np.zeros(n, np.int64)
+    g = got[0].view(np.int64) - np.int64(lo) if keyed else np.zeros(n, np.int64)
     cells = ((positions >> log_b) - b_first) * groups + g
     order = np.argsort(cells, kind="stable")
     found, starts, sizes = np.unique(cells[order], return_index=True, return_counts=True)

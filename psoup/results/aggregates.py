@@ -68,6 +68,7 @@ from psoup import kernels
 from psoup.bits import slot_rows
 from psoup.query.model import AGGREGATES, TS, AggregateFunction, Query
 from psoup.results.base import Sink
+from psoup.results.blocks import BlockIndex, SpanExceeded
 from psoup.results.result import Result
 from psoup.stems import halves
 from psoup.stems.data_stem import DataSteM
@@ -1097,10 +1098,19 @@ def _stem_ts(stem: DataSteM, positions: np.ndarray) -> np.ndarray:
     return np.array([stem.ts_at(p) for p in positions.tolist()], np.float64)
 
 
+#: Whether aggregated queries that fit (`BlockIndex.fits`) are kept by blocks; False
+#: keeps every one per result (AggregateIndex), as the tests that compare the two set it.
+BLOCKS = True
+
+
 class AggregateSink(Sink):
     """The Sink of one aggregated selection query: its matches, as the eddy finds them,
-    appended to its AggregateIndex with the columns the index reads (Sect. 6: kept as
-    results arrive, read at invocation). O(matches + groups touched) per event.
+    added to its index (Sect. 6: kept as results arrive, read at invocation). The index
+    is a BlockIndex (counts, sums and extremes per block of positions, read in place
+    from the stream) for a query that fits one, else an AggregateIndex (every result,
+    with the columns it reads); a BlockIndex whose GROUP BY keys outgrow it is replaced
+    by an AggregateIndex rebuilt from the stream, once. O(matches + groups touched) per
+    event.
 
     Example:
         >>> from psoup.query.model import SelectItem, Source, StreamSchema, Window
@@ -1117,16 +1127,22 @@ class AggregateSink(Sink):
         [(9,)]
     """
 
-    def __init__(self, query: Query, slot: int, stem: DataSteM):
-        self.index = AggregateIndex(Aggregator(query), partial(_stem_ts, stem))
+    def __init__(self, query: Query, slot: int, stem: DataSteM, blocks: bool | None = None):
+        self.query = query
+        aggregator = Aggregator(query)
+        self.index: AggregateIndex | BlockIndex
+        if (BLOCKS if blocks is None else blocks) and BlockIndex.fits(aggregator, stem):
+            self.index = BlockIndex(aggregator, stem, query.sources[0])
+        else:
+            self.index = AggregateIndex(aggregator, partial(_stem_ts, stem))
         self.slot = slot
         self.stem = stem
-        self.columns = [column for _, column in self.index.aggregator.needed]
+        self.columns = [column for _, column in aggregator.needed]
         # an index built ahead, off the engine's lock, from the matches below a position
         # (`adopt`), which `on_register` completes
-        self._ahead: tuple[AggregateIndex, int] | None = None
+        self._ahead: tuple[AggregateIndex | BlockIndex, int] | None = None
 
-    def adopt(self, index: AggregateIndex, below: int) -> None:
+    def adopt(self, index: AggregateIndex | BlockIndex, below: int) -> None:
         """Take `index`, built by `index_over` from the matches below position `below`,
         as what `on_register` completes with the later matches."""
         self._ahead = (index, below)
@@ -1134,13 +1150,27 @@ class AggregateSink(Sink):
     def on_register(self, slot: int, stream: str, positions: np.ndarray) -> None:
         if self._ahead is not None:
             (self.index, below), self._ahead = self._ahead, None
+            positions = positions[np.searchsorted(positions, below):]
+            if isinstance(self.index, BlockIndex):
+                self.index.stem = self.stem                     # it read the copy
+                self.index.expire(self.stem.horizon)
+                self._fold(positions)
+                return
             self.index.ts_at = partial(_stem_ts, self.stem)     # it read the copy's
             self.index.expire(self.stem.horizon)
-            positions = positions[np.searchsorted(positions, below):]
             if len(positions):
                 values = self.stem.take(self.columns, positions)
                 self.index.append(positions, values, None)
             return
+        if isinstance(self.index, BlockIndex):
+            self._fold(positions)
+            return
+        self._load(positions)
+
+    def _load(self, positions: np.ndarray) -> None:
+        """The matches at `positions` into the AggregateIndex: in bulk into an empty
+        one (grouped and copied in compiled passes), else appended."""
+        assert isinstance(self.index, AggregateIndex), "per result"
         names = [c if isinstance(c, str) else c[1] for c in self.index.rows[1:]]
         dtypes = self.stem.wide_dtypes(names)
         if dtypes is not None and not len(self.index) and len(positions):
@@ -1153,6 +1183,16 @@ class AggregateSink(Sink):
             return
         self.index.append(positions, self.stem.take(self.columns, positions), None)
 
+    def _fold(self, positions: np.ndarray) -> None:
+        """`BlockIndex.fold`; when the keys outgrow it, the query moves to an
+        AggregateIndex of every retained match, probed again. O(retained) then, once."""
+        assert isinstance(self.index, BlockIndex), "by blocks"
+        try:
+            self.index.fold(positions)
+        except SpanExceeded:
+            self.index = AggregateIndex(self.index.aggregator, partial(_stem_ts, self.stem))
+            self._load(self.stem.probe(self.query.sources[0]))
+
     def on_insert(self, stream: str, p0: int, bits: np.ndarray,
                   batch: Mapping[str, np.ndarray]) -> None:
         rows = slot_rows(bits, self.slot)
@@ -1160,6 +1200,9 @@ class AggregateSink(Sink):
         keep = positions >= self.stem.horizon           # a batch longer than retention
         rows, positions = rows[keep], positions[keep]
         self.index.expire(self.stem.horizon)
+        if isinstance(self.index, BlockIndex):
+            self._fold(positions)
+            return
         self.index.append(positions, {c: batch[c][rows] for c in self.columns}, None)
 
     def on_expire(self, stream: str, horizon: int) -> None:
@@ -1169,7 +1212,8 @@ class AggregateSink(Sink):
         return self.index.nbytes()
 
 
-def index_over(query: Query, stem: DataSteM, positions: np.ndarray) -> AggregateIndex:
+def index_over(query: Query, stem: DataSteM, positions: np.ndarray
+               ) -> AggregateIndex | BlockIndex:
     """The AggregateIndex of aggregated `query` over its matches at `positions` of
     `stem` (a copy of the stream, read off the engine's lock), built as
     `AggregateSink.on_register` builds it. O(matches), a sort for other than one
@@ -1184,12 +1228,13 @@ def scanned_index(query: Query, stem: DataSteM) -> tuple[np.ndarray, AggregateIn
     tuples and its AggregateIndex over them, both from one pass over the chunks
     (`DataSteM.probe_gather`: the positions and summed columns taken as the factors
     are tested, into the storage the index then keeps; the positions are its row 0).
-    None when the query groups, or when that pass does not apply (a factor that is
-    not an interval): then `probe` and `index_over`. O(retained + matches)."""
+    None when the query groups, is kept by blocks, or when that pass does not apply (a
+    factor that is not an interval): then `probe` and `index_over`. O(retained + matches)."""
     index = AggregateIndex(Aggregator(query), partial(_stem_ts, stem))
     names = [c if isinstance(c, str) else c[1] for c in index.rows[1:]]
     dtypes = stem.wide_dtypes(names)
-    if index.aggregator.group_by or dtypes is None:
+    if index.aggregator.group_by or dtypes is None or (
+            BLOCKS and BlockIndex.fits(index.aggregator, stem)):
         return None
     got = stem.probe_gather(query.sources[0], names)
     if got is None:

@@ -448,6 +448,25 @@ class DataSteM:
         return kernels.chunk_key_counts(self._block_list()[0].handle, self._chunk0, self.chunk_rows,
                                  self._wide[name], positions, lo, counts)
 
+    @property
+    def log_block(self) -> int:
+        """log2 of the blocks an aggregate index by blocks keeps for this stem: up to
+        1,024 positions, and a block always lies within one chunk (the largest power
+        of two dividing chunk_rows, at most 2**10)."""
+        return min(10, (self.chunk_rows & -self.chunk_rows).bit_length() - 1)
+
+    def fold_blocks(self, positions: np.ndarray, key: str | None, lo: int,
+                    column: str | None, log_b: int, b_first: int, cells: Sequence[Any]
+                    ) -> None:
+        """`kernels.block_fold` of the sorted retained `positions` into `cells`
+        (counts, last, sums, mins, maxs), grouped by INT column `key` (less `lo`; none:
+        one group), the values those of `column`, read in place. O(len(positions))."""
+        kernels.block_fold(self._block_list()[0].handle, self._chunk0, self.chunk_rows,
+                           np.ascontiguousarray(positions, np.int64),
+                           -1 if key is None else self._wide[key], lo,
+                           -1 if column is None else self._wide[column], log_b, b_first,
+                           *cells)
+
     def scatter(self, names: Sequence[str], positions: np.ndarray, cursors: np.ndarray,
                 dst: np.ndarray, *, key: str | None, keys: np.ndarray, lo: int,
                 remap: np.ndarray) -> None:

@@ -1,0 +1,471 @@
+"""An aggregate index by blocks of positions: what a new aggregated query keeps over its
+stream when its groups are few, built at the speed of a scan.
+
+`AggregateIndex` (psoup.results.aggregates) keeps every result: its position, its values
+and their prefix sums, so that any position range is answered by binary searches. That
+is about 32 bytes written per result, and a registration over millions of retained
+tuples is as slow as writing them. `BlockIndex` keeps instead, for each block of 2**k
+positions (k = `DataSteM.log_block`, 1,024 positions on the usual chunks) and each
+group, the count of its results there, the latest position, the sum of each SUM or AVG
+argument and the MIN and MAX of each MIN or MAX argument (`kernels.block_fold`), with
+prefix sums of the counts and sums across blocks. A registration scans the matches once
+and writes a few cells per block.
+
+A position range [p0, p1) is answered from
+
+* the blocks wholly inside it: counts and sums as differences of two prefix rows, O(G);
+  MIN, MAX and the latest position as a reduction over those blocks' cells,
+  O(G x blocks), a vectorized pass of 16K cells per group at 16M positions;
+* the partial blocks at its two ends: their matches found again by probing the stream
+  there (`DataSteM.probe` over at most 2 x 2**k positions) and folded the same way. A
+  range that reaches the newest position takes the newest block whole: its cells hold
+  every match so far.
+
+So an invocation costs O(G + 2**k) plus the reductions, independent of how many results
+the window holds.
+
+Groups: no GROUP BY (one group), or GROUP BY one INT column whose keys span at most
+MAX_SPAN values (max - min + 1): group g is the key lo + g, a column of every cell
+array. A batch whose keys would widen the span past it raises `SpanExceeded` before
+changing anything, and the caller (`AggregateSink`) moves the query to an
+AggregateIndex, rebuilt from the stream once. Other queries (several GROUP BY columns,
+TEXT, FLOAT or BOOL keys, TEXT or BOOL arguments) use AggregateIndex from the start.
+
+Exactness, as AggregateIndex's. COUNT, MIN, MAX and SUM over INT are exact (SUM from
+the 32-bit halves, each an int64 that may wrap, differences taken modulo 2**64). SUM
+over FLOAT is compensated: a cell's values are summed with Knuth's TwoSum from zero in
+position order, and the blocks' pairs are prefix-summed the same way; the prefix is
+re-summed from the oldest live block whenever the storage is compacted. A sum that is
+not finite (an infinite value, or an overflow) makes the answer be computed from the
+range's rows directly, O(range).
+
+Expiry drops whole blocks from the left (the block the horizon falls in stays: its
+retained part is scanned as an edge), amortized O(G) per block: the storage is
+compacted once the dead blocks outnumber the live ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from psoup import kernels
+from psoup.query.model import TS, Source
+from psoup.results.result import Result
+from psoup.stems import halves
+from psoup.stems.data_stem import DataSteM
+from psoup.stems.span import Span
+
+if TYPE_CHECKING:     # aggregates imports this module
+    from psoup.results.aggregates import Aggregator
+
+#: The widest span of GROUP BY keys (max - min + 1) an index by blocks keeps: each key
+#: of the span is a column of every block's cells (at 1,024, as many bytes per block as
+#: AggregateIndex spends on its 1,024 results), so past it the query moves to an
+#: AggregateIndex.
+MAX_SPAN = 1024
+
+_MIN_ROWS = 4
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+#: An edge scan folds its matches into one block: a shift no position reaches.
+_ONE_BLOCK = 62
+
+
+class SpanExceeded(Exception):
+    """New GROUP BY keys would widen an index's span past MAX_SPAN (nothing changed)."""
+
+
+def _int64(value: int) -> int:
+    """`value` wrapped into the int64 range, as numpy's arithmetic would."""
+    return (value + 2**63) % 2**64 - 2**63
+
+
+class _Cells:
+    """The cell arrays of one fold: counts and latest positions (blocks x groups),
+    then per value column its sums (blocks x groups x 2) and MIN and MAX (blocks x
+    groups), an array without rows for what is not kept."""
+
+    def __init__(self, rows: int, width: int, columns: dict[str, tuple[np.dtype, bool,
+                                                                       tuple[str, ...]]]):
+        self.count = np.zeros((rows, width), np.int64)
+        self.last = np.full((rows, width), -1, np.int64)
+        self.sums: dict[str, np.ndarray] = {}
+        self.mins: dict[str, np.ndarray] = {}
+        self.maxs: dict[str, np.ndarray] = {}
+        for name, (dtype, summed, ops) in columns.items():
+            if summed:
+                self.sums[name] = np.zeros((rows, width, 2), dtype)
+            if "min" in ops:
+                self.mins[name] = np.full((rows, width), _top(dtype), dtype)
+            if "max" in ops:
+                self.maxs[name] = np.full((rows, width), _bottom(dtype), dtype)
+
+    def arrays(self) -> list[np.ndarray]:
+        return [self.count, self.last, *self.sums.values(), *self.mins.values(),
+                *self.maxs.values()]
+
+    def fold(self, stem: DataSteM, positions: np.ndarray, key: str | None, lo: int,
+             log_b: int, b_first: int,
+             columns: dict[str, tuple[np.dtype, bool, tuple[str, ...]]]) -> None:
+        """`DataSteM.fold_blocks` of `positions` into these cells: the counts with the
+        first column's values, then one pass per further column."""
+        counted = False
+        for name, (dtype, _, _) in columns.items():
+            empty2, empty3 = np.empty((0, 0), dtype), np.empty((0, 0, 2), dtype)
+            count, last = (self.count, self.last) if not counted else \
+                (np.empty((0, 0), np.int64), np.empty((0, 0), np.int64))
+            counted = True
+            stem.fold_blocks(positions, key, lo, name, log_b, b_first,
+                             (count, last, self.sums.get(name, empty3),
+                              self.mins.get(name, empty2), self.maxs.get(name, empty2)))
+        if not counted:
+            empty2, empty3 = np.empty((0, 0)), np.empty((0, 0, 2))
+            stem.fold_blocks(positions, key, lo, None, log_b, b_first,
+                             (self.count, self.last, empty3, empty2, empty2))
+
+
+def _top(dtype: np.dtype) -> int | float:
+    return math.inf if dtype.kind == "f" else _INT_MAX
+
+
+def _bottom(dtype: np.dtype) -> int | float:
+    return -math.inf if dtype.kind == "f" else _INT_MIN
+
+
+class BlockIndex:
+    """The aggregates of one single-source aggregated query by blocks of positions
+    (see the module docstring): the same `answer(p0, p1)` as AggregateIndex.
+
+    Storage row r holds block b0 + r; rows [first, rows) are live. Memory: O(blocks x
+    span) cells; fold O(matches) plus O(span) per block touched; answer O(span x
+    (1 + blocks in range)) plus two edge probes of at most a block each.
+
+    Example:
+        >>> import psoup
+        >>> eng = psoup.Engine(chunk_rows=4)
+        >>> eng.execute("CREATE STREAM R (g INT, a INT)")
+        >>> eng.insert("R", [(i % 2, i) for i in range(10)], ts=[float(i) for i in range(10)])
+        >>> h = eng.register("SELECT g, COUNT(*), SUM(a) FROM R WHERE a > 2 GROUP BY g")
+        >>> eng.invoke(h, now=9.0).rows
+        [(0, 3, 18), (1, 4, 24)]
+    """
+
+    def __init__(self, aggregator: Aggregator, stem: DataSteM, source: Source):
+        self.aggregator = aggregator
+        #: the stream read for edges and ts (rebound from a scan's copy to the stream)
+        self.stem = stem
+        self.source = source
+        self.key: str | None = aggregator.group_by[0][1] if aggregator.group_by else None
+        kept: dict[str, tuple[np.dtype, bool, tuple[str, ...]]] = {}
+        for column in aggregator.needed:
+            summed = column in aggregator.sums
+            ops = aggregator.extremes.get(column, ())
+            if summed or ops:
+                kept[column[1]] = (stem.dtype(column[1]), summed, tuple(ops))
+        self.columns = kept
+        self.log_b = stem.log_block
+        self.lo = 0                                 # the key of group column 0
+        self.width = 0 if self.key is not None else 1   # group columns in use
+        self.b0 = 0                                 # the block of storage row 0
+        self.rows = 0                               # storage rows in use
+        self.first = 0                              # the first live storage row
+        self.horizon = 0
+        self._cells = _Cells(_MIN_ROWS, max(self.width, 1), kept)
+        self._pcount = np.zeros((_MIN_ROWS + 1, max(self.width, 1)), np.int64)
+        self._psums = {name: np.zeros((_MIN_ROWS + 1, max(self.width, 1), 2), a.dtype)
+                       for name, a in self._cells.sums.items()}
+
+    @staticmethod
+    def fits(aggregator: Aggregator, stem: DataSteM) -> bool:
+        """Whether an aggregated query can be kept by blocks over `stem`: at most one
+        GROUP BY column, an INT one, and SUM, AVG, MIN and MAX over 8-byte INT or FLOAT
+        columns."""
+        if len(aggregator.group_by) > 1:
+            return False
+        names = [c[1] for c in aggregator.group_by]
+        if names and stem.dtype(names[0]).kind != "i":
+            return False
+        names += [c[1] for c in aggregator.needed if c in aggregator.sums
+                  or c in aggregator.extremes]
+        return stem.wide_dtypes(names) is not None
+
+    # ------------------------------------------------------------------ writes
+
+    def fold(self, positions: np.ndarray) -> None:
+        """Add the matches at sorted `positions` (retained, above every earlier one).
+        O(n) for n matches, in parts on the cores for a long run (psoup.stems.halves),
+        plus O(span) per block touched. Raises SpanExceeded, changing nothing, when
+        their keys would widen the span past MAX_SPAN."""
+        n = len(positions)
+        if not n:
+            return
+        lo, width = self._span_with(positions)
+        first_block = int(positions[0]) >> self.log_b
+        last_block = int(positions[-1]) >> self.log_b
+        if self.rows == 0:
+            self.b0, self.first = first_block, 0
+        self._make_room(last_block - self.b0 + 1, lo, width)
+        touched = max(min(first_block - self.b0, self.rows), self.first)
+        self.rows = max(self.rows, last_block - self.b0 + 1)
+        parts = self._parts(positions)
+        cells, columns = self._cells, self.columns
+        halves.each(lambda ab: cells.fold(self.stem, positions[ab[0]:ab[1]], self.key,
+                                          self.lo, self.log_b, self.b0, columns), parts)
+        self._prefix_from(touched)
+
+    def expire(self, horizon: int) -> None:
+        """Forget the blocks wholly below `horizon`: O(1), and a compaction, O(live
+        blocks x span), once the dead blocks outnumber the live ones."""
+        if horizon <= self.horizon:
+            return
+        self.horizon = horizon
+        dead = min((horizon >> self.log_b) - self.b0, self.rows)
+        if dead <= self.first:
+            return
+        self.first = dead
+        if self.first == self.rows:         # nothing live: start over at the next fold
+            self.b0 += self.rows
+            self.rows = self.first = 0
+            self._reset(len(self._pcount) - 1, self._cells.count.shape[1])
+        elif self.first > self.rows - self.first:
+            self._relocate(len(self._pcount) - 1, self._cells.count.shape[1], 0)
+
+    def _span_with(self, positions: np.ndarray) -> tuple[int, int]:
+        """(lo, width) of the group columns once the keys at `positions` are in."""
+        if self.key is None:
+            return 0, 1
+        low, high = self.stem.key_range(self.key, positions)
+        if self.width:
+            low, high = min(low, self.lo), max(high, self.lo + self.width - 1)
+        if high - low + 1 > MAX_SPAN:
+            raise SpanExceeded(f"GROUP BY {self.key} keys span {low}..{high}, more than "
+                               f"{MAX_SPAN} values")
+        return low, high - low + 1
+
+    def _make_room(self, rows: int, lo: int, width: int) -> None:
+        """Storage for `rows` rows (from the current b0) and group columns lo .. lo +
+        width - 1: moved to a larger one (twice what is needed) when either does not
+        fit or lo moved down; O(1) when both fit."""
+        shift = self.lo - lo if self.width else 0          # >= 0: lo only moves down
+        capacity, columns = len(self._pcount) - 1, self._cells.count.shape[1]
+        if rows <= capacity and width <= columns and not shift:
+            self.lo, self.width = lo, width
+            return
+        live = rows - self.first
+        self._relocate(max(2 * live, _MIN_ROWS) if rows > capacity else capacity,
+                       max(2 * width, columns) if width > columns else columns, shift)
+        self.lo, self.width = lo, width
+
+    def _relocate(self, capacity: int, columns: int, shift: int) -> None:
+        """Move the live rows to fresh storage of `capacity` rows and `columns` group
+        columns, row `first` to row 0, group column g to g + shift; then re-sum the
+        prefixes from zero. O(live rows x columns)."""
+        old, first, live = self._cells, self.first, self.rows - self.first
+        self._reset(max(capacity, live), columns)
+        width = self.width
+        new = self._cells
+        for a, b in zip(old.arrays(), new.arrays(), strict=True):
+            b[:live, shift:shift + width] = a[first:self.rows, :width]
+        self.b0 += first
+        self.rows, self.first = live, 0
+        self._prefix_from(0)
+
+    def _reset(self, capacity: int, columns: int) -> None:
+        self._cells = _Cells(capacity, columns, self.columns)
+        self._pcount = np.zeros((capacity + 1, columns), np.int64)
+        self._psums = {name: np.zeros((capacity + 1, columns, 2), a.dtype)
+                       for name, a in self._cells.sums.items()}
+
+    def _prefix_from(self, r: int) -> None:
+        """Prefix rows r + 1 .. rows from row r (row `first` is zero). O((rows - r) x
+        columns)."""
+        if r == self.first:
+            self._pcount[r] = 0
+            for prefix in self._psums.values():
+                prefix[r] = 0
+        stop = self.rows
+        if stop <= r:
+            return
+        np.cumsum(self._cells.count[r:stop], axis=0, out=self._pcount[r + 1:stop + 1])
+        self._pcount[r + 1:stop + 1] += self._pcount[r]
+        for name, sums in self._cells.sums.items():
+            prefix = self._psums[name]
+            if sums.dtype.kind == "f":
+                kernels.block_prefix(sums[r:stop], prefix[r], prefix[r + 1:stop + 1])
+            else:
+                np.cumsum(sums[r:stop], axis=0, out=prefix[r + 1:stop + 1])
+                prefix[r + 1:stop + 1] += prefix[r]
+
+    def _parts(self, positions: np.ndarray) -> list[tuple[int, int]]:
+        """`halves.split` of `positions`, each cut moved to a block's start, so that no
+        two parts write one block's cells."""
+        parts = halves.split(positions)
+        if len(parts) == 1:
+            return parts
+        cuts = [0]
+        for a, _ in parts[1:]:
+            start = ((int(positions[a]) >> self.log_b) + 1) << self.log_b
+            cuts.append(max(cuts[-1], int(np.searchsorted(positions, start))))
+        cuts.append(len(positions))
+        return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+
+    # ------------------------------------------------------------------ reads
+
+    def answer(self, p0: int, p1: int) -> Result:
+        """The aggregates over the matches at positions [p0, p1), one row per group in
+        key order (as AggregateIndex.answer)."""
+        stem = self.stem
+        p0, p1 = max(p0, self.horizon, stem.horizon), min(p1, stem.n)
+        if p1 <= p0 or self.rows <= self.first:     # no match is kept: none is there
+            return self.aggregator._result([], [], {}, {}, np.empty(0))
+        size = 1 << self.log_b
+        b_lo = -(-p0 // size)
+        b_hi = p1 // size if p1 < stem.n else -(-p1 // size)
+        r_lo, r_hi = b_lo - self.b0, min(b_hi - self.b0, self.rows)
+        if r_lo < self.first or r_hi <= r_lo:
+            return self._result(*self._direct(p0, p1))
+        edges = [(p0, (self.b0 + r_lo) * size)]
+        if b_hi - self.b0 <= self.rows:     # past the last stored block: no matches
+            edges.append(((self.b0 + r_hi) * size, p1))
+        middle = self._middle(r_lo, r_hi)
+        if middle is None:                  # a sum that is not finite: the rows, then
+            return self._result(*self._direct(p0, p1))
+        for a, b in edges:
+            if b > a:
+                _join(middle, self._direct(a, b)[0])
+        return self._result(middle)
+
+    def _middle(self, r_lo: int, r_hi: int) -> dict[str, Any] | None:
+        """The totals of storage rows [r_lo, r_hi) per group column; None when a FLOAT
+        sum is not finite."""
+        w = self.width
+        cells = self._cells
+        totals: dict[str, Any] = {
+            "count": (self._pcount[r_hi, :w] - self._pcount[r_lo, :w]),
+            "last": cells.last[r_lo:r_hi, :w].max(axis=0)}
+        for name, prefix in self._psums.items():
+            diff = prefix[r_hi, :w] - prefix[r_lo, :w]
+            if prefix.dtype.kind == "f":
+                with np.errstate(invalid="ignore", over="ignore"):
+                    total = diff[:, 0] + diff[:, 1]
+                if not np.isfinite(total[totals["count"] > 0]).all():
+                    return None
+                totals["sum:" + name] = total.tolist()
+            else:
+                totals["sum:" + name] = [(_int64(h) << 32) + _int64(low)
+                                         for h, low in diff.tolist()]
+        for name, mins in cells.mins.items():
+            totals["min:" + name] = mins[r_lo:r_hi, :w].min(axis=0)
+        for name, maxs in cells.maxs.items():
+            totals["max:" + name] = maxs[r_lo:r_hi, :w].max(axis=0)
+        return totals
+
+    def _direct(self, a: int, b: int) -> tuple[dict[str, Any]]:
+        """The totals of the matches at positions [a, b), found by probing the stream
+        there and folded into one block. O(b - a)."""
+        w = max(self.width, 1)
+        cells = _Cells(1, w, self.columns)
+        positions = self.stem.probe(self.source, Span.range(a, b)) if b > a else \
+            np.empty(0, np.int64)
+        cells.fold(self.stem, positions, self.key, self.lo, _ONE_BLOCK, 0, self.columns)
+        totals: dict[str, Any] = {"count": cells.count[0], "last": cells.last[0]}
+        for name, sums in cells.sums.items():
+            if sums.dtype.kind == "f":
+                with np.errstate(invalid="ignore", over="ignore"):
+                    total = sums[0, :, 0] + sums[0, :, 1]
+                if not np.isfinite(total[cells.count[0] > 0]).all():
+                    total = _plain_sums(self.stem, positions, name, self.key, self.lo, w)
+                totals["sum:" + name] = total.tolist()
+            else:
+                totals["sum:" + name] = [(h << 32) + low for h, low in sums[0].tolist()]
+        for name, mins in cells.mins.items():
+            totals["min:" + name] = mins[0]
+        for name, maxs in cells.maxs.items():
+            totals["max:" + name] = maxs[0]
+        return (totals,)
+
+    def _result(self, totals: dict[str, Any]) -> Result:
+        """Rows from per-group-column totals: the groups with matches, in key order."""
+        agg = self.aggregator
+        present = np.flatnonzero(totals["count"])
+        if not len(present):
+            return agg._result([], [], {}, {}, np.empty(0))
+        keys = [(int(self.lo + g),) for g in present.tolist()] if self.key is not None \
+            else [()]
+        picked = present.tolist()
+        sums = {c: [totals["sum:" + c[1]][g] for g in picked] for c in agg.sums}
+        extremes = {(c, op): totals[f"{op}:{c[1]}"][present].tolist()
+                    for c, ops in agg.extremes.items() for op in ops}
+        latest = totals["last"][present]
+        ts = self.stem.take([TS], latest, any_order=True)[TS] if len(latest) > 16 else \
+            np.array([self.stem.ts_at(p) for p in latest.tolist()], np.float64)
+        return agg._result(keys, totals["count"][present].tolist(), sums, extremes,
+                           np.asarray(ts, np.float64))
+
+    # ------------------------------------------------------------------ accounting
+
+    def __len__(self) -> int:
+        """The matches counted in the live blocks (the horizon's block whole)."""
+        return int((self._pcount[self.rows] - self._pcount[self.first]).sum()) \
+            if self.rows > self.first else 0
+
+    def nbytes(self) -> int:
+        return (sum(a.nbytes for a in self._cells.arrays()) + self._pcount.nbytes
+                + sum(a.nbytes for a in self._psums.values()))
+
+    def _check(self) -> None:
+        """The invariants: bounds, every cell's count and latest position agreeing, and
+        the prefix rows the running totals of the live rows."""
+        cells, w = self._cells, self.width
+        assert 0 <= self.first <= self.rows <= len(self._pcount) - 1
+        assert w <= cells.count.shape[1] and (self.key is not None or w == 1)
+        assert w <= MAX_SPAN
+        live = slice(self.first, self.rows)
+        count, last = cells.count[live], cells.last[live]
+        assert (count >= 0).all() and ((count == 0) == (last == -1)).all()
+        size = 1 << self.log_b
+        blocks = (np.arange(self.first, self.rows) + self.b0)[:, None]
+        held = last >= 0
+        assert ((last >> self.log_b == blocks) | ~held).all(), "a latest outside its block"
+        assert not cells.count[:, w:].any(), "counts beyond the span"
+        assert size >= 1
+        want = np.cumsum(count, axis=0)
+        assert np.array_equal(self._pcount[self.first + 1:self.rows + 1] -
+                              self._pcount[self.first], want)
+        for name, sums in cells.sums.items():
+            prefix = self._psums[name][self.first:self.rows + 1]
+            if sums.dtype.kind == "i":
+                assert np.array_equal(prefix[1:] - prefix[0], np.cumsum(sums[live], axis=0))
+            else:
+                again = np.empty_like(prefix[1:])
+                kernels.block_prefix(np.ascontiguousarray(sums[live]), prefix[0], again)
+                assert np.array_equal(again, prefix[1:], equal_nan=True)
+
+
+def _join(into: dict[str, Any], edge: dict[str, Any]) -> None:
+    """Add an edge's totals to the middle's (a later edge's latest wins by max)."""
+    into["count"] = into["count"] + edge["count"]
+    into["last"] = np.maximum(into["last"], edge["last"])
+    for name, values in edge.items():
+        if name.startswith("sum:"):
+            into[name] = [a + b for a, b in zip(into[name], values, strict=True)]
+        elif name.startswith("min:"):
+            into[name] = np.minimum(into[name], values)
+        elif name.startswith("max:"):
+            into[name] = np.maximum(into[name], values)
+
+
+def _plain_sums(stem: DataSteM, positions: np.ndarray, column: str, key: str | None,
+                lo: int, width: int) -> np.ndarray:
+    """Per group column, the plain float64 sum of `column` at `positions` (what a sum
+    that is not finite comes to: inf, -inf or nan, as numpy sums them)."""
+    names: Sequence[str] = [column] if key is None else [column, key]
+    got = stem.take(names, positions)
+    groups = np.zeros(len(positions), np.int64) if key is None else got[key] - lo
+    out = np.zeros(width)
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.add.at(out, groups, got[column].astype(np.float64))
+    return out
