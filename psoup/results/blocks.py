@@ -347,13 +347,15 @@ class BlockIndex:
             "count": (self._pcount[r_hi, :w] - self._pcount[r_lo, :w]),
             "last": cells.last[r_lo:r_hi, :w].max(axis=0)}
         for name, prefix in self._psums.items():
-            diff = prefix[r_hi, :w] - prefix[r_lo, :w]
+            with np.errstate(invalid="ignore", over="ignore"):
+                diff = prefix[r_hi, :w] - prefix[r_lo, :w]
+                total = diff[:, 0] + diff[:, 1]
             if prefix.dtype.kind == "f":
-                with np.errstate(invalid="ignore", over="ignore"):
-                    total = diff[:, 0] + diff[:, 1]
-                if not np.isfinite(total[totals["count"] > 0]).all():
+                held = totals["count"] > 0
+                if not np.isfinite(total[held]).all():
                     return None
-                totals["sum:" + name] = total.tolist()
+                # a group without matches here sums to 0, not to inf - inf
+                totals["sum:" + name] = np.where(held, total, 0.0).tolist()
             else:
                 totals["sum:" + name] = [(_int64(h) << 32) + _int64(low)
                                          for h, low in diff.tolist()]
