@@ -1279,12 +1279,18 @@ def _fold_keyed(positions: NDArray[np.int64], i: int, j: int, base: int,
                 keys: NDArray[np.int64], lo: int, values: Any, b: int, counting: bool,
                 summing: bool, low: bool, high: bool, local: NDArray[np.int64],
                 latest: NDArray[np.int64], s: Any, e: Any, mins: Any,
-                maxs: Any) -> None:  # pragma: no cover - compiled
-    """`block_fold` of positions[i:j], one block's, into the per-group running values."""
+                maxs: Any) -> int:  # pragma: no cover - compiled
+    """`block_fold` of positions[i:j], one block's, into the per-group running values;
+    returns how many had a key outside the groups (left out)."""
+    groups = np.uint64(len(local))
+    outside = 0
     for t in range(i, j):
         p = positions[t]
         r = p - base
         g = keys[r] - lo
+        if np.uint64(g) >= groups:
+            outside += 1
+            continue
         local[g] += 1
         latest[g] = p
         if summing or low or high:
@@ -1295,6 +1301,7 @@ def _fold_keyed(positions: NDArray[np.int64], i: int, j: int, base: int,
                 mins[b, g] = v
             if high and v > maxs[b, g]:
                 maxs[b, g] = v
+    return outside
 
 
 @_njit(cache=True, nogil=True, boundscheck=False, inline="always")
@@ -1330,18 +1337,22 @@ def _fold_one(positions: NDArray[np.int64], i: int, j: int, base: int, values: A
 @_njit(cache=True, nogil=True, boundscheck=False)
 def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
                 positions: NDArray[np.int64], key_row: int, lo: int,
-                value_row: int, log_b: int, b_first: int,
+                value_row: int, log_b: int, b_first: int, groups: int,
                 counts: NDArray[np.int64], last: NDArray[np.int64], sums: Any,
-                mins: Any, maxs: Any) -> None:  # pragma: no cover - compiled
-    """Fold the tuples at sorted `positions` into per-block, per-group cells: the
-    block of position p is (p >> log_b) - b_first (a block across chunks is folded
-    chunk by chunk, its cells flushed after each), its
-    group k - lo for its value k of INT block row `key_row` (group 0 for all when
-    key_row < 0; the caller has made room for every group). A cell array with no rows
-    is skipped: counts[b, g] += 1 and last[b, g] = p (the latest position); with the
-    value v of block row `value_row`, read as the dtype of `sums`, `mins` and `maxs`
-    (all float64 or all int64): sums[b, g] += v, mins[b, g] / maxs[b, g] lowered /
-    raised to v.
+                mins: Any, maxs: Any) -> int:  # pragma: no cover - compiled
+    """Fold the tuples at sorted `positions` into per-block, per-group cells and return
+    how many were left out.
+
+    The block of position p is (p >> log_b) - b_first (a block across chunks is folded
+    chunk by chunk, its cells flushed after each); its group k - lo for its value k of
+    INT block row `key_row` (group 0 for all when key_row < 0). A tuple whose group is
+    not one of the first `groups` columns of the cells is left out and counted (0 when
+    the caller's guess of the keys' range held).
+
+    A cell array with no rows is skipped: counts[b, g] += 1 and last[b, g] = p (the
+    latest position); with the value v of block row `value_row`, read as the dtype of
+    `sums`, `mins` and `maxs` (all float64 or all int64): sums[b, g] += v, mins[b, g] /
+    maxs[b, g] lowered / raised to v.
 
     Sums: FLOAT a pair, the float64 running sum and the running sum of each step's
     TwoSum error; INT the sums of v >> 32 and of v & (2**32 - 1), int64s that may
@@ -1356,11 +1367,11 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
     low = mins.shape[0] > 0
     high = maxs.shape[0] > 0
     keyed = key_row >= 0
-    groups = max(counts.shape[1], sums.shape[1], mins.shape[1], maxs.shape[1])
     local = np.zeros(groups, np.int64)
     latest = np.zeros(groups, np.int64)
     s = np.zeros(groups, sums.dtype)
     e = np.zeros(groups, sums.dtype)
+    outside = 0
     i = 0
     while i < n:
         c = positions[i] // cap
@@ -1374,14 +1385,16 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
             j = i + np.searchsorted(positions[i:end], min((b + b_first + 1) << log_b,
                                                           base + cap))
             if keyed:
-                _fold_keyed(positions, i, j, base, keys, lo, values, b, counting, summing,
-                            low, high, local, latest, s, e, mins, maxs)
+                outside += _fold_keyed(positions, i, j, base, keys, lo, values, b, counting,
+                                       summing, low, high, local, latest, s, e, mins, maxs)
             else:
                 _fold_one(positions, i, j, base, values, b, counting, summing, low, high,
                           local, latest, s, e, mins, maxs)
             i = j
             _flush_block(b, groups, counting, summing, counts, local, last, latest, sums,
                          s, e)
+    return outside
+
 
 @_njit(cache=True, nogil=True, boundscheck=False)
 def block_prefix(sums: NDArray[np.float64], start: NDArray[np.float64],
@@ -1432,5 +1445,5 @@ chunk_scatter = cast("Callable[[Handle, int, int, NDArray[np.int64], NDArray[np.
                      "NDArray[np.int64], int, NDArray[np.int64], NDArray[np.int64], "
                      "NDArray[np.uint64]], None]", _chunk_scatter)
 block_fold = cast("Callable[[Handle, int, int, NDArray[np.int64], int, int, "
-                  "int, int, int, NDArray[np.int64], NDArray[np.int64], NDArray[Any], "
-                  "NDArray[Any], NDArray[Any]], None]", _block_fold)
+                  "int, int, int, int, NDArray[np.int64], NDArray[np.int64], NDArray[Any], "
+                  "NDArray[Any], NDArray[Any]], int]", _block_fold)

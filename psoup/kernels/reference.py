@@ -423,11 +423,12 @@ def float_prefix(values: NDArray[np.float64], s0: float, e0: float,
 
 def block_fold(blocks: Handle, k_first: int, cap: int, positions: NDArray[np.int64],
                key_row: int, lo: int, value_row: int, log_b: int, b_first: int,
-               counts: NDArray[np.int64], last: NDArray[np.int64], sums: NDArray[Any],
-               mins: NDArray[Any], maxs: NDArray[Any]) -> None:
+               groups: int, counts: NDArray[np.int64], last: NDArray[np.int64],
+               sums: NDArray[Any], mins: NDArray[Any], maxs: NDArray[Any]) -> int:
     """The tuples at sorted `positions` folded into cells [block, group]: block
     (p >> log_b) - b_first, group k - lo for the INT value k of block row `key_row`
-    (0 without one). Skipping the cell arrays without rows: counts += the cell's
+    (0 without one); those whose group is not one of the first `groups` columns are
+    left out, and their number returned. Skipping the cell arrays without rows: counts += the cell's
     rows, last = its latest position, sums += the sum of its values of block row
     `value_row` (read as sums' dtype; FLOAT a compensated pair summed from (0, 0) in
     position order, chunk by chunk, each chunk's then added to the cell's by one TwoSum
@@ -435,22 +436,31 @@ def block_fold(blocks: Handle, k_first: int, cap: int, positions: NDArray[np.int
     and a loop over the chunks and the cells a FLOAT sum touches."""
     n = len(positions)
     if not n:
-        return
+        return 0
     got = np.empty((2, n), np.uint64)
     chunk_gather(blocks, k_first, cap, np.array([max(key_row, 0), max(value_row, 0)], np.int64),
                  positions, got)
+    outside = 0
+    if key_row >= 0:
+        at = got[0].view(np.int64) - np.int64(lo)        # wraps as the compiled kernel's
+        inside = at.view(np.uint64) < np.uint64(groups)
+        outside = int(n - np.count_nonzero(inside))
+        positions, got = positions[inside], got[:, inside]
+    if not len(positions):
+        return outside
     starts = np.flatnonzero(np.r_[True, np.diff(positions // cap) != 0]).tolist()
-    for a, b in zip(starts, [*starts[1:], n], strict=True):
+    for a, b in zip(starts, [*starts[1:], len(positions)], strict=True):
         _fold_chunk(positions[a:b], got[:, a:b], key_row >= 0, lo, log_b, b_first,
-                    counts, last, sums, mins, maxs)
+                    groups, counts, last, sums, mins, maxs)
+    return outside
 
 
 def _fold_chunk(positions: NDArray[np.int64], got: NDArray[np.uint64], keyed: bool, lo: int,
-                log_b: int, b_first: int, counts: NDArray[np.int64], last: NDArray[np.int64],
-                sums: NDArray[Any], mins: NDArray[Any], maxs: NDArray[Any]) -> None:
+                log_b: int, b_first: int, groups: int, counts: NDArray[np.int64],
+                last: NDArray[np.int64], sums: NDArray[Any], mins: NDArray[Any],
+                maxs: NDArray[Any]) -> None:
     """`block_fold` of one chunk's positions, their key and value words in `got`."""
     n = len(positions)
-    groups = max(counts.shape[1], sums.shape[1], mins.shape[1], maxs.shape[1])
     g = got[0].view(np.int64) - np.int64(lo) if keyed else np.zeros(n, np.int64)
     cells = ((positions >> log_b) - b_first) * groups + g
     order = np.argsort(cells, kind="stable")

@@ -69,6 +69,8 @@ if TYPE_CHECKING:     # aggregates imports this module
 MAX_SPAN = 1024
 
 _MIN_ROWS = 4
+#: The first keys' span is guessed from this many first matches (`BlockIndex.fold`).
+_SAMPLE = 4096
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 #: An edge scan folds its matches into one block: a shift no position reaches.
 _ONE_BLOCK = 62
@@ -108,23 +110,27 @@ class _Cells:
                 *self.maxs.values()]
 
     def fold(self, stem: DataSteM, positions: np.ndarray, key: str | None, lo: int,
-             log_b: int, b_first: int,
-             columns: dict[str, tuple[np.dtype, bool, tuple[str, ...]]]) -> None:
+             groups: int, log_b: int, b_first: int,
+             columns: dict[str, tuple[np.dtype, bool, tuple[str, ...]]]) -> int:
         """`DataSteM.fold_blocks` of `positions` into these cells: the counts with the
-        first column's values, then one pass per further column."""
+        first column's values, then one pass per further column. Returns how many
+        positions had a key outside the cells' groups (left out)."""
         counted = False
+        outside = 0
         for name, (dtype, _, _) in columns.items():
             empty2, empty3 = np.empty((0, 0), dtype), np.empty((0, 0, 2), dtype)
             count, last = (self.count, self.last) if not counted else \
                 (np.empty((0, 0), np.int64), np.empty((0, 0), np.int64))
             counted = True
-            stem.fold_blocks(positions, key, lo, name, log_b, b_first,
-                             (count, last, self.sums.get(name, empty3),
-                              self.mins.get(name, empty2), self.maxs.get(name, empty2)))
+            outside = stem.fold_blocks(positions, key, lo, groups, name, log_b, b_first,
+                                       (count, last, self.sums.get(name, empty3),
+                                        self.mins.get(name, empty2),
+                                        self.maxs.get(name, empty2)))
         if not counted:
             empty2, empty3 = np.empty((0, 0)), np.empty((0, 0, 2))
-            stem.fold_blocks(positions, key, lo, None, log_b, b_first,
-                             (self.count, self.last, empty3, empty2, empty2))
+            outside = stem.fold_blocks(positions, key, lo, groups, None, log_b, b_first,
+                                       (self.count, self.last, empty3, empty2, empty2))
+        return outside
 
 
 def _top(dtype: np.dtype) -> int | float:
@@ -197,24 +203,50 @@ class BlockIndex:
     def fold(self, positions: np.ndarray) -> None:
         """Add the matches at sorted `positions` (retained, above every earlier one).
         O(n) for n matches, in parts on the cores for a long run (psoup.stems.halves),
-        plus O(span) per block touched. Raises SpanExceeded, changing nothing, when
-        their keys would widen the span past MAX_SPAN."""
+        plus O(span) per block touched. The first keys' span is guessed from the first
+        _SAMPLE matches; keys outside the span widen it (a second pass over just
+        those). Raises SpanExceeded when the keys would span more than MAX_SPAN: the
+        index is then left part-way, for the caller to drop."""
         n = len(positions)
         if not n:
             return
-        lo, width = self._span_with(positions)
+        if self.key is not None and not self.width:
+            low, high = self.stem.key_range(self.key, positions[:_SAMPLE])
+            lo, width = self._within(low, high)
+        else:
+            lo, width = self.lo, self.width
         first_block = int(positions[0]) >> self.log_b
         last_block = int(positions[-1]) >> self.log_b
         if self.rows == 0:
             self.b0, self.first = first_block, 0
+        end = self.b0 + self.rows               # the first block not stored before
         self._make_room(last_block - self.b0 + 1, lo, width)
-        touched = max(min(first_block - self.b0, self.rows), self.first)
         self.rows = max(self.rows, last_block - self.b0 + 1)
-        parts = self._parts(positions)
+        if self._fold_parts(positions) and self.key is not None:
+            keys = self.stem.take([self.key], positions)[self.key]
+            out = (keys < self.lo) | (keys >= self.lo + self.width)
+            low = min(self.lo, int(keys[out].min()))
+            high = max(self.lo + self.width - 1, int(keys[out].max()))
+            lo, width = self._within(low, high)
+            self._make_room(last_block - self.b0 + 1, lo, width)
+            left = self._fold_parts(positions[out])
+            assert not left, "every key is inside the widened span"
+        self._prefix_from(max(min(first_block, end) - self.b0, self.first))
+
+    def _fold_parts(self, positions: np.ndarray) -> int:
+        """`_Cells.fold` of `positions` in parts, each on a thread; the number of them
+        whose key lay outside the span (left out)."""
         cells, columns = self._cells, self.columns
-        halves.each(lambda ab: cells.fold(self.stem, positions[ab[0]:ab[1]], self.key,
-                                          self.lo, self.log_b, self.b0, columns), parts)
-        self._prefix_from(touched)
+        return sum(halves.each(lambda ab: cells.fold(
+            self.stem, positions[ab[0]:ab[1]], self.key, self.lo, self.width, self.log_b,
+            self.b0, columns), self._parts(positions)))
+
+    def _within(self, low: int, high: int) -> tuple[int, int]:
+        """(lo, width) of keys low..high, or SpanExceeded past MAX_SPAN."""
+        if high - low + 1 > MAX_SPAN:
+            raise SpanExceeded(f"GROUP BY {self.key} keys span {low}..{high}, more than "
+                               f"{MAX_SPAN} values")
+        return low, high - low + 1
 
     def expire(self, horizon: int) -> None:
         """Forget the blocks wholly below `horizon`: O(1), and a compaction, O(live
@@ -232,18 +264,6 @@ class BlockIndex:
             self._reset(len(self._pcount) - 1, self._cells.count.shape[1])
         elif self.first > self.rows - self.first:
             self._relocate(len(self._pcount) - 1, self._cells.count.shape[1], 0)
-
-    def _span_with(self, positions: np.ndarray) -> tuple[int, int]:
-        """(lo, width) of the group columns once the keys at `positions` are in."""
-        if self.key is None:
-            return 0, 1
-        low, high = self.stem.key_range(self.key, positions)
-        if self.width:
-            low, high = min(low, self.lo), max(high, self.lo + self.width - 1)
-        if high - low + 1 > MAX_SPAN:
-            raise SpanExceeded(f"GROUP BY {self.key} keys span {low}..{high}, more than "
-                               f"{MAX_SPAN} values")
-        return low, high - low + 1
 
     def _make_room(self, rows: int, lo: int, width: int) -> None:
         """Storage for `rows` rows (from the current b0) and group columns lo .. lo +
@@ -372,7 +392,7 @@ class BlockIndex:
         cells = _Cells(1, w, self.columns)
         positions = self.stem.probe(self.source, Span.range(a, b)) if b > a else \
             np.empty(0, np.int64)
-        cells.fold(self.stem, positions, self.key, self.lo, _ONE_BLOCK, 0, self.columns)
+        cells.fold(self.stem, positions, self.key, self.lo, w, _ONE_BLOCK, 0, self.columns)
         totals: dict[str, Any] = {"count": cells.count[0], "last": cells.last[0]}
         for name, sums in cells.sums.items():
             if sums.dtype.kind == "f":

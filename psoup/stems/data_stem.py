@@ -455,17 +455,18 @@ class DataSteM:
         of two dividing chunk_rows, at most 2**10)."""
         return min(10, (self.chunk_rows & -self.chunk_rows).bit_length() - 1)
 
-    def fold_blocks(self, positions: np.ndarray, key: str | None, lo: int,
+    def fold_blocks(self, positions: np.ndarray, key: str | None, lo: int, groups: int,
                     column: str | None, log_b: int, b_first: int, cells: Sequence[Any]
-                    ) -> None:
+                    ) -> int:
         """`kernels.block_fold` of the sorted retained `positions` into `cells`
         (counts, last, sums, mins, maxs), grouped by INT column `key` (less `lo`; none:
-        one group), the values those of `column`, read in place. O(len(positions))."""
-        kernels.block_fold(self._block_list()[0].handle, self._chunk0, self.chunk_rows,
+        one group), the values those of `column`, read in place; returns how many had
+        a key outside lo .. lo + groups - 1 (left out). O(len(positions))."""
+        return kernels.block_fold(self._block_list()[0].handle, self._chunk0, self.chunk_rows,
                            np.ascontiguousarray(positions, np.int64),
                            -1 if key is None else self._wide[key], lo,
                            -1 if column is None else self._wide[column], log_b, b_first,
-                           *cells)
+                           groups, *cells)
 
     def scatter(self, names: Sequence[str], positions: np.ndarray, cursors: np.ndarray,
                 dst: np.ndarray, *, key: str | None, keys: np.ndarray, lo: int,
