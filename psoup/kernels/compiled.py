@@ -1260,7 +1260,7 @@ def _flush_block(b: int, groups: int, counting: bool, summing: bool,
             continue
         if counting:
             counts[b, g] += local[g]
-            last[b, g] = latest[g]
+            last[b, g] = max(last[b, g], latest[g])
         local[g] = 0
         if summing:
             x = sums[b, g, 0]
@@ -1349,8 +1349,8 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
     not one of the first `groups` columns of the cells is left out and counted (0 when
     the caller's guess of the keys' range held).
 
-    A cell array with no rows is skipped: counts[b, g] += 1 and last[b, g] = p (the
-    latest position); with the value v of block row `value_row`, read as the dtype of
+    A cell array with no rows is skipped: counts[b, g] += 1 and last[b, g] raised to
+    p (the latest position); with the value v of block row `value_row`, read as the dtype of
     `sums`, `mins` and `maxs` (all float64 or all int64): sums[b, g] += v, mins[b, g] /
     maxs[b, g] lowered / raised to v.
 

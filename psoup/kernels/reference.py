@@ -428,12 +428,13 @@ def block_fold(blocks: Handle, k_first: int, cap: int, positions: NDArray[np.int
     """The tuples at sorted `positions` folded into cells [block, group]: block
     (p >> log_b) - b_first, group k - lo for the INT value k of block row `key_row`
     (0 without one); those whose group is not one of the first `groups` columns are
-    left out, and their number returned. Skipping the cell arrays without rows: counts += the cell's
-    rows, last = its latest position, sums += the sum of its values of block row
-    `value_row` (read as sums' dtype; FLOAT a compensated pair summed from (0, 0) in
-    position order, chunk by chunk, each chunk's then added to the cell's by one TwoSum
-    step; INT the sums of the 32-bit halves), mins / maxs lowered / raised. O(n log n)
-    and a loop over the chunks and the cells a FLOAT sum touches."""
+    left out, and their number returned. Skipping the cell arrays without rows:
+    counts += the cell's rows, last raised to its latest position, sums += the sum of
+    its values of block row `value_row` (read as sums' dtype; FLOAT a compensated pair
+    summed from (0, 0) in position order, chunk by chunk, each chunk's then added to
+    the cell's by one TwoSum step; INT the sums of the 32-bit halves), mins / maxs
+    lowered / raised. O(n log n) and a loop over the chunks and the cells a FLOAT sum
+    touches."""
     n = len(positions)
     if not n:
         return 0
@@ -469,7 +470,7 @@ def _fold_chunk(positions: NDArray[np.int64], got: NDArray[np.uint64], keyed: bo
     values = got[1].view(sums.dtype)[order]
     if counts.shape[0]:
         counts[b, g] += sizes
-        last[b, g] = positions[order][starts + sizes - 1]
+        last[b, g] = np.maximum(last[b, g], positions[order][starts + sizes - 1])
     if mins.shape[0]:
         mins[b, g] = np.minimum(mins[b, g], np.minimum.reduceat(values, starts))
     if maxs.shape[0]:

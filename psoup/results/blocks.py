@@ -47,7 +47,6 @@ compacted once the dead blocks outnumber the live ones.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -104,32 +103,45 @@ class _Cells:
                 self.mins[name] = np.full((rows, width), _top(dtype), dtype)
             if "max" in ops:
                 self.maxs[name] = np.full((rows, width), _bottom(dtype), dtype)
+        # the arrays each `fold` pass takes: the counts with the first column only
+        none = np.empty((0, 0), np.int64)
+        self._calls: list[tuple[str | None, tuple[np.ndarray, ...]]] = []
+        for name, (dtype, _, _) in columns.items():
+            empty2, empty3 = np.empty((0, 0), dtype), np.empty((0, 0, 2), dtype)
+            first = not self._calls
+            self._calls.append((name, (self.count if first else none,
+                                       self.last if first else none,
+                                       self.sums.get(name, empty3),
+                                       self.mins.get(name, empty2),
+                                       self.maxs.get(name, empty2))))
+        if not self._calls:
+            self._calls.append((None, (self.count, self.last, np.empty((0, 0, 2)),
+                                       np.empty((0, 0)), np.empty((0, 0)))))
+
+    def clear(self) -> None:
+        """Every cell back to empty."""
+        self.count.fill(0)
+        self.last.fill(-1)
+        for a in self.sums.values():
+            a.fill(0)
+        for a in self.mins.values():
+            a.fill(_top(a.dtype))
+        for a in self.maxs.values():
+            a.fill(_bottom(a.dtype))
 
     def arrays(self) -> list[np.ndarray]:
         return [self.count, self.last, *self.sums.values(), *self.mins.values(),
                 *self.maxs.values()]
 
     def fold(self, stem: DataSteM, positions: np.ndarray, key: str | None, lo: int,
-             groups: int, log_b: int, b_first: int,
-             columns: dict[str, tuple[np.dtype, bool, tuple[str, ...]]]) -> int:
+             groups: int, log_b: int, b_first: int) -> int:
         """`DataSteM.fold_blocks` of `positions` into these cells: the counts with the
         first column's values, then one pass per further column. Returns how many
-        positions had a key outside the cells' groups (left out)."""
-        counted = False
+        positions had a key outside the groups lo .. lo + groups - 1 (left out)."""
         outside = 0
-        for name, (dtype, _, _) in columns.items():
-            empty2, empty3 = np.empty((0, 0), dtype), np.empty((0, 0, 2), dtype)
-            count, last = (self.count, self.last) if not counted else \
-                (np.empty((0, 0), np.int64), np.empty((0, 0), np.int64))
-            counted = True
+        for name, cells in self._calls:
             outside = stem.fold_blocks(positions, key, lo, groups, name, log_b, b_first,
-                                       (count, last, self.sums.get(name, empty3),
-                                        self.mins.get(name, empty2),
-                                        self.maxs.get(name, empty2)))
-        if not counted:
-            empty2, empty3 = np.empty((0, 0)), np.empty((0, 0, 2))
-            outside = stem.fold_blocks(positions, key, lo, groups, None, log_b, b_first,
-                                       (self.count, self.last, empty3, empty2, empty2))
+                                       cells)
         return outside
 
 
@@ -180,6 +192,14 @@ class BlockIndex:
         self.first = 0                              # the first live storage row
         self.horizon = 0
         self._cells = _Cells(_MIN_ROWS, max(self.width, 1), kept)
+        #: one block of cells an edge folds into (as wide as the storage)
+        self._scratch = _Cells(1, max(self.width, 1), kept)
+        #: the factors as one compiled scan's arguments (empty: none, None: a probe)
+        self._scan = stem.interval_args(source)
+        self._found = np.empty(2 << self.log_b, np.int64)
+        # the output columns of a query without GROUP BY, by value column name
+        self._outputs = [(function, c[1]) for function, c in
+                         (o for o in aggregator._outputs if o[0] != "key")]
         self._pcount = np.zeros((_MIN_ROWS + 1, max(self.width, 1)), np.int64)
         self._psums = {name: np.zeros((_MIN_ROWS + 1, max(self.width, 1), 2), a.dtype)
                        for name, a in self._cells.sums.items()}
@@ -236,10 +256,10 @@ class BlockIndex:
     def _fold_parts(self, positions: np.ndarray) -> int:
         """`_Cells.fold` of `positions` in parts, each on a thread; the number of them
         whose key lay outside the span (left out)."""
-        cells, columns = self._cells, self.columns
+        cells = self._cells
         return sum(halves.each(lambda ab: cells.fold(
             self.stem, positions[ab[0]:ab[1]], self.key, self.lo, self.width, self.log_b,
-            self.b0, columns), self._parts(positions)))
+            self.b0), self._parts(positions)))
 
     def _within(self, low: int, high: int) -> tuple[int, int]:
         """(lo, width) of keys low..high, or SpanExceeded past MAX_SPAN."""
@@ -295,6 +315,7 @@ class BlockIndex:
 
     def _reset(self, capacity: int, columns: int) -> None:
         self._cells = _Cells(capacity, columns, self.columns)
+        self._scratch = _Cells(1, columns, self.columns)
         self._pcount = np.zeros((capacity + 1, columns), np.int64)
         self._psums = {name: np.zeros((capacity + 1, columns, 2), a.dtype)
                        for name, a in self._cells.sums.items()}
@@ -336,96 +357,124 @@ class BlockIndex:
 
     def answer(self, p0: int, p1: int) -> Result:
         """The aggregates over the matches at positions [p0, p1), one row per group in
-        key order (as AggregateIndex.answer)."""
+        key order (as AggregateIndex.answer): the whole blocks' totals put in one
+        block of cells, the edges' matches folded on top."""
         stem = self.stem
         p0, p1 = max(p0, self.horizon, stem.horizon), min(p1, stem.n)
         if p1 <= p0 or self.rows <= self.first:     # no match is kept: none is there
             return self.aggregator._result([], [], {}, {}, np.empty(0))
-        size = 1 << self.log_b
-        b_lo = -(-p0 // size)
-        b_hi = p1 // size if p1 < stem.n else -(-p1 // size)
+        log_b = self.log_b
+        b_lo = -(-p0 >> log_b)
+        b_hi = p1 >> log_b if p1 < stem.n else -(-p1 >> log_b)  # the newest block whole
         r_lo, r_hi = b_lo - self.b0, min(b_hi - self.b0, self.rows)
         if r_lo < self.first or r_hi <= r_lo:
-            return self._result(*self._direct(p0, p1))
-        edges = [(p0, (self.b0 + r_lo) * size)]
-        if b_hi - self.b0 <= self.rows:     # past the last stored block: no matches
-            edges.append(((self.b0 + r_hi) * size, p1))
-        middle = self._middle(r_lo, r_hi)
-        if middle is None:                  # a sum that is not finite: the rows, then
-            return self._result(*self._direct(p0, p1))
-        for a, b in edges:
-            if b > a:
-                _join(middle, self._direct(a, b)[0])
-        return self._result(middle)
+            self._scratch.clear()
+            edges = [(p0, p1)]
+        else:
+            self._load_middle(r_lo, r_hi)
+            edges = [(p0, (self.b0 + r_lo) << log_b)]
+            if b_hi - self.b0 <= self.rows:     # past the last block: no matches
+                edges.append(((self.b0 + r_hi) << log_b, p1))
+        positions = self._matches(edges)
+        self._scratch.fold(self.stem, positions, self.key, self.lo, self.width, _ONE_BLOCK, 0)
+        return self._result(p0, p1)
 
-    def _middle(self, r_lo: int, r_hi: int) -> dict[str, Any] | None:
-        """The totals of storage rows [r_lo, r_hi) per group column; None when a FLOAT
-        sum is not finite."""
-        w = self.width
-        cells = self._cells
-        totals: dict[str, Any] = {
-            "count": (self._pcount[r_hi, :w] - self._pcount[r_lo, :w]),
-            "last": cells.last[r_lo:r_hi, :w].max(axis=0)}
-        for name, prefix in self._psums.items():
-            with np.errstate(invalid="ignore", over="ignore"):
-                diff = prefix[r_hi, :w] - prefix[r_lo, :w]
-                total = diff[:, 0] + diff[:, 1]
-            if prefix.dtype.kind == "f":
-                held = totals["count"] > 0
-                if not np.isfinite(total[held]).all():
-                    return None
-                # a group without matches here sums to 0, not to inf - inf
-                totals["sum:" + name] = np.where(held, total, 0.0).tolist()
-            else:
-                totals["sum:" + name] = [(_int64(h) << 32) + _int64(low)
-                                         for h, low in diff.tolist()]
+    def _load_middle(self, r_lo: int, r_hi: int) -> None:
+        """The scratch cells set to the totals of storage rows [r_lo, r_hi): counts and
+        sums as differences of prefix rows, O(span); MIN, MAX (and the latest match of
+        a group without one in the last row) reduced over the rows, O(span x rows)."""
+        w, cells, out = self.width, self._cells, self._scratch
+        np.subtract(self._pcount[r_hi, :w], self._pcount[r_lo, :w], out=out.count[0, :w])
+        last = out.last[0, :w]
+        last[:] = cells.last[r_hi - 1, :w]
+        if (last < 0).any():
+            np.max(cells.last[r_lo:r_hi, :w], axis=0, out=last)
+        with np.errstate(invalid="ignore", over="ignore"):      # inf - inf: see _result
+            for name, prefix in self._psums.items():
+                np.subtract(prefix[r_hi, :w], prefix[r_lo, :w], out=out.sums[name][0, :w])
         for name, mins in cells.mins.items():
-            totals["min:" + name] = mins[r_lo:r_hi, :w].min(axis=0)
+            np.min(mins[r_lo:r_hi, :w], axis=0, out=out.mins[name][0, :w])
         for name, maxs in cells.maxs.items():
-            totals["max:" + name] = maxs[r_lo:r_hi, :w].max(axis=0)
-        return totals
+            np.max(maxs[r_lo:r_hi, :w], axis=0, out=out.maxs[name][0, :w])
 
-    def _direct(self, a: int, b: int) -> tuple[dict[str, Any]]:
-        """The totals of the matches at positions [a, b), found by probing the stream
-        there and folded into one block. O(b - a)."""
-        w = max(self.width, 1)
-        cells = _Cells(1, w, self.columns)
-        positions = self.stem.probe(self.source, Span.range(a, b)) if b > a else \
-            np.empty(0, np.int64)
-        cells.fold(self.stem, positions, self.key, self.lo, w, _ONE_BLOCK, 0, self.columns)
-        totals: dict[str, Any] = {"count": cells.count[0], "last": cells.last[0]}
-        for name, sums in cells.sums.items():
-            if sums.dtype.kind == "f":
-                with np.errstate(invalid="ignore", over="ignore"):
-                    total = sums[0, :, 0] + sums[0, :, 1]
-                if not np.isfinite(total[cells.count[0] > 0]).all():
-                    total = _plain_sums(self.stem, positions, name, self.key, self.lo, w)
-                totals["sum:" + name] = total.tolist()
-            else:
-                totals["sum:" + name] = [(h << 32) + low for h, low in sums[0].tolist()]
-        for name, mins in cells.mins.items():
-            totals["min:" + name] = mins[0]
-        for name, maxs in cells.maxs.items():
-            totals["max:" + name] = maxs[0]
-        return (totals,)
+    def _matches(self, ranges: list[tuple[int, int]]) -> np.ndarray:
+        """The sorted positions of the query's matches in the increasing ranges
+        (retained): one compiled scan per range when its factors are intervals on
+        8-byte columns, else a probe."""
+        scan, stem = self._scan, self.stem
+        ranges = [(a, b) for a, b in ranges if b > a]
+        if scan is None:
+            found = [stem.probe(self.source, Span.range(a, b)) for a, b in ranges]
+            return np.concatenate(found) if len(found) > 1 else \
+                found[0] if found else np.empty(0, np.int64)
+        if not scan:                        # no factors: every tuple
+            return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges]) \
+                if ranges else np.empty(0, np.int64)
+        room = sum(b - a for a, b in ranges)
+        out = self._found if room <= len(self._found) else np.empty(room, np.int64)
+        k = 0
+        for a, b in ranges:
+            k += stem.scan_intervals(scan, a, b, out[k:])
+        return out[:k]
 
-    def _result(self, totals: dict[str, Any]) -> Result:
-        """Rows from per-group-column totals: the groups with matches, in key order."""
-        agg = self.aggregator
-        present = np.flatnonzero(totals["count"])
-        if not len(present):
+    def _result(self, p0: int, p1: int) -> Result:
+        """Rows from the scratch cells: the groups with matches, in key order; from the
+        range's rows when a FLOAT sum is not finite (an infinite value, an overflow)."""
+        agg, cells, w = self.aggregator, self._scratch, self.width
+        counts = cells.count[0, :w].tolist()
+        present = [g for g, k in enumerate(counts) if k]
+        if not present:
             return agg._result([], [], {}, {}, np.empty(0))
-        keys = [(int(self.lo + g),) for g in present.tolist()] if self.key is not None \
-            else [()]
-        picked = present.tolist()
-        sums = {c: [totals["sum:" + c[1]][g] for g in picked] for c in agg.sums}
-        extremes = {(c, op): totals[f"{op}:{c[1]}"][present].tolist()
+        sums: dict[str, list[Any]] = {}
+        for name, pairs in cells.sums.items():
+            if pairs.dtype.kind == "f":
+                total = [s + e for s, e in pairs[0, :w].tolist()]
+                if not all(math.isfinite(total[g]) for g in present):
+                    return self._from_rows(p0, p1)
+            else:
+                total = [(h << 32) + low for h, low in pairs[0, :w].tolist()]
+            sums[name] = total
+        last = cells.last[0, :w].tolist()
+        if self.key is None:
+            return self._row(counts[0], sums, last)
+        keys = [(self.lo + g,) for g in present]
+        extremes = {(c, op): [(cells.mins if op == "min" else cells.maxs)[c[1]][0, g].item()
+                              for g in present]
                     for c, ops in agg.extremes.items() for op in ops}
-        latest = totals["last"][present]
-        ts = self.stem.take([TS], latest, any_order=True)[TS] if len(latest) > 16 else \
-            np.array([self.stem.ts_at(p) for p in latest.tolist()], np.float64)
-        return agg._result(keys, totals["count"][present].tolist(), sums, extremes,
-                           np.asarray(ts, np.float64))
+        return agg._result(keys, [counts[g] for g in present],
+                           {c: [sums[c[1]][g] for g in present] for c in agg.sums},
+                           extremes, self._ts([last[g] for g in present]))
+
+    def _row(self, count: int, sums: dict[str, list[Any]], last: list[int]) -> Result:
+        """`_result` without GROUP BY: its one row, built straight from the cells."""
+        cells = self._scratch
+        row = []
+        for function, arg in self._outputs:
+            if function.keeps is None:
+                kept = None
+            elif function.keeps == "sum":
+                kept = sums[arg][0]
+            else:
+                kept = (cells.mins if function.keeps == "min" else cells.maxs)[arg][0, 0].item()
+            row.append(function.fold(count, kept))
+        return Result(self.aggregator.query.columns, [tuple(row)], self._ts(last),
+                      np.array([-1]), keys=[()])
+
+    def _from_rows(self, p0: int, p1: int) -> Result:
+        """The answer computed from the matches' rows in [p0, p1), as NoMat computes it.
+        O(p1 - p0)."""
+        positions = self.stem.probe(self.source, Span.range(p0, p1))
+        names = [c[1] for c in self.aggregator.needed]
+        got = self.stem.take([*names, TS], positions)
+        return self.aggregator.compute({c: got[c[1]] for c in self.aggregator.needed},
+                                       got[TS])
+
+    def _ts(self, latest: list[int]) -> np.ndarray:
+        """The ts of the groups' latest matches (read by position)."""
+        if len(latest) > 16:
+            return np.asarray(self.stem.take([TS], np.array(latest, np.int64),
+                                             any_order=True)[TS], np.float64)
+        return np.array([self.stem.ts_at(p) for p in latest], np.float64)
 
     # ------------------------------------------------------------------ accounting
 
@@ -465,29 +514,3 @@ class BlockIndex:
                 again = np.empty_like(prefix[1:])
                 kernels.block_prefix(np.ascontiguousarray(sums[live]), prefix[0], again)
                 assert np.array_equal(again, prefix[1:], equal_nan=True)
-
-
-def _join(into: dict[str, Any], edge: dict[str, Any]) -> None:
-    """Add an edge's totals to the middle's (a later edge's latest wins by max)."""
-    into["count"] = into["count"] + edge["count"]
-    into["last"] = np.maximum(into["last"], edge["last"])
-    for name, values in edge.items():
-        if name.startswith("sum:"):
-            into[name] = [a + b for a, b in zip(into[name], values, strict=True)]
-        elif name.startswith("min:"):
-            into[name] = np.minimum(into[name], values)
-        elif name.startswith("max:"):
-            into[name] = np.maximum(into[name], values)
-
-
-def _plain_sums(stem: DataSteM, positions: np.ndarray, column: str, key: str | None,
-                lo: int, width: int) -> np.ndarray:
-    """Per group column, the plain float64 sum of `column` at `positions` (what a sum
-    that is not finite comes to: inf, -inf or nan, as numpy sums them)."""
-    names: Sequence[str] = [column] if key is None else [column, key]
-    got = stem.take(names, positions)
-    groups = np.zeros(len(positions), np.int64) if key is None else got[key] - lo
-    out = np.zeros(width)
-    with np.errstate(invalid="ignore", over="ignore"):
-        np.add.at(out, groups, got[column].astype(np.float64))
-    return out

@@ -734,6 +734,26 @@ class DataSteM:
         return ((np.array(ints, np.int64).T.copy(), np.array(floats, np.float64).T.copy()),
                 tuple(rest))
 
+    def interval_args(self, source: Source
+                      ) -> tuple[np.ndarray, np.ndarray] | tuple[()] | None:
+        """`source`'s factors as `scan_intervals`' arguments when they are all intervals
+        (or single `=`) on 8-byte columns; () when it has no factors; None otherwise
+        (then `probe`). O(factors)."""
+        if not source.predicates and not source.column_factors:
+            return ()
+        intervals, rest = self._intervals(source)
+        if intervals is None or rest or source.column_factors:
+            return None
+        return intervals
+
+    def scan_intervals(self, intervals: tuple[np.ndarray, np.ndarray], p0: int, p1: int,
+                       out: np.ndarray) -> int:
+        """The positions in [p0, p1) (retained) whose values lie in `intervals`
+        (`interval_args`) into `out`, in one compiled call on this thread; how many.
+        O(p1 - p0)."""
+        return kernels.interval_scan(self._block_list()[0].handle, self._chunk0,
+                                     self.chunk_rows, p0, p1, *intervals, out)
+
     def probe_held(self, source: Source, p0: int, p1: int) -> np.ndarray:
         """`probe` over positions [p0, p1) that retention has passed but memory still
         holds (from `oldest` up): what a window saw before the horizon moved. A scan,
