@@ -389,9 +389,14 @@ class BlockIndex:
         last[:] = cells.last[r_hi - 1, :w]
         if (last < 0).any():
             np.max(cells.last[r_lo:r_hi, :w], axis=0, out=last)
-        with np.errstate(invalid="ignore", over="ignore"):      # inf - inf: see _result
-            for name, prefix in self._psums.items():
-                np.subtract(prefix[r_hi, :w], prefix[r_lo, :w], out=out.sums[name][0, :w])
+        for name, prefix in self._psums.items():    # in Python: inf - inf, no warning
+            later, earlier = prefix[r_hi, :w].tolist(), prefix[r_lo, :w].tolist()
+            if prefix.dtype.kind == "f":
+                out.sums[name][0, :w] = [(a - c, b - d) for (a, b), (c, d)
+                                         in zip(later, earlier, strict=True)]
+            else:
+                out.sums[name][0, :w] = [(_int64(a - c), _int64(b - d)) for (a, b), (c, d)
+                                         in zip(later, earlier, strict=True)]
         for name, mins in cells.mins.items():
             np.min(mins[r_lo:r_hi, :w], axis=0, out=out.mins[name][0, :w])
         for name, maxs in cells.maxs.items():
