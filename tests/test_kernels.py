@@ -660,6 +660,31 @@ def test_interval_scan_compiled_and_twin_find_the_same_positions(
     assert got == want == len(outs[1][:want])
     assert np.array_equal(gathered[0][:, :got], gathered[1][:, :want])
     assert np.array_equal(gathered[0][0, :got].view(np.int64), outs[1][:want])
+    # interval_fold: the same positions, and the cells block_fold makes of them
+    log_b = data.draw(st.sampled_from([0, 1, 3, 62]))
+    key_row = data.draw(st.sampled_from([-1, 2]))
+    lo = data.draw(st.integers(-4, 4))
+    groups = data.draw(st.integers(1, 3))
+    b_first = p0 >> log_b
+    blocks_n = max(((max(p1, 1) - 1) >> log_b) - b_first + 1, 1)
+
+    def cells() -> list[NDArray[Any]]:
+        return [np.zeros((blocks_n, groups), np.int64), np.full((blocks_n, groups), -1),
+                np.zeros((blocks_n, groups, 2), np.int64),
+                np.full((blocks_n, groups), 2**63 - 1), np.full((blocks_n, groups), -2**63)]
+    folded = [cells() for _ in range(3)]
+    found = [np.full(p1 - p0 + 1, -1, np.int64) for _ in range(2)]
+    got_k = compiled.interval_fold(mine_h, first, cap, p0, p1, ints, floats, found[0],
+                                   key_row, lo, 1, log_b, b_first, groups, *folded[0])
+    want_k = reference.interval_fold(twin_h, first, cap, p0, p1, ints, floats, found[1],
+                                     key_row, lo, 1, log_b, b_first, groups, *folded[1])
+    left = compiled.block_fold(mine_h, first, cap, outs[1][:want], key_row, lo, 1, log_b,
+                               b_first, groups, *folded[2])
+    assert got_k == want_k == (want, left)
+    assert np.array_equal(found[0][:want], outs[1][:want])
+    assert np.array_equal(found[1][:want], outs[1][:want])
+    for a, b, c in zip(*folded, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
 
 
 def _select_case(data: st.DataObject, gen: np.random.Generator, cap: int, chunks: int,

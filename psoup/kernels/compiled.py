@@ -68,7 +68,8 @@ from numpy.typing import NDArray
 from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
-           "block_fold", "block_prefix", "chunk_gather", "chunk_key_counts", "chunk_key_range",
+           "block_fold", "block_prefix", "chunk_gather", "interval_fold", "chunk_key_counts",
+           "chunk_key_range",
            "chunk_positions",
            "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
            "interval_gather", "interval_scan", "marked_copy", "probe_into", "set_bits",
@@ -1334,6 +1335,38 @@ def _fold_one(positions: NDArray[np.int64], i: int, j: int, base: int, values: A
     if high:
         maxs[b, 0] = high_v
 
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _fold_run(positions: NDArray[np.int64], i: int, n: int, block: NDArray[np.uint64],
+              base: int, cap: int, key_row: int, lo: int, value_row: int, log_b: int,
+              b_first: int, groups: int, counts: NDArray[np.int64],
+              last: NDArray[np.int64], sums: Any, mins: Any, maxs: Any,
+              local: NDArray[np.int64], latest: NDArray[np.int64], s: Any,
+              e: Any) -> int:  # pragma: no cover - compiled
+    """`block_fold` of positions[i:n], all in the chunk at `base` whose block is
+    `block`, block by block (each flushed to its cells); how many were left out."""
+    counting = counts.shape[0] > 0
+    summing = sums.shape[0] > 0
+    low = mins.shape[0] > 0
+    high = maxs.shape[0] > 0
+    keys = block[max(key_row, 0)].view(np.int64)
+    values = _values_like(block[max(value_row, 0)], sums)
+    outside = 0
+    while i < n:
+        b = (positions[i] >> log_b) - b_first
+        end = min(n, i + min(1 << log_b, cap))     # a block's positions, at most
+        j = i + np.searchsorted(positions[i:end], min((b + b_first + 1) << log_b,
+                                                      base + cap))
+        if key_row >= 0:
+            outside += _fold_keyed(positions, i, j, base, keys, lo, values, b, counting,
+                                   summing, low, high, local, latest, s, e, mins, maxs)
+        else:
+            _fold_one(positions, i, j, base, values, b, counting, summing, low, high,
+                      local, latest, s, e, mins, maxs)
+        i = j
+        _flush_block(b, groups, counting, summing, counts, local, last, latest, sums, s, e)
+    return outside
+
+
 @_njit(cache=True, nogil=True, boundscheck=False)
 def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
                 positions: NDArray[np.int64], key_row: int, lo: int,
@@ -1362,11 +1395,6 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
     running counts and sums stay in arrays of the groups' size, written to the cells
     once per block."""
     n = len(positions)
-    counting = counts.shape[0] > 0
-    summing = sums.shape[0] > 0
-    low = mins.shape[0] > 0
-    high = maxs.shape[0] > 0
-    keyed = key_row >= 0
     local = np.zeros(groups, np.int64)
     latest = np.zeros(groups, np.int64)
     s = np.zeros(groups, sums.dtype)
@@ -1375,25 +1403,52 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
     i = 0
     while i < n:
         c = positions[i] // cap
-        block = _chunk_at(blocks, c - k_first)
-        keys = block[max(key_row, 0)].view(np.int64)
-        values = _values_like(block[max(value_row, 0)], sums)
-        base = c * cap
-        while i < n and positions[i] < base + cap:
-            b = (positions[i] >> log_b) - b_first
-            end = min(n, i + min(1 << log_b, cap))     # a block's positions, at most
-            j = i + np.searchsorted(positions[i:end], min((b + b_first + 1) << log_b,
-                                                          base + cap))
-            if keyed:
-                outside += _fold_keyed(positions, i, j, base, keys, lo, values, b, counting,
-                                       summing, low, high, local, latest, s, e, mins, maxs)
-            else:
-                _fold_one(positions, i, j, base, values, b, counting, summing, low, high,
-                          local, latest, s, e, mins, maxs)
-            i = j
-            _flush_block(b, groups, counting, summing, counts, local, last, latest, sums,
-                         s, e)
+        j = i + np.searchsorted(positions[i:min(n, i + cap)], (c + 1) * cap)
+        outside += _fold_run(positions, i, j, _chunk_at(blocks, c - k_first), c * cap, cap,
+                             key_row, lo, value_row, log_b, b_first, groups, counts, last,
+                             sums, mins, maxs, local, latest, s, e)
+        i = j
     return outside
+
+
+@_njit(cache=True, nogil=True, boundscheck=False)
+def _interval_fold(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p1: int,
+                   ints: NDArray[np.int64], floats: NDArray[np.float64],
+                   out: NDArray[np.int64], key_row: int, lo: int, value_row: int,
+                   log_b: int, b_first: int, groups: int, counts: NDArray[np.int64],
+                   last: NDArray[np.int64], sums: Any, mins: Any,
+                   maxs: Any) -> tuple[int, int]:  # pragma: no cover - compiled
+    """`interval_scan` of [p0, p1) into `out` and `block_fold` of its matches, chunk by
+    chunk while the chunk is in the cache: (matches, those left out of the cells).
+    Every match is written to `out`, left out or not. O((p1 - p0) x intervals)."""
+    one = np.uint64(1)
+    masks = np.empty((cap + 63) // 64, np.uint64)
+    local = np.zeros(groups, np.int64)
+    latest = np.zeros(groups, np.int64)
+    s = np.zeros(groups, sums.dtype)
+    e = np.zeros(groups, sums.dtype)
+    k = 0
+    outside = 0
+    if p1 <= p0:
+        return 0, 0
+    for c in range(p0 // cap, (p1 - 1) // cap + 1):
+        block = _chunk_at(blocks, c - k_first)
+        base = c * cap
+        r0 = max(p0 - base, 0)
+        r1 = min(p1 - base, cap)
+        found = _interval_masks(block, r0, r1, ints, floats, masks)
+        k0 = k
+        for q in range(found):
+            m = masks[q]
+            p = base + r0 + 64 * q
+            while m:
+                out[k] = p + np.int64(_trailing_zeros(m))
+                k += 1
+                m &= m - one
+        outside += _fold_run(out, k0, k, block, base, cap, key_row, lo, value_row, log_b,
+                             b_first, groups, counts, last, sums, mins, maxs, local, latest,
+                             s, e)
+    return k, outside
 
 
 @_njit(cache=True, nogil=True, boundscheck=False)
@@ -1444,6 +1499,10 @@ chunk_key_counts = cast("Callable[[Handle, int, int, int, NDArray[np.int64], int
 chunk_scatter = cast("Callable[[Handle, int, int, NDArray[np.int64], NDArray[np.int64], int, "
                      "NDArray[np.int64], int, NDArray[np.int64], NDArray[np.int64], "
                      "NDArray[np.uint64]], None]", _chunk_scatter)
+interval_fold = cast("Callable[[Handle, int, int, int, int, NDArray[np.int64], "
+                     "NDArray[np.float64], NDArray[np.int64], int, int, int, int, int, int, "
+                     "NDArray[np.int64], NDArray[np.int64], NDArray[Any], NDArray[Any], "
+                     "NDArray[Any]], tuple[int, int]]", _interval_fold)
 block_fold = cast("Callable[[Handle, int, int, NDArray[np.int64], int, int, "
                   "int, int, int, int, NDArray[np.int64], NDArray[np.int64], NDArray[Any], "
                   "NDArray[Any], NDArray[Any]], int]", _block_fold)

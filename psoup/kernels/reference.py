@@ -22,7 +22,8 @@ from numpy.typing import NDArray
 from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
-           "block_fold", "block_prefix", "chunk_gather", "chunk_key_counts", "chunk_key_range",
+           "block_fold", "block_prefix", "chunk_gather", "interval_fold", "chunk_key_counts",
+           "chunk_key_range",
            "chunk_positions",
            "chunk_scatter", "chunk_select", "clear_bit", "fingerprint", "float_prefix",
            "interval_gather", "interval_scan", "marked_copy", "probe_into", "set_bits",
@@ -514,3 +515,16 @@ def block_prefix(sums: NDArray[np.float64], start: NDArray[np.float64],
         errors = np.cumsum(steps, axis=0)
     out[:, :, 0] = after
     out[:, :, 1] = errors[2::2]
+
+
+def interval_fold(blocks: Handle, k_first: int, cap: int, p0: int, p1: int,
+                  ints: NDArray[np.int64], floats: NDArray[np.float64], out: NDArray[np.int64],
+                  key_row: int, lo: int, value_row: int, log_b: int, b_first: int,
+                  groups: int, counts: NDArray[np.int64], last: NDArray[np.int64],
+                  sums: NDArray[Any], mins: NDArray[Any], maxs: NDArray[Any]
+                  ) -> tuple[int, int]:
+    """`interval_scan` of [p0, p1) into `out`, then `block_fold` of the matches:
+    (matches, those left out of the cells). O((p1 - p0) x intervals)."""
+    k = interval_scan(blocks, k_first, cap, p0, p1, ints, floats, out)
+    return k, block_fold(blocks, k_first, cap, out[:k], key_row, lo, value_row, log_b,
+                         b_first, groups, counts, last, sums, mins, maxs)

@@ -1223,18 +1223,27 @@ def index_over(query: Query, stem: DataSteM, positions: np.ndarray
     return sink.index
 
 
-def scanned_index(query: Query, stem: DataSteM) -> tuple[np.ndarray, AggregateIndex] | None:
-    """The matches of aggregated `query` (without GROUP BY) among `stem`'s retained
-    tuples and its AggregateIndex over them, both from one pass over the chunks
-    (`DataSteM.probe_gather`: the positions and summed columns taken as the factors
-    are tested, into the storage the index then keeps; the positions are its row 0).
-    None when the query groups, is kept by blocks, or when that pass does not apply (a
-    factor that is not an interval): then `probe` and `index_over`. O(retained + matches)."""
-    index = AggregateIndex(Aggregator(query), partial(_stem_ts, stem))
+def scanned_index(query: Query, stem: DataSteM
+                  ) -> tuple[np.ndarray, AggregateIndex | BlockIndex] | None:
+    """The matches of aggregated `query` among `stem`'s retained tuples and its index
+    over them, both from one pass over the chunks: a BlockIndex's `scan` when the
+    query is kept by blocks, else (without GROUP BY) `DataSteM.probe_gather`, the
+    positions and summed columns taken as the factors are tested, into the storage the
+    AggregateIndex then keeps (the positions are its row 0). None when that pass does
+    not apply (a factor that is not an interval, a grouped query not kept by blocks,
+    keys too wide for blocks): then `probe` and `index_over`. O(retained + matches)."""
+    aggregator = Aggregator(query)
+    if BLOCKS and BlockIndex.fits(aggregator, stem):
+        blocks = BlockIndex(aggregator, stem, query.sources[0])
+        try:
+            found = blocks.scan()
+        except SpanExceeded:
+            return None
+        return None if found is None else (found, blocks)
+    index = AggregateIndex(aggregator, partial(_stem_ts, stem))
     names = [c if isinstance(c, str) else c[1] for c in index.rows[1:]]
     dtypes = stem.wide_dtypes(names)
-    if index.aggregator.group_by or dtypes is None or (
-            BLOCKS and BlockIndex.fits(index.aggregator, stem)):
+    if index.aggregator.group_by or dtypes is None:
         return None
     got = stem.probe_gather(query.sources[0], names)
     if got is None:

@@ -145,6 +145,19 @@ class _Cells:
         return outside
 
 
+def _scan_cells(cells: _Cells, stem: DataSteM, intervals: tuple[np.ndarray, np.ndarray],
+                p0: int, p1: int, out: np.ndarray, key: str | None, lo: int, groups: int,
+                log_b: int, b_first: int) -> tuple[int, int]:
+    """`DataSteM.scan_fold` of [p0, p1) into `cells` with the first column's values,
+    then a `fold` pass per further column: (matches, those left out)."""
+    name, arrays = cells._calls[0]
+    k, outside = stem.scan_fold(intervals, p0, p1, out, key, lo, groups, name, log_b,
+                                b_first, arrays)
+    for name, arrays in cells._calls[1:]:
+        stem.fold_blocks(out[:k], key, lo, groups, name, log_b, b_first, arrays)
+    return k, outside
+
+
 def _top(dtype: np.dtype) -> int | float:
     return math.inf if dtype.kind == "f" else _INT_MAX
 
@@ -242,16 +255,60 @@ class BlockIndex:
         end = self.b0 + self.rows               # the first block not stored before
         self._make_room(last_block - self.b0 + 1, lo, width)
         self.rows = max(self.rows, last_block - self.b0 + 1)
-        if self._fold_parts(positions) and self.key is not None:
-            keys = self.stem.take([self.key], positions)[self.key]
-            out = (keys < self.lo) | (keys >= self.lo + self.width)
-            low = min(self.lo, int(keys[out].min()))
-            high = max(self.lo + self.width - 1, int(keys[out].max()))
-            lo, width = self._within(low, high)
-            self._make_room(last_block - self.b0 + 1, lo, width)
-            left = self._fold_parts(positions[out])
-            assert not left, "every key is inside the widened span"
+        if self._fold_parts(positions):
+            self._widen(positions)
         self._prefix_from(max(min(first_block, end) - self.b0, self.first))
+
+    def _widen(self, positions: np.ndarray) -> None:
+        """Widen the span to the keys at `positions` that lay outside it and fold those
+        (they were left out). O(n) to find them."""
+        assert self.key is not None, "only keys fall outside"
+        keys = self.stem.take([self.key], positions)[self.key]
+        out = (keys < self.lo) | (keys >= self.lo + self.width)
+        low = min(self.lo, int(keys[out].min()))
+        high = max(self.lo + self.width - 1, int(keys[out].max()))
+        lo, width = self._within(low, high)
+        self._make_room(self.rows, lo, width)
+        left = self._fold_parts(positions[out])
+        assert not left, "every key is inside the widened span"
+
+    def scan(self) -> np.ndarray | None:
+        """Find every retained match of the query and fold it into this empty index in
+        one compiled pass over the stream (in parts on the cores, `halves`): the
+        matches' positions; None when its factors are not all intervals on 8-byte
+        columns (then `probe`, then `fold`). The keys' span is guessed from the first
+        _SAMPLE tuples, widened on a miss. O(retained x factors)."""
+        scan, stem = self._scan, self.stem
+        if not scan:
+            return None
+        assert not self.rows, "a scan starts an index"
+        p0, p1 = stem.horizon, stem.n
+        if p1 <= p0:
+            return np.empty(0, np.int64)
+        if self.key is None:
+            lo, width = 0, 1
+        else:
+            lo, width = self._within(*stem.key_range(
+                self.key, np.arange(p0, min(p1, p0 + _SAMPLE), dtype=np.int64)))
+        self.b0, self.first = p0 >> self.log_b, 0
+        rows = ((p1 - 1) >> self.log_b) - self.b0 + 1
+        self._make_room(rows, lo, width)
+        self.rows = rows
+        out = np.empty(p1 - p0, np.int64)
+        parts = halves.ranges(p0, p1, stem.chunk_rows)      # chunks: no block in two
+        cells = self._cells
+        found = halves.each(lambda ab: _scan_cells(
+            cells, stem, scan, ab[0], ab[1], out[ab[0] - p0:], self.key, self.lo,
+            self.width, self.log_b, self.b0), parts)
+        k = found[0][0]
+        for (a, _), (count, _) in zip(parts[1:], found[1:], strict=True):
+            out[k:k + count] = out[a - p0:a - p0 + count]
+            k += count
+        positions = out[:k] if 2 * k >= len(out) else out[:k].copy()   # mostly room: trim
+        if any(left for _, left in found):
+            self._widen(positions)
+        self._prefix_from(0)
+        return positions
 
     def _fold_parts(self, positions: np.ndarray) -> int:
         """`_Cells.fold` of `positions` in parts, each on a thread; the number of them

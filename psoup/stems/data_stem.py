@@ -754,6 +754,19 @@ class DataSteM:
         return kernels.interval_scan(self._block_list()[0].handle, self._chunk0,
                                      self.chunk_rows, p0, p1, *intervals, out)
 
+    def scan_fold(self, intervals: tuple[np.ndarray, np.ndarray], p0: int, p1: int,
+                  out: np.ndarray, key: str | None, lo: int, groups: int,
+                  column: str | None, log_b: int, b_first: int, cells: Sequence[Any]
+                  ) -> tuple[int, int]:
+        """`scan_intervals` of [p0, p1) into `out` and `fold_blocks` of the matches in
+        the same compiled pass (`kernels.interval_fold`): (matches, those left out).
+        O(p1 - p0)."""
+        return kernels.interval_fold(self._block_list()[0].handle, self._chunk0,
+                                     self.chunk_rows, p0, p1, *intervals, out,
+                                     -1 if key is None else self._wide[key], lo,
+                                     -1 if column is None else self._wide[column], log_b,
+                                     b_first, groups, *cells)
+
     def probe_held(self, source: Source, p0: int, p1: int) -> np.ndarray:
         """`probe` over positions [p0, p1) that retention has passed but memory still
         holds (from `oldest` up): what a window saw before the horizon moved. A scan,
