@@ -207,13 +207,15 @@ def test_a_stream_made_anew_during_the_scan_is_registered_afresh(
     eng._check()
 
 
+@pytest.mark.parametrize("mode", ["partial", "complete"])
 def test_a_registration_split_between_threads_answers_as_duckdb(
-        duck: Any, data: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch) -> None:
+        duck: Any, data: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch,
+        mode: ModeName) -> None:
     """The scan split in three parts on the pool's threads (psoup.stems.halves): the
     same answers as DuckDB's."""
     monkeypatch.setattr(halves, "PARALLEL_ROWS", 4096)
     monkeypatch.setattr(halves, "THREADS", 3)
-    eng = psoup.Engine(mode="complete")
+    eng = psoup.Engine(mode=mode)
     eng.execute("CREATE STREAM traffic (lane INT, zone INT, speed FLOAT)")
     _fill(eng, data)
     for sql in AGGREGATES:
@@ -257,6 +259,10 @@ def test_a_scan_is_split_into_ordered_parts_cut_at_chunk_boundaries(
     assert halves.split(np.arange(3), threads=3) == [(0, 3)]
     assert halves.ranges(5, 3_000_005, 8192, threads=2) == [(5, 1499136), (1499136, 3000005)]
     assert halves.ranges(0, 10, 8192, threads=2) == [(0, 10)]      # no boundary inside
+    positions = np.array([1, 2, 5, 7, 8, 9, 12, 17, 18, 19])
+    # cuts at 3 and 6 move up to the first positions of a multiple of 4: 8 and 12
+    assert halves.split_aligned(positions, 4, threads=3) == [(0, 4), (4, 6), (6, 10)]
+    assert halves.split_aligned(positions, 64, threads=3) == [(0, 10)]
     assert halves.each(lambda x: x * 2, [1, 2, 3]) == [2, 4, 6]
 
 

@@ -316,7 +316,7 @@ class BlockIndex:
         cells = self._cells
         return sum(halves.each(lambda ab: cells.fold(
             self.stem, positions[ab[0]:ab[1]], self.key, self.lo, self.width, self.log_b,
-            self.b0), self._parts(positions)))
+            self.b0), halves.split_aligned(positions, 1 << self.log_b)))
 
     def _within(self, low: int, high: int) -> tuple[int, int]:
         """(lo, width) of keys low..high, or SpanExceeded past MAX_SPAN."""
@@ -396,19 +396,6 @@ class BlockIndex:
             else:
                 np.cumsum(sums[r:stop], axis=0, out=prefix[r + 1:stop + 1])
                 prefix[r + 1:stop + 1] += prefix[r]
-
-    def _parts(self, positions: np.ndarray) -> list[tuple[int, int]]:
-        """`halves.split` of `positions`, each cut moved to a block's start, so that no
-        two parts write one block's cells."""
-        parts = halves.split(positions)
-        if len(parts) == 1:
-            return parts
-        cuts = [0]
-        for a, _ in parts[1:]:
-            start = ((int(positions[a]) >> self.log_b) + 1) << self.log_b
-            cuts.append(max(cuts[-1], int(np.searchsorted(positions, start))))
-        cuts.append(len(positions))
-        return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
 
     # ------------------------------------------------------------------ reads
 

@@ -50,6 +50,7 @@ from psoup import kernels
 from psoup.bits import DTYPE, bit_of
 from psoup.query.model import Source
 from psoup.results.base import ProbeTarget, ResultsStructure, Snapshot
+from psoup.stems import halves
 from psoup.stems.data_stem import DataSteM, chunk_runs
 from psoup.stems.span import Span
 
@@ -213,7 +214,8 @@ class PartialResults(ResultsStructure, ProbeTarget):
         """Set the new query's bits at `positions`, in one compiled call. A slot no query
         holds has no bit set anywhere (the probe writes only the slots filed, and
         `on_unregister` clears a slot that leaves: `_check_free`), so nothing is cleared
-        first. O(len(positions)), plus O(chunks) to widen chunks too narrow for it."""
+        first. O(len(positions)), plus O(chunks) to widen chunks too narrow for it; in
+        parts on the cores for a long run (psoup.stems.halves)."""
         word, mask = bit_of(slot)
         cap = self.chunk_rows
         chunks = self._bitmaps.setdefault(stream, {})
@@ -226,7 +228,11 @@ class PartialResults(ResultsStructure, ProbeTarget):
                     self._chunk(stream, k, word + 1)    # made wide enough for the bit
         if chunks:
             k_first, listed = self._listed(stream)
-            kernels.set_bits(listed.handle, k_first, cap, word, mask, positions)
+            # parts on the cores for a long run, no chunk in two (a sliced chunk keeps
+            # 64 rows' bits in one word)
+            halves.each(lambda ab: kernels.set_bits(listed.handle, k_first, cap, word, mask,
+                                                    positions[ab[0]:ab[1]]),
+                        halves.split_aligned(positions, cap))
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows), retained / 64 words

@@ -49,6 +49,28 @@ def split(positions: np.ndarray, threads: int | None = None) -> list[tuple[int, 
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
+def split_aligned(positions: np.ndarray, align: int, threads: int | None = None
+                  ) -> list[tuple[int, int]]:
+    """`split` of sorted `positions` with each cut moved up to the first position of a
+    multiple of `align`, so that no two parts hold positions of one aligned run (a
+    chunk, a block). Empty parts are left out.
+
+    Example:
+        >>> split_aligned(np.arange(10), 4, threads=1)
+        [(0, 10)]
+    """
+    parts = split(positions, threads)
+    if len(parts) == 1:
+        return parts
+    cuts = [0]
+    for a, _ in parts[1:]:
+        start = (int(positions[a]) // align + 1) * align if positions[a] % align else \
+            int(positions[a])
+        cuts.append(max(cuts[-1], int(np.searchsorted(positions, start))))
+    cuts.append(len(positions))
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
+
+
 def ranges(p0: int, p1: int, align: int, threads: int | None = None) -> list[tuple[int, int]]:
     """[a, b) parts of about equal size covering [p0, p1), cut at multiples of `align`
     (one part below PARALLEL_ROWS or with one thread), in order.
