@@ -663,6 +663,26 @@ def _interval_masks(block: NDArray[np.uint64], r0: int, r1: int, ints: NDArray[n
     return groups
 
 
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _chunk_matches(block: NDArray[np.uint64], base: int, p0: int, p1: int, cap: int,
+                   ints: NDArray[np.int64], floats: NDArray[np.float64],
+                   masks: NDArray[np.uint64], out: NDArray[np.int64],
+                   k: int) -> int:  # pragma: no cover - compiled
+    """The positions in [p0, p1) of the chunk at `base` (its block `block`) whose
+    values lie in the intervals, written to out from k on; returns the new k."""
+    one = np.uint64(1)
+    r0 = max(p0 - base, 0)
+    found = _interval_masks(block, r0, min(p1 - base, cap), ints, floats, masks)
+    for q in range(found):
+        m = masks[q]
+        p = base + r0 + 64 * q
+        while m:
+            out[k] = p + np.int64(_trailing_zeros(m))
+            k += 1
+            m &= m - one
+    return k
+
+
 @_njit(cache=True, nogil=True, boundscheck=False)
 def _interval_scan(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p1: int,
                    ints: NDArray[np.int64], floats: NDArray[np.float64],
@@ -675,24 +695,13 @@ def _interval_scan(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p
     Per chunk, each interval's tests go 64 rows into one match mask (a vectorized loop),
     ANDed into the chunk's masks; the matches are then written by trailing-zero counts.
     O((p1 - p0) x intervals) tests, O(matches) writes."""
-    one = np.uint64(1)
     masks = np.empty((cap + 63) // 64, np.uint64)
     k = 0
     if p1 <= p0:
         return 0
     for c in range(p0 // cap, (p1 - 1) // cap + 1):
-        block = _chunk_at(blocks, c - k_first)
-        base = c * cap
-        r0 = max(p0 - base, 0)
-        r1 = min(p1 - base, cap)
-        groups = _interval_masks(block, r0, r1, ints, floats, masks)
-        for q in range(groups):
-            m = masks[q]
-            p = base + r0 + 64 * q
-            while m:
-                out[k] = p + np.int64(_trailing_zeros(m))
-                k += 1
-                m &= m - one
+        k = _chunk_matches(_chunk_at(blocks, c - k_first), c * cap, p0, p1, cap, ints,
+                           floats, masks, out, k)
     return k
 
 
@@ -1367,6 +1376,14 @@ def _fold_run(positions: NDArray[np.int64], i: int, n: int, block: NDArray[np.ui
     return outside
 
 
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _running(groups: int, sums: Any) -> tuple[Any, Any, Any, Any]:  # pragma: no cover
+    """A fold's per-group running values, zero: counts, latest positions, and the sum
+    pairs in the sums' dtype."""
+    return (np.zeros(groups, np.int64), np.zeros(groups, np.int64),
+            np.zeros(groups, sums.dtype), np.zeros(groups, sums.dtype))
+
+
 @_njit(cache=True, nogil=True, boundscheck=False)
 def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
                 positions: NDArray[np.int64], key_row: int, lo: int,
@@ -1395,10 +1412,7 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
     running counts and sums stay in arrays of the groups' size, written to the cells
     once per block."""
     n = len(positions)
-    local = np.zeros(groups, np.int64)
-    latest = np.zeros(groups, np.int64)
-    s = np.zeros(groups, sums.dtype)
-    e = np.zeros(groups, sums.dtype)
+    local, latest, s, e = _running(groups, sums)
     outside = 0
     i = 0
     while i < n:
@@ -1421,12 +1435,8 @@ def _interval_fold(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p
     """`interval_scan` of [p0, p1) into `out` and `block_fold` of its matches, chunk by
     chunk while the chunk is in the cache: (matches, those left out of the cells).
     Every match is written to `out`, left out or not. O((p1 - p0) x intervals)."""
-    one = np.uint64(1)
     masks = np.empty((cap + 63) // 64, np.uint64)
-    local = np.zeros(groups, np.int64)
-    latest = np.zeros(groups, np.int64)
-    s = np.zeros(groups, sums.dtype)
-    e = np.zeros(groups, sums.dtype)
+    local, latest, s, e = _running(groups, sums)
     k = 0
     outside = 0
     if p1 <= p0:
@@ -1434,17 +1444,8 @@ def _interval_fold(blocks: NDArray[np.int64], k_first: int, cap: int, p0: int, p
     for c in range(p0 // cap, (p1 - 1) // cap + 1):
         block = _chunk_at(blocks, c - k_first)
         base = c * cap
-        r0 = max(p0 - base, 0)
-        r1 = min(p1 - base, cap)
-        found = _interval_masks(block, r0, r1, ints, floats, masks)
         k0 = k
-        for q in range(found):
-            m = masks[q]
-            p = base + r0 + 64 * q
-            while m:
-                out[k] = p + np.int64(_trailing_zeros(m))
-                k += 1
-                m &= m - one
+        k = _chunk_matches(block, base, p0, p1, cap, ints, floats, masks, out, k)
         outside += _fold_run(out, k0, k, block, base, cap, key_row, lo, value_row, log_b,
                              b_first, groups, counts, last, sums, mins, maxs, local, latest,
                              s, e)
