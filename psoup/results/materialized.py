@@ -158,7 +158,7 @@ class Materialized:
 
     def _check(self, plans: Sequence[Plan]) -> None:
         """Assert the invariants (for tests): sinks are kept for the live `plans` only,
-        each attached to exactly its slots."""
+        each attached to exactly its slots; an aggregate index by blocks holds its own."""
         self.sinks._check()
         live = {p.id: p for p in plans}
         assert set(self.aggregates) == {p.slot for p in plans if isinstance(p, SelectionPlan)
@@ -173,6 +173,10 @@ class Materialized:
             group = self.groups.of(p.jid)
             group._check()
             assert p.jid in group.members
+        for sink in self.aggregates.values():
+            check_index = getattr(sink.index, "_check", None)
+            if check_index is not None:
+                check_index()
         check = getattr(self.selections, "_check", None)
         if check is not None:
             check()
