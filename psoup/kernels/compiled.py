@@ -32,6 +32,12 @@ same name and signature in `psoup.kernels.reference`.
 * `interval_scan`: the positions of a chunked store whose values lie in given closed
   intervals of several 8-byte columns (a new query's interval factors over the retained
   tuples), in one call: 64-row match masks per interval, ANDed; O(rows x intervals).
+* `block_fold`: matches at sorted positions folded into per-block, per-group cells
+  (count, latest position, compensated FLOAT or exact INT sums, MIN, MAX), read in place,
+  each block's running values in a few registers or group-sized arrays and written to
+  its cells once; `interval_fold`: `interval_scan` and `block_fold` in one pass, each
+  chunk folded while it is in the cache; `block_prefix`: compensated prefix sums of
+  the blocks' FLOAT pairs (psoup.results.blocks, an aggregate index by blocks).
 * `ts_fault`: the first row of a batch whose ts is not finite or goes back in time.
 * `clear_bit`, `set_bits`: one query's bit in every chunk of a chunked bitmap cleared
   (a query leaving), or set at given positions (a new query's matches), in one call.
