@@ -247,3 +247,27 @@ def test_a_query_without_matches_answers_without_scanning() -> None:
     assert eng.invoke(h, now=999.0).rows == [(0, None)]
     assert eng.invoke(h2, now=999.0).rows == []
     eng.close()
+
+
+def test_a_group_absent_from_the_last_blocks_keeps_its_latest_ts() -> None:
+    """Group 1's matches all lie in the first blocks: its row's ts is that of its last
+    match, found by the binary search over the prefix counts (`_last_rows`)."""
+    eng = psoup.Engine(chunk_rows=4)
+    eng.execute("CREATE STREAM R (g INT, i INT)")
+    g = [1, 0, 1, 1, 0, 1, 0, 0] + [0] * 40
+    eng.insert("R", {"g": g, "i": list(range(len(g)))},
+               ts=[10.0 * k for k in range(len(g))])
+    h = eng.register("SELECT g, COUNT(*), SUM(i) FROM R GROUP BY g")
+
+    def want(p0: int) -> list[tuple[int, int, int]]:
+        return [(key, sum(1 for p in range(p0, len(g)) if g[p] == key),
+                 sum(p for p in range(p0, len(g)) if g[p] == key)) for key in (0, 1)]
+    got = eng.invoke(h, now=1000.0)
+    assert got.rows == want(0)
+    assert got.ts.tolist() == [470.0, 50.0]
+    (sink,) = _sinks(eng)
+    assert isinstance(sink.index, BlockIndex)
+    for p0 in (1, 2, 4, 5):
+        part = sink.index.answer(p0, len(g))
+        assert part.rows == want(p0) and part.ts.tolist() == [470.0, 50.0]
+    eng.close()

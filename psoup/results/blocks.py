@@ -425,17 +425,19 @@ class BlockIndex:
 
     def _load_middle(self, r_lo: int, r_hi: int) -> None:
         """The scratch cells set to the totals of storage rows [r_lo, r_hi): counts and
-        sums as differences of prefix rows, O(span); MIN, MAX (and the latest match of
-        a group without one in the last row) reduced over the rows, O(span x rows)."""
+        sums as differences of prefix rows, O(span); the latest match from the last row
+        (or `_last_rows`); MIN, MAX reduced over the rows, O(span x rows)."""
         w, cells, out = self.width, self._cells, self._scratch
         if w == 1 and not cells.mins and not cells.maxs:
             self._load_one(r_lo, r_hi)
             return
-        np.subtract(self._pcount[r_hi, :w], self._pcount[r_lo, :w], out=out.count[0, :w])
+        count = out.count[0, :w]
+        np.subtract(self._pcount[r_hi, :w], self._pcount[r_lo, :w], out=count)
         last = out.last[0, :w]
         last[:] = cells.last[r_hi - 1, :w]
-        if (last < 0).any():
-            np.max(cells.last[r_lo:r_hi, :w], axis=0, out=last)
+        missing = np.flatnonzero((last < 0) & (count > 0))
+        if len(missing):
+            last[missing] = cells.last[self._last_rows(r_lo, r_hi, missing), missing]
         for name, prefix in self._psums.items():    # in Python: inf - inf, no warning
             later, earlier = prefix[r_hi, :w].tolist(), prefix[r_lo, :w].tolist()
             if prefix.dtype.kind == "f":
@@ -449,13 +451,34 @@ class BlockIndex:
         for name, maxs in cells.maxs.items():
             np.max(maxs[r_lo:r_hi, :w], axis=0, out=out.maxs[name][0, :w])
 
+    def _last_rows(self, r_lo: int, r_hi: int, groups: np.ndarray) -> np.ndarray:
+        """For each of `groups` (group columns with a match in storage rows [r_lo,
+        r_hi)), the last of those rows holding one: the first prefix row reaching the
+        range's count, less one, found by a binary search of every group at once.
+        O(log(r_hi - r_lo)) vectorized steps."""
+        pcount = self._pcount
+        target = pcount[r_hi, groups]
+        lo = np.full(len(groups), r_lo + 1)
+        hi = np.full(len(groups), r_hi)
+        while True:
+            open_ = lo < hi
+            if not open_.any():
+                return lo - 1
+            mid = (lo + hi) // 2
+            reached = pcount[mid, groups] >= target
+            hi = np.where(open_ & reached, mid, hi)
+            lo = np.where(open_ & ~reached, mid + 1, lo)
+
     def _load_one(self, r_lo: int, r_hi: int) -> None:
         """`_load_middle` of one group without MIN or MAX, item by item (an invocation
         of the most common aggregates is a few microseconds of these)."""
         cells, out, pcount = self._cells, self._scratch, self._pcount
         out.count[0, 0] = pcount.item(r_hi, 0) - pcount.item(r_lo, 0)
         latest = cells.last.item(r_hi - 1, 0)
-        out.last[0, 0] = latest if latest >= 0 else cells.last[r_lo:r_hi, 0].max()
+        if latest < 0 and out.count[0, 0]:
+            latest = cells.last.item(int(self._last_rows(r_lo, r_hi, np.zeros(1, np.int64))[0]),
+                                     0)
+        out.last[0, 0] = latest
         for name, prefix in self._psums.items():
             (a, b), (c, d) = prefix[r_hi, 0].tolist(), prefix[r_lo, 0].tolist()
             out.sums[name][0, 0] = (a - c, b - d) if prefix.dtype.kind == "f" else \
