@@ -1076,7 +1076,7 @@ def test_an_unknown_backend_is_refused_naming_the_variable_and_the_choices() -> 
 #: NUMBA_CPU_NAME / NUMBA_CPU_FEATURES) with a fresh cache (numba inspects no cached
 #: code): the kernels whose code hangs on the target (the answer copy's compress, the
 #: transposition, the finds' ragged tails, the probe's rows ORed as vectors) against
-#: their twins at every density, then
+#: their twins at every density, the aggregate index's kernels too, then
 #: every compiled kernel's assembly searched for the forms some common x86-64 CPUs run
 #: slowly: a compress-store to memory (microcoded on Zen 4), gathers and scatters (slow
 #: on Intel's since the Downfall fix; scatters on AMD's).
@@ -1153,6 +1153,37 @@ compiled.slice_row(rows[0], cap)
 reference.slice_row(rows[1], cap)
 if not np.array_equal(rows[0], rows[1]) or rows[0][cap] != SLICED:
     wrong.append("slice_row")
+# the aggregate kernels, keyed and not, FLOAT and INT, at matches sparse and dense
+keyed_blocks = [gen.integers(0, 2**63, (3, cap), dtype=np.uint64) for _ in range(chunks)]
+for block in keyed_blocks:
+    block[0] = gen.integers(0, 4, cap).astype(np.int64).view(np.uint64)
+    block[2] = gen.normal(0, 1, cap).view(np.uint64)
+keyed_tables = [AddressTable(keyed_blocks), AddressTable(keyed_blocks)]
+for density in (0.05, 1.0):
+    where = np.flatnonzero(gen.random(chunks * cap) < density).astype(np.int64)
+    ints = np.array([[2], [1], [0], [0]], np.int64)
+    floats = np.array([[-0.5], [0.5]])
+    for dtype, value_row in ((np.float64, 2), (np.int64, 1)):
+        for key_row, groups in ((0, 4), (-1, 1)):
+            got = []
+            for kernels, handle in ((compiled, Handle(keyed_tables[0].table)),
+                                    (reference, Handle(keyed_tables[1]))):
+                cells = [np.zeros((chunks * cap // 64, groups), np.int64),
+                         np.full((chunks * cap // 64, groups), -1, np.int64),
+                         np.zeros((chunks * cap // 64, groups, 2), dtype),
+                         np.zeros((chunks * cap // 64, groups), dtype),
+                         np.zeros((chunks * cap // 64, groups), dtype)]
+                kernels.block_fold(handle, 0, cap, where, key_row, 0, value_row, 6, 0, groups,
+                                   *cells)
+                out = np.empty(chunks * cap, np.int64)
+                k, _ = kernels.interval_fold(handle, 0, cap, 0, chunks * cap, ints, floats,
+                                             out, key_row, 0, value_row, 6, 0, groups, *cells)
+                prefix = np.empty((chunks * cap // 64, groups, 2))
+                kernels.block_prefix(cells[2].astype(np.float64), np.zeros((groups, 2)), prefix)
+                got.append([*cells, out[:k], prefix,
+                            np.array(kernels.chunk_key_range(handle, 0, cap, 0, where))])
+            if not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(*got)):
+                wrong.append(f"aggregate kernels {dtype.__name__} key {key_row} at {density}")
 slow_form = re.compile(r"\bv\w*(gather|scatter)\w*|\bv\w*compress\w*\s+%\w+,\s*[^%\s]")
 slow = {}
 for name in dir(compiled):

@@ -376,6 +376,18 @@ def ts_fault(stamps: NDArray[np.float64], last: float) -> int:  # pragma: no cov
 
 
 @_intrinsic
+def _opaque(typingctx: Any, x: Any) -> Any:  # pragma: no cover - compiled
+    """x, passed through an empty inline assembly block LLVM cannot see into. A loop
+    that reads `values[_opaque(i)]` at positions it loads is not vectorized: vectorized,
+    those reads become gathers, slow on some x86-64 CPUs (see the module docstring)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        kind = args[0].type
+        return builder.call(ir.InlineAsm(ir.FunctionType(kind, [kind]), "", "=r,0"),
+                            [args[0]])
+    return x(x), codegen
+
+
+@_intrinsic
 def _trailing_zeros(typingctx: Any, x: Any) -> Any:  # pragma: no cover - compiled
     """The number of trailing zero bits of a nonzero integer (one instruction)."""
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
@@ -1059,7 +1071,7 @@ def _chunk_key_range(blocks: NDArray[np.int64], k_first: int, cap: int, row: int
             hi = max(hi, values[r0:r0 + i - j0].max())
             continue
         for t in range(j0, i):
-            v = values[positions[t] - base]
+            v = values[_opaque(positions[t] - base)]
             lo = min(lo, v)
             hi = max(hi, v)
     return lo, hi
@@ -1302,7 +1314,7 @@ def _fold_keyed(positions: NDArray[np.int64], i: int, j: int, base: int,
     outside = 0
     for t in range(i, j):
         p = positions[t]
-        r = p - base
+        r = _opaque(p - base)
         g = keys[r] - lo
         if np.uint64(g) >= groups:
             outside += 1
@@ -1334,7 +1346,7 @@ def _fold_one(positions: NDArray[np.int64], i: int, j: int, base: int, values: A
     high_v = maxs[b, 0] if high else values[0]
     for t in range(i, j):
         p = positions[t]
-        v = values[p - base]
+        v = values[_opaque(p - base)]
         count += 1
         at = p
         if summing:
