@@ -246,7 +246,8 @@ class DataSteM:
         snap._spare = []
         snap._readers = weakref.WeakSet()
         snap._gathers = {}
-        snap._blocks = None
+        # the same chunks: the address table, when built, serves it too (3 ms at 16M)
+        snap._blocks = self._blocks
         snap.on_expire = snap.on_horizon = None
         snap._held = [dict(chunk.cols) for chunk in snap._chunks]
         return snap
