@@ -70,6 +70,7 @@ class Core:
                          POLICIES[routing]())
         self.kept = Materialized(MODES[mode], self.stems, sinks, self.eddy, chunk_rows,
                                  shared_joins)
+        self.kept.selections.threads = threads
         self.windows = WindowsTable()
         self.tiers = ArchiveTiers(self.stems, self.query_stem.probe)
         self.answers = Answers(self.stems, self.windows, self.kept, self.tiers,
@@ -80,6 +81,7 @@ class Core:
     def create(self, schema: StreamSchema, sql: str,
                on_expire: Callable[..., None] | None = None) -> None:
         stem = DataSteM(schema, self.chunk_rows)
+        stem.threads = self.query_stem.workers.threads
         if on_expire is not None:
             stem.on_expire = on_expire
         self.stems[schema.name] = stem

@@ -1174,7 +1174,7 @@ class AggregateSink(Sink):
         names = [c if isinstance(c, str) else c[1] for c in self.index.rows[1:]]
         dtypes = self.stem.wide_dtypes(names)
         if dtypes is not None and not len(self.index) and len(positions):
-            parts = halves.split(positions)
+            parts = halves.split(positions, self.stem.threads)
             sizes, keys, grouping = _bulk_groups(
                 self.stem, [c for _, c in self.index.aggregator.group_by], positions, parts)
             self.index.load(np.sum(sizes, axis=0), keys, dtypes,

@@ -84,6 +84,9 @@ class ResultsStructure(Sink):
     #: Whether `snapshot` takes every span, or only position ranges (the windows that
     #: are none, PARTITION BY's, are then answered under the lock).
     snapshots_arrays = True
+    #: The threads a long step may be split over (psoup.stems.halves; None: the cores);
+    #: the engine sets its own.
+    threads: int | None = None
 
     def admission_bytes(self, words: int, rows: int) -> int:
         """The most memory that registering one more query can add here at once: its

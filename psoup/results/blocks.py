@@ -295,7 +295,8 @@ class BlockIndex:
         self._make_room(rows, lo, width)
         self.rows = rows
         out = np.empty(p1 - p0, np.int64)
-        parts = halves.ranges(p0, p1, stem.chunk_rows)      # chunks: no block in two
+        # chunks: no block in two parts
+        parts = halves.ranges(p0, p1, stem.chunk_rows, stem.threads)
         cells = self._cells
         found = halves.each(lambda ab: _scan_cells(
             cells, stem, scan, ab[0], ab[1], out[ab[0] - p0:], self.key, self.lo,
@@ -316,7 +317,7 @@ class BlockIndex:
         cells = self._cells
         return sum(halves.each(lambda ab: cells.fold(
             self.stem, positions[ab[0]:ab[1]], self.key, self.lo, self.width, self.log_b,
-            self.b0), halves.split_aligned(positions, 1 << self.log_b)))
+            self.b0), halves.split_aligned(positions, 1 << self.log_b, self.stem.threads)))
 
     def _within(self, low: int, high: int) -> tuple[int, int]:
         """(lo, width) of keys low..high, or SpanExceeded past MAX_SPAN."""

@@ -232,7 +232,7 @@ class PartialResults(ResultsStructure, ProbeTarget):
             # 64 rows' bits in one word)
             halves.each(lambda ab: kernels.set_bits(listed.handle, k_first, cap, word, mask,
                                                     positions[ab[0]:ab[1]]),
-                        halves.split_aligned(positions, cap))
+                        halves.split_aligned(positions, cap, self.threads))
 
     def on_unregister(self, slot: int) -> None:
         """Clear the slot's bits in every chunk. O(retained rows), retained / 64 words

@@ -163,6 +163,9 @@ class DataSteM:
         self.on_horizon: Callable[[int, int], None] | None = None
         #: a copy for a scan: its references to its chunks' columns (`copy_for_scan`)
         self._held: list[dict[str, np.ndarray]] = []
+        #: the threads a long scan of it is split over (psoup.stems.halves); None: the
+        #: cores this process may use. The engine sets its own (`Engine(threads=)`).
+        self.threads: int | None = None
 
     # ----------------------------------------------------------------- insert, expire
 
@@ -656,7 +659,7 @@ class DataSteM:
         moved up behind the parts before it. O(p1 - p0)."""
         out = np.empty(p1 - p0, np.int64)
         table = self._block_list()[0].handle
-        parts = halves.ranges(p0, p1, self.chunk_rows)
+        parts = halves.ranges(p0, p1, self.chunk_rows, self.threads)
         found = halves.each(lambda ab: kernels.interval_scan(
             table, self._chunk0, self.chunk_rows, ab[0], ab[1], *intervals,
             out[ab[0] - p0:]), parts)
@@ -685,7 +688,7 @@ class DataSteM:
         if p1 <= p0:
             return out, 0
         table = self._block_list()[0].handle
-        parts = halves.ranges(p0, p1, self.chunk_rows)
+        parts = halves.ranges(p0, p1, self.chunk_rows, self.threads)
         found = halves.each(lambda ab: kernels.interval_gather(
             table, self._chunk0, self.chunk_rows, ab[0], ab[1], *intervals, rows_of,
             out[:, ab[0] - p0:]), parts)
