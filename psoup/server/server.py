@@ -48,6 +48,7 @@ import logging
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -67,6 +68,7 @@ from psoup.errors import PSoupError
 from psoup.options import ModeName, SyncName
 from psoup.results.result import Changes, Result
 from psoup.server.allocator import keep_freed_memory
+from psoup.server.fronts import Fronts, Virtual
 from psoup.server.ops import OPS, Limits, Op, OpName
 from psoup.server.protocol import (
     HEADER,
@@ -188,6 +190,9 @@ class _Conversation:
         self.hello_by = 0.0     # time.monotonic() by which the hello must have arrived
         # the sender waits for a reply and holds none: a ready reply may be written at once
         self.idle = False
+        # through its hello; waiting for its next request (both for _take_frames)
+        self.authenticated = False
+        self.waiting = False
 
     def owes_nothing(self) -> bool:
         """Whether every reply to an earlier request has been written (so the next one
@@ -219,6 +224,8 @@ class Server:
         port: the port; 0 picks a free one (see `address` once started).
         token: the access token every connection's hello must carry.
         limits: request and connection limits.
+        fronts: front processes that accept the connections and do their socket work
+            on other cores (psoup.server.front); 0: this process does it all.
 
     Example:
         >>> from psoup.client import Client
@@ -231,7 +238,7 @@ class Server:
     """
 
     def __init__(self, engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
-                 token: str, limits: Limits | None = None):
+                 token: str, limits: Limits | None = None, fronts: int = 0):
         if not isinstance(token, str) or not token:
             raise ValueError("the server needs a non-empty access token")
         self.engine = engine
@@ -243,6 +250,10 @@ class Server:
         self.server_id = secrets.token_hex(8)
         self.address: tuple[str, int] | None = None
         self._token = token.encode()
+        if not isinstance(fronts, int) or fronts < 0:
+            raise ValueError(f"fronts must be a count of processes >= 0, not {fronts!r}")
+        self.fronts = fronts
+        self._fronts: Fronts | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -343,15 +354,25 @@ class Server:
         self._register_pool = ThreadPoolExecutor(REGISTER_THREADS,
                                                  thread_name_prefix="psoup-register")
         listener = writer_task = None
+        accepting: socket.socket | None = None
         try:
-            listener = await asyncio.start_server(self._connection, self.host, self.port)
-            self.address = tuple(listener.sockets[0].getsockname()[:2])
+            if self.fronts:
+                accepting = _listening(self.host, self.port)
+                self.address = tuple(accepting.getsockname()[:2])
+                self._fronts = Fronts(self.fronts, accepting, self._connection,
+                                      self._take_frames)
+                await self._fronts.start()
+            else:
+                listener = await asyncio.start_server(self._connection, self.host, self.port)
+                self.address = tuple(listener.sockets[0].getsockname()[:2])
             writer_task = asyncio.create_task(self._write_loop())
             on_start()
             await self._stopping.wait()
         finally:
             if listener is not None:
                 listener.close()
+            if self._fronts is not None:
+                self._fronts.serving = False        # no front is started again
             tasks = [*self._connections, *self._pending] + ([writer_task] if writer_task
                                                              else [])
             for task in tasks:
@@ -359,6 +380,11 @@ class Server:
             await asyncio.gather(*tasks, return_exceptions=True)
             if listener is not None:
                 await listener.wait_closed()
+            if self._fronts is not None:
+                await self._fronts.stop()
+                self._fronts = None
+            if accepting is not None:
+                accepting.close()
             # wait=True: no engine call of this server outlives stop(), so the caller
             # may close the engine right after.
             self._read_pool.shutdown(wait=True, cancel_futures=True)
@@ -409,6 +435,8 @@ class Server:
         conv = _Conversation(self.limits.max_in_flight)
         conv.hello_by = time.monotonic() + self.limits.hello_timeout
         conv.sender = asyncio.create_task(self._send_replies(writer, conv))
+        if isinstance(writer, Virtual):
+            writer.conv = conv
         authenticated = False
         cancelled = False
         try:
@@ -428,6 +456,7 @@ class Server:
                                                       args, began, conv)
                     if not authenticated:
                         return
+                    conv.authenticated = True
                     continue
                 reply = self._take(request_id, op, args, len(payload), conv, peer, began)
                 if isinstance(reply, asyncio.Future):
@@ -445,6 +474,42 @@ class Server:
                 conv.sender.cancel()
             else:
                 await conv.finish(self.limits.read_timeout)
+
+    def _take_frames(self, virtual: Virtual, data: bytes) -> int:
+        """Take the whole requests at the start of `data`, bytes a front relayed for a
+        connection that waits for its next request with nothing buffered, as `_converse`
+        would, without a turn of its coroutine per request: the count of bytes taken.
+        What it leaves (a part of a frame, a frame over the limit, one that does not
+        decode, a hello, a request the connection's queue of replies has no room for)
+        goes to the connection's reader, and so to `_converse`."""
+        conv: _Conversation = virtual.conv
+        if not conv.authenticated or conv.sender is None:
+            return 0
+        most, end, pos = self.limits.max_frame_bytes, len(data), 0
+        replies = conv.replies
+        while end - pos >= HEADER.size and not conv.sender.done() and not replies.full():
+            (size,) = HEADER.unpack_from(data, pos)
+            start = pos + HEADER.size
+            if size > most or end - start < size:
+                break
+            payload = data[start:start + size]
+            began = time.perf_counter()
+            try:
+                request_id, op, args = request(payload)
+            except ProtocolError:
+                break
+            if op == OpName.HELLO:
+                break
+            self.requests += 1
+            pos = start + size
+            reply = self._take(request_id, op, args, size, conv, virtual.peer, began)
+            if isinstance(reply, asyncio.Future):
+                replies.put_nowait(reply)
+            elif isinstance(reply, bytes) and conv.owes_nothing():
+                virtual.write(reply)
+            else:
+                replies.put_nowait(_ready(reply))
+        return pos
 
     async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      peer: Any, request_id: Any, op: Any, args: Any, began: float,
@@ -579,7 +644,11 @@ class Server:
             # An authenticated client may stay quiet between requests for as long as it
             # likes; a started frame, or a connection that has not said hello, may not.
             if idle:
-                head = await reader.readexactly(1)
+                conv.waiting = True
+                try:
+                    head = await reader.readexactly(1)
+                finally:
+                    conv.waiting = False
             head += await _within(reader, 4 - len(head), timeout)
             (size,) = HEADER.unpack(head)
             if size > most:
@@ -890,6 +959,15 @@ class Server:
                 outcomes = [(False, failed) if ok else (ok, v) for ok, v in outcomes]
         return outcomes
 
+def _listening(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port) for front processes to accept on; "" and
+    "::" listen on every interface (IPv6 and IPv4 where the system allows both)."""
+    if host in ("", "::") and socket.has_dualstack_ipv6():
+        return socket.create_server(("::", port), family=socket.AF_INET6,
+                                    dualstack_ipv6=True, backlog=1024)
+    return socket.create_server(("0.0.0.0" if host == "" else host, port), backlog=1024)
+
+
 def _ready(frame: _Reply) -> asyncio.Future[_Reply]:
     """A reply that is ready, as the future the conversation's queue holds."""
     ready: asyncio.Future[_Reply] = asyncio.get_running_loop().create_future()
@@ -1051,7 +1129,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                spark_conf: Mapping[str, str] | None = None,
                archive_budget: float | None = None,
                answer_cache_bytes: int = DEFAULT_ANSWER_CACHE,
-               threads: int | None = None) -> None:
+               threads: int | None = None, fronts: int | None = None) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -1074,6 +1152,9 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             invocations reuse (`Engine`'s answer_cache_bytes; 0 keeps none).
         threads: the threads a large batch's probe is split over (`Engine`'s threads;
             None: the cores this process may run on).
+        fronts: front processes that accept the connections and do their socket work
+            (`Server`'s fronts); None: one fewer than the threads (none with one
+            thread: the whole server in this process, as on one core).
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
 
     The process's C allocator keeps the memory it frees (psoup.server.allocator).
@@ -1113,7 +1194,9 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             generated = token is None
             if token is None:
                 token = _stored_or_new_token(data_dir)
-            server = Server(engine, host, port, token=token, limits=limits)
+            if fronts is None:
+                fronts = engine.threads - 1
+            server = Server(engine, host, port, token=token, limits=limits, fronts=fronts)
             bound_host, bound_port = server.start_in_thread()
             serving = True
             try:

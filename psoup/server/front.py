@@ -1,0 +1,233 @@
+"""A front process of the psoup server (`psoup serve --threads N`, N > 1).
+
+The engine process owns the engine, the protocol and every connection's state; it runs
+on one core because the GIL serializes its Python. A front takes the socket work off
+it: it accepts connections on the engine process's listening socket (each front calls
+accept on the same socket; the kernel hands a connection to one of them), and relays
+bytes both ways over one Unix socket to the engine process, which serves each
+connection as if it had accepted it (psoup.server.server: `_Virtual`). The engine's
+event loop then sees one socket, read and written in large chunks, instead of a
+hundred, and the system calls and the transports' work of the connections run on
+another core.
+
+A front keeps no state that matters: if it dies, the engine process sees its channel
+close, ends its connections as closed by their peers (every write they sent before is
+applied or not, as when any connection drops), and the clients reconnect, to another
+front or to a new one.
+
+Channel messages, both ways: a header (kind, connection number, length of the body),
+then the body. A front sends OPEN (body: the peer's address, "host:port"), DATA (bytes
+the client sent), SHUT (the client will send nothing more; replies still go to it),
+CLOSED (the connection is gone), PAUSE and RESUME
+(its socket's send buffer is full / has room again: the engine stops and restarts
+writing to it). The engine sends DATA (bytes for the client), EOF (shut the sending
+side: a refused connection's last reply), CLOSE (close the connection), HOLD and
+READ (stop / restart reading the client: the engine's buffer of its unread requests is
+full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import struct
+import sys
+from typing import Any
+
+#: kind (1 byte), connection number, body length; little-endian
+MESSAGE = struct.Struct("<BII")
+
+OPEN, DATA, SHUT, CLOSED, PAUSE, RESUME, EOF, CLOSE, HOLD, READ = range(1, 11)
+
+#: The bytes a channel's transport may hold unsent before the clients are paused.
+CHANNEL_BUFFER = 1 << 23
+
+#: Most bytes of a client's data relayed in one message (larger reads are cut).
+_MOST = 1 << 20
+
+
+class _Channel(asyncio.Protocol):
+    """The front's end of its channel to the engine process."""
+
+    def __init__(self, front: _Front):
+        self.front = front
+        self.buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos, end, conns = 0, len(buf), self.front.conns
+        while end - pos >= MESSAGE.size:
+            kind, conn, size = MESSAGE.unpack_from(buf, pos)
+            start = pos + MESSAGE.size
+            if end - start < size:
+                break
+            pos = start + size
+            client = conns.get(conn)
+            if client is None:
+                continue
+            if kind == DATA:
+                client.transport.write(bytes(buf[start:pos]))
+            else:
+                client.command(kind)
+        del buf[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # the engine process has gone or stopped: so does this front
+        self.front.gone.set()
+
+    def pause_writing(self) -> None:
+        self.front.pause_clients()
+
+    def resume_writing(self) -> None:
+        self.front.resume_clients()
+
+
+class _Client(asyncio.Protocol):
+    """One client connection, relayed to the engine process."""
+
+    def __init__(self, front: _Front):
+        self.front = front
+        self.conn = 0
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set at once
+        self.held = False       # the engine asked to stop reading
+        self.paused = False     # the channel is full
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conn = self.front.open(self)
+        peer = transport.get_extra_info("peername")
+        self.front.send(OPEN, self.conn, _peer_text(peer).encode())
+        if self.front.paused:
+            self.pause()
+
+    def data_received(self, data: bytes) -> None:
+        for start in range(0, len(data), _MOST):
+            self.front.send(DATA, self.conn, data[start:start + _MOST])
+
+    def eof_received(self) -> bool:
+        self.front.send(SHUT, self.conn, b"")
+        return True             # half open: the engine still writes its replies
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.front.conns.pop(self.conn, None) is not None:
+            self.front.send(CLOSED, self.conn, b"")
+
+    def pause_writing(self) -> None:
+        self.front.send(PAUSE, self.conn, b"")
+
+    def resume_writing(self) -> None:
+        self.front.send(RESUME, self.conn, b"")
+
+    def command(self, kind: int) -> None:
+        if kind == EOF:
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+        elif kind == CLOSE:
+            self.front.conns.pop(self.conn, None)
+            self.transport.close()
+        elif kind == HOLD:
+            self.held = True
+            self.transport.pause_reading()
+        elif kind == READ:
+            self.held = False
+            if not self.paused:
+                self.transport.resume_reading()
+
+    def pause(self) -> None:
+        self.paused = True
+        self.transport.pause_reading()
+
+    def resume(self) -> None:
+        self.paused = False
+        if not self.held:
+            self.transport.resume_reading()
+
+
+class _Front:
+    def __init__(self) -> None:
+        self.conns: dict[int, _Client] = {}
+        self.next = 0
+        self.out: list[bytes] = []
+        self.channel: asyncio.Transport | None = None
+        self.gone = asyncio.Event()
+        self.paused = False
+
+    def open(self, client: _Client) -> int:
+        self.next += 1
+        self.conns[self.next] = client
+        return self.next
+
+    def send(self, kind: int, conn: int, body: bytes) -> None:
+        """Queue a message for the channel; the messages queued in one turn of the loop
+        leave in one write."""
+        if not self.out:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.out.append(MESSAGE.pack(kind, conn, len(body)))
+        if body:
+            self.out.append(body)
+
+    def flush(self) -> None:
+        if self.channel is not None and not self.channel.is_closing():
+            self.channel.write(b"".join(self.out))
+        self.out.clear()
+
+    def pause_clients(self) -> None:
+        self.paused = True
+        for client in self.conns.values():
+            client.pause()
+
+    def resume_clients(self) -> None:
+        self.paused = False
+        for client in self.conns.values():
+            client.resume()
+
+
+def _peer_text(peer: Any) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return str(peer)
+
+
+async def serve(listener: socket.socket, channel: socket.socket) -> None:
+    """Relay the connections accepted on `listener` over `channel` until the engine
+    process closes the channel."""
+    loop = asyncio.get_running_loop()
+    front = _Front()
+    transport, _ = await loop.create_unix_connection(lambda: _Channel(front), sock=channel)
+    transport.set_write_buffer_limits(CHANNEL_BUFFER)
+    front.channel = transport
+    server = await loop.create_server(lambda: _Client(front), sock=listener)
+    try:
+        await front.gone.wait()
+    finally:
+        server.close()
+        for client in list(front.conns.values()):
+            client.transport.abort()
+
+
+def main(argv: list[str]) -> None:
+    """`python -m psoup.server.front LISTEN_FD CHANNEL_FD`: the fds are inherited."""
+    # Ctrl-C reaches the whole process group: the engine process stops the server (its
+    # last replies still pass through here), then closes the channel, which ends this
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    listener = socket.socket(fileno=int(argv[0]))
+    channel = socket.socket(fileno=int(argv[1]))
+    listener.setblocking(False)
+    channel.setblocking(False)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(listener, channel))
+    os._exit(0)      # the inherited sockets are the engine process's: no cleanup here
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
