@@ -1,12 +1,19 @@
-"""The server with more than one thread (`--threads`): a read on the event loop that
-finds the engine lock taken waits for it a moment (LOCK_WAIT_SECONDS) and runs there,
-instead of going to a read thread at once (a handoff between cores costs more than a
-short write's wait); a wait that runs out hands it over as before, and later reads do
-not wait until the loop finds the lock free again. With one thread nothing waits:
-today's server."""
+"""The server with more than one thread (`--threads`).
+
+A read on the event loop that finds the engine lock taken waits for it a moment
+(LOCK_WAIT_SECONDS) and runs there, instead of going to a read thread at once (a
+handoff between cores costs more than a short write's wait); a wait that runs out
+hands it over as before, and later reads do not wait until the loop finds the lock
+free again. `psoup serve` starts front processes (psoup.server.front) that relay the
+connections: one that dies loses nothing, and another takes its place. With one
+thread nothing waits and no front starts: today's server. (Every op through a front
+is tested by tests/test_server.py and tests/test_pieces.py, which run each test with
+and without one.)"""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -124,3 +131,76 @@ def test_a_wait_that_runs_out_hands_the_reads_over_until_the_lock_is_free(
         sock.sendall(pack_frame({"id": 5, "op": "invoke", "args": {"handle": handle}}))
         assert read_reply(sock)["ok"]
     assert engine.ran_on[-1] == "psoup-server" and not server._waited_out
+
+
+# ---------------------------------------------------------------- front processes
+
+
+class _Started(Exception):
+    """Raised by a fake Server in place of serving (run_server then stops)."""
+
+
+@pytest.mark.parametrize(("threads", "fronts"), [(1, 0), (2, 1), (3, 2)])
+def test_serve_starts_a_front_per_thread_but_one_and_none_with_one_thread(
+        monkeypatch: pytest.MonkeyPatch, threads: int, fronts: int) -> None:
+    seen: list[int] = []
+
+    class Fake(Server):
+        def start_in_thread(self) -> tuple[str, int]:
+            seen.append(self.fronts)
+            raise _Started
+    monkeypatch.setattr(server_module, "Server", Fake)
+    with pytest.raises(_Started):
+        server_module.run_server(None, port=0, token=TOKEN, threads=threads,
+                                 echo=lambda _: None)
+    assert seen == [fronts]
+
+
+def _front_pids(server: Server) -> list[int]:
+    assert server._fronts is not None
+    return server._fronts.pids()
+
+
+def test_a_front_killed_mid_request_loses_nothing_and_is_replaced(
+        engine_with_front: tuple[Engine, Server, str]) -> None:
+    engine, server, address = engine_with_front
+    host, port = address.rsplit(":", 1)
+    with Client(address, token=TOKEN, timeout=WAIT) as client:
+        client.execute("CREATE STREAM R (a INT)")
+        handle = client.register(QUERY)
+        client.insert("R", {"a": [5, 6]}, ts=[1.0, 2.0])
+    (killed,) = _front_pids(server)
+    with socket.create_connection((host, int(port)), timeout=WAIT) as sock:
+        sock.sendall(pack_frame({"id": 0, "op": "hello",
+                                 "args": {"token": TOKEN, "protocol": PROTOCOL}}))
+        assert read_reply(sock)["ok"]
+        with engine.locked():            # the insert reaches the writer, which waits
+            sock.sendall(pack_frame({"id": 1, "op": "insert", "args": {
+                "stream": "R", "columns": {"a": [7, 8, 9]}, "ts": [3.0, 4.0, 5.0]}}))
+            _wait_for(lambda: engine._lock._waiting >= 1)
+            os.kill(killed, signal.SIGKILL)
+            # the connection drops with the front, its request still in the engine
+            assert read_reply(sock) is None
+    _wait_for(lambda: len(_front_pids(server)) == 1 and _front_pids(server) != [killed])
+    with Client(address, token=TOKEN, timeout=WAIT) as again:    # through the new front
+        assert again.invoke(handle).rows == [(5,), (6,), (7,), (8,), (9,)]
+
+
+def test_the_fronts_exit_when_the_server_stops(
+        engine_with_front: tuple[Engine, Server, str]) -> None:
+    _, server, address = engine_with_front
+    with Client(address, token=TOKEN, timeout=WAIT) as client:
+        assert client.ping() == "pong"
+    assert server._fronts is not None
+    procs = list(server._fronts.procs.values())
+    server.stop()
+    assert procs and all(proc.poll() is not None for proc in procs)
+
+
+@pytest.fixture
+def engine_with_front() -> Iterator[tuple[Engine, Server, str]]:
+    engine = Engine(clock=Clock(1000.0))
+    server = Server(engine, port=0, token=TOKEN, fronts=1)
+    host, port = server.start_in_thread()
+    yield engine, server, f"{host}:{port}"
+    server.stop()
