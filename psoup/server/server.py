@@ -34,6 +34,12 @@ connection's sender encodes it on the encoding thread, outside the engine lock, 
 at a time (to a client that takes pieces; else whole), writing each piece before the
 next is encoded, so the loop serves other connections between pieces.
 
+With `fronts` (`psoup serve --threads N`: N - 1 of them), front processes accept the
+connections and relay their bytes (psoup.server.front, psoup.server.fronts): each
+connection is served here as one accepted here, and the whole requests of one that
+waits for its next request are answered as they arrive (`_take_frames`), without a
+turn of its coroutine each.
+
 What each operation takes and does is in psoup.server.ops; this module moves frames,
 authenticates, pipelines, and groups commits.
 """
@@ -1194,8 +1200,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             generated = token is None
             if token is None:
                 token = _stored_or_new_token(data_dir)
-            if fronts is None:
-                fronts = engine.threads - 1
+            if fronts is None:      # fronts inherit fds and speak over a Unix socket
+                fronts = engine.threads - 1 if sys.platform != "win32" else 0
             server = Server(engine, host, port, token=token, limits=limits, fronts=fronts)
             bound_host, bound_port = server.start_in_thread()
             serving = True
