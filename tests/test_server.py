@@ -53,9 +53,11 @@ def engine() -> Engine:
 
 
 @pytest.fixture(params=[0, 1], ids=["in-process", "front"])
-def fronts(request: pytest.FixtureRequest) -> int:
-    """A server under test accepts its connections itself, and through a front process
-    (psoup.server.front), which must not change what a client sees."""
+def fronts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """A server under test serves its connections itself, and has a front process
+    (psoup.server.front) relay every one of them, which must not change what a client
+    sees."""
+    monkeypatch.setattr(server_module, "DIRECT_CONNECTIONS", 0)
     count: int = request.param
     return count
 

@@ -192,15 +192,38 @@ def test_the_fronts_exit_when_the_server_stops(
     with Client(address, token=TOKEN, timeout=WAIT) as client:
         assert client.ping() == "pong"
     assert server._fronts is not None
-    procs = list(server._fronts.procs.values())
+    procs = server._fronts.procs()
     server.stop()
     assert procs and all(proc.poll() is not None for proc in procs)
 
 
 @pytest.fixture
-def engine_with_front() -> Iterator[tuple[Engine, Server, str]]:
+def engine_with_front(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Server, str]]:
+    """A server whose every connection a front relays."""
+    monkeypatch.setattr(server_module, "DIRECT_CONNECTIONS", 0)
     engine = Engine(clock=Clock(1000.0))
     server = Server(engine, port=0, token=TOKEN, fronts=1)
     host, port = server.start_in_thread()
     yield engine, server, f"{host}:{port}"
     server.stop()
+
+
+def test_the_first_connections_are_served_directly_and_the_rest_through_a_front(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "DIRECT_CONNECTIONS", 2)
+    server = Server(Engine(), port=0, token=TOKEN, fronts=1)
+    host, port = server.start_in_thread()
+    try:
+        clients = [Client(f"{host}:{port}", token=TOKEN, timeout=WAIT) for _ in range(3)]
+        assert all(client.ping() == "pong" for client in clients)
+        assert server._fronts is not None
+        (front,) = server._fronts.fronts.values()
+        assert server._direct == 2 and len(front.channel.conns) == 1
+        clients[0].close()                 # room again: the next one is served directly
+        _wait_for(lambda: server._direct == 1)
+        clients.append(Client(f"{host}:{port}", token=TOKEN, timeout=WAIT))
+        assert clients[-1].ping() == "pong" and server._direct == 2
+        for client in clients[1:]:
+            client.close()
+    finally:
+        server.stop()

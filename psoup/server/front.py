@@ -2,28 +2,26 @@
 
 The engine process owns the engine, the protocol and every connection's state; it runs
 on one core because the GIL serializes its Python. A front takes the socket work off
-it: it accepts connections on the engine process's listening socket (each front calls
-accept on the same socket; the kernel hands a connection to one of them), and relays
-bytes both ways over one Unix socket to the engine process, which serves each
-connection as if it had accepted it (psoup.server.server: `_Virtual`). The engine's
-event loop then sees one socket, read and written in large chunks, instead of a
-hundred, and the system calls and the transports' work of the connections run on
-another core.
+it: the engine process accepts each connection and, past its first few, passes the
+socket to a front (SCM_RIGHTS over a Unix socket), which relays the connection's bytes
+both ways over another Unix socket, its channel; the engine process serves the
+connection as if it held it (psoup.server.fronts: `Virtual`). The engine's event loop
+then reads and writes one socket in large chunks instead of a hundred, and the system
+calls and transports of the connections run on other cores.
 
 A front keeps no state that matters: if it dies, the engine process sees its channel
 close, ends its connections as closed by their peers (every write they sent before is
-applied or not, as when any connection drops), and the clients reconnect, to another
-front or to a new one.
+applied or not, as when any connection drops), starts another front, and the clients
+reconnect.
 
 Channel messages, both ways: a header (kind, connection number, length of the body),
 then the body. A front sends OPEN (body: the peer's address, "host:port"), DATA (bytes
 the client sent), SHUT (the client will send nothing more; replies still go to it),
-CLOSED (the connection is gone), PAUSE and RESUME
-(its socket's send buffer is full / has room again: the engine stops and restarts
-writing to it). The engine sends DATA (bytes for the client), EOF (shut the sending
-side: a refused connection's last reply), CLOSE (close the connection), HOLD and
-READ (stop / restart reading the client: the engine's buffer of its unread requests is
-full).
+CLOSED (the connection is gone), PAUSE and RESUME (its socket's send buffer is full /
+has room again: the engine stops and restarts writing to it). The engine sends DATA
+(bytes for the client), EOF (shut the sending side: a refused connection's last
+reply), CLOSE (close the connection), HOLD and READ (stop / restart reading the client:
+the engine's buffer of its unread requests is full).
 """
 
 from __future__ import annotations
@@ -198,35 +196,50 @@ def _peer_text(peer: Any) -> str:
     return str(peer)
 
 
-async def serve(listener: socket.socket, channel: socket.socket) -> None:
-    """Relay the connections accepted on `listener` over `channel` until the engine
-    process closes the channel."""
+async def serve(sockets: socket.socket, channel: socket.socket) -> None:
+    """Relay the connections whose sockets arrive on `sockets` over `channel` until the
+    engine process closes the channel."""
     loop = asyncio.get_running_loop()
     front = _Front()
     transport, _ = await loop.create_unix_connection(lambda: _Channel(front), sock=channel)
     transport.set_write_buffer_limits(CHANNEL_BUFFER)
     front.channel = transport
-    server = await loop.create_server(lambda: _Client(front), sock=listener)
+
+    def received() -> None:
+        try:
+            _, fds, _, _ = socket.recv_fds(sockets, 64, 64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            front.gone.set()
+            return
+        if not fds:                     # the engine process closed it
+            front.gone.set()
+        for fd in fds:
+            client = socket.socket(fileno=fd)
+            client.setblocking(False)
+            loop.create_task(loop.connect_accepted_socket(lambda: _Client(front), client))
+    loop.add_reader(sockets.fileno(), received)
     try:
         await front.gone.wait()
     finally:
-        server.close()
+        loop.remove_reader(sockets.fileno())
         for client in list(front.conns.values()):
             client.transport.abort()
 
 
 def main(argv: list[str]) -> None:
-    """`python -m psoup.server.front LISTEN_FD CHANNEL_FD`: the fds are inherited."""
+    """`python -m psoup.server.front SOCKETS_FD CHANNEL_FD`: the fds are inherited."""
     # Ctrl-C reaches the whole process group: the engine process stops the server (its
     # last replies still pass through here), then closes the channel, which ends this
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    listener = socket.socket(fileno=int(argv[0]))
+    sockets = socket.socket(fileno=int(argv[0]))
     channel = socket.socket(fileno=int(argv[1]))
-    listener.setblocking(False)
+    sockets.setblocking(False)
     channel.setblocking(False)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(listener, channel))
-    os._exit(0)      # the inherited sockets are the engine process's: no cleanup here
+        asyncio.run(serve(sockets, channel))
+    os._exit(0)
 
 
 if __name__ == "__main__":

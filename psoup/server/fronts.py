@@ -1,7 +1,8 @@
 """The engine process's side of its front processes (psoup.server.front).
 
-Each front has a channel (a Unix socketpair) to the engine process. A connection a
-front accepted is served here by the same code as one the engine process accepted
+Each front has a channel (a Unix socketpair) to the engine process, and a Unix socket
+that the engine process passes accepted connections' sockets on. A connection a front
+relays is served here by the same code as one the engine process accepted
 itself (`Server._connection`), given a `Virtual`: the StreamReader it reads is fed
 with the bytes the front relays, and writing to it sends bytes back through the front.
 Everything the protocol does (hello, the token, limits, timeouts, pipelining, pieces,
@@ -236,14 +237,23 @@ class Channel(asyncio.Protocol):
             self.transport.close()
 
 
-class Fronts:
-    """The front processes of a server: started on a listening socket, each with its
-    channel; one that dies is replaced while `serving`."""
+class _Front:
+    """One front process: its channel, the socket its connections' sockets are passed
+    on, and the process."""
 
-    def __init__(self, count: int, listener: socket.socket, serve: Serve, take: Take):
-        self.count, self.listener, self.serve, self.take = count, listener, serve, take
-        self.procs: dict[Channel, subprocess.Popen[bytes]] = {}
+    def __init__(self, channel: Channel, sockets: socket.socket,
+                 proc: subprocess.Popen[bytes]):
+        self.channel, self.sockets, self.proc = channel, sockets, proc
+
+
+class Fronts:
+    """The front processes of a server; one that dies is replaced while `serving`."""
+
+    def __init__(self, count: int, serve: Serve, take: Take):
+        self.count, self.serve, self.take = count, serve, take
+        self.fronts: dict[Channel, _Front] = {}
         self.serving = False
+        self._turn = 0
 
     async def start(self) -> None:
         self.serving = True
@@ -252,43 +262,71 @@ class Fronts:
 
     async def _start_one(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        passing, passed = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            fds = (self.listener.fileno(), theirs.fileno())
+            fds = (passed.fileno(), theirs.fileno())
             proc = subprocess.Popen([sys.executable, "-m", "psoup.server.front",
                                      *map(str, fds)], pass_fds=fds, env=_environment())
+        except BaseException:
+            mine.close()
+            passing.close()
+            raise
         finally:
             theirs.close()
-        loop = asyncio.get_running_loop()
+            passed.close()
         mine.setblocking(False)
-        _, channel = await loop.create_unix_connection(
+        _, channel = await asyncio.get_running_loop().create_unix_connection(
             lambda: Channel(self.serve, self.take, self._lost), sock=mine)
-        self.procs[channel] = proc
+        self.fronts[channel] = _Front(channel, passing, proc)
+
+    def pass_socket(self, conn: socket.socket) -> bool:
+        """Hand an accepted connection to a front, in turn (True), and close it here;
+        False when no front takes it (none is running), the socket left open."""
+        fronts = [front for front in self.fronts.values() if front.channel.transport]
+        while fronts:
+            self._turn += 1
+            front = fronts[self._turn % len(fronts)]
+            try:
+                socket.send_fds(front.sockets, [b"s"], [conn.fileno()])
+            except OSError:
+                fronts.remove(front)
+                continue
+            conn.close()
+            return True
+        return False
 
     def _lost(self, channel: Channel) -> None:
-        proc = self.procs.pop(channel, None)
-        if proc is not None and self.serving:
-            log.warning("front process %d ended (exit %s); starting another", proc.pid,
-                        proc.poll())
+        front = self.fronts.pop(channel, None)
+        if front is None:
+            return
+        front.sockets.close()
+        if self.serving:
+            log.warning("front process %d ended (exit %s); starting another", front.proc.pid,
+                        front.proc.poll())
             asyncio.ensure_future(self._start_one())
 
     def pids(self) -> list[int]:
-        return [proc.pid for proc in self.procs.values()]
+        return [front.proc.pid for front in self.fronts.values()]
+
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return [front.proc for front in self.fronts.values()]
 
     async def stop(self) -> None:
         """Close every channel (the fronts exit) and wait for the processes."""
         self.serving = False
-        procs = list(self.procs.items())
-        for channel, _ in procs:
-            channel.close()
+        fronts = list(self.fronts.values())
+        for front in fronts:
+            front.channel.close()
+            front.sockets.close()
         loop = asyncio.get_running_loop()
-        for _, proc in procs:
+        for front in fronts:
             try:
-                await loop.run_in_executor(None, proc.wait, _EXIT_SECONDS)
+                await loop.run_in_executor(None, front.proc.wait, _EXIT_SECONDS)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                front.proc.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    await loop.run_in_executor(None, proc.wait, _EXIT_SECONDS)
-        self.procs.clear()
+                    await loop.run_in_executor(None, front.proc.wait, _EXIT_SECONDS)
+        self.fronts.clear()
 
 
 def _environment() -> dict[str, str]:

@@ -34,11 +34,12 @@ connection's sender encodes it on the encoding thread, outside the engine lock, 
 at a time (to a client that takes pieces; else whole), writing each piece before the
 next is encoded, so the loop serves other connections between pieces.
 
-With `fronts` (`psoup serve --threads N`: N - 1 of them), front processes accept the
-connections and relay their bytes (psoup.server.front, psoup.server.fronts): each
-connection is served here as one accepted here, and the whole requests of one that
-waits for its next request are answered as they arrive (`_take_frames`), without a
-turn of its coroutine each.
+With `fronts` (`psoup serve --threads N`: N - 1 of them), this process accepts the
+connections, serves DIRECT_CONNECTIONS of them itself and passes the others' sockets
+to front processes that relay their bytes (psoup.server.front, psoup.server.fronts):
+each is served here as one held here, and the whole requests of one that waits for
+its next request are answered as they arrive (`_take_frames`), without a turn of its
+coroutine each.
 
 What each operation takes and does is in psoup.server.ops; this module moves frames,
 authenticates, pipelines, and groups commits.
@@ -116,6 +117,10 @@ BATCH_SECONDS = 0.005
 #: clients and a producer: 30% of the invocations handed over instead of 1% on one
 #: core, and 0.6-0.75x the invocations of one core); a small write is over sooner.
 LOCK_WAIT_SECONDS = 0.002
+
+#: With front processes, how many connections at a time the server's process still
+#: serves itself: a few clients gain nothing from a relay and would see its latency.
+DIRECT_CONNECTIONS = 4
 
 #: Threads that scan registrations over a large store: two, so that a small registration
 #: does not wait behind one long scan (and a third scan waits rather than taking more
@@ -260,6 +265,7 @@ class Server:
             raise ValueError(f"fronts must be a count of processes >= 0, not {fronts!r}")
         self.fronts = fronts
         self._fronts: Fronts | None = None
+        self._direct = 0                # connections served here though there are fronts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -359,15 +365,15 @@ class Server:
         self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix="psoup-encode")
         self._register_pool = ThreadPoolExecutor(REGISTER_THREADS,
                                                  thread_name_prefix="psoup-register")
-        listener = writer_task = None
+        listener = writer_task = accept_task = None
         accepting: socket.socket | None = None
         try:
             if self.fronts:
                 accepting = _listening(self.host, self.port)
                 self.address = tuple(accepting.getsockname()[:2])
-                self._fronts = Fronts(self.fronts, accepting, self._connection,
-                                      self._take_frames)
+                self._fronts = Fronts(self.fronts, self._connection, self._take_frames)
                 await self._fronts.start()
+                accept_task = asyncio.create_task(self._accept(accepting))
             else:
                 listener = await asyncio.start_server(self._connection, self.host, self.port)
                 self.address = tuple(listener.sockets[0].getsockname()[:2])
@@ -379,6 +385,8 @@ class Server:
                 listener.close()
             if self._fronts is not None:
                 self._fronts.serving = False        # no front is started again
+            if accept_task is not None:
+                accept_task.cancel()
             tasks = [*self._connections, *self._pending] + ([writer_task] if writer_task
                                                              else [])
             for task in tasks:
@@ -398,6 +406,37 @@ class Server:
             self._encode_pool.shutdown(wait=True, cancel_futures=True)
             self._register_pool.shutdown(wait=True, cancel_futures=True)
             self._loop = None
+
+    async def _accept(self, listening: socket.socket) -> None:
+        """With fronts: accept every connection; serve the first DIRECT_CONNECTIONS open
+        at a time here (a relay costs a few tens of microseconds a round trip, which a
+        few clients would see and not gain from), and pass the others to a front."""
+        loop = asyncio.get_running_loop()
+        listening.setblocking(False)
+        fronts = self._fronts
+        assert fronts is not None, "only a server with fronts accepts here"
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listening)
+            except OSError as exc:          # out of file descriptors, say: the next one
+                log.warning("accepting a connection failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if self._direct >= DIRECT_CONNECTIONS and fronts.pass_socket(conn):
+                continue
+            self._direct += 1
+            asyncio.ensure_future(self._serve_direct(conn))
+
+    async def _serve_direct(self, conn: socket.socket) -> None:
+        """Serve an accepted connection here, as asyncio.start_server would have."""
+        try:
+            reader, writer = await asyncio.open_connection(sock=conn)
+            await self._connection(reader, writer)
+        except OSError as exc:
+            log.info("a connection failed as it opened: %s", exc)
+            conn.close()
+        finally:
+            self._direct -= 1
 
     def _read_threads(self) -> int:
         """The read pool's threads: the engine's (`--threads`, by default one per core),
