@@ -23,11 +23,11 @@ core with one thread, against all the cores this process may use, in the same ru
   1,000-row batches at a fixed pace (20 a second: 20,000 rows/s, which both servers
   take, so "rows/s not lower" is checked on the rate achieved), against the server's
   process pinned to one core with --threads 1 and unpinned with the default (on 2
-  cores: the engine process, with one front process that accepts the connections and
-  relays their bytes over a Unix socket, so that the sockets' system calls and
-  transports run beside the engine's Python; and reads that find the engine lock
-  taken wait for it on the event loop for up to 2 ms rather than moving to a read
-  thread, which between two cores cost more than it saved). The load
+  cores: the engine process, which passes the connections past its first four to one
+  front process that relays their bytes over a Unix socket, so that the sockets'
+  system calls and transports run beside the engine's Python; and reads that find
+  the engine lock taken wait for it on the event loop for up to 2 ms rather than
+  moving to a read thread, which between two cores cost more than it saved). The load
   is cheap so that it does not measure itself: the pollers are connections on one
   asyncio loop in a process of their own, each with one invoke in flight, the request
   frames encoded once per handle, the replies not decoded (the length read, the body
