@@ -12,21 +12,26 @@ and without one.)"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from psoup import Client, Engine
 from psoup.results.result import Result
 from psoup.server import Server
 from psoup.server import server as server_module
-from psoup.server.protocol import PROTOCOL, pack_frame
+from psoup.server.front import ANSWER, MESSAGE, answer_frame
+from psoup.server.fronts import Channel, relayable
+from psoup.server.protocol import PROTOCOL, encode_answer, ok_reply, pack_frame
 from tests.support import Clock, read_reply
 
 TOKEN = "test-token"
@@ -227,3 +232,51 @@ def test_the_first_connections_are_served_directly_and_the_rest_through_a_front(
             client.close()
     finally:
         server.stop()
+
+
+class _Collect:
+    """A transport that keeps what a channel writes."""
+
+    def __init__(self) -> None:
+        self.sent = b""
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+    def is_closing(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("values", [
+    [np.array([3, -1, 2**62]), np.array([0.5, -2.0, 1e300]), np.array([True, False, True])],
+    [np.array([1, 2, 3], dtype=np.uint8), np.array([1.5, 2.5, 3.5], dtype=np.float32)],
+    [np.zeros(0, dtype=np.int64)],
+])
+def test_an_answer_a_front_encodes_is_the_frame_the_server_would_send(
+        values: list[NDArray[Any]]) -> None:
+    n = len(values[0])
+    answer = Result([f"c{i}" for i in range(len(values))], None,
+                    np.arange(n, dtype=np.float64) + 0.25, np.arange(n) * 7, cursor="cur",
+                    values=values)
+    assert relayable(answer)
+    want = pack_frame(ok_reply(41, encode_answer(answer)))
+
+    async def relayed() -> bytes:
+        channel = Channel(cast(Any, None), cast(Any, None), lambda _: None)
+        channel.transport = cast(Any, _Collect())
+        channel.send_answer(5, 41, answer)
+        channel.flush()
+        return cast(_Collect, channel.transport).sent
+    sent = asyncio.run(relayed())
+    kind, conn, size = MESSAGE.unpack_from(sent)
+    assert (kind, conn, len(sent)) == (ANSWER, 5, MESSAGE.size + size)
+    assert answer_frame(sent[MESSAGE.size:]) == want
+
+
+def test_answers_a_front_may_not_encode_are_encoded_by_the_server() -> None:
+    ts, ids = np.array([1.0]), np.array([1])
+    assert not relayable(Result(["a"], None, ts, ids, values=[np.array(["x"], dtype=object)]))
+    assert not relayable(Result(["a"], [(1,)], ts, ids))                     # rows
+    assert not relayable(Result(["a"], None, ts, ids, values=[np.array([1])], keys=[(1,)]))
+    assert not relayable(Result(["a"], None, ts, np.array([[1, 2]]), values=[np.array([1])]))
+    assert relayable(Result(["a"], None, ts, ids, values=[np.array([1])]))

@@ -21,7 +21,10 @@ CLOSED (the connection is gone), PAUSE and RESUME (its socket's send buffer is f
 has room again: the engine stops and restarts writing to it). The engine sends DATA
 (bytes for the client), EOF (shut the sending side: a refused connection's last
 reply), CLOSE (close the connection), HOLD and READ (stop / restart reading the client:
-the engine's buffer of its unread requests is full).
+the engine's buffer of its unread requests is full), and ANSWER: an invocation's answer
+of numeric columns as raw arrays, which the front encodes into the reply frame with
+the protocol's own encoder (psoup.server.protocol), so that the engine process does
+not spend its core on it and the client gets the bytes it would have got.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ from typing import Any
 #: kind (1 byte), connection number, body length; little-endian
 MESSAGE = struct.Struct("<BII")
 
-OPEN, DATA, SHUT, CLOSED, PAUSE, RESUME, EOF, CLOSE, HOLD, READ = range(1, 11)
+OPEN, DATA, SHUT, CLOSED, PAUSE, RESUME, EOF, CLOSE, HOLD, READ, ANSWER = range(1, 12)
+
+#: An ANSWER's body: the length of its head (msgpack: request id, columns, cursor,
+#: the values' dtypes and byte counts, rows), then the raw values, ts and tupleIDs.
+ANSWER_HEAD = struct.Struct("<I")
 
 #: The bytes a channel's transport may hold unsent before the clients are paused.
 CHANNEL_BUFFER = 1 << 23
@@ -69,6 +76,8 @@ class _Channel(asyncio.Protocol):
                 continue
             if kind == DATA:
                 client.transport.write(bytes(buf[start:pos]))
+            elif kind == ANSWER:
+                client.transport.write(answer_frame(bytes(buf[start:pos])))
             else:
                 client.command(kind)
         del buf[:pos]
@@ -187,6 +196,27 @@ class _Front:
         self.paused = False
         for client in self.conns.values():
             client.resume()
+
+
+def answer_frame(body: bytes) -> bytes:
+    """The reply frame of an ANSWER message's body: what the engine process would have
+    sent, encoded by the same functions."""
+    import numpy as np
+
+    from psoup.results.result import Result
+    from psoup.server.protocol import encode_answer, ok_reply, pack_frame, unpack_payload
+    (size,) = ANSWER_HEAD.unpack_from(body)
+    pos = ANSWER_HEAD.size + size
+    request_id, columns, cursor, dtypes, sizes, rows = unpack_payload(body[ANSWER_HEAD.size:pos])
+    values = []
+    for dtype, nbytes in zip(dtypes, sizes, strict=True):
+        values.append(np.frombuffer(body, dtype=dtype, count=nbytes // np.dtype(dtype).itemsize,
+                                    offset=pos))
+        pos += nbytes
+    ts = np.frombuffer(body, dtype="<f8", count=rows, offset=pos)
+    tuple_ids = np.frombuffer(body, dtype="<i8", count=rows, offset=pos + 8 * rows)
+    answer = Result(columns, None, ts, tuple_ids, cursor=cursor, values=values)
+    return pack_frame(ok_reply(request_id, encode_answer(answer)))
 
 
 def _peer_text(peer: Any) -> str:

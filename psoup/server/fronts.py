@@ -22,9 +22,15 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeGuard
 
+import msgpack
+import numpy as np
+
+from psoup.results.result import Result
 from psoup.server.front import (
+    ANSWER,
+    ANSWER_HEAD,
     CLOSE,
     CLOSED,
     DATA,
@@ -46,6 +52,9 @@ _READ_LIMIT = 1 << 16
 #: The bytes a channel's transport may hold unsent before writers wait (its default,
 #: 64 KiB, is three typical answers: the writers would wait at every turn).
 CHANNEL_BUFFER = 1 << 23
+
+#: The wire dtype of each numpy kind that travels raw (as psoup.codec.encode_array has it).
+_WIRE = {"i": np.dtype("<i8"), "u": np.dtype("<i8"), "f": np.dtype("<f8"), "b": np.dtype("|b1")}
 
 #: How long a stopping server waits for a front to exit before it kills it.
 _EXIT_SECONDS = 5.0
@@ -79,6 +88,11 @@ class Virtual:
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self.closed:
             self.channel.send(DATA, self.conn, bytes(data))
+
+    def write_answer(self, request_id: int, answer: Result) -> None:
+        """Write the reply carrying `answer` (`relayable`), which the front encodes."""
+        if not self.closed:
+            self.channel.send_answer(self.conn, request_id, answer)
 
     async def drain(self) -> None:
         while True:
@@ -141,7 +155,7 @@ class Channel(asyncio.Protocol):
         self.conns: dict[int, Virtual] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.buf = bytearray()
-        self.out: list[bytes] = []
+        self.out: list[bytes | memoryview] = []
         self.transport: asyncio.Transport | None = None
         self.full = False
 
@@ -211,6 +225,22 @@ class Channel(asyncio.Protocol):
         self.out.append(MESSAGE.pack(kind, conn, len(body)))
         if body:
             self.out.append(body)
+
+    def send_answer(self, conn: int, request_id: int, answer: Result) -> None:
+        """Send an answer that `relayable` accepted for the front to encode: its arrays
+        as raw bytes, not copied until the flush joins them."""
+        arrays = [np.ascontiguousarray(v, dtype=_WIRE[v.dtype.kind]) for v in answer.values or ()]
+        ts = np.ascontiguousarray(answer.ts, dtype=np.float64)
+        tuple_ids = np.ascontiguousarray(answer.tuple_ids, dtype=np.int64)
+        head = msgpack.packb([request_id, answer.columns, answer.cursor,
+                              [a.dtype.str for a in arrays], [a.nbytes for a in arrays],
+                              len(ts)], use_bin_type=True)
+        parts = [ANSWER_HEAD.pack(len(head)), head, *(a.data.cast("B") for a in arrays),
+                 ts.data.cast("B"), tuple_ids.data.cast("B")]
+        if not self.out:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.out.append(MESSAGE.pack(ANSWER, conn, sum(map(len, parts))))
+        self.out.extend(parts)
 
     def flush(self) -> None:
         transport = self.transport
@@ -327,6 +357,21 @@ class Fronts:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     await loop.run_in_executor(None, front.proc.wait, _EXIT_SECONDS)
         self.fronts.clear()
+
+
+def relayable(answer: Any) -> TypeGuard[Result]:
+    """Whether a front may encode `answer` (Channel.send_answer): a Result, exact, of
+    numeric columns, one tupleID a row, no group keys; anything else is encoded by
+    the engine process."""
+    if type(answer) is not Result or answer.keys is not None or not answer.exact:
+        return False
+    values = answer.values
+    if values is None:
+        return False
+    for v in values:
+        if not isinstance(v, np.ndarray) or v.dtype.kind not in _WIRE:
+            return False
+    return np.ndim(answer.tuple_ids) == 1
 
 
 def _environment() -> dict[str, str]:

@@ -65,7 +65,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgpack
 
@@ -75,7 +75,7 @@ from psoup.errors import PSoupError
 from psoup.options import ModeName, SyncName
 from psoup.results.result import Changes, Result
 from psoup.server.allocator import keep_freed_memory
-from psoup.server.fronts import Fronts, Virtual
+from psoup.server.fronts import Fronts, Virtual, relayable
 from psoup.server.ops import OPS, Limits, Op, OpName
 from psoup.server.protocol import (
     HEADER,
@@ -166,6 +166,17 @@ class _Large:
         if more:
             reply["more"] = True
         return pack_frame(reply)
+
+
+class _Relayed:
+    """The reply to request `request_id` (an int) whose `answer` a front encodes: an
+    answer `relayable` accepts, its cursor issued; only ever written at once, never
+    queued (`_take_frames`)."""
+
+    __slots__ = ("request_id", "answer")
+
+    def __init__(self, request_id: int, answer: Result):
+        self.request_id, self.answer = request_id, answer
 
 
 #: A reply as a connection's sender takes it: a frame, or a large answer to encode.
@@ -547,10 +558,14 @@ class Server:
                 break
             self.requests += 1
             pos = start + size
-            reply = self._take(request_id, op, args, size, conv, virtual.peer, began)
+            # a reply written at once may be left to the front to encode
+            free = conv.owes_nothing()
+            reply = self._take(request_id, op, args, size, conv, virtual.peer, began, free)
             if isinstance(reply, asyncio.Future):
                 replies.put_nowait(reply)
-            elif isinstance(reply, bytes) and conv.owes_nothing():
+            elif isinstance(reply, _Relayed):
+                virtual.write_answer(reply.request_id, reply.answer)
+            elif isinstance(reply, bytes) and free:
                 virtual.write(reply)
             else:
                 replies.put_nowait(_ready(reply))
@@ -592,12 +607,23 @@ class Server:
         await conv.replies.put(hello)
         return True
 
+    @overload
     def _take(self, request_id: Any, op: Any, args: Any, size: int, conv: _Conversation,
-              peer: Any, began: float) -> _Reply | asyncio.Future[_Reply]:
+              peer: Any, began: float) -> _Reply | asyncio.Future[_Reply]: ...
+
+    @overload
+    def _take(self, request_id: Any, op: Any, args: Any, size: int, conv: _Conversation,
+              peer: Any, began: float, relay: bool
+              ) -> _Reply | _Relayed | asyncio.Future[_Reply]: ...
+
+    def _take(self, request_id: Any, op: Any, args: Any, size: int, conv: _Conversation,
+              peer: Any, began: float, relay: bool = False
+              ) -> _Reply | _Relayed | asyncio.Future[_Reply]:
         """The reply to an authenticated request of `size` bytes: a frame when a read
-        was answered here and now (`_read_now`), else a future of it (a parked read, an
-        insert the ingest queue refused, or a dispatched request)."""
-        now = self._read_now(request_id, op, args, conv)
+        was answered here and now (`_read_now`; with `relay`, an answer a front may
+        encode is left to it), else a future of it (a parked read, an insert the
+        ingest queue refused, or a dispatched request)."""
+        now = self._read_now(request_id, op, args, conv, relay)
         _log_request(peer, op, began, now)
         if now is not None:
             return now
@@ -750,8 +776,8 @@ class Server:
 
     # ------------------------------------------------------------------ requests
 
-    def _read_now(self, request_id: Any, op: Any, args: Any,
-                  conv: _Conversation) -> _Reply | asyncio.Future[_Reply] | None:
+    def _read_now(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
+                  relay: bool = False) -> _Reply | _Relayed | asyncio.Future[_Reply] | None:
         """A read without a task or a thread of its own: its reply frame, run here on the
         event loop when the engine lock is free and nobody waits for it (or, with more
         than one thread, once it is, within LOCK_WAIT_SECONDS); else a future
@@ -776,7 +802,8 @@ class Server:
         wait = LOCK_WAIT_SECONDS if self._lock_wait and not self._waited_out else False
         with self.engine.locked(wait=wait) as held:
             if held:
-                frame = self._run_read(request_id, spec, args)
+                frame = (self._run_read_relayed(request_id, spec, args) if relay
+                         else self._run_read(request_id, spec, args))
         if self._lock_wait:
             self._waited_out = not held
         if not held:
@@ -793,6 +820,12 @@ class Server:
 
     def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any]) -> _Reply:
         return self._reply(request_id, lambda: (True, self._run(
+            spec, spec.parse(args, self.limits))))
+
+    def _run_read_relayed(self, request_id: Any, spec: Op,
+                          args: Mapping[str, Any]) -> _Reply | _Relayed:
+        """`_run_read`, leaving the answer to the front to encode where it may."""
+        return self._relayed_reply(request_id, lambda: (True, self._run(
             spec, spec.parse(args, self.limits))))
 
     def _run(self, spec: Op, parsed: dict[str, Any]) -> Any:
@@ -967,6 +1000,21 @@ class Server:
             return pack_frame(ok_reply(request_id, value))
         return _encoded_reply(request_id, encoded)
 
+    def _relayed_reply(self, request_id: Any,
+                       run: Callable[[], tuple[bool, Any]]) -> _Reply | _Relayed:
+        """`_reply`, but an answer that a front may encode (`relayable`, to a request
+        of an int id) is left to it, its cursor issued here (engine state)."""
+        def relayed() -> _Reply | _Relayed:
+            ok, value = run()
+            if not ok:
+                raise value
+            if (type(request_id) is int and relayable(value)
+                    and answer_bytes(value) <= self.limits.piece_bytes):
+                _ = value.cursor
+                return _Relayed(request_id, value)
+            return self._reply(request_id, lambda: (True, value))
+        return _encoded_reply(request_id, relayed)
+
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
         writes = self._writes
@@ -1090,7 +1138,7 @@ def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> A
 
 
 def _log_request(peer: Any, op: Any, began: float,
-                 reply: _Reply | asyncio.Future[_Reply] | None) -> None:
+                 reply: _Reply | _Relayed | asyncio.Future[_Reply] | None) -> None:
     """One line when `reply` (a frame, or a future of one) is ready: the peer, the op,
     the outcome ("ok" or the error code) and the milliseconds since the request was
     read. Successes log at DEBUG, errors at INFO, so a server at its default level
@@ -1102,7 +1150,7 @@ def _log_request(peer: Any, op: Any, began: float,
             lambda done: None if done.cancelled() or done.exception() is not None
             else _log_request(peer, op, began, done.result()))
         return
-    outcome = "ok" if isinstance(reply, _Large) else _outcome(reply)
+    outcome = "ok" if isinstance(reply, (_Large, _Relayed)) else _outcome(reply)
     level = logging.DEBUG if outcome == "ok" else logging.INFO
     if log.isEnabledFor(level):
         log.log(level, "%s %s %s %.1fms", peer, op, outcome,
