@@ -24,8 +24,9 @@ core with one thread, against all the cores this process may use, in the same ru
   take, so "rows/s not lower" is checked on the rate achieved), against the server's
   process pinned to one core with --threads 1 and unpinned with the default (on 2
   cores: the engine process, which passes the connections past its first four to one
-  front process that relays their bytes over a Unix socket, so that the sockets'
-  system calls and transports run beside the engine's Python; and reads that find
+  front process that relays their bytes over a Unix socket and encodes the numeric
+  answers it gets raw, so that the sockets' system calls and transports and that
+  encoding run beside the engine's Python; and reads that find
   the engine lock taken wait for it on the event loop for up to 2 ms rather than
   moving to a read thread, which between two cores cost more than it saved). The load
   is cheap so that it does not measure itself: the pollers are connections on one

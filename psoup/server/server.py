@@ -39,7 +39,8 @@ connections, serves DIRECT_CONNECTIONS of them itself and passes the others' soc
 to front processes that relay their bytes (psoup.server.front, psoup.server.fronts):
 each is served here as one held here, and the whole requests of one that waits for
 its next request are answered as they arrive (`_take_frames`), without a turn of its
-coroutine each.
+coroutine each; an answer of numeric columns written at once goes to the front raw,
+which encodes it (`_Relayed`).
 
 What each operation takes and does is in psoup.server.ops; this module moves frames,
 authenticates, pipelines, and groups commits.
