@@ -38,6 +38,11 @@ import struct
 import sys
 from typing import Any
 
+import numpy as np
+
+from psoup.results.result import Result
+from psoup.server.protocol import encode_answer, ok_reply, pack_frame, unpack_payload
+
 #: kind (1 byte), connection number, body length; little-endian
 MESSAGE = struct.Struct("<BII")
 
@@ -77,7 +82,12 @@ class _Channel(asyncio.Protocol):
             if kind == DATA:
                 client.transport.write(bytes(buf[start:pos]))
             elif kind == ANSWER:
-                client.transport.write(answer_frame(bytes(buf[start:pos])))
+                try:
+                    frame = answer_frame(bytes(buf[start:pos]))
+                except Exception:       # a bug: drop the connection (the engine hears)
+                    client.transport.abort()
+                    continue
+                client.transport.write(frame)
             else:
                 client.command(kind)
         del buf[:pos]
@@ -201,10 +211,6 @@ class _Front:
 def answer_frame(body: bytes) -> bytes:
     """The reply frame of an ANSWER message's body: what the engine process would have
     sent, encoded by the same functions."""
-    import numpy as np
-
-    from psoup.results.result import Result
-    from psoup.server.protocol import encode_answer, ok_reply, pack_frame, unpack_payload
     (size,) = ANSWER_HEAD.unpack_from(body)
     pos = ANSWER_HEAD.size + size
     request_id, columns, cursor, dtypes, sizes, rows = unpack_payload(body[ANSWER_HEAD.size:pos])
