@@ -23,21 +23,21 @@ core with one thread, against all the cores this process may use, in the same ru
   1,000-row batches at a fixed pace (20 a second: 20,000 rows/s, which both servers
   take, so "rows/s not lower" is checked on the rate achieved), against the server's
   process pinned to one core with --threads 1 and unpinned with the default (on 2
-  cores: the engine process, which passes the connections past its first four to one
-  front process that relays their bytes over a Unix socket and encodes the numeric
-  answers it gets raw, so that the sockets' system calls and transports and that
-  encoding run beside the engine's Python; and reads that find
-  the engine lock taken wait for it on the event loop for up to 2 ms rather than
-  moving to a read thread, which between two cores cost more than it saved). The load
-  is cheap so that it does not measure itself: the pollers are connections on one
-  asyncio loop in a process of their own, each with one invoke in flight, the request
-  frames encoded once per handle, the replies not decoded (the length read, the body
-  skipped, the ok flag checked in place); the producer is `psoup.Client` in another
-  process. Only the server is pinned; on a 2-core machine the generator (about 0.15 of
-  a core) and the producer share the cores with the unpinned server. Reported:
-  invokes/s, p50/p99, error replies, the producer's rows/s and insert latency, and the
-  cores the server's engine process, its front processes and the generator used.
-  Target: >= 1.5x invokes/s, rows/s not lower. `--server-only` runs just this part.
+  cores: the engine process, which passes the connections to one front process that
+  relays their bytes over a Unix socket and encodes the numeric answers it gets raw,
+  so that the sockets' system calls and transports and that encoding run beside the
+  engine's Python; and reads that find the engine lock taken wait for it on the event
+  loop for up to 2 ms rather than moving to a read thread, which between two cores
+  cost more than it saved). The load is cheap so that it does not measure itself: the
+  pollers are connections on one asyncio loop in a process of their own, each with one
+  invoke in flight, the request frames encoded once per handle, the replies not
+  decoded (the length read, the body skipped, the ok flag checked in place); the
+  producer is `psoup.Client` in another process. Only the server is pinned; on a
+  2-core machine the generator (about 0.15 of a core) and the producer share the cores
+  with the unpinned server. Reported: invokes/s, p50/p99, error replies, the
+  producer's rows/s and insert latency, and the cores the server's engine process, its
+  front processes and the generator used. Target: >= 1.5x invokes/s, rows/s not lower.
+  `--server-only` runs just this part.
 
 The machine's other load shows in these ratios (a busy second core gives the split
 nothing): run it on a quiet machine.

@@ -35,8 +35,8 @@ at a time (to a client that takes pieces; else whole), writing each piece before
 next is encoded, so the loop serves other connections between pieces.
 
 With `fronts` (`psoup serve --threads N`: N - 1 of them), this process accepts the
-connections, serves DIRECT_CONNECTIONS of them itself and passes the others' sockets
-to front processes that relay their bytes (psoup.server.front, psoup.server.fronts):
+connections and passes their sockets (DIRECT_CONNECTIONS of them excepted) to front
+processes that relay their bytes (psoup.server.front, psoup.server.fronts):
 each is served here as one held here, and the whole requests of one that waits for
 its next request are answered as they arrive (`_take_frames`), without a turn of its
 coroutine each; an answer of numeric columns written at once goes to the front raw,
@@ -120,8 +120,13 @@ BATCH_SECONDS = 0.005
 LOCK_WAIT_SECONDS = 0.002
 
 #: With front processes, how many connections at a time the server's process still
-#: serves itself: a few clients gain nothing from a relay and would see its latency.
-DIRECT_CONNECTIONS = 4
+#: serves itself (and all of them while no front runs). A relay adds tens of
+#: microseconds to a round trip, which a lone client sees; but a connection served
+#: here costs this process about 1.3x the CPU of a relayed one a request, and, its
+#: round trips being shorter, takes more than its share: with 4 of 100 polling
+#: connections served here, they took a third of this process's time and the server
+#: answered 0.75-0.95x the invocations it did with none (measured, bench/scale_cores.py).
+DIRECT_CONNECTIONS = 0
 
 #: Threads that scan registrations over a large store: two, so that a small registration
 #: does not wait behind one long scan (and a third scan waits rather than taking more
@@ -420,9 +425,9 @@ class Server:
             self._loop = None
 
     async def _accept(self, listening: socket.socket) -> None:
-        """With fronts: accept every connection; serve the first DIRECT_CONNECTIONS open
-        at a time here (a relay costs a few tens of microseconds a round trip, which a
-        few clients would see and not gain from), and pass the others to a front."""
+        """With fronts: accept every connection and pass it to a front, unless
+        DIRECT_CONNECTIONS are not yet open here or no front takes it: then serve it
+        here."""
         loop = asyncio.get_running_loop()
         listening.setblocking(False)
         fronts = self._fronts
