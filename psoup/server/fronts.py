@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeGuard
 
@@ -55,6 +56,9 @@ CHANNEL_BUFFER = 1 << 23
 
 #: The wire dtype of each numpy kind that travels raw (as psoup.codec.encode_array has it).
 _WIRE = {"i": np.dtype("<i8"), "u": np.dtype("<i8"), "f": np.dtype("<f8"), "b": np.dtype("|b1")}
+
+#: How long after a front that ended within a second of its start another is started.
+_RESTART_SECONDS = 1.0
 
 #: How long a stopping server waits for a front to exit before it kills it.
 _EXIT_SECONDS = 5.0
@@ -274,6 +278,7 @@ class _Front:
     def __init__(self, channel: Channel, sockets: socket.socket,
                  proc: subprocess.Popen[bytes]):
         self.channel, self.sockets, self.proc = channel, sockets, proc
+        self.started = time.monotonic()
 
 
 class Fronts:
@@ -333,6 +338,12 @@ class Fronts:
         if self.serving:
             log.warning("front process %d ended (exit %s); starting another", front.proc.pid,
                         front.proc.poll())
+            # one that failed at once (say, it could not start) is not restarted in a loop
+            wait = _RESTART_SECONDS if time.monotonic() - front.started < 1.0 else 0.0
+            asyncio.get_running_loop().call_later(wait, self._restart)
+
+    def _restart(self) -> None:
+        if self.serving:
             asyncio.ensure_future(self._start_one())
 
     def pids(self) -> list[int]:
