@@ -1058,9 +1058,11 @@ class Server:
                 outcomes = [(False, failed) if ok else (ok, v) for ok, v in outcomes]
         return outcomes
 
+
 def _listening(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on (host, port) for front processes to accept on; "" and
-    "::" listen on every interface (IPv6 and IPv4 where the system allows both)."""
+    """The listening TCP socket of a server with fronts, which accepts on it itself
+    (`Server._accept`); "" and "::" listen on every interface (IPv6 and IPv4 where the
+    system allows both)."""
     if host in ("", "::") and socket.has_dualstack_ipv6():
         return socket.create_server(("::", port), family=socket.AF_INET6,
                                     dualstack_ipv6=True, backlog=1024)
