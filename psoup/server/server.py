@@ -382,15 +382,16 @@ class Server:
         self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix="psoup-encode")
         self._register_pool = ThreadPoolExecutor(REGISTER_THREADS,
                                                  thread_name_prefix="psoup-register")
-        listener = writer_task = accept_task = None
-        accepting: socket.socket | None = None
+        listener = writer_task = None
+        accepting: list[socket.socket] = []
+        accept_tasks: list[asyncio.Task[None]] = []
         try:
             if self.fronts:
                 accepting = _listening(self.host, self.port)
-                self.address = tuple(accepting.getsockname()[:2])
+                self.address = tuple(accepting[0].getsockname()[:2])
                 self._fronts = Fronts(self.fronts, self._connection, self._take_frames)
                 await self._fronts.start()
-                accept_task = asyncio.create_task(self._accept(accepting))
+                accept_tasks = [asyncio.create_task(self._accept(sock)) for sock in accepting]
             else:
                 listener = await asyncio.start_server(self._connection, self.host, self.port)
                 self.address = tuple(listener.sockets[0].getsockname()[:2])
@@ -402,8 +403,8 @@ class Server:
                 listener.close()
             if self._fronts is not None:
                 self._fronts.serving = False        # no front is started again
-            if accept_task is not None:
-                accept_task.cancel()
+            for accepter in accept_tasks:
+                accepter.cancel()
             tasks = [*self._connections, *self._pending] + ([writer_task] if writer_task
                                                              else [])
             for task in tasks:
@@ -414,8 +415,8 @@ class Server:
             if self._fronts is not None:
                 await self._fronts.stop()
                 self._fronts = None
-            if accepting is not None:
-                accepting.close()
+            for sock in accepting:
+                sock.close()
             # wait=True: no engine call of this server outlives stop(), so the caller
             # may close the engine right after.
             self._read_pool.shutdown(wait=True, cancel_futures=True)
@@ -1059,14 +1060,28 @@ class Server:
         return outcomes
 
 
-def _listening(host: str, port: int) -> socket.socket:
-    """The listening TCP socket of a server with fronts, which accepts on it itself
-    (`Server._accept`); "" and "::" listen on every interface (IPv6 and IPv4 where the
-    system allows both)."""
+def _listening(host: str, port: int) -> list[socket.socket]:
+    """The listening TCP sockets of a server with fronts, which accepts on them itself
+    (`Server._accept`): one for each address `host` names, as asyncio.start_server
+    binds them ("" and "::": every interface, IPv6 and IPv4 where the system allows
+    both); with port 0, all on the port the first one got."""
     if host in ("", "::") and socket.has_dualstack_ipv6():
-        return socket.create_server(("::", port), family=socket.AF_INET6,
-                                    dualstack_ipv6=True, backlog=1024)
-    return socket.create_server(("0.0.0.0" if host == "" else host, port), backlog=1024)
+        return [socket.create_server(("::", port), family=socket.AF_INET6,
+                                     dualstack_ipv6=True, backlog=1024)]
+    infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                               0, socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, _, _, _, address in dict.fromkeys(
+                (i[0], i[1], i[2], i[3], i[4]) for i in infos):
+            if sockets:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sockets.append(socket.create_server(address, family=family, backlog=1024))
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def _ready(frame: _Reply) -> asyncio.Future[_Reply]:
