@@ -22,16 +22,22 @@ core with one thread, against all the cores this process may use, in the same ru
   (bench/server.py's workload) over a 100K-tuple stream, and one producer inserting
   1,000-row batches at a fixed pace (20 a second: 20,000 rows/s, which both servers
   take, so "rows/s not lower" is checked on the rate achieved), against the server's
-  process pinned to one core with --threads 1 and unpinned with the default. The load
-  is cheap so that it does not measure itself: the pollers are connections on one
-  asyncio loop in a process of their own, each with one invoke in flight, the request
-  frames encoded once per handle, the replies not decoded (the length read, the body
-  skipped, the ok flag checked in place); the producer is `psoup.Client` in another
-  process. Only the server is pinned; on a 2-core machine the generator (about 0.15 of
-  a core) and the producer share the cores with the unpinned server. Reported:
-  invokes/s, p50/p99, error replies, the producer's rows/s and insert latency, and the
-  cores the server and the generator used. Target: >= 1.5x invokes/s, rows/s not
-  lower. `--server-only` runs just this part.
+  process pinned to one core with --threads 1 and unpinned with the default (on 2
+  cores: the engine process, which passes the connections to one front process that
+  relays their bytes over a Unix socket and encodes the numeric answers it gets raw,
+  so that the sockets' system calls and transports and that encoding run beside the
+  engine's Python; and reads that find the engine lock taken wait for it on the event
+  loop for up to 2 ms rather than moving to a read thread, which between two cores
+  cost more than it saved). The load is cheap so that it does not measure itself: the
+  pollers are connections on one asyncio loop in a process of their own, each with one
+  invoke in flight, the request frames encoded once per handle, the replies not
+  decoded (the length read, the body skipped, the ok flag checked in place); the
+  producer is `psoup.Client` in another process. Only the server is pinned; on a
+  2-core machine the generator (about 0.15 of a core) and the producer share the cores
+  with the unpinned server. Reported: invokes/s, p50/p99, error replies, the
+  producer's rows/s and insert latency, and the cores the server's engine process, its
+  front processes and the generator used. Target: >= 1.5x invokes/s, rows/s not lower.
+  `--server-only` runs just this part.
 
 The machine's other load shows in these ratios (a busy second core gives the split
 nothing): run it on a quiet machine.
@@ -408,13 +414,34 @@ def _measure(process: Any, handles: list[str], s: dict[str, Any]) -> dict[str, A
                                    "clients": s["clients"]})
     producer = _child("produce_child", {**common_spec, "rate": s["rate"], "batch": 1_000})
     time.sleep(max(0.0, start_at - time.time()))
-    before = served._proc_counters(process.proc.pid)
+    before = _cpu_seconds(process.proc.pid)
     time.sleep(s["seconds"])
-    after = served._proc_counters(process.proc.pid)
-    row = {**_result(poller), **_result(producer), "server_cores": None}
+    after = _cpu_seconds(process.proc.pid)
+    row = {**_result(poller), **_result(producer), "server_cores": None,
+           "front_cores": None}
     if before is not None and after is not None:
         row["server_cores"] = (after[0] - before[0]) / s["seconds"]
+        row["front_cores"] = (after[1] - before[1]) / s["seconds"]
     return row
+
+
+def _cpu_seconds(pid: int) -> tuple[float, float] | None:
+    """CPU seconds so far of the server's process and of its front processes (its
+    children), from /proc (Linux); None where there is no /proc."""
+    import server as served
+    own = served._proc_counters(pid)
+    if own is None:
+        return None
+    fronts = 0.0
+    try:
+        tasks = Path(f"/proc/{pid}/task")
+        children = [c for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+    except OSError:
+        children = []
+    for child in children:
+        counted = served._proc_counters(int(child))
+        fronts += counted[0] if counted is not None else 0.0
+    return own[0], fronts
 
 
 def bench_server(s: dict[str, Any]) -> list[dict[str, Any]]:
@@ -437,8 +464,9 @@ def bench_server(s: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(row)
         print(f"  {label}: {row['invokes_per_s']:,.0f} invokes/s (p50 {row['p50_ms']:.2f} "
               f"ms, p99 {row['p99_ms']:.1f} ms), {row['ingest_rows_per_s']:,.0f} rows/s, "
-              f"server {row['server_cores'] or 0:.2f} cores, generator "
-              f"{row['generator_cores']:.2f}", flush=True)
+              f"server {row['server_cores'] or 0:.2f} cores, fronts "
+              f"{row['front_cores'] or 0:.2f}, generator {row['generator_cores']:.2f}",
+              flush=True)
     return rows
 
 
@@ -497,6 +525,7 @@ SERVER_COLUMNS = [
     ("offered_rows_per_s", "paced at rows/s", ",.0f"),
     ("insert_p50_ms", "insert p50 ms", ".2f"), ("insert_p99_ms", "insert p99 ms", ".1f"),
     ("server_cores", "server cores used", ".2f"),
+    ("front_cores", "front processes' cores", ".2f"),
     ("generator_cores", "generator cores used", ".2f")]
 _SERVER_NOTES = [
     "server: the pollers are connections on one asyncio loop in a process of their own, "
@@ -506,9 +535,9 @@ _SERVER_NOTES = [
     "pinned; the generator and the producer share the machine's cores with it in both "
     "runs (on 2 cores, the generator's CPU is taken from what the unpinned server could "
     "use)",
-    "server cores used: its CPU time (from /proc) / wall time over the run; invocations "
-    "that find the engine busy read their snapshot on the read threads beside the "
-    "writer"]
+    "server cores used: the engine process's CPU time (from /proc) / wall time over the "
+    "run; front processes' cores: the same for the fronts that relay its connections "
+    "(psoup serve with more than one thread starts one fewer than the threads)"]
 
 
 def _verdicts(rows: Sequence[dict[str, Any]], server: Sequence[dict[str, Any]]) -> list[str]:

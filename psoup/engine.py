@@ -472,12 +472,14 @@ class Engine:
     # ------------------------------------------------------------------ durability
 
     @contextmanager
-    def locked(self, wait: bool = True) -> Iterator[bool]:
+    def locked(self, wait: bool | float = True) -> Iterator[bool]:
         """Hold the engine's lock for a block, so that several calls run as one (each
         takes the lock again at once): yields True. With `wait=False` the lock is taken
         only if no call holds it or waits for it, and the block gets False otherwise,
-        at once. For a server that runs reads on its own thread when nothing else would
-        wait for them, and the rest together (psoup.server).
+        at once; with `wait` a number of seconds, it is waited for in turn for that
+        long at most (False after that). For a server that runs reads on its own
+        thread when nothing else would wait for them, and the rest together
+        (psoup.server).
 
         Example:
             >>> eng = Engine()

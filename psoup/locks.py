@@ -11,6 +11,7 @@ than one batch").
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -38,6 +39,8 @@ class FairLock:
         self._next_ticket = 0
         self._serving = 0
         self._waiting = 0
+        # tickets whose threads stopped waiting (`acquire_within`): skipped when reached
+        self._abandoned: set[int] = set()
 
     def __enter__(self) -> FairLock:
         me = threading.get_ident()
@@ -78,22 +81,63 @@ class FairLock:
             self._owner, self._depth = me, 1
         return True
 
+    def acquire_within(self, seconds: float) -> bool:
+        """Take the lock in arrival order like `with lock`, but wait for it at most
+        `seconds`: True when taken (release it with `__exit__`), False when the time
+        ran out (the ticket is given up, and the waiters behind it keep their order).
+
+        Example:
+            >>> lock = FairLock()
+            >>> lock.acquire_within(0.01), lock.held()
+            (True, True)
+            >>> lock.__exit__()
+        """
+        me = threading.get_ident()
+        with self._mutex:
+            if self._owner == me:
+                self._depth += 1
+                return True
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            if self._serving != ticket:
+                self._waiting += 1
+                deadline = time.monotonic() + seconds
+                while self._serving != ticket:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._cond.wait(left):
+                        if self._serving == ticket:
+                            break
+                        self._waiting -= 1
+                        self._abandoned.add(ticket)
+                        return False
+                self._waiting -= 1
+            self._owner, self._depth = me, 1
+        return True
+
     def __exit__(self, *exc: Any) -> None:
         with self._mutex:
             self._depth -= 1
             if self._depth == 0:
                 self._owner = None
                 self._serving += 1
+                while self._abandoned and self._serving in self._abandoned:
+                    self._abandoned.remove(self._serving)
+                    self._serving += 1
                 if self._waiting:          # an uncontended release wakes no one
                     self._cond.notify_all()
 
     @contextmanager
-    def holding(self, wait: bool = True) -> Iterator[bool]:
+    def holding(self, wait: bool | float = True) -> Iterator[bool]:
         """Hold the lock for a block: yields True. With `wait=False` it is taken only if
-        no one holds it or waits for it, and the block gets False otherwise, at once."""
-        if wait:
+        no one holds it or waits for it, and the block gets False otherwise, at once;
+        with `wait` a number of seconds, it is waited for that long at most."""
+        if wait is True:
             self.__enter__()
-        held = wait or self.acquire_if_free()
+            held = True
+        elif wait is False:
+            held = self.acquire_if_free()
+        else:
+            held = self.acquire_within(wait)
         try:
             yield held
         finally:

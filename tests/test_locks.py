@@ -88,3 +88,57 @@ def test_acquire_if_free_does_not_overtake_a_waiting_ticket() -> None:
     lock._serving += 1
     assert lock.acquire_if_free()
     lock.__exit__()
+
+
+def test_acquire_within_takes_a_free_lock_and_reenters() -> None:
+    lock = FairLock()
+    assert lock.acquire_within(0.0) and lock.acquire_within(0.0) and lock.held()
+    lock.__exit__()
+    lock.__exit__()
+    assert not lock.held() and lock.acquire_if_free()
+    lock.__exit__()
+
+
+def test_acquire_within_gets_a_lock_released_in_time() -> None:
+    lock, got = FairLock(), []
+    lock.__enter__()
+    other = threading.Thread(target=lambda: got.append(lock.acquire_within(60.0)))
+    other.start()
+    _wait_for(lambda: lock._waiting == 1)
+    lock.__exit__()
+    other.join(5)
+    assert got == [True] and lock._owner == other.ident
+    lock._owner = None               # released for the thread that has ended
+    lock._serving += 1
+
+
+def test_a_wait_that_runs_out_gives_up_its_turn_and_keeps_the_order_behind_it() -> None:
+    lock, order, got = FairLock(), list[str](), []
+    with lock:
+        before = _queue_up(lock, order, "before")
+        late = threading.Thread(target=lambda: got.append(lock.acquire_within(0.05)))
+        late.start()
+        late.join(5)
+        after = _queue_up(lock, order, "after")
+        assert got == [False] and lock._abandoned
+    before.join(5)
+    after.join(5)
+    assert order == ["before", "after"] and not lock._abandoned
+    assert lock.acquire_if_free()              # the given-up ticket was skipped
+    lock.__exit__()
+
+
+def test_holding_waits_a_number_of_seconds_at_most() -> None:
+    lock, got = FairLock(), []
+
+    def hold() -> None:
+        with lock.holding(0.05) as held:
+            got.append(held)
+    with lock:
+        other = threading.Thread(target=hold)
+        other.start()
+        other.join(5)
+    assert got == [False]
+    with lock.holding(0.05) as held:
+        assert held and lock.held()
+    assert not lock.held()

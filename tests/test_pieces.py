@@ -53,9 +53,13 @@ def engine() -> Engine:
     return engine
 
 
-@pytest.fixture
-def address(engine: Engine) -> Iterator[tuple[str, int]]:
-    server = Server(engine, port=0, token=TOKEN, limits=Limits(piece_bytes=PIECE_BYTES))
+@pytest.fixture(params=[0, 1], ids=["in-process", "front"])
+def address(engine: Engine, request: pytest.FixtureRequest,
+            monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, int]]:
+    """The server serving its connections itself, and through a front process."""
+    monkeypatch.setattr(server_module, "DIRECT_CONNECTIONS", 0)
+    server = Server(engine, port=0, token=TOKEN, limits=Limits(piece_bytes=PIECE_BYTES),
+                    fronts=request.param)
     yield server.start_in_thread()
     server.stop()
 

@@ -52,9 +52,19 @@ def engine() -> Engine:
     return Engine(clock=Clock(1000.0))
 
 
+@pytest.fixture(params=[0, 1], ids=["in-process", "front"])
+def fronts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """A server under test serves its connections itself, and has a front process
+    (psoup.server.front) relay every one of them, which must not change what a client
+    sees."""
+    monkeypatch.setattr(server_module, "DIRECT_CONNECTIONS", 0)
+    count: int = request.param
+    return count
+
+
 @pytest.fixture
-def server(engine: Engine) -> Iterator[Server]:
-    srv = Server(engine, port=0, token=TOKEN, limits=LIMITS)
+def server(engine: Engine, fronts: int) -> Iterator[Server]:
+    srv = Server(engine, port=0, token=TOKEN, limits=LIMITS, fronts=fronts)
     srv.start_in_thread()
     yield srv
     srv.stop()
@@ -457,8 +467,9 @@ def test_limits_refuse_long_sql_too_many_factors_and_big_batches(
     assert snapshot() == before
 
 
-def test_registrations_beyond_the_servers_max_queries_are_a_limit_error(engine: Engine) -> None:
-    srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_queries=1))
+def test_registrations_beyond_the_servers_max_queries_are_a_limit_error(engine: Engine,
+                                                                        fronts: int) -> None:
+    srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_queries=1), fronts=fronts)
     host, port = srv.start_in_thread()
     try:
         with Client(f"{host}:{port}", token=TOKEN) as client:
@@ -472,8 +483,10 @@ def test_registrations_beyond_the_servers_max_queries_are_a_limit_error(engine: 
         srv.stop()
 
 
-def test_a_batch_beyond_the_servers_max_stream_bytes_is_a_limit_error(engine: Engine) -> None:
-    srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_stream_bytes=24 * 10))
+def test_a_batch_beyond_the_servers_max_stream_bytes_is_a_limit_error(engine: Engine,
+                                                                      fronts: int) -> None:
+    srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_stream_bytes=24 * 10),
+                 fronts=fronts)
     host, port = srv.start_in_thread()
     try:
         with Client(f"{host}:{port}", token=TOKEN) as client:
@@ -488,8 +501,9 @@ def test_a_batch_beyond_the_servers_max_stream_bytes_is_a_limit_error(engine: En
         srv.stop()
 
 
-def test_connections_beyond_the_limit_are_refused(engine: Engine) -> None:
-    srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_connections=1))
+def test_connections_beyond_the_limit_are_refused(engine: Engine,
+                                                  fronts: int) -> None:
+    srv = Server(engine, port=0, token=TOKEN, limits=Limits(max_connections=1), fronts=fronts)
     host, port = srv.start_in_thread()
     try:
         with Client(f"{host}:{port}", token=TOKEN) as first:
@@ -509,8 +523,9 @@ def test_before_hello_a_frame_may_hold_only_a_few_kib(open_raw: OpenRaw) -> None
     assert "before hello" in reply["error"]["message"] and raw.at_eof()
 
 
-def test_a_silent_connection_is_closed_after_the_hello_timeout(engine: Engine) -> None:
-    srv = Server(engine, port=0, token=TOKEN, limits=Limits(hello_timeout=0.3))
+def test_a_silent_connection_is_closed_after_the_hello_timeout(engine: Engine,
+                                                               fronts: int) -> None:
+    srv = Server(engine, port=0, token=TOKEN, limits=Limits(hello_timeout=0.3), fronts=fronts)
     host, port = srv.start_in_thread()
     try:
         silent = Raw(socket.create_connection((host, port), timeout=WAIT))
@@ -523,12 +538,13 @@ def test_a_silent_connection_is_closed_after_the_hello_timeout(engine: Engine) -
         srv.stop()
 
 
-def test_silent_connections_never_keep_a_client_out(engine: Engine) -> None:
+def test_silent_connections_never_keep_a_client_out(engine: Engine, fronts: int) -> None:
     """Sockets that never say hello count apart from authenticated connections, and
     beyond their own quota the oldest is closed: a client still gets in, and one
     already in is never disturbed."""
     srv = Server(engine, port=0, token=TOKEN,
-                 limits=Limits(max_connections=2, max_unauthenticated=3, hello_timeout=30.0))
+                 limits=Limits(max_connections=2, max_unauthenticated=3, hello_timeout=30.0),
+                 fronts=fronts)
     host, port = srv.start_in_thread()
     try:
         with Client(f"{host}:{port}", token=TOKEN) as first:

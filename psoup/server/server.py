@@ -34,6 +34,14 @@ connection's sender encodes it on the encoding thread, outside the engine lock, 
 at a time (to a client that takes pieces; else whole), writing each piece before the
 next is encoded, so the loop serves other connections between pieces.
 
+With `fronts` (`psoup serve --threads N`: N - 1 of them), this process accepts the
+connections and passes their sockets (DIRECT_CONNECTIONS of them excepted) to front
+processes that relay their bytes (psoup.server.front, psoup.server.fronts):
+each is served here as one held here, and the whole requests of one that waits for
+its next request are answered as they arrive (`_take_frames`), without a turn of its
+coroutine each; an answer of numeric columns written at once goes to the front raw,
+which encodes it (`_Relayed`).
+
 What each operation takes and does is in psoup.server.ops; this module moves frames,
 authenticates, pipelines, and groups commits.
 """
@@ -48,6 +56,7 @@ import logging
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -57,7 +66,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgpack
 
@@ -67,6 +76,7 @@ from psoup.errors import PSoupError
 from psoup.options import ModeName, SyncName
 from psoup.results.result import Changes, Result
 from psoup.server.allocator import keep_freed_memory
+from psoup.server.fronts import Fronts, Virtual, relayable
 from psoup.server.ops import OPS, Limits, Op, OpName
 from psoup.server.protocol import (
     HEADER,
@@ -100,6 +110,23 @@ _POOLED_SECONDS = 1.0
 
 #: How long a batch of parked reads may hold the engine lock before a waiting write.
 BATCH_SECONDS = 0.005
+
+#: With more than one thread (`--threads`), how long a read on the event loop waits in
+#: turn for the engine lock before it is handed to a read thread or parked. The writer
+#: then runs on another core, and a read handed over costs GIL handoffs between cores
+#: that also stretch the writer's hold of the lock (measured under 100 polling
+#: clients and a producer: 30% of the invocations handed over instead of 1% on one
+#: core, and 0.6-0.75x the invocations of one core); a small write is over sooner.
+LOCK_WAIT_SECONDS = 0.002
+
+#: With front processes, how many connections at a time the server's process still
+#: serves itself (and all of them while no front runs). A relay adds tens of
+#: microseconds to a round trip, which a lone client sees; but a connection served
+#: here costs this process about 1.3x the CPU of a relayed one a request, and, its
+#: round trips being shorter, takes more than its share: with 4 of 100 polling
+#: connections served here, they took a third of this process's time and the server
+#: answered 0.75-0.95x the invocations it did with none (measured, bench/scale_cores.py).
+DIRECT_CONNECTIONS = 0
 
 #: Threads that scan registrations over a large store: two, so that a small registration
 #: does not wait behind one long scan (and a third scan waits rather than taking more
@@ -147,6 +174,17 @@ class _Large:
         return pack_frame(reply)
 
 
+class _Relayed:
+    """The reply to request `request_id` (an int) whose `answer` a front encodes: an
+    answer `relayable` accepts, its cursor issued; only ever written at once, never
+    queued (`_take_frames`)."""
+
+    __slots__ = ("request_id", "answer")
+
+    def __init__(self, request_id: int, answer: Result):
+        self.request_id, self.answer = request_id, answer
+
+
 #: A reply as a connection's sender takes it: a frame, or a large answer to encode.
 _Reply = bytes | _Large
 #: A write queued for the writer thread: its call, the future of its outcome (ok, value
@@ -180,6 +218,9 @@ class _Conversation:
         self.hello_by = 0.0     # time.monotonic() by which the hello must have arrived
         # the sender waits for a reply and holds none: a ready reply may be written at once
         self.idle = False
+        # through its hello; waiting for its next request (both for _take_frames)
+        self.authenticated = False
+        self.waiting = False
 
     def owes_nothing(self) -> bool:
         """Whether every reply to an earlier request has been written (so the next one
@@ -211,6 +252,8 @@ class Server:
         port: the port; 0 picks a free one (see `address` once started).
         token: the access token every connection's hello must carry.
         limits: request and connection limits.
+        fronts: front processes that accept the connections and do their socket work
+            on other cores (psoup.server.front); 0: this process does it all.
 
     Example:
         >>> from psoup.client import Client
@@ -223,7 +266,7 @@ class Server:
     """
 
     def __init__(self, engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
-                 token: str, limits: Limits | None = None):
+                 token: str, limits: Limits | None = None, fronts: int = 0):
         if not isinstance(token, str) or not token:
             raise ValueError("the server needs a non-empty access token")
         self.engine = engine
@@ -235,6 +278,11 @@ class Server:
         self.server_id = secrets.token_hex(8)
         self.address: tuple[str, int] | None = None
         self._token = token.encode()
+        if not isinstance(fronts, int) or fronts < 0:
+            raise ValueError(f"fronts must be a count of processes >= 0, not {fronts!r}")
+        self.fronts = fronts
+        self._fronts: Fronts | None = None
+        self._direct = 0                # connections served here though there are fronts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -257,6 +305,10 @@ class Server:
         self._parked: deque[tuple[Any, Op, Mapping[str, Any], tuple[str, Any],
                                   asyncio.Future[_Reply]]] = deque()
         self._batching = False
+        # reads on the loop wait for the engine lock (LOCK_WAIT_SECONDS) with more than
+        # one thread; not again once a wait ran out, until the loop finds the lock free
+        self._lock_wait = engine.threads > 1
+        self._waited_out = False
         self.requests = 0                # answered or refused since start, for the log
         # the ingest queue: inserts received and not yet applied (bytes, and when each
         # was queued, oldest first: writes apply in order), the most it held, the busy
@@ -331,15 +383,28 @@ class Server:
         self._register_pool = ThreadPoolExecutor(REGISTER_THREADS,
                                                  thread_name_prefix="psoup-register")
         listener = writer_task = None
+        accepting: list[socket.socket] = []
+        accept_tasks: list[asyncio.Task[None]] = []
         try:
-            listener = await asyncio.start_server(self._connection, self.host, self.port)
-            self.address = tuple(listener.sockets[0].getsockname()[:2])
+            if self.fronts:
+                accepting = _listening(self.host, self.port)
+                self.address = tuple(accepting[0].getsockname()[:2])
+                self._fronts = Fronts(self.fronts, self._connection, self._take_frames)
+                await self._fronts.start()
+                accept_tasks = [asyncio.create_task(self._accept(sock)) for sock in accepting]
+            else:
+                listener = await asyncio.start_server(self._connection, self.host, self.port)
+                self.address = tuple(listener.sockets[0].getsockname()[:2])
             writer_task = asyncio.create_task(self._write_loop())
             on_start()
             await self._stopping.wait()
         finally:
             if listener is not None:
                 listener.close()
+            if self._fronts is not None:
+                self._fronts.serving = False        # no front is started again
+            for accepter in accept_tasks:
+                accepter.cancel()
             tasks = [*self._connections, *self._pending] + ([writer_task] if writer_task
                                                              else [])
             for task in tasks:
@@ -347,6 +412,11 @@ class Server:
             await asyncio.gather(*tasks, return_exceptions=True)
             if listener is not None:
                 await listener.wait_closed()
+            if self._fronts is not None:
+                await self._fronts.stop()
+                self._fronts = None
+            for sock in accepting:
+                sock.close()
             # wait=True: no engine call of this server outlives stop(), so the caller
             # may close the engine right after.
             self._read_pool.shutdown(wait=True, cancel_futures=True)
@@ -354,6 +424,37 @@ class Server:
             self._encode_pool.shutdown(wait=True, cancel_futures=True)
             self._register_pool.shutdown(wait=True, cancel_futures=True)
             self._loop = None
+
+    async def _accept(self, listening: socket.socket) -> None:
+        """With fronts: accept every connection and pass it to a front, unless
+        DIRECT_CONNECTIONS are not yet open here or no front takes it: then serve it
+        here."""
+        loop = asyncio.get_running_loop()
+        listening.setblocking(False)
+        fronts = self._fronts
+        assert fronts is not None, "only a server with fronts accepts here"
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listening)
+            except OSError as exc:          # out of file descriptors, say: the next one
+                log.warning("accepting a connection failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            if self._direct >= DIRECT_CONNECTIONS and fronts.pass_socket(conn):
+                continue
+            self._direct += 1
+            asyncio.ensure_future(self._serve_direct(conn))
+
+    async def _serve_direct(self, conn: socket.socket) -> None:
+        """Serve an accepted connection here, as asyncio.start_server would have."""
+        try:
+            reader, writer = await asyncio.open_connection(sock=conn)
+            await self._connection(reader, writer)
+        except OSError as exc:
+            log.info("a connection failed as it opened: %s", exc)
+            conn.close()
+        finally:
+            self._direct -= 1
 
     def _read_threads(self) -> int:
         """The read pool's threads: the engine's (`--threads`, by default one per core),
@@ -397,6 +498,8 @@ class Server:
         conv = _Conversation(self.limits.max_in_flight)
         conv.hello_by = time.monotonic() + self.limits.hello_timeout
         conv.sender = asyncio.create_task(self._send_replies(writer, conv))
+        if isinstance(writer, Virtual):
+            writer.conv = conv
         authenticated = False
         cancelled = False
         try:
@@ -416,6 +519,7 @@ class Server:
                                                       args, began, conv)
                     if not authenticated:
                         return
+                    conv.authenticated = True
                     continue
                 reply = self._take(request_id, op, args, len(payload), conv, peer, began)
                 if isinstance(reply, asyncio.Future):
@@ -433,6 +537,46 @@ class Server:
                 conv.sender.cancel()
             else:
                 await conv.finish(self.limits.read_timeout)
+
+    def _take_frames(self, virtual: Virtual, data: bytes) -> int:
+        """Take the whole requests at the start of `data`, bytes a front relayed for a
+        connection that waits for its next request with nothing buffered, as `_converse`
+        would, without a turn of its coroutine per request: the count of bytes taken.
+        What it leaves (a part of a frame, a frame over the limit, one that does not
+        decode, a hello, a request the connection's queue of replies has no room for)
+        goes to the connection's reader, and so to `_converse`."""
+        conv: _Conversation = virtual.conv
+        if not conv.authenticated or conv.sender is None:
+            return 0
+        most, end, pos = self.limits.max_frame_bytes, len(data), 0
+        replies = conv.replies
+        while end - pos >= HEADER.size and not conv.sender.done() and not replies.full():
+            (size,) = HEADER.unpack_from(data, pos)
+            start = pos + HEADER.size
+            if size > most or end - start < size:
+                break
+            payload = data[start:start + size]
+            began = time.perf_counter()
+            try:
+                request_id, op, args = request(payload)
+            except ProtocolError:
+                break
+            if op == OpName.HELLO:
+                break
+            self.requests += 1
+            pos = start + size
+            # a reply written at once may be left to the front to encode
+            free = conv.owes_nothing()
+            reply = self._take(request_id, op, args, size, conv, virtual.peer, began, free)
+            if isinstance(reply, asyncio.Future):
+                replies.put_nowait(reply)
+            elif isinstance(reply, _Relayed):
+                virtual.write_answer(reply.request_id, reply.answer)
+            elif isinstance(reply, bytes) and free:
+                virtual.write(reply)
+            else:
+                replies.put_nowait(_ready(reply))
+        return pos
 
     async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      peer: Any, request_id: Any, op: Any, args: Any, began: float,
@@ -470,12 +614,23 @@ class Server:
         await conv.replies.put(hello)
         return True
 
+    @overload
     def _take(self, request_id: Any, op: Any, args: Any, size: int, conv: _Conversation,
-              peer: Any, began: float) -> _Reply | asyncio.Future[_Reply]:
+              peer: Any, began: float) -> _Reply | asyncio.Future[_Reply]: ...
+
+    @overload
+    def _take(self, request_id: Any, op: Any, args: Any, size: int, conv: _Conversation,
+              peer: Any, began: float, relay: bool
+              ) -> _Reply | _Relayed | asyncio.Future[_Reply]: ...
+
+    def _take(self, request_id: Any, op: Any, args: Any, size: int, conv: _Conversation,
+              peer: Any, began: float, relay: bool = False
+              ) -> _Reply | _Relayed | asyncio.Future[_Reply]:
         """The reply to an authenticated request of `size` bytes: a frame when a read
-        was answered here and now (`_read_now`), else a future of it (a parked read, an
-        insert the ingest queue refused, or a dispatched request)."""
-        now = self._read_now(request_id, op, args, conv)
+        was answered here and now (`_read_now`; with `relay`, an answer a front may
+        encode is left to it), else a future of it (a parked read, an insert the
+        ingest queue refused, or a dispatched request)."""
+        now = self._read_now(request_id, op, args, conv, relay)
         _log_request(peer, op, began, now)
         if now is not None:
             return now
@@ -567,7 +722,11 @@ class Server:
             # An authenticated client may stay quiet between requests for as long as it
             # likes; a started frame, or a connection that has not said hello, may not.
             if idle:
-                head = await reader.readexactly(1)
+                conv.waiting = True
+                try:
+                    head = await reader.readexactly(1)
+                finally:
+                    conv.waiting = False
             head += await _within(reader, 4 - len(head), timeout)
             (size,) = HEADER.unpack(head)
             if size > most:
@@ -624,10 +783,11 @@ class Server:
 
     # ------------------------------------------------------------------ requests
 
-    def _read_now(self, request_id: Any, op: Any, args: Any,
-                  conv: _Conversation) -> _Reply | asyncio.Future[_Reply] | None:
+    def _read_now(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
+                  relay: bool = False) -> _Reply | _Relayed | asyncio.Future[_Reply] | None:
         """A read without a task or a thread of its own: its reply frame, run here on the
-        event loop when the engine lock is free and nobody waits for it; else a future
+        event loop when the engine lock is free and nobody waits for it (or, with more
+        than one thread, once it is, within LOCK_WAIT_SECONDS); else a future
         of it, parked for the next batch of reads. None when `_dispatch` must take it: a
         write or an unknown op, a read after a write of its connection that is still
         pending, a read that took over INLINE_SECONDS here lately, or an invocation that
@@ -646,9 +806,13 @@ class Server:
                 return None
             del self._pooled[key]
         start = time.thread_time()
-        with self.engine.locked(wait=False) as held:
+        wait = LOCK_WAIT_SECONDS if self._lock_wait and not self._waited_out else False
+        with self.engine.locked(wait=wait) as held:
             if held:
-                frame = self._run_read(request_id, spec, args)
+                frame = (self._run_read_relayed(request_id, spec, args) if relay
+                         else self._run_read(request_id, spec, args))
+        if self._lock_wait:
+            self._waited_out = not held
         if not held:
             if spec.name is OpName.INVOKE:
                 return None             # to a read thread: it holds the lock briefly
@@ -663,6 +827,12 @@ class Server:
 
     def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any]) -> _Reply:
         return self._reply(request_id, lambda: (True, self._run(
+            spec, spec.parse(args, self.limits))))
+
+    def _run_read_relayed(self, request_id: Any, spec: Op,
+                          args: Mapping[str, Any]) -> _Reply | _Relayed:
+        """`_run_read`, leaving the answer to the front to encode where it may."""
+        return self._relayed_reply(request_id, lambda: (True, self._run(
             spec, spec.parse(args, self.limits))))
 
     def _run(self, spec: Op, parsed: dict[str, Any]) -> Any:
@@ -837,6 +1007,21 @@ class Server:
             return pack_frame(ok_reply(request_id, value))
         return _encoded_reply(request_id, encoded)
 
+    def _relayed_reply(self, request_id: Any,
+                       run: Callable[[], tuple[bool, Any]]) -> _Reply | _Relayed:
+        """`_reply`, but an answer that a front may encode (`relayable`, to a request
+        of an int id) is left to it, its cursor issued here (engine state)."""
+        def relayed() -> _Reply | _Relayed:
+            ok, value = run()
+            if not ok:
+                raise value
+            if (type(request_id) is int and relayable(value)
+                    and answer_bytes(value) <= self.limits.piece_bytes):
+                _ = value.cursor
+                return _Relayed(request_id, value)
+            return self._reply(request_id, lambda: (True, value))
+        return _encoded_reply(request_id, relayed)
+
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
         writes = self._writes
@@ -873,6 +1058,31 @@ class Server:
                                        f"made durable: {type(exc).__name__}: {exc}")
                 outcomes = [(False, failed) if ok else (ok, v) for ok, v in outcomes]
         return outcomes
+
+
+def _listening(host: str, port: int) -> list[socket.socket]:
+    """The listening TCP sockets of a server with fronts, which accepts on them itself
+    (`Server._accept`): one for each address `host` names, as asyncio.start_server
+    binds them ("" and "::": every interface, IPv6 and IPv4 where the system allows
+    both); with port 0, all on the port the first one got."""
+    if host in ("", "::") and socket.has_dualstack_ipv6():
+        return [socket.create_server(("::", port), family=socket.AF_INET6,
+                                     dualstack_ipv6=True, backlog=1024)]
+    infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                               0, socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, _, _, _, address in dict.fromkeys(
+                (i[0], i[1], i[2], i[3], i[4]) for i in infos):
+            if sockets:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sockets.append(socket.create_server(address, family=family, backlog=1024))
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
 
 def _ready(frame: _Reply) -> asyncio.Future[_Reply]:
     """A reply that is ready, as the future the conversation's queue holds."""
@@ -951,7 +1161,7 @@ def _in_chain(conv: _Conversation, chained: bool, apply: Callable[[], Any]) -> A
 
 
 def _log_request(peer: Any, op: Any, began: float,
-                 reply: _Reply | asyncio.Future[_Reply] | None) -> None:
+                 reply: _Reply | _Relayed | asyncio.Future[_Reply] | None) -> None:
     """One line when `reply` (a frame, or a future of one) is ready: the peer, the op,
     the outcome ("ok" or the error code) and the milliseconds since the request was
     read. Successes log at DEBUG, errors at INFO, so a server at its default level
@@ -963,7 +1173,7 @@ def _log_request(peer: Any, op: Any, began: float,
             lambda done: None if done.cancelled() or done.exception() is not None
             else _log_request(peer, op, began, done.result()))
         return
-    outcome = "ok" if isinstance(reply, _Large) else _outcome(reply)
+    outcome = "ok" if isinstance(reply, (_Large, _Relayed)) else _outcome(reply)
     level = logging.DEBUG if outcome == "ok" else logging.INFO
     if log.isEnabledFor(level):
         log.log(level, "%s %s %s %.1fms", peer, op, outcome,
@@ -1035,7 +1245,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                spark_conf: Mapping[str, str] | None = None,
                archive_budget: float | None = None,
                answer_cache_bytes: int = DEFAULT_ANSWER_CACHE,
-               threads: int | None = None) -> None:
+               threads: int | None = None, fronts: int | None = None) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -1058,6 +1268,9 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             invocations reuse (`Engine`'s answer_cache_bytes; 0 keeps none).
         threads: the threads a large batch's probe is split over (`Engine`'s threads;
             None: the cores this process may run on).
+        fronts: front processes that accept the connections and do their socket work
+            (`Server`'s fronts); None: one fewer than the threads (none with one
+            thread: the whole server in this process, as on one core).
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
 
     The process's C allocator keeps the memory it frees (psoup.server.allocator).
@@ -1097,7 +1310,9 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             generated = token is None
             if token is None:
                 token = _stored_or_new_token(data_dir)
-            server = Server(engine, host, port, token=token, limits=limits)
+            if fronts is None:      # fronts inherit fds and speak over a Unix socket
+                fronts = engine.threads - 1 if sys.platform != "win32" else 0
+            server = Server(engine, host, port, token=token, limits=limits, fronts=fronts)
             bound_host, bound_port = server.start_in_thread()
             serving = True
             try:

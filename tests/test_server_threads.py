@@ -1,0 +1,282 @@
+"""The server with more than one thread (`--threads`).
+
+A read on the event loop that finds the engine lock taken waits for it a moment
+(LOCK_WAIT_SECONDS) and runs there, instead of going to a read thread at once (a
+handoff between cores costs more than a short write's wait); a wait that runs out
+hands it over as before, and later reads do not wait until the loop finds the lock
+free again. `psoup serve` starts front processes (psoup.server.front) that relay the
+connections: one that dies loses nothing, and another takes its place. With one
+thread nothing waits and no front starts: today's server. (Every op through a front
+is tested by tests/test_server.py and tests/test_pieces.py, which run each test with
+and without one.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from psoup import Client, Engine
+from psoup.results.result import Result
+from psoup.server import Server
+from psoup.server import server as server_module
+from psoup.server.front import ANSWER, MESSAGE, answer_frame
+from psoup.server.fronts import Channel, relayable
+from psoup.server.protocol import PROTOCOL, encode_answer, ok_reply, pack_frame
+from tests.support import Clock, read_reply
+
+TOKEN = "test-token"
+#: How long a client or a test waits for a reply or a thread: only a hang reaches it.
+WAIT = 60.0
+QUERY = "SELECT a FROM R WHERE a > 2"
+
+
+class _Recording(Engine):
+    """An Engine that records the thread each invocation ran on."""
+
+    def __init__(self, threads: int):
+        super().__init__(clock=Clock(1000.0), threads=threads)
+        self.ran_on: list[str] = []
+
+    def invoke(self, *args: Any, **kwargs: Any) -> Any:
+        self.ran_on.append(threading.current_thread().name)
+        return super().invoke(*args, **kwargs)
+
+
+Serve = Callable[[int], tuple[_Recording, Server, str, str]]
+
+
+@pytest.fixture
+def serve() -> Iterator[Serve]:
+    """Start a server over a recording engine of `threads` threads, holding R, QUERY and
+    ten rows: (engine, server, address, the query's handle)."""
+    started: list[Server] = []
+
+    def start(threads: int) -> tuple[_Recording, Server, str, str]:
+        engine = _Recording(threads)
+        engine.execute("CREATE STREAM R (a INT)")
+        handle = engine.register(QUERY)
+        engine.insert("R", {"a": list(range(10))}, ts=[float(t) for t in range(10)])
+        server = Server(engine, port=0, token=TOKEN)
+        host, port = server.start_in_thread()
+        started.append(server)
+        return engine, server, f"{host}:{port}", handle
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _wait_for(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def _invoke_while_held(engine: _Recording, address: str, handle: str) -> Result:
+    """Invoke `handle` from a client while this thread holds the engine lock; release it
+    once the invocation waits for it."""
+    got: list[Result] = []
+    with Client(address, token=TOKEN, timeout=WAIT) as client:
+        client.ping()
+        with engine.locked():
+            asking = threading.Thread(target=lambda: got.append(client.invoke(handle)))
+            asking.start()
+            _wait_for(lambda: engine._lock._waiting == 1)
+        asking.join(WAIT)
+    assert len(got) == 1
+    return got[0]
+
+
+def test_with_two_threads_a_read_waits_for_the_lock_on_the_loop(
+        serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "LOCK_WAIT_SECONDS", WAIT)
+    engine, _, address, handle = serve(2)
+    answer = _invoke_while_held(engine, address, handle)
+    assert answer.rows == [(a,) for a in range(3, 10)]
+    assert engine.ran_on == ["psoup-server"]
+
+
+def test_with_one_thread_a_read_that_finds_the_lock_taken_goes_to_a_read_thread(
+        serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "LOCK_WAIT_SECONDS", WAIT)
+    engine, server, address, handle = serve(1)
+    answer = _invoke_while_held(engine, address, handle)
+    assert answer.rows == [(a,) for a in range(3, 10)]
+    assert len(engine.ran_on) == 1 and engine.ran_on[0].startswith("psoup-read")
+    assert not server._lock_wait
+
+
+def test_a_wait_that_runs_out_hands_the_reads_over_until_the_lock_is_free(
+        serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "LOCK_WAIT_SECONDS", 0.05)
+    engine, server, address, handle = serve(2)
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=WAIT) as sock:
+        sock.sendall(pack_frame({"id": 0, "op": "hello",
+                                 "args": {"token": TOKEN, "protocol": PROTOCOL}}))
+        assert read_reply(sock)["ok"]
+        with engine.locked():                 # a long write
+            sock.sendall(b"".join(pack_frame({"id": i, "op": "invoke",
+                                              "args": {"handle": handle}})
+                                  for i in range(1, 4)) + pack_frame({"id": 4, "op": "ping"}))
+            _wait_for(lambda: server._waited_out and engine._lock._waiting >= 1)
+        replies = [read_reply(sock) for _ in range(4)]
+        assert [r["id"] for r in replies] == [1, 2, 3, 4] and all(r["ok"] for r in replies)
+        assert all(name.startswith("psoup-read") for name in engine.ran_on)
+        sock.sendall(pack_frame({"id": 5, "op": "invoke", "args": {"handle": handle}}))
+        assert read_reply(sock)["ok"]
+    assert engine.ran_on[-1] == "psoup-server" and not server._waited_out
+
+
+# ---------------------------------------------------------------- front processes
+
+
+class _Started(Exception):
+    """Raised by a fake Server in place of serving (run_server then stops)."""
+
+
+@pytest.mark.parametrize(("threads", "fronts"), [(1, 0), (2, 1), (3, 2)])
+def test_serve_starts_a_front_per_thread_but_one_and_none_with_one_thread(
+        monkeypatch: pytest.MonkeyPatch, threads: int, fronts: int) -> None:
+    seen: list[int] = []
+
+    class Fake(Server):
+        def start_in_thread(self) -> tuple[str, int]:
+            seen.append(self.fronts)
+            raise _Started
+    monkeypatch.setattr(server_module, "Server", Fake)
+    with pytest.raises(_Started):
+        server_module.run_server(None, port=0, token=TOKEN, threads=threads,
+                                 echo=lambda _: None)
+    assert seen == [fronts]
+
+
+def _front_pids(server: Server) -> list[int]:
+    assert server._fronts is not None
+    return server._fronts.pids()
+
+
+def test_a_front_killed_mid_request_loses_nothing_and_is_replaced(
+        engine_with_front: tuple[Engine, Server, str]) -> None:
+    engine, server, address = engine_with_front
+    host, port = address.rsplit(":", 1)
+    with Client(address, token=TOKEN, timeout=WAIT) as client:
+        client.execute("CREATE STREAM R (a INT)")
+        handle = client.register(QUERY)
+        client.insert("R", {"a": [5, 6]}, ts=[1.0, 2.0])
+    (killed,) = _front_pids(server)
+    with socket.create_connection((host, int(port)), timeout=WAIT) as sock:
+        sock.sendall(pack_frame({"id": 0, "op": "hello",
+                                 "args": {"token": TOKEN, "protocol": PROTOCOL}}))
+        assert read_reply(sock)["ok"]
+        with engine.locked():            # the insert reaches the writer, which waits
+            sock.sendall(pack_frame({"id": 1, "op": "insert", "args": {
+                "stream": "R", "columns": {"a": [7, 8, 9]}, "ts": [3.0, 4.0, 5.0]}}))
+            _wait_for(lambda: engine._lock._waiting >= 1)
+            os.kill(killed, signal.SIGKILL)
+            # the connection drops with the front, its request still in the engine
+            assert read_reply(sock) is None
+    _wait_for(lambda: len(_front_pids(server)) == 1 and _front_pids(server) != [killed])
+    with Client(address, token=TOKEN, timeout=WAIT) as again:    # through the new front
+        assert again.invoke(handle).rows == [(5,), (6,), (7,), (8,), (9,)]
+
+
+def test_the_fronts_exit_when_the_server_stops(
+        engine_with_front: tuple[Engine, Server, str]) -> None:
+    _, server, address = engine_with_front
+    with Client(address, token=TOKEN, timeout=WAIT) as client:
+        assert client.ping() == "pong"
+    assert server._fronts is not None
+    procs = server._fronts.procs()
+    server.stop()
+    assert procs and all(proc.poll() is not None for proc in procs)
+
+
+@pytest.fixture
+def engine_with_front(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Engine, Server, str]]:
+    """A server whose every connection a front relays."""
+    monkeypatch.setattr(server_module, "DIRECT_CONNECTIONS", 0)
+    engine = Engine(clock=Clock(1000.0))
+    server = Server(engine, port=0, token=TOKEN, fronts=1)
+    host, port = server.start_in_thread()
+    yield engine, server, f"{host}:{port}"
+    server.stop()
+
+
+def test_the_first_connections_are_served_directly_and_the_rest_through_a_front(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "DIRECT_CONNECTIONS", 2)
+    server = Server(Engine(), port=0, token=TOKEN, fronts=1)
+    host, port = server.start_in_thread()
+    try:
+        clients = [Client(f"{host}:{port}", token=TOKEN, timeout=WAIT) for _ in range(3)]
+        assert all(client.ping() == "pong" for client in clients)
+        assert server._fronts is not None
+        (front,) = server._fronts.fronts.values()
+        assert server._direct == 2 and len(front.channel.conns) == 1
+        clients[0].close()                 # room again: the next one is served directly
+        _wait_for(lambda: server._direct == 1)
+        clients.append(Client(f"{host}:{port}", token=TOKEN, timeout=WAIT))
+        assert clients[-1].ping() == "pong" and server._direct == 2
+        for client in clients[1:]:
+            client.close()
+    finally:
+        server.stop()
+
+
+class _Collect:
+    """A transport that keeps what a channel writes."""
+
+    def __init__(self) -> None:
+        self.sent = b""
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+    def is_closing(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("values", [
+    [np.array([3, -1, 2**62]), np.array([0.5, -2.0, 1e300]), np.array([True, False, True])],
+    [np.array([1, 2, 3], dtype=np.uint8), np.array([1.5, 2.5, 3.5], dtype=np.float32)],
+    [np.zeros(0, dtype=np.int64)],
+])
+def test_an_answer_a_front_encodes_is_the_frame_the_server_would_send(
+        values: list[NDArray[Any]]) -> None:
+    n = len(values[0])
+    answer = Result([f"c{i}" for i in range(len(values))], None,
+                    np.arange(n, dtype=np.float64) + 0.25, np.arange(n) * 7, cursor="cur",
+                    values=values)
+    assert relayable(answer)
+    want = pack_frame(ok_reply(41, encode_answer(answer)))
+
+    async def relayed() -> bytes:
+        channel = Channel(cast(Any, None), cast(Any, None), lambda _: None)
+        channel.transport = cast(Any, _Collect())
+        channel.send_answer(5, 41, answer)
+        channel.flush()
+        return cast(_Collect, channel.transport).sent
+    sent = asyncio.run(relayed())
+    kind, conn, size = MESSAGE.unpack_from(sent)
+    assert (kind, conn, len(sent)) == (ANSWER, 5, MESSAGE.size + size)
+    assert answer_frame(sent[MESSAGE.size:]) == want
+
+
+def test_answers_a_front_may_not_encode_are_encoded_by_the_server() -> None:
+    ts, ids = np.array([1.0]), np.array([1])
+    assert not relayable(Result(["a"], None, ts, ids, values=[np.array(["x"], dtype=object)]))
+    assert not relayable(Result(["a"], [(1,)], ts, ids))                     # rows
+    assert not relayable(Result(["a"], None, ts, ids, values=[np.array([1])], keys=[(1,)]))
+    assert not relayable(Result(["a"], None, ts, np.array([[1, 2]]), values=[np.array([1])]))
+    assert relayable(Result(["a"], None, ts, ids, values=[np.array([1])]))
