@@ -145,9 +145,12 @@ class _Started(Exception):
     """Raised by a fake Server in place of serving (run_server then stops)."""
 
 
-@pytest.mark.parametrize(("threads", "fronts"), [(1, 0), (2, 1), (3, 2)])
-def test_serve_starts_a_front_per_thread_but_one_and_none_with_one_thread(
-        monkeypatch: pytest.MonkeyPatch, threads: int, fronts: int) -> None:
+@pytest.mark.parametrize(("threads", "asked", "fronts"),
+                         [(1, None, 0), (2, None, 1), (3, None, 2), (2, 0, 0), (1, 2, 2)])
+def test_serve_starts_a_front_per_thread_but_one_unless_told(
+        monkeypatch: pytest.MonkeyPatch, threads: int, asked: int | None,
+        fronts: int) -> None:
+    """`psoup serve --fronts N` overrides the default of one fewer than the threads."""
     seen: list[int] = []
 
     class Fake(Server):
@@ -157,7 +160,7 @@ def test_serve_starts_a_front_per_thread_but_one_and_none_with_one_thread(
     monkeypatch.setattr(server_module, "Server", Fake)
     with pytest.raises(_Started):
         server_module.run_server(None, port=0, token=TOKEN, threads=threads,
-                                 echo=lambda _: None)
+                                 fronts=asked, echo=lambda _: None)
     assert seen == [fronts]
 
 
