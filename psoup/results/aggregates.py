@@ -1190,7 +1190,7 @@ class AggregateSink(Sink):
         try:
             self.index.fold(positions)
         except SpanExceeded:
-            self.index = AggregateIndex(self.index.aggregator, partial(_stem_ts, self.stem))
+            self.index = AggregateIndex(Aggregator(self.query), partial(_stem_ts, self.stem))
             self._load(self.stem.probe(self.query.sources[0]))
 
     def on_insert(self, stream: str, p0: int, bits: np.ndarray,

@@ -47,19 +47,39 @@ compacted once the dead blocks outnumber the live ones.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import numpy as np
 
 from psoup import kernels
-from psoup.query.model import TS, Source
+from psoup.query.model import TS, Query, Source
 from psoup.results.result import Result
 from psoup.stems import halves
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.span import Span
 
-if TYPE_CHECKING:     # aggregates imports this module
-    from psoup.results.aggregates import Aggregator
+Column = tuple[int, str]        # (source, column), as Query.group_by names it
+
+
+class Aggregator(Protocol):
+    """What an index by blocks reads of its query's compiled aggregates
+    (psoup.results.aggregates.Aggregator, which keeps its indexes and so imports this
+    module)."""
+
+    query: Query
+    group_by: list[Column]
+    sums: list[Column]
+    extremes: dict[Column, tuple[str, ...]]
+    needed: list[Column]
+    _outputs: list[Any]
+
+    def compute(self, values: Mapping[Column, np.ndarray], ts: np.ndarray,
+                weights: np.ndarray | None = None) -> Result: ...
+
+    def _result(self, keys: list[tuple[Any, ...]], counts: list[int],
+                sums: dict[Column, list[Any]], extremes: dict[tuple[Column, str], list[Any]],
+                ts: np.ndarray) -> Result: ...
 
 #: The widest span of GROUP BY keys (max - min + 1) an index by blocks keeps: each key
 #: of the span is a column of every block's cells (at 1,024, as many bytes per block as
