@@ -113,7 +113,7 @@ def test_shares_are_whole_lines_and_cover_the_batch_once() -> None:
     least = -(-1000 // (3 * query_stem.SHARES_PER_THREAD))
     assert len(shares) > 3 and sizes == sorted(sizes, reverse=True), \
         "shares shrink, the largest taken first"
-    assert sizes[0] <= 1000 // 6 + 8 and sizes[-1] >= least - 8
+    assert sizes[0] <= 1000 // 12 + 8 and sizes[-1] >= least - 8
     covered = sorted((a, b) for share in shares for a, b, _ in share)
     assert covered[0][0] == 0 and covered[-1][1] == 1000
     assert all(b == c for (_, b), (c, _) in zip(covered[:-1], covered[1:], strict=True))
@@ -132,7 +132,7 @@ def test_below_the_threshold_nothing_is_split(monkeypatch: pytest.MonkeyPatch) -
     assert len(stem._shares(PartialResults(8192).destination("R", 0, 32768, 16), 16)) == 2
     shares = stem._shares(PartialResults(8192).destination("R", 0, 65536, 157), 157)
     sizes = [sum(b - a for a, b, _ in share) for share in shares]   # 2^23 words
-    assert sizes[0] >= 65536 // 4 and min(sizes) * 157 >= 1 << 18 and len(sizes) > 4
+    assert sizes[0] == 65536 // 8 and min(sizes) * 157 >= 1 << 18 and len(sizes) > 8
 
 
 # ---------------------------------------------------------------- whole engines
