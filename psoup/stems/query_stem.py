@@ -21,14 +21,17 @@ thread probes its own tuples into their own words of the results, the compiled k
 releasing the GIL, and the probe returns when all are done. Whatever changes the index
 (a direct map widened for values it has not seen) happens on the calling thread,
 between the threads' calls. Only a share of at least `PROBE_SPLIT` words is worth
-handing to a thread.
+handing to a thread. What the insert has left to do that touches nothing the probe
+reads or writes (the Data SteM's copies of the batch's values, the row forms of a
+reused results chunk: `probe_into`'s `beside`) runs among the shares rather than on
+the calling thread alone before them.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 
 import numpy as np
@@ -216,6 +219,10 @@ class QuerySteM:
         sq = self._streams.get(stream)
         return bool(sq and sq.slots)
 
+    def splits(self, n: int) -> bool:
+        """Whether a probe of n tuples is split over threads (`_shares`). O(1)."""
+        return self.workers.threads > 1 and n >= 2 * -(-PROBE_SPLIT // self.words)
+
     def probe(self, stream: str, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
         """Results Structure rows for n tuples of `stream` (PSoup Fig. 3: new data probing
         the Query SteM): bit q of row i is set when tuple i satisfies query slot q.
@@ -229,24 +236,30 @@ class QuerySteM:
         return transposed
 
     def probe_into(self, stream: str, columns: Mapping[str, np.ndarray],
-                   pieces: Sequence[tuple[int, int, np.ndarray]]) -> None:
+                   pieces: Sequence[tuple[int, int, np.ndarray]],
+                   beside: list[Callable[[], None]] | None = None) -> None:
         """Write the probe of the batch's tuples a..b into each piece's (words, b - a)
         word-major array (tuple i's word w at [w, i - a]), e.g. straight into PSoup-P's
         chunks. One compiled pass over the rows; multi-attribute factors then clear the
-        bits of the queries whose factor a tuple fails."""
+        bits of the queries whose factor a tuple fails. The tasks of `beside` (work
+        that touches nothing the probe reads or writes) run among the shares of a probe
+        split over threads, else first, on this thread; either way `beside` is emptied.
+        """
         words = self.words
         sq = self._streams.get(stream)
         if sq is None or not sq.slots:
+            _run(beside)
             for _, _, out in pieces:
                 out[:] = 0
             return
         if not self.shared:
+            _run(beside)
             n = max(b for _, b, _ in pieces)
             flags = self._probe_unshared(stream, sq, columns, n)
             for a, b, out in pieces:
                 out[:] = flags[a:b].T
             return
-        self._probe_indexed(sq, columns, pieces)
+        self._probe_indexed(sq, columns, pieces, beside)
         for factor, users in sq.factors.items():
             fails = np.flatnonzero(~factor_mask(factor, columns[factor.left],
                                                 columns[factor.right]))
@@ -258,7 +271,8 @@ class QuerySteM:
                         out[:, here] &= keep
 
     def _probe_indexed(self, sq: _StreamQueries, columns: Mapping[str, np.ndarray],
-                       pieces: Sequence[tuple[int, int, np.ndarray]]) -> None:
+                       pieces: Sequence[tuple[int, int, np.ndarray]],
+                       beside: list[Callable[[], None]] | None = None) -> None:
         """`probe_into`'s shared pass: the interest row less what the attribute indices
         reject, one compiled call per piece (a value a direct map has not seen sends
         the call back for that attribute's keys without one)."""
@@ -266,6 +280,7 @@ class QuerySteM:
         interest = sq.interest_row(words)
         indexed = [(index, columns[c]) for c, index in sq.attrs.items() if len(index)]
         if not indexed:
+            _run(beside)
             for _, _, out in pieces:
                 out[:] = interest[:, None]
             return
@@ -273,8 +288,10 @@ class QuerySteM:
         keys, firsts, maps = map(list, zip(*[index.keys(v) for index, v in indexed],
                                            strict=True))
         if self.workers.threads > 1 and len(shares := self._shares(pieces, words)) > 1:
-            self._probe_shares(indexed, tables, keys, firsts, maps, interest, shares)
+            self._probe_shares(indexed, tables, keys, firsts, maps, interest, shares,
+                               beside)
             return
+        _run(beside)        # (before the probe, as a batch's values are read: in cache)
         for a, b, out in pieces:
             while (g := kernels.probe_into(tables, tuple([k[a:b] for k in keys]),
                                            tuple(firsts), tuple(maps), interest, out)) >= 0:
@@ -316,15 +333,24 @@ class QuerySteM:
     def _probe_shares(self, indexed: list[tuple[AttributeIndex, np.ndarray]],
                       tables: tuple[np.ndarray, ...], keys: list[np.ndarray],
                       firsts: list[int], maps: list[np.ndarray], interest: np.ndarray,
-                      shares: list[list[tuple[int, int, np.ndarray]]]) -> None:
+                      shares: list[list[tuple[int, int, np.ndarray]]],
+                      beside: list[Callable[[], None]] | None = None) -> None:
         """`_probe_indexed`'s calls, one list of pieces per thread (`_shares`: disjoint
         tuples, so disjoint words of the results). A piece whose keys fall outside a
         direct map wrote nothing; the keys are then looked up otherwise here, on the
         calling thread alone (it changes the index), and those pieces probed again."""
+        # the tasks beside the probe first: the calling thread takes them while the
+        # pool's wake up
+        tasks: list[Callable[[], list[tuple[tuple[int, int, np.ndarray], int]]]] = []
+        if beside:
+            tasks = [partial(_beside, task) for task in beside]
+            beside.clear()
         while shares:
             probe = partial(_probe_pieces, tables, tuple(keys), tuple(firsts), tuple(maps),
                             interest)
-            missed = self.workers.run([partial(probe, share) for share in shares])
+            tasks += [partial(probe, share) for share in shares]
+            missed = self.workers.run(tasks)
+            tasks = []
             for g in sorted({g for share in missed for _, g in share}):
                 index, values = indexed[g]      # a value its direct map has not seen
                 keys[g], firsts[g], maps[g] = index.keys(values, direct_map=False)
@@ -381,6 +407,21 @@ def _aligned_lead(out: np.ndarray) -> int:
     if out.ndim != 2 or out.shape[1] == 0 or out.strides[1] != out.itemsize:
         return 0
     return (-out.ctypes.data % 64) // out.itemsize
+
+
+def _run(tasks: list[Callable[[], None]] | None) -> None:
+    """Run and remove every task of `tasks` (None: none), in order."""
+    if tasks:
+        todo = list(tasks)
+        tasks.clear()
+        for task in todo:
+            task()
+
+
+def _beside(task: Callable[[], None]) -> list[tuple[tuple[int, int, np.ndarray], int]]:
+    """A task run among a split probe's shares, as one: it leaves no piece unwritten."""
+    task()
+    return []
 
 
 def _probe_pieces(tables: tuple[np.ndarray, ...], keys: tuple[np.ndarray, ...],
