@@ -55,16 +55,20 @@ from psoup.workers import Workers
 PROBE_SPLIT = 1 << 18
 
 #: A split probe's shares shrink as they are handed out (guided self-scheduling): each
-#: takes 1/(2 x threads) of the tuples left, at most 1/(4 x threads) of the batch, so
-#: the last are small and the thread that ends first waits at most for the small share
-#: another is in (with equal shares, up to a whole 1/8 of the batch: at 10^5 queries
-#: 1.9 ms of an 8 ms batch on 2 cores; measured there, the threads' ends 0.50 ms apart
-#: with equal shares, 0.16 ms so). None is larger than an equal share was, so that a
-#: thread a busy core holds back keeps no more of the batch than before (the threads
-#: take the shares in turn: it takes fewer). No share is smaller than PROBE_SPLIT words,
-#: nor than 1/(SHARES_PER_THREAD x threads) of the batch: each share costs a few
-#: microseconds of its own (a compiled call and its arguments).
+#: takes 1/(2 x threads) of the tuples left, at most 1/(4 x threads) of the batch (an
+#: equal share as they all were: a thread a busy core holds back keeps no more of the
+#: batch than before; the threads take the shares in turn, so it takes fewer), so that
+#: the thread that ends first waits only for the small share another is in (with equal
+#: shares, up to 1/8 of the batch: at 10^5 queries the threads' ends were 0.39 ms apart
+#: in an 8.5 ms batch on 2 cores, with shrinking shares 0.08 ms). A share cut smaller
+#: than an equal share still holds 1/(SHARES_PER_THREAD x threads) of the batch and
+#: SHRUNK_WORDS words of results: each share costs some microseconds of its own (a
+#: compiled call and its arguments, under the GIL), and at 10^4 queries shares of 2^18
+#: words (0.13 ms) made a batch 4% slower than equal ones.
 SHARES_PER_THREAD = 16
+
+#: The least work (tuples x words) of a share cut smaller than an equal share.
+SHRUNK_WORDS = 3 << 18
 
 #: Tuples of a share start on a multiple of this (8 words, a cache line, from where the
 #: piece's rows are aligned), so no two threads write the same line of a result row.
@@ -306,16 +310,20 @@ class QuerySteM:
         whole lines of its own. O(pieces + shares)."""
         n = sum(b - a for a, b, _ in pieces)
         threads = self.workers.threads
-        least = max(-(-PROBE_SPLIT // words), -(-n // (threads * SHARES_PER_THREAD)))
+        least = -(-PROBE_SPLIT // words)
         if threads <= 1 or n < 2 * least:
             return [list(pieces)]
+        most = max(least, n // (threads * 4))      # what each of 4 equal shares was
+        small = min(most, max(-(-SHRUNK_WORDS // words),
+                              -(-n // (threads * SHARES_PER_THREAD))))
         leads = [a + _aligned_lead(out) for a, _, out in pieces]
         cuts: list[int] = []
         done = 0
-        most = max(least, n // (threads * 4))      # what each of 4 equal shares was
-        while n - done >= 2 * least:
-            at = _on_line(done + min(most, max(least, (n - done) // (2 * threads))), pieces,
-                          leads)
+        while True:
+            size = min(most, max(small, (n - done) // (2 * threads)))
+            if n - done - size < small // 2:    # (the rest is the last share)
+                break
+            at = _on_line(done + size, pieces, leads)
             if at >= n:
                 break
             cuts.append(at)
@@ -325,8 +333,8 @@ class QuerySteM:
             bounds = [a] + [c for c in cuts if a < c < b] + [b]
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
                 shares[bisect.bisect_right(cuts, lo)].append((lo, hi, out[:, lo - a:hi - a]))
-        # the largest first: the rest after the last cut may be larger than the share
-        # before it (up to twice the least), and the last share taken should be small
+        # the largest first: the rest after the last cut may be larger than the shares
+        # before it, and the last share taken should be small
         return sorted((share for share in shares if share),
                       key=lambda share: -sum(b - a for a, b, _ in share))
 
