@@ -37,8 +37,10 @@ from tests.test_query_stem import _probe_columns, stem_scenarios
 
 @pytest.fixture(autouse=True)
 def split_everything(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every probe of more than one tuple split (the engine's threshold is ~2^18 words)."""
+    """Every probe of more than one tuple split (the engine's threshold is ~2^18 words),
+    into shrinking shares."""
     monkeypatch.setattr(query_stem, "PROBE_SPLIT", 1)
+    monkeypatch.setattr(query_stem, "SHRUNK_WORDS", 1)
     yield
 
 
@@ -109,7 +111,11 @@ def test_shares_are_whole_lines_and_cover_the_batch_once() -> None:
     results = PartialResults(8192)
     pieces = results.destination("R", 8000, 1000, 4)      # two pieces, 192 + 808 tuples
     shares = stem._shares(pieces, 4)
-    assert len(shares) == 3 * query_stem.SHARES_PER_THREAD
+    sizes = [sum(b - a for a, b, _ in share) for share in shares]
+    least = -(-1000 // (3 * query_stem.SHARES_PER_THREAD))
+    assert len(shares) > 3 and sizes == sorted(sizes, reverse=True), \
+        "shares shrink, the largest taken first"
+    assert sizes[0] <= 1000 // 12 + 8 and sizes[-1] >= least // 2 - 8
     covered = sorted((a, b) for share in shares for a, b, _ in share)
     assert covered[0][0] == 0 and covered[-1][1] == 1000
     assert all(b == c for (_, b), (c, _) in zip(covered[:-1], covered[1:], strict=True))
@@ -122,12 +128,17 @@ def test_shares_are_whole_lines_and_cover_the_batch_once() -> None:
 
 def test_below_the_threshold_nothing_is_split(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(query_stem, "PROBE_SPLIT", 1 << 18)
+    monkeypatch.setattr(query_stem, "SHRUNK_WORDS", 3 << 18)
     stem = QuerySteM(workers=Workers(2))
     pieces = PartialResults(8192).destination("R", 0, 8192, 16)
     assert len(stem._shares(pieces, 16)) == 1                   # 2^17 words: one share
     assert len(stem._shares(PartialResults(8192).destination("R", 0, 32768, 16), 16)) == 2
-    assert len(stem._shares(PartialResults(8192).destination("R", 0, 65536, 157), 157)) == \
-        2 * query_stem.SHARES_PER_THREAD                   # 2^23 words: as many as taken
+    shares = stem._shares(PartialResults(8192).destination("R", 0, 65536, 157), 157)
+    sizes = [sum(b - a for a, b, _ in share) for share in shares]   # 2^23 words
+    assert sizes[0] == 65536 // 8 and min(sizes) * 157 >= 1 << 18 and len(sizes) > 8
+    shares = stem._shares(PartialResults(8192).destination("R", 0, 32768, 157), 157)
+    assert [sum(b - a for a, b, _ in share) for share in shares] == \
+        [4102] + [4096] * 6 + [4090]    # 2^22 words: equal, shares of 2^19.3 would be
 
 
 # ---------------------------------------------------------------- whole engines

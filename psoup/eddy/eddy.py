@@ -147,10 +147,24 @@ class Eddy:
         return done
 
     def _route_data(self, entry: DataEntry) -> None:
-        """Fig. 3: store the batch, then probe the Query SteM with all of it at once."""
-        stream = entry.stream
+        """Fig. 3: store the batch, then probe the Query SteM with all of it at once.
+        What the stores leave for later (the copies of the batch's values into the
+        chunks, which the probe does not read) runs among the probe's shares when it is
+        split over threads (QuerySteM.probe_into); before the sinks get the batch."""
+        # (a probe on one thread gains nothing from it: the copies are made as before)
+        later: list[Callable[[], None]] | None = \
+            [] if self.query_stem.splits(entry.batch.n) else None
         stem = self.data_stems[entry.interest.home]
-        position = stem.append(entry.batch, entry.tuple_ids)
+        position = stem.append(entry.batch, entry.tuple_ids, later)
+        try:
+            self._probe_data(entry, stem, position, later)
+        finally:
+            for task in later or ():
+                task()
+
+    def _probe_data(self, entry: DataEntry, stem: DataSteM, position: int,
+                    later: list[Callable[[], None]] | None) -> None:
+        stream = entry.stream
         sinks = self.sinks.of_stream(stream)
         for sink in sinks:
             sink.on_expire(stream, stem.horizon)
@@ -163,8 +177,8 @@ class Eddy:
         direct = self.sinks.probe_target(stream)
         others = [sink for sink in sinks if sink is not direct]
         if direct is not None:          # PSoup-P: the probe is written into its chunks
-            pieces = direct.destination(stream, position, n, words)
-            self.query_stem.probe_into(stream, columns, pieces)
+            pieces = direct.destination(stream, position, n, words, later)
+            self.query_stem.probe_into(stream, columns, pieces, later)
             if not others:
                 return
             bits = self._scratch(n, words)  # one row per tuple, for the other sinks
@@ -172,7 +186,7 @@ class Eddy:
                 np.copyto(bits[a:b], out.T)
         else:
             bits = self._scratch(n, words)
-            self.query_stem.probe_into(stream, columns, [(0, n, bits.T)])
+            self.query_stem.probe_into(stream, columns, [(0, n, bits.T)], later)
         for sink in others:
             self.ttp.append(partial(sink.on_insert, stream, position,
                                     self.sinks.rows_for(sink, stream, bits), columns))

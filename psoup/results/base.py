@@ -71,10 +71,13 @@ class ProbeTarget(Sink):
     At most one per stream (`SinkTable.probe_target`)."""
 
     @abstractmethod
-    def destination(self, stream: str, p0: int, n: int,
-                    words: int) -> list[tuple[int, int, np.ndarray]]:
+    def destination(self, stream: str, p0: int, n: int, words: int,
+                    later: list[Callable[[], None]] | None = None
+                    ) -> list[tuple[int, int, np.ndarray]]:
         """(a, b, a (words, b - a) word-major array) per piece of the batch's tuples
-        a..b (positions p0 + a ..), for the probe to write into."""
+        a..b (positions p0 + a ..), for the probe to write into. With `later`, work on
+        the arrays that the probe neither reads nor writes may be appended to it as
+        callables, which the caller runs before anything reads them."""
 
 
 class ResultsStructure(Sink):

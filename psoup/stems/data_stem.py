@@ -28,6 +28,7 @@ import weakref
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -52,6 +53,18 @@ SPARE_CHUNKS = 2
 
 #: Below this fraction of the rows in range, a value index beats a scan.
 INDEX_SELECTIVITY = 0.125
+
+
+def _copy_values(columns: dict[str, np.ndarray], tuple_ids: np.ndarray,
+                 copies: Sequence[tuple[dict[str, np.ndarray], int, int, int]]) -> None:
+    """A batch's values (its ts excepted) and tupleIDs into chunks: per (a chunk's
+    columns, its first row r, the batch's first tuple, how many), the tuples from that
+    one into rows r, r + 1, ..."""
+    for cols, r, done, take in copies:
+        here = slice(done, done + take)
+        for name, values in columns.items():
+            cols[name][r:r + take] = values[here]
+        cols[TUPLE_ID][r:r + take] = tuple_ids[here]
 
 
 class _Chunk:
@@ -169,14 +182,22 @@ class DataSteM:
 
     # ----------------------------------------------------------------- insert, expire
 
-    def append(self, batch: Batch, tuple_ids: np.ndarray) -> int:
+    def append(self, batch: Batch, tuple_ids: np.ndarray,
+               later: list[Callable[[], None]] | None = None) -> int:
         """Store a checked batch; returns the position of its first tuple. O(n) copying.
 
-        Moves the horizon and drops chunks that fell wholly below it.
+        Moves the horizon and drops chunks that fell wholly below it. With `later`, the
+        copies of the batch's values into the chunks (its ts excepted, which retention
+        reads) may be left to a callable appended to it, when no position of the batch
+        leaves retention at once (nothing reads them before the caller runs it, on
+        whatever thread, before anything reads the new positions: the Eddy runs it
+        beside the batch's probe, which reads the batch itself).
         """
         p0 = self.n
         cap = self.chunk_rows
         done = 0
+        copies: list[tuple[dict[str, np.ndarray], int, int, int]] | None = \
+            [] if later is not None and self._keeps(batch) else None
         while done < batch.n:
             if not self._chunks or self._chunks[-1].n == cap:
                 # new lists, never changed in place: a snapshot shares the old ones
@@ -187,11 +208,12 @@ class DataSteM:
                 self._tid_heads = [*self._tid_heads, int(tuple_ids[done])]
             chunk = self._chunks[-1]
             take = min(cap - chunk.n, batch.n - done)
-            r, cols, here = chunk.n, chunk.cols, slice(done, done + take)
-            for name, values in batch.columns.items():
-                cols[name][r:r + take] = values[here]
-            cols[TS][r:r + take] = batch.ts[here]
-            cols[TUPLE_ID][r:r + take] = tuple_ids[here]
+            r, cols = chunk.n, chunk.cols
+            cols[TS][r:r + take] = batch.ts[done:done + take]
+            if copies is None:
+                _copy_values(batch.columns, tuple_ids, [(cols, r, done, take)])
+            else:
+                copies.append((cols, r, done, take))
             chunk.n += take
             done += take
         self.n += batch.n
@@ -202,7 +224,20 @@ class DataSteM:
             self.at_last_ts = same + (self.at_last_ts if last == self.last_ts else 0)
             self.last_ts = last
         self._retain()
+        if copies and later is not None:
+            later.append(partial(_copy_values, batch.columns, tuple_ids, copies))
         return p0
+
+    def _keeps(self, batch: Batch) -> bool:
+        """Whether the batch's first position is still retained once it is appended
+        (`_retain`: RETAIN n ROWS keeps the last n, RETAIN t what is at most t older
+        than the batch's last ts)."""
+        schema = self.schema
+        if schema.retain_rows is not None:
+            return batch.n <= schema.retain_rows
+        if schema.retain_seconds is not None and batch.n:
+            return bool(batch.ts[0] >= batch.ts[-1] - schema.retain_seconds)
+        return True
 
     def _retain(self) -> None:
         schema = self.schema

@@ -21,14 +21,17 @@ thread probes its own tuples into their own words of the results, the compiled k
 releasing the GIL, and the probe returns when all are done. Whatever changes the index
 (a direct map widened for values it has not seen) happens on the calling thread,
 between the threads' calls. Only a share of at least `PROBE_SPLIT` words is worth
-handing to a thread.
+handing to a thread. What the insert has left to do that touches nothing the probe
+reads or writes (the Data SteM's copies of the batch's values, the row forms of a
+reused results chunk: `probe_into`'s `beside`) runs among the shares rather than on
+the calling thread alone before them.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 
 import numpy as np
@@ -51,10 +54,21 @@ from psoup.workers import Workers
 #: 1.77-1.88x at 2^21 (32,768 tuples). So from 2^18 a split gains a fifth or more.
 PROBE_SPLIT = 1 << 18
 
-#: A split probe's shares per thread (each of at least PROBE_SPLIT words): the threads
-#: take them in turn, so a thread a busy core holds back takes fewer, and the others
-#: are not left waiting for its half.
-SHARES_PER_THREAD = 4
+#: A split probe's shares shrink as they are handed out (guided self-scheduling): each
+#: takes 1/(2 x threads) of the tuples left, at most 1/(4 x threads) of the batch (an
+#: equal share as they all were: a thread a busy core holds back keeps no more of the
+#: batch than before; the threads take the shares in turn, so it takes fewer), so that
+#: the thread that ends first waits only for the small share another is in (with equal
+#: shares, up to 1/8 of the batch: at 10^5 queries the threads' ends were 0.39 ms apart
+#: in an 8.5 ms batch on 2 cores, with shrinking shares 0.08 ms). A share cut smaller
+#: than an equal share still holds 1/(SHARES_PER_THREAD x threads) of the batch and
+#: SHRUNK_WORDS words of results: each share costs some microseconds of its own (a
+#: compiled call and its arguments, under the GIL), and at 10^4 queries shares of 2^18
+#: words (0.13 ms) made a batch 4% slower than equal ones.
+SHARES_PER_THREAD = 16
+
+#: The least work (tuples x words) of a share cut smaller than an equal share.
+SHRUNK_WORDS = 3 << 18
 
 #: Tuples of a share start on a multiple of this (8 words, a cache line, from where the
 #: piece's rows are aligned), so no two threads write the same line of a result row.
@@ -209,6 +223,10 @@ class QuerySteM:
         sq = self._streams.get(stream)
         return bool(sq and sq.slots)
 
+    def splits(self, n: int) -> bool:
+        """Whether a probe of n tuples is split over threads (`_shares`). O(1)."""
+        return self.workers.threads > 1 and n >= 2 * -(-PROBE_SPLIT // self.words)
+
     def probe(self, stream: str, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
         """Results Structure rows for n tuples of `stream` (PSoup Fig. 3: new data probing
         the Query SteM): bit q of row i is set when tuple i satisfies query slot q.
@@ -222,24 +240,30 @@ class QuerySteM:
         return transposed
 
     def probe_into(self, stream: str, columns: Mapping[str, np.ndarray],
-                   pieces: Sequence[tuple[int, int, np.ndarray]]) -> None:
+                   pieces: Sequence[tuple[int, int, np.ndarray]],
+                   beside: list[Callable[[], None]] | None = None) -> None:
         """Write the probe of the batch's tuples a..b into each piece's (words, b - a)
         word-major array (tuple i's word w at [w, i - a]), e.g. straight into PSoup-P's
         chunks. One compiled pass over the rows; multi-attribute factors then clear the
-        bits of the queries whose factor a tuple fails."""
+        bits of the queries whose factor a tuple fails. The tasks of `beside` (work
+        that touches nothing the probe reads or writes) run among the shares of a probe
+        split over threads, else first, on this thread; either way `beside` is emptied.
+        """
         words = self.words
         sq = self._streams.get(stream)
         if sq is None or not sq.slots:
+            _run(beside)
             for _, _, out in pieces:
                 out[:] = 0
             return
         if not self.shared:
+            _run(beside)
             n = max(b for _, b, _ in pieces)
             flags = self._probe_unshared(stream, sq, columns, n)
             for a, b, out in pieces:
                 out[:] = flags[a:b].T
             return
-        self._probe_indexed(sq, columns, pieces)
+        self._probe_indexed(sq, columns, pieces, beside)
         for factor, users in sq.factors.items():
             fails = np.flatnonzero(~factor_mask(factor, columns[factor.left],
                                                 columns[factor.right]))
@@ -251,7 +275,8 @@ class QuerySteM:
                         out[:, here] &= keep
 
     def _probe_indexed(self, sq: _StreamQueries, columns: Mapping[str, np.ndarray],
-                       pieces: Sequence[tuple[int, int, np.ndarray]]) -> None:
+                       pieces: Sequence[tuple[int, int, np.ndarray]],
+                       beside: list[Callable[[], None]] | None = None) -> None:
         """`probe_into`'s shared pass: the interest row less what the attribute indices
         reject, one compiled call per piece (a value a direct map has not seen sends
         the call back for that attribute's keys without one)."""
@@ -259,6 +284,7 @@ class QuerySteM:
         interest = sq.interest_row(words)
         indexed = [(index, columns[c]) for c, index in sq.attrs.items() if len(index)]
         if not indexed:
+            _run(beside)
             for _, _, out in pieces:
                 out[:] = interest[:, None]
             return
@@ -266,8 +292,10 @@ class QuerySteM:
         keys, firsts, maps = map(list, zip(*[index.keys(v) for index, v in indexed],
                                            strict=True))
         if self.workers.threads > 1 and len(shares := self._shares(pieces, words)) > 1:
-            self._probe_shares(indexed, tables, keys, firsts, maps, interest, shares)
+            self._probe_shares(indexed, tables, keys, firsts, maps, interest, shares,
+                               beside)
             return
+        _run(beside)        # (before the probe, as a batch's values are read: in cache)
         for a, b, out in pieces:
             while (g := kernels.probe_into(tables, tuple([k[a:b] for k in keys]),
                                            tuple(firsts), tuple(maps), interest, out)) >= 0:
@@ -276,44 +304,61 @@ class QuerySteM:
 
     def _shares(self, pieces: Sequence[tuple[int, int, np.ndarray]],
                 words: int) -> list[list[tuple[int, int, np.ndarray]]]:
-        """The pieces cut into lists of about equal tuples, up to SHARES_PER_THREAD per
-        thread, each holding at least PROBE_SPLIT words of results (one list: the probe
-        is not split). A cut falls on a cache line of the piece's rows, so each share
-        writes whole lines of its own. O(pieces + shares)."""
+        """The pieces cut into lists of tuples, shrinking (`SHARES_PER_THREAD`), each
+        holding at least PROBE_SPLIT words of results (one list: the probe is not
+        split). A cut falls on a cache line of the piece's rows, so each share writes
+        whole lines of its own. O(pieces + shares)."""
         n = sum(b - a for a, b, _ in pieces)
-        parts = min(self.workers.threads * SHARES_PER_THREAD, n * words // PROBE_SPLIT)
-        if parts <= 1:
+        threads = self.workers.threads
+        least = -(-PROBE_SPLIT // words)
+        if threads <= 1 or n < 2 * least:
             return [list(pieces)]
+        most = max(least, n // (threads * 4))      # what each of 4 equal shares was
+        small = min(most, max(-(-SHRUNK_WORDS // words),
+                              -(-n // (threads * SHARES_PER_THREAD))))
+        leads = [a + _aligned_lead(out) for a, _, out in pieces]
         cuts: list[int] = []
-        for j in range(1, parts):
-            at = n * j // parts
-            for a, b, out in pieces:
-                if a < at < b:          # (a cut between two pieces is on a line)
-                    lead = _aligned_lead(out)
-                    at = a + lead + round((at - a - lead) / _LINE_TUPLES) * _LINE_TUPLES
-                    at = min(max(at, a), b)
-                    break
-            if 0 < at < n and (not cuts or at > cuts[-1]):
-                cuts.append(at)
+        done = 0
+        while True:
+            size = min(most, max(small, (n - done) // (2 * threads)))
+            if n - done - size < small // 2:    # (the rest is the last share)
+                break
+            at = _on_line(done + size, pieces, leads)
+            if at >= n:
+                break
+            cuts.append(at)
+            done = at
         shares: list[list[tuple[int, int, np.ndarray]]] = [[] for _ in range(len(cuts) + 1)]
         for a, b, out in pieces:
             bounds = [a] + [c for c in cuts if a < c < b] + [b]
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
                 shares[bisect.bisect_right(cuts, lo)].append((lo, hi, out[:, lo - a:hi - a]))
-        return [share for share in shares if share]
+        # the largest first: the rest after the last cut may be larger than the shares
+        # before it, and the last share taken should be small
+        return sorted((share for share in shares if share),
+                      key=lambda share: -sum(b - a for a, b, _ in share))
 
     def _probe_shares(self, indexed: list[tuple[AttributeIndex, np.ndarray]],
                       tables: tuple[np.ndarray, ...], keys: list[np.ndarray],
                       firsts: list[int], maps: list[np.ndarray], interest: np.ndarray,
-                      shares: list[list[tuple[int, int, np.ndarray]]]) -> None:
+                      shares: list[list[tuple[int, int, np.ndarray]]],
+                      beside: list[Callable[[], None]] | None = None) -> None:
         """`_probe_indexed`'s calls, one list of pieces per thread (`_shares`: disjoint
         tuples, so disjoint words of the results). A piece whose keys fall outside a
         direct map wrote nothing; the keys are then looked up otherwise here, on the
         calling thread alone (it changes the index), and those pieces probed again."""
+        # the tasks beside the probe first: the calling thread takes them while the
+        # pool's wake up
+        tasks: list[Callable[[], list[tuple[tuple[int, int, np.ndarray], int]]]] = []
+        if beside:
+            tasks = [partial(_beside, task) for task in beside]
+            beside.clear()
         while shares:
             probe = partial(_probe_pieces, tables, tuple(keys), tuple(firsts), tuple(maps),
                             interest)
-            missed = self.workers.run([partial(probe, share) for share in shares])
+            tasks += [partial(probe, share) for share in shares]
+            missed = self.workers.run(tasks)
+            tasks = []
             for g in sorted({g for share in missed for _, g in share}):
                 index, values = indexed[g]      # a value its direct map has not seen
                 keys[g], firsts[g], maps[g] = index.keys(values, direct_map=False)
@@ -353,12 +398,38 @@ class QuerySteM:
                    for index in sq.attrs.values())
 
 
+def _on_line(at: int, pieces: Sequence[tuple[int, int, np.ndarray]],
+             starts: Sequence[int]) -> int:
+    """Tuple `at` of the batch moved on to the next cut on a cache line of its piece's
+    rows (`starts`: each piece's first tuple whose words start a line), at most to the
+    piece's end (a cut between two pieces is on a line already)."""
+    for (a, b, _), start in zip(pieces, starts, strict=True):
+        if a < at < b:
+            return min(start + -(-(at - start) // _LINE_TUPLES) * _LINE_TUPLES, b)
+    return at
+
+
 def _aligned_lead(out: np.ndarray) -> int:
     """Tuples of a word-major piece before the first whose words start a cache line (0
     where a tuple's words are not contiguous in a row)."""
     if out.ndim != 2 or out.shape[1] == 0 or out.strides[1] != out.itemsize:
         return 0
     return (-out.ctypes.data % 64) // out.itemsize
+
+
+def _run(tasks: list[Callable[[], None]] | None) -> None:
+    """Run and remove every task of `tasks` (None: none), in order."""
+    if tasks:
+        todo = list(tasks)
+        tasks.clear()
+        for task in todo:
+            task()
+
+
+def _beside(task: Callable[[], None]) -> list[tuple[tuple[int, int, np.ndarray], int]]:
+    """A task run among a split probe's shares, as one: it leaves no piece unwritten."""
+    task()
+    return []
 
 
 def _probe_pieces(tables: tuple[np.ndarray, ...], keys: tuple[np.ndarray, ...],
