@@ -325,7 +325,9 @@ class BlockIndex:
         for (a, _), (count, _) in zip(parts[1:], found[1:], strict=True):
             out[k:k + count] = out[a - p0:a - p0 + count]
             k += count
-        positions = out[:k] if 2 * k >= len(out) else out[:k].copy()   # mostly room: trim
+        if 2 * k < len(out):        # mostly room: give it back (realloc, no copy)
+            out.resize(k, refcheck=False)
+        positions = out[:k]
         if any(left for _, left in found):
             self._widen(positions)
         self._prefix_from(0)
