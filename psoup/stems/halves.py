@@ -1,14 +1,17 @@
 """A long scan over sorted positions split between the machine's cores: a new query's
-registration over millions of retained tuples (its probe, grouping and copies are
-compiled kernels that release the GIL, so threads run them side by side).
+registration over a large store (its probe, block folds, grouping and copies, PSoup-P's
+setting of its bits are compiled kernels that release the GIL, so threads run them side
+by side).
 
-Below PARALLEL_ROWS a scan stays on the calling thread. On the 2-core machine these
-were measured on, shared with other work, splitting did not pay: registrations over 4M
-tuples ran from 1.5x faster to 2x slower split than whole, from run to run (a selection
-the same, an aggregate 1.3x slower, a GROUP BY either way), since the other core was
-seldom free; at 1M, split was slower. So by default nothing is split (PARALLEL_ROWS is
-beyond any store); a machine with cores to spare lowers it (1M is where a pool's hand-off,
-tens of microseconds, is lost in the scan).
+Below PARALLEL_ROWS a scan stays on the calling thread. Measured on a quiet 2-core AMD
+EPYC (bench/scale_register.py's queries, register / DuckDB, unsplit -> split): at 1M
+tuples a selection 0.56 -> 0.45x, an aggregate 1.45 -> 1.20x, a GROUP BY 1.49 -> 1.17x
+(PSoup-P); at 4M 1.17 -> 0.85x, 2.42 -> 1.71x and 2.04 -> 1.30x; at 16M the GROUP BY
+2.81 -> 2.05x. A pool's hand-off costs tens of microseconds, lost in a scan of 256K
+tuples or more (about a millisecond). The caller takes a part too and the parts are
+taken one at a time, so a split whose other core is busy costs about what the whole
+scan costs on one. The threads are the engine's (`DataSteM.threads`, `Engine(threads=)`):
+an engine with one thread never splits.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 #: Positions from which a scan is split between the cores (see the module docstring).
-PARALLEL_ROWS = 1 << 62
+PARALLEL_ROWS = 1 << 18
 
 #: Threads a scan is split between: the cores this process may run on.
 THREADS = default_threads()
