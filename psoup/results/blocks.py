@@ -198,7 +198,7 @@ class BlockIndex:
         >>> import psoup
         >>> eng = psoup.Engine(chunk_rows=4)
         >>> eng.execute("CREATE STREAM R (g INT, a INT)")
-        >>> eng.insert("R", [(i % 2, i) for i in range(10)], ts=[float(i) for i in range(10)])
+        >>> _ = eng.insert("R", [(i % 2, i) for i in range(10)], ts=[float(i) for i in range(10)])
         >>> h = eng.register("SELECT g, COUNT(*), SUM(a) FROM R WHERE a > 2 GROUP BY g")
         >>> eng.invoke(h, now=9.0).rows
         [(0, 3, 18), (1, 4, 24)]
