@@ -442,8 +442,17 @@ class BlockIndex:
             edges = [(p0, (self.b0 + r_lo) << log_b)]
             if b_hi - self.b0 <= self.rows:     # past the last block: no matches
                 edges.append(((self.b0 + r_hi) << log_b, p1))
-        positions = self._matches(edges)
-        self._scratch.fold(self.stem, positions, self.key, self.lo, self.width, _ONE_BLOCK, 0)
+        scan = self._scan
+        if scan:        # intervals: each edge found and folded in one compiled call
+            for a, b in edges:
+                if b > a:
+                    out = self._found if b - a <= len(self._found) else \
+                        np.empty(b - a, np.int64)
+                    _scan_cells(self._scratch, self.stem, scan, a, b, out, self.key,
+                                self.lo, self.width, _ONE_BLOCK, 0)
+        else:
+            self._scratch.fold(self.stem, self._matches(edges), self.key, self.lo,
+                               self.width, _ONE_BLOCK, 0)
         return self._result(p0, p1)
 
     def _load_middle(self, r_lo: int, r_hi: int) -> None:
@@ -509,28 +518,19 @@ class BlockIndex:
 
     def _matches(self, ranges: list[tuple[int, int]]) -> np.ndarray:
         """The sorted positions of the query's matches in the increasing ranges
-        (retained): one compiled scan per range when its factors are intervals on
-        8-byte columns, else a probe."""
-        scan, stem = self._scan, self.stem
-        ranges = [(a, b) for a, b in ranges if b > a]
-        if scan is None:
-            found = [stem.probe(self.source, Span.range(a, b)) for a, b in ranges]
-            return np.concatenate(found) if len(found) > 1 else \
-                found[0] if found else np.empty(0, np.int64)
-        if not scan:                        # no factors: every tuple
-            return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges]) \
-                if ranges else np.empty(0, np.int64)
-        room = sum(b - a for a, b in ranges)
-        out = self._found if room <= len(self._found) else np.empty(room, np.int64)
-        k = 0
-        for a, b in ranges:
-            k += stem.scan_intervals(scan, a, b, out[k:])
-        return out[:k]
+        (retained), for factors that are not all intervals: a probe per range (or every
+        position, without factors)."""
+        found = [self.stem.probe(self.source, Span.range(a, b)) if self._scan is None
+                 else np.arange(a, b, dtype=np.int64) for a, b in ranges if b > a]
+        return np.concatenate(found) if len(found) > 1 else \
+            found[0] if found else np.empty(0, np.int64)
 
     def _result(self, p0: int, p1: int) -> Result:
         """Rows from the scratch cells: the groups with matches, in key order; from the
         range's rows when a FLOAT sum is not finite (an infinite value, an overflow)."""
         agg, cells, w = self.aggregator, self._scratch, self.width
+        if self.key is None:
+            return self._row(p0, p1)
         counts = cells.count[0, :w].tolist()
         present = [g for g, k in enumerate(counts) if k]
         if not present:
@@ -545,8 +545,6 @@ class BlockIndex:
                 total = [(h << 32) + low for h, low in pairs[0, :w].tolist()]
             sums[name] = total
         last = cells.last[0, :w].tolist()
-        if self.key is None:
-            return self._row(counts[0], sums, last)
         keys = [(self.lo + g,) for g in present]
         extremes = {(c, op): [(cells.mins if op == "min" else cells.maxs)[c[1]][0, g].item()
                               for g in present]
@@ -555,20 +553,33 @@ class BlockIndex:
                            {c: [sums[c[1]][g] for g in present] for c in agg.sums},
                            extremes, self._ts([last[g] for g in present]))
 
-    def _row(self, count: int, sums: dict[str, list[Any]], last: list[int]) -> Result:
-        """`_result` without GROUP BY: its one row, built straight from the cells."""
+    def _row(self, p0: int, p1: int) -> Result:
+        """`_result` without GROUP BY: its one row, built straight from the cells, item
+        by item (the most common aggregates: an invocation is a few microseconds)."""
         cells = self._scratch
+        count = cells.count.item(0, 0)
+        if not count:
+            return self.aggregator._result([], [], {}, {}, np.empty(0))
         row = []
         for function, arg in self._outputs:
-            if function.keeps is None:
+            keeps = function.keeps
+            if keeps is None:
                 kept = None
-            elif function.keeps == "sum":
-                kept = sums[arg][0]
+            elif keeps == "sum":
+                pairs = cells.sums[arg]
+                if pairs.dtype.kind == "f":
+                    kept = pairs.item(0, 0, 0) + pairs.item(0, 0, 1)
+                    if not math.isfinite(kept):
+                        return self._from_rows(p0, p1)
+                else:
+                    kept = (pairs.item(0, 0, 0) << 32) + pairs.item(0, 0, 1)
             else:
-                kept = (cells.mins if function.keeps == "min" else cells.maxs)[arg][0, 0].item()
+                kept = (cells.mins if keeps == "min" else cells.maxs)[arg].item(0, 0)
             row.append(function.fold(count, kept))
-        return Result(self.aggregator.query.columns, [tuple(row)], self._ts(last),
-                      np.array([-1]), keys=[()])
+        ts = np.empty(1)
+        ts[0] = self.stem.ts_at(cells.last.item(0, 0))
+        return Result(self.aggregator.query.columns, [tuple(row)], ts, np.array([-1]),
+                      keys=[()])
 
     def _from_rows(self, p0: int, p1: int) -> Result:
         """The answer computed from the matches' rows in [p0, p1), as NoMat computes it.
