@@ -47,7 +47,9 @@ compacted once the dead blocks outnumber the live ones.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import numpy as np
@@ -93,6 +95,35 @@ _SAMPLE = 4096
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 #: An edge scan folds its matches into one block: a shift no position reaches.
 _ONE_BLOCK = 62
+
+
+class _Scratch:
+    """One output buffer for registrations' scans, kept between them: a scan writes
+    every match's position before it knows how many there are, room for all the
+    retained tuples, and faulting in that much fresh memory each time (transparent huge
+    pages, compacted on demand) stalled a part of a 16M-tuple scan for 70 ms now and
+    then. Taken by one scan at a time; another at once gets a fresh buffer. The
+    matches are then copied out, as many as they are."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buffer = np.empty(0, np.int64)
+
+    @contextmanager
+    def taken(self, size: int) -> Iterator[np.ndarray]:
+        """A buffer of at least `size` positions, for the `with` block."""
+        if not self._lock.acquire(blocking=False):
+            yield np.empty(size, np.int64)
+            return
+        try:
+            if len(self._buffer) < size:
+                self._buffer = np.empty(size, np.int64)
+            yield self._buffer
+        finally:
+            self._lock.release()
+
+
+_SCRATCH = _Scratch()
 
 
 class SpanExceeded(Exception):
@@ -314,20 +345,16 @@ class BlockIndex:
         rows = ((p1 - 1) >> self.log_b) - self.b0 + 1
         self._make_room(rows, lo, width)
         self.rows = rows
-        out = np.empty(p1 - p0, np.int64)
         # chunks: no block in two parts
         parts = halves.ranges(p0, p1, stem.chunk_rows, stem.threads)
         cells = self._cells
-        found = halves.each(lambda ab: _scan_cells(
-            cells, stem, scan, ab[0], ab[1], out[ab[0] - p0:], self.key, self.lo,
-            self.width, self.log_b, self.b0), parts)
-        k = found[0][0]
-        for (a, _), (count, _) in zip(parts[1:], found[1:], strict=True):
-            out[k:k + count] = out[a - p0:a - p0 + count]
-            k += count
-        if 2 * k < len(out):        # mostly room: give it back (realloc, no copy)
-            out.resize(k, refcheck=False)
-        positions = out[:k]
+        with _SCRATCH.taken(p1 - p0) as out:
+            found = halves.each(lambda ab: _scan_cells(
+                cells, stem, scan, ab[0], ab[1], out[ab[0] - p0:], self.key, self.lo,
+                self.width, self.log_b, self.b0), parts)
+            positions = np.concatenate([out[a - p0:a - p0 + count]
+                                        for (a, _), (count, _) in zip(parts, found,
+                                                                      strict=True)])
         if any(left for _, left in found):
             self._widen(positions)
         self._prefix_from(0)
