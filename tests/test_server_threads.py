@@ -146,11 +146,12 @@ class _Started(Exception):
 
 
 @pytest.mark.parametrize(("threads", "asked", "fronts"),
-                         [(1, None, 0), (2, None, 1), (3, None, 2), (2, 0, 0), (1, 2, 2)])
-def test_serve_starts_a_front_per_thread_but_one_unless_told(
+                         [(1, None, 0), (2, None, 0), (3, None, 0), (2, 1, 1), (1, 2, 2)])
+def test_serve_starts_the_fronts_it_is_told_and_none_by_default(
         monkeypatch: pytest.MonkeyPatch, threads: int, asked: int | None,
         fronts: int) -> None:
-    """`psoup serve --fronts N` overrides the default of one fewer than the threads."""
+    """`psoup serve --fronts N` starts N front processes, whatever the threads; none
+    unless told."""
     seen: list[int] = []
 
     class Fake(Server):

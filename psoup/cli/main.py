@@ -378,9 +378,8 @@ def _answers(server: str, token: str | None) -> bool:
 @_threads_option
 @click.option("--fronts", type=click.IntRange(0), default=None, metavar="N",
               help="Front processes that take the connections' socket work and relay "
-                   "them (default: one fewer than --threads; 0: none, every connection "
-                   "served by the server's process, a few tens of microseconds less "
-                   "per round trip).")
+                   "them to the server's process (default 0: none; each adds a few "
+                   "tens of microseconds to a round trip).")
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: ModeName,
           sync: SyncName, max_queries: int | None, max_stream_bytes: int | None,
