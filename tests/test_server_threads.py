@@ -97,23 +97,20 @@ def _invoke_while_held(engine: _Recording, address: str, handle: str) -> Result:
     return got[0]
 
 
-def test_with_two_threads_a_read_waits_for_the_lock_on_the_loop(
-        serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_read_that_finds_the_lock_taken_waits_on_the_loop_only_with_threads(
+        serve: Serve, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """With two threads it waits for the lock on the event loop; with one it goes to a
+    read thread, as before."""
     monkeypatch.setattr(server_module, "LOCK_WAIT_SECONDS", WAIT)
-    engine, _, address, handle = serve(2)
+    engine, server, address, handle = serve(threads)
     answer = _invoke_while_held(engine, address, handle)
     assert answer.rows == [(a,) for a in range(3, 10)]
-    assert engine.ran_on == ["psoup-server"]
-
-
-def test_with_one_thread_a_read_that_finds_the_lock_taken_goes_to_a_read_thread(
-        serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server_module, "LOCK_WAIT_SECONDS", WAIT)
-    engine, server, address, handle = serve(1)
-    answer = _invoke_while_held(engine, address, handle)
-    assert answer.rows == [(a,) for a in range(3, 10)]
-    assert len(engine.ran_on) == 1 and engine.ran_on[0].startswith("psoup-read")
-    assert not server._lock_wait
+    if threads == 2:
+        assert engine.ran_on == ["psoup-server"]
+    else:
+        assert len(engine.ran_on) == 1 and engine.ran_on[0].startswith("psoup-read")
+        assert not server._lock_wait
 
 
 def test_a_wait_that_runs_out_hands_the_reads_over_until_the_lock_is_free(

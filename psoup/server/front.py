@@ -36,6 +36,7 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,23 @@ from psoup.server.protocol import encode_answer, ok_reply, pack_frame, unpack_pa
 
 #: kind (1 byte), connection number, body length; little-endian
 MESSAGE = struct.Struct("<BII")
+
+
+def messages(buf: bytearray) -> Iterator[tuple[int, int, bytes]]:
+    """The whole messages at the start of `buf` as (kind, connection, payload), each
+    taken out of it as it is yielded; a partial message is left for more bytes. O(bytes
+    taken)."""
+    pos, end = 0, len(buf)
+    try:
+        while end - pos >= MESSAGE.size:
+            kind, conn, size = MESSAGE.unpack_from(buf, pos)
+            start = pos + MESSAGE.size
+            if end - start < size:
+                break
+            pos = start + size
+            yield kind, conn, bytes(buf[start:pos])
+    finally:
+        del buf[:pos]
 
 OPEN, DATA, SHUT, CLOSED, PAUSE, RESUME, EOF, CLOSE, HOLD, READ, ANSWER = range(1, 12)
 
@@ -67,30 +85,23 @@ class _Channel(asyncio.Protocol):
         self.buf = bytearray()
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos, end, conns = 0, len(buf), self.front.conns
-        while end - pos >= MESSAGE.size:
-            kind, conn, size = MESSAGE.unpack_from(buf, pos)
-            start = pos + MESSAGE.size
-            if end - start < size:
-                break
-            pos = start + size
+        self.buf += data
+        conns = self.front.conns
+        for kind, conn, payload in messages(self.buf):
             client = conns.get(conn)
             if client is None:
                 continue
             if kind == DATA:
-                client.transport.write(bytes(buf[start:pos]))
+                client.transport.write(payload)
             elif kind == ANSWER:
                 try:
-                    frame = answer_frame(bytes(buf[start:pos]))
+                    frame = answer_frame(payload)
                 except Exception:       # a bug: drop the connection (the engine hears)
                     client.transport.abort()
                     continue
                 client.transport.write(frame)
             else:
                 client.command(kind)
-        del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
         # the engine process has gone or stopped: so does this front

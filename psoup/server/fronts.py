@@ -43,6 +43,7 @@ from psoup.server.front import (
     READ,
     RESUME,
     SHUT,
+    messages,
 )
 
 log = logging.getLogger("psoup.server")
@@ -169,24 +170,16 @@ class Channel(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        pos, end = 0, len(buf)
-        while end - pos >= MESSAGE.size:
-            kind, conn, size = MESSAGE.unpack_from(buf, pos)
-            start = pos + MESSAGE.size
-            if end - start < size:
-                break
-            pos = start + size
+        self.buf += data
+        for kind, conn, payload in messages(self.buf):
             if kind == DATA:
                 virtual = self.conns.get(conn)
                 if virtual is not None:
-                    self._data(virtual, bytes(buf[start:pos]))
+                    self._data(virtual, payload)
             elif kind == OPEN:
-                self._open(conn, bytes(buf[start:pos]).decode())
+                self._open(conn, payload.decode())
             else:
                 self._event(kind, conn)
-        del buf[:pos]
 
     def _data(self, virtual: Virtual, data: bytes) -> None:
         conv, reader = virtual.conv, virtual.reader
