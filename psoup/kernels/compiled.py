@@ -1071,6 +1071,16 @@ set_bits = cast("Callable[[Handle, int, int, int, np.uint64, NDArray[np.int64]],
                 _set_bits)
 
 
+@_njit(cache=True, nogil=True, boundscheck=False, inline="always")
+def _run_end(positions: NDArray[np.int64], i: int, end: int) -> int:  # pragma: no cover
+    """The index past the sorted positions from i on that lie below `end`: with `end`
+    the end of positions[i]'s chunk, the end of its run of that chunk."""
+    n = len(positions)
+    while i < n and positions[i] < end:
+        i += 1
+    return i
+
+
 @_njit(cache=True, nogil=True, boundscheck=False)
 def _chunk_key_range(blocks: NDArray[np.int64], k_first: int, cap: int, row: int,
                      positions: NDArray[np.int64]) -> tuple[int, int]:  # pragma: no cover
@@ -1088,8 +1098,7 @@ def _chunk_key_range(blocks: NDArray[np.int64], k_first: int, cap: int, row: int
         values = _chunk_at(blocks, c - k_first)[row].view(np.int64)
         base = c * cap
         j0 = i
-        while i < n and positions[i] < base + cap:
-            i += 1
+        i = _run_end(positions, i, base + cap)
         r0 = positions[j0] - base
         if positions[i - 1] - base - r0 == i - 1 - j0:      # a contiguous run
             lo = min(lo, values[r0:r0 + i - j0].min())
@@ -1120,8 +1129,7 @@ def _chunk_key_counts(blocks: NDArray[np.int64], k_first: int, cap: int, row: in
         values = _chunk_at(blocks, c - k_first)[row].view(np.int64)
         base = c * cap
         j0 = i
-        while i < n and positions[i] < base + cap:
-            i += 1
+        i = _run_end(positions, i, base + cap)
         r0 = positions[j0] - base
         if positions[i - 1] - base - r0 == i - 1 - j0:      # a contiguous run
             for r in range(r0, r0 + i - j0):
@@ -1205,8 +1213,7 @@ def _chunk_scatter(blocks: NDArray[np.int64], k_first: int, cap: int,
         block = _chunk_at(blocks, c - k_first)
         base = c * cap
         j0 = i
-        while i < n and positions[i] < base + cap:
-            i += 1
+        i = _run_end(positions, i, base + cap)
         if one_group:               # one run of destinations: plain copies
             at = cursors[0] - j0
             cursors[0] += i - j0
@@ -1460,7 +1467,7 @@ def _block_fold(blocks: NDArray[np.int64], k_first: int, cap: int,
     i = 0
     while i < n:
         c = positions[i] // cap
-        j = i + np.searchsorted(positions[i:min(n, i + cap)], (c + 1) * cap)
+        j = _run_end(positions, i, (c + 1) * cap)
         outside += _fold_run(positions, i, j, _chunk_at(blocks, c - k_first), c * cap, cap,
                              key_row, lo, value_row, log_b, b_first, groups, counts, last,
                              sums, mins, maxs, local, latest, s, e)

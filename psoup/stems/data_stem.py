@@ -693,11 +693,9 @@ class DataSteM:
         (psoup.stems.halves), each part's matches written at its own offset and then
         moved up behind the parts before it. O(p1 - p0)."""
         out = np.empty(p1 - p0, np.int64)
-        table = self._block_list()[0].handle
         parts = halves.ranges(p0, p1, self.chunk_rows, self.threads)
-        found = halves.each(lambda ab: kernels.interval_scan(
-            table, self._chunk0, self.chunk_rows, ab[0], ab[1], *intervals,
-            out[ab[0] - p0:]), parts)
+        found = halves.each(lambda ab: self.scan_intervals(intervals, ab[0], ab[1],
+                                                           out[ab[0] - p0:]), parts)
         k = found[0]
         for (a, _), count in zip(parts[1:], found[1:], strict=True):
             out[k:k + count] = out[a - p0:a - p0 + count]
