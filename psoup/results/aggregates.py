@@ -68,7 +68,7 @@ from psoup import kernels
 from psoup.bits import slot_rows
 from psoup.query.model import AGGREGATES, TS, AggregateFunction, Query
 from psoup.results.base import Sink
-from psoup.results.blocks import BlockIndex, SpanExceeded
+from psoup.results.blocks import BlockIndex, Column, SpanExceeded, wrap_int64
 from psoup.results.result import Result
 from psoup.stems import halves
 from psoup.stems.data_stem import DataSteM
@@ -83,7 +83,6 @@ _MIN_CAPACITY = 4
 _LOW = 32
 _LOW_MASK = (1 << _LOW) - 1
 
-Column = tuple[int, str]        # (source, column), as Query.group_by and SelectItem name it
 #: An output column of an aggregated query: ("key", index in group_by) or (function, column).
 Output = tuple[Literal["key"], int] | tuple[AggregateFunction, Column]
 
@@ -962,7 +961,7 @@ def _range_sum(later: list[Any], earlier: list[Any], values: np.ndarray | None, 
     if isinstance(high, int):
         # each half's true sum fits int64 for fewer than 2**31 rows, so the difference of
         # the wrapped prefixes, wrapped again, is that sum
-        return (_int64(high - high0) << _LOW) + _int64(low - low0)
+        return (wrap_int64(high - high0) << _LOW) + wrap_int64(low - low0)
     total: float = (high - high0) + (low - low0)
     if math.isfinite(total):
         return total
@@ -975,11 +974,6 @@ def _group_sum(values: np.ndarray) -> int | float:
     """The sum of `values` from zero, as a prefix over them alone would give it."""
     prefix = _prefix_of(values)
     return _range_sum(prefix[-1].tolist(), prefix[0].tolist(), values, 0, len(values))
-
-
-def _int64(value: int) -> int:
-    """`value` wrapped into the int64 range, as numpy's arithmetic would."""
-    return (value + 2**63) % 2**64 - 2**63
 
 
 def _group_codes(columns: list[np.ndarray], n: int) -> tuple[np.ndarray, list[tuple[Any, ...]]]:

@@ -61,7 +61,7 @@ from psoup.stems import halves
 from psoup.stems.data_stem import DataSteM
 from psoup.stems.span import Span
 
-Column = tuple[int, str]        # (source, column), as Query.group_by names it
+Column = tuple[int, str]        # (source, column), as Query.group_by and SelectItem name it
 
 
 class Aggregator(Protocol):
@@ -130,7 +130,7 @@ class SpanExceeded(Exception):
     """New GROUP BY keys would widen an index's span past MAX_SPAN (nothing changed)."""
 
 
-def _int64(value: int) -> int:
+def wrap_int64(value: int) -> int:
     """`value` wrapped into the int64 range, as numpy's arithmetic would."""
     return (value + 2**63) % 2**64 - 2**63
 
@@ -503,7 +503,7 @@ class BlockIndex:
                 out.sums[name][0, :w] = [(a - c, b - d) for (a, b), (c, d)
                                          in zip(later, earlier, strict=True)]
             else:
-                out.sums[name][0, :w] = [(_int64(a - c), _int64(b - d)) for (a, b), (c, d)
+                out.sums[name][0, :w] = [(wrap_int64(a - c), wrap_int64(b - d)) for (a, b), (c, d)
                                          in zip(later, earlier, strict=True)]
         for name, mins in cells.mins.items():
             np.min(mins[r_lo:r_hi, :w], axis=0, out=out.mins[name][0, :w])
@@ -541,7 +541,7 @@ class BlockIndex:
         for name, prefix in self._psums.items():
             (a, b), (c, d) = prefix[r_hi, 0].tolist(), prefix[r_lo, 0].tolist()
             out.sums[name][0, 0] = (a - c, b - d) if prefix.dtype.kind == "f" else \
-                (_int64(a - c), _int64(b - d))
+                (wrap_int64(a - c), wrap_int64(b - d))
 
     def _matches(self, ranges: list[tuple[int, int]]) -> np.ndarray:
         """The sorted positions of the query's matches in the increasing ranges
