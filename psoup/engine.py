@@ -28,8 +28,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -46,7 +45,7 @@ from psoup.errors import PSoupError, QueryError, SequenceError
 from psoup.journal.checkpoint import Cut
 from psoup.journal.durable import Durability
 from psoup.limits import MAX_TS, Limits
-from psoup.locks import FairLock
+from psoup.locks import FairLock, Holding
 from psoup.options import (
     MODE_NAMES,
     ROUTING_NAMES,
@@ -471,8 +470,7 @@ class Engine:
 
     # ------------------------------------------------------------------ durability
 
-    @contextmanager
-    def locked(self, wait: bool | float = True) -> Iterator[bool]:
+    def locked(self, wait: bool | float = True) -> Holding:
         """Hold the engine's lock for a block, so that several calls run as one (each
         takes the lock again at once): yields True. With `wait=False` the lock is taken
         only if no call holds it or waits for it, and the block gets False otherwise,
@@ -487,8 +485,7 @@ class Engine:
             ...     held
             True
         """
-        with self._lock.holding(wait) as held:
-            yield held
+        return self._lock.holding(wait)
 
     def commit(self) -> None:
         """Force the log to disk (what sync="group" defers); a no-op in memory (which

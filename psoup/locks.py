@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 
@@ -126,24 +124,39 @@ class FairLock:
                 if self._waiting:          # an uncontended release wakes no one
                     self._cond.notify_all()
 
-    @contextmanager
-    def holding(self, wait: bool | float = True) -> Iterator[bool]:
-        """Hold the lock for a block: yields True. With `wait=False` it is taken only if
-        no one holds it or waits for it, and the block gets False otherwise, at once;
-        with `wait` a number of seconds, it is waited for that long at most."""
-        if wait is True:
-            self.__enter__()
-            held = True
-        elif wait is False:
-            held = self.acquire_if_free()
-        else:
-            held = self.acquire_within(wait)
-        try:
-            yield held
-        finally:
-            if held:
-                self.__exit__()
+    def holding(self, wait: bool | float = True) -> Holding:
+        """Hold the lock for a block: its `__enter__` gives True. With `wait=False` it
+        is taken only if no one holds it or waits for it, and the block gets False
+        otherwise, at once; with `wait` a number of seconds, it is waited for that long
+        at most. (A class, not a generator: a server's every read goes through it.)"""
+        return Holding(self, wait)
 
     def held(self) -> bool:
         """Whether the calling thread holds the lock."""
         return self._owner == threading.get_ident()
+
+
+class Holding:
+    """The block of `FairLock.holding`: takes the lock as `wait` says on entry (giving
+    whether it is held) and releases it on exit if it was taken."""
+
+    __slots__ = ("lock", "wait", "held")
+
+    def __init__(self, lock: FairLock, wait: bool | float):
+        self.lock, self.wait, self.held = lock, wait, False
+
+    def __enter__(self) -> bool:
+        wait, lock = self.wait, self.lock
+        if wait is True:
+            lock.__enter__()
+            self.held = True
+        elif wait is False:
+            self.held = lock.acquire_if_free()
+        else:
+            self.held = lock.acquire_within(wait)
+        return self.held
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.held:
+            self.held = False
+            self.lock.__exit__()

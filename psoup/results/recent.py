@@ -79,7 +79,7 @@ class Recent(NamedTuple):
         if q0 == self.p0:
             return 0
         first = (self.stem if stem is None else stem).tid_bound(q0)
-        return int(np.searchsorted(self.tuple_ids, first, side="left"))
+        return int(self.tuple_ids.searchsorted(first))
 
 
 class RecentAnswers:
@@ -105,7 +105,8 @@ class RecentAnswers:
 
     def __init__(self, budget: int):
         self.budget = budget
-        self._kept: OrderedDict[int, Recent] = OrderedDict()
+        # each with its size (Recent.nbytes sums its arrays: asked once, not per change)
+        self._kept: OrderedDict[int, tuple[Recent, int]] = OrderedDict()
         self.nbytes = 0
         self.skip_rows_per_ns = SKIP_ROWS_PER_NS
         self.fixed_ns = FIXED_NS
@@ -124,11 +125,11 @@ class RecentAnswers:
     def get(self, slot: int, query: Query, stem: DataSteM) -> Recent | None:
         """The last answer kept for `slot`, if it was `query`'s over `stem`."""
         with self._lock:
-            recent = self._kept.get(slot)
-            if recent is None or recent.query is not query or recent.stem is not stem:
+            kept = self._kept.get(slot)
+            if kept is None or kept[0].query is not query or kept[0].stem is not stem:
                 return None
             self._kept.move_to_end(slot)
-            return recent
+            return kept[0]
 
     def put(self, slot: int, recent: Recent, still: Callable[[], bool] | None = None
             ) -> None:
@@ -145,9 +146,9 @@ class RecentAnswers:
         if size > self.budget:
             return
         while self._kept and self.nbytes + size > self.budget:
-            _, old = self._kept.popitem(last=False)
-            self.nbytes -= old.nbytes
-        self._kept[slot] = recent
+            _, (_, old) = self._kept.popitem(last=False)
+            self.nbytes -= old
+        self._kept[slot] = (recent, size)
         self.nbytes += size
 
     def forget(self, slot: int) -> None:
@@ -158,7 +159,7 @@ class RecentAnswers:
     def _forget(self, slot: int) -> None:
         old = self._kept.pop(slot, None)
         if old is not None:
-            self.nbytes -= old.nbytes
+            self.nbytes -= old[1]
 
     def slots(self) -> list[int]:
         return list(self._kept)
@@ -166,8 +167,9 @@ class RecentAnswers:
     def _check(self, queries: dict[int, Query]) -> None:
         """Assert the invariants (for tests); `queries`: the standing selection queries
         by slot."""
-        assert self.nbytes == sum(r.nbytes for r in self._kept.values()) <= max(self.budget, 0)
-        for slot, recent in self._kept.items():
+        assert self.nbytes == sum(r.nbytes for r, _ in self._kept.values()) <= max(self.budget, 0)
+        for slot, (recent, size) in self._kept.items():
+            assert size == recent.nbytes, ("a size kept wrong", slot)
             assert queries.get(slot) is recent.query, ("an answer of a query gone", slot)
             assert 0 <= recent.p0 <= recent.p1 <= recent.stem.n
             n = len(recent.tuple_ids)

@@ -55,6 +55,13 @@ _READ_LIMIT = 1 << 16
 #: 64 KiB, is three typical answers: the writers would wait at every turn).
 CHANNEL_BUFFER = 1 << 23
 
+#: Answers queued for a front past which they leave at once, not at the end of the
+#: loop's turn: the front encodes and sends the first answers of a burst of requests
+#: while the engine answers the rest, instead of the two processes taking turns
+#: (measured on 2 cores, 100 polling clients: 1 answer a write 9.4K invokes/s, 2
+#: 10.9K, 4 10.3K, 8 7.9K, a whole turn's 7.8K-9K).
+FLUSH_ANSWERS = 2
+
 #: The wire dtype of each numpy kind that travels raw (as psoup.codec.encode_array has it).
 _WIRE = {"i": np.dtype("<i8"), "u": np.dtype("<i8"), "f": np.dtype("<f8"), "b": np.dtype("|b1")}
 
@@ -163,6 +170,7 @@ class Channel(asyncio.Protocol):
         self.out: list[bytes | memoryview] = []
         self.transport: asyncio.Transport | None = None
         self.full = False
+        self.answers = 0            # ANSWER messages in `out`
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -176,6 +184,8 @@ class Channel(asyncio.Protocol):
                 virtual = self.conns.get(conn)
                 if virtual is not None:
                     self._data(virtual, payload)
+                    if self.answers >= FLUSH_ANSWERS:
+                        self.flush()
             elif kind == OPEN:
                 self._open(conn, payload.decode())
             else:
@@ -238,12 +248,14 @@ class Channel(asyncio.Protocol):
             asyncio.get_running_loop().call_soon(self.flush)
         self.out.append(MESSAGE.pack(ANSWER, conn, sum(map(len, parts))))
         self.out.extend(parts)
+        self.answers += 1
 
     def flush(self) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(b"".join(self.out))
         self.out.clear()
+        self.answers = 0
 
     def pause_writing(self) -> None:
         self.full = True
@@ -367,15 +379,24 @@ def relayable(answer: Any) -> TypeGuard[Result]:
     """Whether a front may encode `answer` (Channel.send_answer): a Result, exact, of
     numeric columns, one tupleID a row, no group keys; anything else is encoded by
     the engine process."""
+    return relay_bytes(answer) >= 0
+
+
+def relay_bytes(answer: Any) -> int:
+    """The bytes of `answer` on the wire, at most, if it is `relayable`; else -1. One
+    pass over its columns' types (every relayed invocation asks: `answer_bytes`'
+    general estimate cost as much as the rest of the check)."""
     if type(answer) is not Result or answer.keys is not None or not answer.exact:
-        return False
+        return -1
     values = answer.values
     if values is None:
-        return False
+        return -1
     for v in values:
         if not isinstance(v, np.ndarray) or v.dtype.kind not in _WIRE:
-            return False
-    return np.ndim(answer.tuple_ids) == 1
+            return -1
+    if np.ndim(answer.tuple_ids) != 1:
+        return -1
+    return len(answer) * 8 * (2 + len(values) + len(answer.error))
 
 
 def _environment() -> dict[str, str]:

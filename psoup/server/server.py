@@ -76,7 +76,7 @@ from psoup.errors import PSoupError
 from psoup.options import ModeName, SyncName
 from psoup.results.result import Changes, Result
 from psoup.server.allocator import keep_freed_memory
-from psoup.server.fronts import Fronts, Virtual, relayable
+from psoup.server.fronts import Fronts, Virtual, relay_bytes
 from psoup.server.ops import OPS, Limits, Op, OpName
 from psoup.server.protocol import (
     HEADER,
@@ -805,7 +805,7 @@ class Server:
             if time.perf_counter() < pooled:
                 return None
             del self._pooled[key]
-        start = time.thread_time()
+        start = time.perf_counter()
         wait = LOCK_WAIT_SECONDS if self._lock_wait and not self._waited_out else False
         with self.engine.locked(wait=wait) as held:
             if held:
@@ -822,7 +822,7 @@ class Server:
             if not self._batching:
                 self._next_batch()
             return parked
-        self._timed(key, time.thread_time() - start)
+        self._timed(key, time.perf_counter() - start)
         return frame
 
     def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any]) -> _Reply:
@@ -1015,8 +1015,9 @@ class Server:
             ok, value = run()
             if not ok:
                 raise value
-            if (type(request_id) is int and relayable(value)
-                    and answer_bytes(value) <= self.limits.piece_bytes):
+            if (type(request_id) is int
+                    and 0 <= relay_bytes(value) <= self.limits.piece_bytes):
+                assert isinstance(value, Result), "relay_bytes says it is one"
                 _ = value.cursor
                 return _Relayed(request_id, value)
             return self._reply(request_id, lambda: (True, value))

@@ -303,7 +303,8 @@ class DataSteM:
         if k < 0:
             return self.horizon
         chunk = self._chunks[k]
-        i = int(np.searchsorted(chunk.cols[TS][:chunk.n], t, side=side))
+        # (the method, not np.searchsorted: its wrapper costs as much as the search)
+        i = int(chunk.cols[TS][:chunk.n].searchsorted(t, side))
         return max(self.horizon, (self._chunk0 + k) * self.chunk_rows + i)
 
     def time_range(self, begin: float, end: float) -> tuple[int, int]:
