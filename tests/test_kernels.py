@@ -523,6 +523,44 @@ def test_probe_into_compiled_and_twin_write_the_same_rows_or_refuse_the_same_tab
     assert np.array_equal(results[0][1], results[1][1])
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_probe_into_by_blocks_of_words_writes_what_the_twin_writes(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The word-blocked probe (many queries, large batches: here every call), over one
+    to four tables, blocks of whole and ragged words, out rows apart, cache-aligned or
+    transposed; a key outside its map returns its table and writes nothing."""
+    monkeypatch.setattr(compiled, "BLOCK_FROM_WORDS", 1)
+    monkeypatch.setattr(compiled, "BLOCK_FROM_CELLS", 0)
+    gen = np.random.default_rng(seed)
+    cells, tables = 11, 1 + seed % 4
+    words = int(gen.integers(1, 3 * compiled.BLOCK_WORDS))
+    n = int(gen.integers(0, 200))
+    reject = tuple(gen.integers(0, 2**64, (cells, words + seed % 3), dtype=np.uint64)
+                   for _ in range(tables))
+    keys = [gen.integers(0, cells, n, dtype=np.int64) for _ in range(tables)]
+    maps = tuple(gen.permutation(cells).astype(np.int64) for _ in range(tables))
+    interest = gen.integers(0, 2**64, words, dtype=np.uint64)
+    if n and seed % 2:
+        keys[seed % tables][n // 2] = cells
+    results = []
+    for kernels in (compiled, reference):
+        if seed % 3 == 2:
+            padded = np.full((n, words), 3, np.uint64)
+            out = padded.T
+        else:
+            padded = np.full((words, n + 16), 3, np.uint64)
+            start = (-padded.ctypes.data % 64) // 8 if seed % 3 else 1
+            out = padded[:, start:start + n]
+        got = kernels.probe_into(reject, tuple(keys), (0,) * tables, maps, interest, out)
+        outside = np.ones(padded.shape, bool)
+        if seed % 3 != 2:
+            outside[:, start:start + n] = False
+            assert (padded[outside] == 3).all(), "nothing outside out is written"
+        results.append((got, out.copy()))
+    assert results[0][0] == results[1][0] == (seed % tables if n and seed % 2 else -1)
+    assert np.array_equal(results[0][1], results[1][1])
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0, 1e300, float("inf"), float("-inf"),
                                  float("nan")]), max_size=70),
@@ -1146,6 +1184,18 @@ for words, attributes in ((3, 4), (16, 5), (21, 8)):
         kernels.probe_into(tables, keys, (0,) * attributes, maps, interest, out)
     if not np.array_equal(outs[0], outs[1]):
         wrong.append(f"probe_into of {words} words")
+# the word-blocked probe (every call blocked here), of a ragged last block too
+compiled.BLOCK_FROM_WORDS, compiled.BLOCK_FROM_CELLS = 1, 0
+words = compiled.BLOCK_WORDS + 13
+tables = tuple(gen.integers(0, 2**64, (9, words), dtype=np.uint64) for _ in range(4))
+keys = tuple(gen.integers(0, 9, 70) for _ in range(4))
+maps = tuple(np.arange(9, dtype=np.int64) for _ in range(4))
+interest = gen.integers(0, 2**64, words, dtype=np.uint64)
+outs = [np.zeros((words, 72), np.uint64)[:, 1:71] for _ in range(2)]
+for kernels, out in ((compiled, outs[0]), (reference, outs[1])):
+    kernels.probe_into(tables, keys, (0,) * 4, maps, interest, out)
+if not np.array_equal(outs[0], outs[1]):
+    wrong.append("probe_into by blocks of words")
 row = gen.integers(0, 2**64, cap + 1, dtype=np.uint64)
 row[cap] = WORD_MAJOR
 rows = [row.copy(), row.copy()]

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 import psoup
 import psoup.stems.query_stem as query_stem
 from psoup.cli.main import main
+from psoup.kernels.layout import BLOCK_FROM_WORDS
 from psoup.options import ModeName
 from psoup.results.partial import PartialResults
 from psoup.stems.query_stem import QuerySteM
@@ -142,6 +143,18 @@ def test_below_the_threshold_nothing_is_split(monkeypatch: pytest.MonkeyPatch) -
     # cache line of its rows (at most 7 rows, wherever the allocator put them), so a
     # share is 4,096 rows less what its start moved plus what its end did
     assert len(sizes) == 8 and sum(sizes) == 32768 and all(abs(k - 4096) < 64 for k in sizes)
+
+
+def test_a_probe_by_blocks_of_words_is_cut_in_equal_shares() -> None:
+    """From BLOCK_FROM_WORDS words a tuple, shares do not shrink: each reads the
+    tables' rows once per block of words, so smaller shares read them more often."""
+    stem = QuerySteM(workers=Workers(2))
+    words = BLOCK_FROM_WORDS + 40
+    shares = stem._shares(PartialResults(8192).destination("R", 0, 16384, words), words)
+    sizes = [sum(b - a for a, b, _ in share) for share in shares]
+    assert len(sizes) == 8 and sum(sizes) == 16384 and all(abs(k - 2048) < 64 for k in sizes)
+    below = stem._shares(PartialResults(8192).destination("R", 0, 16384, 200), 200)
+    assert len(below) > 8, "below it, the shares shrink as before"
 
 
 # ---------------------------------------------------------------- whole engines

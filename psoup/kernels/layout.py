@@ -36,6 +36,20 @@ BACKEND = _backend()
 #: 4,096 queries, took 397 us there; 1,024 words, 354 us; 512 or 256 words, no better.)
 TILE_WORDS = 1024
 
+#: The compiled probe by blocks of words (`probe_into`, four tables): from
+#: BLOCK_FROM_WORDS words of results per tuple (16,384 queries) and BLOCK_FROM_CELLS words
+#: in all, it runs over BLOCK_WORDS words of every tuple at a time. With more words the
+#: four tables' rows (257 cells each in the Fig. 9 workload) outgrow L2, and each tuple
+#: read its rows from L3 again. Measured on the 2-core AMD EPYC (Zen 5, 1 MB L2), one
+#: thread, whole against blocked: 16,384 tuples at 157 words 1.38 / 1.31 ms, 313 words
+#: 2.87 / 2.58 (at 4,096 tuples 0.67 / 0.61, at 1,024 0.14 / 0.16), 469 words 4.7 /
+#: 3.9, 782 words 8.0 / 6.4, 1,563 words (10^5 queries) 18.5 / 13.3 ms (at 256 tuples
+#: 236 / 225 us, at 64 tuples 65 / 76 us); blocks of 32, 128 or 256 words were slower
+#: than 64 at each size.
+BLOCK_FROM_WORDS = 256
+BLOCK_FROM_CELLS = 1 << 19
+BLOCK_WORDS = 64
+
 #: The form of a word row of a PSoup-P chunk, kept in its first padding word
 #: (row[cap]): WORD_MAJOR, one word per tuple (bit b of row[i]: slot 64 w + b, tuple
 #: i), as the probe writes it; or SLICED, each slot's bits contiguous (bit t of
