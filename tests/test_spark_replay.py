@@ -162,7 +162,7 @@ def test_replay_rows_reach_psoup_through_files_not_through_sparks_driver(
         read.append(Path(source))
         return real_read(source, *args, **kwargs)
 
-    monkeypatch.setattr(replay_module.pq, "read_table", recorded)
+    monkeypatch.setattr(pq, "read_table", recorded)
     events = arrivals(900, seed=3)
     archive = write_archive(tmp_path / "arc", events, flush_rows=100)
     live, live_handles = new_engine()
@@ -180,6 +180,19 @@ def test_replay_rows_reach_psoup_through_files_not_through_sparks_driver(
     with pytest.raises(ReplayError):
         replay([archive], _StopAfter(stopped, 2), batch_rows=64)
     assert not staging.exists()
+
+    def read_only(*args: Any, **kwargs: Any) -> NoReturn:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(replay_module, "make_dir", read_only)   # an archive psoup cannot write
+    read.clear()
+    again, handles = new_engine()
+    assert replay([archive], again, slice_rows=300).rows == len(events)
+    assert answers(again, handles, nows) == answers(live, live_handles, nows)
+    temporary = {path.parents[1] for path in read}
+    assert len(temporary) == 1 and not staging.exists()
+    assert next(iter(temporary)).name.startswith("psoup-replay-")
+    assert not any(path.exists() for path in temporary)
 
 
 def test_replay_keeps_both_bounds_of_the_range_inclusive(

@@ -132,6 +132,7 @@ class ReplayPlan:
 
     streams: dict[str, StreamPlan]
     slices: list[tuple[float, float, bool]]   # [lo, hi), or [lo, hi] when the flag is set
+    roots: list[Path] = field(default_factory=list)   # the archive directories, as given
 
     @property
     def rows(self) -> int:
@@ -218,7 +219,8 @@ def plan_replay(archives: Sequence[str | Path], targets: Mapping[str, Mapping[st
     plans = {name: _scan_stream(name, found[name], targets.get(name), lo, hi, every, resume)
              for name in wanted}
     _check_appends(plans)
-    return ReplayPlan(plans, _slices(plans, every, slice_rows, lo, hi))
+    return ReplayPlan(plans, _slices(plans, every, slice_rows, lo, hi),
+                      [Path(root) for root in archives])
 
 
 def _parts_by_stream(root: Path) -> dict[str, list[Path]]:
@@ -526,14 +528,14 @@ STAGING = ".replay"
 
 
 def staging_folder(plan: ReplayPlan) -> Path:
-    """A new folder for a replay's slices: under STAGING in the archive directory of
-    its first part file (the executors read the archive there, so they reach it), or,
-    where psoup may not write there (an archive on a read-only mount), a temporary
-    folder of this machine, which only executors on this machine reach (local mode)."""
-    roots = [part.path.resolve().parents[2] for stream in plan.streams.values()
-             for part in stream.parts[:1]]
+    """A new folder for a replay's slices: under STAGING in the first archive directory
+    (the executors read the archive there, so they reach it), or, where psoup may not
+    write there (an archive on a read-only mount), a temporary folder of this machine,
+    which only executors on this machine reach (local mode)."""
+    roots = plan.roots or [part.path.parents[2] for stream in plan.streams.values()
+                           for part in stream.parts[:1]]
     if roots:
-        folder = roots[0] / STAGING / uuid.uuid4().hex
+        folder = roots[0].resolve() / STAGING / uuid.uuid4().hex
         try:
             make_dir(folder)
             return folder
