@@ -4,12 +4,13 @@ An archive of N readings of `traffic (lane INT, stationid INT, speed FLOAT)` (th
 of bench/traffic.py, 50 readings a second across a UTC midnight; 2,000,000 rows, --quick
 50,000) is written by psoup's `Archive`, as an engine would. Then, in the same run:
 
-- read: Spark collects the archive to Arrow on the driver the way replay does (slices
-  of about 2^19 rows, each ordered by (ts, tupleID) on the driver), delivering nowhere:
+- read: Spark reads the archive the way replay does (slices of about 2^19 rows, which
+  the executors sort per partition and write as Parquet to a staging folder, psoup
+  reads back in (ts, tupleID) order), delivering nowhere:
   `psoup.spark.replay.ordered_runs` over a ready plan;
 - replay: `psoup.spark.replay.replay` into an embedded PSoup-P engine holding 100 of the
   paper's traffic queries, `SELECT * FROM traffic WHERE lane = c1 AND stationid = c2 AND
-  speed > c3`: the plan (the archive's checks and slicing, pyarrow on the driver),
+  speed > c3`: the plan (the archive's checks and slicing, pyarrow in psoup),
   Spark's read, and the inserts through the eddy;
 - and, to show where replay's time goes, the plan alone and the inserts alone (the
   same batches, from memory, into the same kind of engine).

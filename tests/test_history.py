@@ -9,11 +9,12 @@ count the tuples in memory only, as documented.
 from __future__ import annotations
 
 import re
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NoReturn
 
 import duckdb
 import numpy as np
@@ -152,16 +153,24 @@ def test_hybrid_answers_equal_duckdb_over_archive_files_plus_memory(tmp_path: Pa
 
 def test_matches_go_through_files_not_through_sparks_driver(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The executors write the matches; the driver collects nothing (a billion archived
-    tuples' matches would pass spark.driver.maxResultSize), and the staging files are
-    gone once the job ends, done or failed."""
+    """The executors write the matches, already as one file per query; the driver
+    collects nothing (a billion archived tuples' matches would pass
+    spark.driver.maxResultSize), psoup writes no segment (it renames those the
+    executors wrote), and the staging files are gone once the job ends, done or
+    failed."""
     from pyspark.sql import DataFrame
+
+    from psoup.spark import history
 
     def collected(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("history collected its matches through Spark's driver")
 
+    def written(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("psoup wrote a segment: the executors should have")
+
     for name in ("toArrow", "_collect_as_arrow", "collect", "toPandas"):
         monkeypatch.setattr(DataFrame, name, collected, raising=False)
+    monkeypatch.setattr(history, "write_runs", written)     # psoup's process only
     gen = np.random.default_rng(8)
     eng = psoup.Engine(path=str(tmp_path / "state"), clock=Clock(0.0), chunk_rows=8)
     eng.execute("CREATE STREAM R (a INT, b FLOAT, t TEXT) RETAIN 35 ROWS")
@@ -173,7 +182,6 @@ def test_matches_go_through_files_not_through_sparks_driver(
     staging = tmp_path / "state" / "archive" / ".history"
     assert not staging.exists()
 
-    from psoup.spark import history
     monkeypatch.setattr(history, "receive", lambda *a: 1 / 0)
     _fill(eng, gen, 300, 12, inserted)
     h = eng.register("SELECT a FROM R WHERE a > 2")
@@ -265,41 +273,79 @@ def test_an_invocation_reads_the_tier_files_it_needs_off_the_engines_lock(
     eng.close()
 
 
-def test_the_executors_files_are_split_into_one_sorted_file_per_query(tmp_path: Path) -> None:
-    """`receive` splits each staged file by slot, sorting one that is not sorted by
-    (slot, tupleID), skips empty files, and gives each slot its segments in tupleID
-    order, with their ranges; overlapping runs of one slot are refused."""
+def test_the_executors_write_one_sorted_file_per_query_and_psoup_only_moves_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`write_segments` (a task of the write stage) cuts its sorted matches into one
+    file per slot of at most `segment_rows`, in the sampled layout, the sampled slots'
+    metadata in theirs, and lists them in its manifest; `receive` moves the files the
+    manifest names into place without opening one (an attempt's files the manifest
+    does not name stay behind), gives each slot its segments in tupleID order, with
+    their ranges, and refuses overlapping segments of one slot."""
     import pyarrow.parquet as pq
 
+    from psoup.archive.tiers import SAMPLED_KEY, Sampled
     from psoup.query.model import StreamSchema
-    from psoup.spark.history import receive
+    from psoup.spark import history
 
     schema = StreamSchema("R", (("a", "int"),))
     staging = tmp_path / "staging"
-    staging.mkdir()
+    how = Sampled(((-np.inf, 0.5),), 30, 15.0)
 
-    def staged(name: str, slots: list[int], ids: list[int]) -> None:
-        pq.write_table(pa.table({"slot": slots, "tupleID": ids, "ts": [i / 2 for i in ids],
-                                 "a": [10 * i for i in ids]},
-                                schema=pa.schema([("slot", pa.int64()), ("tupleID", pa.int64()),
-                                                  ("ts", pa.float64()), ("a", pa.int64())])),
-                       staging / name)
+    def matches(slots: list[int], ids: list[int]) -> pa.RecordBatch:
+        return pa.record_batch({"slot": slots, "tupleID": ids, "ts": [i / 2 for i in ids],
+                                "a": [10 * i for i in ids],
+                                "psoup_sample": pa.array([i % 7 for i in ids], pa.int16())})
 
-    staged("part-0.parquet", [3, 1, 3, 1], [8, 4, 2, 6])       # unsorted
-    staged("part-1.parquet", [3], [20])
-    staged("part-2.parquet", [], [])
-    got = receive(staging, tmp_path / "in", schema, [1, 2, 3])
+    def task(*batches: pa.RecordBatch) -> None:      # one task: its manifest committed
+        rows = list(history.write_segments(iter(batches), str(staging),
+                                           history.segment_schema(schema), 2,
+                                           {3: how.to_json()}))
+        (staging / "manifest").mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_batches(rows, history.MANIFEST_SCHEMA),
+                       staging / "manifest" / f"part-{len(rows)}-{id(rows)}.parquet")
+
+    task(matches([1, 1], [4, 6]), matches([1, 3, 3], [7, 2, 8]), matches([3], [20]))
+    task(matches([], []))
+    with pytest.raises(ValueError, match="out of"):     # not sorted: a bug, not repaired
+        list(history.write_segments(iter([matches([1, 1], [4, 6]), matches([3, 1], [2, 4])]),
+                                    str(staging), history.segment_schema(schema), 2, {}))
+    orphans = {p for p in staging.rglob("*.parquet") if "manifest" not in p.parts}
+    assert len(orphans) == 5      # the four the first task committed, the failed one's
+    def writer(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError("psoup wrote a segment: the executors should have")
+
+    monkeypatch.setattr(pq, "ParquetWriter", writer)
+    real_read = pq.read_table
+
+    def read(source: Any, *args: Any, **kwargs: Any) -> Any:
+        assert "manifest" in Path(source).parts, f"psoup opened a segment: {source}"
+        return real_read(source, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "read_table", read)
+    got = history.receive(staging, tmp_path / "in", schema, [1, 2, 3], {3: how})
+    monkeypatch.undo()
     assert set(got) == {1, 2, 3} and got[2] == []
-    assert [(s.first, s.last, s.lo, s.hi, s.rows) for s in got[1]] == [(4, 6, 2.0, 3.0, 2)]
-    assert [(s.first, s.last, s.rows) for s in got[3]] == [(2, 8, 2), (20, 20, 1)]
+    assert [(s.first, s.last, s.lo, s.hi, s.rows) for s in got[1]] == [(4, 6, 2.0, 3.0, 2),
+                                                                       (7, 7, 3.5, 3.5, 1)]
+    assert [(s.first, s.last, s.rows, s.sample) for s in got[3]] == [(2, 8, 2, how),
+                                                                    (20, 20, 1, how)]
+    left = {p for p in staging.rglob("*.parquet") if "manifest" not in p.parts}
+    assert len(left) == 1 and left < orphans            # the failed attempt's file only
     back = pq.read_table(got[3][0].name)
-    assert back.column_names == ["tupleID", "ts", "a", "psoup_sample"]   # draws added
+    assert back.schema == history.segment_schema(schema).with_metadata(back.schema.metadata)
+    assert Sampled.from_json(back.schema.metadata[SAMPLED_KEY.encode()]) == how
+    assert not pq.read_table(got[1][0].name).schema.metadata    # not sampled: no metadata
+    draws = back.sort_by("tupleID").column("psoup_sample").to_pylist()
+    assert draws == [2, 1]                                      # the archive's draws kept
     back = in_order(back, "tupleID")
     assert back.column("a").to_pylist() == [20, 80]
+    assert got[1][0].name == str(tmp_path / "in" / "1" / f"{4:020d}-{6:020d}.parquet")
 
-    staged("part-3.parquet", [1], [5])                           # inside 4..6
+    shutil.rmtree(staging)
+    task(matches([1, 1], [4, 6]))
+    task(matches([1], [5]))                                        # inside 4..6
     with pytest.raises(PSoupError, match="slot 1 overlap"):
-        receive(staging, tmp_path / "again", schema, [1, 2, 3])
+        history.receive(staging, tmp_path / "again", schema, [1, 2, 3])
 
 
 def test_a_job_whose_segments_cannot_be_moved_into_place_changes_nothing(

@@ -141,6 +141,60 @@ def test_replay_answers_exactly_like_live_arrival(
     assert row_counts(replayed) == row_counts(live)
 
 
+def test_replay_rows_reach_psoup_through_files_not_through_sparks_driver(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No slice is collected through Spark's driver: the executors write each slice
+    to `.replay/` in the archive, psoup reads it from there in order and removes it
+    once read, and nothing stays behind, after a replay or one that stopped."""
+    from pyspark.sql import DataFrame
+
+    from psoup.spark import replay as replay_module
+
+    def collected(*args: Any, **kwargs: Any) -> NoReturn:
+        raise AssertionError("replay collected a slice through Spark's driver")
+
+    for name in ("toArrow", "_collect_as_arrow", "collect", "toPandas"):
+        monkeypatch.setattr(DataFrame, name, collected, raising=False)
+    read: list[Path] = []
+    real_read = pq.read_table
+
+    def recorded(source: Any, *args: Any, **kwargs: Any) -> Any:
+        read.append(Path(source))
+        return real_read(source, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "read_table", recorded)
+    events = arrivals(900, seed=3)
+    archive = write_archive(tmp_path / "arc", events, flush_rows=100)
+    live, live_handles = new_engine()
+    feed(live, events)
+    replayed, handles = new_engine()
+    assert replay([archive], replayed, slice_rows=150, batch_rows=64).rows == len(events)
+    nows = [events[400][2], events[-1][2]]
+    assert answers(replayed, handles, nows) == answers(live, live_handles, nows)
+    staging = (archive / ".replay").resolve()
+    assert read and all(staging in path.parents for path in read)
+    assert len({path.parent for path in read}) >= 6         # a folder a slice and stream
+    assert not staging.exists()
+
+    stopped, _ = new_engine()
+    with pytest.raises(ReplayError):
+        replay([archive], _StopAfter(stopped, 2), batch_rows=64)
+    assert not staging.exists()
+
+    def read_only(*args: Any, **kwargs: Any) -> NoReturn:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(replay_module, "make_dir", read_only)   # an archive psoup cannot write
+    read.clear()
+    again, handles = new_engine()
+    assert replay([archive], again, slice_rows=300).rows == len(events)
+    assert answers(again, handles, nows) == answers(live, live_handles, nows)
+    temporary = {path.parents[1] for path in read}
+    assert len(temporary) == 1 and not staging.exists()
+    assert next(iter(temporary)).name.startswith("psoup-replay-")
+    assert not any(path.exists() for path in temporary)
+
+
 def test_replay_keeps_both_bounds_of_the_range_inclusive(
         spark: SparkSession, tmp_path: Path) -> None:
     stamps = [T0 + t for t in (1, 2, 2, 3, 3, 3, 4, 4, 5)]

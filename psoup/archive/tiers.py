@@ -15,8 +15,9 @@ horizon, and memory the ones at or above it: an answer that joins the two counts
 tuple twice and misses none.
 
 A tier is kept mostly on disk, as Parquet *segment* files under the engine's tiers/
-folder, each a run of matches in tupleID order: the Spark pass's output (split per
-query from its executors' sorted files of at most SEGMENT_ROWS) and, at each save, what
+folder, each a run of matches in tupleID order: the Spark pass's output (written by
+its executors one file per query and at most SEGMENT_ROWS, and renamed into place by
+psoup) and, at each save, what
 the tier gained since (the matches of the tuples that left retention meanwhile, held in
 memory until then as the tier's *tail*). The engine keeps only an index of the segments
 (tupleID and ts range, row count: `Segment`), so its memory does not grow with the

@@ -7,13 +7,16 @@ probes each Arrow batch with psoup's own Query SteM holding *all* the queries to
 evaluate (`mapInArrow`; the queries travel as SQL text and are compiled once per task),
 so a thousand queries cost one pass over the data, not a thousand. Each match is one
 row: the query's slot, and the tuple's tupleID, ts and columns. Spark shuffles them by
-slot and sorts them by slot and tupleID, and the executors write them as Parquet under
-a staging directory in the archive, at most SEGMENT_ROWS a file; nothing is collected
-through Spark's driver (whose results are bounded by spark.driver.maxResultSize, 1 GB
-by default: 3.9 GB of matches for a billion archived tuples at an 8% match rate would
-fail there). psoup then splits each file into one per query (`receive`), a file at a
-time, as the segments of the queries' archive tiers (psoup.archive.tiers), which keep
-an index of them and read the part a window needs at invocation.
+slot and sorts them by slot and tupleID, and the executors write them, one file per
+query and at most SEGMENT_ROWS matches a file (`write_segments`), under a staging
+directory in the archive, already as the segments of the queries' archive tiers
+(psoup.archive.tiers: the sampled layout, the sample's metadata), with a manifest of
+the files that Spark commits per task. No match is collected through Spark's driver
+(whose results are bounded by spark.driver.maxResultSize, 1 GB by default: 3.9 GB of
+matches for a billion archived tuples at an 8% match rate would fail there), and none
+passes through psoup either: psoup reads the manifest and renames the files it names
+into place (`receive`), O(files). The tiers keep an index of the segments and read the
+part a window needs at invocation.
 
 Spark is imported here only, and this runs only when the user asks for history
 (`Engine.evaluate_history`), never on an invocation.
@@ -57,11 +60,9 @@ if TYPE_CHECKING:
     from psoup.archive.tiers import Sampled, Segment
 
 SLOT = "slot"
-#: At most this many matches in one file the executors write: psoup holds one such file
-#: at a time while it splits it per query (a few MB with a few columns; with 1 << 20 its
-#: peak memory grew 1.5x from 1M to 30M archived tuples, with 1 << 18 1.45x), and a
-#: window that reaches a little way into the archive reads a segment of at most this
-#: many. (Spark writes a file in ~13 ms: 10 files a million matches.)
+#: At most this many matches in one segment file the executors write: a task holds
+#: one such segment at a time (a few MB with a few columns), and a window that reaches
+#: a little way into the archive reads a segment of at most this many.
 SEGMENT_ROWS = 1 << 16
 
 
@@ -125,48 +126,31 @@ class JobCancelled(PSoupError):
 
 def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int],
             sampled: Mapping[int, Sampled] | None = None) -> dict[int, list[Segment]]:
-    """Split the match files the executors wrote under `staging` (each sorted by slot
-    and tupleID, at most SEGMENT_ROWS matches) into one file per slot and file,
-    `into`/SLOT/FIRST-LAST.parquet (owner-only, made durable by one sync of the file
-    system at the end): slot -> its segments
-    (absolute paths as names) in tupleID order; a slot without matches gets none.
-    O(matches), one file in memory at a time. (Spark writing a file per slot itself,
-    with `partitionBy`, costs ~13 ms a file: 13 s for 1,024 queries; pyarrow, ~1 ms.)
+    """Take the segment files the executors wrote under `staging` (`write_segments`:
+    one file per slot and at most SEGMENT_ROWS of its matches, already in their final
+    form) into `into`/SLOT/FIRST-LAST.parquet, made durable by one sync of the file
+    system at the end: slot -> its segments (absolute paths as names) in tupleID order;
+    a slot without matches gets none. Only the files named by the job's manifest are
+    taken: Spark committed the manifest of one attempt per task, so the files of a
+    failed or speculative attempt stay behind (and go with `staging`). O(files): psoup
+    reads the manifest and renames files, it never opens a segment.
 
     `sampled`: the slots whose matches are from a sample of the archive, with how it
-    was drawn; their files say so in their metadata (`psoup.archive.tiers.SAMPLED_KEY`),
-    and one without matches gets an empty file saying it (`sample_marker`), so that the
-    tier knows its rate after a restart too."""
-    import pyarrow.parquet as pq
-
-    from psoup.archive.tiers import SAMPLED_KEY, Segment, sample_marker, segment_name
+    was drawn (their files say so in their metadata, written by the executors); one
+    without matches gets an empty file saying it (`sample_marker`), so that the tier
+    knows its rate after a restart too."""
+    from psoup.archive.tiers import Segment, sample_marker, segment_name
 
     sampled = sampled or {}
-    rng = np.random.default_rng()           # draws for matches that come without one
     out: dict[int, list[Segment]] = {slot: [] for slot in slots}
-    for path in sorted(staging.glob("*.parquet")):
-        table = pq.read_table(path)
-        if not table.num_rows:                  # an empty partition's file
-            continue
-        slot_of = table.column(SLOT).to_numpy()
-        ids = table.column(TUPLE_ID).to_numpy()
-        step = np.diff(slot_of)
-        if (step < 0).any() or ((step == 0) & (np.diff(ids) <= 0)).any():
-            table = table.sort_by([(SLOT, "ascending"), (TUPLE_ID, "ascending")])
-            slot_of, ids = table.column(SLOT).to_numpy(), table.column(TUPLE_ID).to_numpy()
-        ts = table.column(TS).to_numpy()
-        table = table.drop_columns([SLOT])
-        cuts = np.flatnonzero(np.diff(slot_of)) + 1
-        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(slot_of)], strict=False):
-            slot, first, last = int(slot_of[a]), int(ids[a]), int(ids[b - 1])
-            target = into / segment_name(str(slot), first, last)
-            make_dir(target.parent, private=True)
-            piece, how = table.slice(a, b - a), sampled.get(slot)
-            if how is not None:
-                piece = piece.replace_schema_metadata({SAMPLED_KEY: how.to_json()})
-            write_whole(target, partial(write_runs, piece, rng), private=True, fsync=False)
-            out.setdefault(slot, []).append(Segment(str(target), first, last, float(ts[a]),
-                                                    float(ts[b - 1]), b - a, how))
+    for entry in read_manifest(staging):
+        slot, first, last = int(entry["slot"]), int(entry["first"]), int(entry["last"])
+        target = into / segment_name(str(slot), first, last)
+        make_dir(target.parent, private=True)
+        shutil.move(staging / str(entry["name"]), target)   # a rename on one file system
+        out.setdefault(slot, []).append(Segment(str(target), first, last, float(entry["lo"]),
+                                                float(entry["hi"]), int(entry["rows"]),
+                                                sampled.get(slot)))
     for slot, how in sampled.items():
         if slot in out and not out[slot]:           # no match in the sample: a marker
             out[slot].append(sample_marker(into, str(slot), how, table_schema(schema)))
@@ -180,10 +164,135 @@ def receive(staging: Path, into: Path, schema: StreamSchema, slots: Sequence[int
     return out
 
 
+def read_manifest(staging: Path) -> list[dict[str, Any]]:
+    """The rows of the manifest the job committed under `staging` (MANIFEST_SCHEMA),
+    one per segment file. O(files)."""
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    for path in sorted((staging / MANIFEST).glob("*.parquet")):
+        rows += pq.read_table(path).to_pylist()
+    return rows
+
+
+#: One row per segment file the executors wrote: its slot, its path under the staging
+#: folder, its first and last tupleIDs, lowest and highest ts, and its matches.
+MANIFEST_SCHEMA = pa.schema([(SLOT, pa.int64()), ("name", pa.string()),
+                             ("first", pa.int64()), ("last", pa.int64()),
+                             ("lo", pa.float64()), ("hi", pa.float64()),
+                             ("rows", pa.int64())])
+_MANIFEST_SPARK = ("`slot` BIGINT, `name` STRING, `first` BIGINT, `last` BIGINT, "
+                   "`lo` DOUBLE, `hi` DOUBLE, `rows` BIGINT")
+
+
+def write_segments(batches: Iterator[pa.RecordBatch], staging: str, schema: pa.Schema,
+                   segment_rows: int, sampled: Mapping[int, str]
+                   ) -> Iterator[pa.RecordBatch]:
+    """What each task of the write stage runs, in the executors: its matches (slot,
+    tupleID, ts, the stream's columns, draw), sorted by slot and tupleID, written as
+    the tier's segment files, one per slot and at most `segment_rows` matches, in their
+    final form (`schema`, the sampled layout, and for the slots of `sampled` their
+    psoup.archive.tiers.Sampled as JSON in the metadata), under a folder of this
+    attempt's own in `staging`; yields their manifest rows (MANIFEST_SCHEMA), which
+    Spark commits for one attempt of the task only. Holds one segment at a time.
+
+    Example:
+        >>> import tempfile, pyarrow.parquet as pq
+        >>> target = pa.schema([("tupleID", pa.int64()), ("ts", pa.float64()),
+        ...                     ("psoup_sample", pa.int16())])
+        >>> batch = pa.record_batch({"slot": [1, 1, 4], "tupleID": [3, 5, 3],
+        ...                          "ts": [0.5, 1.5, 0.5], "psoup_sample": [7, 8, 9]})
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     rows = next(write_segments(iter([batch]), d, target, 1, {})).to_pylist()
+        ...     back = pq.read_table(f"{d}/{rows[1]['name']}").column("tupleID")
+        >>> [(r["slot"], r["first"], r["last"], r["rows"]) for r in rows], back.to_pylist()
+        ([(1, 3, 3, 1), (1, 5, 5, 1), (4, 3, 3, 1)], [5])
+    """
+    writer = _SegmentWriter(Path(staging), schema, segment_rows, sampled)
+    for batch in batches:
+        writer.add(batch)
+    writer.flush()
+    if writer.manifest:
+        yield pa.RecordBatch.from_pylist(writer.manifest, schema=MANIFEST_SCHEMA)
+
+
+class _SegmentWriter:
+    """`write_segments`' state: the current slot's matches not yet written."""
+
+    def __init__(self, staging: Path, schema: pa.Schema, segment_rows: int,
+                 sampled: Mapping[int, str]):
+        self.folder = Path(uuid.uuid4().hex)     # this attempt's, relative to staging
+        self.staging, self.schema, self.segment_rows = staging, schema, segment_rows
+        self.sampled = sampled
+        self.rng = np.random.default_rng()       # draws for matches that come without one
+        self.manifest: list[dict[str, Any]] = []
+        self.held: list[pa.RecordBatch] = []
+        self.rows = 0
+        self.last = (-1, -1)                     # the (slot, tupleID) of the last match
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Take a batch of matches, writing each segment it completes."""
+        if not batch.num_rows:
+            return
+        slot_of = batch.column(SLOT).to_numpy()
+        ids = batch.column(TUPLE_ID).to_numpy()
+        self._check_order(slot_of, ids)
+        self.last = (int(slot_of[-1]), int(ids[-1]))
+        cuts = np.flatnonzero(np.diff(slot_of)) + 1
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(slot_of)], strict=False):
+            if self.held and int(self.held[0].column(SLOT)[0].as_py()) != int(slot_of[a]):
+                self.flush()
+            while a < b:
+                take = min(b - a, self.segment_rows - self.rows)
+                self.held.append(batch.slice(a, take))
+                self.rows += take
+                a += take
+                if self.rows >= self.segment_rows:
+                    self.flush()
+
+    def _check_order(self, slot_of: np.ndarray, ids: np.ndarray) -> None:
+        """The shuffle sorted the matches by (slot, tupleID): a segment must hold a
+        run of them, so anything else is a bug, not something to repair."""
+        slot_of = np.concatenate([[self.last[0]], slot_of])
+        ids = np.concatenate([[self.last[1]], ids])
+        step = np.diff(slot_of)
+        if (step < 0).any() or ((step == 0) & (np.diff(ids) <= 0)).any():
+            raise ValueError("history: the matches reached the segment writer out of "
+                             "(slot, tupleID) order")
+
+    def flush(self) -> None:
+        """Write the held matches as one segment file, and its manifest row."""
+        from psoup.archive.tiers import SAMPLED_KEY, segment_name
+
+        if not self.held:
+            return
+        table = pa.Table.from_batches(self.held)
+        self.held, self.rows = [], 0
+        slot = int(table.column(SLOT)[0].as_py())
+        ids, ts = table.column(TUPLE_ID), table.column(TS)
+        first, last = int(ids[0].as_py()), int(ids[-1].as_py())
+        table = table.drop_columns([SLOT]).cast(self.schema)
+        how = self.sampled.get(slot)
+        if how is not None:
+            table = table.replace_schema_metadata({SAMPLED_KEY: how})
+        name = self.folder / segment_name(str(slot), first, last)
+        make_dir((self.staging / name).parent, private=True)
+        write_whole(self.staging / name, partial(write_runs, table, self.rng), private=True,
+                    fsync=False)        # psoup syncs the file system once they are moved
+        self.manifest.append({SLOT: slot, "name": str(name), "first": first, "last": last,
+                              "lo": float(ts[0].as_py()), "hi": float(ts[-1].as_py()),
+                              "rows": table.num_rows})
+
+
 def table_schema(schema: StreamSchema) -> pa.Schema:
     """The columns of a tier's segment files: tupleID, ts, then the stream's."""
     return pa.schema([(TUPLE_ID, pa.int64()), (TS, pa.float64())]
                      + [(name, ARROW_TYPES[ctype]) for name, ctype in schema.columns])
+
+
+def segment_schema(schema: StreamSchema) -> pa.Schema:
+    """A segment file holding matches: `table_schema` and each match's draw."""
+    return table_schema(schema).append(pa.field(SAMPLE_COLUMN, pa.int16()))
 
 
 def out_schema(schema: StreamSchema) -> pa.Schema:
@@ -309,9 +418,10 @@ def evaluate(spark: Any, root: Path, ddl: str, schema: StreamSchema,
              ) -> dict[int, list[Segment]]:
     """The matches of `queries` over the archived tuples of `schema.name` with tupleID
     below `below`, as segment files per slot under `into` (`receive`); none when the
-    stream has no archive. The executors write the matches under `root/.history/`
-    (removed before this returns or raises), so `root` must be writable by them and
-    readable here, like the archive itself.
+    stream has no archive. The executors write the segments and their manifest under
+    `root/.history/` (removed before this returns or raises; psoup renames the files
+    from there into `into`), so `root` must be writable by them and readable and
+    writable here, like the archive itself.
 
     `samples`: the slots that read a sample of the archive, with its schedule of rates
     (a row is in it when its draw is below `threshold` of the rate at its ts). When
@@ -369,19 +479,24 @@ def evaluate(spark: Any, root: Path, ddl: str, schema: StreamSchema,
                               (TS_COLUMN, ColumnType.FLOAT),
                               *schema.columns]) + f", `{SAMPLE_COLUMN}` SMALLINT"
     staging = root / STAGING / uuid.uuid4().hex
+    sampled = {slot: Sampled(tuple(steps), below, until) for slot, steps in samples.items()}
+    write = partial(write_segments, staging=str(staging), schema=segment_schema(schema),
+                    segment_rows=SEGMENT_ROWS,
+                    sampled={slot: how.to_json() for slot, how in sampled.items()})
     try:
         try:
+            # the executors write the segments; Spark's committer writes the manifest
+            # of one attempt per task, which is all that comes back to psoup
             (frame.mapInArrow(run, spark_schema).withColumnRenamed(TUPLE_ID_COLUMN, TUPLE_ID)
              .repartition(SLOT).sortWithinPartitions(SLOT, TUPLE_ID)
-             .write.option("maxRecordsPerFile", SEGMENT_ROWS).parquet(staging.as_uri()))
+             .mapInArrow(write, _MANIFEST_SPARK)
+             .write.parquet((staging / MANIFEST).as_uri()))
         except Exception as exc:        # a page that does not decode, ts out of order
             named = _UNSORTED.search(str(exc))
             raise PSoupError(f"history of stream {schema.name}: "
                              + (named.group(1) if named else f"the archive under {folder} "
                                 f"cannot be read: {spark_error(exc)}")) from None
-        return receive(staging, into, schema, slots,
-                       {slot: Sampled(tuple(steps), below, until)
-                        for slot, steps in samples.items()})
+        return receive(staging, into, schema, slots, sampled)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -433,4 +548,6 @@ FILE = "_psoup_file"
 #: Where under the archive root the executors write a job's matches (a directory the
 #: archive's own layout, stream=NAME/date=DAY/, never matches).
 STAGING = ".history"
+#: The folder of a job's staging folder holding its manifest (`write_segments`).
+MANIFEST = "manifest"
 

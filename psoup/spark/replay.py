@@ -10,25 +10,30 @@ order ties.
 
 Three stages; nothing is delivered unless the first two succeed:
 
-1. **plan** (`plan_replay`, the driver, pyarrow): list the part files of the requested
-   streams; check each footer against the target stream's schema; scan every file that
-   overlaps the time range, decoding each column once: no NULLs, no NaN, tupleIDs
-   increasing, ts non-decreasing in tupleID order within and across files. The scan
-   keeps every k-th timestamp in the range, which cuts the range into *slices* of about
-   `slice_rows` rows. Every row passes through the driver anyway; checking the order in
-   Spark instead (a window over tupleIDs per file) cost more than the replay's own read
-   on a 2-core machine, the driver's scan about a twentieth of it.
+1. **plan** (`plan_replay`, psoup's process, pyarrow): list the part files of the
+   requested streams; check each footer against the target stream's schema; scan every
+   file that overlaps the time range, decoding each column once: no NULLs, no NaN,
+   tupleIDs increasing, ts non-decreasing in tupleID order within and across files. The
+   scan keeps every k-th timestamp in the range, which cuts the range into *slices* of
+   about `slice_rows` rows. Every row reaches psoup anyway; checking the order in Spark
+   instead (a window over tupleIDs per file) cost more than the replay's own read on a
+   2-core machine, psoup's scan about a twentieth of it.
 2. **the ordering rule**: replay only appends. A stream that already holds data up to
    ts L takes replayed rows with ts >= L only; a range (or, without `start`, an archive)
    that begins before L is refused, naming the stream and L (docs/durability.md, "Replay").
    `resume` starts each stream at its own L instead and skips as many of the archive's
    rows at L as the target holds there (it counts every row it stored at its latest ts:
    `rows_at_latest_ts` in stats), so a replay that stopped part way continues exactly.
-3. **deliver** (`ordered_runs`): Spark collects each slice as Arrow (`toArrow`), one
-   slice on the driver at a time; the driver orders it by (ts, tupleID), merges the
-   streams, and inserts runs of at most `batch_rows` rows. Sorting the slice on the
-   driver, which holds it anyway, measured 2-3x faster than Spark's global sort (a
-   sampling job and a shuffle per slice).
+3. **deliver** (`ordered_runs`): per slice and stream, Spark's executors read the
+   slice, sort each of their partitions by (ts, tupleID) and write it as Parquet to a
+   staging folder (`.replay/` in the archive directory); psoup reads those files, one
+   slice in memory at a time, merges them in (ts, tupleID) order (taking the files in
+   the order of their first rows is the whole merge when their ranges do not
+   interleave, as the archive's files do not), removes them, merges the streams, and
+   inserts runs of at most `batch_rows` rows. No row passes through Spark's driver,
+   whose JVM grew with the slices it collected (`toArrow`) before. Merging in psoup,
+   which holds the slice anyway, beats Spark's global sort (a sampling job and a
+   shuffle per slice, measured 2-3x slower than sorting the slice in psoup).
 
 Spark starts (once, psoup.spark.session) only for stage 3, so a bad archive or a refused
 range is reported in well under a second.
@@ -36,9 +41,13 @@ range is reported in well under a second.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +59,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from psoup.archive.layout import (
+    ARROW_TYPES,
     PART_NAME,
     SPARK_TYPES,
     TS_COLUMN,
@@ -60,10 +70,11 @@ from psoup.archive.layout import (
 from psoup.archive.sampling import in_order, is_sampled
 from psoup.config import REPLAY_SLICE_ROWS
 from psoup.errors import ArchiveError, PSoupError, ReplayError
+from psoup.fsync import make_dir
 from psoup.query.model import ColumnType
 from psoup.spark.session import spark_error
 
-#: Rows per slice: the most the driver holds at once (about; see `plan_replay`).
+#: Rows per slice: the most psoup holds at once (about; see `plan_replay`).
 SLICE_ROWS = REPLAY_SLICE_ROWS
 #: Rows per insert.
 BATCH_ROWS = 1 << 16
@@ -121,6 +132,7 @@ class ReplayPlan:
 
     streams: dict[str, StreamPlan]
     slices: list[tuple[float, float, bool]]   # [lo, hi), or [lo, hi] when the flag is set
+    roots: list[Path] = field(default_factory=list)   # the archive directories, as given
 
     @property
     def rows(self) -> int:
@@ -207,7 +219,8 @@ def plan_replay(archives: Sequence[str | Path], targets: Mapping[str, Mapping[st
     plans = {name: _scan_stream(name, found[name], targets.get(name), lo, hi, every, resume)
              for name in wanted}
     _check_appends(plans)
-    return ReplayPlan(plans, _slices(plans, every, slice_rows, lo, hi))
+    return ReplayPlan(plans, _slices(plans, every, slice_rows, lo, hi),
+                      [Path(root) for root in archives])
 
 
 def _parts_by_stream(root: Path) -> dict[str, list[Path]]:
@@ -467,38 +480,76 @@ def _slices(plans: Mapping[str, StreamPlan], every: int, slice_rows: int, lo: fl
 
 # ---------------------------------------------------------------------- stage 3: deliver
 
-def ordered_runs(plan: ReplayPlan, spark: Any, batch_rows: int = BATCH_ROWS
-                 ) -> Iterator[tuple[str, dict[str, np.ndarray], np.ndarray]]:
+def ordered_runs(plan: ReplayPlan, spark: Any, batch_rows: int = BATCH_ROWS,
+                 staging: Path | None = None
+                 ) -> Generator[tuple[str, dict[str, np.ndarray], np.ndarray], None, None]:
     """The planned rows as (stream, {column: array}, ts), in (ts, archived tupleID)
     order over all streams, at most `batch_rows` rows each; one slice in memory at a time.
+
+    `staging`: the folder Spark's executors write each slice to (`_collect`), one the
+    executors and psoup both reach; None: `.replay/` in the first archive directory
+    (`staging_folder`). It is removed when the rows run out or the caller stops.
 
     Raises:
         ArchiveError: Spark could not read a slice (a file damaged past its footer).
     """
+    folder = staging_folder(plan) if staging is None else Path(staging).resolve()
     skip = {name: stream.skip for name, stream in plan.streams.items()}
-    for lo, hi, closed in plan.slices:
-        pieces = []
-        for stream in plan.streams.values():
-            paths = [p.path for p in stream.parts
-                     if p.ts_hi >= lo and (p.ts_lo < hi or (closed and p.ts_lo <= hi))]
-            if not paths:
-                continue
-            cols = _collect(spark, stream, paths, max(lo, stream.start), hi, closed)
-            if skip[stream.name] and len(cols[TS_COLUMN]) and \
-                    cols[TS_COLUMN][0] == stream.latest_ts:
-                # resume: the first rows at the target's latest ts are those it holds
-                # (a slice never splits one ts, so they are all in this slice)
-                drop, skip[stream.name] = skip[stream.name], 0
-                cols = {c: v[drop:] for c, v in cols.items()}
-            if len(cols[TS_COLUMN]):
-                pieces.append((stream, cols))
-        if pieces:
-            yield from _merged(pieces, batch_rows)
+    try:
+        for n, (lo, hi, closed) in enumerate(plan.slices):
+            pieces: list[tuple[StreamPlan, dict[str, np.ndarray]]] = []
+            for stream in plan.streams.values():
+                paths = [p.path for p in stream.parts
+                         if p.ts_hi >= lo and (p.ts_lo < hi or (closed and p.ts_lo <= hi))]
+                if not paths:
+                    continue
+                cols = _collect(spark, stream, paths, max(lo, stream.start), hi, closed,
+                                folder / f"{n}-{len(pieces)}")
+                if skip[stream.name] and len(cols[TS_COLUMN]) and \
+                        cols[TS_COLUMN][0] == stream.latest_ts:
+                    # resume: the first rows at the target's latest ts are those it holds
+                    # (a slice never splits one ts, so they are all in this slice)
+                    drop, skip[stream.name] = skip[stream.name], 0
+                    cols = {c: v[drop:] for c, v in cols.items()}
+                if len(cols[TS_COLUMN]):
+                    pieces.append((stream, cols))
+            if pieces:
+                yield from _merged(pieces, batch_rows)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if staging is None:
+            with contextlib.suppress(OSError):
+                folder.parent.rmdir()           # empty once no replay uses it
+
+
+#: Where in an archive directory a replay's executors write its slices (a folder the
+#: archive's own layout, stream=NAME/date=DAY/, never matches).
+STAGING = ".replay"
+
+
+def staging_folder(plan: ReplayPlan) -> Path:
+    """A new folder for a replay's slices: under STAGING in the first archive directory
+    (the executors read the archive there, so they reach it), or, where psoup may not
+    write there (an archive on a read-only mount), a temporary folder of this machine,
+    which only executors on this machine reach (local mode)."""
+    roots = plan.roots or [part.path.parents[2] for stream in plan.streams.values()
+                           for part in stream.parts[:1]]
+    if roots:
+        folder = roots[0].resolve() / STAGING / uuid.uuid4().hex
+        try:
+            make_dir(folder)
+            return folder
+        except OSError:
+            pass
+    return Path(tempfile.mkdtemp(prefix="psoup-replay-")).resolve()
 
 
 def _collect(spark: Any, stream: StreamPlan, paths: Sequence[Path], lo: float, hi: float,
-             closed: bool) -> dict[str, np.ndarray]:
-    """One slice of one stream, by Spark, as numpy columns in (ts, tupleID) order."""
+             closed: bool, folder: Path) -> dict[str, np.ndarray]:
+    """One slice of one stream, by Spark, as numpy columns in (ts, tupleID) order. The
+    executors read it, sort each of their partitions and write it as Parquet under
+    `folder`; psoup reads those files, merges them (`_read_slice`) and removes them, so
+    no row passes through Spark's driver (whose JVM would hold each slice on the way)."""
     from pyspark.sql import functions as F
 
     ts = F.col(TS_COLUMN)
@@ -512,19 +563,50 @@ def _collect(spark: Any, stream: StreamPlan, paths: Sequence[Path], lo: float, h
                     [(TS_COLUMN, ColumnType.FLOAT), (TUPLE_ID_COLUMN, ColumnType.INT),
                      *stream.columns])
     try:
-        frame = (spark.read.schema(ddl).parquet(*(str(p.resolve()) for p in paths))
-                 .where(keep)
-                 .select(*(F.col(f"`{c}`") for c in names)))
-        table = frame.toArrow() if hasattr(frame, "toArrow") else \
-            pa.Table.from_batches(frame._collect_as_arrow())      # pyspark 3.5
+        (spark.read.schema(ddl).parquet(*(str(p.resolve()) for p in paths))
+         .where(keep)
+         .select(*(F.col(f"`{c}`") for c in names))
+         .sortWithinPartitions(TS_COLUMN, TUPLE_ID_COLUMN)
+         .write.parquet(folder.as_uri()))
     except Exception as exc:   # Spark's errors come as py4j / PySpark classes of many kinds
+        shutil.rmtree(folder, ignore_errors=True)
         named = [str(p) for p in paths if str(p.resolve()) in str(exc)] or \
             [f"{len(paths)} file(s) from {paths[0]}"]
         raise ArchiveError(f"{', '.join(named)}: Spark could not read stream "
                            f"'{stream.name}' ({spark_error(exc)})") from exc
-    order = np.lexsort((table.column(TUPLE_ID_COLUMN).to_numpy(),
-                        table.column(TS_COLUMN).to_numpy()))
-    return {c: table.column(c).to_numpy(zero_copy_only=False)[order] for c in names}
+    try:
+        return _read_slice(folder, stream, names)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read_slice(folder: Path, stream: StreamPlan, names: list[str]
+                ) -> dict[str, np.ndarray]:
+    """The files the executors wrote under `folder`, each sorted by (ts, tupleID), as
+    numpy columns in that order: the files taken in the order of their first rows,
+    which is the whole order when their ranges do not interleave (the archive's files
+    are in ts order); otherwise sorted here. O(rows)."""
+    try:
+        tables = [pq.read_table(path) for path in sorted(folder.glob("*.parquet"))]
+    except (pa.ArrowException, OSError) as exc:
+        raise ArchiveError(f"{folder}: the slice of stream '{stream.name}' that Spark "
+                           f"wrote cannot be read ({exc})") from None
+    tables = sorted((t for t in tables if t.num_rows),
+                    key=lambda t: (t.column(TS_COLUMN)[0].as_py(),
+                                   t.column(TUPLE_ID_COLUMN)[0].as_py()))
+    if not tables:
+        empty = [(TS_COLUMN, ColumnType.FLOAT), (TUPLE_ID_COLUMN, ColumnType.INT),
+                 *stream.columns]
+        return {c: pa.array([], ARROW_TYPES[t]).to_numpy(zero_copy_only=False)
+                for c, t in empty}
+    table = pa.concat_tables(tables)
+    tids = table.column(TUPLE_ID_COLUMN).to_numpy()
+    stamps = table.column(TS_COLUMN).to_numpy()
+    step = np.diff(stamps)
+    if (step < 0).any() or ((step == 0) & (np.diff(tids) < 0)).any():
+        order = np.lexsort((tids, stamps))
+        return {c: table.column(c).to_numpy(zero_copy_only=False)[order] for c in names}
+    return {c: table.column(c).to_numpy(zero_copy_only=False) for c in names}
 
 
 def _merged(pieces: list[tuple[StreamPlan, dict[str, np.ndarray]]], batch_rows: int
@@ -564,7 +646,9 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
 
     The archive is checked and the ordering rule applied first (`plan_replay`); only
     then is Spark started and are the streams the target lacks created (with the
-    archive's columns, no RETAIN). The target stamps fresh tupleIDs.
+    archive's columns, no RETAIN). The target stamps fresh tupleIDs. Spark's executors
+    write each slice under `.replay/` in the first archive directory (`ordered_runs`),
+    removed as psoup reads it.
 
     Args:
         archives: archive roots.
@@ -573,7 +657,7 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
         start, end: the inclusive time range (None: unbounded).
         master: the Spark master URL; None: local[*], or the session already running.
         conf: Spark settings (psoup.spark.session.spark_session).
-        slice_rows: about the most rows on the driver at once.
+        slice_rows: about the most rows psoup holds at once.
         batch_rows: rows per insert.
         progress: called after each insert with (rows delivered, rows in all, seconds).
         resume: continue exactly where the target stops (see `plan_replay`): after a
@@ -621,18 +705,20 @@ def replay(archives: Sequence[str | Path], target: Any, streams: Sequence[str] |
     per_stream = dict.fromkeys(plan.streams, 0)
     if plan.slices:
         try:
-            for name, columns, ts in ordered_runs(plan, spark, batch_rows):
-                try:
-                    target.insert(name, columns, ts=ts)
-                except PSoupError as exc:
-                    raise ReplayError(f"stream '{name}' rejected replayed rows at ts "
-                                      f"{float(ts[0])!r} after {done:,} rows were delivered "
-                                      f"(they stay): {exc}", done) from exc
-                done += len(ts)
-                inserts += 1
-                per_stream[name] += len(ts)
-                if progress is not None:
-                    progress(done, plan.rows, time.perf_counter() - began)
+            with contextlib.closing(ordered_runs(plan, spark, batch_rows)) as runs:
+                for name, columns, ts in runs:
+                    try:
+                        target.insert(name, columns, ts=ts)
+                    except PSoupError as exc:
+                        raise ReplayError(
+                            f"stream '{name}' rejected replayed rows at ts {float(ts[0])!r} "
+                            f"after {done:,} rows were delivered (they stay): {exc}",
+                            done) from exc
+                    done += len(ts)
+                    inserts += 1
+                    per_stream[name] += len(ts)
+                    if progress is not None:
+                        progress(done, plan.rows, time.perf_counter() - began)
         except ArchiveError as exc:
             raise ReplayError(f"replay stopped after {done:,} rows were delivered (they "
                               f"stay): {exc}", done) from exc
