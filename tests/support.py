@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -199,8 +200,10 @@ def python_without_psoup(folder: Path) -> Path:
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     check = "import numpy, pyarrow, numba, msgpack, sortedcontainers, click"
     subprocess.run([str(python), "-c", check], check=True, cwd=folder)
+    # the interpreter itself, whatever PYTHONPATH a test run was given
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     lacks = subprocess.run([str(python), "-c", "import psoup"], cwd=folder,
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env=bare)
     assert "No module named 'psoup'" in lacks.stderr, "this Python must lack psoup"
     return python
 

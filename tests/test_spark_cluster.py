@@ -72,6 +72,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                SPARK_LOG_DIR=str(root / "logs"), SPARK_WORKER_DIR=str(root / "work"),
                PYSPARK_PYTHON=str(python))
     env.pop("PSOUP_SPARK_CONF", None)
+    # the drivers import the psoup under test (PYTHONPATH, when the run names one); the
+    # master and workers, and so the executors, do not see it
+    cluster_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     logs = [root / "master.log", root / "worker-1.log", root / "worker-2.log"]
     spark_class = str(home / "bin" / "spark-class")
     started = []
@@ -80,7 +83,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             started.append(subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                  "--port", str(port), "--webui-port", str(_free_port())],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                env=cluster_env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
                 start_new_session=True))
         url = f"spark://127.0.0.1:{port}"
         _wait(lambda: b"I have been elected leader" in logs[0].read_bytes(), 120,
@@ -92,7 +95,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                     [spark_class, "org.apache.spark.deploy.worker.Worker", "--host",
                      "127.0.0.1", "--cores", "1", "--memory", "1g", "--work-dir",
                      str(root / f"work-{i}"), "--webui-port", str(_free_port()), url],
-                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                    env=cluster_env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
                     start_new_session=True))
             workers.append((started[-1], root / f"work-{i}"))
         for i in (1, 2):
