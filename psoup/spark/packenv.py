@@ -93,7 +93,7 @@ def requirements(roots: Iterable[str] = EXECUTOR_DISTRIBUTIONS) -> list[str]:
         except metadata.PackageNotFoundError:
             raise PSoupError(f"{root} is not installed in this Python ({sys.executable}): "
                              "the executors' environment is pinned to what the driver "
-                             "runs, so install psoup's dependencies here first") from None
+                             "runs, so pip install 'psoup[spark]' here first") from None
     while todo:
         try:
             dist = metadata.distribution(todo.pop())
