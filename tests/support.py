@@ -1,7 +1,8 @@
 """Small helpers shared by test modules: a settable clock, SQL literals, creating the
 scenario's streams in an engine, inserting one batch everywhere, writing input files,
 reading a reply frame off a raw socket, running a real server process to kill, a
-Python that has psoup's dependencies but not psoup (for Spark executors), engines that
+Python that has psoup's dependencies but not psoup and one that has neither (for Spark
+executors), engines that
 always reuse their last answers, the count of an engine's bit-sliced rows, and the
 wait for an engine's automatic checkpoint.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -198,9 +200,25 @@ def python_without_psoup(folder: Path) -> Path:
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     check = "import numpy, pyarrow, numba, msgpack, sortedcontainers, click"
     subprocess.run([str(python), "-c", check], check=True, cwd=folder)
+    # the interpreter itself, whatever PYTHONPATH a test run was given
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     lacks = subprocess.run([str(python), "-c", "import psoup"], cwd=folder,
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env=bare)
     assert "No module named 'psoup'" in lacks.stderr, "this Python must lack psoup"
+    return python
+
+
+def bare_python(folder: Path) -> Path:
+    """A virtual environment in `folder` with neither psoup nor any of its dependencies
+    (nor pip), checked; returns its python: a Spark worker's Python before anything was
+    installed for psoup."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    for module in ("psoup", "numpy", "pyarrow", "numba", "pandas", "msgpack",
+                   "sortedcontainers"):
+        lacks = subprocess.run([str(python), "-c", f"import {module}"], cwd=folder,
+                               capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+        assert f"No module named '{module}'" in lacks.stderr, f"this Python has {module}"
     return python
 
 

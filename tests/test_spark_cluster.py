@@ -3,7 +3,9 @@ workers started from the installed pyspark's `spark-class`, whose executors run 
 that has psoup's dependencies but not psoup (psoup ships itself: psoup.spark.session).
 Import, replay and history run against it in driver processes of their own (a process
 has one Spark session, and the test run's is local[2]); one worker is killed while the
-import runs, and the answers must still equal DuckDB's over the same rows. Every
+import runs, and the answers must still equal DuckDB's over the same rows. An import
+also runs with executors whose Python has none of psoup's dependencies either, through
+the packed environment `psoup spark pack-env` builds (once per test session). Every
 process started is stopped by its process group."""
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 
-from tests.support import python_without_psoup
+from tests.support import bare_python, python_without_psoup
 
 pytestmark = pytest.mark.cluster
 
@@ -70,6 +72,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                SPARK_LOG_DIR=str(root / "logs"), SPARK_WORKER_DIR=str(root / "work"),
                PYSPARK_PYTHON=str(python))
     env.pop("PSOUP_SPARK_CONF", None)
+    # the drivers import the psoup under test (PYTHONPATH, when the run names one); the
+    # master and workers, and so the executors, do not see it
+    cluster_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     logs = [root / "master.log", root / "worker-1.log", root / "worker-2.log"]
     spark_class = str(home / "bin" / "spark-class")
     started = []
@@ -78,7 +83,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             started.append(subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                  "--port", str(port), "--webui-port", str(_free_port())],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                env=cluster_env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
                 start_new_session=True))
         url = f"spark://127.0.0.1:{port}"
         _wait(lambda: b"I have been elected leader" in logs[0].read_bytes(), 120,
@@ -90,7 +95,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                     [spark_class, "org.apache.spark.deploy.worker.Worker", "--host",
                      "127.0.0.1", "--cores", "1", "--memory", "1g", "--work-dir",
                      str(root / f"work-{i}"), "--webui-port", str(_free_port()), url],
-                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                    env=cluster_env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
                     start_new_session=True))
             workers.append((started[-1], root / f"work-{i}"))
         for i in (1, 2):
@@ -128,6 +133,49 @@ def _duckdb(rows: list[dict[str, Any]], sql: str) -> list[tuple[Any, ...]]:
 def _running_task(work: Path) -> bool:
     """An executor under the worker directory `work` has started a task."""
     return any(b"Running task" in p.read_bytes() for p in work.glob("app-*/*/stderr"))
+
+
+@pytest.fixture(scope="session")
+def packed_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The executors' packed environment, built once by `psoup spark pack-env` (pip
+    takes the wheels from its cache when it holds them); the build's time and size are
+    printed (pytest -s shows them)."""
+    out = tmp_path_factory.mktemp("packed") / "psoup-env.tar.gz"
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "psoup.cli.main", "spark", "pack-env",
+                           "--output", str(out)], capture_output=True, text=True,
+                          timeout=1800)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    print(f"\npacked environment: {out.stat().st_size / 2**20:.0f} MiB built in "
+          f"{time.monotonic() - began:.0f} s; {done.stdout.strip()}")
+    return out
+
+
+def test_import_on_workers_without_psoups_dependencies_through_a_packed_env(
+        cluster: Cluster, packed_env: Path, tmp_path: Path) -> None:
+    url, env, logs, _ = cluster
+    bare = bare_python(tmp_path / "bare")
+    n = 20_000
+    rows = _readings(n)
+    (tmp_path / "readings.csv").write_text("ts,lane,speed,road\n" + "".join(
+        f"{r['ts']},{r['lane']},{r['speed']},{r['road']}\n" for r in reversed(rows)))
+    done = subprocess.run(
+        [sys.executable, "-m", "psoup.cli.main", "archive", "import", "readings.csv",
+         "--stream", "traffic", "--columns", COLUMNS, "--into", "arc", "--master", url,
+         "--spark-env", str(packed_env)],
+        env=dict(env, PYSPARK_PYTHON=str(bare)), cwd=tmp_path, capture_output=True,
+        text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout, done.stderr,
+                                  [p.read_text()[-2000:] for p in logs if p.exists()])
+    assert done.stdout.startswith(f"{n:,} rows of traffic into arc")
+    archived = pq.ParquetDataset(str(tmp_path / "arc" / "stream=traffic")).read()
+    assert archived.num_rows == n and not list(tmp_path.rglob("*.tmp"))
+    assert sorted(zip(archived.column("ts").to_pylist(), archived.column("lane").to_pylist(),
+                      archived.column("speed").to_pylist(), strict=True)) == \
+        sorted((r["ts"], r["lane"], r["speed"]) for r in rows)
+    # the executors unpacked the environment and ran their Python workers from it
+    unpacked = [p for p in (tmp_path.parent).glob("cluster*/work-*/app-*/*/psoup_env")]
+    assert unpacked and all((p / "bin" / "python").exists() for p in unpacked)
 
 
 def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(

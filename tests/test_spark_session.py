@@ -94,7 +94,7 @@ def test_an_executors_python_exception_is_the_gist_of_the_error() -> None:
     said = spark_error(missing)
     assert said.startswith("in a Spark executor: ModuleNotFoundError: No module named "
                            "'psoup' (the executors' Python lacks psoup")
-    assert "spark.archives" in said
+    assert "psoup spark pack-env, then --spark-env" in said
     other = RuntimeError(_EXECUTOR_FAILURE.format(raised="ValueError: bad value 3"))
     assert spark_error(other) == "in a Spark executor: ValueError: bad value 3"
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -357,6 +357,10 @@ def _answers(server: str, token: str | None) -> bool:
               callback=lambda ctx, param, value: _spark_conf(param, value),
               help="A Spark setting of history jobs (repeatable), over spark-defaults.conf "
                    "and PSOUP_SPARK_CONF.")
+@click.option("--spark-env", "spark_env", default=None, metavar="FILE",
+              callback=lambda ctx, param, value: _spark_env(param, value),
+              help="A packed environment (`psoup spark pack-env`) whose Python a "
+                   "cluster's executors run, for workers without psoup's dependencies.")
 @click.option("--archive-budget", type=click.FloatRange(min=0, min_open=True), default=None,
               metavar="SECONDS",
               help="How long a history job may read the archive: beyond it, the job reads "
@@ -384,8 +388,8 @@ def _answers(server: str, token: str | None) -> bool:
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: ModeName,
           sync: SyncName, max_queries: int | None, max_stream_bytes: int | None,
           max_results_bytes: int | None, max_queued_bytes: int | None,
-          spark_master: str | None,
-          spark_conf: dict[str, str], archive_budget: float | None,
+          spark_master: str | None, spark_conf: dict[str, str],
+          spark_env: dict[str, str] | None, archive_budget: float | None,
           answer_cache_bytes: int, token_option: str | None, log_level: str,
           threads: int | None, fronts: int | None) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
@@ -405,6 +409,7 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
         logger.addHandler(handler)
     logger.setLevel(log_level.upper())
 
+    spark_conf = _with_env(spark_conf, spark_env)
     try:
         run_server(data_dir=data_dir, host=host, port=port,
                    token=token_option or settings.token, mode=mode,
@@ -979,13 +984,59 @@ def stats(settings: Settings, fmt: str) -> None:
 # ---------------------------------------------------------------------- archive and replay
 
 def _spark_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The --master and --conf options of the commands that run a Spark job here."""
-    command = click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
-                           callback=lambda ctx, param, value: _spark_conf(param, value),
-                           help="A Spark setting (repeatable), over spark-defaults.conf "
-                                "and PSOUP_SPARK_CONF.")(command)
-    return click.option("--master", default=None, metavar="URL",
-                        help="The Spark master (default local[*]).")(command)
+    """The --master, --conf and --spark-env options of the commands that run a Spark job
+    here; the command gets the packed environment's settings within `spark_conf`."""
+    @wraps(command)
+    def merged(*args: Any, spark_conf: dict[str, str], spark_env: dict[str, str] | None,
+               **kwargs: Any) -> Any:
+        return command(*args, spark_conf=_with_env(spark_conf, spark_env), **kwargs)
+
+    options = [
+        click.option("--spark-env", "spark_env", default=None, metavar="FILE",
+                     callback=lambda ctx, param, value: _spark_env(param, value),
+                     help="A packed environment (`psoup spark pack-env`) whose Python a "
+                          "cluster's executors run, for workers without psoup's "
+                          "dependencies."),
+        click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
+                     callback=lambda ctx, param, value: _spark_conf(param, value),
+                     help="A Spark setting (repeatable), over spark-defaults.conf "
+                          "and PSOUP_SPARK_CONF."),
+        click.option("--master", default=None, metavar="URL",
+                     help="The Spark master (default local[*])."),
+    ]
+    for option in options:
+        merged = option(merged)
+    return merged
+
+
+@main.group()
+def spark() -> None:
+    """Prepare a Spark cluster for psoup's jobs."""
+
+
+@spark.command("pack-env", short_help="Pack the executors' Python packages for a cluster.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("psoup-env.tar.gz"), show_default=True,
+              help="The archive to write (.tar.gz); replaced whole when it exists.")
+@click.option("--python", "python", default=None, metavar="EXE",
+              help="The interpreter the environment is made from, at the path it has on "
+                   "every worker (default: this one; its version must be this one's).")
+def spark_pack_env(output: Path, python: str | None) -> None:
+    """Build a packed virtual environment holding the packages psoup's code imports in
+    Spark's executors (numpy, pyarrow, numba, pandas, msgpack, sortedcontainers and
+    what they need), pinned to the versions installed here, for workers whose Python
+    lacks them. Give it to a job with --spark-env FILE (psoup serve --spark-env FILE).
+
+    pip installs them (downloading the wheels, or taking them from its cache) into a
+    new environment, which is packed as a .tar.gz: minutes. The environment's Python is
+    the interpreter it was made from: every worker needs that one at the same path.
+    """
+    from psoup.spark import packenv
+    with Progress(tasks=None) as progress:
+        packed = packenv.build(output, python, progress=progress, pip_line=progress.update)
+    click.echo(f"{packed.path}: {packed.distributions} distributions, "
+               f"{packed.size / 2**20:,.0f} MiB, built in {packed.seconds:.0f} s; "
+               f"use it with --spark-env {packed.path}")
 
 
 @main.group()
@@ -1165,6 +1216,34 @@ def _spark_conf(param: click.Parameter, pairs: tuple[str, ...]) -> dict[str, str
         return parse_conf(pairs, param.opts[0])
     except PSoupError as exc:
         raise click.BadParameter(str(exc).partition(": ")[2], param=param) from None
+
+
+def _spark_env(param: click.Parameter, value: str | None) -> dict[str, str] | None:
+    """--spark-env FILE as the Spark settings that ship it, checked before Spark starts."""
+    if value is None:
+        return None
+    from psoup.spark.packenv import settings  # no pyspark import: only the settings
+    try:
+        return settings(value)
+    except PSoupError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def _with_env(conf: dict[str, str], env: dict[str, str] | None) -> dict[str, str]:
+    """`conf` with a packed environment's settings, which it may not set itself.
+
+    Example:
+        >>> _with_env({"spark.cores.max": "8"}, {"spark.archives": "/e.tar.gz#psoup_env"})
+        {'spark.cores.max': '8', 'spark.archives': '/e.tar.gz#psoup_env'}
+    """
+    if env is None:
+        return conf
+    both = sorted(set(conf) & set(env))
+    if both:
+        raise click.UsageError(f"--spark-env sets {', '.join(both)}: leave "
+                               f"{'it' if len(both) == 1 else 'them'} out of the Spark "
+                               "settings")
+    return {**conf, **env}
 
 
 @contextmanager

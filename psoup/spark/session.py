@@ -93,7 +93,7 @@ def _forward(stream: IO[bytes]) -> None:
 _PYTHON_RAISED = re.compile(r"(?m)^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|"
                             r"Interrupt)(?:: [^\n]*)?$")
 _NO_PSOUP = re.compile(r"ModuleNotFoundError: No module named '(psoup|numba|numpy|pyarrow|"
-                       r"sortedcontainers|msgpack)[.']")
+                       r"sortedcontainers|msgpack|pandas|llvmlite)[.']")
 
 #: psoup's own settings; spark-defaults.conf, PSOUP_SPARK_CONF and `conf` override them.
 _DEFAULTS = {
@@ -209,24 +209,22 @@ def spark_session(master: str | None = None, conf: Mapping[str, str] | None = No
         except ImportError as exc:
             raise PSoupError("Spark is needed here: pip install 'psoup[spark]' "
                              "(pyspark, with Java 17 or newer)") from exc
-        # the executors' Python must be this one (psoup and its dependencies); on a
-        # cluster, PYSPARK_PYTHON names the workers' interpreter
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         settings = spark_settings(master, conf)
         began = time.perf_counter()
         if progress is not None:
             progress(f"starting Spark ({settings['spark.master']})…")
         try:
             spark_conf = SparkConf().setAll(list(settings.items()))
-            if SparkContext._active_spark_context is None:
-                # the driver JVM's stderr through a filter (the gateway is what
-                # SparkContext would launch, with stderr piped)
-                gateway = launch_gateway(spark_conf,  # type: ignore[no-untyped-call]  # pyspark leaves it untyped
-                                         popen_kwargs={"stderr": subprocess.PIPE})
-                _lower_priority(gateway.proc.pid)
-                threading.Thread(target=_forward, args=(gateway.proc.stderr,),
-                                 name="psoup-spark-stderr", daemon=True).start()
-                SparkContext(conf=spark_conf, gateway=gateway)
+            with _executor_python(settings):
+                if SparkContext._active_spark_context is None:
+                    # the driver JVM's stderr through a filter (the gateway is what
+                    # SparkContext would launch, with stderr piped)
+                    gateway = launch_gateway(spark_conf,  # type: ignore[no-untyped-call]  # pyspark leaves it untyped
+                                             popen_kwargs={"stderr": subprocess.PIPE})
+                    _lower_priority(gateway.proc.pid)
+                    threading.Thread(target=_forward, args=(gateway.proc.stderr,),
+                                     name="psoup-spark-stderr", daemon=True).start()
+                    SparkContext(conf=spark_conf, gateway=gateway)
             _session = SparkSession.builder.config(conf=spark_conf).getOrCreate()
         except Exception as exc:     # Java missing, bad master URL, ...
             raise PSoupError(f"Spark did not start ({settings['spark.master']}): "
@@ -242,6 +240,31 @@ def spark_session(master: str | None = None, conf: Mapping[str, str] | None = No
         if progress is not None:
             progress(f"Spark started in {time.perf_counter() - began:.0f} s")
         return _session
+
+
+@contextlib.contextmanager
+def _executor_python(settings: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, PYSPARK_PYTHON (which pyspark reads once, when the context
+    starts) names the executors' Python: spark.pyspark.python on a cluster (Spark's own
+    precedence; a packed environment sets it, psoup.spark.packenv), restored after;
+    else PYSPARK_PYTHON as set, else this interpreter (it has psoup and its
+    dependencies), kept. Local executors are this process's Python workers, started in
+    the driver's working directory where a packed environment's relative path names
+    nothing: spark.pyspark.python is for clusters only."""
+    executors = settings.get("spark.pyspark.python")
+    if not executors or settings["spark.master"].startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        yield
+        return
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = executors
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYSPARK_PYTHON", None)
+        else:
+            os.environ["PYSPARK_PYTHON"] = before
 
 
 def package_zip(folder: str | Path | None = None) -> Path:
@@ -271,8 +294,9 @@ def package_zip(folder: str | Path | None = None) -> Path:
 
 def _ship_psoup(context: Any) -> None:
     """Give a cluster's executors psoup's modules (`package_zip`). Its compiled
-    dependencies (numpy, pyarrow, numba, ...) must be in their Python already
-    (docs/durability.md, "Spark on a cluster")."""
+    dependencies (numpy, pyarrow, numba, ...) must be in their Python already, or in
+    the packed environment they run (psoup.spark.packenv; docs/durability.md, "Spark on
+    a cluster")."""
     try:
         context.addPyFile(str(package_zip()))
     except Exception as exc:          # the driver's temp directory unwritable, ...
@@ -380,8 +404,9 @@ def spark_error(exc: BaseException) -> str:
             gist = f"in a Spark executor: {raised[0]}"
             if _NO_PSOUP.search(raised[0]):
                 gist += (" (the executors' Python lacks psoup or one of its dependencies: "
-                         "install them there, or ship a packed environment with "
-                         "spark.archives; see docs/durability.md, Spark on a cluster)")
+                         "install them there, or ship a packed environment: psoup "
+                         "spark pack-env, then --spark-env; see docs/durability.md, "
+                         "Spark on a cluster)")
             return gist
     for line in text.splitlines():
         line = line.strip().lstrip(":").strip()
