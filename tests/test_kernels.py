@@ -39,7 +39,7 @@ from psoup.kernels import (
     word_positions,
     write_column,
 )
-from psoup.kernels.layout import AddressTable, Handle
+from psoup.kernels.layout import BLOCK_WORDS, AddressTable, Handle
 
 
 @settings(max_examples=150, deadline=None)
@@ -533,7 +533,7 @@ def test_probe_into_by_blocks_of_words_writes_what_the_twin_writes(
     monkeypatch.setattr(compiled, "BLOCK_FROM_CELLS", 0)
     gen = np.random.default_rng(seed)
     cells, tables = 11, 1 + seed % 4
-    words = int(gen.integers(1, 3 * compiled.BLOCK_WORDS))
+    words = int(gen.integers(1, 3 * BLOCK_WORDS))
     n = int(gen.integers(0, 200))
     reject = tuple(gen.integers(0, 2**64, (cells, words + seed % 3), dtype=np.uint64)
                    for _ in range(tables))
