@@ -651,3 +651,25 @@ def as_aggregate(draw: st.DrawFn, streams: Streams, query: Query) -> Query:
     return new, dict(spec, select=dselect, keys=dkeys, names=out, distinct=False)
 
 
+#: Columns as a schema declares them, and the steps of a scenario: ("register", where),
+#: ("remove", a pick among the live slots) or ("probe", rows).
+StemScenario = tuple[list[tuple[str, str]], list[tuple[str, Any]]]
+
+
+@st.composite
+def stem_scenarios(draw: st.DrawFn) -> StemScenario:
+    columns, _ = draw(schemas())
+    steps: list[tuple[str, Any]] = []
+    for _ in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["register", "register", "register", "remove",
+                                     "probe"]))
+        if kind == "register":
+            where = draw(st.lists(factors(columns), min_size=0, max_size=3))
+            steps.append(("register", " AND ".join(p for p, _ in where)))
+        elif kind == "remove":
+            steps.append(("remove", draw(st.integers(0, 100))))
+        else:
+            rows = draw(st.lists(st.tuples(*(VALUES[t] for _, t in columns)), min_size=1,
+                                 max_size=80))
+            steps.append(("probe", rows))
+    return columns, steps

@@ -22,15 +22,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+import numpy as np
 import pytest
+from numpy.typing import NDArray
 
+from psoup.archive.rollups import Rollups, Substitute, folder_for
 from psoup.errors import PSoupError
 from psoup.kernels import SLICED
+from psoup.plans import Plan
 from psoup.query import compile_statement
 from psoup.query.model import Query, StreamSchema
 from psoup.results import recent
+from psoup.results.answers import Answers
 from psoup.results.partial import PartialResults
 from psoup.server.protocol import HEADER, unpack_payload
+from psoup.stems.batch import make_batch
 
 if TYPE_CHECKING:
     from psoup.client import Client
@@ -271,3 +277,33 @@ def checkpointed(engine: Engine) -> None:
     API's checkpoint() is synchronous, and nothing a user does waits for an automatic
     one."""
     engine._durability.wait_checkpoint()
+
+
+def substitutes(monkeypatch: pytest.MonkeyPatch) -> list[Substitute | None]:
+    """What the copies answered (`Answers.substitute`) at each call from now on."""
+    got: list[Substitute | None] = []
+    real = Answers.substitute
+
+    def spy(answers: Answers, plan: Plan, now: float) -> Substitute | None:
+        got.append(real(answers, plan, now))
+        return got[-1]
+    monkeypatch.setattr(Answers, "substitute", spy)
+    return got
+
+
+def check_copies(state: Path) -> None:
+    """The invariants of the copies an engine left on `state` (psoup.archive.rollups),
+    indexed afresh from its files."""
+    Rollups(state / "archive", folder_for(state / "archive"))._check()
+
+
+def probe_columns(schema: StreamSchema, rows: Sequence[tuple[Any, ...]],
+                  first_tid: int) -> dict[str, NDArray[Any]]:
+    """A batch of `rows` as the Query SteM probes it: its columns, ts and tupleIDs
+    from `first_tid`."""
+    batch = make_batch(schema, rows, [1000.0 + i for i in range(len(rows))], 0.0,
+                       float("-inf"))
+    columns = dict(batch.columns)
+    columns["ts"] = batch.ts
+    columns["tupleID"] = np.arange(first_tid, first_tid + batch.n)
+    return columns

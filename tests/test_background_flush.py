@@ -26,8 +26,7 @@ from psoup.archive.parquet import PENDING_RUNS, Archive
 from psoup.archive.rollups import Rollups
 from psoup.archive.sampling import write_runs
 from psoup.journal import journal
-from tests.support import Clock
-from tests.test_rollups import check_copies, substitutes
+from tests.support import Clock, check_copies, substitutes
 
 FLUSH_ROWS = 128
 CHUNK = 8

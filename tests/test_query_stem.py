@@ -9,30 +9,22 @@ exactly the same bits, whatever has been registered and removed before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import hypothesis.strategies as st
 import numpy as np
 from hypothesis import given
-from numpy.typing import NDArray
 
 from psoup.bits import slot_rows
-from psoup.query.model import AttrPredicate, ColumnType, CompareOp, Query, StreamSchema
+from psoup.query.model import AttrPredicate, ColumnType, CompareOp, Query
 from psoup.query.normalize import AttrFactor, fold_column
-from psoup.stems.batch import make_batch
 from psoup.stems.predicate_index import AttributeIndex
 from psoup.stems.predicates import attr_mask, source_mask
 from psoup.stems.query_stem import QuerySteM
-from tests.strategies import VALUES, factors, schemas
-from tests.support import compiled_query, compiled_schema
+from tests.strategies import StemScenario, stem_scenarios
+from tests.support import compiled_query, compiled_schema, probe_columns
 
 SCHEMA_STREAM = "R"
-
-#: Columns as a schema declares them, and the steps of a scenario: ("register", where),
-#: ("remove", a pick among the live slots) or ("probe", rows).
-Scenario = tuple[list[tuple[str, str]], list[tuple[str, Any]]]
-
 
 def _folded(factor: AttrFactor) -> AttrPredicate:
     """The predicate of one satisfiable factor."""
@@ -41,37 +33,8 @@ def _folded(factor: AttrFactor) -> AttrPredicate:
     return pred
 
 
-def _probe_columns(schema: StreamSchema, rows: Sequence[tuple[Any, ...]],
-                   first_tid: int) -> dict[str, NDArray[Any]]:
-    batch = make_batch(schema, rows, [1000.0 + i for i in range(len(rows))], 0.0,
-                       float("-inf"))
-    columns = dict(batch.columns)
-    columns["ts"] = batch.ts
-    columns["tupleID"] = np.arange(first_tid, first_tid + batch.n)
-    return columns
-
-
-@st.composite
-def stem_scenarios(draw: st.DrawFn) -> Scenario:
-    columns, _ = draw(schemas())
-    steps: list[tuple[str, Any]] = []
-    for _ in range(draw(st.integers(1, 25))):
-        kind = draw(st.sampled_from(["register", "register", "register", "remove",
-                                     "probe"]))
-        if kind == "register":
-            where = draw(st.lists(factors(columns), min_size=0, max_size=3))
-            steps.append(("register", " AND ".join(p for p, _ in where)))
-        elif kind == "remove":
-            steps.append(("remove", draw(st.integers(0, 100))))
-        else:
-            rows = draw(st.lists(st.tuples(*(VALUES[t] for _, t in columns)), min_size=1,
-                                 max_size=80))
-            steps.append(("probe", rows))
-    return columns, steps
-
-
 @given(stem_scenarios(), st.booleans())
-def test_probe_bits_equal_each_query_on_its_own(scenario: Scenario, shared: bool) -> None:
+def test_probe_bits_equal_each_query_on_its_own(scenario: StemScenario, shared: bool) -> None:
     columns, steps = scenario
     ddl = "CREATE STREAM R (" + ", ".join(f"{c} {t.upper()}" for c, t in columns) + ")"
     schema = compiled_schema(ddl)
@@ -90,7 +53,7 @@ def test_probe_bits_equal_each_query_on_its_own(scenario: Scenario, shared: bool
             slot = sorted(live)[arg % len(live)]
             assert stem.remove(slot) is live.pop(slot)
         elif kind == "probe":
-            cols = _probe_columns(schema, arg, tid)
+            cols = probe_columns(schema, arg, tid)
             tid += len(arg)
             bits = stem.probe("R", cols, len(arg))
             assert bits.shape == (len(arg), stem.words)
@@ -140,7 +103,7 @@ def test_wide_tables_probe_exactly_and_keep_rows_off_power_of_two_strides() -> N
         stem.remove(slot)
         del live[slot]
     rows = [tuple(int(v) for v in gen.integers(-2, 42, 2)) for _ in range(300)]
-    cols = _probe_columns(schema, rows, 0)
+    cols = probe_columns(schema, rows, 0)
     bits = stem.probe("R", cols, len(rows))
     for slot, query in live.items():
         want = source_mask(query.sources[0], cols, len(rows))
@@ -309,7 +272,7 @@ def test_batches_of_small_integers_probe_through_the_direct_maps(
         rows = [(int(a), int(b) + 7) for a, b in gen.integers(0, 25, (n, 2)) + shift]
         if far:
             rows[int(gen.integers(n))] = (10**9, -(10**9))
-        cols = _probe_columns(schema, rows, tid)
+        cols = probe_columns(schema, rows, tid)
         cols["b"].flags.writeable = False           # as a column read from Arrow is
         tid += n
         bits = stem.probe("R", cols, n)

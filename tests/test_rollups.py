@@ -23,14 +23,13 @@ from numpy.typing import NDArray
 
 import psoup
 from psoup.archive.parquet import Archive
-from psoup.archive.rollups import GRAINS, Grain, Rollups, Substitute, copy_path, folder_for, pieces
+from psoup.archive.rollups import GRAINS, Grain, Rollups, copy_path, pieces
 from psoup.archive.tiers import ArchiveTiers, Segment
 from psoup.errors import ArchiveError
 from psoup.journal import journal
-from psoup.plans import Plan
 from psoup.query.model import ColumnType
 from psoup.results.answers import Answers
-from tests.support import Clock
+from tests.support import Clock, check_copies, substitutes
 
 COLUMNS = [("a", "int"), ("x", "float"), ("name", "text")]
 NUMERIC = [("a", ColumnType.INT), ("x", ColumnType.FLOAT)]
@@ -308,28 +307,10 @@ def engine_with_history(state: Path, windows: list[str], flush_rows: int = 40
     return eng, handles
 
 
-def substitutes(monkeypatch: pytest.MonkeyPatch) -> list[Substitute | None]:
-    """What the copies answered (`Answers.substitute`) at each call from now on."""
-    got: list[Substitute | None] = []
-    real = Answers.substitute
-
-    def spy(answers: Answers, plan: Plan, now: float) -> Substitute | None:
-        got.append(real(answers, plan, now))
-        return got[-1]
-    monkeypatch.setattr(Answers, "substitute", spy)
-    return got
-
-
 def without_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     """From now on the copies answer nothing: answers read the tier's tuples, as an
     engine without copies does."""
     monkeypatch.setattr(Answers, "substitute", lambda *args: None)
-
-
-def check_copies(state: Path) -> None:
-    """The invariants of the copies an engine left on `state` (psoup.archive.rollups),
-    indexed afresh from its files."""
-    Rollups(state / "archive", folder_for(state / "archive"))._check()
 
 
 def fill(eng: psoup.Engine, gen: np.random.Generator, n: int, gaps: float,

@@ -30,10 +30,8 @@ from psoup.options import ModeName
 from psoup.results.partial import PartialResults
 from psoup.stems.query_stem import QuerySteM
 from psoup.workers import Workers, check_threads, default_threads
-from tests.strategies import Scenario, scenarios
-from tests.support import Clock, Streams, compiled_query, compiled_schema, create
-from tests.test_query_stem import Scenario as StemScenario
-from tests.test_query_stem import _probe_columns, stem_scenarios
+from tests.strategies import Scenario, StemScenario, scenarios, stem_scenarios
+from tests.support import Clock, Streams, compiled_query, compiled_schema, create, probe_columns
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +75,7 @@ def test_split_probe_writes_the_bits_of_one_thread(scenario: StemScenario, chunk
             one.remove(slot)
             many.remove(slot)
         elif kind == "probe":
-            cols = _probe_columns(schema, arg, tid)
+            cols = probe_columns(schema, arg, tid)
             tid += len(arg)
             want = _probed(one, cols, len(arg), chunk_rows, first)
             got = _probed(many, cols, len(arg), chunk_rows, first)
