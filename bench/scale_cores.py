@@ -22,12 +22,12 @@ core with one thread, against all the cores this process may use, in the same ru
   (bench/server.py's workload) over a 100K-tuple stream, and one producer inserting
   1,000-row batches at a fixed pace (20 a second: 20,000 rows/s, which both servers
   take, so "rows/s not lower" is checked on the rate achieved), against the server's
-  process pinned to one core with --threads 1, unpinned with the default (every
-  connection in the engine's process), and unpinned with --fronts 1 (the engine
-  process, which passes the connections to one front process that
-  relays their bytes over a Unix socket and encodes the numeric answers it gets raw,
-  so that the sockets' system calls and transports and that encoding run beside the
-  engine's Python). Unpinned, reads that find the engine lock taken wait for it on the
+  process pinned to one core with --threads 1 (no front process), unpinned with the
+  default (the engine process passes the connections to one front process that relays
+  their bytes over a Unix socket and encodes the numeric answers it gets raw, so that
+  the sockets' system calls and transports and that encoding run beside the engine's
+  Python), and unpinned with --fronts 0 (every connection in the engine's process).
+  Unpinned, reads that find the engine lock taken wait for it on the
   event loop for up to 2 ms rather than moving to a read thread, which between two
   cores cost more than it saved. The load is cheap so that it does not measure itself: the
   pollers are connections on one asyncio loop in a process of their own, each with one
@@ -227,7 +227,7 @@ def _probe_row(stem: query_stem.QuerySteM, count: int, n: int, one: Workers,
 
 def _serve(pinned: bool, fronts: int | None = None) -> str:
     """`run_server` in a child process, pinned to one core with one thread, or not
-    (with `fronts` front processes; None: the default, one fewer than the threads)."""
+    (with `fronts` front processes; None: the default, one with more than one thread)."""
     pin = f"os.sched_setaffinity(0, {_one_core()!r}); " if pinned else ""
     threads = "1" if pinned else "None"
     return ("import os, sys; " + pin + "from psoup.server.server import run_server; "
@@ -456,7 +456,7 @@ def bench_server(s: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for label, pinned, fronts in (("one core, --threads 1", True, None),
                                   ("all cores", False, None),
-                                  ("all cores, --fronts 1", False, 1)):
+                                  ("all cores, --fronts 0", False, 0)):
         process = served._ServerProcess(serve=_serve(pinned, fronts))
         try:
             with process.client() as setup:
@@ -541,7 +541,7 @@ _SERVER_NOTES = [
     "use)",
     "server cores used: the engine process's CPU time (from /proc) / wall time over the "
     "run; front processes' cores: the same for the fronts that relay its connections "
-    "(psoup serve --fronts N starts N; none by default)"]
+    "(psoup serve --fronts N starts N; by default one with more than one thread)"]
 
 
 def _verdicts(rows: Sequence[dict[str, Any]], server: Sequence[dict[str, Any]]) -> list[str]:

@@ -143,12 +143,13 @@ class _Started(Exception):
 
 
 @pytest.mark.parametrize(("threads", "asked", "fronts"),
-                         [(1, None, 0), (2, None, 0), (3, None, 0), (2, 1, 1), (1, 2, 2)])
-def test_serve_starts_the_fronts_it_is_told_and_none_by_default(
+                         [(1, None, 0), (2, None, 1), (3, None, 1), (2, 1, 1), (1, 2, 2),
+                          (2, 0, 0)])
+def test_serve_starts_the_fronts_it_is_told_and_one_by_default_beside_threads(
         monkeypatch: pytest.MonkeyPatch, threads: int, asked: int | None,
         fronts: int) -> None:
-    """`psoup serve --fronts N` starts N front processes, whatever the threads; none
-    unless told."""
+    """`psoup serve --fronts N` starts N front processes, whatever the threads; unless
+    told, one when the server has more than one thread, else none."""
     seen: list[int] = []
 
     class Fake(Server):

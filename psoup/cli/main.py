@@ -382,8 +382,9 @@ def _answers(server: str, token: str | None) -> bool:
 @_threads_option
 @click.option("--fronts", type=click.IntRange(0), default=None, metavar="N",
               help="Front processes that take the connections' socket work and relay "
-                   "them to the server's process (default 0: none; each adds a few "
-                   "tens of microseconds to a round trip).")
+                   "them to the server's process (default: 1 with more than one "
+                   "thread, else 0; a front adds a few tens of microseconds to a "
+                   "round trip).")
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: ModeName,
           sync: SyncName, max_queries: int | None, max_stream_bytes: int | None,
