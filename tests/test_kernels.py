@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
+import psoup.kernels.layout as kernel_layout
 from psoup.kernels import (
     SLICED,
     WORD_MAJOR,
@@ -529,8 +530,8 @@ def test_probe_into_by_blocks_of_words_writes_what_the_twin_writes(
     """The word-blocked probe (many queries, large batches: here every call), over one
     to four tables, blocks of whole and ragged words, out rows apart, cache-aligned or
     transposed; a key outside its map returns its table and writes nothing."""
-    monkeypatch.setattr(compiled, "BLOCK_FROM_WORDS", 1)
-    monkeypatch.setattr(compiled, "BLOCK_FROM_CELLS", 0)
+    monkeypatch.setattr(kernel_layout, "BLOCK_FROM_WORDS", 1)
+    monkeypatch.setattr(kernel_layout, "BLOCK_FROM_CELLS", 0)
     gen = np.random.default_rng(seed)
     cells, tables = 11, 1 + seed % 4
     words = int(gen.integers(1, 3 * BLOCK_WORDS))
@@ -1123,7 +1124,7 @@ import json, re
 import numpy as np
 import pytest
 from numba.core.registry import CPUDispatcher
-from psoup.kernels import compiled, reference
+from psoup.kernels import compiled, layout, reference
 from psoup.kernels.layout import SLICED, WORD_MAJOR, AddressTable, Handle
 
 gen = np.random.default_rng(11)
@@ -1185,8 +1186,8 @@ for words, attributes in ((3, 4), (16, 5), (21, 8)):
     if not np.array_equal(outs[0], outs[1]):
         wrong.append(f"probe_into of {words} words")
 # the word-blocked probe (every call blocked here), of a ragged last block too
-compiled.BLOCK_FROM_WORDS, compiled.BLOCK_FROM_CELLS = 1, 0
-words = compiled.BLOCK_WORDS + 13
+layout.BLOCK_FROM_WORDS, layout.BLOCK_FROM_CELLS = 1, 0
+words = layout.BLOCK_WORDS + 13
 tables = tuple(gen.integers(0, 2**64, (9, words), dtype=np.uint64) for _ in range(4))
 keys = tuple(gen.integers(0, 9, 70) for _ in range(4))
 maps = tuple(np.arange(9, dtype=np.int64) for _ in range(4))

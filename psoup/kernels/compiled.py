@@ -71,17 +71,8 @@ from numba.extending import intrinsic, overload
 from numba.np.numpy_support import carray
 from numpy.typing import NDArray
 
-from psoup.kernels.layout import (
-    BLOCK_FROM_CELLS,
-    BLOCK_FROM_WORDS,
-    BLOCK_WORDS,
-    SLICED,
-    TILE_WORDS,
-    WORD_MAJOR,
-    AddressTable,
-    Handle,
-    address_table,
-)
+from psoup.kernels import layout
+from psoup.kernels.layout import SLICED, TILE_WORDS, WORD_MAJOR, AddressTable, Handle, address_table
 
 __all__ = ["SLICED", "TILE_WORDS", "WORD_MAJOR", "AddressTable", "Handle", "address_table",
            "block_fold", "block_prefix", "chunk_gather", "interval_fold", "chunk_key_counts",
@@ -350,8 +341,8 @@ def _probe4_blocked(tables: tuple[NDArray[np.uint64], ...],
     the blocks, two threads on 2 cores used 1.0-1.3 cores)."""
     words = out.shape[0]
     check = given
-    for w0 in range(0, words, BLOCK_WORDS):
-        w1 = min(words, w0 + BLOCK_WORDS)
+    for w0 in range(0, words, layout.BLOCK_WORDS):
+        w1 = min(words, w0 + layout.BLOCK_WORDS)
         cut = (tables[0][:, w0:w1], tables[1][:, w0:w1], tables[2][:, w0:w1],
                tables[3][:, w0:w1])
         g = _probe4(cut, keys, firsts, maps, interest[w0:w1], out[w0:w1], check)
@@ -392,7 +383,8 @@ def probe_into(tables: tuple[NDArray[np.uint64], ...], keys: tuple[NDArray[np.in
     tables, keys = tables + tables[:1] * pad, keys + keys[:1] * pad
     firsts, maps = firsts + firsts[:1] * pad, maps + maps[:1] * pad
     words, n = out.shape
-    if len(tables) != 4 or words < BLOCK_FROM_WORDS or n * words < BLOCK_FROM_CELLS:
+    if (len(tables) != 4 or words < layout.BLOCK_FROM_WORDS
+            or n * words < layout.BLOCK_FROM_CELLS):
         return _probe4(tables, keys, firsts, maps, interest, out, len(tables) - pad)
     return _probe4_blocked(tables, keys, firsts, maps, interest, out, len(tables) - pad)
 
