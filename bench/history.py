@@ -6,8 +6,8 @@ two days) and Q = 1,024 queries `lane = c1 AND stationid = c2 AND speed > c3` (c
 85..99, so each matches about 0.1% of the readings). psoup's pass
 (psoup.spark.history.evaluate, what `Engine.evaluate_history` runs) reads the archive
 once and probes every Arrow batch with a Query SteM holding all Q queries inside the
-executors (`mapInArrow`), which write every (query, tuple) match as Parquet, sorted by
-query, for psoup to split into the queries' archive tier files, one file at a time. The
+executors (`mapInArrow`), which write each query's matches, sorted by tupleID, as the
+files of its archive tier, which psoup then moves into place (it opens none). The
 baseline runs each query as its own Spark SQL job (`where(...)`, the matching tupleIDs
 collected as Arrow); it is timed on a sample of the queries and its total extrapolated
 to all Q (marked as such). The match counts of the sample are checked against psoup's.
@@ -15,8 +15,8 @@ to all Q (marked as such). The match counts of the sample are checked against ps
 `--scale` (report history_scale) runs the same pass over archives of 1, 10 and 30
 million readings (quick: 0.1, 0.3, 1 million), each in a process of its own, and reports
 the peak memory of the driver's two processes, psoup's Python (which keeps an index of
-the tier files, not the matches) and Spark's driver JVM (which no match passes through),
-against the smallest archive's (target: within 1.5x); and the pass over the middle
+the tier files and never reads a match) and Spark's driver JVM (which no match passes
+through), against the smallest archive's (target: within 1.5x); and the pass over the middle
 archive with 2 cores (local[2]) against 1 core (local[1] with every process pinned to
 one CPU; target: >= 1.7x), against local[1] unpinned, and on a standalone cluster of two
 one-core workers started on 127.0.0.1.
