@@ -34,6 +34,7 @@ from click.core import ParameterSource
 
 from psoup.cli.handles import HandleStore, HandleStoreError, name_taken
 from psoup.cli.output import (
+    DEFAULT_LIMIT,
     FORMATS,
     iso_times,
     one_line,
@@ -744,9 +745,6 @@ def register(settings: Settings, sql: str, name: str | None, replace: bool) -> N
                    "is still registered", err=True)
     click.echo(handle)
 
-
-#: Rows of an answer a table on a terminal shows unless --limit says otherwise.
-DEFAULT_LIMIT = 100
 
 _limit_option = click.option(
     "--limit", type=click.IntRange(0), default=None, metavar="N",

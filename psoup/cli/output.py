@@ -32,6 +32,9 @@ from psoup.results.result import Changes, Result
 #: The output formats of `psoup invoke`, `watch` and `queries`.
 FORMATS = ("table", "csv", "json")
 
+#: Rows of an answer a table on a terminal shows unless --limit says otherwise.
+DEFAULT_LIMIT = 100
+
 
 def render_result(result: Result, fmt: str, limit: int | None = None) -> str:
     """The whole answer of one invocation in `fmt` ("table", "csv" or "json").

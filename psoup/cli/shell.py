@@ -34,6 +34,7 @@ import click
 
 from psoup.cli.handles import HandleStore
 from psoup.cli.output import (
+    DEFAULT_LIMIT,
     FORMATS,
     one_line,
     render_changes,
@@ -288,7 +289,6 @@ class Session:
     def _limit(self, args: list[str]) -> int | None:
         """The most rows to print (None: all), as `psoup invoke` decides it; takes a
         `--limit N` out of `args`."""
-        from psoup.cli.main import DEFAULT_LIMIT
 
         if "--limit" not in args:
             return DEFAULT_LIMIT if self.fmt == "table" and self.terminal else None
