@@ -487,11 +487,8 @@ def evaluate(spark: Any, root: Path, ddl: str, schema: StreamSchema,
         try:
             # the executors write the segments; Spark's committer writes the manifest
             # of one attempt per task, which is all that comes back to psoup
-            # as many write tasks as cores at least: a repartition by column alone is
-            # coalesced by adaptive execution to the matches' size, often one task,
-            # and the write (Python, one file per query) then runs on one core
             (frame.mapInArrow(run, spark_schema).withColumnRenamed(TUPLE_ID_COLUMN, TUPLE_ID)
-             .repartition(_write_tasks(spark), SLOT).sortWithinPartitions(SLOT, TUPLE_ID)
+             .repartition(SLOT).sortWithinPartitions(SLOT, TUPLE_ID)
              .mapInArrow(write, _MANIFEST_SPARK)
              .write.parquet((staging / MANIFEST).as_uri()))
         except Exception as exc:        # a page that does not decode, ts out of order
@@ -504,12 +501,6 @@ def evaluate(spark: Any, root: Path, ddl: str, schema: StreamSchema,
         shutil.rmtree(staging, ignore_errors=True)
         with contextlib.suppress(OSError):
             staging.parent.rmdir()          # empty once no job uses it
-
-
-def _write_tasks(spark: Any) -> int:
-    """The tasks that write the segments: Spark's default parallelism (the cores of a
-    local master, the executors' cores of a cluster), at least one."""
-    return max(1, int(spark.sparkContext.defaultParallelism))
 
 
 def _pushdown(F: Any, schedules: list[Limits]) -> Any:
