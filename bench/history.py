@@ -313,7 +313,8 @@ def scale(quick: bool, suffix: str) -> None:
         f"{'met' if max(jvm_x, python_x) <= RSS_TARGET else 'NOT met'}); after a second "
         f"job the JVM's heap has grown further ({two[-1]['jvm_2_mb']:,.0f} MB at "
         f"{sizes[-1]:,}, {two[0]['jvm_2_mb']:,.0f} MB at {sizes[0]:,}), up to "
-        "spark.driver.memory (1g by default), which in local mode is the executors' heap",
+        "spark.driver.memory (512m, psoup's default), which in local mode is the "
+        "executors' heap",
         f"2 cores / 1 core on {sizes[1]:,} tuples (local[2] / local[1] with every process "
         f"pinned to one CPU), the next job: {cores:.2f}x faster (target >= {CORES_TARGET}x: "
         f"{'met' if cores >= CORES_TARGET else 'NOT met'}); the session's first job: "
