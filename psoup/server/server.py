@@ -811,12 +811,11 @@ class Server:
             if time.perf_counter() < pooled:
                 return None
             del self._pooled[key]
-        start = time.perf_counter()
+        start = time.thread_time()
         wait = LOCK_WAIT_SECONDS if self._lock_wait and not self._waited_out else False
         with self.engine.locked(wait=wait) as held:
             if held:
-                frame = (self._run_read_relayed(request_id, spec, args) if relay
-                         else self._run_read(request_id, spec, args))
+                frame = self._run_read(request_id, spec, args, relay)
         if self._lock_wait:
             self._waited_out = not held
         if not held:
@@ -828,17 +827,21 @@ class Server:
             if not self._batching:
                 self._next_batch()
             return parked
-        self._timed(key, time.perf_counter() - start)
+        self._timed(key, time.thread_time() - start)
         return frame
 
-    def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any]) -> _Reply:
-        return self._reply(request_id, lambda: (True, self._run(
-            spec, spec.parse(args, self.limits))))
+    @overload
+    def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any]) -> _Reply: ...
 
-    def _run_read_relayed(self, request_id: Any, spec: Op,
-                          args: Mapping[str, Any]) -> _Reply | _Relayed:
-        """`_run_read`, leaving the answer to the front to encode where it may."""
-        return self._relayed_reply(request_id, lambda: (True, self._run(
+    @overload
+    def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any],
+                  relay: bool) -> _Reply | _Relayed: ...
+
+    def _run_read(self, request_id: Any, spec: Op, args: Mapping[str, Any],
+                  relay: bool = False) -> _Reply | _Relayed:
+        """A read's reply; with `relay`, an answer a front may encode is left to it."""
+        reply = self._relayed_reply if relay else self._reply
+        return reply(request_id, lambda: (True, self._run(
             spec, spec.parse(args, self.limits))))
 
     def _run(self, spec: Op, parsed: dict[str, Any]) -> Any:
