@@ -41,19 +41,7 @@ class FairLock:
         self._abandoned: set[int] = set()
 
     def __enter__(self) -> FairLock:
-        me = threading.get_ident()
-        with self._mutex:
-            if self._owner == me:
-                self._depth += 1
-                return self
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            if self._serving != ticket:
-                self._waiting += 1
-                while self._serving != ticket:
-                    self._cond.wait()
-                self._waiting -= 1
-            self._owner, self._depth = me, 1
+        self._acquire(None)
         return self
 
     def acquire_if_free(self) -> bool:
@@ -90,6 +78,12 @@ class FairLock:
             (True, True)
             >>> lock.__exit__()
         """
+        return self._acquire(seconds)
+
+    def _acquire(self, seconds: float | None) -> bool:
+        """Take a ticket and wait for its turn (for at most `seconds`; None: as long as
+        it takes): True when the lock is held, False when the time ran out (the ticket
+        is then given up, `__exit__` skips it)."""
         me = threading.get_ident()
         with self._mutex:
             if self._owner == me:
@@ -99,8 +93,11 @@ class FairLock:
             self._next_ticket += 1
             if self._serving != ticket:
                 self._waiting += 1
-                deadline = time.monotonic() + seconds
+                deadline = None if seconds is None else time.monotonic() + seconds
                 while self._serving != ticket:
+                    if deadline is None:
+                        self._cond.wait()
+                        continue
                     left = deadline - time.monotonic()
                     if left <= 0 or not self._cond.wait(left):
                         if self._serving == ticket:
