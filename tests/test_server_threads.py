@@ -165,7 +165,7 @@ def test_serve_starts_the_fronts_it_is_told_and_one_by_default_beside_threads(
 
 def _front_pids(server: Server) -> list[int]:
     assert server._fronts is not None
-    return server._fronts.pids()
+    return [proc.pid for proc in server._fronts.procs()]
 
 
 def test_a_front_killed_mid_request_loses_nothing_and_is_replaced(

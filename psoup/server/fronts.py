@@ -120,12 +120,11 @@ class Virtual:
         return not self.closed
 
     def write_eof(self) -> None:
-        if not self.closed:
-            self.channel.send(EOF, self.conn, b"")
+        self._tell(EOF)
 
     def close(self) -> None:
         if not self.closed:
-            self.channel.send(CLOSE, self.conn, b"")
+            self._tell(CLOSE)
             self.lost()
 
     def is_closing(self) -> bool:
@@ -137,12 +136,16 @@ class Virtual:
     # -- the reader's transport
 
     def pause_reading(self) -> None:
-        if not self.closed:
-            self.channel.send(HOLD, self.conn, b"")
+        self._tell(HOLD)
 
     def resume_reading(self) -> None:
+        self._tell(READ)
+
+    def _tell(self, kind: int) -> None:
+        """Send the front a message of `kind` without a body for this connection,
+        unless it is gone."""
         if not self.closed:
-            self.channel.send(READ, self.conn, b"")
+            self.channel.send(kind, self.conn, b"")
 
     # -- what the front says
 
@@ -350,9 +353,6 @@ class Fronts:
     def _restart(self) -> None:
         if self.serving:
             asyncio.ensure_future(self._start_one())
-
-    def pids(self) -> list[int]:
-        return [front.proc.pid for front in self.fronts.values()]
 
     def procs(self) -> list[subprocess.Popen[bytes]]:
         return [front.proc for front in self.fronts.values()]
