@@ -377,16 +377,15 @@ def probe_into(tables: tuple[NDArray[np.uint64], ...], keys: tuple[NDArray[np.in
     are taken four at a time (padded by repeating the first: OR is idempotent), so one
     compiled loop serves any number of attributes.
     """
-    pad = -len(tables) % 4
+    given, pad = len(tables), -len(tables) % 4
     if not _alike(keys):
         keys = tuple([_read_only(k) for k in keys])
-    tables, keys = tables + tables[:1] * pad, keys + keys[:1] * pad
-    firsts, maps = firsts + firsts[:1] * pad, maps + maps[:1] * pad
     words, n = out.shape
-    if (len(tables) != 4 or words < layout.BLOCK_FROM_WORDS
-            or n * words < layout.BLOCK_FROM_CELLS):
-        return _probe4(tables, keys, firsts, maps, interest, out, len(tables) - pad)
-    return _probe4_blocked(tables, keys, firsts, maps, interest, out, len(tables) - pad)
+    blocked = (given + pad == 4 and words >= layout.BLOCK_FROM_WORDS
+               and n * words >= layout.BLOCK_FROM_CELLS)
+    return (_probe4_blocked if blocked else _probe4)(
+        tables + tables[:1] * pad, keys + keys[:1] * pad, firsts + firsts[:1] * pad,
+        maps + maps[:1] * pad, interest, out, given)
 
 
 def _alike(keys: tuple[NDArray[np.int64], ...]) -> bool:

@@ -315,13 +315,14 @@ class QuerySteM:
         if threads <= 1 or n < 2 * least:
             return [list(pieces)]
         most = max(least, n // (threads * 4))      # what each of 4 equal shares was
-        small = min(most, max(-(-SHRUNK_WORDS // words),
-                              -(-n // (threads * SHARES_PER_THREAD))))
         if words >= BLOCK_FROM_WORDS:
             # a probe by blocks of words reads each block's rows of the tables once per
             # share: shares as large as balance allows (16,384 tuples at 10^5 queries on
             # 2 threads: 2 shares 6.9 ms, 4 7.0, 8 7.6, 16 7.8, 32 8.5 ms)
             small = most
+        else:
+            small = min(most, max(-(-SHRUNK_WORDS // words),
+                                  -(-n // (threads * SHARES_PER_THREAD))))
         leads = [a + _aligned_lead(out) for a, _, out in pieces]
         cuts: list[int] = []
         done = 0
