@@ -33,8 +33,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from psoup.errors import PSoupError
+from psoup.fsync import write_whole
 
 #: The folder Spark unpacks the archive as, in each executor's working directory.
 ENV_NAME = "psoup_env"
@@ -248,17 +250,14 @@ numpy==2.4.6'
 
 
 def _pack(env: Path, out: Path) -> None:
-    """`env`'s contents as the .tar.gz `out`, written under a temporary name beside it
-    and renamed: `out` is the whole archive or is not touched. Symbolic links stay links
-    (`bin/python` names the interpreter the environment was made from)."""
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with tarfile.open(tmp, "w:gz", compresslevel=6) as archive:
+    """`env`'s contents as the .tar.gz `out`, written whole (`write_whole`): `out` is the
+    whole archive or is not touched. Symbolic links stay links (`bin/python` names the
+    interpreter the environment was made from)."""
+    def write(f: IO[bytes]) -> None:
+        with tarfile.open(fileobj=f, mode="w:gz", compresslevel=6) as archive:
             for path in sorted(env.iterdir()):
                 archive.add(path, arcname=path.name)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_whole(out, write)
 
 
 def _run(command: list[str], what: str) -> None:

@@ -563,18 +563,17 @@ def _collect(spark: Any, stream: StreamPlan, paths: Sequence[Path], lo: float, h
                     [(TS_COLUMN, ColumnType.FLOAT), (TUPLE_ID_COLUMN, ColumnType.INT),
                      *stream.columns])
     try:
-        (spark.read.schema(ddl).parquet(*(str(p.resolve()) for p in paths))
-         .where(keep)
-         .select(*(F.col(f"`{c}`") for c in names))
-         .sortWithinPartitions(TS_COLUMN, TUPLE_ID_COLUMN)
-         .write.parquet(folder.as_uri()))
-    except Exception as exc:   # Spark's errors come as py4j / PySpark classes of many kinds
-        shutil.rmtree(folder, ignore_errors=True)
-        named = [str(p) for p in paths if str(p.resolve()) in str(exc)] or \
-            [f"{len(paths)} file(s) from {paths[0]}"]
-        raise ArchiveError(f"{', '.join(named)}: Spark could not read stream "
-                           f"'{stream.name}' ({spark_error(exc)})") from exc
-    try:
+        try:
+            (spark.read.schema(ddl).parquet(*(str(p.resolve()) for p in paths))
+             .where(keep)
+             .select(*(F.col(f"`{c}`") for c in names))
+             .sortWithinPartitions(TS_COLUMN, TUPLE_ID_COLUMN)
+             .write.parquet(folder.as_uri()))
+        except Exception as exc:   # Spark's errors: py4j / PySpark classes of many kinds
+            named = [str(p) for p in paths if str(p.resolve()) in str(exc)] or \
+                [f"{len(paths)} file(s) from {paths[0]}"]
+            raise ArchiveError(f"{', '.join(named)}: Spark could not read stream "
+                               f"'{stream.name}' ({spark_error(exc)})") from exc
         return _read_slice(folder, stream, names)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
