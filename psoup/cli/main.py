@@ -214,6 +214,14 @@ _threads_option = click.option(
          "may run on; 1: one thread).")
 
 
+#: --spark-env FILE of the commands that start Spark (`_spark_env`: its settings).
+_spark_env_option = click.option(
+    "--spark-env", "spark_env", default=None, metavar="FILE",
+    callback=lambda ctx, param, value: _spark_env(param, value),
+    help="A packed environment (`psoup spark pack-env`) whose Python a cluster's "
+         "executors run, for workers without psoup's dependencies.")
+
+
 @main.command()
 @click.option("--mode", type=click.Choice(MODE_NAMES), default="partial",
               show_default=True, help="Engine mode: PSoup-P, PSoup-C or NoMat.")
@@ -358,10 +366,7 @@ def _answers(server: str, token: str | None) -> bool:
               callback=lambda ctx, param, value: _spark_conf(param, value),
               help="A Spark setting of history jobs (repeatable), over spark-defaults.conf "
                    "and PSOUP_SPARK_CONF.")
-@click.option("--spark-env", "spark_env", default=None, metavar="FILE",
-              callback=lambda ctx, param, value: _spark_env(param, value),
-              help="A packed environment (`psoup spark pack-env`) whose Python a "
-                   "cluster's executors run, for workers without psoup's dependencies.")
+@_spark_env_option
 @click.option("--archive-budget", type=click.FloatRange(min=0, min_open=True), default=None,
               metavar="SECONDS",
               help="How long a history job may read the archive: beyond it, the job reads "
@@ -991,11 +996,7 @@ def _spark_options(command: Callable[..., Any]) -> Callable[..., Any]:
         return command(*args, spark_conf=_with_env(spark_conf, spark_env), **kwargs)
 
     options = [
-        click.option("--spark-env", "spark_env", default=None, metavar="FILE",
-                     callback=lambda ctx, param, value: _spark_env(param, value),
-                     help="A packed environment (`psoup spark pack-env`) whose Python a "
-                          "cluster's executors run, for workers without psoup's "
-                          "dependencies."),
+        _spark_env_option,
         click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE",
                      callback=lambda ctx, param, value: _spark_conf(param, value),
                      help="A Spark setting (repeatable), over spark-defaults.conf "

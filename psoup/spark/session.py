@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from psoup.errors import PSoupError
+from psoup.spark.packenv import EXECUTOR_DISTRIBUTIONS
 
 _lock = threading.Lock()
 _session: Any = None
@@ -92,8 +93,8 @@ def _forward(stream: IO[bytes]) -> None:
 #: The line of a Python traceback naming what was raised ("ValueError: ...").
 _PYTHON_RAISED = re.compile(r"(?m)^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|"
                             r"Interrupt)(?:: [^\n]*)?$")
-_NO_PSOUP = re.compile(r"ModuleNotFoundError: No module named '(psoup|numba|numpy|pyarrow|"
-                       r"sortedcontainers|msgpack|pandas|llvmlite)[.']")
+_NO_PSOUP = re.compile(r"ModuleNotFoundError: No module named '("
+                       + "|".join(("psoup", *EXECUTOR_DISTRIBUTIONS, "llvmlite")) + r")[.']")
 
 #: psoup's own settings; spark-defaults.conf, PSOUP_SPARK_CONF and `conf` override them.
 _DEFAULTS = {
