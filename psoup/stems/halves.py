@@ -67,8 +67,7 @@ def split_aligned(positions: np.ndarray, align: int, threads: int | None = None
         return parts
     cuts = [0]
     for a, _ in parts[1:]:
-        start = (int(positions[a]) // align + 1) * align if positions[a] % align else \
-            int(positions[a])
+        start = -(-int(positions[a]) // align) * align      # rounded up to a multiple
         cuts.append(max(cuts[-1], int(np.searchsorted(positions, start))))
     cuts.append(len(positions))
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a]
