@@ -305,22 +305,25 @@ class QuerySteM:
 
     def _shares(self, pieces: Sequence[tuple[int, int, np.ndarray]],
                 words: int) -> list[list[tuple[int, int, np.ndarray]]]:
-        """The pieces cut into lists of tuples, shrinking (`SHARES_PER_THREAD`), each
-        holding at least PROBE_SPLIT words of results (one list: the probe is not
-        split). A cut falls on a cache line of the piece's rows, so each share writes
-        whole lines of its own. O(pieces + shares)."""
+        """The pieces cut into lists of tuples, shrinking (`SHARES_PER_THREAD`; one per
+        thread from BLOCK_FROM_WORDS words a tuple), each holding at least PROBE_SPLIT
+        words of results (one list: the probe is not split). A cut falls on a cache
+        line of the piece's rows, so each share writes whole lines of its own.
+        O(pieces + shares)."""
         n = sum(b - a for a, b, _ in pieces)
         threads = self.workers.threads
         least = -(-PROBE_SPLIT // words)
         if threads <= 1 or n < 2 * least:
             return [list(pieces)]
-        most = max(least, n // (threads * 4))      # what each of 4 equal shares was
         if words >= BLOCK_FROM_WORDS:
-            # a probe by blocks of words reads each block's rows of the tables once per
-            # share: shares as large as balance allows (16,384 tuples at 10^5 queries on
-            # 2 threads: 2 shares 6.9 ms, 4 7.0, 8 7.6, 16 7.8, 32 8.5 ms)
-            small = most
+            # a probe by blocks of words reads all the tables' rows once per share (12.8
+            # MB at 10^5 queries): one share per thread. Engine ingest at 10^5 queries,
+            # 16,384-tuple batches, 2 threads against 1 (alternated in one process):
+            # 2 shares 1.91x, 4 1.79x, 8 1.70x. A thread held back by a busy core
+            # leaves its share to the caller, which takes it next.
+            most = small = max(least, -(-n // threads))
         else:
+            most = max(least, n // (threads * 4))      # what each of 4 equal shares was
             small = min(most, max(-(-SHRUNK_WORDS // words),
                                   -(-n // (threads * SHARES_PER_THREAD))))
         leads = [a + _aligned_lead(out) for a, _, out in pieces]
