@@ -251,6 +251,7 @@ def _verdicts(rows: list[dict[str, Any]]) -> list[str]:
     for row in rows:
         if row["queries"] >= 1024 and row.get("P_Shrd/floor") is not None:
             notes.append(_floor_verdict(row))
+            notes.append(_retaining_verdict(row))
     worst = max((row for row in rows if row.get("results memory")),
                 key=lambda row: row["results memory"], default=None)
     if worst is not None:
@@ -271,6 +272,14 @@ def _verdicts(rows: list[dict[str, Any]]) -> list[str]:
                  "map; their matches equal PSoup-P's on the last batch; neither keeps more "
                  "than its last batch's matches, psoup keeps the retention's")
     return notes
+
+
+def _retaining_verdict(row: dict[str, Any]) -> str:
+    share = row["steady/retaining"]
+    return (f"target (every CPU): P_Shrd >= 0.5 of the retaining C loop at "
+            f"{row['queries']:,} queries, retention full: {share:.2f} -> "
+            f"{'PASS' if share >= 0.5 else 'MISS'} (the loop: floor.retaining_floor, "
+            f"{row['retaining floor']:,.0f} tuples/s here)")
 
 
 def _floor_verdict(row: dict[str, Any]) -> str:

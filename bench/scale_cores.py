@@ -38,6 +38,10 @@ core with one thread, against all the cores this process may use, in the same ru
   with the unpinned server. Reported: invokes/s, p50/p99, error replies, the
   producer's rows/s and insert latency, and the cores the server's engine process, its
   front processes and the generator used. Target: >= 1.5x invokes/s, rows/s not lower.
+  A fourth row is not a psoup mode: two unpinned one-thread servers, each holding every
+  query and every batch (a producer per server sends each batch to it), the pollers
+  split between them: what read replicas (engine processes that each hold the state
+  and answer their connections' reads) could reach at most here.
   `--server-only` runs just this part.
 
 The machine's other load shows in these ratios (a busy second core gives the split
@@ -225,6 +229,20 @@ def _probe_row(stem: query_stem.QuerySteM, count: int, n: int, one: Workers,
 # ---------------------------------------------------------------- the server
 
 
+#: The server row that is not a psoup mode: two unpinned one-thread servers, each
+#: holding every query and every batch (the producer sends each batch to both), the
+#: pollers split between them: what a design of read replicas (engine processes
+#: that each hold the state and answer reads) could reach at most on this machine.
+REPLICAS = "2 one-thread servers, each batch to both (replica bound)"
+
+
+def _serve_one_thread() -> str:
+    """`run_server` in a child process with one thread and no front, unpinned."""
+    return ("import sys; from psoup.server.server import run_server; "
+            "run_server(None, port=int(sys.argv[2]), token=sys.argv[3], "
+            "echo=lambda s: None, threads=1, fronts=0)")
+
+
 def _serve(pinned: bool, fronts: int | None = None) -> str:
     """`run_server` in a child process, pinned to one core with one thread, or not
     (with `fronts` front processes; None: the default, one with more than one thread)."""
@@ -405,25 +423,43 @@ def _result(child: subprocess.Popen[str]) -> dict[str, Any]:
     return got
 
 
-def _measure(process: Any, handles: list[str], s: dict[str, Any]) -> dict[str, Any]:
-    """The pollers and the paced producer, each in its own process, against `process`
-    for s["seconds"], and the server's CPU over that time (from /proc)."""
+def _measure(processes: Sequence[Any], handles: Sequence[list[str]],
+             s: dict[str, Any]) -> dict[str, Any]:
+    """The pollers (split evenly between `processes`) and a paced producer per process
+    (each batch sent to every one), each in its own process, for s["seconds"], and the
+    servers' CPU over that time (from /proc), summed."""
     import server as served
     start_at = time.time() + s["lead"]
-    common_spec = {"address": process.address, "token": served.TOKEN,
-                   "start_at": start_at, "seconds": s["seconds"]}
-    poller = _child("poll_child", {**common_spec, "handles": handles,
-                                   "clients": s["clients"]})
-    producer = _child("produce_child", {**common_spec, "rate": s["rate"], "batch": 1_000})
+    kids = []
+    for process, its in zip(processes, handles, strict=True):
+        spec = {"address": process.address, "token": served.TOKEN, "start_at": start_at,
+                "seconds": s["seconds"]}
+        kids.append((_child("poll_child", {**spec, "handles": its,
+                                           "clients": s["clients"] // len(processes)}),
+                     _child("produce_child", {**spec, "rate": s["rate"], "batch": 1_000})))
     time.sleep(max(0.0, start_at - time.time()))
-    before = _cpu_seconds(process.proc.pid)
+    before = [_cpu_seconds(process.proc.pid) for process in processes]
     time.sleep(s["seconds"])
-    after = _cpu_seconds(process.proc.pid)
-    row = {**_result(poller), **_result(producer), "server_cores": None,
-           "front_cores": None}
-    if before is not None and after is not None:
-        row["server_cores"] = (after[0] - before[0]) / s["seconds"]
-        row["front_cores"] = (after[1] - before[1]) / s["seconds"]
+    after = [_cpu_seconds(process.proc.pid) for process in processes]
+    polls = [_result(poller) for poller, _ in kids]
+    produced = [_result(producer) for _, producer in kids]
+    row = {**polls[0], **produced[0], "server_cores": None, "front_cores": None}
+    if len(processes) > 1:
+        lat_weight = [p["calls"] for p in polls]
+        row.update(calls=sum(lat_weight),
+                   invokes_per_s=sum(p["invokes_per_s"] for p in polls),
+                   clients=sum(p["clients"] for p in polls),
+                   errors=sum(p["errors"] for p in polls),
+                   generator_cores=sum(p["generator_cores"] for p in polls),
+                   p50_ms=max(p["p50_ms"] for p in polls),
+                   p99_ms=max(p["p99_ms"] for p in polls),
+                   ingest_rows_per_s=min(p["ingest_rows_per_s"] for p in produced),
+                   insert_p99_ms=max(p["insert_p99_ms"] for p in produced))
+    if all(x is not None for x in before + after):
+        row["server_cores"] = sum(b[0] - a[0] for a, b in zip(before, after, strict=True)
+                                  if a is not None and b is not None) / s["seconds"]
+        row["front_cores"] = sum(b[1] - a[1] for a, b in zip(before, after, strict=True)
+                                 if a is not None and b is not None) / s["seconds"]
     return row
 
 
@@ -454,17 +490,22 @@ def bench_server(s: dict[str, Any]) -> list[dict[str, Any]]:
     now = time.time()
     ts = np.linspace(now - 60.0, now, s["prefill"])
     rows = []
-    for label, pinned, fronts in (("one core, --threads 1", True, None),
-                                  ("all cores", False, None),
-                                  ("all cores, --fronts 0", False, 0)):
-        process = served._ServerProcess(serve=_serve(pinned, fronts))
+    for label, pinned, fronts, copies in (("one core, --threads 1", True, None, 1),
+                                          ("all cores", False, None, 1),
+                                          ("all cores, --fronts 0", False, 0, 1),
+                                          (REPLICAS, False, 0, 2)):
+        serve = _serve(pinned, fronts) if copies == 1 else _serve_one_thread()
+        processes = [served._ServerProcess(serve=serve) for _ in range(copies)]
         try:
-            with process.client() as setup:
-                handles = served._setup(setup, sql, prefill, ts)
-            row = _measure(process, handles, s)
+            handles = []
+            for process in processes:
+                with process.client() as setup:
+                    handles.append(served._setup(setup, sql, prefill, ts))
+            row = _measure(processes, handles, s)
         finally:
-            process.stop()
-        row.update(server=label, queries=s["queries"])
+            for process in processes:
+                process.stop()
+        row.update(server=label, queries=s["queries"], bound=copies > 1)
         rows.append(row)
         print(f"  {label}: {row['invokes_per_s']:,.0f} invokes/s (p50 {row['p50_ms']:.2f} "
               f"ms, p99 {row['p99_ms']:.1f} ms), {row['ingest_rows_per_s']:,.0f} rows/s, "
@@ -555,6 +596,10 @@ def _verdicts(rows: Sequence[dict[str, Any]], server: Sequence[dict[str, Any]]) 
     if server:
         one, *others = server
         for every in others:
+            if every.get("bound"):
+                out.append(f"not a target: {every['server']}: "
+                           f"{every['invokes_per_s'] / one['invokes_per_s']:.2f}x one core")
+                continue
             ratio = every["invokes_per_s"] / one["invokes_per_s"]
             rows_ok = every["ingest_rows_per_s"] >= one["ingest_rows_per_s"]
             out.append(f"target: server every core >= {SERVER_TARGET}x invokes/s of one "
