@@ -14,6 +14,7 @@ import duckdb
 import pytest
 
 import psoup
+from psoup.archive.parquet import Archive
 from psoup.errors import QueryError
 from psoup.query.model import SourceFormat, SourceKind, StreamSource
 from psoup.spark.live import LiveSources
@@ -117,7 +118,13 @@ def land(folder: Path, name: str, rows: list[tuple[int, float, float]],
          fmt: str = "csv") -> None:
     """Write a file the way a producer lands one: elsewhere, then renamed in."""
     tmp = folder.parent / f".{name}"
-    if fmt == "csv":
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({"lane": [a for a, _, _ in rows],
+                                 "speed": [b for _, b, _ in rows],
+                                 "ts": [c for _, _, c in rows]}), tmp)
+    elif fmt == "csv":
         tmp.write_text("lane,speed,ts\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
     else:
         import json
@@ -143,6 +150,8 @@ def oracle(folder: Path, fmt: str = "csv") -> list[list[tuple[Any, ...]]]:
     if fmt == "csv":
         db.execute(f"CREATE VIEW f AS SELECT lane::BIGINT AS lane, speed::DOUBLE AS speed, "
                    f"ts::DOUBLE AS ts FROM read_csv('{folder}/*.csv', header = true)")
+    elif fmt == "parquet":
+        db.execute(f"CREATE VIEW f AS SELECT * FROM read_parquet('{folder}/*.parquet')")
     else:
         db.execute(f"CREATE VIEW f AS SELECT lane::BIGINT AS lane, speed::DOUBLE AS speed, "
                    f"epoch(ts::TIMESTAMPTZ) AS ts FROM read_json('{folder}/*.json', "
@@ -165,7 +174,7 @@ def rows_of(eng: psoup.Engine, n: int) -> Callable[[], bool]:
     return lambda: eng.describe("traffic")["rows_total"] >= n
 
 
-@pytest.mark.parametrize("fmt", ["csv", "json"])
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
 def test_files_landing_in_a_folder_give_duckdbs_answers(spark: SparkSession, tmp_path: Path,
                                                         fmt: str) -> None:
     inbox = tmp_path / "in"
@@ -238,3 +247,51 @@ def test_the_rate_source_feeds_a_stream(spark: SparkSession, tmp_path: Path) -> 
         assert eng.invoke(h).rows == [(v,) for v in range(10)]
         stats = eng.stats()["sources"]["r"]
         assert stats["batches"] >= 1 and stats["source"] == "RATE WITH (rowsPerSecond = '20')"
+
+
+def test_files_become_archived_tuples_once(spark: SparkSession, tmp_path: Path) -> None:
+    """What leaves retention reaches the archive once, a batch Spark ran again included:
+    the archive and the retained tuples together are the files' rows, each once."""
+    inbox, data = tmp_path / "in", tmp_path / "data"
+    inbox.mkdir()
+    LiveSources.fail_after_insert = {1}
+    try:
+        with psoup.Engine(path=data, chunk_rows=4) as eng:
+            eng.execute(f"CREATE STREAM traffic (lane INT, speed FLOAT) RETAIN 6 ROWS "
+                        f"FROM FILES '{inbox}' FORMAT CSV")
+            everything = eng.register("SELECT * FROM traffic")
+            for i, n in enumerate((9, 14, 11)):
+                land(inbox, f"{i}.csv", trace(n, 100 * i, 10 + i))
+                wait_for(rows_of(eng, (9, 23, 34)[i]))
+            wait_for(lambda: eng.stats()["sources"]["traffic"]["replayed_batches"] >= 1)
+            assert eng.describe("traffic")["rows_total"] == 34
+            eng.checkpoint()            # archives what left retention but is held
+            held = eng.invoke(everything)
+            kept = [(t, *r) for t, r in zip(held.ts.tolist(), held.rows, strict=True)]
+            kept_ids = held.tuple_ids.tolist()
+    finally:
+        LiveSources.fail_after_insert = set()
+    archived = Archive(data / "archive").read("traffic").to_pylist()
+    ids = [r["tuple_id"] for r in archived] + kept_ids
+    assert len(ids) == len(set(ids)) == 34 and 0 < len(archived) < 34
+    both = sorted([(r["ts"], r["lane"], r["speed"]) for r in archived] + kept)
+    db = duckdb.connect()
+    files = db.execute(f"SELECT ts::DOUBLE, lane::BIGINT, speed::DOUBLE FROM "
+                       f"read_csv('{inbox}/*.csv', header = true) ORDER BY 1, 2, 3").fetchall()
+    assert both == [tuple(r) for r in files]
+
+
+def test_rows_without_a_ts_take_the_commit_time(spark: SparkSession, tmp_path: Path) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    with psoup.Engine(path=tmp_path / "data", clock=lambda: T0 + 5000) as eng:
+        eng.execute(f"CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '{inbox}' "
+                    "FORMAT CSV WITH (header = false)")
+        h = eng.register("SELECT lane, speed FROM traffic WHERE lane > 1")
+        (tmp_path / "x").write_text("1,20.5\n2,30.25\n3,x\n4,40.0\n")
+        (tmp_path / "x").rename(inbox / "x.csv")
+        wait_for(rows_of(eng, 3))
+        answer = eng.invoke(h)
+        assert sorted(answer.rows) == [(2, 30.25), (4, 40.0)]
+        assert set(answer.ts.tolist()) == {T0 + 5000}
+        assert eng.stats()["sources"]["traffic"]["rejected_rows"] == 1
