@@ -295,3 +295,61 @@ def test_rows_without_a_ts_take_the_commit_time(spark: SparkSession, tmp_path: P
         assert sorted(answer.rows) == [(2, 30.25), (4, 40.0)]
         assert set(answer.ts.tolist()) == {T0 + 5000}
         assert eng.stats()["sources"]["traffic"]["rejected_rows"] == 1
+
+
+#: A psoup process with a FILES source that prints "applied N" after each micro-batch N,
+#: and (with "kill") SIGKILLs itself once batch 1 is in its log, before Spark commits it.
+CHILD = """
+import os, signal, sys, time
+import psoup
+from psoup.spark.live import LiveSources
+
+data, inbox, how = sys.argv[1:]
+applied = LiveSources.apply
+
+def apply(self, run, frame, batch_id):
+    applied(self, run, frame, batch_id)
+    print("applied", batch_id, flush=True)
+    if how == "kill" and batch_id == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+LiveSources.apply = apply
+eng = psoup.Engine(path=data)
+eng.execute("CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '%s' FORMAT CSV" % inbox)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_psoup_killed_mid_batch_applies_it_once(tmp_path: Path) -> None:
+    """SIGKILL after psoup logged batch 1 and before Spark committed it: the engine
+    opened again on the data directory gets batch 1 from Spark again, answers it as a
+    duplicate, and goes on; no tuple is lost or counted twice. (The restarted engine
+    runs in this process once the killed one, and its Spark, are gone.)"""
+    import subprocess
+    import sys
+    inbox, data = tmp_path / "in", tmp_path / "data"
+    inbox.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(data), str(inbox), "kill"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert child.stdout is not None
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        land(inbox, "a.csv", trace(12, 0, 21))
+        assert child.stdout.readline().strip() == "applied 0"
+        land(inbox, "b.csv", trace(17, 12, 22))
+        assert child.stdout.readline().strip() == "applied 1"
+        assert child.wait(120) == -9
+    finally:
+        child.kill()
+        child.wait()
+    time.sleep(3)                       # its Spark exits when its stdin closes
+    with psoup.Engine(path=data) as back:
+        assert back.describe("traffic")["rows_total"] == 29    # batch 1 is in the log
+        handles = [back.register(q) for q in QUERIES]
+        wait_for(lambda: back.stats()["sources"]["traffic"]["replayed_batches"] == 1)
+        land(inbox, "c.csv", trace(8, 29, 23))
+        wait_for(rows_of(back, 37))
+        assert back.stats()["sources"]["traffic"]["batches"] == 1
+        assert back.describe("traffic")["rows_total"] == 37
+        assert answers(back, handles) == oracle(inbox)
