@@ -159,7 +159,7 @@ def oracle(folder: Path, fmt: str = "csv") -> list[list[tuple[Any, ...]]]:
     return [[tuple(r) for r in db.execute(sql).fetchall()] for sql in ORACLE]
 
 
-def answers(eng: psoup.Engine, handles: list[str]) -> list[list[tuple[Any, ...]]]:
+def answers(eng: psoup.Engine | psoup.Client, handles: list[str]) -> list[list[tuple[Any, ...]]]:
     out = []
     for h, sql in zip(handles, QUERIES, strict=True):
         result = eng.invoke(h)
@@ -353,3 +353,29 @@ def test_a_psoup_killed_mid_batch_applies_it_once(tmp_path: Path) -> None:
         assert back.stats()["sources"]["traffic"]["batches"] == 1
         assert back.describe("traffic")["rows_total"] == 37
         assert answers(back, handles) == oracle(inbox)
+
+
+def test_a_server_takes_a_source_from_its_clients(spark: SparkSession, tmp_path: Path) -> None:
+    """A client declares the stream; the server's durable engine runs its source, and the
+    client's SHOW STREAMS and invocations see it."""
+    from psoup.server import Server
+
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    engine = psoup.Engine(path=tmp_path / "data")
+    server = Server(engine, port=0, token="t")
+    host, port = server.start_in_thread()
+    try:
+        with psoup.Client(f"{host}:{port}", token="t") as client:
+            client.execute(f"CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES "
+                           f"'{inbox}' FORMAT CSV")
+            handles = [client.register(q) for q in QUERIES]
+            land(inbox, "a.csv", trace(30, 0, 31))
+            wait_for(lambda: client.describe("traffic")["rows_total"] >= 30)
+            shown = client.describe("traffic")
+            assert shown["source"] == f"FILES '{inbox}' FORMAT CSV"
+            assert shown["source_batches"] == 1
+            assert answers(client, handles) == oracle(inbox)
+    finally:
+        server.stop()
+        engine.close()
