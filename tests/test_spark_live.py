@@ -76,6 +76,8 @@ def test_the_language_reads_every_kind_of_source() -> None:
     ("CREATE STREAM t (a INT) FROM FILES '{d}' FORMAT CSV WITH (x = 1, X = 2)",
      "option 'X' is given twice"),
     ("CREATE STREAM t (a INT) FROM FILES '{d}' FORMAT CSV WITH (x 1)", "expected '='"),
+    ("CREATE STREAM t (value INT) FROM RATE WITH (trigger = 'often')",
+     "trigger takes an interval"),
     ("CREATE STREAM t (a INT) FROM FILES '{d}/missing' FORMAT CSV", "does not exist"),
 ])
 def test_a_bad_declaration_is_refused_and_changes_nothing(tmp_path: Path, sql: str,

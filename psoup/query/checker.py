@@ -10,6 +10,7 @@ Aggregates and GROUP BY are checked here too (docs/semantics.md, "Aggregates").
 
 from __future__ import annotations
 
+import re
 import typing
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -195,6 +196,12 @@ def _check_create(stmt: CreateStream, schemas: Mapping[str, StreamSchema]) -> St
     return StreamSchema(stmt.name, tuple(columns), seconds, rows, source)
 
 
+#: The WITH option psoup reads itself, not Spark's reader: the interval between a
+#: source's micro-batches, as Spark's processing-time trigger takes it.
+TRIGGER_OPTION = "trigger"
+_TRIGGER = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*(millisecond|second|minute|hour)s?\s*",
+                      re.IGNORECASE)
+
 #: The columns a FROM RATE stream may declare: Spark's rate source gives `value` (and
 #: `timestamp`, which becomes ts).
 RATE_COLUMNS = frozenset({"value"})
@@ -205,22 +212,7 @@ def _check_source(clause: SourceClause, columns: Sequence[ColumnDef]) -> StreamS
     rate source gives, each option once. Whether the folder exists, and whether the
     engine keeps a data directory, the engine checks (a log replays without them)."""
     kind = SourceKind(clause.kind.lower())
-    fmt = None
-    if clause.format is not None:
-        assert clause.format_pos is not None, "a FORMAT has its position"
-        names = ", ".join(f.upper() for f in SourceFormat)
-        try:
-            fmt = SourceFormat(clause.format.lower())
-        except ValueError:
-            raise QueryError(f"unknown format '{clause.format}' (formats: {names})",
-                             *clause.format_pos) from None
-        if kind == SourceKind.RATE or (kind == SourceKind.KAFKA and fmt != SourceFormat.JSON):
-            raise QueryError(f"FROM {kind.upper()} takes no FORMAT "
-                             f"{fmt.upper()}" + (" (its values are read as JSON)"
-                                                 if kind == SourceKind.KAFKA else ""),
-                             *clause.format_pos)
-    if kind == SourceKind.FILES and fmt is None:
-        raise QueryError("FROM FILES needs a FORMAT (CSV, JSON or PARQUET)", *clause.pos)
+    fmt = _source_format(clause, kind)
     path = None
     if clause.path is not None:
         path = str(clause.path.value)
@@ -232,12 +224,40 @@ def _check_source(clause: SourceClause, columns: Sequence[ColumnDef]) -> StreamS
             if col.name not in RATE_COLUMNS:
                 raise QueryError(f"a FROM RATE stream has only the column value (INT), "
                                  f"not '{col.name}'", *col.pos)
+    _check_options(clause.options)
+    return StreamSource(kind, path, fmt, tuple((k, v) for k, v, _ in clause.options))
+
+
+def _source_format(clause: SourceClause, kind: SourceKind) -> SourceFormat | None:
+    """FORMAT: required by FILES, JSON or none for KAFKA, none for RATE."""
+    if clause.format is None:
+        if kind == SourceKind.FILES:
+            raise QueryError("FROM FILES needs a FORMAT (CSV, JSON or PARQUET)", *clause.pos)
+        return None
+    assert clause.format_pos is not None, "a FORMAT has its position"
+    names = ", ".join(f.upper() for f in SourceFormat)
+    try:
+        fmt = SourceFormat(clause.format.lower())
+    except ValueError:
+        raise QueryError(f"unknown format '{clause.format}' (formats: {names})",
+                         *clause.format_pos) from None
+    if kind == SourceKind.RATE or (kind == SourceKind.KAFKA and fmt != SourceFormat.JSON):
+        why = " (its values are read as JSON)" if kind == SourceKind.KAFKA else ""
+        raise QueryError(f"FROM {kind.upper()} takes no FORMAT {fmt.upper()}{why}",
+                         *clause.format_pos)
+    return fmt
+
+
+def _check_options(options: Sequence[tuple[str, str, Pos]]) -> None:
+    """Each WITH option once (keys ignoring case), and psoup's own trigger readable."""
     seen: set[str] = set()
-    for key, _, pos in clause.options:
+    for key, value, pos in options:
         if key.lower() in seen:
             raise QueryError(f"option '{key}' is given twice", *pos)
         seen.add(key.lower())
-    return StreamSource(kind, path, fmt, tuple((k, v) for k, v, _ in clause.options))
+        if key.lower() == TRIGGER_OPTION and not _TRIGGER.fullmatch(value):
+            raise QueryError(f"option trigger takes an interval such as '2 seconds' or "
+                             f"'500 milliseconds', not '{value}'", *pos)
 
 
 def _check_catalog(stmt: CatalogStatement, schemas: Mapping[str, StreamSchema]) -> Catalog:

@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from psoup.errors import PSoupError, QueryError, SequenceError
+from psoup.query.checker import TRIGGER_OPTION
 from psoup.query.model import TS, ColumnType, SourceFormat, SourceKind, StreamSchema
 
 log = logging.getLogger("psoup.sources")
@@ -46,9 +47,7 @@ log = logging.getLogger("psoup.sources")
 SPARK_TYPES = {ColumnType.INT: "BIGINT", ColumnType.FLOAT: "DOUBLE",
                ColumnType.TEXT: "STRING", ColumnType.BOOL: "BOOLEAN"}
 
-#: WITH options psoup reads itself (not passed to Spark's reader): the micro-batch
-#: trigger interval, as Spark's processingTime takes it ("2 seconds").
-TRIGGER_OPTION = "trigger"
+#: The trigger interval of a source whose WITH gives none (TRIGGER_OPTION).
 DEFAULT_TRIGGER = "1 second"
 
 #: Reader options psoup sets unless WITH gives them.
