@@ -5,6 +5,8 @@ DuckDB's over the same files; a micro-batch Spark runs again is not applied twic
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -116,6 +118,11 @@ def wait_for(check: Callable[[], bool], seconds: float = 240.0) -> None:
         time.sleep(0.3)
 
 
+#: Landed files' modification times: one second apart, in landing order (Spark's file
+#: source takes new files oldest first, and files landed in one second would tie).
+MTIMES = itertools.count(int(time.time()) - 100_000)
+
+
 def land(folder: Path, name: str, rows: list[tuple[int, float, float]],
          fmt: str = "csv") -> None:
     """Write a file the way a producer lands one: elsewhere, then renamed in."""
@@ -132,6 +139,8 @@ def land(folder: Path, name: str, rows: list[tuple[int, float, float]],
         import json
         tmp.write_text("".join(json.dumps({"lane": a, "speed": b, "ts": _iso(c)}) + "\n"
                                for a, b, c in rows))
+    at = next(MTIMES)
+    os.utime(tmp, (at, at))
     tmp.rename(folder / name)
 
 
@@ -381,3 +390,41 @@ def test_a_server_takes_a_source_from_its_clients(spark: SparkSession, tmp_path:
     finally:
         server.stop()
         engine.close()
+
+
+def test_a_registration_during_ingest_sees_every_row_once(spark: SparkSession,
+                                                          tmp_path: Path) -> None:
+    """Queries registered while micro-batches arrive (one file per batch) answer over
+    every row, those before the registration and those after, each once."""
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    with psoup.Engine(path=tmp_path / "data") as eng:
+        eng.execute(f"CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '{inbox}' "
+                    "FORMAT CSV WITH (maxFilesPerTrigger = 1, trigger = '500 milliseconds')")
+        for i in range(8):
+            land(inbox, f"{i}.csv", trace(10, 10 * i, 40 + i))
+        wait_for(rows_of(eng, 20))
+        handles = [eng.register(q) for q in QUERIES]
+        assert eng.describe("traffic")["rows_total"] < 80      # registered mid-ingest
+        wait_for(rows_of(eng, 80))
+        assert answers(eng, handles) == oracle(inbox)
+        stats = eng.stats()["sources"]["traffic"]
+        assert stats["batches"] == 8 and stats["input_rows_per_s"] is not None
+        assert stats["late_rows"] == 0
+
+
+def test_rows_older_than_the_stream_take_its_latest_ts(spark: SparkSession,
+                                                       tmp_path: Path) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    with psoup.Engine(path=tmp_path / "data") as eng:
+        eng.execute(f"CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '{inbox}' "
+                    "FORMAT CSV")
+        h = eng.register("SELECT lane FROM traffic")
+        land(inbox, "later.csv", trace(5, 100, 51))
+        wait_for(rows_of(eng, 5))
+        land(inbox, "earlier.csv", trace(4, 0, 52))
+        wait_for(rows_of(eng, 9))
+        latest = trace(5, 100, 51)[-1][2]
+        assert eng.invoke(h).ts.tolist()[5:] == [latest] * 4
+        assert eng.stats()["sources"]["traffic"]["late_rows"] == 4
