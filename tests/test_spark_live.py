@@ -364,6 +364,11 @@ def test_a_psoup_killed_mid_batch_applies_it_once(tmp_path: Path) -> None:
         assert back.stats()["sources"]["traffic"]["batches"] == 1
         assert back.describe("traffic")["rows_total"] == 37
         assert answers(back, handles) == oracle(inbox)
+        back.checkpoint()               # the source is in the checkpoint's catalog too
+    with psoup.Engine(path=data) as again:
+        shown = again.describe("traffic")
+        assert (shown["source"], shown["rows_total"]) == (f"FILES '{inbox}' FORMAT CSV", 37)
+        assert answers(again, handles) == oracle(inbox)
 
 
 def test_a_server_takes_a_source_from_its_clients(spark: SparkSession, tmp_path: Path) -> None:
