@@ -433,3 +433,40 @@ def test_rows_older_than_the_stream_take_its_latest_ts(spark: SparkSession,
         latest = trace(5, 100, 51)[-1][2]
         assert eng.invoke(h).ts.tolist()[5:] == [latest] * 4
         assert eng.stats()["sources"]["traffic"]["late_rows"] == 4
+
+
+def test_a_batch_met_by_a_close_comes_again_after_it(spark: SparkSession, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine closes while a micro-batch is being collected: the batch is not
+    applied, Spark does not commit it, and the engine opened again applies it."""
+    import threading
+
+    import psoup.spark.live as live
+
+    entered, release = threading.Event(), threading.Event()
+    collect = live._collect
+
+    def held(frame: Any, schema: Any) -> Any:
+        entered.set()
+        release.wait(60.0)
+        return collect(frame, schema)
+
+    monkeypatch.setattr(live, "_collect", held)
+    inbox, data = tmp_path / "in", tmp_path / "data"
+    inbox.mkdir()
+    eng = psoup.Engine(path=data)
+    eng.execute(f"CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '{inbox}' "
+                "FORMAT CSV")
+    land(inbox, "a.csv", trace(12, 0, 61))
+    assert entered.wait(240.0)
+    closing = threading.Thread(target=eng.close)
+    closing.start()
+    time.sleep(1.0)                     # close() has stopped the source: it waits
+    release.set()
+    closing.join(120.0)
+    assert not closing.is_alive()
+    monkeypatch.setattr(live, "_collect", collect)
+    with psoup.Engine(path=data) as back:
+        assert back.describe("traffic")["rows_total"] == 0
+        wait_for(rows_of(back, 12))
+        assert back.stats()["sources"]["traffic"]["batches"] == 1

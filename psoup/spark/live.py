@@ -298,14 +298,16 @@ class LiveSources:
     # ------------------------------------------------------------------ one micro-batch
 
     def apply(self, run: SourceRun, frame: Any, batch_id: int) -> None:
-        """foreachBatch: insert micro-batch `batch_id` as (run.producer, batch_id)."""
-        if run.stopping.is_set():
-            return
+        """foreachBatch: insert micro-batch `batch_id` as (run.producer, batch_id).
+
+        A batch that meets its source stopping fails rather than return: returning
+        would let Spark commit a batch the engine never applied (after a close, the
+        engine opened again would never see it)."""
+        _check_going(run, batch_id)
         columns, ts, rejected = _collect(frame, run.schema)
         target = self.target
         with target.locked():
-            if run.stopping.is_set():   # dropped or closed while this waited
-                return
+            _check_going(run, batch_id)     # dropped or closed while this waited
             replayed = target.last_seq(run.producer) >= batch_id
             columns, ts = _in_order(columns, np.where(np.isnan(ts), self.clock(), ts))
             late = 0 if replayed else _raise_late(ts, target, run.name)
@@ -329,6 +331,17 @@ class LiveSources:
         if batch_id in LiveSources.fail_after_insert:
             LiveSources.fail_after_insert.discard(batch_id)
             raise RuntimeError(f"test fault after batch {batch_id} was inserted")
+
+
+class SourceStopped(PSoupError):
+    """A micro-batch arrived as its source was being stopped: it is not applied, and
+    not committed by Spark either (the next start runs it again)."""
+
+
+def _check_going(run: SourceRun, batch_id: int) -> None:
+    if run.stopping.is_set():
+        raise SourceStopped(f"source of stream '{run.name}' stopped before batch "
+                            f"{batch_id} was applied")
 
 
 def partial_batch(sources: LiveSources, run: SourceRun) -> Callable[[Any, int], None]:
