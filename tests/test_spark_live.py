@@ -470,3 +470,13 @@ def test_a_batch_met_by_a_close_comes_again_after_it(spark: SparkSession, tmp_pa
         assert back.describe("traffic")["rows_total"] == 0
         wait_for(rows_of(back, 12))
         assert back.stats()["sources"]["traffic"]["batches"] == 1
+
+
+def test_stream_list_shows_source_columns_only_when_a_stream_has_a_source() -> None:
+    from psoup.catalog import CATALOG_COLUMNS
+    from psoup.cli.main import _sourced
+
+    plain = ("R", "a INT", None, 0, 0, None, 0, None, None, None)
+    fed = ("S", "value INT", None, 5, 5, 1.0, 0, "RATE", "running", 2)
+    assert _sourced(CATALOG_COLUMNS, [plain]) == (CATALOG_COLUMNS[:7], [plain[:7]])
+    assert _sourced(CATALOG_COLUMNS, [plain, fed]) == (CATALOG_COLUMNS, [plain, fed])
