@@ -89,7 +89,8 @@ class Engine:
         routing: the order of a join's probes: "adaptive" or "fixed" (FROM order).
         max_factors, max_queries, max_stream_bytes, max_ts, max_results_bytes: the
             limits (psoup.limits); None lifts one.
-        spark_master, spark_conf: where history jobs run, and their Spark settings.
+        spark_master, spark_conf: where history jobs and the streams FROM a Spark
+            source run (psoup.spark.live), and their Spark settings.
         archive_budget, archive_policy: how much of the archive history jobs and
             invocations read (psoup.archive.policy).
         max_producers: idempotent producers remembered (psoup.producers).

@@ -197,7 +197,8 @@ class LiveSources:
         if run is None:
             return
         run.stopping.set()              # a batch waiting for the lock applies nothing
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # marked now: never taken for a stream's again
+            run.folder.mkdir(parents=True, exist_ok=True)
             (run.folder / _DROPPED).touch()
         threading.Thread(target=self._stop, args=(run, True), daemon=True,
                          name=f"psoup-source-stop-{name}").start()
@@ -230,9 +231,8 @@ class LiveSources:
 
     def _start(self, schema: StreamSchema, folder: Path | None) -> None:
         assert self.target.path is not None
-        if folder is None:
+        if folder is None:      # made by the query's thread: a CREATE logged stands
             folder = self.target.path / _FOLDER / f"{schema.name}.{secrets.token_hex(6)}"
-            folder.mkdir(parents=True, exist_ok=True)
         run = SourceRun(schema, folder, f"spark:{folder.name}")
         self._runs[schema.name] = run
         run.thread = threading.Thread(target=self._supervise, args=(run,), daemon=True,
@@ -277,6 +277,9 @@ class LiveSources:
     def _run_once(self, run: SourceRun) -> None:
         """Start the query and watch it until it ends (raising its failure)."""
         from psoup.spark.session import spark_session
+        if run.stopping.is_set():
+            return
+        run.folder.mkdir(parents=True, exist_ok=True)
         session = spark_session(self.master, self.conf)
         if run.stopping.is_set():
             return
