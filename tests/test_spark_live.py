@@ -341,8 +341,12 @@ def test_a_psoup_killed_mid_batch_applies_it_once(tmp_path: Path) -> None:
     import sys
     inbox, data = tmp_path / "in", tmp_path / "data"
     inbox.mkdir()
+    root = str(Path(__file__).resolve().parent.parent)        # this psoup, in the child
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in [root, os.environ.get("PYTHONPATH")] if p))
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(data), str(inbox), "kill"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env=env)
     assert child.stdout is not None
     try:
         assert child.stdout.readline().strip() == "ready"
