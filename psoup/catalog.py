@@ -3,6 +3,7 @@ language.md, "The catalog"), as tables read from the engine's core."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,7 +16,14 @@ if TYPE_CHECKING:
 
 #: The columns of SHOW STREAMS and DESCRIBE (and the keys of Engine.describe).
 CATALOG_COLUMNS = ["stream", "columns", "retain", "rows", "rows_total", "latest_ts",
-                   "queries"]
+                   "queries", "source", "source_state", "source_batches"]
+
+#: A source's (state, micro-batches applied) by stream name (psoup.spark.live).
+SourceStates = Callable[[str], tuple[str | None, int | None]]
+
+
+def _no_source(name: str) -> tuple[str | None, int | None]:
+    return None, None
 
 _RETAIN_UNITS = (("DAY", 86400.0), ("HOUR", 3600.0), ("MINUTE", 60.0), ("SECOND", 1.0))
 
@@ -47,23 +55,28 @@ def table(columns: list[str], rows: list[tuple[Any, ...]]) -> Result:
     return Result(columns, rows, np.full(len(rows), np.nan), np.full(len(rows), -1, np.int64))
 
 
-def describe_stream(core: Core, name: str) -> dict[str, Any]:
+def describe_stream(core: Core, name: str, sources: SourceStates = _no_source
+                    ) -> dict[str, Any]:
     """What DESCRIBE shows of existing stream `name`, by CATALOG_COLUMNS. O(queries)."""
     stem = core.stems[name]
     schema = stem.schema
+    state, batches = sources(name)
     return dict(zip(CATALOG_COLUMNS, (
         name, ", ".join(f"{c} {t.upper()}" for c, t in schema.columns),
         retention(schema), stem.retained, stem.rows_total,
-        stem.last_ts if stem.n else None, len(core.users(name))), strict=True))
+        stem.last_ts if stem.n else None, len(core.users(name)),
+        None if schema.source is None else schema.source.describe(), state, batches),
+        strict=True))
 
 
-def answer_catalog(core: Core, stmt: Catalog) -> Result:
+def answer_catalog(core: Core, stmt: Catalog, sources: SourceStates = _no_source) -> Result:
     """The table a SHOW or DESCRIBE statement answers (not DROP STREAM, a change)."""
     if stmt.action == SHOW_STREAMS:
-        return table(CATALOG_COLUMNS, [tuple(describe_stream(core, name).values())
+        return table(CATALOG_COLUMNS, [tuple(describe_stream(core, name, sources).values())
                                        for name in core.stems])
     if stmt.action == DESCRIBE:
         assert stmt.stream is not None, "DESCRIBE names a stream"
-        return table(CATALOG_COLUMNS, [tuple(describe_stream(core, stmt.stream).values())])
+        return table(CATALOG_COLUMNS,
+                     [tuple(describe_stream(core, stmt.stream, sources).values())])
     assert stmt.action == SHOW_QUERIES, stmt.action
     return table(["handle", "sql"], [(h, plan.query.sql) for h, plan in core.handles.items()])

@@ -63,6 +63,7 @@ from psoup.results.cursors import CursorStore, cursor_secret
 from psoup.results.reads import Reads
 from psoup.results.result import Changes, Result
 from psoup.spark.jobs import HistoryJobs
+from psoup.spark.live import LiveSources
 from psoup.stems.batch import make_batch
 from psoup.workers import check_threads, default_threads
 
@@ -88,7 +89,8 @@ class Engine:
         routing: the order of a join's probes: "adaptive" or "fixed" (FROM order).
         max_factors, max_queries, max_stream_bytes, max_ts, max_results_bytes: the
             limits (psoup.limits); None lifts one.
-        spark_master, spark_conf: where history jobs run, and their Spark settings.
+        spark_master, spark_conf: where history jobs and the streams FROM a Spark
+            source run (psoup.spark.live), and their Spark settings.
         archive_budget, archive_policy: how much of the archive history jobs and
             invocations read (psoup.archive.policy).
         max_producers: idempotent producers remembered (psoup.producers).
@@ -155,6 +157,8 @@ class Engine:
         self._durability.recover(self._core, self._producers, self._effects, progress)
         self._started = clock()
         self._history.reevaluate(self.history)
+        self._sources = LiveSources(self, spark_master, spark_conf or {}, clock)
+        self._sources.resume(self._core.schemas())
 
     # ------------------------------------------------------------------ statements
 
@@ -167,14 +171,16 @@ class Engine:
             >>> eng = Engine()
             >>> eng.execute("CREATE STREAM R (a INT) RETAIN 2 HOURS")
             >>> eng.execute("SHOW STREAMS").rows
-            [('R', 'a INT', '2 HOURS', 0, 0, None, 0)]
+            [('R', 'a INT', '2 HOURS', 0, 0, None, 0, None, None, None)]
         """
         with self._lock:
             self._check_open()
             stmt = self._compile(sql)
             if isinstance(stmt, StreamSchema):
+                self._sources.check(stmt)
                 self._durability.log_create(sql)
                 self._effects.create(stmt, sql)
+                self._sources.start(stmt)
                 return None
             if isinstance(stmt, Query):
                 ahead = self._ahead(stmt)
@@ -182,7 +188,7 @@ class Engine:
                     return self._register(stmt)
             else:
                 if stmt.action != DROP_STREAM:
-                    return answer_catalog(self._core, stmt)
+                    return answer_catalog(self._core, stmt, self._sources.state)
                 assert stmt.stream is not None, "DROP STREAM names a stream"
                 self._drop(stmt.stream, stmt.cascade)
                 return None
@@ -275,7 +281,7 @@ class Engine:
         """
         with self._lock:
             self._core.stem(name)
-            return describe_stream(self._core, name)
+            return describe_stream(self._core, name, self._sources.state)
 
     def drop_stream(self, name: str, cascade: bool = False) -> None:
         """Drop stream `name` and everything kept of it (DROP STREAM): its tuples in
@@ -459,6 +465,8 @@ class Engine:
                 out["durability"] = durability
                 out["archive_reads"] = (self._history.stats()
                                         | self._reads.stats(self._core.handles))
+                if self._sources.stats():
+                    out["sources"] = self._sources.stats()
             return out
 
     def _check(self) -> None:
@@ -528,7 +536,8 @@ class Engine:
     def close(self) -> None:
         """Flush the log and the archive; later writes raise PSoupError. A running
         history job is cancelled (and waited for, up to a minute), a checkpoint being
-        written is finished. Idempotent."""
+        written is finished, the Spark sources' queries are stopped. Idempotent."""
+        self._sources.close(wait=not self._lock.held())
         with self._lock:
             self._durability.stop()
         if not self._lock.held():       # inside locked(), a background one ends later
@@ -594,6 +603,7 @@ class Engine:
         self._durability.log_drop(name, users, bound)
         self._durability.apply(f"the drop of stream '{name}'",
                                partial(self._effects.dropped, name, users, bound))
+        self._sources.drop(name)
         self._after_write()
 
     def _after_write(self) -> None:

@@ -519,9 +519,11 @@ def test_show_streams_lists_every_stream_with_its_counts(mode: ModeName) -> None
     assert isinstance(res, psoup.Result)
     assert res.to_dicts() == [
         {"stream": "R", "columns": "a INT, b FLOAT, name TEXT", "retain": "2 HOURS",
-         "rows": 5, "rows_total": 5, "latest_ts": 1004.0, "queries": 1},
+         "rows": 5, "rows_total": 5, "latest_ts": 1004.0, "queries": 1, "source": None,
+         "source_state": None, "source_batches": None},
         {"stream": "S", "columns": "c BOOL", "retain": "10 ROWS", "rows": 0,
-         "rows_total": 0, "latest_ts": None, "queries": 0}]
+         "rows_total": 0, "latest_ts": None, "queries": 0, "source": None,
+         "source_state": None, "source_batches": None}]
     assert eng.streams() == ["R", "S"]
 
 

@@ -470,7 +470,22 @@ def stream_list(settings: Settings, fmt: str) -> None:
     with _connected(settings.server, settings.token) as client:
         streams = client.execute("SHOW STREAMS")
     assert isinstance(streams, Result), "SHOW STREAMS answers with a table"
-    click.echo(render_records("streams", streams.columns, streams.rows, fmt))
+    columns, rows = _sourced(streams.columns, streams.rows)
+    click.echo(render_records("streams", columns, rows, fmt))
+
+
+#: SHOW STREAMS' columns about a stream's Spark source (NULL for other streams).
+_SOURCE_COLUMNS = ("source", "source_state", "source_batches")
+
+
+def _sourced(columns: list[str], rows: list[tuple[Any, ...]]
+             ) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """The catalog without its source columns when no stream has a source: streams fed
+    by inserts list as they did before sources existed."""
+    if any(row[columns.index("source")] is not None for row in rows):
+        return columns, rows
+    keep = [i for i, c in enumerate(columns) if c not in _SOURCE_COLUMNS]
+    return [columns[i] for i in keep], [tuple(row[i] for i in keep) for row in rows]
 
 
 @stream.command("describe")
@@ -482,7 +497,10 @@ def stream_list(settings: Settings, fmt: str) -> None:
 def stream_describe(settings: Settings, name: str, fmt: str) -> None:
     """Show stream NAME: its columns, retention, rows, latest ts and queries (DESCRIBE)."""
     with _connected(settings.server, settings.token) as client:
-        click.echo(render_record(client.describe(name), fmt))
+        record = client.describe(name)
+    if record.get("source") is None:
+        record = {k: v for k, v in record.items() if k not in _SOURCE_COLUMNS}
+    click.echo(render_record(record, fmt))
 
 
 @stream.command("drop")

@@ -218,7 +218,7 @@ def render_stats(stats: dict[str, Any], names: dict[str, str]) -> str:
         names: handle -> name, from the handle store.
     """
     lines = {key: _flat(value) for key, value in stats.items()
-             if key not in ("streams", "queries", "memory")}
+             if key not in ("streams", "queries", "memory", "sources")}
     memory = stats.get("memory")
     if memory:
         parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in memory.items() if k != "total")
@@ -231,6 +231,9 @@ def render_stats(stats: dict[str, Any], names: dict[str, str]) -> str:
                  round(s.get("rows_per_s", 0.0), 1), iso_utc(s.get("latest_ts")))
                 for name, s in streams.items()]
         out += ["", table(["stream", "rows", "rows total", "size", "rows/s", "latest ts"], rows)]
+    sources = stats.get("sources", {})
+    if sources:
+        out += ["", _sources_table(sources)]
     queries = stats.get("queries", {})
     out += ["", f"{len(queries)} standing quer{'y' if len(queries) == 1 else 'ies'}"]
     if queries:
@@ -240,6 +243,18 @@ def render_stats(stats: dict[str, Any], names: dict[str, str]) -> str:
                        one_line(q.get("sql", ""))) for h, q in queries.items()]
         out.append(table(["name", "handle", "matches", "sql"], query_rows))
     return "\n".join(out)
+
+
+def _sources_table(sources: dict[str, dict[str, Any]]) -> str:
+    """The streams fed by a Spark source: state, micro-batches, rates, lag, last error."""
+    def rate(value: float | None) -> Any:
+        return "" if value is None else round(value, 1)
+    rows = [(name, s.get("state", ""), s.get("batches", 0), s.get("rows", 0),
+             rate(s.get("input_rows_per_s")), rate(s.get("processed_rows_per_s")),
+             rate(s.get("lag_seconds")), one_line(s.get("last_error") or ""))
+            for name, s in sources.items()]
+    return table(["source of", "state", "batches", "rows", "in rows/s", "done rows/s",
+                  "lag s", "last error"], rows)
 
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

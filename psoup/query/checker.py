@@ -10,6 +10,7 @@ Aggregates and GROUP BY are checked here too (docs/semantics.md, "Aggregates").
 
 from __future__ import annotations
 
+import re
 import typing
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,10 @@ from psoup.query.model import (
     Sample,
     SelectItem,
     Source,
+    SourceFormat,
+    SourceKind,
     StreamSchema,
+    StreamSource,
     TimeExpr,
     Window,
     WindowType,
@@ -46,6 +50,7 @@ from psoup.query.syntax import (
     BeginEnd,
     Between,
     CatalogStatement,
+    ColumnDef,
     ColumnRef,
     Comparison,
     CreateStream,
@@ -62,6 +67,7 @@ from psoup.query.syntax import (
     SelectColumn,
     SelectEntry,
     Shifted,
+    SourceClause,
     Star,
     Statement,
     StreamWindow,
@@ -186,7 +192,72 @@ def _check_create(stmt: CreateStream, schemas: Mapping[str, StreamSchema]) -> St
             raise QueryError(f"duplicate column '{col.name}'", *col.pos)
         columns.append((col.name, _type_at(col.type_name, col.type_pos)))
     seconds, rows = (None, None) if stmt.retain is None else check_retain(stmt.retain)
-    return StreamSchema(stmt.name, tuple(columns), seconds, rows)
+    source = None if stmt.source is None else _check_source(stmt.source, stmt.columns)
+    return StreamSchema(stmt.name, tuple(columns), seconds, rows, source)
+
+
+#: The WITH option psoup reads itself, not Spark's reader: the interval between a
+#: source's micro-batches, as Spark's processing-time trigger takes it.
+TRIGGER_OPTION = "trigger"
+_TRIGGER = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*(millisecond|second|minute|hour)s?\s*",
+                      re.IGNORECASE)
+
+#: The columns a FROM RATE stream may declare: Spark's rate source gives `value` (and
+#: `timestamp`, which becomes ts).
+RATE_COLUMNS = frozenset({"value"})
+
+
+def _check_source(clause: SourceClause, columns: Sequence[ColumnDef]) -> StreamSource:
+    """The checked FROM clause: a known kind and format, a folder for FILES, columns a
+    rate source gives, each option once. Whether the folder exists, and whether the
+    engine keeps a data directory, the engine checks (a log replays without them)."""
+    kind = SourceKind(clause.kind.lower())
+    fmt = _source_format(clause, kind)
+    path = None
+    if clause.path is not None:
+        path = str(clause.path.value)
+        if not path.strip():
+            raise QueryError("FROM FILES needs a folder, not an empty string",
+                             *clause.path.pos)
+    if kind == SourceKind.RATE:
+        for col in columns:
+            if col.name not in RATE_COLUMNS:
+                raise QueryError(f"a FROM RATE stream has only the column value (INT), "
+                                 f"not '{col.name}'", *col.pos)
+    _check_options(clause.options)
+    return StreamSource(kind, path, fmt, tuple((k, v) for k, v, _ in clause.options))
+
+
+def _source_format(clause: SourceClause, kind: SourceKind) -> SourceFormat | None:
+    """FORMAT: required by FILES, JSON or none for KAFKA, none for RATE."""
+    if clause.format is None:
+        if kind == SourceKind.FILES:
+            raise QueryError("FROM FILES needs a FORMAT (CSV, JSON or PARQUET)", *clause.pos)
+        return None
+    assert clause.format_pos is not None, "a FORMAT has its position"
+    names = ", ".join(f.upper() for f in SourceFormat)
+    try:
+        fmt = SourceFormat(clause.format.lower())
+    except ValueError:
+        raise QueryError(f"unknown format '{clause.format}' (formats: {names})",
+                         *clause.format_pos) from None
+    if kind == SourceKind.RATE or (kind == SourceKind.KAFKA and fmt != SourceFormat.JSON):
+        why = " (its values are read as JSON)" if kind == SourceKind.KAFKA else ""
+        raise QueryError(f"FROM {kind.upper()} takes no FORMAT {fmt.upper()}{why}",
+                         *clause.format_pos)
+    return fmt
+
+
+def _check_options(options: Sequence[tuple[str, str, Pos]]) -> None:
+    """Each WITH option once (keys ignoring case), and psoup's own trigger readable."""
+    seen: set[str] = set()
+    for key, value, pos in options:
+        if key.lower() in seen:
+            raise QueryError(f"option '{key}' is given twice", *pos)
+        seen.add(key.lower())
+        if key.lower() == TRIGGER_OPTION and not _TRIGGER.fullmatch(value):
+            raise QueryError(f"option trigger takes an interval such as '2 seconds' or "
+                             f"'500 milliseconds', not '{value}'", *pos)
 
 
 def _check_catalog(stmt: CatalogStatement, schemas: Mapping[str, StreamSchema]) -> Catalog:

@@ -54,6 +54,56 @@ TUPLE_ID = "tupleID"
 IMPLICIT_COLUMNS = {TS: ColumnType.FLOAT, TUPLE_ID: ColumnType.INT}
 
 
+class SourceKind(StrEnum):
+    """Where a stream declared with FROM takes its tuples (docs/language.md, "Sources")."""
+
+    FILES = "files"
+    RATE = "rate"
+    KAFKA = "kafka"
+
+
+class SourceFormat(StrEnum):
+    """How a FROM FILES source's files (or a FROM KAFKA source's values) are written."""
+
+    CSV = "csv"
+    JSON = "json"
+    PARQUET = "parquet"
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """The FROM clause of a CREATE STREAM: a Spark source that feeds the stream.
+
+    Attributes:
+        kind: FILES, RATE or KAFKA.
+        path: the folder FROM FILES watches (None for the others).
+        format: the files' format (FILES), JSON or None (KAFKA), None (RATE).
+        options: the WITH clause's (key, value) pairs, in order, passed to Spark's reader.
+    """
+
+    kind: SourceKind
+    path: str | None = None
+    format: SourceFormat | None = None
+    options: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        """The clause as SHOW STREAMS shows it.
+
+        Example:
+            >>> StreamSource(SourceKind.FILES, "/in", SourceFormat.CSV, (("sep", ";"),)).describe()
+            "FILES '/in' FORMAT CSV WITH (sep = ';')"
+        """
+        text = self.kind.upper()
+        if self.path is not None:
+            text += " '" + self.path.replace("'", "''") + "'"
+        if self.format is not None:
+            text += f" FORMAT {self.format.upper()}"
+        if self.options:
+            text += " WITH (" + ", ".join(
+                f"{k} = '" + v.replace("'", "''") + "'" for k, v in self.options) + ")"
+        return text
+
+
 @dataclass(frozen=True, init=False)
 class StreamSchema:
     """A stream declared by CREATE STREAM.
@@ -64,6 +114,7 @@ class StreamSchema:
             Given as types or their names ("int"), kept as types.
         retain_seconds: RETAIN n <time unit>, in seconds; None when not given.
         retain_rows: RETAIN n ROWS; None when not given. At most one of the two is set.
+        source: the FROM clause's Spark source; None for a stream fed by inserts.
 
     Example:
         >>> StreamSchema("R", [("a", "int")]).columns == (("a", ColumnType.INT),)
@@ -74,15 +125,18 @@ class StreamSchema:
     columns: tuple[tuple[str, ColumnType], ...]
     retain_seconds: float | None = None
     retain_rows: int | None = None
+    source: StreamSource | None = None
 
     def __init__(self, name: str,
                  columns: Iterable[tuple[str, ColumnType | ColumnTypeName]],
-                 retain_seconds: float | None = None, retain_rows: int | None = None):
+                 retain_seconds: float | None = None, retain_rows: int | None = None,
+                 source: StreamSource | None = None):
         # frozen: set once, here, as dataclasses' own __init__ would
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "columns", tuple((c, ColumnType(t)) for c, t in columns))
         object.__setattr__(self, "retain_seconds", retain_seconds)
         object.__setattr__(self, "retain_rows", retain_rows)
+        object.__setattr__(self, "source", source)
 
     @cached_property
     def names(self) -> tuple[str, ...]:

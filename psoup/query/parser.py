@@ -37,6 +37,7 @@ from psoup.query.syntax import (
     SelectColumn,
     SelectEntry,
     Shifted,
+    SourceClause,
     Star,
     Statement,
     StreamWindow,
@@ -60,6 +61,9 @@ MAX_NESTING = 64
 _AGGREGATE_NAMES = frozenset(name.upper() for name in AGGREGATES)
 _ARITHMETIC = ("+", "-", "*")
 _AGGREGATE_HERE = "aggregates are not supported here ({name})"
+
+#: The words after CREATE STREAM ... FROM.
+SOURCE_KINDS = ("FILES", "RATE", "KAFKA")
 
 _TIME_UNITS = "a unit (SECONDS, MINUTES, HOURS or DAYS)"
 _ANY_UNITS = "a unit (SECONDS, MINUTES, HOURS, DAYS or ROWS)"
@@ -219,10 +223,82 @@ class _Parser:
         retain = None
         if self._accept_word("RETAIN"):
             retain = self.retain_amount()
-            self.end("the end of the statement")
+        source = self._source() if self._tok.is_word("FROM") else None
+        if source is not None:
+            self.end("WITH or the end of the statement" if not source.options else
+                     "the end of the statement")  # fmt: skip
+        elif retain is not None:
+            self.end("FROM or the end of the statement")
         else:
-            self.end("RETAIN or the end of the statement")
-        return CreateStream(start.pos, name, name_pos, tuple(columns), retain)
+            self.end("RETAIN, FROM or the end of the statement")
+        return CreateStream(start.pos, name, name_pos, tuple(columns), retain, source)
+
+    def _source(self) -> SourceClause:
+        """`FROM FILES 'dir' FORMAT f | FROM RATE | FROM KAFKA [FORMAT f]`, then an
+        optional `WITH (key = 'value', ...)`."""
+        start = self._advance()
+        kind_tok = self._tok
+        if not kind_tok.is_word(*SOURCE_KINDS):
+            self._fail("a source (" + ", ".join(SOURCE_KINDS[:-1]) + " or "
+                       f"{SOURCE_KINDS[-1]})")
+        self._advance()
+        kind = kind_tok.text.upper()
+        path = None
+        if kind == "FILES":
+            if self._tok.kind is not _STRING:
+                self._fail("a folder, as a 'quoted string'")
+            path = self._literal_string()
+        fmt, fmt_pos = None, None
+        if self._accept_word("FORMAT"):
+            fmt_tok = self._tok
+            if fmt_tok.kind not in _WORDS:
+                self._fail("a format (CSV, JSON or PARQUET)")
+            self._advance()
+            fmt, fmt_pos = fmt_tok.text, fmt_tok.pos
+        options: list[tuple[str, str, Pos]] = []
+        if self._accept_word("WITH"):
+            self._expect_symbol("(")
+            options.append(self._option())
+            while self._accept_symbol(","):
+                options.append(self._option())
+            self._expect_symbol(")", "',' or ')'")
+        return SourceClause(start.pos, kind, path, fmt, fmt_pos, tuple(options))
+
+    def _literal_string(self) -> Literal:
+        tok = self._advance()
+        assert isinstance(tok.value, str), "a string token's value is its text"
+        return Literal(tok.pos, tok.value, tok.text)
+
+    def _option(self) -> tuple[str, str, Pos]:
+        """`key = value`: a key of words joined by dots (kafka.bootstrap.servers) or a
+        'quoted' one; a value quoted, a number or TRUE/FALSE, kept as text."""
+        pos = self._tok.pos
+        if self._tok.kind is _STRING:
+            key = self._literal_string().value
+        else:
+            parts = [self._word("an option name")]
+            while self._accept_symbol("."):
+                parts.append(self._word("an option name"))
+            key = ".".join(parts)
+        self._expect_symbol("=", "'='")
+        tok = self._tok
+        if tok.kind is _STRING or tok.kind is _NUMBER:
+            self._advance()
+            value = tok.value if tok.kind is _STRING else tok.text
+        elif tok.is_word("TRUE", "FALSE"):
+            self._advance()
+            value = tok.text.lower()
+        else:
+            self._fail("a value ('quoted', a number, TRUE or FALSE)")
+        assert isinstance(value, str)
+        return str(key), value, pos
+
+    def _word(self, what: str) -> str:
+        tok = self._tok
+        if tok.kind not in _WORDS:
+            self._fail(what)
+        self._advance()
+        return tok.text
 
     def _column_def(self) -> ColumnDef:
         name, pos = self._name("a column name")

@@ -111,14 +111,28 @@ class Retain:
 
 
 @dataclass(slots=True)
+class SourceClause:
+    """`FROM kind ['path'] [FORMAT name] [WITH (key = 'value', ...)]` in CREATE STREAM;
+    kind, format and keys as written."""
+
+    pos: Pos
+    kind: str
+    path: Literal | None
+    format: str | None
+    format_pos: Pos | None
+    options: tuple[tuple[str, str, Pos], ...]
+
+
+@dataclass(slots=True)
 class CreateStream:
-    """CREATE STREAM name (columns) [RETAIN ...]."""
+    """CREATE STREAM name (columns) [RETAIN ...] [FROM source]."""
 
     pos: Pos
     name: str
     name_pos: Pos
     columns: tuple[ColumnDef, ...]
     retain: Retain | None
+    source: SourceClause | None = None
 
 
 @dataclass(slots=True)
