@@ -30,7 +30,7 @@ from psoup.results.result import Result
 from psoup.server import Server
 from psoup.server import server as server_module
 from psoup.server.front import ANSWER, MESSAGE, answer_frame
-from psoup.server.fronts import Channel, relayable
+from psoup.server.fronts import Channel, _Sender, relayable
 from psoup.server.protocol import PROTOCOL, encode_answer, ok_reply, pack_frame
 from tests.support import Clock, read_reply
 
@@ -236,19 +236,6 @@ def test_the_first_connections_are_served_directly_and_the_rest_through_a_front(
         server.stop()
 
 
-class _Collect:
-    """A transport that keeps what a channel writes."""
-
-    def __init__(self) -> None:
-        self.sent = b""
-
-    def write(self, data: bytes) -> None:
-        self.sent += data
-
-    def is_closing(self) -> bool:
-        return False
-
-
 @pytest.mark.parametrize("values", [
     [np.array([3, -1, 2**62]), np.array([0.5, -2.0, 1e300]), np.array([True, False, True])],
     [np.array([1, 2, 3], dtype=np.uint8), np.array([1.5, 2.5, 3.5], dtype=np.float32)],
@@ -264,15 +251,56 @@ def test_an_answer_a_front_encodes_is_the_frame_the_server_would_send(
     want = pack_frame(ok_reply(41, encode_answer(answer)))
 
     async def relayed() -> bytes:
-        channel = Channel(cast(Any, None), cast(Any, None), lambda _: None)
-        channel.transport = cast(Any, _Collect())
-        channel.send_answer(5, 41, answer)
-        channel.flush()
-        return cast(_Collect, channel.transport).sent
+        mine, theirs = socket.socketpair()
+        with mine, theirs:
+            channel = Channel(cast(Any, None), cast(Any, None), lambda _: None)
+            channel.sender = _Sender(mine, 1 << 20, lambda _: None)
+            channel.send_answer(5, 41, answer)
+            channel.flush()
+            channel.sender.close()
+            mine.close()                # (the sender wrote through a descriptor of its own)
+            return _read_all(theirs)
     sent = asyncio.run(relayed())
     kind, conn, size = MESSAGE.unpack_from(sent)
     assert (kind, conn, len(sent)) == (ANSWER, 5, MESSAGE.size + size)
     assert answer_frame(sent[MESSAGE.size:]) == want
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything `sock` receives until its peer closes."""
+    sock.setblocking(True)
+    got = bytearray()
+    while chunk := sock.recv(1 << 16):
+        got += chunk
+    return bytes(got)
+
+
+def test_a_channel_s_sender_keeps_order_and_pauses_past_its_limit() -> None:
+    """What the socket does not take waits, in order, and goes when it has room; the
+    writers are told to wait past the limit and to go on once a quarter of it waits."""
+    told: list[bool] = []
+    parts = [bytes([k]) * (50_000 + k) for k in range(60)]     # ~3 MB, past any buffer
+
+    async def sent() -> tuple[bytes, list[bool], int]:
+        mine, theirs = socket.socketpair()
+        with mine, theirs:
+            sender = _Sender(mine, 1 << 20, told.append)
+            for k in range(0, len(parts), 3):
+                sender.send([memoryview(parts[k]), parts[k + 1], parts[k + 2]])
+            waited = sender.bytes
+            reader = asyncio.get_running_loop().run_in_executor(None, _read_all, theirs)
+            closed = asyncio.get_running_loop().create_future()
+
+            def done() -> None:
+                mine.close()
+                closed.set_result(None)
+            sender.close_after(done)
+            await closed
+            return await reader, list(told), waited
+    got, said, waited = asyncio.run(sent())
+    assert waited > 1 << 20, "the socket took only part of it at once"
+    assert got == b"".join(parts)
+    assert said == [True, False]
 
 
 def test_answers_a_front_may_not_encode_are_encoded_by_the_server() -> None:
