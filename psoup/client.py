@@ -260,7 +260,8 @@ class Client:
     def invoke(self, handle: str, now: float | None = None,
                since: str | None = None) -> Result | Changes:
         """The query's answer at `now` (default: the server's clock); with `since=cursor`
-        (a previous answer's `.cursor`), only the Changes since that answer."""
+        (a previous answer's `.cursor`), only the Changes since that answer. Either
+        carries `fresh_to` as the engine's does (docs/language.md, "Freshness")."""
         args: dict[str, Any] = {"handle": handle}
         if now is not None:
             args["now"] = now

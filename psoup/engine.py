@@ -367,6 +367,9 @@ class Engine:
         left (psoup.results.cursors). A cursor survives a restart of a durable engine;
         one whose answer can no longer be rebuilt raises CursorExpired, and one this
         engine did not issue for this handle CursorInvalid.
+
+        An answer (or Changes) over streams fed by a Spark source says up to which ts
+        it is complete (`fresh_to`: docs/language.md, "Freshness"); None otherwise.
         """
         return self._reads.invoke(handle, partial(self._begin_read, handle, now), since)
 

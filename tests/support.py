@@ -3,8 +3,9 @@ scenario's streams in an engine, inserting one batch everywhere, writing input f
 reading a reply frame off a raw socket, running a real server process to kill, a
 Python that has psoup's dependencies but not psoup and one that has neither (for Spark
 executors), engines that
-always reuse their last answers, the count of an engine's bit-sliced rows, and the
-wait for an engine's automatic checkpoint.
+always reuse their last answers, the count of an engine's bit-sliced rows, the
+wait for an engine's automatic checkpoint, and streams FROM a source that Spark does
+not feed.
 """
 
 from __future__ import annotations
@@ -238,6 +239,21 @@ def always_reuse() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(recent, "SKIP_ROWS_PER_NS", 1e-9)
         patch.setattr(recent, "FIXED_NS", 0)
+        yield
+
+
+@contextmanager
+def quiet_sources() -> Iterator[None]:
+    """Streams created FROM a Spark source in this block (of engines in this process)
+    start no Spark query: the stream is one fed by a source, as its answers say
+    (`Result.fresh_to`), but its tuples come from the test's inserts, which such a
+    stream takes as any other. Spark need not start; pyspark must be installed, since
+    CREATE STREAM ... FROM checks for it."""
+    pytest.importorskip("pyspark")
+    from psoup.spark.live import LiveSources
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LiveSources, "_start", lambda self, schema, folder: None)
         yield
 
 

@@ -1,11 +1,14 @@
-"""Streams fed by a Spark source (issue 38, items 1-3 in part): CREATE STREAM ... FROM
-FILES | RATE | KAFKA declared, kept in the catalog across restarts, refused with a clear
-error when it cannot run; files landing in a folder become tuples whose answers equal
-DuckDB's over the same files; a micro-batch Spark runs again is not applied twice."""
+"""Streams fed by a Spark source (issue 38, items 1-3 in part, and 5): CREATE STREAM ...
+FROM FILES | RATE | KAFKA declared, kept in the catalog across restarts, refused with a
+clear error when it cannot run; files landing in a folder become tuples whose answers
+equal DuckDB's over the same files; a micro-batch Spark runs again is not applied twice;
+answers say up to which ts they are complete (`fresh_to`, also over the protocol:
+tests/test_freshness.py has the rest)."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from collections.abc import Callable
@@ -20,7 +23,7 @@ from psoup.archive.parquet import Archive
 from psoup.errors import QueryError
 from psoup.query.model import SourceFormat, SourceKind, StreamSource
 from psoup.spark.live import LiveSources
-from tests.support import compiled_schema
+from tests.support import Clock, compiled_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -200,6 +203,8 @@ def test_files_landing_in_a_folder_give_duckdbs_answers(spark: SparkSession, tmp
         land(inbox, f"c.{fmt}", trace(25, 70, 3), fmt)
         wait_for(rows_of(eng, 95))
         assert answers(eng, handles) == oracle(inbox, fmt)
+        # complete to the latest ts the files gave (the rows' own ts)
+        assert [eng.invoke(h).fresh_to for h in handles] == [trace(25, 70, 3)[-1][2]] * 3
         shown = eng.execute("SHOW STREAMS").to_dicts()[0]     # type: ignore[union-attr]
         assert shown["source"] == f"FILES '{inbox}' FORMAT {fmt.upper()} WITH " \
                                   "(trigger = '1 second')"
@@ -256,6 +261,8 @@ def test_the_rate_source_feeds_a_stream(spark: SparkSession, tmp_path: Path) -> 
         h = eng.register("SELECT value FROM r WHERE value < 10")
         wait_for(lambda: eng.describe("r")["rows_total"] >= 10)
         assert eng.invoke(h).rows == [(v,) for v in range(10)]
+        with eng.locked():              # no batch lands between the two
+            assert eng.invoke(h).fresh_to == eng.describe("r")["latest_ts"]
         stats = eng.stats()["sources"]["r"]
         assert stats["batches"] >= 1 and stats["source"] == "RATE WITH (rowsPerSecond = '20')"
 
@@ -293,19 +300,31 @@ def test_files_become_archived_tuples_once(spark: SparkSession, tmp_path: Path) 
 
 
 def test_rows_without_a_ts_take_the_commit_time(spark: SparkSession, tmp_path: Path) -> None:
+    """Rows without a ts take their micro-batch's commit time (the engine's clock), and
+    answers are complete to the commit time of the last batch with rows."""
     inbox = tmp_path / "in"
     inbox.mkdir()
-    with psoup.Engine(path=tmp_path / "data", clock=lambda: T0 + 5000) as eng:
+    clock = Clock(T0 + 5000)
+    with psoup.Engine(path=tmp_path / "data", clock=clock) as eng:
         eng.execute(f"CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '{inbox}' "
                     "FORMAT CSV WITH (header = false)")
         h = eng.register("SELECT lane, speed FROM traffic WHERE lane > 1")
+        assert eng.invoke(h).fresh_to == -math.inf      # nothing has arrived yet
         (tmp_path / "x").write_text("1,20.5\n2,30.25\n3,x\n4,40.0\n")
         (tmp_path / "x").rename(inbox / "x.csv")
         wait_for(rows_of(eng, 3))
         answer = eng.invoke(h)
         assert sorted(answer.rows) == [(2, 30.25), (4, 40.0)]
         assert set(answer.ts.tolist()) == {T0 + 5000}
+        assert answer.fresh_to == T0 + 5000
         assert eng.stats()["sources"]["traffic"]["rejected_rows"] == 1
+        clock.now = T0 + 6000           # the next batch commits later
+        (tmp_path / "y").write_text("5,50.5\n")
+        (tmp_path / "y").rename(inbox / "y.csv")
+        wait_for(rows_of(eng, 4))
+        assert eng.invoke(h).fresh_to == T0 + 6000
+        first = eng.invoke(h)
+        assert eng.invoke(h, since=first.cursor or "").fresh_to == T0 + 6000
 
 
 #: A psoup process with a FILES source that prints "applied N" after each micro-batch N,
@@ -375,18 +394,23 @@ def test_a_psoup_killed_mid_batch_applies_it_once(tmp_path: Path) -> None:
         assert answers(again, handles) == oracle(inbox)
 
 
-def test_a_server_takes_a_source_from_its_clients(spark: SparkSession, tmp_path: Path) -> None:
+def test_a_server_takes_a_source_from_its_clients(spark: SparkSession, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A client declares the stream; the server's durable engine runs its source, and the
-    client's SHOW STREAMS and invocations see it."""
+    client's SHOW STREAMS and invocations see it, with their freshness: the first
+    client served by the server's process, the second through a front process."""
     from psoup.server import Server
+    from psoup.server import server as server_module
 
+    monkeypatch.setattr(server_module, "DIRECT_CONNECTIONS", 1)
     inbox = tmp_path / "in"
     inbox.mkdir()
     engine = psoup.Engine(path=tmp_path / "data")
-    server = Server(engine, port=0, token="t")
+    server = Server(engine, port=0, token="t", fronts=1)
     host, port = server.start_in_thread()
     try:
-        with psoup.Client(f"{host}:{port}", token="t") as client:
+        with psoup.Client(f"{host}:{port}", token="t") as client, \
+                psoup.Client(f"{host}:{port}", token="t") as fronted:
             client.execute(f"CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES "
                            f"'{inbox}' FORMAT CSV")
             handles = [client.register(q) for q in QUERIES]
@@ -396,6 +420,10 @@ def test_a_server_takes_a_source_from_its_clients(spark: SparkSession, tmp_path:
             assert shown["source"] == f"FILES '{inbox}' FORMAT CSV"
             assert shown["source_batches"] == 1
             assert answers(client, handles) == oracle(inbox)
+            assert answers(fronted, handles) == oracle(inbox)
+            latest = trace(30, 0, 31)[-1][2]
+            for user in (client, fronted):
+                assert [user.invoke(h).fresh_to for h in handles] == [latest] * 3
     finally:
         server.stop()
         engine.close()
@@ -436,6 +464,7 @@ def test_rows_older_than_the_stream_take_its_latest_ts(spark: SparkSession,
         wait_for(rows_of(eng, 9))
         latest = trace(5, 100, 51)[-1][2]
         assert eng.invoke(h).ts.tolist()[5:] == [latest] * 4
+        assert eng.invoke(h).fresh_to == latest         # the late rows did not lower it
         assert eng.stats()["sources"]["traffic"]["late_rows"] == 4
 
 

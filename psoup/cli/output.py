@@ -7,7 +7,9 @@ cuts long answers with a footer saying how much was left out. CSV and JSON are f
 scripts: timestamps stay seconds since the epoch and SQL stays whole.
 
 An answer is a `Result` (the whole answer of an invocation) or a `Changes` (what entered
-and left the answer since a cursor, the STREAM paper's Istream and Dstream). Values are
+and left the answer since a cursor, the STREAM paper's Istream and Dstream). An answer
+over a stream fed by a Spark source also says up to which ts it is complete (its
+`fresh_to`: a table's footer, a JSON document's "fresh_to"). Values are
 the Python scalars the engine returns; text is printed verbatim, floats compactly in a
 table and exactly in CSV and JSON. JSON output is one document per answer with a fixed
 set of keys, so scripts can rely on it (docs/cli.md).
@@ -42,7 +44,10 @@ def render_result(result: Result, fmt: str, limit: int | None = None) -> str:
     A table starts with each row's ts (`iso_utc`), CSV with it in seconds. JSON is
     ``{"columns": [...], "rows": [[...], ...], "ts": [...], "cursor": "..."}``, ts in
     seconds. `limit` (None: all) keeps the first rows; the table's footer says how many
-    there were (`cut_note`), CSV and JSON just end early.
+    there were (`cut_note`), CSV and JSON just end early. An answer over a stream fed by
+    a source says up to which ts it is complete: in the table's footer (`fresh_note`),
+    as "fresh_to" (seconds; null while the source has sent nothing) in JSON; CSV holds
+    rows only.
 
     Example:
         >>> import numpy as np
@@ -72,7 +77,8 @@ def render_result(result: Result, fmt: str, limit: int | None = None) -> str:
         return _csv(["ts"] + list(result.columns), _stamped(result, limit, iso=False))
     n = len(result.rows)
     return (table(["ts"] + list(result.columns), _stamped(result, limit)) +
-            f"\n({n:,} row{'' if n == 1 else 's'}{cut_note(n, limit)})")
+            f"\n({n:,} row{'' if n == 1 else 's'}{cut_note(n, limit)}"
+            f"{fresh_note(result.fresh_to)})")
 
 
 def render_changes(changes: Changes, fmt: str, reset: bool = False,
@@ -106,7 +112,7 @@ def render_changes(changes: Changes, fmt: str, reset: bool = False,
     n = len(changes.inserted) + len(changes.deleted)
     return (table(["", "ts"] + list(changes.columns), _marked(changes, stamped=True)[:limit]) +
             f"\n({len(changes.inserted):,} inserted, {len(changes.deleted):,} deleted"
-            f"{cut_note(n, limit)})")
+            f"{cut_note(n, limit)}{fresh_note(changes.fresh_to)})")
 
 
 def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool,
@@ -142,15 +148,16 @@ def render_poll(answer: Result | Changes, fmt: str, polled: float, first: bool,
                      for row in _marked(changes, stamped=True, iso=False)[:limit]])
         return text if first else text.partition("\n")[2]
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(polled))
+    fresh = fresh_note(answer.fresh_to)
     if isinstance(answer, Result):
         n = len(answer)
-        return (f"[{stamp}] {n:,} row{'' if n == 1 else 's'}{cut_note(n, limit)}\n" +
+        return (f"[{stamp}] {n:,} row{'' if n == 1 else 's'}{cut_note(n, limit)}{fresh}\n" +
                 table(["ts"] + list(answer.columns), _stamped(answer, limit)))
     if not len(changes):
-        return f"[{stamp}] no changes"
+        return f"[{stamp}] no changes{fresh}"
     n = len(changes.inserted) + len(changes.deleted)
     return (f"[{stamp}] +{len(changes.inserted):,} -{len(changes.deleted):,}"
-            f"{cut_note(n, limit)}\n" +
+            f"{cut_note(n, limit)}{fresh}\n" +
             table(["", "ts"] + list(changes.columns), _marked(changes, stamped=True)[:limit]))
 
 
@@ -164,6 +171,23 @@ def cut_note(total: int, limit: int | None) -> str:
     if limit is None or total <= limit:
         return ""
     return f", first {limit:,} shown; --limit 0 for all"
+
+
+def fresh_note(fresh_to: float | None) -> str:
+    """The end of a footer saying up to which ts an answer over a stream fed by a
+    source is complete ("" for an answer over none: `Result.fresh_to` None).
+
+    Example:
+        >>> fresh_note(1795795201.0), fresh_note(None)
+        ('; complete to 2026-11-27T16:00:01.000Z', '')
+        >>> fresh_note(-math.inf)
+        '; complete to no ts yet (its source has sent nothing)'
+    """
+    if fresh_to is None:
+        return ""
+    if not math.isfinite(fresh_to):
+        return "; complete to no ts yet (its source has sent nothing)"
+    return f"; complete to {iso_utc(fresh_to)}"
 
 
 def render_records(key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
@@ -383,8 +407,9 @@ def _stamped(result: Result, limit: int | None, iso: bool = True) -> list[tuple[
 
 
 def _result_doc(result: Result, limit: int | None = None) -> dict[str, Any]:
-    return {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:limit]],
-            "ts": result.ts[:limit].tolist(), "cursor": result.cursor}
+    doc = {"columns": list(result.columns), "rows": [list(r) for r in result.rows[:limit]],
+           "ts": result.ts[:limit].tolist(), "cursor": result.cursor}
+    return _with_fresh(doc, result.fresh_to)
 
 
 def _changes_doc(changes: Changes, reset: bool, limit: int | None = None) -> dict[str, Any]:
@@ -392,7 +417,15 @@ def _changes_doc(changes: Changes, reset: bool, limit: int | None = None) -> dic
     rest = None if limit is None else max(limit - len(inserted), 0)
     return {"columns": list(changes.columns), "inserted": [list(r) for r in inserted],
             "deleted": [list(r) for r in changes.deleted.rows[:rest]],
-            "cursor": changes.cursor, "reset": reset}
+            "cursor": changes.cursor, "reset": reset} | _with_fresh({}, changes.fresh_to)
+
+
+def _with_fresh(doc: dict[str, Any], fresh_to: float | None) -> dict[str, Any]:
+    """`doc` with "fresh_to" for an answer over a stream fed by a source (null while
+    it has sent nothing: JSON has no -inf); as it was for any other answer."""
+    if fresh_to is not None:
+        doc["fresh_to"] = fresh_to
+    return doc
 
 
 def _marked(changes: Changes, stamped: bool = False, iso: bool = True) -> list[tuple[Any, ...]]:

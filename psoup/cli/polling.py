@@ -56,4 +56,4 @@ def changes_since(client: Client, handle: str, cursor: str | None,
     whole = client.invoke(handle, now=now)
     empty = Result(whole.columns, [], np.empty(0), np.empty(0, np.int64))
     assert whole.cursor is not None, "an invocation's answer carries its cursor"
-    return Changes(whole.columns, whole, empty, whole.cursor), reason
+    return Changes(whole.columns, whole, empty, whole.cursor, whole.fresh_to), reason

@@ -162,7 +162,7 @@ class CursorStore:
             old = kept[0]
         inserted, deleted = difference(old, answer, plan.query.distinct)
         return Changes(answer.columns, inserted, deleted,
-                       self.issue(handle, answer, window))
+                       self.issue(handle, answer, window), answer.fresh_to)
 
     def forget(self, handle: str) -> None:
         """Drop the stored answers of an unregistered handle. O(its stored answers)."""

@@ -25,6 +25,13 @@ readers are not held up by the disk (segment files never change once written):
 
 The rates learnt in step 2 feed a Budget policy's next decision. The answer then gets
 its cursor, or is turned into the changes since a cursor (psoup.results.cursors).
+
+Every answer also says how fresh it is (`Result.fresh_to`), taken in the hold of the
+lock its answer is read in (or cut in): for a query over streams fed by a Spark source
+(psoup.spark.live), the least of their latest ts. A source's rows are applied under
+the lock, and none later can have a smaller ts (late rows are raised to the latest),
+so the answer holds every tuple those streams will ever have below it. A lookup per
+invocation: the fed streams of each plan are found once (`Reads.fresh_to`).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ if TYPE_CHECKING:
     from psoup.results.answers import Answers
     from psoup.results.cursors import CursorStore
     from psoup.results.result import Changes, Result
+    from psoup.stems.data_stem import DataSteM
 
 T = TypeVar("T")
 
@@ -96,6 +104,7 @@ class Reads:
         self._cursors, self._registered = cursors, registered
         self.rate = DEFAULT_TIER_ROWS_PER_SECOND     # measured by reads of tier files
         self._rates: dict[Plan, float] = {}          # a query's last tier read rate
+        self._fed: dict[Plan, tuple[DataSteM, ...]] = {}    # `fresh_to`'s streams
 
     def invoke(self, handle: str, begin: Begin, since: str | None) -> Result | Changes:
         """`handle`'s answer at the (plan, NOW) `begin` gives under the lock, with its
@@ -122,11 +131,14 @@ class Reads:
                 if isinstance(plan, SelectionPlan) and plan.slot in self.tiers:
                     return _LOCKED
                 answer, window = self.answers.answer_and_window(plan, at)
+                answer.fresh_to = self.fresh_to(plan)
                 return finish(plan, answer, window)
             departures = self.answers.departures
+            fresh = self.fresh_to(plan)             # as of the cut
         answer, window = off()
         if self.answers.departures != departures:
             return _AGAIN
+        answer.fresh_to = fresh
         return finish(plan, answer, window)
 
     def _answered(self, handle: str, since: str | None, plan: Plan, answer: Result,
@@ -171,6 +183,7 @@ class Reads:
                         self.rate = 0.5 * self.rate + 0.5 * measured
                 if not wanted:
                     answer, window = self.answers.answer_and_window(plan, at, reads)
+                    answer.fresh_to = self.fresh_to(plan)
                     return finish(plan, answer, window)
                 folder = self.tiers.folder
             assert folder is not None
@@ -200,6 +213,29 @@ class Reads:
         """A query leaves (called before anything of it changes)."""
         self.answers.depart()
         self._rates.pop(plan, None)
+        self._fed.pop(plan, None)
+
+    def fresh_to(self, plan: Plan) -> float | None:
+        """Under the lock: `Result.fresh_to` of an answer of `plan` read now, the least
+        latest ts of the streams fed by a Spark source it reads (-inf while one has no
+        tuple); None when it reads none. O(1): a plan's fed streams are found on its
+        first invocation (a stream is dropped only after the queries reading it).
+
+        Example:
+            >>> from psoup import Engine
+            >>> eng = Engine()
+            >>> eng.execute("CREATE STREAM R (a INT)")
+            >>> eng.invoke(eng.register("SELECT a FROM R")).fresh_to is None
+            True
+        """
+        fed = self._fed.get(plan)
+        if fed is None:
+            stems = self.answers.stems
+            fed = self._fed[plan] = tuple(stems[s.stream] for s in plan.query.sources
+                                          if stems[s.stream].schema.source is not None)
+        if not fed:
+            return None
+        return min(stem.last_ts for stem in fed) if len(fed) > 1 else fed[0].last_ts
 
     def read_plan(self, plan: Plan, now: float) -> dict[str, Limits] | None:
         """How to read the archive tier of `plan` for an answer at `now`: None to read

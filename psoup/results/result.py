@@ -45,6 +45,11 @@ class Result:
         error: for an answer over a sample, output column -> one number per row: the
             half-width of the 95% confidence interval of that row's COUNT or SUM
             estimate (psoup.results.aggregates.Aggregator.compute); empty when exact.
+        fresh_to: for an answer over streams fed by a Spark source (docs/language.md,
+            "Freshness"), the ts up to which it is complete: no tuple with a smaller ts
+            can still arrive in any of them. It is the least of those streams' latest
+            ts (-inf while one of them has no tuple yet). None for an answer over no
+            such stream, whose tuples are all inserted by callers.
 
     Example:
         >>> r = Result(["a"], [(1,), (2,)], np.array([5.0, 6.0]), np.array([1, 2]))
@@ -58,7 +63,8 @@ class Result:
                  values: list[np.ndarray] | None = None,
                  fidelity: Sequence[tuple[float, float, float]] = EXACT,
                  error: dict[str, np.ndarray] | None = None,
-                 identity: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None):
+                 identity: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None,
+                 fresh_to: float | None = None):
         """`identity`, when ts and tuple_ids are None: returns them, called once, when
         either is first read (it must keep what it reads from changing meanwhile)."""
         assert rows is not None or values is not None, "rows or column values"
@@ -79,6 +85,7 @@ class Result:
         self.fidelity = EXACT if fidelity is EXACT else tuple(tuple(map(float, f))
                                                               for f in fidelity)
         self.error = error or {}
+        self.fresh_to = fresh_to
 
     @property
     def ts(self) -> np.ndarray:
@@ -250,8 +257,9 @@ class Result:
 
     def _carried(self, result: Result, keep: np.ndarray | None = None) -> Result:
         """`result` (this answer's rows `keep`, all when None) with this answer's
-        fidelity and the errors of those rows."""
+        fidelity and freshness and the errors of those rows."""
         result.fidelity = self.fidelity
+        result.fresh_to = self.fresh_to
         result.error = {name: (e if keep is None else e[keep]) for name, e in self.error.items()}
         return result
 
@@ -304,6 +312,7 @@ class Changes:
         inserted: a Result of the rows now in the answer that were not in it at the cursor.
         deleted: a Result of the rows that were in the answer at the cursor and are gone.
         cursor: the cursor of the new answer, for the next poll.
+        fresh_to: the new answer's `Result.fresh_to`.
 
     Example:
         >>> empty = Result(["a"], [], np.empty(0), np.empty(0, np.int64))
@@ -312,11 +321,13 @@ class Changes:
         (1, [(1,)])
     """
 
-    def __init__(self, columns: list[str], inserted: Result, deleted: Result, cursor: str):
+    def __init__(self, columns: list[str], inserted: Result, deleted: Result, cursor: str,
+                 fresh_to: float | None = None):
         self.columns = columns
         self.inserted = inserted
         self.deleted = deleted
         self.cursor = cursor
+        self.fresh_to = fresh_to
 
     def __len__(self) -> int:
         return len(self.inserted) + len(self.deleted)

@@ -67,7 +67,8 @@ def messages(buf: bytearray) -> Iterator[tuple[int, int, bytes]]:
 OPEN, DATA, SHUT, CLOSED, PAUSE, RESUME, EOF, CLOSE, HOLD, READ, ANSWER = range(1, 12)
 
 #: An ANSWER's body: the length of its head (msgpack: request id, columns, cursor,
-#: the values' dtypes and byte counts, rows), then the raw values, ts and tupleIDs.
+#: the values' dtypes and byte counts, rows, fresh_to), then the raw values, ts and
+#: tupleIDs.
 ANSWER_HEAD = struct.Struct("<I")
 
 #: The bytes a channel's transport may hold unsent before the clients are paused.
@@ -224,7 +225,8 @@ def answer_frame(body: bytes) -> bytes:
     sent, encoded by the same functions."""
     (size,) = ANSWER_HEAD.unpack_from(body)
     pos = ANSWER_HEAD.size + size
-    request_id, columns, cursor, dtypes, sizes, rows = unpack_payload(body[ANSWER_HEAD.size:pos])
+    request_id, columns, cursor, dtypes, sizes, rows, fresh_to = unpack_payload(
+        body[ANSWER_HEAD.size:pos])
     values = []
     for dtype, nbytes in zip(dtypes, sizes, strict=True):
         values.append(np.frombuffer(body, dtype=dtype, count=nbytes // np.dtype(dtype).itemsize,
@@ -232,7 +234,8 @@ def answer_frame(body: bytes) -> bytes:
         pos += nbytes
     ts = np.frombuffer(body, dtype="<f8", count=rows, offset=pos)
     tuple_ids = np.frombuffer(body, dtype="<i8", count=rows, offset=pos + 8 * rows)
-    answer = Result(columns, None, ts, tuple_ids, cursor=cursor, values=values)
+    answer = Result(columns, None, ts, tuple_ids, cursor=cursor, values=values,
+                    fresh_to=fresh_to)
     return pack_frame(ok_reply(request_id, encode_answer(answer)))
 
 

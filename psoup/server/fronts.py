@@ -365,7 +365,7 @@ class Channel(asyncio.Protocol):
         tuple_ids = np.ascontiguousarray(answer.tuple_ids, dtype=np.int64)
         head = msgpack.packb([request_id, answer.columns, answer.cursor,
                               [a.dtype.str for a in arrays], [a.nbytes for a in arrays],
-                              len(ts)], use_bin_type=True)
+                              len(ts), answer.fresh_to], use_bin_type=True)
         parts = [ANSWER_HEAD.pack(len(head)), head, *(a.data.cast("B") for a in arrays),
                  ts.data.cast("B"), tuple_ids.data.cast("B")]
         if not self.out:

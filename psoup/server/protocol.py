@@ -271,11 +271,17 @@ def _encoded(answer: Result | Changes, rows: slice | None,
     """`answer` encoded whole (`rows` and `deleted` None), or one piece of it: its rows
     `rows` (of a Changes, the inserted rows `rows` and the deleted rows `deleted`)."""
     if isinstance(answer, Changes):
-        return {"kind": AnswerKind.CHANGES.value, "columns": answer.columns,
-                "inserted": _rows_part(answer.inserted, rows),
-                "deleted": _rows_part(answer.deleted, deleted), "cursor": answer.cursor}
+        changes: dict[str, Any] = {"kind": AnswerKind.CHANGES.value, "columns": answer.columns,
+                                   "inserted": _rows_part(answer.inserted, rows),
+                                   "deleted": _rows_part(answer.deleted, deleted),
+                                   "cursor": answer.cursor}
+        if answer.fresh_to is not None:
+            changes["fresh_to"] = answer.fresh_to
+        return changes
     wire = {"kind": AnswerKind.ANSWER.value, "columns": answer.columns,
             **_rows_part(answer, rows), "cursor": answer.cursor}
+    if answer.fresh_to is not None:     # an answer over a stream fed by a source
+        wire["fresh_to"] = answer.fresh_to
     if not answer.exact:                # a TABLESAMPLE answer: its rates and errors
         cut = slice(None) if rows is None else rows
         wire["fidelity"] = [list(f) for f in answer.fidelity]
@@ -424,9 +430,11 @@ def join_answers(pieces: list[Mapping[str, Any]]) -> dict[str, Any]:
     try:
         first = pieces[0]
         same = ("kind", "columns", "cursor")
-        if any(any(p.get(k) != first.get(k) for k in same) for p in pieces):
+        if any(any(p.get(k) != first.get(k) for k in (*same, "fresh_to")) for p in pieces):
             raise ValueError("pieces of different answers")
         joined = {k: first[k] for k in same}
+        if "fresh_to" in first:
+            joined["fresh_to"] = first["fresh_to"]
         if first["kind"] == AnswerKind.CHANGES:
             for part in ("inserted", "deleted"):
                 joined[part] = _joined_rows([p[part] for p in pieces])
@@ -478,10 +486,14 @@ def decode_answer(wire: Mapping[str, Any]) -> Result | Changes:
         ([(1,)], [5.0], [3], 'c')
     """
     columns = list(wire["columns"])
+    fresh_to = wire.get("fresh_to")
+    if fresh_to is not None:
+        fresh_to = float(fresh_to)
     if wire["kind"] == AnswerKind.CHANGES:
         return Changes(columns, _result_of(columns, wire["inserted"], None),
-                       _result_of(columns, wire["deleted"], None), wire["cursor"])
+                       _result_of(columns, wire["deleted"], None), wire["cursor"], fresh_to)
     result = _result_of(columns, wire, wire["cursor"])
+    result.fresh_to = fresh_to
     if "fidelity" in wire:
         result.fidelity = tuple(tuple(map(float, f)) for f in wire["fidelity"])
         result.error = {str(name): np.asarray(decode_array(e), np.float64)
