@@ -342,7 +342,16 @@ def bench(s: dict[str, Any]) -> list[dict[str, Any]]:
                 rows.append(_derived(row))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    _cores(rows)
     return rows
+
+
+def _cores(rows: Sequence[dict[str, Any]]) -> None:
+    """Each local[2] row's tuples/s through the source over local[1]'s at its count."""
+    one = {r["queries"]: r for r in rows if r["master"] == "local[1]"}
+    for row in rows:
+        if row["master"] == "local[2]" and row["queries"] in one:
+            row["x local[1]"] = row["source tuples/s"] / one[row["queries"]]["source tuples/s"]
 
 
 def _derived(row: dict[str, Any]) -> dict[str, Any]:
@@ -424,7 +433,11 @@ def main() -> None:
         return
     level, suffix = common.size_flag(__doc__)
     s = _settings(level)
-    rows = bench(s)
+    write_report(bench(s), s, suffix)
+
+
+def write_report(rows: list[dict[str, Any]], s: dict[str, Any], suffix: str) -> None:
+    """The table, its notes (the targets' verdicts first), the JSON and the PNG."""
     info = common.machine_info()
     notes = verdicts(rows, s) + [
         f"measured on {common.cpu_line(info)}, {info['cpu_count']} CPUs; Spark's JVM runs "
@@ -452,7 +465,7 @@ def main() -> None:
         ("master", "master", "s"), ("queries", "queries", ",d"),
         ("tuples", "tuples", ",d"), ("source tuples/s", "FROM FILES tuples/s", ",.0f"),
         ("direct tuples/s", "Engine.insert tuples/s", ",.0f"),
-        ("source/direct", "source/direct", ".3f"),
+        ("source/direct", "source/direct", ".3f"), ("x local[1]", "x local[1]", ".2f"),
         ("first part s", "first part s", ".2f"), ("batches", "batches", ",d"),
         ("spark tuples/s", "Spark filters tuples/s", ",.0f"),
         ("spark steady tuples/s", "Spark steady", ",.0f"),
