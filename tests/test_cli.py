@@ -71,7 +71,8 @@ SMOKE_REPORTS = {"ingest": ["ingest"], "register": ["register"],
 #: Every script that picks its sizes through common.size_flag (the Spark suites included).
 SIZED_SCRIPTS = ["ingest", "register", "invoke", "joins", "aggregates", "traffic", "manyq",
                  "server", "soak", "replay", "history", "oscar", "oscar_copies", "peers",
-                 "scale_register", "scale_stall", "scale_restart", "scale_cores"]
+                 "scale_register", "scale_stall", "scale_restart", "scale_cores",
+                 "spark_live"]
 
 #: A bound on a whole smoke run that only a hang reaches: the smoke sizes take seconds
 #: per suite on a quiet 2-core machine, and a loaded one must not fail the test.

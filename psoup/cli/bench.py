@@ -31,6 +31,8 @@ SUITES = {
     "soak": ("soak.py", "the service over time: beside a history job; 100 clients soaking"),
     "replay": ("replay.py", "Spark replay rate vs Spark's own read rate"),
     "history": ("history.py", "1,024 queries over 10^7 archived tuples: one pass vs per query"),
+    "spark_live": ("spark_live.py", "streams fed by a Spark source: files landing in a "
+                                    "folder, local[1] vs local[2], vs Spark's own filters"),
     "oscar": ("oscar.py", "reduced archive reads: COUNT(*) at 0-75% reduction vs the "
                           "strawman and DuckDB, interval coverage; hourly averages "
                           "from the aggregate copies vs tuples"),

@@ -1324,9 +1324,9 @@ def _names_on(server: str) -> dict[str, str]:
 @click.option("--list", "list_", is_flag=True, help="List the suites and exit.")
 def bench(suites: tuple[str, ...], quick: bool, list_: bool) -> None:
     """Run the benchmarks: all of them, or the SUITEs named (ingest, register, invoke, joins,
-    aggregates, traffic, manyq, peers, server, replay, history; the paper's fig7, table2,
-    fig8, fig9, fig11, sect5.5 name the suite that reproduces them). Each prints its tables
-    and writes bench/results/NAME.json and NAME.png."""
+    aggregates, traffic, manyq, peers, server, replay, history, spark_live; the paper's
+    fig7, table2, fig8, fig9, fig11, sect5.5 name the suite that reproduces them). Each
+    prints its tables and writes bench/results/NAME.json and NAME.png."""
     from psoup.cli import bench as benching
     if list_:
         aliases: dict[str, list[str]] = {}
