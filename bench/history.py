@@ -175,10 +175,10 @@ def _measure(root: Path, n: int, queries: int, master: str,
             "jvm_2_mb": peaks[1][1]}
 
 
-def _peaks() -> tuple[float, float]:
+def _peaks(field: str = "VmHWM") -> tuple[float, float]:
     """Peak memory (MB) so far of this process and of the driver JVM it started (VmHWM,
     not ru_maxrss: a process's ru_maxrss starts from its parent's at the fork, and the
-    parent wrote the archive)."""
+    parent wrote the archive); with field="VmRSS", the memory they hold now."""
     jvm = 0.0
     for pid in _descendants(os.getpid()):
         try:
@@ -186,9 +186,9 @@ def _peaks() -> tuple[float, float]:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if "java" in command and "VmHWM:" in status:
-            jvm = max(jvm, int(status.split("VmHWM:")[1].split()[0]) / 1024)
-    python = int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0])
+        if "java" in command and f"{field}:" in status:
+            jvm = max(jvm, int(status.split(f"{field}:")[1].split()[0]) / 1024)
+    python = int(Path("/proc/self/status").read_text().split(f"{field}:")[1].split()[0])
     return python / 1024, jvm
 
 

@@ -44,7 +44,6 @@ Usage: python bench/spark_live.py [--quick | --smoke]
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -100,17 +99,7 @@ def _rss_mb() -> tuple[float, float]:
     """(this process's RSS, the driver JVM's RSS) in MB, from /proc (VmRSS: now, not
     the peak; the JVM is the java process among this process's descendants)."""
     import history
-    jvm = 0.0
-    for pid in history._descendants(os.getpid()):
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if "java" in command and "VmRSS:" in status:
-            jvm = max(jvm, int(status.split("VmRSS:")[1].split()[0]) / 1024)
-    own = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0])
-    return own / 1024, jvm
+    return history._peaks("VmRSS")
 
 
 def _wait(check: Callable[[], bool], what: str, every: float = 0.01) -> float:
