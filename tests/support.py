@@ -4,13 +4,14 @@ reading a reply frame off a raw socket, running a real server process to kill, a
 Python that has psoup's dependencies but not psoup and one that has neither (for Spark
 executors), engines that
 always reuse their last answers, the count of an engine's bit-sliced rows, the
-wait for an engine's automatic checkpoint, and streams FROM a source that Spark does
-not feed.
+wait for an engine's automatic checkpoint, streams FROM a source that Spark does
+not feed, and files landing in a source's folder (`land`, with rows from `trace`).
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import socket
@@ -323,3 +324,43 @@ def probe_columns(schema: StreamSchema, rows: Sequence[tuple[Any, ...]],
     columns["ts"] = batch.ts
     columns["tupleID"] = np.arange(first_tid, first_tid + batch.n)
     return columns
+
+
+#: Landed files' modification times: one second apart, in landing order (Spark's file
+#: source takes new files oldest first, and files landed in one second would tie).
+MTIMES = itertools.count(int(time.time()) - 100_000)
+
+
+def land(folder: Path, name: str, rows: list[tuple[int, float, float]],
+         fmt: str = "csv") -> None:
+    """Write rows (lane, speed, ts) as a producer lands a file: elsewhere (in the
+    folder's parent), then renamed in. JSON files give ts as ISO-8601."""
+    tmp = folder.parent / f".{name}"
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({"lane": [a for a, _, _ in rows],
+                                 "speed": [b for _, b, _ in rows],
+                                 "ts": [c for _, _, c in rows]}), tmp)
+    elif fmt == "csv":
+        tmp.write_text("lane,speed,ts\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
+    else:
+        tmp.write_text("".join(json.dumps({"lane": a, "speed": b, "ts": _iso(c)}) + "\n"
+                               for a, b, c in rows))
+    at = next(MTIMES)
+    os.utime(tmp, (at, at))
+    tmp.rename(folder / name)
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+
+
+def trace(n: int, start: int, seed: int, t0: float = 1_767_225_600.0
+          ) -> list[tuple[int, float, float]]:
+    """n rows (lane, speed, ts) with distinct increasing ts, 0.5 s apart from t0 +
+    start / 2 (rows from `start` on of one long trace)."""
+    import random
+    gen = random.Random(seed)
+    return [(gen.randrange(1, 5), round(gen.uniform(20, 120), 2), t0 + (start + i) * 0.5)
+            for i in range(n)]

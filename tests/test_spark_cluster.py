@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import pyspark
 import pytest
 
-from tests.support import bare_python, python_without_psoup
+from tests.support import bare_python, land, python_without_psoup, trace
 
 pytestmark = pytest.mark.cluster
 
@@ -241,3 +241,171 @@ def _psoup_script(script: str, args: list[str], env: dict[str, str], cwd: Path,
     assert done.returncode == 0, (done.stdout, done.stderr,
                                   [p.read_text()[-2000:] for p in logs if p.exists()])
     return done.stdout
+
+
+# ---------------------------------------------------------------------- live sources
+
+#: Standing queries over a stream FROM FILES, and each as DuckDB answers it over the
+#: landed files (the view f); the selection's rows have ts first.
+LIVE_QUERIES = ["SELECT lane, speed FROM traffic WHERE speed > 50.0",
+                "SELECT lane, COUNT(*), MAX(speed) FROM traffic WHERE speed < 80.0 "
+                "GROUP BY lane"]
+LIVE_ORACLE = ["SELECT ts, lane, speed FROM f WHERE speed > 50.0 ORDER BY ts",
+               "SELECT lane, COUNT(*), MAX(speed) FROM f WHERE speed < 80.0 "
+               "GROUP BY lane ORDER BY lane"]
+
+#: A psoup process whose durable engine (on the cluster's master) has a stream FROM
+#: FILES with LIVE_QUERIES registered; it prints "ready", then "applied N" after each
+#: micro-batch N. On stdin, "rows N" waits for N rows in the stream and prints a JSON
+#: line of the answers and the source's counters; "go" lets a held batch run. With
+#: "hold:N" it waits for "go" before collecting batch N (its tasks run after that);
+#: with "kill" it SIGKILLs itself once batch 1 is in its log, before Spark commits it.
+LIVE_CHILD = """
+import json, os, signal, sys, threading, time
+import psoup
+from psoup.spark.live import LiveSources
+
+data, inbox, url, fmt, how, queries = sys.argv[1:]
+go = threading.Event()
+applied = LiveSources.apply
+
+def apply(self, run, frame, batch_id):
+    if how == "hold:%d" % batch_id:
+        print("holding", batch_id, flush=True)
+        if not go.wait(120):
+            os._exit(3)
+    applied(self, run, frame, batch_id)
+    print("applied", batch_id, flush=True)
+    if how == "kill" and batch_id == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+LiveSources.apply = apply
+eng = psoup.Engine(path=data, spark_master=url)
+if "traffic" not in eng.streams():
+    eng.execute("CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '%s' FORMAT %s "
+                "WITH (maxFilesPerTrigger = 1, trigger = '500 milliseconds')" % (inbox, fmt))
+handles = [eng.register(q) for q in json.loads(queries)]
+print("ready", flush=True)
+for line in sys.stdin:
+    word, _, arg = line.strip().partition(" ")
+    if word == "go":
+        go.set()
+        continue
+    deadline = time.monotonic() + 120
+    while eng.describe("traffic")["rows_total"] < int(arg):
+        if time.monotonic() > deadline:
+            print(json.dumps({"timeout": eng.stats()["sources"]}), flush=True)
+            os._exit(4)
+        time.sleep(0.2)
+    time.sleep(1.0)                 # a batch applied twice would show now
+    selection, aggregate = (eng.invoke(h) for h in handles)
+    out = [[[t, *r] for t, r in zip(selection.ts.tolist(), selection.rows)],
+           sorted(list(r) for r in aggregate.rows)]
+    source = eng.stats()["sources"]["traffic"]
+    print(json.dumps({"answers": out, "rows": eng.describe("traffic")["rows_total"],
+                      "source": {k: source[k] for k in ("batches", "replayed_batches",
+                                                        "restarts", "last_error")}}),
+          flush=True)
+eng.close()
+"""
+
+
+class Live:
+    """A LIVE_CHILD process: its lines read one at a time, its answers asked for."""
+
+    def __init__(self, cluster: Cluster, tmp_path: Path, fmt: str, how: str = "") -> None:
+        url, env, self.logs, _ = cluster
+        self.stderr = tmp_path / f"psoup-{how or 'plain'}.log"
+        with open(self.stderr, "ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", LIVE_CHILD, str(tmp_path / "data"),
+                 str(tmp_path / "in"), url, fmt, how, json.dumps(LIVE_QUERIES)],
+                env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=err, text=True)
+        self.expect("ready")
+
+    def expect(self, prefix: str) -> str:
+        """The next line starting with `prefix` (others, "applied N", are skipped)."""
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, f"the psoup process ended: {self.stderr.read_text()[-3000:]}"
+            if line.startswith(prefix):
+                return line.strip()
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def answers(self, rows: int) -> dict[str, Any]:
+        self.send(f"rows {rows}")
+        said: dict[str, Any] = json.loads(self.expect("{"))
+        assert "timeout" not in said, said
+        return said
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _live_oracle(inbox: Path, fmt: str) -> list[list[list[Any]]]:
+    db = duckdb.connect()
+    if fmt == "csv":
+        db.execute(f"CREATE VIEW f AS SELECT lane::BIGINT AS lane, speed::DOUBLE AS speed, "
+                   f"ts::DOUBLE AS ts FROM read_csv('{inbox}/*.csv', header = true)")
+    else:
+        db.execute(f"CREATE VIEW f AS SELECT * FROM read_parquet('{inbox}/*.parquet')")
+    return [[list(r) for r in db.execute(sql).fetchall()] for sql in LIVE_ORACLE]
+
+
+def _apps_with_tasks(cluster: Cluster) -> set[str]:
+    """The applications whose executors ran a task on the cluster's workers."""
+    return {p.parent.parent.name for _, work in cluster[3]
+            for p in work.glob("app-*/*/stderr") if b"Running task" in p.read_bytes()}
+
+
+def _executors(work: Path) -> list[int]:
+    """The process ids of the executor JVMs a worker runs (their working directories
+    are under its work directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes()
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if b"CoarseGrainedExecutorBackend" in command and cwd.startswith(str(work)):
+            found.append(int(proc.name))
+    return found
+
+
+def test_live_files_on_the_cluster_give_duckdbs_answers(cluster: Cluster,
+                                                        tmp_path: Path) -> None:
+    """CSV files landing in a folder, several micro-batches, on the cluster's executors:
+    the standing queries answer as DuckDB does over the same files."""
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    before = _apps_with_tasks(cluster)
+    live = Live(cluster, tmp_path, "csv")
+    try:
+        land(inbox, "a.csv", trace(40, 0, 81))
+        assert live.answers(40)["rows"] == 40
+        land(inbox, "b.csv", trace(30, 40, 82))
+        land(inbox, "c.csv", trace(25, 70, 83))
+        got = live.answers(95)
+        assert got["rows"] == 95
+        assert got["answers"] == _live_oracle(inbox, "csv")
+        assert got["source"]["batches"] == 3 and got["source"]["last_error"] is None
+    finally:
+        live.close()
+    assert live.proc.returncode == 0, live.stderr.read_text()[-3000:]
+    assert _apps_with_tasks(cluster) - before, "no task ran on the cluster's executors"

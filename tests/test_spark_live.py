@@ -7,7 +7,6 @@ tests/test_freshness.py has the rest)."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import time
@@ -23,7 +22,7 @@ from psoup.archive.parquet import Archive
 from psoup.errors import QueryError
 from psoup.query.model import SourceFormat, SourceKind, StreamSource
 from psoup.spark.live import LiveSources
-from tests.support import Clock, compiled_schema
+from tests.support import Clock, compiled_schema, land, trace
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -119,44 +118,6 @@ def wait_for(check: Callable[[], bool], seconds: float = 240.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting for the source")
         time.sleep(0.3)
-
-
-#: Landed files' modification times: one second apart, in landing order (Spark's file
-#: source takes new files oldest first, and files landed in one second would tie).
-MTIMES = itertools.count(int(time.time()) - 100_000)
-
-
-def land(folder: Path, name: str, rows: list[tuple[int, float, float]],
-         fmt: str = "csv") -> None:
-    """Write a file the way a producer lands one: elsewhere, then renamed in."""
-    tmp = folder.parent / f".{name}"
-    if fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        pq.write_table(pa.table({"lane": [a for a, _, _ in rows],
-                                 "speed": [b for _, b, _ in rows],
-                                 "ts": [c for _, _, c in rows]}), tmp)
-    elif fmt == "csv":
-        tmp.write_text("lane,speed,ts\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
-    else:
-        import json
-        tmp.write_text("".join(json.dumps({"lane": a, "speed": b, "ts": _iso(c)}) + "\n"
-                               for a, b, c in rows))
-    at = next(MTIMES)
-    os.utime(tmp, (at, at))
-    tmp.rename(folder / name)
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
-
-
-def trace(n: int, start: int, seed: int) -> list[tuple[int, float, float]]:
-    """n rows (lane, speed, ts) with distinct increasing ts after row `start`."""
-    import random
-    gen = random.Random(seed)
-    return [(gen.randrange(1, 5), round(gen.uniform(20, 120), 2), T0 + (start + i) * 0.5)
-            for i in range(n)]
 
 
 def oracle(folder: Path, fmt: str = "csv") -> list[list[tuple[Any, ...]]]:
