@@ -5,8 +5,11 @@ Import, replay and history run against it in driver processes of their own (a pr
 has one Spark session, and the test run's is local[2]); one worker is killed while the
 import runs, and the answers must still equal DuckDB's over the same rows. An import
 also runs with executors whose Python has none of psoup's dependencies either, through
-the packed environment `psoup spark pack-env` builds (once per test session). Every
-process started is stopped by its process group."""
+the packed environment `psoup spark pack-env` builds (once per test session). Streams
+FROM FILES run their Structured Streaming queries on it from a durable engine in a
+psoup process of its own: answers equal DuckDB's over the landed files, with an
+executor killed mid-batch and with the psoup process SIGKILLed mid-batch and started
+again. Every process started is stopped by its process group."""
 
 from __future__ import annotations
 
@@ -178,71 +181,6 @@ def test_import_on_workers_without_psoups_dependencies_through_a_packed_env(
     assert unpacked and all((p / "bin" / "python").exists() for p in unpacked)
 
 
-def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(
-        cluster: Cluster, tmp_path: Path) -> None:
-    url, env, logs, workers = cluster
-    n = 200_000
-    rows = _readings(n)
-    data = tmp_path / "readings.csv"
-    data.write_text("ts,lane,speed,road\n" + "".join(
-        f"{r['ts']},{r['lane']},{r['speed']},{r['road']}\n" for r in reversed(rows)))
-
-    # import, with a relative --into (the executors write under the driver's directory);
-    # a worker is killed as soon as one of its tasks runs: Spark retries on the other
-    importing = subprocess.Popen(
-        [sys.executable, "-m", "psoup.cli.main", "archive", "import", "readings.csv",
-         "--stream", "traffic", "--columns", COLUMNS, "--into", "arc", "--master", url],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    victim, work = workers[0]
-    _wait(lambda: _running_task(work) or importing.poll() is not None, 300,
-          "a task on worker 1", logs)
-    assert importing.poll() is None, "the import ended before a worker could be killed"
-    os.killpg(victim.pid, signal.SIGKILL)
-    out, err = importing.communicate(timeout=600)
-    assert importing.returncode == 0, (out, err)
-    assert out.startswith(f"{n:,} rows of traffic into arc")
-    archived = pq.ParquetDataset(str(tmp_path / "arc" / "stream=traffic")).read()
-    assert archived.num_rows == n and not list(tmp_path.rglob("*.tmp"))
-    assert sorted(zip(archived.column("ts").to_pylist(), archived.column("lane").to_pylist(),
-                      archived.column("speed").to_pylist(), strict=True)) == \
-        sorted((r["ts"], r["lane"], r["speed"]) for r in rows)
-
-    # replay into an engine and evaluate history over its archive, in one driver
-    script = textwrap.dedent(f"""
-        import json, sys
-        import psoup
-        from psoup.spark.replay import replay
-        url, queries = sys.argv[1], json.loads(sys.argv[2])
-        out = {{}}
-        with psoup.Engine(path="state", spark_master=url) as eng:
-            eng.execute("CREATE STREAM traffic ({COLUMNS}) RETAIN 500 ROWS")
-            handles = [eng.register(q) for q in queries]
-            report = replay(["arc"], eng, master=url)
-            out["replayed"] = report.rows
-            eng.checkpoint()            # what left retention goes to the archive
-            out["history"] = eng.history_wait(eng.history())
-            out["answers"] = [sorted(eng.invoke(h, now={T0 + 5000}).rows) for h in handles]
-        print(json.dumps(out))
-    """)
-    said = _psoup_script(script, [url, json.dumps(QUERIES)], env, tmp_path, logs)
-    got = json.loads(said.strip().splitlines()[-1])
-    assert got["replayed"] == n
-    assert got["history"]["state"] == "done", got["history"].get("error")
-    for sql, answer in zip(QUERIES, got["answers"], strict=True):
-        want = _duckdb(rows, sql)
-        assert len(want) > 100
-        assert [tuple(r) for r in answer] == want
-
-
-def _psoup_script(script: str, args: list[str], env: dict[str, str], cwd: Path,
-                  logs: list[Path]) -> str:
-    done = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, (done.stdout, done.stderr,
-                                  [p.read_text()[-2000:] for p in logs if p.exists()])
-    return done.stdout
-
-
 # ---------------------------------------------------------------------- live sources
 
 #: Standing queries over a stream FROM FILES, and each as DuckDB answers it over the
@@ -255,7 +193,8 @@ LIVE_ORACLE = ["SELECT ts, lane, speed FROM f WHERE speed > 50.0 ORDER BY ts",
                "GROUP BY lane ORDER BY lane"]
 
 #: A psoup process whose durable engine (on the cluster's master) has a stream FROM
-#: FILES with LIVE_QUERIES registered; it prints "ready", then "applied N" after each
+#: FILES (taking `per_batch` files a micro-batch) with LIVE_QUERIES registered, and
+#: the Spark settings `conf`; it prints "ready", then "applied N" after each
 #: micro-batch N. On stdin, "rows N" waits for N rows in the stream and prints a JSON
 #: line of the answers and the source's counters; "go" lets a held batch run. With
 #: "hold:N" it waits for "go" before collecting batch N (its tasks run after that);
@@ -265,7 +204,7 @@ import json, os, signal, sys, threading, time
 import psoup
 from psoup.spark.live import LiveSources
 
-data, inbox, url, fmt, how, queries = sys.argv[1:]
+data, inbox, url, fmt, how, queries, per_batch, conf = sys.argv[1:]
 go = threading.Event()
 applied = LiveSources.apply
 
@@ -280,10 +219,11 @@ def apply(self, run, frame, batch_id):
         os.kill(os.getpid(), signal.SIGKILL)
 
 LiveSources.apply = apply
-eng = psoup.Engine(path=data, spark_master=url)
+eng = psoup.Engine(path=data, spark_master=url, spark_conf=json.loads(conf))
 if "traffic" not in eng.streams():
     eng.execute("CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '%s' FORMAT %s "
-                "WITH (maxFilesPerTrigger = 1, trigger = '500 milliseconds')" % (inbox, fmt))
+                "WITH (maxFilesPerTrigger = %s, trigger = '500 milliseconds')"
+                % (inbox, fmt, per_batch))
 handles = [eng.register(q) for q in json.loads(queries)]
 print("ready", flush=True)
 for line in sys.stdin:
@@ -313,13 +253,15 @@ eng.close()
 class Live:
     """A LIVE_CHILD process: its lines read one at a time, its answers asked for."""
 
-    def __init__(self, cluster: Cluster, tmp_path: Path, fmt: str, how: str = "") -> None:
+    def __init__(self, cluster: Cluster, tmp_path: Path, fmt: str, how: str = "",
+                 per_batch: int = 1, conf: dict[str, str] | None = None) -> None:
         url, env, self.logs, _ = cluster
         self.stderr = tmp_path / f"psoup-{how or 'plain'}.log"
         with open(self.stderr, "ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", LIVE_CHILD, str(tmp_path / "data"),
-                 str(tmp_path / "in"), url, fmt, how, json.dumps(LIVE_QUERIES)],
+                 str(tmp_path / "in"), url, fmt, how, json.dumps(LIVE_QUERIES),
+                 str(per_batch), json.dumps(conf or {})],
                 env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=err, text=True)
         self.expect("ready")
@@ -409,3 +351,157 @@ def test_live_files_on_the_cluster_give_duckdbs_answers(cluster: Cluster,
         live.close()
     assert live.proc.returncode == 0, live.stderr.read_text()[-3000:]
     assert _apps_with_tasks(cluster) - before, "no task ran on the cluster's executors"
+
+
+def _tasks_run(work: Path) -> list[str]:
+    """The "Running task" lines of the executors under a worker's work directory."""
+    return [line for p in work.glob("app-*/*/stderr")
+            for line in p.read_text(errors="replace").splitlines() if "Running task" in line]
+
+
+def test_live_source_keeps_every_row_once_when_an_executor_dies_mid_batch(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """Parquet files; micro-batch 1 (two files, so two tasks, one on each worker's
+    executor) starts with one executor frozen (SIGSTOP), so its task hangs there, and
+    that executor is then SIGKILLed: Spark runs the task again on the other executor
+    (its second attempt), the master starts a new executor on the worker, and the
+    answers are every row once."""
+    url, _, logs, workers = cluster
+    alive = [work for proc, work in workers if proc.poll() is None]
+    assert len(alive) == 2, "this test needs both workers (a test before it killed one)"
+    victim_work, survivor_work = alive
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    # each file its own partition (so its own task), however small
+    live = Live(cluster, tmp_path, "parquet", "hold:1", per_batch=2,
+                conf={"spark.sql.files.openCostInBytes": str(128 * 2**20)})
+    try:
+        land(inbox, "a.parquet", trace(30, 0, 91), "parquet")
+        assert live.answers(30)["rows"] == 30
+        def registered(work: Path) -> bool:
+            return any(b"Successfully registered with driver" in p.read_bytes()
+                       for p in work.glob("app-*/*/stderr"))
+        _wait(lambda: registered(victim_work) and registered(survivor_work), 120,
+              "an executor on each worker", logs)
+        land(inbox, "b.parquet", trace(40, 30, 92), "parquet")
+        land(inbox, "c.parquet", trace(35, 70, 93), "parquet")
+        live.expect("holding 1")
+        victims = _executors(victim_work)
+        assert victims
+        for pid in victims:
+            os.kill(pid, signal.SIGSTOP)
+        ran = len(_tasks_run(survivor_work))
+        live.send("go")
+        _wait(lambda: len(_tasks_run(survivor_work)) > ran, 60, "batch 1's task", logs)
+        time.sleep(1.0)                 # the other task was sent to the frozen executor
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        assert live.answers(105)["rows"] == 105
+        retried = [t for t in _tasks_run(survivor_work)[ran:] if ".1 in stage" in t]
+        assert retried, "no task of batch 1 was run again after the executor died"
+        land(inbox, "d.parquet", trace(20, 105, 94), "parquet")
+        got = live.answers(125)
+        assert got["rows"] == 125
+        assert got["answers"] == _live_oracle(inbox, "parquet")
+        assert got["source"]["batches"] == 3 and got["source"]["replayed_batches"] == 0
+        # the master started another executor on the worker
+        _wait(lambda: bool(set(_executors(victim_work)) - set(victims)), 60,
+              "a new executor on the worker", logs)
+    finally:
+        live.close()
+    assert live.proc.returncode == 0, live.stderr.read_text()[-3000:]
+
+
+def test_live_source_on_the_cluster_applies_a_batch_once_across_a_psoup_kill(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The psoup process is SIGKILLed after it logged micro-batch 1 and before Spark
+    committed it; a new one on the same data directory gets batch 1 from Spark again,
+    answers it as a duplicate, and goes on: no row lost or counted twice."""
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    first = Live(cluster, tmp_path, "csv", "kill")
+    try:
+        land(inbox, "a.csv", trace(12, 0, 101))
+        first.expect("applied 0")
+        land(inbox, "b.csv", trace(17, 12, 102))
+        first.expect("applied 1")
+        assert first.proc.wait(60) == -signal.SIGKILL
+    finally:
+        first.close()
+    back = Live(cluster, tmp_path, "csv")
+    try:
+        back.expect("applied 1")        # Spark's batch 1 again, a duplicate to psoup
+        land(inbox, "c.csv", trace(8, 29, 103))
+        got = back.answers(37)
+        assert got["rows"] == 37
+        assert got["answers"] == _live_oracle(inbox, "csv")
+        assert (got["source"]["batches"], got["source"]["replayed_batches"]) == (1, 1)
+    finally:
+        back.close()
+    assert back.proc.returncode == 0, back.stderr.read_text()[-3000:]
+
+
+def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(
+        cluster: Cluster, tmp_path: Path) -> None:
+    url, env, logs, workers = cluster
+    n = 200_000
+    rows = _readings(n)
+    data = tmp_path / "readings.csv"
+    data.write_text("ts,lane,speed,road\n" + "".join(
+        f"{r['ts']},{r['lane']},{r['speed']},{r['road']}\n" for r in reversed(rows)))
+
+    # import, with a relative --into (the executors write under the driver's directory);
+    # a worker is killed as soon as one of its tasks runs: Spark retries on the other
+    importing = subprocess.Popen(
+        [sys.executable, "-m", "psoup.cli.main", "archive", "import", "readings.csv",
+         "--stream", "traffic", "--columns", COLUMNS, "--into", "arc", "--master", url],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim, work = workers[0]
+    _wait(lambda: _running_task(work) or importing.poll() is not None, 300,
+          "a task on worker 1", logs)
+    assert importing.poll() is None, "the import ended before a worker could be killed"
+    os.killpg(victim.pid, signal.SIGKILL)
+    out, err = importing.communicate(timeout=600)
+    assert importing.returncode == 0, (out, err)
+    assert out.startswith(f"{n:,} rows of traffic into arc")
+    archived = pq.ParquetDataset(str(tmp_path / "arc" / "stream=traffic")).read()
+    assert archived.num_rows == n and not list(tmp_path.rglob("*.tmp"))
+    assert sorted(zip(archived.column("ts").to_pylist(), archived.column("lane").to_pylist(),
+                      archived.column("speed").to_pylist(), strict=True)) == \
+        sorted((r["ts"], r["lane"], r["speed"]) for r in rows)
+
+    # replay into an engine and evaluate history over its archive, in one driver
+    script = textwrap.dedent(f"""
+        import json, sys
+        import psoup
+        from psoup.spark.replay import replay
+        url, queries = sys.argv[1], json.loads(sys.argv[2])
+        out = {{}}
+        with psoup.Engine(path="state", spark_master=url) as eng:
+            eng.execute("CREATE STREAM traffic ({COLUMNS}) RETAIN 500 ROWS")
+            handles = [eng.register(q) for q in queries]
+            report = replay(["arc"], eng, master=url)
+            out["replayed"] = report.rows
+            eng.checkpoint()            # what left retention goes to the archive
+            out["history"] = eng.history_wait(eng.history())
+            out["answers"] = [sorted(eng.invoke(h, now={T0 + 5000}).rows) for h in handles]
+        print(json.dumps(out))
+    """)
+    said = _psoup_script(script, [url, json.dumps(QUERIES)], env, tmp_path, logs)
+    got = json.loads(said.strip().splitlines()[-1])
+    assert got["replayed"] == n
+    assert got["history"]["state"] == "done", got["history"].get("error")
+    for sql, answer in zip(QUERIES, got["answers"], strict=True):
+        want = _duckdb(rows, sql)
+        assert len(want) > 100
+        assert [tuple(r) for r in answer] == want
+
+
+def _psoup_script(script: str, args: list[str], env: dict[str, str], cwd: Path,
+                  logs: list[Path]) -> str:
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout, done.stderr,
+                                  [p.read_text()[-2000:] for p in logs if p.exists()])
+    return done.stdout
+
