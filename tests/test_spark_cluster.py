@@ -8,8 +8,9 @@ also runs with executors whose Python has none of psoup's dependencies either, t
 the packed environment `psoup spark pack-env` builds (once per test session). Streams
 FROM FILES run their Structured Streaming queries on it from a durable engine in a
 psoup process of its own: answers equal DuckDB's over the landed files, with an
-executor killed mid-batch and with the psoup process SIGKILLed mid-batch and started
-again. Every process started is stopped by its process group."""
+executor killed mid-batch, with the psoup process SIGKILLed mid-batch and started
+again, and with queries registered during the ingest. Every process started is
+stopped by its process group."""
 
 from __future__ import annotations
 
@@ -196,7 +197,9 @@ LIVE_ORACLE = ["SELECT ts, lane, speed FROM f WHERE speed > 50.0 ORDER BY ts",
 #: FILES (taking `per_batch` files a micro-batch) with LIVE_QUERIES registered, and
 #: the Spark settings `conf`; it prints "ready", then "applied N" after each
 #: micro-batch N. On stdin, "rows N" waits for N rows in the stream and prints a JSON
-#: line of the answers and the source's counters; "go" lets a held batch run. With
+#: line of the answers and the source's counters; "go" lets a held batch run;
+#: "register" registers LIVE_QUERIES again (the answers are theirs from then on) and
+#: prints a JSON line of the rows the stream had at that moment. With
 #: "hold:N" it waits for "go" before collecting batch N (its tasks run after that);
 #: with "kill" it SIGKILLs itself once batch 1 is in its log, before Spark commits it.
 LIVE_CHILD = """
@@ -230,6 +233,11 @@ for line in sys.stdin:
     word, _, arg = line.strip().partition(" ")
     if word == "go":
         go.set()
+        continue
+    if word == "register":          # the answers are the new registrations' from now
+        handles = [eng.register(q) for q in json.loads(queries)]
+        print(json.dumps({"registered_at": eng.describe("traffic")["rows_total"]}),
+              flush=True)
         continue
     deadline = time.monotonic() + 120
     while eng.describe("traffic")["rows_total"] < int(arg):
@@ -439,6 +447,28 @@ def test_live_source_on_the_cluster_applies_a_batch_once_across_a_psoup_kill(
     finally:
         back.close()
     assert back.proc.returncode == 0, back.stderr.read_text()[-3000:]
+
+
+def test_live_source_on_the_cluster_registration_during_ingest(cluster: Cluster,
+                                                               tmp_path: Path) -> None:
+    """Queries registered while micro-batches arrive (one file each) answer over every
+    row, those before the registration and those after, each once."""
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    live = Live(cluster, tmp_path, "csv")
+    try:
+        for i in range(6):
+            land(inbox, f"{i}.csv", trace(10, 10 * i, 111 + i))
+        live.expect("applied 0")
+        live.send("register")
+        at = json.loads(live.expect("{"))["registered_at"]
+        got = live.answers(60)
+        assert 0 < at < 60, "registered before or after the ingest, not during it"
+        assert got["rows"] == 60 and got["source"]["batches"] == 6
+        assert got["answers"] == _live_oracle(inbox, "csv")
+    finally:
+        live.close()
+    assert live.proc.returncode == 0, live.stderr.read_text()[-3000:]
 
 
 def test_import_replay_and_history_on_a_cluster_whose_workers_lack_psoup(
