@@ -262,8 +262,11 @@ class Live:
     """A LIVE_CHILD process: its lines read one at a time, its answers asked for."""
 
     def __init__(self, cluster: Cluster, tmp_path: Path, fmt: str, how: str = "",
-                 per_batch: int = 1, conf: dict[str, str] | None = None) -> None:
+                 per_batch: int = 1, conf: dict[str, str] | None = None,
+                 executors_python: Path | None = None) -> None:
         url, env, self.logs, _ = cluster
+        if executors_python is not None:
+            env = dict(env, PYSPARK_PYTHON=str(executors_python))
         self.stderr = tmp_path / f"psoup-{how or 'plain'}.log"
         with open(self.stderr, "ab") as err:
             self.proc = subprocess.Popen(
@@ -340,12 +343,13 @@ def _executors(work: Path) -> list[int]:
 
 def test_live_files_on_the_cluster_give_duckdbs_answers(cluster: Cluster,
                                                         tmp_path: Path) -> None:
-    """CSV files landing in a folder, several micro-batches, on the cluster's executors:
-    the standing queries answer as DuckDB does over the same files."""
+    """CSV files landing in a folder, several micro-batches, on the cluster's executors,
+    whose Python has neither psoup nor its dependencies (reading the files runs no
+    Python there): the standing queries answer as DuckDB does over the same files."""
     inbox = tmp_path / "in"
     inbox.mkdir()
     before = _apps_with_tasks(cluster)
-    live = Live(cluster, tmp_path, "csv")
+    live = Live(cluster, tmp_path, "csv", executors_python=bare_python(tmp_path / "bare"))
     try:
         land(inbox, "a.csv", trace(40, 0, 81))
         assert live.answers(40)["rows"] == 40
