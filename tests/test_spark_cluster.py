@@ -374,10 +374,11 @@ def _tasks_run(work: Path) -> list[str]:
 def test_live_source_keeps_every_row_once_when_an_executor_dies_mid_batch(
         cluster: Cluster, tmp_path: Path) -> None:
     """Parquet files; micro-batch 1 (two files, so two tasks, one on each worker's
-    executor) starts with one executor frozen (SIGSTOP), so its task hangs there, and
-    that executor is then SIGKILLed: Spark runs the task again on the other executor
-    (its second attempt), the master starts a new executor on the worker, and the
-    answers are every row once."""
+    executor) starts with one executor frozen (SIGSTOP), so a task sent there hangs,
+    and that executor is then SIGKILLed: Spark runs the task again (its second attempt,
+    on the other executor or on the one the master starts on the worker in its place;
+    or the scheduler had given the other one both), and the answers are every row
+    once."""
     url, _, logs, workers = cluster
     alive = [work for proc, work in workers if proc.poll() is None]
     assert len(alive) == 2, "this test needs both workers (a test before it killed one)"
@@ -409,8 +410,12 @@ def test_live_source_keeps_every_row_once_when_an_executor_dies_mid_batch(
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         assert live.answers(105)["rows"] == 105
-        retried = [t for t in _tasks_run(survivor_work)[ran:] if ".1 in stage" in t]
-        assert retried, "no task of batch 1 was run again after the executor died"
+        after = _tasks_run(survivor_work)[ran:]
+        # the task the scheduler sent the frozen executor ran again (its second
+        # attempt), here or on the executor the master started in the dead one's place;
+        # or the scheduler had given both of batch 1's tasks to this executor
+        retried = [t for t in after + _tasks_run(victim_work) if ".1 in stage" in t]
+        assert retried or len(after) >= 2, "a task of batch 1 was lost with its executor"
         land(inbox, "d.parquet", trace(20, 105, 94), "parquet")
         got = live.answers(125)
         assert got["rows"] == 125
