@@ -12,7 +12,14 @@ from __future__ import annotations
 from typing import NoReturn
 
 from psoup.errors import QueryError
-from psoup.query.model import AGGREGATES, INT64_MAX, INT64_MIN, CatalogAction, SampleMethod
+from psoup.query.model import (
+    AGGREGATES,
+    INT64_MAX,
+    INT64_MIN,
+    CatalogAction,
+    SampleMethod,
+    SourceKind,
+)
 from psoup.query.syntax import (
     BeginEnd,
     Between,
@@ -63,7 +70,7 @@ _ARITHMETIC = ("+", "-", "*")
 _AGGREGATE_HERE = "aggregates are not supported here ({name})"
 
 #: The words after CREATE STREAM ... FROM.
-SOURCE_KINDS = ("FILES", "RATE", "KAFKA")
+SOURCE_KINDS = tuple(kind.upper() for kind in SourceKind)
 
 _TIME_UNITS = "a unit (SECONDS, MINUTES, HOURS or DAYS)"
 _ANY_UNITS = "a unit (SECONDS, MINUTES, HOURS, DAYS or ROWS)"
@@ -250,11 +257,8 @@ class _Parser:
             path = self._literal_string()
         fmt, fmt_pos = None, None
         if self._accept_word("FORMAT"):
-            fmt_tok = self._tok
-            if fmt_tok.kind not in _WORDS:
-                self._fail("a format (CSV, JSON or PARQUET)")
-            self._advance()
-            fmt, fmt_pos = fmt_tok.text, fmt_tok.pos
+            fmt_pos = self._tok.pos
+            fmt = self._word("a format (CSV, JSON or PARQUET)")
         options: list[tuple[str, str, Pos]] = []
         if self._accept_word("WITH"):
             self._expect_symbol("(")
