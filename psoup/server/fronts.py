@@ -53,8 +53,9 @@ log = logging.getLogger("psoup.server")
 #: A StreamReader's limit, as asyncio.start_server gives one (it pauses past twice it).
 _READ_LIMIT = 1 << 16
 
-#: The bytes a channel's transport may hold unsent before writers wait (its default,
-#: 64 KiB, is three typical answers: the writers would wait at every turn).
+#: The bytes a channel's sender may hold unsent before writers wait (asyncio's default
+#: for a transport, 64 KiB, is three typical answers: the writers would wait at every
+#: turn).
 CHANNEL_BUFFER = 1 << 23
 
 #: Answers queued for a front past which they leave at once, not at the end of the
@@ -398,12 +399,10 @@ class Channel(asyncio.Protocol):
 
     def close(self) -> None:
         """Close the channel once what waits for the front is sent (its last replies)."""
-        transport = self.transport
-        if transport is not None and self.sender is not None:
+        transport, sender = self.transport, self.sender
+        if transport is not None and sender is not None:    # (made together)
             self.flush()
-            self.sender.close_after(transport.close)
-        elif transport is not None:
-            transport.close()
+            sender.close_after(transport.close)
 
 
 class _Front:
