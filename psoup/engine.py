@@ -283,6 +283,17 @@ class Engine:
             self._core.stem(name)
             return describe_stream(self._core, name, self._sources.state)
 
+    def latest_ts(self, name: str) -> float | None:
+        """Stream `name`'s latest ts, None before its first tuple (DESCRIBE's
+        `latest_ts`, without counting the queries that read the stream). O(1).
+
+        Raises:
+            QueryError: no stream has that name.
+        """
+        with self._lock:
+            stem = self._core.stem(name)
+            return stem.last_ts if stem.n else None
+
     def drop_stream(self, name: str, cascade: bool = False) -> None:
         """Drop stream `name` and everything kept of it (DROP STREAM): its tuples in
         memory and in the archive (docs/durability.md). A stream created again under the
@@ -468,8 +479,8 @@ class Engine:
                 out["durability"] = durability
                 out["archive_reads"] = (self._history.stats()
                                         | self._reads.stats(self._core.handles))
-                if self._sources.stats():
-                    out["sources"] = self._sources.stats()
+                if sources := self._sources.stats():
+                    out["sources"] = sources
             return out
 
     def _check(self) -> None:

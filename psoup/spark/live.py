@@ -72,7 +72,7 @@ class Target(Protocol):
 
     def last_seq(self, producer: str) -> int: ...
 
-    def describe(self, name: str) -> dict[str, Any]: ...
+    def latest_ts(self, name: str) -> float | None: ...
 
 
 @dataclass
@@ -371,8 +371,8 @@ def _raise_late(ts: NDArray[np.float64], target: Target, stream: str) -> int:
 
 
 def _latest_ts(target: Target, stream: str) -> float:
-    latest = target.describe(stream)["latest_ts"]
-    return -np.inf if latest is None else float(latest)
+    latest = target.latest_ts(stream)
+    return -np.inf if latest is None else latest
 
 
 # ---------------------------------------------------------------------- Spark's side
