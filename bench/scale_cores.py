@@ -445,8 +445,8 @@ def _measure(processes: Sequence[Any], handles: Sequence[list[str]],
     produced = [_result(producer) for _, producer in kids]
     row = {**polls[0], **produced[0], "server_cores": None, "front_cores": None}
     if len(processes) > 1:
-        lat_weight = [p["calls"] for p in polls]
-        row.update(calls=sum(lat_weight),
+        # (the p50 and p99 the worst of the pollers' own, not those of all the calls)
+        row.update(calls=sum(p["calls"] for p in polls),
                    invokes_per_s=sum(p["invokes_per_s"] for p in polls),
                    clients=sum(p["clients"] for p in polls),
                    errors=sum(p["errors"] for p in polls),
@@ -455,11 +455,11 @@ def _measure(processes: Sequence[Any], handles: Sequence[list[str]],
                    p99_ms=max(p["p99_ms"] for p in polls),
                    ingest_rows_per_s=min(p["ingest_rows_per_s"] for p in produced),
                    insert_p99_ms=max(p["insert_p99_ms"] for p in produced))
-    if all(x is not None for x in before + after):
-        row["server_cores"] = sum(b[0] - a[0] for a, b in zip(before, after, strict=True)
-                                  if a is not None and b is not None) / s["seconds"]
-        row["front_cores"] = sum(b[1] - a[1] for a, b in zip(before, after, strict=True)
-                                 if a is not None and b is not None) / s["seconds"]
+    spent = [(a, b) for a, b in zip(before, after, strict=True)
+             if a is not None and b is not None]
+    if len(spent) == len(processes):
+        row["server_cores"] = sum(b[0] - a[0] for a, b in spent) / s["seconds"]
+        row["front_cores"] = sum(b[1] - a[1] for a, b in spent) / s["seconds"]
     return row
 
 
