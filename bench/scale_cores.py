@@ -42,7 +42,8 @@ core with one thread, against all the cores this process may use, in the same ru
   query and every batch (a producer per server sends each batch to it), the pollers
   split between them: what read replicas (engine processes that each hold the state
   and answer their connections' reads) could reach at most here.
-  `--server-only` runs just this part.
+  `--server-only` runs just this part; SCALE_ONLY="label;label" runs only the
+  unpinned server rows named beside the pinned one.
 
 The machine's other load shows in these ratios (a busy second core gives the split
 nothing): run it on a quiet machine.
@@ -243,14 +244,16 @@ def _serve_one_thread() -> str:
             "echo=lambda s: None, threads=1, fronts=0)")
 
 
-def _serve(pinned: bool, fronts: int | None = None) -> str:
+def _serve(pinned: bool, fronts: int | None = None, replicas: int = 0) -> str:
     """`run_server` in a child process, pinned to one core with one thread, or not
-    (with `fronts` front processes; None: the default, one with more than one thread)."""
+    (with `fronts` front processes, None: the default, one with more than one thread;
+    and `replicas` read replicas)."""
     pin = f"os.sched_setaffinity(0, {_one_core()!r}); " if pinned else ""
     threads = "1" if pinned else "None"
     return ("import os, sys; " + pin + "from psoup.server.server import run_server; "
             "run_server(None, port=int(sys.argv[2]), token=sys.argv[3], "
-            f"echo=lambda s: None, threads={threads}, fronts={fronts!r})")
+            f"echo=lambda s: None, threads={threads}, fronts={fronts!r}, "
+            f"replicas={replicas})")
 
 
 #: The start of a successful reply to a pre-encoded request of id 1: a map of three
@@ -490,11 +493,16 @@ def bench_server(s: dict[str, Any]) -> list[dict[str, Any]]:
     now = time.time()
     ts = np.linspace(now - 60.0, now, s["prefill"])
     rows = []
-    for label, pinned, fronts, copies in (("one core, --threads 1", True, None, 1),
-                                          ("all cores", False, None, 1),
-                                          ("all cores, --fronts 0", False, 0, 1),
-                                          (REPLICAS, False, 0, 2)):
-        serve = _serve(pinned, fronts) if copies == 1 else _serve_one_thread()
+    for label, pinned, fronts, replicas, copies in (
+            ("one core, --threads 1", True, None, 0, 1),
+            ("all cores", False, None, 0, 1),
+            ("all cores, --fronts 0", False, 0, 0, 1),
+            ("all cores, --replicas 1", False, None, 1, 1),
+            ("all cores, --replicas 1 --fronts 0", False, 0, 1, 1),
+            (REPLICAS, False, 0, 0, 2)):
+        if s.get("only") and label not in s["only"] and not pinned:
+            continue
+        serve = _serve(pinned, fronts, replicas) if copies == 1 else _serve_one_thread()
         processes = [served._ServerProcess(serve=serve) for _ in range(copies)]
         try:
             handles = []
@@ -616,6 +624,8 @@ def main() -> None:
         sys.argv.remove("--server-only")
     level, suffix = common.size_flag(__doc__ or "")
     s = _settings(level)
+    if os.environ.get("SCALE_ONLY"):    # server rows to run beside the pinned one
+        s["only"] = os.environ["SCALE_ONLY"].split(";")
     print("server", flush=True)
     server = bench_server(s)
     server_notes = _verdicts([], server) + _SERVER_NOTES

@@ -121,6 +121,11 @@ class Engine:
                  archive_budget: float | None = None, archive_policy: Policy | None = None,
                  answer_cache_bytes: int = DEFAULT_ANSWER_CACHE, threads: int | None = None):
         self.mode = choose("mode", mode, MODE_NAMES)
+        # what a read replica of this engine is made with (`replica_settings`)
+        self._settings: dict[str, Any] = {
+            "mode": self.mode, "chunk_rows": chunk_rows, "shared_index": shared_index,
+            "routing": routing, "shared_joins": shared_joins, "max_ts": max_ts,
+            "answer_cache_bytes": answer_cache_bytes}
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be positive")
         #: What one query, stream or registration may cost (psoup.limits).
@@ -540,12 +545,65 @@ class Engine:
                 if durability.checkpointing and outer:
                     raise PSoupError("a checkpoint is being written in the background; "
                                      "call checkpoint() outside locked() to wait for it")
-                if durability.checkpointing:        # a background one began meanwhile
-                    continue
-                cut = durability.cut(self._core, self._producers, self._history.pending)
-                break
+                if not durability.checkpointing:
+                    cut = durability.cut(self._core, self._producers, self._history.pending)
+                    break
+            # a background checkpoint began meanwhile, or a replica's snapshot is written
+            time.sleep(0.01)
         if cut is not None:
             durability.checkpoint(cut, self._lock)
+
+    def snapshot(self, folder: str | os.PathLike[str],
+                 joined: Callable[[], None]) -> dict[str, Any]:
+        """Write the whole state into `folder` as checkpoint files, for a read replica
+        to start from (psoup.server.replica): its cut is taken under the lock, where
+        `joined()` is called, so that the replica's feed (`set_feed`) carries exactly
+        the changes after it; the files are written off the lock, no checkpoint of the
+        engine's own running meanwhile. Returns the manifest, with "primary" the
+        handles a replica must leave to this engine (those with an archive tier, or
+        whose history is due). Works in memory too. O(state); the lock is held
+        O(chunks + queries).
+
+        Raises:
+            OSError: a file could not be written (nothing changed).
+        """
+        durability = self._durability
+        while True:
+            durability.wait_checkpoint()
+            with self._lock:
+                self._check_open()
+                if durability.checkpointing:     # an explicit one is being written
+                    pass
+                else:
+                    tiered = [h for h, plan in self._core.handles.items()
+                              if plan.id in self._core.tiers]
+                    due = [h for h in self._core.handles if self._history.pending(h)]
+                    cut = durability.snapshot_cut(self._core, self._producers, tiered + due)
+                    joined()
+                    break
+            time.sleep(0.05)
+        try:
+            manifest = durability.snapshot_write(cut, Path(folder))
+        finally:
+            with self._lock:
+                durability.snapshot_end(cut)
+        return {**manifest, "primary": cut.history}
+
+    def replica_settings(self) -> dict[str, Any]:
+        """The settings an in-memory Engine needs to hold this one's state as a read
+        replica (the shape of its structures; one thread of its own)."""
+        return {**self._settings, "threads": 1}
+
+    @property
+    def cursor_secret(self) -> bytes:
+        """The key this engine signs cursors with (a read replica signs with it too)."""
+        return self._cursors.secret
+
+    def set_feed(self, feed: Callable[[dict[str, Any]], None] | None) -> None:
+        """Give the record of every change from now on to `feed` (under the lock, in the
+        order of the log, once logged), or stop (None): read replicas apply them."""
+        with self._lock:
+            self._durability.set_feed(feed)
 
     def close(self) -> None:
         """Flush the log and the archive; later writes raise PSoupError. A running

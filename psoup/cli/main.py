@@ -391,6 +391,12 @@ def _answers(server: str, token: str | None) -> bool:
                    "them to the server's process (default: 1 with more than one "
                    "thread, else 0; a front adds a few tens of microseconds to a "
                    "round trip).")
+@click.option("--replicas", type=click.IntRange(0), default=0, show_default=True,
+              metavar="N",
+              help="Read replica processes, each holding a copy of the state and "
+                   "answering the reads of its share of the connections (writes go to "
+                   "the server's process). Each costs as much memory as the state and "
+                   "applies every write again: for read-heavy loads.")
 @click.pass_obj
 def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode: ModeName,
           sync: SyncName, max_queries: int | None, max_stream_bytes: int | None,
@@ -398,7 +404,7 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
           spark_master: str | None, spark_conf: dict[str, str],
           spark_env: dict[str, str] | None, archive_budget: float | None,
           answer_cache_bytes: int, token_option: str | None, log_level: str,
-          threads: int | None, fronts: int | None) -> None:
+          threads: int | None, fronts: int | None, replicas: int) -> None:
     """Run the psoup service until Ctrl-C or SIGTERM.
 
     Without --token (or PSOUP_TOKEN) the server generates an access token and leaves it,
@@ -427,7 +433,7 @@ def serve(settings: Settings, data_dir: Path | None, host: str, port: int, mode:
                                                {"max_queued_bytes": max_queued_bytes})),
                    spark_master=spark_master, spark_conf=spark_conf, echo=click.echo,
                    archive_budget=archive_budget, answer_cache_bytes=answer_cache_bytes,
-                   threads=threads, fronts=fronts)
+                   threads=threads, fronts=fronts, replicas=replicas)
     except OSError as exc:
         raise Failure(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
 

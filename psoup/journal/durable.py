@@ -35,7 +35,16 @@ from numpy.typing import NDArray
 
 from psoup.errors import ApplyFailed, disk_full, is_disk_full
 from psoup.journal import checkpoint as checkpoints
-from psoup.journal.journal import Journal, Record, RecordKind
+from psoup.journal.journal import (
+    Journal,
+    Record,
+    RecordKind,
+    create_record,
+    drop_record,
+    insert_record,
+    register_record,
+    unregister_record,
+)
 from psoup.options import SyncName
 from psoup.plans import SelectionPlan
 from psoup.producers import ProducerTable
@@ -93,6 +102,9 @@ class Durability:
         self._cut: checkpoints.Cut | None = None     # the checkpoint being written
         self._thread: threading.Thread | None = None  # the background one's
         self._stopped = False                          # closing: no new background one
+        #: in memory, what each change's record is given to (psoup.server.replica); a
+        #: journal gives its records itself, once logged (`set_feed`)
+        self._feed: Callable[[dict[str, Any]], None] | None = None
 
     def attach(self, core: Core) -> None:
         """Give `core` what it keeps on disk: where tiers are saved, the archive's
@@ -110,27 +122,46 @@ class Durability:
 
     # ------------------------------------------------------------------ the log
 
+    def set_feed(self, feed: Callable[[dict[str, Any]], None] | None) -> None:
+        """Give every change's record to `feed` from now on, in the order of the log,
+        once it is logged (None: stop). Under the engine's lock. For read replicas
+        (psoup.server.replica), which apply them as recovery does."""
+        if self.journal is not None:
+            self.journal.feed = feed
+        else:
+            self._feed = feed
+
     def log_create(self, sql: str) -> None:
         if self.journal is not None:
             self.journal.create(sql)
+        elif self._feed is not None:
+            self._feed(create_record(sql))
 
     def log_insert(self, stream: str, first: int, ts: NDArray[np.float64],
                    columns: dict[str, NDArray[Any]], producer: str | None,
                    seq: int | None) -> None:
         if self.journal is not None:
             self.journal.insert(stream, first, ts, columns, producer, seq)
+        elif self._feed is not None:
+            self._feed(insert_record(stream, first, ts, columns, producer, seq))
 
     def log_register(self, handle: str, sql: str) -> None:
         if self.journal is not None:
             self.journal.register(handle, sql)
+        elif self._feed is not None:
+            self._feed(register_record(handle, sql))
 
     def log_unregister(self, handle: str) -> None:
         if self.journal is not None:
             self.journal.unregister(handle)
+        elif self._feed is not None:
+            self._feed(unregister_record(handle))
 
     def log_drop(self, stream: str, handles: Sequence[str], bound: int) -> None:
         if self.journal is not None:
             self.journal.drop(stream, handles, bound)
+        elif self._feed is not None:
+            self._feed(drop_record(stream, handles, bound))
 
     def drop_archive(self, stream: str, bound: int) -> None:
         """Remove a dropped stream's archived tuples (those numbered below `bound`)."""
@@ -262,6 +293,26 @@ class Durability:
         history = [h for h in core.handles if pending(h)]
         self._cut = journal.cut(core, producers.image(), history, saved)
         return self._cut
+
+    def snapshot_cut(self, core: Core, producers: ProducerTable,
+                     primary: list[str]) -> checkpoints.Cut:
+        """A read replica's snapshot: a cut of `core` (under the engine's lock, no
+        checkpoint running) as a checkpoint takes it, naming `primary` (the handles the
+        replica leaves to this engine) as its history; automatic checkpoints wait until
+        `snapshot_end`. In memory too. O(chunks + queries)."""
+        assert self._cut is None, "one cut at a time"
+        self._cut = checkpoints.take(core, 1, 0, 0, producers.image(), primary, {})
+        return self._cut
+
+    @staticmethod
+    def snapshot_write(cut: checkpoints.Cut, folder: Path) -> dict[str, Any]:
+        """The snapshot's files, off the engine's lock. O(state)."""
+        return checkpoints.write(cut, folder, None)
+
+    def snapshot_end(self, cut: checkpoints.Cut) -> None:
+        """Under the engine's lock, once the snapshot's files are written (or failed)."""
+        checkpoints.release(cut)
+        self._cut = None
 
     def checkpoint(self, cut: checkpoints.Cut, lock: AbstractContextManager[Any]) -> None:
         """Write the files of `cut` (taken by `Durability.cut`) in the calling thread, off

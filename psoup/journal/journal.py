@@ -127,6 +127,8 @@ class Journal:
         #: the newest valid checkpoint's manifest (None: none yet), read at recovery
         self.manifest: dict[str, Any] | None = None
         self._tier_files: set[str] | None = None    # tier files logged since a cut
+        #: what each record logged is also given to, once logged (psoup.server.replica)
+        self.feed: Callable[[dict[str, Any]], None] | None = None
 
     # ------------------------------------------------------------------ recovery
 
@@ -151,7 +153,7 @@ class Journal:
         one), in order. O(size of that log)."""
         first = 0 if self.manifest is None else int(self.manifest["wal"])
         for raw in self.wal.replay(first):
-            record = _decode(raw, self.path / "wal")
+            record = _decode(raw, f"the write-ahead log in {self.path / 'wal'}")
             if record.op in _EDITS:
                 self.edits += 1
             yield record
@@ -159,47 +161,47 @@ class Journal:
     # ------------------------------------------------------------------ logging
 
     def create(self, sql: str) -> None:
-        self.wal.append({"op": RecordKind.CREATE.value, "sql": sql})
+        self._append(create_record(sql))
         self.edits += 1
 
     def insert(self, stream: str, first_tid: int, ts: np.ndarray,
                columns: Mapping[str, np.ndarray], producer: str | None = None,
                seq: int | None = None) -> None:
-        record: dict[str, Any] = {"op": RecordKind.INSERT.value, "stream": stream,
-                                  "tid0": int(first_tid), "ts": encode_array(ts),
-                                  "cols": encode_columns(columns)}
-        if producer is not None:
-            assert seq is not None, "a producer's batch carries its seq"
-            record.update(producer=producer, seq=int(seq))
-        self.wal.append(record)
+        self._append(insert_record(stream, first_tid, ts, columns, producer, seq))
 
     def register(self, handle: str, sql: str) -> None:
-        self.wal.append({"op": RecordKind.REGISTER.value, "handle": handle, "sql": sql})
+        self._append(register_record(handle, sql))
         self.edits += 1
 
     def unregister(self, handle: str) -> None:
-        self.wal.append({"op": RecordKind.UNREGISTER.value, "handle": handle})
+        self._append(unregister_record(handle))
         self.edits += 1
 
     def history(self, handles: Sequence[str]) -> None:
         """These queries have an archive tier now: evaluate their history again after a
         restart, unless a `tiers` record brings their tiers back."""
-        self.wal.append({"op": RecordKind.HISTORY.value, "handles": list(handles)})
+        self._append({"op": RecordKind.HISTORY.value, "handles": list(handles)})
 
     def tiers(self, tiers: Mapping[str, list[str]]) -> None:
         """These archive tiers (handle -> segment files under tiers/) are saved whole as
         of this point of the log: a restart restores them here."""
-        self.wal.append({"op": RecordKind.TIERS.value,
-                         "tiers": {h: list(f) for h, f in tiers.items()}})
+        self._append({"op": RecordKind.TIERS.value,
+                      "tiers": {h: list(f) for h, f in tiers.items()}})
         if self._tier_files is not None:            # a checkpoint is being written
             self._tier_files.update(name for files in tiers.values() for name in files)
 
     def drop(self, stream: str, handles: Sequence[str], next_tid: int) -> None:
         """Log DROP STREAM: one record for the stream and the queries it takes along,
         so that a crash leaves all of them or none."""
-        self.wal.append({"op": RecordKind.DROP.value, "stream": stream, "handles": list(handles),
-                         "next_tid": int(next_tid)})
+        self._append(drop_record(stream, handles, next_tid))
         self.edits += 1
+
+    def _append(self, record: dict[str, Any]) -> None:
+        """Log `record`, then give it to the feed (read replicas), once it is logged:
+        a record the log refused is not applied, so no replica sees it."""
+        self.wal.append(record)
+        if self.feed is not None:
+            self.feed(record)
 
     def expired(self, stream: str, columns: Sequence[tuple[str, str]],
                 data: Mapping[str, np.ndarray]) -> None:
@@ -310,6 +312,48 @@ _EDITS = frozenset((RecordKind.CREATE, RecordKind.REGISTER, RecordKind.UNREGISTE
                     RecordKind.DROP))
 
 
+# ---------------------------------------------------------------------- records
+
+def create_record(sql: str) -> dict[str, Any]:
+    """The record of a CREATE STREAM (as the log and a replica's feed carry it)."""
+    return {"op": RecordKind.CREATE.value, "sql": sql}
+
+
+def insert_record(stream: str, first_tid: int, ts: np.ndarray,
+                  columns: Mapping[str, np.ndarray], producer: str | None = None,
+                  seq: int | None = None) -> dict[str, Any]:
+    """The record of a batch inserted with tupleIDs from `first_tid`. O(batch)."""
+    record: dict[str, Any] = {"op": RecordKind.INSERT.value, "stream": stream,
+                              "tid0": int(first_tid), "ts": encode_array(ts),
+                              "cols": encode_columns(columns)}
+    if producer is not None:
+        assert seq is not None, "a producer's batch carries its seq"
+        record.update(producer=producer, seq=int(seq))
+    return record
+
+
+def register_record(handle: str, sql: str) -> dict[str, Any]:
+    return {"op": RecordKind.REGISTER.value, "handle": handle, "sql": sql}
+
+
+def unregister_record(handle: str) -> dict[str, Any]:
+    return {"op": RecordKind.UNREGISTER.value, "handle": handle}
+
+
+def drop_record(stream: str, handles: Sequence[str], next_tid: int) -> dict[str, Any]:
+    return {"op": RecordKind.DROP.value, "stream": stream, "handles": list(handles),
+            "next_tid": int(next_tid)}
+
+
+def decode(raw: Any, where: str) -> Record:
+    """A record as msgpack unpacked it (from the log, or a replica's feed), `where`
+    saying where it was read for the error.
+
+    Raises:
+        PSoupError: an unknown or unreadable record."""
+    return _decode(raw, where)
+
+
 def _lock(path: Path) -> int:
     """Hold an exclusive lock on `path` for this process, or say who holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -326,17 +370,17 @@ def _lock(path: Path) -> int:
     return fd
 
 
-def _decode(raw: Any, where: Path) -> Record:
+def _decode(raw: Any, where: str) -> Record:
     try:
         decode = _DECODERS.get(RecordKind(raw["op"]))
     except (KeyError, TypeError, ValueError):
         decode = None
     if decode is None:
-        raise PSoupError(f"unknown record {_op(raw)!r} in the write-ahead log in {where}")
+        raise PSoupError(f"unknown record {_op(raw)!r} in {where}")
     try:
         return decode(raw)
     except (KeyError, TypeError, ValueError) as exc:
-        raise PSoupError(f"unreadable record in the write-ahead log in {where}: {exc}") from exc
+        raise PSoupError(f"unreadable record in {where}: {exc}") from exc
 
 
 def _insert(raw: Any) -> Record:

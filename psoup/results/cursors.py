@@ -119,6 +119,18 @@ class CursorStore:
         self._by_handle: dict[str, set[bytes]] = {}
         self._bytes = 0
 
+    @property
+    def secret(self) -> bytes:
+        """The MAC key (what a read replica is given, so that cursors hold on both)."""
+        return self._secret
+
+    def use_secret(self, secret: bytes) -> None:
+        """Sign and check with `secret` from now on (a read replica takes its primary's
+        before it issues any cursor)."""
+        if len(secret) != 32:
+            raise ValueError("a cursor secret is 32 bytes")
+        self._secret = secret
+
     def issue(self, handle: str, answer: Result, window: tuple[int, int] | None,
               remember: bool = True) -> str:
         """A cursor for `answer` (the handle's current answer, and the tupleID range it

@@ -58,12 +58,13 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -77,7 +78,7 @@ from psoup.options import ModeName, SyncName
 from psoup.results.result import Changes, Result
 from psoup.server.allocator import keep_freed_memory
 from psoup.server.fronts import Fronts, Virtual, relay_bytes
-from psoup.server.ops import OPS, Limits, Op, OpName
+from psoup.server.ops import OPS, Limits, Op, OpName, plain
 from psoup.server.protocol import (
     HEADER,
     PROTOCOL,
@@ -93,6 +94,7 @@ from psoup.server.protocol import (
     request,
     unpack_payload,
 )
+from psoup.server.replica import Replicas, Upstream, forwards
 from psoup.version import __version__
 
 log = logging.getLogger("psoup.server")
@@ -222,6 +224,9 @@ class _Conversation:
         # too, until one that does not chain (set and read on the event loop)
         self.refused = False
         self.hello_by = 0.0     # time.monotonic() by which the hello must have arrived
+        # on a read replica: its link to the primary, made at its first forwarded request
+        self.upstream: Upstream | None = None
+        self.writer: Any = None
         # the sender waits for a reply and holds none: a ready reply may be written at once
         self.idle = False
         # through its hello; waiting for its next request (both for _take_frames)
@@ -249,6 +254,16 @@ class _Conversation:
         await sender
 
 
+@dataclass
+class _Listening:
+    """What a serving server listens with (`Server._listen`), ended when it stops."""
+
+    listener: asyncio.AbstractServer | None = None
+    sockets: list[socket.socket] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    upstream_dir: str | None = None
+
+
 class Server:
     """Serve one Engine over TCP.
 
@@ -260,6 +275,11 @@ class Server:
         limits: request and connection limits.
         fronts: front processes that accept the connections and do their socket work
             on other cores (psoup.server.front); 0: this process does it all.
+        replicas: read replica processes that each hold a copy of the state and answer
+            the reads of the connections passed to them (psoup.server.replica); 0: none.
+        handoff, upstream: a read replica's own server (psoup.server.replica.main): the
+            socket its primary passes connections on, instead of listening, and the
+            Unix socket path of the primary, where it sends its clients' writes.
 
     Example:
         >>> from psoup.client import Client
@@ -272,7 +292,9 @@ class Server:
     """
 
     def __init__(self, engine: Engine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
-                 token: str, limits: Limits | None = None, fronts: int = 0):
+                 token: str, limits: Limits | None = None, fronts: int = 0,
+                 replicas: int = 0, handoff: socket.socket | None = None,
+                 upstream: str | None = None):
         if not isinstance(token, str) or not token:
             raise ValueError("the server needs a non-empty access token")
         self.engine = engine
@@ -288,6 +310,13 @@ class Server:
             raise ValueError(f"fronts must be a count of processes >= 0, not {fronts!r}")
         self.fronts = fronts
         self._fronts: Fronts | None = None
+        if not isinstance(replicas, int) or replicas < 0:
+            raise ValueError(f"replicas must be a count of processes >= 0, not {replicas!r}")
+        self.replicas = replicas
+        self._replicas: Replicas | None = None
+        self._handoff = handoff
+        self._upstream = upstream
+        self._token_text = token
         self._direct = 0                # connections served here though there are fronts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
@@ -388,41 +417,28 @@ class Server:
         self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix="psoup-encode")
         self._register_pool = ThreadPoolExecutor(REGISTER_THREADS,
                                                  thread_name_prefix="psoup-register")
-        listener = writer_task = None
-        accepting: list[socket.socket] = []
-        accept_tasks: list[asyncio.Task[None]] = []
+        writer_task = None
+        where = _Listening()
         try:
-            if self.fronts:
-                accepting = _listening(self.host, self.port)
-                self.address = tuple(accepting[0].getsockname()[:2])
-                self._fronts = Fronts(self.fronts, self._connection, self._take_frames)
-                await self._fronts.start()
-                accept_tasks = [asyncio.create_task(self._accept(sock)) for sock in accepting]
-            else:
-                listener = await asyncio.start_server(self._connection, self.host, self.port)
-                self.address = tuple(listener.sockets[0].getsockname()[:2])
+            await self._listen(where)
             writer_task = asyncio.create_task(self._write_loop())
             on_start()
             await self._stopping.wait()
         finally:
-            if listener is not None:
-                listener.close()
+            if where.listener is not None:
+                where.listener.close()
             if self._fronts is not None:
                 self._fronts.serving = False        # no front is started again
-            for accepter in accept_tasks:
+            for accepter in where.tasks:
                 accepter.cancel()
             tasks = [*self._connections, *self._pending] + ([writer_task] if writer_task
                                                              else [])
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if listener is not None:
-                await listener.wait_closed()
-            if self._fronts is not None:
-                await self._fronts.stop()
-                self._fronts = None
-            for sock in accepting:
-                sock.close()
+            if where.listener is not None:
+                await where.listener.wait_closed()
+            await self._stop_processes(where)
             # wait=True: no engine call of this server outlives stop(), so the caller
             # may close the engine right after.
             self._read_pool.shutdown(wait=True, cancel_futures=True)
@@ -431,14 +447,55 @@ class Server:
             self._register_pool.shutdown(wait=True, cancel_futures=True)
             self._loop = None
 
+    async def _listen(self, where: _Listening) -> None:
+        """Start taking connections, filling `where` with what `_serve` ends: listen
+        (or, on a replica, take the connections its primary passes), start the fronts
+        and the replicas, and the primary's Unix socket for its replicas' writes."""
+        if self._handoff is not None:
+            self.address = ("replica", 0)
+            where.tasks.append(asyncio.create_task(self._accept_handed(self._handoff)))
+            return
+        if not (self.fronts or self.replicas):
+            where.listener = await asyncio.start_server(self._connection, self.host,
+                                                        self.port)
+            self.address = tuple(where.listener.sockets[0].getsockname()[:2])
+            return
+        where.sockets = _listening(self.host, self.port)
+        self.address = tuple(where.sockets[0].getsockname()[:2])
+        if self.fronts:
+            self._fronts = Fronts(self.fronts, self._connection, self._take_frames)
+            await self._fronts.start()
+        if self.replicas:
+            where.upstream_dir = tempfile.mkdtemp(prefix="psoup-primary-")
+            path = str(Path(where.upstream_dir) / "primary.sock")
+            where.listener = await asyncio.start_unix_server(self._connection, path)
+            self._replicas = Replicas(self.engine, self.replicas, self._token_text,
+                                      self.limits, path)
+            # they start from a snapshot while this serves; each takes connections
+            # once it is ready
+            where.tasks.append(asyncio.create_task(self._replicas.start()))
+        where.tasks += [asyncio.create_task(self._accept(sock)) for sock in where.sockets]
+
+    async def _stop_processes(self, where: _Listening) -> None:
+        """End the fronts and the replicas, and close what `_listen` opened."""
+        if self._fronts is not None:
+            await self._fronts.stop()
+            self._fronts = None
+        if self._replicas is not None:
+            await self._replicas.stop()
+            self._replicas = None
+        if where.upstream_dir is not None:
+            shutil.rmtree(where.upstream_dir, ignore_errors=True)
+        for sock in where.sockets:
+            sock.close()
+
     async def _accept(self, listening: socket.socket) -> None:
         """With fronts: accept every connection and pass it to a front, unless
         DIRECT_CONNECTIONS are not yet open here or no front takes it: then serve it
         here."""
         loop = asyncio.get_running_loop()
         listening.setblocking(False)
-        fronts = self._fronts
-        assert fronts is not None, "only a server with fronts accepts here"
+        fronts, replicas = self._fronts, self._replicas
         while True:
             try:
                 conn, _ = await loop.sock_accept(listening)
@@ -446,10 +503,39 @@ class Server:
                 log.warning("accepting a connection failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            if self._direct >= DIRECT_CONNECTIONS and fronts.pass_socket(conn):
+            if replicas is not None and replicas.pass_socket(conn):
+                continue
+            if (fronts is not None and self._direct >= DIRECT_CONNECTIONS
+                    and fronts.pass_socket(conn)):
                 continue
             self._direct += 1
             asyncio.ensure_future(self._serve_direct(conn))
+
+    async def _accept_handed(self, handoff: socket.socket) -> None:
+        """A read replica's accepting: serve each connection its primary passes on
+        `handoff` (SCM_RIGHTS); the primary closing it stops the server."""
+        loop = asyncio.get_running_loop()
+        handoff.setblocking(False)
+        while True:
+            readable = loop.create_future()
+            loop.add_reader(handoff.fileno(), readable.set_result, None)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(handoff.fileno())
+            try:
+                _, fds, _, _ = socket.recv_fds(handoff, 64, 64)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                fds = []
+            if not fds:
+                self.stop()
+                return
+            for fd in fds:
+                conn = socket.socket(fileno=fd)
+                conn.setblocking(False)
+                asyncio.ensure_future(self._serve_direct(conn))
 
     async def _serve_direct(self, conn: socket.socket) -> None:
         """Serve an accepted connection here, as asyncio.start_server would have."""
@@ -504,6 +590,7 @@ class Server:
         conv = _Conversation(self.limits.max_in_flight)
         conv.hello_by = time.monotonic() + self.limits.hello_timeout
         conv.sender = asyncio.create_task(self._send_replies(writer, conv))
+        conv.writer = writer
         if isinstance(writer, Virtual):
             writer.conv = conv
         authenticated = False
@@ -543,6 +630,8 @@ class Server:
                 conv.sender.cancel()
             else:
                 await conv.finish(self.limits.read_timeout)
+            if conv.upstream is not None:
+                conv.upstream.close()
 
     def _take_frames(self, virtual: Virtual, data: bytes) -> int:
         """Take the whole requests at the start of `data`, bytes a front relayed for a
@@ -635,7 +724,12 @@ class Server:
         """The reply to an authenticated request of `size` bytes: a frame when a read
         was answered here and now (`_read_now`; with `relay`, an answer a front may
         encode is left to it), else a future of it (a parked read, an insert the
-        ingest queue refused, or a dispatched request)."""
+        ingest queue refused, or a dispatched request). On a read replica, what its
+        primary answers goes there (`_forward`)."""
+        if self._upstream is not None and forwards(self.engine, op, args):  # type: ignore[arg-type]
+            forwarded = asyncio.ensure_future(self._forward(request_id, op, args, conv))
+            _log_request(peer, op, began, forwarded)
+            return forwarded
         now = self._read_now(request_id, op, args, conv, relay)
         _log_request(peer, op, began, now)
         if now is not None:
@@ -849,6 +943,8 @@ class Server:
         value = spec.run(self.engine, parsed)
         if spec.name is OpName.STATS:
             value = {**value, "ingest_queue": self.queue_stats()}
+            if self._replicas is not None:
+                value["replicas"] = plain(self._replicas.stats())
         return value
 
     def _timed(self, key: tuple[str, Any], seconds: float) -> None:
@@ -890,6 +986,25 @@ class Server:
                 reply.set_result(frame)
         if self._parked:
             self._next_batch()
+
+    async def _forward(self, request_id: Any, op: str, args: Any,
+                       conv: _Conversation) -> _Reply:
+        """A read replica's request that its primary answers: sent on the connection's
+        own link to the primary (in order: the link is given it now, before any await),
+        its reply passed back as the primary gave it. A link that breaks closes the
+        client's connection: the outcome of a write is then unknown to the client, as
+        when its own connection breaks."""
+        if conv.upstream is None:
+            assert self._upstream is not None, "only a replica forwards"
+            conv.upstream = Upstream(self._upstream, self._token_text)
+        try:
+            return await conv.upstream.submit(request_id, op, args)
+        except ConnectionError as exc:
+            log.info("a read replica lost its link to the primary (%s); closing the "
+                     "client's connection", exc)
+            if conv.writer is not None:
+                conv.writer.close()
+            raise
 
     async def _dispatch(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
                         after: asyncio.Future[_Reply] | None, size: int = 0, token: int = 0,
@@ -1255,7 +1370,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                spark_conf: Mapping[str, str] | None = None,
                archive_budget: float | None = None,
                answer_cache_bytes: int = DEFAULT_ANSWER_CACHE,
-               threads: int | None = None, fronts: int | None = None) -> None:
+               threads: int | None = None, fronts: int | None = None,
+               replicas: int = 0) -> None:
     """Run the psoup service until SIGINT or SIGTERM (what `psoup serve` does). Blocking.
 
     Args:
@@ -1284,6 +1400,7 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             DEFAULT_FRONTS with more than one thread, else none. Measured on 2 cores
             with 100 polling clients and a producer, one front gave 1.16-1.38x the
             invokes/s of none; each adds tens of microseconds to a round trip.
+        replicas: read replica processes (`Server`'s replicas; Linux only); 0: none.
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
 
     The process's C allocator keeps the memory it frees (psoup.server.allocator).
@@ -1325,7 +1442,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                 token = _stored_or_new_token(data_dir)
             if fronts is None:      # one front where there is a core beside this one
                 fronts = DEFAULT_FRONTS if engine.threads > 1 else 0
-            server = Server(engine, host, port, token=token, limits=limits, fronts=fronts)
+            server = Server(engine, host, port, token=token, limits=limits, fronts=fronts,
+                            replicas=replicas)
             bound_host, bound_port = server.start_in_thread()
             serving = True
             try:

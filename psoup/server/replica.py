@@ -1,0 +1,706 @@
+"""Read replicas of the psoup server (`psoup serve --replicas N`).
+
+The server's engine process (the primary) runs its Python on one core, whatever the
+threads: the GIL serializes it. A read replica is another process that holds a copy of
+the whole state and answers the reads of the connections the primary passes it, so that
+invocations run on more cores than one.
+
+* **Start.** The primary writes a snapshot of its state as checkpoint files
+  (`Engine.snapshot`: its cut under the engine's lock, the files off it) into a private
+  folder; the replica maps them (psoup.journal.checkpoint.restore) and removes the folder.
+* **Changes.** Every change the primary logs after the cut (create, insert, register,
+  unregister, drop, tiers, history) is given to the feed (`Engine.set_feed`), in the
+  order of the log, and sent over a Unix socket to each replica, which applies it through
+  recovery's own paths (psoup.journal.durable's `_Replay`): the same tupleIDs, handles
+  and slots. O(record) each, on both sides.
+* **Consistency.** The primary counts the records it has fed in a shared memory word
+  (the commit number), written under its lock as each change is logged. A replica reads
+  the word when a read begins and answers once it has applied that many records, so every
+  read sees every write acknowledged before it began, wherever that write was sent (a
+  client reads its own writes); the wait is usually nothing or one batch's apply.
+* **Writes.** A replica applies nothing a client sends: every write (and stats, history
+  status and cancel, and the invocations of handles with an archive tier or a history
+  still due, whose files only the primary reads) goes to the primary over a connection of
+  its own per client connection (`_Upstream`), so a client's order, its inserts' chains
+  and idempotency keys, and the ingest queue's refusals are the primary's, byte for byte.
+  If that connection breaks, the client's connection is closed: a write's outcome is then
+  unknown to the client exactly as when its own connection breaks.
+* **Cursors** are signed with the primary's secret, so a cursor from either process is
+  valid on the other; an answer a cursor names that was kept only in the other process's
+  answer cache (aggregates, joins) raises CursorExpired there, as after an eviction.
+* **Failures.** A replica that dies, or falls more than MAX_LAG_BYTES of records behind,
+  is dropped (its connections close; their clients reconnect, to a live process) and
+  started again from a new snapshot 1, 2, 4 ... 60 s later. A replica whose primary goes
+  away stops.
+
+Costs: each replica holds the whole state (memory x (1 + N)) and applies every change
+(ingest CPU x (1 + N)): replicas pay where reads outweigh writes. A registration is
+applied to the replica's retained rows in one hold of its lock (not split around a
+snapshot as on the primary), so a replica's reads wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import mmap
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import numpy as np
+from numpy.typing import NDArray
+
+from psoup.engine import Engine
+from psoup.errors import PSoupError
+from psoup.journal import checkpoint as checkpoints
+from psoup.journal.durable import _Replay
+from psoup.journal.journal import Record, RecordKind, decode
+from psoup.locks import Holding
+from psoup.query import compile_statement
+from psoup.query.model import Query
+from psoup.server.ops import OPS, Limits, OpName
+from psoup.server.protocol import HEADER, PROTOCOL, pack_frame, unpack_payload
+
+if TYPE_CHECKING:
+    from psoup.results.result import Changes, Result
+    from psoup.server.server import Server
+
+log = logging.getLogger("psoup.server")
+
+#: A feed message's header: the length of the msgpack body that follows.
+_FRAME = struct.Struct("<Q")
+
+#: Bytes of records a replica may have queued and not yet taken before the primary
+#: drops it (it is started again from a snapshot): a replica that cannot keep up with
+#: the writes must not make the primary's memory grow without bound.
+MAX_LAG_BYTES = 512 << 20
+
+#: Longest wait between a replica's end and its next start (the waits double from 1 s).
+_MOST_BACKOFF = 60.0
+
+#: How long a read waits for its replica to apply what the primary committed before it
+#: began; past this the replica is too far behind, and the read fails (an internal error)
+#: rather than answer from an older state.
+CATCH_UP_SECONDS = 30.0
+
+#: The ops a replica always sends to the primary besides every write: those whose answer
+#: is the primary's (its ingest queue, its Spark jobs).
+_PRIMARY_READS = frozenset({OpName.STATS, OpName.HISTORY_STATUS, OpName.HISTORY_CANCEL})
+
+
+def send_message(sock: socket.socket, message: Any) -> int:
+    """Send one feed message (blocking); returns its bytes."""
+    body = msgpack.packb(message, use_bin_type=True)
+    sock.sendmsg([_FRAME.pack(len(body)), body])
+    return len(body)
+
+
+def receive_message(sock: socket.socket) -> Any:
+    """The next feed message (blocking), or None when the other side closed the socket.
+
+    Raises:
+        PSoupError: a message cut short or that does not decode."""
+    head = _exactly(sock, _FRAME.size)
+    if head is None:
+        return None
+    (size,) = _FRAME.unpack(head)
+    body = _exactly(sock, size)
+    if body is None:
+        raise PSoupError("the replica's feed ended inside a message")
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise PSoupError(f"the replica's feed sent a message that does not decode: {exc}"
+                         ) from None
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        try:
+            chunk = sock.recv(min(n - len(buf), 1 << 24))
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _record_bytes(record: Mapping[str, Any]) -> int:
+    """About the bytes a record takes queued (an insert's arrays; others are small)."""
+    if record.get("op") != RecordKind.INSERT.value:
+        return 256
+    ts = record.get("ts")
+    rows = len(ts["data"]) // 8 if isinstance(ts, Mapping) else len(ts or ())
+    return 256 + 8 * rows * (2 + len(record.get("cols") or ()))
+
+
+# ---------------------------------------------------------------------- the primary
+
+
+class _Link:
+    """The primary's side of one replica: its process, its feed (records queued for the
+    feed's sender thread, oldest first), and the socket client connections are passed
+    on. The queue is appended to under the engine's lock and taken by the sender."""
+
+    def __init__(self, number: int):
+        self.number = number
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.feed: socket.socket | None = None
+        self.handoff: socket.socket | None = None
+        self.queue: deque[dict[str, Any]] = deque()
+        self.queued = 0                 # bytes (about) in the queue
+        self.wake = threading.Condition()
+        self.ready = False              # restored and caught up once: takes connections
+        self.dead = False
+        self.passed = 0                 # connections passed to it
+        self.start_seq = 0              # the commit number at its snapshot's cut
+
+    def put(self, record: dict[str, Any]) -> None:
+        """Queue a record (under the engine's lock); a replica too far behind is
+        dropped. O(1)."""
+        if self.dead:
+            return
+        size = _record_bytes(record)
+        if self.queued + size > MAX_LAG_BYTES:
+            log.warning("read replica %d is over %d MiB of records behind; dropping it",
+                        self.number, MAX_LAG_BYTES >> 20)
+            self.end()
+            return
+        with self.wake:
+            self.queue.append(record)
+            self.queued += size
+            self.wake.notify()
+
+    def end(self) -> None:
+        """Stop feeding it: its sockets close, so the replica ends and its connections
+        with it."""
+        self.dead, self.ready = True, False
+        with self.wake:
+            self.wake.notify()
+        for sock in (self.feed, self.handoff):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+class Replicas:
+    """The primary's read replicas (see the module docstring): starts each from a
+    snapshot, feeds it every change, passes it its share of the connections, and starts
+    it again after it ends.
+
+    Args:
+        engine: the primary's engine.
+        count: replicas to run (>= 1).
+        token: the server's access token (the replicas' clients say hello with it).
+        limits: the server's limits (each replica serves with the same).
+        upstream: the Unix socket path where the primary serves the replicas' own
+            connections (their clients' writes).
+
+    Costs: each change O(record) per replica under the engine's lock (queued; packed
+    and sent on the replica's sender thread); passing a connection O(1).
+    """
+
+    def __init__(self, engine: Engine, count: int, token: str, limits: Limits,
+                 upstream: str):
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"replicas must be a count >= 1, not {count!r}")
+        self.engine, self.count, self.token = engine, count, token
+        self.limits, self.upstream = limits, upstream
+        self._fd = os.memfd_create("psoup-commits", 0)
+        os.ftruncate(self._fd, 8)
+        self._map = mmap.mmap(self._fd, 8)
+        self._counter: NDArray[np.int64] = np.ndarray((1,), np.int64, buffer=self._map)
+        self.seq = 0                    # records fed so far (the commit number)
+        self.links: tuple[_Link, ...] = ()      # fed now (swapped whole, never changed)
+        self._all: list[_Link] = []
+        self._turn = 0
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.starts = 0
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        """Start the replicas (each from a snapshot); returns once they take
+        connections, or have failed to start (they are tried again later)."""
+        self._loop = asyncio.get_running_loop()
+        self.engine.set_feed(self._fan)
+        await asyncio.gather(*(self._run(number) for number in range(self.count)))
+
+    async def stop(self) -> None:
+        """Stop feeding, end every replica and wait for its process."""
+        self._stopping = True
+        self.engine.set_feed(None)
+        for task in self._tasks:
+            task.cancel()
+        for link in self._all:
+            link.end()
+        for link in self._all:
+            if link.proc is not None:
+                await asyncio.get_running_loop().run_in_executor(None, _reap, link.proc)
+        self._map.close()
+        os.close(self._fd)
+
+    # -- the feed (under the engine's lock)
+
+    def _fan(self, record: dict[str, Any]) -> None:
+        self.seq += 1
+        for link in self.links:
+            link.put(record)
+        self._counter[0] = self.seq
+
+    # -- connections
+
+    def pass_socket(self, conn: socket.socket) -> bool:
+        """Pass an accepted connection to the replica whose turn it is (True: it is
+        theirs, closed here); False on the primary's turn, or when none is ready. The
+        turns go round the primary and the ready replicas."""
+        ready = [link for link in self._all if link.ready]
+        self._turn = (self._turn + 1) % (len(ready) + 1)
+        if self._turn == 0 or not ready:
+            return False
+        link = ready[self._turn - 1]
+        assert link.handoff is not None, "a ready replica has its socket"
+        try:
+            socket.send_fds(link.handoff, [b"c"], [conn.fileno()])
+        except OSError:
+            return False
+        conn.close()
+        link.passed += 1
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {"count": self.count, "ready": sum(link.ready for link in self._all),
+                "starts": self.starts, "commit": self.seq,
+                "lag_records": {link.number: len(link.queue) for link in self._all},
+                "connections_passed": {link.number: link.passed for link in self._all}}
+
+    # -- one replica's life
+
+    async def _run(self, number: int) -> None:
+        """Start replica `number`; when it ends, start it again (backing off)."""
+        link = _Link(number)
+        self._all.append(link)
+        try:
+            await self._start(link)
+        except Exception as exc:
+            log.warning("read replica %d failed to start: %s", number, exc)
+            link.end()
+        self._watch(link, 1.0)
+
+    def _watch(self, link: _Link, backoff: float) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(self._again(link, backoff))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _again(self, link: _Link, backoff: float) -> None:
+        loop = asyncio.get_running_loop()
+        if link.proc is not None:
+            await loop.run_in_executor(None, _reap_when_gone, link, self)
+        if self._stopping:
+            return
+        self._all.remove(link)
+        self.links = tuple(x for x in self.links if x is not link)
+        await asyncio.sleep(backoff)
+        if self._stopping:
+            return
+        again = _Link(link.number)
+        self._all.append(again)
+        try:
+            await self._start(again)
+            backoff = 1.0
+        except Exception as exc:
+            log.warning("read replica %d failed to start again: %s", link.number, exc)
+            again.end()
+            backoff = min(_MOST_BACKOFF, backoff * 2)
+        self._watch(again, backoff)
+
+    async def _start(self, link: _Link) -> None:
+        loop = asyncio.get_running_loop()
+        feed, their_feed = socket.socketpair()
+        handoff, their_handoff = socket.socketpair()
+        link.feed, link.handoff = feed, handoff
+        # the process first: its imports overlap the snapshot's writing
+        argv = [sys.executable, "-m", "psoup.server.replica", str(their_feed.fileno()),
+                str(their_handoff.fileno()), str(self._fd)]
+        try:
+            link.proc = subprocess.Popen(
+                argv, pass_fds=(their_feed.fileno(), their_handoff.fileno(), self._fd),
+                env=_child_env())
+        finally:
+            their_feed.close()
+            their_handoff.close()
+        self.starts += 1
+        folder = Path(tempfile.mkdtemp(prefix=f"psoup-replica-{link.number}-"))
+        try:
+            def joined() -> None:       # under the engine's lock, at the cut
+                self.links = (*self.links, link)
+                link.start_seq = self.seq
+
+            manifest = await loop.run_in_executor(None, self.engine.snapshot, folder, joined)
+            start = {"folder": str(folder), "manifest": manifest,
+                     "seq": link.start_seq,
+                     "secret": self.engine.cursor_secret, "token": self.token,
+                     "upstream": self.upstream, "limits": asdict(self.limits),
+                     "engine": self.engine.replica_settings(), "number": link.number}
+            await loop.run_in_executor(None, send_message, feed, start)
+            threading.Thread(target=_send_records, args=(link,), daemon=True,
+                             name=f"psoup-replica-{link.number}-feed").start()
+            said = await loop.run_in_executor(None, receive_message, feed)
+            if said != "ready":
+                raise PSoupError(f"it said {said!r} where 'ready' was expected")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        link.ready = not link.dead
+        log.info("read replica %d serves (pid %d)", link.number, link.proc.pid)
+
+
+def _send_records(link: _Link) -> None:
+    """The sender thread of one replica's feed: the queued records, in order."""
+    feed = link.feed
+    assert feed is not None
+    while True:
+        with link.wake:
+            while not link.queue and not link.dead:
+                link.wake.wait()
+            if link.dead:
+                return
+            batch = list(link.queue)
+            link.queue.clear()
+        try:
+            for record in batch:
+                send_message(feed, record)
+        except OSError:
+            link.end()
+            return
+        with link.wake:
+            link.queued = max(0, link.queued - sum(map(_record_bytes, batch)))
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _reap_when_gone(link: _Link, replicas: Replicas) -> None:
+    """Wait (on a thread) for the replica's process to end, then end its link."""
+    assert link.proc is not None
+    code = link.proc.wait()
+    if not replicas._stopping:
+        log.warning("read replica %d ended (exit %s); starting it again", link.number, code)
+    link.end()
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a replica: this one, with psoup importable as here."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+# ---------------------------------------------------------------------- the replica
+
+
+class ReplicaEngine(Engine):
+    """A replica's engine: in memory, restored from the primary's snapshot and kept
+    current by its feed (`apply`), answering reads once it has applied what the
+    primary committed before each began (`locked`, `invoke`). Writes are the primary's:
+    the replica's server sends them there (psoup.server.server, `upstream`), and one
+    called here raises.
+
+    Costs: a read's wait O(records the primary committed and this has not applied);
+    `apply` O(record), as recovery replays it.
+    """
+
+    def __init__(self, counter: NDArray[np.int64], applied: int, primary: Iterable[str],
+                 secret: bytes, settings: Mapping[str, Any]):
+        super().__init__(**settings)
+        self._cursors.use_secret(secret)
+        self._counter = counter
+        self.applied = applied
+        self._caught = threading.Condition()
+        self.ended = False
+        #: handles whose invocations the primary answers (their tiers are its files)
+        self.primary = set(primary)
+        self._replay = _Replay(self._core, self._producers, self._effects, Path())
+
+    def restore(self, manifest: Mapping[str, Any], folder: Path) -> None:
+        """Read the snapshot back (before serving)."""
+        with self._lock:
+            checkpoints.restore(self._core, manifest, folder, self._effects.create)
+            self._producers.restore(manifest["producers"])
+
+    def apply(self, raw: Any) -> None:
+        """Apply one record of the feed, under the lock, then count it. A record that
+        fails to apply stops the replica (the caller exits; the primary starts another)."""
+        record = decode(raw, "the replica's feed")
+        if record.op is RecordKind.REGISTER:
+            self._replay_register(record.handle, record.sql)
+        else:
+            self._apply(record)
+        with self._caught:
+            self.applied += 1
+            self._caught.notify_all()
+
+    def _replay_register(self, handle: str, sql: str) -> None:
+        """A registration, as the primary ends one: over a large store its scan runs
+        off the lock (reads go on meanwhile; this thread applies nothing else), and
+        only its end holds it."""
+        with self._lock:
+            query = compile_statement(sql, self._core.schemas())
+            assert isinstance(query, Query), "a register record holds a SELECT"
+            ahead = self._core.ahead(query)
+            if ahead is None:
+                self._core.register(query, handle)
+                return
+        ahead.run()
+        with self._lock:
+            self._core.register(query, handle, ahead)
+
+    def _apply(self, record: Record) -> None:
+        with self._lock:
+            if record.op in (RecordKind.TIERS, RecordKind.HISTORY):
+                self.primary.update(record.tiers or record.handles)
+            else:
+                self._replay.apply(record)
+                if record.op is RecordKind.UNREGISTER:
+                    self.primary.discard(record.handle)
+                elif record.op is RecordKind.DROP:
+                    self.primary.difference_update(record.handles)
+
+    def end(self) -> None:
+        """The feed ended: reads waiting for it fail."""
+        with self._caught:
+            self.ended = True
+            self._caught.notify_all()
+
+    def caught_up(self, wait: bool | float) -> bool:
+        """Whether this replica has applied every record the primary had committed when
+        this was called, waiting up to `wait` seconds for it (True: CATCH_UP_SECONDS,
+        False: not at all). O(1) when it has."""
+        target = int(self._counter[0])
+        if self.applied >= target:
+            return True
+        if wait is False:
+            return False
+        deadline = time.monotonic() + (CATCH_UP_SECONDS if wait is True else float(wait))
+        with self._caught:
+            while self.applied < target and not self.ended:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._caught.wait(left)
+        return self.applied >= target
+
+    def _catch_up(self) -> None:
+        if not self._lock.held() and not self.caught_up(True):
+            raise PSoupError("this read replica is behind the primary by more than "
+                             f"{CATCH_UP_SECONDS:g}s of its writes (or lost its feed); "
+                             "the read was not answered: send it again")
+
+    def locked(self, wait: bool | float = True) -> Holding:
+        """As `Engine.locked`, once this replica has caught up with the primary (within
+        `wait`): a block that gets False otherwise."""
+        if not self.caught_up(wait):
+            return _NOT_HELD
+        return super().locked(wait)
+
+    def invoke(self, handle: str, now: float | None = None,  # type: ignore[override]
+               since: str | None = None) -> Result | Changes:  # (one signature for all)
+        self._catch_up()
+        return super().invoke(handle, now, since)
+
+    def queries(self) -> list[tuple[str, str]]:
+        self._catch_up()
+        return super().queries()
+
+    def last_seq(self, producer: str) -> int:
+        self._catch_up()
+        return super().last_seq(producer)
+
+    def insert(self, *args: Any, **kwargs: Any) -> Any:
+        raise PSoupError("a read replica applies only its primary's changes")
+
+    register = execute = create_stream = drop_stream = unregister = history = insert
+
+
+class _NotHeld(Holding):
+    """A block that never holds the lock."""
+
+    def __init__(self) -> None:
+        pass
+
+    def __enter__(self) -> bool:
+        return False
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+_NOT_HELD = _NotHeld()
+
+
+class Upstream:
+    """One client connection's link to the primary, made at its first forwarded request:
+    a connection of its own to the primary's Unix socket, with hello said, over which
+    requests go in the order they are submitted and replies come back in that order
+    (pipelined). O(frame) a request."""
+
+    def __init__(self, path: str, token: str):
+        self.path, self.token = path, token
+        self._writer: asyncio.StreamWriter | None = None
+        self._out: list[bytes] = []
+        self._waiting: deque[tuple[Any, asyncio.Future[bytes]]] = deque()
+        self._next = 0
+        self._task: asyncio.Task[None] | None = None
+        self.broken: BaseException | None = None
+
+    def submit(self, request_id: Any, op: str, args: Any) -> asyncio.Future[bytes]:
+        """Send a request (in submission order); a future of the primary's reply frame,
+        carrying `request_id`. The future raises ConnectionError if the link breaks."""
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        if self.broken is not None:
+            future.set_exception(ConnectionResetError(f"the primary: {self.broken}"))
+            return future
+        self._next += 1
+        frame = pack_frame({"id": self._next, "op": op, "args": args})
+        self._waiting.append((request_id, future))
+        if self._writer is not None:
+            self._writer.write(frame)
+        else:
+            self._out.append(frame)
+            if self._task is None:
+                self._task = asyncio.ensure_future(self._run())
+        return future
+
+    async def _run(self) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.path)
+            writer.write(pack_frame({"id": 0, "op": OpName.HELLO.value, "args": {
+                "token": self.token, "protocol": PROTOCOL}}))
+            hello = unpack_payload(await _frame(reader))
+            if not (isinstance(hello, Mapping) and hello.get("ok")):
+                raise ConnectionRefusedError(f"the primary refused the hello: {hello!r}")
+            for frame in self._out:
+                writer.write(frame)
+            self._out.clear()
+            self._writer = writer
+            while True:
+                payload = await _frame(reader)
+                request_id, future = self._waiting.popleft()
+                reply = unpack_payload(payload)
+                if isinstance(reply, dict):
+                    reply["id"] = request_id
+                if not future.done():
+                    future.set_result(pack_frame(reply))
+        except (OSError, EOFError, asyncio.IncompleteReadError, IndexError,
+                PSoupError) as exc:
+            self._fail(exc)
+        except asyncio.CancelledError:
+            self._fail(ConnectionResetError("closed"))
+            raise
+
+    def _fail(self, exc: BaseException) -> None:
+        self.broken = exc
+        while self._waiting:
+            _, future = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(ConnectionResetError(f"the primary: {exc}"))
+        if self._writer is not None:
+            self._writer.close()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        elif self._writer is not None:
+            self._writer.close()
+
+
+async def _frame(reader: asyncio.StreamReader) -> bytes:
+    (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+    return await reader.readexactly(size)
+
+
+def forwards(engine: ReplicaEngine, op: Any, args: Any) -> bool:
+    """Whether a replica sends request `op` to its primary: every write, the primary's
+    reads, and the invocations of handles whose answers only the primary reads. O(1)."""
+    spec = OPS.get(op) if isinstance(op, str) else None
+    if spec is None:
+        return False
+    if spec.write or spec.name in _PRIMARY_READS:
+        return True
+    if spec.name is OpName.INVOKE and isinstance(args, Mapping):
+        return args.get("handle") in engine.primary
+    return False
+
+
+def _apply_feed(feed: socket.socket, engine: ReplicaEngine, server: Server) -> None:
+    """The replica's feed thread: apply records until the primary closes the feed (or a
+    record fails), then stop the server."""
+    try:
+        while True:
+            raw = receive_message(feed)
+            if raw is None:
+                log.info("the primary closed the feed; this replica stops")
+                break
+            engine.apply(raw)
+    except Exception:
+        log.exception("this read replica failed to apply its primary's change; it stops")
+    finally:
+        engine.end()
+        server.stop()
+
+
+def main(argv: list[str]) -> None:
+    """`python -m psoup.server.replica FEED_FD HANDOFF_FD COUNTER_FD` (the fds are
+    inherited from the primary, which starts it)."""
+    from psoup.server.server import Server
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the primary stops it (its feed ends)
+    logging.basicConfig(level=logging.WARNING, format="psoup replica: %(message)s")
+    feed = socket.socket(fileno=int(argv[0]))
+    handoff = socket.socket(fileno=int(argv[1]))
+    view = mmap.mmap(int(argv[2]), 8)
+    counter: NDArray[np.int64] = np.ndarray((1,), np.int64, buffer=view)
+    start = receive_message(feed)
+    if not isinstance(start, Mapping):
+        os._exit(1)
+    engine = ReplicaEngine(counter, int(start["seq"]), start["manifest"]["primary"],
+                           bytes(start["secret"]), start["engine"])
+    engine.restore(start["manifest"], Path(start["folder"]))
+    server = Server(engine, token=start["token"], limits=Limits(**start["limits"]),
+                    handoff=handoff, upstream=start["upstream"])
+    threading.Thread(target=_apply_feed, args=(feed, engine, server), daemon=True,
+                     name="psoup-replica-feed").start()
+    send_message(feed, "ready")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(server.serve_forever())
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+
