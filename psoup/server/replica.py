@@ -293,6 +293,14 @@ class Replicas:
                 "lag_records": {link.number: len(link.queue) for link in self._all},
                 "connections_passed": {link.number: link.passed for link in self._all}}
 
+    def _check(self) -> None:
+        """The invariants: the shared word is the commit number; every replica fed is
+        one of this server's, and none taking connections has ended."""
+        assert int(self._counter[0]) == self.seq
+        assert all(link in self._all for link in self.links)
+        assert all(not link.dead for link in self._all if link.ready)
+        assert all(link.queued >= 0 for link in self._all)
+
     # -- one replica's life
 
     async def _run(self, number: int) -> None:
@@ -514,6 +522,11 @@ class ReplicaEngine(Engine):
                     return False
                 self._caught.wait(left)
         return self.applied >= target
+
+    def _check(self) -> None:
+        """The engine's invariants, and: nothing applied past what the primary fed."""
+        assert self.applied <= int(self._counter[0])
+        super()._check()
 
     def _catch_up(self) -> None:
         if not self._lock.held() and not self.caught_up(True):
