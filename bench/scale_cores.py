@@ -38,10 +38,12 @@ core with one thread, against all the cores this process may use, in the same ru
   with the unpinned server. Reported: invokes/s, p50/p99, error replies, the
   producer's rows/s and insert latency, and the cores the server's engine process, its
   front processes and the generator used. Target: >= 1.5x invokes/s, rows/s not lower.
-  A fourth row is not a psoup mode: two unpinned one-thread servers, each holding every
-  query and every batch (a producer per server sends each batch to it), the pollers
-  split between them: what read replicas (engine processes that each hold the state
-  and answer their connections' reads) could reach at most here.
+  Then with one read replica (--replicas 1: a second process holding a copy of the
+  state, fed every change, answering the reads of every other connection; no front by
+  default), and with a front as well. The last row is not a psoup mode: two unpinned
+  one-thread servers, each holding every query and every batch (a producer per server
+  sends each batch to it), the pollers split between them: what read replicas could
+  reach at most here.
   `--server-only` runs just this part; SCALE_ONLY="label;label" runs only the
   unpinned server rows named beside the pinned one.
 
@@ -498,7 +500,7 @@ def bench_server(s: dict[str, Any]) -> list[dict[str, Any]]:
             ("all cores", False, None, 0, 1),
             ("all cores, --fronts 0", False, 0, 0, 1),
             ("all cores, --replicas 1", False, None, 1, 1),
-            ("all cores, --replicas 1 --fronts 0", False, 0, 1, 1),
+            ("all cores, --replicas 1 --fronts 1", False, 1, 1, 1),
             (REPLICAS, False, 0, 0, 2)):
         if s.get("only") and label not in s["only"] and not pinned:
             continue
@@ -589,8 +591,9 @@ _SERVER_NOTES = [
     "runs (on 2 cores, the generator's CPU is taken from what the unpinned server could "
     "use)",
     "server cores used: the engine process's CPU time (from /proc) / wall time over the "
-    "run; front processes' cores: the same for the fronts that relay its connections "
-    "(psoup serve --fronts N starts N; by default one with more than one thread)"]
+    "run; front processes' cores: the same for its child processes, the fronts that relay "
+    "its connections (psoup serve --fronts N starts N; by default one with more than one "
+    "thread and no replica) and the read replicas that answer theirs (--replicas N)"]
 
 
 def _verdicts(rows: Sequence[dict[str, Any]], server: Sequence[dict[str, Any]]) -> list[str]:

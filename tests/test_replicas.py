@@ -79,7 +79,8 @@ class _Served:
             time.sleep(0.05)
 
     def on_replica(self, client: Client) -> bool:
-        return bool(client.server["server_id"] != self.server.server_id)
+        assert client.server["server_id"] == self.server.server_id  # one server to see
+        return "replica" in client.server
 
     def pair(self) -> tuple[Client, Client]:
         """A client connected to the primary and one connected to the replica (the

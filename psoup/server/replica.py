@@ -212,17 +212,19 @@ class Replicas:
         limits: the server's limits (each replica serves with the same).
         upstream: the Unix socket path where the primary serves the replicas' own
             connections (their clients' writes).
+        server_id: the server's id, which its replicas' hellos say too (a client sees
+            one server, whichever process its connection reached).
 
     Costs: each change O(record) per replica under the engine's lock (queued; packed
     and sent on the replica's sender thread); passing a connection O(1).
     """
 
     def __init__(self, engine: Engine, count: int, token: str, limits: Limits,
-                 upstream: str):
+                 upstream: str, server_id: str):
         if not isinstance(count, int) or count < 1:
             raise ValueError(f"replicas must be a count >= 1, not {count!r}")
         self.engine, self.count, self.token = engine, count, token
-        self.limits, self.upstream = limits, upstream
+        self.limits, self.upstream, self.server_id = limits, upstream, server_id
         self._fd = os.memfd_create("psoup-commits", 0)
         os.ftruncate(self._fd, 8)
         self._map = mmap.mmap(self._fd, 8)
@@ -235,6 +237,9 @@ class Replicas:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.starts = 0
+        # where snapshots are written: a durable server's data directory (the files can
+        # be large, and a temporary folder may be memory), else the system's temporary
+        self._snapshots: Path | None = None if engine.path is None else engine.path / "replicas"
 
     # -- lifecycle
 
@@ -242,6 +247,9 @@ class Replicas:
         """Start the replicas (each from a snapshot); returns once they take
         connections, or have failed to start (they are tried again later)."""
         self._loop = asyncio.get_running_loop()
+        if self._snapshots is not None:     # a durable server's: on its disk
+            shutil.rmtree(self._snapshots, ignore_errors=True)    # a crash's left-overs
+            self._snapshots.mkdir(mode=0o700)
         self.engine.set_feed(self._fan)
         await asyncio.gather(*(self._run(number) for number in range(self.count)))
 
@@ -258,6 +266,8 @@ class Replicas:
                 await asyncio.get_running_loop().run_in_executor(None, _reap, link.proc)
         self._map.close()
         os.close(self._fd)
+        if self._snapshots is not None:
+            shutil.rmtree(self._snapshots, ignore_errors=True)
 
     # -- the feed (under the engine's lock)
 
@@ -358,7 +368,8 @@ class Replicas:
             their_feed.close()
             their_handoff.close()
         self.starts += 1
-        folder = Path(tempfile.mkdtemp(prefix=f"psoup-replica-{link.number}-"))
+        folder = Path(tempfile.mkdtemp(prefix=f"snapshot-{link.number}-",
+                                       dir=self._snapshots))
         try:
             def joined() -> None:       # under the engine's lock, at the cut
                 self.links = (*self.links, link)
@@ -369,7 +380,8 @@ class Replicas:
                      "seq": link.start_seq,
                      "secret": self.engine.cursor_secret, "token": self.token,
                      "upstream": self.upstream, "limits": asdict(self.limits),
-                     "engine": self.engine.replica_settings(), "number": link.number}
+                     "engine": self.engine.replica_settings(), "number": link.number,
+                     "server_id": self.server_id}
             await loop.run_in_executor(None, send_message, feed, start)
             threading.Thread(target=_send_records, args=(link,), daemon=True,
                              name=f"psoup-replica-{link.number}-feed").start()
@@ -706,6 +718,7 @@ def main(argv: list[str]) -> None:
     engine.restore(start["manifest"], Path(start["folder"]))
     server = Server(engine, token=start["token"], limits=Limits(**start["limits"]),
                     handoff=handoff, upstream=start["upstream"])
+    server.server_id, server.replica = start["server_id"], int(start["number"])
     threading.Thread(target=_apply_feed, args=(feed, engine, server), daemon=True,
                      name="psoup-replica-feed").start()
     send_message(feed, "ready")
