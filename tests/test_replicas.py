@@ -345,3 +345,39 @@ def test_replicas_with_a_front() -> None:
             assert client.invoke(handle).rows == [(1,), (2,)]
     finally:
         with_front.close()
+
+
+def test_invocations_of_tiered_handles_go_to_the_primary(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A handle whose history is due (or that has an archive tier) reads files only the
+    primary has: a replica sends its invocations there, until it is unregistered."""
+    served = _Served(Engine(path=tmp_path / "state"))
+    try:
+        served.primary.execute("CREATE STREAM R (a INT)")
+        tiered = served.primary.register("SELECT a FROM R")
+        plain_handle = served.primary.register("SELECT COUNT(*) FROM R")
+        served.primary.insert("R", [(1,), (2,)], ts=1000.0)
+        answered: list[str] = []
+        invoke = served.engine.invoke
+
+        def recorded(handle: str, *args: Any, **kwargs: Any) -> Any:
+            answered.append(handle)
+            return invoke(handle, *args, **kwargs)
+
+        monkeypatch.setattr(served.engine, "invoke", recorded)
+        assert served.replica.invoke(tiered).rows == [(1,), (2,)]
+        assert answered == []                       # the replica answered it
+        journal = served.engine._durability.journal
+        assert journal is not None
+        with served.engine.locked():                # as a history job logs it
+            journal.history([tiered])
+        served.primary.insert("R", [(3,)], ts=1001.0)   # a write after it: a read waits
+        assert served.replica.invoke(tiered).rows == [(1,), (2,), (3,)]
+        assert answered == [tiered]
+        assert served.replica.invoke(plain_handle).rows == [(3,)]
+        assert answered == [tiered]
+        served.replica.unregister(tiered)
+        assert tiered not in served.engine._core.handles
+    finally:
+        served.close()

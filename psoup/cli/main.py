@@ -389,8 +389,8 @@ def _answers(server: str, token: str | None) -> bool:
 @click.option("--fronts", type=click.IntRange(0), default=None, metavar="N",
               help="Front processes that take the connections' socket work and relay "
                    "them to the server's process (default: 1 with more than one "
-                   "thread, else 0; a front adds a few tens of microseconds to a "
-                   "round trip).")
+                   "thread and no --replicas, else 0; a front adds a few tens of "
+                   "microseconds to a round trip).")
 @click.option("--replicas", type=click.IntRange(0), default=0, show_default=True,
               metavar="N",
               help="Read replica processes, each holding a copy of the state and "
