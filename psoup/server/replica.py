@@ -337,7 +337,7 @@ class Replicas:
         if self._stopping:
             return
         self._all.remove(link)
-        self.links = tuple(x for x in self.links if x is not link)
+        await loop.run_in_executor(None, self._unlink, link)
         await asyncio.sleep(backoff)
         if self._stopping:
             return
@@ -351,6 +351,11 @@ class Replicas:
             again.end()
             backoff = min(_MOST_BACKOFF, backoff * 2)
         self._watch(again, backoff)
+
+    def _unlink(self, link: _Link) -> None:
+        """Stop feeding an ended replica (under the engine's lock, as `joined` adds)."""
+        with self.engine.locked():
+            self.links = tuple(x for x in self.links if x is not link)
 
     async def _start(self, link: _Link) -> None:
         loop = asyncio.get_running_loop()
@@ -425,11 +430,22 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _reap_when_gone(link: _Link, replicas: Replicas) -> None:
-    """Wait (on a thread) for the replica's process to end, then end its link."""
-    assert link.proc is not None
-    code = link.proc.wait()
+    """Wait (on a thread) for the replica's process to end, then end its link; a
+    replica this side ended (dropped for lag, its feed broken) that has not exited
+    10 s later is killed."""
+    proc = link.proc
+    assert proc is not None
+    ended_at: float | None = None
+    while proc.poll() is None:
+        if link.dead and ended_at is None:
+            ended_at = time.monotonic()
+        if ended_at is not None and time.monotonic() - ended_at > 10.0:
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.25)
     if not replicas._stopping:
-        log.warning("read replica %d ended (exit %s); starting it again", link.number, code)
+        log.warning("read replica %d ended (exit %s); starting it again", link.number,
+                    proc.returncode)
     link.end()
 
 
