@@ -21,7 +21,7 @@ invocations run on more cores than one.
 * **Writes.** A replica applies nothing a client sends: every write (and stats, history
   status and cancel, and the invocations of handles with an archive tier or a history
   still due, whose files only the primary reads) goes to the primary over a connection of
-  its own per client connection (`_Upstream`), so a client's order, its inserts' chains
+  its own per client connection (`Upstream`), so a client's order, its inserts' chains
   and idempotency keys, and the ingest queue's refusals are the primary's, byte for byte.
   If that connection breaks, the client's connection is closed: a write's outcome is then
   unknown to the client exactly as when its own connection breaks.
@@ -47,7 +47,6 @@ import logging
 import mmap
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -56,10 +55,10 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -67,18 +66,9 @@ from numpy.typing import NDArray
 
 from psoup.engine import Engine
 from psoup.errors import PSoupError
-from psoup.journal import checkpoint as checkpoints
-from psoup.journal.durable import _Replay
-from psoup.journal.journal import Record, RecordKind, decode
-from psoup.locks import Holding
-from psoup.query import compile_statement
-from psoup.query.model import Query
+from psoup.journal.journal import RecordKind
 from psoup.server.ops import OPS, Limits, OpName
 from psoup.server.protocol import HEADER, PROTOCOL, pack_frame, unpack_payload
-
-if TYPE_CHECKING:
-    from psoup.results.result import Changes, Result
-    from psoup.server.server import Server
 
 log = logging.getLogger("psoup.server")
 
@@ -92,11 +82,6 @@ MAX_LAG_BYTES = 512 << 20
 
 #: Longest wait between a replica's end and its next start (the waits double from 1 s).
 _MOST_BACKOFF = 60.0
-
-#: How long a read waits for its replica to apply what the primary committed before it
-#: began; past this the replica is too far behind, and the read fails (an internal error)
-#: rather than answer from an older state.
-CATCH_UP_SECONDS = 30.0
 
 #: The ops a replica always sends to the primary besides every write: those whose answer
 #: is the primary's (its ingest queue, its Spark jobs).
@@ -363,7 +348,7 @@ class Replicas:
         handoff, their_handoff = socket.socketpair()
         link.feed, link.handoff = feed, handoff
         # the process first: its imports overlap the snapshot's writing
-        argv = [sys.executable, "-m", "psoup.server.replica", str(their_feed.fileno()),
+        argv = [sys.executable, "-m", "psoup.server.replica_engine", str(their_feed.fileno()),
                 str(their_handoff.fileno()), str(self._fd)]
         try:
             link.proc = subprocess.Popen(
@@ -457,151 +442,7 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-# ---------------------------------------------------------------------- the replica
-
-
-class ReplicaEngine(Engine):
-    """A replica's engine: in memory, restored from the primary's snapshot and kept
-    current by its feed (`apply`), answering reads once it has applied what the
-    primary committed before each began (`locked`, `invoke`). Writes are the primary's:
-    the replica's server sends them there (psoup.server.server, `upstream`), and one
-    called here raises.
-
-    Costs: a read's wait O(records the primary committed and this has not applied);
-    `apply` O(record), as recovery replays it.
-    """
-
-    def __init__(self, counter: NDArray[np.int64], applied: int, primary: Iterable[str],
-                 secret: bytes, settings: Mapping[str, Any]):
-        super().__init__(**settings)
-        self._cursors.use_secret(secret)
-        self._counter = counter
-        self.applied = applied
-        self._caught = threading.Condition()
-        self.ended = False
-        #: handles whose invocations the primary answers (their tiers are its files)
-        self.primary = set(primary)
-        self._replay = _Replay(self._core, self._producers, self._effects, Path())
-
-    def restore(self, manifest: Mapping[str, Any], folder: Path) -> None:
-        """Read the snapshot back (before serving)."""
-        with self._lock:
-            checkpoints.restore(self._core, manifest, folder, self._effects.create)
-            self._producers.restore(manifest["producers"])
-
-    def apply(self, raw: Any) -> None:
-        """Apply one record of the feed, under the lock, then count it. A record that
-        fails to apply stops the replica (the caller exits; the primary starts another)."""
-        record = decode(raw, "the replica's feed")
-        if record.op is RecordKind.REGISTER:
-            self._replay_register(record.handle, record.sql)
-        else:
-            self._apply(record)
-        with self._caught:
-            self.applied += 1
-            self._caught.notify_all()
-
-    def _replay_register(self, handle: str, sql: str) -> None:
-        """A registration, as the primary ends one: over a large store its scan runs
-        off the lock (reads go on meanwhile; this thread applies nothing else), and
-        only its end holds it."""
-        with self._lock:
-            query = compile_statement(sql, self._core.schemas())
-            assert isinstance(query, Query), "a register record holds a SELECT"
-            ahead = self._core.ahead(query)
-            if ahead is None:
-                self._core.register(query, handle)
-                return
-        ahead.run()
-        with self._lock:
-            self._core.register(query, handle, ahead)
-
-    def _apply(self, record: Record) -> None:
-        with self._lock:
-            if record.op in (RecordKind.TIERS, RecordKind.HISTORY):
-                self.primary.update(record.tiers or record.handles)
-            else:
-                self._replay.apply(record)
-                if record.op is RecordKind.UNREGISTER:
-                    self.primary.discard(record.handle)
-                elif record.op is RecordKind.DROP:
-                    self.primary.difference_update(record.handles)
-
-    def end(self) -> None:
-        """The feed ended: reads waiting for it fail."""
-        with self._caught:
-            self.ended = True
-            self._caught.notify_all()
-
-    def caught_up(self, wait: bool | float) -> bool:
-        """Whether this replica has applied every record the primary had committed when
-        this was called, waiting up to `wait` seconds for it (True: CATCH_UP_SECONDS,
-        False: not at all). O(1) when it has."""
-        target = int(self._counter[0])
-        if self.applied >= target:
-            return True
-        if wait is False:
-            return False
-        deadline = time.monotonic() + (CATCH_UP_SECONDS if wait is True else float(wait))
-        with self._caught:
-            while self.applied < target and not self.ended:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._caught.wait(left)
-        return self.applied >= target
-
-    def _check(self) -> None:
-        """The engine's invariants, and: nothing applied past what the primary fed."""
-        assert self.applied <= int(self._counter[0])
-        super()._check()
-
-    def _catch_up(self) -> None:
-        if not self._lock.held() and not self.caught_up(True):
-            raise PSoupError("this read replica is behind the primary by more than "
-                             f"{CATCH_UP_SECONDS:g}s of its writes (or lost its feed); "
-                             "the read was not answered: send it again")
-
-    def locked(self, wait: bool | float = True) -> Holding:
-        """As `Engine.locked`, once this replica has caught up with the primary (within
-        `wait`): a block that gets False otherwise."""
-        if not self.caught_up(wait):
-            return _NOT_HELD
-        return super().locked(wait)
-
-    def invoke(self, handle: str, now: float | None = None,  # type: ignore[override]
-               since: str | None = None) -> Result | Changes:  # (one signature for all)
-        self._catch_up()
-        return super().invoke(handle, now, since)
-
-    def queries(self) -> list[tuple[str, str]]:
-        self._catch_up()
-        return super().queries()
-
-    def last_seq(self, producer: str) -> int:
-        self._catch_up()
-        return super().last_seq(producer)
-
-    def insert(self, *args: Any, **kwargs: Any) -> Any:
-        raise PSoupError("a read replica applies only its primary's changes")
-
-    register = execute = create_stream = drop_stream = unregister = history = insert
-
-
-class _NotHeld(Holding):
-    """A block that never holds the lock."""
-
-    def __init__(self) -> None:
-        pass
-
-    def __enter__(self) -> bool:
-        return False
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-_NOT_HELD = _NotHeld()
+# ---------------------------------------------------------------------- a replica's links
 
 
 class Upstream:
@@ -685,64 +526,15 @@ async def _frame(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(size)
 
 
-def forwards(engine: ReplicaEngine, op: Any, args: Any) -> bool:
+def forwards(primary: Container[str], op: Any, args: Any) -> bool:
     """Whether a replica sends request `op` to its primary: every write, the primary's
-    reads, and the invocations of handles whose answers only the primary reads. O(1)."""
+    reads, and the invocations of the handles in `primary` (those whose answers only
+    the primary reads: psoup.server.replica_engine.ReplicaEngine.primary). O(1)."""
     spec = OPS.get(op) if isinstance(op, str) else None
     if spec is None:
         return False
     if spec.write or spec.name in _PRIMARY_READS:
         return True
     if spec.name is OpName.INVOKE and isinstance(args, Mapping):
-        return args.get("handle") in engine.primary
+        return args.get("handle") in primary
     return False
-
-
-def _apply_feed(feed: socket.socket, engine: ReplicaEngine, server: Server) -> None:
-    """The replica's feed thread: apply records until the primary closes the feed (or a
-    record fails), then stop the server."""
-    try:
-        while True:
-            raw = receive_message(feed)
-            if raw is None:
-                log.info("the primary closed the feed; this replica stops")
-                break
-            engine.apply(raw)
-    except Exception:
-        log.exception("this read replica failed to apply its primary's change; it stops")
-    finally:
-        engine.end()
-        server.stop()
-
-
-def main(argv: list[str]) -> None:
-    """`python -m psoup.server.replica FEED_FD HANDOFF_FD COUNTER_FD` (the fds are
-    inherited from the primary, which starts it)."""
-    from psoup.server.server import Server
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the primary stops it (its feed ends)
-    logging.basicConfig(level=logging.WARNING, format="psoup replica: %(message)s")
-    feed = socket.socket(fileno=int(argv[0]))
-    handoff = socket.socket(fileno=int(argv[1]))
-    view = mmap.mmap(int(argv[2]), 8)
-    counter: NDArray[np.int64] = np.ndarray((1,), np.int64, buffer=view)
-    start = receive_message(feed)
-    if not isinstance(start, Mapping):
-        os._exit(1)
-    engine = ReplicaEngine(counter, int(start["seq"]), start["manifest"]["primary"],
-                           bytes(start["secret"]), start["engine"])
-    engine.restore(start["manifest"], Path(start["folder"]))
-    server = Server(engine, token=start["token"], limits=Limits(**start["limits"]),
-                    handoff=handoff, upstream=start["upstream"])
-    server.server_id, server.replica = start["server_id"], int(start["number"])
-    threading.Thread(target=_apply_feed, args=(feed, engine, server), daemon=True,
-                     name="psoup-replica-feed").start()
-    send_message(feed, "ready")
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(server.serve_forever())
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
-

@@ -62,7 +62,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -277,7 +277,7 @@ class Server:
             on other cores (psoup.server.front); 0: this process does it all.
         replicas: read replica processes that each hold a copy of the state and answer
             the reads of the connections passed to them (psoup.server.replica); 0: none.
-        handoff, upstream: a read replica's own server (psoup.server.replica.main): the
+        handoff, upstream: a read replica's own server (psoup.server.replica_engine.main): the
             socket its primary passes connections on, instead of listening, and the
             Unix socket path of the primary, where it sends its clients' writes.
 
@@ -318,6 +318,9 @@ class Server:
         self._replicas: Replicas | None = None
         self._handoff = handoff
         self._upstream = upstream
+        # a replica's handles whose invocations its primary answers (the engine's own
+        # set, which its feed changes: psoup.server.replica_engine.ReplicaEngine.primary)
+        self._primary_handles: Container[str] = getattr(engine, "primary", frozenset())
         self._token_text = token
         self._direct = 0                # connections served here though there are fronts
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -728,7 +731,7 @@ class Server:
         encode is left to it), else a future of it (a parked read, an insert the
         ingest queue refused, or a dispatched request). On a read replica, what its
         primary answers goes there (`_forward`)."""
-        if self._upstream is not None and forwards(self.engine, op, args):  # type: ignore[arg-type]
+        if self._upstream is not None and forwards(self._primary_handles, op, args):
             forwarded = asyncio.ensure_future(self._forward(request_id, op, args, conv))
             _log_request(peer, op, began, forwarded)
             return forwarded
