@@ -460,12 +460,37 @@ def _measure(processes: Sequence[Any], handles: Sequence[list[str]],
                    p99_ms=max(p["p99_ms"] for p in polls),
                    ingest_rows_per_s=min(p["ingest_rows_per_s"] for p in produced),
                    insert_p99_ms=max(p["insert_p99_ms"] for p in produced))
+    held = [_rss_mb(process.proc.pid) for process in processes]
+    row["server_rss_mb"] = sum(own for own, _ in held)
+    row["children_rss_mb"] = sum(kids for _, kids in held)
     spent = [(a, b) for a, b in zip(before, after, strict=True)
              if a is not None and b is not None]
     if len(spent) == len(processes):
         row["server_cores"] = sum(b[0] - a[0] for a, b in spent) / s["seconds"]
         row["front_cores"] = sum(b[1] - a[1] for a, b in spent) / s["seconds"]
     return row
+
+
+def _rss_mb(pid: int) -> tuple[float, float]:
+    """The resident memory (MB, VmRSS) of the server's process and, summed, of its
+    child processes (fronts, read replicas), from /proc (Linux; 0 where unreadable)."""
+    def rss(p: int) -> float:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return 0.0
+    return rss(pid), sum(rss(child) for child in _children(pid))
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = Path(f"/proc/{pid}/task")
+        return [int(c) for t in tasks.iterdir() for c in (t / "children").read_text().split()]
+    except OSError:
+        return []
 
 
 def _cpu_seconds(pid: int) -> tuple[float, float] | None:
@@ -476,13 +501,8 @@ def _cpu_seconds(pid: int) -> tuple[float, float] | None:
     if own is None:
         return None
     fronts = 0.0
-    try:
-        tasks = Path(f"/proc/{pid}/task")
-        children = [c for t in tasks.iterdir() for c in (t / "children").read_text().split()]
-    except OSError:
-        children = []
-    for child in children:
-        counted = served._proc_counters(int(child))
+    for child in _children(pid):
+        counted = served._proc_counters(child)
         fronts += counted[0] if counted is not None else 0.0
     return own[0], fronts
 
@@ -581,6 +601,8 @@ SERVER_COLUMNS = [
     ("insert_p50_ms", "insert p50 ms", ".2f"), ("insert_p99_ms", "insert p99 ms", ".1f"),
     ("server_cores", "server cores used", ".2f"),
     ("front_cores", "front processes' cores", ".2f"),
+    ("server_rss_mb", "server RSS MB", ",.0f"),
+    ("children_rss_mb", "children's RSS MB", ",.0f"),
     ("generator_cores", "generator cores used", ".2f")]
 _SERVER_NOTES = [
     "server: the pollers are connections on one asyncio loop in a process of their own, "
