@@ -251,7 +251,7 @@ def _serve(pinned: bool, fronts: int | None = None, replicas: int = 0) -> str:
     (with `fronts` front processes, None: the default, one with more than one thread;
     and `replicas` read replicas)."""
     pin = f"os.sched_setaffinity(0, {_one_core()!r}); " if pinned else ""
-    threads = "1" if pinned else "None"
+    threads = "1" if pinned else os.environ.get("SCALE_THREADS", "None")
     return ("import os, sys; " + pin + "from psoup.server.server import run_server; "
             "run_server(None, port=int(sys.argv[2]), token=sys.argv[3], "
             f"echo=lambda s: None, threads={threads}, fronts={fronts!r}, "

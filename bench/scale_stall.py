@@ -27,7 +27,11 @@ archive flushes marked. The measured clients are threads of this process, the
 contending ones threads of another (a 2M-row answer's decoding would otherwise hold the
 measured clients' GIL); all share the machine's cores with the server.
 
-Usage: python bench/scale_stall.py [--quick | --smoke]
+With --replicas N the server runs N read replicas (`psoup serve --replicas N`: the
+measured and the contending clients' connections go round its processes); its reports
+are then named scale_stall_replicas*.
+
+Usage: python bench/scale_stall.py [--quick | --smoke] [--replicas N]
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ REGISTERED = ("SELECT lane, COUNT(*), AVG(speed) FROM traffic GROUP BY lane",
               "SELECT stationid, speed FROM traffic WHERE lane = 5 AND speed > 70")
 #: The environment variable naming the file where the server writes its events.
 EVENTS_ENV = "PSOUP_BENCH_EVENTS"
+#: The environment variable giving the server's read replicas (--replicas).
+REPLICAS_ENV = "PSOUP_BENCH_REPLICAS"
 #: `psoup serve --data-dir D --sync group`, plus: SIGUSR1 runs Engine.checkpoint() on a
 #: thread of its own; every checkpoint (that one, "requested", and the automatic ones,
 #: "checkpoint") and every archive flush of rows that left retention ("archive flush")
@@ -97,7 +103,8 @@ s.Engine = _Recorded
 signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(
     target=_timed("requested", lambda: engines[0].checkpoint())).start())
 s.run_server(sys.argv[1] or None, port=int(sys.argv[2]), token=sys.argv[3], sync="group",
-             echo=lambda line: None)
+             echo=lambda line: None,
+             replicas=int(os.environ.get({REPLICAS_ENV!r}, "0")))
 """
 #: How the plot marks the server's events, and what it calls them.
 EVENT_COLORS = {"requested": "tab:purple", "checkpoint": "tab:red",
@@ -310,8 +317,16 @@ def _event_notes(events: dict[str, list[tuple[float, float]]], quiet: float,
 
 
 def main() -> None:
+    replicas = 0
+    if "--replicas" in sys.argv:             # common.size_flag knows no such flag
+        at = sys.argv.index("--replicas")
+        replicas = int(sys.argv[at + 1])
+        del sys.argv[at:at + 2]
+    os.environ[REPLICAS_ENV] = str(replicas)
     level, suffix = common.size_flag(__doc__)
-    s = _settings(level)
+    if replicas:
+        suffix = "_replicas" + suffix
+    s = {**_settings(level), "replicas": replicas}
     tmp = tempfile.mkdtemp(prefix="psoup-stall-")
     events_file = Path(tmp) / "events"
     os.environ[EVENTS_ENV] = str(events_file)

@@ -48,6 +48,7 @@ ORDER = [
     ("oscar_copies", "Hourly averages from the archive's aggregate copies vs tuples"),
     ("scale_register", "Registration over 1M-16M retained rows vs DuckDB, every mode"),
     ("scale_stall", "No client stalls another: a poller and a producer, quiet vs contended"),
+    ("scale_stall_replicas", "No client stalls another, with one read replica"),
     ("scale_restart", "Restart: SIGKILL to the first answer vs reading the checkpoint's files"),
     ("scale_cores", "One core against every core: ingest at 1,024 to 10^5 queries"),
     ("scale_cores_probe", "One core against every core: the probe alone, where a split pays"),

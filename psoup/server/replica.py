@@ -53,7 +53,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections import deque
 from collections.abc import Container, Mapping
 from dataclasses import asdict
@@ -79,6 +78,9 @@ _FRAME = struct.Struct("<Q")
 #: drops it (it is started again from a snapshot): a replica that cannot keep up with
 #: the writes must not make the primary's memory grow without bound.
 MAX_LAG_BYTES = 512 << 20
+
+#: How long a replica the primary dropped (its feed ended) has to exit before it is killed.
+KILL_SECONDS = 10.0
 
 #: Longest wait between a replica's end and its next start (the waits double from 1 s).
 _MOST_BACKOFF = 60.0
@@ -175,7 +177,11 @@ class _Link:
 
     def end(self) -> None:
         """Stop feeding it: its sockets close, so the replica ends and its connections
-        with it."""
+        with it; one that has not exited KILL_SECONDS later is killed."""
+        if not self.dead and self.proc is not None:
+            killer = threading.Timer(KILL_SECONDS, _kill_if_alive, (self.proc,))
+            killer.daemon = True
+            killer.start()
         self.dead, self.ready = True, False
         with self.wake:
             self.wake.notify()
@@ -406,6 +412,13 @@ def _send_records(link: _Link) -> None:
             link.queued = max(0, link.queued - sum(map(_record_bytes, batch)))
 
 
+def _kill_if_alive(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        log.warning("read replica (pid %d) did not exit once its feed ended; killing it",
+                    proc.pid)
+        proc.kill()
+
+
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     try:
         proc.wait(timeout=10)
@@ -415,19 +428,11 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _reap_when_gone(link: _Link, replicas: Replicas) -> None:
-    """Wait (on a thread) for the replica's process to end, then end its link; a
-    replica this side ended (dropped for lag, its feed broken) that has not exited
-    10 s later is killed."""
+    """Wait (on a thread, blocked: Popen.wait with a timeout polls) for the replica's
+    process to end, then end its link."""
     proc = link.proc
     assert proc is not None
-    ended_at: float | None = None
-    while proc.poll() is None:
-        if link.dead and ended_at is None:
-            ended_at = time.monotonic()
-        if ended_at is not None and time.monotonic() - ended_at > 10.0:
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.25)
+    proc.wait()
     if not replicas._stopping:
         log.warning("read replica %d ended (exit %s); starting it again", link.number,
                     proc.returncode)
