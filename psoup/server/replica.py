@@ -35,8 +35,10 @@ invocations run on more cores than one.
 
 Costs: each replica holds the whole state (memory x (1 + N)) and applies every change
 (ingest CPU x (1 + N)): replicas pay where reads outweigh writes. A registration is
-applied to the replica's retained rows in one hold of its lock (not split around a
-snapshot as on the primary), so a replica's reads wait for it.
+scanned over the replica's retained rows off its lock once the primary has committed it
+(psoup.server.replica_engine), so the replica's reads that begin after that commit wait
+for the scan. The replica's side (its engine, its process) is
+psoup.server.replica_engine.
 """
 
 from __future__ import annotations

@@ -1417,8 +1417,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
             invokes/s of none; each adds tens of microseconds to a round trip.
         replicas: read replica processes (`Server`'s replicas; Linux only); 0: none.
             Measured on 2 cores with 100 polling clients and a producer, one replica
-            and no front gave 1.77-1.79x the invokes/s of one core (one front, no
-            replica: 1.27-1.38x).
+            and no front gave 1.53-1.79x the invokes/s of one core in five runs (one
+            front, no replica: 1.17-1.38x).
         echo: where the startup line (and the shutdown line, after a clean stop) goes.
 
     The process's C allocator keeps the memory it frees (psoup.server.allocator).
