@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -154,8 +154,19 @@ class ReplicaEngine(Engine):
             return _NOT_HELD
         return super().locked(wait)
 
-    def invoke(self, handle: str, now: float | None = None,  # type: ignore[override]
-               since: str | None = None) -> Result | Changes:  # (one signature for all)
+    @overload
+    def invoke(self, handle: str, now: float | None = None, since: None = None) -> Result: ...
+
+    @overload
+    def invoke(self, handle: str, now: float | None = None, *, since: str) -> Changes: ...
+
+    @overload
+    def invoke(self, handle: str, now: float | None = None,
+               since: str | None = None) -> Result | Changes: ...
+
+    def invoke(self, handle: str, now: float | None = None,
+               since: str | None = None) -> Result | Changes:
+        """As `Engine.invoke`, once this replica has caught up with the primary."""
         self._catch_up()
         return super().invoke(handle, now, since)
 
