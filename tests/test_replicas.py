@@ -427,3 +427,30 @@ def test_a_replica_engine_rebuilds_the_primary_from_its_snapshot_and_feed(
         replica.insert("R", [(1, 1.0)])
     replica.close()
     primary.close()
+
+
+def test_a_cursor_only_the_primary_kept_is_answered_through_a_replica(
+        served: _Served) -> None:
+    """An aggregate's answer cannot be recomputed from the tuples: its cursor names a
+    copy kept by the process that gave it. Polled on the primary, then on a replica (a
+    client that reconnected), the replica hands the poll to the primary. The other way
+    round the primary has no copy: CursorExpired, as after an eviction (documented)."""
+    primary, replica = served.primary, served.replica
+    primary.execute("CREATE STREAM cur (g INT, v INT)")
+    try:
+        handle = primary.register("SELECT g, SUM(v) FROM cur GROUP BY g")
+        primary.insert("cur", [(1, 10), (2, 20)], ts=1000.0)
+        first = primary.invoke(handle, now=2000.0)
+        primary.insert("cur", [(1, 5)], ts=1001.0)
+        changes = replica.invoke(handle, now=2000.0, since=cast(str, first.cursor))
+        assert isinstance(changes, Changes)
+        assert changes.deleted.rows == [(1, 10)] and changes.inserted.rows == [(1, 15)]
+        # (the primary gave that poll's answer, and keeps it: a new one, only here)
+        primary.insert("cur", [(3, 7)], ts=1002.0)
+        on_replica = replica.invoke(handle, now=2000.0)
+        primary.insert("cur", [(2, 1)], ts=1003.0)      # the answer moves on from it
+        with pytest.raises(PSoupError) as raised:
+            primary.invoke(handle, now=2000.0, since=cast(str, on_replica.cursor))
+        assert raised.value.code == "cursor_expired"
+    finally:
+        primary.drop_stream("cur", cascade=True)

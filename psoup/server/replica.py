@@ -26,8 +26,10 @@ invocations run on more cores than one.
   If that connection breaks, the client's connection is closed: a write's outcome is then
   unknown to the client exactly as when its own connection breaks.
 * **Cursors** are signed with the primary's secret, so a cursor from either process is
-  valid on the other; an answer a cursor names that was kept only in the other process's
-  answer cache (aggregates, joins) raises CursorExpired there, as after an eviction.
+  valid on the other. An answer that cannot be recomputed from the tuples (aggregates,
+  joins) is kept by the process that gave it: a replica without the copy hands the poll
+  to the primary (psoup.server.server, `_since_here_or_primary`); the primary, holding
+  no copy a replica kept, raises CursorExpired, as after an eviction.
 * **Failures.** A replica that dies, or falls more than MAX_LAG_BYTES of records behind,
   is dropped (its connections close; their clients reconnect, to a live process) and
   started again from a new snapshot 1, 2, 4 ... 60 s later. A replica whose primary goes

@@ -73,7 +73,7 @@ import msgpack
 
 from psoup.config import DEFAULT_HOST, DEFAULT_PORT, token_path, write_private
 from psoup.engine import DEFAULT_ANSWER_CACHE, Engine
-from psoup.errors import PSoupError
+from psoup.errors import CursorExpired, PSoupError
 from psoup.options import ModeName, SyncName
 from psoup.results.result import Changes, Result
 from psoup.server.allocator import keep_freed_memory
@@ -731,10 +731,16 @@ class Server:
         encode is left to it), else a future of it (a parked read, an insert the
         ingest queue refused, or a dispatched request). On a read replica, what its
         primary answers goes there (`_forward`)."""
-        if self._upstream is not None and forwards(self._primary_handles, op, args):
-            forwarded = asyncio.ensure_future(self._forward(request_id, op, args, conv))
-            _log_request(peer, op, began, forwarded)
-            return forwarded
+        if self._upstream is not None:
+            if forwards(self._primary_handles, op, args):
+                forwarded = asyncio.ensure_future(self._forward(request_id, op, args, conv))
+                _log_request(peer, op, began, forwarded)
+                return forwarded
+            if op == OpName.INVOKE and isinstance(args, Mapping) and args.get("since"):
+                polled = asyncio.ensure_future(self._since_here_or_primary(
+                    request_id, op, args, conv))
+                _log_request(peer, op, began, polled)
+                return polled
         now = self._read_now(request_id, op, args, conv, relay)
         _log_request(peer, op, began, now)
         if now is not None:
@@ -1013,6 +1019,16 @@ class Server:
             if conv.writer is not None:
                 conv.writer.close()
             raise
+
+    async def _since_here_or_primary(self, request_id: Any, op: str, args: Any,
+                                     conv: _Conversation) -> _Reply:
+        """A read replica's poll with a cursor: answered here, unless the cursor names
+        an answer only the primary kept (a client that polled there and reconnected
+        here): then the primary answers it (its reply, whatever it is)."""
+        reply = await self._dispatch(request_id, op, args, conv, conv.last_write)
+        if isinstance(reply, bytes) and _outcome(reply) == CursorExpired.code:
+            return await self._forward(request_id, op, args, conv)
+        return reply
 
     async def _dispatch(self, request_id: Any, op: Any, args: Any, conv: _Conversation,
                         after: asyncio.Future[_Reply] | None, size: int = 0, token: int = 0,
