@@ -454,3 +454,53 @@ def test_a_cursor_only_the_primary_kept_is_answered_through_a_replica(
         assert raised.value.code == "cursor_expired"
     finally:
         primary.drop_stream("cur", cascade=True)
+
+
+def test_psoup_serve_with_a_replica_stops_whole_on_sigterm(tmp_path: Path) -> None:
+    """`psoup serve --replicas 1` as users run it: both processes answer, SIGTERM stops
+    the server and its replica, and the snapshots' folder is gone."""
+    import subprocess
+    import sys
+
+    from tests.support import free_port, wait_listening
+
+    port, data = free_port(), tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-m", "psoup.cli.main", "--token", TOKEN,
+                             "serve", "--data-dir", str(data), "--port", str(port),
+                             "--replicas", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_listening(proc, port)
+        clients: dict[bool, Client] = {}
+        deadline = time.monotonic() + WAIT
+        while len(clients) < 2:         # until one connection reached the replica
+            assert time.monotonic() < deadline, "no connection reached the replica"
+            client = Client(f"127.0.0.1:{port}", token=TOKEN, timeout=WAIT)
+            side = "replica" in client.server
+            if side in clients:
+                client.close()
+                time.sleep(0.1)
+            else:
+                clients[side] = client
+        clients[True].execute("CREATE STREAM R (a INT)")
+        handle = clients[True].register("SELECT a FROM R WHERE a > 1")
+        clients[False].insert("R", [(1,), (2,), (3,)], ts=1000.0)
+        assert clients[True].invoke(handle).rows == [(2,), (3,)]
+        assert clients[False].invoke(handle).rows == [(2,), (3,)]
+        replica_pids = [int(p) for p in subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()]
+        assert replica_pids and (data / "replicas").is_dir()
+        for client in clients.values():
+            client.close()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, err
+        assert ", 1 read replica, " in out.splitlines()[0]      # the startup line
+        for pid in replica_pids:
+            assert not Path(f"/proc/{pid}").exists() or \
+                Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        assert not (data / "replicas").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

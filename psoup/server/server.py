@@ -1489,6 +1489,8 @@ def run_server(data_dir: str | Path | None = None, host: str = DEFAULT_HOST,
                 where = ("in memory only (not durable)" if data_dir is None
                          else f"data in {data_dir}")
                 secret = f"token in {written[0]}" if written else "token as given"
+                if replicas:
+                    where += f", {replicas} read replica{'s' if replicas > 1 else ''}"
                 echo(f"psoup {__version__} serving on {bound_host}:{bound_port}, "
                      f"{where}, mode {mode}, {secret}; Ctrl-C stops")
                 while not stop.wait(0.5):
