@@ -358,6 +358,7 @@ class Engine:
     def last_seq(self, producer: str) -> int:
         """The seq of `producer`'s last applied batch; -1 if none (or forgotten). A
         producer resuming after a crash continues at last_seq + 1."""
+        self._before_read()
         with self._lock:
             return self._producers.last(producer)
 
@@ -387,7 +388,13 @@ class Engine:
         An answer (or Changes) over streams fed by a Spark source says up to which ts
         it is complete (`fresh_to`: docs/language.md, "Freshness"); None otherwise.
         """
+        self._before_read()
         return self._reads.invoke(handle, partial(self._begin_read, handle, now), since)
+
+    def _before_read(self) -> None:
+        """What a read does first, outside the lock: nothing here; a read replica waits
+        until it has applied its primary's committed changes
+        (psoup.server.replica_engine)."""
 
     def _begin_read(self, handle: str, now: float | None) -> tuple[Plan, float]:
         """Under the lock, before an invocation reads: its plan and NOW."""
@@ -408,6 +415,7 @@ class Engine:
 
     def queries(self) -> list[tuple[str, str]]:
         """[(handle, sql), ...] in registration order."""
+        self._before_read()
         with self._lock:
             return [(h, plan.query.sql) for h, plan in self._core.handles.items()]
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,9 +34,6 @@ from psoup.server.ops import Limits
 from psoup.server.replica import receive_message, send_message
 from psoup.server.server import Server
 
-if TYPE_CHECKING:
-    from psoup.results.result import Changes, Result
-
 log = logging.getLogger("psoup.server")
 
 #: How long a read waits for its replica to apply what the primary committed before it
@@ -48,7 +45,7 @@ CATCH_UP_SECONDS = 30.0
 class ReplicaEngine(Engine):
     """A replica's engine: in memory, restored from the primary's snapshot and kept
     current by its feed (`apply`), answering reads once it has applied what the
-    primary committed before each began (`locked`, `invoke`). Writes are the primary's:
+    primary committed before each began (`locked`, `_before_read`). Writes are the primary's:
     the replica's server sends them there (psoup.server.server, `upstream`), and one
     called here raises.
 
@@ -141,7 +138,9 @@ class ReplicaEngine(Engine):
         assert self.applied <= int(self._counter[0])
         super()._check()
 
-    def _catch_up(self) -> None:
+    def _before_read(self) -> None:
+        """Before an invocation, `queries` or `last_seq` (outside the lock): wait until
+        this replica has applied what the primary had committed."""
         if not self._lock.held() and not self.caught_up(True):
             raise PSoupError("this read replica is behind the primary by more than "
                              f"{CATCH_UP_SECONDS:g}s of its writes (or lost its feed); "
@@ -153,30 +152,6 @@ class ReplicaEngine(Engine):
         if not self.caught_up(wait):
             return _NOT_HELD
         return super().locked(wait)
-
-    @overload
-    def invoke(self, handle: str, now: float | None = None, since: None = None) -> Result: ...
-
-    @overload
-    def invoke(self, handle: str, now: float | None = None, *, since: str) -> Changes: ...
-
-    @overload
-    def invoke(self, handle: str, now: float | None = None,
-               since: str | None = None) -> Result | Changes: ...
-
-    def invoke(self, handle: str, now: float | None = None,
-               since: str | None = None) -> Result | Changes:
-        """As `Engine.invoke`, once this replica has caught up with the primary."""
-        self._catch_up()
-        return super().invoke(handle, now, since)
-
-    def queries(self) -> list[tuple[str, str]]:
-        self._catch_up()
-        return super().queries()
-
-    def last_seq(self, producer: str) -> int:
-        self._catch_up()
-        return super().last_seq(producer)
 
     def insert(self, *args: Any, **kwargs: Any) -> Any:
         raise PSoupError("a read replica applies only its primary's changes")
