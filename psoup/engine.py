@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -73,6 +73,10 @@ MODES = MODE_NAMES
 #: The default memory for the queries' last answers (Engine's answer_cache_bytes).
 DEFAULT_ANSWER_CACHE = 64 << 20
 
+
+#: What `Engine._when_no_cut` returns: its `take`'s value (a checkpoint's or a snapshot's
+#: cut).
+_C = TypeVar("_C")
 
 class Engine:
     """An embedded psoup engine: register standing queries, insert data, invoke handles.
@@ -544,20 +548,8 @@ class Engine:
                 written (it needs the lock to end).
         """
         durability = self._durability
-        outer = self._lock.held()       # inside locked(): a background one cannot end
-        while True:
-            if not outer:
-                durability.wait_checkpoint()
-            with self._lock:
-                self._check_open()
-                if durability.checkpointing and outer:
-                    raise PSoupError("a checkpoint is being written in the background; "
-                                     "call checkpoint() outside locked() to wait for it")
-                if not durability.checkpointing:
-                    cut = durability.cut(self._core, self._producers, self._history.pending)
-                    break
-            # a background checkpoint began meanwhile, or a replica's snapshot is written
-            time.sleep(0.01)
+        cut = self._when_no_cut(partial(durability.cut, self._core, self._producers,
+                                        self._history.pending))
         if cut is not None:
             durability.checkpoint(cut, self._lock)
 
@@ -574,28 +566,49 @@ class Engine:
 
         Raises:
             OSError: a file could not be written (nothing changed).
+            PSoupError: called inside `locked()` while a checkpoint is being written.
         """
         durability = self._durability
-        while True:
-            durability.wait_checkpoint()
-            with self._lock:
-                self._check_open()
-                if durability.checkpointing:     # an explicit one is being written
-                    pass
-                else:
-                    tiered = [h for h, plan in self._core.handles.items()
-                              if plan.id in self._core.tiers]
-                    due = [h for h in self._core.handles if self._history.pending(h)]
-                    cut = durability.snapshot_cut(self._core, self._producers, tiered + due)
-                    joined()
-                    break
-            time.sleep(0.05)
+
+        def take() -> Cut:
+            tiered = [h for h, plan in self._core.handles.items()
+                      if plan.id in self._core.tiers]
+            due = [h for h in self._core.handles if self._history.pending(h)]
+            cut = durability.snapshot_cut(self._core, self._producers, tiered + due)
+            joined()
+            return cut
+
+        cut = self._when_no_cut(take)
         try:
             manifest = durability.snapshot_write(cut, Path(folder))
         finally:
             with self._lock:
                 durability.snapshot_end(cut)
         return {**manifest, "primary": cut.history}
+
+    def _when_no_cut(self, take: Callable[[], _C]) -> _C:
+        """`take()` under the lock once no checkpoint or snapshot has a cut out (one
+        written in the background is waited for off the lock first); its value.
+
+        Raises:
+            PSoupError: called inside `locked()` while one is being written (it needs
+                the lock to end).
+        """
+        durability = self._durability
+        outer = self._lock.held()       # inside locked(): a background one cannot end
+        while True:
+            if not outer:
+                durability.wait_checkpoint()
+            with self._lock:
+                self._check_open()
+                if not durability.checkpointing:
+                    return take()
+                if outer:
+                    raise PSoupError("a checkpoint is being written in the background; "
+                                     "call checkpoint() or snapshot() outside locked() to "
+                                     "wait for it")
+            # a background checkpoint began meanwhile, or a replica's snapshot is written
+            time.sleep(0.01)
 
     def replica_settings(self) -> dict[str, Any]:
         """The settings an in-memory Engine needs to hold this one's state as a read

@@ -155,7 +155,7 @@ class _Link:
         self.proc: subprocess.Popen[bytes] | None = None
         self.feed: socket.socket | None = None
         self.handoff: socket.socket | None = None
-        self.queue: deque[dict[str, Any]] = deque()
+        self.queue: deque[tuple[dict[str, Any], int]] = deque()   # (record, its bytes)
         self.queued = 0                 # bytes (about) in the queue
         self.wake = threading.Condition()
         self.ready = False              # restored and caught up once: takes connections
@@ -163,19 +163,18 @@ class _Link:
         self.passed = 0                 # connections passed to it
         self.start_seq = 0              # the commit number at its snapshot's cut
 
-    def put(self, record: dict[str, Any]) -> None:
-        """Queue a record (under the engine's lock); a replica too far behind is
-        dropped. O(1)."""
+    def put(self, record: dict[str, Any], size: int) -> None:
+        """Queue a record of about `size` bytes (under the engine's lock); a replica
+        too far behind is dropped. O(1)."""
         if self.dead:
             return
-        size = _record_bytes(record)
         if self.queued + size > MAX_LAG_BYTES:
             log.warning("read replica %d is over %d MiB of records behind; dropping it",
                         self.number, MAX_LAG_BYTES >> 20)
             self.end()
             return
         with self.wake:
-            self.queue.append(record)
+            self.queue.append((record, size))
             self.queued += size
             self.wake.notify()
 
@@ -268,8 +267,9 @@ class Replicas:
 
     def _fan(self, record: dict[str, Any]) -> None:
         self.seq += 1
+        size = _record_bytes(record)
         for link in self.links:
-            link.put(record)
+            link.put(record, size)
         self._counter[0] = self.seq
 
     # -- connections
@@ -407,13 +407,13 @@ def _send_records(link: _Link) -> None:
             batch = list(link.queue)
             link.queue.clear()
         try:
-            for record in batch:
+            for record, _ in batch:
                 send_message(feed, record)
         except OSError:
             link.end()
             return
         with link.wake:
-            link.queued = max(0, link.queued - sum(map(_record_bytes, batch)))
+            link.queued -= sum(size for _, size in batch)
 
 
 def _kill_if_alive(proc: subprocess.Popen[bytes]) -> None:
