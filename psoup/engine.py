@@ -55,7 +55,7 @@ from psoup.options import (
     SyncName,
     choose,
 )
-from psoup.plans import Plan
+from psoup.plans import Plan, SelectionPlan
 from psoup.producers import ProducerTable
 from psoup.query import compile_statement, create_stream_sql
 from psoup.query.model import DROP_STREAM, Catalog, Query, StreamSchema
@@ -168,6 +168,7 @@ class Engine:
         self._history.reevaluate(self.history)
         self._sources = LiveSources(self, spark_master, spark_conf or {}, clock)
         self._sources.resume(self._core.schemas())
+        self._reads.live = self._sources.store
 
     # ------------------------------------------------------------------ statements
 
@@ -301,7 +302,18 @@ class Engine:
         """
         with self._lock:
             stem = self._core.stem(name)
+            store = self._sources.store(name)
+            if store is not None:
+                return store.latest_ts
             return stem.last_ts if stem.n else None
+
+    def probe_set(self, name: str) -> tuple[str, dict[str, str]]:
+        """Under the lock: stream `name`'s CREATE STREAM statement and its query set,
+        handle -> SQL of each selection query reading it (what a micro-batch probed in
+        Spark's executors is probed with). O(queries)."""
+        return self._core.ddl[name], {
+            h: plan.query.sql for h, plan in self._core.handles.items()
+            if isinstance(plan, SelectionPlan) and plan.query.sources[0].stream == name}
 
     def drop_stream(self, name: str, cascade: bool = False) -> None:
         """Drop stream `name` and everything kept of it (DROP STREAM): its tuples in
@@ -342,6 +354,7 @@ class Engine:
             if done is not None:
                 return done
             stem = self._core.stem(stream)
+            self._sources.check_insert(stream)
             batch = make_batch(stem.schema, rows, ts, self._clock(), stem.last_ts)
             first = self._core.next_tid
             tuple_ids = np.arange(first, first + batch.n, dtype=np.int64)
@@ -659,12 +672,14 @@ class Engine:
                                  max_factors=self.limits.max_factors)
 
     def _register(self, query: Query, ahead: Ahead | None = None) -> str:
+        self._sources.admit(query)
         self.limits.admit(self._core, query)
         handle = token_hex(20)      # 160 bits; hex never looks like an option
         self._durability.log_register(handle, query.sql)
         self._durability.apply("the registration",
                                partial(self._core.register, query, handle, ahead))
         self._after_write()
+        self._sources.registered(query)
         return handle
 
     def _ahead(self, query: Query) -> Ahead | None:
@@ -672,6 +687,7 @@ class Engine:
         it in this hold), the limits checked now, so that a refusal costs no scan."""
         ahead = self._core.ahead(query)
         if ahead is not None:
+            self._sources.admit(query)
             self.limits.admit(self._core, query)
         return ahead
 

@@ -202,6 +202,11 @@ TRIGGER_OPTION = "trigger"
 _TRIGGER = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*(millisecond|second|minute|hour)s?\s*",
                       re.IGNORECASE)
 
+#: The WITH option psoup reads itself: where a source's micro-batches are probed, in
+#: the psoup process ('engine', the default) or in Spark's executors ('executors').
+PROBE_OPTION = "probe"
+PROBE_PLACES = ("engine", "executors")
+
 #: The columns a FROM RATE stream may declare: Spark's rate source gives `value` (and
 #: `timestamp`, which becomes ts).
 RATE_COLUMNS = frozenset({"value"})
@@ -249,7 +254,8 @@ def _source_format(clause: SourceClause, kind: SourceKind) -> SourceFormat | Non
 
 
 def _check_options(options: Sequence[tuple[str, str, Pos]]) -> None:
-    """Each WITH option once (keys ignoring case), and psoup's own trigger readable."""
+    """Each WITH option once (keys ignoring case), and psoup's own (trigger, probe)
+    readable."""
     seen: set[str] = set()
     for key, value, pos in options:
         if key.lower() in seen:
@@ -258,6 +264,9 @@ def _check_options(options: Sequence[tuple[str, str, Pos]]) -> None:
         if key.lower() == TRIGGER_OPTION and not _TRIGGER.fullmatch(value):
             raise QueryError(f"option trigger takes an interval such as '2 seconds' or "
                              f"'500 milliseconds', not '{value}'", *pos)
+        if key.lower() == PROBE_OPTION and value.lower() not in PROBE_PLACES:
+            raise QueryError(f"option probe takes 'engine' or 'executors', not '{value}'",
+                             *pos)
 
 
 def _check_catalog(stmt: CatalogStatement, schemas: Mapping[str, StreamSchema]) -> Catalog:

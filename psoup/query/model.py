@@ -86,6 +86,13 @@ class StreamSource:
     format: SourceFormat | None = None
     options: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def in_executors(self) -> bool:
+        """WITH (probe = 'executors'): its micro-batches are probed in Spark's
+        executors and kept in the stream's batch store (psoup.archive.batches)."""
+        return any(k.lower() == "probe" and v.lower() == "executors"
+                   for k, v in self.options)
+
     def describe(self) -> str:
         """The clause as SHOW STREAMS shows it.
 

@@ -32,6 +32,11 @@ lock its answer is read in (or cut in): for a query over streams fed by a Spark 
 the lock, and none later can have a smaller ts (late rows are raised to the latest),
 so the answer holds every tuple those streams will ever have below it. A lookup per
 invocation: the fed streams of each plan are found once (`Reads.fresh_to`).
+
+A query over a stream probed in Spark's executors (psoup.archive.batches) holds nothing
+in memory: under the lock only its plan and NOW are taken; its matches are read from
+the stream's committed batches off the lock (`Reads.live`), and its freshness is the
+latest ts committed there.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from psoup.query.model import ColumnType
 from psoup.results.windows_table import archive_reach
 
 if TYPE_CHECKING:
+    from psoup.archive.batches import BatchStore
     from psoup.results.answers import Answers
     from psoup.results.cursors import CursorStore
     from psoup.results.result import Changes, Result
@@ -105,6 +111,8 @@ class Reads:
         self.rate = DEFAULT_TIER_ROWS_PER_SECOND     # measured by reads of tier files
         self._rates: dict[Plan, float] = {}          # a query's last tier read rate
         self._fed: dict[Plan, tuple[DataSteM, ...]] = {}    # `fresh_to`'s streams
+        #: The batch store of a stream probed in the executors (None for the others).
+        self.live: Callable[[str], BatchStore | None] = lambda stream: None
 
     def invoke(self, handle: str, begin: Begin, since: str | None) -> Result | Changes:
         """`handle`'s answer at the (plan, NOW) `begin` gives under the lock, with its
@@ -113,20 +121,31 @@ class Reads:
         finish = partial(self._answered, handle, since)
         if since is None:
             for _ in range(_OFF_LOCK_TRIES):
-                done = self._read_off_lock(begin, finish)
+                done = self._read_off_lock(handle, begin, finish)
                 if done is _LOCKED:
                     break
                 if done is not _AGAIN:
                     return cast("Result | Changes", done)
-        return self.read(begin, finish)
+        return self.read(begin, finish, handle)
 
-    def _read_off_lock(self, begin: Begin, finish: Finish[T]) -> T | object:
+    def _live_read(self, handle: str, plan: Plan, at: float
+                   ) -> Callable[[], tuple[Result, None]] | None:
+        """Under the lock: for a query over a stream probed in the executors, its
+        answer to read off the lock (`Answers.from_batches`); None for the others."""
+        if not isinstance(plan, SelectionPlan):
+            return None
+        store = self.live(plan.query.sources[0].stream)
+        if store is None:
+            return None
+        return lambda: (self.answers.from_batches(plan, handle, store, at), None)
+
+    def _read_off_lock(self, handle: str, begin: Begin, finish: Finish[T]) -> T | object:
         """`read`, the find and fetch off the lock where the query allows (see the
         module docstring); `_AGAIN` when a query left during the read, `_LOCKED` for a
         query with history (`read` reads its tier's files off the lock)."""
         with self._lock:
             plan, at = begin()
-            off = self.answers.snapshot(plan, at)
+            off = self._live_read(handle, plan, at) or self.answers.snapshot(plan, at)
             if off is None:
                 if isinstance(plan, SelectionPlan) and plan.slot in self.tiers:
                     return _LOCKED
@@ -164,28 +183,38 @@ class Reads:
                 self._cursors.issue(handle, answer, window,
                                     remember=self._registered(handle))
 
-    def read(self, begin: Begin, finish: Finish[T]) -> T:
+    def read(self, begin: Begin, finish: Finish[T], handle: str | None = None) -> T:
         """`finish(plan, answer, window)` of the answer at the (plan, NOW) `begin` gives,
-        each called under the lock; the tier's files it needs are read off it."""
+        each called under the lock; the tier's files it needs are read off it (and a
+        query over a stream probed in the executors, `handle`'s, off it whole)."""
         loaded: dict[str, dict[str, np.ndarray]] | None = None
         reads: dict[str, Limits] | None = None
         measured = 0.0
         while True:
             with self._lock:
                 plan, at = begin()
-                if loaded is None:
-                    reads = self._sampled_reads(plan, at)
-                    wanted = self._unread(plan, at, reads)
+                live = None if handle is None else self._live_read(handle, plan, at)
+                if live is not None:
+                    fresh = self.fresh_to(plan)
                 else:
-                    self.tiers.prime(loaded)
-                    wanted = []
-                    if measured:
-                        self.rate = 0.5 * self.rate + 0.5 * measured
-                if not wanted:
-                    answer, window = self.answers.answer_and_window(plan, at, reads)
-                    answer.fresh_to = self.fresh_to(plan)
-                    return finish(plan, answer, window)
-                folder = self.tiers.folder
+                    if loaded is None:
+                        reads = self._sampled_reads(plan, at)
+                        wanted = self._unread(plan, at, reads)
+                    else:
+                        self.tiers.prime(loaded)
+                        wanted = []
+                        if measured:
+                            self.rate = 0.5 * self.rate + 0.5 * measured
+                    if not wanted:
+                        answer, window = self.answers.answer_and_window(plan, at, reads)
+                        answer.fresh_to = self.fresh_to(plan)
+                        return finish(plan, answer, window)
+                    folder = self.tiers.folder
+            if live is not None:
+                answer, _ = live()
+                answer.fresh_to = fresh
+                with self._lock:
+                    return finish(plan, answer, None)
             assert folder is not None
             began = time.perf_counter()
             loaded = load_segments(folder, wanted)
@@ -235,7 +264,16 @@ class Reads:
                                           if stems[s.stream].schema.source is not None)
         if not fed:
             return None
-        return min(stem.last_ts for stem in fed) if len(fed) > 1 else fed[0].last_ts
+        return min(self._latest(stem) for stem in fed) if len(fed) > 1 \
+            else self._latest(fed[0])
+
+    def _latest(self, stem: DataSteM) -> float:
+        """A fed stream's latest ts: in memory, or committed in its batch store."""
+        store = self.live(stem.schema.name)
+        if store is None:
+            return stem.last_ts
+        latest = store.latest_ts
+        return -math.inf if latest is None else latest
 
     def read_plan(self, plan: Plan, now: float) -> dict[str, Limits] | None:
         """How to read the archive tier of `plan` for an answer at `now`: None to read

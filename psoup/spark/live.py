@@ -12,9 +12,13 @@ time instead of being applied twice, and the insert is forced to disk before Spa
 commits the batch. So each source row is applied exactly once across failures of the
 query and restarts of psoup.
 
-What this stage does not do yet (issue 38): the micro-batch passes through the psoup
-process (collected with toArrow) and is probed there, by the ordinary insert path; the
-archive receives it as any stream's tuples, when they leave memory.
+By default (WITH (probe = 'engine')) the micro-batch passes through the psoup process
+(collected with toArrow) and is probed there, by the ordinary insert path. With
+WITH (probe = 'executors') it never does: each task probes its partition with the
+stream's query set and writes its rows and Results Structure words to the stream's
+batch store, which psoup commits by batch id (psoup.spark.executors,
+psoup.archive.batches); a second thread per such source runs the history pass of the
+queries registered after batches were probed (`_cover`).
 
 A supervisor thread per source starts the query, restarts it from its checkpoint after
 a failure (1, 2, 4 ... 60 s apart), and keeps its progress for `stats()` and SHOW
@@ -32,14 +36,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from psoup.errors import PSoupError, QueryError, SequenceError
-from psoup.query.checker import TRIGGER_OPTION
-from psoup.query.model import TS, ColumnType, SourceFormat, SourceKind, StreamSchema
+from psoup.query.checker import PROBE_OPTION, TRIGGER_OPTION
+from psoup.query.model import TS, ColumnType, Query, SourceFormat, SourceKind, StreamSchema
+
+if TYPE_CHECKING:
+    from psoup.archive.batches import BatchStore
 
 log = logging.getLogger("psoup.sources")
 
@@ -56,6 +63,7 @@ _DEFAULT_OPTIONS = {SourceFormat.CSV: {"header": "true"}}
 _FOLDER = "sources"
 _DROPPED = "DROPPED"            # a marker: the folder's stream was dropped
 _MAX_DELAY = 60.0
+_COVER_PERIOD = 5.0             # the history pass looks at least this often (seconds)
 
 
 class Target(Protocol):
@@ -73,6 +81,8 @@ class Target(Protocol):
     def last_seq(self, producer: str) -> int: ...
 
     def latest_ts(self, name: str) -> float | None: ...
+
+    def probe_set(self, name: str) -> tuple[str, dict[str, str]]: ...
 
 
 @dataclass
@@ -98,6 +108,9 @@ class SourceRun:
     last_error: str | None = None
     fatal: bool = False             # an error a restart cannot mend (a gap in batch ids)
     progress: dict[str, Any] = field(default_factory=dict)   # Spark's lastProgress
+    store: BatchStore | None = None     # WITH (probe = 'executors'): the batch store
+    wake: threading.Event = field(default_factory=threading.Event)  # the history pass's
+    covered: int = 0                    # batches the history pass probed again
 
     @property
     def name(self) -> str:
@@ -116,7 +129,12 @@ class SourceRun:
                 "lag_seconds": lag, "late_rows": self.late_rows,
                 "rejected_rows": self.rejected_rows, "restarts": self.restarts,
                 "last_error": self.last_error,
-                "checkpoint": str(self.folder / "checkpoint")}
+                "checkpoint": str(self.folder / "checkpoint"),
+                "probe": "engine" if self.store is None else "executors",
+                **({} if self.store is None else {
+                    "retained_rows": self.store.rows,
+                    "retained_batches": len(self.store.batches()),
+                    "history_batches": self.covered})}
 
 
 class LiveSources:
@@ -155,6 +173,10 @@ class LiveSources:
             raise QueryError(f"CREATE STREAM ... FROM {source.kind.upper()} needs a durable "
                              "engine (Engine(path=DIR), or psoup serve --data-dir DIR): "
                              "the source's Spark checkpoint is kept there")
+        if source.in_executors and schema.retain_rows is not None:
+            raise QueryError("a stream probed in Spark's executors (probe = 'executors') "
+                             "keeps whole micro-batches: give RETAIN as a time (RETAIN 30 "
+                             "DAYS), not as rows")
         if source.kind == SourceKind.FILES:
             assert source.path is not None
             if not Path(source.path).is_dir():
@@ -165,6 +187,54 @@ class LiveSources:
         except ImportError:
             raise QueryError("a stream FROM a Spark source needs Spark: pip install "
                              "'psoup[spark]' (pyspark, with Java 17 or newer)") from None
+
+    def store(self, name: str) -> BatchStore | None:
+        """The batch store of stream `name` when it is probed in the executors."""
+        run = self._runs.get(name)
+        return None if run is None else run.store
+
+    def admit(self, query: Query) -> None:
+        """Refuse, before it is logged, a query a stream probed in the executors cannot
+        answer: a join over it, or a window that counts rows.
+
+        Raises:
+            QueryError: naming the stream and why.
+        """
+        from psoup.results.windows_table import archive_reach
+
+        live = [s.stream for s in query.sources if self.store(s.stream) is not None]
+        if not live:
+            return
+        why = (f"stream '{live[0]}' is probed in Spark's executors "
+               "(WITH (probe = 'executors')), so the psoup process holds none of its rows")
+        if len(query.sources) > 1:
+            raise QueryError(f"{why}: a join over it is not supported (a join pairs rows "
+                             "of both sides as they arrive); create the stream with "
+                             "probe = 'engine' to join it")
+        if archive_reach(query.sources[0].window, 0.0) is None:
+            raise QueryError(f"{why}: a window that counts rows ([ROWS n], PARTITION BY) "
+                             "is not supported; use a time window ([RANGE 10 MINUTES], "
+                             "BEGIN ... END)")
+
+    def check_insert(self, name: str) -> None:
+        """Refuse an INSERT into a stream probed in the executors (fed by its source
+        alone: its tupleIDs are assigned by batch).
+
+        Raises:
+            QueryError: it is one.
+        """
+        if self.store(name) is not None:
+            raise QueryError(f"stream '{name}' is fed by its source and probed in "
+                             "Spark's executors (WITH (probe = 'executors')): it takes "
+                             "no INSERT")
+
+    def registered(self, query: Query) -> None:
+        """A query was registered: wake the history pass of the streams it reads that
+        are probed in the executors (their committed batches lack it)."""
+        for source in query.sources:
+            run = self._runs.get(source.stream)
+            if run is not None and run.store is not None:
+                run.wake.set()
 
     def resume(self, schemas: Mapping[str, StreamSchema]) -> None:
         """At the engine's start: start the sources of `schemas`, each on its existing
@@ -234,6 +304,12 @@ class LiveSources:
         if folder is None:      # made by the query's thread: a CREATE logged stands
             folder = self.target.path / _FOLDER / f"{schema.name}.{secrets.token_hex(6)}"
         run = SourceRun(schema, folder, f"spark:{folder.name}")
+        assert schema.source is not None
+        if schema.source.in_executors:
+            from psoup.archive.batches import BatchStore
+            run.store = BatchStore(folder / "batches", dict(schema.columns))
+            threading.Thread(target=self._cover, args=(run,), daemon=True,
+                             name=f"psoup-history-{schema.name}").start()
         self._runs[schema.name] = run
         run.thread = threading.Thread(target=self._supervise, args=(run,), daemon=True,
                                       name=f"psoup-source-{schema.name}")
@@ -241,6 +317,7 @@ class LiveSources:
 
     def _stop(self, run: SourceRun, remove: bool) -> None:
         run.stopping.set()
+        run.wake.set()
         query = run.query
         if query is not None:
             with contextlib.suppress(Exception):    # stopped or failed already
@@ -298,6 +375,40 @@ class LiveSources:
                     query.stop()
         query.awaitTermination(0.1)     # raises the query's failure, if it failed
 
+    def _cover(self, run: SourceRun) -> None:
+        """The history pass of a stream probed in the executors, until it stops: when
+        woken (a registration, a batch committed without a query registered while it
+        was probed) or every few seconds, probe the committed batches that lack a
+        registered query with it (psoup.spark.executors.cover); after a failure, again
+        1, 2, 4 ... 60 s later."""
+        from psoup.spark.executors import cover
+        from psoup.spark.session import spark_error, spark_session
+
+        store = run.store
+        assert store is not None
+        failures = 0
+        while not run.stopping.is_set():
+            run.wake.wait(_COVER_PERIOD if not failures else
+                          min(_MAX_DELAY, 2.0 ** (failures - 1)))
+            run.wake.clear()
+            if run.stopping.is_set():
+                break
+            try:
+                with self.target.locked():
+                    if run.stopping.is_set():
+                        break
+                    ddl, queries = self.target.probe_set(run.name)
+                lacking = store.lacking(queries)
+                if lacking:
+                    spark = spark_session(self.master, self.conf)
+                    run.covered += cover(spark, store, ddl, queries, lacking)
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                run.last_error = f"history pass: {spark_error(exc)}"
+                log.warning("history pass of stream '%s' failed: %s", run.name,
+                            run.last_error)
+
     # ------------------------------------------------------------------ one micro-batch
 
     def apply(self, run: SourceRun, frame: Any, batch_id: int) -> None:
@@ -307,6 +418,9 @@ class LiveSources:
         would let Spark commit a batch the engine never applied (after a close, the
         engine opened again would never see it)."""
         _check_going(run, batch_id)
+        if run.store is not None:
+            self._apply_in_executors(run, run.store, frame, batch_id)
+            return
         columns, ts, rejected = _collect(frame, run.schema)
         target = self.target
         with target.locked():
@@ -334,6 +448,44 @@ class LiveSources:
         if batch_id in LiveSources.fail_after_insert:
             LiveSources.fail_after_insert.discard(batch_id)
             raise RuntimeError(f"test fault after batch {batch_id} was inserted")
+
+
+    def _apply_in_executors(self, run: SourceRun, store: BatchStore, frame: Any,
+                            batch_id: int) -> None:
+        """foreachBatch of a stream probed in the executors: probe the batch there with
+        the query set registered now (taken under the engine's lock, so that each
+        registration falls before or after it) and commit it to the batch store by
+        its id; a batch committed already (Spark runs it again) is skipped."""
+        from psoup.spark.executors import probe_batch
+
+        if store.committed(batch_id):
+            run.replayed += 1
+            run.last_batch_id = batch_id
+            return
+        with self.target.locked():
+            _check_going(run, batch_id)
+            ddl, queries = self.target.probe_set(run.name)
+        latest = store.latest_ts
+        staging, reports, slots = probe_batch(
+            frame, store, ddl, queries, -np.inf if latest is None else latest, self.clock())
+        _check_going(run, batch_id)
+        batch = store.commit(batch_id, staging, reports, slots, committed_at=time.time())
+        run.batches += 1
+        run.rows += batch.rows
+        run.late_rows += batch.late
+        run.rejected_rows += batch.rejected
+        run.last_batch_id = batch_id
+        run.last_commit = time.time()
+        retain = run.schema.retain_seconds
+        if retain is not None and (latest := store.latest_ts) is not None:
+            store.expire(latest - retain)
+        with self.target.locked():
+            _, now = self.target.probe_set(run.name)
+        if any(handle not in slots for handle in now):
+            run.wake.set()          # registered while the batch was probed
+        if batch_id in LiveSources.fail_after_insert:
+            LiveSources.fail_after_insert.discard(batch_id)
+            raise RuntimeError(f"test fault after batch {batch_id} was committed")
 
 
 class SourceStopped(PSoupError):
@@ -398,7 +550,8 @@ def _options(schema: StreamSchema) -> dict[str, str]:
     source = schema.source
     assert source is not None
     options = dict(_DEFAULT_OPTIONS.get(source.format, {})) if source.format else {}
-    options.update((k, v) for k, v in source.options if k.lower() != TRIGGER_OPTION)
+    options.update((k, v) for k, v in source.options
+                   if k.lower() not in (TRIGGER_OPTION, PROBE_OPTION))
     return options
 
 

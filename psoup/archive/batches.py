@@ -1,0 +1,414 @@
+"""The retained store of a stream probed in Spark's executors: its committed micro-batches.
+
+A stream created FROM a source WITH (probe = 'executors') keeps nothing in the psoup
+process. Each micro-batch is probed where Spark runs it (psoup.spark.executors): every
+task writes its rows as one Parquet *part file* holding the stream's columns, ts, and
+the batch's Results Structure as columns of 64-bit words (`psoup_w0`, `psoup_w1` ...:
+bit b of word w is the query the batch's manifest maps to slot 64w + b). psoup then
+commits the batch: the manifest (the files, their rows, ts ranges and first tupleIDs,
+and handle -> slot of the queries the batch was probed with) is written into the
+batch's staging folder, which is renamed to BATCH_ID/. A folder named by a batch id is
+a committed batch, so a batch Spark runs again after a failure finds itself committed
+and is not applied twice, across restarts of psoup, the driver and the executors.
+
+A query registered after a batch was probed lacks a bit there; a history pass
+(psoup.spark.executors.cover) probes such batches for the queries they lack and writes
+*sidecar* word files beside the part files, committed by their own JSON file. A batch
+thus answers for exactly the handles its manifest or a committed sidecar names: an
+invocation that meets a batch lacking its query is refused (HistoryPending) until the
+pass is done, never answered short. Registration and a batch's probe both take the
+engine's lock to read the query set, so each batch is probed with a query either in
+the batch itself or by the history pass: no gap and no duplicate at the boundary.
+
+Invocation (`BatchStore.part`) reads the batches whose ts range meets the window's
+reach: per part file, the ts column, the query's word column and the columns the answer
+needs (Parquet column pruning), kept decoded in a cache of CACHE_BYTES. A match's
+tupleID is its file's first tupleID plus its row in the file, so tupleIDs are dense and
+assigned at commit, from the row counts the executors report.
+
+Costs: a commit is O(part files); `part` is O(rows of the batches the reach meets) in
+vectorized numpy, O(batches) to find them; the index holds O(batches + files) entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from psoup.archive.layout import to_numpy
+from psoup.errors import HistoryPending, PSoupError
+from psoup.fsync import fsync_dir, make_dir, write_whole
+from psoup.query.model import TS, TUPLE_ID, ColumnType
+
+#: A committed batch's manifest, in its folder.
+MANIFEST = "manifest.json"
+#: Where batches being written wait; emptied when a store opens.
+STAGING = ".staging"
+#: The prefix of a sidecar's JSON and of its files: SIDECAR + id.
+SIDECAR = "cover-"
+#: Decoded columns kept for the next invocations, at most this many bytes in all.
+CACHE_BYTES = 64 << 20
+
+
+def word_column(word: int) -> str:
+    """The name of the part file's column holding slots 64*word .. 64*word + 63."""
+    return f"psoup_w{word}"
+
+
+def batch_name(batch_id: int) -> str:
+    return f"{batch_id:012d}"
+
+
+@dataclass(frozen=True)
+class PartFile:
+    """One task's part of a batch: its file (under the batch's folder), rows, first
+    tupleID and ts range (lo > hi for no rows)."""
+
+    name: str
+    rows: int
+    first: int
+    lo: float
+    hi: float
+
+
+@dataclass
+class Batch:
+    """A committed micro-batch: where it is, its files, and handle -> (sidecar id or
+    "" for the part files themselves, slot) of every query it answers for."""
+
+    batch_id: int
+    folder: Path
+    files: list[PartFile]
+    covers: dict[str, tuple[str, int]]
+    late: int = 0
+    rejected: int = 0
+    committed_at: float = 0.0
+    sidecars: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    @property
+    def first(self) -> int:
+        return self.files[0].first if self.files else 0
+
+    @property
+    def lo(self) -> float:
+        return min((f.lo for f in self.files if f.rows), default=math.inf)
+
+    @property
+    def hi(self) -> float:
+        return max((f.hi for f in self.files if f.rows), default=-math.inf)
+
+
+class BatchStore:
+    """The committed batches of one stream probed in the executors (see the module).
+
+    Args:
+        folder: the stream's batches folder (created here; made private).
+        types: the stream's columns and their types (the part files hold them, ts and
+            words).
+
+    Thread-safe: the index is guarded by a lock held for O(batches) at most; files are
+    read outside it.
+    """
+
+    def __init__(self, folder: Path, types: Mapping[str, ColumnType]):
+        self.folder = Path(folder)
+        self.types = dict(types)
+        self._lock = threading.Lock()
+        self._batches: list[Batch] = []
+        self._cache: OrderedDict[tuple[str, str], NDArray[Any]] = OrderedDict()
+        self._cached = 0
+        make_dir(self.folder, private=True)
+        shutil.rmtree(self.folder / STAGING, ignore_errors=True)
+        for sub in sorted(self.folder.iterdir()):
+            if sub.name.isdigit() and (sub / MANIFEST).exists():
+                self._batches.append(_load(sub))
+            elif sub.name.isdigit():        # a batch folder without manifest: never
+                shutil.rmtree(sub, ignore_errors=True)      # committed (a crash)
+
+    # ------------------------------------------------------------------ what it holds
+
+    @property
+    def last_batch(self) -> int:
+        """The id of the last committed batch; -1 for none."""
+        with self._lock:
+            return self._batches[-1].batch_id if self._batches else -1
+
+    @property
+    def next_tid(self) -> int:
+        """The tupleID the next batch's first row gets."""
+        with self._lock:
+            if not self._batches:
+                return 0
+            last = self._batches[-1]
+            return last.first + last.rows
+
+    @property
+    def latest_ts(self) -> float | None:
+        with self._lock:
+            return max((b.hi for b in self._batches if b.rows), default=None)
+
+    @property
+    def rows(self) -> int:
+        with self._lock:
+            return sum(b.rows for b in self._batches)
+
+    def batches(self) -> list[Batch]:
+        with self._lock:
+            return list(self._batches)
+
+    def committed(self, batch_id: int) -> bool:
+        """Whether batch `batch_id` was committed (or was and left by retention)."""
+        with self._lock:
+            return bool(self._batches) and batch_id <= self._batches[-1].batch_id \
+                or (self.folder / batch_name(batch_id)).exists()
+
+    def staging(self) -> Path:
+        """A fresh staging folder for one attempt at a batch or a sidecar."""
+        path = self.folder / STAGING / uuid.uuid4().hex
+        make_dir(path, private=True)
+        return path
+
+    # ------------------------------------------------------------------ writes
+
+    def commit(self, batch_id: int, staging: Path, reports: Iterable[Mapping[str, Any]],
+               queries: Mapping[str, int], *, committed_at: float) -> Batch:
+        """Commit batch `batch_id` from `staging`, where the executors wrote the part
+        files named by `reports` (one per task: partition, file, rows, lo, hi, late,
+        rejected; a file not named there is a failed attempt's and is removed), probed
+        with `queries` (handle -> slot). The tupleIDs follow the last batch's, in
+        partition order. Durable on return. O(files).
+
+        Raises:
+            PSoupError: batch ids went backwards (a restored data directory).
+        """
+        reports = sorted(reports, key=lambda r: int(r["partition"]))
+        with self._lock:
+            if self._batches and batch_id <= self._batches[-1].batch_id:
+                raise PSoupError(f"batch {batch_id} is not after the last committed "
+                                 f"({self._batches[-1].batch_id})")
+            tid = self._batches[-1].first + self._batches[-1].rows if self._batches else 0
+        files = []
+        for r in reports:
+            if int(r["rows"]):
+                files.append(PartFile(str(r["file"]), int(r["rows"]), tid, float(r["lo"]),
+                                      float(r["hi"])))
+                tid += int(r["rows"])
+        named = {f.name for f in files}
+        for path in staging.iterdir():
+            if path.name not in named:
+                path.unlink()
+        manifest = {"batch": batch_id, "committed_at": committed_at,
+                    "files": [[f.name, f.rows, f.first, f.lo, f.hi] for f in files],
+                    "queries": dict(queries),
+                    "late": sum(int(r["late"]) for r in reports),
+                    "rejected": sum(int(r["rejected"]) for r in reports)}
+        write_whole(staging / MANIFEST, lambda f: f.write(json.dumps(manifest).encode()),
+                    private=True)
+        for f in files:
+            _fsync_file(staging / f.name)
+        fsync_dir(staging)
+        final = self.folder / batch_name(batch_id)
+        staging.rename(final)
+        fsync_dir(self.folder)
+        batch = _load(final)
+        with self._lock:
+            self._batches.append(batch)
+        return batch
+
+    def lacking(self, handles: Iterable[str]) -> dict[int, list[str]]:
+        """Batch id -> the handles among `handles` it does not answer for yet (those a
+        history pass must probe it with). O(batches x handles)."""
+        wanted = list(handles)
+        with self._lock:
+            out = {}
+            for b in self._batches:
+                missing = [h for h in wanted if h not in b.covers]
+                if missing and b.rows:
+                    out[b.batch_id] = missing
+            return out
+
+    def cover(self, batch_id: int, staging: Path, names: Mapping[str, str],
+              queries: Mapping[str, int]) -> None:
+        """Commit a sidecar of batch `batch_id`: `names` maps each part file to the
+        sidecar file (in `staging`) holding its words for `queries` (handle -> slot).
+        A batch left by retention meanwhile is skipped. Durable on return. O(files)."""
+        with self._lock:
+            batch = next((b for b in self._batches if b.batch_id == batch_id), None)
+        if batch is None or not batch.folder.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+            return
+        sid = uuid.uuid4().hex[:12]
+        moved = {}
+        for part, name in names.items():
+            target = f"{SIDECAR}{sid}-{part}"
+            _fsync_file(staging / name)
+            (staging / name).rename(batch.folder / target)
+            moved[part] = target
+        record = {"files": moved, "queries": dict(queries)}
+        write_whole(batch.folder / f"{SIDECAR}{sid}.json",
+                    lambda f: f.write(json.dumps(record).encode()), private=True)
+        fsync_dir(batch.folder)
+        shutil.rmtree(staging, ignore_errors=True)
+        with self._lock:
+            batch.sidecars.append(sid)
+            for handle, slot in queries.items():
+                batch.covers.setdefault(handle, (sid, int(slot)))
+
+    def expire(self, before: float) -> int:
+        """Remove the batches whose every row is older than `before` (retention);
+        how many. O(batches removed)."""
+        with self._lock:
+            gone = [b for b in self._batches if b.rows and b.hi < before]
+            # (an empty batch goes with the next older one: keep the last for its id)
+            if gone and gone[-1] is self._batches[-1]:
+                gone.pop()
+            keep = {id(b) for b in gone}
+            self._batches = [b for b in self._batches if id(b) not in keep]
+        for b in gone:
+            shutil.rmtree(b.folder, ignore_errors=True)
+        if gone:
+            with contextlib.suppress(OSError):
+                fsync_dir(self.folder)
+        return len(gone)
+
+    # ------------------------------------------------------------------ reads
+
+    def part(self, handle: str, reach: tuple[float, float], columns: Sequence[str]
+             ) -> dict[str, NDArray[Any]]:
+        """`handle`'s matches with begin <= ts <= end (`reach`): `columns` of the
+        stream, ts and tupleID. O(rows of the batches the reach meets).
+
+        Raises:
+            HistoryPending: a batch the reach meets does not answer for the handle yet
+                (its history pass has not committed).
+            PSoupError: a part file is damaged.
+        """
+        begin, end = reach
+        wanted = [c for c in dict.fromkeys(columns) if c not in (TS, TUPLE_ID)]
+        with self._lock:
+            meeting = [b for b in self._batches if b.rows and b.hi >= begin and b.lo <= end]
+        missing = [b.batch_id for b in meeting if handle not in b.covers]
+        if missing:
+            raise HistoryPending(
+                f"query {handle}: its history over {len(missing)} committed micro-batch"
+                f"{'es' if len(missing) > 1 else ''} of its stream is being evaluated in "
+                "Spark's executors; try again in a moment")
+        pieces = []
+        for b in meeting:
+            sid, slot = b.covers[handle]
+            for f in b.files:
+                if f.rows and f.hi >= begin and f.lo <= end:
+                    pieces.append(self._matches(b, f, sid, slot, begin, end, wanted))
+        out: dict[str, NDArray[Any]] = {}
+        for name in [*wanted, TS, TUPLE_ID]:
+            arrays = [p[name] for p in pieces]
+            out[name] = np.concatenate(arrays) if arrays else self._empty(name)
+        return out
+
+    def _matches(self, batch: Batch, f: PartFile, sid: str, slot: int, begin: float,
+                 end: float, wanted: list[str]) -> dict[str, NDArray[Any]]:
+        path = batch.folder / f.name
+        words_path = path if not sid else batch.folder / f"{SIDECAR}{sid}-{f.name}"
+        word = self._column(words_path, word_column(slot // 64))
+        ts = self._column(path, TS)
+        hit = ((word >> np.uint64(slot % 64)) & np.uint64(1)).astype(bool)
+        hit &= (ts >= begin) & (ts <= end)
+        rows = np.flatnonzero(hit)
+        got = {name: self._column(path, name)[rows] for name in wanted}
+        got[TS] = ts[rows]
+        got[TUPLE_ID] = rows.astype(np.int64) + f.first
+        return got
+
+    def _column(self, path: Path, name: str) -> NDArray[Any]:
+        import pyarrow.parquet as pq
+
+        key = (str(path), name)
+        with self._lock:
+            got = self._cache.get(key)
+            if got is not None:
+                self._cache.move_to_end(key)
+                return got
+        try:
+            table = pq.read_table(path, columns=[name])
+        except (OSError, ValueError) as exc:
+            if not path.exists():       # left by retention while this read
+                raise HistoryPending(f"{path.parent.name}: the batch left retention "
+                                     "during the read; try again") from None
+            raise PSoupError(f"cannot read {path}: {exc}") from exc
+        col = table.column(name)
+        ctype = self.types.get(name)
+        got = (to_numpy(col, ctype) if ctype is not None
+               else np.asarray(col.to_numpy(zero_copy_only=False)))
+        with self._lock:
+            self._cache[key] = got
+            self._cached += got.nbytes
+            while self._cached > CACHE_BYTES and len(self._cache) > 1:
+                _, old = self._cache.popitem(last=False)
+                self._cached -= old.nbytes
+        return got
+
+    def _empty(self, name: str) -> NDArray[Any]:
+        from psoup.stems.batch import DTYPES
+        ctype = self.types.get(name)
+        return np.empty(0, np.int64 if name == TUPLE_ID else
+                        np.float64 if ctype is None else DTYPES[ctype])
+
+    def _check(self) -> None:
+        """Batch ids increase; tupleIDs are dense from the first kept batch on; every
+        file has its ts range and exists; the cache's byte count is right."""
+        with self._lock:
+            ids = [b.batch_id for b in self._batches]
+            assert ids == sorted(set(ids)), ids
+            tid = self._batches[0].first if self._batches else 0
+            for b in self._batches:
+                for f in b.files:
+                    assert f.first == tid and f.rows > 0 and f.lo <= f.hi, (b.batch_id, f)
+                    assert (b.folder / f.name).exists(), f.name
+                    tid += f.rows
+                for sid, _ in b.covers.values():
+                    assert not sid or sid in b.sidecars, sid
+            assert self._cached == sum(a.nbytes for a in self._cache.values())
+
+
+def _load(folder: Path) -> Batch:
+    """A committed batch's index entry from its manifest and sidecars."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    files = [PartFile(n, int(r), int(f), float(lo), float(hi))
+             for n, r, f, lo, hi in manifest["files"]]
+    covers = {h: ("", int(s)) for h, s in manifest["queries"].items()}
+    batch = Batch(int(manifest["batch"]), folder, files, covers, int(manifest["late"]),
+                  int(manifest["rejected"]), float(manifest["committed_at"]))
+    for path in sorted(folder.glob(f"{SIDECAR}*.json")):
+        sid = path.stem.removeprefix(SIDECAR)
+        record = json.loads(path.read_text())
+        batch.sidecars.append(sid)
+        for handle, slot in record["queries"].items():
+            batch.covers.setdefault(handle, (sid, int(slot)))
+    return batch
+
+
+def _fsync_file(path: Path) -> None:
+    import os
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+

@@ -1,0 +1,239 @@
+"""A stream's micro-batches probed in Spark's executors (WITH (probe = 'executors')).
+
+PSoup's duality on Spark in the shape of Flink's broadcast rules: the data partitioned
+across the executors, the standing queries sent to each task as a versioned query set
+(the batch's handle -> slot map and the queries' SQL, compiled once per task), and every
+partition probed with psoup's own Query SteM. Each task writes its partition's rows
+and their Results Structure words as one part file of the stream's batch store
+(psoup.archive.batches) and reports one small row (file, rows, ts range, late and
+rejected rows): that is all that reaches the driver. psoup commits the batch by its id.
+
+`cover` is the history pass of the queries a committed batch lacks (registered after
+the batch was probed): one task per part file reads its columns back, probes them with
+those queries and writes a sidecar of words; no match passes through the driver either.
+
+Spark is imported only in the functions the driver calls; the task functions run in the
+executors (psoup's code reaches them as the session's zip, or a packed environment).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from psoup.archive.batches import BatchStore, word_column
+from psoup.archive.layout import ARROW_TYPES, to_numpy
+from psoup.query.model import TS, TUPLE_ID, StreamSchema
+
+#: The row each probe task reports to the driver.
+REPORT_SCHEMA = ("partition INT, file STRING, rows BIGINT, lo DOUBLE, hi DOUBLE, "
+                 "late BIGINT, rejected BIGINT")
+_COVER_SCHEMA = "batch BIGINT, part STRING, file STRING"
+
+
+def query_set(ddl: str, queries: Sequence[tuple[int, str]]) -> tuple[StreamSchema, Any]:
+    """The stream declared by `ddl` and a Query SteM holding `queries` (slot, SQL)."""
+    from psoup.query import compile_statement
+    from psoup.query.model import Query
+    from psoup.stems.query_stem import QuerySteM
+
+    schema = compile_statement(ddl, {})
+    assert isinstance(schema, StreamSchema), "the ddl is a CREATE STREAM statement"
+    stem = QuerySteM()
+    for slot, sql in queries:
+        query = compile_statement(sql, {schema.name: schema})
+        assert isinstance(query, Query)
+        stem.reserve(slot)
+        stem.insert(query, slot)
+    return schema, stem
+
+
+def words_of(stem: Any, schema: StreamSchema, columns: Mapping[str, np.ndarray], n: int,
+             words: int) -> np.ndarray:
+    """The (words, n) Results Structure of n rows: word w of row i holds slots
+    64w .. 64w + 63 (zero past the stem's own width)."""
+    out = np.zeros((max(words, stem.words), n), dtype=np.uint64)
+    if n and stem.words:
+        stem.probe_into(schema.name, columns, [(0, n, out[:stem.words])])
+    return out[:words]
+
+
+def file_schema(schema: StreamSchema, words: int) -> pa.Schema:
+    """A part file's columns: the stream's, ts, then `words` words."""
+    return pa.schema([(c, ARROW_TYPES[t]) for c, t in schema.columns]
+                     + [(TS, pa.float64())]
+                     + [(word_column(w), pa.uint64()) for w in range(words)])
+
+
+def probe_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
+               queries: Sequence[tuple[int, str]], words: int, staging: str,
+               latest: float, commit_ts: float) -> Iterator[pa.RecordBatch]:
+    """What a task runs on its partition of a micro-batch: rows with a missing value
+    left out, ts filled with `commit_ts` where the source gave none and raised to
+    `latest` where below it (a stream's ts never decrease), probed with `queries`, and
+    written with their words to one part file under `staging`; yields its report.
+
+    Example:
+        >>> import tempfile, pyarrow.parquet as pq
+        >>> d = tempfile.mkdtemp()
+        >>> rows = pa.record_batch({"a": [5, None, 1], "ts": [None, 2.0, 0.5]})
+        >>> got = next(probe_part(iter([rows]), ddl="CREATE STREAM R (a INT)",
+        ...            queries=[(0, "SELECT * FROM R WHERE a > 2")], words=1, staging=d,
+        ...            latest=1.0, commit_ts=9.0)).to_pylist()[0]
+        >>> got["rows"], got["rejected"], got["late"], got["lo"], got["hi"]
+        (2, 1, 1, 1.0, 9.0)
+        >>> pq.read_table(f"{d}/{got['file']}").column("psoup_w0").to_pylist()
+        [1, 0]
+    """
+    import pyarrow.parquet as pq
+    from pyspark import TaskContext
+
+    schema, stem = query_set(ddl, queries)
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else 0
+    name = f"part-{partition:05d}-{uuid.uuid4().hex[:8]}.parquet"
+    target = file_schema(schema, words)
+    writer = None
+    rows = late = rejected = 0
+    lo, hi = math.inf, -math.inf
+    try:
+        for batch in batches:
+            table, dropped = _valid(pa.Table.from_batches([batch]), schema)
+            rejected += dropped
+            n = table.num_rows
+            if not n:
+                continue
+            ts = table.column(TS).to_numpy(zero_copy_only=False).astype(np.float64)
+            ts = np.where(np.isnan(ts), commit_ts, ts)
+            below = ts < latest
+            late += int(np.count_nonzero(below))
+            ts[below] = latest
+            columns = {c: to_numpy(table.column(c), t) for c, t in schema.columns}
+            columns[TS] = ts
+            columns[TUPLE_ID] = np.arange(n, dtype=np.int64)
+            bits = words_of(stem, schema, columns, n, words)
+            arrays = [table.column(c).cast(ARROW_TYPES[t]) for c, t in schema.columns]
+            arrays += [pa.array(ts)] + [pa.array(bits[w]) for w in range(words)]
+            out = pa.Table.from_arrays(arrays, schema=target)
+            if writer is None:
+                writer = pq.ParquetWriter(str(Path(staging) / name), target)
+            writer.write_table(out)
+            rows += n
+            lo, hi = min(lo, float(ts.min())), max(hi, float(ts.max()))
+    finally:
+        if writer is not None:
+            writer.close()
+    yield pa.RecordBatch.from_pylist(
+        [{"partition": partition, "file": name if rows else "", "rows": rows, "lo": lo,
+          "hi": hi, "late": late, "rejected": rejected}], schema=_report_schema())
+
+
+def _report_schema() -> pa.Schema:
+    return pa.schema([("partition", pa.int32()), ("file", pa.string()),
+                      ("rows", pa.int64()), ("lo", pa.float64()), ("hi", pa.float64()),
+                      ("late", pa.int64()), ("rejected", pa.int64())])
+
+
+def _valid(table: pa.Table, schema: StreamSchema) -> tuple[pa.Table, int]:
+    """The rows with every declared column given, and how many were not."""
+    import pyarrow.compute as pc
+
+    valid = None
+    for c in schema.names:
+        ok = pc.is_valid(table.column(c))
+        valid = ok if valid is None else pc.and_(valid, ok)
+    if valid is None:
+        return table, 0
+    kept = table.filter(valid)
+    return kept, table.num_rows - kept.num_rows
+
+
+def probe_batch(frame: Any, store: BatchStore, ddl: str, queries: Mapping[str, str],
+                latest: float, commit_ts: float
+                ) -> tuple[Path, list[dict[str, Any]], dict[str, int]]:
+    """Run one micro-batch's probe on the executors: (its staging folder, the tasks'
+    reports, handle -> slot of the query set it was probed with)."""
+    slots = {handle: slot for slot, handle in enumerate(sorted(queries))}
+    listed = [(slot, queries[handle]) for handle, slot in slots.items()]
+    words = (len(slots) + 63) // 64
+    staging = store.staging()
+    run = partial(probe_part, ddl=ddl, queries=listed, words=words, staging=str(staging),
+                  latest=latest, commit_ts=commit_ts)
+    rows = frame.mapInArrow(run, REPORT_SCHEMA).collect()
+    return staging, [r.asDict() for r in rows], slots
+
+
+# ---------------------------------------------------------------------- history
+
+def cover_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
+               queries: Sequence[tuple[int, str]], words: int, columns: Sequence[str]
+               ) -> Iterator[pa.RecordBatch]:
+    """What a history task runs: for each (batch, part file, sidecar path) row, read
+    the part file's columns, probe them with `queries` and write their words to the
+    sidecar path; yields (batch, part, sidecar file name)."""
+    import pyarrow.parquet as pq
+
+    schema, stem = query_set(ddl, queries)
+    target = pa.schema([(word_column(w), pa.uint64()) for w in range(words)])
+    for batch in batches:
+        for job in batch.to_pylist():
+            table = pq.read_table(job["path"], columns=[*columns, TS])
+            n = table.num_rows
+            cols = {c: to_numpy(table.column(c), t) for c, t in schema.columns}
+            cols[TS] = table.column(TS).to_numpy()
+            cols[TUPLE_ID] = np.arange(n, dtype=np.int64)
+            bits = words_of(stem, schema, cols, n, words)
+            out = pa.Table.from_arrays([pa.array(bits[w]) for w in range(words)],
+                                       schema=target)
+            pq.write_table(out, job["out"])
+            yield pa.RecordBatch.from_pylist(
+                [{"batch": job["batch"], "part": job["part"],
+                  "file": Path(job["out"]).name}],
+                schema=pa.schema([("batch", pa.int64()), ("part", pa.string()),
+                                  ("file", pa.string())]))
+
+
+def cover(spark: Any, store: BatchStore, ddl: str, queries: Mapping[str, str],
+          lacking: Mapping[int, Sequence[str]]) -> int:
+    """The history pass: probe each batch in `lacking` (batch id -> handles) with the
+    queries it lacks, one Spark task per part file, and commit each batch's sidecar;
+    how many batches were covered. Batches lacking the same handles share a pass."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for batch_id, handles in lacking.items():
+        wanted = tuple(sorted(h for h in handles if h in queries))
+        if wanted:
+            groups.setdefault(wanted, []).append(batch_id)
+    by_id = {b.batch_id: b for b in store.batches()}
+    done = 0
+    for handles, ids in groups.items():
+        slots = {h: i for i, h in enumerate(handles)}
+        staging = store.staging()
+        jobs = [{"batch": b, "part": f.name, "path": str(by_id[b].folder / f.name),
+                 "out": str(staging / f"{b}-{f.name}")}
+                for b in ids if b in by_id for f in by_id[b].files]
+        if not jobs:
+            continue
+        run = partial(cover_part, ddl=ddl, queries=[(s, queries[h]) for h, s in slots.items()],
+                      words=(len(slots) + 63) // 64, columns=list(store.types))
+        frame = spark.createDataFrame(jobs, "batch BIGINT, part STRING, path STRING, out STRING")
+        frame = frame.repartition(max(1, min(len(jobs), spark.sparkContext.defaultParallelism)))
+        written = frame.mapInArrow(run, _COVER_SCHEMA).collect()
+        per_batch: dict[int, dict[str, str]] = {}
+        for row in written:
+            per_batch.setdefault(int(row["batch"]), {})[row["part"]] = row["file"]
+        for batch_id, names in per_batch.items():
+            moved = store.staging()
+            for name in names.values():
+                (staging / name).rename(moved / name)
+            store.cover(batch_id, moved, names, slots)
+            done += 1
+        shutil.rmtree(staging, ignore_errors=True)
+    return done
