@@ -573,9 +573,9 @@ class Engine:
         `joined()` is called, so that the replica's feed (`set_feed`) carries exactly
         the changes after it; the files are written off the lock, no checkpoint of the
         engine's own running meanwhile. Returns the manifest, with "primary" the
-        handles a replica must leave to this engine (those with an archive tier, or
-        whose history is due). Works in memory too. O(state); the lock is held
-        O(chunks + queries).
+        handles a replica must leave to this engine (those with an archive tier,
+        whose history is due, or over a stream probed in Spark's executors). Works in
+        memory too. O(state); the lock is held O(chunks + queries).
 
         Raises:
             OSError: a file could not be written (nothing changed).
@@ -585,7 +585,9 @@ class Engine:
 
         def take() -> Cut:
             tiered = [h for h, plan in self._core.handles.items()
-                      if plan.id in self._core.tiers]
+                      if plan.id in self._core.tiers
+                      or any(self._sources.store(s.stream) is not None
+                             for s in plan.query.sources)]
             due = [h for h in self._core.handles if self._history.pending(h)]
             cut = durability.snapshot_cut(self._core, self._producers, tiered + due)
             joined()

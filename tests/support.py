@@ -5,7 +5,8 @@ Python that has psoup's dependencies but not psoup and one that has neither (for
 executors), engines that
 always reuse their last answers, the count of an engine's bit-sliced rows, the
 wait for an engine's automatic checkpoint, streams FROM a source that Spark does
-not feed, and files landing in a source's folder (`land`, with rows from `trace`).
+not feed, files landing in a source's folder (`land`, with rows from `trace`), and
+the queries over them with DuckDB's answers (`answers`, `oracle`, `wait_for`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -364,3 +365,56 @@ def trace(n: int, start: int, seed: int, t0: float = 1_767_225_600.0
     gen = random.Random(seed)
     return [(gen.randrange(1, 5), round(gen.uniform(20, 120), 2), t0 + (start + i) * 0.5)
             for i in range(n)]
+
+
+# ---------------------------------------------------------------------- live sources
+
+#: Standing queries over a `traffic` stream fed by files of `trace` rows.
+QUERIES = [
+    "SELECT lane, speed FROM traffic WHERE speed > 50.0",
+    "SELECT * FROM traffic WHERE lane = 2",
+    "SELECT lane, COUNT(*) FROM traffic WHERE speed < 80.0 GROUP BY lane",
+]
+#: Each query of QUERIES as DuckDB answers it over the files (rows in ts order).
+ORACLE = [
+    "SELECT lane, speed FROM f WHERE speed > 50.0 ORDER BY ts",
+    "SELECT ts, lane, speed FROM f WHERE lane = 2 ORDER BY ts",
+    "SELECT lane, COUNT(*) FROM f WHERE speed < 80.0 GROUP BY lane ORDER BY lane",
+]
+
+
+def wait_for(check: Callable[[], bool], seconds: float = 240.0) -> None:
+    """Poll `check` until it holds (Spark's micro-batches take seconds here)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the source")
+        time.sleep(0.3)
+
+
+def oracle(folder: Path, fmt: str = "csv") -> list[list[tuple[Any, ...]]]:
+    """DuckDB's answer to each of QUERIES over the files in `folder`."""
+    import duckdb
+    db = duckdb.connect()
+    if fmt == "csv":
+        db.execute(f"CREATE VIEW f AS SELECT lane::BIGINT AS lane, speed::DOUBLE AS speed, "
+                   f"ts::DOUBLE AS ts FROM read_csv('{folder}/*.csv', header = true)")
+    elif fmt == "parquet":
+        db.execute(f"CREATE VIEW f AS SELECT * FROM read_parquet('{folder}/*.parquet')")
+    else:
+        db.execute(f"CREATE VIEW f AS SELECT lane::BIGINT AS lane, speed::DOUBLE AS speed, "
+                   f"epoch(ts::TIMESTAMPTZ) AS ts FROM read_json('{folder}/*.json', "
+                   f"columns = {{lane: 'BIGINT', speed: 'DOUBLE', ts: 'VARCHAR'}})")
+    return [[tuple(r) for r in db.execute(sql).fetchall()] for sql in ORACLE]
+
+
+def answers(eng: Engine | Client, handles: list[str]) -> list[list[tuple[Any, ...]]]:
+    """The answers of `handles` (QUERIES' in order), shaped as `oracle`'s."""
+    out = []
+    for h, sql in zip(handles, QUERIES, strict=True):
+        result = eng.invoke(h)
+        rows = result.rows
+        if "WHERE lane = 2" in sql:      # SELECT *: ts first, as DuckDB's view has it
+            rows = [(t, *r) for t, r in zip(result.ts.tolist(), rows, strict=True)]
+        out.append(sorted(rows) if "GROUP BY" in sql else rows)
+    return out

@@ -22,7 +22,16 @@ from psoup.archive.parquet import Archive
 from psoup.errors import QueryError
 from psoup.query.model import SourceFormat, SourceKind, StreamSource
 from psoup.spark.live import LiveSources
-from tests.support import Clock, compiled_schema, land, trace
+from tests.support import (
+    QUERIES,
+    Clock,
+    answers,
+    compiled_schema,
+    land,
+    oracle,
+    trace,
+    wait_for,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -30,19 +39,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")   # pyspark on pandas 3
 
 T0 = 1_767_225_600.0          # 2026-01-01T00:00:00Z
-QUERIES = [
-    "SELECT lane, speed FROM traffic WHERE speed > 50.0",
-    "SELECT * FROM traffic WHERE lane = 2",
-    "SELECT lane, COUNT(*) FROM traffic WHERE speed < 80.0 GROUP BY lane",
-]
-#: Each query of QUERIES as DuckDB answers it over the files (rows in ts order).
-ORACLE = [
-    "SELECT lane, speed FROM f WHERE speed > 50.0 ORDER BY ts",
-    "SELECT ts, lane, speed FROM f WHERE lane = 2 ORDER BY ts",
-    "SELECT lane, COUNT(*) FROM f WHERE speed < 80.0 GROUP BY lane ORDER BY lane",
-]
-
-
 # ---------------------------------------------------------------------- declaring it
 
 def source_of(ddl: str) -> StreamSource:
@@ -110,40 +106,6 @@ def test_a_source_needs_a_durable_engine(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- end to end
-
-def wait_for(check: Callable[[], bool], seconds: float = 240.0) -> None:
-    """Poll `check` until it holds (Spark's micro-batches take seconds here)."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the source")
-        time.sleep(0.3)
-
-
-def oracle(folder: Path, fmt: str = "csv") -> list[list[tuple[Any, ...]]]:
-    db = duckdb.connect()
-    if fmt == "csv":
-        db.execute(f"CREATE VIEW f AS SELECT lane::BIGINT AS lane, speed::DOUBLE AS speed, "
-                   f"ts::DOUBLE AS ts FROM read_csv('{folder}/*.csv', header = true)")
-    elif fmt == "parquet":
-        db.execute(f"CREATE VIEW f AS SELECT * FROM read_parquet('{folder}/*.parquet')")
-    else:
-        db.execute(f"CREATE VIEW f AS SELECT lane::BIGINT AS lane, speed::DOUBLE AS speed, "
-                   f"epoch(ts::TIMESTAMPTZ) AS ts FROM read_json('{folder}/*.json', "
-                   f"columns = {{lane: 'BIGINT', speed: 'DOUBLE', ts: 'VARCHAR'}})")
-    return [[tuple(r) for r in db.execute(sql).fetchall()] for sql in ORACLE]
-
-
-def answers(eng: psoup.Engine | psoup.Client, handles: list[str]) -> list[list[tuple[Any, ...]]]:
-    out = []
-    for h, sql in zip(handles, QUERIES, strict=True):
-        result = eng.invoke(h)
-        rows = result.rows
-        if "WHERE lane = 2" in sql:      # SELECT *: ts first, as DuckDB's view has it
-            rows = [(t, *r) for t, r in zip(result.ts.tolist(), rows, strict=True)]
-        out.append(sorted(rows) if "GROUP BY" in sql else rows)
-    return out
-
 
 def rows_of(eng: psoup.Engine, n: int) -> Callable[[], bool]:
     return lambda: eng.describe("traffic")["rows_total"] >= n

@@ -90,6 +90,7 @@ class Batch:
 
     batch_id: int
     folder: Path
+    first: int                      # the tupleID of its first row (the next, if none)
     files: list[PartFile]
     covers: dict[str, tuple[str, int]]
     late: int = 0
@@ -100,10 +101,6 @@ class Batch:
     @property
     def rows(self) -> int:
         return sum(f.rows for f in self.files)
-
-    @property
-    def first(self) -> int:
-        return self.files[0].first if self.files else 0
 
     @property
     def lo(self) -> float:
@@ -121,18 +118,24 @@ class BatchStore:
         folder: the stream's batches folder (created here; made private).
         types: the stream's columns and their types (the part files hold them, ts and
             words).
+        retain_seconds: the stream's RETAIN as a time: answers see the rows with a ts
+            at least the latest ts less it, as in memory (`expire` removes the batches
+            wholly older).
 
     Thread-safe: the index is guarded by a lock held for O(batches) at most; files are
     read outside it.
     """
 
-    def __init__(self, folder: Path, types: Mapping[str, ColumnType]):
+    def __init__(self, folder: Path, types: Mapping[str, ColumnType],
+                 retain_seconds: float | None = None):
         self.folder = Path(folder)
         self.types = dict(types)
+        self.retain_seconds = retain_seconds
         self._lock = threading.Lock()
         self._batches: list[Batch] = []
         self._cache: OrderedDict[tuple[str, str], NDArray[Any]] = OrderedDict()
         self._cached = 0
+        self._latest: float | None = None
         make_dir(self.folder, private=True)
         shutil.rmtree(self.folder / STAGING, ignore_errors=True)
         for sub in sorted(self.folder.iterdir()):
@@ -140,6 +143,7 @@ class BatchStore:
                 self._batches.append(_load(sub))
             elif sub.name.isdigit():        # a batch folder without manifest: never
                 shutil.rmtree(sub, ignore_errors=True)      # committed (a crash)
+        self._update_latest()
 
     # ------------------------------------------------------------------ what it holds
 
@@ -160,8 +164,12 @@ class BatchStore:
 
     @property
     def latest_ts(self) -> float | None:
+        """The latest ts committed; None before the first row. O(1)."""
         with self._lock:
-            return max((b.hi for b in self._batches if b.rows), default=None)
+            return self._latest
+
+    def _update_latest(self) -> None:
+        self._latest = max((b.hi for b in self._batches if b.rows), default=None)
 
     @property
     def rows(self) -> int:
@@ -203,6 +211,7 @@ class BatchStore:
                 raise PSoupError(f"batch {batch_id} is not after the last committed "
                                  f"({self._batches[-1].batch_id})")
             tid = self._batches[-1].first + self._batches[-1].rows if self._batches else 0
+        first = tid
         files = []
         for r in reports:
             if int(r["rows"]):
@@ -213,7 +222,7 @@ class BatchStore:
         for path in staging.iterdir():
             if path.name not in named:
                 path.unlink()
-        manifest = {"batch": batch_id, "committed_at": committed_at,
+        manifest = {"batch": batch_id, "committed_at": committed_at, "first": first,
                     "files": [[f.name, f.rows, f.first, f.lo, f.hi] for f in files],
                     "queries": dict(queries),
                     "late": sum(int(r["late"]) for r in reports),
@@ -229,6 +238,7 @@ class BatchStore:
         batch = _load(final)
         with self._lock:
             self._batches.append(batch)
+            self._update_latest()
         return batch
 
     def lacking(self, handles: Iterable[str]) -> dict[int, list[str]]:
@@ -291,8 +301,9 @@ class BatchStore:
 
     def part(self, handle: str, reach: tuple[float, float], columns: Sequence[str]
              ) -> dict[str, NDArray[Any]]:
-        """`handle`'s matches with begin <= ts <= end (`reach`): `columns` of the
-        stream, ts and tupleID. O(rows of the batches the reach meets).
+        """`handle`'s matches with begin <= ts <= end (`reach`) among the retained
+        rows: `columns` of the stream, ts and tupleID. O(rows of the batches the reach
+        meets).
 
         Raises:
             HistoryPending: a batch the reach meets does not answer for the handle yet
@@ -302,6 +313,8 @@ class BatchStore:
         begin, end = reach
         wanted = [c for c in dict.fromkeys(columns) if c not in (TS, TUPLE_ID)]
         with self._lock:
+            if self.retain_seconds is not None and self._latest is not None:
+                begin = max(begin, self._latest - self.retain_seconds)
             meeting = [b for b in self._batches if b.rows and b.hi >= begin and b.lo <= end]
         missing = [b.batch_id for b in meeting if handle not in b.covers]
         if missing:
@@ -371,12 +384,15 @@ class BatchStore:
 
     def _check(self) -> None:
         """Batch ids increase; tupleIDs are dense from the first kept batch on; every
-        file has its ts range and exists; the cache's byte count is right."""
+        file has its ts range and exists; the latest ts and the cache's byte count are
+        right."""
         with self._lock:
+            assert self._latest == max((b.hi for b in self._batches if b.rows), default=None)
             ids = [b.batch_id for b in self._batches]
             assert ids == sorted(set(ids)), ids
             tid = self._batches[0].first if self._batches else 0
             for b in self._batches:
+                assert b.first == tid, (b.batch_id, b.first, tid)
                 for f in b.files:
                     assert f.first == tid and f.rows > 0 and f.lo <= f.hi, (b.batch_id, f)
                     assert (b.folder / f.name).exists(), f.name
@@ -392,7 +408,8 @@ def _load(folder: Path) -> Batch:
     files = [PartFile(n, int(r), int(f), float(lo), float(hi))
              for n, r, f, lo, hi in manifest["files"]]
     covers = {h: ("", int(s)) for h, s in manifest["queries"].items()}
-    batch = Batch(int(manifest["batch"]), folder, files, covers, int(manifest["late"]),
+    batch = Batch(int(manifest["batch"]), folder, int(manifest["first"]), files, covers,
+                  int(manifest["late"]),
                   int(manifest["rejected"]), float(manifest["committed_at"]))
     for path in sorted(folder.glob(f"{SIDECAR}*.json")):
         sid = path.stem.removeprefix(SIDECAR)

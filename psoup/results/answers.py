@@ -117,29 +117,6 @@ class Answers:
             answer = answer.distinct()
         return answer, window
 
-    def from_batches(self, plan: SelectionPlan, handle: str, store: BatchStore,
-                     now: float) -> Result:
-        """The answer at `now` of `handle`, a selection query over a stream probed in
-        Spark's executors: its matches in the committed batches its window's reach
-        meets (psoup.archive.batches), projected or aggregated. Reads no engine state
-        but the plan, so it runs off the lock. O(rows of the batches read).
-
-        Raises:
-            HistoryPending: a batch the window meets lacks the query yet.
-        """
-        query = plan.query
-        reach = archive_reach(query.sources[0].window, now)
-        assert reach is not None, "a window counting tuples is refused on such a stream"
-        if query.aggregated:
-            aggregator = Aggregator(query)
-            got = store.part(handle, reach, [c for _, c in aggregator.needed])
-            answer = aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
-                                        got[TS], None)
-            return answer.distinct() if query.distinct else answer
-        got = store.part(handle, reach, plan.fetched)
-        return Result.build(query.columns, [got[name] for name in plan.selected], got[TS],
-                            got[TUPLE_ID], query.distinct)
-
     def snapshot(self, plan: Plan, now: float
                  ) -> Callable[[], tuple[Result, tuple[int, int] | None]] | None:
         """Under the lock, the short step of an invocation whose find and fetch run off
@@ -523,3 +500,27 @@ def _fetch(got: dict[str, np.ndarray], archived: Mapping[str, np.ndarray] | None
     if archived:
         got = {name: np.concatenate([archived[name], got[name]]) for name in got}
     return got
+
+
+def answer_from_batches(plan: SelectionPlan, handle: str, store: BatchStore,
+                        now: float) -> Result:
+    """The answer at `now` of `handle`, a selection query over a stream probed in
+    Spark's executors: its matches in the committed batches its window's reach
+    meets (psoup.archive.batches), projected or aggregated. Reads no engine state
+    but the plan, so it runs off the lock. O(rows of the batches read).
+
+    Raises:
+        HistoryPending: a batch the window meets lacks the query yet.
+    """
+    query = plan.query
+    reach = archive_reach(query.sources[0].window, now)
+    assert reach is not None, "a window counting tuples is refused on such a stream"
+    if query.aggregated:
+        aggregator = Aggregator(query)
+        got = store.part(handle, reach, [c for _, c in aggregator.needed])
+        answer = aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
+                                    got[TS], None)
+        return answer.distinct() if query.distinct else answer
+    got = store.part(handle, reach, plan.fetched)
+    return Result.build(query.columns, [got[name] for name in plan.selected], got[TS],
+                        got[TUPLE_ID], query.distinct)

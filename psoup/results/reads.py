@@ -63,6 +63,7 @@ from psoup.archive.tiers import ArchiveTiers, Limits, Segment, load_segments
 from psoup.locks import FairLock
 from psoup.plans import Plan, SelectionPlan
 from psoup.query.model import ColumnType
+from psoup.results.answers import answer_from_batches
 from psoup.results.windows_table import archive_reach
 
 if TYPE_CHECKING:
@@ -131,13 +132,13 @@ class Reads:
     def _live_read(self, handle: str, plan: Plan, at: float
                    ) -> Callable[[], tuple[Result, None]] | None:
         """Under the lock: for a query over a stream probed in the executors, its
-        answer to read off the lock (`Answers.from_batches`); None for the others."""
+        answer to read off the lock (`answer_from_batches`); None for the others."""
         if not isinstance(plan, SelectionPlan):
             return None
         store = self.live(plan.query.sources[0].stream)
         if store is None:
             return None
-        return lambda: (self.answers.from_batches(plan, handle, store, at), None)
+        return lambda: (answer_from_batches(plan, handle, store, at), None)
 
     def _read_off_lock(self, handle: str, begin: Begin, finish: Finish[T]) -> T | object:
         """`read`, the find and fetch off the lock where the query allows (see the

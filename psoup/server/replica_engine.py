@@ -88,8 +88,12 @@ class ReplicaEngine(Engine):
         off the lock (reads go on meanwhile; this thread applies nothing else), and
         only its end holds it."""
         with self._lock:
-            query = compile_statement(sql, self._core.schemas())
+            schemas = self._core.schemas()
+            query = compile_statement(sql, schemas)
             assert isinstance(query, Query), "a register record holds a SELECT"
+            if any((source := schemas[s.stream].source) is not None and source.in_executors
+                   for s in query.sources):
+                self.primary.add(handle)    # its batch store is the primary's
             ahead = self._core.ahead(query)
             if ahead is None:
                 self._core.register(query, handle)

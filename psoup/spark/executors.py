@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -201,11 +201,30 @@ def cover_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
                                   ("file", pa.string())]))
 
 
-def cover(spark: Any, store: BatchStore, ddl: str, queries: Mapping[str, str],
+#: Runs a history task over its jobs (one dict per part file): the rows it yields.
+Runner = Callable[[list[dict[str, Any]], Callable[..., Iterator[pa.RecordBatch]]],
+                  list[dict[str, Any]]]
+
+
+def spark_runner(spark: Any) -> Runner:
+    """Run history tasks on Spark: one task per part file, up to the default
+    parallelism at once; only their (batch, part, file) rows come back."""
+    def run(jobs: list[dict[str, Any]], task: Callable[..., Iterator[pa.RecordBatch]]
+            ) -> list[dict[str, Any]]:
+        frame = spark.createDataFrame(jobs, "batch BIGINT, part STRING, path STRING, "
+                                            "out STRING")
+        frame = frame.repartition(max(1, min(len(jobs),
+                                             spark.sparkContext.defaultParallelism)))
+        return [r.asDict() for r in frame.mapInArrow(task, _COVER_SCHEMA).collect()]
+    return run
+
+
+def cover(run: Runner, store: BatchStore, ddl: str, queries: Mapping[str, str],
           lacking: Mapping[int, Sequence[str]]) -> int:
     """The history pass: probe each batch in `lacking` (batch id -> handles) with the
-    queries it lacks, one Spark task per part file, and commit each batch's sidecar;
-    how many batches were covered. Batches lacking the same handles share a pass."""
+    queries it lacks (those still in `queries`, handle -> SQL), the part files' tasks
+    run by `run` (`spark_runner`), and commit each batch's sidecar; how many batches
+    were covered. Batches lacking the same handles share one run."""
     groups: dict[tuple[str, ...], list[int]] = {}
     for batch_id, handles in lacking.items():
         wanted = tuple(sorted(h for h in handles if h in queries))
@@ -216,24 +235,22 @@ def cover(spark: Any, store: BatchStore, ddl: str, queries: Mapping[str, str],
     for handles, ids in groups.items():
         slots = {h: i for i, h in enumerate(handles)}
         staging = store.staging()
-        jobs = [{"batch": b, "part": f.name, "path": str(by_id[b].folder / f.name),
-                 "out": str(staging / f"{b}-{f.name}")}
-                for b in ids if b in by_id for f in by_id[b].files]
-        if not jobs:
-            continue
-        run = partial(cover_part, ddl=ddl, queries=[(s, queries[h]) for h, s in slots.items()],
-                      words=(len(slots) + 63) // 64, columns=list(store.types))
-        frame = spark.createDataFrame(jobs, "batch BIGINT, part STRING, path STRING, out STRING")
-        frame = frame.repartition(max(1, min(len(jobs), spark.sparkContext.defaultParallelism)))
-        written = frame.mapInArrow(run, _COVER_SCHEMA).collect()
-        per_batch: dict[int, dict[str, str]] = {}
-        for row in written:
-            per_batch.setdefault(int(row["batch"]), {})[row["part"]] = row["file"]
-        for batch_id, names in per_batch.items():
-            moved = store.staging()
-            for name in names.values():
-                (staging / name).rename(moved / name)
-            store.cover(batch_id, moved, names, slots)
-            done += 1
-        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            jobs = [{"batch": b, "part": f.name, "path": str(by_id[b].folder / f.name),
+                     "out": str(staging / f"{b}-{f.name}")}
+                    for b in ids if b in by_id for f in by_id[b].files]
+            task = partial(cover_part, ddl=ddl,
+                           queries=[(s, queries[h]) for h, s in slots.items()],
+                           words=(len(slots) + 63) // 64, columns=list(store.types))
+            per_batch: dict[int, dict[str, str]] = {}
+            for row in run(jobs, task) if jobs else []:
+                per_batch.setdefault(int(row["batch"]), {})[row["part"]] = row["file"]
+            for batch_id, names in per_batch.items():
+                moved = store.staging()
+                for name in names.values():
+                    (staging / name).rename(moved / name)
+                store.cover(batch_id, moved, names, slots)
+                done += 1
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return done

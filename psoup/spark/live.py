@@ -43,7 +43,15 @@ from numpy.typing import NDArray
 
 from psoup.errors import PSoupError, QueryError, SequenceError
 from psoup.query.checker import PROBE_OPTION, TRIGGER_OPTION
-from psoup.query.model import TS, ColumnType, Query, SourceFormat, SourceKind, StreamSchema
+from psoup.query.model import (
+    TS,
+    TUPLE_ID,
+    ColumnType,
+    Query,
+    SourceFormat,
+    SourceKind,
+    StreamSchema,
+)
 
 if TYPE_CHECKING:
     from psoup.archive.batches import BatchStore
@@ -195,7 +203,7 @@ class LiveSources:
 
     def admit(self, query: Query) -> None:
         """Refuse, before it is logged, a query a stream probed in the executors cannot
-        answer: a join over it, or a window that counts rows.
+        answer: a join over it, a WHERE on tupleID, or a window that counts rows.
 
         Raises:
             QueryError: naming the stream and why.
@@ -211,7 +219,13 @@ class LiveSources:
             raise QueryError(f"{why}: a join over it is not supported (a join pairs rows "
                              "of both sides as they arrive); create the stream with "
                              "probe = 'engine' to join it")
-        if archive_reach(query.sources[0].window, 0.0) is None:
+        source = query.sources[0]
+        if any(p.column == TUPLE_ID for p in source.predicates) or any(
+                TUPLE_ID in (f.left, f.right) for f in source.column_factors):
+            raise QueryError(f"{why}: a WHERE on tupleID is not supported (tupleIDs are "
+                             "given when a micro-batch commits, after its probe); "
+                             "select tupleID, or filter on ts")
+        if archive_reach(source.window, 0.0) is None:
             raise QueryError(f"{why}: a window that counts rows ([ROWS n], PARTITION BY) "
                              "is not supported; use a time window ([RANGE 10 MINUTES], "
                              "BEGIN ... END)")
@@ -307,7 +321,8 @@ class LiveSources:
         assert schema.source is not None
         if schema.source.in_executors:
             from psoup.archive.batches import BatchStore
-            run.store = BatchStore(folder / "batches", dict(schema.columns))
+            run.store = BatchStore(folder / "batches", dict(schema.columns),
+                                   schema.retain_seconds)
             threading.Thread(target=self._cover, args=(run,), daemon=True,
                              name=f"psoup-history-{schema.name}").start()
         self._runs[schema.name] = run
@@ -381,7 +396,7 @@ class LiveSources:
         was probed) or every few seconds, probe the committed batches that lack a
         registered query with it (psoup.spark.executors.cover); after a failure, again
         1, 2, 4 ... 60 s later."""
-        from psoup.spark.executors import cover
+        from psoup.spark.executors import cover, spark_runner
         from psoup.spark.session import spark_error, spark_session
 
         store = run.store
@@ -401,7 +416,7 @@ class LiveSources:
                 lacking = store.lacking(queries)
                 if lacking:
                     spark = spark_session(self.master, self.conf)
-                    run.covered += cover(spark, store, ddl, queries, lacking)
+                    run.covered += cover(spark_runner(spark), store, ddl, queries, lacking)
                 failures = 0
             except Exception as exc:
                 failures += 1
