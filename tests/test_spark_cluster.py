@@ -7,9 +7,11 @@ import runs, and the answers must still equal DuckDB's over the same rows. An im
 also runs with executors whose Python has none of psoup's dependencies either, through
 the packed environment `psoup spark pack-env` builds (once per test session). Streams
 FROM FILES run their Structured Streaming queries on it from a durable engine in a
-psoup process of its own: answers equal DuckDB's over the landed files, with an
-executor killed mid-batch, with the psoup process SIGKILLed mid-batch and started
-again, and with queries registered during the ingest. Every process started is
+psoup process of its own, probed in the executors (WITH (probe = 'executors'), on
+workers without psoup's dependencies through the packed environment; and once probed
+in the psoup process): answers equal DuckDB's over the landed files, with an executor
+killed mid-batch, with the psoup process SIGKILLed mid-batch and started again, and
+with queries registered during the ingest (covered by the history pass). Every process started is
 stopped by its process group."""
 
 from __future__ import annotations
@@ -194,10 +196,13 @@ LIVE_ORACLE = ["SELECT ts, lane, speed FROM f WHERE speed > 50.0 ORDER BY ts",
                "GROUP BY lane ORDER BY lane"]
 
 #: A psoup process whose durable engine (on the cluster's master) has a stream FROM
-#: FILES (taking `per_batch` files a micro-batch) with LIVE_QUERIES registered, and
-#: the Spark settings `conf`; it prints "ready", then "applied N" after each
-#: micro-batch N. On stdin, "rows N" waits for N rows in the stream and prints a JSON
-#: line of the answers and the source's counters; "go" lets a held batch run;
+#: FILES (taking `per_batch` files a micro-batch, probed where `probe` says: in
+#: Spark's executors by default) with LIVE_QUERIES registered, and the Spark settings
+#: `conf`; it prints "ready", then "applied N" after each micro-batch N is applied (or
+#: committed). On stdin, "rows N" waits for N rows in the stream (for a stream probed
+#: in the executors: committed) and prints a JSON line of the answers (once the
+#: history pass of the queries has covered every batch) and the source's counters;
+#: "go" lets a held batch run;
 #: "register" registers LIVE_QUERIES again (the answers are theirs from then on) and
 #: prints a JSON line of the rows the stream had at that moment. With
 #: "hold:N" it waits for "go" before collecting batch N (its tasks run after that);
@@ -207,7 +212,7 @@ import json, os, signal, sys, threading, time
 import psoup
 from psoup.spark.live import LiveSources
 
-data, inbox, url, fmt, how, queries, per_batch, conf = sys.argv[1:]
+data, inbox, url, fmt, how, queries, per_batch, conf, probe = sys.argv[1:]
 go = threading.Event()
 applied = LiveSources.apply
 
@@ -225,9 +230,25 @@ LiveSources.apply = apply
 eng = psoup.Engine(path=data, spark_master=url, spark_conf=json.loads(conf))
 if "traffic" not in eng.streams():
     eng.execute("CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '%s' FORMAT %s "
-                "WITH (maxFilesPerTrigger = %s, trigger = '500 milliseconds')"
-                % (inbox, fmt, per_batch))
+                "WITH (maxFilesPerTrigger = %s, trigger = '500 milliseconds', probe = '%s')"
+                % (inbox, fmt, per_batch, probe))
 handles = [eng.register(q) for q in json.loads(queries)]
+
+def rows():
+    if probe == "executors":        # none in memory: the batches committed
+        return eng.stats()["sources"]["traffic"].get("retained_rows", 0)
+    return eng.describe("traffic")["rows_total"]
+
+def invoke(handle):
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return eng.invoke(handle)
+        except psoup.HistoryPending:    # the history pass of a registration runs
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
 print("ready", flush=True)
 for line in sys.stdin:
     word, _, arg = line.strip().partition(" ")
@@ -236,21 +257,20 @@ for line in sys.stdin:
         continue
     if word == "register":          # the answers are the new registrations' from now
         handles = [eng.register(q) for q in json.loads(queries)]
-        print(json.dumps({"registered_at": eng.describe("traffic")["rows_total"]}),
-              flush=True)
+        print(json.dumps({"registered_at": rows()}), flush=True)
         continue
     deadline = time.monotonic() + 120
-    while eng.describe("traffic")["rows_total"] < int(arg):
+    while rows() < int(arg):
         if time.monotonic() > deadline:
             print(json.dumps({"timeout": eng.stats()["sources"]}), flush=True)
             os._exit(4)
         time.sleep(0.2)
     time.sleep(1.0)                 # a batch applied twice would show now
-    selection, aggregate = (eng.invoke(h) for h in handles)
+    selection, aggregate = (invoke(h) for h in handles)
     out = [[[t, *r] for t, r in zip(selection.ts.tolist(), selection.rows)],
            sorted(list(r) for r in aggregate.rows)]
     source = eng.stats()["sources"]["traffic"]
-    print(json.dumps({"answers": out, "rows": eng.describe("traffic")["rows_total"],
+    print(json.dumps({"answers": out, "rows": rows(),
                       "source": {k: source[k] for k in ("batches", "replayed_batches",
                                                         "restarts", "last_error")}}),
           flush=True)
@@ -263,7 +283,7 @@ class Live:
 
     def __init__(self, cluster: Cluster, tmp_path: Path, fmt: str, how: str = "",
                  per_batch: int = 1, conf: dict[str, str] | None = None,
-                 executors_python: Path | None = None) -> None:
+                 executors_python: Path | None = None, probe: str = "executors") -> None:
         url, env, self.logs, _ = cluster
         if executors_python is not None:
             env = dict(env, PYSPARK_PYTHON=str(executors_python))
@@ -272,7 +292,7 @@ class Live:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", LIVE_CHILD, str(tmp_path / "data"),
                  str(tmp_path / "in"), url, fmt, how, json.dumps(LIVE_QUERIES),
-                 str(per_batch), json.dumps(conf or {})],
+                 str(per_batch), json.dumps(conf or {}), probe],
                 env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=err, text=True)
         self.expect("ready")
@@ -341,15 +361,20 @@ def _executors(work: Path) -> list[int]:
     return found
 
 
-def test_live_files_on_the_cluster_give_duckdbs_answers(cluster: Cluster,
-                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize("probe", ["engine", "executors"])
+def test_live_files_on_the_cluster_give_duckdbs_answers(cluster: Cluster, packed_env: Path,
+                                                        tmp_path: Path, probe: str) -> None:
     """CSV files landing in a folder, several micro-batches, on the cluster's executors,
-    whose Python has neither psoup nor its dependencies (reading the files runs no
-    Python there): the standing queries answer as DuckDB does over the same files."""
+    whose Python has neither psoup nor its dependencies: the standing queries answer as
+    DuckDB does over the same files. Probed in the psoup process, reading the files runs
+    no Python there; probed in the executors, their Python comes from the packed
+    environment, and the tasks probe and write each batch there."""
+    from psoup.spark.packenv import settings
     inbox = tmp_path / "in"
     inbox.mkdir()
     before = _apps_with_tasks(cluster)
-    live = Live(cluster, tmp_path, "csv", executors_python=bare_python(tmp_path / "bare"))
+    live = Live(cluster, tmp_path, "csv", executors_python=bare_python(tmp_path / "bare"),
+                probe=probe, conf=settings(packed_env) if probe == "executors" else None)
     try:
         land(inbox, "a.csv", trace(40, 0, 81))
         assert live.answers(40)["rows"] == 40
@@ -363,6 +388,9 @@ def test_live_files_on_the_cluster_give_duckdbs_answers(cluster: Cluster,
         live.close()
     assert live.proc.returncode == 0, live.stderr.read_text()[-3000:]
     assert _apps_with_tasks(cluster) - before, "no task ran on the cluster's executors"
+    if probe == "executors":            # the batches' files, written by the executors
+        parts = list((tmp_path / "data" / "sources").glob("traffic.*/batches/*/part-*"))
+        assert len(parts) >= 3
 
 
 def _tasks_run(work: Path) -> list[str]:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -36,7 +36,7 @@ def create(inbox: Path, extra: str = "") -> str:
 
 
 def committed(eng: psoup.Engine, n: int) -> bool:
-    return eng.stats()["sources"]["traffic"]["retained_rows"] >= n
+    return int(eng.stats()["sources"]["traffic"]["retained_rows"]) >= n
 
 
 def settled(eng: psoup.Engine, handles: list[str]) -> bool:
@@ -221,3 +221,47 @@ def test_a_psoup_killed_mid_batch_commits_it_once(tmp_path: Path) -> None:
         wait_for(lambda: committed(back, 37))
         assert back.stats()["sources"]["traffic"]["batches"] == 1
         assert back.invoke(handle).rows == oracle(inbox)[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="read replicas need Linux")
+def test_a_read_replica_sends_such_a_streams_invocations_to_the_primary(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch store is the primary's: a replica forwards the invocations of the
+    handles over such a stream, those in its snapshot and those registered after."""
+    from psoup.server import Server
+
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    engine = psoup.Engine(path=tmp_path / "data")
+    engine.execute(create(inbox))
+    before = engine.register(QUERIES[0])
+    land(inbox, "a.csv", trace(30, 0, 71))
+    wait_for(lambda: committed(engine, 30))
+    server = Server(engine, port=0, token="t", replicas=1, fronts=0)
+    host, port = server.start_in_thread()
+    answered: list[str] = []
+    invoke = engine.invoke
+
+    def recorded(handle: str, *args: Any, **kwargs: Any) -> Any:
+        answered.append(handle)
+        return invoke(handle, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "invoke", recorded)
+    try:
+        wait_for(lambda: server._replicas is not None and any(
+            link.ready for link in server._replicas._all), 60.0)
+        clients = [psoup.Client(f"{host}:{port}", token="t") for _ in range(2)]
+        replica, = (c for c in clients if "replica" in c.server)
+        after = replica.register(QUERIES[1])
+        wait_for(lambda: settled(engine, [after]))
+        want = oracle(inbox)
+        answered.clear()
+        assert replica.invoke(before).rows == want[0]
+        got = replica.invoke(after)
+        assert [(t, *r) for t, r in zip(got.ts.tolist(), got.rows, strict=True)] == want[1]
+        assert answered == [before, after]
+        for client in clients:
+            client.close()
+    finally:
+        server.stop()
+        engine.close()

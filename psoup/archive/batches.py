@@ -38,7 +38,7 @@ import math
 import shutil
 import threading
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +136,8 @@ class BatchStore:
         self._cache: OrderedDict[tuple[str, str], NDArray[Any]] = OrderedDict()
         self._cached = 0
         self._latest: float | None = None
+        self._covered: Counter[str] = Counter()
+        self._full = 0
         make_dir(self.folder, private=True)
         shutil.rmtree(self.folder / STAGING, ignore_errors=True)
         for sub in sorted(self.folder.iterdir()):
@@ -144,6 +146,8 @@ class BatchStore:
             elif sub.name.isdigit():        # a batch folder without manifest: never
                 shutil.rmtree(sub, ignore_errors=True)      # committed (a crash)
         self._update_latest()
+        for b in self._batches:
+            self._count(b, b.covers, 1)
 
     # ------------------------------------------------------------------ what it holds
 
@@ -239,13 +243,26 @@ class BatchStore:
         with self._lock:
             self._batches.append(batch)
             self._update_latest()
+            self._count(batch, batch.covers, 1)
         return batch
+
+    def _count(self, batch: Batch, handles: Iterable[str], sign: int) -> None:
+        """Keep `_covered` (handle -> batches with rows answering for it) and `_full`
+        (batches with rows), so that `lacking` costs O(handles) when none lacks."""
+        if not batch.rows:
+            return
+        self._full += sign
+        for handle in handles:
+            self._covered[handle] += sign
 
     def lacking(self, handles: Iterable[str]) -> dict[int, list[str]]:
         """Batch id -> the handles among `handles` it does not answer for yet (those a
-        history pass must probe it with). O(batches x handles)."""
-        wanted = list(handles)
+        history pass must probe it with). O(handles), plus O(batches) per handle some
+        batch lacks."""
         with self._lock:
+            wanted = [h for h in handles if self._covered[h] < self._full]
+            if not wanted:
+                return {}
             out = {}
             for b in self._batches:
                 missing = [h for h in wanted if h not in b.covers]
@@ -277,8 +294,11 @@ class BatchStore:
         shutil.rmtree(staging, ignore_errors=True)
         with self._lock:
             batch.sidecars.append(sid)
+            new = [h for h in queries if h not in batch.covers]
             for handle, slot in queries.items():
                 batch.covers.setdefault(handle, (sid, int(slot)))
+            if batch.rows and any(b is batch for b in self._batches):   # (still kept)
+                self._covered.update(new)
 
     def expire(self, before: float) -> int:
         """Remove the batches whose every row is older than `before` (retention);
@@ -290,6 +310,8 @@ class BatchStore:
                 gone.pop()
             keep = {id(b) for b in gone}
             self._batches = [b for b in self._batches if id(b) not in keep]
+            for b in gone:
+                self._count(b, b.covers, -1)
         for b in gone:
             shutil.rmtree(b.folder, ignore_errors=True)
         if gone:
@@ -400,6 +422,9 @@ class BatchStore:
                 for sid, _ in b.covers.values():
                     assert not sid or sid in b.sidecars, sid
             assert self._cached == sum(a.nbytes for a in self._cache.values())
+            full = [b for b in self._batches if b.rows]
+            assert self._full == len(full)
+            assert +self._covered == Counter(h for b in full for h in b.covers)
 
 
 def _load(folder: Path) -> Batch:

@@ -39,8 +39,29 @@ REPORT_SCHEMA = ("partition INT, file STRING, rows BIGINT, lo DOUBLE, hi DOUBLE,
 _COVER_SCHEMA = "batch BIGINT, part STRING, file STRING"
 
 
+#: The query sets compiled in this Python worker, by (ddl, queries): Spark reuses its
+#: Python workers across tasks, so a query set is compiled once per worker and version
+#: (a registration or unregistration makes a new one), not at every micro-batch (10^4
+#: queries take about a second to compile).
+_COMPILED: dict[tuple[str, tuple[tuple[int, str], ...]], tuple[StreamSchema, Any]] = {}
+_KEEP = 2
+
+
 def query_set(ddl: str, queries: Sequence[tuple[int, str]]) -> tuple[StreamSchema, Any]:
-    """The stream declared by `ddl` and a Query SteM holding `queries` (slot, SQL)."""
+    """The stream declared by `ddl` and a Query SteM holding `queries` (slot, SQL), from
+    this worker's cache when it compiled the same set before (the stem is only probed,
+    never changed, so a cached one can be shared)."""
+    key = (ddl, tuple(queries))
+    got = _COMPILED.get(key)
+    if got is None:
+        got = _compile(ddl, queries)
+        while len(_COMPILED) >= _KEEP:
+            del _COMPILED[next(iter(_COMPILED))]
+        _COMPILED[key] = got
+    return got
+
+
+def _compile(ddl: str, queries: Sequence[tuple[int, str]]) -> tuple[StreamSchema, Any]:
     from psoup.query import compile_statement
     from psoup.query.model import Query
     from psoup.stems.query_stem import QuerySteM
