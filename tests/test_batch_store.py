@@ -1,9 +1,10 @@
 """The batch store of a stream probed in Spark's executors (psoup.archive.batches), with
 the executors' task functions run in this process (psoup.spark.executors): random
 streams split into micro-batches and partitions, random selection and aggregate queries
-registered between batches (their earlier batches covered by the history pass), each
-answer against DuckDB over the same rows and window; the store reopened from disk gives
-the same answers; commits and sidecars are all-or-nothing."""
+registered between batches (their earlier batches covered by the history pass; the
+aggregates without GROUP BY answered from the totals of the part files wholly in their
+window), each answer against DuckDB over the same rows and window; the store reopened
+from disk gives the same answers; commits and sidecars are all-or-nothing."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from psoup.plans import SelectionPlan
 from psoup.query import compile_statement
 from psoup.query.model import TUPLE_ID, Query, StreamSchema
 from psoup.results.answers import answer_from_batches
-from psoup.spark.executors import cover, probe_part
+from psoup.spark.executors import cover, probe_part, summed_columns
 from tests.oracles import Oracle, answer_aggregate, rows_match
 from tests.strategies import VALUES, aggregate_queries, queries, schemas
 
@@ -49,9 +50,15 @@ class Feed:
         self.queries: dict[str, str] = {}
         self.next_batch = 0
 
+    def summed(self) -> dict[str, list[str]]:
+        """The aggregates without GROUP BY, whose part files keep totals."""
+        got = {h: summed_columns(self.schema, sql) for h, sql in self.queries.items()}
+        return {h: c for h, c in got.items() if c is not None}
+
     def commit(self, parts: list[list[tuple[Any, ...]]], ts: list[list[float]]) -> None:
         slots = {h: i for i, h in enumerate(sorted(self.queries))}
         listed = [(s, self.queries[h]) for h, s in slots.items()]
+        summed = [(slots[h], c) for h, c in self.summed().items()]
         staging = self.store.staging()
         reports = []
         latest = self.store.latest_ts
@@ -63,14 +70,14 @@ class Feed:
             report, = next(probe_part(iter([batch]), ddl=self.ddl, queries=listed,
                                       words=(len(slots) + 63) // 64, staging=str(staging),
                                       latest=-math.inf if latest is None else latest,
-                                      commit_ts=0.0)).to_pylist()
+                                      commit_ts=0.0, summed=summed)).to_pylist()
             reports.append(dict(report, partition=p))
         self.store.commit(self.next_batch, staging, reports, slots, committed_at=0.0)
         self.next_batch += 1
 
     def cover(self) -> None:
         lacking = self.store.lacking(self.queries)
-        cover(in_process, self.store, self.ddl, self.queries, lacking)
+        cover(in_process, self.store, self.ddl, self.queries, lacking, self.summed())
         assert not self.store.lacking(self.queries)
 
 
@@ -249,3 +256,28 @@ def test_a_window_before_the_lacking_batches_needs_no_history(tmp_path: Path) ->
     feed.commit([[(2,)]], [[6.0]])
     got = _answer(feed.store, "h", _query("SELECT a FROM R [RANGE 1 SECONDS]"), 6.5)
     assert got.rows == [(2,)] and np.asarray(got.ts).tolist() == [6.0]
+
+
+def test_an_aggregate_reads_only_the_files_at_its_windows_edges(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    feed = Feed(tmp_path, SCHEMA, DDL)
+    feed.queries["n"] = "SELECT COUNT(*), SUM(a), MAX(a) FROM R WHERE a > 1"
+    feed.commit([[(1,), (2,)], [(3,)]], [[1.0, 2.0], [3.0]])
+    feed.commit([[(4,), (5,)]], [[4.0, 5.0]])
+    read: list[str] = []
+    matches = BatchStore._matches
+
+    def counted(self: BatchStore, batch: Any, f: Any, *args: Any) -> Any:
+        read.append(f.name)
+        return matches(self, batch, f, *args)
+
+    monkeypatch.setattr(BatchStore, "_matches", counted)
+    q = _query("SELECT COUNT(*), SUM(a), MAX(a) FROM R WHERE a > 1")
+    assert _answer(feed.store, "n", q, 9.0).rows == [(4, 14, 5)]
+    assert read == []                                   # every file from its totals
+    window = _query("SELECT COUNT(*), SUM(a), MAX(a) FROM R WHERE a > 1 BEGIN 1.5 END 4.5")
+    assert _answer(feed.store, "n", window, 9.0).rows == [(3, 9, 4)]
+    first = feed.store.batches()[0].files[0].name
+    last = feed.store.batches()[1].files[0].name
+    assert read == [first, last]    # the files across the window's edges: read for rows

@@ -62,6 +62,11 @@ SIDECAR = "cover-"
 CACHE_BYTES = 64 << 20
 
 
+#: A part file's totals for one query (as psoup.results.aggregates' `with_totals` takes
+#: them): {"count": n, "ts_max": t, "sum": {c: s}, "min": {c: m}, "max": {c: m}}.
+Totals = dict[str, Any]
+
+
 def word_column(word: int) -> str:
     """The name of the part file's column holding slots 64*word .. 64*word + 63."""
     return f"psoup_w{word}"
@@ -97,6 +102,8 @@ class Batch:
     rejected: int = 0
     committed_at: float = 0.0
     sidecars: list[str] = field(default_factory=list)
+    #: part file -> handle -> the totals of its matches (aggregates without GROUP BY)
+    totals: dict[str, dict[str, Totals]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -228,7 +235,7 @@ class BatchStore:
                 path.unlink()
         manifest = {"batch": batch_id, "committed_at": committed_at, "first": first,
                     "files": [[f.name, f.rows, f.first, f.lo, f.hi] for f in files],
-                    "queries": dict(queries),
+                    "queries": dict(queries), "totals": _by_handle(reports, queries),
                     "late": sum(int(r["late"]) for r in reports),
                     "rejected": sum(int(r["rejected"]) for r in reports)}
         write_whole(staging / MANIFEST, lambda f: f.write(json.dumps(manifest).encode()),
@@ -271,10 +278,13 @@ class BatchStore:
             return out
 
     def cover(self, batch_id: int, staging: Path, names: Mapping[str, str],
-              queries: Mapping[str, int]) -> None:
+              queries: Mapping[str, int],
+              totals: Mapping[str, Mapping[str, Totals]] | None = None) -> None:
         """Commit a sidecar of batch `batch_id`: `names` maps each part file to the
-        sidecar file (in `staging`) holding its words for `queries` (handle -> slot).
-        A batch left by retention meanwhile is skipped. Durable on return. O(files)."""
+        sidecar file (in `staging`) holding its words for `queries` (handle -> slot),
+        and `totals` each part file to its matches' totals per handle (the aggregates
+        without GROUP BY among them). A batch left by retention meanwhile is skipped.
+        Durable on return. O(files)."""
         with self._lock:
             batch = next((b for b in self._batches if b.batch_id == batch_id), None)
         if batch is None or not batch.folder.exists():
@@ -287,13 +297,15 @@ class BatchStore:
             _fsync_file(staging / name)
             (staging / name).rename(batch.folder / target)
             moved[part] = target
-        record = {"files": moved, "queries": dict(queries)}
+        kept = {part: dict(per) for part, per in (totals or {}).items()}
+        record = {"files": moved, "queries": dict(queries), "totals": kept}
         write_whole(batch.folder / f"{SIDECAR}{sid}.json",
                     lambda f: f.write(json.dumps(record).encode()), private=True)
         fsync_dir(batch.folder)
         shutil.rmtree(staging, ignore_errors=True)
         with self._lock:
             batch.sidecars.append(sid)
+            _merge_totals(batch.totals, kept)
             new = [h for h in queries if h not in batch.covers]
             for handle, slot in queries.items():
                 batch.covers.setdefault(handle, (sid, int(slot)))
@@ -332,6 +344,18 @@ class BatchStore:
                 (its history pass has not committed).
             PSoupError: a part file is damaged.
         """
+        return self._read(handle, reach, columns, False)[0]
+
+    def summarized(self, handle: str, reach: tuple[float, float], columns: Sequence[str]
+                   ) -> tuple[dict[str, NDArray[Any]], Totals | None]:
+        """As `part`, but the part files wholly inside the reach whose totals for the
+        handle were kept (an aggregate without GROUP BY) are not read: their totals
+        come summed instead (None when there are none). O(files) plus the rows of the
+        files at the reach's edges (and of those without totals)."""
+        return self._read(handle, reach, columns, True)
+
+    def _read(self, handle: str, reach: tuple[float, float], columns: Sequence[str],
+              summarize: bool) -> tuple[dict[str, NDArray[Any]], Totals | None]:
         begin, end = reach
         wanted = [c for c in dict.fromkeys(columns) if c not in (TS, TUPLE_ID)]
         with self._lock:
@@ -345,16 +369,22 @@ class BatchStore:
                 f"{'es' if len(missing) > 1 else ''} of its stream is being evaluated in "
                 "Spark's executors; try again in a moment")
         pieces = []
+        totals = None
         for b in meeting:
             sid, slot = b.covers[handle]
             for f in b.files:
-                if f.rows and f.hi >= begin and f.lo <= end:
+                if not (f.rows and f.hi >= begin and f.lo <= end):
+                    continue
+                kept = b.totals.get(f.name, {}).get(handle) if summarize else None
+                if kept is not None and begin <= f.lo and f.hi <= end:
+                    totals = add_totals(totals, kept)
+                else:
                     pieces.append(self._matches(b, f, sid, slot, begin, end, wanted))
         out: dict[str, NDArray[Any]] = {}
         for name in [*wanted, TS, TUPLE_ID]:
             arrays = [p[name] for p in pieces]
             out[name] = np.concatenate(arrays) if arrays else self._empty(name)
-        return out
+        return out, totals
 
     def _matches(self, batch: Batch, f: PartFile, sid: str, slot: int, begin: float,
                  end: float, wanted: list[str]) -> dict[str, NDArray[Any]]:
@@ -434,15 +464,36 @@ def _load(folder: Path) -> Batch:
              for n, r, f, lo, hi in manifest["files"]]
     covers = {h: ("", int(s)) for h, s in manifest["queries"].items()}
     batch = Batch(int(manifest["batch"]), folder, int(manifest["first"]), files, covers,
-                  int(manifest["late"]),
-                  int(manifest["rejected"]), float(manifest["committed_at"]))
+                  int(manifest["late"]), int(manifest["rejected"]),
+                  float(manifest["committed_at"]))
+    _merge_totals(batch.totals, manifest.get("totals", {}))
     for path in sorted(folder.glob(f"{SIDECAR}*.json")):
         sid = path.stem.removeprefix(SIDECAR)
         record = json.loads(path.read_text())
         batch.sidecars.append(sid)
+        _merge_totals(batch.totals, record.get("totals", {}))
         for handle, slot in record["queries"].items():
             batch.covers.setdefault(handle, (sid, int(slot)))
     return batch
+
+
+def _by_handle(reports: Sequence[Mapping[str, Any]], queries: Mapping[str, int]
+               ) -> dict[str, dict[str, Totals]]:
+    """The tasks' totals (JSON by slot, per report) as part file -> handle -> totals."""
+    handle_of = {str(slot): handle for handle, slot in queries.items()}
+    out = {}
+    for r in reports:
+        raw = r.get("totals")
+        if r["file"] and raw:
+            out[str(r["file"])] = {handle_of[s]: t for s, t in json.loads(raw).items()}
+    return out
+
+
+def _merge_totals(into: dict[str, dict[str, Totals]],
+                  more: Mapping[str, Mapping[str, Totals]]) -> None:
+    for part, per_handle in more.items():
+        for handle, totals in per_handle.items():
+            into.setdefault(part, {}).setdefault(handle, totals)
 
 
 def _fsync_file(path: Path) -> None:
@@ -454,3 +505,35 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
+# ---------------------------------------------------------------------- aggregate totals
+
+def totals_of(ts: NDArray[np.float64], columns: Mapping[str, NDArray[Any]],
+              names: Sequence[str]) -> Totals:
+    """The totals of some rows (their ts and `columns`) over the columns `names`: SUMs
+    exact for INT (as the engine sums), None MIN and MAX without rows. O(rows)."""
+    from psoup.results.aggregates import exact_sum
+
+    n = len(ts)
+    out: Totals = {"count": n, "ts_max": float(ts.max()) if n else None,
+                   "sum": {}, "min": {}, "max": {}}
+    for name in names:
+        values = columns[name]
+        out["sum"][name] = exact_sum(values) if n else (0 if values.dtype.kind in "iu"
+                                                        else 0.0)
+        out["min"][name] = values.min().item() if n else None
+        out["max"][name] = values.max().item() if n else None
+    return out
+
+
+def add_totals(a: Totals | None, b: Totals) -> Totals:
+    """The totals of the rows of `a` and of `b` together."""
+    if a is None:
+        return b
+    if not b["count"]:
+        return a
+    if not a["count"]:
+        return b
+    return {"count": a["count"] + b["count"], "ts_max": max(a["ts_max"], b["ts_max"]),
+            "sum": {c: a["sum"][c] + b["sum"][c] for c in a["sum"]},
+            "min": {c: min(a["min"][c], b["min"][c]) for c in a["min"]},
+            "max": {c: max(a["max"][c], b["max"][c]) for c in a["max"]}}

@@ -472,7 +472,7 @@ class Aggregator:
             else:   # a FLOAT group is summed from zero, rounding only its own values (a
                 # difference of one prefix over all groups carries the rounding of the
                 # groups before it: 4 x 0.5 came out 1.9999999999999998)
-                sums[c] = [_group_sum(ordered[i:j]) for i, j in zip(starts.tolist(),
+                sums[c] = [exact_sum(ordered[i:j]) for i, j in zip(starts.tolist(),
                                                                     ends.tolist(), strict=True)]
         extremes = {(c, op): _UFUNCS[op].reduceat(columns[c][order], starts).tolist()
                     for c, ops in self.extremes.items() for op in ops}
@@ -533,7 +533,7 @@ class Aggregator:
             return self._result([], [], {}, {}, ts)
         columns = {c: _numeric(values[c]) for c in self.needed}
         sums = {c: [totals["sum"][c[1]] + (
-            0 if not len(ts) else _group_sum(columns[c]) if w is None
+            0 if not len(ts) else exact_sum(columns[c]) if w is None
             else float(np.dot(w, columns[c].astype(np.float64))))] for c in self.sums}
         extremes = {}
         for c, ops in self.extremes.items():
@@ -970,7 +970,7 @@ def _range_sum(later: list[Any], earlier: list[Any], values: np.ndarray | None, 
         return float(np.sum(values[i:j]))
 
 
-def _group_sum(values: np.ndarray) -> int | float:
+def exact_sum(values: np.ndarray) -> int | float:
     """The sum of `values` from zero, as a prefix over them alone would give it."""
     prefix = _prefix_of(values)
     return _range_sum(prefix[-1].tolist(), prefix[0].tolist(), values, 0, len(values))

@@ -506,8 +506,10 @@ def answer_from_batches(plan: SelectionPlan, handle: str, store: BatchStore,
                         now: float) -> Result:
     """The answer at `now` of `handle`, a selection query over a stream probed in
     Spark's executors: its matches in the committed batches its window's reach
-    meets (psoup.archive.batches), projected or aggregated. Reads no engine state
-    but the plan, so it runs off the lock. O(rows of the batches read).
+    meets (psoup.archive.batches), projected or aggregated (an aggregate without
+    GROUP BY from the totals of the part files wholly in the window, and the rows
+    of the others). Reads no engine state but the plan, so it runs off the lock.
+    O(rows of the batches read).
 
     Raises:
         HistoryPending: a batch the window meets lacks the query yet.
@@ -517,9 +519,14 @@ def answer_from_batches(plan: SelectionPlan, handle: str, store: BatchStore,
     assert reach is not None, "a window counting tuples is refused on such a stream"
     if query.aggregated:
         aggregator = Aggregator(query)
-        got = store.part(handle, reach, [c for _, c in aggregator.needed])
-        answer = aggregator.compute({(0, c): got[c] for _, c in aggregator.needed},
-                                    got[TS], None)
+        names = [c for _, c in aggregator.needed]
+        if query.group_by:
+            got, totals = store.part(handle, reach, names), None
+        else:                   # the part files wholly in the window: their totals
+            got, totals = store.summarized(handle, reach, names)
+        values = {(0, c): got[c] for c in names}
+        answer = (aggregator.compute(values, got[TS], None) if totals is None
+                  else aggregator.with_totals(values, got[TS], totals))
         return answer.distinct() if query.distinct else answer
     got = store.part(handle, reach, plan.fetched)
     return Result.build(query.columns, [got[name] for name in plan.selected], got[TS],

@@ -18,6 +18,7 @@ executors (psoup's code reaches them as the session's zip, or a packed environme
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import uuid
@@ -29,14 +30,36 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from psoup.archive.batches import BatchStore, word_column
+from psoup.archive.batches import BatchStore, Totals, add_totals, totals_of, word_column
 from psoup.archive.layout import ARROW_TYPES, to_numpy
 from psoup.query.model import TS, TUPLE_ID, StreamSchema
 
 #: The row each probe task reports to the driver.
 REPORT_SCHEMA = ("partition INT, file STRING, rows BIGINT, lo DOUBLE, hi DOUBLE, "
-                 "late BIGINT, rejected BIGINT")
-_COVER_SCHEMA = "batch BIGINT, part STRING, file STRING"
+                 "late BIGINT, rejected BIGINT, totals STRING")
+_COVER_SCHEMA = "batch BIGINT, part STRING, file STRING, totals STRING"
+
+#: (slot, the columns its totals sum): the aggregates without GROUP BY of a query set.
+Summed = Sequence[tuple[int, Sequence[str]]]
+
+
+class _Summing:
+    """The totals of each summed slot's matches over the rows a task has seen
+    (psoup.archive.batches.totals_of), as JSON by slot for its report."""
+
+    def __init__(self, summed: Summed):
+        self.summed = [(slot, list(names)) for slot, names in summed]
+        self.totals: dict[int, Totals] = {}
+
+    def add(self, bits: np.ndarray, ts: np.ndarray, columns: Mapping[str, np.ndarray]
+            ) -> None:
+        for slot, names in self.summed:
+            hit = ((bits[slot // 64] >> np.uint64(slot % 64)) & np.uint64(1)).astype(bool)
+            got = totals_of(ts[hit], {c: columns[c][hit] for c in names}, names)
+            self.totals[slot] = add_totals(self.totals.get(slot), got)
+
+    def json(self) -> str:
+        return json.dumps({str(slot): t for slot, t in self.totals.items()})
 
 
 #: The query sets compiled in this Python worker, by (ddl, queries): Spark reuses its
@@ -96,11 +119,13 @@ def file_schema(schema: StreamSchema, words: int) -> pa.Schema:
 
 def probe_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
                queries: Sequence[tuple[int, str]], words: int, staging: str,
-               latest: float, commit_ts: float) -> Iterator[pa.RecordBatch]:
+               latest: float, commit_ts: float, summed: Summed = ()
+               ) -> Iterator[pa.RecordBatch]:
     """What a task runs on its partition of a micro-batch: rows with a missing value
     left out, ts filled with `commit_ts` where the source gave none and raised to
     `latest` where below it (a stream's ts never decrease), probed with `queries`, and
-    written with their words to one part file under `staging`; yields its report.
+    written with their words to one part file under `staging`; yields its report,
+    with the totals of the `summed` slots' matches.
 
     Example:
         >>> import tempfile, pyarrow.parquet as pq
@@ -125,6 +150,7 @@ def probe_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
     writer = None
     rows = late = rejected = 0
     lo, hi = math.inf, -math.inf
+    summing = _Summing(summed)
     try:
         for batch in batches:
             table, dropped = _valid(pa.Table.from_batches([batch]), schema)
@@ -141,6 +167,7 @@ def probe_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
             columns[TS] = ts
             columns[TUPLE_ID] = np.arange(n, dtype=np.int64)
             bits = words_of(stem, schema, columns, n, words)
+            summing.add(bits, ts, columns)
             arrays = [table.column(c).cast(ARROW_TYPES[t]) for c, t in schema.columns]
             arrays += [pa.array(ts)] + [pa.array(bits[w]) for w in range(words)]
             out = pa.Table.from_arrays(arrays, schema=target)
@@ -154,13 +181,15 @@ def probe_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
             writer.close()
     yield pa.RecordBatch.from_pylist(
         [{"partition": partition, "file": name if rows else "", "rows": rows, "lo": lo,
-          "hi": hi, "late": late, "rejected": rejected}], schema=_report_schema())
+          "hi": hi, "late": late, "rejected": rejected, "totals": summing.json()}],
+        schema=_report_schema())
 
 
 def _report_schema() -> pa.Schema:
     return pa.schema([("partition", pa.int32()), ("file", pa.string()),
                       ("rows", pa.int64()), ("lo", pa.float64()), ("hi", pa.float64()),
-                      ("late", pa.int64()), ("rejected", pa.int64())])
+                      ("late", pa.int64()), ("rejected", pa.int64()),
+                      ("totals", pa.string())])
 
 
 def _valid(table: pa.Table, schema: StreamSchema) -> tuple[pa.Table, int]:
@@ -178,28 +207,53 @@ def _valid(table: pa.Table, schema: StreamSchema) -> tuple[pa.Table, int]:
 
 
 def probe_batch(frame: Any, store: BatchStore, ddl: str, queries: Mapping[str, str],
-                latest: float, commit_ts: float
+                latest: float, commit_ts: float,
+                summed: Mapping[str, Sequence[str]] | None = None
                 ) -> tuple[Path, list[dict[str, Any]], dict[str, int]]:
     """Run one micro-batch's probe on the executors: (its staging folder, the tasks'
-    reports, handle -> slot of the query set it was probed with)."""
+    reports, handle -> slot of the query set it was probed with). `summed`: handle ->
+    the columns whose totals its matches keep per part file (`summed_columns`)."""
     slots = {handle: slot for slot, handle in enumerate(sorted(queries))}
     listed = [(slot, queries[handle]) for handle, slot in slots.items()]
     words = (len(slots) + 63) // 64
     staging = store.staging()
     run = partial(probe_part, ddl=ddl, queries=listed, words=words, staging=str(staging),
-                  latest=latest, commit_ts=commit_ts)
+                  latest=latest, commit_ts=commit_ts,
+                  summed=[(slots[h], list(c)) for h, c in (summed or {}).items()
+                          if h in slots])
     rows = frame.mapInArrow(run, REPORT_SCHEMA).collect()
     return staging, [r.asDict() for r in rows], slots
+
+
+def summed_columns(schema: StreamSchema, sql: str) -> list[str] | None:
+    """The columns whose totals a query's matches keep per part file, or None when its
+    answer cannot be made from totals: an aggregate without GROUP BY whose arguments
+    are INT or FLOAT columns or ts (COUNT(*) needs none), as the archive's aggregate
+    copies answer (psoup.archive.rollups). Compiled on the driver, once per query."""
+    from psoup.query import compile_statement
+    from psoup.query.model import ColumnType, Query
+    from psoup.results.aggregates import Aggregator
+
+    query = compile_statement(sql, {schema.name: schema})
+    if not isinstance(query, Query) or not query.aggregated or query.group_by:
+        return None
+    types = dict(schema.columns)
+    names = [c for _, c in Aggregator(query).needed]
+    if any(c != TS and types.get(c) not in (ColumnType.INT, ColumnType.FLOAT)
+           for c in names):
+        return None                 # tupleID (given at commit), TEXT, BOOL
+    return names
 
 
 # ---------------------------------------------------------------------- history
 
 def cover_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
-               queries: Sequence[tuple[int, str]], words: int, columns: Sequence[str]
-               ) -> Iterator[pa.RecordBatch]:
+               queries: Sequence[tuple[int, str]], words: int, columns: Sequence[str],
+               summed: Summed = ()) -> Iterator[pa.RecordBatch]:
     """What a history task runs: for each (batch, part file, sidecar path) row, read
     the part file's columns, probe them with `queries` and write their words to the
-    sidecar path; yields (batch, part, sidecar file name)."""
+    sidecar path; yields (batch, part, sidecar file name, the `summed` slots' totals
+    as JSON)."""
     import pyarrow.parquet as pq
 
     schema, stem = query_set(ddl, queries)
@@ -212,14 +266,16 @@ def cover_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
             cols[TS] = table.column(TS).to_numpy()
             cols[TUPLE_ID] = np.arange(n, dtype=np.int64)
             bits = words_of(stem, schema, cols, n, words)
+            summing = _Summing(summed)
+            summing.add(bits, cols[TS], cols)
             out = pa.Table.from_arrays([pa.array(bits[w]) for w in range(words)],
                                        schema=target)
             pq.write_table(out, job["out"])
             yield pa.RecordBatch.from_pylist(
                 [{"batch": job["batch"], "part": job["part"],
-                  "file": Path(job["out"]).name}],
+                  "file": Path(job["out"]).name, "totals": summing.json()}],
                 schema=pa.schema([("batch", pa.int64()), ("part", pa.string()),
-                                  ("file", pa.string())]))
+                                  ("file", pa.string()), ("totals", pa.string())]))
 
 
 #: Runs a history task over its jobs (one dict per part file): the rows it yields.
@@ -241,11 +297,13 @@ def spark_runner(spark: Any) -> Runner:
 
 
 def cover(run: Runner, store: BatchStore, ddl: str, queries: Mapping[str, str],
-          lacking: Mapping[int, Sequence[str]]) -> int:
+          lacking: Mapping[int, Sequence[str]],
+          summed: Mapping[str, Sequence[str]] | None = None) -> int:
     """The history pass: probe each batch in `lacking` (batch id -> handles) with the
     queries it lacks (those still in `queries`, handle -> SQL), the part files' tasks
-    run by `run` (`spark_runner`), and commit each batch's sidecar; how many batches
-    were covered. Batches lacking the same handles share one run."""
+    run by `run` (`spark_runner`), and commit each batch's sidecar (with the totals of
+    the `summed` handles, as `probe_batch`); how many batches were covered. Batches
+    lacking the same handles share one run."""
     groups: dict[tuple[str, ...], list[int]] = {}
     for batch_id, handles in lacking.items():
         wanted = tuple(sorted(h for h in handles if h in queries))
@@ -262,15 +320,22 @@ def cover(run: Runner, store: BatchStore, ddl: str, queries: Mapping[str, str],
                     for b in ids if b in by_id for f in by_id[b].files]
             task = partial(cover_part, ddl=ddl,
                            queries=[(s, queries[h]) for h, s in slots.items()],
-                           words=(len(slots) + 63) // 64, columns=list(store.types))
+                           words=(len(slots) + 63) // 64, columns=list(store.types),
+                           summed=[(slots[h], list(c)) for h, c in (summed or {}).items()
+                                   if h in slots])
+            handle_of = {str(s): h for h, s in slots.items()}
             per_batch: dict[int, dict[str, str]] = {}
+            totals: dict[int, dict[str, dict[str, Totals]]] = {}
             for row in run(jobs, task) if jobs else []:
-                per_batch.setdefault(int(row["batch"]), {})[row["part"]] = row["file"]
+                b, part = int(row["batch"]), row["part"]
+                per_batch.setdefault(b, {})[part] = row["file"]
+                totals.setdefault(b, {})[part] = {
+                    handle_of[s]: t for s, t in json.loads(row["totals"]).items()}
             for batch_id, names in per_batch.items():
                 moved = store.staging()
                 for name in names.values():
                     (staging / name).rename(moved / name)
-                store.cover(batch_id, moved, names, slots)
+                store.cover(batch_id, moved, names, slots, totals[batch_id])
                 done += 1
         finally:
             shutil.rmtree(staging, ignore_errors=True)

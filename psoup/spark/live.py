@@ -119,6 +119,7 @@ class SourceRun:
     store: BatchStore | None = None     # WITH (probe = 'executors'): the batch store
     wake: threading.Event = field(default_factory=threading.Event)  # the history pass's
     covered: int = 0                    # batches the history pass probed again
+    summed: dict[str, list[str] | None] = field(default_factory=dict)   # summed_columns
 
     @property
     def name(self) -> str:
@@ -416,7 +417,8 @@ class LiveSources:
                 lacking = store.lacking(queries)
                 if lacking:
                     spark = spark_session(self.master, self.conf)
-                    run.covered += cover(spark_runner(spark), store, ddl, queries, lacking)
+                    run.covered += cover(spark_runner(spark), store, ddl, queries, lacking,
+                                         _summed(run, queries))
                 failures = 0
             except Exception as exc:
                 failures += 1
@@ -482,7 +484,8 @@ class LiveSources:
             ddl, queries = self.target.probe_set(run.name)
         latest = store.latest_ts
         staging, reports, slots = probe_batch(
-            frame, store, ddl, queries, -np.inf if latest is None else latest, self.clock())
+            frame, store, ddl, queries, -np.inf if latest is None else latest, self.clock(),
+            _summed(run, queries))
         _check_going(run, batch_id)
         batch = store.commit(batch_id, staging, reports, slots, committed_at=time.time())
         run.batches += 1
@@ -512,6 +515,23 @@ def _check_going(run: SourceRun, batch_id: int) -> None:
     if run.stopping.is_set():
         raise SourceStopped(f"source of stream '{run.name}' stopped before batch "
                             f"{batch_id} was applied")
+
+
+def _summed(run: SourceRun, queries: Mapping[str, str]) -> dict[str, list[str]]:
+    """Handle -> the columns whose totals its matches keep per part file, for the
+    aggregates without GROUP BY among `queries` (each compiled once: `run.summed`)."""
+    from psoup.spark.executors import summed_columns
+
+    for handle in [h for h in run.summed if h not in queries]:
+        del run.summed[handle]
+    out = {}
+    for handle, sql in queries.items():
+        if handle not in run.summed:
+            run.summed[handle] = summed_columns(run.schema, sql)
+        names = run.summed[handle]
+        if names is not None:
+            out[handle] = names
+    return out
 
 
 def partial_batch(sources: LiveSources, run: SourceRun) -> Callable[[Any, int], None]:
