@@ -20,6 +20,9 @@ CATALOG_COLUMNS = ["stream", "columns", "retain", "rows", "rows_total", "latest_
 
 #: A source's (state, micro-batches applied) by stream name (psoup.spark.live).
 SourceStates = Callable[[str], tuple[str | None, int | None]]
+#: A stream's (retained rows, rows ever, latest ts) when they are not in memory (a
+#: stream probed in Spark's executors: its batch store's); None for the others.
+Stored = Callable[[str], "tuple[int, int, float | None] | None"]
 
 
 def _no_source(name: str) -> tuple[str | None, int | None]:
@@ -55,28 +58,32 @@ def table(columns: list[str], rows: list[tuple[Any, ...]]) -> Result:
     return Result(columns, rows, np.full(len(rows), np.nan), np.full(len(rows), -1, np.int64))
 
 
-def describe_stream(core: Core, name: str, sources: SourceStates = _no_source
-                    ) -> dict[str, Any]:
+def describe_stream(core: Core, name: str, sources: SourceStates = _no_source,
+                    stored: Stored | None = None) -> dict[str, Any]:
     """What DESCRIBE shows of existing stream `name`, by CATALOG_COLUMNS. O(queries)."""
     stem = core.stems[name]
     schema = stem.schema
     state, batches = sources(name)
+    kept = None if stored is None else stored(name)
+    retained, total, latest = kept if kept is not None else (
+        stem.retained, stem.rows_total, stem.last_ts if stem.n else None)
     return dict(zip(CATALOG_COLUMNS, (
         name, ", ".join(f"{c} {t.upper()}" for c, t in schema.columns),
-        retention(schema), stem.retained, stem.rows_total,
-        stem.last_ts if stem.n else None, len(core.users(name)),
+        retention(schema), retained, total, latest, len(core.users(name)),
         None if schema.source is None else schema.source.describe(), state, batches),
         strict=True))
 
 
-def answer_catalog(core: Core, stmt: Catalog, sources: SourceStates = _no_source) -> Result:
+def answer_catalog(core: Core, stmt: Catalog, sources: SourceStates = _no_source,
+                   stored: Stored | None = None) -> Result:
     """The table a SHOW or DESCRIBE statement answers (not DROP STREAM, a change)."""
     if stmt.action == SHOW_STREAMS:
-        return table(CATALOG_COLUMNS, [tuple(describe_stream(core, name, sources).values())
+        return table(CATALOG_COLUMNS, [tuple(describe_stream(core, name, sources,
+                                                             stored).values())
                                        for name in core.stems])
     if stmt.action == DESCRIBE:
         assert stmt.stream is not None, "DESCRIBE names a stream"
         return table(CATALOG_COLUMNS,
-                     [tuple(describe_stream(core, stmt.stream, sources).values())])
+                     [tuple(describe_stream(core, stmt.stream, sources, stored).values())])
     assert stmt.action == SHOW_QUERIES, stmt.action
     return table(["handle", "sql"], [(h, plan.query.sql) for h, plan in core.handles.items()])

@@ -198,7 +198,8 @@ class Engine:
                     return self._register(stmt)
             else:
                 if stmt.action != DROP_STREAM:
-                    return answer_catalog(self._core, stmt, self._sources.state)
+                    return answer_catalog(self._core, stmt, self._sources.state,
+                                          self._sources.stored)
                 assert stmt.stream is not None, "DROP STREAM names a stream"
                 self._drop(stmt.stream, stmt.cascade)
                 return None
@@ -291,7 +292,8 @@ class Engine:
         """
         with self._lock:
             self._core.stem(name)
-            return describe_stream(self._core, name, self._sources.state)
+            return describe_stream(self._core, name, self._sources.state,
+                                   self._sources.stored)
 
     def latest_ts(self, name: str) -> float | None:
         """Stream `name`'s latest ts, None before its first tuple (DESCRIBE's

@@ -203,8 +203,13 @@ def test_a_failed_attempts_file_is_not_committed_and_staging_is_emptied(tmp_path
     assert feed.store.committed(0) and not feed.store.committed(1)
     with pytest.raises(PSoupError, match="not after the last committed"):
         feed.store.commit(0, feed.store.staging(), [], {}, committed_at=0.0)
+    late = batch.folder / "part-00001-late.parquet"     # a speculative attempt's
+    late.write_bytes(b"late")
+    orphan = batch.folder / f"cover-0123-{batch.files[0].name}"  # no JSON: a crash
+    orphan.write_bytes(b"words")
     again = BatchStore(tmp_path, {"a": SCHEMA.columns[0][1]}, 10.0)   # a restart
     assert not (tmp_path / ".staging").exists()
+    assert not late.exists() and not orphan.exists()
     assert again.next_tid == 2 and again.latest_ts == 2.0
     assert _answer(again, "h", _query("SELECT a FROM R WHERE a > 1"), 5.0).rows == [(2,)]
 

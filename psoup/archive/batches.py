@@ -150,6 +150,7 @@ class BatchStore:
         for sub in sorted(self.folder.iterdir()):
             if sub.name.isdigit() and (sub / MANIFEST).exists():
                 self._batches.append(_load(sub))
+                _tidy(self._batches[-1])
             elif sub.name.isdigit():        # a batch folder without manifest: never
                 shutil.rmtree(sub, ignore_errors=True)      # committed (a crash)
         self._update_latest()
@@ -475,6 +476,19 @@ def _load(folder: Path) -> Batch:
         for handle, slot in record["queries"].items():
             batch.covers.setdefault(handle, (sid, int(slot)))
     return batch
+
+
+def _tidy(batch: Batch) -> None:
+    """Remove what a committed batch's folder holds that nothing names: a part file of
+    a task attempt still writing when the batch was committed (Spark's speculation),
+    the word files of a sidecar whose JSON was never written (a crash), .tmp files."""
+    named = {MANIFEST, *(f.name for f in batch.files)}
+    for sid in batch.sidecars:
+        named.add(f"{SIDECAR}{sid}.json")
+        named.update(f"{SIDECAR}{sid}-{f.name}" for f in batch.files)
+    for path in batch.folder.iterdir():
+        if path.name not in named:
+            path.unlink(missing_ok=True)
 
 
 def _by_handle(reports: Sequence[Mapping[str, Any]], queries: Mapping[str, int]

@@ -202,9 +202,16 @@ class LiveSources:
         run = self._runs.get(name)
         return None if run is None else run.store
 
+    def stored(self, name: str) -> tuple[int, int, float | None] | None:
+        """DESCRIBE's (rows retained, rows ever, latest ts) of stream `name` when it is
+        probed in the executors (its batch store's); None for the others."""
+        store = self.store(name)
+        return None if store is None else (store.rows, store.next_tid, store.latest_ts)
+
     def admit(self, query: Query) -> None:
         """Refuse, before it is logged, a query a stream probed in the executors cannot
-        answer: a join over it, a WHERE on tupleID, or a window that counts rows.
+        answer: a join over it, TABLESAMPLE, a WHERE on tupleID, or a window that
+        counts rows.
 
         Raises:
             QueryError: naming the stream and why.
@@ -221,6 +228,10 @@ class LiveSources:
                              "of both sides as they arrive); create the stream with "
                              "probe = 'engine' to join it")
         source = query.sources[0]
+        if source.sample is not None:
+            raise QueryError(f"{why}: TABLESAMPLE is not supported (it samples the "
+                             "archive of a stream whose window is in memory; every "
+                             "committed batch of this one is read whole)")
         if any(p.column == TUPLE_ID for p in source.predicates) or any(
                 TUPLE_ID in (f.left, f.right) for f in source.column_factors):
             raise QueryError(f"{why}: a WHERE on tupleID is not supported (tupleIDs are "
