@@ -297,7 +297,9 @@ class Engine:
 
     def latest_ts(self, name: str) -> float | None:
         """Stream `name`'s latest ts, None before its first tuple (DESCRIBE's
-        `latest_ts`, without counting the queries that read the stream). O(1).
+        `latest_ts`, without counting the queries that read the stream; for a stream
+        probed in Spark's executors, the latest committed in its batch store, which
+        DESCRIBE does not show). O(1).
 
         Raises:
             QueryError: no stream has that name.

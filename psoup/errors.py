@@ -128,7 +128,10 @@ class CursorInvalid(CursorExpired):
 class HistoryPending(PSoupError):
     """A query whose history was evaluated before a restart, and is being evaluated
     again (or failed to be): its answer would lack the archived part, so it is refused
-    until the job is done rather than answered short."""
+    until the job is done rather than answered short. Also a query over a stream
+    probed in Spark's executors whose history pass over the committed micro-batches
+    its window meets has not committed yet (psoup.archive.batches): try again in a
+    moment."""
 
     code = "history_pending"
 
