@@ -418,3 +418,56 @@ def answers(eng: Engine | Client, handles: list[str]) -> list[list[tuple[Any, ..
             rows = [(t, *r) for t, r in zip(result.ts.tolist(), rows, strict=True)]
         out.append(sorted(rows) if "GROUP BY" in sql else rows)
     return out
+
+
+#: A psoup process with a FILES source probed where argv says, and QUERIES[0]
+#: registered: it prints "applied N" after each micro-batch N is applied (or committed),
+#: and SIGKILLs itself once batch 1 is, before Spark commits it.
+KILLED_CHILD = """
+import os, signal, sys, time
+import psoup
+from psoup.spark.live import LiveSources
+
+data, inbox, probe, query = sys.argv[1:]
+applied = LiveSources.apply
+
+def apply(self, run, frame, batch_id):
+    applied(self, run, frame, batch_id)
+    print("applied", batch_id, flush=True)
+    if batch_id == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+LiveSources.apply = apply
+eng = psoup.Engine(path=data)
+eng.execute("CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '%s' FORMAT CSV "
+            "WITH (probe = '%s')" % (inbox, probe))
+eng.register(query)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def killed_after_batch_1(inbox: Path, data: Path, probe: str) -> None:
+    """Run KILLED_CHILD on `data` with a stream FROM FILES `inbox` (made here) probed
+    where `probe` says; land two files of 12 and 17 rows (one micro-batch each) and
+    return once it has SIGKILLed itself after batch 1 and its Spark has gone."""
+    inbox.mkdir()
+    root = str(Path(__file__).resolve().parent.parent)        # this psoup, in the child
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in [root, os.environ.get("PYTHONPATH")] if p))
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(data), str(inbox),
+                              probe, QUERIES[0]],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env=env)
+    assert child.stdout is not None
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        land(inbox, "a.csv", trace(12, 0, 21))
+        assert child.stdout.readline().strip() == "applied 0"
+        land(inbox, "b.csv", trace(17, 12, 22))
+        assert child.stdout.readline().strip() == "applied 1"
+        assert child.wait(120) == -9
+    finally:
+        child.kill()
+        child.wait()
+    time.sleep(3)                       # its Spark exits when its stdin closes

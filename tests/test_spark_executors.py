@@ -8,9 +8,6 @@ a stream cannot answer is refused with the reason."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +16,7 @@ import pytest
 import psoup
 from psoup.errors import HistoryPending, QueryError
 from psoup.spark.live import LiveSources
-from tests.support import QUERIES, answers, land, oracle, trace, wait_for
+from tests.support import QUERIES, answers, killed_after_batch_1, land, oracle, trace, wait_for
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -167,55 +164,11 @@ def test_a_bad_probe_option_or_rows_retention_is_refused(tmp_path: Path) -> None
         assert eng.streams() == []
 
 
-#: A psoup process whose stream is probed in the executors; it prints "applied N" after
-#: each batch N is committed and SIGKILLs itself after batch 1, before Spark commits it.
-CHILD = """
-import os, signal, sys, time
-import psoup
-from psoup.spark.live import LiveSources
-
-data, inbox = sys.argv[1:]
-applied = LiveSources.apply
-
-def apply(self, run, frame, batch_id):
-    applied(self, run, frame, batch_id)
-    print("applied", batch_id, flush=True)
-    if batch_id == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-LiveSources.apply = apply
-eng = psoup.Engine(path=data)
-eng.execute("CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '%s' FORMAT CSV "
-            "WITH (probe = 'executors')" % inbox)
-eng.register("SELECT lane, speed FROM traffic WHERE speed > 50.0")
-print("ready", flush=True)
-time.sleep(600)
-"""
-
-
 def test_a_psoup_killed_mid_batch_commits_it_once(tmp_path: Path) -> None:
     """SIGKILL after psoup committed batch 1 and before Spark did: the engine opened
     again gets batch 1 from Spark again and skips it; no row is lost or counted twice."""
     inbox, data = tmp_path / "in", tmp_path / "data"
-    inbox.mkdir()
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in [root, os.environ.get("PYTHONPATH")] if p))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(data), str(inbox)],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             env=env)
-    assert child.stdout is not None
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        land(inbox, "a.csv", trace(12, 0, 21))
-        assert child.stdout.readline().strip() == "applied 0"
-        land(inbox, "b.csv", trace(17, 12, 22))
-        assert child.stdout.readline().strip() == "applied 1"
-        assert child.wait(120) == -9
-    finally:
-        child.kill()
-        child.wait()
-    time.sleep(3)                       # its Spark exits when its stdin closes
+    killed_after_batch_1(inbox, data, "executors")
     with psoup.Engine(path=data) as back:
         handle, = (h for h, _ in back.queries())
         assert back.stats()["sources"]["traffic"]["retained_rows"] == 29

@@ -8,7 +8,6 @@ tests/test_freshness.py has the rest)."""
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from tests.support import (
     Clock,
     answers,
     compiled_schema,
+    killed_after_batch_1,
     land,
     oracle,
     trace,
@@ -250,57 +250,13 @@ def test_rows_without_a_ts_take_the_commit_time(spark: SparkSession, tmp_path: P
         assert eng.invoke(h, since=first.cursor or "").fresh_to == T0 + 6000
 
 
-#: A psoup process with a FILES source that prints "applied N" after each micro-batch N,
-#: and (with "kill") SIGKILLs itself once batch 1 is in its log, before Spark commits it.
-CHILD = """
-import os, signal, sys, time
-import psoup
-from psoup.spark.live import LiveSources
-
-data, inbox, how = sys.argv[1:]
-applied = LiveSources.apply
-
-def apply(self, run, frame, batch_id):
-    applied(self, run, frame, batch_id)
-    print("applied", batch_id, flush=True)
-    if how == "kill" and batch_id == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-LiveSources.apply = apply
-eng = psoup.Engine(path=data)
-eng.execute("CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '%s' FORMAT CSV" % inbox)
-print("ready", flush=True)
-time.sleep(600)
-"""
-
-
 def test_a_psoup_killed_mid_batch_applies_it_once(tmp_path: Path) -> None:
     """SIGKILL after psoup logged batch 1 and before Spark committed it: the engine
     opened again on the data directory gets batch 1 from Spark again, answers it as a
     duplicate, and goes on; no tuple is lost or counted twice. (The restarted engine
     runs in this process once the killed one, and its Spark, are gone.)"""
-    import subprocess
-    import sys
     inbox, data = tmp_path / "in", tmp_path / "data"
-    inbox.mkdir()
-    root = str(Path(__file__).resolve().parent.parent)        # this psoup, in the child
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in [root, os.environ.get("PYTHONPATH")] if p))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(data), str(inbox), "kill"],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                             env=env)
-    assert child.stdout is not None
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        land(inbox, "a.csv", trace(12, 0, 21))
-        assert child.stdout.readline().strip() == "applied 0"
-        land(inbox, "b.csv", trace(17, 12, 22))
-        assert child.stdout.readline().strip() == "applied 1"
-        assert child.wait(120) == -9
-    finally:
-        child.kill()
-        child.wait()
-    time.sleep(3)                       # its Spark exits when its stdin closes
+    killed_after_batch_1(inbox, data, "engine")
     with psoup.Engine(path=data) as back:
         assert back.describe("traffic")["rows_total"] == 29    # batch 1 is in the log
         handles = [back.register(q) for q in QUERIES]

@@ -324,18 +324,9 @@ def probe_batches(ddl: str, queries: Sequence[tuple[int, str]],
         >>> out.to_pydict()       # the draw: hashed from the tupleID, the batch has none
         {'slot': [3], 'tuple_id': [7], 'ts': [1.0], 'a': [5], 'psoup_sample': [471]}
     """
-    from psoup.query import compile_statement
-    from psoup.query.model import Query
-    from psoup.stems.query_stem import QuerySteM
+    from psoup.spark.executors import query_set
 
-    schema = compile_statement(ddl, {})
-    assert isinstance(schema, StreamSchema), "the ddl is a CREATE STREAM statement"
-    stem = QuerySteM()
-    for slot, sql in queries:
-        query = compile_statement(sql, {schema.name: schema})
-        assert isinstance(query, Query)
-        stem.reserve(slot)
-        stem.insert(query, slot)
+    schema, stem = query_set(ddl, queries)
     target = out_schema(schema)
     wanted = np.array(sorted(slot for slot, _ in queries), dtype=np.int64)
     masks = _sample_masks(thresholds or {})
