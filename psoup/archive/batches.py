@@ -241,9 +241,7 @@ class BatchStore:
                     "rejected": sum(int(r["rejected"]) for r in reports)}
         write_whole(staging / MANIFEST, lambda f: f.write(json.dumps(manifest).encode()),
                     private=True)
-        for f in files:
-            _fsync_file(staging / f.name)
-        fsync_dir(staging)
+        fsync_dir(staging)              # (the tasks made their files durable)
         final = self.folder / batch_name(batch_id)
         staging.rename(final)
         fsync_dir(self.folder)
@@ -295,7 +293,6 @@ class BatchStore:
         moved = {}
         for part, name in names.items():
             target = f"{SIDECAR}{sid}-{part}"
-            _fsync_file(staging / name)
             (staging / name).rename(batch.folder / target)
             moved[part] = target
         kept = {part: dict(per) for part, per in (totals or {}).items()}
@@ -510,7 +507,8 @@ def _merge_totals(into: dict[str, dict[str, Totals]],
             into.setdefault(part, {}).setdefault(handle, totals)
 
 
-def _fsync_file(path: Path) -> None:
+def fsync_file(path: Path) -> None:
+    """Make a file's bytes durable (the executors call it on what they write)."""
     import os
     fd = os.open(path, os.O_RDONLY)
     try:
