@@ -40,6 +40,9 @@ process, its master fixed; memory measured from a fresh process):
   counts are checked against numpy's. It runs over the first few of the same files only
   (it processes about a thousand tuples a second at 1,024 queries).
 
+Each run's process tree is pinned to its master's CPUs: local[1] to one CPU, local[2] to
+two (unpinned, local[1]'s JVM decodes input on the second CPU of this 2-CPU machine).
+
 Targets (issue 38), judged on the executors' rows: local[2] >= 1.6x local[1]; psoup >=
 100x Spark's filters at 1,024 queries; RSS within 1.2x as the landed data grows 4x;
 freshness p50 <= trigger + 2 s.
@@ -50,6 +53,7 @@ Usage: python bench/spark_live.py [--quick | --smoke]
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -68,6 +72,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (bench/ is put on sys.path just above)
 
 MASTERS = ("local[1]", "local[2]")
+#: The CPUs each master's run may use: local[1] runs on one, whole (Spark's JVM decodes a
+#: task's input on a thread of its own: unpinned, local[1] keeps two CPUs busy, and on
+#: this 2-CPU machine measured 0.96-0.99x local[2] whatever the probe).
+CPUS = {"local[1]": 1, "local[2]": 2}
 PROBES = ("executors", "engine")    # WITH (probe = ...): the design scaled, the other
 CORES_TARGET = 1.6          # local[2] / local[1], tuples/s through the source
 SPARK_TARGET = 100.0        # psoup's source / Spark's own N filters, at 1,024 queries
@@ -325,9 +333,13 @@ def _write_inputs(s: dict[str, Any], root: Path) -> None:
 
 
 def _child(kind: str, args: dict[str, Any]) -> dict[str, Any]:
-    """One measurement in a process of its own (its stderr passed through)."""
+    """One measurement in a process of its own (its stderr passed through), on the
+    master's CPUs: local[1] pinned to one CPU, with Spark's JVM and Python workers (they
+    inherit it); local[2] on two."""
+    cpus = set(sorted(os.sched_getaffinity(0))[:CPUS[args["master"]]])
     done = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)],
-                          stdout=subprocess.PIPE, text=True, check=True)
+                          stdout=subprocess.PIPE, text=True, check=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     return cast(dict[str, Any], json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -345,7 +357,7 @@ def bench(s: dict[str, Any]) -> list[dict[str, Any]]:
                     args = {"settings": s, "root": str(work), "master": master,
                             "queries": count, "fresh": count == first, "probe": probe}
                     row: dict[str, Any] = {"probe": probe, "master": master,
-                                           "queries": count,
+                                           "cpus": CPUS[master], "queries": count,
                                            "tuples": s["files"] * s["file_rows"],
                                            **_child("source", args)}
                     if count == first and probe == PROBES[0]:
@@ -482,9 +494,13 @@ def write_report(rows: list[dict[str, Any]], s: dict[str, Any], suffix: str) -> 
         f"every 10 ms), with the {s['queries'][0]:,} queries also registered",
         "memory: VmRSS of the psoup process and of the driver JVM once the first part is "
         "in (1x) and once all four are (4x); each master and query count in a fresh process",
+        "CPUs: each run's process tree (psoup, Spark's JVM, its Python workers) pinned to "
+        "that many CPUs: local[1] to one, so that local[2] / local[1] says what a second "
+        "core gives (unpinned, Spark's JVM decodes local[1]'s input on the other CPU)",
     ]
     common.report(f"spark_live{suffix}", rows, [
-        ("probe", "probe", "s"), ("master", "master", "s"), ("queries", "queries", ",d"),
+        ("probe", "probe", "s"), ("master", "master", "s"), ("cpus", "CPUs", "d"),
+        ("queries", "queries", ",d"),
         ("tuples", "tuples", ",d"), ("source tuples/s", "FROM FILES tuples/s", ",.0f"),
         ("direct tuples/s", "Engine.insert tuples/s", ",.0f"),
         ("source/direct", "source/direct", ".3f"), ("x local[1]", "x local[1]", ".2f"),

@@ -44,6 +44,7 @@ ORDER = [
     ("history", "Historical evaluation: one pass vs one Spark job per query"),
     ("history_scale", "Historical evaluation: driver memory vs archive size, 1 vs 2 cores"),
     ("spark_live", "Streams fed by a Spark source: files landing in a folder (issue 38)"),
+    ("batch_reads", "Invocations over a stream probed in Spark's executors vs in memory"),
     ("oscar", "Reduced archive reads (Remembrance of Streams Past, Fig. 12)"),
     ("oscar_copies", "Hourly averages from the archive's aggregate copies vs tuples"),
     ("scale_register", "Registration over 1M-16M retained rows vs DuckDB, every mode"),

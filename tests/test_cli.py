@@ -65,6 +65,7 @@ SMOKE_REPORTS = {"ingest": ["ingest"], "register": ["register"],
                  "aggregates": ["aggregates"],
                  "traffic": ["traffic_response", "traffic_arrival"],
                  "manyq": ["manyq"], "server": ["server_poll", "server_ingest"],
+                 "batch_reads": ["batch_reads"],
                  "scale": ["scale_register", "scale_stall", "scale_restart", "scale_cores",
                            "scale_cores_probe", "scale_cores_server"]}
 
@@ -72,7 +73,7 @@ SMOKE_REPORTS = {"ingest": ["ingest"], "register": ["register"],
 SIZED_SCRIPTS = ["ingest", "register", "invoke", "joins", "aggregates", "traffic", "manyq",
                  "server", "soak", "replay", "history", "oscar", "oscar_copies", "peers",
                  "scale_register", "scale_stall", "scale_restart", "scale_cores",
-                 "spark_live"]
+                 "spark_live", "batch_reads"]
 
 #: A bound on a whole smoke run that only a hang reaches: the smoke sizes take seconds
 #: per suite on a quiet 2-core machine, and a loaded one must not fail the test.

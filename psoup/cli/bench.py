@@ -33,6 +33,8 @@ SUITES = {
     "history": ("history.py", "1,024 queries over 10^7 archived tuples: one pass vs per query"),
     "spark_live": ("spark_live.py", "streams fed by a Spark source: files landing in a "
                                     "folder, local[1] vs local[2], vs Spark's own filters"),
+    "batch_reads": ("batch_reads.py", "invocations over a stream probed in Spark's "
+                                      "executors: its batch store vs the in-memory engine"),
     "oscar": ("oscar.py", "reduced archive reads: COUNT(*) at 0-75% reduction vs the "
                           "strawman and DuckDB, interval coverage; hourly averages "
                           "from the aggregate copies vs tuples"),
