@@ -52,6 +52,7 @@ Usage: python bench/spark_live.py [--quick | --smoke]
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -60,7 +61,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -76,6 +78,9 @@ MASTERS = ("local[1]", "local[2]")
 #: task's input on a thread of its own: unpinned, local[1] keeps two CPUs busy, and on
 #: this 2-CPU machine measured 0.96-0.99x local[2] whatever the probe).
 CPUS = {"local[1]": 1, "local[2]": 2}
+#: The rows run on a standalone cluster on 127.0.0.1: a master and two workers of one
+#: core and 1 GB each (probed in the executors only).
+CLUSTER = "cluster"
 PROBES = ("executors", "engine")    # WITH (probe = ...): the design scaled, the other
 CORES_TARGET = 1.6          # local[2] / local[1], tuples/s through the source
 SPARK_TARGET = 100.0        # psoup's source / Spark's own N filters, at 1,024 queries
@@ -92,14 +97,15 @@ COLUMNS = "(a INT, b INT, c INT, d INT)"
 def _settings(level: common.Level) -> dict[str, Any]:
     if level == "smoke":
         return {"queries": [8, 32], "file_rows": 500, "files": 4, "files_per_trigger": 1,
-                "retain_rows": 500, "filter_files": 2, "fresh_samples": 2, "fresh_rows": 100}
+                "retain_rows": 500, "filter_files": 2, "fresh_samples": 2, "fresh_rows": 100,
+                "cluster": 0}
     if level == "quick":
         return {"queries": [1024, 10_000], "file_rows": 10_000, "files": 8,
                 "files_per_trigger": 2, "retain_rows": 20_000, "filter_files": 2,
-                "fresh_samples": 8, "fresh_rows": 1_000}
+                "fresh_samples": 8, "fresh_rows": 1_000, "cluster": 0}
     return {"queries": [1024, 10_000], "file_rows": 50_000, "files": 32,
             "files_per_trigger": 4, "retain_rows": 200_000, "filter_files": 2,
-            "fresh_samples": 40, "fresh_rows": 1_000}
+            "fresh_samples": 40, "fresh_rows": 1_000, "cluster": 1}
 
 
 # ---------------------------------------------------------------------- in a child
@@ -336,7 +342,8 @@ def _child(kind: str, args: dict[str, Any]) -> dict[str, Any]:
     """One measurement in a process of its own (its stderr passed through), on the
     master's CPUs: local[1] pinned to one CPU, with Spark's JVM and Python workers (they
     inherit it); local[2] on two."""
-    cpus = set(sorted(os.sched_getaffinity(0))[:CPUS[args["master"]]])
+    mine = sorted(os.sched_getaffinity(0))
+    cpus = set(mine[:CPUS.get(args["master"], len(mine))])
     done = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)],
                           stdout=subprocess.PIPE, text=True, check=True,
                           preexec_fn=lambda: os.sched_setaffinity(0, cpus))
@@ -364,10 +371,83 @@ def bench(s: dict[str, Any]) -> list[dict[str, Any]]:
                         row.update(_child("filters", args))
                     shutil.rmtree(work, ignore_errors=True)
                     rows.append(_derived(row))
+        if s["cluster"]:
+            rows += _on_cluster(s, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     _cores(rows)
     return rows
+
+
+def _on_cluster(s: dict[str, Any], root: Path) -> list[dict[str, Any]]:
+    """The executors' rows on a standalone cluster of two one-core workers (this
+    machine's Python on the workers: it has psoup and its dependencies)."""
+    rows: list[dict[str, Any]] = []
+    with _standalone(root / "cluster") as url:
+        for count in s["queries"]:
+            work = root / f"run-{len(rows)}-cluster"
+            work.mkdir()
+            args = {"settings": s, "root": str(work), "master": url, "queries": count,
+                    "fresh": False, "probe": PROBES[0]}
+            row = {"probe": PROBES[0], "master": CLUSTER, "cpus": 2, "queries": count,
+                   "tuples": s["files"] * s["file_rows"], **_child("source", args)}
+            shutil.rmtree(work, ignore_errors=True)
+            rows.append(_derived(row))
+    return rows
+
+
+def _logged(log: Path, line: bytes) -> bool:
+    return line in log.read_bytes()
+
+
+@contextlib.contextmanager
+def _standalone(folder: Path) -> Iterator[str]:
+    """spark://127.0.0.1:PORT with two workers of one core and 1 GB each, started from
+    the installed pyspark's spark-class and stopped (by process group) at the end."""
+    import signal
+    import socket
+
+    import pyspark
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    folder.mkdir(parents=True)
+    home = Path(pyspark.__file__).parent
+    env = {k: v for k, v in os.environ.items() if k != "PSOUP_SPARK_CONF"}
+    env.update(SPARK_HOME=str(home), SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_LOG_DIR=str(folder / "logs"), PYSPARK_PYTHON=sys.executable)
+    os.environ["PYSPARK_PYTHON"] = sys.executable       # the drivers' executors
+    port, spark_class = free_port(), str(home / "bin" / "spark-class")
+    url = f"spark://127.0.0.1:{port}"
+    started: list[subprocess.Popen[bytes]] = []
+    logs = [folder / f"{name}.log" for name in ("master", "worker-1", "worker-2")]
+    commands = [["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                 str(port), "--webui-port", str(free_port())]]
+    commands += [["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores",
+                  "1", "--memory", "1g", "--work-dir", str(folder / f"work-{i}"),
+                  "--webui-port", str(free_port()), url] for i in (1, 2)]
+    waits = [b"I have been elected leader"] + [b"Successfully registered with master"] * 2
+    try:
+        for command, log, wait in zip(commands, logs, waits, strict=True):
+            with open(log, "wb") as out:
+                started.append(subprocess.Popen([spark_class, *command], env=env,
+                                                stdout=out, stderr=subprocess.STDOUT,
+                                                cwd=folder, start_new_session=True))
+            _wait(partial(_logged, log, wait), f"{log.stem}'s start", 0.5)
+        yield url
+    finally:
+        for proc in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in started:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def _cores(rows: Sequence[dict[str, Any]]) -> None:
@@ -432,6 +512,12 @@ def verdicts(rows: Sequence[dict[str, Any]], s: dict[str, Any]) -> list[str]:
                  + ("" if old_worst is None else
                     f" (probed in the psoup process, its window of {s['retain_rows']:,} rows "
                     f"in memory: {old_worst:.2f}x)"))
+    cluster = [r for r in rows if r["master"] == CLUSTER]
+    if cluster:
+        notes.append("on the standalone cluster (a master and two workers of one core each, "
+                     "on this machine's two CPUs, beside the driver and psoup): " + ", ".join(
+                         f"{r['source tuples/s']:,.0f} tuples/s at {r['queries']:,} queries"
+                         for r in cluster))
     for master in MASTERS:
         row = at[(probe, master, first)]
         p50 = row["fresh p50 s"]

@@ -420,7 +420,8 @@ def answers(eng: Engine | Client, handles: list[str]) -> list[list[tuple[Any, ..
     return out
 
 
-#: A psoup process with a FILES source probed where argv says, and QUERIES[0]
+#: A psoup process with a FILES source probed where argv says (the default, 'engine',
+#: not written in its statement), and QUERIES[0]
 #: registered: it prints "applied N" after each micro-batch N is applied (or committed),
 #: and SIGKILLs itself once batch 1 is, before Spark commits it.
 KILLED_CHILD = """
@@ -439,8 +440,8 @@ def apply(self, run, frame, batch_id):
 
 LiveSources.apply = apply
 eng = psoup.Engine(path=data)
-eng.execute("CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '%s' FORMAT CSV "
-            "WITH (probe = '%s')" % (inbox, probe))
+eng.execute("CREATE STREAM traffic (lane INT, speed FLOAT) FROM FILES '%s' FORMAT CSV%s"
+            % (inbox, "" if probe == "engine" else " WITH (probe = '%s')" % probe))
 eng.register(query)
 print("ready", flush=True)
 time.sleep(600)
