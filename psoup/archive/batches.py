@@ -519,24 +519,6 @@ def fsync_file(path: Path) -> None:
 
 # ---------------------------------------------------------------------- aggregate totals
 
-def totals_of(ts: NDArray[np.float64], columns: Mapping[str, NDArray[Any]],
-              names: Sequence[str]) -> Totals:
-    """The totals of some rows (their ts and `columns`) over the columns `names`: SUMs
-    exact for INT (as the engine sums), None MIN and MAX without rows. O(rows)."""
-    from psoup.results.aggregates import exact_sum
-
-    n = len(ts)
-    out: Totals = {"count": n, "ts_max": float(ts.max()) if n else None,
-                   "sum": {}, "min": {}, "max": {}}
-    for name in names:
-        values = columns[name]
-        out["sum"][name] = exact_sum(values) if n else (0 if values.dtype.kind in "iu"
-                                                        else 0.0)
-        out["min"][name] = values.min().item() if n else None
-        out["max"][name] = values.max().item() if n else None
-    return out
-
-
 def add_totals(a: Totals | None, b: Totals) -> Totals:
     """The totals of the rows of `a` and of `b` together."""
     if a is None:

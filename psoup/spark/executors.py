@@ -29,17 +29,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from psoup.archive.batches import (
     BatchStore,
     Totals,
     add_totals,
     fsync_file,
-    totals_of,
     word_column,
 )
 from psoup.archive.layout import ARROW_TYPES, to_numpy
 from psoup.query.model import TS, TUPLE_ID, StreamSchema
+from psoup.results.aggregates import exact_sum
 
 #: The row each probe task reports to the driver.
 REPORT_SCHEMA = ("partition INT, file STRING, rows BIGINT, lo DOUBLE, hi DOUBLE, "
@@ -50,9 +51,25 @@ _COVER_SCHEMA = "batch BIGINT, part STRING, file STRING, totals STRING"
 Summed = Sequence[tuple[int, Sequence[str]]]
 
 
+def totals_of(ts: NDArray[np.float64], columns: Mapping[str, NDArray[Any]],
+              names: Sequence[str]) -> Totals:
+    """The totals of some rows (their ts and `columns`) over the columns `names`: SUMs
+    exact for INT (as the engine sums), None MIN and MAX without rows. O(rows)."""
+    n = len(ts)
+    out: Totals = {"count": n, "ts_max": float(ts.max()) if n else None,
+                   "sum": {}, "min": {}, "max": {}}
+    for name in names:
+        values = columns[name]
+        out["sum"][name] = exact_sum(values) if n else (0 if values.dtype.kind in "iu"
+                                                        else 0.0)
+        out["min"][name] = values.min().item() if n else None
+        out["max"][name] = values.max().item() if n else None
+    return out
+
+
 class _Summing:
     """The totals of each summed slot's matches over the rows a task has seen
-    (psoup.archive.batches.totals_of), as JSON by slot for its report."""
+    (`totals_of`), as JSON by slot for its report."""
 
     def __init__(self, summed: Summed):
         self.summed = [(slot, list(names)) for slot, names in summed]
