@@ -404,7 +404,6 @@ def _logged(log: Path, line: bytes) -> bool:
 def _standalone(folder: Path) -> Iterator[str]:
     """spark://127.0.0.1:PORT with two workers of one core and 1 GB each, started from
     the installed pyspark's spark-class and stopped (by process group) at the end."""
-    import signal
     import socket
 
     import pyspark
@@ -439,15 +438,24 @@ def _standalone(folder: Path) -> Iterator[str]:
             _wait(partial(_logged, log, wait), f"{log.stem}'s start", 0.5)
         yield url
     finally:
-        for proc in started:
+        _stop_groups(started)
+
+
+def _stop_groups(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each process's group, then SIGKILL the groups still there 30 s later."""
+    import signal
+
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30.0
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in started:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            proc.wait()
 
 
 def _cores(rows: Sequence[dict[str, Any]]) -> None:
