@@ -54,15 +54,17 @@ def _fill(store: Any, s: dict[str, Any], queries: list[str], columns: dict[str, 
     and written by probe_part with the totals the live source asks for."""
     import pyarrow as pa
 
-    from psoup.query.model import StreamSchema
-    from psoup.spark.executors import probe_part, summed_columns
+    from psoup.query import compile_statement
+    from psoup.query.model import Query, StreamSchema
+    from psoup.spark.executors import probe_part, summed_of
 
     handles = {f"h{i:05d}": q for i, q in enumerate(queries)}
     slots = {h: i for i, h in enumerate(sorted(handles))}
     listed = [(slot, handles[h]) for h, slot in slots.items()]
     schema = StreamSchema("R", [(c, "int") for c in common.STREAM_COLUMNS])
-    summed = [(slots[h], c) for h, q in handles.items()
-              if (c := summed_columns(schema, q)) is not None]
+    compiled = {h: compile_statement(q, {"R": schema}) for h, q in handles.items()}
+    summed = [(slots[h], c) for h, c in summed_of(
+        schema, {h: q for h, q in compiled.items() if isinstance(q, Query)}).items()]
     step = s["batch_rows"] // s["parts"]
     for b in range(s["batches"]):
         staging = store.staging()

@@ -298,8 +298,7 @@ class Engine:
     def latest_ts(self, name: str) -> float | None:
         """Stream `name`'s latest ts, None before its first tuple (DESCRIBE's
         `latest_ts`, without counting the queries that read the stream; for a stream
-        probed in Spark's executors, the latest committed in its batch store, which
-        DESCRIBE does not show). O(1).
+        probed in Spark's executors, the latest committed in its batch store). O(1).
 
         Raises:
             QueryError: no stream has that name.
@@ -311,12 +310,12 @@ class Engine:
                 return store.latest_ts
             return stem.last_ts if stem.n else None
 
-    def probe_set(self, name: str) -> tuple[str, dict[str, str]]:
+    def probe_set(self, name: str) -> tuple[str, dict[str, Query]]:
         """Under the lock: stream `name`'s CREATE STREAM statement and its query set,
-        handle -> SQL of each selection query reading it (what a micro-batch probed in
+        handle -> each selection query reading it (what a micro-batch probed in
         Spark's executors is probed with). O(queries)."""
         return self._core.ddl[name], {
-            h: plan.query.sql for h, plan in self._core.handles.items()
+            h: plan.query for h, plan in self._core.handles.items()
             if isinstance(plan, SelectionPlan) and plan.query.sources[0].stream == name}
 
     def drop_stream(self, name: str, cascade: bool = False) -> None:

@@ -24,7 +24,7 @@ from psoup.plans import SelectionPlan
 from psoup.query import compile_statement
 from psoup.query.model import TUPLE_ID, Query, StreamSchema
 from psoup.results.answers import answer_from_batches
-from psoup.spark.executors import cover, probe_part, summed_columns
+from psoup.spark.executors import cover, probe_part, summed_of
 from tests.oracles import Oracle, answer_aggregate, rows_match
 from tests.strategies import VALUES, aggregate_queries, queries, schemas
 
@@ -52,8 +52,8 @@ class Feed:
 
     def summed(self) -> dict[str, list[str]]:
         """The aggregates without GROUP BY, whose part files keep totals."""
-        got = {h: summed_columns(self.schema, sql) for h, sql in self.queries.items()}
-        return {h: c for h, c in got.items() if c is not None}
+        return summed_of(self.schema, {h: _compiled(sql, self.schema)
+                                       for h, sql in self.queries.items()})
 
     def commit(self, parts: list[list[tuple[Any, ...]]], ts: list[list[float]]) -> None:
         slots = {h: i for i, h in enumerate(sorted(self.queries))}
@@ -215,7 +215,11 @@ def test_a_failed_attempts_file_is_not_committed_and_staging_is_emptied(tmp_path
 
 
 def _query(sql: str) -> Query:
-    query = compile_statement(sql, {"R": SCHEMA})
+    return _compiled(sql, SCHEMA)
+
+
+def _compiled(sql: str, schema: StreamSchema) -> Query:
+    query = compile_statement(sql, {schema.name: schema})
     assert isinstance(query, Query)
     return query
 

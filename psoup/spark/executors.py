@@ -39,7 +39,7 @@ from psoup.archive.batches import (
     word_column,
 )
 from psoup.archive.layout import ARROW_TYPES, to_numpy
-from psoup.query.model import TS, TUPLE_ID, StreamSchema
+from psoup.query.model import TS, TUPLE_ID, Query, StreamSchema
 from psoup.results.aggregates import exact_sum
 
 #: The row each probe task reports to the driver.
@@ -262,17 +262,15 @@ def probe_batch(frame: Any, store: BatchStore, ddl: str, queries: Mapping[str, s
     return staging, [r.asDict() for r in rows], slots
 
 
-def summed_columns(schema: StreamSchema, sql: str) -> list[str] | None:
+def summed_columns(schema: StreamSchema, query: Query) -> list[str] | None:
     """The columns whose totals a query's matches keep per part file, or None when its
     answer cannot be made from totals: an aggregate without GROUP BY whose arguments
     are INT or FLOAT columns or ts (COUNT(*) needs none), as the archive's aggregate
-    copies answer (psoup.archive.rollups). Compiled on the driver, once per query."""
-    from psoup.query import compile_statement
-    from psoup.query.model import ColumnType, Query
+    copies answer (psoup.archive.rollups). O(select list)."""
+    from psoup.query.model import ColumnType
     from psoup.results.aggregates import Aggregator
 
-    query = compile_statement(sql, {schema.name: schema})
-    if not isinstance(query, Query) or not query.aggregated or query.group_by:
+    if not query.aggregated or query.group_by:
         return None
     types = dict(schema.columns)
     names = [c for _, c in Aggregator(query).needed]
@@ -280,6 +278,12 @@ def summed_columns(schema: StreamSchema, sql: str) -> list[str] | None:
            for c in names):
         return None                 # tupleID (given at commit), TEXT, BOOL
     return names
+
+
+def summed_of(schema: StreamSchema, queries: Mapping[str, Query]) -> dict[str, list[str]]:
+    """Handle -> `summed_columns` of each of `queries` whose totals are kept."""
+    got = {h: summed_columns(schema, q) for h, q in queries.items()}
+    return {h: names for h, names in got.items() if names is not None}
 
 
 # ---------------------------------------------------------------------- history

@@ -90,7 +90,7 @@ class Target(Protocol):
 
     def latest_ts(self, name: str) -> float | None: ...
 
-    def probe_set(self, name: str) -> tuple[str, dict[str, str]]: ...
+    def probe_set(self, name: str) -> tuple[str, dict[str, Query]]: ...
 
 
 @dataclass
@@ -119,7 +119,7 @@ class SourceRun:
     store: BatchStore | None = None     # WITH (probe = 'executors'): the batch store
     wake: threading.Event = field(default_factory=threading.Event)  # the history pass's
     covered: int = 0                    # batches the history pass probed again
-    summed: dict[str, list[str] | None] = field(default_factory=dict)   # summed_columns
+    registrations: int = 0              # queries registered on it (under the engine lock)
 
     @property
     def name(self) -> str:
@@ -260,6 +260,7 @@ class LiveSources:
         for source in query.sources:
             run = self._runs.get(source.stream)
             if run is not None and run.store is not None:
+                run.registrations += 1
                 run.wake.set()
 
     def resume(self, schemas: Mapping[str, StreamSchema]) -> None:
@@ -408,7 +409,7 @@ class LiveSources:
         was probed) or every few seconds, probe the committed batches that lack a
         registered query with it (psoup.spark.executors.cover); after a failure, again
         1, 2, 4 ... 60 s later."""
-        from psoup.spark.executors import cover, spark_runner
+        from psoup.spark.executors import cover, spark_runner, summed_of
         from psoup.spark.session import spark_error, spark_session
 
         store = run.store
@@ -428,8 +429,9 @@ class LiveSources:
                 lacking = store.lacking(queries)
                 if lacking:
                     spark = spark_session(self.master, self.conf)
-                    run.covered += cover(spark_runner(spark), store, ddl, queries, lacking,
-                                         _summed(run, queries))
+                    run.covered += cover(spark_runner(spark), store, ddl,
+                                         {h: q.sql for h, q in queries.items()}, lacking,
+                                         summed_of(run.schema, queries))
                 failures = 0
             except Exception as exc:
                 failures += 1
@@ -484,7 +486,7 @@ class LiveSources:
         the query set registered now (taken under the engine's lock, so that each
         registration falls before or after it) and commit it to the batch store by
         its id; a batch committed already (Spark runs it again) is skipped."""
-        from psoup.spark.executors import probe_batch
+        from psoup.spark.executors import probe_batch, summed_of
 
         if store.committed(batch_id):
             run.replayed += 1
@@ -493,10 +495,12 @@ class LiveSources:
         with self.target.locked():
             _check_going(run, batch_id)
             ddl, queries = self.target.probe_set(run.name)
+            registrations = run.registrations
         latest = store.latest_ts
         staging, reports, slots = probe_batch(
-            frame, store, ddl, queries, -np.inf if latest is None else latest, self.clock(),
-            _summed(run, queries))
+            frame, store, ddl, {h: q.sql for h, q in queries.items()},
+            -np.inf if latest is None else latest, self.clock(),
+            summed_of(run.schema, queries))
         _check_going(run, batch_id)
         batch = store.commit(batch_id, staging, reports, slots, committed_at=time.time())
         run.batches += 1
@@ -508,9 +512,7 @@ class LiveSources:
         retain = run.schema.retain_seconds
         if retain is not None and (latest := store.latest_ts) is not None:
             store.expire(latest - retain)
-        with self.target.locked():
-            _, now = self.target.probe_set(run.name)
-        if any(handle not in slots for handle in now):
+        if run.registrations != registrations:
             run.wake.set()          # registered while the batch was probed
         if batch_id in LiveSources.fail_after_insert:
             LiveSources.fail_after_insert.discard(batch_id)
@@ -526,23 +528,6 @@ def _check_going(run: SourceRun, batch_id: int) -> None:
     if run.stopping.is_set():
         raise SourceStopped(f"source of stream '{run.name}' stopped before batch "
                             f"{batch_id} was applied")
-
-
-def _summed(run: SourceRun, queries: Mapping[str, str]) -> dict[str, list[str]]:
-    """Handle -> the columns whose totals its matches keep per part file, for the
-    aggregates without GROUP BY among `queries` (each compiled once: `run.summed`)."""
-    from psoup.spark.executors import summed_columns
-
-    for handle in [h for h in run.summed if h not in queries]:
-        del run.summed[handle]
-    out = {}
-    for handle, sql in queries.items():
-        if handle not in run.summed:
-            run.summed[handle] = summed_columns(run.schema, sql)
-        names = run.summed[handle]
-        if names is not None:
-            out[handle] = names
-    return out
 
 
 def partial_batch(sources: LiveSources, run: SourceRun) -> Callable[[Any, int], None]:
