@@ -187,7 +187,7 @@ def probe_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
     summing = _Summing(summed)
     try:
         for batch in batches:
-            table, dropped = _valid(pa.Table.from_batches([batch]), schema)
+            table, dropped = valid_rows(pa.Table.from_batches([batch]), schema)
             rejected += dropped
             n = table.num_rows
             if not n:
@@ -229,8 +229,9 @@ def _report_schema() -> pa.Schema:
                       ("totals", pa.string())])
 
 
-def _valid(table: pa.Table, schema: StreamSchema) -> tuple[pa.Table, int]:
-    """The rows with every declared column given, and how many were not."""
+def valid_rows(table: pa.Table, schema: StreamSchema) -> tuple[pa.Table, int]:
+    """The rows with every declared column given, and how many were not (a micro-batch
+    probed in a task, or collected to the psoup process: psoup.spark.live)."""
     import pyarrow.compute as pc
 
     valid = None

@@ -638,20 +638,13 @@ def _collect(frame: Any, schema: StreamSchema
     """A micro-batch's rows in the psoup process: (columns, ts, rows left out for a
     missing value); ts NaN where the source gave none."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    table = cast(pa.Table, frame.toArrow())
-    names = list(schema.names)
-    valid = None
-    for c in names:
-        ok = pc.is_valid(table.column(c))
-        valid = ok if valid is None else pc.and_(valid, ok)
-    rejected = 0
-    if valid is not None:
-        kept = table.filter(valid)
-        rejected, table = table.num_rows - kept.num_rows, kept
+    from psoup.spark.executors import valid_rows
+
+    table, rejected = valid_rows(cast(pa.Table, frame.toArrow()), schema)
     ts = table.column(TS).to_numpy(zero_copy_only=False).astype(np.float64)
-    columns = {c: np.asarray(table.column(c).to_numpy(zero_copy_only=False)) for c in names}
+    columns = {c: np.asarray(table.column(c).to_numpy(zero_copy_only=False))
+               for c in schema.names}
     return columns, ts, rejected
 
 
