@@ -160,19 +160,14 @@ class BatchStore:
     # ------------------------------------------------------------------ what it holds
 
     @property
-    def last_batch(self) -> int:
-        """The id of the last committed batch; -1 for none."""
-        with self._lock:
-            return self._batches[-1].batch_id if self._batches else -1
-
-    @property
     def next_tid(self) -> int:
         """The tupleID the next batch's first row gets."""
         with self._lock:
-            if not self._batches:
-                return 0
-            last = self._batches[-1]
-            return last.first + last.rows
+            return self._next_tid()
+
+    def _next_tid(self) -> int:
+        last = self._batches[-1] if self._batches else None
+        return 0 if last is None else last.first + last.rows
 
     @property
     def latest_ts(self) -> float | None:
@@ -193,10 +188,10 @@ class BatchStore:
             return list(self._batches)
 
     def committed(self, batch_id: int) -> bool:
-        """Whether batch `batch_id` was committed (or was and left by retention)."""
+        """Whether batch `batch_id` was committed (or was and left by retention: the
+        last committed batch is never removed, so ids up to its are committed)."""
         with self._lock:
-            return bool(self._batches) and batch_id <= self._batches[-1].batch_id \
-                or (self.folder / batch_name(batch_id)).exists()
+            return bool(self._batches) and batch_id <= self._batches[-1].batch_id
 
     def staging(self) -> Path:
         """A fresh staging folder for one attempt at a batch or a sidecar."""
@@ -222,8 +217,7 @@ class BatchStore:
             if self._batches and batch_id <= self._batches[-1].batch_id:
                 raise PSoupError(f"batch {batch_id} is not after the last committed "
                                  f"({self._batches[-1].batch_id})")
-            tid = self._batches[-1].first + self._batches[-1].rows if self._batches else 0
-        first = tid
+            first = tid = self._next_tid()
         files = []
         for r in reports:
             if int(r["rows"]):
@@ -311,15 +305,14 @@ class BatchStore:
                 self._covered.update(new)
 
     def expire(self, before: float) -> int:
-        """Remove the batches whose every row is older than `before` (retention);
-        how many. O(batches removed)."""
+        """Remove the batches whose every row is older than `before` (retention), and
+        the empty ones among them; how many. O(batches)."""
         with self._lock:
-            gone = [b for b in self._batches if b.rows and b.hi < before]
-            # (an empty batch goes with the next older one: keep the last for its id)
-            if gone and gone[-1] is self._batches[-1]:
-                gone.pop()
-            keep = {id(b) for b in gone}
-            self._batches = [b for b in self._batches if id(b) not in keep]
+            # up to the last batch wholly older (an empty batch before it goes too);
+            # never the last batch, whose id says which ids were committed
+            older = [i for i, b in enumerate(self._batches[:-1]) if b.rows and b.hi < before]
+            cut = older[-1] + 1 if older else 0
+            gone, self._batches = self._batches[:cut], self._batches[cut:]
             for b in gone:
                 self._count(b, b.covers, -1)
         for b in gone:
