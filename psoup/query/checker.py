@@ -19,6 +19,8 @@ from psoup.errors import QueryError
 from psoup.query.model import (
     AGGREGATES,
     IMPLICIT_COLUMNS,
+    PROBE_OPTION,
+    PROBE_PLACES,
     Catalog,
     ColumnFactor,
     ColumnType,
@@ -201,11 +203,6 @@ def _check_create(stmt: CreateStream, schemas: Mapping[str, StreamSchema]) -> St
 TRIGGER_OPTION = "trigger"
 _TRIGGER = re.compile(r"\s*[0-9]+(\.[0-9]+)?\s*(millisecond|second|minute|hour)s?\s*",
                       re.IGNORECASE)
-
-#: The WITH option psoup reads itself: where a source's micro-batches are probed, in
-#: the psoup process ('engine', the default) or in Spark's executors ('executors').
-PROBE_OPTION = "probe"
-PROBE_PLACES = ("engine", "executors")
 
 #: The columns a FROM RATE stream may declare: Spark's rate source gives `value` (and
 #: `timestamp`, which becomes ts).

@@ -70,6 +70,12 @@ class SourceFormat(StrEnum):
     PARQUET = "parquet"
 
 
+#: The WITH option psoup reads itself: where a source's micro-batches are probed, in
+#: the psoup process ('engine', the default) or in Spark's executors ('executors').
+PROBE_OPTION = "probe"
+PROBE_PLACES = ("engine", "executors")
+
+
 @dataclass(frozen=True)
 class StreamSource:
     """The FROM clause of a CREATE STREAM: a Spark source that feeds the stream.
@@ -90,7 +96,7 @@ class StreamSource:
     def in_executors(self) -> bool:
         """WITH (probe = 'executors'): its micro-batches are probed in Spark's
         executors and kept in the stream's batch store (psoup.archive.batches)."""
-        return any(k.lower() == "probe" and v.lower() == "executors"
+        return any(k.lower() == PROBE_OPTION and v.lower() == "executors"
                    for k, v in self.options)
 
     def describe(self) -> str:

@@ -42,10 +42,15 @@ from psoup.archive.layout import ARROW_TYPES, to_numpy
 from psoup.query.model import TS, TUPLE_ID, Query, StreamSchema
 from psoup.results.aggregates import exact_sum
 
-#: The row each probe task reports to the driver.
-REPORT_SCHEMA = ("partition INT, file STRING, rows BIGINT, lo DOUBLE, hi DOUBLE, "
-                 "late BIGINT, rejected BIGINT, totals STRING")
-_COVER_SCHEMA = "batch BIGINT, part STRING, file STRING, totals STRING"
+#: The row each probe task reports to the driver (Spark takes it as
+#: pyspark.sql.pandas.types.from_arrow_schema of this).
+REPORT_SCHEMA = pa.schema([("partition", pa.int32()), ("file", pa.string()),
+                           ("rows", pa.int64()), ("lo", pa.float64()), ("hi", pa.float64()),
+                           ("late", pa.int64()), ("rejected", pa.int64()),
+                           ("totals", pa.string())])
+#: The row each history task yields per part file it covered.
+COVER_SCHEMA = pa.schema([("batch", pa.int64()), ("part", pa.string()),
+                          ("file", pa.string()), ("totals", pa.string())])
 
 #: (slot, the columns its totals sum): the aggregates without GROUP BY of a query set.
 Summed = Sequence[tuple[int, Sequence[str]]]
@@ -219,14 +224,7 @@ def probe_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
     yield pa.RecordBatch.from_pylist(
         [{"partition": partition, "file": name if rows else "", "rows": rows, "lo": lo,
           "hi": hi, "late": late, "rejected": rejected, "totals": summing.json()}],
-        schema=_report_schema())
-
-
-def _report_schema() -> pa.Schema:
-    return pa.schema([("partition", pa.int32()), ("file", pa.string()),
-                      ("rows", pa.int64()), ("lo", pa.float64()), ("hi", pa.float64()),
-                      ("late", pa.int64()), ("rejected", pa.int64()),
-                      ("totals", pa.string())])
+        schema=REPORT_SCHEMA)
 
 
 def valid_rows(table: pa.Table, schema: StreamSchema) -> tuple[pa.Table, int]:
@@ -244,6 +242,12 @@ def valid_rows(table: pa.Table, schema: StreamSchema) -> tuple[pa.Table, int]:
     return kept, table.num_rows - kept.num_rows
 
 
+def _spark_schema(schema: pa.Schema) -> Any:
+    """An Arrow schema as the Spark schema mapInArrow takes."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    return from_arrow_schema(schema)
+
+
 def probe_batch(frame: Any, store: BatchStore, ddl: str, queries: Mapping[str, str],
                 latest: float, commit_ts: float,
                 summed: Mapping[str, Sequence[str]] | None = None
@@ -259,7 +263,7 @@ def probe_batch(frame: Any, store: BatchStore, ddl: str, queries: Mapping[str, s
                   latest=latest, commit_ts=commit_ts,
                   summed=[(slots[h], list(c)) for h, c in (summed or {}).items()
                           if h in slots])
-    rows = frame.mapInArrow(run, REPORT_SCHEMA).collect()
+    rows = frame.mapInArrow(run, _spark_schema(REPORT_SCHEMA)).collect()
     return staging, [r.asDict() for r in rows], slots
 
 
@@ -317,8 +321,7 @@ def cover_part(batches: Iterator[pa.RecordBatch], *, ddl: str,
             yield pa.RecordBatch.from_pylist(
                 [{"batch": job["batch"], "part": job["part"],
                   "file": Path(job["out"]).name, "totals": summing.json()}],
-                schema=pa.schema([("batch", pa.int64()), ("part", pa.string()),
-                                  ("file", pa.string()), ("totals", pa.string())]))
+                schema=COVER_SCHEMA)
 
 
 #: Runs a history task over its jobs (one dict per part file): the rows it yields.
@@ -335,7 +338,8 @@ def spark_runner(spark: Any) -> Runner:
                                             "out STRING")
         frame = frame.repartition(max(1, min(len(jobs),
                                              spark.sparkContext.defaultParallelism)))
-        return [r.asDict() for r in frame.mapInArrow(task, _COVER_SCHEMA).collect()]
+        return [r.asDict() for r in
+                frame.mapInArrow(task, _spark_schema(COVER_SCHEMA)).collect()]
     return run
 
 

@@ -42,8 +42,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from psoup.errors import PSoupError, QueryError, SequenceError
-from psoup.query.checker import PROBE_OPTION, TRIGGER_OPTION
+from psoup.query.checker import TRIGGER_OPTION
 from psoup.query.model import (
+    PROBE_OPTION,
     TS,
     TUPLE_ID,
     ColumnType,
